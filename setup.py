@@ -1,0 +1,36 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="tbmq",
+    version="0.1.0",
+    description="An MQTT 3.1/3.1.1/5.0 broker on Twisted with TBMQ's design",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.11",
+    packages=find_packages(include=["tbmq", "tbmq.*"]) + ["twisted.plugins"],
+    package_data={"twisted": ["plugins/tbmq_plugin.py"]},
+    data_files=[("etc/tbmq", ["etc/tbmq.yml"])],
+    install_requires=[
+        "twisted[tls]>=24.3",
+        "zope.interface>=6",
+        "pluggy>=1.5",
+        "PyYAML>=6",
+    ],
+    extras_require={
+        "kafka": ["kafka-python>=2.0"],
+        "redis": ["txredisapi>=1.4"],
+        "postgres": ["psycopg2-binary>=2.9"],
+        "analytics": ["pyspark>=3.5", "matplotlib>=3.7"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "paho-mqtt>=2.1"],
+    },
+    entry_points={
+        "console_scripts": [],
+        "tbmq": [],
+    },
+    classifiers=[
+        "Framework :: Twisted",
+        "Programming Language :: Python :: 3.11",
+        "Topic :: Internet",
+    ],
+)

@@ -1,0 +1,242 @@
+"""In-memory stores: every record lives in a dict of this process.
+
+They implement the storage interfaces of :mod:`tbmq.interfaces` with
+already-fired Deferreds, so they never block and never reorder calls.  Records
+are copied on the way in and on the way out: mutating a record passed to, or
+returned by, a store never changes what the store holds.  Nothing survives a
+restart (``storage.backend: memory``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+from twisted.internet import defer
+from zope.interface import implementer
+
+from tbmq.interfaces import IDeviceMessageStore, IRetainedStore, ISessionStore
+from tbmq.model import (
+    DeliveryState,
+    Message,
+    SessionRecord,
+    StoredDelivery,
+)
+
+__all__ = [
+    "MemorySessionStore",
+    "MemoryRetainedStore",
+    "MemoryDeviceMessageStore",
+    "copy_properties",
+    "copy_message",
+    "copy_session",
+    "copy_delivery",
+]
+
+
+def copy_properties(properties: dict) -> dict:
+    """Copy a v5 properties dict deep enough that no list is shared.
+
+    :param properties: ``Property`` → value, with ``USER_PROPERTY`` and
+        ``SUBSCRIPTION_IDENTIFIER`` lists.
+    :returns: a new dict whose list values are new lists (their items --
+        str, int, bytes, tuples of str -- are immutable).
+    """
+    return {
+        key: list(value) if isinstance(value, list) else value
+        for key, value in properties.items()
+    }
+
+
+def copy_message(message: Message) -> Message:
+    """:param message: a :class:`~tbmq.model.Message`.
+    :returns: an independent copy of it."""
+    return dataclasses.replace(
+        message, properties=copy_properties(message.properties)
+    )
+
+
+def copy_session(record: SessionRecord) -> SessionRecord:
+    """:param record: a :class:`~tbmq.model.SessionRecord`.
+    :returns: an independent copy of it (subscription options are frozen,
+        so the new dict may share them)."""
+    return dataclasses.replace(record, subscriptions=dict(record.subscriptions))
+
+
+def copy_delivery(delivery: StoredDelivery) -> StoredDelivery:
+    """:param delivery: a :class:`~tbmq.model.StoredDelivery`.
+    :returns: an independent copy of it."""
+    return dataclasses.replace(
+        delivery,
+        message=copy_message(delivery.message),
+        subscription_ids=tuple(delivery.subscription_ids),
+    )
+
+
+class _MemoryBackend:
+    """The life cycle shared by the memory stores: nothing to open or close."""
+
+    def start(self) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IBackend.start`.
+
+        :returns: an already-fired Deferred (None).
+        """
+        return defer.succeed(None)
+
+    def stop(self) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IBackend.stop`; the content is
+        kept, so a stopped store may be started again.
+
+        :returns: an already-fired Deferred (None).
+        """
+        return defer.succeed(None)
+
+
+@implementer(ISessionStore)
+class MemorySessionStore(_MemoryBackend):
+    """Persistent sessions and their subscriptions, in a dict keyed by client
+    id (:class:`~tbmq.interfaces.ISessionStore`)."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, SessionRecord] = {}
+
+    def load_all(self) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.ISessionStore.load_all`.
+
+        :returns: a fired Deferred with a ``list[SessionRecord]`` of copies,
+            in the order the sessions were first saved.
+        """
+        return defer.succeed([copy_session(r) for r in self._sessions.values()])
+
+    def save(self, record: SessionRecord) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.ISessionStore.save`: insert or
+        replace the session and all its subscriptions.
+
+        :param record: the :class:`~tbmq.model.SessionRecord` to keep (copied).
+        :returns: a fired Deferred (None).
+        """
+        self._sessions[record.client_id] = copy_session(record)
+        return defer.succeed(None)
+
+    def delete(self, client_id: str) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.ISessionStore.delete`.
+
+        :param client_id: the session's client id; unknown ids are ignored.
+        :returns: a fired Deferred (None).
+        """
+        self._sessions.pop(client_id, None)
+        return defer.succeed(None)
+
+
+@implementer(IRetainedStore)
+class MemoryRetainedStore(_MemoryBackend):
+    """Retained messages, one per topic name, in a dict keyed by topic
+    (:class:`~tbmq.interfaces.IRetainedStore`)."""
+
+    def __init__(self) -> None:
+        self._messages: dict[str, Message] = {}
+
+    def load_all(self) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IRetainedStore.load_all`.
+
+        :returns: a fired Deferred with a ``list[Message]`` of copies.
+        """
+        return defer.succeed([copy_message(m) for m in self._messages.values()])
+
+    def put(self, message: Message) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IRetainedStore.put`
+        [MQTT-3.3.1-5]: replace the retained message of ``message.topic``.
+
+        :param message: the :class:`~tbmq.model.Message` to keep (copied).
+        :returns: a fired Deferred (None).
+        """
+        self._messages[message.topic] = copy_message(message)
+        return defer.succeed(None)
+
+    def remove(self, topic: str) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IRetainedStore.remove`
+        [MQTT-3.3.1-6].
+
+        :param topic: the topic name; a topic without a retained message is
+            ignored.
+        :returns: a fired Deferred (None).
+        """
+        self._messages.pop(topic, None)
+        return defer.succeed(None)
+
+
+@implementer(IDeviceMessageStore)
+class MemoryDeviceMessageStore(_MemoryBackend):
+    """Deliveries queued for persistent sessions: client id → seq →
+    :class:`~tbmq.model.StoredDelivery`
+    (:class:`~tbmq.interfaces.IDeviceMessageStore`)."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, dict[int, StoredDelivery]] = {}
+
+    def add(
+        self, client_id: str, deliveries: Iterable[StoredDelivery]
+    ) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.add`.  A
+        delivery whose ``seq`` is already queued replaces it.
+
+        :param client_id: the persistent session's client id.
+        :param deliveries: the deliveries to append (copied).
+        :returns: a fired Deferred (None).
+        """
+        queue = self._queues.setdefault(client_id, {})
+        for delivery in deliveries:
+            queue[delivery.seq] = copy_delivery(delivery)
+        return defer.succeed(None)
+
+    def update(
+        self, client_id: str, seq: int, packet_id: int | None, state: int
+    ) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.update`.
+
+        :param client_id: the persistent session's client id.
+        :param seq: the delivery's order key; an unknown one is ignored.
+        :param packet_id: the packet identifier it was sent with.
+        :param state: its new :class:`~tbmq.model.DeliveryState`.
+        :returns: a fired Deferred (None).
+        """
+        queue = self._queues.get(client_id)
+        if queue is not None and seq in queue:
+            queue[seq] = dataclasses.replace(
+                queue[seq], packet_id=packet_id, state=DeliveryState(state)
+            )
+        return defer.succeed(None)
+
+    def remove(self, client_id: str, seqs: Iterable[int]) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.remove`.
+
+        :param client_id: the persistent session's client id.
+        :param seqs: the order keys to drop; unknown ones are ignored.
+        :returns: a fired Deferred (None).
+        """
+        queue = self._queues.get(client_id)
+        if queue is not None:
+            for seq in seqs:
+                queue.pop(seq, None)
+            if not queue:
+                del self._queues[client_id]
+        return defer.succeed(None)
+
+    def load(self, client_id: str) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.load`.
+
+        :param client_id: the persistent session's client id.
+        :returns: a fired Deferred with the ``list[StoredDelivery]`` (copies)
+            in ``seq`` order.
+        """
+        queue = self._queues.get(client_id, {})
+        return defer.succeed([copy_delivery(queue[s]) for s in sorted(queue)])
+
+    def clear(self, client_id: str) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.clear`.
+
+        :param client_id: the persistent session's client id.
+        :returns: a fired Deferred (None).
+        """
+        self._queues.pop(client_id, None)
+        return defer.succeed(None)

@@ -1,0 +1,176 @@
+"""The broker of one node: its config, backends, router and sessions, and the
+calls into the plugin hooks.  Protocol instances talk to it; it never does
+network I/O itself.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pluggy
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from tbmq.broker.router import Router
+from tbmq.broker.sessions import SessionManager
+from tbmq.plugins import call_decision
+
+
+def default_service_id() -> str:
+    """TBMQ's service id default: the host name."""
+    return socket.gethostname() or "tbmq"
+
+
+class Broker:
+    """One node.
+
+    :param config: the :class:`tbmq.config.Config`.
+    :param plugins: the :class:`pluggy.PluginManager` (see
+        :func:`tbmq.plugins.make_plugin_manager`).
+    :param clock: an ``IReactorTime``; ``clock.seconds()`` is the wall clock
+        in seconds (a :class:`twisted.internet.task.Clock` in tests).
+    :param bus, session_store, retained_store, device_store: the backends;
+        when None they come from the factory hooks.
+    :raises tbmq.errors.ConfigError: when no plugin provides a backend the
+        config names.
+    """
+
+    log = Logger()
+
+    def __init__(self, config, plugins: pluggy.PluginManager, clock=None, *,
+                 bus=None, session_store=None, retained_store=None, device_store=None) -> None:
+        from tbmq.errors import ConfigError
+
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self.config = config
+        self.plugins = plugins
+        self.clock = clock
+        self.service_id = config.node.service_id or default_service_id()
+        hook = plugins.hook
+        if bus is None:
+            bus = hook.tbmq_message_bus(config=config)
+            if bus is None:
+                raise ConfigError(f"bus: no plugin provides the bus {config.bus!r}")
+        if session_store is None:
+            stores = hook.tbmq_stores(config=config)
+            if stores is None:
+                raise ConfigError(
+                    f"storage.backend: no plugin provides {config.storage.backend!r}")
+            session_store, retained_store, device_store = stores
+        self.bus = bus
+        self.session_store = session_store
+        self.retained_store = retained_store
+        self.device_store = device_store
+        self.router = Router(self)
+        self.sessions = SessionManager(self)
+        self.connections: set = set()
+        self.dropped: dict[str, int] = {}
+        self.received = 0
+        self._refresh_hooks()
+
+    def _refresh_hooks(self) -> None:
+        hook = self.plugins.hook
+        self._has = {name: bool(getattr(hook, name).get_hookimpls()) for name in (
+            "tbmq_message_published", "tbmq_message_delivered", "tbmq_message_dropped",
+            "tbmq_client_connected", "tbmq_client_disconnected", "tbmq_session_expired")}
+
+    def bus_topic(self, name: str) -> str:
+        """The bus topic name for TBMQ topic ``name`` (a prefix may come later)."""
+        return name
+
+    # -- life cycle --------------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def start(self):
+        """Start the backends and reload retained messages and persistent
+        sessions (with their queued deliveries).
+
+        :returns: a Deferred that fires when the node can accept clients.
+        """
+        backends = self._backends()
+        for backend in backends:
+            yield backend.start()
+        self.router.start()
+        for message in (yield self.retained_store.load_all()):
+            self.router.retained.set(message)
+        records = yield self.session_store.load_all()
+        deliveries = {}
+        for record in records:
+            deliveries[record.client_id] = yield self.device_store.load(record.client_id)
+        self.sessions.restore(records, deliveries)
+        self.log.info("broker {service_id} started: {sessions} persistent sessions, "
+                      "{retained} retained messages", service_id=self.service_id,
+                      sessions=len(records), retained=len(self.router.retained))
+        self.plugins.hook.tbmq_broker_started(broker=self)
+
+    def _backends(self) -> list:
+        seen, out = set(), []
+        for backend in (self.bus, self.session_store, self.retained_store, self.device_store):
+            if id(backend) not in seen:
+                seen.add(id(backend))
+                out.append(backend)
+        return out
+
+    @defer.inlineCallbacks
+    def stop(self):
+        """Close every connection (v5 clients get DISCONNECT 0x8B), then
+        flush and stop the backends."""
+        self.plugins.hook.tbmq_broker_stopping(broker=self)
+        for conn in list(self.connections):
+            conn.disconnect(0x8B)
+        now = self.clock.seconds()
+        for session in list(self.sessions.sessions.values()):
+            if session.persistent and session.connection is None and session.disconnected_at is None:
+                session.disconnected_at = now
+        for backend in reversed(self._backends()):
+            yield backend.stop()
+
+    # -- decisions -----------------------------------------------------------------
+
+    def authenticate(self, connect, address, listener) -> defer.Deferred:
+        """Ask the ``tbmq_authenticate`` hooks; see :mod:`tbmq.hookspecs`.
+
+        :returns: Deferred firing with an :class:`tbmq.auth.AuthResult` or None.
+        """
+        return call_decision(self.plugins.hook.tbmq_authenticate,
+                             connect=connect, address=address, listener=listener)
+
+    # -- notifications ---------------------------------------------------------------
+
+    def stats_dropped(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    def _notify(self, name: str, **kwargs: Any) -> None:
+        if self._has[name]:
+            try:
+                getattr(self.plugins.hook, name)(**kwargs)
+            except Exception:
+                self.log.failure("plugin hook {name} failed", name=name)
+
+    def hooks_message_published(self, session, message) -> None:
+        self.received += 1
+        if self._has["tbmq_message_published"]:
+            self._notify("tbmq_message_published", session=session, message=message)
+
+    def hooks_message_routed(self, message, subscribers: int) -> None:
+        pass
+
+    def hooks_message_delivered(self, session, message) -> None:
+        if self._has["tbmq_message_delivered"]:
+            self._notify("tbmq_message_delivered", session=session, message=message)
+
+    def hooks_message_dropped(self, session, message, reason: str) -> None:
+        if self._has["tbmq_message_dropped"]:
+            self._notify("tbmq_message_dropped", session=session, message=message, reason=reason)
+
+    def hooks_client_connected(self, session, connect, address) -> None:
+        self._notify("tbmq_client_connected", session=session, connect=connect, address=address)
+
+    def hooks_client_disconnected(self, session, reason_code, will: bool) -> None:
+        self._notify("tbmq_client_disconnected", session=session,
+                     reason_code=reason_code, will=will)
+
+    def hooks_session_expired(self, client_id: str) -> None:
+        self._notify("tbmq_session_expired", client_id=client_id)

@@ -1,0 +1,587 @@
+"""The Twisted protocol of one MQTT connection: bytes → packets → calls on the
+session, and packets → bytes.
+
+It owns the connect timeout and the keepalive (1.5 × the keep alive,
+[MQTT-3.1.2-24]) through :class:`~twisted.protocols.policies.TimeoutMixin`
+with the broker's clock, validates packets against the negotiated
+capabilities and answers bad input with the MQTT reason code; it never routes.
+"""
+
+from __future__ import annotations
+
+import codecs
+import uuid
+
+from twisted.internet import defer, interfaces, protocol
+from twisted.logger import Logger
+from twisted.protocols.policies import TimeoutMixin
+from zope.interface import implementer
+
+from tbmq.auth import AuthResult
+from tbmq.model import ClientType, Message, SubscriptionOptions
+from tbmq.mqtt import (
+    MQTT_5, Auth, Connack, Connect, Disconnect, MalformedPacket, Pingreq, Pingresp,
+    Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe, Unsuback,
+    Unsubscribe,
+)
+from tbmq.mqtt.codec import Decoder, encode
+from tbmq.mqtt.topics import TopicError, parse_shared_subscription, validate_topic_filter, validate_topic_name
+
+#: (protocol name, level) pairs this broker speaks [MQTT-3.1.2-1, -2]
+SUPPORTED = {("MQIsdp", 3), ("MQTT", 4), ("MQTT", 5)}
+
+_utf8_decoder = codecs.getincrementaldecoder("utf-8")
+
+
+class ProtocolViolation(Exception):
+    """A packet broke a rule: the connection ends with ``reason_code``."""
+
+    def __init__(self, reason_code: int, message: str) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+def _valid_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@implementer(interfaces.IPushProducer)
+class MQTTProtocol(protocol.Protocol, TimeoutMixin):
+    """One client connection.
+
+    :ivar session: the :class:`tbmq.broker.session.Session` once CONNECT is
+        accepted, else None.
+    :ivar protocol_level: 3, 4 or 5 once CONNECT arrived.
+    :ivar send_quota: the client's receive maximum (outbound window).
+    :ivar max_packet_size: the client's maximum packet size, bytes, or None.
+    :ivar paused: True while the transport's write buffer is full.
+    """
+
+    log = Logger()
+
+    def __init__(self, broker, listener, max_packet_size: int) -> None:
+        self.broker = broker
+        self.listener = listener
+        self.callLater = broker.clock.callLater
+        self.decoder = Decoder(max_packet_size=max_packet_size)
+        self.server_max_packet_size = max_packet_size
+        self.session = None
+        self.connect_packet: Connect | None = None
+        self.protocol_level = 4
+        self.send_quota = 65535
+        self.max_packet_size: int | None = None
+        self.paused = False
+        self.aliases: dict[int, str] = {}
+        self._closing = False
+        self._normal_disconnect = False
+        self._disconnect_reason: int | None = None
+        self._waiting: list | None = None  # packets held while CONNECT is decided
+        self._abort_call = None
+
+    # -- Twisted --------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        self.broker.connections.add(self)
+        self.transport.registerProducer(self, True)
+        self.setTimeout(self.broker.config.mqtt.connect_timeout)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._closing:
+            return
+        try:
+            packets = self.decoder.feed(data)
+        except MalformedPacket as e:
+            self.log.info("malformed packet from {peer}: {error} (0x{code:02X})",
+                          peer=self._peer(), error=str(e), code=e.reason_code)
+            self.disconnect(e.reason_code)
+            return
+        if self._waiting is not None:
+            self._waiting.extend(packets)
+            return
+        if packets and self.session is not None:
+            self.resetTimeout()
+        for index, packet in enumerate(packets):
+            if self._closing:
+                return
+            try:
+                self.packet_received(packet)
+            except ProtocolViolation as e:
+                self.log.info("protocol violation by {client_id}: {error} (0x{code:02X})",
+                              client_id=self._client_id(), error=str(e), code=e.reason_code)
+                self.disconnect(e.reason_code)
+                return
+            if self._waiting is not None:  # CONNECT is being decided: hold the rest
+                self._waiting.extend(packets[index + 1:])
+                return
+
+    def connectionLost(self, reason=protocol.connectionDone) -> None:
+        self.setTimeout(None)
+        if self._abort_call is not None and self._abort_call.active():
+            self._abort_call.cancel()
+        self.broker.connections.discard(self)
+        factory = getattr(self, "factory", None)
+        if factory is not None:
+            factory.active -= 1
+        session = self.session
+        if session is not None:
+            self.session = None
+            will = not self._normal_disconnect
+            self.broker.hooks_client_disconnected(session, self._disconnect_reason, will)
+            self.broker.sessions.connection_lost(session, self, publish_will=will)
+
+    def timeoutConnection(self) -> None:
+        if self.session is None:
+            self.log.info("no CONNECT from {peer} in time; closing", peer=self._peer())
+            self._close()
+        else:
+            self.log.info("keep alive of {client_id} expired", client_id=self._client_id())
+            self.disconnect(0x8D)  # KEEP_ALIVE_TIMEOUT
+
+    # IPushProducer: the transport tells us when its write buffer is full
+    def pauseProducing(self) -> None:
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        if self.session is not None:
+            self.session.pump()
+
+    def stopProducing(self) -> None:
+        self.paused = True
+
+    # -- output ------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        """Write already encoded bytes."""
+        self.transport.write(data)
+
+    def send(self, packet) -> None:
+        """Encode ``packet`` for this connection's protocol level and write it."""
+        self.transport.write(encode(packet, self.protocol_level))
+
+    def disconnect(self, reason_code: int = 0, reason: str | None = None) -> None:
+        """Server-initiated close: DISCONNECT with ``reason_code`` for a v5
+        client that completed CONNECT [MQTT-3.14.2], then close the connection.
+        Safe to call more than once."""
+        if self._closing:
+            return
+        self._disconnect_reason = reason_code
+        if self.session is not None and self.protocol_level >= MQTT_5:
+            props = {Property.REASON_STRING: reason} if reason else {}
+            self.send(Disconnect(reason_code, props))
+        self._close()
+
+    def _close(self) -> None:
+        self._closing = True
+        self.setTimeout(None)
+        self.transport.loseConnection()
+        # a peer that never reads would keep the connection open: abort it
+        self._abort_call = self.callLater(5, self.transport.abortConnection)
+
+    def _peer(self) -> str:
+        peer = self.transport.getPeer() if self.transport else None
+        return str(getattr(peer, "host", peer))
+
+    def _client_id(self) -> str:
+        return self.connect_packet.client_id if self.connect_packet else "?"
+
+    # -- dispatch ------------------------------------------------------------------
+
+    def packet_received(self, packet) -> None:
+        if self.session is None:
+            if self.connect_packet is not None:
+                raise ProtocolViolation(0x82, "packet before CONNACK")
+            if type(packet) is not Connect:
+                # the first packet must be CONNECT [MQTT-3.1.0-1]
+                self.log.info("{type} before CONNECT from {peer}; closing",
+                              type=type(packet).__name__, peer=self._peer())
+                self._close()
+                return
+            self.handle_connect(packet)
+            return
+        handler = self._handlers.get(type(packet))
+        if handler is None:
+            raise ProtocolViolation(0x82, f"unexpected {type(packet).__name__}")
+        handler(self, packet)
+
+    # -- CONNECT -------------------------------------------------------------------
+
+    def _refuse(self, v5_code: int, v3_code: int, why: str) -> None:
+        self.log.info("CONNECT from {peer} refused: {why}", peer=self._peer(), why=why)
+        code = v5_code if self.protocol_level >= MQTT_5 else v3_code
+        self.send(Connack(False, code))
+        self._close()
+
+    def handle_connect(self, connect: Connect) -> None:
+        """Validate CONNECT, authenticate, bind the session, send CONNACK."""
+        self.connect_packet = connect
+        if (connect.protocol_name, connect.protocol_level) not in SUPPORTED:
+            if connect.protocol_name in ("MQTT", "MQIsdp"):
+                self.protocol_level = 5 if connect.protocol_level >= 5 else 4
+                self._refuse(0x84, 0x01, f"protocol level {connect.protocol_level}")
+            else:
+                self.log.info("unknown protocol name from {peer}", peer=self._peer())
+                self._close()
+            return
+        self.protocol_level = level = connect.protocol_level
+        cfg = self.broker.config.mqtt
+        props = connect.properties
+        v5 = level >= MQTT_5
+        if len(connect.client_id.encode("utf-8")) > cfg.max_client_id_length or (
+                level == 3 and len(connect.client_id) > 23 and cfg.max_client_id_length <= 23):
+            return self._refuse(0x85, 0x02, "client identifier too long")
+        self._assigned_id = None
+        if not connect.client_id:
+            if level == 3 or (level == 4 and not connect.clean_start) or not cfg.allow_empty_client_id:
+                # [MQTT-3.1.3-8]: empty id with a persistent session
+                return self._refuse(0x85, 0x02, "empty client identifier")
+            connect.client_id = self._assigned_id = "tbmq-" + uuid.uuid4().hex
+        if v5:
+            if props.get(Property.RECEIVE_MAXIMUM, 1) == 0 or props.get(Property.MAXIMUM_PACKET_SIZE, 1) == 0:
+                return self._refuse(0x82, 0x02, "receive maximum or maximum packet size 0")
+            if Property.AUTHENTICATION_METHOD in props:
+                return self._refuse(0x8C, 0x05, "authentication method not supported")
+            self.send_quota = props.get(Property.RECEIVE_MAXIMUM, 65535)
+            self.max_packet_size = props.get(Property.MAXIMUM_PACKET_SIZE)
+        will = connect.will
+        if will is not None:
+            try:
+                validate_topic_name(will.topic)
+            except TopicError:
+                return self._refuse(0x90, 0x02, "invalid will topic")
+            if will.qos > cfg.max_qos:
+                return self._refuse(0x9B, 0x02, "will QoS not supported")
+            if will.retain and not cfg.retain_available:
+                return self._refuse(0x9A, 0x02, "will retain not supported")
+            if (will.properties.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1
+                    and not _valid_utf8(will.payload)):
+                return self._refuse(0x99, 0x02, "will payload is not UTF-8")
+        self._waiting = []
+        d = self.broker.authenticate(connect, self.transport.getPeer(), self.listener)
+        d.addCallbacks(self._authenticated, self._auth_failed)
+        d.addErrback(self._internal_error)
+
+    def _internal_error(self, failure) -> None:
+        self.log.failure("internal error on the connection of {client_id}", failure,
+                         client_id=self._client_id())
+        self.disconnect(0x83)
+
+    def _auth_failed(self, failure) -> None:
+        self.log.failure("authentication of {client_id} failed", failure,
+                         client_id=self._client_id())
+        self._waiting = None
+        if not self._closing:
+            self._refuse(0x80, 0x03, "authentication error")
+
+    def _authenticated(self, result: AuthResult | None) -> None:
+        connect = self.connect_packet
+        if self._closing or self.transport is None or not self.transport.connected:
+            self._waiting = None
+            return
+        if result is None or not result.allowed:
+            self._waiting = None
+            code = 0x87 if result is None else result.reason_code
+            return self._refuse(code, 0x04 if code == 0x86 else 0x05, "not authorized")
+        cfg = self.broker.config.mqtt
+        client_type = result.client_type
+        session, present = self.broker.sessions.connect(self, connect, client_type)
+        if not session.persistent:
+            session.client_type = ClientType.DEVICE  # TBMQ: non-persistent is a DEVICE
+        self.session = session
+        keep_alive = connect.keep_alive
+        if cfg.max_keep_alive and (keep_alive == 0 or keep_alive > cfg.max_keep_alive):
+            keep_alive = cfg.max_keep_alive if self.protocol_level >= MQTT_5 else keep_alive
+        self.setTimeout(keep_alive * 1.5 if keep_alive else None)
+        props = {}
+        if self.protocol_level >= MQTT_5:
+            props = self._connack_properties(connect, session, keep_alive)
+        self.send(Connack(present if self.protocol_level > 3 else False, 0, props))
+        self.log.info("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
+                      "persistent={persistent}, session present={present})",
+                      client_id=connect.client_id, peer=self._peer(), mqtt_level=self.protocol_level,
+                      persistent=session.persistent, present=present)
+        self.broker.hooks_client_connected(session, connect, self.transport.getPeer())
+        session.resume()
+        waiting, self._waiting = self._waiting, None
+        if waiting:
+            for packet in waiting:
+                if self._closing:
+                    return
+                try:
+                    self.packet_received(packet)
+                except ProtocolViolation as e:
+                    self.disconnect(e.reason_code)
+                    return
+
+    def _connack_properties(self, connect: Connect, session, keep_alive: int) -> dict:
+        """The server's capabilities [MQTT-3.2.2.3]."""
+        cfg = self.broker.config.mqtt
+        props = {
+            Property.RECEIVE_MAXIMUM: cfg.receive_maximum,
+            Property.RETAIN_AVAILABLE: int(cfg.retain_available),
+            Property.MAXIMUM_PACKET_SIZE: self.server_max_packet_size,
+            Property.TOPIC_ALIAS_MAXIMUM: cfg.topic_alias_maximum,
+            Property.WILDCARD_SUBSCRIPTION_AVAILABLE: int(cfg.wildcard_subscription_available),
+            Property.SUBSCRIPTION_IDENTIFIER_AVAILABLE: int(cfg.subscription_identifier_available),
+            Property.SHARED_SUBSCRIPTION_AVAILABLE: int(cfg.shared_subscription_available),
+        }
+        if cfg.max_qos < 2:
+            props[Property.MAXIMUM_QOS] = cfg.max_qos
+        if keep_alive != connect.keep_alive:
+            props[Property.SERVER_KEEP_ALIVE] = keep_alive
+        if self._assigned_id is not None:
+            props[Property.ASSIGNED_CLIENT_IDENTIFIER] = self._assigned_id
+        asked = connect.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
+        if session.expiry_interval != asked:
+            props[Property.SESSION_EXPIRY_INTERVAL] = session.expiry_interval
+        if connect.properties.get(Property.REQUEST_RESPONSE_INFORMATION) and cfg.response_information:
+            props[Property.RESPONSE_INFORMATION] = cfg.response_information
+        return props
+
+    # -- PUBLISH -------------------------------------------------------------------
+
+    def handle_publish(self, packet: Publish) -> None:
+        """Resolve the topic alias, check the rules, hand the message to the
+        router, acknowledge once it is durable [MQTT-4.3.2-?, 4.3.3-?]."""
+        session = self.session
+        cfg = self.broker.config.mqtt
+        v5 = self.protocol_level >= MQTT_5
+        qos = packet.qos
+        topic = packet.topic
+        props = packet.properties
+        if v5 and props:
+            alias = props.get(Property.TOPIC_ALIAS)
+            if alias is not None:
+                if alias == 0 or alias > cfg.topic_alias_maximum:
+                    raise ProtocolViolation(0x94, "topic alias out of range")
+                if topic:
+                    self.aliases[alias] = topic
+                else:
+                    topic = self.aliases.get(alias)
+                    if topic is None:
+                        raise ProtocolViolation(0x82, "unknown topic alias")
+            if Property.SUBSCRIPTION_IDENTIFIER in props:
+                raise ProtocolViolation(0x82, "subscription identifier in PUBLISH")
+            response_topic = props.get(Property.RESPONSE_TOPIC)
+            if response_topic is not None:
+                try:
+                    validate_topic_name(response_topic)
+                except TopicError:
+                    raise ProtocolViolation(0x82, "invalid response topic")
+        try:
+            validate_topic_name(topic)
+        except TopicError as e:
+            raise ProtocolViolation(0x90, f"invalid topic name: {e}")
+        if qos > cfg.max_qos:
+            raise ProtocolViolation(0x9B, "QoS not supported")
+        if packet.retain and not cfg.retain_available:
+            raise ProtocolViolation(0x9A, "retain not supported")
+        pid = packet.packet_id
+        if qos:
+            if qos == 2 and pid in session.inbound_qos2:
+                self.send(Pubrec(pid))  # a resent PUBLISH: not routed again [MQTT-4.3.3-?]
+                return
+            if session.inbound_unacked + len(session.inbound_qos2) >= cfg.receive_maximum:
+                raise ProtocolViolation(0x93, "receive maximum exceeded")
+            session.inbound_unacked += 1
+        if v5 and props.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1 and not _valid_utf8(packet.payload):
+            # payload format 1 must be UTF-8 [MQTT-3.3.2-4]: refused with 0x99
+            if qos == 0:
+                raise ProtocolViolation(0x99, "payload is not UTF-8")
+            session.ack_when(None, (Puback if qos == 1 else Pubrec)(pid, 0x99))
+            return
+        now = self.broker.clock.seconds()
+        expires_at = None
+        if v5 and props:
+            expiry = props.get(Property.MESSAGE_EXPIRY_INTERVAL)
+            if expiry is not None:
+                expires_at = now + expiry
+            if Property.TOPIC_ALIAS in props:
+                props = dict(props)
+                del props[Property.TOPIC_ALIAS]
+        message = Message(topic, packet.payload, qos, packet.retain,
+                          props if v5 else {}, session.client_id, now, expires_at)
+        self.broker.hooks_message_published(session, message)
+        result = self.broker.router.publish(message)
+        if qos == 1:
+            session.ack_when(result, Puback(pid))
+        elif qos == 2:
+            session.ack_when(result, Pubrec(pid))
+
+    def handle_puback(self, packet: Puback) -> None:
+        self.session.on_puback(packet.packet_id)
+
+    def handle_pubrec(self, packet: Pubrec) -> None:
+        if not self.session.on_pubrec(packet.packet_id, packet.reason_code):
+            self.send(Pubrel(packet.packet_id, 0x92 if self.protocol_level >= MQTT_5 else 0))
+
+    def handle_pubrel(self, packet: Pubrel) -> None:
+        session = self.session
+        if packet.packet_id in session.inbound_qos2:
+            session.inbound_qos2.discard(packet.packet_id)
+            self.send(Pubcomp(packet.packet_id))
+        else:
+            self.send(Pubcomp(packet.packet_id, 0x92 if self.protocol_level >= MQTT_5 else 0))
+
+    def handle_pubcomp(self, packet: Pubcomp) -> None:
+        self.session.on_pubcomp(packet.packet_id)
+
+    # -- SUBSCRIBE / UNSUBSCRIBE -------------------------------------------------------
+
+    def handle_subscribe(self, packet: Subscribe) -> None:
+        """Per-filter reason codes [MQTT-3.9.3]; retained messages after the
+        SUBACK as the retain handling says [MQTT-3.3.1-9, -10, -11]."""
+        cfg = self.broker.config.mqtt
+        session = self.session
+        v5 = self.protocol_level >= MQTT_5
+        sub_ids = packet.properties.get(Property.SUBSCRIPTION_IDENTIFIER) if v5 else None
+        sub_id = None
+        if sub_ids:
+            sub_id = sub_ids[0]
+            if not cfg.subscription_identifier_available:
+                raise ProtocolViolation(0xA1, "subscription identifiers not supported")
+            if sub_id == 0:
+                raise ProtocolViolation(0x82, "subscription identifier 0")
+        codes = []
+        retained = []
+        sessions = self.broker.sessions
+        for request in packet.subscriptions:
+            topic_filter = request.topic_filter
+            try:
+                validate_topic_filter(topic_filter)
+                share = parse_shared_subscription(topic_filter)
+            except TopicError:
+                codes.append(0x8F if v5 else 0x80)
+                continue
+            if share is not None:
+                if not cfg.shared_subscription_available:
+                    codes.append(0x9E if v5 else 0x80)
+                    continue
+                if request.no_local:
+                    raise ProtocolViolation(0x82, "no local on a shared subscription")  # [MQTT-3.8.3-4]
+            real_filter = share[1] if share else topic_filter
+            if not cfg.wildcard_subscription_available and ("+" in real_filter or "#" in real_filter):
+                codes.append(0xA2 if v5 else 0x80)
+                continue
+            qos = min(request.qos, cfg.max_qos)
+            options = SubscriptionOptions(qos, request.no_local, request.retain_as_published,
+                                          request.retain_handling, sub_id)
+            is_new = sessions.subscribe(session, topic_filter, options)
+            codes.append(qos)
+            if share is None and cfg.retain_available and (
+                    request.retain_handling == 0 or (request.retain_handling == 1 and is_new)):
+                retained.append((real_filter, options))
+        suback = Suback(packet.packet_id, codes)
+
+        def send_suback(_=None):
+            if self.session is not session:
+                return
+            self.send(suback)
+            now = self.broker.clock.seconds()
+            for real_filter, options in retained:
+                sids = (options.subscription_id,) if options.subscription_id else ()
+                for message in self.broker.router.retained_for(real_filter):
+                    session.deliver(message, min(message.qos, options.qos), True, sids, None, now)
+
+        if session.persistent:
+            sessions.save(session).addCallbacks(send_suback, self._store_failed)
+        else:
+            send_suback()
+
+    def _store_failed(self, failure) -> None:
+        self.log.failure("session store write for {client_id} failed", failure,
+                         client_id=self._client_id())
+        self.disconnect(0x80)
+
+    def handle_unsubscribe(self, packet: Unsubscribe) -> None:
+        session = self.session
+        v5 = self.protocol_level >= MQTT_5
+        codes = []
+        for topic_filter in packet.topic_filters:
+            try:
+                validate_topic_filter(topic_filter)
+                parse_shared_subscription(topic_filter)
+            except TopicError:
+                codes.append(0x8F)
+                continue
+            existed = self.broker.sessions.unsubscribe(session, topic_filter)
+            codes.append(0x00 if existed else 0x11)
+        unsuback = Unsuback(packet.packet_id, codes if v5 else [])
+        if session.persistent:
+            self.broker.sessions.save(session).addCallbacks(
+                lambda _: self.session is session and self.send(unsuback), self._store_failed)
+        else:
+            self.send(unsuback)
+
+    # -- the rest ----------------------------------------------------------------------
+
+    def handle_pingreq(self, packet: Pingreq) -> None:
+        self.send(Pingresp())
+
+    def handle_disconnect(self, packet: Disconnect) -> None:
+        """DISCONNECT 0x00 discards the will [MQTT-3.14.4-3]; 0x04 keeps it.
+        A v5 client may change the session expiry interval, but not from 0
+        [MQTT-3.14.2-2]."""
+        session = self.session
+        if self.protocol_level >= MQTT_5:
+            expiry = packet.properties.get(Property.SESSION_EXPIRY_INTERVAL)
+            if expiry is not None:
+                asked = self.connect_packet.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
+                if asked == 0 and expiry != 0:
+                    raise ProtocolViolation(0x82, "session expiry interval changed from 0")
+                session.expiry_interval = min(
+                    expiry, self.broker.config.mqtt.max_session_expiry_interval)
+        self._normal_disconnect = packet.reason_code != 0x04
+        self._disconnect_reason = packet.reason_code
+        self._closing = True
+        self.setTimeout(None)
+        self.transport.loseConnection()
+
+    def handle_auth(self, packet: Auth) -> None:
+        # no authentication method was negotiated in CONNECT [MQTT-4.12.0-?]
+        raise ProtocolViolation(0x82, "AUTH without an authentication method")
+
+    _handlers = {
+        Publish: handle_publish,
+        Puback: handle_puback,
+        Pubrec: handle_pubrec,
+        Pubrel: handle_pubrel,
+        Pubcomp: handle_pubcomp,
+        Subscribe: handle_subscribe,
+        Unsubscribe: handle_unsubscribe,
+        Pingreq: handle_pingreq,
+        Disconnect: handle_disconnect,
+        Auth: handle_auth,
+    }
+
+
+class MQTTFactory(protocol.Factory):
+    """Builds :class:`MQTTProtocol` for one listener and enforces its
+    connection limit.
+
+    :param broker: the :class:`tbmq.broker.broker.Broker`.
+    :param listener: the :class:`tbmq.config.ListenerConfig`.
+    """
+
+    log = Logger()
+
+    def __init__(self, broker, listener) -> None:
+        self.broker = broker
+        self.listener = listener
+        self.max_packet_size = listener.max_packet_size or broker.config.mqtt.max_packet_size
+        self.active = 0
+
+    def buildProtocol(self, addr):
+        limit = self.listener.max_connections
+        if limit and self.active >= limit:
+            self.log.warn("listener {name}: connection limit {limit} reached; refusing {addr}",
+                          name=self.listener.name, limit=limit, addr=addr)
+            return None
+        self.active += 1
+        proto = MQTTProtocol(self.broker, self.listener, self.max_packet_size)
+        proto.factory = self
+        return proto

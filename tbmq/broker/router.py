@@ -1,0 +1,226 @@
+"""The publish pipeline (ARCHITECTURE §1): every message goes to the bus
+topic ``tbmq.msg.all`` (key = topic name); the consumer of that topic matches
+it in the subscription trie once and hands it to each matched session.
+Retained messages also go to ``tbmq.msg.retained``, which every node consumes
+in its own group to keep its retained tree and store current.
+
+The same code runs in a cluster of one (in-process bus) and of many (Kafka):
+only the bus differs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from tbmq.broker.retained import RetainedTree
+from tbmq.broker.trie import SubscriptionTrie
+from tbmq.model import Message, SubscriptionOptions
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tbmq.broker.broker import Broker
+
+#: the bus topic that carries every published message (TBMQ's name)
+TOPIC_MSG_ALL = "tbmq.msg.all"
+#: the bus topic of retained messages (TBMQ's name; compacted in Kafka)
+TOPIC_MSG_RETAINED = "tbmq.msg.retained"
+
+
+class SharedGroup:
+    """The members of one shared subscription ``$share/<group>/<filter>``;
+    each message goes to one of them, round robin [MQTT-4.8.2].
+
+    :ivar members: client id → options, in subscription order.
+    """
+
+    __slots__ = ("name", "members", "_cursor")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.members: dict[str, SubscriptionOptions] = {}
+        self._cursor = 0
+
+    def pick(self, online) -> tuple[str, SubscriptionOptions] | None:
+        """The next member, preferring members with a live connection.
+
+        :param online: ``callable(client_id) -> bool``.
+        """
+        members = list(self.members.items())
+        n = len(members)
+        if not n:
+            return None
+        start = self._cursor % n
+        for i in range(n):
+            candidate = members[(start + i) % n]
+            if online(candidate[0]):
+                self._cursor = start + i + 1
+                return candidate
+        self._cursor = start + 1
+        return members[start]
+
+
+class Router:
+    """Matches messages to subscriptions and hands them to sessions.
+
+    :ivar trie: topic filter → ``{client id: SubscriptionOptions}`` and
+        ``{("$share", group): SharedGroup}``.
+    :ivar retained: the retained tree.
+    """
+
+    log = Logger()
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self.trie = SubscriptionTrie()
+        self.retained = RetainedTree()
+        self.topic_all = broker.bus_topic(TOPIC_MSG_ALL)
+        self.topic_retained = broker.bus_topic(TOPIC_MSG_RETAINED)
+
+    def start(self) -> None:
+        bus = self.broker.bus
+        bus.subscribe(self.topic_all, "tbmq-msg-all", self._on_message)
+        bus.subscribe(self.topic_retained, "tbmq-retained-" + self.broker.service_id,
+                      self._on_retained)
+
+    # -- publish -------------------------------------------------------------
+
+    def publish(self, message: Message):
+        """Put ``message`` on the bus.
+
+        :returns: None when nothing needs waiting for, or a Deferred that fires
+            when the message is durable (the bus acknowledged it and, on the
+            in-process bus, every persistent subscriber's store has it):
+            only then may a QoS 1/2 publisher be acknowledged.
+        """
+        bus = self.broker.bus
+        if message.retain:
+            first = bus.publish(self.topic_retained, message.topic, message)
+            second = bus.publish(self.topic_all, message.topic, message)
+            if first is None:
+                return second
+            if second is None:
+                return first
+            return defer.gatherResults([first, second], consumeErrors=True)
+        return bus.publish(self.topic_all, message.topic, message)
+
+    def _on_retained(self, key: str, message: Message):
+        store = self.broker.retained_store
+        if message.payload:
+            stored = Message(message.topic, message.payload, message.qos, True,
+                             message.properties, message.publisher,
+                             message.received_at, message.expires_at)
+            self.retained.set(stored)
+            return store.put(stored)
+        # an empty retained payload clears the topic [MQTT-3.3.1-6]
+        if self.retained.remove(message.topic) is not None:
+            return store.remove(message.topic)
+        return None
+
+    def _on_message(self, key: str, message: Message):
+        matches = self.trie.match(message.topic)
+        if not matches:
+            return None
+        sessions = self.broker.sessions.sessions
+        publisher = message.publisher
+        msg_qos = message.qos
+        # client id -> [qos, subscription ids, retain as published]
+        targets: dict[str, list] = {}
+        for subs in matches:
+            for client_id, options in subs.items():
+                if type(options) is SharedGroup:
+                    picked = options.pick(self._online)
+                    if picked is None:
+                        continue
+                    client_id, options = picked
+                elif options.no_local and client_id == publisher:
+                    continue  # [MQTT-3.8.3-3]
+                qos = options.qos if options.qos < msg_qos else msg_qos
+                target = targets.get(client_id)
+                if target is None:
+                    targets[client_id] = [qos, options.subscription_id, options.retain_as_published]
+                else:
+                    if qos > target[0]:
+                        target[0] = qos
+                    sid = options.subscription_id
+                    if sid is not None:
+                        prev = target[1]
+                        target[1] = sid if prev is None else (
+                            prev + (sid,) if type(prev) is tuple else (prev, sid))
+                    target[2] = target[2] or options.retain_as_published
+        cache: dict = {}
+        now = self.broker.clock.seconds()
+        pending = None
+        retain = message.retain
+        for client_id, (qos, sid, rap) in targets.items():
+            session = sessions.get(client_id)
+            if session is None:
+                continue
+            sids = () if sid is None else (sid if type(sid) is tuple else (sid,))
+            # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
+            result = session.deliver(message, qos, retain and rap, sids, cache, now)
+            if result is not None:
+                if pending is None:
+                    pending = [result]
+                else:
+                    pending.append(result)
+        self.broker.hooks_message_routed(message, len(targets))
+        if pending is None:
+            return None
+        if len(pending) == 1:
+            return pending[0]
+        return defer.gatherResults(pending, consumeErrors=True)
+
+    def _online(self, client_id: str) -> bool:
+        session = self.broker.sessions.sessions.get(client_id)
+        return session is not None and session.connection is not None
+
+    # -- subscriptions ---------------------------------------------------------
+
+    def add_subscription(self, client_id: str, topic_filter: str,
+                         share: tuple[str, str] | None, options: SubscriptionOptions) -> bool:
+        """Add or replace a subscription in the trie.
+
+        :param share: ``(group, filter)`` for a shared subscription, else None.
+        :returns: True when it did not exist before.
+        """
+        if share is None:
+            return self.trie.add(topic_filter, client_id, options)
+        group_name, real_filter = share
+        group = self.trie.get(real_filter, ("$share", group_name))
+        if group is None:
+            group = SharedGroup(group_name)
+            self.trie.add(real_filter, ("$share", group_name), group)
+        is_new = client_id not in group.members
+        group.members[client_id] = options
+        return is_new
+
+    def remove_subscription(self, client_id: str, topic_filter: str,
+                            share: tuple[str, str] | None) -> bool:
+        """:returns: True when the subscription existed."""
+        if share is None:
+            return self.trie.remove(topic_filter, client_id) is not None
+        group_name, real_filter = share
+        group = self.trie.get(real_filter, ("$share", group_name))
+        if group is None or group.members.pop(client_id, None) is None:
+            return False
+        if not group.members:
+            self.trie.remove(real_filter, ("$share", group_name))
+        return True
+
+    def retained_for(self, topic_filter: str) -> list[Message]:
+        """The live retained messages matching ``topic_filter``; expired ones
+        are removed on the way [MQTT-3.3.2-5]."""
+        messages = self.retained.match(topic_filter)
+        if not messages:
+            return messages
+        now = self.broker.clock.seconds()
+        live = []
+        for message in messages:
+            if message.expires_at is not None and message.expires_at <= now:
+                self.retained.remove(message.topic)
+                self.broker.retained_store.remove(message.topic)
+            else:
+                live.append(message)
+        return live

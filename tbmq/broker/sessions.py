@@ -1,0 +1,265 @@
+"""The sessions of this node: connect (new, resumed, taken over), disconnect,
+will messages with their delay, session expiry, and restore after a restart
+(MQTT 5.0 §3.1.2.4, §3.1.3.2, §3.1.4, §4.1).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from twisted.logger import Logger
+
+from tbmq.broker.session import EXPIRY_NEVER, Session
+from tbmq.model import ClientType, Message, SessionRecord, SubscriptionOptions
+from tbmq.mqtt import MQTT_5, Property
+from tbmq.mqtt.topics import parse_shared_subscription
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tbmq.broker.broker import Broker
+
+
+def is_persistent(connect) -> bool:
+    """TBMQ's persistent client: v3 ``cleanSession=0``; v5 a session expiry
+    interval above 0.  (TBMQ also counts v5 ``cleanStart=0`` with no expiry;
+    here such a session resumes state but ends with its connection, as
+    [MQTT-3.1.2-23] requires, so it is kept in memory only.)"""
+    if connect.protocol_level < MQTT_5:
+        return not connect.clean_start
+    return connect.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0) > 0
+
+
+class SessionManager:
+    """Client id → :class:`Session` for every session this node holds.
+
+    :ivar sessions: the sessions, connected or not.
+    """
+
+    log = Logger()
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self.sessions: dict[str, Session] = {}
+
+    # -- connect ---------------------------------------------------------------
+
+    def expiry_for(self, connect) -> int:
+        """The session expiry interval granted, in seconds, capped by
+        ``mqtt.max_session_expiry_interval``; a v3 persistent session never
+        expires unless the cap says so."""
+        cap = self.broker.config.mqtt.max_session_expiry_interval
+        if connect.protocol_level < MQTT_5:
+            asked = 0 if connect.clean_start else EXPIRY_NEVER
+        else:
+            asked = connect.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
+        return min(asked, cap)
+
+    def connect(self, conn, connect, client_type: ClientType) -> tuple[Session, bool]:
+        """Bind ``conn`` to the session of ``connect.client_id``.
+
+        A session still connected elsewhere is taken over: its connection gets
+        DISCONNECT 0x8E in v5 and is closed [MQTT-3.1.4-3].  A clean start
+        ends any existing session [MQTT-3.1.2-4]; otherwise an existing
+        session resumes [MQTT-3.2.2-2].
+
+        :returns: ``(session, session_present)``.
+        """
+        now = self.broker.clock.seconds()
+        client_id = connect.client_id
+        existing = self.sessions.get(client_id)
+        if existing is not None:
+            old = existing.connection
+            if old is not None:
+                self.log.info("session {client_id} taken over", client_id=client_id)
+                existing.detach(now)
+                old.session = None
+                self._will_on_close(existing, publish=True)
+                old.disconnect(0x8E)
+            if connect.clean_start or not existing.persistent:
+                # a clean start ends the old session, publishing a delayed will
+                self.end_session(existing, expired=False)
+                existing = None
+            else:
+                # resumed before the will delay passed: no will [MQTT-3.1.3-9]
+                self._cancel_timers(existing)
+                existing.will = None
+        persistent = is_persistent(connect)
+        expiry = self.expiry_for(connect)
+        present = existing is not None
+        if existing is None:
+            session = Session(self.broker, client_id, persistent=persistent,
+                              expiry_interval=expiry, protocol_level=connect.protocol_level,
+                              client_type=client_type)
+            self.sessions[client_id] = session
+        else:
+            session = existing
+            was_persistent = session.persistent
+            session.persistent = persistent
+            session.expiry_interval = expiry
+            session.client_type = client_type
+            if was_persistent and not persistent:
+                self.broker.session_store.delete(client_id)
+                self.broker.device_store.clear(client_id)
+            elif persistent and not was_persistent:
+                pending = list(session.inflight.values()) + list(session.queue)
+                if pending:
+                    self.broker.device_store.add(client_id, pending)
+        session.will = connect.will
+        session.attach(conn)
+        if persistent:
+            self.save(session)
+        return session, present
+
+    def save(self, session: Session):
+        """Write the session and its subscriptions to the session store.
+
+        :returns: the store's Deferred.
+        """
+        record = SessionRecord(session.client_id, session.protocol_level,
+                               session.expiry_interval, session.client_type,
+                               session.disconnected_at, dict(session.subscriptions))
+        return self.broker.session_store.save(record)
+
+    # -- disconnect, will, expiry ------------------------------------------------
+
+    def connection_lost(self, session: Session, conn, publish_will: bool) -> None:
+        """The connection of ``session`` ended (DISCONNECT, error or loss).
+
+        :param publish_will: True unless the client sent DISCONNECT 0x00
+            [MQTT-3.14.4-3]; DISCONNECT 0x04 keeps the will [MQTT-3.14.2-?].
+        """
+        if session.connection is not conn:
+            return  # already taken over
+        now = self.broker.clock.seconds()
+        session.detach(now)
+        self._will_on_close(session, publish_will)
+        if not session.persistent or session.expiry_interval == 0:
+            self.end_session(session, expired=False)
+            return
+        self.save(session)
+        self._schedule_expiry(session, session.expiry_interval)
+
+    def _will_on_close(self, session: Session, publish: bool) -> None:
+        will = session.will
+        if will is None:
+            return
+        if not publish:
+            session.will = None
+            return
+        delay = will.properties.get(Property.WILL_DELAY_INTERVAL, 0)
+        if delay <= 0:
+            session.will = None
+            self.publish_will(session.client_id, will)
+            return
+        # published after the delay, or when the session ends first [MQTT-3.1.3-9]
+        session.will_timer = self.broker.clock.callLater(delay, self._will_due, session)
+
+    def _will_due(self, session: Session) -> None:
+        session.will_timer = None
+        will, session.will = session.will, None
+        if will is not None:
+            self.publish_will(session.client_id, will)
+
+    def publish_will(self, client_id: str, will) -> None:
+        """Publish a will message through the pipeline like any PUBLISH."""
+        now = self.broker.clock.seconds()
+        props = dict(will.properties)
+        props.pop(Property.WILL_DELAY_INTERVAL, None)
+        expiry = props.get(Property.MESSAGE_EXPIRY_INTERVAL)
+        message = Message(will.topic, will.payload, will.qos, will.retain, props,
+                          client_id, now, None if expiry is None else now + expiry)
+        self.log.info("publishing will of {client_id} to {topic}",
+                      client_id=client_id, topic=will.topic)
+        self.broker.hooks_message_published(None, message)
+        result = self.broker.router.publish(message)
+        if result is not None:
+            result.addErrback(lambda f: self.log.failure("will of {client_id} not published",
+                                                         f, client_id=client_id))
+
+    def _schedule_expiry(self, session: Session, delay: float) -> None:
+        if session.expiry_interval == EXPIRY_NEVER:
+            return
+        if session.expiry_timer is not None and session.expiry_timer.active():
+            session.expiry_timer.cancel()
+        session.expiry_timer = self.broker.clock.callLater(
+            max(0.0, delay), self._expire, session)
+
+    def _expire(self, session: Session) -> None:
+        session.expiry_timer = None
+        if session.connection is None and self.sessions.get(session.client_id) is session:
+            self.log.info("session {client_id} expired", client_id=session.client_id)
+            self.end_session(session, expired=True)
+
+    def _cancel_timers(self, session: Session) -> None:
+        for name in ("will_timer", "expiry_timer"):
+            timer = getattr(session, name)
+            if timer is not None and timer.active():
+                timer.cancel()
+            setattr(session, name, None)
+
+    def end_session(self, session: Session, expired: bool) -> None:
+        """End ``session``: publish a delayed will now, drop its
+        subscriptions, queued messages and stored state."""
+        if session.will_timer is not None:
+            if session.will_timer.active():
+                session.will_timer.cancel()
+            session.will_timer = None
+            will, session.will = session.will, None
+            if will is not None:
+                self.publish_will(session.client_id, will)
+        self._cancel_timers(session)
+        router = self.broker.router
+        for topic_filter in session.subscriptions:
+            router.remove_subscription(session.client_id, topic_filter,
+                                       parse_shared_subscription(topic_filter))
+        session.subscriptions.clear()
+        session.discard()
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        if session.persistent:
+            self.broker.session_store.delete(session.client_id)
+        self.broker.hooks_session_expired(session.client_id)
+
+    # -- restart -----------------------------------------------------------------
+
+    def restore(self, records: list[SessionRecord], deliveries: dict) -> None:
+        """Rebuild persistent sessions from the store after a restart; each is
+        offline and expires ``expiry_interval`` after its last disconnect.
+
+        :param deliveries: client id → ``list[StoredDelivery]``.
+        """
+        now = self.broker.clock.seconds()
+        router = self.broker.router
+        for record in records:
+            session = Session(self.broker, record.client_id, persistent=True,
+                              expiry_interval=record.session_expiry_interval,
+                              protocol_level=record.protocol_level,
+                              client_type=record.client_type)
+            session.disconnected_at = record.disconnected_at or now
+            for topic_filter, options in record.subscriptions.items():
+                session.subscriptions[topic_filter] = options
+                router.add_subscription(record.client_id, topic_filter,
+                                        parse_shared_subscription(topic_filter), options)
+            session.restore(deliveries.get(record.client_id, []))
+            self.sessions[record.client_id] = session
+            remaining = session.disconnected_at + session.expiry_interval - now
+            self._schedule_expiry(session, remaining)
+
+    def subscribe(self, session: Session, topic_filter: str,
+                  options: SubscriptionOptions) -> bool:
+        """Add a subscription to ``session`` and the trie.
+
+        :returns: True when it is new (for retain handling 1).
+        """
+        share = parse_shared_subscription(topic_filter)
+        is_new = self.broker.router.add_subscription(
+            session.client_id, topic_filter, share, options)
+        session.subscriptions[topic_filter] = options
+        return is_new
+
+    def unsubscribe(self, session: Session, topic_filter: str) -> bool:
+        """:returns: True when the subscription existed."""
+        if session.subscriptions.pop(topic_filter, None) is None:
+            return False
+        self.broker.router.remove_subscription(
+            session.client_id, topic_filter, parse_shared_subscription(topic_filter))
+        return True

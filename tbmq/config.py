@@ -1,0 +1,544 @@
+"""The broker's configuration: YAML + environment → typed, frozen dataclasses.
+
+:func:`load_config` builds a :class:`Config` in four layers, each overriding
+the one before:
+
+1. the built-in defaults (the field defaults below, documented in
+   ``etc/tbmq.yml``);
+2. the YAML file, when one is given (mappings are merged key by key, lists
+   replace lists);
+3. environment variables ``TBMQ_<SECTION>__<KEY>``: the name after ``TBMQ_``
+   is split on double underscores into a key path, case-insensitively, with
+   numbers as list indices (``TBMQ_LISTENERS__0__ENDPOINT=tcp:1884``,
+   ``TBMQ_MQTT__MAX_PACKET_SIZE=1024``, ``TBMQ_DATA_DIR=/var/lib/tbmq``); the
+   value is parsed as YAML (``true``, ``10``, ``null`` …);
+4. ``overrides``, a nested dict (the command line).
+
+Unknown keys, wrong types and values out of range raise
+:class:`~tbmq.errors.ConfigError` whose message starts with the key path:
+``listeners[1].endpoint: expected a string``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import yaml
+
+from tbmq.errors import ConfigError
+
+__all__ = [
+    "Config",
+    "ListenerConfig",
+    "MqttConfig",
+    "StorageConfig",
+    "AuthConfig",
+    "NodeConfig",
+    "load_config",
+    "ENV_PREFIX",
+    "LISTENER_TYPES",
+    "STORAGE_BACKENDS",
+]
+
+#: The prefix of environment variables read by :func:`load_config`.
+ENV_PREFIX = "TBMQ_"
+
+#: Transport of a listener: plain TCP, TLS, WebSocket, WebSocket over TLS.
+LISTENER_TYPES = ("tcp", "tls", "ws", "wss")
+
+#: Values of ``storage.backend``.
+STORAGE_BACKENDS = ("sqlite", "memory")
+
+#: Values of ``storage.sqlite_synchronous`` (SQLite's ``PRAGMA synchronous``).
+SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL")
+
+#: The largest packet MQTT can encode: 268,435,455 bytes of remaining length
+#: [MQTT-2.2.3] (and the largest Maximum Packet Size property).
+MAX_PACKET_SIZE = 268435455
+
+
+@dataclass(frozen=True)
+class ListenerConfig:
+    """One listening socket.
+
+    :ivar name: unique name of the listener (logs, metrics).
+    :ivar type: ``tcp``, ``tls``, ``ws`` or ``wss``.
+    :ivar endpoint: a Twisted server endpoint string (``tcp:1883``,
+        ``ssl:8883:privateKey=key.pem:certKey=cert.pem``).
+    :ivar max_packet_size: bytes; None means ``mqtt.max_packet_size``.
+    :ivar max_connections: simultaneous connections; 0 means unlimited.
+    """
+
+    name: str = "tcp"
+    type: str = "tcp"
+    endpoint: str = "tcp:1883"
+    max_packet_size: int | None = None
+    max_connections: int = 0
+
+
+@dataclass(frozen=True)
+class MqttConfig:
+    """Protocol limits and the capabilities announced in CONNACK.
+
+    :ivar max_packet_size: bytes, 1..268435455; larger packets are refused
+        [MQTT-3.1.2-24] and announced as Maximum Packet Size.
+    :ivar connect_timeout: seconds a connection may stay without CONNECT.
+    :ivar receive_maximum: QoS 1/2 PUBLISHes a client may have unacknowledged
+        towards the broker, 1..65535 [MQTT-3.2.2.3.3].
+    :ivar max_qos: the Maximum QoS announced, 0..2 [MQTT-3.2.2.3.4].
+    :ivar retain_available: whether retained messages are supported.
+    :ivar topic_alias_maximum: client → broker topic aliases, 0..65535.
+    :ivar wildcard_subscription_available: whether ``+``/``#`` are allowed.
+    :ivar subscription_identifier_available: whether v5 subscription
+        identifiers are supported.
+    :ivar shared_subscription_available: whether ``$share/`` is supported.
+    :ivar max_keep_alive: seconds, 0..65535; a client asking for more gets
+        this as Server Keep Alive; 0 means no limit.
+    :ivar max_session_expiry_interval: seconds, 0..4294967295; a longer
+        requested session expiry is cut to this.
+    :ivar max_client_id_length: characters, 23..65535 (the server must accept
+        1 to 23 [MQTT-3.1.3-5]).
+    :ivar allow_empty_client_id: assign an id to a client sending none.
+    :ivar max_queued_messages: messages kept per persistent session, >= 1.
+    :ivar max_pending_messages: messages buffered per connected
+        non-persistent session while its inflight window is full, >= 1.
+    :ivar max_inflight_messages: cap on the outbound inflight window,
+        1..65535.
+    :ivar retry_interval: seconds before an unacknowledged PUBLISH is resent
+        on the same connection, >= 0; 0 resends only on reconnect, as MQTT 5
+        requires [MQTT-4.4.0-1].
+    :ivar response_information: sent in CONNACK to a v5 client requesting
+        it, when not empty.
+    """
+
+    max_packet_size: int = MAX_PACKET_SIZE
+    connect_timeout: float = 10.0
+    receive_maximum: int = 65535
+    max_qos: int = 2
+    retain_available: bool = True
+    topic_alias_maximum: int = 65535
+    wildcard_subscription_available: bool = True
+    subscription_identifier_available: bool = True
+    shared_subscription_available: bool = True
+    max_keep_alive: int = 65535
+    max_session_expiry_interval: int = 4294967295
+    max_client_id_length: int = 65535
+    allow_empty_client_id: bool = True
+    max_queued_messages: int = 10000
+    max_pending_messages: int = 1000
+    max_inflight_messages: int = 65535
+    retry_interval: float = 0.0
+    response_information: str = ""
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """The embedded store.
+
+    :ivar backend: ``sqlite`` (a file in ``data_dir``) or ``memory``.
+    :ivar sqlite_synchronous: SQLite's ``PRAGMA synchronous``: ``FULL``
+        survives power loss, ``NORMAL`` a process crash only, ``OFF`` neither.
+    """
+
+    backend: str = "sqlite"
+    sqlite_synchronous: str = "FULL"
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Authentication.
+
+    :ivar allow_anonymous: accept clients no auth plugin recognised.
+    """
+
+    allow_anonymous: bool = True
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """This node's identity in a cluster.
+
+    :ivar service_id: the node's service id; None derives it from the host
+        name.
+    """
+
+    service_id: str | None = None
+
+
+def _empty_mapping() -> Mapping:
+    return types.MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration (see ``etc/tbmq.yml``).
+
+    :ivar data_dir: directory of the embedded store's files.
+    :ivar node: see :class:`NodeConfig`.
+    :ivar listeners: at least one :class:`ListenerConfig`, unique names.
+    :ivar mqtt: see :class:`MqttConfig`.
+    :ivar storage: see :class:`StorageConfig`.
+    :ivar auth: see :class:`AuthConfig`.
+    :ivar bus: the message bus provider's name (``memory`` in process).
+    :ivar plugins: free-form settings per plugin name, read-only (nested
+        mappings are read-only too, lists become tuples).
+    """
+
+    data_dir: str = "./data"
+    node: NodeConfig = field(default_factory=NodeConfig)
+    listeners: tuple[ListenerConfig, ...] = (ListenerConfig(),)
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    bus: str = "memory"
+    plugins: Mapping = field(default_factory=_empty_mapping, hash=False)
+
+
+# -- validation rules ---------------------------------------------------------
+
+Check = Callable[[Any], "str | None"]
+
+
+def _range(low: float, high: float | None = None) -> Check:
+    def check(value: Any) -> str | None:
+        if value is None:
+            return None
+        if value < low or (high is not None and value > high):
+            if high is None:
+                return f"must be >= {low}"
+            return f"must be between {low} and {high}"
+        return None
+
+    return check
+
+
+def _positive(value: Any) -> str | None:
+    return "must be > 0" if value <= 0 else None
+
+
+def _one_of(*choices: Any, message: str | None = None) -> Check:
+    def check(value: Any) -> str | None:
+        if value not in choices:
+            return message or "must be one of " + ", ".join(map(str, choices))
+        return None
+
+    return check
+
+
+def _not_empty(value: Any) -> str | None:
+    return "must not be empty" if value is not None and not value else None
+
+
+_CHECKS: dict[type, dict[str, Check]] = {
+    ListenerConfig: {
+        "name": _not_empty,
+        "type": _one_of(*LISTENER_TYPES),
+        "endpoint": _not_empty,
+        "max_packet_size": _range(1, MAX_PACKET_SIZE),
+        "max_connections": _range(0),
+    },
+    MqttConfig: {
+        "max_packet_size": _range(1, MAX_PACKET_SIZE),
+        "connect_timeout": _positive,
+        "receive_maximum": _range(1, 65535),
+        "max_qos": _one_of(0, 1, 2, message="must be 0, 1 or 2"),
+        "topic_alias_maximum": _range(0, 65535),
+        "max_keep_alive": _range(0, 65535),
+        "max_session_expiry_interval": _range(0, 4294967295),
+        "max_client_id_length": _range(23, 65535),
+        "max_queued_messages": _range(1),
+        "max_pending_messages": _range(1),
+        "max_inflight_messages": _range(1, 65535),
+        "retry_interval": _range(0),
+    },
+    StorageConfig: {
+        "backend": _one_of(*STORAGE_BACKENDS),
+        "sqlite_synchronous": _one_of(*SQLITE_SYNCHRONOUS),
+    },
+    NodeConfig: {"service_id": _not_empty},
+    Config: {"data_dir": _not_empty, "bus": _not_empty},
+}
+
+#: Fields whose string value is normalised to upper case before the checks.
+_UPPER = {(StorageConfig, "sqlite_synchronous")}
+
+
+# -- building -----------------------------------------------------------------
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _fail(path: str, message: str) -> typing.NoReturn:
+    raise ConfigError(f"{path or '<root>'}: {message}", key=path or None)
+
+
+def _describe(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _convert(hint: Any, value: Any, path: str) -> Any:
+    """Check ``value`` against the type ``hint`` and convert it.
+
+    :raises ConfigError: naming ``path`` when it does not fit.
+    """
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, path)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, path)
+    if origin is tuple:
+        item_hint = typing.get_args(hint)[0]
+        if not isinstance(value, (list, tuple)):
+            _fail(path, f"expected a list, got {_describe(value)}")
+        return tuple(
+            _convert(item_hint, item, _join(path, i)) for i, item in enumerate(value)
+        )
+    if hint is Mapping or origin is Mapping:
+        if not isinstance(value, Mapping):
+            _fail(path, f"expected a mapping, got {_describe(value)}")
+        return _freeze(value, path)
+    if hint is bool:
+        if not isinstance(value, bool):
+            _fail(path, f"expected true or false, got {_describe(value)}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(path, f"expected an integer, got {_describe(value)}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(path, f"expected a number, got {_describe(value)}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            _fail(path, f"expected a string, got {_describe(value)}")
+        return value
+    raise TypeError(f"unsupported config type {hint!r}")  # pragma: no cover
+
+
+def _freeze(value: Any, path: str) -> Any:
+    """Make a free-form YAML value read-only: mappings → MappingProxyType
+    (string keys only), lists → tuples."""
+    if isinstance(value, Mapping):
+        frozen = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                _fail(path, f"keys must be strings, got {_describe(key)}")
+            frozen[key] = _freeze(item, _join(path, key))
+        return types.MappingProxyType(frozen)
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(item, _join(path, i)) for i, item in enumerate(value))
+    return value
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    """Build the dataclass ``cls`` from the mapping ``data`` (missing keys
+    take their defaults) and validate it.
+
+    :raises ConfigError: for an unknown key, a wrong type or a bad value.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        _fail(path, f"expected a mapping, got {_describe(data)}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            _fail(_join(path, str(key)), "unknown key")
+    checks = _CHECKS.get(cls, {})
+    kwargs = {}
+    for name in names:
+        if name not in data:
+            continue
+        key_path = _join(path, name)
+        value = _convert(hints[name], data[name], key_path)
+        if (cls, name) in _UPPER and isinstance(value, str):
+            value = value.upper()
+        check = checks.get(name)
+        message = check(value) if check is not None else None
+        if message:
+            _fail(key_path, message)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _validate(config: Config) -> None:
+    """The checks that involve more than one field."""
+    if not config.listeners:
+        _fail("listeners", "at least one listener is required")
+    seen: dict[str, int] = {}
+    for i, listener in enumerate(config.listeners):
+        if listener.name in seen:
+            _fail(
+                f"listeners[{i}].name",
+                f"duplicate listener name {listener.name!r} "
+                f"(also listeners[{seen[listener.name]}])",
+            )
+        seen[listener.name] = i
+
+
+# -- layers -------------------------------------------------------------------
+
+
+def _raw(value: Any) -> Any:
+    """A config value as plain YAML data (dicts, lists, scalars)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _raw(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {k: _raw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_raw(v) for v in value]
+    return value
+
+
+def defaults() -> dict:
+    """:returns: the built-in defaults as plain YAML data."""
+    return _raw(Config())
+
+
+def _merge(base: Any, update: Any) -> Any:
+    """Merge ``update`` over ``base``: mappings key by key, anything else
+    (lists included) replaced."""
+    if isinstance(base, dict) and isinstance(update, Mapping):
+        merged = dict(base)
+        for key, value in update.items():
+            merged[key] = _merge(base[key], value) if key in base else _raw(value)
+        return merged
+    return _raw(update)
+
+
+def _read_file(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return data
+
+
+def _parse_env_value(text: str) -> Any:
+    """An environment value as a YAML scalar; empty or unparsable text stays
+    a string."""
+    if text == "":
+        return ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _env_path(name: str) -> list[str | int]:
+    parts = name[len(ENV_PREFIX):].lower().split("__")
+    return [int(p) if p.isdigit() else p for p in parts]
+
+
+def _sort_key(path: list[str | int]) -> tuple:
+    return tuple((0, p, "") if isinstance(p, int) else (1, 0, p) for p in path)
+
+
+def _apply_env(data: dict, environ: Mapping[str, str]) -> dict[str, str]:
+    """Set each ``TBMQ_A__B__0__C`` variable at key path ``a.b[0].c`` of
+    ``data`` (in place).
+
+    A list index may be the list's length, which appends a new entry (so
+    ``TBMQ_LISTENERS__1__ENDPOINT`` adds a second listener to the default
+    one).  Unknown keys are reported when the config is built.
+
+    :returns: key path → the name of the variable that set it.
+    """
+    sources: dict[str, str] = {}
+    settings = []
+    for name, text in environ.items():
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        path = _env_path(name)
+        if any(p == "" for p in path):
+            raise ConfigError(f"environment variable {name}: empty key")
+        settings.append((path, name, _parse_env_value(text)))
+    settings.sort(key=lambda s: _sort_key(s[0]))
+    for path, name, value in settings:
+        node: Any = data
+        where = ""
+        for i, key in enumerate(path):
+            last = i == len(path) - 1
+            if isinstance(key, int):
+                if not isinstance(node, list):
+                    raise ConfigError(
+                        f"{where or '<root>'}: is not a list (from {name})",
+                        key=where or None,
+                    )
+                if key > len(node):
+                    raise ConfigError(
+                        f"{_join(where, key)}: index out of range, the list has "
+                        f"{len(node)} entries (from {name})",
+                        key=_join(where, key),
+                    )
+                if key == len(node):
+                    node.append({})
+            elif not isinstance(node, dict):
+                raise ConfigError(
+                    f"{where or '<root>'}: is not a mapping (from {name})",
+                    key=where or None,
+                )
+            where = _join(where, key)
+            if last:
+                node[key] = value
+                sources[where] = name
+            else:
+                if isinstance(key, str) and key not in node:
+                    node[key] = {}
+                node = node[key]
+    return sources
+
+
+def load_config(
+    path: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: dict | None = None,
+) -> Config:
+    """Load the configuration (see the module docstring for the layers).
+
+    :param path: a YAML file, or None for the built-in defaults only.
+    :param environ: the environment to read ``TBMQ_*`` variables from;
+        :data:`os.environ` when None (pass ``{}`` to ignore it).
+    :param overrides: a nested dict merged last (the command line).
+    :returns: the frozen :class:`Config`.
+    :raises ConfigError: for an unreadable file, an unknown key, a wrong type
+        or a value out of range; the message names the key path.
+    """
+    data = defaults()
+    if path is not None:
+        data = _merge(data, _read_file(path))
+    sources = _apply_env(data, os.environ if environ is None else environ)
+    if overrides:
+        data = _merge(data, overrides)
+    try:
+        config = _build(Config, data, "")
+    except ConfigError as e:
+        source = sources.get(e.key or "")
+        if source is None:
+            raise
+        raise ConfigError(f"{e} (from {source})", key=e.key) from None
+    _validate(config)
+    return config

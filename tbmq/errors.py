@@ -1,0 +1,31 @@
+"""The exception types of tbmq (ARCHITECTURE §5: ``tbmq.errors`` holds them).
+
+Every exception raised on purpose by tbmq derives from :class:`TbmqError`, so
+a caller can tell tbmq's decisions from programming errors.
+"""
+
+from __future__ import annotations
+
+
+class TbmqError(Exception):
+    """The base of every exception tbmq raises on purpose."""
+
+
+class ConfigError(TbmqError):
+    """The configuration is invalid.
+
+    The message starts with the key path of the offending setting, e.g.
+    ``listeners[1].endpoint: expected a string``.
+
+    :ivar key: the key path (``str``), or None when the error is not about
+        one key (an unreadable file, for instance).
+    """
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class BackendError(TbmqError):
+    """A storage or bus backend cannot serve a call (not started, stopping,
+    closed)."""

@@ -1,0 +1,115 @@
+"""The pluggy hook specifications of tbmq.
+
+Three kinds of hooks (ARCHITECTURE §3):
+
+* **factory** hooks (``firstresult=True``) return the provider of a backend
+  interface of :mod:`tbmq.interfaces`, or None to let another plugin answer;
+* **decision** hooks return an answer or None to pass to the next plugin;
+  when every plugin passes, the answer is no (as Mosquitto's DEFER);
+* **notification** hooks return nothing; they are called in the reactor
+  thread and must not block.
+
+Any hook may return a :class:`twisted.internet.defer.Deferred`; the caller
+wraps each call with ``maybeDeferred``.  Notification hooks on the message
+path are only called when some plugin implements them.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT = "tbmq"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# -- factories -----------------------------------------------------------------
+
+@hookspec(firstresult=True)
+def tbmq_message_bus(config):
+    """Build the message bus when ``config.bus`` names this plugin's bus.
+
+    :param config: the :class:`tbmq.config.Config`.
+    :returns: an :class:`tbmq.interfaces.IMessageBus` provider, or None.
+    """
+
+
+@hookspec(firstresult=True)
+def tbmq_stores(config):
+    """Build the storage backends when ``config.storage.backend`` names them.
+
+    :param config: the :class:`tbmq.config.Config`.
+    :returns: a tuple ``(session_store, retained_store, device_message_store)``
+        providing :class:`~tbmq.interfaces.ISessionStore`,
+        :class:`~tbmq.interfaces.IRetainedStore` and
+        :class:`~tbmq.interfaces.IDeviceMessageStore`, or None.
+    """
+
+
+# -- decisions -----------------------------------------------------------------
+
+@hookspec
+def tbmq_authenticate(connect, address, listener):
+    """Decide whether a CONNECT may open a session.
+
+    Called once per CONNECT, after the packet is validated and before the
+    session is looked up.
+
+    :param connect: the :class:`tbmq.mqtt.Connect` packet (client id, username,
+        password, properties).
+    :param address: the peer's ``IAddress``.
+    :param listener: the :class:`tbmq.config.ListenerConfig` it came through.
+    :returns: an :class:`tbmq.auth.AuthResult`, or None to pass to the next
+        plugin (all pass → refused with 0x87 NOT_AUTHORIZED / v3 0x05).
+    """
+
+
+# -- notifications ---------------------------------------------------------------
+
+@hookspec
+def tbmq_broker_started(broker):
+    """The broker has loaded its state and listens."""
+
+
+@hookspec
+def tbmq_broker_stopping(broker):
+    """The broker is about to close its listeners and backends."""
+
+
+@hookspec
+def tbmq_client_connected(session, connect, address):
+    """A CONNECT was accepted; CONNACK is on its way."""
+
+
+@hookspec
+def tbmq_client_disconnected(session, reason_code, will):
+    """A connection ended.
+
+    :param reason_code: the DISCONNECT reason code received or sent, or None
+        when the connection was lost without one.
+    :param will: True when the will message is to be published.
+    """
+
+
+@hookspec
+def tbmq_message_published(session, message):
+    """A PUBLISH (or a will message, ``session`` None) entered the pipeline."""
+
+
+@hookspec
+def tbmq_message_delivered(session, message):
+    """A QoS 1/2 delivery to ``session`` was acknowledged (PUBACK / PUBCOMP)."""
+
+
+@hookspec
+def tbmq_message_dropped(session, message, reason):
+    """A message was not delivered to ``session``.
+
+    :param reason: ``expired``, ``queue_full``, ``slow_consumer``,
+        ``offline_qos0``, ``too_large_for_client`` or ``session_ended``.
+    """
+
+
+@hookspec
+def tbmq_session_expired(client_id):
+    """A session ended: its expiry interval passed, or a clean start replaced it."""

@@ -1,0 +1,121 @@
+"""Plain records shared by the broker and its backends.
+
+These are the values that cross the interfaces of :mod:`tbmq.interfaces`: they
+speak of topics, client ids, bytes and MQTT properties, never of a storage or
+transport type.  Properties are the ``dict`` of :mod:`tbmq.mqtt.packets`
+(``Property`` → value, with ``USER_PROPERTY`` and ``SUBSCRIPTION_IDENTIFIER``
+always lists).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class ClientType(str, enum.Enum):
+    """TBMQ's client types: a DEVICE publishes and receives few messages,
+    an APPLICATION consumes many.  A non-persistent client is always a DEVICE."""
+
+    DEVICE = "DEVICE"
+    APPLICATION = "APPLICATION"
+
+
+@dataclass(slots=True)
+class Message:
+    """An application message as it travels on ``tbmq.msg.all``.
+
+    :ivar topic: the topic name (aliases already resolved).
+    :ivar payload: the application payload, bytes.
+    :ivar qos: the QoS it was published with (0, 1, 2).
+    :ivar retain: the RETAIN flag as published.
+    :ivar properties: the v5 properties forwarded to subscribers
+        (``TOPIC_ALIAS`` and ``SUBSCRIPTION_IDENTIFIER`` removed;
+        ``MESSAGE_EXPIRY_INTERVAL`` as published).
+    :ivar publisher: the client id of the publisher ("" for a will or a
+        system message without one).
+    :ivar received_at: wall-clock time of receipt, seconds since the epoch.
+    :ivar expires_at: wall-clock time at which it expires, or None for never
+        (from the message expiry interval, [MQTT-3.3.2-5]).
+    """
+
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    properties: dict = field(default_factory=dict)
+    publisher: str = ""
+    received_at: float = 0.0
+    expires_at: float | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class SubscriptionOptions:
+    """One subscription of a client, as SUBSCRIBE gave it [MQTT-3.8.3].
+
+    :ivar qos: the maximum QoS granted (0, 1, 2).
+    :ivar no_local: do not send the client its own messages [MQTT-3.8.3-3].
+    :ivar retain_as_published: keep the RETAIN flag when forwarding.
+    :ivar retain_handling: 0 send retained on subscribe, 1 only for a new
+        subscription, 2 never.
+    :ivar subscription_id: the v5 subscription identifier, or None.
+    """
+
+    qos: int = 0
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    subscription_id: int | None = None
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    """What survives of a persistent session [MQTT-4.1]: enough to rebuild it.
+
+    :ivar client_id: the client identifier.
+    :ivar protocol_level: 3, 4 or 5, of the last connection.
+    :ivar session_expiry_interval: seconds the session outlives its
+        connection; ``0xFFFFFFFF`` means never expires.
+    :ivar client_type: DEVICE or APPLICATION.
+    :ivar disconnected_at: wall-clock seconds when the connection ended, or
+        None while connected.
+    :ivar subscriptions: topic filter (``$share/g/f`` kept whole) → options.
+    """
+
+    client_id: str
+    protocol_level: int = 4
+    session_expiry_interval: int = 0
+    client_type: ClientType = ClientType.DEVICE
+    disconnected_at: float | None = None
+    subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)
+
+
+class DeliveryState(enum.IntEnum):
+    """Where a queued message of a persistent session is in its QoS flow."""
+
+    QUEUED = 0  #: not sent yet, no packet identifier
+    SENT = 1  #: PUBLISH sent with ``packet_id``; waiting for PUBACK / PUBREC
+    RELEASED = 2  #: QoS 2: PUBREC received, PUBREL sent; waiting for PUBCOMP
+
+
+@dataclass(slots=True)
+class StoredDelivery:
+    """One message queued for, or in flight to, a persistent session.
+
+    :ivar seq: the message's order key within the session, unique per client
+        id and increasing in delivery order.
+    :ivar message: the message (``qos`` already downgraded to the subscription's).
+    :ivar qos: the QoS of the delivery to this subscriber.
+    :ivar retain: the RETAIN flag to send.
+    :ivar subscription_ids: the matching subscriptions' identifiers.
+    :ivar packet_id: the packet identifier once sent, else None.
+    :ivar state: see :class:`DeliveryState`.
+    """
+
+    seq: int
+    message: Message
+    qos: int
+    retain: bool = False
+    subscription_ids: tuple[int, ...] = ()
+    packet_id: int | None = None
+    state: DeliveryState = DeliveryState.QUEUED

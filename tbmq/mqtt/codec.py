@@ -1,0 +1,724 @@
+"""Sans-IO MQTT codec: :func:`encode` and the incremental :class:`Decoder`.
+
+Pure functions over bytes, for MQTT 3.1 (level 3), 3.1.1 (level 4) and 5.0
+(level 5). Bad input raises :class:`MalformedPacket` carrying the reason code
+to close the connection with; nothing here does I/O or logs.
+
+The hot path is PUBLISH: :func:`encode_publish` builds the packet with a few
+joins, :func:`publish_packet_id_offset` lets a broker encode once and patch the
+Packet Identifier per subscriber, and the decoder slices the payload out of
+the received bytes once.
+"""
+
+from __future__ import annotations
+
+from .constants import (
+    MAX_PACKET_SIZE,
+    MQTT_3_1,
+    MQTT_5,
+    REASON_CODES,
+    SUPPORTED_PROTOCOLS,
+    WILL_PROPERTIES,
+    PacketType,
+    Property,
+)
+from .packets import (
+    Auth,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    SubscriptionRequest,
+    Unsuback,
+    Unsubscribe,
+    Will,
+)
+from .properties import (
+    BYTES,
+    MalformedPacket,
+    _pack_H,
+    decode_binary,
+    decode_properties,
+    decode_string,
+    encode_binary,
+    encode_properties,
+    encode_string,
+    encode_variable_byte_integer,
+)
+
+__all__ = [
+    "MalformedPacket",
+    "encode",
+    "encode_publish",
+    "publish_packet_id_offset",
+    "Decoder",
+]
+
+_PROTOCOL_ERROR = 0x82
+_PACKET_TOO_LARGE = 0x95
+
+_vbi = encode_variable_byte_integer
+_EMPTY_PROPS = b"\x00"
+
+
+def _frame(first: int, body: bytes) -> bytes:
+    """Prefix ``body`` with a fixed header (section 2.1)."""
+    return b"".join((BYTES[first], _vbi(len(body)), body))
+
+
+def _props(props: dict) -> bytes:
+    return encode_properties(props) if props else _EMPTY_PROPS
+
+
+# --------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------
+
+
+def encode_publish(packet: Publish, protocol_level: int) -> bytes:
+    """Encode a PUBLISH (section 3.3); the fast path :func:`encode` uses.
+
+    :param packet: the packet. ``packet_id`` is ignored for QoS 0
+        [MQTT-2.2.1-2] and required otherwise.
+    :param protocol_level: 3, 4 or 5; properties are written only for 5.
+    :returns: the whole packet.
+    :raises ValueError: QoS > 0 without a packet id, or QoS out of range.
+    """
+    topic = packet.topic.encode("utf-8")
+    qos = packet.qos
+    first = 0x30 | (qos << 1)
+    if packet.retain:
+        first |= 1
+    if packet.dup:
+        first |= 8
+    payload = packet.payload
+    if qos:
+        pid = packet.packet_id
+        if not pid or qos > 2:
+            raise ValueError("PUBLISH with QoS 1 or 2 needs a non-zero packet_id and QoS <= 2")
+        tail = _pack_H(pid)
+    else:
+        tail = b""
+    if protocol_level == MQTT_5:
+        props = packet.properties
+        tail += encode_properties(props) if props else _EMPTY_PROPS
+    tl = len(topic)
+    return b"".join((
+        BYTES[first],
+        _vbi(2 + tl + len(tail) + len(payload)),
+        _pack_H(tl),
+        topic,
+        tail,
+        payload,
+    ))
+
+
+def publish_packet_id_offset(data: bytes) -> int:
+    """Offset of the two-byte Packet Identifier in an encoded QoS 1/2
+    PUBLISH, for patching it per subscriber::
+
+        data[:o] + pid.to_bytes(2, "big") + data[o + 2:]
+
+    :param data: a PUBLISH from :func:`encode_publish` / :func:`encode`.
+    :returns: the byte offset of the Packet Identifier (section 3.3.2.2).
+    :raises ValueError: if ``data`` is not a QoS 1 or 2 PUBLISH.
+    """
+    first = data[0]
+    if first >> 4 != 3 or not first & 0x06:
+        raise ValueError("not a QoS 1 or 2 PUBLISH")
+    i = 1
+    while data[i] & 0x80:
+        i += 1
+    i += 1
+    return i + 2 + ((data[i] << 8) | data[i + 1])
+
+
+def _encode_connect(p: Connect, level: int) -> bytes:
+    level = p.protocol_level
+    v5 = level == MQTT_5
+    flags = 0x02 if p.clean_start else 0
+    will = p.will
+    if will is not None:
+        flags |= 0x04 | (will.qos << 3)
+        if will.retain:
+            flags |= 0x20
+    if p.password is not None:
+        flags |= 0x40
+    if p.username is not None:
+        flags |= 0x80
+    parts = [encode_string(p.protocol_name), bytes((level, flags)), _pack_H(p.keep_alive)]
+    if v5:
+        parts.append(_props(p.properties))
+    parts.append(encode_string(p.client_id))
+    if will is not None:
+        if v5:
+            parts.append(_props(will.properties))
+        parts.append(encode_string(will.topic))
+        parts.append(encode_binary(will.payload))
+    if p.username is not None:
+        parts.append(encode_string(p.username))
+    if p.password is not None:
+        parts.append(encode_binary(p.password))
+    return _frame(0x10, b"".join(parts))
+
+
+def _encode_connack(p: Connack, level: int) -> bytes:
+    if level == MQTT_5:
+        return _frame(0x20, bytes((1 if p.session_present else 0, p.reason_code)) + _props(p.properties))
+    if level == MQTT_3_1:
+        return bytes((0x20, 2, 0, p.reason_code))
+    return bytes((0x20, 2, 1 if p.session_present else 0, p.reason_code))
+
+
+def _ack_encoder(first: int):
+    head = BYTES[first]
+
+    def _encode_ack(p, level: int) -> bytes:
+        if level == MQTT_5 and (p.reason_code or p.properties):
+            if p.properties:
+                return _frame(first, _pack_H(p.packet_id) + BYTES[p.reason_code] + encode_properties(p.properties))
+            return head + b"\x03" + _pack_H(p.packet_id) + BYTES[p.reason_code]
+        return head + b"\x02" + _pack_H(p.packet_id)
+
+    return _encode_ack
+
+
+def _encode_subscribe(p: Subscribe, level: int) -> bytes:
+    parts = [_pack_H(p.packet_id)]
+    if level == MQTT_5:
+        parts.append(_props(p.properties))
+        for s in p.subscriptions:
+            parts.append(encode_string(s.topic_filter))
+            opts = s.qos | (s.retain_handling << 4)
+            if s.no_local:
+                opts |= 0x04
+            if s.retain_as_published:
+                opts |= 0x08
+            parts.append(BYTES[opts])
+    else:
+        for s in p.subscriptions:
+            parts.append(encode_string(s.topic_filter))
+            parts.append(BYTES[s.qos])
+    return _frame(0x82, b"".join(parts))
+
+
+def _encode_suback(p: Suback, level: int) -> bytes:
+    body = _pack_H(p.packet_id)
+    if level == MQTT_5:
+        body += _props(p.properties)
+    return _frame(0x90, body + bytes(p.reason_codes))
+
+
+def _encode_unsubscribe(p: Unsubscribe, level: int) -> bytes:
+    parts = [_pack_H(p.packet_id)]
+    if level == MQTT_5:
+        parts.append(_props(p.properties))
+    parts.extend(encode_string(f) for f in p.topic_filters)
+    return _frame(0xA2, b"".join(parts))
+
+
+def _encode_unsuback(p: Unsuback, level: int) -> bytes:
+    if level == MQTT_5:
+        return _frame(0xB0, _pack_H(p.packet_id) + _props(p.properties) + bytes(p.reason_codes))
+    return b"\xb0\x02" + _pack_H(p.packet_id)
+
+
+def _encode_pingreq(p: Pingreq, level: int) -> bytes:
+    return b"\xc0\x00"
+
+
+def _encode_pingresp(p: Pingresp, level: int) -> bytes:
+    return b"\xd0\x00"
+
+
+def _reason_encoder(first: int):
+    head = BYTES[first]
+
+    def _encode_reason(p, level: int) -> bytes:
+        if level != MQTT_5:
+            if first == 0xF0:
+                raise ValueError("AUTH exists only in MQTT 5.0")
+            return head + b"\x00"
+        if p.properties:
+            return _frame(first, BYTES[p.reason_code] + encode_properties(p.properties))
+        if p.reason_code:
+            return head + b"\x01" + BYTES[p.reason_code]
+        return head + b"\x00"
+
+    return _encode_reason
+
+
+_ENCODERS = {
+    Connect: _encode_connect,
+    Connack: _encode_connack,
+    Publish: encode_publish,
+    Puback: _ack_encoder(0x40),
+    Pubrec: _ack_encoder(0x50),
+    Pubrel: _ack_encoder(0x62),
+    Pubcomp: _ack_encoder(0x70),
+    Subscribe: _encode_subscribe,
+    Suback: _encode_suback,
+    Unsubscribe: _encode_unsubscribe,
+    Unsuback: _encode_unsuback,
+    Pingreq: _encode_pingreq,
+    Pingresp: _encode_pingresp,
+    Disconnect: _reason_encoder(0xE0),
+    Auth: _reason_encoder(0xF0),
+}
+
+
+def encode(packet: Packet, protocol_level: int = 4) -> bytes:
+    """Encode any packet for a protocol level.
+
+    Before 5.0, properties and reason codes that have no place on the wire are
+    dropped. In 5.0, PUBACK / PUBREC / PUBREL / PUBCOMP use the 2-byte form
+    when the reason code is 0 and there are no properties, the 3-byte form
+    when there are no properties (sections 3.4.2.1, 3.5.2.1, 3.6.2.1,
+    3.7.2.1); DISCONNECT and AUTH are 0 bytes long in the same case (sections
+    3.14.2.1, 3.15.2.1). CONNECT uses its own ``protocol_level``.
+
+    :param packet: the packet.
+    :param protocol_level: 3, 4 or 5.
+    :returns: the packet's bytes.
+    :raises TypeError: for an object that is not a packet.
+    :raises ValueError: for values that cannot be encoded (AUTH before 5.0,
+        QoS 1/2 PUBLISH without packet id, strings over 65,535 bytes, ...).
+    """
+    try:
+        encoder = _ENCODERS[packet.__class__]
+    except KeyError:
+        raise TypeError(f"not an MQTT packet: {packet!r}") from None
+    return encoder(packet, protocol_level)
+
+
+# --------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------
+
+#: Packet types a server must not receive (section 2.1.2, direction column).
+_NOT_TO_SERVER = frozenset((PacketType.CONNACK, PacketType.SUBACK, PacketType.UNSUBACK, PacketType.PINGRESP))
+#: Packet types a client must not receive.
+_NOT_TO_CLIENT = frozenset((PacketType.CONNECT, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE, PacketType.PINGREQ))
+#: Packet types whose reserved fixed-header flags are 0b0010 (section 2.1.3).
+_FLAGS_0010 = frozenset((PacketType.PUBREL, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE))
+
+_V3_SUBACK_CODES = frozenset((0x00, 0x01, 0x02, 0x80))
+
+
+def _need(ok: bool, message: str, reason_code: int = 0x81) -> None:
+    if not ok:
+        raise MalformedPacket(message, reason_code)
+
+
+def _packet_id(data: bytes, pos: int, end: int) -> int:
+    """Read a non-zero Packet Identifier [MQTT-2.2.1-3]."""
+    if pos + 2 > end:
+        raise MalformedPacket("truncated packet identifier")
+    pid = (data[pos] << 8) | data[pos + 1]
+    if not pid:
+        raise MalformedPacket("packet identifier 0 [MQTT-2.2.1-3]")
+    return pid
+
+
+def _reason(code: int, ptype: PacketType) -> int:
+    """Check a 5.0 reason code is one the packet type may carry (section 2.4)."""
+    if code not in REASON_CODES[ptype]:
+        raise MalformedPacket(f"reason code 0x{code:02x} not valid in {ptype.name}", _PROTOCOL_ERROR)
+    return code
+
+
+class Decoder:
+    """Incremental decoder: bytes in, complete packets out.
+
+    :param max_packet_size: the largest packet accepted, fixed header
+        included (``Maximum Packet Size``, section 3.1.2.11.4); a larger one
+        raises :class:`MalformedPacket` with 0x95 as soon as its fixed header
+        is read, before its body is buffered.
+    :param protocol_level: the level to decode with, or None. A server-side
+        decoder sets it from the CONNECT it decodes; a client-side decoder is
+        told it by the caller (None is read as 4).
+    :param server_side: True when decoding what a client sends to a server.
+
+    Once :meth:`feed` has raised, the decoder stays failed: every later call
+    raises again (the connection is to be closed, section 4.13).
+    """
+
+    __slots__ = ("max_packet_size", "protocol_level", "server_side", "_buffer", "_need", "_connect_seen", "_error")
+
+    def __init__(
+        self,
+        max_packet_size: int = MAX_PACKET_SIZE,
+        protocol_level: int | None = None,
+        server_side: bool = True,
+    ) -> None:
+        self.max_packet_size = max_packet_size
+        self.protocol_level = protocol_level
+        self.server_side = server_side
+        self._buffer = bytearray()
+        self._need = 0
+        self._connect_seen = False
+        self._error: MalformedPacket | None = None
+
+    def feed(self, data: bytes) -> list[Packet]:
+        """Add received bytes; return every packet they complete.
+
+        :param data: the next bytes from the connection.
+        :returns: the complete packets, in order (possibly none).
+        :raises MalformedPacket: for anything invalid; its ``packets`` holds
+            the packets completed by this call before the bad one.
+        """
+        if self._error is not None:
+            raise MalformedPacket(f"decoder failed earlier: {self._error}", self._error.reason_code)
+        if data.__class__ is not bytes:
+            data = bytes(data)
+        buf = self._buffer
+        if buf:
+            buf += data
+            if len(buf) < self._need:
+                return []
+            data = bytes(buf)
+            buf.clear()
+        elif not data:
+            return []
+        try:
+            return self._parse(data)
+        except MalformedPacket as exc:
+            self._error = exc
+            buf.clear()
+            raise
+
+    def _parse(self, data: bytes) -> list[Packet]:
+        packets: list[Packet] = []
+        n = len(data)
+        pos = 0
+        need = 0
+        max_size = self.max_packet_size
+        try:
+            while pos < n:
+                # Fixed header: type/flags byte and Remaining Length (2.1.4).
+                if pos + 1 >= n:
+                    need = n - pos + 1
+                    break
+                b = data[pos + 1]
+                if b < 0x80:
+                    length = b
+                    body = pos + 2
+                else:
+                    length = b & 0x7F
+                    i = pos + 2
+                    shift = 7
+                    while True:
+                        if i >= n:
+                            break
+                        b = data[i]
+                        i += 1
+                        length |= (b & 0x7F) << shift
+                        if b < 0x80:
+                            break
+                        shift += 7
+                        if shift > 21:
+                            raise MalformedPacket("remaining length longer than 4 bytes")
+                    if b >= 0x80:
+                        need = n - pos + 1
+                        break
+                    body = i
+                end = body + length
+                if end - pos > max_size:
+                    raise MalformedPacket(
+                        f"packet of {end - pos} bytes exceeds the maximum packet size {max_size}",
+                        _PACKET_TOO_LARGE,
+                    )
+                if end > n:
+                    need = end - pos
+                    break
+                packets.append(self._decode(data[pos], data, body, end))
+                pos = end
+        except MalformedPacket as exc:
+            exc.packets = packets
+            raise
+        if pos < n:
+            self._buffer += memoryview(data)[pos:]
+            self._need = need
+        return packets
+
+    def _decode(self, first: int, data: bytes, pos: int, end: int) -> Packet:
+        """Decode one packet whose body is ``data[pos:end]``."""
+        ptype = first >> 4
+        level = self.protocol_level
+        if level is None:
+            if not self.server_side:
+                level = 4
+            elif ptype != 1:
+                if self._connect_seen:
+                    raise MalformedPacket("no packet may follow an unsupported CONNECT", _PROTOCOL_ERROR)
+                raise MalformedPacket("the first packet must be CONNECT [MQTT-3.1.0-1]", _PROTOCOL_ERROR)
+        if ptype == 3:
+            return self._decode_publish(first, data, pos, end, level)
+        if ptype == 0:
+            raise MalformedPacket("packet type 0 is reserved")
+        if ptype == 15 and level != MQTT_5:
+            raise MalformedPacket("AUTH exists only in MQTT 5.0")
+        packet_type = PacketType(ptype)
+        if packet_type in (_NOT_TO_SERVER if self.server_side else _NOT_TO_CLIENT):
+            side = "server" if self.server_side else "client"
+            raise MalformedPacket(f"a {side} must not receive {packet_type.name}", _PROTOCOL_ERROR)
+        flags = first & 0x0F
+        if packet_type in _FLAGS_0010:
+            if level == MQTT_3_1:
+                flags &= 0x07  # MQTT 3.1 sets DUP on resent PUBREL/SUBSCRIBE/UNSUBSCRIBE
+            _need(flags == 0x02, f"{packet_type.name} fixed header flags must be 0010 [MQTT-2.1.3-1]")
+        else:
+            _need(flags == 0, f"{packet_type.name} fixed header flags must be 0 [MQTT-2.1.3-1]")
+        return _DECODERS[ptype](self, data, pos, end, level == MQTT_5 if level else False)
+
+    def _decode_publish(self, first: int, data: bytes, pos: int, end: int, level: int) -> Publish:
+        qos = (first >> 1) & 0x03
+        if qos == 3:
+            raise MalformedPacket("PUBLISH with QoS 3 [MQTT-3.3.1-4]")
+        dup = first & 0x08
+        if dup and not qos:
+            raise MalformedPacket("PUBLISH with QoS 0 and DUP set [MQTT-3.3.1-2]")
+        p = pos + 2
+        if p > end:
+            raise MalformedPacket("truncated topic name")
+        p += (data[pos] << 8) | data[pos + 1]
+        if p > end:
+            raise MalformedPacket("truncated topic name")
+        try:
+            topic = data[pos + 2:p].decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedPacket("topic name is not well-formed UTF-8 [MQTT-1.5.4-1]") from None
+        if "\x00" in topic:
+            raise MalformedPacket("topic name contains U+0000 [MQTT-1.5.4-2]")
+        if qos:
+            if p + 2 > end:
+                raise MalformedPacket("truncated packet identifier")
+            pid = (data[p] << 8) | data[p + 1]
+            if not pid:
+                raise MalformedPacket("PUBLISH QoS > 0 with packet identifier 0 [MQTT-2.2.1-3]")
+            p += 2
+        else:
+            pid = None
+        if level == MQTT_5:
+            if p < end and not data[p]:
+                props = {}
+                p += 1
+            else:
+                props, p = decode_properties(data, p, PacketType.PUBLISH, end)
+                if self.server_side and Property.SUBSCRIPTION_IDENTIFIER in props:
+                    raise MalformedPacket(
+                        "a client must not send a Subscription Identifier [MQTT-3.3.4-6]", _PROTOCOL_ERROR
+                    )
+        else:
+            props = {}
+        return Publish(topic, data[p:end], qos, bool(first & 0x01), bool(dup), pid, props)
+
+    def _decode_connect(self, data: bytes, pos: int, end: int, v5: bool) -> Connect:
+        if self._connect_seen:
+            raise MalformedPacket("second CONNECT [MQTT-3.1.0-2]", _PROTOCOL_ERROR)
+        self._connect_seen = True
+        name, p = decode_string(data, pos, end)
+        _need(p < end, "truncated CONNECT")
+        level = data[p]
+        p += 1
+        if (name, level) not in SUPPORTED_PROTOCOLS:
+            # The broker answers CONNACK 0x01 / 0x84 [MQTT-3.1.2-2].
+            return Connect(protocol_name=name, protocol_level=level)
+        v5 = level == MQTT_5
+        _need(p + 3 <= end, "truncated CONNECT")
+        flags = data[p]
+        keep_alive = (data[p + 1] << 8) | data[p + 2]
+        p += 3
+        _need(not flags & 0x01, "CONNECT reserved flag set [MQTT-3.1.2-3]")
+        will_flag = flags & 0x04
+        will_qos = (flags >> 3) & 0x03
+        will_retain = flags & 0x20
+        if not will_flag:
+            _need(not will_qos, "Will QoS without Will Flag [MQTT-3.1.2-11]")
+            _need(not will_retain, "Will Retain without Will Flag [MQTT-3.1.2-13]")
+        _need(will_qos != 3, "Will QoS 3 [MQTT-3.1.2-12]")
+        has_password = flags & 0x40
+        has_username = flags & 0x80
+        if not v5:
+            _need(has_username or not has_password, "password without user name [MQTT-3.1.2-22]")
+        props: dict = {}
+        if v5:
+            props, p = decode_properties(data, p, PacketType.CONNECT, end)
+        client_id, p = decode_string(data, p, end)
+        will = None
+        if will_flag:
+            will_props: dict = {}
+            if v5:
+                will_props, p = decode_properties(data, p, WILL_PROPERTIES, end)
+            will_topic, p = decode_string(data, p, end)
+            will_payload, p = decode_binary(data, p, end)
+            will = Will(will_topic, will_payload, will_qos, bool(will_retain), will_props)
+        username = password = None
+        if has_username:
+            username, p = decode_string(data, p, end)
+        if has_password:
+            password, p = decode_binary(data, p, end)
+        _need(p == end, "bytes left over after CONNECT payload")
+        self.protocol_level = level
+        return Connect(name, level, bool(flags & 0x02), keep_alive, client_id, will, username, password, props)
+
+    def _decode_connack(self, data: bytes, pos: int, end: int, v5: bool) -> Connack:
+        _need(end - pos >= 2, "truncated CONNACK")
+        flags = data[pos]
+        code = data[pos + 1]
+        if self.protocol_level == MQTT_3_1:
+            flags = 0  # 3.1: the first byte is reserved
+        _need(not flags & 0xFE, "CONNACK reserved flags set [MQTT-3.2.2-1]")
+        if v5:
+            _reason(code, PacketType.CONNACK)
+            props, p = decode_properties(data, pos + 2, PacketType.CONNACK, end)
+            _need(p == end, "bytes left over after CONNACK")
+            return Connack(bool(flags), code, props)
+        _need(end - pos == 2, "CONNACK remaining length must be 2")
+        _need(code <= 5, f"CONNACK return code {code} is reserved")
+        return Connack(bool(flags), code)
+
+    def _decode_suback(self, data: bytes, pos: int, end: int, v5: bool) -> Suback:
+        pid = _packet_id(data, pos, end)
+        p = pos + 2
+        props: dict = {}
+        if v5:
+            props, p = decode_properties(data, p, PacketType.SUBACK, end)
+            allowed = REASON_CODES[PacketType.SUBACK]
+        else:
+            allowed = _V3_SUBACK_CODES
+        codes = list(data[p:end])
+        for code in codes:
+            _need(code in allowed, f"SUBACK reason code 0x{code:02x} not valid", _PROTOCOL_ERROR)
+        return Suback(pid, codes, props)
+
+    def _decode_subscribe(self, data: bytes, pos: int, end: int, v5: bool) -> Subscribe:
+        pid = _packet_id(data, pos, end)
+        p = pos + 2
+        props: dict = {}
+        subscriptions = []
+        append = subscriptions.append
+        if v5:
+            props, p = decode_properties(data, p, PacketType.SUBSCRIBE, end)
+            while p < end:
+                topic_filter, p = decode_string(data, p, end)
+                _need(p < end, "truncated subscription options")
+                opts = data[p]
+                p += 1
+                _need(not opts & 0xC0, "subscription options reserved bits set [MQTT-3.8.3-5]")
+                qos = opts & 0x03
+                _need(qos != 3, "subscription QoS 3", _PROTOCOL_ERROR)
+                retain_handling = (opts >> 4) & 0x03
+                _need(retain_handling != 3, "Retain Handling 3", _PROTOCOL_ERROR)
+                append(SubscriptionRequest(topic_filter, qos, bool(opts & 0x04), bool(opts & 0x08), retain_handling))
+        else:
+            while p < end:
+                topic_filter, p = decode_string(data, p, end)
+                _need(p < end, "truncated requested QoS")
+                opts = data[p]
+                p += 1
+                _need(opts <= 2, "requested QoS byte invalid [MQTT-3.8.3-4]")
+                append(SubscriptionRequest(topic_filter, opts))
+        _need(bool(subscriptions), "SUBSCRIBE without topic filters [MQTT-3.8.3-2]", _PROTOCOL_ERROR)
+        return Subscribe(pid, subscriptions, props)
+
+    def _decode_unsubscribe(self, data: bytes, pos: int, end: int, v5: bool) -> Unsubscribe:
+        pid = _packet_id(data, pos, end)
+        p = pos + 2
+        props: dict = {}
+        if v5:
+            props, p = decode_properties(data, p, PacketType.UNSUBSCRIBE, end)
+        filters = []
+        while p < end:
+            topic_filter, p = decode_string(data, p, end)
+            filters.append(topic_filter)
+        _need(bool(filters), "UNSUBSCRIBE without topic filters [MQTT-3.10.3-2]", _PROTOCOL_ERROR)
+        return Unsubscribe(pid, filters, props)
+
+    def _decode_unsuback(self, data: bytes, pos: int, end: int, v5: bool) -> Unsuback:
+        pid = _packet_id(data, pos, end)
+        if not v5:
+            _need(end - pos == 2, "UNSUBACK remaining length must be 2")
+            return Unsuback(pid)
+        props, p = decode_properties(data, pos + 2, PacketType.UNSUBACK, end)
+        codes = list(data[p:end])
+        for code in codes:
+            _reason(code, PacketType.UNSUBACK)
+        return Unsuback(pid, codes, props)
+
+    def _decode_pingreq(self, data: bytes, pos: int, end: int, v5: bool) -> Pingreq:
+        _need(end == pos, "PINGREQ remaining length must be 0")
+        return Pingreq()
+
+    def _decode_pingresp(self, data: bytes, pos: int, end: int, v5: bool) -> Pingresp:
+        _need(end == pos, "PINGRESP remaining length must be 0")
+        return Pingresp()
+
+    def _decode_disconnect(self, data: bytes, pos: int, end: int, v5: bool) -> Disconnect:
+        if not v5:
+            _need(end == pos, "DISCONNECT remaining length must be 0")
+            return Disconnect()
+        code, props = _reason_and_props(data, pos, end, PacketType.DISCONNECT)
+        return Disconnect(code, props)
+
+    def _decode_auth(self, data: bytes, pos: int, end: int, v5: bool) -> Auth:
+        code, props = _reason_and_props(data, pos, end, PacketType.AUTH)
+        return Auth(code, props)
+
+
+def _reason_and_props(data: bytes, pos: int, end: int, ptype: PacketType) -> tuple[int, dict]:
+    """The optional reason code and properties of DISCONNECT / AUTH (sections
+    3.14.2.1, 3.15.2.1): absent means 0 and no properties."""
+    if pos == end:
+        return 0, {}
+    code = _reason(data[pos], ptype)
+    if pos + 1 == end:
+        return code, {}
+    props, p = decode_properties(data, pos + 1, ptype, end)
+    _need(p == end, f"bytes left over after {ptype.name}")
+    return code, props
+
+
+def _ack_decoder(cls, ptype: PacketType):
+    def _decode_ack(self: Decoder, data: bytes, pos: int, end: int, v5: bool):
+        pid = _packet_id(data, pos, end)
+        if end - pos == 2:
+            return cls(pid)
+        _need(v5, f"{ptype.name} remaining length must be 2")
+        code = _reason(data[pos + 2], ptype)
+        if end - pos == 3:
+            return cls(pid, code)
+        props, p = decode_properties(data, pos + 3, ptype, end)
+        _need(p == end, f"bytes left over after {ptype.name}")
+        return cls(pid, code, props)
+
+    return _decode_ack
+
+
+_DECODERS = (
+    None,
+    Decoder._decode_connect,
+    Decoder._decode_connack,
+    None,  # PUBLISH is decoded before dispatch
+    _ack_decoder(Puback, PacketType.PUBACK),
+    _ack_decoder(Pubrec, PacketType.PUBREC),
+    _ack_decoder(Pubrel, PacketType.PUBREL),
+    _ack_decoder(Pubcomp, PacketType.PUBCOMP),
+    Decoder._decode_subscribe,
+    Decoder._decode_suback,
+    Decoder._decode_unsubscribe,
+    Decoder._decode_unsuback,
+    Decoder._decode_pingreq,
+    Decoder._decode_pingresp,
+    Decoder._decode_disconnect,
+    Decoder._decode_auth,
+)

@@ -1,0 +1,786 @@
+"""Tests for tbmq.mqtt: codec round trips, stream splitting, fuzzing, spec
+vectors and validation errors."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tbmq.mqtt import (
+    Auth,
+    Connack,
+    Connect,
+    Decoder,
+    Disconnect,
+    MalformedPacket,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    SubscriptionRequest,
+    Unsuback,
+    Unsubscribe,
+    Will,
+    encode,
+    encode_publish,
+    pack_properties,
+    publish_packet_id_offset,
+    unpack_properties,
+)
+from tbmq.mqtt.codec import MalformedPacket as CodecMalformedPacket
+from tbmq.mqtt.constants import (
+    PACKET_PROPERTIES,
+    PROPERTY_TYPES,
+    REASON_CODES,
+    WILL_PROPERTIES,
+    PacketType,
+    Property,
+    PropertyType,
+)
+from tbmq.mqtt.properties import decode_properties, encode_properties
+
+LEVELS = (3, 4, 5)
+NAMES = {3: "MQIsdp", 4: "MQTT", 5: "MQTT"}
+ALLOWED_ERRORS = (0x81, 0x82, 0x95)
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FEW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# --------------------------------------------------------------------------
+# Strategies
+# --------------------------------------------------------------------------
+
+text = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=12)
+binary = st.binary(max_size=24)
+packet_ids = st.integers(1, 0xFFFF)
+qos = st.integers(0, 2)
+
+_BOOLEAN = {
+    Property.PAYLOAD_FORMAT_INDICATOR,
+    Property.REQUEST_PROBLEM_INFORMATION,
+    Property.REQUEST_RESPONSE_INFORMATION,
+    Property.MAXIMUM_QOS,
+    Property.RETAIN_AVAILABLE,
+    Property.WILDCARD_SUBSCRIPTION_AVAILABLE,
+    Property.SUBSCRIPTION_IDENTIFIER_AVAILABLE,
+    Property.SHARED_SUBSCRIPTION_AVAILABLE,
+}
+
+
+def property_value(prop: Property, packet_type) -> st.SearchStrategy:
+    """A valid value for ``prop`` in ``packet_type``."""
+    ptype = PROPERTY_TYPES[prop]
+    if prop is Property.SUBSCRIPTION_IDENTIFIER:
+        size = 1 if packet_type == PacketType.SUBSCRIBE else 3
+        return st.lists(st.integers(1, 268_435_455), min_size=1, max_size=size)
+    if prop is Property.USER_PROPERTY:
+        return st.lists(st.tuples(text, text), min_size=1, max_size=3)
+    if prop in _BOOLEAN:
+        return st.integers(0, 1)
+    low = 1 if prop in (Property.RECEIVE_MAXIMUM, Property.MAXIMUM_PACKET_SIZE) else 0
+    return {
+        PropertyType.BYTE: st.integers(0, 255),
+        PropertyType.TWO_BYTE_INT: st.integers(low, 0xFFFF),
+        PropertyType.FOUR_BYTE_INT: st.integers(low, 0xFFFFFFFF),
+        PropertyType.UTF8_STRING: text,
+        PropertyType.BINARY_DATA: binary,
+    }[ptype]
+
+
+def properties(packet_type, exclude=()) -> st.SearchStrategy:
+    """A valid properties dict for ``packet_type`` (None: any property)."""
+    allowed = PROPERTY_TYPES if packet_type is None else PACKET_PROPERTIES[packet_type]
+    optional = {p: property_value(p, packet_type) for p in sorted(allowed) if p not in exclude}
+    return st.fixed_dictionaries({}, optional=optional).filter(
+        lambda d: Property.AUTHENTICATION_DATA not in d or Property.AUTHENTICATION_METHOD in d
+    )
+
+
+def props_for(level: int, packet_type, exclude=()) -> st.SearchStrategy:
+    return properties(packet_type, exclude) if level == 5 else st.just({})
+
+
+def reason(level: int, packet_type) -> st.SearchStrategy:
+    return st.sampled_from(sorted(REASON_CODES[packet_type])) if level == 5 else st.just(0)
+
+
+def wills(level: int) -> st.SearchStrategy:
+    return st.builds(Will, text, binary, qos, st.booleans(), props_for(level, WILL_PROPERTIES))
+
+
+@st.composite
+def connects(draw, level: int) -> Connect:
+    username = draw(st.none() | text)
+    if level == 5 or username is not None:
+        password = draw(st.none() | binary)
+    else:
+        password = None  # [MQTT-3.1.2-22]
+    return Connect(
+        protocol_name=NAMES[level],
+        protocol_level=level,
+        clean_start=draw(st.booleans()),
+        keep_alive=draw(st.integers(0, 0xFFFF)),
+        client_id=draw(text),
+        will=draw(st.none() | wills(level)),
+        username=username,
+        password=password,
+        properties=draw(props_for(level, PacketType.CONNECT)),
+    )
+
+
+def publishes(level: int, to_server: bool) -> st.SearchStrategy:
+    exclude = (Property.SUBSCRIPTION_IDENTIFIER,) if to_server else ()
+
+    @st.composite
+    def build(draw):
+        q = draw(qos)
+        return Publish(
+            topic=draw(text),
+            payload=draw(st.binary(max_size=64)),
+            qos=q,
+            retain=draw(st.booleans()),
+            dup=draw(st.booleans()) if q else False,
+            packet_id=draw(packet_ids) if q else None,
+            properties=draw(props_for(level, PacketType.PUBLISH, exclude)),
+        )
+
+    return build()
+
+
+def acks(level: int) -> st.SearchStrategy:
+    return st.one_of(
+        *(
+            st.builds(cls, packet_ids, reason(level, ptype), props_for(level, ptype))
+            for cls, ptype in (
+                (Puback, PacketType.PUBACK),
+                (Pubrec, PacketType.PUBREC),
+                (Pubrel, PacketType.PUBREL),
+                (Pubcomp, PacketType.PUBCOMP),
+            )
+        )
+    )
+
+
+def subscription_requests(level: int) -> st.SearchStrategy:
+    if level == 5:
+        return st.builds(SubscriptionRequest, text, qos, st.booleans(), st.booleans(), st.integers(0, 2))
+    return st.builds(SubscriptionRequest, text, qos)
+
+
+def subscribes(level: int) -> st.SearchStrategy:
+    return st.builds(
+        Subscribe,
+        packet_ids,
+        st.lists(subscription_requests(level), min_size=1, max_size=4),
+        props_for(level, PacketType.SUBSCRIBE),
+    )
+
+
+def unsubscribes(level: int) -> st.SearchStrategy:
+    return st.builds(
+        Unsubscribe, packet_ids, st.lists(text, min_size=1, max_size=4), props_for(level, PacketType.UNSUBSCRIBE)
+    )
+
+
+def connacks(level: int) -> st.SearchStrategy:
+    codes = st.sampled_from(sorted(REASON_CODES[PacketType.CONNACK])) if level == 5 else st.integers(0, 5)
+    session_present = st.just(False) if level == 3 else st.booleans()
+    return st.builds(Connack, session_present, codes, props_for(level, PacketType.CONNACK))
+
+
+def subacks(level: int) -> st.SearchStrategy:
+    codes = sorted(REASON_CODES[PacketType.SUBACK]) if level == 5 else [0, 1, 2, 0x80]
+    return st.builds(
+        Suback,
+        packet_ids,
+        st.lists(st.sampled_from(codes), min_size=1, max_size=4),
+        props_for(level, PacketType.SUBACK),
+    )
+
+
+def unsubacks(level: int) -> st.SearchStrategy:
+    if level != 5:
+        return st.builds(Unsuback, packet_ids)
+    return st.builds(
+        Unsuback,
+        packet_ids,
+        st.lists(st.sampled_from(sorted(REASON_CODES[PacketType.UNSUBACK])), min_size=1, max_size=4),
+        properties(PacketType.UNSUBACK),
+    )
+
+
+def reason_packets(cls, ptype) -> st.SearchStrategy:
+    return st.builds(cls, reason(5, ptype), properties(ptype))
+
+
+def client_packets(level: int) -> st.SearchStrategy:
+    """Packets a client sends after CONNECT."""
+    options = [
+        publishes(level, to_server=True),
+        acks(level),
+        subscribes(level),
+        unsubscribes(level),
+        st.just(Pingreq()),
+    ]
+    if level == 5:
+        options += [reason_packets(Disconnect, PacketType.DISCONNECT), reason_packets(Auth, PacketType.AUTH)]
+    else:
+        options.append(st.just(Disconnect()))
+    return st.one_of(*options)
+
+
+def server_packets(level: int) -> st.SearchStrategy:
+    """Packets a server sends."""
+    options = [
+        connacks(level),
+        publishes(level, to_server=False),
+        acks(level),
+        subacks(level),
+        unsubacks(level),
+        st.just(Pingresp()),
+    ]
+    if level == 5:
+        options += [reason_packets(Disconnect, PacketType.DISCONNECT), reason_packets(Auth, PacketType.AUTH)]
+    return st.one_of(*options)
+
+
+def server_decoder(level: int, **kwargs) -> Decoder:
+    decoder = Decoder(**kwargs)
+    connect = Connect(protocol_name=NAMES[level], protocol_level=level, client_id="c")
+    assert decoder.feed(encode(connect)) == [connect]
+    assert decoder.protocol_level == level
+    return decoder
+
+
+def fed_in_pieces(decoder: Decoder, data: bytes, cuts: list[int]) -> list:
+    out = []
+    start = 0
+    for cut in sorted(set(c % (len(data) + 1) for c in cuts)) + [len(data)]:
+        out += decoder.feed(data[start:cut])
+        start = cut
+    return out
+
+
+# --------------------------------------------------------------------------
+# Round trips
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@SETTINGS
+@given(data=st.data())
+def test_connect_round_trip(level, data):
+    packet = data.draw(connects(level))
+    decoder = Decoder()
+    assert decoder.feed(encode(packet, level)) == [packet]
+    assert decoder.protocol_level == level
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@SETTINGS
+@given(data=st.data())
+def test_client_to_server_round_trip(level, data):
+    packet = data.draw(client_packets(level))
+    assert server_decoder(level).feed(encode(packet, level)) == [packet]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@SETTINGS
+@given(data=st.data())
+def test_server_to_client_round_trip(level, data):
+    packet = data.draw(server_packets(level))
+    decoder = Decoder(protocol_level=level, server_side=False)
+    assert decoder.feed(encode(packet, level)) == [packet]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@SETTINGS
+@given(data=st.data())
+def test_encode_publish_matches_encode(level, data):
+    packet = data.draw(publishes(level, to_server=False))
+    assert encode_publish(packet, level) == encode(packet, level)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@FEW
+@given(data=st.data())
+def test_stream_cut_at_random_points(level, data):
+    connect = data.draw(connects(level))
+    packets = [connect] + data.draw(st.lists(client_packets(level), max_size=12))
+    stream = b"".join(encode(p, level) for p in packets)
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=20))
+    assert fed_in_pieces(Decoder(), stream, cuts) == packets
+    # byte by byte too
+    decoder = Decoder()
+    out = []
+    for i in range(len(stream)):
+        out += decoder.feed(stream[i:i + 1])
+    assert out == packets
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@FEW
+@given(data=st.data())
+def test_client_stream_cut_at_random_points(level, data):
+    packets = data.draw(st.lists(server_packets(level), min_size=1, max_size=12))
+    stream = b"".join(encode(p, level) for p in packets)
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=20))
+    decoder = Decoder(protocol_level=level, server_side=False)
+    assert fed_in_pieces(decoder, stream, cuts) == packets
+
+
+@SETTINGS
+@given(props=properties(None))
+def test_pack_unpack_properties(props):
+    assert unpack_properties(pack_properties(props)) == props
+
+
+# --------------------------------------------------------------------------
+# Arbitrary input only ever raises MalformedPacket
+# --------------------------------------------------------------------------
+
+
+def feed_garbage(decoder: Decoder, chunks) -> None:
+    try:
+        for chunk in chunks:
+            decoder.feed(chunk)
+    except MalformedPacket as exc:
+        assert exc.reason_code in ALLOWED_ERRORS
+        # a failed decoder stays failed
+        with pytest.raises(MalformedPacket):
+            decoder.feed(b"\xc0\x00")
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=200), server_side=st.booleans(), level=st.sampled_from((None, 3, 4, 5)))
+def test_arbitrary_bytes(data, server_side, level):
+    feed_garbage(Decoder(protocol_level=level, server_side=server_side), [data])
+
+
+@settings(max_examples=200, deadline=None)
+@given(level=st.sampled_from(LEVELS), chunks=st.lists(st.binary(max_size=60), max_size=5))
+def test_arbitrary_bytes_after_connect(level, chunks):
+    feed_garbage(server_decoder(level), chunks)
+
+
+@SETTINGS
+@given(
+    data=st.data(),
+    level=st.sampled_from(LEVELS),
+    server_side=st.booleans(),
+    mutations=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=3),
+)
+def test_mutated_packets(data, level, server_side, mutations):
+    """Valid encodings with a few bytes overwritten decode or raise
+    MalformedPacket, nothing else."""
+    if server_side:
+        decoder = server_decoder(level)
+        packet = data.draw(st.one_of(client_packets(level), connects(level)))
+    else:
+        decoder = Decoder(protocol_level=level, server_side=False)
+        packet = data.draw(server_packets(level))
+    raw = bytearray(encode(packet, level))
+    for index, value in mutations:
+        raw[index % len(raw)] = value
+    feed_garbage(decoder, [bytes(raw)])
+
+
+# --------------------------------------------------------------------------
+# Maximum packet size
+# --------------------------------------------------------------------------
+
+
+def test_oversized_publish_rejected_before_body():
+    decoder = server_decoder(4, max_packet_size=100)
+    # PUBLISH, remaining length 1000 (0xE8 0x07): only the fixed header sent.
+    with pytest.raises(MalformedPacket) as info:
+        decoder.feed(b"\x30\xe8")
+        decoder.feed(b"\x07")
+    assert info.value.reason_code == 0x95
+
+
+def test_packet_at_max_size_accepted():
+    packet = Publish("t", b"x" * 93)
+    data = encode(packet, 4)
+    assert len(data) == 100
+    assert server_decoder(4, max_packet_size=100).feed(data) == [packet]
+    with pytest.raises(MalformedPacket) as info:
+        server_decoder(4, max_packet_size=99).feed(data[:2])
+    assert info.value.reason_code == 0x95
+
+
+def test_remaining_length_longer_than_four_bytes():
+    with pytest.raises(MalformedPacket) as info:
+        server_decoder(4).feed(b"\x30\xff\xff\xff\xff\x01")
+    assert info.value.reason_code == 0x81
+
+
+def test_largest_remaining_length_header_is_buffered():
+    decoder = server_decoder(4)
+    assert decoder.feed(b"\x30\xff\xff\xff\x7f\x00\x01") == []
+
+
+# --------------------------------------------------------------------------
+# Spec vectors
+# --------------------------------------------------------------------------
+
+CONNECT_311 = bytes.fromhex(
+    "1027"            # CONNECT, remaining length 39
+    "00044d515454"    # "MQTT"
+    "04"              # level 4
+    "ee"              # user, password, will retain, will QoS 1, will, clean session
+    "003c"            # keep alive 60
+    "0003636964"      # client id "cid"
+    "0005772f746f70"  # will topic "w/top"
+    "0003627965"      # will message "bye"
+    "000475736572"    # user name "user"
+    "000470617373"    # password "pass"
+)
+
+
+def test_connect_311_vector():
+    expected = Connect(
+        protocol_name="MQTT",
+        protocol_level=4,
+        clean_start=True,
+        keep_alive=60,
+        client_id="cid",
+        will=Will("w/top", b"bye", 1, True),
+        username="user",
+        password=b"pass",
+    )
+    assert Decoder().feed(CONNECT_311) == [expected]
+    assert encode(expected) == CONNECT_311
+
+
+def test_connect_31_vector():
+    data = bytes.fromhex("1012" "00064d514973647003" "02" "000a" "00046162636400")[:-1]
+    data = bytes.fromhex("1010" "00064d5149736470" "03" "02" "000a" "000461626364")
+    expected = Connect(protocol_name="MQIsdp", protocol_level=3, keep_alive=10, client_id="abcd")
+    decoder = Decoder()
+    assert decoder.feed(data) == [expected]
+    assert decoder.protocol_level == 3
+    assert encode(expected) == data
+
+
+PUBLISH_5 = bytes.fromhex(
+    "3b1b"              # PUBLISH, DUP, QoS 1, RETAIN; remaining length 27
+    "0003612f62"        # topic "a/b"
+    "000a"              # packet id 10
+    "11"                # property length 17
+    "0101"              # payload format indicator 1
+    "020000003c"        # message expiry interval 60
+    "230005"            # topic alias 5
+    "2600016b000176"    # user property ("k", "v")
+    "6869"              # payload "hi"
+)
+
+
+def test_publish_5_vector():
+    expected = Publish(
+        topic="a/b",
+        payload=b"hi",
+        qos=1,
+        retain=True,
+        dup=True,
+        packet_id=10,
+        properties={
+            Property.PAYLOAD_FORMAT_INDICATOR: 1,
+            Property.MESSAGE_EXPIRY_INTERVAL: 60,
+            Property.TOPIC_ALIAS: 5,
+            Property.USER_PROPERTY: [("k", "v")],
+        },
+    )
+    assert server_decoder(5).feed(PUBLISH_5) == [expected]
+    assert encode(expected, 5) == PUBLISH_5
+
+
+def test_publish_5_topic_alias_only():
+    packet = Publish("", b"", properties={Property.TOPIC_ALIAS: 1})
+    assert encode(packet, 5) == bytes.fromhex("3006" "0000" "03230001")
+    assert server_decoder(5).feed(encode(packet, 5)) == [packet]
+
+
+@pytest.mark.parametrize(
+    "packet, level, data",
+    [
+        (Puback(1), 5, "40020001"),
+        (Puback(1, 0x10), 5, "4003000110"),
+        (Puback(1, 0x10, {Property.REASON_STRING: "x"}), 5, "40080001100400017800"[:-2] + ""),
+        (Puback(1, 0x10), 4, "40020001"),
+        (Pubrel(7), 4, "62020007"),
+        (Pubrel(7, 0x92), 5, "6203000792"),
+        (Disconnect(), 5, "e000"),
+        (Disconnect(0x04), 5, "e00104"),
+        (Disconnect(0x04), 4, "e000"),
+        (Auth(), 5, "f000"),
+        (Pingreq(), 4, "c000"),
+        (Pingresp(), 5, "d000"),
+        (Connack(True, 0), 4, "20020100"),
+        (Connack(False, 5), 3, "20020005"),
+        (Connack(False, 0x87), 5, "2003008700"),
+        (Suback(3, [0, 1, 2, 0x80]), 4, "9006000300010280"),
+        (Suback(3, [0x97]), 5, "9004000300" "97"),
+        (Unsuback(4), 4, "b0020004"),
+        (Unsuback(4, [0x11]), 5, "b00400040011"),
+        (Subscribe(2, [SubscriptionRequest("a/#", 1)]), 4, "82080002" "0003612f23" "01"),
+        (
+            Subscribe(2, [SubscriptionRequest("a", 2, True, True, 2)]), 5,
+            "8207000200" "000161" "2e",
+        ),
+        (Unsubscribe(5, ["a", "b"]), 4, "a20a0005" "000161" "000162"),
+    ],
+)
+def test_vectors(packet, level, data):
+    raw = bytes.fromhex(data)
+    assert encode(packet, level) == raw
+    to_server = packet.packet_type in (
+        PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE, PacketType.PINGREQ
+    ) or (level < 5 and isinstance(packet, Disconnect))
+    decoder = server_decoder(level) if to_server else Decoder(protocol_level=level, server_side=False)
+    if level < 5 and isinstance(packet, (Puback, Disconnect)):
+        packet = type(packet)(*([packet.packet_id] if isinstance(packet, Puback) else []))
+    assert decoder.feed(raw) == [packet]
+
+
+def test_puback_with_reason_string_vector():
+    packet = Puback(1, 0x10, {Property.REASON_STRING: "x"})
+    raw = bytes.fromhex("4008" "0001" "10" "04" "1f000178")
+    assert encode(packet, 5) == raw
+    assert Decoder(protocol_level=5, server_side=False).feed(raw) == [packet]
+
+
+def test_variable_byte_integer_vectors():
+    # section 1.5.5: 321 is encoded as 0xC1 0x02
+    packet = Publish("t", b"x" * 316)
+    raw = encode(packet, 4)
+    assert raw[:3] == b"\x30\xc1\x02"
+    assert server_decoder(4).feed(raw) == [packet]
+
+
+# --------------------------------------------------------------------------
+# encode once, patch the packet id per subscriber
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@SETTINGS
+@given(data=st.data(), pid=packet_ids)
+def test_publish_packet_id_patching(level, data, pid):
+    packet = data.draw(publishes(level, to_server=False).filter(lambda p: p.qos > 0))
+    raw = encode_publish(packet, level)
+    offset = publish_packet_id_offset(raw)
+    patched = raw[:offset] + pid.to_bytes(2, "big") + raw[offset + 2:]
+    packet.packet_id = pid
+    assert Decoder(protocol_level=level, server_side=False).feed(patched) == [packet]
+
+
+def test_publish_packet_id_offset_rejects_qos0():
+    with pytest.raises(ValueError):
+        publish_packet_id_offset(encode(Publish("t", b"x"), 4))
+
+
+def test_encode_publish_qos1_needs_packet_id():
+    with pytest.raises(ValueError):
+        encode(Publish("t", qos=1), 4)
+
+
+# --------------------------------------------------------------------------
+# Properties
+# --------------------------------------------------------------------------
+
+
+def test_properties_vectors():
+    props = {Property.SESSION_EXPIRY_INTERVAL: 10, Property.USER_PROPERTY: [("a", "b"), ("a", "c")]}
+    raw = encode_properties(props)
+    assert raw == bytes.fromhex("13" "110000000a" "26000161000162" "260001610001 63".replace(" ", ""))
+    assert decode_properties(b"\xff" + raw, 1, PacketType.CONNECT) == (props, len(raw) + 1)
+    assert encode_properties({}) == b"\x00"
+
+
+@pytest.mark.parametrize(
+    "raw, packet_type, code",
+    [
+        (b"\x02\x05\x00", PacketType.CONNECT, 0x81),              # unknown id 0x05
+        (b"\x02\x23\x00", PacketType.CONNECT, 0x81),              # topic alias: truncated
+        (b"\x03\x23\x00\x01", PacketType.CONNECT, 0x81),          # topic alias not in CONNECT
+        (b"\x04\x21\x00\x01", PacketType.CONNECT, 0x81),          # length beyond the data
+        (b"\x06\x21\x00\x01\x21\x00\x02", PacketType.CONNECT, 0x82),  # receive maximum twice
+        (b"\x03\x21\x00\x00", PacketType.CONNECT, 0x82),          # receive maximum 0
+        (b"\x02\x17\x02", PacketType.CONNECT, 0x82),              # request problem info 2
+        (b"\x04\x0b\x01\x0b\x02", PacketType.SUBSCRIBE, 0x82),     # two subscription ids
+        (b"\x02\x0b\x00", PacketType.SUBSCRIBE, 0x82),             # subscription id 0
+        (b"\x03\x16\x00\x00", PacketType.CONNECT, 0x82),           # auth data, no method
+        (b"\x05\x03\x00\x02\xc3\x28", PacketType.PUBLISH, 0x81),   # content type not UTF-8
+        (b"\x04\x03\x00\x01\x00", PacketType.PUBLISH, 0x81),       # content type U+0000
+        (b"\x05\x0b\xff\xff\xff\xff", PacketType.PUBLISH, 0x81),   # 5-byte VBI
+    ],
+)
+def test_bad_properties(raw, packet_type, code):
+    with pytest.raises(MalformedPacket) as info:
+        decode_properties(raw, 0, packet_type)
+    assert info.value.reason_code == code
+
+
+def test_repeated_subscription_identifiers_in_publish():
+    props, _ = decode_properties(b"\x04\x0b\x01\x0b\x02", 0, PacketType.PUBLISH)
+    assert props == {Property.SUBSCRIPTION_IDENTIFIER: [1, 2]}
+
+
+def test_unpack_properties_trailing_bytes():
+    with pytest.raises(MalformedPacket):
+        unpack_properties(b"\x00\x00")
+
+
+# --------------------------------------------------------------------------
+# Validation errors
+# --------------------------------------------------------------------------
+
+
+def h(data: str) -> bytes:
+    return bytes.fromhex(data.replace(" ", ""))
+
+
+@pytest.mark.parametrize(
+    "level, data, code",
+    [
+        (4, "32 05 0001 74 0000", 0x81),             # QoS 1 with packet id 0
+        (4, "36 03 0001 74", 0x81),                   # QoS 3
+        (4, "38 03 0001 74", 0x81),                   # DUP on QoS 0
+        (4, "31 02 0000 ff", 0x81),                   # remaining length 2 but topic needs more? (trailing)
+        (4, "30 03 0001 ff", 0x81),                   # topic not UTF-8
+        (4, "30 03 0001 00", 0x81),                   # topic U+0000
+        (4, "30 05 0002 eda080", 0x81),               # encoded surrogate U+D800
+        (4, "60 02 0001", 0x81),                      # PUBREL flags must be 0010
+        (4, "41 02 0001", 0x81),                      # PUBACK flags must be 0
+        (4, "80 06 0001 000161 00", 0x81),            # SUBSCRIBE flags must be 0010
+        (4, "82 02 0001", 0x82),                      # SUBSCRIBE without filters
+        (4, "82 06 0001 000161 04", 0x81),            # reserved option bit (3.1.1)
+        (4, "82 06 0001 000161 03", 0x81),            # QoS 3 (3.1.1)
+        (5, "82 07 0001 00 000161 c0", 0x81),         # reserved option bits (5.0)
+        (5, "82 07 0001 00 000161 30", 0x82),         # retain handling 3
+        (4, "a2 02 0001", 0x82),                      # UNSUBSCRIBE without filters
+        (4, "a2 05 0001 000161", 0x81),               # truncated filter
+        (4, "40 03 0001 00", 0x81),                   # PUBACK with extra byte in 3.1.1
+        (4, "c0 01 00", 0x81),                        # PINGREQ with a body
+        (4, "e0 01 00", 0x81),                        # DISCONNECT with a body in 3.1.1
+        (4, "00 00", 0x81),                           # packet type 0
+        (4, "20 02 0000", 0x82),                      # CONNACK to a server
+        (4, "90 03 0001 00", 0x82),                   # SUBACK to a server
+        (4, "b0 02 0001", 0x82),                      # UNSUBACK to a server
+        (4, "d0 00", 0x82),                           # PINGRESP to a server
+        (4, "f0 00", 0x81),                           # AUTH in 3.1.1
+        (4, "10 0c 00044d515454 04 02 0000 0000", 0x82),  # second CONNECT
+        (5, "40 04 0001 10 05", 0x81),                # PUBACK properties truncated
+        (5, "40 03 0001 05", 0x82),                   # PUBACK reason code not valid
+        (5, "e0 01 05", 0x82),                        # DISCONNECT reason code not valid
+        (5, "32 08 0001 74 0001 02 0b01", 0x82),       # subscription id from a client
+        (5, "e0 03 00 00 00", 0x81),                  # DISCONNECT trailing byte
+    ],
+)
+def test_server_side_errors(level, data, code):
+    with pytest.raises(MalformedPacket) as info:
+        server_decoder(level).feed(h(data))
+    assert info.value.reason_code == code
+
+
+@pytest.mark.parametrize(
+    "level, data, code",
+    [
+        (4, "10 0c 00044d515454 04 02 0000 0000", 0x82),  # CONNECT to a client
+        (4, "82 06 0001 000161 00", 0x82),            # SUBSCRIBE to a client
+        (4, "a2 05 0001 000161", 0x82),               # UNSUBSCRIBE to a client
+        (4, "c0 00", 0x82),                           # PINGREQ to a client
+        (4, "20 02 0200", 0x81),                      # CONNACK reserved flag
+        (4, "20 02 0006", 0x81),                      # CONNACK return code 6
+        (4, "90 03 0001 03", 0x82),                   # SUBACK return code 3
+        (5, "90 04 0001 00 03", 0x82),                # SUBACK reason code 3
+        (5, "20 02 0000", 0x81),                      # CONNACK v5 without properties
+    ],
+)
+def test_client_side_errors(level, data, code):
+    with pytest.raises(MalformedPacket) as info:
+        Decoder(protocol_level=level, server_side=False).feed(h(data))
+    assert info.value.reason_code == code
+
+
+@pytest.mark.parametrize(
+    "data, code",
+    [
+        ("10 0c 00044d515454 04 03 0000 0000", 0x81),  # reserved flag
+        ("10 0c 00044d515454 04 08 0000 0000", 0x81),  # will QoS without will flag
+        ("10 0c 00044d515454 04 20 0000 0000", 0x81),  # will retain without will flag
+        ("10 12 00044d515454 04 1c 0000 0000 0001 74 0000", 0x81),  # will QoS 3
+        ("10 0e 00044d515454 04 40 0000 0000 0000", 0x81),  # password without user name
+        ("10 0d 00044d515454 04 02 0000 0000 00", 0x81),  # trailing byte
+        ("10 0b 00044d515454 04 02 0000 00", 0x81),  # truncated client id
+        ("30 02 0000", 0x82),                         # first packet not CONNECT
+    ],
+)
+def test_connect_errors(data, code):
+    with pytest.raises(MalformedPacket) as info:
+        Decoder().feed(h(data))
+    assert info.value.reason_code == code
+
+
+def test_v5_password_without_user_name():
+    packet = Connect(protocol_level=5, password=b"secret")
+    assert Decoder().feed(encode(packet)) == [packet]
+
+
+@pytest.mark.parametrize("name, level", [("MQTT", 3), ("MQTT", 6), ("MQIsdp", 4), ("MQTX", 4)])
+def test_unsupported_protocol(name, level):
+    raw = h("10") + bytes((6 + len(name) + 1,)) + len(name).to_bytes(2, "big") + name.encode() + bytes((level,)) + b"\x02\x00\x3c\x00\x00"
+    raw = h("10") + bytes((len(raw) - 2,)) + raw[2:]
+    decoder = Decoder()
+    assert decoder.feed(raw) == [Connect(protocol_name=name, protocol_level=level)]
+    assert decoder.protocol_level is None
+
+
+def test_v31_tolerates_dup_on_pubrel():
+    decoder = server_decoder(3)
+    assert decoder.feed(h("6a 02 0001")) == [Pubrel(1)]
+    with pytest.raises(MalformedPacket):
+        server_decoder(4).feed(h("6a 02 0001"))
+
+
+def test_failed_decoder_keeps_earlier_packets():
+    decoder = server_decoder(4)
+    good = encode(Publish("t", b"1"), 4)
+    with pytest.raises(MalformedPacket) as info:
+        decoder.feed(good + h("00 00"))
+    assert info.value.packets == [Publish("t", b"1")]
+    with pytest.raises(MalformedPacket):
+        decoder.feed(good)
+
+
+def test_malformed_packet_api():
+    assert MalformedPacket is CodecMalformedPacket
+    exc = MalformedPacket("x")
+    assert exc.reason_code == 0x81
+    assert MalformedPacket("y", 0x82).reason_code == 0x82
+
+
+def test_protocol_level_switch_within_one_feed():
+    connect = Connect(protocol_level=5, client_id="c")
+    packet = Publish("t", b"p", properties={Property.CONTENT_TYPE: "text/plain"})
+    assert Decoder().feed(encode(connect) + encode(packet, 5)) == [connect, packet]
+
+
+def test_feed_accepts_bytearray_and_memoryview():
+    raw = encode(Publish("t", b"abc"), 4)
+    assert server_decoder(4).feed(bytearray(raw)) == [Publish("t", b"abc")]
+    assert server_decoder(4).feed(memoryview(raw)) == [Publish("t", b"abc")]
+    [packet] = server_decoder(4).feed(bytearray(raw))
+    assert type(packet.payload) is bytes
+
+
+def test_auth_not_encodable_before_v5():
+    with pytest.raises(ValueError):
+        encode(Auth(), 4)
