@@ -77,6 +77,7 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
         self.paused = False
         self.aliases: dict[int, str] = {}
         self._closing = False
+        self._connacked = False
         self._normal_disconnect = False
         self._disconnect_reason: int | None = None
         self._waiting: list | None = None  # packets held while CONNECT is decided
@@ -170,7 +171,7 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
         if self._closing:
             return
         self._disconnect_reason = reason_code
-        if self.session is not None and self.protocol_level >= MQTT_5:
+        if self._connacked and self.protocol_level >= MQTT_5:
             props = {Property.REASON_STRING: reason} if reason else {}
             self.send(Disconnect(reason_code, props))
         self._close()
@@ -300,6 +301,7 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
         if self.protocol_level >= MQTT_5:
             props = self._connack_properties(connect, session, keep_alive)
         self.send(Connack(present if self.protocol_level > 3 else False, 0, props))
+        self._connacked = True
         self.log.info("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
                       "persistent={persistent}, session present={present})",
                       client_id=connect.client_id, peer=self._peer(), mqtt_level=self.protocol_level,

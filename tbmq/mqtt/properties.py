@@ -233,7 +233,9 @@ _NON_ZERO = frozenset((
     Property.SUBSCRIPTION_IDENTIFIER,
 ))
 
-_ANY_REPEATABLE = frozenset((Property.USER_PROPERTY, Property.SUBSCRIPTION_IDENTIFIER))
+#: Properties always held as a list, repeatable or not (Subscription
+#: Identifier may appear once only in SUBSCRIBE, section 3.8.2.1.2).
+_LIST_VALUED = _ANY_REPEATABLE = frozenset((Property.USER_PROPERTY, Property.SUBSCRIPTION_IDENTIFIER))
 
 
 def encode_properties(props: dict) -> bytes:
@@ -363,14 +365,12 @@ def decode_properties(
                 raise MalformedPacket(f"{prop.name} must be 0 or 1", PROTOCOL_ERROR)
         elif prop in _NON_ZERO and not value:
             raise MalformedPacket(f"{prop.name} must not be 0", PROTOCOL_ERROR)
-        if prop in repeatable:
-            lst = props.get(prop)
-            if lst is None:
-                props[prop] = [value]
-            else:
-                lst.append(value)
-        elif prop in props:
-            raise MalformedPacket(f"property {prop.name} included twice", PROTOCOL_ERROR)
+        if prop in props:
+            if prop not in repeatable:
+                raise MalformedPacket(f"property {prop.name} included twice", PROTOCOL_ERROR)
+            props[prop].append(value)
+        elif prop in _LIST_VALUED:
+            props[prop] = [value]
         else:
             props[prop] = value
     if Property.AUTHENTICATION_DATA in props and Property.AUTHENTICATION_METHOD not in props:

@@ -3,6 +3,8 @@ vectors and validation errors."""
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -93,6 +95,7 @@ def property_value(prop: Property, packet_type) -> st.SearchStrategy:
     }[ptype]
 
 
+@cache
 def properties(packet_type, exclude=()) -> st.SearchStrategy:
     """A valid properties dict for ``packet_type`` (None: any property)."""
     allowed = PROPERTY_TYPES if packet_type is None else PACKET_PROPERTIES[packet_type]
@@ -102,6 +105,7 @@ def properties(packet_type, exclude=()) -> st.SearchStrategy:
     )
 
 
+@cache
 def props_for(level: int, packet_type, exclude=()) -> st.SearchStrategy:
     return properties(packet_type, exclude) if level == 5 else st.just({})
 
@@ -110,12 +114,13 @@ def reason(level: int, packet_type) -> st.SearchStrategy:
     return st.sampled_from(sorted(REASON_CODES[packet_type])) if level == 5 else st.just(0)
 
 
+@cache
 def wills(level: int) -> st.SearchStrategy:
     return st.builds(Will, text, binary, qos, st.booleans(), props_for(level, WILL_PROPERTIES))
 
 
 @st.composite
-def connects(draw, level: int) -> Connect:
+def _connects(draw, level: int) -> Connect:
     username = draw(st.none() | text)
     if level == 5 or username is not None:
         password = draw(st.none() | binary)
@@ -134,6 +139,12 @@ def connects(draw, level: int) -> Connect:
     )
 
 
+@cache
+def connects(level: int) -> st.SearchStrategy:
+    return _connects(level)
+
+
+@cache
 def publishes(level: int, to_server: bool) -> st.SearchStrategy:
     exclude = (Property.SUBSCRIPTION_IDENTIFIER,) if to_server else ()
 
@@ -153,6 +164,7 @@ def publishes(level: int, to_server: bool) -> st.SearchStrategy:
     return build()
 
 
+@cache
 def acks(level: int) -> st.SearchStrategy:
     return st.one_of(
         *(
@@ -167,12 +179,14 @@ def acks(level: int) -> st.SearchStrategy:
     )
 
 
+@cache
 def subscription_requests(level: int) -> st.SearchStrategy:
     if level == 5:
         return st.builds(SubscriptionRequest, text, qos, st.booleans(), st.booleans(), st.integers(0, 2))
     return st.builds(SubscriptionRequest, text, qos)
 
 
+@cache
 def subscribes(level: int) -> st.SearchStrategy:
     return st.builds(
         Subscribe,
@@ -182,18 +196,21 @@ def subscribes(level: int) -> st.SearchStrategy:
     )
 
 
+@cache
 def unsubscribes(level: int) -> st.SearchStrategy:
     return st.builds(
         Unsubscribe, packet_ids, st.lists(text, min_size=1, max_size=4), props_for(level, PacketType.UNSUBSCRIBE)
     )
 
 
+@cache
 def connacks(level: int) -> st.SearchStrategy:
     codes = st.sampled_from(sorted(REASON_CODES[PacketType.CONNACK])) if level == 5 else st.integers(0, 5)
     session_present = st.just(False) if level == 3 else st.booleans()
     return st.builds(Connack, session_present, codes, props_for(level, PacketType.CONNACK))
 
 
+@cache
 def subacks(level: int) -> st.SearchStrategy:
     codes = sorted(REASON_CODES[PacketType.SUBACK]) if level == 5 else [0, 1, 2, 0x80]
     return st.builds(
@@ -204,6 +221,7 @@ def subacks(level: int) -> st.SearchStrategy:
     )
 
 
+@cache
 def unsubacks(level: int) -> st.SearchStrategy:
     if level != 5:
         return st.builds(Unsuback, packet_ids)
@@ -215,10 +233,12 @@ def unsubacks(level: int) -> st.SearchStrategy:
     )
 
 
+@cache
 def reason_packets(cls, ptype) -> st.SearchStrategy:
     return st.builds(cls, reason(5, ptype), properties(ptype))
 
 
+@cache
 def client_packets(level: int) -> st.SearchStrategy:
     """Packets a client sends after CONNECT."""
     options = [
@@ -235,6 +255,7 @@ def client_packets(level: int) -> st.SearchStrategy:
     return st.one_of(*options)
 
 
+@cache
 def server_packets(level: int) -> st.SearchStrategy:
     """Packets a server sends."""
     options = [
@@ -406,7 +427,7 @@ def test_oversized_publish_rejected_before_body():
 
 
 def test_packet_at_max_size_accepted():
-    packet = Publish("t", b"x" * 93)
+    packet = Publish("t", b"x" * 95)
     data = encode(packet, 4)
     assert len(data) == 100
     assert server_decoder(4, max_packet_size=100).feed(data) == [packet]
@@ -460,8 +481,7 @@ def test_connect_311_vector():
 
 
 def test_connect_31_vector():
-    data = bytes.fromhex("1012" "00064d514973647003" "02" "000a" "00046162636400")[:-1]
-    data = bytes.fromhex("1010" "00064d5149736470" "03" "02" "000a" "000461626364")
+    data = bytes.fromhex("1012" "00064d5149736470" "03" "02" "000a" "000461626364")
     expected = Connect(protocol_name="MQIsdp", protocol_level=3, keep_alive=10, client_id="abcd")
     decoder = Decoder()
     assert decoder.feed(data) == [expected]
@@ -512,7 +532,6 @@ def test_publish_5_topic_alias_only():
     [
         (Puback(1), 5, "40020001"),
         (Puback(1, 0x10), 5, "4003000110"),
-        (Puback(1, 0x10, {Property.REASON_STRING: "x"}), 5, "40080001100400017800"[:-2] + ""),
         (Puback(1, 0x10), 4, "40020001"),
         (Pubrel(7), 4, "62020007"),
         (Pubrel(7, 0x92), 5, "6203000792"),
@@ -534,7 +553,7 @@ def test_publish_5_topic_alias_only():
             Subscribe(2, [SubscriptionRequest("a", 2, True, True, 2)]), 5,
             "8207000200" "000161" "2e",
         ),
-        (Unsubscribe(5, ["a", "b"]), 4, "a20a0005" "000161" "000162"),
+        (Unsubscribe(5, ["a", "b"]), 4, "a2080005" "000161" "000162"),
     ],
 )
 def test_vectors(packet, level, data):
@@ -558,7 +577,7 @@ def test_puback_with_reason_string_vector():
 
 def test_variable_byte_integer_vectors():
     # section 1.5.5: 321 is encoded as 0xC1 0x02
-    packet = Publish("t", b"x" * 316)
+    packet = Publish("t", b"x" * 318)
     raw = encode(packet, 4)
     assert raw[:3] == b"\x30\xc1\x02"
     assert server_decoder(4).feed(raw) == [packet]
@@ -653,10 +672,9 @@ def h(data: str) -> bytes:
         (4, "32 05 0001 74 0000", 0x81),             # QoS 1 with packet id 0
         (4, "36 03 0001 74", 0x81),                   # QoS 3
         (4, "38 03 0001 74", 0x81),                   # DUP on QoS 0
-        (4, "31 02 0000 ff", 0x81),                   # remaining length 2 but topic needs more? (trailing)
         (4, "30 03 0001 ff", 0x81),                   # topic not UTF-8
         (4, "30 03 0001 00", 0x81),                   # topic U+0000
-        (4, "30 05 0002 eda080", 0x81),               # encoded surrogate U+D800
+        (4, "30 05 0003 eda080", 0x81),               # encoded surrogate U+D800
         (4, "60 02 0001", 0x81),                      # PUBREL flags must be 0010
         (4, "41 02 0001", 0x81),                      # PUBACK flags must be 0
         (4, "80 06 0001 000161 00", 0x81),            # SUBSCRIBE flags must be 0010
@@ -666,7 +684,7 @@ def h(data: str) -> bytes:
         (5, "82 07 0001 00 000161 c0", 0x81),         # reserved option bits (5.0)
         (5, "82 07 0001 00 000161 30", 0x82),         # retain handling 3
         (4, "a2 02 0001", 0x82),                      # UNSUBSCRIBE without filters
-        (4, "a2 05 0001 000161", 0x81),               # truncated filter
+        (4, "a2 04 0001 0001", 0x81),                 # truncated filter
         (4, "40 03 0001 00", 0x81),                   # PUBACK with extra byte in 3.1.1
         (4, "c0 01 00", 0x81),                        # PINGREQ with a body
         (4, "e0 01 00", 0x81),                        # DISCONNECT with a body in 3.1.1
@@ -716,7 +734,7 @@ def test_client_side_errors(level, data, code):
         ("10 0c 00044d515454 04 03 0000 0000", 0x81),  # reserved flag
         ("10 0c 00044d515454 04 08 0000 0000", 0x81),  # will QoS without will flag
         ("10 0c 00044d515454 04 20 0000 0000", 0x81),  # will retain without will flag
-        ("10 12 00044d515454 04 1c 0000 0000 0001 74 0000", 0x81),  # will QoS 3
+        ("10 11 00044d515454 04 1c 0000 0000 0001 74 0000", 0x81),  # will QoS 3
         ("10 0e 00044d515454 04 40 0000 0000 0000", 0x81),  # password without user name
         ("10 0d 00044d515454 04 02 0000 0000 00", 0x81),  # trailing byte
         ("10 0b 00044d515454 04 02 0000 00", 0x81),  # truncated client id
@@ -736,8 +754,8 @@ def test_v5_password_without_user_name():
 
 @pytest.mark.parametrize("name, level", [("MQTT", 3), ("MQTT", 6), ("MQIsdp", 4), ("MQTX", 4)])
 def test_unsupported_protocol(name, level):
-    raw = h("10") + bytes((6 + len(name) + 1,)) + len(name).to_bytes(2, "big") + name.encode() + bytes((level,)) + b"\x02\x00\x3c\x00\x00"
-    raw = h("10") + bytes((len(raw) - 2,)) + raw[2:]
+    body = len(name).to_bytes(2, "big") + name.encode() + bytes((level,)) + b"\x02\x00\x3c\x00\x00"
+    raw = b"\x10" + bytes((len(body),)) + body
     decoder = Decoder()
     assert decoder.feed(raw) == [Connect(protocol_name=name, protocol_level=level)]
     assert decoder.protocol_level is None
