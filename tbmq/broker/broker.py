@@ -118,8 +118,12 @@ class Broker:
         """Close every connection (v5 clients get DISCONNECT 0x8B), then
         flush and stop the backends."""
         self.plugins.hook.tbmq_broker_stopping(broker=self)
-        for conn in list(self.connections):
-            conn.disconnect(0x8B)
+        connections = list(self.connections)
+        closed = [conn.when_closed() for conn in connections]
+        for conn in connections:
+            conn.disconnect(0x8B)  # SERVER_SHUTTING_DOWN; aborted after 5 s if stuck
+        if closed:
+            yield defer.DeferredList(closed)
         now = self.clock.seconds()
         for session in list(self.sessions.sessions.values()):
             if session.persistent and session.connection is None and session.disconnected_at is None:

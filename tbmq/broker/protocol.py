@@ -82,6 +82,7 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
         self._disconnect_reason: int | None = None
         self._waiting: list | None = None  # packets held while CONNECT is decided
         self._abort_call = None
+        self._closed_waiters: list | None = None
 
     # -- Twisted --------------------------------------------------------------
 
@@ -124,6 +125,7 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
         if self._abort_call is not None and self._abort_call.active():
             self._abort_call.cancel()
         self.broker.connections.discard(self)
+        waiters, self._closed_waiters = self._closed_waiters, None
         factory = getattr(self, "factory", None)
         if factory is not None:
             factory.active -= 1
@@ -133,6 +135,16 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
             will = not self._normal_disconnect
             self.broker.hooks_client_disconnected(session, self._disconnect_reason, will)
             self.broker.sessions.connection_lost(session, self, publish_will=will)
+        for waiter in waiters or ():
+            waiter.callback(None)
+
+    def when_closed(self) -> defer.Deferred:
+        """:returns: a Deferred that fires once the connection is lost."""
+        d = defer.Deferred()
+        if self._closed_waiters is None:
+            self._closed_waiters = []
+        self._closed_waiters.append(d)
+        return d
 
     def timeoutConnection(self) -> None:
         if self.session is None:

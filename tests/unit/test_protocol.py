@@ -466,3 +466,26 @@ def test_puback_order_follows_publish_order(h):
     assert p.received() == []
     gate.callback(None)
     assert p.received() == [Puback(1), Puback(2)]
+
+
+def test_slow_consumer_drops_qos0_and_queues_qos1_until_resumed(h):
+    s = h.client("s")
+    sub(s, "t")
+    s.protocol.pauseProducing()  # the transport's write buffer is full
+    p = h.client("p")
+    p.send(Publish("t", b"q0"), Publish("t", b"q1", qos=1, packet_id=1))
+    assert s.received() == []
+    session = h.broker.sessions.sessions["s"]
+    assert session.dropped == {"slow_consumer": 1}
+    assert len(session.queue) == 1
+    s.protocol.resumeProducing()
+    assert [m.payload for m in s.received()] == [b"q1"]
+
+
+def test_stop_disconnects_v5_clients_with_0x8b(h):
+    c = h.client("c", level=5)
+    d = h.broker.stop()
+    assert c.received() == [Disconnect(0x8B)]
+    assert not d.called
+    c.lose()
+    assert d.called

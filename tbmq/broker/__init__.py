@@ -1,0 +1,1 @@
+"""The broker: protocol, sessions, router, trie, retained messages."""
