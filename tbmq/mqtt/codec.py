@@ -283,8 +283,9 @@ def encode(packet: Packet, protocol_level: int = 4) -> bytes:
     dropped. In 5.0, PUBACK / PUBREC / PUBREL / PUBCOMP use the 2-byte form
     when the reason code is 0 and there are no properties, the 3-byte form
     when there are no properties (sections 3.4.2.1, 3.5.2.1, 3.6.2.1,
-    3.7.2.1); DISCONNECT and AUTH are 0 bytes long in the same case (sections
-    3.14.2.1, 3.15.2.1). CONNECT uses its own ``protocol_level``.
+    3.7.2.1); DISCONNECT and AUTH have a Remaining Length of 0 (2 bytes in
+    all) in the same case (sections 3.14.2.1, 3.15.2.1). CONNECT uses its own
+    ``protocol_level``.
 
     :param packet: the packet.
     :param protocol_level: 3, 4 or 5.

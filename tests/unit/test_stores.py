@@ -176,9 +176,8 @@ class SQLiteBackend:
 BACKENDS = {"memory": MemoryBackend, "sqlite": SQLiteBackend}
 
 
-@pytest.fixture(params=sorted(BACKENDS))
-def stores(request: Any, tmp_path: Any):
-    backend = BACKENDS[request.param](tmp_path)
+def _open(name: str, tmp_path: Any):
+    backend = BACKENDS[name](tmp_path)
     opened = backend.open()
     holder = [opened]
     opened.holder = holder
@@ -186,10 +185,19 @@ def stores(request: Any, tmp_path: Any):
     backend.close(holder[-1])
 
 
+@pytest.fixture(params=sorted(BACKENDS))
+def stores(request: Any, tmp_path: Any):
+    yield from _open(request.param, tmp_path)
+
+
+@pytest.fixture(params=sorted(name for name, cls in BACKENDS.items() if cls.durable))
+def durable_stores(request: Any, tmp_path: Any):
+    """The backends whose data outlives the process: the restart tests."""
+    yield from _open(request.param, tmp_path)
+
+
 def reopen(stores: Stores) -> Stores:
-    """Close and reopen a durable backend (skip the test otherwise)."""
-    if not stores.backend.durable:
-        pytest.skip("the backend is not durable")
+    """Close and reopen a durable backend."""
     new = stores.reopen()
     stores.holder.append(new)
     return new
@@ -341,7 +349,8 @@ class TestSessionStore:
         loaded.disconnected_at = None
         assert stores.result(stores.sessions.load_all()) == [rich_session("a")]
 
-    def test_survives_reopen(self, stores):
+    def test_survives_reopen(self, durable_stores):
+        stores = durable_stores
         stores.result(stores.sessions.save(rich_session("a")))
         stores.result(stores.sessions.save(rich_session("b")))
         stores.result(stores.sessions.delete("b"))
@@ -415,7 +424,8 @@ class TestRetainedStore:
         loaded.properties[Property.CONTENT_TYPE] = "text/plain"
         assert stores.result(stores.retained.load_all()) == [rich_message()]
 
-    def test_survives_reopen(self, stores):
+    def test_survives_reopen(self, durable_stores):
+        stores = durable_stores
         stores.result(stores.retained.put(rich_message("a")))
         stores.result(stores.retained.put(rich_message("b")))
         stores.result(stores.retained.remove("b"))
@@ -528,7 +538,8 @@ class TestDeviceMessageStore:
         loaded.message.properties.clear()
         assert stores.result(stores.deliveries.load("c")) == [expected]
 
-    def test_survives_reopen(self, stores):
+    def test_survives_reopen(self, durable_stores):
+        stores = durable_stores
         stores.result(
             stores.deliveries.add(
                 "c", [delivery(1, message=rich_message()), delivery(2), delivery(3)]
