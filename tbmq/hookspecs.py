@@ -92,13 +92,46 @@ def tbmq_client_disconnected(session, reason_code, will):
 
 
 @hookspec
+def tbmq_authentication_failed(connect, address, reason_code):
+    """A CONNECT was refused by authentication.
+
+    :param connect: the :class:`tbmq.mqtt.Connect` (client id, username).
+    :param address: the peer's ``IAddress``.
+    :param reason_code: the v5 CONNACK reason code sent (v3 clients got the
+        matching v3 return code).
+    """
+
+
+@hookspec
+def tbmq_client_subscribed(session, topic_filter, options, reason_code):
+    """A SUBSCRIBE filter was handled.
+
+    :param topic_filter: the filter as sent (``$share/g/f`` kept whole).
+    :param options: the granted :class:`tbmq.model.SubscriptionOptions`, or
+        None when refused.
+    :param reason_code: the SUBACK reason code for this filter.
+    """
+
+
+@hookspec
+def tbmq_client_unsubscribed(session, topic_filter, reason_code):
+    """An UNSUBSCRIBE filter was handled (reason 0x00 or 0x11)."""
+
+
+@hookspec
 def tbmq_message_published(session, message):
     """A PUBLISH (or a will message, ``session`` None) entered the pipeline."""
 
 
 @hookspec
-def tbmq_message_delivered(session, message):
-    """A QoS 1/2 delivery to ``session`` was acknowledged (PUBACK / PUBCOMP)."""
+def tbmq_message_delivered(session, message, qos):
+    """A message reached ``session``: a QoS 0 PUBLISH was written to its
+    connection, or a QoS 1/2 delivery was acknowledged (PUBACK / PUBCOMP).
+
+    :param message: the :class:`tbmq.model.Message` (``received_at`` gives
+        the latency).
+    :param qos: the QoS of this delivery.
+    """
 
 
 @hookspec

@@ -74,7 +74,9 @@ class Broker:
         hook = self.plugins.hook
         self._has = {name: bool(getattr(hook, name).get_hookimpls()) for name in (
             "tbmq_message_published", "tbmq_message_delivered", "tbmq_message_dropped",
-            "tbmq_client_connected", "tbmq_client_disconnected", "tbmq_session_expired")}
+            "tbmq_client_connected", "tbmq_client_disconnected", "tbmq_session_expired",
+            "tbmq_client_subscribed", "tbmq_client_unsubscribed", "tbmq_authentication_failed")}
+        self.notify_delivered = self._has["tbmq_message_delivered"]
 
     def bus_topic(self, name: str) -> str:
         """The bus topic name for TBMQ topic ``name`` (a prefix may come later)."""
@@ -161,9 +163,9 @@ class Broker:
     def hooks_message_routed(self, message, subscribers: int) -> None:
         pass
 
-    def hooks_message_delivered(self, session, message) -> None:
+    def hooks_message_delivered(self, session, message, qos: int) -> None:
         if self._has["tbmq_message_delivered"]:
-            self._notify("tbmq_message_delivered", session=session, message=message)
+            self._notify("tbmq_message_delivered", session=session, message=message, qos=qos)
 
     def hooks_message_dropped(self, session, message, reason: str) -> None:
         if self._has["tbmq_message_dropped"]:
@@ -175,6 +177,20 @@ class Broker:
     def hooks_client_disconnected(self, session, reason_code, will: bool) -> None:
         self._notify("tbmq_client_disconnected", session=session,
                      reason_code=reason_code, will=will)
+
+    def hooks_authentication_failed(self, connect, address, reason_code: int) -> None:
+        self._notify("tbmq_authentication_failed", connect=connect, address=address,
+                     reason_code=reason_code)
+
+    def hooks_client_subscribed(self, session, topic_filter, options, reason_code) -> None:
+        if self._has["tbmq_client_subscribed"]:
+            self._notify("tbmq_client_subscribed", session=session, topic_filter=topic_filter,
+                         options=options, reason_code=reason_code)
+
+    def hooks_client_unsubscribed(self, session, topic_filter, reason_code) -> None:
+        if self._has["tbmq_client_unsubscribed"]:
+            self._notify("tbmq_client_unsubscribed", session=session,
+                         topic_filter=topic_filter, reason_code=reason_code)
 
     def hooks_session_expired(self, client_id: str) -> None:
         self._notify("tbmq_session_expired", client_id=client_id)

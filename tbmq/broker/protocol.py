@@ -298,6 +298,7 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
         if result is None or not result.allowed:
             self._waiting = None
             code = 0x87 if result is None else result.reason_code
+            self.broker.hooks_authentication_failed(connect, self.transport.getPeer(), code)
             return self._refuse(code, 0x04 if code == 0x86 else 0x05, "not authorized")
         cfg = self.broker.config.mqtt
         client_type = result.client_type
@@ -470,22 +471,26 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
                 share = parse_shared_subscription(topic_filter)
             except TopicError:
                 codes.append(0x8F if v5 else 0x80)
+                self.broker.hooks_client_subscribed(session, topic_filter, None, codes[-1])
                 continue
             if share is not None:
                 if not cfg.shared_subscription_available:
                     codes.append(0x9E if v5 else 0x80)
+                    self.broker.hooks_client_subscribed(session, topic_filter, None, codes[-1])
                     continue
                 if request.no_local:
                     raise ProtocolViolation(0x82, "no local on a shared subscription")  # [MQTT-3.8.3-4]
             real_filter = share[1] if share else topic_filter
             if not cfg.wildcard_subscription_available and ("+" in real_filter or "#" in real_filter):
                 codes.append(0xA2 if v5 else 0x80)
+                self.broker.hooks_client_subscribed(session, topic_filter, None, codes[-1])
                 continue
             qos = min(request.qos, cfg.max_qos)
             options = SubscriptionOptions(qos, request.no_local, request.retain_as_published,
                                           request.retain_handling, sub_id)
             is_new = sessions.subscribe(session, topic_filter, options)
             codes.append(qos)
+            self.broker.hooks_client_subscribed(session, topic_filter, options, qos)
             if share is None and cfg.retain_available and (
                     request.retain_handling == 0 or (request.retain_handling == 1 and is_new)):
                 retained.append((real_filter, options))
@@ -524,6 +529,7 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
                 continue
             existed = self.broker.sessions.unsubscribe(session, topic_filter)
             codes.append(0x00 if existed else 0x11)
+            self.broker.hooks_client_unsubscribed(session, topic_filter, codes[-1])
         unsuback = Unsuback(packet.packet_id, codes if v5 else [])
         if session.persistent:
             self.broker.sessions.save(session).addCallbacks(

@@ -162,6 +162,8 @@ class Session:
             data = self._encoded(message, 0, retain, subscription_ids, cache, now, conn)
             if data is not None:
                 conn.write(data)
+                if self.broker.notify_delivered:
+                    self.broker.hooks_message_delivered(self, message, 0)
             return None
         if len(self.queue) + len(self.inflight) >= self.queue_limit + self._window():
             self.drop("queue_full", message)
@@ -282,7 +284,7 @@ class Session:
                            pid=packet_id, client_id=self.client_id)
             return
         self._complete(packet_id)
-        self.broker.hooks_message_delivered(self, delivery.message)
+        self.broker.hooks_message_delivered(self, delivery.message, 1)
         self.pump()
 
     def on_pubrec(self, packet_id: int, reason_code: int) -> bool:
@@ -312,7 +314,7 @@ class Session:
         if delivery is None or delivery.state != DeliveryState.RELEASED:
             return
         self._complete(packet_id)
-        self.broker.hooks_message_delivered(self, delivery.message)
+        self.broker.hooks_message_delivered(self, delivery.message, 2)
         self.pump()
 
     # -- inbound acknowledgements in order -----------------------------------
