@@ -78,6 +78,7 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
         self.aliases: dict[int, str] = {}
         self._closing = False
         self._connacked = False
+        self.connected_at: float | None = None
         self._normal_disconnect = False
         self._disconnect_reason: int | None = None
         self._waiting: list | None = None  # packets held while CONNECT is decided
@@ -315,6 +316,7 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
             props = self._connack_properties(connect, session, keep_alive)
         self.send(Connack(present if self.protocol_level > 3 else False, 0, props))
         self._connacked = True
+        self.connected_at = self.broker.clock.seconds()
         self.log.info("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
                       "persistent={persistent}, session present={present})",
                       client_id=connect.client_id, peer=self._peer(), mqtt_level=self.protocol_level,
