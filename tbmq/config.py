@@ -39,6 +39,8 @@ __all__ = [
     "MqttConfig",
     "StorageConfig",
     "AuthConfig",
+    "JwtConfig",
+    "PostgresConfig",
     "NodeConfig",
     "load_config",
     "ENV_PREFIX",
@@ -110,9 +112,6 @@ class MqttConfig:
         non-persistent session while its inflight window is full, >= 1.
     :ivar max_inflight_messages: cap on the outbound inflight window,
         1..65535.
-    :ivar retry_interval: seconds before an unacknowledged PUBLISH is resent
-        on the same connection, >= 0; 0 resends only on reconnect, as MQTT 5
-        requires [MQTT-4.4.0-1].
     :ivar response_information: sent in CONNACK to a v5 client requesting
         it, when not empty.
     """
@@ -133,7 +132,6 @@ class MqttConfig:
     max_queued_messages: int = 10000
     max_pending_messages: int = 1000
     max_inflight_messages: int = 65535
-    retry_interval: float = 0.0
     response_information: str = ""
 
 
@@ -151,13 +149,72 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
-class AuthConfig:
-    """Authentication.
+class JwtConfig:
+    """The JWT authentication provider: the token is the CONNECT password.
 
-    :ivar allow_anonymous: accept clients no auth plugin recognised.
+    :ivar algorithms: accepted JWS algorithms (``HS256``, ``RS256`` ...).
+    :ivar secret: the HMAC key, for ``HS*`` algorithms.
+    :ivar public_key_file: a PEM public key file, for ``RS*``/``ES*``.
+    :ivar audience: the required ``aud`` claim, or None.
+    :ivar issuer: the required ``iss`` claim, or None.
+    :ivar leeway: seconds of clock skew allowed on ``exp``/``nbf``.
+    :ivar client_id_claim: when set, this claim must equal the client id.
+    :ivar client_type_claim: the claim naming the client type
+        (``DEVICE``/``APPLICATION``); DEVICE when absent.
+    :ivar pub_claim: the claim with the list of publish topic regexes, or
+        None for no restriction.
+    :ivar sub_claim: the claim with the list of subscribe topic-filter
+        regexes, or None for no restriction.
+    """
+
+    algorithms: tuple[str, ...] = ("HS256",)
+    secret: str | None = None
+    public_key_file: str | None = None
+    audience: str | None = None
+    issuer: str | None = None
+    leeway: float = 0.0
+    client_id_claim: str | None = None
+    client_type_claim: str = "client_type"
+    pub_claim: str | None = "pub"
+    sub_claim: str | None = "sub_rules"
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Authentication and authorization.
+
+    :ivar allow_anonymous: accept clients no provider recognised (as DEVICE,
+        with no authorization rules).
+    :ivar providers: the authentication providers to run, in order: any of
+        ``basic`` (client id / username and bcrypt password), ``x509`` (client
+        certificate on a TLS listener), ``scram`` (MQTT 5 enhanced
+        authentication, SCRAM-SHA-256/512), ``jwt`` (a token as the password).
+    :ivar credentials: the credential store: ``sqlite`` (in ``data_dir``),
+        ``postgres`` (see :class:`PostgresConfig`) or ``memory``.
+    :ivar refresh_interval: seconds between checks for changed credentials;
+        changed authorization rules apply to connected clients.
+    :ivar jwt: see :class:`JwtConfig`.
     """
 
     allow_anonymous: bool = True
+    providers: tuple[str, ...] = ("basic", "x509", "scram", "jwt")
+    credentials: str = "sqlite"
+    refresh_interval: float = 5.0
+    jwt: JwtConfig = field(default_factory=JwtConfig)
+
+
+@dataclass(frozen=True)
+class PostgresConfig:
+    """PostgreSQL, for the backends that use it (credentials).
+
+    :ivar dsn: a libpq connection string (``host=... port=... dbname=...``).
+    :ivar min_connections: connections kept open, >= 1.
+    :ivar max_connections: the pool's upper bound, >= min_connections.
+    """
+
+    dsn: str = "dbname=tbmq"
+    min_connections: int = 1
+    max_connections: int = 5
 
 
 @dataclass(frozen=True)
@@ -185,6 +242,7 @@ class Config:
     :ivar mqtt: see :class:`MqttConfig`.
     :ivar storage: see :class:`StorageConfig`.
     :ivar auth: see :class:`AuthConfig`.
+    :ivar postgres: see :class:`PostgresConfig`.
     :ivar bus: the message bus provider's name (``memory`` in process).
     :ivar plugins: free-form settings per plugin name, read-only (nested
         mappings are read-only too, lists become tuples).
@@ -196,6 +254,7 @@ class Config:
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    postgres: PostgresConfig = field(default_factory=PostgresConfig)
     bus: str = "memory"
     plugins: Mapping = field(default_factory=_empty_mapping, hash=False)
 
@@ -255,13 +314,18 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "max_queued_messages": _range(1),
         "max_pending_messages": _range(1),
         "max_inflight_messages": _range(1, 65535),
-        "retry_interval": _range(0),
     },
     StorageConfig: {
         "backend": _one_of(*STORAGE_BACKENDS),
         "sqlite_synchronous": _one_of(*SQLITE_SYNCHRONOUS),
     },
     NodeConfig: {"service_id": _not_empty},
+    AuthConfig: {
+        "credentials": _one_of("sqlite", "postgres", "memory"),
+        "refresh_interval": _positive,
+    },
+    JwtConfig: {"leeway": _range(0)},
+    PostgresConfig: {"dsn": _not_empty, "min_connections": _range(1), "max_connections": _range(1)},
     Config: {"data_dir": _not_empty, "bus": _not_empty},
 }
 

@@ -61,9 +61,9 @@ def test_defaults():
     assert config.mqtt.connect_timeout == 10.0
     assert config.mqtt.max_qos == 2
     assert config.mqtt.max_queued_messages == 10000
-    assert config.mqtt.retry_interval == 0
     assert config.storage == StorageConfig(backend="sqlite", sqlite_synchronous="FULL")
     assert config.auth == AuthConfig(allow_anonymous=True)
+    assert config.auth.providers == ("basic", "x509", "scram", "jwt")
     assert config.bus == "memory"
     assert dict(config.plugins) == {}
 
@@ -185,7 +185,7 @@ def test_env_nested():
         environ={
             "TBMQ_MQTT__MAX_PACKET_SIZE": "1024",
             "TBMQ_MQTT__RETAIN_AVAILABLE": "false",
-            "TBMQ_MQTT__RETRY_INTERVAL": "2.5",
+            "TBMQ_MQTT__MAX_INFLIGHT_MESSAGES": "25",
             "TBMQ_NODE__SERVICE_ID": "node-7",
             "TBMQ_DATA_DIR": "/tmp/x",
             "PATH": "/bin",
@@ -194,7 +194,7 @@ def test_env_nested():
     )
     assert config.mqtt.max_packet_size == 1024
     assert config.mqtt.retain_available is False
-    assert config.mqtt.retry_interval == 2.5
+    assert config.mqtt.max_inflight_messages == 25
     assert config.node.service_id == "node-7"
     assert config.data_dir == "/tmp/x"
 
@@ -336,7 +336,7 @@ def test_overrides_not_mutated():
         ({"mqtt": {"max_queued_messages": 0}}, "mqtt.max_queued_messages: must be >= 1"),
         ({"mqtt": {"max_pending_messages": 0}}, "mqtt.max_pending_messages: must be >= 1"),
         ({"mqtt": {"max_inflight_messages": 0}}, "mqtt.max_inflight_messages: must be between"),
-        ({"mqtt": {"retry_interval": -1}}, "mqtt.retry_interval: must be >= 0"),
+        ({"auth": {"credentials": "ldap"}}, "auth.credentials: must be one of"),
         ({"mqtt": {"response_information": None}}, "mqtt.response_information: expected a string"),
         ({"storage": {"backend": "mongo"}}, "storage.backend: must be one of sqlite, memory"),
         ({"storage": {"sqlite_synchronous": "SOMETIMES"}}, "storage.sqlite_synchronous: must be one of"),
