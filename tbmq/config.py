@@ -42,6 +42,7 @@ __all__ = [
     "JwtConfig",
     "PostgresConfig",
     "NodeConfig",
+    "EventsConfig",
     "load_config",
     "ENV_PREFIX",
     "LISTENER_TYPES",
@@ -53,6 +54,9 @@ ENV_PREFIX = "TBMQ_"
 
 #: Transport of a listener: plain TCP, TLS, WebSocket, WebSocket over TLS.
 LISTENER_TYPES = ("tcp", "tls", "ws", "wss")
+
+#: Values of ``events.sink``: JSON Lines files, or records on the message bus.
+EVENT_SINKS = ("file", "bus")
 
 #: Values of ``storage.backend``.
 STORAGE_BACKENDS = ("sqlite", "memory")
@@ -228,6 +232,37 @@ class NodeConfig:
     service_id: str | None = None
 
 
+@dataclass(frozen=True)
+class EventsConfig:
+    """The exported event log (:mod:`tbmq.events`, schema in ``docs/events.md``).
+
+    :ivar enabled: export connect, disconnect, subscribe, publish, delivery,
+        drop and authentication-failure events.
+    :ivar sink: ``file`` (JSON Lines files in ``directory``) or ``bus``
+        (records on the message bus topic ``bus_topic``).
+    :ivar directory: where the files go; None means ``<data_dir>/events``.
+    :ivar max_file_bytes: bytes, >= 1024; a file is rotated once it is this
+        large.
+    :ivar rotate_interval: seconds, > 0; a file is rotated once it is this
+        old.
+    :ivar compress: gzip rotated files (``.jsonl.gz``).
+    :ivar buffer_size: events held between the reactor and the writer
+        thread, >= 1; events beyond it are dropped and counted.
+    :ivar flush_interval: seconds, > 0, between the writer thread's flushes.
+    :ivar bus_topic: the bus topic of ``sink: bus``.
+    """
+
+    enabled: bool = False
+    sink: str = "file"
+    directory: str | None = None
+    max_file_bytes: int = 67108864
+    rotate_interval: float = 3600.0
+    compress: bool = True
+    buffer_size: int = 100000
+    flush_interval: float = 1.0
+    bus_topic: str = "tbmq.events"
+
+
 def _empty_mapping() -> Mapping:
     return types.MappingProxyType({})
 
@@ -246,6 +281,7 @@ class Config:
     :ivar bus: the message bus provider's name (``memory`` in process).
     :ivar plugins: free-form settings per plugin name, read-only (nested
         mappings are read-only too, lists become tuples).
+    :ivar events: see :class:`EventsConfig`.
     """
 
     data_dir: str = "./data"
@@ -257,6 +293,7 @@ class Config:
     postgres: PostgresConfig = field(default_factory=PostgresConfig)
     bus: str = "memory"
     plugins: Mapping = field(default_factory=_empty_mapping, hash=False)
+    events: EventsConfig = field(default_factory=EventsConfig)
 
 
 # -- validation rules ---------------------------------------------------------
@@ -327,6 +364,15 @@ _CHECKS: dict[type, dict[str, Check]] = {
     JwtConfig: {"leeway": _range(0)},
     PostgresConfig: {"dsn": _not_empty, "min_connections": _range(1), "max_connections": _range(1)},
     Config: {"data_dir": _not_empty, "bus": _not_empty},
+    EventsConfig: {
+        "sink": _one_of(*EVENT_SINKS),
+        "directory": _not_empty,
+        "max_file_bytes": _range(1024),
+        "rotate_interval": _positive,
+        "buffer_size": _range(1),
+        "flush_interval": _positive,
+        "bus_topic": _not_empty,
+    },
 }
 
 #: Fields whose string value is normalised to upper case before the checks.
