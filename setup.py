@@ -21,12 +21,13 @@ setup(
         "kafka": ["kafka-python>=2.0"],
         "redis": ["txredisapi>=1.4"],
         "postgres": ["psycopg2-binary>=2.9"],
-        "analytics": ["pyspark>=3.5", "matplotlib>=3.7"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "paho-mqtt>=2.1"],
+        "analytics": ["pyspark>=3.5", "matplotlib>=3.7", "pyarrow>=14", "pandas>=2.0"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "paho-mqtt>=2.1",
+                 "pyspark>=3.5", "matplotlib>=3.7", "pyarrow>=14", "pandas>=2.0"],
     },
     entry_points={
-        "console_scripts": [],
-        "tbmq": [],
+        "console_scripts": ["tbmq-analytics = tbmq.analytics.cli:main"],
+        "tbmq": ["events = tbmq.events:plugin"],
     },
     classifiers=[
         "Framework :: Twisted",
