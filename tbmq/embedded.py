@@ -1,5 +1,6 @@
-"""The built-in plugins of the embedded default: the in-process bus, the
-SQLite (or memory) stores in the data directory, and anonymous access."""
+"""The built-in plugins: the in-process bus and the SQLite (or memory)
+stores of the embedded default, anonymous access, and authorization by the
+credentials' rules."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from tbmq.hookspecs import hookimpl
 
 
 class EmbeddedBackends:
-    """Provides ``bus: memory`` and ``storage.backend: sqlite | memory``."""
+    """Provides ``bus: memory``, ``storage.backend: sqlite | memory`` and
+    ``auth.credentials: sqlite | memory``.
+
+    The three SQLite stores share one database file and one thread.
+    """
+
+    def __init__(self) -> None:
+        self._sqlite: dict = {}
+        self._memory: dict = {}
 
     @hookimpl(trylast=True)
     def tbmq_message_bus(self, config):
@@ -19,34 +28,84 @@ class EmbeddedBackends:
         from tbmq.backends.inprocess_bus import InProcessBus
         return InProcessBus()
 
-    @hookimpl(trylast=True)
-    def tbmq_stores(self, config):
+    def _stores(self, config):
         backend = config.storage.backend
         if backend == "memory":
-            from tbmq.backends import memory
-            return (memory.MemorySessionStore(), memory.MemoryRetainedStore(),
+            stores = self._memory.get(id(config))
+            if stores is None:
+                from tbmq.backends import memory
+                stores = self._memory[id(config)] = (
+                    memory.MemorySessionStore(), memory.MemoryRetainedStore(),
                     memory.MemoryDeviceMessageStore())
+            return stores
         if backend == "sqlite":
-            from tbmq.backends.sqlite import SQLiteStore
-            os.makedirs(config.data_dir, exist_ok=True)
-            store = SQLiteStore(os.path.join(config.data_dir, "tbmq.sqlite3"),
-                                synchronous=config.storage.sqlite_synchronous)
+            store = self._sqlite.get(id(config))
+            if store is None:
+                from tbmq.backends.sqlite import SQLiteStore
+                os.makedirs(config.data_dir, exist_ok=True)
+                store = self._sqlite[id(config)] = SQLiteStore(
+                    os.path.join(config.data_dir, "tbmq.sqlite3"),
+                    synchronous=config.storage.sqlite_synchronous)
             return store.sessions, store.retained, store.deliveries
+        return None
+
+    @hookimpl(trylast=True)
+    def tbmq_session_store(self, config):
+        stores = self._stores(config)
+        return stores and stores[0]
+
+    @hookimpl(trylast=True)
+    def tbmq_retained_store(self, config):
+        stores = self._stores(config)
+        return stores and stores[1]
+
+    @hookimpl(trylast=True)
+    def tbmq_device_message_store(self, config):
+        stores = self._stores(config)
+        return stores and stores[2]
+
+    @hookimpl(trylast=True)
+    def tbmq_credential_store(self, config):
+        kind = config.auth.credentials
+        if kind == "memory":
+            from tbmq.backends.memory_credentials import MemoryCredentialStore
+            return MemoryCredentialStore()
+        if kind == "sqlite":
+            from tbmq.backends.sqlite_credentials import make_sqlite_credential_store
+            return make_sqlite_credential_store(config)
         return None
 
 
 class AnonymousAuth:
-    """Accepts every client as a DEVICE when ``auth.allow_anonymous`` is set;
-    otherwise passes, so that a client no provider accepts is refused."""
+    """Accepts, as a DEVICE with no authorization rules, a client that no
+    provider recognised, when ``auth.allow_anonymous`` is set; otherwise
+    passes, so that such a client is refused.  A client that asked for a v5
+    authentication method is never accepted anonymously."""
 
     def __init__(self, allow: bool) -> None:
         self.allow = allow
 
     @hookimpl(trylast=True)
-    def tbmq_authenticate(self, connect, address, listener):
-        if self.allow:
+    def tbmq_authenticate(self, request):
+        if self.allow and request.auth_method is None:
             return AuthResult(True, provider="anonymous")
         return None
+
+
+class RulesAuthorization:
+    """Authorizes PUBLISH and SUBSCRIBE by the rules of the credentials that
+    authenticated the client (TBMQ's PubSubAuthorizationRules); no rules
+    means no restriction."""
+
+    @hookimpl(trylast=True)
+    def tbmq_authorize_publish(self, session, auth, topic):
+        rules = auth.rules if auth is not None else None
+        return True if rules is None else rules.may_publish(topic)
+
+    @hookimpl(trylast=True)
+    def tbmq_authorize_subscribe(self, session, auth, topic_filter):
+        rules = auth.rules if auth is not None else None
+        return True if rules is None else rules.may_subscribe(topic_filter)
 
 
 def builtin_plugins(config):
@@ -54,4 +113,5 @@ def builtin_plugins(config):
     return [
         ("embedded", EmbeddedBackends()),
         ("anonymous", AnonymousAuth(config.auth.allow_anonymous)),
+        ("rules", RulesAuthorization()),
     ]

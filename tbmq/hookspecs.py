@@ -23,6 +23,19 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
+# -- configuration ---------------------------------------------------------------
+
+@hookspec
+def tbmq_configure(config, settings):
+    """Configure the plugin, once, when the plugin manager is built.
+
+    :param config: the whole :class:`tbmq.config.Config`.
+    :param settings: this plugin's own section, ``config.plugins[<name>]``
+        (a read-only mapping; empty when absent), where ``<name>`` is the
+        name the plugin is registered under (its entry-point name).
+    """
+
+
 # -- factories -----------------------------------------------------------------
 
 @hookspec(firstresult=True)
@@ -35,32 +48,81 @@ def tbmq_message_bus(config):
 
 
 @hookspec(firstresult=True)
-def tbmq_stores(config):
-    """Build the storage backends when ``config.storage.backend`` names them.
+def tbmq_session_store(config):
+    """Build the session store when ``config.storage.backend`` names it.
 
-    :param config: the :class:`tbmq.config.Config`.
-    :returns: a tuple ``(session_store, retained_store, device_message_store)``
-        providing :class:`~tbmq.interfaces.ISessionStore`,
-        :class:`~tbmq.interfaces.IRetainedStore` and
-        :class:`~tbmq.interfaces.IDeviceMessageStore`, or None.
+    :returns: an :class:`tbmq.interfaces.ISessionStore` provider, or None.
+    """
+
+
+@hookspec(firstresult=True)
+def tbmq_retained_store(config):
+    """Build the retained-message store when ``config.storage.backend`` names it.
+
+    :returns: an :class:`tbmq.interfaces.IRetainedStore` provider, or None.
+    """
+
+
+@hookspec(firstresult=True)
+def tbmq_device_message_store(config):
+    """Build the store of persistent sessions' queued messages when
+    ``config.storage.backend`` names it.
+
+    :returns: an :class:`tbmq.interfaces.IDeviceMessageStore` provider, or None.
+    """
+
+
+@hookspec(firstresult=True)
+def tbmq_credential_store(config):
+    """Build the credential store when ``config.auth.credentials`` names it.
+
+    :returns: an :class:`tbmq.interfaces.ICredentialStore` provider, or None.
     """
 
 
 # -- decisions -----------------------------------------------------------------
 
 @hookspec
-def tbmq_authenticate(connect, address, listener):
-    """Decide whether a CONNECT may open a session.
+def tbmq_authenticate(request):
+    """Decide whether a client may connect (or re-authenticate).
 
-    Called once per CONNECT, after the packet is validated and before the
-    session is looked up.
+    Called for each CONNECT after it is validated, before the session is
+    looked up; and for MQTT 5 enhanced authentication, again for each AUTH
+    packet of the exchange — then only the plugin that answered "continue"
+    is asked.  Plugins are asked in the order of ``auth.providers`` (by
+    plugin name), then the others, the built-in ``anonymous`` last.
 
-    :param connect: the :class:`tbmq.mqtt.Connect` packet (client id, username,
-        password, properties).
-    :param address: the peer's ``IAddress``.
-    :param listener: the :class:`tbmq.config.ListenerConfig` it came through.
-    :returns: an :class:`tbmq.auth.AuthResult`, or None to pass to the next
-        plugin (all pass → refused with 0x87 NOT_AUTHORIZED / v3 0x05).
+    :param request: an :class:`tbmq.auth.AuthRequest` (client id, username,
+        password, certificate chain, authentication method and data, a
+        ``state`` dict kept across one exchange, the credential store).
+    :returns: an :class:`tbmq.auth.AuthResult` (allowed, refused, or
+        ``continue_auth`` with data for an AUTH 0x18), or None to pass to the
+        next plugin.  When every plugin passes the client is refused with
+        0x87 NOT_AUTHORIZED (v3: 0x05), or 0x8C BAD_AUTHENTICATION_METHOD
+        when it asked for an authentication method nobody handled.
+    """
+
+
+@hookspec
+def tbmq_authorize_publish(session, auth, topic):
+    """May ``session`` publish to topic name ``topic``?
+
+    Called for every PUBLISH (and a will message at CONNECT).
+
+    :param session: the :class:`tbmq.broker.session.Session`.
+    :param auth: the :class:`tbmq.auth.AuthResult` of its connection (its
+        ``rules`` are the credentials' authorization rules, kept current).
+    :returns: True, False, or None to pass; all pass → denied (v5 PUBACK /
+        PUBREC 0x87, the message dropped).
+    """
+
+
+@hookspec
+def tbmq_authorize_subscribe(session, auth, topic_filter):
+    """May ``session`` subscribe to ``topic_filter`` (``$share/g/`` removed)?
+
+    :returns: True, False, or None to pass; all pass → denied (SUBACK 0x87
+        in v5, 0x80 in v3).
     """
 
 

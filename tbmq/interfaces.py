@@ -141,3 +141,42 @@ class IDeviceMessageStore(IBackend):
 
         :returns: Deferred firing with None when durable.
         """
+
+
+class ICredentialStore(IBackend):
+    """Client credentials (TBMQ's ``mqtt_client_credentials``): SQLite
+    embedded, PostgreSQL in a cluster.  Records are
+    :class:`tbmq.model.Credentials`."""
+
+    def find(credentials_type, credentials_id):
+        """:returns: Deferred firing with the :class:`Credentials` of that
+        type and lookup key, or None."""
+
+    def find_all(credentials_type):
+        """:returns: Deferred firing with every ``Credentials`` of that type
+        (X.509 CN regexes are matched by scanning them)."""
+
+    def get(id):
+        """:returns: Deferred firing with the ``Credentials`` of that id, or None."""
+
+    def list():
+        """:returns: Deferred firing with every ``Credentials``, by name."""
+
+    def save(credentials):
+        """Insert or replace by ``id``; sets ``updated_time`` (and
+        ``created_time`` when new).
+
+        :returns: Deferred firing with the saved ``Credentials``.
+        :raises tbmq.errors.CredentialsError: (in the Deferred) when the name
+            or the (type, credentials id) pair belongs to another record.
+        """
+
+    def delete(id):
+        """:returns: Deferred firing with True when a record was removed."""
+
+    def changed_since(version):
+        """What changed after ``version`` (an opaque int; 0 at first).
+
+        :returns: Deferred firing with ``(changed, deleted_ids, new_version)``
+            where ``changed`` is a list of ``Credentials`` saved since.
+        """

@@ -119,3 +119,45 @@ class StoredDelivery:
     subscription_ids: tuple[int, ...] = ()
     packet_id: int | None = None
     state: DeliveryState = DeliveryState.QUEUED
+
+
+class CredentialsType(str, enum.Enum):
+    """TBMQ's credential types (``mqtt_client_credentials.credentials_type``)."""
+
+    MQTT_BASIC = "MQTT_BASIC"  #: client id and/or username, bcrypt password
+    X_509 = "X_509"  #: client certificate chain, matched by CN or regex
+    SCRAM = "SCRAM"  #: SCRAM-SHA-256/512 through MQTT 5 AUTH
+
+
+@dataclass(slots=True)
+class Credentials:
+    """One row of TBMQ's ``mqtt_client_credentials``.
+
+    :ivar id: a UUID string.
+    :ivar name: a human-readable name, unique.
+    :ivar credentials_type: see :class:`CredentialsType`.
+    :ivar credentials_id: the lookup key (TBMQ's): for MQTT_BASIC
+        ``"username|<u>"``, ``"client_id|<c>"`` or ``"mixed|<c>|<u>"``; for
+        X_509 the certificate CN (or the CN regex when ``certCnIsRegex``); for
+        SCRAM ``"scram|<SHA256|SHA512>|<u>"``.  Unique per type.
+    :ivar client_type: DEVICE or APPLICATION for clients authenticated by it.
+    :ivar value: the type's JSON document (TBMQ's ``credentials_value``):
+        MQTT_BASIC ``{"clientId", "userName", "password" (bcrypt hash or
+        null), "authRules"}``; X_509 ``{"certCnPattern", "certCnIsRegex",
+        "authRules"}``; SCRAM ``{"userName", "algorithm", "salt",
+        "storedKey", "serverKey", "iterations", "authRules"}`` (bytes as
+        base64).  ``authRules`` is ``{"pubAuthRulePatterns": [regex, ...],
+        "subAuthRulePatterns": [regex, ...]}``; a missing list means no
+        restriction, an empty one allows nothing.
+    :ivar created_time: seconds since the epoch.
+    :ivar updated_time: seconds since the epoch; changes on every save.
+    """
+
+    id: str
+    name: str
+    credentials_type: CredentialsType
+    credentials_id: str
+    client_type: ClientType = ClientType.DEVICE
+    value: dict = field(default_factory=dict)
+    created_time: float = 0.0
+    updated_time: float = 0.0

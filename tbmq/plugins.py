@@ -1,11 +1,14 @@
 """The plugin manager: the built-in plugins first, then the entry points of
-the group ``tbmq`` (third-party plugins), then the config's ``plugins``
-section, which disables plugins by name (``plugins: {name: {enabled: false}}``).
+the group ``tbmq`` (third-party plugins), then the config: ``plugins:
+{name: {enabled: false}}`` disables a plugin by name, the rest of its section
+is handed to its :func:`~tbmq.hookspecs.tbmq_configure`, and authentication
+providers not listed in ``auth.providers`` are switched off.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Sequence
 
 import pluggy
 from twisted.internet import defer
@@ -15,6 +18,9 @@ from tbmq import hookspecs
 
 log = Logger()
 
+#: the names of the authentication provider plugins ``auth.providers`` selects
+AUTH_PROVIDERS = ("basic", "x509", "scram", "jwt")
+
 
 def make_plugin_manager(config, load_entry_points: bool = True) -> pluggy.PluginManager:
     """Build the plugin manager for ``config``.
@@ -22,50 +28,64 @@ def make_plugin_manager(config, load_entry_points: bool = True) -> pluggy.Plugin
     :param config: the :class:`tbmq.config.Config`.
     :param load_entry_points: also load the ``tbmq`` entry-point group.
     :returns: a :class:`pluggy.PluginManager` with every active plugin
-        registered; the log names each one.
+        registered and configured; the log names each one.
     """
     from tbmq import embedded
 
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
+    disabled = {name for name, settings in dict(config.plugins).items()
+                if hasattr(settings, "get") and settings.get("enabled") is False}
+    disabled.update(name for name in AUTH_PROVIDERS if name not in config.auth.providers)
+    for name in disabled:
+        pm.set_blocked(name)
     for name, plugin in embedded.builtin_plugins(config):
-        pm.register(plugin, name=name)
+        if not pm.is_blocked(name):
+            pm.register(plugin, name=name)
     if load_entry_points:
         pm.load_setuptools_entrypoints(hookspecs.PROJECT)
-    for name, settings in dict(config.plugins).items():
-        if isinstance(settings, dict) and settings.get("enabled") is False:
-            plugin = pm.get_plugin(name)
-            if plugin is not None:
-                pm.unregister(plugin)
-                pm.set_blocked(name)
+    for impl in pm.hook.tbmq_configure.get_hookimpls():
+        settings = config.plugins.get(impl.plugin_name, MappingProxyType({}))
+        impl.function(config=config, settings=settings)
     for name, _ in pm.list_name_plugin():
         log.info("plugin active: {name}", name=name)
     return pm
 
 
-def call_decision(hook: pluggy.HookCaller, **kwargs: Any) -> defer.Deferred:
-    """Ask each implementation of a decision hook in turn, in pluggy's call
-    order, until one answers something other than None.
-
-    Implementations may return Deferreds; the next one is only asked once the
-    previous one's Deferred fired with None.
-
-    :returns: a Deferred firing with the first answer, or None when every
-        plugin passed.
-    """
+def ordered_impls(hook: pluggy.HookCaller, first: Sequence[str] = ()) -> list:
+    """The implementations of ``hook`` in the order to ask them: those named
+    in ``first`` in that order, then the others in pluggy's call order
+    (``trylast`` ones at the end)."""
     impls = list(reversed(hook.get_hookimpls()))
+    rank = {name: i for i, name in enumerate(first)}
+    return sorted(impls, key=lambda impl: (
+        bool(impl.trylast), rank.get(impl.plugin_name, len(rank))))
+
+
+def call_decision(hook: pluggy.HookCaller, first: Sequence[str] = (), **kwargs: Any) -> defer.Deferred:
+    """Ask each implementation of a decision hook in turn until one answers
+    something other than None.
+
+    Implementations may return Deferreds; the next one is only asked once
+    the previous one's Deferred fired with None.
+
+    :param first: plugin names to ask first, in order (see :func:`ordered_impls`).
+    :returns: a Deferred firing with ``(answer, plugin_name)``, or
+        ``(None, None)`` when every plugin passed.
+    """
+    impls = ordered_impls(hook, first)
 
     def ask(index: int):
         while index < len(impls):
             impl = impls[index]
             index += 1
-            args = [kwargs[name] for name in impl.argnames]
-            result = impl.function(*args)
+            result = impl.function(*[kwargs[name] for name in impl.argnames])
             if isinstance(result, defer.Deferred):
                 return result.addCallback(
-                    lambda answer, i=index: answer if answer is not None else ask(i))
+                    lambda answer, i=index, name=impl.plugin_name:
+                    (answer, name) if answer is not None else ask(i))
             if result is not None:
-                return result
-        return None
+                return result, impl.plugin_name
+        return None, None
 
     return defer.maybeDeferred(ask, 0)

@@ -51,8 +51,10 @@ class Harness:
     :param overrides: config overrides (nested dict).
     """
 
-    def __init__(self, overrides: dict | None = None, **backends) -> None:
-        data = {"storage": {"backend": "memory"}, "node": {"service_id": "test"}}
+    def __init__(self, overrides: dict | None = None, entry_points: bool = False,
+                 **backends) -> None:
+        data = {"storage": {"backend": "memory"}, "node": {"service_id": "test"},
+                "auth": {"credentials": "memory"}}
         for key, value in (overrides or {}).items():
             if isinstance(value, dict):
                 data.setdefault(key, {}).update(value)
@@ -60,7 +62,7 @@ class Harness:
                 data[key] = value
         self.config = load_config(None, environ={}, overrides=data)
         self.clock = task.Clock()
-        self.plugins = make_plugin_manager(self.config, load_entry_points=False)
+        self.plugins = make_plugin_manager(self.config, load_entry_points=entry_points)
         self.broker = Broker(self.config, self.plugins, self.clock, **backends)
         self.broker.start()
         self.factory = MQTTFactory(self.broker, self.config.listeners[0])

@@ -1,24 +1,91 @@
-"""The answer of an authentication decision (:func:`tbmq.hookspecs.tbmq_authenticate`)."""
+"""Authentication and authorization: the request a provider sees and the
+answer it gives (:func:`tbmq.hookspecs.tbmq_authenticate`).
+
+Providers are plugins; the built-in ``anonymous`` and ``rules`` plugins live
+in :mod:`tbmq.embedded`, the credential-based ones (basic, X.509, SCRAM) and
+JWT in the ``tbmq_plugins`` package.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from tbmq.model import ClientType
 
 
+@dataclass(slots=True)
+class AuthRequest:
+    """What an authentication provider decides on.
+
+    :ivar client_id: the client identifier (assigned already if it was empty).
+    :ivar username: the CONNECT user name, or None.
+    :ivar password: the CONNECT password (bytes), or None.
+    :ivar protocol_level: 3, 4 or 5.
+    :ivar address: the peer's ``IAddress`` (the proxied address behind the
+        PROXY protocol).
+    :ivar listener: the :class:`tbmq.config.ListenerConfig` it came through.
+    :ivar certificate_chain: the verified client certificate chain of a TLS
+        listener, leaf first (``cryptography.x509.Certificate``), or None.
+    :ivar auth_method: the v5 Authentication Method, or None.
+    :ivar auth_data: the v5 Authentication Data of this step, or None.
+    :ivar reauthenticate: True for an AUTH 0x19 after the connection is up.
+    :ivar state: scratch space a provider keeps across the steps of one
+        enhanced-authentication exchange.
+    :ivar credentials: the :class:`tbmq.interfaces.ICredentialStore`.
+    :ivar config: the :class:`tbmq.config.Config`.
+    """
+
+    client_id: str
+    username: str | None
+    password: bytes | None
+    protocol_level: int
+    address: Any = None
+    listener: Any = None
+    certificate_chain: list | None = None
+    auth_method: str | None = None
+    auth_data: bytes | None = None
+    reauthenticate: bool = False
+    state: dict = field(default_factory=dict)
+    credentials: Any = None
+    config: Any = None
+
+    @property
+    def certificate_cn(self) -> str | None:
+        """The common name of the leaf client certificate, or None."""
+        if not self.certificate_chain:
+            return None
+        from cryptography.x509.oid import NameOID
+
+        names = self.certificate_chain[0].subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        return str(names[0].value) if names else None
+
+
 @dataclass(frozen=True, slots=True)
 class AuthResult:
-    """What an authentication provider decided.
+    """What a provider decided.
 
-    :ivar allowed: True to accept the CONNECT.
+    :ivar allowed: True to accept the client.
     :ivar client_type: DEVICE or APPLICATION, from the credentials (TBMQ).
-    :ivar reason_code: the v5 CONNACK reason code when refused: 0x86
-        BAD_USER_NAME_OR_PASSWORD or 0x87 NOT_AUTHORIZED (v3 gets 0x04 / 0x05).
+    :ivar reason_code: the v5 reason code when refused: 0x86
+        BAD_USER_NAME_OR_PASSWORD, 0x87 NOT_AUTHORIZED, 0x8C
+        BAD_AUTHENTICATION_METHOD (v3 clients get 0x04 / 0x05).
     :ivar provider: the name of the provider that decided, for the log.
+    :ivar rules: the client's bound authorization rules
+        (:class:`tbmq.auth.rules.BoundRules`), or None for no restriction.
+    :ivar credentials: the id of the :class:`tbmq.model.Credentials` that
+        authenticated the client, so changed rules can be applied to it.
+    :ivar auth_data: v5 Authentication Data to send (in AUTH 0x18 when
+        ``continue_auth``, else in CONNACK / AUTH 0x00).
+    :ivar continue_auth: True to send AUTH 0x18 CONTINUE_AUTHENTICATION with
+        ``auth_data`` and ask the same provider again with the client's answer.
     """
 
     allowed: bool
     client_type: ClientType = ClientType.DEVICE
     reason_code: int = 0x87
     provider: str = ""
+    rules: Any = None
+    credentials: str | None = None
+    auth_data: bytes | None = None
+    continue_auth: bool = False

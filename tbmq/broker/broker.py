@@ -12,6 +12,7 @@ import pluggy
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from tbmq.auth.watch import CredentialsWatcher
 from tbmq.broker.router import Router
 from tbmq.broker.sessions import SessionManager
 from tbmq.plugins import call_decision
@@ -30,8 +31,8 @@ class Broker:
         :func:`tbmq.plugins.make_plugin_manager`).
     :param clock: an ``IReactorTime``; ``clock.seconds()`` is the wall clock
         in seconds (a :class:`twisted.internet.task.Clock` in tests).
-    :param bus, session_store, retained_store, device_store: the backends;
-        when None they come from the factory hooks.
+    :param bus, session_store, retained_store, device_store, credential_store:
+        the backends; when None they come from the factory hooks.
     :raises tbmq.errors.ConfigError: when no plugin provides a backend the
         config names.
     """
@@ -39,7 +40,8 @@ class Broker:
     log = Logger()
 
     def __init__(self, config, plugins: pluggy.PluginManager, clock=None, *,
-                 bus=None, session_store=None, retained_store=None, device_store=None) -> None:
+                 bus=None, session_store=None, retained_store=None, device_store=None,
+                 credential_store=None) -> None:
         from tbmq.errors import ConfigError
 
         if clock is None:
@@ -54,11 +56,20 @@ class Broker:
             if bus is None:
                 raise ConfigError(f"bus: no plugin provides the bus {config.bus!r}")
         if session_store is None:
-            stores = hook.tbmq_stores(config=config)
-            if stores is None:
+            session_store = hook.tbmq_session_store(config=config)
+        if retained_store is None:
+            retained_store = hook.tbmq_retained_store(config=config)
+        if device_store is None:
+            device_store = hook.tbmq_device_message_store(config=config)
+        if None in (session_store, retained_store, device_store):
+            raise ConfigError(
+                f"storage.backend: no plugin provides {config.storage.backend!r}")
+        if credential_store is None:
+            credential_store = hook.tbmq_credential_store(config=config)
+            if credential_store is None:
                 raise ConfigError(
-                    f"storage.backend: no plugin provides {config.storage.backend!r}")
-            session_store, retained_store, device_store = stores
+                    f"auth.credentials: no plugin provides {config.auth.credentials!r}")
+        self.credential_store = credential_store
         self.bus = bus
         self.session_store = session_store
         self.retained_store = retained_store
@@ -66,12 +77,16 @@ class Broker:
         self.router = Router(self)
         self.sessions = SessionManager(self)
         self.connections: set = set()
+        self.watcher: CredentialsWatcher | None = None
         self.dropped: dict[str, int] = {}
         self.received = 0
         self._refresh_hooks()
 
     def _refresh_hooks(self) -> None:
         hook = self.plugins.hook
+        self._authorize_inline = all(
+            [impl.plugin_name for impl in getattr(hook, name).get_hookimpls()] == ["rules"]
+            for name in ("tbmq_authorize_publish", "tbmq_authorize_subscribe"))
         self._has = {name: bool(getattr(hook, name).get_hookimpls()) for name in (
             "tbmq_message_published", "tbmq_message_delivered", "tbmq_message_dropped",
             "tbmq_client_connected", "tbmq_client_disconnected", "tbmq_session_expired",
@@ -95,6 +110,8 @@ class Broker:
         for backend in backends:
             yield backend.start()
         self.router.start()
+        self.watcher = CredentialsWatcher(self, self.config.auth.refresh_interval)
+        yield self.watcher.start()
         for message in (yield self.retained_store.load_all()):
             self.router.retained.set(message)
         records = yield self.session_store.load_all()
@@ -109,7 +126,8 @@ class Broker:
 
     def _backends(self) -> list:
         seen, out = set(), []
-        for backend in (self.bus, self.session_store, self.retained_store, self.device_store):
+        for backend in (self.bus, self.session_store, self.retained_store, self.device_store,
+                        self.credential_store):
             if id(backend) not in seen:
                 seen.add(id(backend))
                 out.append(backend)
@@ -120,6 +138,8 @@ class Broker:
         """Close every connection (v5 clients get DISCONNECT 0x8B), then
         flush and stop the backends."""
         self.plugins.hook.tbmq_broker_stopping(broker=self)
+        if self.watcher is not None:
+            self.watcher.stop()
         connections = list(self.connections)
         closed = [conn.when_closed() for conn in connections]
         for conn in connections:
@@ -135,13 +155,54 @@ class Broker:
 
     # -- decisions -----------------------------------------------------------------
 
-    def authenticate(self, connect, address, listener) -> defer.Deferred:
+    def authenticate(self, request, provider: str | None = None) -> defer.Deferred:
         """Ask the ``tbmq_authenticate`` hooks; see :mod:`tbmq.hookspecs`.
 
-        :returns: Deferred firing with an :class:`tbmq.auth.AuthResult` or None.
+        :param request: the :class:`tbmq.auth.AuthRequest`.
+        :param provider: ask only this plugin (the next step of an enhanced
+            authentication exchange it continued).
+        :returns: Deferred firing with ``(AuthResult or None, plugin name)``.
         """
-        return call_decision(self.plugins.hook.tbmq_authenticate,
-                             connect=connect, address=address, listener=listener)
+        request.credentials = self.credential_store
+        request.config = self.config
+        hook = self.plugins.hook.tbmq_authenticate
+        if provider is not None:
+            hook = self.plugins.subset_hook_caller(
+                "tbmq_authenticate",
+                [p for name, p in self.plugins.list_name_plugin() if name != provider])
+        return call_decision(hook, self.config.auth.providers, request=request)
+
+    def authorize(self, action: str, session, auth, topic: str):
+        """May ``session`` publish to / subscribe to ``topic``?
+
+        :param action: ``"publish"`` (a topic name) or ``"subscribe"`` (a
+            topic filter without ``$share/<group>/``).
+        :returns: a bool when every hook answered at once (the usual case:
+            only the built-in rules), else a Deferred firing with a bool.
+            Every plugin passing means no [ARCHITECTURE §3].
+        """
+        if self._authorize_inline:
+            rules = auth.rules if auth is not None else None
+            if rules is None:
+                return True
+            return rules.may_publish(topic) if action == "publish" else rules.may_subscribe(topic)
+        if action == "publish":
+            d = call_decision(self.plugins.hook.tbmq_authorize_publish,
+                              session=session, auth=auth, topic=topic)
+        else:
+            d = call_decision(self.plugins.hook.tbmq_authorize_subscribe,
+                              session=session, auth=auth, topic_filter=topic)
+        d.addCallback(lambda answer: bool(answer[0]))
+        box: list = []
+
+        def keep(result):
+            box.append(result)
+            return result
+
+        d.addBoth(keep)
+        if box and type(box[0]) is bool:
+            return box[0]  # every plugin answered synchronously
+        return d
 
     # -- notifications ---------------------------------------------------------------
 

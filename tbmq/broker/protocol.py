@@ -17,7 +17,8 @@ from twisted.logger import Logger
 from twisted.protocols.policies import TimeoutMixin
 from zope.interface import implementer
 
-from tbmq.auth import AuthResult
+from tbmq.auth import AuthRequest, AuthResult
+from tbmq.listeners import peer_certificate_chain
 from tbmq.model import ClientType, Message, SubscriptionOptions
 from tbmq.mqtt import (
     MQTT_5, Auth, Connack, Connect, Disconnect, MalformedPacket, Pingreq, Pingresp,
@@ -83,6 +84,9 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
         self._disconnect_reason: int | None = None
         self._waiting: list | None = None  # packets held while CONNECT is decided
         self._abort_call = None
+        self._exchange = None  # (AuthRequest, provider) while an AUTH exchange continues
+        self.auth: AuthResult | None = None
+        self.auth_request: AuthRequest | None = None
         self._closed_waiters: list | None = None
 
     # -- Twisted --------------------------------------------------------------
@@ -208,6 +212,9 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
     def packet_received(self, packet) -> None:
         if self.session is None:
             if self.connect_packet is not None:
+                if type(packet) is Auth and self._exchange is not None:
+                    self.handle_auth(packet)
+                    return
                 raise ProtocolViolation(0x82, "packet before CONNACK")
             if type(packet) is not Connect:
                 # the first packet must be CONNECT [MQTT-3.1.0-1]
@@ -257,8 +264,6 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
         if v5:
             if props.get(Property.RECEIVE_MAXIMUM, 1) == 0 or props.get(Property.MAXIMUM_PACKET_SIZE, 1) == 0:
                 return self._refuse(0x82, 0x02, "receive maximum or maximum packet size 0")
-            if Property.AUTHENTICATION_METHOD in props:
-                return self._refuse(0x8C, 0x05, "authentication method not supported")
             self.send_quota = props.get(Property.RECEIVE_MAXIMUM, 65535)
             self.max_packet_size = props.get(Property.MAXIMUM_PACKET_SIZE)
         will = connect.will
@@ -274,36 +279,146 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
             if (will.properties.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1
                     and not _valid_utf8(will.payload)):
                 return self._refuse(0x99, 0x02, "will payload is not UTF-8")
-        self._waiting = []
-        d = self.broker.authenticate(connect, self.transport.getPeer(), self.listener)
-        d.addCallbacks(self._authenticated, self._auth_failed)
-        d.addErrback(self._internal_error)
+        self._hold()
+        self.auth_request = AuthRequest(
+            connect.client_id, connect.username, connect.password, level,
+            address=self.transport.getPeer(), listener=self.listener,
+            certificate_chain=peer_certificate_chain(self.transport),
+            auth_method=props.get(Property.AUTHENTICATION_METHOD) if v5 else None,
+            auth_data=props.get(Property.AUTHENTICATION_DATA) if v5 else None)
+        self._auth_step(self.auth_request, None)
+
+    # -- holding packets while something asynchronous is decided --------------------
+
+    def _hold(self) -> None:
+        """Keep incoming packets aside until :meth:`_release` (CONNECT being
+        authenticated, a PUBLISH or SUBSCRIBE being authorized), so packets are
+        handled in order."""
+        if self._waiting is None:
+            self._waiting = []
+
+    def _release(self) -> None:
+        waiting, self._waiting = self._waiting, None
+        for index, packet in enumerate(waiting or ()):
+            if self._closing:
+                return
+            try:
+                self.packet_received(packet)
+            except ProtocolViolation as e:
+                self.log.info("protocol violation by {client_id}: {error} (0x{code:02X})",
+                              client_id=self._client_id(), error=str(e), code=e.reason_code)
+                self.disconnect(e.reason_code)
+                return
+            if self._waiting is not None:
+                self._waiting.extend(waiting[index + 1:])
+                return
+
+    def _gone(self) -> bool:
+        return self._closing or self.transport is None or not self.transport.connected
 
     def _internal_error(self, failure) -> None:
         self.log.failure("internal error on the connection of {client_id}", failure,
                          client_id=self._client_id())
-        self.disconnect(0x83)
-
-    def _auth_failed(self, failure) -> None:
-        self.log.failure("authentication of {client_id} failed", failure,
-                         client_id=self._client_id())
         self._waiting = None
-        if not self._closing:
-            self._refuse(0x80, 0x03, "authentication error")
+        if not self._gone():
+            if self._connacked:
+                self.disconnect(0x83)
+            else:
+                self._refuse(0x80, 0x03, "internal error")
 
-    def _authenticated(self, result: AuthResult | None) -> None:
-        connect = self.connect_packet
-        if self._closing or self.transport is None or not self.transport.connected:
+    # -- authentication (CONNECT, enhanced authentication, re-authentication) ----------
+
+    def _auth_step(self, request: AuthRequest, provider: str | None) -> None:
+        d = self.broker.authenticate(request, provider)
+        d.addCallback(self._auth_answer, request)
+        d.addErrback(self._internal_error)
+
+    def _auth_answer(self, answer, request: AuthRequest) -> None:
+        """Apply an authentication answer [MQTT-4.12]."""
+        result, provider = answer
+        if self._gone():
             self._waiting = None
             return
+        v5 = self.protocol_level >= MQTT_5
+        if result is not None and result.continue_auth and v5 and request.auth_method:
+            self._exchange = (request, provider)
+            self.send(Auth(0x18, {Property.AUTHENTICATION_METHOD: request.auth_method,
+                                  Property.AUTHENTICATION_DATA: result.auth_data or b""}))
+            self._release()
+            return
         if result is None or not result.allowed:
+            if result is not None:
+                code = result.reason_code
+            else:
+                code = 0x8C if request.auth_method else 0x87
             self._waiting = None
-            code = 0x87 if result is None else result.reason_code
-            self.broker.hooks_authentication_failed(connect, self.transport.getPeer(), code)
-            return self._refuse(code, 0x04 if code == 0x86 else 0x05, "not authorized")
+            self.log.info("authentication of {client_id} refused (0x{code:02X})",
+                          client_id=request.client_id, code=code)
+            if request.reauthenticate:
+                self.disconnect(code)  # [MQTT-4.12.1-2]
+                return
+            self.broker.hooks_authentication_failed(self.connect_packet, request.address, code)
+            self._refuse(code, 0x04 if code == 0x86 else 0x05, "not authorized")
+            return
+        if request.reauthenticate:
+            self.auth = result
+            props = {Property.AUTHENTICATION_METHOD: request.auth_method}
+            if result.auth_data is not None:
+                props[Property.AUTHENTICATION_DATA] = result.auth_data
+            self.send(Auth(0x00, props))
+            self._release()
+            return
+        will = self.connect_packet.will
+        if will is not None:
+            allowed = self.broker.authorize("publish", None, result, will.topic)
+            if not isinstance(allowed, bool):
+                allowed.addCallback(self._will_decided, result, request)
+                allowed.addErrback(self._internal_error)
+                return
+            if not allowed:
+                self._waiting = None
+                return self._refuse(0x87, 0x05, "will topic not authorized")
+        self._open_session(result, request)
+
+    def _will_decided(self, allowed: bool, result, request) -> None:
+        if self._gone():
+            return
+        if not allowed:
+            self._waiting = None
+            return self._refuse(0x87, 0x05, "will topic not authorized")
+        self._open_session(result, request)
+
+    def handle_auth(self, packet: Auth) -> None:
+        """An AUTH packet: the client's next step of an exchange (0x18) or a
+        re-authentication (0x19) with the CONNECT's method [MQTT-4.12.1-1]."""
+        method = packet.properties.get(Property.AUTHENTICATION_METHOD)
+        if self._exchange is not None:
+            request, provider = self._exchange
+            if packet.reason_code != 0x18 or method != request.auth_method:
+                raise ProtocolViolation(0x82, "unexpected AUTH in an exchange")
+            self._exchange = None
+            request.auth_data = packet.properties.get(Property.AUTHENTICATION_DATA)
+            self._hold()
+            self._auth_step(request, provider)
+            return
+        first = self.auth_request
+        if (packet.reason_code != 0x19 or self.session is None or first is None
+                or first.auth_method is None or method != first.auth_method):
+            raise ProtocolViolation(0x82, "AUTH without an authentication exchange")
+        request = AuthRequest(
+            first.client_id, first.username, first.password, self.protocol_level,
+            address=first.address, listener=self.listener,
+            certificate_chain=first.certificate_chain, auth_method=method,
+            auth_data=packet.properties.get(Property.AUTHENTICATION_DATA), reauthenticate=True)
+        self._hold()
+        self._auth_step(request, None)
+
+    def _open_session(self, result: AuthResult, request: AuthRequest) -> None:
+        """Authentication succeeded: bind the session, send CONNACK, resume."""
+        connect = self.connect_packet
         cfg = self.broker.config.mqtt
-        client_type = result.client_type
-        session, present = self.broker.sessions.connect(self, connect, client_type)
+        self.auth = result
+        session, present = self.broker.sessions.connect(self, connect, result.client_type)
         if not session.persistent:
             session.client_type = ClientType.DEVICE  # TBMQ: non-persistent is a DEVICE
         self.session = session
@@ -314,25 +429,21 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
         props = {}
         if self.protocol_level >= MQTT_5:
             props = self._connack_properties(connect, session, keep_alive)
+            if request.auth_method:
+                props[Property.AUTHENTICATION_METHOD] = request.auth_method
+                if result.auth_data is not None:
+                    props[Property.AUTHENTICATION_DATA] = result.auth_data
         self.send(Connack(present if self.protocol_level > 3 else False, 0, props))
         self._connacked = True
         self.connected_at = self.broker.clock.seconds()
         self.log.info("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
-                      "persistent={persistent}, session present={present})",
+                      "persistent={persistent}, session present={present}, "
+                      "authenticated by {provider})",
                       client_id=connect.client_id, peer=self._peer(), mqtt_level=self.protocol_level,
-                      persistent=session.persistent, present=present)
+                      persistent=session.persistent, present=present, provider=result.provider)
         self.broker.hooks_client_connected(session, connect, self.transport.getPeer())
         session.resume()
-        waiting, self._waiting = self._waiting, None
-        if waiting:
-            for packet in waiting:
-                if self._closing:
-                    return
-                try:
-                    self.packet_received(packet)
-                except ProtocolViolation as e:
-                    self.disconnect(e.reason_code)
-                    return
+        self._release()
 
     def _connack_properties(self, connect: Connect, session, keep_alive: int) -> dict:
         """The server's capabilities [MQTT-3.2.2.3]."""
@@ -411,6 +522,42 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
                 raise ProtocolViolation(0x99, "payload is not UTF-8")
             session.ack_when(None, (Puback if qos == 1 else Pubrec)(pid, 0x99))
             return
+        allowed = self.broker.authorize("publish", session, self.auth, topic)
+        if allowed is True:
+            self._publish(session, packet, topic)
+        elif allowed is False:
+            self._publish_denied(session, packet, topic)
+        else:
+            self._hold()
+            allowed.addCallback(self._publish_decided, session, packet, topic)
+            allowed.addErrback(self._internal_error)
+
+    def _publish_decided(self, allowed: bool, session, packet: Publish, topic: str) -> None:
+        if self.session is not session or self._closing:
+            return
+        if allowed:
+            self._publish(session, packet, topic)
+        else:
+            self._publish_denied(session, packet, topic)
+        self._release()
+
+    def _publish_denied(self, session, packet: Publish, topic: str) -> None:
+        """Not authorized: the message is dropped; v5 QoS 1/2 get 0x87, v3
+        gets a plain acknowledgement (it has no negative one), as Mosquitto."""
+        self.log.debug("{client_id} may not publish to {topic}",
+                       client_id=session.client_id, topic=topic)
+        self.broker.stats_dropped("not_authorized")
+        code = 0x87 if self.protocol_level >= MQTT_5 else 0
+        if packet.qos == 1:
+            session.ack_when(None, Puback(packet.packet_id, code))
+        elif packet.qos == 2:
+            session.ack_when(None, Pubrec(packet.packet_id, code))
+
+    def _publish(self, session, packet: Publish, topic: str) -> None:
+        """Hand the message to the router; acknowledge once it is durable."""
+        qos = packet.qos
+        props = packet.properties
+        v5 = self.protocol_level >= MQTT_5
         now = self.broker.clock.seconds()
         expires_at = None
         if v5 and props:
@@ -425,9 +572,9 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
         self.broker.hooks_message_published(session, message)
         result = self.broker.router.publish(message)
         if qos == 1:
-            session.ack_when(result, Puback(pid))
+            session.ack_when(result, Puback(packet.packet_id))
         elif qos == 2:
-            session.ack_when(result, Pubrec(pid))
+            session.ack_when(result, Pubrec(packet.packet_id))
 
     def handle_puback(self, packet: Puback) -> None:
         self.session.on_puback(packet.packet_id)
@@ -463,29 +610,57 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
                 raise ProtocolViolation(0xA1, "subscription identifiers not supported")
             if sub_id == 0:
                 raise ProtocolViolation(0x82, "subscription identifier 0")
-        codes = []
-        retained = []
-        sessions = self.broker.sessions
+        # 1. validity, per filter: None (valid so far) or the reason code
+        entries = []
         for request in packet.subscriptions:
             topic_filter = request.topic_filter
+            code = None
+            share = None
             try:
                 validate_topic_filter(topic_filter)
                 share = parse_shared_subscription(topic_filter)
             except TopicError:
-                codes.append(0x8F if v5 else 0x80)
-                self.broker.hooks_client_subscribed(session, topic_filter, None, codes[-1])
-                continue
-            if share is not None:
+                code = 0x8F if v5 else 0x80
+            if code is None and share is not None:
                 if not cfg.shared_subscription_available:
-                    codes.append(0x9E if v5 else 0x80)
-                    self.broker.hooks_client_subscribed(session, topic_filter, None, codes[-1])
-                    continue
-                if request.no_local:
+                    code = 0x9E if v5 else 0x80
+                elif request.no_local:
                     raise ProtocolViolation(0x82, "no local on a shared subscription")  # [MQTT-3.8.3-4]
             real_filter = share[1] if share else topic_filter
-            if not cfg.wildcard_subscription_available and ("+" in real_filter or "#" in real_filter):
-                codes.append(0xA2 if v5 else 0x80)
-                self.broker.hooks_client_subscribed(session, topic_filter, None, codes[-1])
+            if code is None and not cfg.wildcard_subscription_available and (
+                    "+" in real_filter or "#" in real_filter):
+                code = 0xA2 if v5 else 0x80
+            entries.append((request, share, real_filter, code))
+        # 2. authorization of the valid ones, possibly asynchronous
+        decisions = [self.broker.authorize("subscribe", session, self.auth, real_filter)
+                     if code is None else False
+                     for request, share, real_filter, code in entries]
+        if all(type(d) is bool for d in decisions):
+            self._subscribe(session, packet, entries, decisions, sub_id)
+            return
+        self._hold()
+        d = defer.gatherResults([defer.maybeDeferred(lambda x=x: x) for x in decisions],
+                                consumeErrors=True)
+        d.addCallback(lambda answers: self.session is session and not self._closing and (
+            self._subscribe(session, packet, entries, answers, sub_id), self._release()))
+        d.addErrback(self._internal_error)
+
+    def _subscribe(self, session, packet: Subscribe, entries: list, decisions: list,
+                   sub_id: int | None) -> None:
+        """Apply the authorized subscriptions, send SUBACK (after the session
+        store has them, for a persistent session), then retained messages."""
+        cfg = self.broker.config.mqtt
+        v5 = self.protocol_level >= MQTT_5
+        sessions = self.broker.sessions
+        codes = []
+        retained = []
+        for (request, share, real_filter, code), allowed in zip(entries, decisions):
+            topic_filter = request.topic_filter
+            if code is None and not allowed:
+                code = 0x87 if v5 else 0x80  # NOT_AUTHORIZED
+            if code is not None:
+                codes.append(code)
+                self.broker.hooks_client_subscribed(session, topic_filter, None, code)
                 continue
             qos = min(request.qos, cfg.max_qos)
             options = SubscriptionOptions(qos, request.no_local, request.retain_as_published,
@@ -512,6 +687,24 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
             sessions.save(session).addCallbacks(send_suback, self._store_failed)
         else:
             send_suback()
+
+    def recheck_subscriptions(self) -> None:
+        """After the client's authorization rules changed: drop the
+        subscriptions they no longer allow (logged)."""
+        session, auth = self.session, self.auth
+        if session is None or auth is None or auth.rules is None:
+            return
+        dropped = []
+        for topic_filter in list(session.subscriptions):
+            share = parse_shared_subscription(topic_filter)
+            if not auth.rules.may_subscribe(share[1] if share else topic_filter):
+                self.broker.sessions.unsubscribe(session, topic_filter)
+                dropped.append(topic_filter)
+        if dropped:
+            self.log.info("subscriptions of {client_id} no longer authorized, removed: {filters}",
+                          client_id=session.client_id, filters=dropped)
+            if session.persistent:
+                self.broker.sessions.save(session)
 
     def _store_failed(self, failure) -> None:
         self.log.failure("session store write for {client_id} failed", failure,
@@ -562,10 +755,6 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
         self._closing = True
         self.setTimeout(None)
         self.transport.loseConnection()
-
-    def handle_auth(self, packet: Auth) -> None:
-        # no authentication method was negotiated in CONNECT [MQTT-4.12.0-?]
-        raise ProtocolViolation(0x82, "AUTH without an authentication method")
 
     _handlers = {
         Publish: handle_publish,

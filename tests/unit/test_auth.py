@@ -1,0 +1,248 @@
+"""Authentication providers and authorization rules on the protocol harness
+(StringTransport + task.Clock; the providers are the installed entry-point
+plugins; the bcrypt check runs inline here, in a thread in the broker)."""
+
+import time
+
+import jwt
+import pytest
+import scramp
+from twisted.internet import defer
+
+import tbmq_plugins.auth_basic as auth_basic
+from tbmq.auth.passwords import check_password, hash_password, scram_credentials
+from tbmq.hookspecs import hookimpl
+from tbmq.model import ClientType, Credentials, CredentialsType
+from tbmq.mqtt import (
+    Auth, Connect, Disconnect, Property, Puback, Publish, Pubrec, Suback, Subscribe,
+    SubscriptionRequest, Will,
+)
+from tests.helpers import Harness
+
+SECRET = "s3cret-key-for-tests-0123456789abcdef"
+
+
+@pytest.fixture(autouse=True)
+def inline_bcrypt(monkeypatch):
+    monkeypatch.setattr(auth_basic, "check_password_async",
+                        lambda password, hashed: defer.succeed(check_password(password, hashed)))
+
+
+def harness(**auth):
+    settings = {"allow_anonymous": False, "refresh_interval": 1.0,
+                "jwt": {"secret": SECRET, "algorithms": ["HS256"]}}
+    settings.update(auth)
+    return Harness({"auth": settings}, entry_points=True)
+
+
+def add(h, name, ctype, cid, value, client_type=ClientType.DEVICE, id=None):
+    creds = Credentials(id or name, name, ctype, cid, client_type, value)
+    d = h.broker.credential_store.save(creds)
+    assert d.called
+    return creds
+
+
+def basic(h, name="dev", username="user", password="pw", client_id=None, pub=None, sub=None, **kw):
+    rules = {}
+    if pub is not None:
+        rules["pubAuthRulePatterns"] = pub
+    if sub is not None:
+        rules["subAuthRulePatterns"] = sub
+    value = {"clientId": client_id, "userName": username,
+             "password": hash_password(password, rounds=4) if password else None, "authRules": rules}
+    key = f"mixed|{client_id}|{username}" if client_id and username else (
+        f"username|{username}" if username else f"client_id|{client_id}")
+    return add(h, name, CredentialsType.MQTT_BASIC, key, value, **kw)
+
+
+# -- basic -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("level,ok,bad_pw,unknown", [(5, 0, 0x86, 0x87), (4, 0, 0x04, 0x05)])
+def test_basic_password(level, ok, bad_pw, unknown):
+    h = harness()
+    basic(h)
+    assert h.client("a", level, username="user", password=b"pw").connack.reason_code == ok
+    assert h.client("b", level, username="user", password=b"nope").connack.reason_code == bad_pw
+    assert h.client("c", level, username="who", password=b"pw").connack.reason_code == unknown
+
+
+def test_basic_by_client_id_and_client_type():
+    h = harness()
+    basic(h, username=None, client_id="dev-1", password=None, client_type=ClientType.APPLICATION)
+    c = h.client("dev-1", 5, clean_start=False, properties={Property.SESSION_EXPIRY_INTERVAL: 60})
+    assert c.connack.reason_code == 0
+    assert h.broker.sessions.sessions["dev-1"].client_type is ClientType.APPLICATION
+
+
+def test_anonymous_setting():
+    h = harness(allow_anonymous=True)
+    assert h.client("anon", 5).connack.reason_code == 0
+
+
+def test_unknown_authentication_method_gets_0x8c():
+    h = harness(allow_anonymous=True)
+    c = h.client("x", 5, properties={Property.AUTHENTICATION_METHOD: "KERBEROS"})
+    assert c.connack.reason_code == 0x8C
+
+
+def test_providers_can_be_switched_off():
+    h = harness(providers=["jwt"])
+    basic(h)
+    assert h.client("a", 5, username="user", password=b"pw").connack.reason_code == 0x87
+
+
+# -- authorization -------------------------------------------------------------------
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_publish_and_subscribe_rules(level):
+    h = harness(allow_anonymous=True)
+    basic(h, pub=["sensors/${clientId}/.*"], sub=["cmd/${clientId}/#", "cmd/all"])
+    c = h.client("d1", level, username="user", password=b"pw")
+    c.send(Subscribe(1, [SubscriptionRequest("cmd/d1/#", 1), SubscriptionRequest("cmd/d2/#", 1)]))
+    assert c.received() == [Suback(1, [1, 0x87 if level == 5 else 0x80])]
+    watcher = h.client("w", 5)
+    watcher.send(Subscribe(1, [SubscriptionRequest("#", 1)]))
+    watcher.received()
+    c.send(Publish("sensors/d1/t", b"ok", qos=1, packet_id=1),
+           Publish("sensors/d2/t", b"denied", qos=1, packet_id=2),
+           Publish("sensors/d2/t", b"denied", qos=2, packet_id=3))
+    denied = 0x87 if level == 5 else 0
+    assert c.received() == [Puback(1), Puback(2, denied), Pubrec(3, denied)]
+    assert [m.payload for m in watcher.received()] == [b"ok"]
+
+
+def test_will_topic_must_be_authorized():
+    h = harness()
+    basic(h, pub=["ok/.*"])
+    c = h.client("d", 5, username="user", password=b"pw", will=Will("secret/x", b"w"))
+    assert c.connack.reason_code == 0x87
+
+
+def test_changed_rules_apply_without_reconnect():
+    h = harness()
+    creds = basic(h, pub=["a/.*"], sub=["a/#", "b/#"])
+    c = h.client("d", 5, username="user", password=b"pw")
+    c.send(Subscribe(1, [SubscriptionRequest("b/#", 0)]))
+    assert c.received() == [Suback(1, [0])]
+    c.send(Publish("a/1", b"x", qos=1, packet_id=1))
+    assert c.received() == [Puback(1)]
+    creds.value["authRules"] = {"pubAuthRulePatterns": ["z/.*"], "subAuthRulePatterns": ["a/#"]}
+    h.broker.credential_store.save(creds)
+    h.clock.advance(1.01)
+    c.send(Publish("a/1", b"x", qos=1, packet_id=2), Publish("z/1", b"y", qos=1, packet_id=3))
+    assert c.received() == [Puback(2, 0x87), Puback(3)]
+    assert list(h.broker.sessions.sessions["d"].subscriptions) == []  # b/# no longer allowed
+    assert not c.closed
+
+
+def test_deleted_credentials_disconnect():
+    h = harness()
+    creds = basic(h)
+    c = h.client("d", 5, username="user", password=b"pw")
+    h.broker.credential_store.delete(creds.id)
+    h.clock.advance(1.01)
+    assert c.received() == [Disconnect(0x87)] and c.closed
+
+
+def test_asynchronous_authorization_keeps_order():
+    class Slow:
+        def __init__(self):
+            self.pending = []
+
+        @hookimpl
+        def tbmq_authorize_publish(self, session, auth, topic):
+            d = defer.Deferred()
+            self.pending.append(d)
+            return d
+
+    h = harness(allow_anonymous=True)
+    slow = Slow()
+    h.plugins.register(slow, name="slow")
+    h.broker._refresh_hooks()
+    c = h.client("c", 4)
+    c.send(Publish("t", b"1", qos=1, packet_id=1), Publish("t", b"2", qos=1, packet_id=2))
+    assert c.received() == [] and len(slow.pending) == 1
+    slow.pending[0].callback(None)  # pass: the built-in rules answer
+    assert len(slow.pending) == 2
+    slow.pending[1].callback(False)
+    assert c.received() == [Puback(1), Puback(2)]
+
+
+# -- SCRAM (MQTT 5 enhanced authentication) ---------------------------------------------
+
+def scram_setup(h, algorithm="SHA256", password="pencil"):
+    value = scram_credentials(password, algorithm)
+    value.update(userName="user", authRules={})
+    add(h, "scram", CredentialsType.SCRAM, f"scram|{algorithm}|user", value,
+        client_type=ClientType.APPLICATION)
+
+
+@pytest.mark.parametrize("method,algorithm", [("SCRAM-SHA-256", "SHA256"), ("SCRAM-SHA-512", "SHA512")])
+def test_scram_exchange(method, algorithm):
+    h = harness()
+    scram_setup(h, algorithm)
+    client = scramp.ScramClient([method], "user", "pencil")
+    c = h.raw(level=5)
+    c.send(Connect(protocol_level=5, client_id="app", properties={
+        Property.AUTHENTICATION_METHOD: method,
+        Property.AUTHENTICATION_DATA: client.get_client_first().encode()}))
+    (auth,) = c.received()
+    assert isinstance(auth, Auth) and auth.reason_code == 0x18
+    client.set_server_first(auth.properties[Property.AUTHENTICATION_DATA].decode())
+    c.send(Auth(0x18, {Property.AUTHENTICATION_METHOD: method,
+                       Property.AUTHENTICATION_DATA: client.get_client_final().encode()}))
+    (connack,) = c.received()
+    assert connack.reason_code == 0
+    assert connack.properties[Property.AUTHENTICATION_METHOD] == method
+    client.set_server_final(connack.properties[Property.AUTHENTICATION_DATA].decode())  # verifies the server
+    # re-authentication with the same method [MQTT-4.12.1]
+    client = scramp.ScramClient([method], "user", "pencil")
+    c.send(Auth(0x19, {Property.AUTHENTICATION_METHOD: method,
+                       Property.AUTHENTICATION_DATA: client.get_client_first().encode()}))
+    (auth,) = c.received()
+    client.set_server_first(auth.properties[Property.AUTHENTICATION_DATA].decode())
+    c.send(Auth(0x18, {Property.AUTHENTICATION_METHOD: method,
+                       Property.AUTHENTICATION_DATA: client.get_client_final().encode()}))
+    (done,) = c.received()
+    assert done.reason_code == 0 and not c.closed
+
+
+def test_scram_wrong_password():
+    h = harness()
+    scram_setup(h)
+    client = scramp.ScramClient(["SCRAM-SHA-256"], "user", "wrong")
+    c = h.raw(level=5)
+    c.send(Connect(protocol_level=5, client_id="app", properties={
+        Property.AUTHENTICATION_METHOD: "SCRAM-SHA-256",
+        Property.AUTHENTICATION_DATA: client.get_client_first().encode()}))
+    (auth,) = c.received()
+    client.set_server_first(auth.properties[Property.AUTHENTICATION_DATA].decode())
+    c.send(Auth(0x18, {Property.AUTHENTICATION_METHOD: "SCRAM-SHA-256",
+                       Property.AUTHENTICATION_DATA: client.get_client_final().encode()}))
+    (connack,) = c.received()
+    assert connack.reason_code == 0x86 and c.closed
+
+
+# -- JWT -----------------------------------------------------------------------------
+
+def token(**claims):
+    claims.setdefault("exp", int(time.time()) + 60)
+    return jwt.encode(claims, SECRET, algorithm="HS256").encode()
+
+
+def test_jwt_valid_expired_and_forged():
+    h = harness()
+    ok = h.client("j1", 5, username="any", password=token(client_type="APPLICATION"))
+    assert ok.connack.reason_code == 0
+    expired = h.client("j2", 5, username="any", password=token(exp=int(time.time()) - 10))
+    assert expired.connack.reason_code == 0x86
+    forged = jwt.encode({"exp": int(time.time()) + 60}, "another-key-0123456789abcdef0123",
+                        algorithm="HS256").encode()
+    assert h.client("j3", 4, username="any", password=forged).connack.reason_code == 0x04
+
+
+def test_jwt_claims_give_rules():
+    h = harness()
+    c = h.client("j", 5, username="u", password=token(pub=["up/${clientId}"], sub_rules=["down/#"]))
+    c.send(Publish("up/j", b"1", qos=1, packet_id=1), Publish("up/k", b"2", qos=1, packet_id=2))
+    assert c.received() == [Puback(1), Puback(2, 0x87)]
