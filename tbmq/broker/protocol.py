@@ -9,49 +9,27 @@ capabilities and answers bad input with the MQTT reason code; it never routes.
 
 from __future__ import annotations
 
-import codecs
-import uuid
-
 from twisted.internet import defer, interfaces, protocol
 from twisted.logger import Logger
 from twisted.protocols.policies import TimeoutMixin
 from zope.interface import implementer
 
 from tbmq.auth import AuthRequest, AuthResult
-from tbmq.listeners import peer_certificate_chain
-from tbmq.model import ClientType, Message, SubscriptionOptions
+from tbmq.broker.connect import ConnectFlow, ProtocolViolation, valid_utf8
+from tbmq.model import Message, SubscriptionOptions
 from tbmq.mqtt import (
-    MQTT_5, Auth, Connack, Connect, Disconnect, MalformedPacket, Pingreq, Pingresp,
+    MQTT_5, Auth, Connect, Disconnect, MalformedPacket, Pingreq, Pingresp,
     Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe, Unsuback,
     Unsubscribe,
 )
 from tbmq.mqtt.codec import Decoder, encode
 from tbmq.mqtt.topics import TopicError, parse_shared_subscription, validate_topic_filter, validate_topic_name
 
-#: (protocol name, level) pairs this broker speaks [MQTT-3.1.2-1, -2]
-SUPPORTED = {("MQIsdp", 3), ("MQTT", 4), ("MQTT", 5)}
-
-_utf8_decoder = codecs.getincrementaldecoder("utf-8")
-
-
-class ProtocolViolation(Exception):
-    """A packet broke a rule: the connection ends with ``reason_code``."""
-
-    def __init__(self, reason_code: int, message: str) -> None:
-        super().__init__(message)
-        self.reason_code = reason_code
-
-
-def _valid_utf8(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
+__all__ = ["MQTTProtocol", "MQTTFactory", "ProtocolViolation"]
 
 
 @implementer(interfaces.IPushProducer)
-class MQTTProtocol(protocol.Protocol, TimeoutMixin):
+class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
     """One client connection.
 
     :ivar session: the :class:`tbmq.broker.session.Session` once CONNECT is
@@ -229,247 +207,6 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
             raise ProtocolViolation(0x82, f"unexpected {type(packet).__name__}")
         handler(self, packet)
 
-    # -- CONNECT -------------------------------------------------------------------
-
-    def _refuse(self, v5_code: int, v3_code: int, why: str) -> None:
-        self.log.info("CONNECT from {peer} refused: {why}", peer=self._peer(), why=why)
-        code = v5_code if self.protocol_level >= MQTT_5 else v3_code
-        self.send(Connack(False, code))
-        self._close()
-
-    def handle_connect(self, connect: Connect) -> None:
-        """Validate CONNECT, authenticate, bind the session, send CONNACK."""
-        self.connect_packet = connect
-        if (connect.protocol_name, connect.protocol_level) not in SUPPORTED:
-            if connect.protocol_name in ("MQTT", "MQIsdp"):
-                self.protocol_level = 5 if connect.protocol_level >= 5 else 4
-                self._refuse(0x84, 0x01, f"protocol level {connect.protocol_level}")
-            else:
-                self.log.info("unknown protocol name from {peer}", peer=self._peer())
-                self._close()
-            return
-        self.protocol_level = level = connect.protocol_level
-        cfg = self.broker.config.mqtt
-        props = connect.properties
-        v5 = level >= MQTT_5
-        if len(connect.client_id.encode("utf-8")) > cfg.max_client_id_length or (
-                level == 3 and len(connect.client_id) > 23 and cfg.max_client_id_length <= 23):
-            return self._refuse(0x85, 0x02, "client identifier too long")
-        self._assigned_id = None
-        if not connect.client_id:
-            if level == 3 or (level == 4 and not connect.clean_start) or not cfg.allow_empty_client_id:
-                # [MQTT-3.1.3-8]: empty id with a persistent session
-                return self._refuse(0x85, 0x02, "empty client identifier")
-            connect.client_id = self._assigned_id = "tbmq-" + uuid.uuid4().hex
-        if v5:
-            if props.get(Property.RECEIVE_MAXIMUM, 1) == 0 or props.get(Property.MAXIMUM_PACKET_SIZE, 1) == 0:
-                return self._refuse(0x82, 0x02, "receive maximum or maximum packet size 0")
-            self.send_quota = props.get(Property.RECEIVE_MAXIMUM, 65535)
-            self.max_packet_size = props.get(Property.MAXIMUM_PACKET_SIZE)
-        will = connect.will
-        if will is not None:
-            try:
-                validate_topic_name(will.topic)
-            except TopicError:
-                return self._refuse(0x90, 0x02, "invalid will topic")
-            if will.qos > cfg.max_qos:
-                return self._refuse(0x9B, 0x02, "will QoS not supported")
-            if will.retain and not cfg.retain_available:
-                return self._refuse(0x9A, 0x02, "will retain not supported")
-            if (will.properties.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1
-                    and not _valid_utf8(will.payload)):
-                return self._refuse(0x99, 0x02, "will payload is not UTF-8")
-        self._hold()
-        self.auth_request = AuthRequest(
-            connect.client_id, connect.username, connect.password, level,
-            address=self.transport.getPeer(), listener=self.listener,
-            certificate_chain=peer_certificate_chain(self.transport),
-            auth_method=props.get(Property.AUTHENTICATION_METHOD) if v5 else None,
-            auth_data=props.get(Property.AUTHENTICATION_DATA) if v5 else None)
-        self._auth_step(self.auth_request, None)
-
-    # -- holding packets while something asynchronous is decided --------------------
-
-    def _hold(self) -> None:
-        """Keep incoming packets aside until :meth:`_release` (CONNECT being
-        authenticated, a PUBLISH or SUBSCRIBE being authorized), so packets are
-        handled in order."""
-        if self._waiting is None:
-            self._waiting = []
-
-    def _release(self) -> None:
-        waiting, self._waiting = self._waiting, None
-        for index, packet in enumerate(waiting or ()):
-            if self._closing:
-                return
-            try:
-                self.packet_received(packet)
-            except ProtocolViolation as e:
-                self.log.info("protocol violation by {client_id}: {error} (0x{code:02X})",
-                              client_id=self._client_id(), error=str(e), code=e.reason_code)
-                self.disconnect(e.reason_code)
-                return
-            if self._waiting is not None:
-                self._waiting.extend(waiting[index + 1:])
-                return
-
-    def _gone(self) -> bool:
-        return self._closing or self.transport is None or not self.transport.connected
-
-    def _internal_error(self, failure) -> None:
-        self.log.failure("internal error on the connection of {client_id}", failure,
-                         client_id=self._client_id())
-        self._waiting = None
-        if not self._gone():
-            if self._connacked:
-                self.disconnect(0x83)
-            else:
-                self._refuse(0x80, 0x03, "internal error")
-
-    # -- authentication (CONNECT, enhanced authentication, re-authentication) ----------
-
-    def _auth_step(self, request: AuthRequest, provider: str | None) -> None:
-        d = self.broker.authenticate(request, provider)
-        d.addCallback(self._auth_answer, request)
-        d.addErrback(self._internal_error)
-
-    def _auth_answer(self, answer, request: AuthRequest) -> None:
-        """Apply an authentication answer [MQTT-4.12]."""
-        result, provider = answer
-        if self._gone():
-            self._waiting = None
-            return
-        v5 = self.protocol_level >= MQTT_5
-        if result is not None and result.continue_auth and v5 and request.auth_method:
-            self._exchange = (request, provider)
-            self.send(Auth(0x18, {Property.AUTHENTICATION_METHOD: request.auth_method,
-                                  Property.AUTHENTICATION_DATA: result.auth_data or b""}))
-            self._release()
-            return
-        if result is None or not result.allowed:
-            if result is not None:
-                code = result.reason_code
-            else:
-                code = 0x8C if request.auth_method else 0x87
-            self._waiting = None
-            self.log.info("authentication of {client_id} refused (0x{code:02X})",
-                          client_id=request.client_id, code=code)
-            if request.reauthenticate:
-                self.disconnect(code)  # [MQTT-4.12.1-2]
-                return
-            self.broker.hooks_authentication_failed(self.connect_packet, request.address, code)
-            self._refuse(code, 0x04 if code == 0x86 else 0x05, "not authorized")
-            return
-        if request.reauthenticate:
-            self.auth = result
-            props = {Property.AUTHENTICATION_METHOD: request.auth_method}
-            if result.auth_data is not None:
-                props[Property.AUTHENTICATION_DATA] = result.auth_data
-            self.send(Auth(0x00, props))
-            self._release()
-            return
-        will = self.connect_packet.will
-        if will is not None:
-            allowed = self.broker.authorize("publish", None, result, will.topic)
-            if not isinstance(allowed, bool):
-                allowed.addCallback(self._will_decided, result, request)
-                allowed.addErrback(self._internal_error)
-                return
-            if not allowed:
-                self._waiting = None
-                return self._refuse(0x87, 0x05, "will topic not authorized")
-        self._open_session(result, request)
-
-    def _will_decided(self, allowed: bool, result, request) -> None:
-        if self._gone():
-            return
-        if not allowed:
-            self._waiting = None
-            return self._refuse(0x87, 0x05, "will topic not authorized")
-        self._open_session(result, request)
-
-    def handle_auth(self, packet: Auth) -> None:
-        """An AUTH packet: the client's next step of an exchange (0x18) or a
-        re-authentication (0x19) with the CONNECT's method [MQTT-4.12.1-1]."""
-        method = packet.properties.get(Property.AUTHENTICATION_METHOD)
-        if self._exchange is not None:
-            request, provider = self._exchange
-            if packet.reason_code != 0x18 or method != request.auth_method:
-                raise ProtocolViolation(0x82, "unexpected AUTH in an exchange")
-            self._exchange = None
-            request.auth_data = packet.properties.get(Property.AUTHENTICATION_DATA)
-            self._hold()
-            self._auth_step(request, provider)
-            return
-        first = self.auth_request
-        if (packet.reason_code != 0x19 or self.session is None or first is None
-                or first.auth_method is None or method != first.auth_method):
-            raise ProtocolViolation(0x82, "AUTH without an authentication exchange")
-        request = AuthRequest(
-            first.client_id, first.username, first.password, self.protocol_level,
-            address=first.address, listener=self.listener,
-            certificate_chain=first.certificate_chain, auth_method=method,
-            auth_data=packet.properties.get(Property.AUTHENTICATION_DATA), reauthenticate=True)
-        self._hold()
-        self._auth_step(request, None)
-
-    def _open_session(self, result: AuthResult, request: AuthRequest) -> None:
-        """Authentication succeeded: bind the session, send CONNACK, resume."""
-        connect = self.connect_packet
-        cfg = self.broker.config.mqtt
-        self.auth = result
-        session, present = self.broker.sessions.connect(self, connect, result.client_type)
-        if not session.persistent:
-            session.client_type = ClientType.DEVICE  # TBMQ: non-persistent is a DEVICE
-        self.session = session
-        keep_alive = connect.keep_alive
-        if cfg.max_keep_alive and (keep_alive == 0 or keep_alive > cfg.max_keep_alive):
-            keep_alive = cfg.max_keep_alive if self.protocol_level >= MQTT_5 else keep_alive
-        self.setTimeout(keep_alive * 1.5 if keep_alive else None)
-        props = {}
-        if self.protocol_level >= MQTT_5:
-            props = self._connack_properties(connect, session, keep_alive)
-            if request.auth_method:
-                props[Property.AUTHENTICATION_METHOD] = request.auth_method
-                if result.auth_data is not None:
-                    props[Property.AUTHENTICATION_DATA] = result.auth_data
-        self.send(Connack(present if self.protocol_level > 3 else False, 0, props))
-        self._connacked = True
-        self.connected_at = self.broker.clock.seconds()
-        self.log.info("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
-                      "persistent={persistent}, session present={present}, "
-                      "authenticated by {provider})",
-                      client_id=connect.client_id, peer=self._peer(), mqtt_level=self.protocol_level,
-                      persistent=session.persistent, present=present, provider=result.provider)
-        self.broker.hooks_client_connected(session, connect, self.transport.getPeer())
-        session.resume()
-        self._release()
-
-    def _connack_properties(self, connect: Connect, session, keep_alive: int) -> dict:
-        """The server's capabilities [MQTT-3.2.2.3]."""
-        cfg = self.broker.config.mqtt
-        props = {
-            Property.RECEIVE_MAXIMUM: cfg.receive_maximum,
-            Property.RETAIN_AVAILABLE: int(cfg.retain_available),
-            Property.MAXIMUM_PACKET_SIZE: self.server_max_packet_size,
-            Property.TOPIC_ALIAS_MAXIMUM: cfg.topic_alias_maximum,
-            Property.WILDCARD_SUBSCRIPTION_AVAILABLE: int(cfg.wildcard_subscription_available),
-            Property.SUBSCRIPTION_IDENTIFIER_AVAILABLE: int(cfg.subscription_identifier_available),
-            Property.SHARED_SUBSCRIPTION_AVAILABLE: int(cfg.shared_subscription_available),
-        }
-        if cfg.max_qos < 2:
-            props[Property.MAXIMUM_QOS] = cfg.max_qos
-        if keep_alive != connect.keep_alive:
-            props[Property.SERVER_KEEP_ALIVE] = keep_alive
-        if self._assigned_id is not None:
-            props[Property.ASSIGNED_CLIENT_IDENTIFIER] = self._assigned_id
-        asked = connect.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
-        if session.expiry_interval != asked:
-            props[Property.SESSION_EXPIRY_INTERVAL] = session.expiry_interval
-        if connect.properties.get(Property.REQUEST_RESPONSE_INFORMATION) and cfg.response_information:
-            props[Property.RESPONSE_INFORMATION] = cfg.response_information
-        return props
-
     # -- PUBLISH -------------------------------------------------------------------
 
     def handle_publish(self, packet: Publish) -> None:
@@ -516,7 +253,7 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
             if session.inbound_unacked + len(session.inbound_qos2) >= cfg.receive_maximum:
                 raise ProtocolViolation(0x93, "receive maximum exceeded")
             session.inbound_unacked += 1
-        if v5 and props.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1 and not _valid_utf8(packet.payload):
+        if v5 and props.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1 and not valid_utf8(packet.payload):
             # payload format 1 must be UTF-8 [MQTT-3.3.2-4]: refused with 0x99
             if qos == 0:
                 raise ProtocolViolation(0x99, "payload is not UTF-8")
@@ -766,7 +503,7 @@ class MQTTProtocol(protocol.Protocol, TimeoutMixin):
         Unsubscribe: handle_unsubscribe,
         Pingreq: handle_pingreq,
         Disconnect: handle_disconnect,
-        Auth: handle_auth,
+        Auth: ConnectFlow.handle_auth,
     }
 
 
