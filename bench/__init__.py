@@ -1,0 +1,1 @@
+"""Benchmarks: the load generator, the scenarios and the runner (``python bench/run.py``)."""

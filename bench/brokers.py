@@ -1,0 +1,243 @@
+"""Start and stop the brokers under test, each on a free loopback port, and
+read their memory and CPU from ``/proc``.
+
+* tbmq: ``twistd -n --pidfile= tbmq --listen tcp:PORT:interface=127.0.0.1
+  --data-dir TMP`` with this checkout on ``PYTHONPATH`` (the embedded default:
+  in-process bus, SQLite store);
+* Mosquitto: Debian's ``/usr/sbin/mosquitto -c CONF`` with a minimal config;
+* amqtt: the ``amqtt`` command of a private virtualenv under ``bench/out/``
+  (created on first use with ``pip install amqtt``), minimal YAML config.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+OUT = os.path.join(HERE, "out")
+VENV = os.path.join(OUT, "venv")
+MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+#: Mosquitto's config, beside the listener: everything else is the default
+#: (max_inflight_messages 20, max_connections unlimited, no persistence)
+MOSQUITTO_CONF = """\
+listener {port} 127.0.0.1
+allow_anonymous true
+max_queued_messages 200000
+log_dest stderr
+log_type error
+log_type warning
+"""
+
+AMQTT_CONF = """\
+listeners:
+  default:
+    type: tcp
+    bind: 127.0.0.1:{port}
+plugins:
+  amqtt.plugins.authentication.AnonymousAuthPlugin:
+    allow_anonymous: true
+"""
+
+
+def tbmq_source(rev: str | None) -> str:
+    """The tbmq source tree to run: this checkout's work tree (``rev`` None
+    or ``worktree``), or a committed revision extracted once with ``git
+    archive`` under ``bench/out/src-SHA`` (the work tree may be half-edited
+    while a benchmark runs)."""
+    if not rev or rev == "worktree":
+        return REPO
+    sha = subprocess.check_output(["git", "-C", REPO, "rev-parse", "--verify", rev + "^{commit}"],
+                                  text=True).strip()
+    dest = os.path.join(OUT, f"src-{sha[:12]}")
+    if not os.path.exists(os.path.join(dest, "tbmq")):
+        os.makedirs(dest, exist_ok=True)
+        archive = subprocess.Popen(["git", "-C", REPO, "archive", sha], stdout=subprocess.PIPE)
+        subprocess.check_call(["tar", "-x", "-C", dest], stdin=archive.stdout)
+        archive.wait()
+    return dest
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def ensure_venv(packages=("amqtt", "py-spy")) -> str:
+    """The private virtualenv for amqtt and py-spy (not the project's
+    dependencies); created once."""
+    py = os.path.join(VENV, "bin", "python")
+    missing = [p for p in packages if not os.path.exists(os.path.join(VENV, "bin", p))]
+    if not os.path.exists(py) or missing:
+        os.makedirs(OUT, exist_ok=True)
+        if not os.path.exists(py):
+            subprocess.check_call([sys.executable, "-m", "venv", VENV])
+        subprocess.check_call([py, "-m", "pip", "install", "-q", *packages])
+    return VENV
+
+
+def proc_rss_kb(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) in KiB."""
+    rss = hwm = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+            elif line.startswith("VmHWM:"):
+                hwm = int(line.split()[1])
+    return rss, hwm
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def mqtt_probe(port: int, timeout: float = 2.0) -> bool:
+    """True when a CONNECT gets a CONNACK."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(b"\x10\x11\x00\x04MQTT\x04\x02\x00\x3c\x00\x05probe")
+            data = s.recv(4)
+            ok = data[:1] == b"\x20"
+            s.sendall(b"\xe0\x00")
+            return ok
+    except OSError:
+        return False
+
+
+class Broker:
+    """A broker process on ``127.0.0.1:port``; use as a context manager."""
+
+    name = "?"
+
+    def __init__(self, extra_env: dict | None = None) -> None:
+        self.port = free_port()
+        self.host = "127.0.0.1"
+        self.tmp = tempfile.mkdtemp(prefix=f"bench-{self.name}-", dir=OUT)
+        self.proc: subprocess.Popen | None = None
+        self.extra_env = extra_env or {}
+        self.log_path = os.path.join(self.tmp, "broker.log")
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        return env
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def start(self, timeout: float = 30.0) -> "Broker":
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.command(), cwd=self.tmp, env=self.env(), stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.log_tail()}")
+            if mqtt_probe(self.port):
+                time.sleep(0.2)
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not answer on port {self.port} in {timeout}s: {self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def rss_kb(self) -> tuple[int, int]:
+        return proc_rss_kb(self.pid)
+
+    def cpu_s(self) -> float:
+        return proc_cpu_s(self.pid)
+
+    def log_tail(self, n: int = 1500) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()[-n:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> "Broker":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        self.cleanup()
+
+
+class Tbmq(Broker):
+    name = "tbmq"
+
+    def command(self) -> list[str]:
+        # twistd through bench/tbmq_launch.py (no __main__ in twistd; a revision
+        # under test sees only its own entry points)
+        return [sys.executable, os.path.join(HERE, "tbmq_launch.py"), "-n", "--pidfile=", "tbmq",
+                "--listen", f"tcp:{self.port}:interface=127.0.0.1",
+                "--data-dir", os.path.join(self.tmp, "data")]
+
+    def env(self) -> dict:
+        env = super().env()
+        src = os.environ.get("BENCH_TBMQ_SRC") or REPO
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
+
+
+class Mosquitto(Broker):
+    name = "mosquitto"
+
+    def command(self) -> list[str]:
+        conf = os.path.join(self.tmp, "mosquitto.conf")
+        extra = os.environ.get("BENCH_MOSQUITTO_CONF", "").replace(";", "\n")
+        with open(conf, "w") as f:
+            f.write(MOSQUITTO_CONF.format(port=self.port) + extra + "\n")
+        return [MOSQUITTO, "-c", conf]
+
+
+class Amqtt(Broker):
+    name = "amqtt"
+
+    def command(self) -> list[str]:
+        ensure_venv()
+        conf = os.path.join(self.tmp, "amqtt.yaml")
+        with open(conf, "w") as f:
+            f.write(AMQTT_CONF.format(port=self.port))
+        return [os.path.join(VENV, "bin", "amqtt"), "-c", conf]
+
+
+BROKERS = {"tbmq": Tbmq, "mosquitto": Mosquitto, "amqtt": Amqtt}
+
+#: MQTT levels each broker speaks
+LEVELS = {"tbmq": (4, 5), "mosquitto": (4, 5), "amqtt": (4,)}

@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""Run the benchmark scenarios against tbmq, Mosquitto and amqtt, in turn,
+on this machine, and print one table with tbmq's ratio to each.
+
+    python bench/run.py                                  # everything, medians of 3
+    python bench/run.py --scenarios fanin_qos0 --duration 2 --repeat 1 --brokers tbmq,mosquitto
+
+Each (repeat, scenario, protocol, broker) gets a freshly started broker on a
+free loopback port; the runs are interleaved (repeat-major) so slow drifts of
+the machine hit every broker alike. Raw figures go to
+``bench/out/results-*.json`` as they come.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.brokers import BROKERS, LEVELS, OUT, tbmq_source  # noqa: E402
+
+
+def _tbmq_rev_from_argv(argv) -> str | None:
+    for i, a in enumerate(argv):
+        if a == "--tbmq-rev" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--tbmq-rev="):
+            return a.split("=", 1)[1]
+    return None
+
+
+# the generator imports the codec of the tbmq tree under test: choose it first
+if "BENCH_TBMQ_SRC" not in os.environ:
+    os.environ["BENCH_TBMQ_SRC"] = tbmq_source(_tbmq_rev_from_argv(sys.argv[1:]))
+
+from bench import scenarios as sc  # noqa: E402
+from bench.mqttgen import raise_nofile  # noqa: E402
+
+#: name → (title, function, kwargs, main metric, unit, higher is better)
+SCENARIOS = {
+    "fanin_qos0": ("fan-in 10→1, QoS 0", sc.fanin, {"qos": 0}, "delivered", "msg/s", True),
+    "fanin_qos1": ("fan-in 10→1, QoS 1", sc.fanin, {"qos": 1}, "delivered", "msg/s", True),
+    "fanout_qos0": ("fan-out 1→100, QoS 0", sc.fanout, {"qos": 0}, "delivered", "msg/s", True),
+    "p2p_qos1": ("point-to-point 100 pairs, QoS 1", sc.p2p, {"qos": 1}, "delivered", "msg/s", True),
+    "latency_qos0": ("latency 1 pair @1000/s, QoS 0", sc.latency, {"qos": 0}, "p50", "ms", False),
+    "latency_qos1": ("latency 1 pair @1000/s, QoS 1", sc.latency, {"qos": 1}, "p50", "ms", False),
+    "connections": ("idle connections", sc.connections, {}, "connect rate", "conn/s", True),
+    "persistent": ("persistent session drain, QoS 1", sc.persistent, {}, "drain rate", "msg/s", True),
+}
+
+#: extra rows: scenario → [(result key, label, unit, higher is better)]
+EXTRA = {
+    "latency_qos0": [("p99_ms", "p99", "ms", False), ("max_ms", "max", "ms", False)],
+    "latency_qos1": [("p99_ms", "p99", "ms", False), ("max_ms", "max", "ms", False)],
+    "connections": [("kb_per_conn", "RSS per connection", "KB", False)],
+    "persistent": [("drain_s", "time to drain", "s", False), ("publish_rate", "queueing (publish) rate", "msg/s", True)],
+}
+
+THROUGHPUT = {"fanin_qos0", "fanin_qos1", "fanout_qos0", "p2p_qos1"}
+
+
+def run_one(name: str, broker_name: str, level: int, args, profile: str | None) -> dict:
+    title, fn, kw, *_ = SCENARIOS[name]
+    env = {}
+    kw = dict(kw)
+    small = broker_name == "amqtt"
+    if name == "connections":
+        kw["count"] = args.amqtt_connections if small else args.connections
+    elif name == "persistent":
+        kw["count"] = args.amqtt_persistent if small else args.persistent
+        if broker_name == "tbmq":
+            # the queue of one persistent session must hold them all (default 10,000),
+            # as Mosquitto's max_queued_messages 200000
+            env["TBMQ_MQTT__MAX_QUEUED_MESSAGES"] = str(2 * kw["count"])
+    elif name.startswith("latency"):
+        kw["duration"] = args.latency_duration or args.duration
+    else:
+        kw["duration"] = args.duration
+    if profile and name in THROUGHPUT:
+        kw["profile"] = profile
+    waited, others_before = wait_for_quiet(args.quiet_wait, args.quiet_level)
+    broker = BROKERS[broker_name](env)
+    t = time.monotonic()
+    try:
+        broker.start()
+        busy0, gen0, bro0, t0 = machine_busy_s(), children_cpu_s(), broker.cpu_s(), time.monotonic()
+        res = fn(broker, level, **kw)
+        wall = time.monotonic() - t0
+        others = machine_busy_s() - busy0 - (children_cpu_s() - gen0) - (broker.cpu_s() - bro0)
+        # CPU used meanwhile by processes that are neither the broker nor the generator
+        res["other_cpu_pct"] = max(0.0, 100.0 * others / wall)
+        res["loadavg"] = os.getloadavg()[0]
+        res["quiet_wait_s"], res["others_before_pct"] = waited, others_before
+        if not broker.alive():
+            res["errors"] = res.get("errors", []) + [f"broker exited: {broker.log_tail(400)}"]
+    except Exception as e:
+        res = {"value": None, "error": f"{type(e).__name__}: {e}".strip()[:600]}
+        if not args.quiet:
+            traceback.print_exc()
+        if broker.proc is not None and not broker.alive():
+            res["error"] += f" | broker exited {broker.proc.returncode}: {broker.log_tail(400)}"
+    finally:
+        broker.stop()
+        if args.keep_logs:
+            res["log"] = broker.log_tail(4000)
+        broker.cleanup()
+    res["seconds"] = time.monotonic() - t
+    return res
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores), /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_quiet(budget: float, level: float) -> tuple[float, float]:
+    """Wait (at most ``budget`` s) until the machine's busy CPU over one
+    second is below ``level`` % of one core: other people's test suites share
+    this machine. Returns (seconds waited, the last busy %)."""
+    t0 = time.monotonic()
+    while True:
+        b0 = machine_busy_s()
+        time.sleep(1.0)
+        busy = 100.0 * (machine_busy_s() - b0)
+        waited = time.monotonic() - t0
+        if busy <= level or waited >= budget:
+            return waited, busy
+
+
+def children_cpu_s() -> float:
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def fmt(v, unit):
+    if v is None:
+        return "—"
+    if unit in ("ms",):
+        return f"{v:.2f}"
+    if unit in ("s", "KB"):
+        return f"{v:.1f}" if v < 100 else f"{v:,.0f}"
+    return f"{v:,.0f}"
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def table(results: list[dict], brokers: list[str], scen: list[str], levels: list[int]) -> str:
+    """Markdown table: medians over repeats."""
+    by = {}
+    for r in results:
+        by.setdefault((r["scenario"], r["level"], r["broker"]), []).append(r["result"])
+    others = [b for b in brokers if b != "tbmq"]
+    head = ["scenario", "MQTT", "metric", *brokers]
+    if "tbmq" in brokers:
+        head += [f"tbmq ÷ {o}" for o in others]
+    head += ["lost (max of runs) " + "/".join(brokers), "gen CPU % " + "/".join(brokers),
+             "broker CPU % " + "/".join(brokers), "others' CPU % " + "/".join(brokers)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in scen:
+        title, _, _, metric, unit, higher = SCENARIOS[name]
+        for level in levels:
+            runs = {b: by.get((name, level, b)) for b in brokers}
+            if not any(runs.values()):
+                continue
+            rows = [("value", metric, unit, higher)] + EXTRA.get(name, [])
+            for i, (key, label, u, hi) in enumerate(rows):
+                vals = {}
+                cells = []
+                for b in brokers:
+                    rs = runs[b]
+                    if rs is None:
+                        cells.append("n/a (no MQTT 5)" if level not in LEVELS[b] else "—")
+                        vals[b] = None
+                        continue
+                    ok = [r for r in rs if r.get(key) is not None and not r.get("error")]
+                    fails = [r for r in rs if r.get("error")]
+                    v = median([r[key] for r in ok])
+                    vals[b] = v
+                    c = fmt(v, u)
+                    if fails:
+                        c += f" ({len(fails)}/{len(rs)} failed)"
+                    cells.append(c)
+                ratios = []
+                if "tbmq" in brokers:
+                    for o in others:
+                        a, bb = vals.get("tbmq"), vals.get(o)
+                        ratios.append(f"{a / bb:.2f}" if a and bb else "—")
+                extra = []
+                if i == 0:
+                    lost, gen, bro, oth = [], [], [], []
+                    for b in brokers:
+                        rs = [r for r in (runs[b] or []) if not r.get("error")]
+                        if not rs:
+                            lost.append("—"), gen.append("—"), bro.append("—"), oth.append("—")
+                            continue
+                        o = median([r.get("other_cpu_pct") for r in rs])
+                        oth.append(f"{o:.0f}" if o is not None else "—")
+                        mx = max(rs, key=lambda r: r.get("lost") or 0)
+                        lost.append(f"{mx.get('lost', 0):,}" + (f" ({mx['loss_pct']:.1f}%)" if mx.get("lost") else ""))
+                        g = median([r.get("gen_cpu_pct") for r in rs])
+                        gen.append(f"{g:.0f}" if g is not None else "—")
+                        bc = median([r.get("broker_cpu_pct") for r in rs])
+                        bro.append(f"{bc:.0f}" if bc is not None else "—")
+                    extra = [" / ".join(lost), " / ".join(gen), " / ".join(bro), " / ".join(oth)]
+                else:
+                    extra = ["", "", "", ""]
+                label_full = f"{label} ({u}, {'higher' if hi else 'lower'} is better)"
+                lines.append("| " + " | ".join([title if i == 0 else "", f"{'5.0' if level == 5 else '3.1.1'}",
+                                                label_full, *cells, *ratios, *extra]) + " |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, {platform.platform()}, Python {platform.python_version()}"
+
+
+def _commit_of(src: str) -> str:
+    base = os.path.basename(src)
+    if base.startswith("src-"):
+        return base[4:]
+    try:
+        import subprocess
+        sha = subprocess.check_output(["git", "-C", src, "rev-parse", "--short=12", "HEAD"], text=True).strip()
+        dirty = subprocess.call(["git", "-C", src, "diff", "--quiet", "HEAD", "--", "tbmq"])
+        return sha + ("+dirty work tree" if dirty else "")
+    except Exception:
+        return "?"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenarios", default="all", help="comma list of " + ",".join(SCENARIOS) + " or all")
+    ap.add_argument("--brokers", default="tbmq,mosquitto,amqtt")
+    ap.add_argument("--protocol", default="4,5", help="MQTT levels: 4 (3.1.1), 5 (5.0) or 4,5")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=5.0, help="publishing time of throughput scenarios, s")
+    ap.add_argument("--latency-duration", type=float, default=None, help="default: --duration")
+    ap.add_argument("--connections", type=int, default=10000)
+    ap.add_argument("--amqtt-connections", type=int, default=2000)
+    ap.add_argument("--persistent", type=int, default=100000)
+    ap.add_argument("--amqtt-persistent", type=int, default=10000)
+    ap.add_argument("--quiet-wait", type=float, default=0.0,
+                    help="before each run wait up to this many seconds for the machine to be quiet")
+    ap.add_argument("--quiet-level", type=float, default=30.0,
+                    help="'quiet' = the machine busy below this %% of one core over 1 s")
+    ap.add_argument("--tbmq-rev", default=None,
+                    help="run tbmq from this git revision (extracted under bench/out/src-SHA) "
+                         "instead of the work tree, e.g. HEAD")
+    ap.add_argument("--mosquitto-conf", default="",
+                    help="extra Mosquitto config lines, ';'-separated, e.g. 'max_inflight_messages 1000'")
+    ap.add_argument("--profile", action="store_true",
+                    help="py-spy tbmq during the throughput scenarios (first repeat) into bench/out/")
+    ap.add_argument("--json", default=None, help="raw results file (default bench/out/results-DATE.json)")
+    ap.add_argument("--markdown", default=None, help="also write the table to this file")
+    ap.add_argument("--keep-logs", action="store_true")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+
+    scen = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
+    for s in scen:
+        if s not in SCENARIOS:
+            ap.error(f"unknown scenario {s}")
+    brokers = args.brokers.split(",")
+    levels = [int(x) for x in args.protocol.split(",")]
+    os.environ["BENCH_MOSQUITTO_CONF"] = args.mosquitto_conf
+    nofile = raise_nofile()  # inherited by the brokers and the workers
+    os.makedirs(OUT, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    json_path = args.json or os.path.join(OUT, f"results-{stamp}.json")
+    header = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+              "machine": machine(), "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+              "nofile": nofile, "args": vars(args), "tbmq_src": os.environ["BENCH_TBMQ_SRC"],
+              "tbmq_commit": _commit_of(os.environ["BENCH_TBMQ_SRC"])}
+    print(f"# {header['date']} — {header['machine']} — tbmq {header['tbmq_commit']}", flush=True)
+    results = []
+    t_all = time.monotonic()
+    for rep in range(args.repeat):
+        for name in scen:
+            for level in levels:
+                for b in brokers:
+                    if level not in LEVELS[b]:
+                        continue
+                    prof = None
+                    if args.profile and b == "tbmq" and rep == 0 and name in THROUGHPUT:
+                        prof = os.path.join(OUT, f"profile-{name}-v{level}.raw")
+                    res = run_one(name, b, level, args, prof)
+                    results.append({"repeat": rep, "scenario": name, "level": level, "broker": b, "result": res})
+                    short = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()
+                             if k in ("value", "lost", "gen_cpu_pct", "broker_cpu_pct", "kb_per_conn", "p99_ms",
+                                      "drain_s", "error", "errors", "seconds", "offered_rate", "other_cpu_pct") and v not in (None, [])}
+                    print(f"[{rep + 1}/{args.repeat}] {name} v{level} {b}: {short}", flush=True)
+                    with open(json_path, "w") as f:
+                        json.dump({**header, "results": results}, f, indent=1)
+    md = table(results, brokers, scen, levels)
+    print()
+    print(md)
+    print(f"\n{len(results)} runs in {time.monotonic() - t_all:.0f}s; raw: {json_path}")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(f"{header['date']} — {header['machine']}\n\n`{header['command']}`\n\n{md}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
