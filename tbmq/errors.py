@@ -29,3 +29,10 @@ class ConfigError(TbmqError):
 class BackendError(TbmqError):
     """A storage or bus backend cannot serve a call (not started, stopping,
     closed)."""
+
+
+class CredentialsError(TbmqError):
+    """Client credentials or their authorization rules are invalid, or
+    conflict with stored ones (a name or a (type, credentials id) pair that
+    belongs to another record, TBMQ's unique constraints on
+    ``mqtt_client_credentials``)."""

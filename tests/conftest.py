@@ -1,0 +1,1 @@
+from tests.postgres import postgres_dsn  # noqa: F401

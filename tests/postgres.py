@@ -1,0 +1,162 @@
+"""A real PostgreSQL server for the tests, started once per test run.
+
+:func:`postgres_dsn` (a session-scoped pytest fixture, imported by
+``tests/conftest.py``) runs Debian's ``postgresql`` server binaries
+(``apt-get install postgresql``; ``/usr/lib/postgresql/<version>/bin``, or
+the directory in ``TBMQ_PG_BINDIR``): ``initdb`` into a fresh temporary
+directory with trust authentication, then ``postgres`` listening on
+127.0.0.1 on a free port (and a Unix socket in the same directory), with
+durability switched off for speed.  It yields a libpq DSN of a database
+made for the run, and stops the server (fast shutdown) and removes the
+directory at the end.  PostgreSQL refuses to run as root, so under root the
+server runs as the ``postgres`` user the package creates.
+
+:func:`new_database` makes one more, empty database on that server, for a
+test that needs its own.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from typing import Iterator
+
+import pytest
+
+__all__ = ["new_database", "postgres_dsn", "find_bindir"]
+
+#: Seconds to wait for the server to accept connections.
+START_TIMEOUT = 60.0
+
+
+def find_bindir() -> str:
+    """:returns: the directory of ``initdb`` and ``postgres``.
+    :raises pytest.fail.Exception: when PostgreSQL is not installed."""
+    candidates = []
+    if os.environ.get("TBMQ_PG_BINDIR"):
+        candidates.append(os.environ["TBMQ_PG_BINDIR"])
+
+    def version(path: str) -> tuple:
+        name = path.rstrip("/").split("/")[-2]
+        return tuple(int(p) for p in name.split(".") if p.isdigit())
+
+    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=version, reverse=True)
+    initdb = shutil.which("initdb")
+    if initdb:
+        candidates.append(os.path.dirname(initdb))
+    for directory in candidates:
+        if os.path.isfile(os.path.join(directory, "initdb")) and os.path.isfile(
+            os.path.join(directory, "postgres")
+        ):
+            return directory
+    pytest.fail(
+        "PostgreSQL server binaries not found: install Debian's package "
+        "'postgresql' (apt-get install -y postgresql) or set TBMQ_PG_BINDIR"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _connect(dsn: str):
+    import psycopg2  # noqa: PLC0415
+
+    return psycopg2.connect(dsn, connect_timeout=5)
+
+
+def new_database(dsn: str, name: str | None = None) -> str:
+    """Create an empty database on the server of ``dsn``.
+
+    :param dsn: a DSN of any database of that server.
+    :param name: the new database's name; a unique one when None.
+    :returns: the DSN of the new database.
+    """
+    from psycopg2.extensions import make_dsn  # noqa: PLC0415
+
+    name = name or f"tbmq_{uuid.uuid4().hex[:12]}"
+    conn = _connect(dsn)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{name}" TEMPLATE template0 ENCODING \'UTF8\'')
+    finally:
+        conn.close()
+    return make_dsn(dsn, dbname=name)
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    """A PostgreSQL server for the whole test run.
+
+    :returns: (yields) a libpq DSN, ``host=127.0.0.1 port=... user=postgres
+        dbname=tbmq_test``, of an empty database.
+    """
+    bindir = find_bindir()
+    root = tempfile.mkdtemp(prefix="tbmq-pg-")
+    data = os.path.join(root, "data")
+    log_path = os.path.join(root, "server.log")
+    kwargs: dict = {}
+    if os.geteuid() == 0:
+        try:
+            account = pwd.getpwnam("postgres")
+        except KeyError:
+            shutil.rmtree(root, ignore_errors=True)
+            pytest.fail("running as root but there is no 'postgres' user: install 'postgresql'")
+        os.chown(root, account.pw_uid, account.pw_gid)
+        kwargs = dict(user=account.pw_uid, group=account.pw_gid, extra_groups=[])
+    env = dict(os.environ, LC_ALL="C", HOME=root)
+    proc = None
+    try:
+        subprocess.run(
+            [os.path.join(bindir, "initdb"), "-D", data, "-A", "trust", "-U", "postgres",
+             "-E", "UTF8", "--locale=C", "--no-sync"],
+            check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=root,
+            **kwargs,
+        )
+        port = _free_port()
+        with open(log_path, "ab") as log:
+            if kwargs:
+                os.chown(log_path, kwargs["user"], kwargs["group"])
+            proc = subprocess.Popen(
+                [os.path.join(bindir, "postgres"), "-D", data, "-k", root,
+                 "-c", "listen_addresses=127.0.0.1", "-p", str(port),
+                 "-c", "fsync=off", "-c", "synchronous_commit=off",
+                 "-c", "full_page_writes=off", "-c", "max_connections=200"],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root, **kwargs,
+            )
+        admin = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                with open(log_path, errors="replace") as f:
+                    pytest.fail(f"PostgreSQL exited with {proc.returncode}:\n{f.read()}")
+            try:
+                _connect(admin).close()
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"PostgreSQL did not start in {START_TIMEOUT:.0f} s")
+                time.sleep(0.1)
+        yield new_database(admin, "tbmq_test")
+    except subprocess.CalledProcessError as e:
+        pytest.fail(f"initdb failed: {e.stdout.decode(errors='replace')}")
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # fast shutdown
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(root, ignore_errors=True)
