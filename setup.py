@@ -19,6 +19,7 @@ setup(
         "PyYAML>=6",
         "bcrypt>=4.1",
         "scramp>=1.4",
+        "autobahn>=24.4",
     ],
     extras_require={
         "kafka": ["kafka-python>=2.0"],

@@ -46,6 +46,8 @@ __all__ = [
     "load_config",
     "ENV_PREFIX",
     "LISTENER_TYPES",
+    "TLS_LISTENER_TYPES",
+    "TLS_CLIENT_AUTH",
     "STORAGE_BACKENDS",
 ]
 
@@ -54,6 +56,12 @@ ENV_PREFIX = "TBMQ_"
 
 #: Transport of a listener: plain TCP, TLS, WebSocket, WebSocket over TLS.
 LISTENER_TYPES = ("tcp", "tls", "ws", "wss")
+
+#: Listener types that run TLS.
+TLS_LISTENER_TYPES = ("tls", "wss")
+
+#: Values of ``listeners[].tls_client_auth``.
+TLS_CLIENT_AUTH = ("none", "optional", "required")
 
 #: Values of ``events.sink``: JSON Lines files, or records on the message bus.
 EVENT_SINKS = ("file", "bus")
@@ -71,14 +79,33 @@ MAX_PACKET_SIZE = 268435455
 
 @dataclass(frozen=True)
 class ListenerConfig:
-    """One listening socket.
+    """One listening socket (built by :mod:`tbmq.listeners`).
 
     :ivar name: unique name of the listener (logs, metrics).
-    :ivar type: ``tcp``, ``tls``, ``ws`` or ``wss``.
-    :ivar endpoint: a Twisted server endpoint string (``tcp:1883``,
-        ``ssl:8883:privateKey=key.pem:certKey=cert.pem``).
+    :ivar type: ``tcp``, ``tls``, ``ws`` (MQTT over WebSocket) or ``wss``
+        (MQTT over WebSocket over TLS).
+    :ivar endpoint: a Twisted server endpoint string for the TCP socket
+        underneath (``tcp:1883``, ``tcp:8883:interface=127.0.0.1``); TLS,
+        WebSocket and the PROXY protocol are layered on it by ``type``,
+        ``tls_*`` and ``proxy_protocol``, not by the endpoint string.
     :ivar max_packet_size: bytes; None means ``mqtt.max_packet_size``.
-    :ivar max_connections: simultaneous connections; 0 means unlimited.
+    :ivar max_connections: simultaneous MQTT connections; 0 means unlimited
+        (for ``ws``/``wss`` a connection counts once its WebSocket upgrade is
+        accepted).
+    :ivar tls_cert: ``tls``/``wss``: PEM file with the server certificate
+        followed by its intermediate CA certificates.
+    :ivar tls_key: ``tls``/``wss``: PEM file with the (unencrypted) private
+        key of ``tls_cert``.
+    :ivar tls_ca: PEM file of the CA certificates that client certificates
+        must chain to; required when ``tls_client_auth`` is not ``none``.
+    :ivar tls_client_auth: ``none`` (no client certificate asked for),
+        ``optional`` (asked for; one that does not verify fails the
+        handshake, none at all is accepted) or ``required``.
+    :ivar ws_path: ``ws``/``wss``: the HTTP path of the WebSocket upgrade;
+        other paths get 404.  ``/mqtt`` is paho-mqtt's and EMQX's default.
+    :ivar proxy_protocol: expect a PROXY protocol v1/v2 header (HAProxy,
+        load balancers) first on each connection; the client's address is
+        then the one in the header.
     """
 
     name: str = "tcp"
@@ -86,6 +113,12 @@ class ListenerConfig:
     endpoint: str = "tcp:1883"
     max_packet_size: int | None = None
     max_connections: int = 0
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_client_auth: str = "none"
+    ws_path: str = "/mqtt"
+    proxy_protocol: bool = False
 
 
 @dataclass(frozen=True)
@@ -331,6 +364,12 @@ def _not_empty(value: Any) -> str | None:
     return "must not be empty" if value is not None and not value else None
 
 
+def _http_path(value: Any) -> str | None:
+    if not value.startswith("/") or any(c in value for c in "?# \t\r\n"):
+        return "must be an HTTP path starting with / (no query, no spaces)"
+    return None
+
+
 _CHECKS: dict[type, dict[str, Check]] = {
     ListenerConfig: {
         "name": _not_empty,
@@ -338,6 +377,11 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "endpoint": _not_empty,
         "max_packet_size": _range(1, MAX_PACKET_SIZE),
         "max_connections": _range(0),
+        "tls_cert": _not_empty,
+        "tls_key": _not_empty,
+        "tls_ca": _not_empty,
+        "tls_client_auth": _one_of(*TLS_CLIENT_AUTH),
+        "ws_path": _http_path,
     },
     MqttConfig: {
         "max_packet_size": _range(1, MAX_PACKET_SIZE),
@@ -500,6 +544,32 @@ def _validate(config: Config) -> None:
                 f"(also listeners[{seen[listener.name]}])",
             )
         seen[listener.name] = i
+        _validate_listener(f"listeners[{i}]", listener)
+
+
+def _validate_listener(path: str, listener: ListenerConfig) -> None:
+    """The checks across the fields of one listener.
+
+    :raises ConfigError: ``listeners[1].tls_cert: required for type tls`` …
+    """
+    tls = listener.type in TLS_LISTENER_TYPES
+    for key in ("tls_cert", "tls_key"):
+        if tls and getattr(listener, key) is None:
+            _fail(f"{path}.{key}", f"required for type {listener.type}")
+    for key in ("tls_cert", "tls_key", "tls_ca"):
+        if not tls and getattr(listener, key) is not None:
+            _fail(f"{path}.{key}", f"only used by types tls and wss, not {listener.type}")
+    if listener.tls_client_auth != "none":
+        if not tls:
+            _fail(f"{path}.tls_client_auth", f"only used by types tls and wss, not {listener.type}")
+        if listener.tls_ca is None:
+            _fail(f"{path}.tls_ca", f"required for tls_client_auth {listener.tls_client_auth}")
+    prefix = listener.endpoint.split(":", 1)[0].lower()
+    if tls and prefix in ("ssl", "tls"):
+        _fail(f"{path}.endpoint", f"give the TCP endpoint (tcp:...): type {listener.type} "
+                                  "adds TLS from tls_cert and tls_key")
+    if listener.proxy_protocol and prefix == "haproxy":
+        _fail(f"{path}.endpoint", "give the inner endpoint: proxy_protocol adds haproxy:")
 
 
 # -- layers -------------------------------------------------------------------

@@ -4,18 +4,20 @@ listening port per configured listener."""
 from __future__ import annotations
 
 from twisted.application import service
-from twisted.internet import defer, endpoints
+from twisted.internet import defer
 from twisted.logger import Logger
 
+from tbmq import listeners
 from tbmq.broker.broker import Broker
-from tbmq.broker.protocol import MQTTFactory
 from tbmq.plugins import make_plugin_manager
 
 
 class BrokerService(service.Service):
     """Starts the :class:`~tbmq.broker.broker.Broker` (state loaded from the
-    stores), then listens on every ``config.listeners`` endpoint; stops in the
-    reverse order, flushing the stores last.
+    stores), then listens on every ``config.listeners`` entry with
+    :func:`tbmq.listeners.listen` (TCP, TLS, WebSocket, PROXY protocol); stops
+    in the reverse order, flushing the stores last.  A listener that cannot
+    start (address in use, unreadable certificate) stops the node.
 
     :param config: the :class:`tbmq.config.Config`.
     :param reactor: the reactor (listening and clock).
@@ -42,11 +44,21 @@ class BrokerService(service.Service):
     async def _start(self) -> None:
         await self.broker.start()
         for listener in self.config.listeners:
-            endpoint = endpoints.serverFromString(self.reactor, listener.endpoint)
-            port = await endpoint.listen(MQTTFactory(self.broker, listener))
+            port = await listeners.listen(self.broker, listener, self.reactor)
             self.ports.append(port)
-            self.log.info("listener {name} ({type}) on {address}", name=listener.name,
-                          type=listener.type, address=port.getHost())
+            host = port.getHost()
+            extras = []
+            if listener.type in ("ws", "wss"):
+                extras.append(f"path {listener.ws_path}")
+            if listener.type in ("tls", "wss"):
+                extras.append(f"client certificates {listener.tls_client_auth}")
+            if listener.proxy_protocol:
+                extras.append("PROXY protocol")
+            self.log.info(
+                "listener {name} ({type}) on {host}:{port}{extras}", name=listener.name,
+                type=listener.type, host=getattr(host, "host", host),
+                port=getattr(host, "port", ""), address=host,
+                extras="".join(f", {e}" for e in extras))
         self.started.callback(self)
 
     def _failed(self, failure) -> None:

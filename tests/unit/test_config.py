@@ -108,7 +108,9 @@ def test_file_merged_over_defaults(tmp_path):
             endpoint: "tcp:11883"
           - name: secure
             type: tls
-            endpoint: "ssl:8883:privateKey=k.pem"
+            endpoint: "tcp:8883"
+            tls_cert: cert.pem
+            tls_key: key.pem
             max_packet_size: 1024
             max_connections: 10
         mqtt:
@@ -134,7 +136,9 @@ def test_file_merged_over_defaults(tmp_path):
         ListenerConfig(
             name="secure",
             type="tls",
-            endpoint="ssl:8883:privateKey=k.pem",
+            endpoint="tcp:8883",
+            tls_cert="cert.pem",
+            tls_key="key.pem",
             max_packet_size=1024,
             max_connections=10,
         ),
