@@ -5,6 +5,7 @@ misbehave.  Certificates come from :mod:`tests.certs`."""
 
 from __future__ import annotations
 
+import ipaddress
 import queue
 import socket
 import ssl
@@ -18,7 +19,7 @@ import pytest
 import yaml
 from paho.mqtt.enums import CallbackAPIVersion
 
-from tbmq.mqtt import Connack, Connect, Publish
+from tbmq.mqtt import Connack, Connect
 from tbmq.mqtt.codec import Decoder, encode
 from tests.certs import make_pki
 from tests.integration.helpers import HOST, TIMEOUT, TWISTD, Broker, RawClient, free_port, uid
@@ -350,7 +351,6 @@ def test_proxy_protocol_gives_the_broker_the_client_address(broker):
 
 
 def test_proxy_protocol_v2_header(broker):
-    import ipaddress
     client_id = f"proxied2-{uid()}"
     body = (ipaddress.ip_address("198.51.100.9").packed + ipaddress.ip_address("127.0.0.1").packed
             + (6000).to_bytes(2, "big") + (1883).to_bytes(2, "big"))

@@ -28,7 +28,7 @@ from tbmq.listeners import (
 )
 from tbmq.mqtt import Connack, Connect, Pingreq, Pingresp, Publish, Subscribe, SubscriptionRequest
 from tbmq.mqtt.codec import Decoder, encode
-from tests.certs import CA, make_pki
+from tests.certs import make_pki
 from tests.helpers import Harness
 
 CLIENT_ADDR = IPv4Address("TCP", "192.0.2.10", 40000)
