@@ -248,11 +248,16 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         pid = packet.packet_id
         if qos:
             if qos == 2 and pid in session.inbound_qos2:
-                self.send(Pubrec(pid))  # a resent PUBLISH: not routed again [MQTT-4.3.3-?]
+                # a resent PUBLISH is not routed again; its PUBREC follows the
+                # first one's (QoS 2 method A, [MQTT-4.3.3-9])
+                session.ack_when(None, Pubrec(pid), duplicate=True)
                 return
             if session.inbound_unacked + len(session.inbound_qos2) >= cfg.receive_maximum:
-                raise ProtocolViolation(0x93, "receive maximum exceeded")
-            session.inbound_unacked += 1
+                raise ProtocolViolation(0x93, "receive maximum exceeded")  # [MQTT-3.3.4-9]
+            if qos == 1:
+                session.inbound_unacked += 1
+            else:
+                session.inbound_qos2.add(pid)  # until PUBREL [MQTT-4.3.3-10]
         if v5 and props.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1 and not valid_utf8(packet.payload):
             # payload format 1 must be UTF-8 [MQTT-3.3.2-4]: refused with 0x99
             if qos == 0:

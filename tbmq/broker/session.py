@@ -79,7 +79,7 @@ class Session:
         self.inflight: dict[int, StoredDelivery] = {}
         self.queue: deque[StoredDelivery] = deque()
         self._next_packet_id = 1
-        # inbound QoS 2 packet ids between PUBREC and PUBREL [MQTT-4.3.3-?]
+        # inbound QoS 2 packet ids from the PUBLISH to the PUBREL [MQTT-4.3.3-10]
         self.inbound_qos2: set[int] = set()
         self.inbound_unacked = 0
         # acks waiting for earlier acks, to keep PUBACK/PUBREC in order [MQTT-4.6.0-2]
@@ -319,16 +319,16 @@ class Session:
 
     # -- inbound acknowledgements in order -----------------------------------
 
-    def ack_when(self, result, packet) -> None:
+    def ack_when(self, result, packet, duplicate: bool = False) -> None:
         """Send ``packet`` (PUBACK or PUBREC) when ``result`` (None or a
         Deferred) is done, after every ack queued before it [MQTT-4.6.0-2].
         If the Deferred fails, the message was not accepted: nothing is
         acknowledged and the connection is closed so the client resends it."""
         acks = self._acks
         if result is None and not acks:
-            self._send_ack(packet)
+            self._send_ack(packet, duplicate)
             return
-        entry = [packet, result is None]
+        entry = [packet, result is None, duplicate]
         acks.append(entry)
         if result is not None:
             conn = self.connection
@@ -351,18 +351,19 @@ class Session:
     def _flush_acks(self, conn) -> None:
         acks = self._acks
         while acks and acks[0][1]:
-            packet = acks.popleft()[0]
+            packet, _, duplicate = acks.popleft()
             if self.connection is conn and conn is not None:
-                self._send_ack(packet)
+                self._send_ack(packet, duplicate)
 
-    def _send_ack(self, packet) -> None:
+    def _send_ack(self, packet, duplicate: bool = False) -> None:
         conn = self.connection
         if conn is None:
             return
-        self.inbound_unacked -= 1
-        if packet.packet_type == 5 and packet.reason_code < 0x80:
-            # PUBREC: the packet id is remembered until PUBREL [MQTT-4.3.3-?]
-            self.inbound_qos2.add(packet.packet_id)
+        if packet.packet_type == 4:  # PUBACK ends an inbound QoS 1 flow
+            self.inbound_unacked -= 1
+        elif packet.reason_code >= 0x80 and not duplicate:
+            # a refused QoS 2 PUBLISH ends its flow with the PUBREC [MQTT-4.3.3-?]
+            self.inbound_qos2.discard(packet.packet_id)
         conn.send(packet)
 
     # -- connection life cycle -------------------------------------------------
