@@ -197,8 +197,16 @@ def _reject(args: argparse.Namespace, kind: CredentialsType, names: Sequence[str
             f"{kind.value} credentials take no " + ", ".join(f"--{n}" for n in given))
 
 
+def _in_thread(reactor: Any, f: Any, *args: Any) -> defer.Deferred:
+    """Run ``f(*args)`` in ``reactor``'s thread pool (the global reactor's
+    when None)."""
+    if reactor is None:
+        return threads.deferToThread(f, *args)
+    return threads.deferToThreadPool(reactor, reactor.getThreadPool(), f, *args)
+
+
 async def _value(args: argparse.Namespace, kind: CredentialsType, old: dict | None,
-                 password: str | None) -> tuple[str, dict]:
+                 password: str | None, reactor: Any = None) -> tuple[str, dict]:
     """Build ``(credentials_id, value)`` from the options and the old value.
 
     Hashing runs in a thread (bcrypt and PBKDF2 take tens of milliseconds).
@@ -215,7 +223,7 @@ async def _value(args: argparse.Namespace, kind: CredentialsType, old: dict | No
         if getattr(args, "no_password", False):
             hashed = None
         elif password is not None:
-            hashed = await threads.deferToThread(hash_password, password)
+            hashed = await _in_thread(reactor, hash_password, password)
         value = {"clientId": client_id, "userName": username, "password": hashed}
         credentials_id = basic_credentials_id(client_id, username)
     elif kind is CredentialsType.X_509:
@@ -241,7 +249,8 @@ async def _value(args: argparse.Namespace, kind: CredentialsType, old: dict | No
         keys = {k: old[k] for k in ("salt", "storedKey", "serverKey", "iterations") if k in old}
         if password is not None:
             iterations = args.iterations or old.get("iterations") or 4096
-            keys = await threads.deferToThread(scram_credentials, password, algorithm, iterations)
+            keys = await _in_thread(reactor, scram_credentials, password, algorithm,
+                                    iterations)
             algorithm = keys.pop("algorithm")
         elif not keys:
             raise UsageError("scram credentials need a --password or --password-stdin")
@@ -278,9 +287,11 @@ def _table(records: Sequence[Credentials]) -> str:
 # -- running --------------------------------------------------------------------------
 
 
-def open_store(args: argparse.Namespace) -> Any:
+def open_store(args: argparse.Namespace, reactor: Any = None) -> Any:
     """Build (not start) the credential store the broker's config names.
 
+    :param reactor: the reactor the store reports to (the global one when
+        None).
     :returns: an :class:`~tbmq.interfaces.ICredentialStore` provider.
     :raises ConfigError: for a bad config, or ``auth.credentials: memory``
         (nothing outlives the broker's process to manage).
@@ -293,12 +304,13 @@ def open_store(args: argparse.Namespace) -> Any:
     if kind == "sqlite":
         from tbmq.backends.sqlite_credentials import make_sqlite_credential_store  # noqa: PLC0415
 
-        return make_sqlite_credential_store(config)
+        return make_sqlite_credential_store(config, reactor=reactor)
     if kind == "postgres":
         from tbmq_plugins.postgres import PostgresCredentialStore  # noqa: PLC0415
 
         pg = config.postgres
-        return PostgresCredentialStore(pg.dsn, pg.min_connections, pg.max_connections)
+        return PostgresCredentialStore(pg.dsn, pg.min_connections, pg.max_connections,
+                                       reactor=reactor)
     raise ConfigError(
         f"auth.credentials: {kind!r} keeps credentials in the broker's memory; "
         "there is nothing to manage from outside", key="auth.credentials")
@@ -316,12 +328,14 @@ async def _resolve(store: Any, ref: str) -> Credentials:
     raise LookupError(f"no credentials with id or name {ref!r}")
 
 
-async def run(args: argparse.Namespace, store: Any, out: Any = None) -> int:
+async def run(args: argparse.Namespace, store: Any, out: Any = None, reactor: Any = None) -> int:
     """Carry out a parsed ``credentials`` command on a started store.
 
     :param args: the parsed arguments.
     :param store: the :class:`~tbmq.interfaces.ICredentialStore`, started.
     :param out: where to print (standard output by default).
+    :param reactor: the reactor whose thread pool hashes passwords (the
+        global one when None).
     :returns: the exit status.
     """
     out = out or sys.stdout
@@ -348,7 +362,7 @@ async def run(args: argparse.Namespace, store: Any, out: Any = None) -> int:
     password = _read_password(args)
     if action == "add":
         kind = _TYPES[args.type]
-        credentials_id, value = await _value(args, kind, None, password)
+        credentials_id, value = await _value(args, kind, None, password, reactor)
         record = Credentials(
             id=args.id or str(uuid.uuid4()), name=args.name, credentials_type=kind,
             credentials_id=credentials_id,
@@ -358,7 +372,7 @@ async def run(args: argparse.Namespace, store: Any, out: Any = None) -> int:
         return 0
     old = await _resolve(store, args.ref)
     kind = CredentialsType(old.credentials_type)
-    credentials_id, value = await _value(args, kind, old.value, password)
+    credentials_id, value = await _value(args, kind, old.value, password, reactor)
     record = dataclasses.replace(
         old, name=args.name or old.name, credentials_id=credentials_id, value=value,
         client_type=ClientType(args.client_type) if args.client_type else old.client_type)
@@ -367,18 +381,20 @@ async def run(args: argparse.Namespace, store: Any, out: Any = None) -> int:
     return 0
 
 
-async def execute(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
+async def execute(args: argparse.Namespace, out: Any = None, err: Any = None,
+                  reactor: Any = None) -> int:
     """Open the store the config names, carry out the command, close it.
 
     :param args: the parsed arguments (:func:`build_parser`).
     :param out: where results go (standard output by default).
     :param err: where errors go (standard error by default).
+    :param reactor: the reactor to run on (the global one when None).
     :returns: the exit status: 0 done, 1 refused (unknown record, conflict,
         invalid value, store unavailable), 2 usage or configuration error.
     """
     err = err or sys.stderr
     try:
-        store = open_store(args)
+        store = open_store(args, reactor)
     except ConfigError as e:
         print(f"tbmq: {e}", file=err)
         return 2
@@ -388,7 +404,7 @@ async def execute(args: argparse.Namespace, out: Any = None, err: Any = None) ->
         print(f"tbmq: cannot open the credential store: {e}", file=err)
         return 1
     try:
-        return await run(args, store, out)
+        return await run(args, store, out, reactor)
     except UsageError as e:
         print(f"tbmq: {e}", file=err)
         return 2
@@ -408,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = build_parser().parse_args(argv)
 
     async def command(reactor: Any) -> None:
-        status = await execute(args)
+        status = await execute(args, reactor=reactor)
         if status:
             raise SystemExit(status)  # react() exits with it
 

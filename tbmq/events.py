@@ -334,11 +334,14 @@ class EventExporter:
     :param broker: the :class:`tbmq.broker.broker.Broker` (its ``config``,
         ``clock``, ``service_id`` and ``bus``).
     :param now: the writer's wall clock for rotation, seconds.
+    :param call_from_thread: runs a callable in the reactor thread (``sink:
+        bus``); the reactor's ``callFromThread`` when None.
     :ivar exported: records handed to the sink.
     :ivar lost: events dropped because the buffer was full or the sink failed.
     """
 
-    def __init__(self, broker, now: Callable[[], float] = time.time) -> None:
+    def __init__(self, broker, now: Callable[[], float] = time.time,
+                 call_from_thread: Callable | None = None) -> None:
         cfg = broker.config.events
         self.broker = broker
         self.config = cfg
@@ -354,9 +357,11 @@ class EventExporter:
         self.lost = 0
         self.closed = False
         if cfg.sink == "bus":
-            from twisted.internet import reactor
+            if call_from_thread is None:
+                from twisted.internet import reactor
+                call_from_thread = reactor.callFromThread
             self.sink: Any = _BusSink(broker.bus, broker.bus_topic(cfg.bus_topic),
-                                      reactor.callFromThread)
+                                      call_from_thread)
         else:
             directory = cfg.directory or os.path.join(broker.config.data_dir, "events")
             self.sink = FileSink(directory, self.node, cfg.max_file_bytes,

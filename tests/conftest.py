@@ -1,1 +1,1 @@
-from tests.postgres import postgres_dsn  # noqa: F401
+from tests.postgres import postgres_dsn, reactor_thread  # noqa: F401

@@ -13,6 +13,13 @@ server runs as the ``postgres`` user the package creates.
 
 :func:`new_database` makes one more, empty database on that server, for a
 test that needs its own.
+
+Code that talks to PostgreSQL through adbapi needs a running reactor.
+:func:`reactor_thread` (session-scoped) runs a private reactor — not the
+global one, which the other tests keep to themselves — in a thread of its
+own; :class:`ReactorThread` calls into it from the test and waits for the
+answer, and :class:`Blocking` turns a Deferred-returning object into a
+blocking one for a plain test function.
 """
 
 from __future__ import annotations
@@ -25,13 +32,23 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
+from twisted.internet import defer
+from twisted.internet.threads import blockingCallFromThread
 
-__all__ = ["new_database", "postgres_dsn", "find_bindir"]
+__all__ = [
+    "Blocking",
+    "ReactorThread",
+    "find_bindir",
+    "new_database",
+    "postgres_dsn",
+    "reactor_thread",
+]
 
 #: Seconds to wait for the server to accept connections.
 START_TIMEOUT = 60.0
@@ -160,3 +177,72 @@ def postgres_dsn() -> Iterator[str]:
                 proc.kill()
                 proc.wait()
         shutil.rmtree(root, ignore_errors=True)
+
+
+class ReactorThread:
+    """A private reactor (:class:`~twisted.internet.pollreactor.PollReactor`,
+    never installed as the global one) running in a daemon thread.
+
+    :ivar reactor: the reactor; give it to the code under test.
+    """
+
+    def __init__(self) -> None:
+        from twisted.internet.pollreactor import PollReactor  # noqa: PLC0415
+
+        self.reactor = PollReactor()
+        self._thread = threading.Thread(
+            target=self.reactor.run, kwargs={"installSignalHandlers": False},
+            name="test-reactor", daemon=True)
+        self._thread.start()
+        self.call(lambda: None)  # wait until it runs
+
+    def call(self, f: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Call ``f`` in the reactor thread and wait for its result (a
+        Deferred's result when it returns one).
+
+        :raises: the exception it raised, or its Deferred's failure.
+        """
+        return blockingCallFromThread(self.reactor, f, *args, **kwargs)
+
+    def run(self, coroutine_function: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run ``await coroutine_function(*args, **kwargs)`` in the reactor
+        thread and wait for its result."""
+        return self.call(lambda: defer.ensureDeferred(coroutine_function(*args, **kwargs)))
+
+    def stop(self) -> None:
+        """Stop the reactor (its shutdown triggers run) and the thread."""
+        if self.reactor.running:
+            self.reactor.callFromThread(self.reactor.stop)
+        self._thread.join(30)
+
+
+class Blocking:
+    """A blocking face of an object whose methods return Deferreds: each
+    method call runs in the reactor thread and returns the result (or
+    raises the failure).
+
+    :ivar target: the wrapped object.
+    """
+
+    def __init__(self, reactor_thread: ReactorThread, target: Any) -> None:
+        self.target = target
+        self._rt = reactor_thread
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.target, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._rt.call(attribute, *args, **kwargs)
+
+        return call
+
+
+@pytest.fixture(scope="session")
+def reactor_thread() -> Iterator[ReactorThread]:
+    """:returns: (yields) a :class:`ReactorThread`, stopped at the end of
+    the run."""
+    thread = ReactorThread()
+    yield thread
+    thread.stop()

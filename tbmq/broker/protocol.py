@@ -211,7 +211,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
 
     def handle_publish(self, packet: Publish) -> None:
         """Resolve the topic alias, check the rules, hand the message to the
-        router, acknowledge once it is durable [MQTT-4.3.2-?, 4.3.3-?]."""
+        router, acknowledge once it is durable [MQTT-4.3.2-4, MQTT-4.3.3-8]."""
         session = self.session
         cfg = self.broker.config.mqtt
         v5 = self.protocol_level >= MQTT_5

@@ -23,7 +23,7 @@ from tbmq.mqtt.codec import encode_publish, publish_packet_id_offset
 if TYPE_CHECKING:  # pragma: no cover
     from tbmq.broker.broker import Broker
 
-#: never expires, [MQTT-3.1.2-?] session expiry interval 0xFFFFFFFF
+#: the session expiry interval that means "never expires" (§3.1.2.11.2)
 EXPIRY_NEVER = 0xFFFFFFFF
 
 _SEQ = [0]
@@ -277,7 +277,7 @@ class Session:
         return delivery
 
     def on_puback(self, packet_id: int) -> None:
-        """PUBACK from the client: the QoS 1 delivery is done [MQTT-4.3.2-?]."""
+        """PUBACK from the client: the QoS 1 delivery is done [MQTT-4.3.2-2]."""
         delivery = self.inflight.get(packet_id)
         if delivery is None or delivery.qos != 1:
             self.log.debug("PUBACK for unknown packet id {pid} from {client_id}",
@@ -288,7 +288,7 @@ class Session:
         self.pump()
 
     def on_pubrec(self, packet_id: int, reason_code: int) -> bool:
-        """PUBREC from the client; answer PUBREL [MQTT-4.3.3-?].
+        """PUBREC from the client; answer PUBREL [MQTT-4.3.3-3].
 
         :returns: False when ``packet_id`` is unknown (the caller answers
             PUBREL with 0x92 PACKET_IDENTIFIER_NOT_FOUND in v5).
@@ -362,7 +362,7 @@ class Session:
         if packet.packet_type == 4:  # PUBACK ends an inbound QoS 1 flow
             self.inbound_unacked -= 1
         elif packet.reason_code >= 0x80 and not duplicate:
-            # a refused QoS 2 PUBLISH ends its flow with the PUBREC [MQTT-4.3.3-?]
+            # a refused QoS 2 PUBLISH ends its flow with the PUBREC [MQTT-4.3.3-9]
             self.inbound_qos2.discard(packet.packet_id)
         conn.send(packet)
 

@@ -125,7 +125,7 @@ class SessionManager:
         """The connection of ``session`` ended (DISCONNECT, error or loss).
 
         :param publish_will: True unless the client sent DISCONNECT 0x00
-            [MQTT-3.14.4-3]; DISCONNECT 0x04 keeps the will [MQTT-3.14.2-?].
+            [MQTT-3.14.4-3]; DISCONNECT 0x04 keeps the will (§3.14.2.1).
         """
         if session.connection is not conn:
             return  # already taken over

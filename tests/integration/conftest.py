@@ -34,12 +34,16 @@ def _start(workdir, env=None, config=None) -> Broker:
 
 
 def _finish(broker: Broker) -> None:
+    crashed = broker.crashed
     try:
         broker.stop()
     finally:
         broker.kill()
         if broker in _LIVE:
             _LIVE.remove(broker)
+    if crashed:
+        pytest.fail(f"the broker on port {broker.port} died (exit {broker.proc.returncode}):\n"
+                    f"{broker.log()[-30000:]}")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -53,11 +57,10 @@ def pytest_runtest_makereport(item, call):
 def _broker_watch(request):
     """Print the broker logs when a test failed; fail a test that crashed
     the broker."""
-    before = {id(b) for b in _LIVE if b.running}
     yield
     rep = getattr(request.node, "rep_call", None)
     failed = rep is not None and rep.failed
-    dead = [b for b in _LIVE if id(b) in before and not b.running]
+    dead = [b for b in _LIVE if b.crashed]
     if failed or dead:
         for b in _LIVE:
             print(f"\n===== broker on port {b.port} (running={b.running}) =====")
@@ -126,11 +129,12 @@ def mqtt(request):
 
 @pytest.fixture
 def raw(request):
-    """``raw(level=5, port=None)`` → a :class:`RawClient` on the ``broker``."""
+    """``raw(level=5, port=None, decode=True)`` → a :class:`RawClient` on the
+    ``broker``."""
     sockets: list[RawClient] = []
 
-    def make(level: int = 5, port: int | None = None) -> RawClient:
-        client = RawClient(port or request.getfixturevalue("broker").port, level)
+    def make(level: int = 5, port: int | None = None, decode: bool = True) -> RawClient:
+        client = RawClient(port or request.getfixturevalue("broker").port, level, decode=decode)
         sockets.append(client)
         return client
 

@@ -82,6 +82,8 @@ class Broker:
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
         self.runs = 0
+        #: True after stop()/kill(): not running is then no crash
+        self.expected_down = True
         self._log_paths: list[Path] = []
         self._log_file = None
 
@@ -99,6 +101,7 @@ class Broker:
         if self.proc is not None and self.proc.poll() is None:
             raise BrokerError("broker already running")
         self.runs += 1
+        self.expected_down = False
         log_path = self.workdir / f"broker-{self.runs}.log"
         self._log_paths.append(log_path)
         env = {k: v for k, v in os.environ.items() if not k.startswith("TBMQ_")}
@@ -138,6 +141,7 @@ class Broker:
         proc = self.proc
         if proc is None:
             return None
+        self.expected_down = True
         try:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -152,6 +156,7 @@ class Broker:
             self._close_log()
 
     def kill(self) -> None:
+        self.expected_down = True
         proc = self.proc
         if proc is not None and proc.poll() is None:
             proc.kill()
@@ -171,6 +176,11 @@ class Broker:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def crashed(self) -> bool:
+        """It exited without being stopped."""
+        return not self.expected_down and self.proc is not None and self.proc.poll() is not None
 
     def log(self) -> str:
         """The output of every run so far."""
@@ -406,11 +416,24 @@ class PahoClient:
             raise AssertionError(f"{self.client_id}: still connected after {timeout} s")
 
     def disconnect(self, timeout: float = TIMEOUT, properties: Properties | None = None) -> None:
-        """A normal DISCONNECT; waits until paho saw the connection end."""
-        if self.client.is_connected():
-            self.client.disconnect(properties=properties)
-            self.wait_disconnected(timeout)
-        self.stop_loop()
+        """A normal DISCONNECT; returns once the broker has closed the
+        connection, so it is done with it (paho closes its socket right
+        after sending DISCONNECT: a duplicate of the socket stays open and
+        is read until the broker's close)."""
+        watch = None
+        sock = self.client.socket()
+        if self.client.is_connected() and isinstance(sock, socket.socket):
+            watch = socket.fromfd(sock.fileno(), sock.family, sock.type)
+        try:
+            if self.client.is_connected():
+                self.client.disconnect(properties=properties)
+                self.wait_disconnected(timeout)
+            self.stop_loop()
+            if watch is not None:
+                _read_until_closed(watch, timeout, self.client_id)
+        finally:
+            if watch is not None:
+                watch.close()
 
     def stop_loop(self) -> None:
         if self._loop_started:
@@ -436,6 +459,23 @@ class PahoClient:
             pass
 
 
+def _read_until_closed(sock: socket.socket, timeout: float, who: str) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"{who}: the broker did not close the connection "
+                                 f"{timeout} s after DISCONNECT")
+        sock.settimeout(left)
+        try:
+            if not sock.recv(65536):
+                return
+        except socket.timeout:
+            continue
+        except OSError:  # reset or the like: closed as well
+            return
+
+
 # --------------------------------------------------------------------------
 # Raw sockets
 # --------------------------------------------------------------------------
@@ -445,10 +485,13 @@ class RawClient:
     """A TCP socket speaking MQTT bytes; for what a real client never sends.
 
     :param level: the protocol level to decode replies with.
+    :param decode: False to only collect the bytes (``received``).
     """
 
-    def __init__(self, port: int, level: int = 5, timeout: float = TIMEOUT) -> None:
+    def __init__(self, port: int, level: int = 5, timeout: float = TIMEOUT,
+                 decode: bool = True) -> None:
         self.level = level
+        self.decode = decode
         self.sock = socket.create_connection((HOST, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.decoder = Decoder(protocol_level=level, server_side=False)
@@ -476,7 +519,8 @@ class RawClient:
             self.closed_by_peer = True
             return False
         self.received += data
-        self.pending.extend(self.decoder.feed(data))
+        if self.decode:
+            self.pending.extend(self.decoder.feed(data))
         return True
 
     def expect(self, timeout: float = TIMEOUT):

@@ -2,7 +2,8 @@
 (mosquitto-clients 2.0) against the real broker.
 
 ``mosquitto_sub -d`` prints "received SUBACK" once subscribed, so the
-publisher starts only then; its output is read line by line on a thread.
+publisher starts only then; its output (line-buffered with ``stdbuf -oL``)
+is read line by line on a thread.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ pytestmark = [
     pytest.mark.timeout(60),
     pytest.mark.skipif(not (shutil.which("mosquitto_sub") and shutil.which("mosquitto_pub")),
                        reason="mosquitto-clients not installed"),
+    pytest.mark.skipif(not shutil.which("stdbuf"), reason="stdbuf (coreutils) not installed"),
 ]
 
 VERSIONS = ["mqttv31", "mqttv311", "mqttv5"]
@@ -31,7 +33,8 @@ class Sub:
 
     def __init__(self, port: int, *args: str) -> None:
         self.cmd = ["mosquitto_sub", "-h", HOST, "-p", str(port), "-d", "-v", *args]
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        # its stdout is block-buffered on a pipe: make it line-buffered
+        self.proc = subprocess.Popen(["stdbuf", "-oL", *self.cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, text=True, errors="replace")
         self.lines: "queue.Queue[str | None]" = queue.Queue()
         self.seen: list[str] = []

@@ -17,7 +17,11 @@ import time
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
-from tbmq.mqtt import Connack, Disconnect, Property, Suback, Subscribe, SubscriptionRequest, Will
+from tbmq.mqtt import (
+    Connack, Disconnect, Pingreq, Pingresp, Property, Puback, Pubcomp, Publish, Pubrec, Pubrel,
+    Suback, Subscribe, SubscriptionRequest, Will,
+)
+from tbmq.mqtt.codec import encode
 from tests.integration.helpers import TIMEOUT, PahoClient, props, uid
 
 pytestmark = pytest.mark.timeout(60)
@@ -31,8 +35,8 @@ def _ids(value) -> list[int]:
 
 def persistent(mqtt, version: int, client_id: str, *, clean: bool) -> PahoClient:
     """A connected client with a persistent session: v3 clean session 0, v5
-    session expiry 300 (``clean`` = clean start, v5; a v3 first connect
-    uses clean session 0 as well: a new id has no session anyway)."""
+    session expiry 300 with clean start = ``clean`` (v3 always connects with
+    clean session 0: a new id has no session to resume anyway)."""
     if version == 5:
         return mqtt(5, client_id).connect_and_wait(clean_start=clean, session_expiry=300)
     return mqtt(version, client_id, clean_session=False).connect_and_wait()
@@ -129,7 +133,7 @@ def test_wildcards(mqtt, mqtt_version):
     multi = mqtt.connect(mqtt_version)
     multi.subscribe(f"{p}/#", 1)
     both = mqtt.connect(mqtt_version)
-    both.subscribe(f"+/+/hum", 1)
+    both.subscribe("+/+/hum", 1)
     pub = mqtt.connect(mqtt_version)
     topics = [f"{p}/r1/temp", f"{p}/r1/hum", f"{p}/r1/x/temp", p, f"{p}/r2/temp", f"{p}/end"]
     for t in topics:
@@ -704,3 +708,319 @@ def test_v5_session_expiry_zero_ends_session(mqtt):
     s.disconnect(properties=props(PacketTypes.DISCONNECT, SessionExpiryInterval=0))
     s2 = mqtt(5, cid).connect_and_wait(clean_start=False, session_expiry=300)
     assert s2.session_present is False
+
+
+# ---------------------------------------------------------------------------
+# More topic, retained, will and session edges
+# ---------------------------------------------------------------------------
+
+
+def test_wildcards_match_empty_levels(mqtt, mqtt_version):
+    """'+' matches an empty level; 'a/#' matches 'a/' (section 4.7)."""
+    p = uid()
+    plus = mqtt.connect(mqtt_version)
+    plus.subscribe(f"{p}/+/temp", 1)
+    lead = mqtt.connect(mqtt_version)
+    lead.subscribe(f"+/{p}", 1)
+    multi = mqtt.connect(mqtt_version)
+    multi.subscribe(f"{p}/x/#", 1)
+    pub = mqtt.connect(mqtt_version)
+    pub.publish(f"{p}//temp", b"1", 1)
+    pub.publish(f"/{p}", b"2", 1)
+    pub.publish(f"{p}/x/", b"3", 1)
+    assert plus.get().topic == f"{p}//temp"
+    assert lead.get().topic == f"/{p}"
+    assert multi.get().topic == f"{p}/x/"
+
+
+def test_topics_are_case_sensitive_and_exact(mqtt, mqtt_version):
+    p = uid()
+    s = mqtt.connect(mqtt_version)
+    s.subscribe(f"{p}/Room", 1)
+    pub = mqtt.connect(mqtt_version)
+    for t in (f"{p}/room", f"{p}/Room/", f"{p}/Room ", f"{p}/Room/x", f"{p}/Room"):
+        pub.publish(t, t, 1)
+    assert s.get().topic == f"{p}/Room"
+
+
+def test_resubscribe_replaces_qos(mqtt, mqtt_version):
+    topic = f"{uid()}/resub"
+    s = mqtt.connect(mqtt_version)
+    s.subscribe(topic, 0)
+    s.subscribe(topic, 2)
+    pub = mqtt.connect(mqtt_version)
+    pub.publish(topic, b"one", 2)
+    pub.publish(topic, b"marker", 2)
+    got = s.get_many(2)
+    assert [(m.payload, m.qos) for m in got] == [(b"one", 2), (b"marker", 2)], "one copy, at QoS 2"
+
+
+def test_fan_out_to_many_subscribers(mqtt, mqtt_version):
+    topic = f"{uid()}/fan"
+    subs = [mqtt.connect(mqtt_version) for _ in range(15)]
+    for s in subs:
+        s.subscribe(topic, 1)
+    mqtt.connect(mqtt_version).publish(topic, b"all", 1)
+    for s in subs:
+        assert s.get().payload == b"all"
+
+
+def test_retained_many_topics_via_wildcard(mqtt, mqtt_version):
+    p = uid()
+    pub = mqtt.connect(mqtt_version)
+    topics = [f"{p}/a", f"{p}/b/c", f"{p}/d/e/f"]
+    for t in topics:
+        pub.publish(t, t, 1, retain=True)
+    s = mqtt.connect(mqtt_version)
+    s.subscribe(f"{p}/#", 1)
+    got = s.get_many(3)
+    assert sorted(m.topic for m in got) == sorted(topics)
+    assert all(m.retain and m.payload == m.topic.encode() for m in got)
+    for t in topics:
+        pub.publish(t, b"", 1, retain=True)
+
+
+def test_retained_not_sent_to_new_shared_subscription(mqtt, mqtt_version):
+    """[MQTT-3.8.4-?] (v5 4.8.2): retained messages are not sent when a
+    shared subscription is made."""
+    topic = f"{uid()}/shared-retained"
+    pub = mqtt.connect(mqtt_version)
+    pub.publish(topic, b"kept", 1, retain=True)
+    s = mqtt.connect(mqtt_version)
+    s.subscribe(f"$share/g/{topic}", 1)
+    pub.publish(topic, b"live", 1)
+    assert s.get().payload == b"live"
+    pub.publish(topic, b"", 1, retain=True)
+
+
+def test_shared_subscription_prefers_online_members(mqtt, mqtt_version):
+    """A member whose persistent session is offline does not get messages
+    while another member is online."""
+    p = uid()
+    group = f"$share/g{p}/{p}/t"
+    offline = persistent(mqtt, mqtt_version, f"sh-{uid()}", clean=True)
+    offline.subscribe(group, 1)
+    online = mqtt.connect(mqtt_version)
+    online.subscribe(group, 1)
+    offline.disconnect()
+    pub = mqtt.connect(mqtt_version)
+    for i in range(6):
+        pub.publish(f"{p}/t", str(i), 1)
+    assert [m.payload for m in online.get_many(6)] == [str(i).encode() for i in range(6)]
+
+
+def test_will_published_on_takeover(mqtt, raw, mqtt_version):
+    """The taken-over connection is closed by the server: its will (no
+    delay) is published [MQTT-3.1.4-3]."""
+    topic = f"{uid()}/will-takeover"
+    cid = f"wt-{uid()}"
+    watcher = mqtt.connect(mqtt_version)
+    watcher.subscribe(topic, 1)
+    first = raw(mqtt_version)
+    first.connect(cid, will=Will(topic, b"taken over", qos=1))
+    second = raw(mqtt_version)
+    assert second.connect(cid).reason_code == 0
+    packets = first.wait_closed()
+    if mqtt_version == 5:
+        assert [p.reason_code for p in packets if isinstance(p, Disconnect)] == [0x8E]
+    assert watcher.get().payload == b"taken over"
+    second.disconnect()
+
+
+def test_v5_will_properties_passed_through(mqtt, raw):
+    topic = f"{uid()}/will-props"
+    watcher = mqtt.connect(5)
+    watcher.subscribe(topic, 2)
+    c = raw(5)
+    c.connect(will=Will(topic, b"{}", qos=2, properties={
+        Property.CONTENT_TYPE: "application/json",
+        Property.USER_PROPERTY: [("why", "test")],
+        Property.PAYLOAD_FORMAT_INDICATOR: 1,
+        Property.RESPONSE_TOPIC: f"{topic}/r",
+        Property.CORRELATION_DATA: b"cd",
+    }))
+    c.close()
+    m = watcher.get()
+    assert (m.payload, m.qos) == (b"{}", 2)
+    assert m.prop("ContentType") == "application/json"
+    assert m.prop("UserProperty") == [("why", "test")]
+    assert m.prop("PayloadFormatIndicator") == 1
+    assert m.prop("ResponseTopic") == f"{topic}/r"
+    assert m.prop("CorrelationData") == b"cd"
+
+
+def test_v5_session_expires(mqtt):
+    """A session with expiry 1 s is gone 2 s after its disconnect."""
+    cid = f"se-{uid()}"
+    s = mqtt(5, cid).connect_and_wait(clean_start=True, session_expiry=1)
+    s.subscribe(f"{uid()}/x", 1)
+    s.disconnect()
+    gone = time.monotonic()
+    while time.monotonic() - gone < 2.5:
+        time.sleep(0.1)
+    s2 = mqtt(5, cid).connect_and_wait(clean_start=False, session_expiry=1)
+    assert s2.session_present is False
+
+
+def test_v5_receive_maximum_limits_inflight(mqtt, raw):
+    """The broker sends no more unacknowledged QoS 1 PUBLISHes than the
+    client's Receive Maximum (2) [MQTT-3.3.4-9]; each PUBACK lets one more
+    through, in order."""
+    topic = f"{uid()}/recvmax"
+    c = raw(5)
+    assert c.connect(properties={Property.RECEIVE_MAXIMUM: 2}).reason_code == 0
+    c.send(Subscribe(1, [SubscriptionRequest(topic, 1)]))
+    assert isinstance(c.expect(), Suback)
+    pub = mqtt.connect(5)
+    for i in range(5):
+        pub.publish(topic, str(i), 1)
+    first = [c.expect(), c.expect()]
+    assert [p.payload for p in first] == [b"0", b"1"]
+    # a third one must wait for an acknowledgement
+    with pytest.raises(AssertionError, match="no packet"):
+        c.expect(timeout=0.7)
+    got = []
+    for p in first:
+        c.send(Puback(p.packet_id))
+    while len(got) < 3:
+        p = c.expect()
+        got.append(p.payload)
+        c.send(Puback(p.packet_id))
+    assert got == [b"2", b"3", b"4"]
+    c.disconnect()
+
+
+def test_v5_maximum_packet_size_of_client(mqtt, raw):
+    """A message larger than the client's Maximum Packet Size is not sent to
+    it [MQTT-3.1.2-25]; the next one is."""
+    topic = f"{uid()}/maxsize"
+    c = raw(5)
+    assert c.connect(properties={Property.MAXIMUM_PACKET_SIZE: 200}).reason_code == 0
+    c.send(Subscribe(1, [SubscriptionRequest(topic, 1)]))
+    assert isinstance(c.expect(), Suback)
+    pub = mqtt.connect(5)
+    pub.publish(topic, b"x" * 500, 1)
+    pub.publish(topic, b"small", 1)
+    p = c.expect()
+    assert p.payload == b"small"
+    c.send(Puback(p.packet_id))
+    c.disconnect()
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_qos2_inbound_exactly_once(mqtt, raw, level):
+    """A QoS 2 PUBLISH resent (DUP) before PUBREL is delivered once."""
+    topic = f"{uid()}/qos2-dup"
+    s = mqtt.connect(level)
+    # QoS 1 subscription: paho hands a QoS 2 message to the application only
+    # at PUBREL, which would reorder it after the QoS 1 marker
+    s.subscribe(topic, 1)
+    c = raw(level)
+    c.connect()
+    c.send(Publish(topic, b"once", qos=2, packet_id=9))
+    assert c.expect() == Pubrec(9)
+    c.send(Publish(topic, b"once", qos=2, packet_id=9, dup=True))
+    assert c.expect() == Pubrec(9)
+    c.send(Pubrel(9))
+    assert c.expect() == Pubcomp(9)
+    c.send(Publish(topic, b"marker", qos=1, packet_id=10))
+    assert c.expect() == Puback(10)
+    assert [m.payload for m in s.get_many(2)] == [b"once", b"marker"]
+    c.disconnect()
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_qos2_outbound_flow(mqtt, raw, level):
+    """PUBLISH → PUBREC → PUBREL → PUBCOMP towards a subscriber."""
+    topic = f"{uid()}/qos2-out"
+    c = raw(level)
+    c.connect()
+    c.send(Subscribe(1, [SubscriptionRequest(topic, 2)]))
+    assert isinstance(c.expect(), Suback)
+    mqtt.connect(level).publish(topic, b"q2", 2)
+    p = c.expect()
+    assert (p.payload, p.qos, p.dup) == (b"q2", 2, False)
+    c.send(Pubrec(p.packet_id))
+    assert c.expect() == Pubrel(p.packet_id)
+    c.send(Pubcomp(p.packet_id))
+    c.send(Pingreq())
+    assert c.expect() == Pingresp()
+    c.disconnect()
+
+
+def test_inflight_resent_with_dup_on_reconnect(mqtt, raw, mqtt_version):
+    """An unacknowledged QoS 1 PUBLISH is resent with DUP when the
+    persistent session reconnects [MQTT-4.4.0-1]; a PUBREC'd QoS 2 one gets
+    its PUBREL resent."""
+    topic = f"{uid()}/resend"
+    cid = f"rs-{uid()}"
+    kwargs = {"clean_start": False}
+    if mqtt_version == 5:
+        kwargs["properties"] = {Property.SESSION_EXPIRY_INTERVAL: 300}
+    c = raw(mqtt_version)
+    c.connect(cid, **kwargs)
+    c.send(Subscribe(1, [SubscriptionRequest(topic, 2)]))
+    assert isinstance(c.expect(), Suback)
+    pub = mqtt.connect(mqtt_version)
+    pub.publish(topic, b"q1", 1)
+    pub.publish(topic, b"q2", 2)
+    p1, p2 = c.expect(), c.expect()
+    assert (p1.payload, p1.qos, p2.payload, p2.qos) == (b"q1", 1, b"q2", 2)
+    c.send(Pubrec(p2.packet_id))
+    assert c.expect() == Pubrel(p2.packet_id)
+    c.close()
+    c2 = raw(mqtt_version)
+    ack = c2.connect(cid, **kwargs)
+    assert ack.session_present
+    again = c2.expect()
+    assert (again.payload, again.qos, again.dup, again.packet_id) == (b"q1", 1, True, p1.packet_id)
+    assert c2.expect() == Pubrel(p2.packet_id)
+    c2.send(Puback(p1.packet_id))
+    c2.send(Pubcomp(p2.packet_id))
+    c2.send(Pingreq())
+    assert c2.expect() == Pingresp()
+    c2.disconnect()
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_qos2_duplicate_before_pubrec_delivered_once(mqtt, raw, level):
+    """A QoS 2 PUBLISH and its DUP resend arriving together, while the first
+    is still being stored for a persistent subscriber (so its PUBREC is not
+    out yet), is still delivered only once [MQTT-4.3.3-?, 4.3.3 method A]."""
+    topic = f"{uid()}/qos2-dup-early"
+    s = persistent(mqtt, 4, f"d-{uid()}", clean=True)
+    s.subscribe(topic, 1)
+    c = raw(level)
+    c.connect()
+    first = encode(Publish(topic, b"once", qos=2, packet_id=4), level)
+    dup = encode(Publish(topic, b"once", qos=2, packet_id=4, dup=True), level)
+    c.send(first + dup)
+    assert c.expect() == Pubrec(4)
+    assert c.expect() == Pubrec(4)
+    c.send(Pubrel(4))
+    assert c.expect() == Pubcomp(4)
+    c.send(Publish(topic, b"marker", qos=1, packet_id=5))
+    assert c.expect() == Puback(5)
+    assert [m.payload for m in s.get_many(2)] == [b"once", b"marker"]
+    c.disconnect()
+
+
+@pytest.mark.parametrize("first,second", [(4, 5), (5, 4), (3, 5)], ids=["v311-then-v5", "v5-then-v311", "v31-then-v5"])
+def test_persistent_session_across_protocol_versions(mqtt, first, second):
+    """Messages queued for a session are sent in the protocol of the
+    connection that resumes it (v5 properties dropped for v3)."""
+    cid = f"xv-{uid()}"
+    topic = f"{uid()}/xv"
+    s = persistent(mqtt, first, cid, clean=True)
+    s.subscribe(topic, 1)
+    s.disconnect()
+    pub = mqtt.connect(5)
+    pub.publish(topic, b"queued", 1, properties=props(UserProperty=[("k", "v")], ContentType="t"))
+    s2 = persistent(mqtt, second, cid, clean=False)
+    assert s2.session_present is True
+    m = s2.get()
+    assert (m.topic, m.payload, m.qos) == (topic, b"queued", 1)
+    if second == 5:
+        assert m.prop("UserProperty") == [("k", "v")]
+    pub.publish(topic, b"live", 1)
+    assert s2.get().payload == b"live"

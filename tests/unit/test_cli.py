@@ -1,10 +1,11 @@
 """The ``tbmq credentials`` command against a data directory (and against
 PostgreSQL); the store's content is read back with the store itself.
 
-Most tests run the command in this process (:func:`cli`: the parser, then
-:func:`tbmq.cli.execute` on the reactor pytest-twisted runs); a few run the
-real ``tbmq`` console script in a subprocess (:func:`tbmq`), including one
-while a store — the broker's — has the same file open."""
+Most tests run the command in this process (the ``cli`` fixture: the
+parser, then :func:`tbmq.cli.execute` on the private reactor of
+:func:`tests.postgres.reactor_thread`); a few run the real ``tbmq`` console
+script in a subprocess (:func:`tbmq`), including one while a store — the
+broker's — has the same file open."""
 
 from __future__ import annotations
 
@@ -16,14 +17,13 @@ import sys
 from typing import Any
 
 import pytest
-import pytest_twisted
 from twisted.python.failure import Failure
 
 from tbmq.auth.passwords import check_password, check_scram_password
 from tbmq.backends.sqlite_credentials import FILE_NAME, SQLiteCredentialStore
 from tbmq.cli import basic_credentials_id, build_parser, execute
 from tbmq.model import ClientType, CredentialsType
-from tests.postgres import new_database
+from tests.postgres import Blocking, new_database
 
 BIN = os.path.dirname(sys.executable)
 
@@ -39,22 +39,25 @@ def tbmq(*args: str, input: str | None = None, status: int = 0,
     return result
 
 
-async def cli(*argv: str, input: str | None = None, status: int = 0) -> tuple[str, str]:
-    """Run ``tbmq ARGV`` in this process and check its exit status.
+@pytest.fixture
+def cli(reactor_thread):
+    """``cli(*argv, input=None, status=0)`` runs ``tbmq ARGV`` in this
+    process, checks its exit status and returns ``(stdout, stderr)``."""
 
-    :returns: ``(stdout, stderr)``.
-    """
-    out, err = io.StringIO(), io.StringIO()
-    args = build_parser().parse_args(list(argv))
-    stdin = sys.stdin
-    if input is not None:
-        sys.stdin = io.StringIO(input)
-    try:
-        code = await execute(args, out, err)
-    finally:
-        sys.stdin = stdin
-    assert code == status, (code, out.getvalue(), err.getvalue())
-    return out.getvalue(), err.getvalue()
+    def cli(*argv: str, input: str | None = None, status: int = 0) -> tuple[str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        args = build_parser().parse_args(list(argv))
+        stdin = sys.stdin
+        if input is not None:
+            sys.stdin = io.StringIO(input)
+        try:
+            code = reactor_thread.run(execute, args, out, err, reactor_thread.reactor)
+        finally:
+            sys.stdin = stdin
+        assert code == status, (code, out.getvalue(), err.getvalue())
+        return out.getvalue(), err.getvalue()
+
+    return cli
 
 
 @pytest.fixture(autouse=True)
@@ -128,11 +131,10 @@ def test_add_basic_with_rules(data_dir):
     assert record.id in out
 
 
-@pytest_twisted.ensureDeferred
-async def test_add_basic_keys_and_password_stdin(data_dir):
-    await cli("credentials", "add", "--data-dir", data_dir, "--type", "basic", "--name", "by-user",
+def test_add_basic_keys_and_password_stdin(data_dir, cli):
+    cli("credentials", "add", "--data-dir", data_dir, "--type", "basic", "--name", "by-user",
               "--username", "alice", "--password-stdin", "--no-sub", input="from stdin\nignored\n")
-    await cli("credentials", "add", "--data-dir", data_dir, "--type", "basic", "--name", "by-client",
+    cli("credentials", "add", "--data-dir", data_dir, "--type", "basic", "--name", "by-client",
               "--client-id", "dev-7")
     records = stored(data_dir)
     user = records["by-user"]
@@ -143,16 +145,15 @@ async def test_add_basic_keys_and_password_stdin(data_dir):
     assert client.credentials_id == "client_id|dev-7"
     assert client.value == {"clientId": "dev-7", "userName": None, "password": None}
     assert client.client_type is ClientType.DEVICE
-    err = (await cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "x",
+    err = (cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "x",
                      status=2))[1]
     assert "--client-id" in err
 
 
-@pytest_twisted.ensureDeferred
-async def test_add_x509_and_scram(data_dir):
-    await cli("--data-dir", data_dir, "credentials", "add", "--type", "x509", "--name", "certs",
+def test_add_x509_and_scram(data_dir, cli):
+    cli("--data-dir", data_dir, "credentials", "add", "--type", "x509", "--name", "certs",
               "--cn", "dev-[0-9]+", "--cn-regex", "--pub", "d/.*")
-    await cli("--data-dir", data_dir, "credentials", "add", "--type", "scram", "--name", "scram-bob",
+    cli("--data-dir", data_dir, "credentials", "add", "--type", "scram", "--name", "scram-bob",
               "--username", "bob", "--password", "pencil", "--algorithm", "sha512")
     records = stored(data_dir)
     cert = records["certs"]
@@ -166,22 +167,21 @@ async def test_add_x509_and_scram(data_dir):
     assert scram.value["userName"] == "bob" and scram.value["algorithm"] == "SHA512"
     assert scram.value["iterations"] == 4096
     assert check_scram_password("pencil", scram.value)
-    err = (await cli("--data-dir", data_dir, "credentials", "add", "--type", "x509", "--name", "bad",
+    err = (cli("--data-dir", data_dir, "credentials", "add", "--type", "x509", "--name", "bad",
                      "--cn", "(", "--cn-regex", status=1))[1]
     assert "regex" in err
-    err = (await cli("--data-dir", data_dir, "credentials", "add", "--type", "scram", "--name", "np",
+    err = (cli("--data-dir", data_dir, "credentials", "add", "--type", "scram", "--name", "np",
                      "--username", "x", status=2))[1]
     assert "--password" in err
-    await cli("--data-dir", data_dir, "credentials", "add", "--type", "x509", "--name", "bad",
+    cli("--data-dir", data_dir, "credentials", "add", "--type", "x509", "--name", "bad",
               "--cn", "x", "--username", "u", status=2)
 
 
-@pytest_twisted.ensureDeferred
-async def test_change_only_what_is_given(data_dir):
-    await cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "dev",
+def test_change_only_what_is_given(data_dir, cli):
+    cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "dev",
               "--client-id", "c", "--username", "u", "--password", "one", "--pub", "a/.*")
     before = stored(data_dir)["dev"]
-    await cli("--data-dir", data_dir, "credentials", "change", "dev", "--sub", "s/#",
+    cli("--data-dir", data_dir, "credentials", "change", "dev", "--sub", "s/#",
               "--client-type", "APPLICATION")
     after = stored(data_dir)["dev"]
     assert after.value["password"] == before.value["password"]
@@ -189,7 +189,7 @@ async def test_change_only_what_is_given(data_dir):
     assert after.client_type is ClientType.APPLICATION
     assert after.created_time == before.created_time and after.updated_time > before.updated_time
     # by id: new password, no username any more, publish unrestricted, renamed
-    await cli("--data-dir", data_dir, "credentials", "change", before.id, "--password", "two",
+    cli("--data-dir", data_dir, "credentials", "change", before.id, "--password", "two",
               "--username", "", "--any-pub", "--name", "dev-renamed")
     changed = stored(data_dir)["dev-renamed"]
     assert changed.id == before.id
@@ -197,83 +197,79 @@ async def test_change_only_what_is_given(data_dir):
     assert check_password(b"two", changed.value["password"])
     assert not check_password(b"one", changed.value["password"])
     assert changed.value["authRules"] == {"subAuthRulePatterns": ["s/#"]}
-    await cli("--data-dir", data_dir, "credentials", "change", "dev-renamed", "--no-password")
+    cli("--data-dir", data_dir, "credentials", "change", "dev-renamed", "--no-password")
     assert stored(data_dir)["dev-renamed"].value["password"] is None
-    err = (await cli("--data-dir", data_dir, "credentials", "change", "nobody", "--sub", "x",
+    err = (cli("--data-dir", data_dir, "credentials", "change", "nobody", "--sub", "x",
                      status=1))[1]
     assert "nobody" in err
-    await cli("--data-dir", data_dir, "credentials", "change", "dev-renamed", "--cn", "x", status=2)
+    cli("--data-dir", data_dir, "credentials", "change", "dev-renamed", "--cn", "x", status=2)
 
 
-@pytest_twisted.ensureDeferred
-async def test_change_scram_password_and_username(data_dir):
-    await cli("--data-dir", data_dir, "credentials", "add", "--type", "scram", "--name", "s",
+def test_change_scram_password_and_username(data_dir, cli):
+    cli("--data-dir", data_dir, "credentials", "add", "--type", "scram", "--name", "s",
               "--username", "bob", "--password", "one")
     first = stored(data_dir)["s"]
-    await cli("--data-dir", data_dir, "credentials", "change", "s", "--username", "robert")
+    cli("--data-dir", data_dir, "credentials", "change", "s", "--username", "robert")
     renamed = stored(data_dir)["s"]
     assert renamed.credentials_id == "scram|SHA256|robert"
     assert renamed.value["storedKey"] == first.value["storedKey"]
-    await cli("--data-dir", data_dir, "credentials", "change", "s", "--algorithm", "SHA512", status=2)
-    await cli("--data-dir", data_dir, "credentials", "change", "s", "--algorithm", "SHA512",
+    cli("--data-dir", data_dir, "credentials", "change", "s", "--algorithm", "SHA512", status=2)
+    cli("--data-dir", data_dir, "credentials", "change", "s", "--algorithm", "SHA512",
               "--password", "two")
     changed = stored(data_dir)["s"]
     assert changed.credentials_id == "scram|SHA512|robert"
     assert check_scram_password("two", changed.value)
 
 
-@pytest_twisted.ensureDeferred
-async def test_conflicts_are_refused(data_dir):
-    await cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "a",
+def test_conflicts_are_refused(data_dir, cli):
+    cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "a",
               "--client-id", "c")
-    err = (await cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "a",
+    err = (cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "a",
                      "--client-id", "other", status=1))[1]
     assert "'a'" in err
-    err = (await cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "b",
+    err = (cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "b",
                      "--client-id", "c", status=1))[1]
     assert "client_id|c" in err
-    err = (await cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "b",
+    err = (cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "b",
                      "--client-id", "d", "--pub", "a/(", status=1))[1]
     assert "a/(" in err
     assert list(stored(data_dir)) == ["a"]
 
 
-@pytest_twisted.ensureDeferred
-async def test_list_show_remove(data_dir):
+def test_list_show_remove(data_dir, cli):
     for name, client_id in (("zeta", "z"), ("alpha", "a")):
-        await cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", name,
+        cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", name,
                   "--client-id", client_id)
-    lines = (await cli("--data-dir", data_dir, "credentials", "list"))[0].splitlines()
+    lines = (cli("--data-dir", data_dir, "credentials", "list"))[0].splitlines()
     assert lines[0].split()[:2] == ["NAME", "TYPE"]
     assert [line.split()[0] for line in lines[1:]] == ["alpha", "zeta"]
     assert "client_id|a" in lines[1]
-    listed = json.loads((await cli("--data-dir", data_dir, "credentials", "list", "--json"))[0])
+    listed = json.loads((cli("--data-dir", data_dir, "credentials", "list", "--json"))[0])
     assert [r["name"] for r in listed] == ["alpha", "zeta"]
     assert listed[0]["credentials_type"] == "MQTT_BASIC" and listed[0]["value"]["clientId"] == "a"
-    assert json.loads((await cli("--data-dir", data_dir, "credentials", "list", "--json", "--type",
+    assert json.loads((cli("--data-dir", data_dir, "credentials", "list", "--json", "--type",
                                  "x509"))[0]) == []
-    shown = json.loads((await cli("--data-dir", data_dir, "credentials", "show", "zeta"))[0])
+    shown = json.loads((cli("--data-dir", data_dir, "credentials", "show", "zeta"))[0])
     assert shown["credentials_id"] == "client_id|z"
-    out = (await cli("--data-dir", data_dir, "credentials", "remove", "zeta"))[0]
+    out = (cli("--data-dir", data_dir, "credentials", "remove", "zeta"))[0]
     assert "zeta" in out
-    await cli("--data-dir", data_dir, "credentials", "remove", listed[0]["id"])
+    cli("--data-dir", data_dir, "credentials", "remove", listed[0]["id"])
     assert stored(data_dir) == {}
-    assert "no credentials" in (await cli("--data-dir", data_dir, "credentials", "remove", "zeta",
+    assert "no credentials" in (cli("--data-dir", data_dir, "credentials", "remove", "zeta",
                                           status=1))[1]
 
 
-@pytest_twisted.ensureDeferred
-async def test_config_file_finds_the_store(tmp_path):
+def test_config_file_finds_the_store(tmp_path, cli):
     data = tmp_path / "from-config"
     config = tmp_path / "tbmq.yml"
     config.write_text(f"data_dir: {data}\n")
-    await cli("--config", str(config), "credentials", "add", "--type", "basic", "--name", "n",
+    cli("--config", str(config), "credentials", "add", "--type", "basic", "--name", "n",
               "--client-id", "c")
     assert list(stored(data)) == ["n"]
     config.write_text("auth:\n  credentials: memory\n")
-    assert "memory" in (await cli("--config", str(config), "credentials", "list", status=2))[1]
+    assert "memory" in (cli("--config", str(config), "credentials", "list", status=2))[1]
     config.write_text("auth:\n  credentials: nosuch\n")
-    assert "auth.credentials" in (await cli("--config", str(config), "credentials", "list",
+    assert "auth.credentials" in (cli("--config", str(config), "credentials", "list",
                                             status=2))[1]
 
 
@@ -291,26 +287,25 @@ def test_usage_errors_exit_2():
     assert args.data_dir == "e"
 
 
-@pytest_twisted.ensureDeferred
-async def test_running_broker_sees_the_cli_changes(data_dir):
+def test_running_broker_sees_the_cli_changes(data_dir, reactor_thread):
     """The broker's store is open (its own thread, WAL) while the CLI
     writes; changed_since picks the change up."""
-    store = SQLiteCredentialStore(os.path.join(data_dir, FILE_NAME))
-    await store.start()
+    store = Blocking(reactor_thread, SQLiteCredentialStore(
+        os.path.join(data_dir, FILE_NAME), reactor=reactor_thread.reactor))
+    store.start()
     try:
-        _, _, version = await store.changed_since(0)
+        _, _, version = store.changed_since(0)
         tbmq("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "live",
              "--username", "u", "--password", "p")
-        changed, deleted, version = await store.changed_since(version)
+        changed, deleted, version = store.changed_since(version)
         assert [c.name for c in changed] == ["live"] and deleted == []
         tbmq("--data-dir", data_dir, "credentials", "remove", "live")
-        assert await store.changed_since(version) == ([], [changed[0].id], version + 1)
+        assert store.changed_since(version) == ([], [changed[0].id], version + 1)
     finally:
-        await store.stop()
+        store.stop()
 
 
-@pytest_twisted.ensureDeferred
-async def test_postgres_store(postgres_dsn, tmp_path):
+def test_postgres_store(postgres_dsn, tmp_path, cli, reactor_thread):
     from tbmq_plugins.postgres import PostgresCredentialStore
 
     dsn = new_database(postgres_dsn)
@@ -319,17 +314,17 @@ async def test_postgres_store(postgres_dsn, tmp_path):
                                   "postgres": {"dsn": dsn, "max_connections": 2}}))
     tbmq("--config", str(config), "credentials", "add", "--type", "basic", "--name", "pg",
          "--username", "u", "--password", "p", "--sub", "a/#")
-    await cli("--config", str(config), "credentials", "change", "pg", "--client-id", "c")
-    listed = json.loads((await cli("--config", str(config), "credentials", "list", "--json"))[0])
+    cli("--config", str(config), "credentials", "change", "pg", "--client-id", "c")
+    listed = json.loads((cli("--config", str(config), "credentials", "list", "--json"))[0])
     assert [r["credentials_id"] for r in listed] == ["mixed|c|u"]
-    store = PostgresCredentialStore(dsn)
-    await store.start()
+    store = Blocking(reactor_thread, PostgresCredentialStore(dsn, reactor=reactor_thread.reactor))
+    store.start()
     try:
-        record = await store.find(CredentialsType.MQTT_BASIC, "mixed|c|u")
+        record = store.find(CredentialsType.MQTT_BASIC, "mixed|c|u")
         assert record.name == "pg"
         assert check_password(b"p", record.value["password"])
         assert record.value["authRules"] == {"subAuthRulePatterns": ["a/#"]}
     finally:
-        await store.stop()
-    await cli("--config", str(config), "credentials", "remove", "pg")
-    assert json.loads((await cli("--config", str(config), "credentials", "list", "--json"))[0]) == []
+        store.stop()
+    cli("--config", str(config), "credentials", "remove", "pg")
+    assert json.loads((cli("--config", str(config), "credentials", "list", "--json"))[0]) == []

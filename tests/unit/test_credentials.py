@@ -3,12 +3,14 @@ against every backend: memory, SQLite and a real PostgreSQL
 (:mod:`tests.postgres`).
 
 The suite is written once: the ``store`` fixture is parametrised over
-:data:`BACKENDS` (a class with ``open()`` per backend), the ``durable``
-fixture over those whose records survive a restart.  Tests are coroutines
-run by pytest-twisted on the real reactor; the memory store answers at once,
-the SQLite store runs on a synchronous thread pool here (its own thread in
-the SQLite-specific tests at the end), the PostgreSQL store uses adbapi's
-pool threads.  Each PostgreSQL test gets a database of its own.
+:data:`BACKENDS` (a class with ``open(reactor)`` per backend), the
+``durable`` fixture over those whose records survive a restart.  Stores run
+on a private reactor in a thread of its own (:mod:`tests.postgres`), and the
+tests call them through :class:`~tests.postgres.Blocking`, which waits for
+each Deferred.  The memory store answers at once, the SQLite store runs on a
+synchronous thread pool here (its own thread in the SQLite-specific tests at
+the end), the PostgreSQL store on adbapi's pool threads.  Each PostgreSQL
+test gets a database of its own.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import uuid
 from typing import Any, Callable
 
 import pytest
-import pytest_twisted
 from tbmq_plugins.postgres import PostgresCredentialStore, PostgresPlugin
 from twisted.internet import defer
 from twisted.python.failure import Failure
@@ -37,7 +38,7 @@ from tbmq.config import load_config
 from tbmq.errors import BackendError, CredentialsError
 from tbmq.interfaces import ICredentialStore
 from tbmq.model import ClientType, Credentials, CredentialsType
-from tests.postgres import new_database
+from tests.postgres import Blocking, new_database
 
 BASIC, X509, SCRAM = CredentialsType.MQTT_BASIC, CredentialsType.X_509, CredentialsType.SCRAM
 
@@ -86,7 +87,7 @@ class MemoryBackend:
     def __init__(self, request: Any, tmp_path: Any) -> None:
         self.clock = Clock()
 
-    def open(self) -> Any:
+    def open(self, reactor: Any) -> Any:
         return MemoryCredentialStore(clock=self.clock)
 
 
@@ -97,7 +98,7 @@ class SQLiteBackend:
         self.clock = Clock()
         self.path = str(tmp_path / "data" / FILE_NAME)
 
-    def open(self) -> Any:
+    def open(self, reactor: Any) -> Any:
         return SQLiteCredentialStore(
             self.path, reactor=SyncReactor(), threadpool=SyncThreadPool(), clock=self.clock
         )
@@ -110,8 +111,8 @@ class PostgresBackend:
         self.clock = Clock()
         self.dsn = new_database(request.getfixturevalue("postgres_dsn"))
 
-    def open(self) -> Any:
-        return PostgresCredentialStore(self.dsn, 1, 3, clock=self.clock)
+    def open(self, reactor: Any) -> Any:
+        return PostgresCredentialStore(self.dsn, 1, 3, reactor=reactor, clock=self.clock)
 
 
 BACKENDS = {"memory": MemoryBackend, "sqlite": SQLiteBackend, "postgres": PostgresBackend}
@@ -127,12 +128,17 @@ def durable(request, tmp_path):
     return BACKENDS[request.param](request, tmp_path)
 
 
-@pytest_twisted.async_yield_fixture()
-async def store(backend):
-    store = backend.open()
-    await store.start()
+@pytest.fixture
+def store(backend, reactor_thread):
+    store = Blocking(reactor_thread, backend.open(reactor_thread.reactor))
+    store.start()
     yield store
-    await store.stop()
+    store.stop()
+
+
+def opened(backend: Any, reactor_thread: Any) -> Blocking:
+    """A new store of ``backend`` (not started), blocking."""
+    return Blocking(reactor_thread, backend.open(reactor_thread.reactor))
 
 
 def creds(name: str = "dev", credentials_id: str | None = None, kind: CredentialsType = BASIC,
@@ -147,9 +153,10 @@ def creds(name: str = "dev", credentials_id: str | None = None, kind: Credential
     )
 
 
-async def failure_of(d: defer.Deferred) -> BaseException:
+def failure_of(f: Callable, *args: Any) -> BaseException:
+    """:returns: the exception ``f(*args)`` raised."""
     try:
-        await d
+        f(*args)
     except Exception as e:  # noqa: BLE001
         return e
     raise AssertionError("the call did not fail")
@@ -159,109 +166,100 @@ async def failure_of(d: defer.Deferred) -> BaseException:
 
 
 def test_provides_the_interface(backend):
-    assert verifyObject(ICredentialStore, backend.open())
+    assert verifyObject(ICredentialStore, backend.open(None))
 
 
-@pytest_twisted.ensureDeferred
-async def test_find_by_type_and_credentials_id(store):
-    basic = await store.save(creds("a", "username|bob"))
+def test_find_by_type_and_credentials_id(store):
+    basic = store.save(creds("a", "username|bob"))
     # the same lookup key under another type is another record
-    cert = await store.save(creds("b", "username|bob", X509, client_type=ClientType.APPLICATION))
-    assert await store.find(BASIC, "username|bob") == basic
-    assert await store.find("X_509", "username|bob") == cert
-    assert (await store.find(X509, "username|bob")).client_type is ClientType.APPLICATION
-    assert await store.find(SCRAM, "username|bob") is None
-    assert await store.find(BASIC, "username|Bob") is None
-    assert await store.find("NO_SUCH_TYPE", "username|bob") is None
+    cert = store.save(creds("b", "username|bob", X509, client_type=ClientType.APPLICATION))
+    assert store.find(BASIC, "username|bob") == basic
+    assert store.find("X_509", "username|bob") == cert
+    assert (store.find(X509, "username|bob")).client_type is ClientType.APPLICATION
+    assert store.find(SCRAM, "username|bob") is None
+    assert store.find(BASIC, "username|Bob") is None
+    assert store.find("NO_SUCH_TYPE", "username|bob") is None
 
 
-@pytest_twisted.ensureDeferred
-async def test_find_all_by_type(store):
-    await store.save(creds("z-cert", "z.example", X509))
-    await store.save(creds("basic", "client_id|c"))
+def test_find_all_by_type(store):
+    store.save(creds("z-cert", "z.example", X509))
+    store.save(creds("basic", "client_id|c"))
     regex = {"certCnPattern": "dev-.*", "certCnIsRegex": True}
-    await store.save(creds("a-cert", "dev-.*", X509, value=regex))
-    found = await store.find_all(X509)
+    store.save(creds("a-cert", "dev-.*", X509, value=regex))
+    found = store.find_all(X509)
     assert [c.name for c in found] == ["a-cert", "z-cert"]
     assert found[0].value == {"certCnPattern": "dev-.*", "certCnIsRegex": True}
-    assert await store.find_all(SCRAM) == []
-    assert [c.name for c in await store.find_all("MQTT_BASIC")] == ["basic"]
+    assert store.find_all(SCRAM) == []
+    assert [c.name for c in store.find_all("MQTT_BASIC")] == ["basic"]
 
 
-@pytest_twisted.ensureDeferred
-async def test_get(store):
-    saved = await store.save(creds("a"))
-    assert await store.get(saved.id) == saved
-    assert await store.get("no-such-id") is None
+def test_get(store):
+    saved = store.save(creds("a"))
+    assert store.get(saved.id) == saved
+    assert store.get("no-such-id") is None
 
 
-@pytest_twisted.ensureDeferred
-async def test_list_is_ordered_by_name(store):
-    assert await store.list() == []
+def test_list_is_ordered_by_name(store):
+    assert store.list() == []
     names = ["b", "A", "a", "\u00e4", "Z10", "Z2", "\u65e5\u672c"]
     for name in names:
-        await store.save(creds(name))
-    assert [c.name for c in await store.list()] == sorted(names)
+        store.save(creds(name))
+    assert [c.name for c in store.list()] == sorted(names)
 
 
-@pytest_twisted.ensureDeferred
-async def test_save_new_sets_both_times(store, backend):
+def test_save_new_sets_both_times(store, backend):
     record = creds("a", value={"clientId": "a"})
-    saved = await store.save(record)
+    saved = store.save(record)
     assert saved.created_time == saved.updated_time == backend.clock.now
     assert record.created_time == record.updated_time == 0.0  # the argument is not modified
     assert dataclasses.replace(saved, created_time=0.0, updated_time=0.0) == record
-    assert await store.get(record.id) == saved
+    assert store.get(record.id) == saved
 
 
-@pytest_twisted.ensureDeferred
-async def test_save_replaces_by_id_and_keeps_created_time(store):
-    first = await store.save(creds("a", "client_id|a", value={"v": 1}))
-    second = await store.save(dataclasses.replace(
+def test_save_replaces_by_id_and_keeps_created_time(store):
+    first = store.save(creds("a", "client_id|a", value={"v": 1}))
+    second = store.save(dataclasses.replace(
         first, name="renamed", credentials_id="username|u", client_type=ClientType.APPLICATION,
         value={"v": 2}, created_time=0.0, updated_time=0.0))
     assert second.created_time == first.created_time
     assert second.updated_time > first.updated_time
-    assert await store.get(first.id) == second
-    assert [c.name for c in await store.list()] == ["renamed"]
-    assert await store.find(BASIC, "client_id|a") is None  # the old key is free
-    assert await store.find(BASIC, "username|u") == second
+    assert store.get(first.id) == second
+    assert [c.name for c in store.list()] == ["renamed"]
+    assert store.find(BASIC, "client_id|a") is None  # the old key is free
+    assert store.find(BASIC, "username|u") == second
     # the freed name and key can be taken by another record
-    await store.save(creds("a", "client_id|a"))
+    store.save(creds("a", "client_id|a"))
 
 
-@pytest_twisted.ensureDeferred
-async def test_updated_time_moves_on_every_save(store):
-    saved = await store.save(creds("a"))
+def test_updated_time_moves_on_every_save(store):
+    saved = store.save(creds("a"))
     times = [saved.updated_time]
     for _ in range(3):
-        saved = await store.save(saved)
+        saved = store.save(saved)
         times.append(saved.updated_time)
     assert times == sorted(set(times))
 
 
-@pytest_twisted.ensureDeferred
-async def test_unique_name(store):
-    first = await store.save(creds("same", "client_id|1"))
-    error = await failure_of(store.save(creds("same", "client_id|2")))
+def test_unique_name(store):
+    first = store.save(creds("same", "client_id|1"))
+    error = failure_of(store.save, creds("same", "client_id|2"))
     assert isinstance(error, CredentialsError)
     assert "same" in str(error)
-    assert await store.list() == [first]
-    assert await store.find(BASIC, "client_id|2") is None
+    assert store.list() == [first]
+    assert store.find(BASIC, "client_id|2") is None
 
 
-@pytest_twisted.ensureDeferred
-async def test_unique_type_and_credentials_id(store):
-    first = await store.save(creds("one", "mixed|c|u"))
-    error = await failure_of(store.save(creds("two", "mixed|c|u")))
+def test_unique_type_and_credentials_id(store):
+    first = store.save(creds("one", "mixed|c|u"))
+    error = failure_of(store.save, creds("two", "mixed|c|u"))
     assert isinstance(error, CredentialsError)
     assert "mixed|c|u" in str(error)
-    assert await store.list() == [first]
+    assert store.list() == [first]
     # renaming into a conflict fails too, and changes nothing
-    other = await store.save(creds("other", "client_id|x"))
-    error = await failure_of(store.save(dataclasses.replace(other, credentials_id="mixed|c|u")))
+    other = store.save(creds("other", "client_id|x"))
+    error = failure_of(store.save, dataclasses.replace(other, credentials_id="mixed|c|u"))
     assert isinstance(error, CredentialsError)
-    assert await store.get(other.id) == other
+    assert store.get(other.id) == other
 
 
 @pytest.mark.parametrize(
@@ -277,64 +275,60 @@ async def test_unique_type_and_credentials_id(store):
         {"value": {"authRules": {"subAuthRulePatterns": "not a list"}}},
     ],
 )
-@pytest_twisted.ensureDeferred
-async def test_invalid_records_are_refused(store, change):
+def test_invalid_records_are_refused(store, change):
     record = creds("a")
     for key, value in change.items():
         object.__setattr__(record, key, value)
-    error = await failure_of(store.save(record))
+    error = failure_of(store.save, record)
     assert isinstance(error, CredentialsError), error
-    assert await store.list() == []
+    assert store.list() == []
 
 
-@pytest_twisted.ensureDeferred
-async def test_delete(store):
-    keep = await store.save(creds("keep"))
-    gone = await store.save(creds("gone", "username|g"))
-    assert await store.delete(gone.id) is True
-    assert await store.get(gone.id) is None
-    assert await store.find(BASIC, "username|g") is None
-    assert await store.list() == [keep]
-    assert await store.delete(gone.id) is False
-    assert await store.delete("never-was") is False
-    await store.save(creds("gone", "username|g"))  # name and key are free again
+def test_delete(store):
+    keep = store.save(creds("keep"))
+    gone = store.save(creds("gone", "username|g"))
+    assert store.delete(gone.id) is True
+    assert store.get(gone.id) is None
+    assert store.find(BASIC, "username|g") is None
+    assert store.list() == [keep]
+    assert store.delete(gone.id) is False
+    assert store.delete("never-was") is False
+    store.save(creds("gone", "username|g"))  # name and key are free again
 
 
-@pytest_twisted.ensureDeferred
-async def test_changed_since(store):
-    changed, deleted, v0 = await store.changed_since(0)
+def test_changed_since(store):
+    changed, deleted, v0 = store.changed_since(0)
     assert (changed, deleted) == ([], [])
-    a = await store.save(creds("a"))
-    b = await store.save(creds("b"))
-    changed, deleted, v1 = await store.changed_since(v0)
+    a = store.save(creds("a"))
+    b = store.save(creds("b"))
+    changed, deleted, v1 = store.changed_since(v0)
     assert (changed, deleted) == ([a, b], [])
     assert v1 > v0
-    assert await store.changed_since(v1) == ([], [], v1)  # nothing new since
-    a2 = await store.save(dataclasses.replace(a, value={"v": 2}))
-    assert await store.delete(b.id)
-    changed, deleted, v2 = await store.changed_since(v1)
+    assert store.changed_since(v1) == ([], [], v1)  # nothing new since
+    a2 = store.save(dataclasses.replace(a, value={"v": 2}))
+    assert store.delete(b.id)
+    changed, deleted, v2 = store.changed_since(v1)
     assert (changed, deleted) == ([a2], [b.id])
     assert v2 > v1
-    assert await store.changed_since(v2) == ([], [], v2)
+    assert store.changed_since(v2) == ([], [], v2)
     # from the start: what exists, and what was deleted
-    assert await store.changed_since(0) == ([a2], [b.id], v2)
+    assert store.changed_since(0) == ([a2], [b.id], v2)
     # saved then deleted in between: only the delete is reported
-    c = await store.save(creds("c"))
-    await store.delete(c.id)
-    changed, deleted, v3 = await store.changed_since(v2)
+    c = store.save(creds("c"))
+    store.delete(c.id)
+    changed, deleted, v3 = store.changed_since(v2)
     assert (changed, deleted) == ([], [c.id])
     # deleted then saved again: only the save is reported
-    b2 = await store.save(b)
-    changed, deleted, v4 = await store.changed_since(v3)
+    b2 = store.save(b)
+    changed, deleted, v4 = store.changed_since(v3)
     assert (changed, deleted) == ([b2], [])
-    assert await store.changed_since(v4) == ([], [], v4)
+    assert store.changed_since(v4) == ([], [], v4)
     # a failed save changes nothing
-    await failure_of(store.save(creds("a")))
-    assert await store.changed_since(v4) == ([], [], v4)
+    failure_of(store.save, creds("a"))
+    assert store.changed_since(v4) == ([], [], v4)
 
 
-@pytest_twisted.ensureDeferred
-async def test_values_round_trip(store):
+def test_values_round_trip(store):
     value = {
         "clientId": "ger\u00e4t-\u65e5\u672c",
         "userName": None,
@@ -345,12 +339,12 @@ async def test_values_round_trip(store):
         "emoji": "\U0001f600",
     }
     name, key = "G\u00e9r\u00e4t \u2116 1", "client_id|\u00e4\u00f6\u00fc"
-    saved = await store.save(creds(name, key, value=value))
+    saved = store.save(creds(name, key, value=value))
     for found in (
-        await store.get(saved.id),
-        await store.find(BASIC, key),
-        (await store.list())[0],
-        (await store.changed_since(0))[0][0],
+        store.get(saved.id),
+        store.find(BASIC, key),
+        (store.list())[0],
+        (store.changed_since(0))[0][0],
     ):
         assert found == saved
         assert found.value == value
@@ -358,70 +352,66 @@ async def test_values_round_trip(store):
         assert found.client_type is ClientType.DEVICE
 
 
-@pytest_twisted.ensureDeferred
-async def test_records_are_copies(store):
+def test_records_are_copies(store):
     record = creds("a", value={"list": [1]})
-    saved = await store.save(record)
+    saved = store.save(record)
     record.value["list"].append(2)
     saved.value["list"].append(3)
-    got = await store.get(saved.id)
+    got = store.get(saved.id)
     assert got.value == {"list": [1]}
     got.value["list"].append(4)
-    assert (await store.get(saved.id)).value == {"list": [1]}
+    assert (store.get(saved.id)).value == {"list": [1]}
 
 
-@pytest_twisted.ensureDeferred
-async def test_calls_in_order(store):
+def test_calls_in_order(store, reactor_thread):
     """Calls made without waiting are applied in the order they were made."""
     record = creds("a")
-    saves = [store.save(dataclasses.replace(record, value={"n": n})) for n in range(5)]
-    results = await defer.gatherResults(saves)
+    results = reactor_thread.call(lambda: defer.gatherResults([
+        store.target.save(dataclasses.replace(record, value={"n": n})) for n in range(5)]))
     assert [r.value["n"] for r in results] == list(range(5))
-    assert (await store.get(record.id)).value == {"n": 4}
+    assert (store.get(record.id)).value == {"n": 4}
 
 
 # -- durable backends -----------------------------------------------------------------
 
 
-@pytest_twisted.ensureDeferred
-async def test_records_survive_a_restart(durable):
-    store = durable.open()
-    await store.start()
-    kept = await store.save(creds("kept", value={"authRules": {"pubAuthRulePatterns": ["a"]}}))
-    changed = await store.save(creds("changed"))
-    gone = await store.save(creds("gone"))
-    changed = await store.save(dataclasses.replace(changed, value={"v": 2}))
-    await store.delete(gone.id)
-    _, _, version = await store.changed_since(0)
-    await store.stop()
+def test_records_survive_a_restart(durable, reactor_thread):
+    store = opened(durable, reactor_thread)
+    store.start()
+    kept = store.save(creds("kept", value={"authRules": {"pubAuthRulePatterns": ["a"]}}))
+    changed = store.save(creds("changed"))
+    gone = store.save(creds("gone"))
+    changed = store.save(dataclasses.replace(changed, value={"v": 2}))
+    store.delete(gone.id)
+    _, _, version = store.changed_since(0)
+    store.stop()
 
-    store = durable.open()
-    await store.start()
+    store = opened(durable, reactor_thread)
+    store.start()
     try:
-        assert await store.list() == [changed, kept]
-        assert await store.find(BASIC, changed.credentials_id) == changed
-        assert await store.changed_since(version) == ([], [], version)
-        assert await store.changed_since(0) == ([changed, kept], [gone.id], version)
-        again = await store.save(kept)
+        assert store.list() == [changed, kept]
+        assert store.find(BASIC, changed.credentials_id) == changed
+        assert store.changed_since(version) == ([], [], version)
+        assert store.changed_since(0) == ([changed, kept], [gone.id], version)
+        again = store.save(kept)
         assert again.created_time == kept.created_time
-        changed_now, deleted, new_version = await store.changed_since(version)
+        changed_now, deleted, new_version = store.changed_since(version)
         assert (changed_now, deleted) == ([again], [])
         assert new_version > version
     finally:
-        await store.stop()
+        store.stop()
 
 
-@pytest_twisted.ensureDeferred
-async def test_stopped_store_refuses_calls(durable):
-    store = durable.open()
-    error = await failure_of(store.list())
+def test_stopped_store_refuses_calls(durable, reactor_thread):
+    store = opened(durable, reactor_thread)
+    error = failure_of(store.list)
     assert isinstance(error, BackendError)
-    await store.start()
-    await store.start()  # idempotent
-    await store.save(creds("a"))
-    await store.stop()
-    await store.stop()
-    error = await failure_of(store.save(creds("b")))
+    store.start()
+    store.start()  # idempotent
+    store.save(creds("a"))
+    store.stop()
+    store.stop()
+    error = failure_of(store.save, creds("b"))
     assert isinstance(error, BackendError)
 
 
@@ -436,13 +426,13 @@ def test_sqlite_factory_uses_the_data_dir(tmp_path):
     assert isinstance(store, SQLiteCredentialStore)
 
 
-@pytest_twisted.ensureDeferred
-async def test_sqlite_file_is_private_and_in_wal_mode(tmp_path):
+def test_sqlite_file_is_private_and_in_wal_mode(tmp_path, reactor_thread):
     path = str(tmp_path / "new" / FILE_NAME)
-    store = SQLiteCredentialStore(path, reactor=SyncReactor(), threadpool=SyncThreadPool())
-    await store.start()
-    await store.save(creds("a"))
-    await store.stop()
+    store = Blocking(reactor_thread, SQLiteCredentialStore(
+        path, reactor=SyncReactor(), threadpool=SyncThreadPool()))
+    store.start()
+    store.save(creds("a"))
+    store.stop()
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     conn = sqlite3.connect(path)
     try:
@@ -455,63 +445,62 @@ async def test_sqlite_file_is_private_and_in_wal_mode(tmp_path):
         conn.close()
 
 
-@pytest_twisted.ensureDeferred
-async def test_sqlite_newer_schema_is_refused(tmp_path):
+def test_sqlite_newer_schema_is_refused(tmp_path, reactor_thread):
     path = str(tmp_path / FILE_NAME)
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA user_version=99")
     conn.close()
-    store = SQLiteCredentialStore(path, reactor=SyncReactor(), threadpool=SyncThreadPool())
-    error = await failure_of(store.start())
+    store = Blocking(reactor_thread, SQLiteCredentialStore(
+        path, reactor=SyncReactor(), threadpool=SyncThreadPool()))
+    error = failure_of(store.start)
     assert isinstance(error, BackendError) and "99" in str(error)
     assert not store.running
 
 
-@pytest_twisted.ensureDeferred
-async def test_sqlite_in_its_own_thread_sees_another_process_writes(tmp_path):
+def test_sqlite_in_its_own_thread_sees_another_process_writes(tmp_path, reactor_thread):
     """The broker's store (its own thread) and the CLI's (here another
     store on the same file) share the file: WAL readers, one writer at a
     time, changes found by changed_since."""
     path = str(tmp_path / FILE_NAME)
-    broker = SQLiteCredentialStore(path)
-    cli = SQLiteCredentialStore(path)
-    await broker.start()
-    await cli.start()
+    broker = Blocking(reactor_thread, SQLiteCredentialStore(path, reactor=reactor_thread.reactor))
+    cli = Blocking(reactor_thread, SQLiteCredentialStore(path, reactor=reactor_thread.reactor))
+    broker.start()
+    cli.start()
     try:
-        _, _, version = await broker.changed_since(0)
-        saved = await cli.save(creds("from-cli", value={"password": None}))
-        changed, deleted, version2 = await broker.changed_since(version)
+        _, _, version = broker.changed_since(0)
+        saved = cli.save(creds("from-cli", value={"password": None}))
+        changed, deleted, version2 = broker.changed_since(version)
         assert (changed, deleted) == ([saved], [])
-        both = await defer.gatherResults([
-            broker.save(creds(f"b{i}")) for i in range(10)
-        ] + [cli.save(creds(f"c{i}")) for i in range(10)])
-        changed, _, version3 = await broker.changed_since(version2)
+        both = reactor_thread.call(lambda: defer.gatherResults(
+            [broker.target.save(creds(f"b{i}")) for i in range(10)]
+            + [cli.target.save(creds(f"c{i}")) for i in range(10)]))
+        changed, _, version3 = broker.changed_since(version2)
         assert sorted(c.name for c in changed) == sorted(c.name for c in both)
         assert version3 == version2 + 20
-        assert await cli.delete(saved.id)
-        assert await broker.changed_since(version3) == ([], [saved.id], version3 + 1)
+        assert cli.delete(saved.id)
+        assert broker.changed_since(version3) == ([], [saved.id], version3 + 1)
     finally:
-        await cli.stop()
-        await broker.stop()
-    assert broker._pool is None and cli._pool is None
+        cli.stop()
+        broker.stop()
+    assert broker.target._pool is None and cli.target._pool is None
 
 
-@pytest_twisted.ensureDeferred
-async def test_sqlite_write_lock_held_too_long_is_a_backend_error(tmp_path):
+def test_sqlite_write_lock_held_too_long_is_a_backend_error(tmp_path, reactor_thread):
     path = str(tmp_path / FILE_NAME)
-    store = SQLiteCredentialStore(path, busy_timeout=0.2)
-    await store.start()
+    store = Blocking(reactor_thread, SQLiteCredentialStore(
+        path, reactor=reactor_thread.reactor, busy_timeout=0.2))
+    store.start()
     blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
         blocker.execute("BEGIN IMMEDIATE")
-        assert (await store.list()) == []  # readers are not blocked (WAL)
-        error = await failure_of(store.save(creds("a")))
+        assert store.list() == []  # readers are not blocked (WAL)
+        error = failure_of(store.save, creds("a"))
         assert isinstance(error, BackendError) and "locked" in str(error)
         blocker.execute("ROLLBACK")
-        await store.save(creds("a"))
+        store.save(creds("a"))
     finally:
         blocker.close()
-        await store.stop()
+        store.stop()
 
 
 # -- PostgreSQL -------------------------------------------------------------------------
@@ -536,21 +525,20 @@ def test_postgres_plugin_is_an_entry_point():
     assert isinstance(module, PostgresPlugin)
 
 
-@pytest_twisted.ensureDeferred
-async def test_postgres_unreachable_is_a_backend_error():
+def test_postgres_unreachable_is_a_backend_error(reactor_thread):
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    store = PostgresCredentialStore(f"host=127.0.0.1 port={port} dbname=x connect_timeout=2")
-    error = await failure_of(store.start())
+    store = Blocking(reactor_thread, PostgresCredentialStore(
+        f"host=127.0.0.1 port={port} dbname=x connect_timeout=2", reactor=reactor_thread.reactor))
+    error = failure_of(store.start)
     assert isinstance(error, BackendError)
-    assert not store.running and store._pool is None
+    assert not store.running and store.target._pool is None
 
 
-@pytest_twisted.ensureDeferred
-async def test_postgres_refuses_a_foreign_table(postgres_dsn):
+def test_postgres_refuses_a_foreign_table(postgres_dsn, reactor_thread):
     import psycopg2
 
     dsn = new_database(postgres_dsn)
@@ -561,38 +549,42 @@ async def test_postgres_refuses_a_foreign_table(postgres_dsn):
                     "credentials_id varchar, credentials_type varchar(255), "
                     "credentials_value varchar)")
     conn.close()
-    store = PostgresCredentialStore(dsn)
-    error = await failure_of(store.start())
+    store = Blocking(reactor_thread, PostgresCredentialStore(dsn, reactor=reactor_thread.reactor))
+    error = failure_of(store.start)
     assert isinstance(error, BackendError)
     assert "version" in str(error)
 
 
-@pytest_twisted.ensureDeferred
-async def test_postgres_nodes_share_records_and_versions(postgres_dsn):
+def test_postgres_nodes_share_records_and_versions(postgres_dsn, reactor_thread):
     """Two nodes (two stores, two pools) write at once: every change gets
     its own version and each node sees all of them, exactly once."""
     dsn = new_database(postgres_dsn)
-    one, two = PostgresCredentialStore(dsn, 1, 4), PostgresCredentialStore(dsn, 1, 4)
-    await defer.gatherResults([one.start(), two.start()])
-    try:
-        _, _, start = await one.changed_since(0)
-        saves = [one.save(creds(f"one{i}")) for i in range(15)]
-        saves += [two.save(creds(f"two{i}")) for i in range(15)]
-        saved = await defer.gatherResults(saves)
-        seen: list = []
-        version = start
-        # poll in small steps, as the broker does, while nothing is lost
-        for _ in range(3):
-            changed, deleted, version = await two.changed_since(version)
-            seen += changed
-        assert sorted(c.id for c in seen) == sorted(c.id for c in saved)
-        assert version == start + 30
-        # the same name saved by both nodes at once: one wins
-        results = await defer.DeferredList(
-            [one.save(creds("race")), two.save(creds("race"))], consumeErrors=True)
-        outcomes = sorted(ok for ok, _ in results)
-        assert outcomes == [False, True]
-        (failure,) = [r for ok, r in results if not ok]
-        assert failure.check(CredentialsError)
-    finally:
-        await defer.gatherResults([one.stop(), two.stop()])
+    reactor = reactor_thread.reactor
+    one = PostgresCredentialStore(dsn, 1, 4, reactor=reactor)
+    two = PostgresCredentialStore(dsn, 1, 4, reactor=reactor)
+
+    async def scenario() -> None:
+        await defer.gatherResults([one.start(), two.start()])
+        try:
+            _, _, start = await one.changed_since(0)
+            saves = [one.save(creds(f"one{i}")) for i in range(15)]
+            saves += [two.save(creds(f"two{i}")) for i in range(15)]
+            saved = await defer.gatherResults(saves)
+            seen: list = []
+            version = start
+            # poll in small steps, as the broker does: nothing is lost
+            for _ in range(3):
+                changed, deleted, version = await two.changed_since(version)
+                seen += changed
+            assert sorted(c.id for c in seen) == sorted(c.id for c in saved)
+            assert version == start + 30
+            # the same name saved by both nodes at once: one wins
+            results = await defer.DeferredList(
+                [one.save(creds("race")), two.save(creds("race"))], consumeErrors=True)
+            assert sorted(ok for ok, _ in results) == [False, True]
+            (failure,) = [r for ok, r in results if not ok]
+            assert failure.check(CredentialsError)
+        finally:
+            await defer.gatherResults([one.stop(), two.stop()])
+
+    reactor_thread.run(scenario)

@@ -10,7 +10,6 @@ import time
 
 import bcrypt
 import pytest
-import pytest_twisted
 from scramp import ScramClient, ScramMechanism
 
 from tbmq.auth.passwords import (
@@ -201,30 +200,38 @@ def test_long_passwords():
         hash_password("x", rounds=3)
 
 
-@pytest_twisted.inlineCallbacks
-def test_check_password_async_runs_in_threads():
+def test_check_password_async_runs_in_threads(reactor_thread):
     hashed = hash_password(b"right", rounds=4)
-    assert (yield check_password_async(b"right", hashed)) is True
-    assert (yield check_password_async(b"wrong", hashed)) is False
-    assert (yield check_password_async(b"x", None)) is False
+    reactor = reactor_thread.reactor
+    assert reactor_thread.call(check_password_async, b"right", hashed, reactor) is True
+    assert reactor_thread.call(check_password_async, b"wrong", hashed, reactor) is False
+    assert reactor_thread.call(check_password_async, b"x", None, reactor) is False
+    pool = reactor.getThreadPool()
+    assert reactor_thread.call(check_password_async, "right", hashed, reactor, pool) is True
 
 
-@pytest_twisted.inlineCallbacks
-def test_many_wrong_passwords_do_not_block_the_reactor():
+def test_many_wrong_passwords_do_not_block_the_reactor(reactor_thread):
     """Each check runs in a thread: the reactor keeps turning while 200
     bcrypt checks run (a blocking check would stall it for their sum)."""
     from twisted.internet import defer, task
 
+    reactor = reactor_thread.reactor
     hashed = hash_password(b"right", rounds=6)
-    ticks = []
-    loop = task.LoopingCall(lambda: ticks.append(time.monotonic()))
-    loop.start(0.01)
+    ticks: list = []
+
+    async def scenario() -> list:
+        loop = task.LoopingCall(lambda: ticks.append(time.monotonic()))
+        loop.clock = reactor
+        loop.start(0.01)
+        try:
+            return await defer.gatherResults(
+                [check_password_async(b"wrong%d" % i, hashed, reactor) for i in range(200)])
+        finally:
+            loop.stop()
+
     started = time.monotonic()
-    results = yield defer.gatherResults(
-        [check_password_async(b"wrong%d" % i, hashed) for i in range(200)]
-    )
+    results = reactor_thread.run(scenario)
     elapsed = time.monotonic() - started
-    loop.stop()
     assert not any(results)
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
     assert len(ticks) > 3, (len(ticks), elapsed)
