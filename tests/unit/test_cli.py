@@ -133,9 +133,9 @@ def test_add_basic_with_rules(data_dir):
 
 def test_add_basic_keys_and_password_stdin(data_dir, cli):
     cli("credentials", "add", "--data-dir", data_dir, "--type", "basic", "--name", "by-user",
-              "--username", "alice", "--password-stdin", "--no-sub", input="from stdin\nignored\n")
+        "--username", "alice", "--password-stdin", "--no-sub", input="from stdin\nignored\n")
     cli("credentials", "add", "--data-dir", data_dir, "--type", "basic", "--name", "by-client",
-              "--client-id", "dev-7")
+        "--client-id", "dev-7")
     records = stored(data_dir)
     user = records["by-user"]
     assert user.credentials_id == "username|alice"
@@ -146,15 +146,15 @@ def test_add_basic_keys_and_password_stdin(data_dir, cli):
     assert client.value == {"clientId": "dev-7", "userName": None, "password": None}
     assert client.client_type is ClientType.DEVICE
     err = (cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "x",
-                     status=2))[1]
+               status=2))[1]
     assert "--client-id" in err
 
 
 def test_add_x509_and_scram(data_dir, cli):
     cli("--data-dir", data_dir, "credentials", "add", "--type", "x509", "--name", "certs",
-              "--cn", "dev-[0-9]+", "--cn-regex", "--pub", "d/.*")
+        "--cn", "dev-[0-9]+", "--cn-regex", "--pub", "d/.*")
     cli("--data-dir", data_dir, "credentials", "add", "--type", "scram", "--name", "scram-bob",
-              "--username", "bob", "--password", "pencil", "--algorithm", "sha512")
+        "--username", "bob", "--password", "pencil", "--algorithm", "sha512")
     records = stored(data_dir)
     cert = records["certs"]
     assert cert.credentials_type is CredentialsType.X_509
@@ -168,21 +168,21 @@ def test_add_x509_and_scram(data_dir, cli):
     assert scram.value["iterations"] == 4096
     assert check_scram_password("pencil", scram.value)
     err = (cli("--data-dir", data_dir, "credentials", "add", "--type", "x509", "--name", "bad",
-                     "--cn", "(", "--cn-regex", status=1))[1]
+               "--cn", "(", "--cn-regex", status=1))[1]
     assert "regex" in err
     err = (cli("--data-dir", data_dir, "credentials", "add", "--type", "scram", "--name", "np",
-                     "--username", "x", status=2))[1]
+               "--username", "x", status=2))[1]
     assert "--password" in err
     cli("--data-dir", data_dir, "credentials", "add", "--type", "x509", "--name", "bad",
-              "--cn", "x", "--username", "u", status=2)
+        "--cn", "x", "--username", "u", status=2)
 
 
 def test_change_only_what_is_given(data_dir, cli):
     cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "dev",
-              "--client-id", "c", "--username", "u", "--password", "one", "--pub", "a/.*")
+        "--client-id", "c", "--username", "u", "--password", "one", "--pub", "a/.*")
     before = stored(data_dir)["dev"]
     cli("--data-dir", data_dir, "credentials", "change", "dev", "--sub", "s/#",
-              "--client-type", "APPLICATION")
+        "--client-type", "APPLICATION")
     after = stored(data_dir)["dev"]
     assert after.value["password"] == before.value["password"]
     assert after.value["authRules"] == {"pubAuthRulePatterns": ["a/.*"], "subAuthRulePatterns": ["s/#"]}
@@ -190,7 +190,7 @@ def test_change_only_what_is_given(data_dir, cli):
     assert after.created_time == before.created_time and after.updated_time > before.updated_time
     # by id: new password, no username any more, publish unrestricted, renamed
     cli("--data-dir", data_dir, "credentials", "change", before.id, "--password", "two",
-              "--username", "", "--any-pub", "--name", "dev-renamed")
+        "--username", "", "--any-pub", "--name", "dev-renamed")
     changed = stored(data_dir)["dev-renamed"]
     assert changed.id == before.id
     assert changed.credentials_id == "client_id|c"
@@ -200,14 +200,14 @@ def test_change_only_what_is_given(data_dir, cli):
     cli("--data-dir", data_dir, "credentials", "change", "dev-renamed", "--no-password")
     assert stored(data_dir)["dev-renamed"].value["password"] is None
     err = (cli("--data-dir", data_dir, "credentials", "change", "nobody", "--sub", "x",
-                     status=1))[1]
+               status=1))[1]
     assert "nobody" in err
     cli("--data-dir", data_dir, "credentials", "change", "dev-renamed", "--cn", "x", status=2)
 
 
 def test_change_scram_password_and_username(data_dir, cli):
     cli("--data-dir", data_dir, "credentials", "add", "--type", "scram", "--name", "s",
-              "--username", "bob", "--password", "one")
+        "--username", "bob", "--password", "one")
     first = stored(data_dir)["s"]
     cli("--data-dir", data_dir, "credentials", "change", "s", "--username", "robert")
     renamed = stored(data_dir)["s"]
@@ -215,7 +215,7 @@ def test_change_scram_password_and_username(data_dir, cli):
     assert renamed.value["storedKey"] == first.value["storedKey"]
     cli("--data-dir", data_dir, "credentials", "change", "s", "--algorithm", "SHA512", status=2)
     cli("--data-dir", data_dir, "credentials", "change", "s", "--algorithm", "SHA512",
-              "--password", "two")
+        "--password", "two")
     changed = stored(data_dir)["s"]
     assert changed.credentials_id == "scram|SHA512|robert"
     assert check_scram_password("two", changed.value)
@@ -223,15 +223,15 @@ def test_change_scram_password_and_username(data_dir, cli):
 
 def test_conflicts_are_refused(data_dir, cli):
     cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "a",
-              "--client-id", "c")
+        "--client-id", "c")
     err = (cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "a",
-                     "--client-id", "other", status=1))[1]
+               "--client-id", "other", status=1))[1]
     assert "'a'" in err
     err = (cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "b",
-                     "--client-id", "c", status=1))[1]
+               "--client-id", "c", status=1))[1]
     assert "client_id|c" in err
     err = (cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", "b",
-                     "--client-id", "d", "--pub", "a/(", status=1))[1]
+               "--client-id", "d", "--pub", "a/(", status=1))[1]
     assert "a/(" in err
     assert list(stored(data_dir)) == ["a"]
 
@@ -239,7 +239,7 @@ def test_conflicts_are_refused(data_dir, cli):
 def test_list_show_remove(data_dir, cli):
     for name, client_id in (("zeta", "z"), ("alpha", "a")):
         cli("--data-dir", data_dir, "credentials", "add", "--type", "basic", "--name", name,
-                  "--client-id", client_id)
+            "--client-id", client_id)
     lines = (cli("--data-dir", data_dir, "credentials", "list"))[0].splitlines()
     assert lines[0].split()[:2] == ["NAME", "TYPE"]
     assert [line.split()[0] for line in lines[1:]] == ["alpha", "zeta"]
@@ -248,7 +248,7 @@ def test_list_show_remove(data_dir, cli):
     assert [r["name"] for r in listed] == ["alpha", "zeta"]
     assert listed[0]["credentials_type"] == "MQTT_BASIC" and listed[0]["value"]["clientId"] == "a"
     assert json.loads((cli("--data-dir", data_dir, "credentials", "list", "--json", "--type",
-                                 "x509"))[0]) == []
+                           "x509"))[0]) == []
     shown = json.loads((cli("--data-dir", data_dir, "credentials", "show", "zeta"))[0])
     assert shown["credentials_id"] == "client_id|z"
     out = (cli("--data-dir", data_dir, "credentials", "remove", "zeta"))[0]
@@ -256,7 +256,7 @@ def test_list_show_remove(data_dir, cli):
     cli("--data-dir", data_dir, "credentials", "remove", listed[0]["id"])
     assert stored(data_dir) == {}
     assert "no credentials" in (cli("--data-dir", data_dir, "credentials", "remove", "zeta",
-                                          status=1))[1]
+                                    status=1))[1]
 
 
 def test_config_file_finds_the_store(tmp_path, cli):
@@ -264,13 +264,13 @@ def test_config_file_finds_the_store(tmp_path, cli):
     config = tmp_path / "tbmq.yml"
     config.write_text(f"data_dir: {data}\n")
     cli("--config", str(config), "credentials", "add", "--type", "basic", "--name", "n",
-              "--client-id", "c")
+        "--client-id", "c")
     assert list(stored(data)) == ["n"]
     config.write_text("auth:\n  credentials: memory\n")
     assert "memory" in (cli("--config", str(config), "credentials", "list", status=2))[1]
     config.write_text("auth:\n  credentials: nosuch\n")
     assert "auth.credentials" in (cli("--config", str(config), "credentials", "list",
-                                            status=2))[1]
+                                      status=2))[1]
 
 
 def test_usage_errors_exit_2():
