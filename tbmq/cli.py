@@ -110,6 +110,8 @@ def _record_options(parser: argparse.ArgumentParser, adding: bool) -> None:
     parser.add_argument("--algorithm", type=str.upper, choices=["SHA256", "SHA512"],
                         help="scram: SCRAM-SHA-256 (default) or SCRAM-SHA-512")
     parser.add_argument("--iterations", type=int, help="scram: PBKDF2 iterations (>= 4096)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="basic: the bcrypt cost factor, 4..31 (default 10)")
     for direction, what in (("pub", "publish to (topic names)"),
                             ("sub", "subscribe to (topic filters)")):
         group = parser.add_mutually_exclusive_group()
@@ -217,18 +219,21 @@ async def _value(args: argparse.Namespace, kind: CredentialsType, old: dict | No
     value: dict = {}
     if kind is CredentialsType.MQTT_BASIC:
         _reject(args, kind, ["cn", "cn-regex", "algorithm", "iterations"])
+        rounds = getattr(args, "rounds", None) or 10
+        if not 4 <= rounds <= 31:
+            raise UsageError("--rounds must be between 4 and 31")
         client_id = _optional(args.client_id, old.get("clientId"))
         username = _optional(args.username, old.get("userName"))
         hashed = old.get("password")
         if getattr(args, "no_password", False):
             hashed = None
         elif password is not None:
-            hashed = await _in_thread(reactor, hash_password, password)
+            hashed = await _in_thread(reactor, hash_password, password, rounds)
         value = {"clientId": client_id, "userName": username, "password": hashed}
         credentials_id = basic_credentials_id(client_id, username)
     elif kind is CredentialsType.X_509:
         _reject(args, kind, ["client-id", "username", "password", "password-stdin",
-                             "no-password", "algorithm", "iterations"])
+                             "no-password", "algorithm", "iterations", "rounds"])
         cn = args.cn if args.cn is not None else old.get("certCnPattern")
         if not cn:
             raise UsageError("x509 credentials need a --cn")
@@ -241,7 +246,7 @@ async def _value(args: argparse.Namespace, kind: CredentialsType, old: dict | No
         value = {"certCnPattern": cn, "certCnIsRegex": is_regex}
         credentials_id = cn
     else:
-        _reject(args, kind, ["client-id", "cn", "cn-regex", "no-password"])
+        _reject(args, kind, ["client-id", "cn", "cn-regex", "no-password", "rounds"])
         username = args.username if args.username is not None else old.get("userName")
         if not username:
             raise UsageError("scram credentials need a --username")
