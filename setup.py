@@ -27,7 +27,7 @@ setup(
         "redis": ["txredisapi>=1.4"],
         "postgres": ["psycopg2-binary>=2.9"],
         "analytics": ["pyspark>=3.5", "matplotlib>=3.7", "pyarrow>=14", "pandas>=2.0,<3"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100",
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "wheel", "setuptools", "hypothesis>=6.100",
                  "paho-mqtt>=2.1", "psycopg2-binary>=2.9",
                  "pyspark>=3.5", "matplotlib>=3.7", "pyarrow>=14", "pandas>=2.0,<3"],
     },

@@ -1,0 +1,277 @@
+"""Authentication and authorization end to end: the real broker with the
+providers loaded through their entry points, credentials managed with the
+``tbmq credentials`` command while it runs, and real clients (paho-mqtt
+3.1.1 and 5.0, a raw MQTT 5 client doing SCRAM, TLS clients with
+certificates from :mod:`tests.certs`)."""
+
+from __future__ import annotations
+
+import os
+import ssl
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import jwt
+import pytest
+import scramp
+import yaml
+
+from tbmq.mqtt import Auth, Connack, Connect, Property, Puback, Publish
+from tests.certs import make_pki
+from tests.integration.helpers import (
+    HOST, REPO_ROOT, TIMEOUT, PahoClient, RawClient, free_port, uid,
+)
+from tests.integration.test_listeners import ListenersBroker
+
+SECRET = "e2e-secret-key-0123456789abcdef0123"
+REFRESH = 0.3  # auth.refresh_interval of the broker under test, seconds
+
+
+def cli(data_dir, *args: str, stdin: str | None = None) -> str:
+    """Run ``tbmq credentials ...`` against the broker's data directory."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tbmq.cli", "credentials", *args, "--data-dir", str(data_dir)],
+        input=stdin, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory, pki):
+    workdir = tmp_path_factory.mktemp("auth")
+    ports = {"tcp": free_port(), "tls": free_port()}
+    config = {
+        "listeners": [
+            {"name": "tcp", "type": "tcp", "endpoint": f"tcp:{ports['tcp']}:interface={HOST}"},
+            {"name": "tls", "type": "tls", "endpoint": f"tcp:{ports['tls']}:interface={HOST}",
+             "tls_cert": str(pki.server.chain_path), "tls_key": str(pki.server.key_path),
+             "tls_ca": str(pki.ca.cert_path), "tls_client_auth": "required"},
+        ],
+        "storage": {"backend": "memory"},
+        "auth": {"allow_anonymous": False, "refresh_interval": REFRESH,
+                 "jwt": {"secret": SECRET, "algorithms": ["HS256"]}},
+    }
+    path = workdir / "tbmq.yml"
+    path.write_text(yaml.safe_dump(config))
+    b = ListenersBroker(workdir, path, ports)
+    b.data_dir.mkdir(parents=True, exist_ok=True)
+    cli(b.data_dir, "add", "--type", "basic", "--name", "dev", "--username", "dev",
+        "--password", "right", "--rounds", "4", "--pub", "dev/${clientId}/.*", "--sub", "cmd/.*")
+    cli(b.data_dir, "add", "--type", "basic", "--name", "app", "--username", "app",
+        "--password", "apppw", "--rounds", "4", "--client-type", "APPLICATION")
+    cli(b.data_dir, "add", "--type", "x509", "--name", "cert", "--cn", "client",
+        "--pub", "x509/.*", "--any-sub")
+    cli(b.data_dir, "add", "--type", "scram", "--name", "scram", "--username", "scrammer",
+        "--password", "pencil", "--algorithm", "SHA512")
+    b.start()
+    yield b
+    try:
+        b.stop()
+    finally:
+        b.kill()
+
+
+def paho(broker, version, username=None, password=None, client_id=None, expect_rc=0):
+    c = PahoClient(broker.ports["tcp"], version, client_id)
+    if username is not None:
+        c.client.username_pw_set(username, password)
+    c.connect_and_wait(expect_rc=expect_rc)
+    return c
+
+
+@pytest.fixture
+def clients():
+    made = []
+    yield made
+    for c in made:
+        c.close()
+
+
+@pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
+def test_basic_password(broker, clients, version):
+    clients.append(paho(broker, version, "dev", "right"))
+    clients.append(paho(broker, version, "dev", "wrong", expect_rc=0x86))
+    clients.append(paho(broker, version, "nobody", "x", expect_rc=0x87))
+
+
+def test_v311_return_codes_on_the_wire(broker):
+    raw = RawClient(broker.ports["tcp"], level=4)
+    assert raw.connect(username="dev", password=b"wrong") == Connack(False, 0x04)
+    raw = RawClient(broker.ports["tcp"], level=4)
+    assert raw.connect(username="nobody", password=b"x") == Connack(False, 0x05)
+
+
+@pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
+def test_acl_allow_and_deny(broker, clients, version):
+    cid = f"d{uid()}"
+    dev = paho(broker, version, "dev", "right", client_id=cid)
+    app = paho(broker, 5, "app", "apppw")
+    clients += [dev, app]
+    assert app.subscribe("dev/#", 1) == [1]
+    assert dev.subscribe(f"cmd/{cid}", 1) == [1]
+    assert dev.subscribe("secret/#", 1) == [0x87 if version == 5 else 0x80]
+    dev.publish(f"dev/{cid}/t", b"allowed", 1)
+    dev.publish(f"dev/other/t", b"denied", 1)
+    dev.publish(f"dev/{cid}/t", b"after", 1)
+    got = [m.payload for m in app.get_many(2)]
+    assert got == [b"allowed", b"after"]
+    app.assert_empty()
+
+
+def test_rule_changed_while_connected(broker, clients):
+    cid = f"d{uid()}"
+    raw = RawClient(broker.ports["tcp"], level=5)
+    assert raw.connect(client_id=cid, username="dev", password=b"right").reason_code == 0
+    raw.send(Publish(f"dev/{cid}/a", b"1", qos=1, packet_id=1))
+    assert raw.expect() == Puback(1)
+    cli(broker.data_dir, "change", "dev", "--pub", "other/.*")
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        pid = 2
+        while True:  # the change is picked up within auth.refresh_interval
+            raw.send(Publish(f"dev/{cid}/a", b"2", qos=1, packet_id=pid))
+            ack = raw.expect()
+            if ack.reason_code == 0x87:
+                break
+            assert time.monotonic() < deadline, "the changed rule never applied"
+            time.sleep(REFRESH / 3)
+            pid += 1
+        raw.send(Publish("other/x", b"3", qos=1, packet_id=pid + 1))
+        assert raw.expect() == Puback(pid + 1)
+    finally:
+        cli(broker.data_dir, "change", "dev", "--pub", "dev/${clientId}/.*")
+
+
+def test_scram_sha512_from_a_v5_client(broker):
+    for password, expected in (("pencil", 0), ("wrong", 0x86)):
+        client = scramp.ScramClient(["SCRAM-SHA-512"], "scrammer", password)
+        raw = RawClient(broker.ports["tcp"], level=5)
+        raw.send(Connect(protocol_level=5, client_id=f"s{uid()}", properties={
+            Property.AUTHENTICATION_METHOD: "SCRAM-SHA-512",
+            Property.AUTHENTICATION_DATA: client.get_client_first().encode()}))
+        challenge = raw.expect()
+        assert isinstance(challenge, Auth) and challenge.reason_code == 0x18
+        client.set_server_first(challenge.properties[Property.AUTHENTICATION_DATA].decode())
+        raw.send(Auth(0x18, {Property.AUTHENTICATION_METHOD: "SCRAM-SHA-512",
+                             Property.AUTHENTICATION_DATA: client.get_client_final().encode()}))
+        connack = raw.expect()
+        assert isinstance(connack, Connack) and connack.reason_code == expected
+        if expected == 0:
+            client.set_server_final(connack.properties[Property.AUTHENTICATION_DATA].decode())
+
+
+def test_jwt_valid_and_expired(broker, clients):
+    now = int(time.time())
+    good = jwt.encode({"exp": now + 60, "client_type": "APPLICATION"}, SECRET, algorithm="HS256")
+    expired = jwt.encode({"exp": now - 60}, SECRET, algorithm="HS256")
+    clients.append(paho(broker, 5, "jwt-user", good))
+    clients.append(paho(broker, 5, "jwt-user", expired, expect_rc=0x86))
+    clients.append(paho(broker, 4, "jwt-user", good))
+
+
+def tls_client(broker, pki, cert, client_id=None):
+    c = PahoClient(broker.ports["tls"], 5, client_id)
+    c.client.tls_set(ca_certs=str(pki.ca.cert_path), certfile=str(cert.chain_path),
+                     keyfile=str(cert.key_path), cert_reqs=ssl.CERT_REQUIRED)
+    return c
+
+
+def test_x509_certificate_signed_by_the_ca_and_not(broker, clients, pki, tmp_path):
+    good = tls_client(broker, pki, pki.client)
+    clients.append(good)
+    good.connect_and_wait()
+    assert good.subscribe("x509/#", 1) == [1]
+    good.publish("x509/t", b"by cert", 1)
+    assert good.get().payload == b"by cert"
+    # signed by the CA but no credentials for its CN: refused (anonymous is off)
+    stranger = tls_client(broker, pki, pki.ca.issue("stranger", "stranger"))
+    clients.append(stranger)
+    stranger.connect_and_wait(expect_rc=0x87)
+    # signed by another CA: the TLS handshake fails
+    bad = tls_client(broker, pki, pki.untrusted_client)
+    with pytest.raises((ssl.SSLError, OSError)):
+        bad.client.connect(HOST, broker.ports["tls"])
+        bad.client.loop_start()
+        bad._loop_started = True
+        if not bad.connected.wait(3):
+            raise ssl.SSLError("no CONNACK: handshake refused")
+    bad.close()
+
+
+def test_a_thousand_wrong_passwords_do_not_slow_other_clients(broker, clients):
+    pub = paho(broker, 5, "app", "apppw")
+    sub = paho(broker, 5, "app", "apppw")
+    clients += [pub, sub]
+    topic = f"rtt/{uid()}"
+    assert sub.subscribe(topic, 1) == [1]
+    refused = []
+
+    def flood(n: int) -> None:
+        for _ in range(n):
+            raw = RawClient(broker.ports["tcp"], level=4)
+            refused.append(raw.connect(username="dev", password=b"wrong").reason_code)
+            raw.sock.close()
+
+    threads = [threading.Thread(target=flood, args=(250,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    rtts = []
+    while any(t.is_alive() for t in threads):
+        start = time.monotonic()
+        pub.publish(topic, b"ping", 1)
+        sub.get()
+        rtts.append(time.monotonic() - start)
+    for t in threads:
+        t.join()
+    assert refused == [0x04] * 1000
+    assert len(rtts) >= 10
+    # bcrypt runs in threads: the reactor keeps serving the others
+    assert statistics.median(rtts) < 0.25, rtts
+
+
+def test_example_plugin_installed_from_its_directory(tmp_path):
+    """The third-party plugin, pip-installed as its own distribution, is
+    found through its entry point; its hooks are observed."""
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+         "--target", str(site), str(REPO_ROOT / "plugins" / "examples" / "tbmq-example-plugin")],
+        check=True, timeout=300)
+    audit = tmp_path / "audit.log"
+    port = free_port()
+    config = {
+        "listeners": [{"name": "tcp", "type": "tcp", "endpoint": f"tcp:{port}:interface={HOST}"}],
+        "storage": {"backend": "memory"},
+        "plugins": {"example": {"audit_file": str(audit), "deny_prefix": "forbidden/"}},
+    }
+    path = tmp_path / "tbmq.yml"
+    path.write_text(yaml.safe_dump(config))
+    b = ListenersBroker(tmp_path / "run", path, {"tcp": port})
+    b.env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(site)])
+    b.start()
+    try:
+        assert "plugin active: example" in b.log()
+        c = PahoClient(port, 5)
+        c.connect_and_wait()
+        assert c.subscribe("#", 1) == [1]
+        c.publish("open/t", b"1", 1)
+        c.publish("forbidden/t", b"2", 1)
+        c.publish("open/t", b"3", 1)
+        assert [m.payload for m in c.get_many(2)] == [b"1", b"3"]
+        c.close()
+        lines = audit.read_text().splitlines()
+        assert lines[0].startswith("started ")
+        assert f"connected {c.client_id}" in lines
+        assert f"published {c.client_id} open/t" in lines
+    finally:
+        b.stop()
+        b.kill()
