@@ -201,15 +201,13 @@ class FileSink:
         """Create the directory and rotate the hidden files a crash left."""
         os.makedirs(self.directory, exist_ok=True)
         prefix = f".events-{self.node}-"
-        for name in sorted(os.listdir(self.directory)):
-            path = os.path.join(self.directory, name)
-            if not name.startswith(prefix):
-                continue
+        names = [n for n in sorted(os.listdir(self.directory)) if n.startswith(prefix)]
+        for name in names:
             if name.endswith(".gz.tmp"):
-                os.unlink(path)
-            elif name.endswith(".jsonl"):
-                self._finish(path)
-        self._drain_jobs()
+                os.unlink(os.path.join(self.directory, name))
+        for name in names:
+            if name.endswith(".jsonl"):
+                self._finish(os.path.join(self.directory, name), now=True)
 
     def _new_file(self) -> None:
         self._seq += 1
@@ -248,13 +246,16 @@ class FileSink:
         self.rotated += 1
         self._finish(path)
 
-    def _finish(self, hidden: str) -> None:
+    def _finish(self, hidden: str, now: bool = False) -> None:
         directory, name = os.path.split(hidden)
         visible = os.path.join(directory, name[1:])
         if not self.compress:
             os.replace(hidden, visible)
             return
         self._jobs.append((hidden, visible + ".gz"))
+        if now:
+            self._drain_jobs()
+            return
         if self._compressor is None or not self._compressor.is_alive():
             self._compressor = threading.Thread(target=self._drain_jobs,
                                                 name="tbmq-events-gzip", daemon=True)
