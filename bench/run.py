@@ -61,8 +61,13 @@ EXTRA = {
     "latency_qos0": [("p99_ms", "p99", "ms", False), ("max_ms", "max", "ms", False)],
     "latency_qos1": [("p99_ms", "p99", "ms", False), ("max_ms", "max", "ms", False)],
     "connections": [("kb_per_conn", "RSS per connection", "KB", False)],
-    "persistent": [("drain_s", "time to drain", "s", False), ("publish_rate", "queueing (publish) rate", "msg/s", True)],
+    "persistent": [("drain_s", "time to drain", "s", False),
+                   ("publish_rate", "queueing (publish) rate", "msg/s", True)],
 }
+
+#: the figures printed per run as it ends
+SHOWN = ("value", "lost", "gen_cpu_pct", "broker_cpu_pct", "kb_per_conn", "p99_ms", "drain_s", "error", "errors",
+         "seconds", "offered_rate", "other_cpu_pct")
 
 THROUGHPUT = {"fanin_qos0", "fanin_qos1", "fanout_qos0", "p2p_qos1"}
 
@@ -236,7 +241,8 @@ def machine() -> str:
     except OSError:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, {platform.platform()}, Python {platform.python_version()}"
+    return (f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, {platform.platform()}, "
+            f"Python {platform.python_version()}")
 
 
 def _commit_of(src: str) -> str:
@@ -311,8 +317,7 @@ def main(argv=None) -> int:
                     res = run_one(name, b, level, args, prof)
                     results.append({"repeat": rep, "scenario": name, "level": level, "broker": b, "result": res})
                     short = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()
-                             if k in ("value", "lost", "gen_cpu_pct", "broker_cpu_pct", "kb_per_conn", "p99_ms",
-                                      "drain_s", "error", "errors", "seconds", "offered_rate", "other_cpu_pct") and v not in (None, [])}
+                             if k in SHOWN and v not in (None, [])}
                     print(f"[{rep + 1}/{args.repeat}] {name} v{level} {b}: {short}", flush=True)
                     with open(json_path, "w") as f:
                         json.dump({**header, "results": results}, f, indent=1)

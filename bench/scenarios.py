@@ -13,7 +13,7 @@ import os
 import subprocess
 import time
 
-from . import mqttgen
+from . import workers as gen
 from .brokers import VENV, Broker, ensure_venv
 
 now = time.monotonic
@@ -80,15 +80,16 @@ class Workers:
 
 class Profiler:
     """py-spy attached to the broker for the measured phase (raw collapsed
-    stacks, summarised by :mod:`bench.pyspy_top`)."""
+    stacks, summarised by :mod:`bench.pyspy_top`). It pauses the broker for each
+    sample (200 Hz): --nonblocking gave torn stacks."""
 
     def __init__(self, pid: int, path: str | None, duration: float) -> None:
         self.proc = None
         if path:
             ensure_venv()
             self.proc = subprocess.Popen(
-                [os.path.join(VENV, "bin", "py-spy"), "record", "-p", str(pid), "-r", "100",
-                 "-d", str(max(1, int(duration))), "--nonblocking", "--format", "raw", "-o", path],
+                [os.path.join(VENV, "bin", "py-spy"), "record", "-p", str(pid), "-r", "200",
+                 "-d", str(max(1, int(duration))), "--format", "raw", "-o", path],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def wait(self):
@@ -105,7 +106,7 @@ def _throughput(broker: Broker, level: int, roles: list[dict], duration: float,
     common = {"host": broker.host, "port": broker.port, "level": level, "payload_size": PAYLOAD,
               "duration": duration}
     roles = [{**common, **r} for r in roles]
-    w = Workers(mqttgen.clients_worker, roles)
+    w = Workers(gen.clients_worker, roles)
     try:
         w.gather(("ready",), 120)
         t0 = now() + 0.3
@@ -191,7 +192,7 @@ def latency(broker, level, qos, duration, rate=1000, profile=None):
     role = {"host": broker.host, "port": broker.port, "level": level, "qos": qos, "rate": rate,
             "duration": duration, "payload_size": PAYLOAD, "topic": "bench/lat/t",
             "prefix": f"lat{qos}"}
-    w = Workers(mqttgen.latency_worker, [role])
+    w = Workers(gen.latency_worker, [role])
     try:
         w.gather(("ready",), 60)
         cpu0 = broker.cpu_s()
@@ -217,7 +218,7 @@ def connections(broker, level, count=10000, workers=2, hold=2.0):
     per = count // workers
     roles = [{"host": broker.host, "port": broker.port, "level": level, "count": per,
               "prefix": f"idle{k}", "timeout": 180, "window": 100} for k in range(workers)]
-    w = Workers(mqttgen.idle_worker, roles)
+    w = Workers(gen.idle_worker, roles)
     try:
         w.gather(("ready",), 60)
         cpu0 = broker.cpu_s()
@@ -251,7 +252,7 @@ def persistent(broker, level, count=100000, window=100):
     role = {"host": broker.host, "port": broker.port, "level": level, "count": count,
             "payload_size": PAYLOAD, "topic": "bench/persist", "prefix": f"ps{level}",
             "window": window, "publish_timeout": 600, "drain_timeout": 600, "idle_timeout": 10}
-    w = Workers(mqttgen.persistent_worker, [role])
+    w = Workers(gen.persistent_worker, [role])
     try:
         w.gather(("ready",), 60)
         cpu0 = broker.cpu_s()
