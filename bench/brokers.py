@@ -45,7 +45,7 @@ listeners:
     bind: 127.0.0.1:{port}
 plugins:
   amqtt.plugins.authentication.AnonymousAuthPlugin:
-    allow_anonymous: true
+    allow_anonymous: {allow_anonymous}
 """
 
 
@@ -233,7 +233,11 @@ class Amqtt(Broker):
         ensure_venv()
         conf = os.path.join(self.tmp, "amqtt.yaml")
         with open(conf, "w") as f:
-            f.write(AMQTT_CONF.format(port=self.port))
+            # allow_anonymous false: a client that sends a user name is let in
+            # (no password check) as non-anonymous, which amqtt needs to queue
+            # offline messages; set for the persistent scenario only
+            f.write(AMQTT_CONF.format(port=self.port,
+                                      allow_anonymous=self.extra_env.get("BENCH_AMQTT_ALLOW_ANONYMOUS", "true")))
         return [os.path.join(VENV, "bin", "amqtt"), "-c", conf]
 
 

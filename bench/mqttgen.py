@@ -63,7 +63,8 @@ def raise_nofile() -> int:
 
 
 def connect_packet(client_id: str, level: int, clean: bool = True, keep_alive: int = 300,
-                   session_expiry: int = 0, receive_maximum: int | None = None) -> bytes:
+                   session_expiry: int = 0, receive_maximum: int | None = None,
+                   username: str | None = None) -> bytes:
     props = {}
     if level == 5:
         if session_expiry:
@@ -71,7 +72,7 @@ def connect_packet(client_id: str, level: int, clean: bool = True, keep_alive: i
         if receive_maximum:
             props[Property.RECEIVE_MAXIMUM] = receive_maximum
     return encode(Connect(protocol_level=level, clean_start=clean, keep_alive=keep_alive,
-                          client_id=client_id, properties=props), level)
+                          client_id=client_id, username=username, properties=props), level)
 
 
 def subscribe_packet(topic_filter: str, qos: int, level: int, packet_id: int = 1) -> bytes:
@@ -397,7 +398,7 @@ def open_clients(loop: Loop, host: str, port: int, specs: list[dict], level: int
                  timeout: float = 60.0, window: int = 200) -> list[Client]:
     """Connect (CONNECT/CONNACK) and subscribe (SUBSCRIBE/SUBACK) every spec:
     ``{"id": str, "sub": filter or None, "qos": int, "clean": bool,
-    "expiry": int, "on_publish": callable or None}``, at most ``window``
+    "expiry": int, "on_publish": callable or None, "username": str or None}``, at most ``window``
     handshakes at a time."""
     clients = []
     pending = []
@@ -409,7 +410,7 @@ def open_clients(loop: Loop, host: str, port: int, specs: list[dict], level: int
             c = Client(loop, spec["id"], level, spec.get("on_publish"), spec.get("tag"))
             c.start_connect(host, port)
             c.send(connect_packet(spec["id"], level, spec.get("clean", True), spec.get("keep_alive", 300),
-                                  spec.get("expiry", 0), spec.get("receive_maximum")))
+                                  spec.get("expiry", 0), spec.get("receive_maximum"), spec.get("username")))
             pending.append((c, spec))
             clients.append(c)
         loop.run_once(0.02)

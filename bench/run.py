@@ -85,6 +85,9 @@ def run_one(name: str, broker_name: str, level: int, args, profile: str | None) 
             # the queue of one persistent session must hold them all (default 10,000),
             # as Mosquitto's max_queued_messages 200000
             env["TBMQ_MQTT__MAX_QUEUED_MESSAGES"] = str(2 * kw["count"])
+        elif broker_name == "amqtt":
+            # the clients send a user name: amqtt queues nothing for anonymous clients
+            env["BENCH_AMQTT_ALLOW_ANONYMOUS"] = "false"
     elif name.startswith("latency"):
         kw["duration"] = args.latency_duration or args.duration
     else:
@@ -258,6 +261,28 @@ def _commit_of(src: str) -> str:
         return "?"
 
 
+def print_saved(paths: list[str]) -> int:
+    groups: dict = {}
+    order_b, order_l = [], []
+    for path in paths:
+        with open(path) as f:
+            saved = json.load(f)
+        print(f"<!-- {path}: {saved['date']}, {saved['command']}, tbmq {saved.get('tbmq_commit')} -->")
+        mine: dict = {}
+        for r in saved["results"]:
+            mine.setdefault((r["scenario"], r["level"], r["broker"]), []).append(r)
+            if r["broker"] not in order_b:
+                order_b.append(r["broker"])
+            if r["level"] not in order_l:
+                order_l.append(r["level"])
+        groups.update(mine)
+    results = [r for rs in groups.values() for r in rs]
+    brokers = [b for b in BROKERS if b in order_b]
+    scen = [s for s in SCENARIOS if any(k[0] == s for k in groups)]
+    print(table(results, brokers, scen, sorted(order_l)))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default="all", help="comma list of " + ",".join(SCENARIOS) + " or all")
@@ -283,10 +308,15 @@ def main(argv=None) -> int:
                     help="py-spy tbmq during the throughput scenarios (first repeat) into bench/out/")
     ap.add_argument("--json", default=None, help="raw results file (default bench/out/results-DATE.json)")
     ap.add_argument("--markdown", default=None, help="also write the table to this file")
+    ap.add_argument("--table-from", nargs="+", metavar="JSON", default=None,
+                    help="run nothing: print the table of saved results; for each (scenario, protocol, broker) "
+                         "the last file that has it wins (to replace one scenario's runs)")
     ap.add_argument("--keep-logs", action="store_true")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
 
+    if args.table_from:
+        return print_saved(args.table_from)
     scen = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
     for s in scen:
         if s not in SCENARIOS:

@@ -246,12 +246,16 @@ def connections(broker, level, count=10000, workers=2, hold=2.0):
             "errors": [e for g in got for e in g["errors"] if e]}
 
 
-def persistent(broker, level, count=100000, window=100):
+def persistent(broker, level, count=100000, window=100, username="bench"):
     """A persistent QoS 1 subscriber offline while ``count`` messages are
-    queued, then reconnecting: time to drain, nothing lost."""
+    queued, then reconnecting: time to drain, nothing lost.
+
+    The clients send a user name (no password): amqtt keeps no offline
+    messages for a client it authenticated as anonymous."""
     role = {"host": broker.host, "port": broker.port, "level": level, "count": count,
             "payload_size": PAYLOAD, "topic": "bench/persist", "prefix": f"ps{level}",
-            "window": window, "publish_timeout": 600, "drain_timeout": 600, "idle_timeout": 10}
+            "window": window, "publish_timeout": 600, "drain_timeout": 600, "idle_timeout": 10,
+            "username": username}
     w = Workers(gen.persistent_worker, [role])
     try:
         w.gather(("ready",), 60)

@@ -300,7 +300,8 @@ def persistent_worker(ctl, role: dict) -> None:
         sub_id = role["prefix"] + "-psub"
         expiry = 3600 if level == 5 else 0
         # 1. a fresh persistent session with a QoS 1 subscription, then offline
-        first = open_clients(loop, host, port, [{"id": sub_id, "sub": role["topic"] + "/#", "qos": 1,
+        user = role.get("username")
+        first = open_clients(loop, host, port, [{"id": sub_id, "sub": role["topic"] + "/#", "qos": 1, "username": user,
                                                  "clean": True if level == 5 else False, "expiry": expiry}], level)[0]
         first.send(disconnect_packet(level))
         loop.run_until(lambda: not first.outbuf, 5)
@@ -309,7 +310,7 @@ def persistent_worker(ctl, role: dict) -> None:
         ctl.send(("ready", {"pid": os.getpid()}))
         loop.ctl_wait(120)  # ("go", t0)
         # 2. publish
-        pub = open_clients(loop, host, port, [{"id": role["prefix"] + "-ppub"}], level)[0]
+        pub = open_clients(loop, host, port, [{"id": role["prefix"] + "-ppub", "username": user}], level)[0]
         window = receive_maximum(pub, role["window"])
         one = publish_packet(role["topic"] + "/t", b"\0" * role["payload_size"], 1, level)
         pid_at = pid_offset(one)
@@ -357,7 +358,7 @@ def persistent_worker(ctl, role: dict) -> None:
             last[0] = now()
 
         t_re = now()
-        sub = open_clients(loop, host, port, [{"id": sub_id, "clean": False, "expiry": expiry,
+        sub = open_clients(loop, host, port, [{"id": sub_id, "clean": False, "expiry": expiry, "username": user,
                                                "on_publish": on_publish}], level)[0]
         present = bool(sub.stream.connack.session_present)
         idle = role.get("idle_timeout", 5.0)
