@@ -151,6 +151,11 @@ class MqttConfig:
         1..65535.
     :ivar response_information: sent in CONNACK to a v5 client requesting
         it, when not empty.
+    :ivar max_outbound_buffer: bytes a connection whose socket is full may
+        take before it counts as stalled, >= 65536.
+    :ivar outbound_pause_timeout: seconds a connection whose socket is full
+        may hold its publishers back before it counts as stalled (its QoS 0
+        messages are then dropped), > 0.
     """
 
     max_packet_size: int = MAX_PACKET_SIZE
@@ -170,6 +175,8 @@ class MqttConfig:
     max_pending_messages: int = 1000
     max_inflight_messages: int = 65535
     response_information: str = ""
+    max_outbound_buffer: int = 4194304
+    outbound_pause_timeout: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -395,6 +402,8 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "max_queued_messages": _range(1),
         "max_pending_messages": _range(1),
         "max_inflight_messages": _range(1, 65535),
+        "max_outbound_buffer": _range(65536),
+        "outbound_pause_timeout": _positive,
     },
     StorageConfig: {
         "backend": _one_of(*STORAGE_BACKENDS),

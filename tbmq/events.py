@@ -40,15 +40,16 @@ import re
 import shutil
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from twisted.logger import Logger
 
 from tbmq.hookspecs import hookimpl
 
 __all__ = [
-    "SCHEMA_VERSION",
     "EVENT_TYPES",
+    "SCHEMA_VERSION",
     "EventExporter",
     "EventsPlugin",
     "FileSink",

@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 
-__all__ = ["main", "make_session", "build_parser"]
+__all__ = ["build_parser", "main", "make_session"]
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -113,6 +113,8 @@ def make_session(master: str | None = None, driver_memory: str | None = None,
     if master is not None:
         builder = builder.master(master)
     if master is not None and master.startswith("local"):
+        # local Python workers run this interpreter (a venv's, not PATH's python3)
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = (builder.config("spark.driver.memory", driver_memory or "2g")
                    .config("spark.ui.enabled", "false")
                    .config("spark.sql.shuffle.partitions", str(4 * (os.cpu_count() or 1))))

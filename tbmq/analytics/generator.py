@@ -71,7 +71,7 @@ class _Shard:
         self.counter = 0
         start = _dt.datetime.fromisoformat(params.start.replace("Z", "+00:00"))
         if start.tzinfo is None:
-            start = start.replace(tzinfo=_dt.timezone.utc)
+            start = start.replace(tzinfo=_dt.UTC)
         self.t0 = start.timestamp() * 1000.0
         self.now = self.t0
         self.span = params.hours * 3600000.0

@@ -17,8 +17,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 from urllib.parse import urlparse
 
 from pyspark import StorageLevel
@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from tbmq.analytics import transforms as T
 from tbmq.analytics.reading import prepare, read_events
 
-__all__ = ["ReportParams", "ReportResult", "TABLES", "build_tables", "run_report"]
+__all__ = ["TABLES", "ReportParams", "ReportResult", "build_tables", "run_report"]
 
 #: rows of each table kept in the driver for the HTML report and charts
 COLLECT_ROWS = 100000
@@ -148,12 +148,9 @@ class ReportResult:
 
 
 def _is_local(path: str) -> bool:
+    """A plain local path (a ``file:`` URI goes through Hadoop like any other)."""
     scheme = urlparse(path).scheme
-    return scheme in ("", "file") or len(scheme) == 1  # a Windows drive letter
-
-
-def _local_path(path: str) -> str:
-    return urlparse(path).path if path.startswith("file:") else path
+    return scheme == "" or len(scheme) == 1  # a Windows drive letter
 
 
 class _Output:
@@ -189,9 +186,8 @@ class _Output:
     def put_tree(self, local_dir: str) -> None:
         """Copy the files of ``local_dir`` (report, charts) under the root."""
         if _is_local(self.root):
-            target = _local_path(self.root)
-            os.makedirs(target, exist_ok=True)
-            shutil.copytree(local_dir, target, dirs_exist_ok=True)
+            os.makedirs(self.root, exist_ok=True)
+            shutil.copytree(local_dir, self.root, dirs_exist_ok=True)
             return
         for dirpath, _, files in os.walk(local_dir):
             rel = os.path.relpath(dirpath, local_dir)

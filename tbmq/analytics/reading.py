@@ -24,7 +24,7 @@ from tbmq.analytics.schema import (
     SCHEMA_VERSION,
 )
 
-__all__ = ["read_events", "prepare", "parse_time", "detect_format", "BAD_REASONS"]
+__all__ = ["BAD_REASONS", "detect_format", "parse_time", "prepare", "read_events"]
 
 #: The reasons of the bad-input table.
 BAD_REASONS = ("corrupt", "unsupported_version", "unknown_type", "missing_field")
@@ -118,7 +118,7 @@ def parse_time(text: str | None) -> int | None:
         pass
     value = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     if value.tzinfo is None:
-        value = value.replace(tzinfo=_dt.timezone.utc)
+        value = value.replace(tzinfo=_dt.UTC)
     return int(value.timestamp() * 1000)
 
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-__all__ = ["render_charts", "render_html", "CHARTS", "TABLE_ROWS"]
+__all__ = ["CHARTS", "TABLE_ROWS", "render_charts", "render_html"]
 
 #: rows of each table shown in the page
 TABLE_ROWS = 25
@@ -233,7 +233,7 @@ img{max-width:100%;border:1px solid #eee;margin:6px 0}
 def _fmt_ms(ms) -> str:
     if ms is None or pd.isna(ms):
         return "-"
-    return _dt.datetime.fromtimestamp(int(ms) / 1000, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return _dt.datetime.fromtimestamp(int(ms) / 1000, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _cell(value) -> str:
@@ -274,7 +274,7 @@ def render_html(result, tables_meta: dict, *, inputs: list[str], since_ms=None, 
     if not _empty(t.get("summary")):
         summary = {r.metric: r.value for r in t["summary"].itertuples(index=False)}
     title = title or "tbmq traffic report"
-    generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    generated = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     span = f"{_fmt_ms(summary.get('first_ts'))} → {_fmt_ms(summary.get('last_ts'))}"
     parts = [
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",

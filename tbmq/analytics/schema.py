@@ -21,13 +21,13 @@ from pyspark.sql.types import (
 )
 
 __all__ = [
-    "SCHEMA_VERSION",
-    "EVENT_TYPES",
-    "EVENT_SCHEMA",
-    "READ_SCHEMA",
     "CORRUPT_COLUMN",
-    "REQUIRED_FIELDS",
     "DISCONNECT_REASONS",
+    "EVENT_SCHEMA",
+    "EVENT_TYPES",
+    "READ_SCHEMA",
+    "REQUIRED_FIELDS",
+    "SCHEMA_VERSION",
 ]
 
 #: The newest schema version this package reads (records with a larger

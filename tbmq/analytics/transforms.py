@@ -11,7 +11,7 @@ are UTC; latencies are milliseconds; percentiles are nearest-rank
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -19,27 +19,27 @@ from pyspark.sql import functions as F
 from tbmq.analytics.schema import DISCONNECT_REASONS, EVENT_TYPES
 
 __all__ = [
-    "topic_rollup",
-    "traffic_by_topic",
-    "traffic_by_rollup",
-    "traffic_by_client",
-    "traffic_by_client_type",
-    "throughput",
-    "throughput_peaks",
-    "latency_by_rollup",
-    "latency_by_node",
-    "qos_mix",
-    "fanout",
-    "session_durations",
-    "session_duration_histogram",
-    "disconnect_reasons",
-    "reconnect_storms",
+    "DURATION_BUCKETS",
+    "PERCENTILE_ACCURACY",
     "auth_failures_by_address",
     "auth_failures_by_client",
+    "disconnect_reasons",
     "drops_by_reason",
+    "fanout",
+    "latency_by_node",
+    "latency_by_rollup",
+    "qos_mix",
+    "reconnect_storms",
+    "session_duration_histogram",
+    "session_durations",
     "summary",
-    "PERCENTILE_ACCURACY",
-    "DURATION_BUCKETS",
+    "throughput",
+    "throughput_peaks",
+    "topic_rollup",
+    "traffic_by_client",
+    "traffic_by_client_type",
+    "traffic_by_rollup",
+    "traffic_by_topic",
 ]
 
 #: accuracy of ``percentile_approx`` (relative error 1/accuracy)

@@ -13,6 +13,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.auth.watch import CredentialsWatcher
+from tbmq.broker.flow import Flusher
 from tbmq.broker.router import Router
 from tbmq.broker.sessions import SessionManager
 from tbmq.plugins import call_decision
@@ -77,6 +78,12 @@ class Broker:
         self.router = Router(self)
         self.sessions = SessionManager(self)
         self.connections: set = set()
+        #: coalesces the writes of one batch (see tbmq.broker.flow)
+        self.flusher = Flusher()
+        #: the connection whose read is being handled, or None
+        self.current_source = None
+        #: topic names already found valid (a bounded cache of the check)
+        self.valid_topics: set[str] = set()
         self.watcher: CredentialsWatcher | None = None
         self.dropped: dict[str, int] = {}
         self.received = 0
@@ -220,9 +227,6 @@ class Broker:
         self.received += 1
         if self._has["tbmq_message_published"]:
             self._notify("tbmq_message_published", session=session, message=message)
-
-    def hooks_message_routed(self, message, subscribers: int) -> None:
-        pass
 
     def hooks_message_delivered(self, session, message, qos: int) -> None:
         if self._has["tbmq_message_delivered"]:

@@ -16,6 +16,7 @@ from zope.interface import implementer
 
 from tbmq.auth import AuthRequest, AuthResult
 from tbmq.broker.connect import ConnectFlow, ProtocolViolation, valid_utf8
+from tbmq.broker.flow import FlowControl
 from tbmq.model import Message, SubscriptionOptions
 from tbmq.mqtt import (
     MQTT_5, Auth, Connect, Disconnect, MalformedPacket, Pingreq, Pingresp,
@@ -29,7 +30,7 @@ __all__ = ["MQTTProtocol", "MQTTFactory", "ProtocolViolation"]
 
 
 @implementer(interfaces.IPushProducer)
-class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
+class MQTTProtocol(ConnectFlow, FlowControl, protocol.Protocol, TimeoutMixin):
     """One client connection.
 
     :ivar session: the :class:`tbmq.broker.session.Session` once CONNECT is
@@ -53,7 +54,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         self.protocol_level = 4
         self.send_quota = 65535
         self.max_packet_size: int | None = None
-        self.paused = False
+        self._init_flow()
         self.aliases: dict[int, str] = {}
         self._closing = False
         self._connacked = False
@@ -75,8 +76,23 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         self.setTimeout(self.broker.config.mqtt.connect_timeout)
 
     def dataReceived(self, data: bytes) -> None:
+        """Decode and handle a read; everything written meanwhile is flushed
+        once at the end (see :mod:`tbmq.broker.flow`)."""
         if self._closing:
             return
+        broker = self.broker
+        flusher = broker.flusher
+        flusher.depth += 1
+        previous, broker.current_source = broker.current_source, self
+        try:
+            self._handle_data(data)
+        finally:
+            broker.current_source = previous
+            flusher.depth -= 1
+            if not flusher.depth:
+                flusher.flush()
+
+    def _handle_data(self, data: bytes) -> None:
         try:
             packets = self.decoder.feed(data)
         except MalformedPacket as e:
@@ -99,12 +115,14 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
                               client_id=self._client_id(), error=str(e), code=e.reason_code)
                 self.disconnect(e.reason_code)
                 return
-            if self._waiting is not None:  # CONNECT is being decided: hold the rest
+            if self._waiting is not None:  # something is being decided: hold the rest
                 self._waiting.extend(packets[index + 1:])
                 return
 
     def connectionLost(self, reason=protocol.connectionDone) -> None:
         self.setTimeout(None)
+        self._out = []
+        self.stopProducing()
         if self._abort_call is not None and self._abort_call.active():
             self._abort_call.cancel()
         self.broker.connections.discard(self)
@@ -137,27 +155,11 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
             self.log.info("keep alive of {client_id} expired", client_id=self._client_id())
             self.disconnect(0x8D)  # KEEP_ALIVE_TIMEOUT
 
-    # IPushProducer: the transport tells us when its write buffer is full
-    def pauseProducing(self) -> None:
-        self.paused = True
-
-    def resumeProducing(self) -> None:
-        self.paused = False
-        if self.session is not None:
-            self.session.pump()
-
-    def stopProducing(self) -> None:
-        self.paused = True
-
     # -- output ------------------------------------------------------------------
-
-    def write(self, data: bytes) -> None:
-        """Write already encoded bytes."""
-        self.transport.write(data)
 
     def send(self, packet) -> None:
         """Encode ``packet`` for this connection's protocol level and write it."""
-        self.transport.write(encode(packet, self.protocol_level))
+        self.write(encode(packet, self.protocol_level))
 
     def disconnect(self, reason_code: int = 0, reason: str | None = None) -> None:
         """Server-initiated close: DISCONNECT with ``reason_code`` for a v5
@@ -172,6 +174,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         self._close()
 
     def _close(self) -> None:
+        self.flush()
         self._closing = True
         self.setTimeout(None)
         self.transport.loseConnection()
@@ -237,10 +240,15 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
                     validate_topic_name(response_topic)
                 except TopicError:
                     raise ProtocolViolation(0x82, "invalid response topic")
-        try:
-            validate_topic_name(topic)
-        except TopicError as e:
-            raise ProtocolViolation(0x90, f"invalid topic name: {e}")
+        valid = self.broker.valid_topics
+        if topic not in valid:
+            try:
+                validate_topic_name(topic)
+            except TopicError as e:
+                raise ProtocolViolation(0x90, f"invalid topic name: {e}")
+            if len(valid) >= 10000:
+                valid.clear()
+            valid.add(topic)
         if qos > cfg.max_qos:
             raise ProtocolViolation(0x9B, "QoS not supported")
         if packet.retain and not cfg.retain_available:

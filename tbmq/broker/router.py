@@ -119,45 +119,30 @@ class Router:
         return None
 
     def _on_message(self, key: str, message: Message):
+        """The consumer of ``tbmq.msg.all``: match once, deliver to each
+        matched session (one copy per client, at the highest QoS of its
+        matching subscriptions, with all their identifiers [MQTT-3.3.4-2,
+        -3, -4]).
+
+        :returns: None, or a Deferred when persistent sessions store it.
+        """
         matches = self.trie.match(message.topic)
         if not matches:
             return None
+        if len(matches) == 1:
+            # one matching filter (the usual case): each client appears once
+            targets = self._targets_of_one(matches[0], message)
+        else:
+            targets = self._targets(matches, message)
         sessions = self.broker.sessions.sessions
-        publisher = message.publisher
-        msg_qos = message.qos
-        # client id -> [qos, subscription ids, retain as published]
-        targets: dict[str, list] = {}
-        for subs in matches:
-            for client_id, options in subs.items():
-                if type(options) is SharedGroup:
-                    picked = options.pick(self._online)
-                    if picked is None:
-                        continue
-                    client_id, options = picked
-                elif options.no_local and client_id == publisher:
-                    continue  # [MQTT-3.8.3-3]
-                qos = options.qos if options.qos < msg_qos else msg_qos
-                target = targets.get(client_id)
-                if target is None:
-                    targets[client_id] = [qos, options.subscription_id, options.retain_as_published]
-                else:
-                    if qos > target[0]:
-                        target[0] = qos
-                    sid = options.subscription_id
-                    if sid is not None:
-                        prev = target[1]
-                        target[1] = sid if prev is None else (
-                            prev + (sid,) if type(prev) is tuple else (prev, sid))
-                    target[2] = target[2] or options.retain_as_published
         cache: dict = {}
         now = self.broker.clock.seconds()
         pending = None
         retain = message.retain
-        for client_id, (qos, sid, rap) in targets.items():
+        for client_id, qos, sids, rap in targets:
             session = sessions.get(client_id)
             if session is None:
                 continue
-            sids = () if sid is None else (sid if type(sid) is tuple else (sid,))
             # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
             result = session.deliver(message, qos, retain and rap, sids, cache, now)
             if result is not None:
@@ -165,12 +150,45 @@ class Router:
                     pending = [result]
                 else:
                     pending.append(result)
-        self.broker.hooks_message_routed(message, len(targets))
         if pending is None:
             return None
         if len(pending) == 1:
             return pending[0]
         return defer.gatherResults(pending, consumeErrors=True)
+
+    def _targets_of_one(self, subs: dict, message: Message) -> list[tuple]:
+        """``[(client id, qos, subscription ids, retain as published)]`` for
+        the subscriptions of one filter."""
+        publisher = message.publisher
+        msg_qos = message.qos
+        out = []
+        for client_id, options in tuple(subs.items()):
+            if type(options) is SharedGroup:
+                picked = options.pick(self._online)
+                if picked is None:
+                    continue
+                client_id, options = picked
+            elif options.no_local and client_id == publisher:
+                continue  # [MQTT-3.8.3-3]
+            sid = options.subscription_id
+            out.append((client_id, options.qos if options.qos < msg_qos else msg_qos,
+                        () if sid is None else (sid,), options.retain_as_published))
+        return out
+
+    def _targets(self, matches: list, message: Message) -> list[tuple]:
+        """The same for several filters, merged per client."""
+        merged: dict[str, list] = {}
+        for subs in matches:
+            for client_id, qos, sids, rap in self._targets_of_one(subs, message):
+                target = merged.get(client_id)
+                if target is None:
+                    merged[client_id] = [qos, sids, rap]
+                else:
+                    if qos > target[0]:
+                        target[0] = qos
+                    target[1] = target[1] + sids
+                    target[2] = target[2] or rap
+        return [(client_id, qos, sids, rap) for client_id, (qos, sids, rap) in merged.items()]
 
     def _online(self, client_id: str) -> bool:
         session = self.broker.sessions.sessions.get(client_id)

@@ -85,6 +85,7 @@ class Session:
         # acks waiting for earlier acks, to keep PUBACK/PUBREC in order [MQTT-4.6.0-2]
         self._acks: deque[list] = deque()
         self.dropped: dict[str, int] = {}
+        self._drop_logged_at = float("-inf")
         self.will = None
         self.will_timer = None
         self.expiry_timer = None
@@ -96,15 +97,21 @@ class Session:
         mqtt = self.broker.config.mqtt
         return mqtt.max_queued_messages if self.persistent else mqtt.max_pending_messages
 
+    #: seconds between two log lines about drops for one session
+    DROP_LOG_INTERVAL = 10.0
+
     def drop(self, reason: str, message: Message | None = None) -> None:
-        """Count (and log) a message not delivered to this session."""
+        """Count a message not delivered to this session; log the first drop
+        and then a summary at most every :attr:`DROP_LOG_INTERVAL` seconds."""
         count = self.dropped.get(reason, 0) + 1
         self.dropped[reason] = count
         self.broker.stats_dropped(reason)
-        if count == 1 or count % 1000 == 0:
+        now = self.broker.clock.seconds()
+        if now >= self._drop_logged_at + self.DROP_LOG_INTERVAL:
+            self._drop_logged_at = now
             self.log.warn(
-                "dropped message for {client_id}: {reason} ({count} so far)",
-                client_id=self.client_id, reason=reason, count=count,
+                "dropped messages for {client_id}: {dropped} so far",
+                client_id=self.client_id, dropped=dict(self.dropped),
                 topic=message.topic if message else None)
         self.broker.hooks_message_dropped(self, message, reason)
 
@@ -156,7 +163,7 @@ class Session:
                     return None
                 self.drop("offline_qos0", message)
                 return None
-            if conn.paused:
+            if conn.paused and not conn.hold(self.broker.current_source):
                 self.drop("slow_consumer", message)
                 return None
             data = self._encoded(message, 0, retain, subscription_ids, cache, now, conn)
@@ -165,6 +172,8 @@ class Session:
                 if self.broker.notify_delivered:
                     self.broker.hooks_message_delivered(self, message, 0)
             return None
+        if conn is not None and conn.paused:
+            conn.hold(self.broker.current_source)  # slow the publisher down
         if len(self.queue) + len(self.inflight) >= self.queue_limit + self._window():
             self.drop("queue_full", message)
             return None
@@ -359,12 +368,18 @@ class Session:
         conn = self.connection
         if conn is None:
             return
-        if packet.packet_type == 4:  # PUBACK ends an inbound QoS 1 flow
+        ptype = packet.packet_type
+        if ptype == 4:  # PUBACK ends an inbound QoS 1 flow
             self.inbound_unacked -= 1
         elif packet.reason_code >= 0x80 and not duplicate:
             # a refused QoS 2 PUBLISH ends its flow with the PUBREC [MQTT-4.3.3-9]
             self.inbound_qos2.discard(packet.packet_id)
-        conn.send(packet)
+        if packet.reason_code == 0 and not packet.properties:
+            # the short form, the same in every version [MQTT-3.4.2.1]
+            conn.write((b"\x40\x02" if ptype == 4 else b"\x50\x02")
+                       + packet.packet_id.to_bytes(2, "big"))
+        else:
+            conn.send(packet)
 
     # -- connection life cycle -------------------------------------------------
 

@@ -29,11 +29,16 @@ class SubscriptionTrie:
     not matched by a filter starting with a wildcard).
     """
 
-    __slots__ = ("_root", "_count")
+    __slots__ = ("_root", "_count", "_cache")
+
+    #: topic names whose matches are remembered (the cache is emptied when full)
+    CACHE_SIZE = 10000
 
     def __init__(self) -> None:
         self._root = _Node()
         self._count = 0
+        # topic name -> match result; emptied on every change of the trie
+        self._cache: dict[str, list] = {}
 
     def __len__(self) -> int:
         """:returns: the number of (filter, key) entries."""
@@ -46,6 +51,8 @@ class SubscriptionTrie:
         :returns: True when the key is new for this filter, False when it
             replaced a value (a subscription renewed, [MQTT-3.8.4-3]).
         """
+        if self._cache:
+            self._cache = {}
         node = self._root
         for level in topic_filter.split("/"):
             child = node.children.get(level)
@@ -80,6 +87,8 @@ class SubscriptionTrie:
         if value is None:
             return None
         self._count -= 1
+        if self._cache:
+            self._cache = {}
         for i in range(len(levels), 0, -1):
             child = path[i]
             if child.subs or child.children:
@@ -101,8 +110,19 @@ class SubscriptionTrie:
         :param topic: a topic name (no wildcards).
         :returns: a list of the ``{key: value}`` dicts of the matching filters
             (live views: do not mutate; one key may appear in several dicts
-            when a client's filters overlap).
+            when a client's filters overlap).  The list is remembered per
+            topic name until the trie changes: do not mutate it either.
         """
+        cache = self._cache
+        found = cache.get(topic)
+        if found is None:
+            found = self._match(topic)
+            if len(cache) >= self.CACHE_SIZE:
+                cache.clear()
+            cache[topic] = found
+        return found
+
+    def _match(self, topic: str) -> list[dict[Hashable, Any]]:
         levels = topic.split("/")
         found: list[dict] = []
         nodes = [self._root]

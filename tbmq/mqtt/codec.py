@@ -337,6 +337,13 @@ def _reason(code: int, ptype: PacketType) -> int:
     return code
 
 
+#: PacketType by the fixed header's type nibble (a tuple beats the Enum call)
+_PACKET_TYPES = (None,) + tuple(PacketType(i) for i in range(1, 16))
+
+#: distinct topic names a decoder remembers (emptied when full)
+_TOPIC_CACHE_SIZE = 1024
+
+
 class Decoder:
     """Incremental decoder: bytes in, complete packets out.
 
@@ -353,7 +360,8 @@ class Decoder:
     raises again (the connection is to be closed, section 4.13).
     """
 
-    __slots__ = ("max_packet_size", "protocol_level", "server_side", "_buffer", "_need", "_connect_seen", "_error")
+    __slots__ = ("max_packet_size", "protocol_level", "server_side", "_buffer", "_need", "_connect_seen",
+                 "_error", "_topics")
 
     def __init__(
         self,
@@ -368,6 +376,7 @@ class Decoder:
         self._need = 0
         self._connect_seen = False
         self._error: MalformedPacket | None = None
+        self._topics: dict[bytes, str] = {}
 
     def feed(self, data: bytes) -> list[Packet]:
         """Add received bytes; return every packet they complete.
@@ -468,7 +477,7 @@ class Decoder:
             raise MalformedPacket("packet type 0 is reserved")
         if ptype == 15 and level != MQTT_5:
             raise MalformedPacket("AUTH exists only in MQTT 5.0")
-        packet_type = PacketType(ptype)
+        packet_type = _PACKET_TYPES[ptype]
         if packet_type in (_NOT_TO_SERVER if self.server_side else _NOT_TO_CLIENT):
             side = "server" if self.server_side else "client"
             raise MalformedPacket(f"a {side} must not receive {packet_type.name}", _PROTOCOL_ERROR)
@@ -482,6 +491,8 @@ class Decoder:
         return _DECODERS[ptype](self, data, pos, end, level == MQTT_5 if level else False)
 
     def _decode_publish(self, first: int, data: bytes, pos: int, end: int, level: int) -> Publish:
+        # topic names repeat: each distinct one is decoded and checked once
+        topics = self._topics
         qos = (first >> 1) & 0x03
         if qos == 3:
             raise MalformedPacket("PUBLISH with QoS 3 [MQTT-3.3.1-4]")
@@ -494,12 +505,18 @@ class Decoder:
         p += (data[pos] << 8) | data[pos + 1]
         if p > end:
             raise MalformedPacket("truncated topic name")
-        try:
-            topic = data[pos + 2:p].decode("utf-8")
-        except UnicodeDecodeError:
-            raise MalformedPacket("topic name is not well-formed UTF-8 [MQTT-1.5.4-1]") from None
-        if "\x00" in topic:
-            raise MalformedPacket("topic name contains U+0000 [MQTT-1.5.4-2]")
+        raw_topic = data[pos + 2:p]
+        topic = topics.get(raw_topic)
+        if topic is None:
+            try:
+                topic = raw_topic.decode("utf-8")
+            except UnicodeDecodeError:
+                raise MalformedPacket("topic name is not well-formed UTF-8 [MQTT-1.5.4-1]") from None
+            if "\x00" in topic:
+                raise MalformedPacket("topic name contains U+0000 [MQTT-1.5.4-2]")
+            if len(topics) >= _TOPIC_CACHE_SIZE:
+                topics.clear()
+            topics[raw_topic] = topic
         if qos:
             if p + 2 > end:
                 raise MalformedPacket("truncated packet identifier")

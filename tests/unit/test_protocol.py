@@ -6,6 +6,7 @@ from tbmq.mqtt import (
     Connack, Connect, Disconnect, Pingreq, Pingresp, Property, Puback, Pubcomp, Publish,
     Pubrec, Pubrel, Suback, Subscribe, SubscriptionRequest, Unsuback, Unsubscribe, Will,
 )
+from tbmq.mqtt.codec import encode
 from tests.helpers import Harness
 
 
@@ -468,18 +469,49 @@ def test_puback_order_follows_publish_order(h):
     assert p.received() == [Puback(1), Puback(2)]
 
 
-def test_slow_consumer_drops_qos0_and_queues_qos1_until_resumed(h):
+def test_a_paused_subscriber_slows_its_publisher_down(h):
     s = h.client("s")
     sub(s, "t")
-    s.protocol.pauseProducing()  # the transport's write buffer is full
+    s.protocol.pauseProducing()  # the subscriber's socket is full
     p = h.client("p")
     p.send(Publish("t", b"q0"), Publish("t", b"q1", qos=1, packet_id=1))
-    assert s.received() == []
+    assert p.transport.producerState == "paused"  # the publisher is not read meanwhile
+    assert [m.payload for m in s.received()] == [b"q0"]  # QoS 0 still written
     session = h.broker.sessions.sessions["s"]
-    assert session.dropped == {"slow_consumer": 1}
-    assert len(session.queue) == 1
+    assert len(session.queue) == 1 and session.dropped == {}
     s.protocol.resumeProducing()
+    assert p.transport.producerState == "producing"
     assert [m.payload for m in s.received()] == [b"q1"]
+
+
+def test_a_stalled_subscriber_loses_qos0_and_holds_nobody_back(h):
+    s = h.client("s")
+    sub(s, "t")
+    s.protocol.pauseProducing()
+    p = h.client("p")
+    p.send(Publish("t", b"a"))
+    assert p.transport.producerState == "paused"
+    h.clock.advance(h.config.mqtt.outbound_pause_timeout)
+    assert p.transport.producerState == "producing"
+    s.received()
+    p.send(Publish("t", b"b"), Publish("t", b"c", qos=1, packet_id=1))
+    assert s.received() == [] and p.transport.producerState == "producing"
+    session = h.broker.sessions.sessions["s"]
+    assert session.dropped == {"slow_consumer": 1} and len(session.queue) == 1
+    s.protocol.resumeProducing()
+    assert [m.payload for m in s.received()] == [b"c"]
+
+
+def test_writes_of_one_read_are_coalesced(h):
+    s = h.client("s")
+    sub(s, "t")
+    p = h.client("p")
+    writes = []
+    original = s.transport.write
+    s.transport.write = lambda data: (writes.append(data), original(data))
+    p.send_bytes(b"".join(encode(Publish("t", b"%d" % i), 4) for i in range(50)))
+    assert len(writes) == 1
+    assert len(s.received()) == 50
 
 
 def test_stop_disconnects_v5_clients_with_0x8b(h):

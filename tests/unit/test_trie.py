@@ -86,3 +86,16 @@ def test_retained_remove_prunes():
     assert tree.remove("a/b/c") is None
     assert tree._root.children["a"].children == {}
     assert [m.topic for m in tree.match("a/#")] == ["a"]
+
+
+def test_the_match_cache_follows_changes():
+    trie = SubscriptionTrie()
+    assert trie.match("a/b") == []
+    trie.add("a/+", "c1", 1)
+    assert [dict(d) for d in trie.match("a/b")] == [{"c1": 1}]
+    trie.add("a/b", "c2", 2)
+    assert sorted(v for d in trie.match("a/b") for v in d.values()) == [1, 2]
+    trie.remove("a/+", "c1")
+    assert [dict(d) for d in trie.match("a/b")] == [{"c2": 2}]
+    trie.remove("a/b", "c2")
+    assert trie.match("a/b") == []
