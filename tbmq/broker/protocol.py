@@ -120,6 +120,7 @@ class MQTTProtocol(ConnectFlow, FlowControl, protocol.Protocol, TimeoutMixin):
                 return
 
     def connectionLost(self, reason=protocol.connectionDone) -> None:
+        self._closing = True
         self.setTimeout(None)
         self._out = []
         self.stopProducing()
