@@ -37,7 +37,7 @@ class GeneratorParams:
     :ivar devices: number of devices; None: one per 1,000 events, >= 20.
     :ivar applications: number of applications (telemetry subscribers), >= 1.
     :ivar nodes: broker nodes, >= 1.
-    :ivar hours: time span of the log, hours.
+    :ivar hours: time span of the log, hours (approximately).
     :ivar start: the first event's time, ISO 8601 (UTC).
     :ivar corrupt_rate: fraction of lines written truncated, 0..1.
     """
@@ -187,8 +187,8 @@ class _Shard:
     def advance(self) -> float:
         phase = 2 * math.pi * ((self.now - self.t0) / 86400000.0)
         rate = 1.0 + 0.6 * math.sin(phase - math.pi / 2)  # quiet at midnight, busy at noon
-        # E[1 / rate] over a day is 1.25: scale back to the requested span
-        self.now += self.rng.expovariate(1.0) * self.step / max(0.2, rate) * 0.8
+        # actions come denser when the rate is high: on average this spans ``hours``
+        self.now += self.rng.expovariate(1.0) * self.step / max(0.2, rate)
         return self.now
 
     def run(self, out) -> None:

@@ -3,6 +3,9 @@ small shuffle partitions, no UI, UTC."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 
@@ -10,6 +13,8 @@ import pytest
 def spark():
     from pyspark.sql import SparkSession
 
+    # Python workers run this interpreter (a venv's, not PATH's python3)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = (SparkSession.builder.master("local[2]")
                .appName("tbmq-analytics-tests")
                .config("spark.sql.shuffle.partitions", "2")

@@ -10,7 +10,7 @@ from tbmq.analytics.schema import READ_SCHEMA
 #: 2024-01-01 00:00:00 UTC in epoch milliseconds
 T0 = 1704067200000
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def at(ms_after_t0: int) -> dt.datetime:

@@ -181,10 +181,11 @@ def test_spark_submit(log_dir, tmp_path):
         [str(submit), "--master", "local[1]", "--conf", "spark.ui.enabled=false",
          "--conf", "spark.sql.shuffle.partitions=2", "--py-files", str(package),
          str(REPO / "tbmq" / "analytics" / "cli.py"), "report", "--input",
-         str(log_dir), "--output", str(out), "--quiet"],
+         str(log_dir), "--output", out.as_uri(), "--quiet"],  # a Hadoop path: file://
         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-5000:]
     assert (out / "report.html").exists() and (out / "csv" / "summary.csv").exists()
+    assert (out / "charts" / "throughput.png").exists()
     good, _, _ = line_counts(log_dir)
     with open(out / "csv" / "summary.csv", newline="") as f:
         summary = {r["metric"]: int(r["value"]) for r in csv.DictReader(f)}

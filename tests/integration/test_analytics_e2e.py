@@ -165,6 +165,10 @@ def test_report_counts_equal_the_traffic(broker_factory, tmp_path):
     assert int(latency[0]["deliveries"]) == 34  # the retained message is left out
     assert 0 <= float(latency[0]["p50_ms"]) <= float(latency[0]["p99_ms"]) < 10000
 
+    durations = {r["client_type"]: r for r in read_csv(out / "csv" / "session_durations.csv")}
+    assert int(durations["DEVICE"]["sessions"]) == 4
+    assert 0 < float(durations["DEVICE"]["max_s"]) < 120
+
     reasons = {r["reason"]: int(r["disconnects"]) for r in read_csv(out / "csv" / "disconnect_reasons.csv")}
     assert reasons == {"normal disconnection": 4}
     bad = read_csv(out / "csv" / "bad_records.csv")
