@@ -152,15 +152,18 @@ def test_message_id_is_stable():
 def test_rotation_by_size_plain_files(tmp_path):
     broker, clock, launcher = make_broker(tmp_path, enabled=True, max_file_bytes=2048,
                                           compress=False, flush_interval=0.01)
+    exporter = launcher.exporters[broker]
     dev = session("dev-1")
     for i in range(300):
         broker.hooks_message_published(dev, Message(f"t/{i}", b"x" * i, publisher="dev-1",
                                                     received_at=clock.seconds()))
-        if i % 50 == 0:
-            time.sleep(0.05)  # let the writer write several batches
+        if i % 30 == 29:  # let the writer write this batch (> 2048 bytes: one file each)
+            deadline = time.monotonic() + 10
+            while exporter.exported < i + 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
     stop(broker, clock)
     names = sorted(os.listdir(tmp_path / "data" / "events"))
-    assert len(names) > 3 and all(n.endswith(".jsonl") and not n.startswith(".") for n in names)
+    assert len(names) >= 5 and all(n.endswith(".jsonl") and not n.startswith(".") for n in names)
     records = read_records(tmp_path / "data" / "events")
     assert [r["topic"] for r in records] == [f"t/{i}" for i in range(300)]
 
