@@ -558,7 +558,7 @@ class EventsPlugin:
         broker.plugins.register(exporter, name=name)
         # the broker looks up which notification hooks have implementations
         # once; tell it there are new ones
-        refresh = getattr(broker, "refresh_hooks", None) or getattr(broker, "_refresh_hooks")
+        refresh = broker.refresh_hooks
         refresh()
         exporter.start()
         self.exporters[broker] = exporter

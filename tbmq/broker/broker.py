@@ -87,9 +87,11 @@ class Broker:
         self.watcher: CredentialsWatcher | None = None
         self.dropped: dict[str, int] = {}
         self.received = 0
-        self._refresh_hooks()
+        self.refresh_hooks()
 
-    def _refresh_hooks(self) -> None:
+    def refresh_hooks(self) -> None:
+        """Look again at which hooks plugins implement (after registering a
+        plugin at run time): hooks nobody implements cost nothing per message."""
         hook = self.plugins.hook
         self._authorize_inline = all(
             [impl.plugin_name for impl in getattr(hook, name).get_hookimpls()] == ["rules"]

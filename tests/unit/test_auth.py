@@ -158,7 +158,7 @@ def test_asynchronous_authorization_keeps_order():
     h = harness(allow_anonymous=True)
     slow = Slow()
     h.plugins.register(slow, name="slow")
-    h.broker._refresh_hooks()
+    h.broker.refresh_hooks()
     c = h.client("c", 4)
     c.send(Publish("t", b"1", qos=1, packet_id=1), Publish("t", b"2", qos=1, packet_id=2))
     assert c.received() == [] and len(slow.pending) == 1
