@@ -355,15 +355,25 @@ class Client:
 
 
 class Loop:
-    def __init__(self, ctl=None) -> None:
+    """A ``selectors`` loop over :class:`Client` objects and the control pipe.
+
+    :param coalesce: seconds to sleep after a turn that handled events, so
+        that the next ``recv`` finds many packets instead of one (a broker
+        that writes each packet with its own system call otherwise costs the
+        generator one loop turn per packet). 0 for the latency scenario.
+    """
+
+    def __init__(self, ctl=None, coalesce: float = 0.0) -> None:
         self.sel = selectors.DefaultSelector()
         self.ctl = ctl
+        self.coalesce = coalesce
         self.ctl_msgs: list = []
         if ctl is not None:
             self.sel.register(ctl.fileno(), selectors.EVENT_READ, None)
 
     def run_once(self, timeout: float) -> None:
-        for key, ev in self.sel.select(timeout):
+        events = self.sel.select(timeout)
+        for key, ev in events:
             c = key.data
             if c is None:
                 while self.ctl.poll():
@@ -373,6 +383,8 @@ class Loop:
                 c.readable()
             if ev & selectors.EVENT_WRITE and not c.closed:
                 c.writable()
+        if events and self.coalesce:
+            time.sleep(self.coalesce)
 
     def run_until(self, cond, timeout: float, step: float = 0.05) -> bool:
         deadline = now() + timeout

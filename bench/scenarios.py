@@ -20,6 +20,9 @@ now = time.monotonic
 _ctx = mp.get_context("fork")
 
 PAYLOAD = 64
+#: the throughput workers sleep this long after each loop turn that did
+#: something (see mqttgen.Loop); BENCH_COALESCE overrides it
+COALESCE = 0.0005
 
 
 class ScenarioError(Exception):
@@ -104,7 +107,7 @@ class Profiler:
 def _throughput(broker: Broker, level: int, roles: list[dict], duration: float,
                 profile: str | None = None) -> dict:
     common = {"host": broker.host, "port": broker.port, "level": level, "payload_size": PAYLOAD,
-              "duration": duration}
+              "duration": duration, "coalesce": float(os.environ.get("BENCH_COALESCE", COALESCE))}
     roles = [{**common, **r} for r in roles]
     w = Workers(gen.clients_worker, roles)
     try:

@@ -101,7 +101,7 @@ def clients_worker(ctl, role: dict) -> None:
     """
     try:
         raise_nofile()
-        loop = Loop(ctl)
+        loop = Loop(ctl, role.get("coalesce", 0.0))
         level = role["level"]
         specs = [{"id": cid, "sub": flt, "qos": role["sub_qos"],
                   "receive_maximum": role.get("receive_maximum"), "tag": "sub"} for cid, flt in role["subs"]]
