@@ -115,19 +115,8 @@ class ConnectFlow:
 
     def _release(self) -> None:
         waiting, self._waiting = self._waiting, None
-        for index, packet in enumerate(waiting or ()):
-            if self._closing:
-                return
-            try:
-                self.packet_received(packet)
-            except ProtocolViolation as e:
-                self.log.info("protocol violation by {client_id}: {error} (0x{code:02X})",
-                              client_id=self._client_id(), error=str(e), code=e.reason_code)
-                self.disconnect(e.reason_code)
-                return
-            if self._waiting is not None:
-                self._waiting.extend(waiting[index + 1:])
-                return
+        if waiting:
+            self.handle_packets(waiting)
 
     def _gone(self) -> bool:
         return self._closing or self.transport is None or not self.transport.connected

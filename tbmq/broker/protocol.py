@@ -105,6 +105,12 @@ class MQTTProtocol(ConnectFlow, FlowControl, protocol.Protocol, TimeoutMixin):
             return
         if packets and self.session is not None:
             self.resetTimeout()
+        self.handle_packets(packets)
+
+    def handle_packets(self, packets) -> None:
+        """Handle ``packets`` in order; a rule broken ends the connection with
+        its reason code; when a decision becomes asynchronous, the rest waits
+        (see :meth:`~tbmq.broker.connect.ConnectFlow._hold`)."""
         for index, packet in enumerate(packets):
             if self._closing:
                 return
