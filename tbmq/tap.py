@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from twisted.python import usage
 
-from tbmq.config import ListenerConfig, load_config
+from tbmq.config import load_config
 
 
 class Options(usage.Options):
@@ -53,4 +53,4 @@ def makeService(options):
     return BrokerService(config_from_options(options))
 
 
-__all__ = ["Options", "makeService", "ListenerConfig"]
+__all__ = ["Options", "makeService"]

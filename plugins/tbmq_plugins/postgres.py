@@ -35,8 +35,9 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from tbmq.backends.memory_credentials import (
+    CREDENTIALS_COLUMNS as _COLUMNS,
     conflict_message,
-    decode_value,
+    credentials_from_row as _record,
     encode_value,
     prepare_for_save,
     save_times,
@@ -44,7 +45,7 @@ from tbmq.backends.memory_credentials import (
 from tbmq.errors import BackendError, CredentialsError
 from tbmq.hookspecs import hookimpl
 from tbmq.interfaces import ICredentialStore
-from tbmq.model import ClientType, Credentials, CredentialsType
+from tbmq.model import Credentials, CredentialsType
 
 __all__ = ["PostgresCredentialStore", "PostgresPlugin", "plugin"]
 
@@ -96,26 +97,6 @@ _REQUIRED_COLUMNS = {
     "version",
 }
 
-_COLUMNS = (
-    "id, name, credentials_type, credentials_id, client_type, "
-    "credentials_value, created_time, updated_time"
-)
-
-
-def _record(row: tuple) -> Credentials:
-    """:param row: the columns of :data:`_COLUMNS`.
-    :returns: the record they describe."""
-    id_, name, ctype, cid, client_type, value, created, updated = row
-    return Credentials(
-        id=id_,
-        name=name,
-        credentials_type=CredentialsType(ctype),
-        credentials_id=cid,
-        client_type=ClientType(client_type),
-        value=decode_value(value),
-        created_time=created,
-        updated_time=updated,
-    )
 
 
 def _type_name(credentials_type: Any) -> str:

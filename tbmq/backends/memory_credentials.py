@@ -28,7 +28,9 @@ from tbmq.interfaces import ICredentialStore
 from tbmq.model import ClientType, Credentials, CredentialsType
 
 __all__ = [
+    "CREDENTIALS_COLUMNS",
     "MemoryCredentialStore",
+    "credentials_from_row",
     "copy_credentials",
     "decode_value",
     "encode_value",
@@ -65,6 +67,31 @@ def decode_value(text: str | bytes | dict) -> dict:
     if isinstance(text, dict):
         return text
     return json.loads(text)
+
+
+#: The columns of ``mqtt_client_credentials`` that make a
+#: :class:`~tbmq.model.Credentials`, in :func:`credentials_from_row` order
+#: (the SQLite and PostgreSQL stores select them).
+CREDENTIALS_COLUMNS = (
+    "id, name, credentials_type, credentials_id, client_type, "
+    "credentials_value, created_time, updated_time"
+)
+
+
+def credentials_from_row(row: tuple) -> Credentials:
+    """:param row: the columns of :data:`CREDENTIALS_COLUMNS`.
+    :returns: the record they describe."""
+    id_, name, ctype, cid, client_type, value, created, updated = row
+    return Credentials(
+        id=id_,
+        name=name,
+        credentials_type=CredentialsType(ctype),
+        credentials_id=cid,
+        client_type=ClientType(client_type),
+        value=decode_value(value),
+        created_time=created,
+        updated_time=updated,
+    )
 
 
 def _non_empty(value: Any, field: str) -> str:

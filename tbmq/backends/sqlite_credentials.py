@@ -32,15 +32,16 @@ from twisted.python.threadpool import ThreadPool
 from zope.interface import implementer
 
 from tbmq.backends.memory_credentials import (
+    CREDENTIALS_COLUMNS as _COLUMNS,
     conflict_message,
-    decode_value,
+    credentials_from_row as _record,
     encode_value,
     prepare_for_save,
     save_times,
 )
 from tbmq.errors import BackendError, CredentialsError
 from tbmq.interfaces import ICredentialStore
-from tbmq.model import ClientType, Credentials, CredentialsType
+from tbmq.model import Credentials, CredentialsType
 
 __all__ = [
     "FILE_NAME",
@@ -91,28 +92,8 @@ CREATE TABLE IF NOT EXISTS credentials_version (
 INSERT OR IGNORE INTO credentials_version VALUES (1, 0);
 """
 
-_COLUMNS = (
-    "id, name, credentials_type, credentials_id, client_type, "
-    "credentials_value, created_time, updated_time"
-)
 
 _STOPPED, _STARTING, _RUNNING, _STOPPING = "stopped", "starting", "running", "stopping"
-
-
-def _record(row: tuple) -> Credentials:
-    """:param row: the columns of :data:`_COLUMNS`.
-    :returns: the record they describe."""
-    id_, name, ctype, cid, client_type, value, created, updated = row
-    return Credentials(
-        id=id_,
-        name=name,
-        credentials_type=CredentialsType(ctype),
-        credentials_id=cid,
-        client_type=ClientType(client_type),
-        value=decode_value(value),
-        created_time=created,
-        updated_time=updated,
-    )
 
 
 def _next_version(conn: sqlite3.Connection) -> int:

@@ -86,7 +86,6 @@ class Broker:
         self.valid_topics: set[str] = set()
         self.watcher: CredentialsWatcher | None = None
         self.dropped: dict[str, int] = {}
-        self.received = 0
         self.refresh_hooks()
 
     def refresh_hooks(self) -> None:
@@ -226,7 +225,6 @@ class Broker:
                 self.log.failure("plugin hook {name} failed", name=name)
 
     def hooks_message_published(self, session, message) -> None:
-        self.received += 1
         if self._has["tbmq_message_published"]:
             self._notify("tbmq_message_published", session=session, message=message)
 

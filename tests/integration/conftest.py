@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.certs import make_pki
 from tests.integration.helpers import Broker, PahoClient, RawClient
 
 #: brokers currently started by a fixture
@@ -146,3 +147,10 @@ def raw(request):
 @pytest.fixture(params=[4, 5], ids=["v311", "v5"])
 def mqtt_version(request) -> int:
     return request.param
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A test CA, a server certificate and client certificates
+    (:func:`tests.certs.make_pki`), one set per module."""
+    return make_pki(tmp_path_factory.mktemp("pki"))

@@ -476,6 +476,36 @@ def _read_until_closed(sock: socket.socket, timeout: float, who: str) -> None:
             return
 
 
+class ListenersBroker(Broker):
+    """The helpers' broker process, started with a config file of several
+    listeners (no ``--listen``), ready once every listener accepts."""
+
+    def __init__(self, workdir: Path, config: Path, ports: dict[str, int]) -> None:
+        super().__init__(workdir, config=config, port=ports["tcp"])
+        self.ports = ports
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", TWISTD, "-n", "--pidfile=", "tbmq",
+                "--config", str(self.config), "--data-dir", str(self.data_dir)]
+
+    def _wait_listening(self) -> None:
+        for port in self.ports.values():  # listeners start in config order
+            self.port = port
+            super()._wait_listening()
+        self.port = self.ports["tcp"]
+
+    def wait_log(self, text: str, timeout: float = TIMEOUT) -> str:
+        """The first log line containing ``text``; fails after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in self.log().splitlines():
+                if text in line:
+                    return line
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} not in the broker log:\n{self.log()[-5000:]}")
+            time.sleep(0.05)
+
+
 # --------------------------------------------------------------------------
 # Raw sockets
 # --------------------------------------------------------------------------

@@ -20,11 +20,9 @@ import scramp
 import yaml
 
 from tbmq.mqtt import Auth, Connack, Connect, Property, Puback, Publish
-from tests.certs import make_pki
 from tests.integration.helpers import (
-    HOST, REPO_ROOT, TIMEOUT, PahoClient, RawClient, free_port, uid,
+    HOST, REPO_ROOT, TIMEOUT, ListenersBroker, PahoClient, RawClient, free_port, uid,
 )
-from tests.integration.test_listeners import ListenersBroker
 
 SECRET = "e2e-secret-key-0123456789abcdef0123"
 REFRESH = 0.3  # auth.refresh_interval of the broker under test, seconds
@@ -38,11 +36,6 @@ def cli(data_dir, *args: str, stdin: str | None = None) -> str:
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert proc.returncode == 0, proc.stderr + proc.stdout
     return proc.stdout
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +113,7 @@ def test_acl_allow_and_deny(broker, clients, version):
     assert dev.subscribe(f"cmd/{cid}", 1) == [1]
     assert dev.subscribe("secret/#", 1) == [0x87 if version == 5 else 0x80]
     dev.publish(f"dev/{cid}/t", b"allowed", 1)
-    dev.publish(f"dev/other/t", b"denied", 1)
+    dev.publish("dev/other/t", b"denied", 1)
     dev.publish(f"dev/{cid}/t", b"after", 1)
     got = [m.payload for m in app.get_many(2)]
     assert got == [b"allowed", b"after"]

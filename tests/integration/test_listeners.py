@@ -9,10 +9,8 @@ import ipaddress
 import queue
 import socket
 import ssl
-import sys
 import threading
 import time
-from pathlib import Path
 
 import paho.mqtt.client as paho
 import pytest
@@ -21,8 +19,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from tbmq.mqtt import Connack, Connect
 from tbmq.mqtt.codec import Decoder, encode
-from tests.certs import make_pki
-from tests.integration.helpers import HOST, TIMEOUT, TWISTD, Broker, RawClient, free_port, uid
+from tests.integration.helpers import HOST, TIMEOUT, ListenersBroker, RawClient, free_port, uid
 
 #: mqtt.connect_timeout of the broker under test, seconds
 CONNECT_TIMEOUT = 1.0
@@ -39,41 +36,6 @@ LISTENERS = {
     "limited": ("tcp", {"max_connections": 2}),
     "small": ("ws", {"max_packet_size": 512}),
 }
-
-
-class ListenersBroker(Broker):
-    """The helpers' broker process, started with a config file of several
-    listeners (no ``--listen``), ready once every listener accepts."""
-
-    def __init__(self, workdir: Path, config: Path, ports: dict[str, int]) -> None:
-        super().__init__(workdir, config=config, port=ports["tcp"])
-        self.ports = ports
-
-    def command(self) -> list[str]:
-        return [sys.executable, "-c", TWISTD, "-n", "--pidfile=", "tbmq",
-                "--config", str(self.config), "--data-dir", str(self.data_dir)]
-
-    def _wait_listening(self) -> None:
-        for port in self.ports.values():  # listeners start in config order
-            self.port = port
-            super()._wait_listening()
-        self.port = self.ports["tcp"]
-
-    def wait_log(self, text: str, timeout: float = TIMEOUT) -> str:
-        """The first log line containing ``text``; fails after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            for line in self.log().splitlines():
-                if text in line:
-                    return line
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{text!r} not in the broker log:\n{self.log()[-5000:]}")
-            time.sleep(0.05)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import pytest
 
 from tbmq.mqtt import (
-    Connack, Connect, Disconnect, Pingreq, Pingresp, Property, Puback, Pubcomp, Publish,
+    Connect, Disconnect, Pingreq, Pingresp, Property, Puback, Pubcomp, Publish,
     Pubrec, Pubrel, Suback, Subscribe, SubscriptionRequest, Unsuback, Unsubscribe, Will,
 )
 from tbmq.mqtt.codec import encode
