@@ -130,6 +130,13 @@ def _unpack(data: bytes | None) -> dict:
     return unpack_properties(bytes(data)) if data else {}
 
 
+def _ids_json(subscription_ids: tuple[int, ...]) -> str:
+    """:returns: the subscription identifiers as a JSON array."""
+    if not subscription_ids:
+        return "[]"
+    return json.dumps([int(i) for i in subscription_ids])
+
+
 def _message_columns(message: Message) -> tuple:
     """:returns: the columns topic .. expires_at of a message."""
     return (
@@ -370,6 +377,13 @@ class SQLiteStore:
 
     # -- the queue ----------------------------------------------------------
 
+    def refused(self) -> defer.Deferred | None:
+        """:returns: None while the store takes operations (starting or
+        running), else a failed Deferred (:class:`BackendError`)."""
+        if self._state in (_STARTING, _RUNNING):
+            return None
+        return defer.fail(BackendError(f"SQLite store {self.path} is {self._state}"))
+
     def submit(self, operation: Operation) -> defer.Deferred:
         """Queue ``operation`` to run in the database thread, in order, inside
         the next transaction.
@@ -381,10 +395,9 @@ class SQLiteStore:
             with its exception (the operation alone is rolled back) or with
             the COMMIT's error.
         """
-        if self._state not in (_STARTING, _RUNNING):
-            return defer.fail(
-                BackendError(f"SQLite store {self.path} is {self._state}")
-            )
+        refused = self.refused()
+        if refused is not None:
+            return refused
         d: defer.Deferred = defer.Deferred()
         self._pending.append((operation, d))
         self._flush()
@@ -397,6 +410,9 @@ class SQLiteStore:
             return
         if self._pending:
             batch, self._pending = self._pending, []
+            for operation, _ in batch:
+                if isinstance(operation, CoalescedWrites):
+                    operation.sealed = True
             self._busy = True
             d = deferToThreadPool(
                 self._reactor, self._pool, self._run_batch, [op for op, _ in batch]
@@ -444,16 +460,108 @@ class SQLiteStore:
     ) -> None:
         """In the reactor thread: fire the batch's Deferreds, then send the
         next batch.  Calls made by their callbacks join the next batch."""
-        if isinstance(outcome, Failure):
-            log.failure("SQLite transaction failed", outcome)
-            outcome = [(False, outcome)] * len(waiters)
-        for (ok, value), waiter in zip(outcome, waiters):
-            if ok:
-                waiter.callback(value)
-            else:
-                waiter.errback(value)
+        fire_batch(outcome, waiters)
         self._busy = False
         self._flush()
+
+
+def fire_batch(outcome: list[tuple[bool, Any]] | Failure, waiters: list[defer.Deferred]) -> None:
+    """In the reactor thread: fire the Deferreds of a batch of operations
+    run in the database thread.
+
+    :param outcome: per operation ``(True, result)`` or ``(False,
+        Failure)``, or one Failure when the whole batch failed (logged and
+        given to every waiter).
+    :param waiters: the operations' Deferreds, in the same order.
+    """
+    if isinstance(outcome, Failure):
+        log.failure("SQLite transaction failed", outcome)
+        outcome = [(False, outcome)] * len(waiters)
+    for (ok, value), waiter in zip(outcome, waiters):
+        if ok:
+            waiter.callback(value)
+        else:
+            waiter.errback(value)
+
+
+class CoalescedWrites:
+    """Writes to the ``deliveries`` table accepted while the database thread
+    is busy, merged per (client id, seq) into one operation of the next
+    batch.
+
+    A delivery queued, sent and acknowledged before its batch runs costs no
+    row at all: its INSERT and UPDATE are replaced by one DELETE (of a row
+    that may exist from an earlier batch).  The operation keeps its place in
+    the queue, the place of its first write; once the store hands its batch
+    to the thread it is *sealed*, and later writes open a new one, as do
+    writes after a read or a clear (which must see, or follow, them in
+    order).
+
+    :ivar puts: (client id, seq) → the 15 columns to INSERT OR REPLACE, as a
+        list so that an UPDATE can patch them in place.
+    :ivar updates: (client id, seq) → (packet id, state) of rows written by
+        an earlier batch.
+    :ivar deletes: (client id, seq) of rows to DELETE.
+    :ivar waiters: the Deferreds of the merged calls, fired together after
+        the COMMIT.
+    """
+
+    __slots__ = ("puts", "updates", "deletes", "waiters", "submitted", "sealed")
+
+    def __init__(self) -> None:
+        self.puts: dict[tuple[str, int], list] = {}
+        self.updates: dict[tuple[str, int], tuple[int | None, int]] = {}
+        self.deletes: set[tuple[str, int]] = set()
+        self.waiters: list[defer.Deferred] = []
+        self.submitted = False
+        self.sealed = False
+
+    def put(self, key: tuple[str, int], row: list) -> None:
+        self.deletes.discard(key)
+        self.updates.pop(key, None)
+        self.puts[key] = row
+
+    def update(self, key: tuple[str, int], packet_id: int | None, state: int) -> None:
+        row = self.puts.get(key)
+        if row is not None:
+            row[13] = packet_id
+            row[14] = state
+        elif key not in self.deletes:
+            self.updates[key] = (packet_id, state)
+
+    def delete(self, key: tuple[str, int]) -> None:
+        self.puts.pop(key, None)
+        self.updates.pop(key, None)
+        self.deletes.add(key)
+
+    def __call__(self, conn: sqlite3.Connection) -> None:
+        """In the database thread: write the merged rows."""
+        if self.deletes:
+            conn.executemany(
+                "DELETE FROM deliveries WHERE client_id = ? AND seq = ?", self.deletes
+            )
+        if self.updates:
+            conn.executemany(
+                "UPDATE deliveries SET packet_id = ?, state = ? "
+                "WHERE client_id = ? AND seq = ?",
+                [(pid, state, c, s) for (c, s), (pid, state) in self.updates.items()],
+            )
+        if self.puts:
+            conn.executemany(
+                "INSERT OR REPLACE INTO deliveries VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                self.puts.values(),
+            )
+
+    def done(self, result: Any) -> None:
+        """In the reactor thread: fire every merged call's Deferred."""
+        waiters, self.waiters = self.waiters, []
+        if isinstance(result, Failure):
+            for d in waiters:
+                d.errback(result)
+        else:
+            for d in waiters:
+                d.callback(None)
 
 
 class _View:
@@ -666,6 +774,34 @@ class SQLiteDeviceMessageStore(_View):
     """:class:`~tbmq.interfaces.IDeviceMessageStore` on the table
     ``deliveries``, keyed by (client id, seq)."""
 
+    def __init__(self, store: SQLiteStore) -> None:
+        super().__init__(store)
+        self._writes: CoalescedWrites | None = None
+
+    def _open_writes(self) -> CoalescedWrites:
+        """:returns: the unsealed :class:`CoalescedWrites`, a new one when
+        there is none (submitted by :meth:`_merged` once filled, so the
+        database thread never sees it half written)."""
+        writes = self._writes
+        if writes is None or writes.sealed:
+            writes = self._writes = CoalescedWrites()
+        return writes
+
+    def _merged(self, writes: CoalescedWrites) -> defer.Deferred:
+        """:returns: a Deferred for the call just merged into ``writes``;
+        submit ``writes`` if it is new."""
+        waiter: defer.Deferred = defer.Deferred()
+        writes.waiters.append(waiter)
+        if not writes.submitted:
+            writes.submitted = True
+            self.store.submit(writes).addBoth(writes.done)
+        return waiter
+
+    def _close_writes(self) -> None:
+        """Later writes go to a new :class:`CoalescedWrites`, queued after
+        the operation about to be submitted."""
+        self._writes = None
+
     def add(
         self, client_id: str, deliveries: Iterable[StoredDelivery]
     ) -> defer.Deferred:
@@ -676,31 +812,28 @@ class SQLiteDeviceMessageStore(_View):
         :param deliveries: the deliveries; their values are read now.
         :returns: a Deferred firing with None when committed.
         """
-
-        def build() -> Operation:
+        try:
             rows = [
-                (client_id, int(d.seq))
-                + _message_columns(d.message)
-                + (
+                [client_id, int(d.seq)]
+                + list(_message_columns(d.message))
+                + [
                     int(d.qos),
                     int(bool(d.retain)),
-                    json.dumps([int(i) for i in d.subscription_ids]),
+                    _ids_json(d.subscription_ids),
                     d.packet_id,
                     int(d.state),
-                )
+                ]
                 for d in deliveries
             ]
-
-            def add(conn: sqlite3.Connection) -> None:
-                conn.executemany(
-                    "INSERT OR REPLACE INTO deliveries VALUES "
-                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    rows,
-                )
-
-            return add
-
-        return self._call(build)
+        except Exception:
+            return defer.fail()
+        refused = self.store.refused()
+        if refused is not None:
+            return refused
+        writes = self._open_writes()
+        for row in rows:
+            writes.put((client_id, row[1]), row)
+        return self._merged(writes)
 
     def update(
         self, client_id: str, seq: int, packet_id: int | None, state: int
@@ -713,16 +846,12 @@ class SQLiteDeviceMessageStore(_View):
         :param state: its new :class:`~tbmq.model.DeliveryState`.
         :returns: a Deferred firing with None when committed.
         """
-        params = (packet_id, int(state), client_id, int(seq))
-
-        def update(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "UPDATE deliveries SET packet_id = ?, state = ? "
-                "WHERE client_id = ? AND seq = ?",
-                params,
-            )
-
-        return self._submit(update)
+        refused = self.store.refused()
+        if refused is not None:
+            return refused
+        writes = self._open_writes()
+        writes.update((client_id, int(seq)), packet_id, int(state))
+        return self._merged(writes)
 
     def remove(self, client_id: str, seqs: Iterable[int]) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.remove`.
@@ -731,14 +860,13 @@ class SQLiteDeviceMessageStore(_View):
         :param seqs: the order keys to drop; unknown ones are ignored.
         :returns: a Deferred firing with None when committed.
         """
-        rows = [(client_id, int(seq)) for seq in seqs]
-
-        def remove(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                "DELETE FROM deliveries WHERE client_id = ? AND seq = ?", rows
-            )
-
-        return self._submit(remove)
+        refused = self.store.refused()
+        if refused is not None:
+            return refused
+        writes = self._open_writes()
+        for seq in seqs:
+            writes.delete((client_id, int(seq)))
+        return self._merged(writes)
 
     def load(self, client_id: str) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.load`.
@@ -747,6 +875,8 @@ class SQLiteDeviceMessageStore(_View):
         :returns: a Deferred firing with the ``list[StoredDelivery]`` in
             ``seq`` order.
         """
+
+        self._close_writes()
 
         def load(conn: sqlite3.Connection) -> list[StoredDelivery]:
             rows = conn.execute(
@@ -777,6 +907,8 @@ class SQLiteDeviceMessageStore(_View):
         :param client_id: the persistent session's client id.
         :returns: a Deferred firing with None when committed.
         """
+
+        self._close_writes()
 
         def clear(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM deliveries WHERE client_id = ?", (client_id,))

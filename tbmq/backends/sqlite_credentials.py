@@ -13,8 +13,9 @@ the id and its version in ``deleted_credentials``.
 
 The store owns one :mod:`sqlite3` connection used from one thread
 (``ThreadPool(1, 1)``): calls run one at a time, in the order they were
-made, and each call's Deferred fires in the reactor thread after its
-transaction is committed.  Nothing here blocks the reactor.
+made, each in its own transaction, and each call's Deferred fires in the
+reactor thread after its transaction is committed.  Calls made while the
+thread is busy are handed to it together, as one job.  Nothing here blocks the reactor.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from tbmq.backends.memory_credentials import (
     prepare_for_save,
     save_times,
 )
+from tbmq.backends.sqlite import fire_batch
 from tbmq.errors import BackendError, CredentialsError
 from tbmq.interfaces import ICredentialStore
 from tbmq.model import Credentials, CredentialsType
@@ -160,6 +162,8 @@ class SQLiteCredentialStore:
         self._start_waiters: list[defer.Deferred] = []
         self._stop_waiters: list[defer.Deferred] = []
         self._shutdown_trigger: Any = None
+        self._pending: list[tuple[Callable, bool, defer.Deferred]] = []
+        self._jobs = 0  # batches handed to the thread and not done yet
 
     # -- life cycle ---------------------------------------------------------
 
@@ -222,6 +226,10 @@ class SQLiteCredentialStore:
         self._stop_waiters.append(waiter)
         if self._state != _STOPPING:
             self._state = _STOPPING
+            if self._pending:
+                # the pool runs one job at a time, in order: these run
+                # after the job in flight and before the close
+                self._hand_pending()
             d = deferToThreadPool(self._reactor, self._pool, self._close)
             d.addBoth(self._closed)
         return waiter
@@ -297,7 +305,10 @@ class SQLiteCredentialStore:
     def _submit(self, operation: Callable[[sqlite3.Connection], Any], write: bool) -> defer.Deferred:
         """Run ``operation(connection)`` in the database thread, in one
         transaction (``BEGIN IMMEDIATE`` for a write, a read snapshot
-        otherwise).
+        otherwise).  Calls made while the thread runs earlier ones are handed
+        to it together, as one job (a burst of CONNECTs costs one thread
+        round trip, not one each), still one transaction per call and in
+        the order they were made.
 
         :returns: a Deferred firing in the reactor thread with its result
             after COMMIT, or failing with its error (rolled back); a lock
@@ -306,7 +317,42 @@ class SQLiteCredentialStore:
         """
         if self._state not in (_STARTING, _RUNNING):
             return defer.fail(BackendError(f"credential store {self.path} is {self._state}"))
-        return deferToThreadPool(self._reactor, self._pool, self._transaction, operation, write)
+        d: defer.Deferred = defer.Deferred()
+        self._pending.append((operation, write, d))
+        if not self._jobs:
+            self._hand_pending()
+        return d
+
+    def _hand_pending(self) -> None:
+        """Hand every queued call to the database thread as one job."""
+        batch, self._pending = self._pending, []
+        self._jobs += 1
+        d = deferToThreadPool(self._reactor, self._pool, self._run_batch,
+                              [(operation, write) for operation, write, _ in batch])
+        d.addBoth(self._batch_done, [waiter for _, _, waiter in batch])
+
+    def _run_batch(self, calls: list) -> list[tuple[bool, Any]]:
+        """In the database thread: run each call in its own transaction.
+
+        :returns: per call, ``(True, result)`` or ``(False, Failure)``.
+        """
+        results: list[tuple[bool, Any]] = []
+        for operation, write in calls:
+            try:
+                results.append((True, self._transaction(operation, write)))
+            except Exception:
+                failure = Failure()
+                failure.cleanFailure()
+                results.append((False, failure))
+        return results
+
+    def _batch_done(self, outcome: Any, waiters: list) -> None:
+        """In the reactor thread: fire the calls' Deferreds, then hand the
+        calls made meanwhile."""
+        self._jobs -= 1
+        fire_batch(outcome, waiters)
+        if self._pending and not self._jobs and self._state in (_STARTING, _RUNNING):
+            self._hand_pending()
 
     def _transaction(self, operation: Callable[[sqlite3.Connection], Any], write: bool) -> Any:
         conn = self._conn

@@ -445,6 +445,43 @@ def test_sqlite_file_is_private_and_in_wal_mode(tmp_path, reactor_thread):
         conn.close()
 
 
+def test_sqlite_calls_made_while_busy_share_one_thread_job(tmp_path):
+    """A burst of lookups (many CONNECTs at once) costs one round trip to the
+    database thread, each call still in its own transaction and in order;
+    calls queued when stop() is called still run, before the close."""
+    from tests.unit.test_stores import ManualThreadPool, fired  # noqa: PLC0415
+
+    pool = ManualThreadPool()
+    store = SQLiteCredentialStore(str(tmp_path / FILE_NAME), reactor=SyncReactor(),
+                                  threadpool=pool, clock=Clock())
+    started = store.start()
+    saved = store.save(creds("a"))
+    assert len(pool.jobs) == 2  # the open, then the save
+    pool.run_one()
+    assert fired(started) is None
+    finds = [store.find(BASIC, "client_id|a") for _ in range(50)]
+    bad = store.save(creds("b", credentials_id="client_id|a"))  # the same key: refused
+    missing = store.find(BASIC, "client_id|nobody")
+    assert len(pool.jobs) == 1  # the save still runs; the 52 calls wait
+    pool.run_one()
+    saved = fired(saved)
+    assert not finds[0].called
+    assert len(pool.jobs) == 1  # handed together
+    late = store.list()  # waits for that job
+    stopped = store.stop()
+    assert len(pool.jobs) == 3  # the 52 calls, the list, the close
+    pool.run_one()
+    assert all(fired(d) == saved for d in finds)
+    with pytest.raises(CredentialsError):
+        fired(bad)
+    assert fired(missing) is None
+    pool.run_all()
+    assert fired(late) == [saved]
+    assert fired(stopped) is None
+    with pytest.raises(BackendError):
+        fired(store.list())
+
+
 def test_sqlite_newer_schema_is_refused(tmp_path, reactor_thread):
     path = str(tmp_path / FILE_NAME)
     conn = sqlite3.connect(path)

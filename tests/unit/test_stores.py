@@ -617,6 +617,73 @@ class TestSQLiteStore:
         pool.run_one()
         assert fired(later[0]) == [message("a", b"1")]
 
+    def test_delivery_writes_while_busy_are_merged(self, tmp_path):
+        store, pool = manual_store(tmp_path)
+        store.start()
+        pool.run_one()  # open
+        first = store.deliveries.add("c", [delivery(1), delivery(2)])
+        assert len(pool.jobs) == 1  # handed over at once: the thread was idle
+        # while that batch runs: queued, sent and acknowledged, and a third
+        # delivery queued and sent
+        calls = [
+            store.deliveries.add("c", [delivery(3), delivery(4)]),
+            store.deliveries.update("c", 3, 7, DeliveryState.SENT),
+            store.deliveries.remove("c", [3]),
+            store.deliveries.update("c", 1, 9, DeliveryState.SENT),  # row of the running batch
+            store.deliveries.update("c", 4, 8, DeliveryState.SENT),
+            store.deliveries.remove("c", [2]),
+            store.deliveries.update("c", 2, 5, DeliveryState.SENT),  # removed: ignored
+        ]
+        assert len(store._pending) == 1  # one operation for the seven calls
+        writes = store._pending[0][0]
+        assert set(writes.puts) == {("c", 4)} and writes.puts[("c", 4)][13:] == [8, 1]
+        assert writes.updates == {("c", 1): (9, int(DeliveryState.SENT))}
+        assert writes.deletes == {("c", 2), ("c", 3)}
+        pool.run_one()
+        assert fired(first) is None
+        assert not any(d.called for d in calls)  # not before their COMMIT
+        pool.run_one()
+        assert all(fired(d) is None for d in calls)
+        loaded = store.deliveries.load("c")
+        pool.run_one()
+        got = fired(loaded)
+        assert [(d.seq, d.packet_id, d.state) for d in got] == [
+            (1, 9, DeliveryState.SENT), (4, 8, DeliveryState.SENT)]
+
+    def test_delivery_writes_after_a_read_or_clear_stay_after_it(self, tmp_path):
+        store, pool = manual_store(tmp_path)
+        store.start()
+        pool.run_one()
+        busy = store.retained.put(message("a", b"1"))  # keeps the thread busy
+        store.deliveries.add("c", [delivery(1)])
+        loaded = store.deliveries.load("c")
+        store.deliveries.add("c", [delivery(2)])
+        cleared = store.deliveries.clear("c")
+        store.deliveries.add("c", [delivery(3)])
+        assert len(store._pending) == 5
+        pool.run_all()
+        assert fired(busy) is None
+        assert [d.seq for d in fired(loaded)] == [1]
+        assert fired(cleared) is None
+        final = store.deliveries.load("c")
+        pool.run_all()
+        assert [d.seq for d in fired(final)] == [3]
+
+    def test_merged_delivery_writes_fail_together(self, tmp_path):
+        store, pool = manual_store(tmp_path)
+        store.start()
+        pool.run_one()
+        busy = store.retained.put(message("a", b"1"))
+        d1 = store.deliveries.add("c", [delivery(1)])
+        d2 = store.deliveries.remove("c", [5])
+        writes = store._pending[0][0]
+        writes.puts[("c", 1)][2] = None  # topic NOT NULL: the INSERT fails
+        pool.run_all()
+        assert fired(busy) is None
+        for d in (d1, d2):
+            with pytest.raises(sqlite3.IntegrityError):
+                fired(d)
+
     def test_failing_operation_is_rolled_back_alone(self, tmp_path):
         store = sync_store(tmp_path)
         fired(store.start())
