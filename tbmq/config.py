@@ -267,9 +267,13 @@ class NodeConfig:
 
     :ivar service_id: the node's service id; None derives it from the host
         name.
+    :ivar gc_threshold: container allocations between two collections of
+        Python's youngest garbage-collector generation in a ``twistd tbmq``
+        process, >= 0; 0 keeps Python's default (700).
     """
 
     service_id: str | None = None
+    gc_threshold: int = 50000
 
 
 @dataclass(frozen=True)
@@ -409,7 +413,7 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "backend": _one_of(*STORAGE_BACKENDS),
         "sqlite_synchronous": _one_of(*SQLITE_SYNCHRONOUS),
     },
-    NodeConfig: {"service_id": _not_empty},
+    NodeConfig: {"service_id": _not_empty, "gc_threshold": _range(0)},
     AuthConfig: {
         "credentials": _one_of("sqlite", "postgres", "memory"),
         "refresh_interval": _positive,

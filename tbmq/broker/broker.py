@@ -100,6 +100,7 @@ class Broker:
             "tbmq_client_connected", "tbmq_client_disconnected", "tbmq_session_expired",
             "tbmq_client_subscribed", "tbmq_client_unsubscribed", "tbmq_authentication_failed")}
         self.notify_delivered = self._has["tbmq_message_delivered"]
+        self.notify_published = self._has["tbmq_message_published"]
 
     def bus_topic(self, name: str) -> str:
         """The bus topic name for TBMQ topic ``name`` (a prefix may come later)."""

@@ -326,10 +326,18 @@ class MQTTProtocol(ConnectFlow, FlowControl, protocol.Protocol, TimeoutMixin):
                 del props[Property.TOPIC_ALIAS]
         message = Message(topic, packet.payload, qos, packet.retain,
                           props if v5 else {}, session.client_id, now, expires_at)
-        self.broker.hooks_message_published(session, message)
-        result = self.broker.router.publish(message)
+        broker = self.broker
+        if broker.notify_published:
+            broker.hooks_message_published(session, message)
+        result = broker.router.publish(message)
         if qos == 1:
-            session.ack_when(result, Puback(packet.packet_id))
+            if result is None and not session._acks:
+                # nothing to wait for: the short PUBACK now, the same bytes in
+                # every version [MQTT-3.4.2.1]
+                session.inbound_unacked -= 1
+                self.write(b"\x40\x02" + packet.packet_id.to_bytes(2, "big"))
+            else:
+                session.ack_when(result, Puback(packet.packet_id))
         elif qos == 2:
             session.ack_when(result, Pubrec(packet.packet_id))
 

@@ -86,6 +86,7 @@ class Session:
         self._acks: deque[list] = deque()
         self.dropped: dict[str, int] = {}
         self._drop_logged_at = float("-inf")
+        self._max_inflight = broker.config.mqtt.max_inflight_messages
         self.will = None
         self.will_timer = None
         self.expiry_timer = None
@@ -131,7 +132,9 @@ class Session:
         conn = self.connection
         if conn is None:
             return 0
-        return min(conn.send_quota, self.broker.config.mqtt.max_inflight_messages)
+        quota = conn.send_quota
+        limit = self._max_inflight
+        return quota if quota < limit else limit
 
     # -- outbound ------------------------------------------------------------
 
@@ -293,8 +296,10 @@ class Session:
                            pid=packet_id, client_id=self.client_id)
             return
         self._complete(packet_id)
-        self.broker.hooks_message_delivered(self, delivery.message, 1)
-        self.pump()
+        if self.broker.notify_delivered:
+            self.broker.hooks_message_delivered(self, delivery.message, 1)
+        if self.queue:
+            self.pump()
 
     def on_pubrec(self, packet_id: int, reason_code: int) -> bool:
         """PUBREC from the client; answer PUBREL [MQTT-4.3.3-3].

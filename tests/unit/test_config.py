@@ -46,7 +46,7 @@ def test_defaults():
     config = load_config(environ={})
     assert config == Config()
     assert config.data_dir == "./data"
-    assert config.node == NodeConfig(service_id=None)
+    assert config.node == NodeConfig(service_id=None, gc_threshold=50000)
     assert config.listeners == (
         ListenerConfig(
             name="tcp",
@@ -347,6 +347,7 @@ def test_overrides_not_mutated():
         ({"auth": {"allow_anonymous": "yes"}}, "auth.allow_anonymous: expected true or false"),
         ({"node": {"service_id": ""}}, "node.service_id: must not be empty"),
         ({"node": {"service_id": 5}}, "node.service_id: expected a string"),
+        ({"node": {"gc_threshold": -1}}, "node.gc_threshold: must be >= 0"),
         ({"data_dir": ""}, "data_dir: must not be empty"),
         ({"bus": None}, "bus: expected a string"),
         ({"plugins": []}, "plugins: expected a mapping"),
@@ -388,3 +389,18 @@ def test_synchronous_normalised_to_upper_case():
 
 def test_config_hashable():
     assert hash(load_config(environ={})) == hash(Config())
+
+
+def test_tune_gc_sets_the_young_generation_threshold():
+    import gc  # noqa: PLC0415
+
+    from tbmq.tap import tune_gc  # noqa: PLC0415
+
+    before = gc.get_threshold()
+    try:
+        tune_gc(12345)
+        assert gc.get_threshold() == (12345,) + before[1:]
+        tune_gc(0)  # keeps what is set
+        assert gc.get_threshold() == (12345,) + before[1:]
+    finally:
+        gc.set_threshold(*before)
