@@ -32,6 +32,7 @@ from typing import Any, Callable
 import yaml
 
 from tbmq.errors import ConfigError
+from tbmq.log import LEVELS as LOG_LEVELS
 
 __all__ = [
     "Config",
@@ -263,17 +264,20 @@ class PostgresConfig:
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """This node's identity in a cluster.
+    """This node's identity in a cluster, and its process's settings.
 
     :ivar service_id: the node's service id; None derives it from the host
         name.
     :ivar gc_threshold: container allocations between two collections of
         Python's youngest garbage-collector generation in a ``twistd tbmq``
         process, >= 0; 0 keeps Python's default (700).
+    :ivar log_level: the lowest level of tbmq's log events that a ``twistd
+        tbmq`` process writes: debug, info, warn, error or critical.
     """
 
     service_id: str | None = None
     gc_threshold: int = 50000
+    log_level: str = "info"
 
 
 @dataclass(frozen=True)
@@ -413,7 +417,8 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "backend": _one_of(*STORAGE_BACKENDS),
         "sqlite_synchronous": _one_of(*SQLITE_SYNCHRONOUS),
     },
-    NodeConfig: {"service_id": _not_empty, "gc_threshold": _range(0)},
+    NodeConfig: {"service_id": _not_empty, "gc_threshold": _range(0),
+                 "log_level": _one_of(*LOG_LEVELS)},
     AuthConfig: {
         "credentials": _one_of("sqlite", "postgres", "memory"),
         "refresh_interval": _positive,

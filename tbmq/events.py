@@ -46,6 +46,7 @@ from typing import Any
 from twisted.logger import Logger
 
 from tbmq.hookspecs import hookimpl
+from tbmq.log import OBSERVER as LOG_OBSERVER
 
 __all__ = [
     "EVENT_TYPES",
@@ -57,7 +58,7 @@ __all__ = [
     "plugin",
 ]
 
-log = Logger()
+log = Logger(observer=LOG_OBSERVER)
 
 #: The version of the record schema, written as ``"v"`` in every record.
 SCHEMA_VERSION = 1

@@ -15,8 +15,9 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq import hookspecs
+from tbmq.log import OBSERVER as LOG_OBSERVER
 
-log = Logger()
+log = Logger(observer=LOG_OBSERVER)
 
 #: the names of the authentication provider plugins ``auth.providers`` selects
 AUTH_PROVIDERS = ("basic", "x509", "scram", "jwt")

@@ -9,6 +9,7 @@ from twisted.logger import Logger
 
 from tbmq import listeners
 from tbmq.broker.broker import Broker
+from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.plugins import make_plugin_manager
 
 
@@ -24,7 +25,7 @@ class BrokerService(service.Service):
     :ivar ports: the ``IListeningPort`` of each listener once started.
     """
 
-    log = Logger()
+    log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self, config, reactor=None, plugins=None) -> None:
         if reactor is None:

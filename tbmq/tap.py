@@ -7,6 +7,7 @@ import gc
 from twisted.python import usage
 
 from tbmq.config import load_config
+from tbmq.log import set_log_level
 
 
 class Options(usage.Options):
@@ -69,6 +70,7 @@ def makeService(options):
     from tbmq.service import BrokerService
 
     config = config_from_options(options)
+    set_log_level(config.node.log_level)
     tune_gc(config.node.gc_threshold)
     service = BrokerService(config)
     service.started.addCallback(lambda _: gc.freeze())

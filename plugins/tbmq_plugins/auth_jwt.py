@@ -17,6 +17,7 @@ from twisted.logger import Logger
 from tbmq.auth import AuthResult
 from tbmq.auth.rules import AuthorizationRules
 from tbmq.hookspecs import hookimpl
+from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType
 
 
@@ -31,7 +32,7 @@ def looks_like_jwt(password: bytes | None) -> bool:
 class JwtAuth:
     """The ``jwt`` provider."""
 
-    log = Logger()
+    log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self) -> None:
         self._key_cache: dict = {}

@@ -36,20 +36,25 @@ from zope.interface import implementer
 
 from tbmq.backends.memory_credentials import (
     CREDENTIALS_COLUMNS as _COLUMNS,
+)
+from tbmq.backends.memory_credentials import (
     conflict_message,
-    credentials_from_row as _record,
     encode_value,
     prepare_for_save,
     save_times,
 )
+from tbmq.backends.memory_credentials import (
+    credentials_from_row as _record,
+)
 from tbmq.errors import BackendError, CredentialsError
 from tbmq.hookspecs import hookimpl
 from tbmq.interfaces import ICredentialStore
+from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import Credentials, CredentialsType
 
 __all__ = ["PostgresCredentialStore", "PostgresPlugin", "plugin"]
 
-log = Logger()
+log = Logger(observer=LOG_OBSERVER)
 
 #: The key of the advisory lock that serialises writers (and schema
 #: creation): ``b"tbmqcred"`` as a big-endian bigint.

@@ -16,6 +16,7 @@ from twisted.internet import task
 from twisted.logger import Logger
 
 from tbmq.auth.rules import AuthorizationRules
+from tbmq.log import OBSERVER as LOG_OBSERVER
 
 
 def bind_rules(credentials, request):
@@ -37,7 +38,7 @@ class CredentialsWatcher:
     :param interval: seconds between polls.
     """
 
-    log = Logger()
+    log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self, broker, interval: float) -> None:
         self.broker = broker

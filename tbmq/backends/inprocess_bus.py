@@ -16,6 +16,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from tbmq.interfaces import IMessageBus
+from tbmq.log import OBSERVER as LOG_OBSERVER
 
 Handler = Callable[[str, Any], "defer.Deferred | None"]
 
@@ -32,7 +33,7 @@ class InProcessBus:
     """
 
     durable = False
-    log = Logger()
+    log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self) -> None:
         self._topics: dict[str, list[tuple[str, Handler]]] = {}

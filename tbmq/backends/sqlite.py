@@ -34,6 +34,7 @@ from zope.interface import implementer
 
 from tbmq.errors import BackendError
 from tbmq.interfaces import IDeviceMessageStore, IRetainedStore, ISessionStore
+from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import (
     ClientType,
     DeliveryState,
@@ -46,7 +47,7 @@ from tbmq.mqtt.properties import pack_properties, unpack_properties
 
 __all__ = ["SQLiteStore", "SCHEMA_VERSION", "SYNCHRONOUS_MODES"]
 
-log = Logger()
+log = Logger(observer=LOG_OBSERVER)
 
 #: The schema version written to ``PRAGMA user_version``.
 SCHEMA_VERSION = 1

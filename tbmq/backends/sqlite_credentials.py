@@ -34,15 +34,20 @@ from zope.interface import implementer
 
 from tbmq.backends.memory_credentials import (
     CREDENTIALS_COLUMNS as _COLUMNS,
+)
+from tbmq.backends.memory_credentials import (
     conflict_message,
-    credentials_from_row as _record,
     encode_value,
     prepare_for_save,
     save_times,
 )
+from tbmq.backends.memory_credentials import (
+    credentials_from_row as _record,
+)
 from tbmq.backends.sqlite import fire_batch
 from tbmq.errors import BackendError, CredentialsError
 from tbmq.interfaces import ICredentialStore
+from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import Credentials, CredentialsType
 
 __all__ = [
@@ -52,7 +57,7 @@ __all__ = [
     "make_sqlite_credential_store",
 ]
 
-log = Logger()
+log = Logger(observer=LOG_OBSERVER)
 
 #: The file name of the store in the data directory.
 FILE_NAME = "credentials.sqlite3"

@@ -16,6 +16,7 @@ from tbmq.auth.watch import CredentialsWatcher
 from tbmq.broker.flow import Flusher
 from tbmq.broker.router import Router
 from tbmq.broker.sessions import SessionManager
+from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.plugins import call_decision
 
 
@@ -38,7 +39,7 @@ class Broker:
         config names.
     """
 
-    log = Logger()
+    log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self, config, plugins: pluggy.PluginManager, clock=None, *,
                  bus=None, session_store=None, retained_store=None, device_store=None,

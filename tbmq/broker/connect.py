@@ -15,6 +15,7 @@ from twisted.logger import Logger
 
 from tbmq.auth import AuthRequest, AuthResult
 from tbmq.listeners import peer_certificate_chain
+from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType
 from tbmq.mqtt import MQTT_5, Auth, Connack, Connect, Property
 from tbmq.mqtt.topics import TopicError, validate_topic_name
@@ -43,7 +44,7 @@ def valid_utf8(data: bytes) -> bool:
 class ConnectFlow:
     """The CONNECT / AUTH half of a connection."""
 
-    log = Logger()
+    log = Logger(observer=LOG_OBSERVER)
 
     # -- CONNECT -------------------------------------------------------------------
 
@@ -241,7 +242,7 @@ class ConnectFlow:
         self.send(Connack(present if self.protocol_level > 3 else False, 0, props))
         self._connacked = True
         self.connected_at = self.broker.clock.seconds()
-        self.log.info("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
+        self.log.debug("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
                       "persistent={persistent}, session present={present}, "
                       "authenticated by {provider})",
                       client_id=connect.client_id, peer=self._peer(), mqtt_level=self.protocol_level,

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from twisted.logger import Logger
 
+from tbmq.log import OBSERVER as LOG_OBSERVER
+
 
 class Flusher:
     """Writes the output of every connection written to during a batch once
@@ -52,7 +54,7 @@ class FlowControl:
         deliveries no longer hold publishers back.
     """
 
-    log = Logger()
+    log = Logger(observer=LOG_OBSERVER)
 
     def _init_flow(self) -> None:
         self.paused = False

@@ -17,14 +17,34 @@ from zope.interface import implementer
 from tbmq.auth import AuthRequest, AuthResult
 from tbmq.broker.connect import ConnectFlow, ProtocolViolation, valid_utf8
 from tbmq.broker.flow import FlowControl
+from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import Message, SubscriptionOptions
 from tbmq.mqtt import (
-    MQTT_5, Auth, Connect, Disconnect, MalformedPacket, Pingreq, Pingresp,
-    Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe, Unsuback,
+    MQTT_5,
+    Auth,
+    Connect,
+    Disconnect,
+    MalformedPacket,
+    Pingreq,
+    Pingresp,
+    Property,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
     Unsubscribe,
 )
 from tbmq.mqtt.codec import Decoder, encode
-from tbmq.mqtt.topics import TopicError, parse_shared_subscription, validate_topic_filter, validate_topic_name
+from tbmq.mqtt.topics import (
+    TopicError,
+    parse_shared_subscription,
+    validate_topic_filter,
+    validate_topic_name,
+)
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ProtocolViolation"]
 
@@ -41,7 +61,7 @@ class MQTTProtocol(ConnectFlow, FlowControl, protocol.Protocol, TimeoutMixin):
     :ivar paused: True while the transport's write buffer is full.
     """
 
-    log = Logger()
+    log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self, broker, listener, max_packet_size: int) -> None:
         self.broker = broker
@@ -543,7 +563,7 @@ class MQTTFactory(protocol.Factory):
     :param listener: the :class:`tbmq.config.ListenerConfig`.
     """
 
-    log = Logger()
+    log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self, broker, listener) -> None:
         self.broker = broker

@@ -17,6 +17,7 @@ from twisted.logger import Logger
 
 from tbmq.broker.retained import RetainedTree
 from tbmq.broker.trie import SubscriptionTrie
+from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import Message, SubscriptionOptions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,7 +70,7 @@ class Router:
     :ivar retained: the retained tree.
     """
 
-    log = Logger()
+    log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
-from tbmq.model import ClientType, DeliveryState, Message, StoredDelivery, SubscriptionOptions
+from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.model import (
+    ClientType,
+    DeliveryState,
+    Message,
+    StoredDelivery,
+    SubscriptionOptions,
+)
 from tbmq.mqtt import MQTT_5, Property, Publish, Pubrel
 from tbmq.mqtt.codec import encode_publish, publish_packet_id_offset
 
@@ -61,7 +68,7 @@ class Session:
     :ivar dropped: messages dropped for this session, by reason.
     """
 
-    log = Logger()
+    log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self, broker: "Broker", client_id: str, *, persistent: bool,
                  expiry_interval: int = 0, protocol_level: int = 4,

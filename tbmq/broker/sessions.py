@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from twisted.logger import Logger
 
 from tbmq.broker.session import EXPIRY_NEVER, Session
+from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, SessionRecord, SubscriptionOptions
 from tbmq.mqtt import MQTT_5, Property
 from tbmq.mqtt.topics import parse_shared_subscription
@@ -34,7 +35,7 @@ class SessionManager:
     :ivar sessions: the sessions, connected or not.
     """
 
-    log = Logger()
+    log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker

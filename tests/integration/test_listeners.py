@@ -55,6 +55,7 @@ def broker(tmp_path_factory, pki):
         "listeners": listeners,
         "mqtt": {"connect_timeout": CONNECT_TIMEOUT},
         "storage": {"backend": "memory"},
+        "node": {"log_level": "debug"},  # the "connected from" lines
     }
     path = workdir / "tbmq.yml"
     path.write_text(yaml.safe_dump(config))

@@ -46,7 +46,7 @@ def test_defaults():
     config = load_config(environ={})
     assert config == Config()
     assert config.data_dir == "./data"
-    assert config.node == NodeConfig(service_id=None, gc_threshold=50000)
+    assert config.node == NodeConfig(service_id=None, gc_threshold=50000, log_level="info")
     assert config.listeners == (
         ListenerConfig(
             name="tcp",
@@ -348,6 +348,7 @@ def test_overrides_not_mutated():
         ({"node": {"service_id": ""}}, "node.service_id: must not be empty"),
         ({"node": {"service_id": 5}}, "node.service_id: expected a string"),
         ({"node": {"gc_threshold": -1}}, "node.gc_threshold: must be >= 0"),
+        ({"node": {"log_level": "chatty"}}, "node.log_level: must be one of debug, info"),
         ({"data_dir": ""}, "data_dir: must not be empty"),
         ({"bus": None}, "bus: expected a string"),
         ({"plugins": []}, "plugins: expected a mapping"),
@@ -404,3 +405,27 @@ def test_tune_gc_sets_the_young_generation_threshold():
         assert gc.get_threshold() == (12345,) + before[1:]
     finally:
         gc.set_threshold(*before)
+
+
+def test_log_level_drops_tbmq_events_below_it():
+    from twisted.logger import Logger, globalLogPublisher  # noqa: PLC0415
+
+    from tbmq.log import OBSERVER, set_log_level  # noqa: PLC0415
+
+    seen: list = []
+    globalLogPublisher.addObserver(seen.append)
+    log = Logger(namespace="tbmq.test", observer=OBSERVER)
+    try:
+        log.debug("hidden {n}", n=1)
+        log.info("shown {n}", n=2)
+        set_log_level("debug")
+        log.debug("shown {n}", n=3)
+        set_log_level("warn")
+        log.info("hidden {n}", n=4)
+        log.warn("shown {n}", n=5)
+        with pytest.raises(ValueError):
+            set_log_level("chatty")
+    finally:
+        set_log_level("info")
+        globalLogPublisher.removeObserver(seen.append)
+    assert [e["n"] for e in seen if e.get("log_namespace") == "tbmq.test"] == [2, 3, 5]
