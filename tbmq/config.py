@@ -93,6 +93,9 @@ class ListenerConfig:
     :ivar max_connections: simultaneous MQTT connections; 0 means unlimited
         (for ``ws``/``wss`` a connection counts once its WebSocket upgrade is
         accepted).
+    :ivar backlog: connections the kernel accepts and queues for the
+        broker, >= 1 (capped by ``net.core.somaxconn``), for ``tcp:``,
+        ``tcp6:`` and ``unix:`` endpoints without their own ``backlog=``.
     :ivar tls_cert: ``tls``/``wss``: PEM file with the server certificate
         followed by its intermediate CA certificates.
     :ivar tls_key: ``tls``/``wss``: PEM file with the (unencrypted) private
@@ -114,6 +117,7 @@ class ListenerConfig:
     endpoint: str = "tcp:1883"
     max_packet_size: int | None = None
     max_connections: int = 0
+    backlog: int = 1024
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
@@ -392,6 +396,7 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "endpoint": _not_empty,
         "max_packet_size": _range(1, MAX_PACKET_SIZE),
         "max_connections": _range(0),
+        "backlog": _range(1),
         "tls_cert": _not_empty,
         "tls_key": _not_empty,
         "tls_ca": _not_empty,

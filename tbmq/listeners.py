@@ -36,6 +36,7 @@ and the client's address of a connection through all these layers.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from autobahn.twisted.websocket import (
@@ -486,6 +487,26 @@ def build_factory(broker, listener, reactor=None) -> interfaces.IProtocolFactory
     return factory
 
 
+#: endpoint types whose Twisted parser takes ``backlog=``
+_BACKLOG_TYPES = ("tcp", "tcp6", "unix")
+
+
+def endpoint_string(listener) -> str:
+    """``listener.endpoint`` with ``:backlog=<listener.backlog>`` added when
+    it is a TCP or UNIX endpoint that does not set its own (Twisted's
+    default, 50, overflows when a few hundred devices reconnect at once and
+    each overflow costs the client a one-second SYN retransmission).
+
+    :param listener: the :class:`tbmq.config.ListenerConfig`.
+    :returns: the endpoint string to listen on.
+    """
+    endpoint = listener.endpoint
+    kind = endpoint.split(":", 1)[0].strip().lower()
+    if kind in _BACKLOG_TYPES and not re.search(r"(^|:)backlog=", endpoint):
+        endpoint += f":backlog={listener.backlog}"
+    return endpoint
+
+
 def listen(broker, listener, reactor=None) -> defer.Deferred:
     """Listen on ``listener.endpoint`` with :func:`build_factory`.
 
@@ -501,7 +522,7 @@ def listen(broker, listener, reactor=None) -> defer.Deferred:
         from twisted.internet import reactor
     try:
         factory = build_factory(broker, listener, reactor)
-        endpoint = endpoints.serverFromString(reactor, listener.endpoint)
+        endpoint = endpoints.serverFromString(reactor, endpoint_string(listener))
     except ConfigError:
         return defer.fail()
     except (ValueError, TypeError, KeyError) as e:

@@ -212,9 +212,14 @@ class Session:
 
     def _encoded(self, message: Message, qos: int, retain: bool,
                  subscription_ids: tuple[int, ...], cache: dict | None, now: float,
-                 conn, dup: bool = False) -> bytes | None:
-        """The PUBLISH bytes for this client (a placeholder packet id 1 for QoS > 0, patched per delivery), or None
-        when they exceed the client's maximum packet size [MQTT-3.1.2-25]."""
+                 conn, dup: bool = False, packet_id: int = 1) -> bytes | None:
+        """The PUBLISH bytes for this client, or None when they exceed the
+        client's maximum packet size [MQTT-3.1.2-25].
+
+        :param cache: shared by the subscribers of one message: the bytes are
+            cached with ``packet_id`` (for QoS > 0 a placeholder, 1, that each
+            delivery patches); None encodes ``packet_id`` itself.
+        """
         v5 = conn.protocol_level >= MQTT_5
         key = (qos, retain, v5, subscription_ids, dup)
         data = cache.get(key) if cache is not None else None
@@ -232,7 +237,7 @@ class Session:
                         props[Property.MESSAGE_EXPIRY_INTERVAL] = max(
                             1, math.ceil(message.expires_at - now))
             packet = Publish(message.topic, message.payload, qos, retain, dup,
-                             1 if qos else None, props if props is not None else {})
+                             packet_id if qos else None, props if props is not None else {})
             data = encode_publish(packet, conn.protocol_level)
             if cache is not None:
                 cache[key] = data
@@ -241,36 +246,36 @@ class Session:
             return None
         return data
 
-    def _send_delivery(self, delivery: StoredDelivery, dup: bool) -> bool:
+    def _send_delivery(self, delivery: StoredDelivery, dup: bool, now: float) -> bool:
         conn = self.connection
-        now = self.broker.clock.seconds()
         message = delivery.message
         if not dup and message.expires_at is not None and message.expires_at <= now:
             self.drop("expired", message)
             return False
         data = self._encoded(message, delivery.qos, delivery.retain,
-                             delivery.subscription_ids, None, now, conn, dup)
+                             delivery.subscription_ids, None, now, conn, dup, delivery.packet_id)
         if data is None:
             return False
-        o = publish_packet_id_offset(data)
-        conn.write(data[:o] + delivery.packet_id.to_bytes(2, "big") + data[o + 2:])
+        conn.write(data)
         return True
 
     def pump(self) -> None:
         """Send queued deliveries while the inflight window has room."""
         conn = self.connection
-        if conn is None:
+        queue = self.queue
+        if conn is None or not queue:
             return
         window = self._window()
-        queue = self.queue
+        inflight = self.inflight
         store = self.broker.device_store if self.persistent else None
+        now = self.broker.clock.seconds()
         removed = []
-        while queue and len(self.inflight) < window and not conn.paused:
+        while queue and len(inflight) < window and not conn.paused:
             delivery = queue.popleft()
             delivery.packet_id = pid = self._packet_id()
             delivery.state = DeliveryState.SENT
-            if self._send_delivery(delivery, dup=False):
-                self.inflight[pid] = delivery
+            if self._send_delivery(delivery, False, now):
+                inflight[pid] = delivery
                 if store is not None:
                     store.update(self.client_id, delivery.seq, pid, DeliveryState.SENT)
             elif store is not None:
@@ -282,10 +287,11 @@ class Session:
         """After a reconnect: resend every unacknowledged PUBLISH with DUP set
         and every PUBREL, in their original order [MQTT-4.4.0-1], then pump."""
         conn = self.connection
+        now = self.broker.clock.seconds()
         for pid, delivery in list(self.inflight.items()):
             if delivery.state == DeliveryState.RELEASED:
                 conn.send(Pubrel(pid))
-            elif not self._send_delivery(delivery, dup=True):
+            elif not self._send_delivery(delivery, True, now):
                 self._complete(pid)
         self.pump()
 

@@ -681,3 +681,42 @@ def test_chain_certificates_are_cryptography_objects(pki):
     (leaf, root) = peer_certificate_chain(mqtt_of(server).transport)
     assert leaf.public_bytes(serialization.Encoding.PEM) == pki.client.cert_path.read_bytes()
     assert root.subject == pki.ca.cert.subject
+
+
+@pytest.mark.parametrize("endpoint, expected", [
+    ("tcp:1883", "tcp:1883:backlog=1024"),
+    ("tcp:1883:interface=127.0.0.1", "tcp:1883:interface=127.0.0.1:backlog=1024"),
+    ("tcp6:1883:interface=\\:\\:", "tcp6:1883:interface=\\:\\::backlog=1024"),
+    ("unix:/run/tbmq.sock", "unix:/run/tbmq.sock:backlog=1024"),
+    ("tcp:1883:backlog=5", "tcp:1883:backlog=5"),  # its own wins
+    ("systemd:domain=INET:index=0", "systemd:domain=INET:index=0"),  # no backlog there
+])
+def test_endpoint_string_adds_the_backlog(endpoint, expected):
+    config = load_config(None, environ={}, overrides={
+        "listeners": [{"name": "l", "endpoint": endpoint}]})
+    assert listeners.endpoint_string(config.listeners[0]) == expected
+
+
+def test_listen_uses_the_configured_backlog():
+    from twisted.internet import reactor  # noqa: PLC0415
+
+    config = load_config(None, environ={}, overrides={"listeners": [
+        {"name": "l", "endpoint": "tcp:0:interface=127.0.0.1", "backlog": 7}]})
+    seen = {}
+
+    def listenTCP(port, factory, backlog=50, interface=""):
+        seen.update(port=port, backlog=backlog, interface=interface)
+        return "listening"
+
+    class Reactor:
+        def __getattr__(self, name):
+            return getattr(reactor, name)
+
+    fake = Reactor()
+    fake.listenTCP = listenTCP
+    broker = type("B", (), {"config": config})()
+    d = listeners.listen(broker, config.listeners[0], fake)
+    results = []
+    d.addBoth(results.append)
+    assert results == ["listening"]
+    assert seen == {"port": 0, "backlog": 7, "interface": "127.0.0.1"}
