@@ -63,7 +63,8 @@ def ordered_impls(hook: pluggy.HookCaller, first: Sequence[str] = ()) -> list:
         bool(impl.trylast), rank.get(impl.plugin_name, len(rank))))
 
 
-def call_decision(hook: pluggy.HookCaller, first: Sequence[str] = (), **kwargs: Any) -> defer.Deferred:
+def call_decision(hook: pluggy.HookCaller, first: Sequence[str] = (), impls: list | None = None,
+                  **kwargs: Any) -> defer.Deferred:
     """Ask each implementation of a decision hook in turn until one answers
     something other than None.
 
@@ -71,10 +72,13 @@ def call_decision(hook: pluggy.HookCaller, first: Sequence[str] = (), **kwargs: 
     the previous one's Deferred fired with None.
 
     :param first: plugin names to ask first, in order (see :func:`ordered_impls`).
+    :param impls: ``ordered_impls(hook, first)`` computed before (it does not
+        change between calls unless plugins are registered).
     :returns: a Deferred firing with ``(answer, plugin_name)``, or
         ``(None, None)`` when every plugin passed.
     """
-    impls = ordered_impls(hook, first)
+    if impls is None:
+        impls = ordered_impls(hook, first)
 
     def ask(index: int):
         while index < len(impls):

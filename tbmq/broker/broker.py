@@ -17,7 +17,7 @@ from tbmq.broker.flow import Flusher
 from tbmq.broker.router import Router
 from tbmq.broker.sessions import SessionManager
 from tbmq.log import OBSERVER as LOG_OBSERVER
-from tbmq.plugins import call_decision
+from tbmq.plugins import call_decision, ordered_impls
 
 
 def default_service_id() -> str:
@@ -100,6 +100,7 @@ class Broker:
             "tbmq_message_published", "tbmq_message_delivered", "tbmq_message_dropped",
             "tbmq_client_connected", "tbmq_client_disconnected", "tbmq_session_expired",
             "tbmq_client_subscribed", "tbmq_client_unsubscribed", "tbmq_authentication_failed")}
+        self._auth_impls = ordered_impls(hook.tbmq_authenticate, self.config.auth.providers)
         self.notify_delivered = self._has["tbmq_message_delivered"]
         self.notify_published = self._has["tbmq_message_published"]
 
@@ -175,11 +176,12 @@ class Broker:
         """
         request.credentials = self.credential_store
         request.config = self.config
-        hook = self.plugins.hook.tbmq_authenticate
-        if provider is not None:
-            hook = self.plugins.subset_hook_caller(
-                "tbmq_authenticate",
-                [p for name, p in self.plugins.list_name_plugin() if name != provider])
+        if provider is None:
+            return call_decision(self.plugins.hook.tbmq_authenticate, impls=self._auth_impls,
+                                 request=request)
+        hook = self.plugins.subset_hook_caller(
+            "tbmq_authenticate",
+            [p for name, p in self.plugins.list_name_plugin() if name != provider])
         return call_decision(hook, self.config.auth.providers, request=request)
 
     def authorize(self, action: str, session, auth, topic: str):
