@@ -136,7 +136,8 @@ class Router:
         else:
             targets = self._targets(matches, message)
         sessions = self.broker.sessions.sessions
-        cache: dict = {}
+        # one target: encoded with its own packet id, nothing to share
+        cache: dict | None = {} if len(targets) > 1 else None
         now = self.broker.clock.seconds()
         pending = None
         retain = message.retain

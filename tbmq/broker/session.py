@@ -55,6 +55,27 @@ def bump_seq(seen: int) -> None:
         _SEQ[0] = seen
 
 
+def _encode(message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...],
+            now: float, level: int, dup: bool, packet_id: int) -> bytes:
+    """The PUBLISH of ``message`` for a client of protocol ``level``: v5
+    properties without the publisher's topic alias, with the subscription
+    identifiers [MQTT-3.3.4-3] and the expiry interval left [MQTT-3.3.2-6]."""
+    props = None
+    if level >= MQTT_5:
+        props = message.properties
+        if subscription_ids or message.expires_at is not None or Property.TOPIC_ALIAS in props:
+            props = dict(props)
+            props.pop(Property.TOPIC_ALIAS, None)
+            if subscription_ids:
+                props[Property.SUBSCRIPTION_IDENTIFIER] = list(subscription_ids)
+            if message.expires_at is not None:
+                props[Property.MESSAGE_EXPIRY_INTERVAL] = max(
+                    1, math.ceil(message.expires_at - now))
+    return encode_publish(Publish(message.topic, message.payload, qos, retain, dup,
+                                  packet_id if qos else None, props if props is not None else {}),
+                          level)
+
+
 class Session:
     """The state of one client id.
 
@@ -202,12 +223,15 @@ class Session:
         if self.persistent:
             result = self.broker.device_store.add(self.client_id, [delivery])
         if send_now:
-            data = self._encoded(message, qos, retain, subscription_ids, cache, now, conn)
+            data = self._encoded(message, qos, retain, subscription_ids, cache, now, conn,
+                                 packet_id=pid)
             if data is None:
-                self._complete(delivery.packet_id)
+                self._complete(pid)
+            elif cache is None:
+                conn.write(data)
             else:
                 o = publish_packet_id_offset(data)
-                conn.write(data[:o] + delivery.packet_id.to_bytes(2, "big") + data[o + 2:])
+                conn.write(data[:o] + pid.to_bytes(2, "big") + data[o + 2:])
         return result
 
     def _encoded(self, message: Message, qos: int, retain: bool,
@@ -220,27 +244,16 @@ class Session:
             cached with ``packet_id`` (for QoS > 0 a placeholder, 1, that each
             delivery patches); None encodes ``packet_id`` itself.
         """
-        v5 = conn.protocol_level >= MQTT_5
-        key = (qos, retain, v5, subscription_ids, dup)
-        data = cache.get(key) if cache is not None else None
-        if data is None:
-            props = None
-            if v5:
-                props = message.properties
-                if subscription_ids or message.expires_at is not None or Property.TOPIC_ALIAS in props:
-                    props = dict(props)
-                    props.pop(Property.TOPIC_ALIAS, None)
-                    if subscription_ids:
-                        props[Property.SUBSCRIPTION_IDENTIFIER] = list(subscription_ids)
-                    if message.expires_at is not None:
-                        # forwarded with the time left [MQTT-3.3.2-6]
-                        props[Property.MESSAGE_EXPIRY_INTERVAL] = max(
-                            1, math.ceil(message.expires_at - now))
-            packet = Publish(message.topic, message.payload, qos, retain, dup,
-                             packet_id if qos else None, props if props is not None else {})
-            data = encode_publish(packet, conn.protocol_level)
-            if cache is not None:
-                cache[key] = data
+        level = conn.protocol_level
+        if cache is None:
+            data = _encode(message, qos, retain, subscription_ids, now, level, dup, packet_id)
+        else:
+            key = (qos, retain, level >= MQTT_5, subscription_ids, dup)
+            data = cache.get(key)
+            if data is None:
+                # the placeholder packet id 1, patched per delivery
+                data = cache[key] = _encode(message, qos, retain, subscription_ids, now,
+                                            level, dup, 1)
         if conn.max_packet_size is not None and len(data) > conn.max_packet_size:
             self.drop("too_large_for_client", message)
             return None
