@@ -40,6 +40,12 @@ now = time.monotonic  # CLOCK_MONOTONIC: one clock for every process of the mach
 READ_SIZE = 1 << 18
 #: bytes kept queued per publisher socket by an unlimited-rate QoS 0 publisher
 PUB_LOW_WATER = 1 << 16
+#: SO_SNDBUF of an unlimited-rate QoS 0 publisher's socket (the kernel doubles
+#: it), BENCH_PUB_SNDBUF to change it, 0 for the kernel's autotuned default
+#: (up to tcp_wmem's 4 MiB: ~2.8 MB, 34,000 PUBLISH of 83 bytes, left queued
+#: when publishing stops, which a broker needs 3 s (tbmq) to 17 s (Mosquitto)
+#: to read in fan-out, and amqtt more than a minute)
+PUB_SNDBUF = int(os.environ.get("BENCH_PUB_SNDBUF", 1 << 16))
 
 # maps a PUBLISH first byte with DUP set to the same byte without it
 _NODUP = bytes((b & ~0x08) if (b >> 4) == 3 else b for b in range(256))
@@ -267,7 +273,7 @@ class Client:
     """One non-blocking MQTT connection driven by a :class:`Loop`."""
 
     __slots__ = ("name", "sock", "stream", "outbuf", "loop", "closed", "want_write", "error",
-                 "on_writable", "tag")
+                 "on_writable", "tag", "bytes_sent", "ending", "eof_at")
 
     def __init__(self, loop: "Loop", name: str, level: int, on_publish=None, tag=None) -> None:
         self.loop = loop
@@ -280,6 +286,9 @@ class Client:
         self.error = None
         self.on_writable = None  # called when the socket can take more and outbuf is small
         self.tag = tag
+        self.bytes_sent = 0  # bytes send() accepted (into the kernel's send queue)
+        self.ending = False  # DISCONNECT sent (end_clients): the broker's close is expected
+        self.eof_at = None  # when the broker closed the connection
 
     def start_connect(self, host: str, port: int) -> None:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -310,6 +319,7 @@ class Client:
                 return
             if n:
                 del ob[:n]
+                self.bytes_sent += n
         want = bool(ob) or self.on_writable is not None
         if want != self.want_write:
             self.want_write = want
@@ -324,7 +334,11 @@ class Client:
             self.fail(e)
             return
         if not data:
-            self.fail(ConnectionError("closed by broker"))
+            self.eof_at = now()
+            if self.ending:
+                self.close()
+            else:
+                self.fail(ConnectionError("closed by broker"))
             return
         st = self.stream
         st.feed(data)
@@ -450,6 +464,32 @@ def open_clients(loop: Loop, host: str, port: int, specs: list[dict], level: int
         if now() > deadline:
             raise TimeoutError(f"{len(pending) + len(todo)} clients not connected in {timeout}s")
     return clients
+
+
+def end_clients(loop: Loop, clients: list[Client], timeout: float) -> list[Client]:
+    """End connections cleanly: DISCONNECT after everything queued, then
+    ``shutdown(SHUT_WR)``, then serve the loop until the broker closes each,
+    i.e. until it has read every byte sent. (Not ``close()`` with data still
+    queued, which leaves it to the kernel, or to a reset if input is unread,
+    what the broker gets.)
+
+    :returns: the clients the broker did not close within ``timeout``.
+    """
+    deadline = now() + timeout
+    live = [c for c in clients if not c.closed]
+    for c in live:
+        c.on_writable = None
+        c.ending = True
+        c.send(disconnect_packet(c.stream.level))
+    loop.run_until(lambda: all(c.closed or not c.outbuf for c in live), timeout)
+    for c in live:
+        if not c.closed and not c.outbuf:
+            try:
+                c.sock.shutdown(socket.SHUT_WR)
+            except OSError as e:
+                c.fail(e)
+    loop.run_until(lambda: all(c.closed for c in live), max(0.0, deadline - now()))
+    return [c for c in live if c.eof_at is None]
 
 
 def receive_maximum(c: Client, default: int) -> int:

@@ -116,7 +116,7 @@ def _throughput(broker: Broker, level: int, roles: list[dict], duration: float,
         cpu0 = broker.cpu_s()
         w.send_all(("go", t0))
         prof = Profiler(broker.pid, profile, duration)
-        published = w.gather(("published",), duration + 90)
+        published = w.gather(("published",), duration + 120)
         prof.wait()
         total_sent = sum(p["sent"] for p in published)
         drain_timeout = max(10.0, 2 * duration)

@@ -5,17 +5,25 @@ through a :class:`multiprocessing.connection.Connection`."""
 from __future__ import annotations
 
 import os
+import socket
 import struct
 import time
 
 from .mqttgen import (
-    PUB_LOW_WATER, Client, Loop, cpu_seconds, disconnect_packet, now, open_clients, pid_offset,
-    publish_packet, qos1_blob, raise_nofile, receive_maximum,
+    PUB_LOW_WATER, PUB_SNDBUF, Client, Loop, cpu_seconds, disconnect_packet, end_clients, now, open_clients,
+    pid_offset, publish_packet, qos1_blob, raise_nofile, receive_maximum,
 )
 
 class Publisher:
-    """Publishes to one client as fast as allowed: QoS 0 keeps the socket
-    full; QoS 1 keeps ``window`` PUBLISH unacknowledged."""
+    """Publishes to one client as fast as allowed from :meth:`start` (the
+    common start time) to :meth:`stop`: QoS 0 keeps the socket full; QoS 1
+    keeps ``window`` PUBLISH unacknowledged.
+
+    ``sent`` (QoS 0): the PUBLISH packets the kernel accepted in whole
+    (``send()``'s byte count ÷ packet length), set by :meth:`settle` once the
+    last partial packet has been written; what is still queued in user space
+    at :meth:`stop` beyond that partial packet is discarded, never counted.
+    (QoS 1: the PUBLISH queued, all of which are written and acknowledged.)"""
 
     def __init__(self, client: Client, topic: str, payload: bytes, qos: int, level: int,
                  window: int) -> None:
@@ -25,17 +33,29 @@ class Publisher:
         self.stopped = False
         if qos == 0:
             one = publish_packet(topic, payload, 0, level)
-            n = max(1, PUB_LOW_WATER // len(one))
-            self.blob = one * n
-            self.per_blob = n
+            self.length = len(one)
+            self.blob = one * max(1, PUB_LOW_WATER // len(one))
+            self.bytes0 = 0
         else:
             self.blob, self.length = qos1_blob(topic, payload, level)
             self.window = receive_maximum(client, window)
             self.next = 0  # index (0-based) of the next packet id in the blob
-        # QoS 0 refills whenever the socket can take more; QoS 1 is topped up
-        # as acknowledgements arrive (see _run_publishers), never by spinning
-        client.on_writable = self.fill if qos == 0 else None
-        client.flush()  # (re)register for write events
+
+    def start(self) -> None:
+        """Begin publishing (not before: the subscribers count from t0).
+        QoS 0 refills whenever the socket can take more; QoS 1 is topped up
+        as acknowledgements arrive (see _run_publishers), never by spinning."""
+        c = self.c
+        if self.qos == 0:
+            assert not c.outbuf
+            if PUB_SNDBUF:
+                c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, PUB_SNDBUF)
+            self.bytes0 = c.bytes_sent
+            c.on_writable = self.fill
+            c.flush()  # register for write events
+        else:
+            self.top_up()
+            c.flush()
 
     def fill(self, c: Client) -> None:
         if self.stopped:
@@ -43,7 +63,6 @@ class Publisher:
             return
         if self.qos == 0:
             c.outbuf += self.blob
-            self.sent += self.per_blob
         else:
             self.top_up()
 
@@ -61,7 +80,19 @@ class Publisher:
             room -= n
 
     def stop(self) -> None:
+        """Stop; QoS 0: keep queued only the rest of a partially written packet."""
         self.stopped = True
+        c = self.c
+        if self.qos == 0:
+            c.on_writable = None
+            del c.outbuf[(self.bytes0 - c.bytes_sent) % self.length:]
+            if not c.closed:
+                c.flush()  # (un)register for write events
+
+    def settle(self) -> None:
+        """QoS 0: count the whole packets written (after the outbuf drained)."""
+        if self.qos == 0:
+            self.sent = (self.c.bytes_sent - self.bytes0) // self.length
 
     @property
     def outstanding(self) -> int:
@@ -69,10 +100,9 @@ class Publisher:
 
 
 def _run_publishers(loop, pubs, until):
+    for p in pubs:
+        p.start()
     qos1 = [p for p in pubs if p.qos]
-    for p in qos1:
-        p.top_up()
-        p.c.flush()
     while True:
         t = now()
         if t >= until:
@@ -120,17 +150,27 @@ def clients_worker(ctl, role: dict) -> None:
         while now() < t0:
             time.sleep(min(0.01, max(0.0, t0 - now())))
         cpu0 = cpu_seconds()
-        for s in subs:
-            s.stream.publishes = 0
+        # nothing was published before t0 (Publisher.start): the subscribers
+        # count everything they got, as the publishers count everything they sent
         if pubs:
             _run_publishers(loop, pubs, t0 + role["duration"])
             t_pub_end = now()
-            # QoS 1: wait for the outstanding acknowledgements
-            loop.run_until(lambda: all(not p.c.outbuf and p.outstanding <= 0 for p in pubs),
+            # QoS 0: the last partial packet written; QoS 1: the outstanding acknowledgements
+            loop.run_until(lambda: all(p.c.closed or (not p.c.outbuf and p.outstanding <= 0) for p in pubs),
                            role.get("ack_timeout", 30))
+            for p in pubs:
+                p.settle()
+            t_acked = now()
+            # DISCONNECT, shut down writes, wait for the broker's close: then
+            # the broker has read (and routed) every message counted as sent
+            # and the subscribers only wait for its output
+            end_timeout = role.get("end_timeout", 60)
+            unclosed = end_clients(loop, pub_clients, end_timeout)
             info = {"sent": sum(p.sent for p in pubs), "unacked": sum(max(0, p.outstanding) for p in pubs),
-                    "t_pub_end": t_pub_end, "t_acked": now(),
-                    "errors": [c.error for c in pub_clients if c.error]}
+                    "t_pub_end": t_pub_end, "t_acked": t_acked, "t_read": now(),
+                    "errors": [c.error for c in pub_clients if c.error]
+                    + [f"{c.name}: no close from the broker in {end_timeout} s after DISCONNECT (not all read?)"
+                       for c in unclosed if not c.error]}
         else:
             info = {"sent": 0, "unacked": 0}
         ctl.send(("published", info))
