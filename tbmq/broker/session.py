@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 EXPIRY_NEVER = 0xFFFFFFFF
 
 _SEQ = [0]
+_SENT = DeliveryState.SENT
 
 
 def next_seq(now_ns: int) -> int:
@@ -147,12 +148,13 @@ class Session:
     def _packet_id(self) -> int:
         pid = self._next_packet_id
         inflight = self.inflight
-        for _ in range(65535):
-            if pid not in inflight:
-                break
-            pid = pid + 1 if pid < 65535 else 1
-        else:  # pragma: no cover - the window is at most 65535
-            raise RuntimeError("no free packet identifier")
+        if pid in inflight:
+            for _ in range(65535):
+                if pid not in inflight:
+                    break
+                pid = pid + 1 if pid < 65535 else 1
+            else:  # pragma: no cover - the window is at most 65535
+                raise RuntimeError("no free packet identifier")
         self._next_packet_id = pid + 1 if pid < 65535 else 1
         return pid
 
@@ -203,22 +205,27 @@ class Session:
                 if self.broker.notify_delivered:
                     self.broker.hooks_message_delivered(self, message, 0)
             return None
-        if conn is not None and conn.paused:
-            conn.hold(self.broker.current_source)  # slow the publisher down
-        if len(self.queue) + len(self.inflight) >= self.queue_limit + self._window():
+        queue = self.queue
+        inflight = self.inflight
+        if conn is None:
+            window = 0
+        else:
+            if conn.paused:
+                conn.hold(self.broker.current_source)  # slow the publisher down
+            window = self._window()
+        if len(queue) + len(inflight) >= self.queue_limit + window:
             self.drop("queue_full", message)
             return None
         delivery = StoredDelivery(
             next_seq(int(now * 1e9)) if self.persistent else 0,
             message, qos, retain, subscription_ids)
-        send_now = (conn is not None and not self.queue and not conn.paused
-                    and len(self.inflight) < self._window())
+        send_now = window and not queue and not conn.paused and len(inflight) < window
         if send_now:
             delivery.packet_id = pid = self._packet_id()
-            delivery.state = DeliveryState.SENT
-            self.inflight[pid] = delivery
+            delivery.state = _SENT
+            inflight[pid] = delivery
         else:
-            self.queue.append(delivery)
+            queue.append(delivery)
         result = None
         if self.persistent:
             result = self.broker.device_store.add(self.client_id, [delivery])
