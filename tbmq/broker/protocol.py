@@ -20,22 +20,8 @@ from tbmq.broker.flow import FlowControl
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import Message, SubscriptionOptions
 from tbmq.mqtt import (
-    MQTT_5,
-    Auth,
-    Connect,
-    Disconnect,
-    MalformedPacket,
-    Pingreq,
-    Pingresp,
-    Property,
-    Puback,
-    Pubcomp,
-    Publish,
-    Pubrec,
-    Pubrel,
-    Suback,
-    Subscribe,
-    Unsuback,
+    MQTT_5, Auth, Connect, Disconnect, MalformedPacket, Pingreq, Pingresp,
+    Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe, Unsuback,
     Unsubscribe,
 )
 from tbmq.mqtt.codec import Decoder, encode
