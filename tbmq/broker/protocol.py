@@ -121,7 +121,16 @@ class MQTTProtocol(ConnectFlow, FlowControl, protocol.Protocol, TimeoutMixin):
             if self._closing:
                 return
             try:
-                self.packet_received(packet)
+                kind = type(packet)
+                session = self.session
+                if session is None:
+                    self.packet_received(packet)
+                elif kind is Publish:  # the two packets of every message, directly
+                    self.handle_publish(packet)
+                elif kind is Puback:
+                    session.on_puback(packet.packet_id)
+                else:
+                    self.packet_received(packet)
             except ProtocolViolation as e:
                 self.log.info("protocol violation by {client_id}: {error} (0x{code:02X})",
                               client_id=self._client_id(), error=str(e), code=e.reason_code)

@@ -93,7 +93,12 @@ def encode_publish(packet: Publish, protocol_level: int) -> bytes:
     :returns: the whole packet.
     :raises ValueError: QoS > 0 without a packet id, or QoS out of range.
     """
-    topic = packet.topic.encode("utf-8")
+    topic = _TOPIC_BYTES.get(packet.topic)
+    if topic is None:
+        topic = packet.topic.encode("utf-8")
+        if len(_TOPIC_BYTES) >= _TOPIC_CACHE_SIZE:
+            _TOPIC_BYTES.clear()
+        _TOPIC_BYTES[packet.topic] = topic
     qos = packet.qos
     first = 0x30 | (qos << 1)
     if packet.retain:
@@ -340,8 +345,11 @@ def _reason(code: int, ptype: PacketType) -> int:
 #: PacketType by the fixed header's type nibble (a tuple beats the Enum call)
 _PACKET_TYPES = (None,) + tuple(PacketType(i) for i in range(1, 16))
 
-#: distinct topic names a decoder remembers (emptied when full)
+#: distinct topic names a decoder, and :func:`encode_publish`, remember (emptied when full)
 _TOPIC_CACHE_SIZE = 1024
+
+#: topic name → its UTF-8 bytes, for :func:`encode_publish`
+_TOPIC_BYTES: dict[str, bytes] = {}
 
 
 class Decoder:
@@ -477,17 +485,21 @@ class Decoder:
             raise MalformedPacket("packet type 0 is reserved")
         if ptype == 15 and level != MQTT_5:
             raise MalformedPacket("AUTH exists only in MQTT 5.0")
-        packet_type = _PACKET_TYPES[ptype]
-        if packet_type in (_NOT_TO_SERVER if self.server_side else _NOT_TO_CLIENT):
+        # (PacketType is an IntEnum: the sets match the plain int)
+        if ptype in (_NOT_TO_SERVER if self.server_side else _NOT_TO_CLIENT):
             side = "server" if self.server_side else "client"
-            raise MalformedPacket(f"a {side} must not receive {packet_type.name}", _PROTOCOL_ERROR)
+            raise MalformedPacket(f"a {side} must not receive {_PACKET_TYPES[ptype].name}",
+                                  _PROTOCOL_ERROR)
         flags = first & 0x0F
-        if packet_type in _FLAGS_0010:
+        if ptype in _FLAGS_0010:
             if level == MQTT_3_1:
                 flags &= 0x07  # MQTT 3.1 sets DUP on resent PUBREL/SUBSCRIBE/UNSUBSCRIBE
-            _need(flags == 0x02, f"{packet_type.name} fixed header flags must be 0010 [MQTT-2.1.3-1]")
-        else:
-            _need(flags == 0, f"{packet_type.name} fixed header flags must be 0 [MQTT-2.1.3-1]")
+            if flags != 0x02:
+                raise MalformedPacket(
+                    f"{_PACKET_TYPES[ptype].name} fixed header flags must be 0010 [MQTT-2.1.3-1]")
+        elif flags:
+            raise MalformedPacket(
+                f"{_PACKET_TYPES[ptype].name} fixed header flags must be 0 [MQTT-2.1.3-1]")
         return _DECODERS[ptype](self, data, pos, end, level == MQTT_5 if level else False)
 
     def _decode_publish(self, first: int, data: bytes, pos: int, end: int, level: int) -> Publish:
@@ -711,7 +723,8 @@ def _ack_decoder(cls, ptype: PacketType):
         pid = _packet_id(data, pos, end)
         if end - pos == 2:
             return cls(pid)
-        _need(v5, f"{ptype.name} remaining length must be 2")
+        if not v5:
+            raise MalformedPacket(f"{ptype.name} remaining length must be 2")
         code = _reason(data[pos + 2], ptype)
         if end - pos == 3:
             return cls(pid, code)
