@@ -337,18 +337,22 @@ class SQLiteCredentialStore:
         d.addBoth(self._batch_done, [waiter for _, _, waiter in batch])
 
     def _run_batch(self, calls: list) -> list[tuple[bool, Any]]:
-        """In the database thread: run each call in its own transaction.
+        """In the database thread: run each write in its own transaction and
+        each run of consecutive reads in one read transaction (calls made
+        together see one snapshot).
 
         :returns: per call, ``(True, result)`` or ``(False, Failure)``.
         """
         results: list[tuple[bool, Any]] = []
-        for operation, write in calls:
-            try:
-                results.append((True, self._transaction(operation, write)))
-            except Exception:
-                failure = Failure()
-                failure.cleanFailure()
-                results.append((False, failure))
+        i = 0
+        while i < len(calls):
+            write = calls[i][1]
+            j = i + 1
+            if not write:
+                while j < len(calls) and not calls[j][1]:
+                    j += 1
+            results.extend(self._transaction([operation for operation, _ in calls[i:j]], write))
+            i = j
         return results
 
     def _batch_done(self, outcome: Any, waiters: list) -> None:
@@ -359,24 +363,51 @@ class SQLiteCredentialStore:
         if self._pending and not self._jobs and self._state in (_STARTING, _RUNNING):
             self._hand_pending()
 
-    def _transaction(self, operation: Callable[[sqlite3.Connection], Any], write: bool) -> Any:
+    def _transaction(self, operations: list, write: bool) -> list[tuple[bool, Any]]:
+        """In the database thread: run ``operations`` (one, for a write) in
+        one transaction; a failed write is rolled back.
+
+        :returns: per operation, ``(True, result)`` or ``(False, Failure)``
+            of :class:`~tbmq.errors.BackendError` (the database: locked
+            longer than the busy timeout, I/O), of
+            :class:`~tbmq.errors.CredentialsError` (a uniqueness conflict) or
+            of the operation's own error.
+        """
         conn = self._conn
-        if conn is None:
-            raise BackendError(f"credential store {self.path} is not open")
         try:
+            if conn is None:
+                raise BackendError(f"credential store {self.path} is not open")
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        except Exception as e:
+            return [(False, self._failure(e))] * len(operations)
+        results: list[tuple[bool, Any]] = []
+        for operation in operations:
             try:
-                result = operation(conn)
+                results.append((True, operation(conn)))
+            except Exception as e:
+                results.append((False, self._failure(e)))
+        try:
+            if write and not results[0][0]:
+                conn.execute("ROLLBACK")
+            else:
                 conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        except sqlite3.OperationalError as e:
-            raise BackendError(f"credential store {self.path}: {e}") from e
-        except sqlite3.IntegrityError as e:
-            raise CredentialsError(f"credentials conflict: {e}") from e
-        return result
+        except Exception as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return [(False, self._failure(e))] * len(operations)
+        return results
+
+    def _failure(self, error: Exception) -> Failure:
+        """The Failure a call gets for ``error``, the exception being handled
+        (SQLite's errors mapped, others with their traceback)."""
+        if isinstance(error, sqlite3.OperationalError):
+            failure = Failure(BackendError(f"credential store {self.path}: {error}"))
+        elif isinstance(error, sqlite3.IntegrityError):
+            failure = Failure(CredentialsError(f"credentials conflict: {error}"))
+        else:
+            failure = Failure()
+        failure.cleanFailure()
+        return failure
 
     def find(self, credentials_type: CredentialsType | str, credentials_id: str) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ICredentialStore.find` (the
