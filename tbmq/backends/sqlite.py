@@ -555,7 +555,10 @@ class CoalescedWrites:
             )
 
     def done(self, result: Any) -> None:
-        """In the reactor thread: fire every merged call's Deferred."""
+        """In the reactor thread: fire every merged call's Deferred.  Nothing
+        merges into it any more (it is done even when it never ran: the
+        store failed to open)."""
+        self.sealed = True
         waiters, self.waiters = self.waiters, []
         if isinstance(result, Failure):
             for d in waiters:

@@ -817,6 +817,26 @@ class TestSQLiteStore:
         failure_of(store.start())
         assert not store.running
 
+    def test_delivery_writes_of_a_failed_open_fail_and_a_restart_takes_new_ones(self, tmp_path):
+        (tmp_path / "dir").write_text("not a directory yet")
+        pool = ManualThreadPool()
+        store = SQLiteStore(str(tmp_path / "dir" / "db.sqlite"), reactor=SyncReactor(),
+                            threadpool=pool)
+        started = store.start()
+        lost = store.deliveries.add("c", [delivery(1)])  # waits for the open
+        pool.run_all()
+        failure_of(started)
+        failure_of(lost)
+        (tmp_path / "dir").unlink()
+        (tmp_path / "dir").mkdir()
+        started = store.start()
+        kept = store.deliveries.add("c", [delivery(2)])
+        pool.run_all()
+        assert fired(started) is None and fired(kept) is None
+        loaded = store.deliveries.load("c")
+        pool.run_all()
+        assert [d.seq for d in fired(loaded)] == [2]
+
     def test_pragmas_and_schema(self, tmp_path):
         store = sync_store(tmp_path)
         fired(store.start())
