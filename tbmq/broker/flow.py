@@ -28,22 +28,37 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 
 class Flusher:
     """Writes the output of every connection written to during a batch once
-    the batch ends.
+    the batch ends, then runs what was put off until then.
 
     :ivar depth: how many batches are running (nested reads are possible).
     """
 
-    __slots__ = ("depth", "dirty")
+    __slots__ = ("depth", "dirty", "_later")
 
     def __init__(self) -> None:
         self.depth = 0
         self.dirty: list = []
+        self._later: list = []
+
+    def later(self, call) -> None:
+        """Run ``call()`` when the batch ends (at once outside a batch): work
+        that many packets of one read share, such as one store write for all
+        the deliveries they completed."""
+        if self.depth:
+            self._later.append(call)
+        else:
+            call()
 
     def flush(self) -> None:
-        """Write out every pending connection's buffer."""
+        """Write out every pending connection's buffer, then run the put-off
+        calls."""
         dirty, self.dirty = self.dirty, []
         for conn in dirty:
             conn.flush()
+        if self._later:
+            later, self._later = self._later, []
+            for call in later:
+                call()
 
 
 class FlowControl:

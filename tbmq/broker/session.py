@@ -111,6 +111,8 @@ class Session:
         # inbound QoS 2 packet ids from the PUBLISH to the PUBREL [MQTT-4.3.3-10]
         self.inbound_qos2: set[int] = set()
         self.inbound_unacked = 0
+        # seqs of finished deliveries not yet removed from the device store
+        self._completed: list[int] = []
         # acks waiting for earlier acks, to keep PUBACK/PUBREC in order [MQTT-4.6.0-2]
         self._acks: deque[list] = deque()
         self.dropped: dict[str, int] = {}
@@ -318,8 +320,17 @@ class Session:
     def _complete(self, packet_id: int) -> StoredDelivery | None:
         delivery = self.inflight.pop(packet_id, None)
         if delivery is not None and self.persistent:
-            self.broker.device_store.remove(self.client_id, [delivery.seq])
+            # one store write for the deliveries completed by one read
+            completed = self._completed
+            completed.append(delivery.seq)
+            if len(completed) == 1:
+                self.broker.flusher.later(self._remove_completed)
         return delivery
+
+    def _remove_completed(self) -> None:
+        completed, self._completed = self._completed, []
+        if completed:
+            self.broker.device_store.remove(self.client_id, completed)
 
     def on_puback(self, packet_id: int) -> None:
         """PUBACK from the client: the QoS 1 delivery is done [MQTT-4.3.2-2]."""
@@ -443,6 +454,7 @@ class Session:
         self.inflight.clear()
         self.queue.clear()
         self.inbound_qos2.clear()
+        self._completed = []
         if self.persistent:
             self.broker.device_store.clear(self.client_id)
 

@@ -521,3 +521,25 @@ def test_stop_disconnects_v5_clients_with_0x8b(h):
     assert not d.called
     c.lose()
     assert d.called
+
+
+def test_acks_of_one_read_remove_their_deliveries_with_one_store_write(h):
+    store = h.broker.device_store
+    calls = []
+    original = store.remove
+    store.remove = lambda client_id, seqs: (calls.append((client_id, list(seqs))),
+                                            original(client_id, seqs))[1]
+    s = h.client("s", clean_start=False)
+    sub(s, "t", qos=1)
+    p = h.client("p")
+    p.send(*[Publish("t", b"%d" % i, qos=1, packet_id=i + 1) for i in range(3)])
+    got = s.received()
+    assert len(got) == 3
+    session = h.broker.sessions.sessions["s"]
+    seqs = [d.seq for d in session.inflight.values()]
+    s.send_bytes(b"".join(encode(Puback(m.packet_id), 4) for m in got))  # one read
+    assert calls == [("s", seqs)]
+    assert session.inflight == {}
+    loaded = []
+    store.load("s").addCallback(loaded.append)
+    assert loaded == [[]]
