@@ -117,18 +117,15 @@ class MQTTProtocol(ConnectFlow, FlowControl, protocol.Protocol, TimeoutMixin):
         """Handle ``packets`` in order; a rule broken ends the connection with
         its reason code; when a decision becomes asynchronous, the rest waits
         (see :meth:`~tbmq.broker.connect.ConnectFlow._hold`)."""
+        handlers = self._handlers
         for index, packet in enumerate(packets):
             if self._closing:
                 return
             try:
-                kind = type(packet)
-                session = self.session
-                if session is None:
-                    self.packet_received(packet)
-                elif kind is Publish:  # the two packets of every message, directly
-                    self.handle_publish(packet)
-                elif kind is Puback:
-                    session.on_puback(packet.packet_id)
+                # a connected client's packets go straight to their handler
+                handler = handlers.get(type(packet)) if self.session is not None else None
+                if handler is not None:
+                    handler(self, packet)
                 else:
                     self.packet_received(packet)
             except ProtocolViolation as e:
