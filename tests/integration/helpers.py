@@ -155,6 +155,17 @@ class Broker:
         finally:
             self._close_log()
 
+    def __enter__(self) -> "Broker":
+        """Start it; on leaving, stop it (SIGTERM), and kill it if that fails."""
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.stop()
+        finally:
+            self.kill()
+
     def kill(self) -> None:
         self.expected_down = True
         proc = self.proc

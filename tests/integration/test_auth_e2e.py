@@ -65,12 +65,8 @@ def broker(tmp_path_factory, pki):
         "--pub", "x509/.*", "--any-sub")
     cli(b.data_dir, "add", "--type", "scram", "--name", "scram", "--username", "scrammer",
         "--password", "pencil", "--algorithm", "SHA512")
-    b.start()
-    yield b
-    try:
-        b.stop()
-    finally:
-        b.kill()
+    with b:
+        yield b
 
 
 def paho(broker, version, username=None, password=None, client_id=None, expect_rc=0):
@@ -250,8 +246,7 @@ def test_example_plugin_installed_from_its_directory(tmp_path):
     path.write_text(yaml.safe_dump(config))
     b = ListenersBroker(tmp_path / "run", path, {"tcp": port})
     b.env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(site)])
-    b.start()
-    try:
+    with b:
         assert "plugin active: example" in b.log()
         c = PahoClient(port, 5)
         c.connect_and_wait()
@@ -265,6 +260,3 @@ def test_example_plugin_installed_from_its_directory(tmp_path):
         assert lines[0].startswith("started ")
         assert f"connected {c.client_id}" in lines
         assert f"published {c.client_id} open/t" in lines
-    finally:
-        b.stop()
-        b.kill()

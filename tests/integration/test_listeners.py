@@ -59,13 +59,8 @@ def broker(tmp_path_factory, pki):
     }
     path = workdir / "tbmq.yml"
     path.write_text(yaml.safe_dump(config))
-    b = ListenersBroker(workdir, path, ports)
-    b.start()
-    yield b
-    try:
-        b.stop()
-    finally:
-        b.kill()
+    with ListenersBroker(workdir, path, ports) as b:
+        yield b
 
 
 @pytest.fixture(autouse=True)
