@@ -119,6 +119,22 @@ def _run_publishers(loop, pubs, until):
         p.stop()
 
 
+def _await_go(loop, ctl, timeout: float = 120.0) -> float | None:
+    """Tell the runner this worker is ready, wait for ``("go", t0)`` and
+    sleep until t0.
+
+    :returns: t0 (``now()`` seconds), or None when told something else.
+    """
+    ctl.send(("ready", {"pid": os.getpid()}))
+    msg = loop.ctl_wait(timeout)
+    if msg[0] != "go":
+        return None
+    t0 = msg[1]
+    while now() < t0:
+        time.sleep(min(0.01, max(0.0, t0 - now())))
+    return t0
+
+
 def clients_worker(ctl, role: dict) -> None:
     """A worker process for the throughput scenarios.
 
@@ -142,13 +158,9 @@ def clients_worker(ctl, role: dict) -> None:
         topics = dict(role["pubs"])
         payload = os.urandom(role["payload_size"])
         pubs = [Publisher(c, topics[c.name], payload, role["qos"], level, role["window"]) for c in pub_clients]
-        ctl.send(("ready", {"pid": os.getpid()}))
-        msg = loop.ctl_wait(role.get("ready_timeout", 120))
-        if msg[0] != "go":
+        t0 = _await_go(loop, ctl, role.get("ready_timeout", 120))
+        if t0 is None:
             return
-        t0 = msg[1]
-        while now() < t0:
-            time.sleep(min(0.01, max(0.0, t0 - now())))
         cpu0 = cpu_seconds()
         # nothing was published before t0 (Publisher.start): the subscribers
         # count everything they got, as the publishers count everything they sent
@@ -245,11 +257,7 @@ def latency_worker(ctl, role: dict) -> None:
         template = publish_packet(role["topic"], b"\0" * 8 + pad, qos, level, packet_id=1)
         pay_at = len(template) - role["payload_size"]
         pid_at = pid_offset(template) if qos else 0
-        ctl.send(("ready", {"pid": os.getpid()}))
-        msg = loop.ctl_wait(120)
-        t0 = msg[1]
-        while now() < t0:
-            time.sleep(0.001)
+        t0 = _await_go(loop, ctl)
         cpu0 = cpu_seconds()
         rate, dur = role["rate"], role["duration"]
         n_total = int(rate * dur)
@@ -295,11 +303,7 @@ def idle_worker(ctl, role: dict) -> None:
         raise_nofile()
         loop = Loop(ctl)
         level = role["level"]
-        ctl.send(("ready", {"pid": os.getpid()}))
-        msg = loop.ctl_wait(120)
-        t0 = msg[1]
-        while now() < t0:
-            time.sleep(0.001)
+        _await_go(loop, ctl)
         cpu0 = cpu_seconds()
         specs = [{"id": f"{role['prefix']}-{i}", "keep_alive": 0} for i in range(role["count"])]
         err = None
