@@ -36,3 +36,33 @@ class CredentialsError(TbmqError):
     conflict with stored ones (a name or a (type, credentials id) pair that
     belongs to another record, TBMQ's unique constraints on
     ``mqtt_client_credentials``)."""
+
+
+class BusError(BackendError):
+    """A message-bus call failed (the base of the typed publish failures of
+    :meth:`tbmq.interfaces.IMessageBus.publish`)."""
+
+
+class BusClosedError(BusError):
+    """The bus is not started, or is stopping or stopped."""
+
+
+class RecordEncodingError(BusError):
+    """A record value does not fit its topic's codec, or bytes read from the
+    bus are not a record of the expected type and version."""
+
+
+class ConsumerFailedError(BusError):
+    """In-process bus: a consumer's handler failed on the record, which is
+    left uncommitted for that consumer group.
+
+    :ivar group: the consumer group whose handler failed.
+    """
+
+    def __init__(self, message: str, group: str | None = None) -> None:
+        super().__init__(message)
+        self.group = group
+
+
+class BusPublishError(BusError):
+    """The bus refused a record or did not acknowledge it in time."""

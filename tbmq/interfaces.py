@@ -32,36 +32,153 @@ class IBackend(Interface):
 
 
 class IMessageBus(IBackend):
-    """The bus that carries TBMQ's topics (``tbmq.msg.all``, the downlinks,
-    the session topics): in-process in the embedded default, Kafka in a
-    cluster.  Values are opaque to the bus."""
+    """The bus that carries TBMQ's topic catalogue (``tbmq.msg.all``, the
+    downlinks, the session topics; :mod:`tbmq.cluster.topics`): in-process
+    in the embedded default, Kafka in a cluster.  See ``docs/bus.md`` for the
+    contract, which ``tests/contract/test_bus.py`` checks on every bus.
 
-    durable = Attribute(
-        "bool: True when a fired publish Deferred means the value survives a "
-        "crash of this node (Kafka acks); False for the in-process bus, where "
-        "durability is the consumers' business (the local store)."
+    A record is a topic, a key (``str``; the partition key), a value and
+    headers.  On a bus that ``encodes``, every value crosses it as the bytes
+    of its topic's codec (:mod:`tbmq.cluster.records`: one documented,
+    versioned msgpack encoding per record type) and each consumer gets the
+    decoded object; the in-process bus in its direct mode hands the
+    published object itself to the consumers (the hot path).  Consumers see
+    the same object type either way.
+
+    Delivery is at least once: a consumer commits a record only after its
+    handler's result (None or a Deferred) has fired with success; records
+    of one key arrive in publish order (one partition per key).
+    """
+
+    encodes = Attribute(
+        "bool: True when every value is encoded on publish and decoded for "
+        "each consumer (Kafka; the in-process bus in its encoding mode)."
     )
 
-    def publish(topic, key, value):
-        """Append ``value`` to ``topic``, partitioned by ``key``.
+    def publish(topic, key, value, headers=()):
+        """Append a record to ``topic``, partitioned by ``key``.
 
         :param topic: the bus topic name, ``str`` (prefix already applied).
-        :param key: the partition key, ``str`` (a topic name or client id).
-        :param value: the record; bytes for a remote bus, any object for the
-            in-process bus.
-        :returns: None when the value is already accepted (and, for the
-            in-process bus, every consumer has handled it synchronously), or a
-            Deferred that fires when it is accepted and, for the in-process
-            bus, when every consumer's returned Deferred has fired.
+        :param key: the partition key, ``str`` (a topic name or client id),
+            or None (any partition).
+        :param value: the record object of the topic's type (see
+            :func:`tbmq.cluster.records.codec_for`), or None (a tombstone:
+            "this key has no value any more").
+        :param headers: ``tuple[tuple[str, bytes], ...]``.
+        :returns: a Deferred that fires with None once the bus holds the
+            record as durably as it promises: Kafka once the brokers
+            acknowledged it (``acks=all``); the in-process bus once every
+            consumer group of the topic has handled it (each handler's
+            Deferred fired), so a consumer that persists the record (the
+            device store) has stored it.  The in-process bus may return None
+            instead, meaning exactly that already happened during the call
+            (no Deferred on the hot path, ARCHITECTURE §3).
+            The Deferred fails with a :class:`tbmq.errors.BusError`:
+            :class:`~tbmq.errors.BusClosedError` (bus not started or
+            stopped), :class:`~tbmq.errors.RecordEncodingError` (the value
+            does not fit the topic's codec),
+            :class:`~tbmq.errors.ConsumerFailedError` (in-process: a
+            handler failed, the record is not committed for its group) or
+            :class:`~tbmq.errors.BusPublishError` (the bus refused or timed
+            out).  A synchronous caller never sees these raised.
         """
 
-    def subscribe(topic, group, handler):
-        """Consume ``topic`` as a member of consumer group ``group``.
+    def subscribe(topic, group, handler, from_beginning=False):
+        """Consume ``topic`` as one member of consumer group ``group``.
 
-        :param handler: ``handler(key, value) -> Deferred | None``; called in
-            the reactor thread, in partition order.  A returned Deferred
-            delays the acknowledgement (the commit of the offset) until it
-            fires.
+        The topic's partitions are shared among the group's live members;
+        every group gets every record.
+
+        :param handler: ``handler(record) -> Deferred | None`` with
+            ``record`` a :class:`tbmq.cluster.records.Record` (``value``
+            decoded); called in the reactor thread, in partition order,
+            never re-entered for the same consumer.  The record is
+            committed once the result has fired with success; a failure
+            leaves it uncommitted (it comes again to the group's next
+            member after a rebalance or restart).
+        :param from_beginning: start at the first record the bus holds
+            instead of the group's committed offset (TBMQ replays the
+            session topics from the beginning at every start; compaction
+            and ``latest`` offsets are never relied upon).
+        :returns: an :class:`IConsumer`.
+        """
+
+
+class IConsumer(Interface):
+    """One member of a consumer group (see :meth:`IMessageBus.subscribe`)."""
+
+    group = Attribute("str: the consumer group.")
+    topic = Attribute("str: the topic consumed.")
+    caught_up = Attribute(
+        "Deferred: fires with None once the consumer has handled (and its "
+        "handlers' results fired for) every record the topic held when it "
+        "joined; a session registry waits for it before the node accepts "
+        "clients."
+    )
+
+    def pause():
+        """Stop handing records to the handler (back-pressure); records that
+        arrive meanwhile wait in the bus.  Idempotent."""
+
+    def resume():
+        """Hand records again, starting with those that waited.  Idempotent."""
+
+    def stop():
+        """Leave the group: the member's partitions go to the other members,
+        from the group's committed offsets.
+
+        :returns: a Deferred firing with None once the member is gone.
+        """
+
+
+class ITopicLog(IBackend):
+    """Where the in-process bus keeps the records of its durable topics
+    (the session and subscription topics, ``tbmq.msg.app.<clientId>``) so
+    that a restart of the embedded node replays them, as Kafka would.
+    SQLite in the embedded default (one file with the other stores).
+
+    Values are the encoded bytes of :mod:`tbmq.cluster.records` (None for a
+    tombstone); headers ``tuple[tuple[str, bytes], ...]``.  Calls are applied
+    in the order they are made.
+    """
+
+    def append(records):
+        """Store ``records``: a list of
+        ``(topic, partition, offset, key, value, headers, compacted)``.
+        ``compacted`` (bool) means the topic keeps the last record per key
+        only: an earlier record of the same ``(topic, key)`` is replaced, and
+        a tombstone (``value`` None) removes the key.
+
+        :returns: Deferred firing with None when durable.
+        """
+
+    def commit(group, topic, partition, offset):
+        """Record that consumer group ``group`` has handled every record of
+        ``(topic, partition)`` below ``offset`` (the next offset to read).
+
+        :returns: Deferred firing with None when durable.
+        """
+
+    def truncate(topic, partition, before):
+        """Forget the records of ``(topic, partition)`` whose offset is
+        below ``before`` (every group has committed past them).
+
+        :returns: Deferred firing with None when durable.
+        """
+
+    def delete_topic(topic):
+        """Forget ``topic``: its records and every group's offsets on it.
+
+        :returns: Deferred firing with None when durable.
+        """
+
+    def load():
+        """Everything kept.
+
+        :returns: Deferred firing with ``(records, offsets)``: ``records`` a
+            list of ``(topic, partition, offset, key, value, headers)`` in
+            ``(topic, partition, offset)`` order; ``offsets`` a dict
+            ``{(group, topic, partition): offset}``.
         """
 
 
