@@ -149,18 +149,21 @@ class MqttConfig:
     :ivar max_client_id_length: characters, 23..65535 (the server must accept
         1 to 23 [MQTT-3.1.3-5]).
     :ivar allow_empty_client_id: assign an id to a client sending none.
-    :ivar max_queued_messages: messages kept per persistent session, >= 1.
-    :ivar max_pending_messages: messages buffered per connected
-        non-persistent session while its inflight window is full, >= 1.
+    :ivar max_queued_messages: messages of a persistent session kept in
+        memory, >= 1; the rest wait in the device store.
+    :ivar max_pending_messages: the high-water mark of a non-persistent
+        session's queue, >= 1, and of a publisher's publishes not yet
+        accepted by the bus (see :mod:`tbmq.broker.outbox`).
+    :ivar max_pending_bytes: the high-water mark of any session's queue in
+        bytes, >= 65536.
     :ivar max_inflight_messages: cap on the outbound inflight window,
         1..65535.
     :ivar response_information: sent in CONNACK to a v5 client requesting
         it, when not empty.
-    :ivar max_outbound_buffer: bytes a connection whose socket is full may
-        take before it counts as stalled, >= 65536.
-    :ivar outbound_pause_timeout: seconds a connection whose socket is full
-        may hold its publishers back before it counts as stalled (its QoS 0
-        messages are then dropped), > 0.
+    :ivar max_outbound_buffer: bytes written to a full socket after which
+        its client counts as slow, >= 65536.
+    :ivar outbound_pause_timeout: seconds a congested session may hold the
+        sources that feed it: a credit refilled over ten times as long, > 0.
     """
 
     max_packet_size: int = MAX_PACKET_SIZE
@@ -178,10 +181,11 @@ class MqttConfig:
     allow_empty_client_id: bool = True
     max_queued_messages: int = 10000
     max_pending_messages: int = 1000
+    max_pending_bytes: int = 16777216
     max_inflight_messages: int = 65535
     response_information: str = ""
     max_outbound_buffer: int = 4194304
-    outbound_pause_timeout: float = 5.0
+    outbound_pause_timeout: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -414,6 +418,7 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "max_client_id_length": _range(23, 65535),
         "max_queued_messages": _range(1),
         "max_pending_messages": _range(1),
+        "max_pending_bytes": _range(65536),
         "max_inflight_messages": _range(1, 65535),
         "max_outbound_buffer": _range(65536),
         "outbound_pause_timeout": _positive,

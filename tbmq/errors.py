@@ -66,3 +66,15 @@ class ConsumerFailedError(BusError):
 
 class BusPublishError(BusError):
     """The bus refused a record or did not acknowledge it in time."""
+
+
+class ProtocolViolation(TbmqError):
+    """A packet broke a rule of the MQTT specification: the connection ends
+    with ``reason_code`` (DISCONNECT in v5, a close in v3).
+
+    :ivar reason_code: the MQTT 5 reason code, ``int``.
+    """
+
+    def __init__(self, reason_code: int, message: str) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code

@@ -103,9 +103,14 @@ def tbmq_authenticate(request):
     """
 
 
-@hookspec
+@hookspec(firstresult=True)
 def tbmq_authorize_publish(session, auth, topic):
     """May ``session`` publish to topic name ``topic``?
+
+    Asked through pluggy with ``firstresult``: the first answer that is not
+    None wins (``tryfirst``/``trylast`` order the plugins; the built-in
+    rules answer last).  A Deferred is an answer: it must fire with True or
+    False.
 
     Called for every PUBLISH (and a will message at CONNECT).
 
@@ -117,9 +122,11 @@ def tbmq_authorize_publish(session, auth, topic):
     """
 
 
-@hookspec
+@hookspec(firstresult=True)
 def tbmq_authorize_subscribe(session, auth, topic_filter):
     """May ``session`` subscribe to ``topic_filter`` (``$share/g/`` removed)?
+
+    Asked like :func:`tbmq_authorize_publish`.
 
     :returns: True, False, or None to pass; all pass → denied (SUBACK 0x87
         in v5, 0x80 in v3).

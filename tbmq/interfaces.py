@@ -62,7 +62,7 @@ class IMessageBus(IBackend):
         :param key: the partition key, ``str`` (a topic name or client id),
             or None (any partition).
         :param value: the record object of the topic's type (see
-            :func:`tbmq.cluster.records.codec_for`), or None (a tombstone:
+            :meth:`tbmq.cluster.topics.TopicCatalogue.codec_for`), or None (a tombstone:
             "this key has no value any more").
         :param headers: ``tuple[tuple[str, bytes], ...]``.
         :returns: a Deferred that fires with None once the bus holds the
@@ -249,9 +249,13 @@ class IDeviceMessageStore(IBackend):
         :returns: Deferred firing with None when durable.
         """
 
-    def load(client_id):
-        """:returns: Deferred firing with the ``list[StoredDelivery]`` of
-        ``client_id`` in ``seq`` order."""
+    def load(client_id, after_seq=None, limit=None):
+        """The deliveries of ``client_id`` with ``seq`` above ``after_seq``
+        (all when None), at most ``limit`` (all when None): a persistent
+        session reads its queue a page at a time.
+
+        :returns: Deferred firing with a ``list[StoredDelivery]`` in ``seq``
+            order."""
 
     def clear(client_id):
         """Remove every delivery of ``client_id``.

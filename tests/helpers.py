@@ -17,6 +17,7 @@ class Client:
     """One fake connection: feed packets in, read decoded packets out."""
 
     def __init__(self, harness: "Harness", level: int) -> None:
+        self.harness = harness
         self.level = level
         self.protocol = harness.factory.buildProtocol(None)
         self.transport = StringTransport()
@@ -26,12 +27,15 @@ class Client:
     def send(self, *packets) -> None:
         for packet in packets:
             self.protocol.dataReceived(encode(packet, self.level))
+        self.harness.turn()
 
     def send_bytes(self, data: bytes) -> None:
         self.protocol.dataReceived(data)
+        self.harness.turn()
 
     def received(self) -> list:
         """The packets the broker wrote since the last call."""
+        self.harness.turn()
         data = self.transport.value()
         self.transport.clear()
         return self.decoder.feed(data)
@@ -43,6 +47,7 @@ class Client:
     def lose(self) -> None:
         """The network connection drops (no DISCONNECT)."""
         self.protocol.connectionLost(None)
+        self.harness.turn()
 
 
 class Harness:
@@ -66,6 +71,11 @@ class Harness:
         self.broker = Broker(self.config, self.plugins, self.clock, **backends)
         self.broker.start()
         self.factory = MQTTFactory(self.broker, self.config.listeners[0])
+
+    def turn(self) -> None:
+        """End the reactor turn: what was put off until then (the outbound
+        queues' flush) runs."""
+        self.clock.advance(0)
 
     def client(self, client_id: str = "c", level: int = 4, **connect) -> Client:
         """Connect a client and consume its CONNACK (kept in ``client.connack``)."""

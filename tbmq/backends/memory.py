@@ -222,15 +222,21 @@ class MemoryDeviceMessageStore(_MemoryBackend):
                 del self._queues[client_id]
         return defer.succeed(None)
 
-    def load(self, client_id: str) -> defer.Deferred:
+    def load(self, client_id: str, after_seq: int | None = None,
+             limit: int | None = None) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.load`.
 
         :param client_id: the persistent session's client id.
+        :param after_seq: only deliveries with a larger ``seq``.
+        :param limit: at most this many.
         :returns: a fired Deferred with the ``list[StoredDelivery]`` (copies)
             in ``seq`` order.
         """
         queue = self._queues.get(client_id, {})
-        return defer.succeed([copy_delivery(queue[s]) for s in sorted(queue)])
+        seqs = sorted(s for s in queue if after_seq is None or s > after_seq)
+        if limit is not None:
+            seqs = seqs[:limit]
+        return defer.succeed([copy_delivery(queue[s]) for s in seqs])
 
     def clear(self, client_id: str) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.clear`.

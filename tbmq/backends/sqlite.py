@@ -872,10 +872,13 @@ class SQLiteDeviceMessageStore(_View):
             writes.delete((client_id, int(seq)))
         return self._merged(writes)
 
-    def load(self, client_id: str) -> defer.Deferred:
+    def load(self, client_id: str, after_seq: int | None = None,
+             limit: int | None = None) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.load`.
 
         :param client_id: the persistent session's client id.
+        :param after_seq: only deliveries with a larger ``seq``.
+        :param limit: at most this many.
         :returns: a Deferred firing with the ``list[StoredDelivery]`` in
             ``seq`` order.
         """
@@ -887,8 +890,9 @@ class SQLiteDeviceMessageStore(_View):
                 "SELECT seq, topic, payload, message_qos, message_retain, "
                 "properties, publisher, received_at, expires_at, qos, retain, "
                 "subscription_ids, packet_id, state FROM deliveries "
-                "WHERE client_id = ? ORDER BY seq",
-                (client_id,),
+                "WHERE client_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (client_id, -1 if after_seq is None else after_seq,
+                 -1 if limit is None else limit),
             ).fetchall()
             return [
                 StoredDelivery(

@@ -19,26 +19,11 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType
 from tbmq.mqtt import MQTT_5, Auth, Connack, Connect, Property
 from tbmq.mqtt.topics import TopicError, validate_topic_name
+from tbmq.broker.session import valid_utf8
+from tbmq.errors import ProtocolViolation  # noqa: F401  (raised by handle_auth)
 
 #: (protocol name, level) pairs this broker speaks [MQTT-3.1.2-1, -2]
 SUPPORTED = {("MQIsdp", 3), ("MQTT", 4), ("MQTT", 5)}
-
-
-class ProtocolViolation(Exception):
-    """A packet broke a rule: the connection ends with ``reason_code``."""
-
-    def __init__(self, reason_code: int, message: str) -> None:
-        super().__init__(message)
-        self.reason_code = reason_code
-
-
-def valid_utf8(data: bytes) -> bool:
-    """True when ``data`` is well-formed UTF-8 [MQTT-1.5.4-1]."""
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 class ConnectFlow:
@@ -66,7 +51,7 @@ class ConnectFlow:
                 self._close()
             return
         self.protocol_level = level = connect.protocol_level
-        cfg = self.broker.config.mqtt
+        cfg = self.ctx.config.mqtt
         props = connect.properties
         v5 = level >= MQTT_5
         if len(connect.client_id.encode("utf-8")) > cfg.max_client_id_length or (
@@ -109,15 +94,21 @@ class ConnectFlow:
 
     def _hold(self) -> None:
         """Keep incoming packets aside until :meth:`_release` (CONNECT being
-        authenticated, a PUBLISH or SUBSCRIBE being authorized), so packets are
-        handled in order."""
-        if self._waiting is None:
-            self._waiting = []
+        authenticated, a PUBLISH or SUBSCRIBE being authorized, a backlog), so
+        packets are handled in order."""
+        self._gate += 1
 
     def _release(self) -> None:
-        waiting, self._waiting = self._waiting, None
-        if waiting:
+        if self._gate:
+            self._gate -= 1
+        if not self._gate and self._waiting:
+            waiting, self._waiting = self._waiting, []
             self.handle_packets(waiting)
+
+    def _drop_held(self) -> None:
+        """The connection is refused: what waits is never handled."""
+        self._gate = 0
+        self._waiting = []
 
     def _gone(self) -> bool:
         return self._closing or self.transport is None or not self.transport.connected
@@ -125,7 +116,7 @@ class ConnectFlow:
     def _internal_error(self, failure) -> None:
         self.log.failure("internal error on the connection of {client_id}", failure,
                          client_id=self._client_id())
-        self._waiting = None
+        self._drop_held()
         if not self._gone():
             if self._connacked:
                 self.disconnect(0x83)
@@ -135,7 +126,9 @@ class ConnectFlow:
     # -- authentication (CONNECT, enhanced authentication, re-authentication) ----------
 
     def _auth_step(self, request: AuthRequest, provider: str | None) -> None:
-        d = self.broker.authenticate(request, provider)
+        request.credentials = self.ctx.credentials
+        request.config = self.ctx.config
+        d = self.ctx.hooks.authenticate(request, provider)
         d.addCallback(self._auth_answer, request)
         d.addErrback(self._internal_error)
 
@@ -143,7 +136,7 @@ class ConnectFlow:
         """Apply an authentication answer [MQTT-4.12]."""
         result, provider = answer
         if self._gone():
-            self._waiting = None
+            self._drop_held()
             return
         v5 = self.protocol_level >= MQTT_5
         if result is not None and result.continue_auth and v5 and request.auth_method:
@@ -157,13 +150,13 @@ class ConnectFlow:
                 code = result.reason_code
             else:
                 code = 0x8C if request.auth_method else 0x87
-            self._waiting = None
+            self._drop_held()
             self.log.info("authentication of {client_id} refused (0x{code:02X})",
                           client_id=request.client_id, code=code)
             if request.reauthenticate:
                 self.disconnect(code)  # [MQTT-4.12.1-2]
                 return
-            self.broker.hooks_authentication_failed(self.connect_packet, request.address, code)
+            self.ctx.hooks.authentication_failed(self.connect_packet, request.address, code)
             self._refuse(code, 0x04 if code == 0x86 else 0x05, "not authorized")
             return
         if request.reauthenticate:
@@ -176,13 +169,13 @@ class ConnectFlow:
             return
         will = self.connect_packet.will
         if will is not None:
-            allowed = self.broker.authorize("publish", None, result, will.topic)
+            allowed = self.ctx.hooks.authorize("publish", None, result, will.topic)
             if not isinstance(allowed, bool):
                 allowed.addCallback(self._will_decided, result, request)
                 allowed.addErrback(self._internal_error)
                 return
             if not allowed:
-                self._waiting = None
+                self._drop_held()
                 return self._refuse(0x87, 0x05, "will topic not authorized")
         self._open_session(result, request)
 
@@ -190,7 +183,7 @@ class ConnectFlow:
         if self._gone():
             return
         if not allowed:
-            self._waiting = None
+            self._drop_held()
             return self._refuse(0x87, 0x05, "will topic not authorized")
         self._open_session(result, request)
 
@@ -222,9 +215,9 @@ class ConnectFlow:
     def _open_session(self, result: AuthResult, request: AuthRequest) -> None:
         """Authentication succeeded: bind the session, send CONNACK, resume."""
         connect = self.connect_packet
-        cfg = self.broker.config.mqtt
+        cfg = self.ctx.config.mqtt
         self.auth = result
-        session, present = self.broker.sessions.connect(self, connect, result.client_type)
+        session, present = self.ctx.sessions.connect(self, connect, result.client_type)
         if not session.persistent:
             session.client_type = ClientType.DEVICE  # TBMQ: non-persistent is a DEVICE
         self.session = session
@@ -241,19 +234,19 @@ class ConnectFlow:
                     props[Property.AUTHENTICATION_DATA] = result.auth_data
         self.send(Connack(present if self.protocol_level > 3 else False, 0, props))
         self._connacked = True
-        self.connected_at = self.broker.clock.seconds()
+        self.connected_at = self.ctx.clock.seconds()
         self.log.debug("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
                       "persistent={persistent}, session present={present}, "
                       "authenticated by {provider})",
                       client_id=connect.client_id, peer=self._peer(), mqtt_level=self.protocol_level,
                       persistent=session.persistent, present=present, provider=result.provider)
-        self.broker.hooks_client_connected(session, connect, self.transport.getPeer())
+        self.ctx.hooks.client_connected(session, connect, self.transport.getPeer())
         session.resume()
         self._release()
 
     def _connack_properties(self, connect: Connect, session, keep_alive: int) -> dict:
         """The server's capabilities [MQTT-3.2.2.3]."""
-        cfg = self.broker.config.mqtt
+        cfg = self.ctx.config.mqtt
         props = {
             Property.RECEIVE_MAXIMUM: cfg.receive_maximum,
             Property.RETAIN_AVAILABLE: int(cfg.retain_available),

@@ -10,23 +10,15 @@ only the bus differs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.broker.retained import RetainedTree
 from tbmq.broker.trie import SubscriptionTrie
 from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.cluster.sinks import DownlinkSink, LocalSink, PersistedSink
 from tbmq.model import Message, SubscriptionOptions
 
-if TYPE_CHECKING:  # pragma: no cover
-    from tbmq.broker.broker import Broker
-
-#: the bus topic that carries every published message (TBMQ's name)
-TOPIC_MSG_ALL = "tbmq.msg.all"
-#: the bus topic of retained messages (TBMQ's name; compacted in Kafka)
-TOPIC_MSG_RETAINED = "tbmq.msg.retained"
 
 
 class SharedGroup:
@@ -63,8 +55,17 @@ class SharedGroup:
 
 
 class Router:
-    """Matches messages to subscriptions and hands them to sessions.
+    """Matches each message of ``tbmq.msg.all`` once and classifies its
+    targets; the sinks of :mod:`tbmq.cluster.sinks` deliver.
 
+    :param bus: the :class:`tbmq.interfaces.IMessageBus`.
+    :param topics: the :class:`tbmq.cluster.topics.TopicCatalogue`.
+    :param service_id: this node's service id.
+    :param clock: ``IReactorTime``.
+    :param retained_store: the :class:`tbmq.interfaces.IRetainedStore`.
+    :param sessions: client id → the sessions of this node.
+    :param locate: ``client_id -> service id or None``: where a client
+        without a session here is connected.
     :ivar trie: topic filter → ``{client id: SubscriptionOptions}`` and
         ``{("$share", group): SharedGroup}``.
     :ivar retained: the retained tree.
@@ -72,18 +73,29 @@ class Router:
 
     log = Logger(observer=LOG_OBSERVER)
 
-    def __init__(self, broker: "Broker") -> None:
-        self.broker = broker
+    def __init__(self, bus, topics, service_id: str, clock, retained_store,
+                 sessions, locate=lambda client_id: None) -> None:
+        self.bus = bus
+        self.topics = topics
+        self.service_id = service_id
+        self.clock = clock
+        self.retained_store = retained_store
+        self.sessions = sessions
+        self.locate = locate
         self.trie = SubscriptionTrie()
         self.retained = RetainedTree()
-        self.topic_all = broker.bus_topic(TOPIC_MSG_ALL)
-        self.topic_retained = broker.bus_topic(TOPIC_MSG_RETAINED)
+        self.local = LocalSink()
+        self.downlink = DownlinkSink(bus, topics.downlink_basic)
+        self.persisted = PersistedSink(bus, topics.msg_persisted)
+        self.consumer = None
 
     def start(self) -> None:
-        bus = self.broker.bus
-        bus.subscribe(self.topic_all, "tbmq-msg-all", self._on_message)
-        bus.subscribe(self.topic_retained, "tbmq-retained-" + self.broker.service_id,
-                      self._on_retained)
+        """Join the consumer groups of ``tbmq.msg.all`` (one group for the
+        whole cluster) and ``tbmq.msg.retained`` (one group per node)."""
+        bus = self.bus
+        self.consumer = bus.subscribe(self.topics.msg_all, "tbmq-msg-all", self._on_message)
+        self.retained_consumer = bus.subscribe(
+            self.topics.msg_retained, "tbmq-retained-" + self.service_id, self._on_retained)
 
     # -- publish -------------------------------------------------------------
 
@@ -91,42 +103,45 @@ class Router:
         """Put ``message`` on the bus.
 
         :returns: None when nothing needs waiting for, or a Deferred that fires
-            when the message is durable (the bus acknowledged it and, on the
+            when the message is durable (the bus holds it and, on the
             in-process bus, every persistent subscriber's store has it):
-            only then may a QoS 1/2 publisher be acknowledged.
+            only then may a QoS 1/2 publisher be acknowledged.  It fails with
+            a :class:`tbmq.errors.BusError` when the message was not taken.
         """
-        bus = self.broker.bus
+        bus = self.bus
         if message.retain:
-            first = bus.publish(self.topic_retained, message.topic, message)
-            second = bus.publish(self.topic_all, message.topic, message)
+            first = bus.publish(self.topics.msg_retained, message.topic,
+                                message if message.payload else None)
+            second = bus.publish(self.topics.msg_all, message.topic, message)
             if first is None:
                 return second
             if second is None:
                 return first
             return defer.gatherResults([first, second], consumeErrors=True)
-        return bus.publish(self.topic_all, message.topic, message)
+        return bus.publish(self.topics.msg_all, message.topic, message)
 
-    def _on_retained(self, key: str, message: Message):
-        store = self.broker.retained_store
-        if message.payload:
+    def _on_retained(self, record):
+        message = record.value
+        store = self.retained_store
+        if message is not None and message.payload:
             stored = Message(message.topic, message.payload, message.qos, True,
                              message.properties, message.publisher,
                              message.received_at, message.expires_at)
             self.retained.set(stored)
             return store.put(stored)
         # an empty retained payload clears the topic [MQTT-3.3.1-6]
-        if self.retained.remove(message.topic) is not None:
-            return store.remove(message.topic)
+        if self.retained.remove(record.key) is not None:
+            return store.remove(record.key)
         return None
 
-    def _on_message(self, key: str, message: Message):
-        """The consumer of ``tbmq.msg.all``: match once, deliver to each
-        matched session (one copy per client, at the highest QoS of its
-        matching subscriptions, with all their identifiers [MQTT-3.3.4-2,
-        -3, -4]).
+    def _on_message(self, record):
+        """The consumer of ``tbmq.msg.all``: match once, then one target per
+        client (at the highest QoS of its matching subscriptions, with all
+        their identifiers [MQTT-3.3.4-2, -3, -4]), each to its sink.
 
-        :returns: None, or a Deferred when persistent sessions store it.
+        :returns: None, or a Deferred when persistent targets store it.
         """
+        message = record.value
         matches = self.trie.match(message.topic)
         if not matches:
             return None
@@ -135,18 +150,27 @@ class Router:
             targets = self._targets_of_one(matches[0], message)
         else:
             targets = self._targets(matches, message)
-        sessions = self.broker.sessions.sessions
+        sessions = self.sessions
         # one target: encoded with its own packet id, nothing to share
         cache: dict | None = {} if len(targets) > 1 else None
-        now = self.broker.clock.seconds()
+        now = self.clock.seconds()
         pending = None
         retain = message.retain
+        source = self.consumer
         for client_id, qos, sids, rap in targets:
-            session = sessions.get(client_id)
-            if session is None:
-                continue
             # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
-            result = session.deliver(message, qos, retain and rap, sids, cache, now)
+            flag = retain and rap
+            session = sessions.get(client_id)
+            if session is not None:
+                if qos == 0 or not session.persistent:
+                    self.local.deliver(session, message, qos, flag, sids, cache, now, source)
+                    continue
+                result = self.persisted.send(client_id, message, qos, flag, sids)
+            else:
+                where = self.locate(client_id)
+                if where is None:
+                    continue
+                result = self.downlink.send(where, client_id, message, qos, flag, sids)
             if result is not None:
                 if pending is None:
                     pending = [result]
@@ -193,8 +217,10 @@ class Router:
         return [(client_id, qos, sids, rap) for client_id, (qos, sids, rap) in merged.items()]
 
     def _online(self, client_id: str) -> bool:
-        session = self.broker.sessions.sessions.get(client_id)
-        return session is not None and session.connection is not None
+        session = self.sessions.get(client_id)
+        if session is not None:
+            return session.connection is not None
+        return self.locate(client_id) is not None
 
     # -- subscriptions ---------------------------------------------------------
 
@@ -235,12 +261,12 @@ class Router:
         messages = self.retained.match(topic_filter)
         if not messages:
             return messages
-        now = self.broker.clock.seconds()
+        now = self.clock.seconds()
         live = []
         for message in messages:
             if message.expires_at is not None and message.expires_at <= now:
                 self.retained.remove(message.topic)
-                self.broker.retained_store.remove(message.topic)
+                self.retained_store.remove(message.topic)
             else:
                 live.append(message)
         return live

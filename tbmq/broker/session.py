@@ -1,44 +1,46 @@
-"""One client's session: its QoS flows, packet identifiers, inflight window,
-queued messages and subscriptions (MQTT 5.0 §4.1, §4.3, §4.4, §4.9).
+"""One client's session: what it publishes and subscribes to, the QoS flows
+both ways, its packet identifiers and topic aliases (MQTT 5.0 §4.1, §4.3,
+§4.8, §4.9, §3.3.2.3.4).
 
 The session decides; the connection (:class:`tbmq.broker.protocol.MQTTProtocol`)
-only moves bytes.  A session outlives its connection when it is persistent:
-its queue and inflight deliveries stay in memory and, write-through, in the
-device message store (:class:`tbmq.interfaces.IDeviceMessageStore`), so a
-broker restart resumes them.
+only moves bytes.  A session gets its few collaborators in one
+:class:`SessionContext`, never the node.  The outbound half lives in
+:class:`tbmq.broker.outbox.Outbox`.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
+from twisted.internet import defer
 from twisted.logger import Logger
 
+from tbmq.broker.outbox import Outbox
+from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
-from tbmq.model import (
-    ClientType,
-    DeliveryState,
-    Message,
-    StoredDelivery,
-    SubscriptionOptions,
+from tbmq.model import ClientType, Message, StoredDelivery, SubscriptionOptions
+from tbmq.mqtt import (
+    MQTT_5, Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe,
+    Unsuback, Unsubscribe,
 )
-from tbmq.mqtt import MQTT_5, Property, Publish, Pubrel
-from tbmq.mqtt.codec import encode_publish, publish_packet_id_offset
-
-if TYPE_CHECKING:  # pragma: no cover
-    from tbmq.broker.broker import Broker
+from tbmq.mqtt.codec import encode_puback, encode_pubrec
+from tbmq.mqtt.topics import (
+    TopicError,
+    parse_shared_subscription,
+    validate_topic_filter,
+    validate_topic_name,
+)
 
 #: the session expiry interval that means "never expires" (§3.1.2.11.2)
 EXPIRY_NEVER = 0xFFFFFFFF
 
 _SEQ = [0]
-_SENT = DeliveryState.SENT
 
 
 def next_seq(now_ns: int) -> int:
-    """A process-wide increasing order key for queued deliveries.
+    """A process-wide increasing order key for persistent deliveries.
 
     :param now_ns: the wall clock in nanoseconds, so keys also increase across
         restarts.
@@ -50,34 +52,73 @@ def next_seq(now_ns: int) -> int:
     return seq
 
 
-def bump_seq(seen: int) -> None:
-    """Make later :func:`next_seq` results larger than ``seen`` (on restore)."""
-    if seen > _SEQ[0]:
-        _SEQ[0] = seen
+def valid_utf8(data: bytes) -> bool:
+    """True when ``data`` is well-formed UTF-8 [MQTT-1.5.4-1]."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
-def _encode(message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...],
-            now: float, level: int, dup: bool, packet_id: int) -> bytes:
-    """The PUBLISH of ``message`` for a client of protocol ``level``: v5
-    properties without the publisher's topic alias, with the subscription
-    identifiers [MQTT-3.3.4-3] and the expiry interval left [MQTT-3.3.2-6]."""
-    props = None
-    if level >= MQTT_5:
-        props = message.properties
-        if subscription_ids or message.expires_at is not None or Property.TOPIC_ALIAS in props:
-            props = dict(props)
-            props.pop(Property.TOPIC_ALIAS, None)
-            if subscription_ids:
-                props[Property.SUBSCRIPTION_IDENTIFIER] = list(subscription_ids)
-            if message.expires_at is not None:
-                props[Property.MESSAGE_EXPIRY_INTERVAL] = max(
-                    1, math.ceil(message.expires_at - now))
-    return encode_publish(Publish(message.topic, message.payload, qos, retain, dup,
-                                  packet_id if qos else None, props if props is not None else {}),
-                          level)
+class TopicNameCache:
+    """Topic names already found valid: a bounded cache of
+    :func:`tbmq.mqtt.topics.validate_topic_name`.
+
+    :param size: names kept at most; the cache is emptied when full.
+    """
+
+    __slots__ = ("_valid", "_size")
+
+    def __init__(self, size: int = 10000) -> None:
+        self._valid: set[str] = set()
+        self._size = size
+
+    def check(self, topic: str) -> None:
+        """:raises tbmq.mqtt.topics.TopicError: for an invalid topic name."""
+        valid = self._valid
+        if topic in valid:
+            return
+        validate_topic_name(topic)
+        if len(valid) >= self._size:
+            valid.clear()
+        valid.add(topic)
 
 
-class Session:
+@dataclass(frozen=True, slots=True)
+class SessionContext:
+    """What a session uses of its node.
+
+    :ivar clock: ``IReactorTime``; ``seconds()`` is the wall clock.
+    :ivar mqtt: the :class:`tbmq.config.MqttConfig`.
+    :ivar hooks: the :class:`tbmq.broker.hooks.Hooks`.
+    :ivar drops: the node's :class:`tbmq.broker.hooks.DropCounter`.
+    :ivar flusher: the :class:`tbmq.broker.outbound.TurnFlusher`.
+    :ivar holds: the :class:`tbmq.broker.outbound.Holds`.
+    :ivar device_store: the :class:`tbmq.interfaces.IDeviceMessageStore`.
+    :ivar publish: ``publish(message) -> Deferred | None``: the pipeline
+        (:meth:`tbmq.broker.router.Router.publish`).
+    :ivar retained_for: ``retained_for(topic_filter) -> list[Message]``.
+    :ivar subscriptions: ``subscribe(session, filter, options) -> bool`` and
+        ``unsubscribe(session, filter) -> bool`` and ``save(session) ->
+        Deferred`` (the :class:`tbmq.broker.sessions.SessionManager`).
+    :ivar topics: the node's :class:`TopicNameCache`.
+    """
+
+    clock: Any
+    mqtt: Any
+    hooks: Any
+    drops: Any
+    flusher: Any
+    holds: Any
+    device_store: Any
+    publish: Callable
+    retained_for: Callable
+    subscriptions: Any
+    topics: TopicNameCache
+
+
+class Session(Outbox):
     """The state of one client id.
 
     :ivar client_id: the client identifier.
@@ -92,10 +133,10 @@ class Session:
 
     log = Logger(observer=LOG_OBSERVER)
 
-    def __init__(self, broker: "Broker", client_id: str, *, persistent: bool,
+    def __init__(self, ctx: SessionContext, client_id: str, *, persistent: bool,
                  expiry_interval: int = 0, protocol_level: int = 4,
                  client_type: ClientType = ClientType.DEVICE) -> None:
-        self.broker = broker
+        self.ctx = ctx
         self.client_id = client_id
         self.persistent = persistent
         self.expiry_interval = expiry_interval
@@ -104,278 +145,170 @@ class Session:
         self.subscriptions: dict[str, SubscriptionOptions] = {}
         self.connection: Any = None
         self.disconnected_at: float | None = None
-        # outbound QoS 1/2: packet id -> delivery, in send order
-        self.inflight: dict[int, StoredDelivery] = {}
-        self.queue: deque[StoredDelivery] = deque()
-        self._next_packet_id = 1
         # inbound QoS 2 packet ids from the PUBLISH to the PUBREL [MQTT-4.3.3-10]
         self.inbound_qos2: set[int] = set()
         self.inbound_unacked = 0
-        # seqs of finished deliveries not yet removed from the device store
-        self._completed: list[int] = []
+        # topic aliases of the current connection [MQTT-3.3.2-7]
+        self.aliases: dict[int, str] = {}
         # acks waiting for earlier acks, to keep PUBACK/PUBREC in order [MQTT-4.6.0-2]
         self._acks: deque[list] = deque()
-        self.dropped: dict[str, int] = {}
-        self._drop_logged_at = float("-inf")
-        self._max_inflight = broker.config.mqtt.max_inflight_messages
+        # publishes handed to the pipeline and not yet accepted by the bus
+        self._unaccepted = 0
+        self._reading_paused = False
         self.will = None
         self.will_timer = None
         self.expiry_timer = None
+        self._init_outbox(ctx.clock.seconds())
 
-    # -- bookkeeping ---------------------------------------------------------
+    # -- PUBLISH from the client ------------------------------------------------------
 
-    @property
-    def queue_limit(self) -> int:
-        mqtt = self.broker.config.mqtt
-        return mqtt.max_queued_messages if self.persistent else mqtt.max_pending_messages
+    def on_publish(self, packet: Publish):
+        """Resolve the topic alias, check the rules and the receive maximum,
+        ask the authorization hooks, hand the message to the pipeline and
+        acknowledge it once it is durable [MQTT-4.3.2-4, MQTT-4.3.3-8].
 
-    #: seconds between two log lines about drops for one session
-    DROP_LOG_INTERVAL = 10.0
-
-    def drop(self, reason: str, message: Message | None = None) -> None:
-        """Count a message not delivered to this session; log the first drop
-        and then a summary at most every :attr:`DROP_LOG_INTERVAL` seconds."""
-        count = self.dropped.get(reason, 0) + 1
-        self.dropped[reason] = count
-        self.broker.stats_dropped(reason)
-        now = self.broker.clock.seconds()
-        if now >= self._drop_logged_at + self.DROP_LOG_INTERVAL:
-            self._drop_logged_at = now
-            self.log.warn(
-                "dropped messages for {client_id}: {dropped} so far",
-                client_id=self.client_id, dropped=dict(self.dropped),
-                topic=message.topic if message else None)
-        self.broker.hooks_message_dropped(self, message, reason)
-
-    def _packet_id(self) -> int:
-        pid = self._next_packet_id
-        inflight = self.inflight
-        if pid in inflight:
-            for _ in range(65535):
-                if pid not in inflight:
-                    break
-                pid = pid + 1 if pid < 65535 else 1
-            else:  # pragma: no cover - the window is at most 65535
-                raise RuntimeError("no free packet identifier")
-        self._next_packet_id = pid + 1 if pid < 65535 else 1
-        return pid
-
-    def _window(self) -> int:
-        conn = self.connection
-        if conn is None:
-            return 0
-        quota = conn.send_quota
-        limit = self._max_inflight
-        return quota if quota < limit else limit
-
-    # -- outbound ------------------------------------------------------------
-
-    def deliver(self, message: Message, qos: int, retain: bool,
-                subscription_ids: tuple[int, ...], cache: dict | None = None,
-                now: float | None = None):
-        """Deliver ``message`` to this client at ``qos`` (already downgraded to
-        the subscription's maximum, [MQTT-3.8.4-8]).
-
-        QoS 0 goes straight to the connection or is dropped; QoS 1 and 2 are
-        sent when the inflight window allows, else queued (bounded; the
-        newest message is dropped and counted when the queue is full, as
-        Mosquitto's ``max_queued_messages``).
-
-        :param cache: per-dispatch encoding cache shared by all subscribers of
-            one message (encode once per message and QoS, patch the packet id).
-        :returns: None, or for a persistent session and QoS > 0 a Deferred that
-            fires when the delivery is durable in the device message store.
+        :returns: None, or a Deferred while the authorization is being
+            decided (the connection holds the packets after this one).
+        :raises ProtocolViolation: with the reason code of the rule broken.
         """
-        if now is None:
-            now = self.broker.clock.seconds()
-        if message.expires_at is not None and message.expires_at <= now:
-            self.drop("expired", message)
-            return None
         conn = self.connection
-        if qos == 0:
-            if conn is None:
-                if not self.persistent:
-                    return None
-                self.drop("offline_qos0", message)
+        mqtt = self.ctx.mqtt
+        v5 = conn.protocol_level >= MQTT_5
+        qos = packet.qos
+        topic = packet.topic
+        props = packet.properties
+        if v5 and props:
+            alias = props.get(Property.TOPIC_ALIAS)
+            if alias is not None:
+                if alias == 0 or alias > mqtt.topic_alias_maximum:
+                    raise ProtocolViolation(0x94, "topic alias out of range")
+                if topic:
+                    self.aliases[alias] = topic
+                else:
+                    topic = self.aliases.get(alias)
+                    if topic is None:
+                        raise ProtocolViolation(0x82, "unknown topic alias")
+            if Property.SUBSCRIPTION_IDENTIFIER in props:
+                raise ProtocolViolation(0x82, "subscription identifier in PUBLISH")
+            response_topic = props.get(Property.RESPONSE_TOPIC)
+            if response_topic is not None:
+                try:
+                    validate_topic_name(response_topic)
+                except TopicError:
+                    raise ProtocolViolation(0x82, "invalid response topic")
+        try:
+            self.ctx.topics.check(topic)
+        except TopicError as e:
+            raise ProtocolViolation(0x90, f"invalid topic name: {e}")
+        if qos > mqtt.max_qos:
+            raise ProtocolViolation(0x9B, "QoS not supported")
+        if packet.retain and not mqtt.retain_available:
+            raise ProtocolViolation(0x9A, "retain not supported")
+        pid = packet.packet_id
+        if qos:
+            if qos == 2 and pid in self.inbound_qos2:
+                # a resent PUBLISH is not routed again; its PUBREC follows the
+                # first one's (QoS 2 method A, [MQTT-4.3.3-9])
+                self.ack_when(None, Pubrec(pid), duplicate=True)
                 return None
-            if conn.paused and not conn.hold(self.broker.current_source):
-                self.drop("slow_consumer", message)
-                return None
-            data = self._encoded(message, 0, retain, subscription_ids, cache, now, conn)
-            if data is not None:
-                conn.write(data)
-                if self.broker.notify_delivered:
-                    self.broker.hooks_message_delivered(self, message, 0)
-            return None
-        queue = self.queue
-        inflight = self.inflight
-        if conn is None:
-            window = 0
-        else:
-            if conn.paused:
-                conn.hold(self.broker.current_source)  # slow the publisher down
-            window = self._window()
-        if len(queue) + len(inflight) >= self.queue_limit + window:
-            self.drop("queue_full", message)
-            return None
-        delivery = StoredDelivery(
-            next_seq(int(now * 1e9)) if self.persistent else 0,
-            message, qos, retain, subscription_ids)
-        send_now = window and not queue and not conn.paused and len(inflight) < window
-        if send_now:
-            delivery.packet_id = pid = self._packet_id()
-            delivery.state = _SENT
-            inflight[pid] = delivery
-        else:
-            queue.append(delivery)
-        result = None
-        if self.persistent:
-            result = self.broker.device_store.add(self.client_id, [delivery])
-        if send_now:
-            data = self._encoded(message, qos, retain, subscription_ids, cache, now, conn,
-                                 packet_id=pid)
-            if data is None:
-                self._complete(pid)
-            elif cache is None:
-                conn.write(data)
+            if self.inbound_unacked + len(self.inbound_qos2) >= mqtt.receive_maximum:
+                raise ProtocolViolation(0x93, "receive maximum exceeded")  # [MQTT-3.3.4-9]
+            if qos == 1:
+                self.inbound_unacked += 1
             else:
-                o = publish_packet_id_offset(data)
-                conn.write(data[:o] + pid.to_bytes(2, "big") + data[o + 2:])
-        return result
-
-    def _encoded(self, message: Message, qos: int, retain: bool,
-                 subscription_ids: tuple[int, ...], cache: dict | None, now: float,
-                 conn, dup: bool = False, packet_id: int = 1) -> bytes | None:
-        """The PUBLISH bytes for this client, or None when they exceed the
-        client's maximum packet size [MQTT-3.1.2-25].
-
-        :param cache: shared by the subscribers of one message: the bytes are
-            cached with ``packet_id`` (for QoS > 0 a placeholder, 1, that each
-            delivery patches); None encodes ``packet_id`` itself.
-        """
-        level = conn.protocol_level
-        if cache is None:
-            data = _encode(message, qos, retain, subscription_ids, now, level, dup, packet_id)
-        else:
-            key = (qos, retain, level >= MQTT_5, subscription_ids, dup)
-            data = cache.get(key)
-            if data is None:
-                # the placeholder packet id 1, patched per delivery
-                data = cache[key] = _encode(message, qos, retain, subscription_ids, now,
-                                            level, dup, 1)
-        if conn.max_packet_size is not None and len(data) > conn.max_packet_size:
-            self.drop("too_large_for_client", message)
+                self.inbound_qos2.add(pid)  # until PUBREL [MQTT-4.3.3-10]
+        if v5 and props.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1 and not valid_utf8(packet.payload):
+            # payload format 1 must be UTF-8 [MQTT-3.3.2-4]: refused with 0x99
+            if qos == 0:
+                raise ProtocolViolation(0x99, "payload is not UTF-8")
+            self.ack_when(None, (Puback if qos == 1 else Pubrec)(pid, 0x99))
             return None
-        return data
+        allowed = self.ctx.hooks.authorize("publish", self, conn.auth, topic)
+        if allowed is True:
+            self._publish(packet, topic, conn)
+            return None
+        if allowed is False:
+            self._publish_denied(packet, topic, conn)
+            return None
 
-    def _send_delivery(self, delivery: StoredDelivery, dup: bool, now: float) -> bool:
-        conn = self.connection
-        message = delivery.message
-        if not dup and message.expires_at is not None and message.expires_at <= now:
-            self.drop("expired", message)
-            return False
-        data = self._encoded(message, delivery.qos, delivery.retain,
-                             delivery.subscription_ids, None, now, conn, dup, delivery.packet_id)
-        if data is None:
-            return False
-        conn.write(data)
-        return True
+        def decided(allowed: bool) -> None:
+            if self.connection is not conn:
+                return
+            if allowed:
+                self._publish(packet, topic, conn)
+            else:
+                self._publish_denied(packet, topic, conn)
 
-    def pump(self) -> None:
-        """Send queued deliveries while the inflight window has room."""
-        conn = self.connection
-        queue = self.queue
-        if conn is None or not queue:
-            return
-        window = self._window()
-        inflight = self.inflight
-        store = self.broker.device_store if self.persistent else None
-        now = self.broker.clock.seconds()
-        removed = []
-        while queue and len(inflight) < window and not conn.paused:
-            delivery = queue.popleft()
-            delivery.packet_id = pid = self._packet_id()
-            delivery.state = DeliveryState.SENT
-            if self._send_delivery(delivery, False, now):
-                inflight[pid] = delivery
-                if store is not None:
-                    store.update(self.client_id, delivery.seq, pid, DeliveryState.SENT)
-            elif store is not None:
-                removed.append(delivery.seq)
-        if removed:
-            store.remove(self.client_id, removed)
+        return allowed.addCallback(decided)
 
-    def resume(self) -> None:
-        """After a reconnect: resend every unacknowledged PUBLISH with DUP set
-        and every PUBREL, in their original order [MQTT-4.4.0-1], then pump."""
-        conn = self.connection
-        now = self.broker.clock.seconds()
-        for pid, delivery in list(self.inflight.items()):
-            if delivery.state == DeliveryState.RELEASED:
-                conn.send(Pubrel(pid))
-            elif not self._send_delivery(delivery, True, now):
-                self._complete(pid)
-        self.pump()
+    def _publish_denied(self, packet: Publish, topic: str, conn) -> None:
+        """Not authorized: the message is dropped; v5 QoS 1/2 get 0x87, v3
+        gets a plain acknowledgement (it has no negative one), as Mosquitto."""
+        self.log.debug("{client_id} may not publish to {topic}",
+                       client_id=self.client_id, topic=topic)
+        self.ctx.drops.add("not_authorized")
+        code = 0x87 if conn.protocol_level >= MQTT_5 else 0
+        if packet.qos == 1:
+            self.ack_when(None, Puback(packet.packet_id, code))
+        elif packet.qos == 2:
+            self.ack_when(None, Pubrec(packet.packet_id, code))
 
-    def _complete(self, packet_id: int) -> StoredDelivery | None:
-        delivery = self.inflight.pop(packet_id, None)
-        if delivery is not None and self.persistent:
-            # one store write for the deliveries completed by one read
-            completed = self._completed
-            completed.append(delivery.seq)
-            if len(completed) == 1:
-                self.broker.flusher.later(self._remove_completed)
-        return delivery
+    def _publish(self, packet: Publish, topic: str, conn) -> None:
+        """Hand the message to the pipeline; acknowledge once it is durable."""
+        qos = packet.qos
+        props = packet.properties
+        v5 = conn.protocol_level >= MQTT_5
+        now = self.ctx.clock.seconds()
+        expires_at = None
+        if v5 and props:
+            expiry = props.get(Property.MESSAGE_EXPIRY_INTERVAL)
+            if expiry is not None:
+                expires_at = now + expiry
+            if Property.TOPIC_ALIAS in props:
+                props = dict(props)
+                del props[Property.TOPIC_ALIAS]
+        message = Message(topic, packet.payload, qos, packet.retain,
+                          props if v5 else {}, self.client_id, now, expires_at)
+        hooks = self.ctx.hooks
+        if hooks.wants_published:
+            hooks.message_published(self, message)
+        result = self.ctx.publish(message)
+        if result is not None:
+            self._track(result, conn)
+        if qos == 1:
+            if result is None and not self._acks:
+                # nothing to wait for: the PUBACK now
+                self.inbound_unacked -= 1
+                conn.write(encode_puback(packet.packet_id))
+            else:
+                self.ack_when(result, Puback(packet.packet_id))
+        elif qos == 2:
+            self.ack_when(result, Pubrec(packet.packet_id))
+        elif result is not None:
+            result.addErrback(lambda f: self.log.failure(
+                "QoS 0 message of {client_id} not accepted", f, client_id=self.client_id))
 
-    def _remove_completed(self) -> None:
-        completed, self._completed = self._completed, []
-        if completed:
-            self.broker.device_store.remove(self.client_id, completed)
+    def _track(self, result: defer.Deferred, conn) -> None:
+        """A publish the bus has not accepted yet: past
+        ``mqtt.max_pending_messages`` of them the connection stops reading
+        until half of them are accepted (a publisher never fills memory)."""
+        self._unaccepted += 1
+        if self._unaccepted >= self.ctx.mqtt.max_pending_messages and not self._reading_paused:
+            self._reading_paused = True
+            conn.pause_reading()
 
-    def on_puback(self, packet_id: int) -> None:
-        """PUBACK from the client: the QoS 1 delivery is done [MQTT-4.3.2-2]."""
-        delivery = self.inflight.get(packet_id)
-        if delivery is None or delivery.qos != 1:
-            self.log.debug("PUBACK for unknown packet id {pid} from {client_id}",
-                           pid=packet_id, client_id=self.client_id)
-            return
-        self._complete(packet_id)
-        if self.broker.notify_delivered:
-            self.broker.hooks_message_delivered(self, delivery.message, 1)
-        if self.queue:
-            self.pump()
+        def accepted(value):
+            self._unaccepted -= 1
+            if (self._reading_paused
+                    and self._unaccepted <= self.ctx.mqtt.max_pending_messages // 2):
+                self._reading_paused = False
+                if self.connection is conn:
+                    conn.resume_reading()
+            return value
 
-    def on_pubrec(self, packet_id: int, reason_code: int) -> bool:
-        """PUBREC from the client; answer PUBREL [MQTT-4.3.3-3].
+        result.addBoth(accepted)
 
-        :returns: False when ``packet_id`` is unknown (the caller answers
-            PUBREL with 0x92 PACKET_IDENTIFIER_NOT_FOUND in v5).
-        """
-        delivery = self.inflight.get(packet_id)
-        if delivery is None or delivery.qos != 2:
-            return False
-        if reason_code >= 0x80:  # the receiver refused it: the flow ends here
-            self._complete(packet_id)
-            self.pump()
-            return True
-        if delivery.state != DeliveryState.RELEASED:
-            delivery.state = DeliveryState.RELEASED
-            if self.persistent:
-                self.broker.device_store.update(
-                    self.client_id, delivery.seq, packet_id, DeliveryState.RELEASED)
-        self.connection.send(Pubrel(packet_id))
-        return True
-
-    def on_pubcomp(self, packet_id: int) -> None:
-        """PUBCOMP from the client: the QoS 2 delivery is done."""
-        delivery = self.inflight.get(packet_id)
-        if delivery is None or delivery.state != DeliveryState.RELEASED:
-            return
-        self._complete(packet_id)
-        self.broker.hooks_message_delivered(self, delivery.message, 2)
-        self.pump()
-
-    # -- inbound acknowledgements in order -----------------------------------
+    # -- acknowledgements to the client, in order ---------------------------------------
 
     def ack_when(self, result, packet, duplicate: bool = False) -> None:
         """Send ``packet`` (PUBACK or PUBREC) when ``result`` (None or a
@@ -396,7 +329,7 @@ class Session:
                 self._flush_acks(conn)
 
             def failed(failure):
-                self.log.failure("message from {client_id} not stored; closing without ack",
+                self.log.failure("message from {client_id} not accepted; closing without ack",
                                  failure, client_id=self.client_id)
                 if self.connection is conn and conn is not None:
                     conn.disconnect(0x80)
@@ -417,56 +350,212 @@ class Session:
         conn = self.connection
         if conn is None:
             return
-        ptype = packet.packet_type
-        if ptype == 4:  # PUBACK ends an inbound QoS 1 flow
+        is_puback = type(packet) is Puback
+        if is_puback:  # PUBACK ends an inbound QoS 1 flow
             self.inbound_unacked -= 1
         elif packet.reason_code >= 0x80 and not duplicate:
             # a refused QoS 2 PUBLISH ends its flow with the PUBREC [MQTT-4.3.3-9]
             self.inbound_qos2.discard(packet.packet_id)
         if packet.reason_code == 0 and not packet.properties:
-            # the short form, the same in every version [MQTT-3.4.2.1]
-            conn.write((b"\x40\x02" if ptype == 4 else b"\x50\x02")
-                       + packet.packet_id.to_bytes(2, "big"))
+            conn.write(encode_puback(packet.packet_id) if is_puback
+                       else encode_pubrec(packet.packet_id))
         else:
             conn.send(packet)
 
-    # -- connection life cycle -------------------------------------------------
+    def on_pubrel(self, packet: Pubrel) -> None:
+        """PUBREL from the client ends an inbound QoS 2 flow with PUBCOMP;
+        an unknown packet id gets 0x92 in v5 [MQTT-4.3.3-11]."""
+        conn = self.connection
+        if packet.packet_id in self.inbound_qos2:
+            self.inbound_qos2.discard(packet.packet_id)
+            conn.send(Pubcomp(packet.packet_id))
+        else:
+            conn.send(Pubcomp(packet.packet_id, 0x92 if conn.protocol_level >= MQTT_5 else 0))
+
+    # -- SUBSCRIBE / UNSUBSCRIBE -------------------------------------------------------
+
+    def on_subscribe(self, packet: Subscribe):
+        """Per-filter reason codes [MQTT-3.9.3]; retained messages after the
+        SUBACK as the retain handling says [MQTT-3.3.1-9, -10, -11].
+
+        :returns: None, or a Deferred while authorizations are decided.
+        :raises ProtocolViolation: for a malformed request.
+        """
+        conn = self.connection
+        mqtt = self.ctx.mqtt
+        v5 = conn.protocol_level >= MQTT_5
+        sub_ids = packet.properties.get(Property.SUBSCRIPTION_IDENTIFIER) if v5 else None
+        sub_id = None
+        if sub_ids:
+            sub_id = sub_ids[0]
+            if not mqtt.subscription_identifier_available:
+                raise ProtocolViolation(0xA1, "subscription identifiers not supported")
+            if sub_id == 0:
+                raise ProtocolViolation(0x82, "subscription identifier 0")
+        # 1. validity, per filter: None (valid so far) or the reason code
+        entries = []
+        for request in packet.subscriptions:
+            topic_filter = request.topic_filter
+            code = None
+            share = None
+            try:
+                validate_topic_filter(topic_filter)
+                share = parse_shared_subscription(topic_filter)
+            except TopicError:
+                code = 0x8F if v5 else 0x80
+            if code is None and share is not None:
+                if not mqtt.shared_subscription_available:
+                    code = 0x9E if v5 else 0x80
+                elif request.no_local:
+                    raise ProtocolViolation(0x82, "no local on a shared subscription")  # [MQTT-3.8.3-4]
+            real_filter = share[1] if share else topic_filter
+            if code is None and not mqtt.wildcard_subscription_available and (
+                    "+" in real_filter or "#" in real_filter):
+                code = 0xA2 if v5 else 0x80
+            entries.append((request, share, real_filter, code))
+        # 2. authorization of the valid ones, possibly asynchronous
+        authorize = self.ctx.hooks.authorize
+        decisions = [authorize("subscribe", self, conn.auth, real_filter)
+                     if code is None else False
+                     for request, share, real_filter, code in entries]
+        if all(type(d) is bool for d in decisions):
+            self._subscribe(packet, entries, decisions, sub_id, conn)
+            return None
+        d = defer.gatherResults([defer.maybeDeferred(lambda x=x: x) for x in decisions],
+                                consumeErrors=True)
+        return d.addCallback(lambda answers: self.connection is conn and self._subscribe(
+            packet, entries, answers, sub_id, conn))
+
+    def _subscribe(self, packet: Subscribe, entries: list, decisions: list,
+                   sub_id: int | None, conn) -> None:
+        """Apply the authorized subscriptions, send SUBACK once the
+        subscriptions are stored (a persistent session), then retained
+        messages."""
+        mqtt = self.ctx.mqtt
+        hooks = self.ctx.hooks
+        book = self.ctx.subscriptions
+        v5 = conn.protocol_level >= MQTT_5
+        codes = []
+        retained = []
+        for (request, share, real_filter, code), allowed in zip(entries, decisions):
+            topic_filter = request.topic_filter
+            if code is None and not allowed:
+                code = 0x87 if v5 else 0x80  # NOT_AUTHORIZED
+            if code is not None:
+                codes.append(code)
+                hooks.client_subscribed(self, topic_filter, None, code)
+                continue
+            qos = min(request.qos, mqtt.max_qos)
+            options = SubscriptionOptions(qos, request.no_local, request.retain_as_published,
+                                          request.retain_handling, sub_id)
+            is_new = book.subscribe(self, topic_filter, options)
+            codes.append(qos)
+            hooks.client_subscribed(self, topic_filter, options, qos)
+            if share is None and mqtt.retain_available and (
+                    request.retain_handling == 0 or (request.retain_handling == 1 and is_new)):
+                retained.append((real_filter, options))
+        suback = Suback(packet.packet_id, codes)
+
+        def send_suback(_=None):
+            if self.connection is not conn:
+                return
+            conn.send(suback)
+            now = self.ctx.clock.seconds()
+            for real_filter, options in retained:
+                sids = (options.subscription_id,) if options.subscription_id else ()
+                for message in self.ctx.retained_for(real_filter):
+                    self._replay_retained(message, min(message.qos, options.qos), sids, now)
+
+        self._after_save(send_suback, conn)
+
+    def _replay_retained(self, message: Message, qos: int, sids: tuple, now: float) -> None:
+        """A retained message for a new subscription, RETAIN set [MQTT-3.3.1-9]."""
+        if qos and self.persistent:
+            delivery = StoredDelivery(next_seq(int(now * 1e9)), message, qos, True, sids)
+            self.ctx.device_store.add(self.client_id, [delivery])
+            self.deliver_stored(delivery, None, now)
+        else:
+            self.deliver(message, qos, True, sids, None, now)
+
+    def _after_save(self, then: Callable, conn) -> None:
+        """Run ``then`` once a persistent session's subscriptions are stored
+        (at once for a non-persistent one)."""
+        if not self.persistent:
+            then()
+            return
+
+        def failed(failure):
+            self.log.failure("storing the subscriptions of {client_id} failed", failure,
+                             client_id=self.client_id)
+            if self.connection is conn and conn is not None:
+                conn.disconnect(0x80)
+
+        self.ctx.subscriptions.save(self).addCallbacks(then, failed)
+
+    def on_unsubscribe(self, packet: Unsubscribe) -> None:
+        """UNSUBACK with a reason code per filter (v5) [MQTT-3.10.4]."""
+        conn = self.connection
+        v5 = conn.protocol_level >= MQTT_5
+        book = self.ctx.subscriptions
+        codes = []
+        for topic_filter in packet.topic_filters:
+            try:
+                validate_topic_filter(topic_filter)
+                parse_shared_subscription(topic_filter)
+            except TopicError:
+                codes.append(0x8F)
+                continue
+            existed = book.unsubscribe(self, topic_filter)
+            codes.append(0x00 if existed else 0x11)
+            self.ctx.hooks.client_unsubscribed(self, topic_filter, codes[-1])
+        unsuback = Unsuback(packet.packet_id, codes if v5 else [])
+        self._after_save(lambda _=None: self.connection is conn and conn.send(unsuback), conn)
+
+    def recheck_subscriptions(self, rules) -> list[str]:
+        """After the client's authorization rules changed: drop the
+        subscriptions ``rules`` no longer allow.
+
+        :returns: the topic filters removed.
+        """
+        dropped = []
+        for topic_filter in list(self.subscriptions):
+            share = parse_shared_subscription(topic_filter)
+            if not rules.may_subscribe(share[1] if share else topic_filter):
+                self.ctx.subscriptions.unsubscribe(self, topic_filter)
+                dropped.append(topic_filter)
+        if dropped and self.persistent:
+            self.ctx.subscriptions.save(self)
+        return dropped
+
+    # -- connection life cycle -------------------------------------------------------
 
     def attach(self, connection) -> None:
-        """Bind a new connection; acks pending for the old one are void."""
+        """Bind a new connection; acks pending for the old one are void,
+        topic aliases start empty [MQTT-3.3.2-7]."""
         self.connection = connection
         self.protocol_level = connection.protocol_level
         self.disconnected_at = None
         self._acks.clear()
         self.inbound_unacked = 0
+        self.aliases = {}
+        self._unaccepted = 0
+        self._reading_paused = False
 
     def detach(self, now: float) -> None:
-        """The connection is gone; a persistent session keeps its state."""
+        """The connection is gone; a persistent session keeps its state in
+        the stores and gives its memory back."""
         self.connection = None
         self.disconnected_at = now
         self._acks.clear()
         self.inbound_unacked = 0
+        self.aliases = {}
+        self.detach_outbox()
+
+    def resume(self) -> None:
+        """After CONNACK: resend in-flight deliveries and send the queue."""
+        self.resume_outbox()
 
     def discard(self) -> None:
         """The session ends: forget everything it holds."""
-        for delivery in list(self.inflight.values()) + list(self.queue):
-            self.broker.hooks_message_dropped(self, delivery.message, "session_ended")
-        self.inflight.clear()
-        self.queue.clear()
+        self.discard_outbox()
         self.inbound_qos2.clear()
-        self._completed = []
-        if self.persistent:
-            self.broker.device_store.clear(self.client_id)
-
-    def restore(self, deliveries: list[StoredDelivery]) -> None:
-        """Reload the queue and inflight window from the device store."""
-        for delivery in deliveries:
-            bump_seq(delivery.seq)
-            if delivery.state == DeliveryState.QUEUED or delivery.packet_id is None:
-                self.queue.append(delivery)
-            elif delivery.packet_id in self.inflight:
-                delivery.packet_id = None
-                delivery.state = DeliveryState.QUEUED
-                self.queue.append(delivery)
-            else:
-                self.inflight[delivery.packet_id] = delivery

@@ -5,18 +5,13 @@ will messages with their delay, session expiry, and restore after a restart
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from twisted.logger import Logger
 
-from tbmq.broker.session import EXPIRY_NEVER, Session
+from tbmq.broker.session import EXPIRY_NEVER, Session, SessionContext
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, SessionRecord, SubscriptionOptions
 from tbmq.mqtt import MQTT_5, Property
 from tbmq.mqtt.topics import parse_shared_subscription
-
-if TYPE_CHECKING:  # pragma: no cover
-    from tbmq.broker.broker import Broker
 
 
 def is_persistent(connect) -> bool:
@@ -32,14 +27,28 @@ def is_persistent(connect) -> bool:
 class SessionManager:
     """Client id → :class:`Session` for every session this node holds.
 
-    :ivar sessions: the sessions, connected or not.
+    :param ctx: a :class:`SessionContext` factory: ``make_context(manager)``
+        builds the context its sessions share (this manager is their
+        subscription book).
+    :param router: the :class:`tbmq.broker.router.Router` (subscriptions in
+        its trie; wills published through it).
+    :param session_store: the :class:`tbmq.interfaces.ISessionStore`.
+    :param sessions: the dict to keep the sessions in (shared with the
+        router and sinks, which look targets up in it).
+    :ivar sessions: client id → the sessions of this node, connected or not.
     """
 
     log = Logger(observer=LOG_OBSERVER)
 
-    def __init__(self, broker: "Broker") -> None:
-        self.broker = broker
-        self.sessions: dict[str, Session] = {}
+    def __init__(self, make_context, router, session_store, sessions: dict) -> None:
+        self.ctx: SessionContext = make_context(self)
+        self.clock = self.ctx.clock
+        self.mqtt = self.ctx.mqtt
+        self.hooks = self.ctx.hooks
+        self.device_store = self.ctx.device_store
+        self.router = router
+        self.session_store = session_store
+        self.sessions: dict[str, Session] = sessions
 
     # -- connect ---------------------------------------------------------------
 
@@ -47,7 +56,7 @@ class SessionManager:
         """The session expiry interval granted, in seconds, capped by
         ``mqtt.max_session_expiry_interval``; a v3 persistent session never
         expires unless the cap says so."""
-        cap = self.broker.config.mqtt.max_session_expiry_interval
+        cap = self.mqtt.max_session_expiry_interval
         if connect.protocol_level < MQTT_5:
             asked = 0 if connect.clean_start else EXPIRY_NEVER
         else:
@@ -64,7 +73,7 @@ class SessionManager:
 
         :returns: ``(session, session_present)``.
         """
-        now = self.broker.clock.seconds()
+        now = self.clock.seconds()
         client_id = connect.client_id
         existing = self.sessions.get(client_id)
         if existing is not None:
@@ -87,23 +96,17 @@ class SessionManager:
         expiry = self.expiry_for(connect)
         present = existing is not None
         if existing is None:
-            session = Session(self.broker, client_id, persistent=persistent,
+            session = Session(self.ctx, client_id, persistent=persistent,
                               expiry_interval=expiry, protocol_level=connect.protocol_level,
                               client_type=client_type)
             self.sessions[client_id] = session
         else:
+            # a resumed persistent session asked for expiry 0 stays stored
+            # until this connection ends, then ends [MQTT-3.1.2-23]
             session = existing
-            was_persistent = session.persistent
-            session.persistent = persistent
+            persistent = True
             session.expiry_interval = expiry
             session.client_type = client_type
-            if was_persistent and not persistent:
-                self.broker.session_store.delete(client_id)
-                self.broker.device_store.clear(client_id)
-            elif persistent and not was_persistent:
-                pending = list(session.inflight.values()) + list(session.queue)
-                if pending:
-                    self.broker.device_store.add(client_id, pending)
         session.will = connect.will
         session.attach(conn)
         if persistent:
@@ -118,7 +121,7 @@ class SessionManager:
         record = SessionRecord(session.client_id, session.protocol_level,
                                session.expiry_interval, session.client_type,
                                session.disconnected_at, dict(session.subscriptions))
-        return self.broker.session_store.save(record)
+        return self.session_store.save(record)
 
     # -- disconnect, will, expiry ------------------------------------------------
 
@@ -130,7 +133,7 @@ class SessionManager:
         """
         if session.connection is not conn:
             return  # already taken over
-        now = self.broker.clock.seconds()
+        now = self.clock.seconds()
         session.detach(now)
         self._will_on_close(session, publish_will)
         if not session.persistent or session.expiry_interval == 0:
@@ -152,7 +155,7 @@ class SessionManager:
             self.publish_will(session.client_id, will)
             return
         # published after the delay, or when the session ends first [MQTT-3.1.3-9]
-        session.will_timer = self.broker.clock.callLater(delay, self._will_due, session)
+        session.will_timer = self.clock.callLater(delay, self._will_due, session)
 
     def _will_due(self, session: Session) -> None:
         session.will_timer = None
@@ -162,7 +165,7 @@ class SessionManager:
 
     def publish_will(self, client_id: str, will) -> None:
         """Publish a will message through the pipeline like any PUBLISH."""
-        now = self.broker.clock.seconds()
+        now = self.clock.seconds()
         props = dict(will.properties)
         props.pop(Property.WILL_DELAY_INTERVAL, None)
         expiry = props.get(Property.MESSAGE_EXPIRY_INTERVAL)
@@ -170,8 +173,8 @@ class SessionManager:
                           client_id, now, None if expiry is None else now + expiry)
         self.log.info("publishing will of {client_id} to {topic}",
                       client_id=client_id, topic=will.topic)
-        self.broker.hooks_message_published(None, message)
-        result = self.broker.router.publish(message)
+        self.hooks.message_published(None, message)
+        result = self.router.publish(message)
         if result is not None:
             result.addErrback(lambda f: self.log.failure("will of {client_id} not published",
                                                          f, client_id=client_id))
@@ -181,7 +184,7 @@ class SessionManager:
             return
         if session.expiry_timer is not None and session.expiry_timer.active():
             session.expiry_timer.cancel()
-        session.expiry_timer = self.broker.clock.callLater(
+        session.expiry_timer = self.clock.callLater(
             max(0.0, delay), self._expire, session)
 
     def _expire(self, session: Session) -> None:
@@ -208,7 +211,7 @@ class SessionManager:
             if will is not None:
                 self.publish_will(session.client_id, will)
         self._cancel_timers(session)
-        router = self.broker.router
+        router = self.router
         for topic_filter in session.subscriptions:
             router.remove_subscription(session.client_id, topic_filter,
                                        parse_shared_subscription(topic_filter))
@@ -217,21 +220,20 @@ class SessionManager:
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         if session.persistent:
-            self.broker.session_store.delete(session.client_id)
-        self.broker.hooks_session_expired(session.client_id)
+            self.session_store.delete(session.client_id)
+        self.hooks.session_expired(session.client_id)
 
     # -- restart -----------------------------------------------------------------
 
-    def restore(self, records: list[SessionRecord], deliveries: dict) -> None:
+    def restore(self, records: list[SessionRecord]) -> None:
         """Rebuild persistent sessions from the store after a restart; each is
         offline and expires ``expiry_interval`` after its last disconnect.
-
-        :param deliveries: client id → ``list[StoredDelivery]``.
+        Their deliveries stay in the device store until the client connects.
         """
-        now = self.broker.clock.seconds()
-        router = self.broker.router
+        now = self.clock.seconds()
+        router = self.router
         for record in records:
-            session = Session(self.broker, record.client_id, persistent=True,
+            session = Session(self.ctx, record.client_id, persistent=True,
                               expiry_interval=record.session_expiry_interval,
                               protocol_level=record.protocol_level,
                               client_type=record.client_type)
@@ -240,7 +242,6 @@ class SessionManager:
                 session.subscriptions[topic_filter] = options
                 router.add_subscription(record.client_id, topic_filter,
                                         parse_shared_subscription(topic_filter), options)
-            session.restore(deliveries.get(record.client_id, []))
             self.sessions[record.client_id] = session
             remaining = session.disconnected_at + session.expiry_interval - now
             self._schedule_expiry(session, remaining)
@@ -252,7 +253,7 @@ class SessionManager:
         :returns: True when it is new (for retain handling 1).
         """
         share = parse_shared_subscription(topic_filter)
-        is_new = self.broker.router.add_subscription(
+        is_new = self.router.add_subscription(
             session.client_id, topic_filter, share, options)
         session.subscriptions[topic_filter] = options
         return is_new
@@ -261,6 +262,6 @@ class SessionManager:
         """:returns: True when the subscription existed."""
         if session.subscriptions.pop(topic_filter, None) is None:
             return False
-        self.broker.router.remove_subscription(
+        self.router.remove_subscription(
             session.client_id, topic_filter, parse_shared_subscription(topic_filter))
         return True

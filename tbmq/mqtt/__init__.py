@@ -4,7 +4,10 @@ Pure Python and the standard library only: no I/O, no Twisted, no logging, no
 global mutable state (ARCHITECTURE.md section 3).
 """
 
-from .codec import Decoder, MalformedPacket, encode, encode_publish, publish_packet_id_offset
+from .codec import (
+    Decoder, MalformedPacket, encode, encode_puback, encode_publish, encode_pubrec,
+    publish_packet_id_offset,
+)
 from .constants import (
     MQTT_3_1,
     MQTT_3_1_1,
@@ -90,6 +93,8 @@ __all__ = [
     "MalformedPacket",
     "encode",
     "encode_publish",
+    "encode_puback",
+    "encode_pubrec",
     "publish_packet_id_offset",
     "Decoder",
     # topics

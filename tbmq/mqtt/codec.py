@@ -147,6 +147,18 @@ def publish_packet_id_offset(data: bytes) -> int:
     return i + 2 + ((data[i] << 8) | data[i + 1])
 
 
+def publish_with_packet_id(data: bytes, packet_id: int) -> bytes:
+    """An encoded QoS 1/2 PUBLISH with its Packet Identifier replaced: one
+    encoding of a message serves all its subscribers (ARCHITECTURE §3).
+
+    :param data: a QoS 1 or 2 PUBLISH from :func:`encode_publish`.
+    :param packet_id: 1..65535.
+    :raises ValueError: if ``data`` is not a QoS 1 or 2 PUBLISH.
+    """
+    o = publish_packet_id_offset(data)
+    return data[:o] + _pack_H(packet_id) + data[o + 2:]
+
+
 def _encode_connect(p: Connect, level: int) -> bytes:
     level = p.protocol_level
     v5 = level == MQTT_5
@@ -195,6 +207,30 @@ def _ack_encoder(first: int):
         return head + b"\x02" + _pack_H(p.packet_id)
 
     return _encode_ack
+
+
+_PUBACK_HEAD = b"\x40\x02"
+_PUBREC_HEAD = b"\x50\x02"
+
+
+def encode_puback(packet_id: int) -> bytes:
+    """The PUBACK of ``packet_id`` with reason code 0 and no properties: the
+    2-byte form, the same bytes in every protocol level [MQTT-3.4.2.1].
+
+    :param packet_id: 1..65535.
+    :returns: 4 bytes.
+    """
+    return _PUBACK_HEAD + _pack_H(packet_id)
+
+
+def encode_pubrec(packet_id: int) -> bytes:
+    """The PUBREC of ``packet_id`` with reason code 0 and no properties, the
+    same bytes in every protocol level [MQTT-3.5.2.1].
+
+    :param packet_id: 1..65535.
+    :returns: 4 bytes.
+    """
+    return _PUBREC_HEAD + _pack_H(packet_id)
 
 
 def _encode_subscribe(p: Subscribe, level: int) -> bytes:

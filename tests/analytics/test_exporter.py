@@ -70,21 +70,21 @@ def emit_one_of_each(broker, clock):
     dev = session("dev-1", connected_at=now - 2.5)
     app = session("app-1", ClientType.APPLICATION, connected_at=now - 10)
     connect = SimpleNamespace(clean_start=True, username="u", client_id="dev-1")
-    broker.hooks_client_connected(dev, connect, address())
-    broker.hooks_client_subscribed(app, "a/#", SubscriptionOptions(qos=1), 1)
-    broker.hooks_client_subscribed(app, "bad/#/x", None, 0x8F)
-    broker.hooks_client_unsubscribed(app, "a/#", 0)
+    broker.hooks.client_connected(dev, connect, address())
+    broker.hooks.client_subscribed(app, "a/#", SubscriptionOptions(qos=1), 1)
+    broker.hooks.client_subscribed(app, "bad/#/x", None, 0x8F)
+    broker.hooks.client_unsubscribed(app, "a/#", 0)
     msg = Message("a/b", b"12345", qos=1, retain=True, publisher="dev-1", received_at=now - 0.004)
-    broker.hooks_message_published(dev, msg)
-    broker.hooks_message_delivered(app, msg, 1)
-    broker.hooks_message_dropped(app, msg, "queue_full")
-    broker.hooks_message_dropped(app, None, "session_ended")
+    broker.hooks.message_published(dev, msg)
+    broker.hooks.message_delivered(app, msg, 1)
+    broker.hooks.message_dropped(app, msg, "queue_full")
+    broker.hooks.message_dropped(app, None, "session_ended")
     will = Message("will/dev-1", b"bye", publisher="dev-1", received_at=now)
-    broker.hooks_message_published(None, will)
-    broker.hooks_authentication_failed(
+    broker.hooks.message_published(None, will)
+    broker.hooks.authentication_failed(
         SimpleNamespace(client_id="intruder", username="root"), address("203.0.113.9", 4444),
         0x86)
-    broker.hooks_client_disconnected(dev, None, True)
+    broker.hooks.client_disconnected(dev, None, True)
     return msg
 
 
@@ -155,7 +155,7 @@ def test_rotation_by_size_plain_files(tmp_path):
     exporter = launcher.exporters[broker]
     dev = session("dev-1")
     for i in range(300):
-        broker.hooks_message_published(dev, Message(f"t/{i}", b"x" * i, publisher="dev-1",
+        broker.hooks.message_published(dev, Message(f"t/{i}", b"x" * i, publisher="dev-1",
                                                     received_at=clock.seconds()))
         if i % 30 == 29:  # let the writer write this batch (> 2048 bytes: one file each)
             deadline = time.monotonic() + 10
@@ -217,7 +217,7 @@ def test_bus_sink(tmp_path):
     fake = SimpleNamespace(config=config, clock=clock, service_id="node-b", bus=broker.bus,
                            bus_topic=lambda name: name)
     received = []
-    broker.bus.subscribe("tbmq.events", "test", lambda key, value: received.append((key, value)))
+    broker.bus.subscribe("tbmq.events", "test", lambda r: received.append((r.key, r.value)))
     calls = []
     reactor_thread = threading.current_thread()
     exporter = EventExporter(fake, call_from_thread=calls.append)

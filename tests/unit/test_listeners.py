@@ -6,6 +6,7 @@ StringTransport and iosim loopbacks on a task.Clock."""
 from __future__ import annotations
 
 import base64
+import types
 import hashlib
 
 import pytest
@@ -322,13 +323,16 @@ def mqtt_from_frames(frames) -> list:
 class WSConnection:
     """A server-side WebSocket protocol of ``factory`` on a StringTransport."""
 
-    def __init__(self, factory, peer=CLIENT_ADDR) -> None:
+    def __init__(self, factory, peer=CLIENT_ADDR, clock=None) -> None:
         self.transport = StringTransport(peerAddress=peer, hostAddress=SERVER_ADDR)
         self.protocol = factory.buildProtocol(peer)
         self.protocol.makeConnection(self.transport)
+        self.clock = clock
 
     def send(self, data: bytes) -> None:
         self.protocol.dataReceived(data)
+        if self.clock is not None:
+            self.clock.advance(0)  # the reactor turn ends: outbound queues flush
 
     def response(self) -> tuple[str, list]:
         return split_response(self.transport.value())
@@ -446,7 +450,7 @@ def ws_harness(**listener) -> Harness:
 
 def test_upgrade_negotiates_the_mqtt_subprotocol_then_carries_mqtt():
     h = ws_harness()
-    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]))
+    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]), clock=h.clock)
     ws.send(upgrade_request(subprotocols="chat, mqtt"))
     head, frames = ws.response()
     assert head.startswith("HTTP/1.1 101 ")
@@ -463,7 +467,7 @@ def test_upgrade_negotiates_the_mqtt_subprotocol_then_carries_mqtt():
 
 def test_mqttv31_subprotocol_is_accepted():
     h = ws_harness()
-    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]))
+    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]), clock=h.clock)
     ws.send(upgrade_request(subprotocols="mqttv3.1"))
     head, _ = ws.response()
     assert head.startswith("HTTP/1.1 101 ") and "Sec-WebSocket-Protocol: mqttv3.1" in head
@@ -477,7 +481,7 @@ def test_mqttv31_subprotocol_is_accepted():
 ])
 def test_wrong_path_or_subprotocol_is_refused(request_bytes, status):
     h = ws_harness()
-    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]))
+    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]), clock=h.clock)
     ws.send(request_bytes)
     head, _ = ws.response()
     assert head.split(" ")[1] == status
@@ -498,7 +502,7 @@ def test_a_configured_path_is_the_only_one():
 
 def test_one_packet_across_frames_and_tcp_chunks_and_packets_sharing_a_frame():
     h = ws_harness()
-    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]))
+    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]), clock=h.clock)
     ws.send(upgrade_request())
     ws.transport.clear()
     ws.send(ws_frame(connect_bytes("split")))
@@ -522,7 +526,7 @@ def test_one_packet_across_frames_and_tcp_chunks_and_packets_sharing_a_frame():
 
 def test_max_packet_size_applies_across_frames():
     h = ws_harness(max_packet_size=512)
-    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]))
+    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]), clock=h.clock)
     ws.send(upgrade_request())
     ws.send(ws_frame(encode(Connect(protocol_level=5, client_id="big"))))
     ws.transport.clear()
@@ -538,7 +542,7 @@ def test_max_packet_size_applies_across_frames():
 
 def test_a_text_frame_closes_the_connection():
     h = ws_harness()
-    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]))
+    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]), clock=h.clock)
     ws.send(upgrade_request())
     ws.transport.clear()
     ws.send(ws_frame(connect_bytes("text"), opcode=1))
@@ -566,7 +570,7 @@ def test_the_connection_limit_counts_mqtt_connections_and_answers_503():
 
 def test_the_upgrade_must_come_within_the_connect_timeout():
     h = ws_harness()
-    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]))
+    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]), clock=h.clock)
     ws.send(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n")  # and nothing more
     h.clock.advance(4.9)
     assert not ws.transport.disconnecting
@@ -576,7 +580,7 @@ def test_the_upgrade_must_come_within_the_connect_timeout():
 
 def test_after_the_upgrade_the_mqtt_connect_timeout_runs():
     h = ws_harness()
-    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]))
+    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]), clock=h.clock)
     h.clock.advance(4)
     ws.send(upgrade_request())
     h.clock.advance(4)  # 8 s after the TCP connection, 4 s after the upgrade
@@ -587,7 +591,7 @@ def test_after_the_upgrade_the_mqtt_connect_timeout_runs():
 
 def test_mqtt_writes_after_the_close_are_dropped():
     h = ws_harness()
-    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]))
+    ws = WSConnection(build_factory(h.broker, h.config.listeners[0]), clock=h.clock)
     ws.send(upgrade_request())
     mqtt = mqtt_of(ws.protocol)
     ws.protocol.loseConnection()
@@ -614,6 +618,7 @@ def test_proxy_protocol_gives_the_client_address_on_tcp():
     transport = StringTransport(peerAddress=CLIENT_ADDR)
     server.makeConnection(transport)
     server.dataReceived(PROXY_V1 + connect_bytes("behind-proxy"))
+    h.turn()
     assert packets(transport.value()) == [Connack(False, 0)]
     address = peer_address(mqtt_of(server).transport)
     assert (address.host, address.port) == ("203.0.113.7", 5000)
@@ -714,7 +719,8 @@ def test_listen_uses_the_configured_backlog():
 
     fake = Reactor()
     fake.listenTCP = listenTCP
-    broker = type("B", (), {"config": config})()
+    broker = type("B", (), {"config": config, "connection_context":
+                            lambda self: types.SimpleNamespace(config=config)})()
     d = listeners.listen(broker, config.listeners[0], fake)
     results = []
     d.addBoth(results.append)

@@ -201,7 +201,7 @@ def test_persistent_session_redelivers_with_dup_and_queues_offline(h):
     assert got[0].packet_id == first.packet_id
 
 
-def test_offline_queue_is_bounded_and_drops_are_counted():
+def test_offline_session_keeps_its_queue_in_the_store_not_in_memory():
     h = Harness({"mqtt": {"max_queued_messages": 3}})
     s = h.client("s", clean_start=False)
     sub(s, "t")
@@ -210,10 +210,39 @@ def test_offline_queue_is_bounded_and_drops_are_counted():
     p = h.client("p")
     for i in range(5):
         p.send(Publish("t", b"%d" % i, qos=1, packet_id=i + 1))
+    assert p.received() == [Puback(i + 1) for i in range(5)]
     session = h.broker.sessions.sessions["s"]
-    assert len(session.queue) == 3
-    assert session.dropped == {"queue_full": 2}
-    assert h.broker.dropped["queue_full"] == 2
+    assert len(session.queue) == 0 and session.inflight == {} and session.dropped == {}
+    stored = []
+    h.broker.device_store.load("s").addCallback(stored.append)
+    assert [d.message.payload for d in stored[0]] == [b"%d" % i for i in range(5)]
+    s2 = h.client("s", clean_start=False)
+    got = s2.pending + s2.received()
+    assert [m.payload for m in got] == [b"%d" % i for i in range(5)]
+
+
+def test_a_persistent_session_pages_its_queue_from_the_store():
+    """Only max_queued_messages wait in memory; the rest are read back from
+    the device store as the client acknowledges, in order, none lost."""
+    h = Harness({"mqtt": {"max_queued_messages": 4}})
+    s = h.client("s", level=5, properties={Property.SESSION_EXPIRY_INTERVAL: 60,
+                                           Property.RECEIVE_MAXIMUM: 2})
+    sub(s, "t")
+    p = h.client("p")
+    for i in range(20):
+        p.send(Publish("t", b"%d" % i, qos=1, packet_id=i + 1))
+    session = h.broker.sessions.sessions["s"]
+    assert len(session.inflight) == 2 and len(session.queue) <= 4 and session.paged_out
+    got = []
+    for _ in range(40):
+        batch = s.received()
+        if not batch:
+            break
+        got += batch
+        for m in batch:
+            s.send(Puback(m.packet_id))
+    assert [m.payload for m in got] == [b"%d" % i for i in range(20)]
+    assert session.dropped == {} and not session.paged_out and len(session.queue) == 0
 
 
 def test_clean_start_discards_the_old_session(h):
@@ -469,37 +498,84 @@ def test_puback_order_follows_publish_order(h):
     assert p.received() == [Puback(1), Puback(2)]
 
 
-def test_a_paused_subscriber_slows_its_publisher_down(h):
+def test_a_congested_subscriber_holds_the_pipeline_and_then_its_publisher():
+    h = Harness({"mqtt": {"max_pending_messages": 4}})
     s = h.client("s")
     sub(s, "t")
     s.protocol.pauseProducing()  # the subscriber's socket is full
     p = h.client("p")
-    p.send(Publish("t", b"q0"), Publish("t", b"q1", qos=1, packet_id=1))
-    assert p.transport.producerState == "paused"  # the publisher is not read meanwhile
-    assert [m.payload for m in s.received()] == [b"q0"]  # QoS 0 still written
-    session = h.broker.sessions.sessions["s"]
-    assert len(session.queue) == 1 and session.dropped == {}
+    consumer = h.broker.router.consumer
+    p.send(Publish("t", b"q0"))
+    assert consumer.paused  # the consumer of tbmq.msg.all is held
+    p.send(*[Publish("t", b"w%d" % i) for i in range(6)])
+    # the publishes wait in the bus; past max_pending_messages of them the
+    # publisher is not read any more
+    assert p.transport.producerState == "paused"
+    assert [m.payload for m in s.received()] == [b"q0"]
     s.protocol.resumeProducing()
-    assert p.transport.producerState == "producing"
-    assert [m.payload for m in s.received()] == [b"q1"]
+    assert not consumer.paused and p.transport.producerState == "producing"
+    assert [m.payload for m in s.received()] == [b"w%d" % i for i in range(6)]
+    assert h.broker.sessions.sessions["s"].dropped == {}
 
 
-def test_a_stalled_subscriber_loses_qos0_and_holds_nobody_back(h):
+def test_a_slow_subscriber_loses_qos0_and_holds_nobody_back(h):
     s = h.client("s")
     sub(s, "t")
     s.protocol.pauseProducing()
     p = h.client("p")
     p.send(Publish("t", b"a"))
-    assert p.transport.producerState == "paused"
+    consumer = h.broker.router.consumer
+    assert consumer.paused
     h.clock.advance(h.config.mqtt.outbound_pause_timeout)
-    assert p.transport.producerState == "producing"
+    assert not consumer.paused  # its hold credit is spent: it is slow
+    session = h.broker.sessions.sessions["s"]
+    assert session.slow
     s.received()
     p.send(Publish("t", b"b"), Publish("t", b"c", qos=1, packet_id=1))
-    assert s.received() == [] and p.transport.producerState == "producing"
-    session = h.broker.sessions.sessions["s"]
+    assert s.received() == [] and not consumer.paused
+    assert p.received() == [Puback(1)]
     assert session.dropped == {"slow_consumer": 1} and len(session.queue) == 1
     s.protocol.resumeProducing()
-    assert [m.payload for m in s.received()] == [b"c"]
+    assert [m.payload for m in s.received()] == [b"c"] and not session.slow
+
+
+def test_a_slow_non_persistent_subscriber_that_overflows_is_disconnected_with_0x97():
+    """Never acknowledged to the publisher and then silently dropped for a
+    subscriber that believes it is subscribed."""
+    h = Harness({"mqtt": {"max_pending_messages": 3}})
+    s = h.client("s", level=5, properties={Property.RECEIVE_MAXIMUM: 1})
+    sub(s, "t")
+    p = h.client("p")
+    p.send(*[Publish("t", b"%d" % i, qos=1, packet_id=i + 1) for i in range(4)])
+    consumer = h.broker.router.consumer
+    assert consumer.paused  # 1 in flight, 3 queued: held
+    h.clock.advance(h.config.mqtt.outbound_pause_timeout)
+    assert not consumer.paused
+    assert p.received() == [Puback(i + 1) for i in range(4)]
+    p.send(Publish("t", b"over", qos=1, packet_id=9))
+    got = s.received()
+    assert got[-1].reason_code == 0x97 and s.closed
+    session_drops = h.broker.dropped
+    assert session_drops["quota_exceeded"] == 5  # 1 in flight, 3 queued, the new one
+
+
+def test_a_drip_reader_holds_the_others_for_a_bounded_share_of_the_time(h):
+    s = h.client("s")
+    sub(s, "t")
+    p = h.client("p")
+    consumer = h.broker.router.consumer
+    timeout = h.config.mqtt.outbound_pause_timeout
+    held = 0.0
+    for _ in range(20):  # 20 cycles of 2 s: full socket, a little read
+        s.protocol.pauseProducing()
+        p.send(Publish("t", b"x"))
+        for _ in range(20):
+            if consumer.paused:
+                held += 0.1
+            h.clock.advance(0.1)
+        s.protocol.resumeProducing()
+        s.received()
+    assert held <= timeout + 40 * timeout / 10 + 0.5
 
 
 def test_writes_of_one_read_are_coalesced(h):

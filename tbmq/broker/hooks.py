@@ -1,0 +1,176 @@
+"""The node's calls into the plugin hooks (:mod:`tbmq.hookspecs`), all
+through pluggy.
+
+Decision hooks are asked through pluggy hook callers: authentication one
+provider at a time in the order of ``auth.providers`` (a subset caller per
+plugin, so a provider that passes hands over to the next one, even after a
+Deferred), authorization with pluggy's ``firstresult`` (the first answer
+that is not None wins; every plugin passing means no, ARCHITECTURE §3).
+Notification hooks on the message path cost nothing while no plugin
+implements them.  The core names no plugin.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from tbmq.log import OBSERVER as LOG_OBSERVER
+
+#: notification hooks the node looks up to skip when nobody implements them
+NOTIFICATIONS = (
+    "tbmq_message_published", "tbmq_message_delivered", "tbmq_message_dropped",
+    "tbmq_client_connected", "tbmq_client_disconnected", "tbmq_session_expired",
+    "tbmq_client_subscribed", "tbmq_client_unsubscribed", "tbmq_authentication_failed",
+)
+
+
+class Hooks:
+    """The plugin hooks as the node calls them.
+
+    :param plugins: the :class:`pluggy.PluginManager`.
+    :param providers: ``auth.providers``: plugin names asked first, in order.
+    :ivar wants_published: True when some plugin implements
+        ``tbmq_message_published``.
+    :ivar wants_delivered: the same for ``tbmq_message_delivered``.
+    """
+
+    log = Logger(observer=LOG_OBSERVER)
+
+    def __init__(self, plugins: pluggy.PluginManager, providers=()) -> None:
+        self.plugins = plugins
+        self.providers = tuple(providers)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Look again at which plugins implement which hooks (after a plugin
+        is registered at run time)."""
+        hook = self.plugins.hook
+        self._has = {name: bool(getattr(hook, name).get_hookimpls()) for name in NOTIFICATIONS}
+        self.wants_published = self._has["tbmq_message_published"]
+        self.wants_delivered = self._has["tbmq_message_delivered"]
+        self.wants_dropped = self._has["tbmq_message_dropped"]
+        impls = list(reversed(hook.tbmq_authenticate.get_hookimpls()))
+        rank = {name: i for i, name in enumerate(self.providers)}
+        impls.sort(key=lambda impl: (bool(impl.trylast), rank.get(impl.plugin_name, len(rank))))
+        names = [impl.plugin_name for impl in impls]
+        everyone = [plugin for _, plugin in self.plugins.list_name_plugin()]
+        self._auth_callers = []
+        for name in names:
+            mine = self.plugins.get_plugin(name)
+            self._auth_callers.append((name, self.plugins.subset_hook_caller(
+                "tbmq_authenticate", remove_plugins=[p for p in everyone if p is not mine])))
+
+    # -- decisions -------------------------------------------------------------------
+
+    def authenticate(self, request, provider: str | None = None) -> defer.Deferred:
+        """Ask the ``tbmq_authenticate`` hooks, one provider at a time.
+
+        :param request: the :class:`tbmq.auth.AuthRequest`.
+        :param provider: ask only this plugin (the next step of an enhanced
+            authentication exchange it continued).
+        :returns: Deferred firing with ``(AuthResult or None, plugin name)``;
+            ``(None, None)`` when every plugin passed.
+        """
+        callers = self._auth_callers
+        if provider is not None:
+            callers = [c for c in callers if c[0] == provider]
+
+        def ask(index: int):
+            while index < len(callers):
+                name, caller = callers[index]
+                index += 1
+                results = caller(request=request)
+                result = results[0] if results else None
+                if isinstance(result, defer.Deferred):
+                    return result.addCallback(
+                        lambda answer, i=index, n=name:
+                        (answer, n) if answer is not None else ask(i))
+                if result is not None:
+                    return result, name
+            return None, None
+
+        return defer.maybeDeferred(ask, 0)
+
+    def authorize(self, action: str, session, auth, topic: str):
+        """May ``session`` publish to / subscribe to ``topic``?
+
+        :param action: ``"publish"`` (a topic name) or ``"subscribe"`` (a
+            topic filter without ``$share/<group>/``).
+        :param session: the plugins' view of the session (or None for a
+            will checked at CONNECT).
+        :returns: a bool when the answer is known at once, else a Deferred
+            firing with a bool.  No answer means no.
+        """
+        hook = self.plugins.hook
+        if action == "publish":
+            answer = hook.tbmq_authorize_publish(session=session, auth=auth, topic=topic)
+        else:
+            answer = hook.tbmq_authorize_subscribe(session=session, auth=auth, topic_filter=topic)
+        if isinstance(answer, defer.Deferred):
+            return answer.addCallback(bool)
+        return bool(answer)
+
+    # -- notifications -------------------------------------------------------------------
+
+    def notify(self, name: str, **kwargs: Any) -> None:
+        """Call notification hook ``name`` when some plugin implements it; a
+        failing plugin is logged and the others go on."""
+        if self._has.get(name):
+            try:
+                getattr(self.plugins.hook, name)(**kwargs)
+            except Exception:
+                self.log.failure("plugin hook {name} failed", name=name)
+
+    def message_published(self, session, message) -> None:
+        if self.wants_published:
+            self.notify("tbmq_message_published", session=session, message=message)
+
+    def message_delivered(self, session, message, qos: int) -> None:
+        if self.wants_delivered:
+            self.notify("tbmq_message_delivered", session=session, message=message, qos=qos)
+
+    def message_dropped(self, session, message, reason: str) -> None:
+        if self.wants_dropped:
+            self.notify("tbmq_message_dropped", session=session, message=message, reason=reason)
+
+    def client_connected(self, session, connect, address) -> None:
+        self.notify("tbmq_client_connected", session=session, connect=connect, address=address)
+
+    def client_disconnected(self, session, reason_code, will: bool) -> None:
+        self.notify("tbmq_client_disconnected", session=session, reason_code=reason_code,
+                    will=will)
+
+    def authentication_failed(self, connect, address, reason_code: int) -> None:
+        self.notify("tbmq_authentication_failed", connect=connect, address=address,
+                    reason_code=reason_code)
+
+    def client_subscribed(self, session, topic_filter, options, reason_code) -> None:
+        self.notify("tbmq_client_subscribed", session=session, topic_filter=topic_filter,
+                    options=options, reason_code=reason_code)
+
+    def client_unsubscribed(self, session, topic_filter, reason_code) -> None:
+        self.notify("tbmq_client_unsubscribed", session=session, topic_filter=topic_filter,
+                    reason_code=reason_code)
+
+    def session_expired(self, client_id: str) -> None:
+        self.notify("tbmq_session_expired", client_id=client_id)
+
+
+class DropCounter:
+    """Messages not delivered, by reason, for the whole node (the totals the
+    log and the metrics report).
+
+    :ivar counts: reason → count.
+    """
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def add(self, reason: str, n: int = 1) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + n

@@ -1,0 +1,596 @@
+"""The outbound half of a session: QoS flows towards the client, the inflight
+window, the queue, and flow control (MQTT 5.0 §4.3, §4.4, §4.9).
+
+Flow control (ARCHITECTURE §1, "nothing acknowledged is dropped, nobody is
+held for long"):
+
+* The queue of a session is bounded in messages and bytes.  Above the
+  high-water mark (``mqtt.max_pending_messages`` / ``max_pending_bytes`` for
+  a non-persistent session) a delivery *holds* the source that handed it
+  over (a bus consumer, see :mod:`tbmq.broker.outbound`): the source is
+  paused until the queue drains to half the mark.  A full socket holds
+  sources the same way for QoS 0.
+* Holding is bounded by the session's :class:`~tbmq.broker.outbound.HoldCredit`
+  (``mqtt.outbound_pause_timeout`` seconds, refilled over ten times that).
+  Past it the session is *slow*: it holds nobody; its QoS 0 messages are
+  dropped (counted) while its socket is full; a non-persistent session whose
+  queue overflows is disconnected with 0x97 Quota exceeded and its losses
+  counted — never a message acknowledged to its publisher and silently
+  dropped while the subscriber believes it is subscribed.
+* A persistent session never holds anyone: its messages are in the device
+  store before they reach it, so memory keeps at most
+  ``mqtt.max_queued_messages`` of them (and ``max_pending_bytes``); the rest
+  stay on disk (*paged out*) and are read back a page at a time as the
+  queue drains.  An offline persistent session keeps nothing in memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from twisted.logger import Logger
+
+from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.model import DeliveryState, Message, StoredDelivery
+from tbmq.mqtt import MQTT_5, Property, Publish, Pubrel
+from tbmq.mqtt.codec import encode_publish, publish_with_packet_id
+
+_SENT = DeliveryState.SENT
+_RELEASED = DeliveryState.RELEASED
+#: fixed cost counted per queued message on top of its payload, bytes
+MESSAGE_OVERHEAD = 200
+#: a hold credit refills over this many times its capacity
+HOLD_WINDOW_FACTOR = 10.0
+
+
+def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...],
+               now: float, level: int, dup: bool, packet_id: int | None) -> bytes:
+    """The PUBLISH of ``message`` for a client of protocol ``level``: v5
+    properties without the publisher's topic alias, with the subscription
+    identifiers [MQTT-3.3.4-3] and the expiry interval left [MQTT-3.3.2-6].
+
+    :param now: seconds since the epoch.
+    :param packet_id: for QoS 1/2; ignored for QoS 0.
+    """
+    props = None
+    if level >= MQTT_5:
+        props = message.properties
+        if subscription_ids or message.expires_at is not None or Property.TOPIC_ALIAS in props:
+            props = dict(props)
+            props.pop(Property.TOPIC_ALIAS, None)
+            if subscription_ids:
+                props[Property.SUBSCRIPTION_IDENTIFIER] = list(subscription_ids)
+            if message.expires_at is not None:
+                props[Property.MESSAGE_EXPIRY_INTERVAL] = max(
+                    1, math.ceil(message.expires_at - now))
+    return encode_publish(Publish(message.topic, message.payload, qos, retain, dup,
+                                  packet_id if qos else None, props if props is not None else {}),
+                          level)
+
+
+def delivery_size(delivery: StoredDelivery) -> int:
+    """Bytes a queued delivery is counted for: its payload and topic plus
+    :data:`MESSAGE_OVERHEAD`."""
+    message = delivery.message
+    return len(message.payload) + len(message.topic) + MESSAGE_OVERHEAD
+
+
+class Outbox:
+    """The outbound state of :class:`tbmq.broker.session.Session` (a mixin;
+    the session sets ``ctx``, ``client_id``, ``persistent`` and
+    ``connection``).
+
+    :ivar inflight: packet id → delivery sent and not yet acknowledged, in
+        send order.
+    :ivar queue: deliveries waiting for the inflight window.
+    :ivar queued_bytes: what :func:`delivery_size` counts for ``queue``.
+    :ivar slow: True once the session used up its hold credit and is still
+        congested.
+    :ivar paged_out: a persistent session's newer deliveries wait in the
+        device store, not in ``queue``.
+    :ivar dropped: reason → messages not delivered to this session.
+    """
+
+    log = Logger(observer=LOG_OBSERVER)
+
+    #: seconds between two log lines about drops for one session
+    DROP_LOG_INTERVAL = 10.0
+
+    def _init_outbox(self, now: float) -> None:
+        from tbmq.broker.outbound import HoldCredit
+
+        mqtt = self.ctx.mqtt
+        self.inflight: dict[int, StoredDelivery] = {}
+        self.queue: deque[StoredDelivery] = deque()
+        self.queued_bytes = 0
+        self._next_packet_id = 1
+        self._max_inflight = mqtt.max_inflight_messages
+        self._completed: list[int] = []
+        self.slow = False
+        self._holding: set = set()
+        self._hold_since: float | None = None
+        self._hold_timer = None
+        self._credit = HoldCredit(mqtt.outbound_pause_timeout,
+                                  mqtt.outbound_pause_timeout * HOLD_WINDOW_FACTOR, now)
+        self.paged_out = False
+        self._loading = False
+        self._last_seq = 0
+        self._arrived: list[StoredDelivery] = []
+        self.dropped: dict[str, int] = {}
+        self._drop_logged_at = float("-inf")
+        self._drops_logged: dict[str, int] = {}
+
+    # -- limits ------------------------------------------------------------------
+
+    @property
+    def queue_limit(self) -> int:
+        """Messages the queue holds in memory at most (the high-water mark)."""
+        mqtt = self.ctx.mqtt
+        return mqtt.max_queued_messages if self.persistent else mqtt.max_pending_messages
+
+    def _full(self) -> bool:
+        return (len(self.queue) >= self.queue_limit
+                or self.queued_bytes >= self.ctx.mqtt.max_pending_bytes)
+
+    def _drained(self) -> bool:
+        """At or below the low-water mark: half the high-water mark."""
+        return (len(self.queue) <= self.queue_limit // 2
+                and self.queued_bytes <= self.ctx.mqtt.max_pending_bytes // 2)
+
+    def _window(self) -> int:
+        conn = self.connection
+        if conn is None:
+            return 0
+        quota = conn.send_quota
+        limit = self._max_inflight
+        return quota if quota < limit else limit
+
+    # -- drops -----------------------------------------------------------------------
+
+    def drop(self, reason: str, message: Message | None = None, count: int = 1) -> None:
+        """Count ``count`` messages not delivered to this session.  The first
+        drop is logged at once, then the totals at most every
+        :attr:`DROP_LOG_INTERVAL` seconds while drops go on."""
+        self.dropped[reason] = self.dropped.get(reason, 0) + count
+        self.ctx.drops.add(reason, count)
+        now = self.ctx.clock.seconds()
+        if now >= self._drop_logged_at + self.DROP_LOG_INTERVAL:
+            self._log_drops(now)
+        if self.ctx.hooks.wants_dropped and message is not None:
+            self.ctx.hooks.message_dropped(self, message, reason)
+
+    def _log_drops(self, now: float) -> None:
+        new = {reason: n - self._drops_logged.get(reason, 0)
+               for reason, n in self.dropped.items() if n != self._drops_logged.get(reason, 0)}
+        if not new:
+            return
+        self._drop_logged_at = now
+        self._drops_logged = dict(self.dropped)
+        self.log.warn("dropped messages for {client_id}: {new} since the last report, "
+                      "{dropped} in all", client_id=self.client_id, new=new,
+                      dropped=dict(self.dropped))
+
+    # -- packet identifiers -------------------------------------------------------
+
+    def _packet_id(self) -> int:
+        pid = self._next_packet_id
+        inflight = self.inflight
+        if pid in inflight:
+            for _ in range(65535):
+                if pid not in inflight:
+                    break
+                pid = pid + 1 if pid < 65535 else 1
+            else:  # pragma: no cover - the window is at most 65535
+                raise RuntimeError("no free packet identifier")
+        self._next_packet_id = pid + 1 if pid < 65535 else 1
+        return pid
+
+    # -- delivering -------------------------------------------------------------------
+
+    def deliver(self, message: Message, qos: int, retain: bool,
+                subscription_ids: tuple[int, ...], cache: dict | None = None,
+                now: float | None = None, source=None) -> None:
+        """Deliver ``message`` at ``qos`` (already the minimum of the
+        message's and the subscription's [MQTT-3.8.4-8]) to a live
+        non-persistent session, or QoS 0 to any session.
+
+        :param cache: shared by the targets of one message: the encoded
+            PUBLISH per (QoS, retain, v5, identifiers) with the packet
+            identifier patched per delivery.
+        :param now: seconds since the epoch.
+        :param source: what handed the message over (a bus consumer, with
+            ``pause()``/``resume()``), held while this session is congested;
+            None for a retained message replayed at SUBSCRIBE.
+        """
+        if now is None:
+            now = self.ctx.clock.seconds()
+        if message.expires_at is not None and message.expires_at <= now:
+            self.drop("expired", message)
+            return
+        conn = self.connection
+        if conn is None:
+            if self.persistent and qos == 0:
+                self.drop("offline_qos0", message)
+            return
+        if qos == 0:
+            if conn.paused and not self._hold_paused(source, now, conn):
+                self.drop("slow_consumer", message)
+                return
+            data = self._encoded(message, 0, retain, subscription_ids, cache, now, conn, False, 0)
+            if data is not None:
+                conn.write(data)
+                if self.ctx.hooks.wants_delivered:
+                    self.ctx.hooks.message_delivered(self, message, 0)
+            return
+        delivery = StoredDelivery(0, message, qos, retain, subscription_ids)
+        self._offer(delivery, cache, now, source, conn)
+
+    def deliver_stored(self, delivery: StoredDelivery, cache: dict | None = None,
+                       now: float | None = None, source=None) -> None:
+        """Deliver a persistent session's ``delivery``, which the device
+        store already has (or is writing): sent when the window allows,
+        else queued in memory up to :attr:`queue_limit`, else left in the
+        store (paged out) until the queue drains."""
+        conn = self.connection
+        if conn is None:
+            return
+        if now is None:
+            now = self.ctx.clock.seconds()
+        if self.paged_out:
+            if self._loading:
+                self._arrived.append(delivery)
+            elif self._drained():
+                self._page_in()
+            return
+        if delivery.seq <= self._last_seq:
+            return  # already read from the store
+        self._offer(delivery, cache, now, source, conn)
+
+    def _offer(self, delivery: StoredDelivery, cache, now: float, source, conn) -> None:
+        inflight = self.inflight
+        queue = self.queue
+        if not queue and not conn.paused and len(inflight) < self._window():
+            if delivery.seq > self._last_seq:
+                self._last_seq = delivery.seq
+            if not self._send(delivery, cache, now, conn, False):
+                self._finished(delivery)
+            return
+        if self._full():
+            if self.persistent:
+                self.paged_out = True  # it waits in the store
+                return
+            if not self._hold(source, now):
+                self._overflow(delivery.message)
+                return
+        if delivery.seq > self._last_seq:
+            self._last_seq = delivery.seq
+        queue.append(delivery)
+        self.queued_bytes += delivery_size(delivery)
+        if not self.persistent and source is not None and self._full():
+            self._hold(source, now)  # at the high-water mark: hold what feeds us
+
+    def _send(self, delivery: StoredDelivery, cache, now: float, conn, dup: bool) -> bool:
+        """Write ``delivery`` with a new packet id; False when it could not
+        be sent (expired, too large for the client)."""
+        message = delivery.message
+        if not dup and message.expires_at is not None and message.expires_at <= now:
+            self.drop("expired", message)
+            return False
+        delivery.packet_id = pid = self._packet_id()
+        data = self._encoded(message, delivery.qos, delivery.retain, delivery.subscription_ids,
+                             cache, now, conn, dup, pid)
+        if data is None:
+            delivery.packet_id = None
+            return False
+        delivery.state = _SENT
+        self.inflight[pid] = delivery
+        conn.write(data)
+        if self.persistent:
+            self.ctx.device_store.update(self.client_id, delivery.seq, pid, _SENT)
+        return True
+
+    def _encoded(self, message: Message, qos: int, retain: bool,
+                 subscription_ids: tuple[int, ...], cache: dict | None, now: float,
+                 conn, dup: bool, packet_id: int) -> bytes | None:
+        """The PUBLISH bytes for this client, or None when they exceed the
+        client's maximum packet size [MQTT-3.1.2-25] (counted as a drop)."""
+        level = conn.protocol_level
+        if cache is None or dup:
+            data = encode_for(message, qos, retain, subscription_ids, now, level, dup, packet_id)
+        else:
+            key = (qos, retain, level >= MQTT_5, subscription_ids)
+            data = cache.get(key)
+            if data is None:
+                data = cache[key] = encode_for(message, qos, retain, subscription_ids, now,
+                                               level, False, 1)
+            if qos:
+                data = publish_with_packet_id(data, packet_id)
+        if conn.max_packet_size is not None and len(data) > conn.max_packet_size:
+            self.drop("too_large_for_client", message)
+            return None
+        return data
+
+    def _overflow(self, message: Message) -> None:
+        """A slow non-persistent session's queue is full: disconnect it with
+        0x97 Quota exceeded; what it had queued or in flight is lost, counted."""
+        lost = len(self.queue) + len(self.inflight) + 1
+        self.log.warn("{client_id} does not keep up and its queue is full ({queued} messages); "
+                      "disconnecting it (0x97), {lost} messages lost",
+                      client_id=self.client_id, queued=len(self.queue), lost=lost)
+        self.drop("quota_exceeded", message, lost)
+        conn = self.connection
+        self._release_holds(self.ctx.clock.seconds())
+        self.queue.clear()
+        self.queued_bytes = 0
+        self.inflight.clear()
+        if conn is not None:
+            conn.disconnect(0x97, "the client does not read its messages fast enough")
+
+    # -- holding sources back ----------------------------------------------------------------
+
+    def _hold(self, source, now: float) -> bool:
+        """Hold ``source`` while this session is congested.
+
+        :returns: False when the session is slow (no hold credit left): the
+            caller drops a QoS 0 message or overflows.
+        """
+        if self.slow:
+            return False
+        if source is None:
+            return True
+        if source not in self._holding:
+            self._holding.add(source)
+            self.ctx.holds.hold(source, self)
+        if self._hold_timer is None:
+            left = self._credit.available(now)
+            if left <= 0:
+                self._became_slow()
+                return False
+            self._hold_since = now
+            self._hold_timer = self.ctx.clock.callLater(left, self._hold_expired)
+        return True
+
+    def _hold_paused(self, source, now: float, conn) -> bool:
+        """The socket is full: hold ``source`` unless the session is slow or
+        the bytes written since the socket filled exceed
+        ``mqtt.max_outbound_buffer``."""
+        if not self.slow and conn.paused_bytes > self.ctx.mqtt.max_outbound_buffer:
+            self._became_slow()
+        return self._hold(source, now)
+
+    def _hold_expired(self) -> None:
+        self._hold_timer = None
+        self._became_slow()
+
+    def _became_slow(self) -> None:
+        now = self.ctx.clock.seconds()
+        self.log.info("{client_id} is slow: it held its publishers for its whole credit; "
+                      "its QoS 0 messages are dropped while it is congested",
+                      client_id=self.client_id)
+        self._release_holds(now)
+        self.slow = True
+
+    def _release_holds(self, now: float) -> None:
+        timer = self._hold_timer
+        if timer is not None:
+            self._hold_timer = None
+            if timer.active():
+                timer.cancel()
+        if self._hold_since is not None:
+            self._credit.spend(now - self._hold_since, now)
+            self._hold_since = None
+        if self._holding:
+            holding, self._holding = self._holding, set()
+            self.ctx.holds.release(holding, self)
+
+    def _relieved(self) -> None:
+        """The socket is writable and the queue at its low-water mark: let the
+        sources go; a slow session is not slow any more."""
+        conn = self.connection
+        if (conn is not None and conn.paused) or not self._drained():
+            return
+        if self._holding or self._hold_since is not None:
+            self._release_holds(self.ctx.clock.seconds())
+        self.slow = False
+
+    # -- draining --------------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Send queued deliveries while the inflight window has room and the
+        socket is writable; read the next page of a paged-out persistent
+        session when the queue is drained."""
+        conn = self.connection
+        if conn is None:
+            return
+        queue = self.queue
+        if queue:
+            window = self._window()
+            inflight = self.inflight
+            now = self.ctx.clock.seconds()
+            while queue and len(inflight) < window and not conn.paused:
+                delivery = queue.popleft()
+                self.queued_bytes -= delivery_size(delivery)
+                if not self._send(delivery, None, now, conn, False):
+                    self._finished(delivery)
+        if self.paged_out and not self._loading and self._drained():
+            self._page_in()
+        if self._holding or self.slow:
+            self._relieved()
+
+    def on_writable(self) -> None:
+        """The connection's socket drained (Twisted resumed its producer)."""
+        self.pump()
+        if self.connection is not None:
+            self._relieved()
+
+    def _page_in(self) -> None:
+        """Read the next deliveries of a paged-out persistent session."""
+        self._loading = True
+        limit = max(1, self.queue_limit // 2)
+        conn = self.connection
+        d = self.ctx.device_store.load(self.client_id, after_seq=self._last_seq, limit=limit)
+
+        def loaded(deliveries):
+            self._loading = False
+            if self.connection is not conn:
+                self._arrived = []
+                return
+            for delivery in deliveries:
+                self._take(delivery)
+            if len(deliveries) < limit:
+                self.paged_out = False
+                arrived, self._arrived = self._arrived, []
+                for delivery in arrived:
+                    if delivery.seq > self._last_seq:
+                        self._last_seq = delivery.seq
+                        self.queue.append(delivery)
+                        self.queued_bytes += delivery_size(delivery)
+            else:
+                self._arrived = []
+            self.pump()
+
+        def failed(failure):
+            self._loading = False
+            self.log.failure("reading the queued messages of {client_id} failed", failure,
+                             client_id=self.client_id)
+            if self.connection is conn and conn is not None:
+                conn.disconnect(0x80)
+
+        d.addCallbacks(loaded, failed)
+
+    def _take(self, delivery: StoredDelivery) -> None:
+        """Put a delivery read from the store where its state says."""
+        if delivery.seq > self._last_seq:
+            self._last_seq = delivery.seq
+        if (delivery.state != DeliveryState.QUEUED and delivery.packet_id is not None
+                and delivery.packet_id not in self.inflight):
+            self.inflight[delivery.packet_id] = delivery
+            self._resend(delivery)
+            return
+        delivery.packet_id = None
+        delivery.state = DeliveryState.QUEUED
+        self.queue.append(delivery)
+        self.queued_bytes += delivery_size(delivery)
+
+    def _resend(self, delivery: StoredDelivery) -> None:
+        """Send again, after a reconnect, a delivery that was in flight: the
+        PUBLISH with DUP set, or the PUBREL [MQTT-4.4.0-1]."""
+        conn = self.connection
+        pid = delivery.packet_id
+        if delivery.state == _RELEASED:
+            conn.send(Pubrel(pid))
+            return
+        data = self._encoded(delivery.message, delivery.qos, delivery.retain,
+                             delivery.subscription_ids, None, self.ctx.clock.seconds(), conn,
+                             True, pid)
+        if data is None:
+            self._complete(pid)
+        else:
+            conn.write(data)
+
+    # -- acknowledgements from the client ------------------------------------------------
+
+    def _finished(self, delivery: StoredDelivery) -> None:
+        """A delivery that will never be sent (expired, too large)."""
+        if self.persistent:
+            self._completed.append(delivery.seq)
+            if len(self._completed) == 1:
+                self.ctx.flusher.later(self._remove_completed)
+
+    def _complete(self, packet_id: int) -> StoredDelivery | None:
+        delivery = self.inflight.pop(packet_id, None)
+        if delivery is not None:
+            self._finished(delivery)
+        return delivery
+
+    def _remove_completed(self) -> None:
+        completed, self._completed = self._completed, []
+        if completed:
+            self.ctx.device_store.remove(self.client_id, completed)
+
+    def on_puback(self, packet_id: int) -> None:
+        """PUBACK from the client: the QoS 1 delivery is done [MQTT-4.3.2-2]."""
+        delivery = self.inflight.get(packet_id)
+        if delivery is None or delivery.qos != 1:
+            self.log.debug("PUBACK for unknown packet id {pid} from {client_id}",
+                           pid=packet_id, client_id=self.client_id)
+            return
+        self._complete(packet_id)
+        if self.ctx.hooks.wants_delivered:
+            self.ctx.hooks.message_delivered(self, delivery.message, 1)
+        if self.queue or self.paged_out or self._holding:
+            self.pump()
+
+    def on_pubrec(self, packet_id: int, reason_code: int) -> bool:
+        """PUBREC from the client; answers PUBREL [MQTT-4.3.3-3].
+
+        :returns: False when ``packet_id`` is unknown (the caller answers
+            PUBREL with 0x92 PACKET_IDENTIFIER_NOT_FOUND in v5).
+        """
+        delivery = self.inflight.get(packet_id)
+        if delivery is None or delivery.qos != 2:
+            return False
+        if reason_code >= 0x80:  # the receiver refused it: the flow ends here
+            self._complete(packet_id)
+            self.pump()
+            return True
+        if delivery.state != _RELEASED:
+            delivery.state = _RELEASED
+            if self.persistent:
+                self.ctx.device_store.update(self.client_id, delivery.seq, packet_id, _RELEASED)
+        self.connection.send(Pubrel(packet_id))
+        return True
+
+    def on_pubcomp(self, packet_id: int) -> None:
+        """PUBCOMP from the client: the QoS 2 delivery is done."""
+        delivery = self.inflight.get(packet_id)
+        if delivery is None or delivery.state != _RELEASED:
+            return
+        self._complete(packet_id)
+        self.ctx.hooks.message_delivered(self, delivery.message, 2)
+        self.pump()
+
+    # -- life cycle ------------------------------------------------------------------------------
+
+    def resume_outbox(self) -> None:
+        """After CONNACK: resend what is in flight with DUP set, in order
+        [MQTT-4.4.0-1], then send the queue; a persistent session reads its
+        deliveries from the store first."""
+        if self.persistent:
+            self.inflight.clear()
+            self.queue.clear()
+            self.queued_bytes = 0
+            self._last_seq = 0
+            self.paged_out = True
+            self._page_in()
+            return
+        for delivery in list(self.inflight.values()):
+            self._resend(delivery)
+        self.pump()
+
+    def detach_outbox(self) -> None:
+        """The connection is gone: a persistent session gives its memory back
+        (everything is in the store); holds are let go."""
+        self._release_holds(self.ctx.clock.seconds())
+        self.slow = False
+        if self.persistent:
+            self.inflight.clear()
+            self.queue.clear()
+            self.queued_bytes = 0
+            self.paged_out = True
+            self._arrived = []
+
+    def discard_outbox(self) -> None:
+        """The session ends: forget what it holds (and its stored deliveries)."""
+        hooks = self.ctx.hooks
+        if hooks.wants_dropped:
+            for delivery in list(self.inflight.values()) + list(self.queue):
+                hooks.message_dropped(self, delivery.message, "session_ended")
+        self._release_holds(self.ctx.clock.seconds())
+        self.inflight.clear()
+        self.queue.clear()
+        self.queued_bytes = 0
+        self._completed = []
+        if self.persistent:
+            self.ctx.device_store.clear(self.client_id)

@@ -1,0 +1,170 @@
+"""Where a matched message goes for each kind of target (ARCHITECTURE §1.3):
+each sink is one small class with one job.  The router
+(:mod:`tbmq.broker.router`) matches and classifies; the sinks deliver.
+
+===================================  =============================================
+target                               sink
+===================================  =============================================
+non-persistent, connected here       :class:`LocalSink`: written to the session now
+non-persistent, on node X            :class:`DownlinkSink`: ``tbmq.msg.downlink.basic.<X>``
+persistent (QoS 1/2)                 :class:`PersistedSink`: ``tbmq.msg.persisted`` →
+                                     :class:`PersistedWriter` (device store) → the
+                                     session here, or ``tbmq.msg.downlink.persisted.<X>``
+===================================  =============================================
+
+A target on this node skips the downlink topic, as TBMQ's downlink proxy
+does; :class:`DownlinkReader` hands what other nodes sent through the
+downlink topics to the local sessions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from twisted.logger import Logger
+
+from tbmq.cluster.records import Delivery, Record
+from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.model import StoredDelivery
+
+log = Logger(observer=LOG_OBSERVER)
+
+
+class LocalSink:
+    """Delivers to a non-persistent session (or QoS 0 to any session)
+    connected to this node."""
+
+    __slots__ = ()
+
+    def deliver(self, session, message, qos: int, retain: bool, sids: tuple, cache,
+                now: float, source) -> None:
+        """:param source: the bus consumer that handed the message over (held
+        while the session is congested)."""
+        session.deliver(message, qos, retain, sids, cache, now, source)
+
+
+class DownlinkSink:
+    """Sends a non-persistent delivery to the node its client is connected
+    to, through ``tbmq.msg.downlink.basic.<serviceId>``.
+
+    :param bus: the :class:`tbmq.interfaces.IMessageBus`.
+    :param topic_of: ``service_id -> bus topic`` (the catalogue's
+        ``downlink_basic``).
+    """
+
+    __slots__ = ("bus", "topic_of")
+
+    def __init__(self, bus, topic_of: Callable[[str], str]) -> None:
+        self.bus = bus
+        self.topic_of = topic_of
+
+    def send(self, service_id: str, client_id: str, message, qos: int, retain: bool,
+             sids: tuple):
+        """:returns: the bus's publish result (None or a Deferred)."""
+        return self.bus.publish(self.topic_of(service_id), client_id,
+                                Delivery(client_id, message, qos, retain, sids))
+
+
+class PersistedSink:
+    """Sends a delivery for a persistent session to ``tbmq.msg.persisted``
+    (key = client id), whose consumer stores it (:class:`PersistedWriter`).
+
+    :param bus: the :class:`tbmq.interfaces.IMessageBus`.
+    :param topic: the ``tbmq.msg.persisted`` topic name.
+    """
+
+    __slots__ = ("bus", "topic")
+
+    def __init__(self, bus, topic: str) -> None:
+        self.bus = bus
+        self.topic = topic
+
+    def send(self, client_id: str, message, qos: int, retain: bool, sids: tuple):
+        """:returns: the bus's publish result: on the in-process bus it fires
+        once the device store has the delivery, so the publisher's PUBACK
+        waits for it."""
+        return self.bus.publish(self.topic, client_id,
+                                Delivery(client_id, message, qos, retain, sids))
+
+
+class PersistedWriter:
+    """The consumer of ``tbmq.msg.persisted``: stores each delivery in the
+    device message store, then hands it to the session when it is connected
+    here, or to the node it is connected to through
+    ``tbmq.msg.downlink.persisted.<serviceId>``; an offline session finds it
+    in the store when it connects.
+
+    :param store: the :class:`tbmq.interfaces.IDeviceMessageStore`.
+    :param sessions: client id → the local :class:`~tbmq.broker.session.Session`.
+    :param locate: ``client_id -> service id or None``: the node where the
+        client is connected (None: offline or unknown).
+    :param service_id: this node's service id.
+    :param bus: the bus, and ``downlink_topic(service_id)``, for remote targets.
+    :param clock: ``IReactorTime``.
+    :param next_seq: ``next_seq(now_ns) -> int``: the order key of a new
+        delivery.
+    """
+
+    def __init__(self, store, sessions: Mapping[str, Any], locate: Callable, service_id: str,
+                 bus, downlink_topic: Callable[[str], str], clock,
+                 next_seq: Callable[[int], int]) -> None:
+        self.store = store
+        self.sessions = sessions
+        self.locate = locate
+        self.service_id = service_id
+        self.bus = bus
+        self.downlink_topic = downlink_topic
+        self.clock = clock
+        self.next_seq = next_seq
+        self.consumer = None
+
+    def handle(self, record: Record):
+        """Store the delivery; :returns: the store's Deferred (the record is
+        committed, and on the in-process bus the publisher acknowledged, once
+        it is durable)."""
+        d: Delivery = record.value
+        now = self.clock.seconds()
+        stored = StoredDelivery(self.next_seq(int(now * 1e9)), d.message, d.qos, d.retain,
+                                d.subscription_ids)
+        result = self.store.add(d.client_id, [stored])
+        session = self.sessions.get(d.client_id)
+        if session is not None and session.connection is not None:
+            session.deliver_stored(stored, None, now, self.consumer)
+            return result
+        where = self.locate(d.client_id)
+        if where is not None and where != self.service_id:
+            d.seq = stored.seq
+            result.addCallback(lambda _: self.bus.publish(self.downlink_topic(where),
+                                                          d.client_id, d))
+        return result
+
+
+class DownlinkReader:
+    """The consumer of this node's downlink topics: deliveries other nodes
+    matched for clients connected here.
+
+    :param sessions: client id → local session.
+    :param clock: ``IReactorTime``.
+    """
+
+    def __init__(self, sessions: Mapping[str, Any], clock) -> None:
+        self.sessions = sessions
+        self.clock = clock
+        self.basic = None
+        self.persisted = None
+
+    def handle_basic(self, record: Record) -> None:
+        d: Delivery = record.value
+        session = self.sessions.get(d.client_id)
+        if session is None or session.connection is None:
+            return  # gone meanwhile: a non-persistent delivery ends here
+        session.deliver(d.message, d.qos, d.retain, d.subscription_ids, None,
+                        self.clock.seconds(), self.basic)
+
+    def handle_persisted(self, record: Record) -> None:
+        d: Delivery = record.value
+        session = self.sessions.get(d.client_id)
+        if session is None or session.connection is None:
+            return  # it is in the store; the client finds it when it connects
+        stored = StoredDelivery(d.seq, d.message, d.qos, d.retain, d.subscription_ids)
+        session.deliver_stored(stored, None, self.clock.seconds(), self.persisted)
