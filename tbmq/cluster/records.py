@@ -1,0 +1,709 @@
+"""The records carried by the bus and their one encoding each (ARCHITECTURE §3,
+"the bus carries records, not objects").
+
+Every encoded value is a msgpack array ``[tag, version, field, ...]``
+(``msgpack.packb(..., use_bin_type=True)``; read back with
+``unpackb(raw=False, strict_map_key=False)``).  The ``tag`` names the record
+type and ``version`` its field list; a reader that meets another tag, an
+unknown version, a field count or a field type it does not expect raises
+:class:`tbmq.errors.RecordEncodingError`, and nothing else, whatever bytes it
+is fed.  A writer raises the same error for a value that is not the codec's
+type or whose fields do not fit.  ``None`` is a *tombstone* ("this key has
+no value any more") on the topics that allow it; it is never encoded (Kafka
+carries it as a null value).
+
+All records are version 1.  Times are seconds since the epoch (msgpack
+float 64); intervals are whole seconds; properties are the MQTT 5.0
+properties of :mod:`tbmq.mqtt.properties` packed with
+:func:`~tbmq.mqtt.properties.pack_properties` into a bin field, or nil when
+there are none.  Nested records (a message in a delivery, a will in a
+session, a session in a response) are the nested array of their own codec,
+tag and version included.
+
+============================================= =========== ====================== ===== =====================================================
+topic                                         key         record (tag)           tomb  fields, in order (type)
+============================================= =========== ====================== ===== =====================================================
+``tbmq.msg.all``                              topic name  Message (``msg``)      no    topic (str), payload (bin), qos (int 0-2), retain
+                                                                                       (bool), properties (bin|nil), publisher (str),
+                                                                                       received_at (float, s), expires_at (float s|nil)
+``tbmq.msg.retained``                         topic name  Message (``msg``)      yes   as above; a tombstone clears the topic
+``tbmq.msg.persisted``                        client id   Delivery (``dlv``)     no    client_id (str), message (``msg`` array), qos
+                                                                                       (int 0-2), retain (bool), subscription_ids (array of
+                                                                                       int), seq (int)
+``tbmq.msg.downlink.basic.<serviceId>``       client id   Delivery (``dlv``)     no    as above
+``tbmq.msg.downlink.persisted.<serviceId>``   client id   Delivery (``dlv``)     no    as above
+``tbmq.msg.app.<clientId>``                   client id   Delivery (``dlv``)     no    as above
+``tbmq.msg.app.shared.<filter>``              share name  Delivery (``dlv``)     no    as above, client_id is the share name
+``tbmq.client.session``                       client id   SessionInfo (``ses``)  yes   client_id (str), service_id (str), session_id (str,
+                                                                                       uuid hex), connected (bool), persistent (bool),
+                                                                                       client_type (str ``DEVICE``/``APPLICATION``),
+                                                                                       session_expiry_interval (int, s), protocol_level
+                                                                                       (int 3-5), connected_at (float s|nil),
+                                                                                       disconnected_at (float s|nil), updated_at (float
+                                                                                       s), will (``will`` array|nil)
+(nested in a session)                         --          WillRecord (``will``)  --    topic (str), payload (bin), qos (int 0-2), retain
+                                                                                       (bool), properties (bin|nil)
+``tbmq.client.subscriptions``                 client id   SubscriptionsRecord    yes   client_id (str), subscriptions (map str → [qos (int
+                                                          (``subs``)                   0-2), no_local (bool), retain_as_published (bool),
+                                                                                       retain_handling (int 0-2), subscription_id
+                                                                                       (int|nil)])
+``tbmq.client.session.event.request``         client id   SessionEvent (``sev``) no    kind (str, one of :data:`SESSION_EVENT_KINDS`),
+                                                                                       client_id, service_id, session_id, request_id
+                                                                                       (str), clean_start (bool), persistent (bool),
+                                                                                       client_type (str), session_expiry_interval (int,
+                                                                                       s), protocol_level (int), at (float, s)
+``tbmq.client.session.event.response.<sid>`` client id   SessionEventResponse   no    client_id (str), request_id (str), success (bool),
+                                                          (``ser``)                    session_present (bool), session (``ses``
+                                                                                       array|nil), reason (str)
+``tbmq.client.disconnect.<serviceId>``        client id   DisconnectCommand      no    client_id (str), session_id (str), reason_code
+                                                          (``dis``)                    (int 0-255, MQTT 5.0 reason code)
+``tbmq.events``                               client id   bytes (raw)            no    the bytes as published (:class:`BytesCodec`; JSON
+                                              or node                                  records of ``docs/events.md``)
+============================================= =========== ====================== ===== =====================================================
+
+:class:`Record` is what a consumer's handler receives: the topic, key,
+decoded value, headers, partition and offset of one record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import msgpack
+
+from tbmq.errors import RecordEncodingError
+from tbmq.model import ClientType, Message, SubscriptionOptions
+from tbmq.mqtt.properties import pack_properties, unpack_properties
+
+__all__ = [
+    "BYTES",
+    "CLEAR_SESSION",
+    "CONNECTION_REQUEST",
+    "DELIVERY",
+    "DISCONNECT",
+    "DISCONNECTED",
+    "MESSAGE",
+    "RETAINED",
+    "SESSION",
+    "SESSION_EVENT",
+    "SESSION_EVENT_KINDS",
+    "SESSION_EVENT_RESPONSE",
+    "SUBSCRIPTIONS",
+    "VERSION",
+    "BytesCodec",
+    "Delivery",
+    "DisconnectCommand",
+    "Record",
+    "RecordCodec",
+    "SessionEvent",
+    "SessionEventResponse",
+    "SessionInfo",
+    "SubscriptionsRecord",
+    "WillRecord",
+]
+
+#: The version every writer of this module writes.
+VERSION = 1
+
+#: :attr:`SessionEvent.kind`: a client sent CONNECT (TBMQ's name).
+CONNECTION_REQUEST = "CONNECTION_REQUEST"
+#: :attr:`SessionEvent.kind`: a client's connection ended.
+DISCONNECTED = "DISCONNECTED"
+#: :attr:`SessionEvent.kind`: forget the client's session (expired, or
+#: cleaned by an administrator).
+CLEAR_SESSION = "CLEAR_SESSION"
+#: Every valid :attr:`SessionEvent.kind`.
+SESSION_EVENT_KINDS = (CONNECTION_REQUEST, DISCONNECTED, CLEAR_SESSION)
+
+
+# -- the record types ------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Record:
+    """One record as a consumer's handler receives it.
+
+    :ivar topic: the bus topic name (prefix included), ``str``.
+    :ivar key: the partition key (``str``) or None.
+    :ivar value: the decoded value (the topic's record type), or None for a
+        tombstone.
+    :ivar headers: ``tuple[tuple[str, bytes], ...]``.
+    :ivar partition: the partition it was read from, ``int``.
+    :ivar offset: its offset in that partition, ``int`` (-1 when unknown).
+    """
+
+    topic: str
+    key: str | None
+    value: Any
+    headers: tuple = ()
+    partition: int = 0
+    offset: int = -1
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One message for one target client.
+
+    :ivar client_id: the target client id (the share name on
+        ``tbmq.msg.app.shared.<filter>``).
+    :ivar message: the :class:`tbmq.model.Message`.
+    :ivar qos: the QoS of the delivery (the lower of the message's and the
+        subscription's).
+    :ivar retain: the RETAIN flag to send.
+    :ivar subscription_ids: the identifiers of the matching subscriptions.
+    :ivar seq: the order key of the message in the target's persisted queue
+        (0 where there is none).
+    """
+
+    client_id: str
+    message: Message
+    qos: int
+    retain: bool = False
+    subscription_ids: tuple[int, ...] = ()
+    seq: int = 0
+
+
+@dataclass(slots=True)
+class WillRecord:
+    """A will message as CONNECT gave it [MQTT-3.1.2-7].
+
+    :ivar topic: the will topic.
+    :ivar payload: the will payload, bytes.
+    :ivar qos: the will QoS (0-2).
+    :ivar retain: the will RETAIN flag.
+    :ivar properties: the will properties (``WILL_DELAY_INTERVAL`` among them).
+    """
+
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    properties: dict
+
+
+@dataclass(slots=True)
+class SessionInfo:
+    """Where a client's session is and what it is (``tbmq.client.session``,
+    key client id; a tombstone means the session ended).
+
+    :ivar client_id: the client id.
+    :ivar service_id: the node the client is (or was last) connected to.
+    :ivar session_id: the connection, a uuid hex string.
+    :ivar connected: True while the connection is open.
+    :ivar persistent: see ARCHITECTURE §1, "Client types".
+    :ivar client_type: :class:`tbmq.model.ClientType`.
+    :ivar session_expiry_interval: seconds; ``0xFFFFFFFF`` never expires.
+    :ivar protocol_level: 3, 4 or 5.
+    :ivar connected_at: seconds since the epoch, or None.
+    :ivar disconnected_at: seconds since the epoch, or None while connected.
+    :ivar updated_at: seconds since the epoch of this record.
+    :ivar will: the will of the connection, or None.
+    """
+
+    client_id: str
+    service_id: str
+    session_id: str
+    connected: bool
+    persistent: bool
+    client_type: ClientType
+    session_expiry_interval: int
+    protocol_level: int
+    connected_at: float | None
+    disconnected_at: float | None
+    updated_at: float
+    will: WillRecord | None = None
+
+
+@dataclass(slots=True)
+class SubscriptionsRecord:
+    """Every subscription of a client (``tbmq.client.subscriptions``).
+
+    :ivar client_id: the client id.
+    :ivar subscriptions: topic filter (``$share/g/f`` kept whole) →
+        :class:`tbmq.model.SubscriptionOptions`.
+    """
+
+    client_id: str
+    subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SessionEvent:
+    """A request about a client's session, decided by the one consumer of
+    its key (TBMQ's ``ClientSessionEvent``).
+
+    :ivar kind: :data:`CONNECTION_REQUEST`, :data:`DISCONNECTED` or
+        :data:`CLEAR_SESSION`.
+    :ivar client_id: the client id.
+    :ivar service_id: the node that sends the request (the answer goes to
+        its ``tbmq.client.session.event.response.<serviceId>``).
+    :ivar session_id: the connection, a uuid hex string.
+    :ivar request_id: matches the response to the request.
+    :ivar clean_start: CONNECT's clean start / clean session flag.
+    :ivar persistent: whether the new session is persistent.
+    :ivar client_type: :class:`tbmq.model.ClientType`.
+    :ivar session_expiry_interval: seconds.
+    :ivar protocol_level: 3, 4 or 5.
+    :ivar at: seconds since the epoch when the event happened.
+    """
+
+    kind: str
+    client_id: str
+    service_id: str
+    session_id: str
+    request_id: str
+    clean_start: bool = False
+    persistent: bool = False
+    client_type: ClientType = ClientType.DEVICE
+    session_expiry_interval: int = 0
+    protocol_level: int = 4
+    at: float = 0.0
+
+
+@dataclass(slots=True)
+class SessionEventResponse:
+    """The answer to a :class:`SessionEvent`.
+
+    :ivar client_id: the client id.
+    :ivar request_id: the request's id.
+    :ivar success: whether the node may go on (accept the connection).
+    :ivar session_present: the CONNACK flag.
+    :ivar session: the session as now recorded, or None.
+    :ivar reason: why not, for logs ("" on success).
+    """
+
+    client_id: str
+    request_id: str
+    success: bool
+    session_present: bool
+    session: SessionInfo | None = None
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class DisconnectCommand:
+    """Tells a node to drop a client's connection (session taken over).
+
+    :ivar client_id: the client id.
+    :ivar session_id: the connection to drop (a newer one is kept).
+    :ivar reason_code: the MQTT 5.0 DISCONNECT reason code (0x8E session
+        taken over).
+    """
+
+    client_id: str
+    session_id: str
+    reason_code: int
+
+
+# -- field checks ----------------------------------------------------------------
+
+
+class _Bad(RecordEncodingError):
+    """A field check failed (internal; callers see RecordEncodingError)."""
+
+
+def _str(v: Any, name: str) -> str:
+    if type(v) is not str:
+        raise _Bad(f"{name}: expected str, got {type(v).__name__}")
+    return v
+
+
+def _bytes(v: Any, name: str) -> bytes:
+    if type(v) is bytes:
+        return v
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v)
+    raise _Bad(f"{name}: expected bytes, got {type(v).__name__}")
+
+
+def _int(v: Any, name: str, low: int | None = None, high: int | None = None) -> int:
+    if type(v) is not int and not (isinstance(v, int) and not isinstance(v, bool)):
+        raise _Bad(f"{name}: expected int, got {type(v).__name__}")
+    if (low is not None and v < low) or (high is not None and v > high):
+        raise _Bad(f"{name}: {v} out of range [{low}, {high}]")
+    return int(v)
+
+
+def _qos(v: Any, name: str) -> int:
+    return _int(v, name, 0, 2)
+
+
+def _bool(v: Any, name: str) -> bool:
+    if type(v) is not bool:
+        raise _Bad(f"{name}: expected bool, got {type(v).__name__}")
+    return v
+
+
+def _float(v: Any, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _Bad(f"{name}: expected a number, got {type(v).__name__}")
+    return float(v)
+
+
+def _opt_float(v: Any, name: str) -> float | None:
+    return None if v is None else _float(v, name)
+
+
+def _client_type(v: Any, name: str) -> ClientType:
+    try:
+        return ClientType(v)
+    except (ValueError, TypeError):
+        raise _Bad(f"{name}: not a client type: {v!r}") from None
+
+
+def _props_out(props: Any, name: str) -> bytes | None:
+    if props is None:
+        return None
+    if not isinstance(props, dict):
+        raise _Bad(f"{name}: expected dict, got {type(props).__name__}")
+    if not props:
+        return None
+    try:
+        return pack_properties(props)
+    except Exception as e:
+        raise _Bad(f"{name}: {e}") from None
+
+
+def _props_in(v: Any, name: str) -> dict:
+    if v is None:
+        return {}
+    if type(v) is not bytes:
+        raise _Bad(f"{name}: expected bin or nil, got {type(v).__name__}")
+    try:
+        return unpack_properties(v)
+    except Exception as e:
+        raise _Bad(f"{name}: {e}") from None
+
+
+def _count(fields: list, n: int, what: str) -> list:
+    if len(fields) != n:
+        raise _Bad(f"{what}: expected {n} fields, got {len(fields)}")
+    return fields
+
+
+# -- codecs ----------------------------------------------------------------------
+
+
+class RecordCodec:
+    """The encoding of one record type on one kind of topic.
+
+    :param name: the record type's name, for error messages.
+    :param cls: the record class.
+    :param tag: the type tag written first in the array.
+    :param write: ``write(value) -> list`` of the version-:data:`VERSION`
+        fields, checking them (raises :class:`RecordEncodingError`).
+    :param readers: version → ``read(fields) -> value`` (checks the fields).
+    :param tombstone: whether None (a tombstone) is a valid value.
+    :ivar version: the version :meth:`encode` writes.
+    """
+
+    __slots__ = ("name", "cls", "tag", "version", "tombstone", "_write", "_readers")
+
+    def __init__(self, name: str, cls: type, tag: str, write: Callable[[Any], list],
+                 readers: dict[int, Callable[[list], Any]], tombstone: bool = False) -> None:
+        self.name = name
+        self.cls = cls
+        self.tag = tag
+        self.version = VERSION
+        self.tombstone = tombstone
+        self._write = write
+        self._readers = readers
+
+    def with_tombstone(self) -> "RecordCodec":
+        """:returns: the same encoding, accepting None (a tombstone)."""
+        return RecordCodec(self.name, self.cls, self.tag, self._write, self._readers, True)
+
+    def encode(self, value: Any) -> bytes | None:
+        """:param value: an instance of :attr:`cls`, or None where tombstones
+            are allowed.
+        :returns: the encoded bytes (None for a tombstone).
+        :raises RecordEncodingError: when ``value`` does not fit.
+        """
+        if value is None:
+            if self.tombstone:
+                return None
+            raise RecordEncodingError(f"{self.name}: a tombstone (None) is not allowed here")
+        try:
+            return msgpack.packb(self.to_list(value), use_bin_type=True)
+        except RecordEncodingError:
+            raise
+        except Exception as e:
+            raise RecordEncodingError(f"{self.name}: cannot encode: {e}") from None
+
+    def to_list(self, value: Any) -> list:
+        """:returns: the ``[tag, version, fields...]`` array of ``value``
+            (used for nested records).
+        :raises RecordEncodingError: when ``value`` does not fit."""
+        if not isinstance(value, self.cls):
+            raise RecordEncodingError(
+                f"{self.name}: expected {self.cls.__name__}, got {type(value).__name__}")
+        try:
+            return [self.tag, self.version, *self._write(value)]
+        except RecordEncodingError:
+            raise
+        except Exception as e:
+            raise RecordEncodingError(f"{self.name}: cannot encode: {e}") from None
+
+    def decode(self, data: Any) -> Any:
+        """:param data: bytes from :meth:`encode`, or None (a tombstone).
+        :returns: the record, or None for a tombstone.
+        :raises RecordEncodingError: for anything that is not a record of
+            this type and a known version (and for a tombstone where none is
+            allowed).
+        """
+        if data is None:
+            if self.tombstone:
+                return None
+            raise RecordEncodingError(f"{self.name}: a tombstone (None) is not allowed here")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise RecordEncodingError(f"{self.name}: expected bytes, got {type(data).__name__}")
+        try:
+            obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception as e:
+            raise RecordEncodingError(f"{self.name}: not msgpack: {e}") from None
+        return self.from_list(obj)
+
+    def from_list(self, obj: Any) -> Any:
+        """Inverse of :meth:`to_list`.
+
+        :raises RecordEncodingError: as :meth:`decode`."""
+        if type(obj) is not list or len(obj) < 2:
+            raise RecordEncodingError(f"{self.name}: not a tagged record array")
+        tag, version = obj[0], obj[1]
+        if type(tag) is not str or tag != self.tag:
+            raise RecordEncodingError(f"{self.name}: expected tag {self.tag!r}, got {tag!r}")
+        reader = self._readers.get(version) if type(version) is int else None
+        if reader is None:
+            raise RecordEncodingError(f"{self.name}: unknown version {version!r}")
+        try:
+            return reader(obj[2:])
+        except RecordEncodingError:
+            raise
+        except Exception as e:  # a check this module forgot: still the one error type
+            raise RecordEncodingError(f"{self.name}: cannot decode: {e}") from None
+
+
+class BytesCodec:
+    """Raw bytes passed through (``tbmq.events``): no tag, no version.
+
+    :ivar tombstone: False; None is refused.
+    """
+
+    __slots__ = ()
+    name = "bytes"
+    tombstone = False
+
+    def encode(self, value: Any) -> bytes:
+        """:raises RecordEncodingError: unless ``value`` is bytes-like."""
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return bytes(value)
+        raise RecordEncodingError(f"bytes: expected bytes, got {type(value).__name__}")
+
+    def decode(self, data: Any) -> bytes:
+        """:raises RecordEncodingError: unless ``data`` is bytes-like."""
+        return self.encode(data)
+
+
+# Message ------------------------------------------------------------------------
+
+def _write_message(m: Message) -> list:
+    return [_str(m.topic, "topic"), _bytes(m.payload, "payload"), _qos(m.qos, "qos"),
+            _bool(m.retain, "retain"), _props_out(m.properties, "properties"),
+            _str(m.publisher, "publisher"), _float(m.received_at, "received_at"),
+            _opt_float(m.expires_at, "expires_at")]
+
+
+def _read_message_v1(f: list) -> Message:
+    topic, payload, qos, retain, props, publisher, received_at, expires_at = _count(
+        f, 8, "message")
+    return Message(_str(topic, "topic"), _bytes(payload, "payload"), _qos(qos, "qos"),
+                   _bool(retain, "retain"), _props_in(props, "properties"),
+                   _str(publisher, "publisher"), _float(received_at, "received_at"),
+                   _opt_float(expires_at, "expires_at"))
+
+
+#: ``tbmq.msg.all``: :class:`tbmq.model.Message`, no tombstone.
+MESSAGE = RecordCodec("Message", Message, "msg", _write_message, {1: _read_message_v1})
+#: ``tbmq.msg.retained``: :class:`tbmq.model.Message` or a tombstone.
+RETAINED = MESSAGE.with_tombstone()
+
+
+# Delivery -----------------------------------------------------------------------
+
+def _write_delivery(d: Delivery) -> list:
+    ids = d.subscription_ids
+    if not isinstance(ids, (tuple, list)):
+        raise _Bad(f"subscription_ids: expected a tuple, got {type(ids).__name__}")
+    return [_str(d.client_id, "client_id"), MESSAGE.to_list(d.message), _qos(d.qos, "qos"),
+            _bool(d.retain, "retain"), [_int(i, "subscription_ids") for i in ids],
+            _int(d.seq, "seq")]
+
+
+def _read_delivery_v1(f: list) -> Delivery:
+    client_id, message, qos, retain, ids, seq = _count(f, 6, "delivery")
+    if type(ids) is not list:
+        raise _Bad("subscription_ids: expected an array")
+    return Delivery(_str(client_id, "client_id"), MESSAGE.from_list(message), _qos(qos, "qos"),
+                    _bool(retain, "retain"), tuple(_int(i, "subscription_ids") for i in ids),
+                    _int(seq, "seq"))
+
+
+#: The downlink, persisted and application topics: :class:`Delivery`.
+DELIVERY = RecordCodec("Delivery", Delivery, "dlv", _write_delivery, {1: _read_delivery_v1})
+
+
+# WillRecord, SessionInfo ----------------------------------------------------------
+
+def _write_will(w: WillRecord) -> list:
+    return [_str(w.topic, "topic"), _bytes(w.payload, "payload"), _qos(w.qos, "qos"),
+            _bool(w.retain, "retain"), _props_out(w.properties, "properties")]
+
+
+def _read_will_v1(f: list) -> WillRecord:
+    topic, payload, qos, retain, props = _count(f, 5, "will")
+    return WillRecord(_str(topic, "topic"), _bytes(payload, "payload"), _qos(qos, "qos"),
+                      _bool(retain, "retain"), _props_in(props, "properties"))
+
+
+#: The will nested in a :class:`SessionInfo`.
+WILL = RecordCodec("WillRecord", WillRecord, "will", _write_will, {1: _read_will_v1})
+
+
+def _write_session(s: SessionInfo) -> list:
+    return [_str(s.client_id, "client_id"), _str(s.service_id, "service_id"),
+            _str(s.session_id, "session_id"), _bool(s.connected, "connected"),
+            _bool(s.persistent, "persistent"), _client_type(s.client_type, "client_type").value,
+            _int(s.session_expiry_interval, "session_expiry_interval", 0),
+            _int(s.protocol_level, "protocol_level", 0, 255),
+            _opt_float(s.connected_at, "connected_at"),
+            _opt_float(s.disconnected_at, "disconnected_at"),
+            _float(s.updated_at, "updated_at"),
+            None if s.will is None else WILL.to_list(s.will)]
+
+
+def _read_session_v1(f: list) -> SessionInfo:
+    (client_id, service_id, session_id, connected, persistent, client_type, expiry, level,
+     connected_at, disconnected_at, updated_at, will) = _count(f, 12, "session")
+    return SessionInfo(
+        _str(client_id, "client_id"), _str(service_id, "service_id"),
+        _str(session_id, "session_id"), _bool(connected, "connected"),
+        _bool(persistent, "persistent"), _client_type(client_type, "client_type"),
+        _int(expiry, "session_expiry_interval", 0), _int(level, "protocol_level", 0, 255),
+        _opt_float(connected_at, "connected_at"), _opt_float(disconnected_at, "disconnected_at"),
+        _float(updated_at, "updated_at"), None if will is None else WILL.from_list(will))
+
+
+_SESSION = RecordCodec("SessionInfo", SessionInfo, "ses", _write_session, {1: _read_session_v1})
+#: ``tbmq.client.session``: :class:`SessionInfo` or a tombstone.
+SESSION = _SESSION.with_tombstone()
+
+
+# SubscriptionsRecord -------------------------------------------------------------
+
+def _write_subscriptions(r: SubscriptionsRecord) -> list:
+    subs = r.subscriptions
+    if not isinstance(subs, dict):
+        raise _Bad(f"subscriptions: expected dict, got {type(subs).__name__}")
+    out = {}
+    for topic_filter, o in subs.items():
+        if not isinstance(o, SubscriptionOptions):
+            raise _Bad(f"subscriptions: expected SubscriptionOptions, got {type(o).__name__}")
+        sid = o.subscription_id
+        out[_str(topic_filter, "subscriptions")] = [
+            _qos(o.qos, "qos"), _bool(o.no_local, "no_local"),
+            _bool(o.retain_as_published, "retain_as_published"),
+            _int(o.retain_handling, "retain_handling", 0, 2),
+            None if sid is None else _int(sid, "subscription_id")]
+    return [_str(r.client_id, "client_id"), out]
+
+
+def _read_subscriptions_v1(f: list) -> SubscriptionsRecord:
+    client_id, subs = _count(f, 2, "subscriptions")
+    if type(subs) is not dict:
+        raise _Bad("subscriptions: expected a map")
+    out = {}
+    for topic_filter, o in subs.items():
+        if type(o) is not list:
+            raise _Bad("subscriptions: expected an options array")
+        qos, no_local, rap, rh, sid = _count(o, 5, "subscription options")
+        out[_str(topic_filter, "subscriptions")] = SubscriptionOptions(
+            _qos(qos, "qos"), _bool(no_local, "no_local"), _bool(rap, "retain_as_published"),
+            _int(rh, "retain_handling", 0, 2), None if sid is None else _int(sid, "subscription_id"))
+    return SubscriptionsRecord(_str(client_id, "client_id"), out)
+
+
+#: ``tbmq.client.subscriptions``: :class:`SubscriptionsRecord` or a tombstone.
+SUBSCRIPTIONS = RecordCodec("SubscriptionsRecord", SubscriptionsRecord, "subs",
+                            _write_subscriptions, {1: _read_subscriptions_v1}, tombstone=True)
+
+
+# SessionEvent, SessionEventResponse, DisconnectCommand ------------------------------
+
+def _kind(v: Any) -> str:
+    if type(v) is not str or v not in SESSION_EVENT_KINDS:
+        raise _Bad(f"kind: not a session event kind: {v!r}")
+    return v
+
+
+def _write_event(e: SessionEvent) -> list:
+    return [_kind(e.kind), _str(e.client_id, "client_id"), _str(e.service_id, "service_id"),
+            _str(e.session_id, "session_id"), _str(e.request_id, "request_id"),
+            _bool(e.clean_start, "clean_start"), _bool(e.persistent, "persistent"),
+            _client_type(e.client_type, "client_type").value,
+            _int(e.session_expiry_interval, "session_expiry_interval", 0),
+            _int(e.protocol_level, "protocol_level", 0, 255), _float(e.at, "at")]
+
+
+def _read_event_v1(f: list) -> SessionEvent:
+    (kind, client_id, service_id, session_id, request_id, clean_start, persistent, client_type,
+     expiry, level, at) = _count(f, 11, "session event")
+    return SessionEvent(
+        _kind(kind), _str(client_id, "client_id"), _str(service_id, "service_id"),
+        _str(session_id, "session_id"), _str(request_id, "request_id"),
+        _bool(clean_start, "clean_start"), _bool(persistent, "persistent"),
+        _client_type(client_type, "client_type"), _int(expiry, "session_expiry_interval", 0),
+        _int(level, "protocol_level", 0, 255), _float(at, "at"))
+
+
+#: ``tbmq.client.session.event.request``: :class:`SessionEvent`.
+SESSION_EVENT = RecordCodec("SessionEvent", SessionEvent, "sev", _write_event,
+                            {1: _read_event_v1})
+
+
+def _write_response(r: SessionEventResponse) -> list:
+    return [_str(r.client_id, "client_id"), _str(r.request_id, "request_id"),
+            _bool(r.success, "success"), _bool(r.session_present, "session_present"),
+            None if r.session is None else _SESSION.to_list(r.session), _str(r.reason, "reason")]
+
+
+def _read_response_v1(f: list) -> SessionEventResponse:
+    client_id, request_id, success, present, session, reason = _count(f, 6, "response")
+    return SessionEventResponse(
+        _str(client_id, "client_id"), _str(request_id, "request_id"), _bool(success, "success"),
+        _bool(present, "session_present"),
+        None if session is None else _SESSION.from_list(session), _str(reason, "reason"))
+
+
+#: ``tbmq.client.session.event.response.<serviceId>``: :class:`SessionEventResponse`.
+SESSION_EVENT_RESPONSE = RecordCodec("SessionEventResponse", SessionEventResponse, "ser",
+                                     _write_response, {1: _read_response_v1})
+
+
+def _write_disconnect(c: DisconnectCommand) -> list:
+    return [_str(c.client_id, "client_id"), _str(c.session_id, "session_id"),
+            _int(c.reason_code, "reason_code", 0, 255)]
+
+
+def _read_disconnect_v1(f: list) -> DisconnectCommand:
+    client_id, session_id, reason_code = _count(f, 3, "disconnect")
+    return DisconnectCommand(_str(client_id, "client_id"), _str(session_id, "session_id"),
+                             _int(reason_code, "reason_code", 0, 255))
+
+
+#: ``tbmq.client.disconnect.<serviceId>``: :class:`DisconnectCommand`.
+DISCONNECT = RecordCodec("DisconnectCommand", DisconnectCommand, "dis", _write_disconnect,
+                         {1: _read_disconnect_v1})
+
+#: ``tbmq.events``: raw bytes.
+BYTES = BytesCodec()
