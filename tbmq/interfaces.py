@@ -62,7 +62,7 @@ class IMessageBus(IBackend):
         :param key: the partition key, ``str`` (a topic name or client id),
             or None (any partition).
         :param value: the record object of the topic's type (see
-            :func:`tbmq.cluster.records.codec_for`), or None (a tombstone:
+            :meth:`tbmq.cluster.topics.TopicCatalogue.codec_for`), or None (a tombstone:
             "this key has no value any more").
         :param headers: ``tuple[tuple[str, bytes], ...]``.
         :returns: a Deferred that fires with None once the bus holds the

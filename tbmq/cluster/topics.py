@@ -1,0 +1,224 @@
+"""TBMQ's topic catalogue: the bus topic names, their record types, and
+which of them are compacted or (on the in-process bus) durable.
+
+============================================== ============================ ========= =======
+name (after the prefix)                        codec (:mod:`.records`)      compacted durable
+============================================== ============================ ========= =======
+``tbmq.msg.all``                               ``MESSAGE``                  no        no
+``tbmq.msg.retained``                          ``RETAINED`` (tombstones)    yes       no
+``tbmq.msg.persisted``                         ``DELIVERY``                 no        no
+``tbmq.msg.downlink.basic.<serviceId>``        ``DELIVERY``                 no        no
+``tbmq.msg.downlink.persisted.<serviceId>``    ``DELIVERY``                 no        no
+``tbmq.msg.app.<clientId>``                    ``DELIVERY``                 no        yes
+``tbmq.msg.app.shared.<filter>``               ``DELIVERY``                 no        yes
+``tbmq.client.session``                        ``SESSION`` (tombstones)     yes       yes
+``tbmq.client.subscriptions``                  ``SUBSCRIPTIONS`` (tomb.)    yes       yes
+``tbmq.client.session.event.request``          ``SESSION_EVENT``            no        no
+``tbmq.client.session.event.response.<sid>``   ``SESSION_EVENT_RESPONSE``   no        no
+``tbmq.client.disconnect.<serviceId>``         ``DISCONNECT``               no        no
+``tbmq.events``                                ``BYTES``                    no        no
+============================================== ============================ ========= =======
+
+*Compacted* topics keep the last value per key (Kafka's
+``cleanup.policy=compact``; readers still build last-value maps
+themselves, compaction is never relied upon).  *Durable* topics are the ones
+the in-process bus writes to its topic log so that a restarted embedded node
+replays them (:class:`tbmq.interfaces.ITopicLog`); on Kafka every topic is.
+
+**Names that are not safe are hashed.**  Kafka allows ``[a-zA-Z0-9._-]``
+and at most 249 characters in a topic name, and refuses a topic whose name
+equals an existing one once ``.`` and ``_`` are taken as the same
+character.  A client id, service id or topic filter (the ``<...>`` part) is
+therefore used as it is only when it
+
+* is made of ``[A-Za-z0-9_-]`` and is not empty (no ``.``: the dot separates
+  the catalogue's levels, and ``a.b`` would collide with ``a_b``),
+* is not itself of the hashed form ``h`` + 40 hexadecimal digits,
+* in ``tbmq.msg.app.<clientId>``, does not start with ``shared_`` (that
+  would collide with ``tbmq.msg.app.shared.<filter>``),
+* keeps the whole name within 249 characters;
+
+otherwise it is replaced by ``h`` followed by the 40 lowercase hexadecimal
+digits of the SHA-1 of its UTF-8 bytes (stable across nodes and restarts;
+see :func:`safe_name`).  Topic filters nearly always contain ``/``, ``+``
+or ``#`` and so are nearly always hashed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from tbmq.cluster import records
+from tbmq.errors import RecordEncodingError
+
+__all__ = ["MAX_TOPIC_LENGTH", "TopicCatalogue", "hashed_name", "safe_name"]
+
+#: Kafka's longest topic name.
+MAX_TOPIC_LENGTH = 249
+
+_SAFE = re.compile(r"[A-Za-z0-9_-]+\Z")
+_HASHED = re.compile(r"h[0-9a-f]{40}\Z")
+_PREFIX = re.compile(r"[A-Za-z0-9._-]*\Z")
+
+MSG_ALL = "tbmq.msg.all"
+MSG_RETAINED = "tbmq.msg.retained"
+MSG_PERSISTED = "tbmq.msg.persisted"
+DOWNLINK_BASIC = "tbmq.msg.downlink.basic."
+DOWNLINK_PERSISTED = "tbmq.msg.downlink.persisted."
+APP = "tbmq.msg.app."
+APP_SHARED = "tbmq.msg.app.shared."
+CLIENT_SESSION = "tbmq.client.session"
+CLIENT_SUBSCRIPTIONS = "tbmq.client.subscriptions"
+SESSION_EVENT_REQUEST = "tbmq.client.session.event.request"
+SESSION_EVENT_RESPONSE = "tbmq.client.session.event.response."
+CLIENT_DISCONNECT = "tbmq.client.disconnect."
+EVENTS = "tbmq.events"
+
+#: the longest fixed part a variable name is appended to
+_LONGEST_BASE = max(len(DOWNLINK_PERSISTED), len(SESSION_EVENT_RESPONSE), len(APP_SHARED))
+
+_EXACT = {
+    MSG_ALL: records.MESSAGE,
+    MSG_RETAINED: records.RETAINED,
+    MSG_PERSISTED: records.DELIVERY,
+    CLIENT_SESSION: records.SESSION,
+    CLIENT_SUBSCRIPTIONS: records.SUBSCRIPTIONS,
+    SESSION_EVENT_REQUEST: records.SESSION_EVENT,
+    EVENTS: records.BYTES,
+}
+# (base, codec): the topics named base + <part>; longest bases first
+_FAMILIES = (
+    (DOWNLINK_PERSISTED, records.DELIVERY),
+    (DOWNLINK_BASIC, records.DELIVERY),
+    (APP, records.DELIVERY),  # tbmq.msg.app.shared.<filter> too
+    (SESSION_EVENT_RESPONSE, records.SESSION_EVENT_RESPONSE),
+    (CLIENT_DISCONNECT, records.DISCONNECT),
+)
+_COMPACTED = frozenset((MSG_RETAINED, CLIENT_SESSION, CLIENT_SUBSCRIPTIONS))
+_DURABLE = frozenset((CLIENT_SESSION, CLIENT_SUBSCRIPTIONS))
+
+
+def safe_name(part: str, room: int = MAX_TOPIC_LENGTH) -> str:
+    """The form of ``part`` used in a topic name (see the module doc).
+
+    :param part: a client id, service id or topic filter.
+    :param room: how many characters the name leaves for it.
+    :returns: ``part`` itself when safe, else ``"h"`` + 40 hex digits of
+        the SHA-1 of its UTF-8 bytes (lone surrogates passed through).
+    """
+    if len(part) <= room and _SAFE.match(part) and not _HASHED.match(part):
+        return part
+    return hashed_name(part)
+
+
+def hashed_name(part: str) -> str:
+    """:returns: ``"h"`` + the 40 lowercase hex digits of the SHA-1 of
+    ``part``'s UTF-8 bytes (lone surrogates passed through)."""
+    return "h" + hashlib.sha1(part.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class TopicCatalogue:
+    """The bus topic names of one cluster (ARCHITECTURE §1).
+
+    :param prefix: prepended to every name (e.g. ``"prod."``); made of
+        ``[A-Za-z0-9._-]``, short enough that every name fits in 249
+        characters.
+    :raises ValueError: for a prefix that is not.
+    :ivar msg_all, msg_retained, msg_persisted, client_session,
+        client_subscriptions, session_event_request, events: the fixed names.
+    """
+
+    __slots__ = ("prefix", "msg_all", "msg_retained", "msg_persisted", "client_session",
+                 "client_subscriptions", "session_event_request", "events", "_room")
+
+    def __init__(self, prefix: str = "") -> None:
+        if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+            raise ValueError(f"topic prefix {prefix!r}: only [A-Za-z0-9._-] are allowed")
+        room = MAX_TOPIC_LENGTH - len(prefix) - _LONGEST_BASE
+        if room < 41:
+            raise ValueError(f"topic prefix {prefix!r}: too long")
+        self.prefix = prefix
+        self._room = room
+        self.msg_all = prefix + MSG_ALL
+        self.msg_retained = prefix + MSG_RETAINED
+        self.msg_persisted = prefix + MSG_PERSISTED
+        self.client_session = prefix + CLIENT_SESSION
+        self.client_subscriptions = prefix + CLIENT_SUBSCRIPTIONS
+        self.session_event_request = prefix + SESSION_EVENT_REQUEST
+        self.events = prefix + EVENTS
+
+    # -- the families --------------------------------------------------------------
+
+    def downlink_basic(self, service_id: str) -> str:
+        """:returns: ``tbmq.msg.downlink.basic.<serviceId>``: non-persistent
+        deliveries for clients connected to node ``service_id``."""
+        return self.prefix + DOWNLINK_BASIC + safe_name(service_id, self._room)
+
+    def downlink_persisted(self, service_id: str) -> str:
+        """:returns: ``tbmq.msg.downlink.persisted.<serviceId>``: persistent
+        deliveries for clients connected to node ``service_id``."""
+        return self.prefix + DOWNLINK_PERSISTED + safe_name(service_id, self._room)
+
+    def app(self, client_id: str) -> str:
+        """:returns: ``tbmq.msg.app.<clientId>``: the deliveries of a
+        persistent APPLICATION client."""
+        if client_id.startswith("shared_"):
+            return self.prefix + APP + hashed_name(client_id)
+        return self.prefix + APP + safe_name(client_id, self._room)
+
+    def app_shared(self, topic_filter: str) -> str:
+        """:returns: ``tbmq.msg.app.shared.<filter>``: the deliveries of an
+        APPLICATION shared subscription (``topic_filter`` without the
+        ``$share/<group>/`` part)."""
+        return self.prefix + APP_SHARED + safe_name(topic_filter, self._room)
+
+    def session_event_response(self, service_id: str) -> str:
+        """:returns: ``tbmq.client.session.event.response.<serviceId>``."""
+        return self.prefix + SESSION_EVENT_RESPONSE + safe_name(service_id, self._room)
+
+    def client_disconnect(self, service_id: str) -> str:
+        """:returns: ``tbmq.client.disconnect.<serviceId>``."""
+        return self.prefix + CLIENT_DISCONNECT + safe_name(service_id, self._room)
+
+    # -- what a name carries ----------------------------------------------------------
+
+    def _base(self, topic: str) -> str | None:
+        """``topic`` without the prefix, or None when it lacks it."""
+        if not isinstance(topic, str) or not topic.startswith(self.prefix):
+            return None
+        return topic[len(self.prefix):]
+
+    def codec_for(self, topic: str):
+        """The codec of ``topic``'s records (:mod:`tbmq.cluster.records`).
+
+        :param topic: a full bus topic name, prefix included.
+        :returns: an object with ``encode(value) -> bytes | None`` and
+            ``decode(bytes | None) -> value``.
+        :raises RecordEncodingError: when ``topic`` is not in the catalogue.
+        """
+        name = self._base(topic)
+        if name is not None:
+            codec = _EXACT.get(name)
+            if codec is not None:
+                return codec
+            for base, codec in _FAMILIES:
+                if name.startswith(base) and len(name) > len(base):
+                    return codec
+        raise RecordEncodingError(f"{topic!r} is not a topic of the catalogue "
+                                  f"(prefix {self.prefix!r})")
+
+    def compacted(self, topic: str) -> bool:
+        """:returns: True for ``tbmq.client.session``,
+        ``tbmq.client.subscriptions`` and ``tbmq.msg.retained`` (the last
+        value per key is what counts)."""
+        return self._base(topic) in _COMPACTED
+
+    def durable(self, topic: str) -> bool:
+        """:returns: True for the topics the in-process bus keeps in its
+        topic log: ``tbmq.client.session``, ``tbmq.client.subscriptions``,
+        ``tbmq.msg.app.<clientId>`` and ``tbmq.msg.app.shared.<filter>``."""
+        name = self._base(topic)
+        if name is None:
+            return False
+        return name in _DURABLE or (name.startswith(APP) and len(name) > len(APP))
