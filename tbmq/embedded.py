@@ -22,11 +22,11 @@ class EmbeddedBackends:
         self._memory: dict = {}
 
     @hookimpl(trylast=True)
-    def tbmq_message_bus(self, config):
+    def tbmq_message_bus(self, config, clock):
         if config.bus != "memory":
             return None
         from tbmq.backends.inprocess_bus import InProcessBus
-        return InProcessBus()
+        return InProcessBus(clock=clock)
 
     def _stores(self, config):
         backend = config.storage.backend

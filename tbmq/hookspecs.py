@@ -39,10 +39,12 @@ def tbmq_configure(config, settings):
 # -- factories -----------------------------------------------------------------
 
 @hookspec(firstresult=True)
-def tbmq_message_bus(config):
+def tbmq_message_bus(config, clock):
     """Build the message bus when ``config.bus`` names this plugin's bus.
 
     :param config: the :class:`tbmq.config.Config`.
+    :param clock: the node's reactor (``IReactorTime``, and
+        ``callFromThread`` on a real reactor).
     :returns: an :class:`tbmq.interfaces.IMessageBus` provider, or None.
     """
 

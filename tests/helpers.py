@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from twisted.internet import task
+from twisted.internet import defer, task
 from twisted.internet.testing import StringTransport
 
 from tbmq.broker.broker import Broker
@@ -89,3 +89,84 @@ class Harness:
 
     def raw(self, level: int = 4) -> Client:
         return Client(self, level)
+
+
+class MemoryTopicLog:
+    """An in-memory :class:`tbmq.interfaces.ITopicLog` for the in-process
+    bus's tests: what a restarted bus reads back is what this object kept.
+
+    :ivar hold: when True, ``append`` returns Deferreds that fire only at
+        :meth:`release` (a slow disk).
+    :ivar records: ``(topic, partition) → {offset: (key, value, headers)}``.
+    :ivar offsets: ``(group, topic, partition) → offset``.
+    :ivar calls: the names of the calls made, in order.
+    """
+
+    def __init__(self) -> None:
+        self.records: dict = {}
+        self.offsets: dict = {}
+        self.calls: list[str] = []
+        self.hold = False
+        self.held: list = []
+        self.started = False
+
+    def start(self):
+        self.started = True
+        return defer.succeed(None)
+
+    def stop(self):
+        self.started = False
+        return defer.succeed(None)
+
+    def append(self, records):
+        self.calls.append("append")
+        for topic, partition, offset, key, value, headers, compacted in records:
+            assert value is None or isinstance(value, bytes), "the log stores encoded values"
+            part = self.records.setdefault((topic, partition), {})
+            if compacted:
+                for o in [o for o, (k, _, _) in part.items() if k == key]:
+                    del part[o]
+                if value is None:
+                    continue
+            part[offset] = (key, value, tuple(headers))
+        if self.hold:
+            d = defer.Deferred()
+            self.held.append(d)
+            return d
+        return defer.succeed(None)
+
+    def release(self) -> None:
+        """Fire the appends held so far."""
+        held, self.held = self.held, []
+        for d in held:
+            d.callback(None)
+
+    def commit(self, group, topic, partition, offset):
+        self.calls.append("commit")
+        self.offsets[(group, topic, partition)] = offset
+        return defer.succeed(None)
+
+    def truncate(self, topic, partition, before):
+        self.calls.append("truncate")
+        part = self.records.get((topic, partition), {})
+        for o in [o for o in part if o < before]:
+            del part[o]
+        return defer.succeed(None)
+
+    def delete_topic(self, topic):
+        self.calls.append("delete_topic")
+        for key in [k for k in self.records if k[0] == topic]:
+            del self.records[key]
+        for key in [k for k in self.offsets if k[1] == topic]:
+            del self.offsets[key]
+        return defer.succeed(None)
+
+    def load(self):
+        records = [(topic, p, o, key, value, headers)
+                   for (topic, p), part in sorted(self.records.items())
+                   for o, (key, value, headers) in sorted(part.items())]
+        return defer.succeed((records, dict(self.offsets)))
+
+    def held_count(self, topic: str) -> int:
+        """:returns: how many records of ``topic`` the log keeps."""
+        return sum(len(part) for (t, _), part in self.records.items() if t == topic)

@@ -1,139 +1,692 @@
-"""The in-process message bus of the embedded default.
+"""The in-process message bus of the embedded default (ARCHITECTURE §4).
 
-It carries the same topics as the Kafka bus (``tbmq.msg.all``,
-``tbmq.msg.retained``, ...) so the code above it is the same in a cluster of
-one and of many (ARCHITECTURE §4).  Values are Python objects, handed to the
-consumers synchronously: a consumer group of one node has one member, and
-every group subscribed to a topic gets every record, as in Kafka.
+It carries TBMQ's topic catalogue (:mod:`tbmq.cluster.topics`) with the
+contract of :class:`tbmq.interfaces.IMessageBus` (``docs/bus.md``), the same
+as the Kafka bus, so the code above it is the same in a cluster of one and
+of many.  Several nodes in one process may share one bus (that is how two
+broker nodes are tested in one process).
+
+* **Partitions and offsets.**  Every topic has ``partitions`` partitions;
+  a record goes to ``zlib.crc32(key) % partitions`` (keyless records round
+  robin) and gets the next offset of that partition.
+* **Consumer groups.**  Every group of a topic gets every record; within a
+  group the partitions are shared among the live members (partition ``p``
+  to member ``p % members``, rebalanced when a member joins or stops).  A
+  group starts at the end of the topic, or at its first held record with
+  ``from_beginning``.
+* **Commit after the handler.**  A group's committed offset on a partition
+  moves over the contiguous records whose handler results fired with
+  success.  A failed result is logged and leaves the record uncommitted: the
+  next assignment of the partition (a rebalance, a restart) hands it again,
+  with what follows it (at least once).
+* **Handing.**  A member's handler is never re-entered (a record published
+  from inside it is handed right after it returns), gets the records of a
+  partition in order, and has at most ``max_uncommitted`` results pending;
+  a paused member gets nothing.  Records waiting for a member are handed in
+  slices of :data:`SLICE` per reactor turn.
+* **The hot path.**  One group, its member idle and not paused, nothing
+  waiting, direct mode, a non-durable topic: ``publish`` calls the handler
+  at once and, when it returns None, returns None; no Deferred, the record
+  not even stored.
+* **Memory.**  A record goes once every group that ever subscribed has
+  committed past it.  Records that no group with a live member needs (on a
+  durable topic: no known group) are kept at most ``retention_records`` per
+  partition, oldest dropped first, counted and logged at most once per
+  :data:`DROP_LOG_INTERVAL` seconds.  Compacted topics keep the last record
+  per key (a tombstone goes once every group passed it).
+* **Encoding mode** (``encode=True``): every value is encoded with its
+  topic's codec at publish and decoded for each consumer.  Durable topics
+  are always held encoded and written to the topic log
+  (:class:`tbmq.interfaces.ITopicLog`), which ``start`` reads back.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Callable
+import zlib
+from typing import Any, Callable
 
 from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
 from tbmq.cluster.records import Record
-from tbmq.interfaces import IMessageBus
+from tbmq.cluster.topics import TopicCatalogue
+from tbmq.errors import BusClosedError, ConsumerFailedError, RecordEncodingError
+from tbmq.interfaces import IConsumer, IMessageBus
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
+__all__ = ["DROP_LOG_INTERVAL", "SLICE", "Consumer", "InProcessBus"]
+
+#: Most records handed to one member per reactor turn when a backlog drains.
+SLICE = 256
+#: Seconds between two log lines about records dropped by retention.
+DROP_LOG_INTERVAL = 10.0
+
 Handler = Callable[[Record], "defer.Deferred | None"]
+log = Logger(observer=LOG_OBSERVER)
 
 
-class _Consumer:
-    """The one member of a group on this bus; records wait while paused."""
+def _partition_of(key: str | None, n: int) -> int:
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % n
 
-    def __init__(self, bus, topic: str, group: str, handler: Handler) -> None:
+
+@implementer(IConsumer)
+class Consumer:
+    """One member of a consumer group of an :class:`InProcessBus` (made by
+    :meth:`InProcessBus.subscribe`).
+
+    :ivar topic: the topic name.
+    :ivar group: the group name.
+    :ivar caught_up: see :class:`tbmq.interfaces.IConsumer`.
+    :ivar partitions: the partitions it owns now.
+    """
+
+    __slots__ = ("bus", "topic", "group", "handler", "state", "group_state", "partitions",
+                 "paused", "busy", "wanted", "stopped", "inflight", "cursor", "scheduled",
+                 "caught_up", "targets")
+
+    def __init__(self, bus: "InProcessBus", state: TopicState, group: Group,
+                 handler: Handler) -> None:
         self.bus = bus
-        self.topic = topic
-        self.group = group
+        self.topic = state.name
+        self.group = group.name
         self.handler = handler
+        self.state = state
+        self.group_state = group
+        self.partitions: list[int] = []
         self.paused = False
-        self.waiting: deque = deque()
-        self.caught_up = defer.succeed(None)
-
-    def offer(self, record: Record):
-        if self.paused or self.waiting:
-            d = defer.Deferred()
-            self.waiting.append((record, d))
-            return d
-        return self.handler(record)
+        self.busy = False  # in its handler: never re-entered
+        self.wanted = False  # records arrived while busy
+        self.stopped = False
+        self.inflight = 0  # handler results not fired
+        self.cursor = 0  # round robin over its partitions
+        self.scheduled = None  # the DelayedCall of the next slice
+        self.caught_up: defer.Deferred = defer.Deferred()
+        self.targets: list[int] | None = None
 
     def pause(self) -> None:
-        self.paused = True
+        """Stop handing records; they wait in the bus.  Idempotent."""
+        if not self.paused:
+            self.paused = True
+            self.bus._refresh_fast(self.state)
 
     def resume(self) -> None:
-        if not self.paused:
-            return
-        self.paused = False
-        while self.waiting and not self.paused:
-            record, d = self.waiting.popleft()
-            try:
-                result = self.handler(record)
-            except Exception as e:
-                d.errback(e)
-                continue
-            if result is None:
-                d.callback(None)
-            else:
-                result.chainDeferred(d)
+        """Hand records again, those that waited first (in slices of
+        :data:`SLICE` per reactor turn).  Idempotent."""
+        if self.paused:
+            self.paused = False
+            self.bus._refresh_fast(self.state)
+            self.bus._schedule(self)
 
     def stop(self) -> defer.Deferred:
-        self.bus._remove(self)
+        """Leave the group; its partitions go to the other members from the
+        committed offsets (records whose results have not fired are handed
+        again).
+
+        :returns: a Deferred that has fired with None.
+        """
+        if not self.stopped:
+            self.bus._leave(self)
         return defer.succeed(None)
 
 
 @implementer(IMessageBus)
 class InProcessBus:
-    """Topics → consumer groups → one member each.
+    """The in-process bus; see the module doc and ``docs/bus.md``.
 
-    ``publish`` calls each group's handler at once, in subscription order,
-    unless the member is paused (the record then waits).  Its result is None
-    when no handler returned a Deferred, so the QoS 0 path allocates no
-    Deferred; otherwise a Deferred that fires (with None) when all of them
-    have fired.  A handler that raises is logged and does not stop the
-    other groups.
+    :param partitions: partitions per topic (``int`` ≥ 1).
+    :param max_uncommitted: most records a member may have whose handler
+        results have not fired; beyond that it waits.
+    :param retention_records: most records per partition kept for nobody
+        (see the module doc).
+    :param encode: the encoding mode (:attr:`encodes`).
+    :param log: the :class:`tbmq.interfaces.ITopicLog` of the durable topics,
+        or None (they are then held in memory only).
+    :param catalogue: the :class:`~tbmq.cluster.topics.TopicCatalogue` that
+        gives each topic its codec and says which are durable or compacted.
+    :param clock: the ``IReactorTime`` used for slices and log flushes (the
+        global reactor when None).
+    :ivar encodes: True in the encoding mode.
+    :ivar dropped: records dropped by retention so far.
     """
 
-    encodes = False
-    log = Logger(observer=LOG_OBSERVER)
+    log = log
 
-    def __init__(self) -> None:
-        self._topics: dict[str, list[_Consumer]] = {}
+    def __init__(self, partitions: int = 1, max_uncommitted: int = 10000,
+                 retention_records: int = 100000, encode: bool = False, log=None,
+                 catalogue: TopicCatalogue | None = None, clock=None) -> None:
+        if partitions < 1 or max_uncommitted < 1 or retention_records < 0:
+            raise ValueError("partitions and max_uncommitted must be >= 1, "
+                             "retention_records >= 0")
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self.partitions = partitions
+        self.max_uncommitted = max_uncommitted
+        self.retention_records = retention_records
+        self.encodes = encode
+        self.topic_log = log
+        self.catalogue = catalogue if catalogue is not None else TopicCatalogue()
+        self.clock = clock
+        self.running = False
+        self.dropped = 0
+        self._dropped_logged = 0
+        self._drop_logged_at: float | None = None
+        self._topics: dict[str, TopicState] = {}
+        self._commits: dict[tuple, int] = {}  # (group, topic, p) → offset, for the log
+        self._truncates: dict[tuple, int] = {}  # (topic, p) → before, for the log
+        self._flush_call = None
 
-    def start(self) -> defer.Deferred:
-        return defer.succeed(None)
+    # -- life cycle ---------------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def start(self):
+        """Read the topic log back (durable topics, their groups' committed
+        offsets), then accept publishes.
+
+        :returns: a Deferred firing with None once started.
+        """
+        if self.running:
+            return
+        if self.topic_log is not None:
+            yield self.topic_log.start()
+            records, offsets = yield self.topic_log.load()
+            self._restore(records, offsets)
+        self.running = True
+        for state in self._topics.values():
+            self._refresh_fast(state)
+            for group in state.groups.values():
+                for member in group.members:
+                    self._schedule(member)
 
     def stop(self) -> defer.Deferred:
+        """Refuse publishes, fail the pending ones with
+        :class:`~tbmq.errors.BusClosedError`, write the pending commits to
+        the topic log and stop it.
+
+        :returns: a Deferred firing with None once done.
+        """
+        if not self.running:
+            return defer.succeed(None)
+        self.running = False
+        for state in self._topics.values():
+            state.fast = None
+            for group in state.groups.values():
+                for member in group.members:
+                    if member.scheduled is not None and member.scheduled.active():
+                        member.scheduled.cancel()
+                    member.scheduled = None
+            for part in state.parts:
+                waiters, part.waiters = part.waiters, {}
+                for waiter in waiters.values():
+                    waiter.close()
+        if self.topic_log is None:
+            return defer.succeed(None)
+        flushed = self._flush()
+        return flushed.addCallback(lambda _: self.topic_log.stop())
+
+    def _restore(self, records: list, offsets: dict) -> None:
+        catalogue = self.catalogue
+        for topic, p, o, key, value, headers in records:
+            state = self._topic(topic)
+            part = self._part(state, p)
+            part.put(o, key, value, tuple(headers or ()))
+            if o >= part.next:
+                part.next = o + 1
+        for (group_name, topic, p), offset in offsets.items():
+            if not catalogue.durable(topic):
+                continue
+            state = self._topic(topic)
+            part = self._part(state, p)
+            part.next = max(part.next, offset)
+            group = self._group(state, group_name, restoring=True)
+            group.cursors[p].committed = group.cursors[p].position = offset
+        for state in self._topics.values():
+            for group in state.groups.values():
+                group.assign(reset=True)
+
+    def _part(self, state: TopicState, p: int) -> Partition:
+        while p >= len(state.parts):
+            state.parts.append(Partition(len(state.parts), state.compacted))
+            for group in state.groups.values():
+                group.cursors.append(Cursor(0))
+                group.owners.append(None)
+        return state.parts[p]
+
+    # -- topics and groups -----------------------------------------------------------
+
+    def _topic(self, topic: str) -> TopicState:
+        state = self._topics.get(topic)
+        if state is None:
+            catalogue = self.catalogue
+            durable = catalogue.durable(topic)
+            codec = catalogue.codec_for(topic) if (durable or self.encodes) else None
+            state = self._topics[topic] = TopicState(
+                topic, self.partitions, codec, durable, catalogue.compacted(topic))
+        return state
+
+    def _group(self, state: TopicState, name: str, restoring: bool = False) -> Group:
+        """The group ``name`` of ``state``, made when new: at the end of a
+        non-durable topic, at the first held record of a durable one (what
+        waited for an application client that never connected before is
+        its), its offsets then written to the topic log so that a restart
+        knows the group."""
+        group = state.groups.get(name)
+        if group is None:
+            if restoring:
+                starts = [0] * len(state.parts)
+            elif state.durable:
+                starts = [part.first_held() for part in state.parts]
+            else:
+                starts = [part.next for part in state.parts]
+            group = state.groups[name] = Group(name, starts)
+            if state.durable and not restoring and self.topic_log is not None:
+                for p, offset in enumerate(starts):
+                    self._commits[(name, state.name, p)] = offset
+                self._flush_soon()
+        return group
+
+    def _refresh_fast(self, state: TopicState) -> None:
+        """Whether publish may call the one member's handler directly."""
+        state.fast = None
+        if (not self.running or state.codec is not None or len(state.parts) != 1
+                or len(state.groups) != 1):
+            return
+        group = next(iter(state.groups.values()))
+        member = group.owners[0]
+        if member is not None and not member.paused:
+            state.fast = (member, group.cursors[0], state.parts[0])
+
+    def topics(self) -> list[str]:
+        """:returns: the names of the topics the bus knows."""
+        return list(self._topics)
+
+    def held(self, topic: str) -> int:
+        """:returns: how many records of ``topic`` are held in memory."""
+        state = self._topics.get(topic)
+        return 0 if state is None else sum(len(p.entries) for p in state.parts)
+
+    def delete_topic(self, topic: str) -> defer.Deferred:
+        """Forget ``topic``, its records and its groups' offsets (and in the
+        topic log).  Nobody may consume it any more.
+
+        :returns: a Deferred firing with None when done.
+        :raises ValueError: (in the Deferred) while a member consumes it.
+        """
+        state = self._topics.get(topic)
+        if state is None:
+            return defer.succeed(None)
+        if any(group.members for group in state.groups.values()):
+            return defer.fail(ValueError(f"{topic}: still consumed"))
+        del self._topics[topic]
+        for part in state.parts:
+            for waiter in part.waiters.values():
+                waiter.close()
+        for key in [k for k in self._commits if k[1] == topic]:
+            del self._commits[key]
+        for key in [k for k in self._truncates if k[0] == topic]:
+            del self._truncates[key]
+        if state.durable and self.topic_log is not None:
+            return self.topic_log.delete_topic(topic)
         return defer.succeed(None)
 
+    # -- subscribe ------------------------------------------------------------------------
+
     def subscribe(self, topic: str, group: str, handler: Handler,
-                  from_beginning: bool = False) -> _Consumer:
-        """Consume ``topic`` as consumer group ``group``; a second handler for
-        the same group replaces the first (one member per group here)."""
-        consumers = self._topics.setdefault(topic, [])
-        consumer = _Consumer(self, topic, group, handler)
-        for i, other in enumerate(consumers):
-            if other.group == group:
-                consumers[i] = consumer
-                return consumer
-        consumers.append(consumer)
-        return consumer
+                  from_beginning: bool = False) -> Consumer:
+        """Join ``group`` on ``topic``; see
+        :meth:`tbmq.interfaces.IMessageBus.subscribe`.  Records are handed
+        from the next reactor turn on (never inside this call).
 
-    def _remove(self, consumer) -> None:
-        consumers = self._topics.get(consumer.topic, [])
-        if consumer in consumers:
-            consumers.remove(consumer)
+        :returns: the :class:`Consumer`.
+        :raises RecordEncodingError: in the encoding mode, or for a durable
+            topic, when ``topic`` is not in the catalogue.
+        """
+        state = self._topic(topic)
+        g = self._group(state, group)
+        member = Consumer(self, state, g, _adapt_legacy(handler))
+        g.members.append(member)
+        if from_beginning:
+            for part, cursor in zip(state.parts, g.cursors):
+                cursor.committed = part.first_held()
+        g.assign(reset=from_beginning)
+        member.targets = [part.next for part in state.parts]
+        self._refresh_fast(state)
+        for other in g.members:
+            self._schedule(other)
+        self._check_caught_up(member)
+        return member
 
-    def publish(self, topic: str, key, value, headers=()) -> defer.Deferred | None:
-        """Hand ``value`` to every group of ``topic``; see the class doc."""
-        consumers = self._topics.get(topic)
-        if not consumers:
+    def _leave(self, member: Consumer) -> None:
+        member.stopped = True
+        if member.scheduled is not None and member.scheduled.active():
+            member.scheduled.cancel()
+        member.scheduled = None
+        state, group = member.state, member.group_state
+        group.members.remove(member)
+        group.assign()
+        self._refresh_fast(state)
+        if not group.members:  # nobody handles it for this group now: not awaited
+            for part in state.parts:
+                for o, waiter in list(part.waiters.items()):
+                    waiter.complete(group.name, True)
+                    if waiter.done:
+                        del part.waiters[o]
+        for other in group.members:
+            self._schedule(other)
+
+    # -- publish ----------------------------------------------------------------------------
+
+    def publish(self, topic: str, key: str | None, value: Any,
+                headers: tuple = ()) -> defer.Deferred | None:
+        """Append a record; see :meth:`tbmq.interfaces.IMessageBus.publish`.
+
+        :returns: None when every group with a live member has handled the
+            record during the call (a non-durable topic); otherwise a
+            Deferred firing with None once they have (and, on a durable
+            topic, once the topic log stored it), failing with
+            :class:`~tbmq.errors.ConsumerFailedError` when a handler failed
+            (the other groups still get the record),
+            :class:`~tbmq.errors.BusClosedError` (not started, stopped),
+            :class:`~tbmq.errors.RecordEncodingError` (the value does not fit
+            the topic's codec, or the topic is not in the catalogue in the
+            encoding mode) or :class:`~tbmq.errors.BusPublishError` (the topic
+            log failed).  Never raises.
+        """
+        state = self._topics.get(topic)
+        if state is not None:
+            fast = state.fast
+            if fast is not None:
+                member, cursor, part = fast
+                o = part.next
+                if cursor.committed == o and not member.busy:
+                    # the hot path: nothing waits, hand it now
+                    part.next = cursor.position = o + 1
+                    record = Record(topic, key, value, headers, 0, o)
+                    member.busy = True
+                    try:
+                        result = member.handler(record)
+                    except Exception:
+                        member.busy = False
+                        return self._hot_failed(state, member, cursor, part, record, Failure())
+                    member.busy = False
+                    if result is None:
+                        cursor.committed = o + 1
+                        if member.wanted:
+                            self._pump(member)
+                        return None
+                    return self._hot_pending(state, member, cursor, part, record, result)
+        return self._publish(state, topic, key, value, headers)
+
+    def _hot_failed(self, state, member, cursor, part, record, failure) -> defer.Deferred:
+        o = record.offset
+        part.put(o, record.key, record.value, record.headers)
+        self._handled(member, state, 0, cursor, o, failure, False)
+        if member.wanted:
+            self._pump(member)
+        return defer.fail(ConsumerFailedError(
+            f"{state.name}: the handler of consumer group {member.group!r} failed; "
+            "the record is not committed for it", group=member.group))
+
+    def _hot_pending(self, state, member, cursor, part, record, result):
+        o = record.offset
+        part.put(o, record.key, record.value, record.headers)
+        waiter = part.waiters[o] = Waiter(state.name, {member.group})
+        self._track(member, state, 0, cursor, o, result)
+        if member.wanted:
+            self._pump(member)
+        if waiter.done:
+            part.waiters.pop(o, None)
+        return waiter.result()
+
+    def _publish(self, state: TopicState | None, topic: str, key, value, headers):
+        if not self.running:
+            return defer.fail(BusClosedError(f"{topic}: the bus is not running"))
+        try:
+            if state is None:
+                state = self._topic(topic)
+            stored = value if state.codec is None else state.codec.encode(value)
+        except RecordEncodingError as e:
+            return defer.fail(e)
+        parts = state.parts
+        n = len(parts)
+        if n == 1:
+            p = 0
+        elif key is None:
+            p = state.rr % n
+            state.rr += 1
+        else:
+            p = _partition_of(key, n)
+        part = parts[p]
+        o = part.append(key, stored, headers)
+        awaited = [g for g in state.groups.values() if g.members]
+        log_d = None
+        if state.durable and self.topic_log is not None:
+            log_d = self.topic_log.append([(topic, p, o, key, stored, headers, state.compacted)])
+        waiter = None
+        if awaited or log_d is not None:
+            waiter = Waiter(topic, {g.name for g in awaited}, log_d is not None)
+            part.waiters[o] = waiter
+            if log_d is not None:
+                log_d.addCallbacks(lambda _: waiter.logged(), waiter.logged)
+        for g in awaited:
+            self._pump(g.owners[p])
+        self._retain(state, part)
+        if waiter is None:
             return None
-        record = Record(topic, key, value, headers)
-        if len(consumers) == 1:  # one consumer group: no bookkeeping
-            try:
-                return consumers[0].offer(record)
-            except Exception:
-                self.log.failure("consumer of {topic} failed", topic=topic)
-                return None
-        pending = None
-        for consumer in consumers:
-            try:
-                result = consumer.offer(record)
-            except Exception:
-                self.log.failure("consumer of {topic} failed", topic=topic)
-                continue
-            if result is not None:
-                if pending is None:
-                    pending = [result]
-                else:
-                    pending.append(result)
-        if pending is None:
-            return None
-        if len(pending) == 1:
-            return pending[0]
-        return defer.gatherResults(pending, consumeErrors=True).addCallback(lambda _: None)
+        if waiter.done:
+            part.waiters.pop(o, None)
+        return waiter.result()
+
+    # -- handing records ----------------------------------------------------------------------
+
+    def _schedule(self, member: Consumer) -> None:
+        """Hand ``member`` its waiting records from the next reactor turn."""
+        if (member.scheduled is None and self.running and not member.stopped
+                and not member.paused):
+            member.scheduled = self.clock.callLater(0, self._slice, member)
+
+    def _slice(self, member: Consumer) -> None:
+        member.scheduled = None
+        self._pump(member)
+
+    def _pump(self, member: Consumer) -> None:
+        """Hand ``member`` its waiting records: at most :data:`SLICE` now,
+        the rest from the next reactor turn."""
+        if member.busy:
+            member.wanted = True
+            return
+        member.wanted = False
+        if member.paused or member.stopped or not self.running:
+            return
+        state = member.state
+        limit = self.max_uncommitted
+        budget = SLICE
+        member.busy = True
+        try:
+            while member.inflight < limit:
+                found = self._next(member, state)
+                if found is None:
+                    break
+                if budget == 0:
+                    self._schedule(member)
+                    break
+                budget -= 1
+                self._hand(member, state, *found)
+        finally:
+            member.busy = False
+            member.wanted = False  # the loop above took what came meanwhile
+        self._check_group_caught_up(member.group_state)
+
+    def _next(self, member: Consumer, state: TopicState):
+        """The next record for ``member``: ``(p, cursor, part, offset,
+        entry)``, or None."""
+        owned = member.partitions
+        n = len(owned)
+        cursors = member.group_state.cursors
+        parts = state.parts
+        for i in range(n):
+            p = owned[(member.cursor + i) % n]
+            cursor, part = cursors[p], parts[p]
+            if cursor.position < part.first:
+                cursor.position = part.first
+            entries = part.entries
+            while cursor.position < part.next:
+                o = cursor.position
+                entry = entries.get(o)
+                if entry is not None:
+                    member.cursor = (member.cursor + i + 1) % n
+                    return p, cursor, part, o, entry
+                cursor.position = o + 1  # a hole: compacted away or dropped
+            if cursor.advance():
+                self._committed(state, member.group_state, p, cursor)
+        return None
+
+    def _hand(self, member: Consumer, state: TopicState, p: int, cursor, part: Partition,
+              o: int, entry: tuple) -> None:
+        cursor.position = o + 1
+        key, value, headers = entry
+        try:
+            if state.codec is not None:
+                value = state.codec.decode(value)
+            result = member.handler(Record(state.name, key, value, headers, p, o))
+        except Exception:
+            self._handled(member, state, p, cursor, o, Failure(), False)
+            return
+        if result is None:
+            self._handled(member, state, p, cursor, o, None, False)
+        else:
+            self._track(member, state, p, cursor, o, result)
+
+    def _track(self, member, state, p, cursor, o, result) -> None:
+        if not isinstance(result, defer.Deferred):
+            self._handled(member, state, p, cursor, o, None, False)
+            return
+        cursor.inflight.add(o)
+        member.inflight += 1
+        result.addCallbacks(self._fired, self._fired,
+                            callbackArgs=(member, state, p, cursor, o, False),
+                            errbackArgs=(member, state, p, cursor, o, True))
+
+    def _fired(self, outcome, member, state, p, cursor, o, failed) -> None:
+        self._handled(member, state, p, cursor, o, outcome if failed else None, True)
+
+    def _handled(self, member: Consumer, state: TopicState, p: int, cursor, o: int,
+                 failure: Failure | None, deferred: bool) -> None:
+        """The handler's result for record ``o`` of partition ``p`` fired
+        (``failure`` when it failed)."""
+        group = member.group_state
+        current = group.cursors[p] is cursor
+        if deferred:
+            member.inflight -= 1
+            cursor.inflight.discard(o)
+        if failure is not None:
+            self.log.failure("consumer group {group} of {topic} failed on partition "
+                             "{partition} offset {offset}; left uncommitted", failure,
+                             group=group.name, topic=state.name, partition=p, offset=o)
+            if current:
+                cursor.failed.add(o)
+        elif current and cursor.advance():
+            self._committed(state, group, p, cursor)
+        part = state.parts[p]
+        waiter = part.waiters.get(o)
+        if waiter is not None:
+            waiter.complete(group.name, failure is None)
+            if waiter.done:
+                del part.waiters[o]
+        if deferred:
+            if not member.busy and member.inflight == self.max_uncommitted - 1:
+                self._schedule(member)
+            self._check_group_caught_up(group)
+
+    def _check_group_caught_up(self, group: Group) -> None:
+        for member in group.members:
+            if member.targets is not None:
+                self._check_caught_up(member)
+
+    def _check_caught_up(self, member: Consumer) -> None:
+        targets = member.targets
+        cursors = member.group_state.cursors
+        for p, target in enumerate(targets):
+            if not cursors[p].handled_below(target):
+                return
+        member.targets = None
+        member.caught_up.callback(None)
+
+    # -- commits and memory ---------------------------------------------------------------------
+
+    def _committed(self, state: TopicState, group: Group, p: int, cursor) -> None:
+        """``group``'s committed offset on partition ``p`` moved."""
+        if state.durable and self.topic_log is not None:
+            self._commits[(group.name, state.name, p)] = cursor.committed
+            self._flush_soon()
+        part = state.parts[p]
+        before = min(g.cursors[p].committed for g in state.groups.values())
+        if before > part.first or part.tombstones:
+            if part.release(before) and state.durable and not state.compacted \
+                    and self.topic_log is not None:
+                self._truncates[(state.name, p)] = before
+                self._flush_soon()
+
+    def _retain(self, state: TopicState, part: Partition) -> None:
+        """Keep at most ``retention_records`` records that no group needs
+        (see the module doc)."""
+        if len(part.entries) <= self.retention_records or state.compacted:
+            return
+        p = part.index
+        groups = state.groups.values()
+        if not state.durable:
+            groups = [g for g in groups if g.members]
+        below = min((g.cursors[p].committed for g in groups), default=part.next)
+        dropped = part.drop_oldest(self.retention_records, below)
+        if not dropped:
+            return
+        self.dropped += dropped
+        now = self.clock.seconds()
+        if self._drop_logged_at is None or now - self._drop_logged_at >= DROP_LOG_INTERVAL:
+            self.log.warn("in-process bus: {n} records dropped by retention ({total} in all; "
+                          "last from {topic})", n=self.dropped - self._dropped_logged,
+                          total=self.dropped, topic=state.name)
+            self._drop_logged_at = now
+            self._dropped_logged = self.dropped
+
+    def _flush_soon(self) -> None:
+        if self._flush_call is None and self.running:
+            self._flush_call = self.clock.callLater(0, self._flush)
+
+    def _flush(self) -> defer.Deferred:
+        """Write the pending commits and truncations to the topic log."""
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        commits, self._commits = self._commits, {}
+        truncates, self._truncates = self._truncates, {}
+        topic_log = self.topic_log
+        calls = [topic_log.commit(g, t, p, o) for (g, t, p), o in commits.items()]
+        calls += [topic_log.truncate(t, p, o) for (t, p), o in truncates.items()]
+        for d in calls:
+            d.addErrback(lambda f: self.log.failure("in-process bus: topic log write failed", f))
+        return defer.gatherResults(calls).addCallback(lambda _: None)
+
+
+def _adapt_legacy(handler: Callable) -> Handler:
+    """TEMPORARY, until ``tbmq/broker`` moves to ``handler(record)``: wrap a
+    handler of the old signature ``handler(key, value)`` (two required
+    positional parameters) so that it gets ``record.key, record.value``.
+    Remove with the last such caller (``tbmq.broker.router.Router.start``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(handler).parameters.values()
+    except (TypeError, ValueError):
+        return handler
+    required = [p for p in params if p.default is p.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(required) < 2:
+        return handler
+
+    def legacy(record: Record):
+        return handler(record.key, record.value)
+
+    return legacy

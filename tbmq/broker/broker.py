@@ -58,7 +58,7 @@ class Broker:
         self.service_id = config.node.service_id or default_service_id()
         hook = plugins.hook
         if bus is None:
-            bus = hook.tbmq_message_bus(config=config)
+            bus = hook.tbmq_message_bus(config=config, clock=clock)
             if bus is None:
                 raise ConfigError(f"bus: no plugin provides the bus {config.bus!r}")
         if session_store is None:

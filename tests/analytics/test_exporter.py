@@ -217,7 +217,8 @@ def test_bus_sink(tmp_path):
     fake = SimpleNamespace(config=config, clock=clock, service_id="node-b", bus=broker.bus,
                            bus_topic=lambda name: name)
     received = []
-    broker.bus.subscribe("tbmq.events", "test", lambda r: received.append((r.key, r.value)))
+    broker.bus.subscribe("tbmq.events", "test",
+                         lambda record: received.append((record.key, record.value)))
     calls = []
     reactor_thread = threading.current_thread()
     exporter = EventExporter(fake, call_from_thread=calls.append)

@@ -513,6 +513,8 @@ def test_a_congested_subscriber_holds_the_pipeline_and_then_its_publisher():
     assert p.transport.producerState == "paused"
     assert [m.payload for m in s.received()] == [b"q0"]
     s.protocol.resumeProducing()
+    h.turn()  # the bus hands what waited over in the next turns
+    h.turn()
     assert not consumer.paused and p.transport.producerState == "producing"
     assert [m.payload for m in s.received()] == [b"w%d" % i for i in range(6)]
     assert h.broker.sessions.sessions["s"].dropped == {}

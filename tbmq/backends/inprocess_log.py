@@ -1,0 +1,309 @@
+"""The state behind :class:`tbmq.backends.inprocess_bus.InProcessBus`: the
+partition logs of each topic, the consumer groups' offsets, and the waiters
+of ``publish`` calls.  Plain data and small operations; no Twisted, no
+handler calls (the bus does those).
+
+Offsets count from 0 in each partition.  A partition holds the records from
+:attr:`Partition.first` to :attr:`Partition.next` - 1, with holes where
+records were compacted away or dropped; a reader skips holes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from twisted.internet import defer
+
+from tbmq.errors import BusClosedError, BusPublishError, ConsumerFailedError
+
+__all__ = ["Cursor", "Group", "Partition", "TopicState", "Waiter"]
+
+
+class Partition:
+    """One append log.
+
+    :ivar index: the partition number.
+    :ivar entries: offset → ``(key, value, headers)``, in offset order
+        (``value`` as stored: the object in direct mode, the encoded bytes
+        or None on an encoded topic).
+    :ivar first: no record below it is held (a lower bound of the first
+        held offset).
+    :ivar next: the offset the next record gets.
+    :ivar keys: compacted topics: key → offset of its last record; else None.
+    :ivar tombstones: compacted topics: offsets of held tombstones, in order.
+    :ivar waiters: offset → :class:`Waiter` of a publish not finished yet.
+    """
+
+    __slots__ = ("index", "entries", "first", "next", "keys", "tombstones", "waiters")
+
+    def __init__(self, index: int, compacted: bool = False) -> None:
+        self.index = index
+        self.entries: dict[int, tuple] = {}
+        self.first = 0
+        self.next = 0
+        self.keys: dict | None = {} if compacted else None
+        self.tombstones: deque | None = deque() if compacted else None
+        self.waiters: dict[int, Waiter] = {}
+
+    def append(self, key: str | None, value: Any, headers: tuple) -> int:
+        """Hold a record at the next offset; on a compacted partition the
+        key's previous record goes.
+
+        :returns: its offset.
+        """
+        o = self.next
+        self.next = o + 1
+        self.put(o, key, value, headers)
+        return o
+
+    def put(self, o: int, key: str | None, value: Any, headers: tuple) -> None:
+        """Hold a record at offset ``o`` (appending, or restoring a log)."""
+        entries = self.entries
+        if not entries:
+            self.first = o
+        entries[o] = (key, value, headers)
+        keys = self.keys
+        if keys is not None and key is not None:
+            previous = keys.get(key)
+            keys[key] = o
+            if previous is not None:
+                entries.pop(previous, None)
+            if value is None:
+                self.tombstones.append(o)
+
+    def release(self, before: int) -> int:
+        """Forget what every group has passed: every record below ``before``
+        (compacted: the tombstones below it, the keys' last values stay).
+
+        :returns: how many records went.
+        """
+        entries = self.entries
+        n = len(entries)
+        if self.keys is None:
+            o = self.first
+            if before - o > n:  # sparse: walk the records, not the offsets
+                for held in [held for held in entries if held < before]:
+                    del entries[held]
+            else:
+                pop = entries.pop
+                while o < before:
+                    pop(o, None)
+                    o += 1
+            if before > self.first:
+                self.first = before
+        else:
+            tombstones, keys = self.tombstones, self.keys
+            while tombstones and tombstones[0] < before:
+                o = tombstones.popleft()
+                entry = entries.pop(o, None)
+                if entry is not None and keys.get(entry[0]) == o:
+                    del keys[entry[0]]
+        return n - len(entries)
+
+    def drop_oldest(self, keep: int, below: int) -> int:
+        """Retention: drop the oldest records below offset ``below`` until
+        at most ``keep`` are held.
+
+        :returns: how many were dropped.
+        """
+        entries = self.entries
+        dropped = 0
+        while len(entries) > keep:
+            o = next(iter(entries))
+            if o >= below:
+                break
+            del entries[o]
+            dropped += 1
+            self.first = o + 1
+        return dropped
+
+    def first_held(self) -> int:
+        """:returns: the lowest held offset (:attr:`next` when none)."""
+        for o in self.entries:
+            return o
+        return self.next
+
+
+class Cursor:
+    """Where one consumer group is in one partition, for one assignment
+    (a rebalance makes a new cursor; results of records handed under an old
+    one do not commit).
+
+    :ivar committed: every record below it is handled (the group's offset).
+    :ivar position: the next offset to hand.
+    :ivar inflight: offsets handed whose handler result has not fired.
+    :ivar failed: offsets whose handler result failed (they hold the commit
+        back until the next assignment hands them again).
+    """
+
+    __slots__ = ("committed", "position", "inflight", "failed")
+
+    def __init__(self, committed: int) -> None:
+        self.committed = committed
+        self.position = committed
+        self.inflight: set[int] = set()
+        self.failed: set[int] = set()
+
+    def advance(self) -> bool:
+        """Move :attr:`committed` over the contiguous handled prefix.
+
+        :returns: True when it moved.
+        """
+        c = start = self.committed
+        position, inflight, failed = self.position, self.inflight, self.failed
+        while c < position and c not in inflight and c not in failed:
+            c += 1
+        if c == start:
+            return False
+        self.committed = c
+        return True
+
+    def handled_below(self, offset: int) -> bool:
+        """:returns: True when every record below ``offset`` was handed and
+        its result fired (with success or not)."""
+        if self.committed >= offset:
+            return True
+        if self.position < offset:
+            return False
+        return not any(o < offset for o in self.inflight)
+
+
+class Group:
+    """One consumer group of one topic.
+
+    :ivar name: the group name.
+    :ivar members: the live members, in join order.
+    :ivar cursors: partition → :class:`Cursor`.
+    :ivar owners: partition → the member that owns it, or None.
+    """
+
+    __slots__ = ("name", "members", "cursors", "owners")
+
+    def __init__(self, name: str, starts: list[int]) -> None:
+        self.name = name
+        self.members: list = []
+        self.cursors = [Cursor(o) for o in starts]
+        self.owners: list = [None] * len(starts)
+
+    def assign(self, reset: bool = False) -> None:
+        """Share the partitions among the members (partition ``p`` to member
+        ``p % len(members)``); a partition that changes owner, or every one
+        when ``reset``, gets a new cursor at the committed offset."""
+        members = self.members
+        n = len(members)
+        for p, cursor in enumerate(self.cursors):
+            owner = members[p % n] if n else None
+            if reset or owner is not self.owners[p]:
+                self.owners[p] = owner
+                self.cursors[p] = Cursor(cursor.committed)
+        for m in members:
+            m.partitions = [p for p, owner in enumerate(self.owners) if owner is m]
+
+
+class Waiter:
+    """The outcome of one publish: which groups still have to handle the
+    record, and whether the topic log has it.
+
+    :ivar pending: names of the groups that have not handled it yet.
+    :ivar failed_group: the first group whose handler failed, or None.
+    :ivar log_pending: the topic log's append has not fired yet.
+    :ivar error: a failure that fails the publish outright (log error, bus
+        stopped), or None.
+    """
+
+    __slots__ = ("pending", "failed_group", "log_pending", "error", "d", "topic")
+
+    def __init__(self, topic: str, pending: set[str], log_pending: bool = False) -> None:
+        self.topic = topic
+        self.pending = pending
+        self.failed_group: str | None = None
+        self.log_pending = log_pending
+        self.error: Exception | None = None
+        self.d: defer.Deferred | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.error is not None or (not self.pending and not self.log_pending)
+
+    def complete(self, group: str, ok: bool) -> None:
+        """Group ``group`` handled the record (its result fired ``ok``)."""
+        if group not in self.pending:
+            return
+        self.pending.discard(group)
+        if not ok and self.failed_group is None:
+            self.failed_group = group
+        self._maybe_fire()
+
+    def logged(self, failure=None) -> None:
+        """The topic log's append fired (``failure`` when it failed)."""
+        self.log_pending = False
+        if failure is not None and self.error is None:
+            self.error = BusPublishError(
+                f"{self.topic}: the topic log did not store the record: "
+                f"{failure.getErrorMessage()}")
+        self._maybe_fire()
+
+    def close(self) -> None:
+        """The bus stopped before the record was handled."""
+        if not self.done:
+            self.error = BusClosedError(f"{self.topic}: the bus stopped before every "
+                                        "consumer group handled the record")
+            self._maybe_fire()
+
+    def _failure(self) -> Exception | None:
+        if self.error is not None:
+            return self.error
+        if self.failed_group is not None:
+            return ConsumerFailedError(
+                f"{self.topic}: the handler of consumer group {self.failed_group!r} failed; "
+                "the record is not committed for it", group=self.failed_group)
+        return None
+
+    def _maybe_fire(self) -> None:
+        d = self.d
+        if d is not None and not d.called and self.done:
+            error = self._failure()
+            if error is None:
+                d.callback(None)
+            else:
+                d.errback(error)
+
+    def result(self) -> defer.Deferred | None:
+        """What ``publish`` returns: None when it is all done and well, a
+        failed Deferred when done and not well, else a Deferred that fires
+        when done."""
+        if self.done:
+            error = self._failure()
+            return None if error is None else defer.fail(error)
+        self.d = defer.Deferred()
+        return self.d
+
+
+class TopicState:
+    """One topic of the bus.
+
+    :ivar name: the topic name.
+    :ivar parts: the :class:`Partition` list.
+    :ivar groups: group name → :class:`Group` (every group ever subscribed).
+    :ivar codec: the codec when values are held encoded (encoding mode, or a
+        durable topic), else None.
+    :ivar durable: written to the topic log.
+    :ivar compacted: the last record per key is kept.
+    :ivar fast: ``(member, cursor, partition)`` when publish may call the one
+        member's handler at once (see the bus), else None.
+    :ivar rr: the partition of the next record without a key.
+    """
+
+    __slots__ = ("name", "parts", "groups", "codec", "durable", "compacted", "fast", "rr")
+
+    def __init__(self, name: str, partitions: int, codec, durable: bool,
+                 compacted: bool) -> None:
+        self.name = name
+        self.parts = [Partition(p, compacted) for p in range(partitions)]
+        self.groups: dict[str, Group] = {}
+        self.codec = codec
+        self.durable = durable
+        self.compacted = compacted
+        self.fast = None
+        self.rr = 0

@@ -1,0 +1,279 @@
+"""What the in-process bus promises beyond the common contract (which
+tests/contract/test_bus.py checks): the hot path, memory, retention,
+slices, back-pressure, the topic log."""
+
+from __future__ import annotations
+
+from twisted.internet import defer
+from twisted.internet.task import Clock
+
+from tbmq.backends import inprocess_bus
+from tbmq.backends.inprocess_bus import SLICE, InProcessBus
+from tbmq.cluster import records as r
+from tbmq.cluster.topics import TopicCatalogue
+from tbmq.errors import BusClosedError, BusPublishError, ConsumerFailedError
+from tbmq.model import ClientType, Message
+from tests.helpers import MemoryTopicLog
+
+C = TopicCatalogue()
+
+
+def make(**options) -> tuple[InProcessBus, Clock]:
+    clock = Clock()
+    bus = InProcessBus(clock=clock, **options)
+    assert bus.start().called
+    return bus, clock
+
+
+def outcome(d):
+    """:returns: ``[result]`` of a fired Deferred (None: done during the call)."""
+    if d is None:
+        return [None]
+    out = []
+    d.addBoth(out.append)
+    return out
+
+
+def test_hot_path_hands_at_once_and_returns_none():
+    bus, clock = make()
+    got = []
+    bus.subscribe("tbmq.msg.all", "g", got.append)
+    message = Message("a/b", b"x")
+    assert bus.publish("tbmq.msg.all", "a/b", message) is None  # before any reactor turn
+    assert len(got) == 1 and got[0].value is message  # the object itself
+    assert (got[0].topic, got[0].key, got[0].partition, got[0].offset) == (
+        "tbmq.msg.all", "a/b", 0, 0)
+    assert bus.publish("tbmq.msg.all", "a/b", message) is None
+    assert got[1].offset == 1
+    assert bus.held("tbmq.msg.all") == 0  # nothing kept
+
+
+def test_a_handler_deferred_makes_publish_wait_for_it():
+    bus, clock = make()
+    results = []
+    bus.subscribe("tbmq.msg.all", "g", lambda rec: results.append(defer.Deferred()) or results[-1])
+    d = bus.publish("tbmq.msg.all", "a", Message("a", b""))
+    assert isinstance(d, defer.Deferred) and not d.called
+    assert bus.held("tbmq.msg.all") == 1  # kept until committed
+    # the next record waits behind the uncommitted one but is handed (in order)
+    d2 = bus.publish("tbmq.msg.all", "a", Message("a", b"2"))
+    assert len(results) == 2 and not d2.called
+    results[1].callback(None)
+    assert d2.called and not d.called and bus.held("tbmq.msg.all") == 2
+    results[0].callback(None)
+    assert d.called and bus.held("tbmq.msg.all") == 0
+
+
+def test_records_are_released_once_every_known_group_passed_them():
+    bus, clock = make()
+    topic = "tbmq.msg.all"
+    a, b = [], []
+    bus.subscribe(topic, "a", a.append)
+    consumer_b = bus.subscribe(topic, "b", b.append)
+    clock.advance(0)
+    consumer_b.stop()  # "b" is known: its records wait for it
+    for i in range(10):
+        bus.publish(topic, "k", Message("k", b"%d" % i))
+    assert len(a) == 10 and bus.held(topic) == 10
+    again = []
+    bus.subscribe(topic, "b", again.append)
+    clock.advance(0)
+    assert [rec.value.payload for rec in again] == [b"%d" % i for i in range(10)]
+    assert bus.held(topic) == 0
+
+
+def test_retention_bounds_what_nobody_reads():
+    bus, clock = make(retention_records=100)
+    topic = "tbmq.msg.persisted"
+    for i in range(250):
+        assert bus.publish(topic, "c", r.Delivery("c", Message("t", b""), 0, seq=i)) is None
+    assert bus.held(topic) == 100 and bus.dropped == 150
+    got = []
+    bus.subscribe(topic, "late", got.append, from_beginning=True)
+    clock.advance(0)
+    assert [rec.value.seq for rec in got] == list(range(150, 250))
+    assert [rec.offset for rec in got] == list(range(150, 250))
+
+
+def test_a_paused_member_keeps_its_records_beyond_retention():
+    bus, clock = make(retention_records=10)
+    topic = "tbmq.msg.all"
+    got = []
+    consumer = bus.subscribe(topic, "g", got.append)
+    consumer.pause()
+    for i in range(3 * SLICE):
+        bus.publish(topic, "k", Message("k", b"%d" % i))
+    assert got == [] and bus.held(topic) == 3 * SLICE and bus.dropped == 0
+    consumer.resume()
+    assert got == []  # from the next reactor turn, in slices
+    call = clock.getDelayedCalls()[0]
+    clock.calls.remove(call)
+    call.func(*call.args)
+    assert len(got) == SLICE
+    clock.advance(0)
+    assert [rec.value.payload for rec in got] == [b"%d" % i for i in range(3 * SLICE)]
+    assert bus.held(topic) == 0
+
+
+def test_max_uncommitted_holds_the_member_back():
+    bus, clock = make(max_uncommitted=3)
+    topic = "tbmq.msg.all"
+    results = []
+
+    def handler(rec):
+        results.append(defer.Deferred())
+        return results[-1]
+
+    bus.subscribe(topic, "g", handler)
+    pending = [bus.publish(topic, "k", Message("k", b"%d" % i)) for i in range(5)]
+    assert len(results) == 3
+    results[0].callback(None)
+    assert len(results) == 3  # from the next reactor turn
+    clock.advance(0)
+    assert len(results) == 4
+    for d in results[1:]:
+        d.callback(None)
+    clock.advance(0)
+    results[-1].callback(None)
+    assert len(results) == 5 and all(d.called for d in pending)
+
+
+def test_a_record_published_by_its_own_handler_waits_for_it_to_return():
+    bus, clock = make()
+    topic = "tbmq.msg.all"
+    order = []
+
+    def handler(rec):
+        order.append(("in", rec.value.payload))
+        if rec.value.payload == b"1":
+            d = bus.publish(topic, "k", Message("k", b"2"))
+            order.append(("published", d is None))
+        order.append(("out", rec.value.payload))
+
+    bus.subscribe(topic, "g", handler)
+    assert bus.publish(topic, "k", Message("k", b"1")) is None
+    assert order == [("in", b"1"), ("published", False), ("out", b"1"), ("in", b"2"),
+                     ("out", b"2")]
+
+
+def test_the_encoding_mode_decodes_for_each_group():
+    bus, clock = make(encode=True)
+    a, b = [], []
+    bus.subscribe("tbmq.msg.all", "a", a.append)
+    bus.subscribe("tbmq.msg.all", "b", b.append)
+    message = Message("t", b"x")
+    assert bus.encodes
+    assert bus.publish("tbmq.msg.all", "t", message) is None
+    assert a[0].value == message == b[0].value
+    assert a[0].value is not message and a[0].value is not b[0].value
+
+
+def test_durable_publish_waits_for_the_topic_log():
+    log = MemoryTopicLog()
+    log.hold = True
+    bus, clock = make(log=log)
+    topic = C.client_session
+    got = []
+    bus.subscribe(topic, "registry", got.append)
+    info = r.SessionInfo("c", "n", "s", True, True, ClientType.DEVICE, 10, 5, 1.0, None, 1.0)
+    d = bus.publish(topic, "c", info)
+    assert len(got) == 1 and got[0].value == info and got[0].value is not info
+    assert not d.called  # handled, not yet on disk
+    log.release()
+    assert outcome(d) == [None]
+    clock.advance(0)  # commits are written in the next turn
+    assert log.offsets == {("registry", topic, 0): 1}
+    assert log.calls == ["append", "commit"]  # compacted: never truncated
+
+
+def test_a_failing_topic_log_fails_the_publish():
+    class BrokenLog(MemoryTopicLog):
+        def append(self, records):
+            return defer.fail(OSError("disk full"))
+
+    bus, clock = make(log=BrokenLog())
+    d = bus.publish(C.app("a"), "a", r.Delivery("a", Message("t", b""), 0))
+    assert outcome(d)[0].check(BusPublishError)
+
+
+def test_application_topics_are_truncated_in_the_log_once_handled():
+    log = MemoryTopicLog()
+    bus, clock = make(log=log)
+    topic = C.app("app")
+    bus.subscribe(topic, "app", lambda rec: None)
+    for i in range(3):
+        d = bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 0, seq=i))
+        assert outcome(d) == [None]
+    clock.advance(0)
+    assert log.held_count(topic) == 0 and log.offsets[("app", topic, 0)] == 3
+    assert "truncate" in log.calls
+
+
+def test_stop_fails_what_is_pending_and_writes_the_commits():
+    log = MemoryTopicLog()
+    bus, clock = make(log=log)
+    topic = C.app("app")
+    results = []
+    bus.subscribe(topic, "app", lambda rec: results.append(defer.Deferred()) or results[-1])
+    done = bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 0, seq=0))
+    pending = bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 0, seq=1))
+    results[0].callback(None)
+    assert outcome(done) == [None]
+    assert outcome(bus.stop()) == [None]
+    assert log.offsets[("app", topic, 0)] == 1  # written by stop, no reactor turn needed
+    assert outcome(pending)[0].check(BusClosedError)
+
+
+def test_restart_replays_from_the_committed_offset():
+    log = MemoryTopicLog()
+    bus, clock = make(log=log, partitions=3)
+    topic = C.app_shared("a/+")
+    got = []
+    bus.subscribe(topic, "share", lambda rec: got.append(rec) or defer.Deferred())
+    pending = [bus.publish(topic, f"k{i}", r.Delivery("share", Message("t", b""), 0, seq=i))
+               for i in range(9)]
+    assert len(got) == 9
+    bus.stop()
+    assert all(outcome(d)[0].check(BusClosedError) for d in pending)
+    bus2, clock2 = make(log=log, partitions=3)
+    assert bus2.held(topic) == 9
+    again = []
+    consumer = bus2.subscribe(topic, "share", again.append)
+    assert not consumer.caught_up.called
+    clock2.advance(0)
+    assert consumer.caught_up.called
+    assert sorted(rec.value.seq for rec in again) == list(range(9))
+    assert {(rec.partition, rec.offset) for rec in again} == {
+        (rec.partition, rec.offset) for rec in got}
+
+
+def test_publish_failures_are_typed():
+    bus, clock = make()
+    bus.subscribe("tbmq.msg.all", "g", lambda rec: 1 / 0)
+    assert outcome(bus.publish("tbmq.msg.all", "k", Message("k", b"")))[0].check(
+        ConsumerFailedError)
+
+
+def test_delete_topic():
+    log = MemoryTopicLog()
+    bus, clock = make(log=log)
+    topic = C.app("gone")
+    consumer = bus.subscribe(topic, "gone", lambda rec: defer.Deferred())
+    bus.publish(topic, "gone", r.Delivery("gone", Message("t", b""), 0))
+    assert outcome(bus.delete_topic(topic))[0].check(ValueError)
+    consumer.stop()
+    assert outcome(bus.delete_topic(topic)) == [None]
+    assert topic not in bus.topics() and log.held_count(topic) == 0
+    assert "delete_topic" in log.calls
+
+
+def test_legacy_two_argument_handlers_still_work():
+    # TEMPORARY: the broker's router still subscribes handler(key, value)
+    bus, clock = make()
+    got = []
+    bus.subscribe("tbmq.msg.all", "g", lambda key, value: got.append((key, value)))
+    message = Message("k", b"")
+    bus.publish("tbmq.msg.all", "k", message)
+    assert got == [("k", message)]
+    append = got.append
+    assert inprocess_bus._adapt_legacy(append) is append
