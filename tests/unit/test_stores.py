@@ -634,8 +634,8 @@ class TestSQLiteStore:
             store.deliveries.remove("c", [2]),
             store.deliveries.update("c", 2, 5, DeliveryState.SENT),  # removed: ignored
         ]
-        assert len(store._pending) == 1  # one operation for the seven calls
-        writes = store._pending[0][0]
+        assert len(store.runner._pending) == 1  # one operation for the seven calls
+        writes = store.runner._pending[0][0]
         assert set(writes.puts) == {("c", 4)} and writes.puts[("c", 4)][13:] == [8, 1]
         assert writes.updates == {("c", 1): (9, int(DeliveryState.SENT))}
         assert writes.deletes == {("c", 2), ("c", 3)}
@@ -660,7 +660,7 @@ class TestSQLiteStore:
         store.deliveries.add("c", [delivery(2)])
         cleared = store.deliveries.clear("c")
         store.deliveries.add("c", [delivery(3)])
-        assert len(store._pending) == 5
+        assert len(store.runner._pending) == 5
         pool.run_all()
         assert fired(busy) is None
         assert [d.seq for d in fired(loaded)] == [1]
@@ -676,7 +676,7 @@ class TestSQLiteStore:
         busy = store.retained.put(message("a", b"1"))
         d1 = store.deliveries.add("c", [delivery(1)])
         d2 = store.deliveries.remove("c", [5])
-        writes = store._pending[0][0]
+        writes = store.runner._pending[0][0]
         writes.puts[("c", 1)][2] = None  # topic NOT NULL: the INSERT fails
         pool.run_all()
         assert fired(busy) is None
@@ -869,7 +869,7 @@ class TestSQLiteStore:
 
     def test_views_share_one_store(self, tmp_path):
         store = sync_store(tmp_path)
-        assert store.sessions.store is store.retained.store is store.deliveries.store
+        assert store.sessions.runner is store.retained.runner is store.deliveries.runner is store.runner
         assert verifyObject(ISessionStore, store.sessions)
         assert verifyObject(IRetainedStore, store.retained)
         assert verifyObject(IDeviceMessageStore, store.deliveries)
