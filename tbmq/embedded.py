@@ -80,13 +80,18 @@ class EmbeddedBackends:
         return stores and stores[2]
 
     @hookimpl(trylast=True)
-    def tbmq_credential_store(self, config):
+    def tbmq_credential_store(self, config, reactor=None):
+        """The memory store, or the SQLite one: on the node's shared SQLite
+        thread, or on a thread of its own delivering to ``reactor`` when
+        one is given."""
         kind = config.auth.credentials
         if kind == "memory":
             from tbmq.backends.memory_credentials import MemoryCredentialStore
             return MemoryCredentialStore()
         if kind == "sqlite":
             from tbmq.backends.sqlite_credentials import make_sqlite_credential_store
+            if reactor is not None:
+                return make_sqlite_credential_store(config, reactor=reactor)
             return make_sqlite_credential_store(config, self._sqlite_databases(config))
         return None
 

@@ -30,17 +30,14 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tbmq.backends.memory_credentials import (
-    CREDENTIALS_COLUMNS as _COLUMNS,
-)
-from tbmq.backends.memory_credentials import (
-    conflict_message,
+from tbmq.backends.credential_rows import CREDENTIALS_COLUMNS as _COLUMNS
+from tbmq.backends.credential_rows import credentials_from_row as _record
+from tbmq.backends.credential_rows import (
+    delete_in_transaction,
     encode_value,
     prepare_for_save,
-    save_times,
-)
-from tbmq.backends.memory_credentials import (
-    credentials_from_row as _record,
+    save_in_transaction,
+    type_name,
 )
 from tbmq.backends.sqlite_runner import (
     SYNCHRONOUS_MODES,
@@ -109,11 +106,10 @@ CREDENTIALS_SCHEMA = Schema(
 )
 
 
-def _next_version(conn: sqlite3.Connection) -> int:
+def _next_version(cursor: sqlite3.Cursor) -> int:
     """In a write transaction: bump and return the change counter."""
-    (value,) = conn.execute(
-        "UPDATE credentials_version SET value = value + 1 WHERE one = 1 RETURNING value"
-    ).fetchone()
+    cursor.execute("UPDATE credentials_version SET value = value + 1 WHERE one = 1 RETURNING value")
+    (value,) = cursor.fetchone()
     return value
 
 
@@ -284,7 +280,7 @@ class SQLiteCredentialStore(RunnerView):
 
         :param credentials: the record; read now, never modified.
         :returns: a Deferred firing with the saved record (its times set,
-            see :func:`~tbmq.backends.memory_credentials.save_times`), or
+            see :func:`~tbmq.backends.credential_rows.save_times`), or
             failing with :class:`~tbmq.errors.CredentialsError` when it is
             invalid or its name or (type, credentials id) belongs to another
             record.
@@ -297,56 +293,7 @@ class SQLiteCredentialStore(RunnerView):
         now = self._clock()
 
         def save(conn: sqlite3.Connection) -> Credentials:
-            for field, sql, params in (
-                ("name", "name = ?", (record.name,)),
-                (
-                    "id",
-                    "credentials_type = ? AND credentials_id = ?",
-                    (record.credentials_type.value, record.credentials_id),
-                ),
-            ):
-                row = conn.execute(
-                    f"SELECT id FROM mqtt_client_credentials WHERE {sql} AND id != ?",
-                    params + (record.id,),
-                ).fetchone()
-                if row is not None:
-                    shown = record.name if field == "name" else (
-                        f"{record.credentials_type.value}:{record.credentials_id}"
-                    )
-                    raise CredentialsError(conflict_message(field, shown, row[0]))
-            old = conn.execute(
-                "SELECT created_time, updated_time FROM mqtt_client_credentials WHERE id = ?",
-                (record.id,),
-            ).fetchone()
-            record.created_time, record.updated_time = save_times(
-                now, *(old if old is not None else (None, None))
-            )
-            version = _next_version(conn)
-            conn.execute(
-                "INSERT INTO mqtt_client_credentials (id, created_time, updated_time, "
-                "name, client_type, credentials_id, credentials_type, credentials_value, "
-                "version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (id) DO UPDATE SET created_time = excluded.created_time, "
-                "updated_time = excluded.updated_time, name = excluded.name, "
-                "client_type = excluded.client_type, "
-                "credentials_id = excluded.credentials_id, "
-                "credentials_type = excluded.credentials_type, "
-                "credentials_value = excluded.credentials_value, "
-                "version = excluded.version",
-                (
-                    record.id,
-                    record.created_time,
-                    record.updated_time,
-                    record.name,
-                    record.client_type.value,
-                    record.credentials_id,
-                    record.credentials_type.value,
-                    value_text,
-                    version,
-                ),
-            )
-            conn.execute("DELETE FROM deleted_credentials WHERE id = ?", (record.id,))
-            return record
+            return save_in_transaction(conn.cursor(), record, value_text, now, _next_version)
 
         return self._run(save, write=True)
 
@@ -359,16 +306,7 @@ class SQLiteCredentialStore(RunnerView):
         """
 
         def delete(conn: sqlite3.Connection) -> bool:
-            removed = conn.execute(
-                "DELETE FROM mqtt_client_credentials WHERE id = ?", (id,)
-            ).rowcount
-            if not removed:
-                return False
-            conn.execute(
-                "INSERT OR REPLACE INTO deleted_credentials (id, version) VALUES (?, ?)",
-                (id, _next_version(conn)),
-            )
-            return True
+            return delete_in_transaction(conn.cursor(), id, _next_version)
 
         return self._run(delete, write=True)
 
@@ -404,15 +342,6 @@ class SQLiteCredentialStore(RunnerView):
             return [_record(row) for row in rows], deleted, current
 
         return self._run(changed_since, write=False)
-
-
-def type_name(credentials_type: Any) -> str:
-    """:returns: the stored name of a :class:`~tbmq.model.CredentialsType`
-    (or of its value), "" for an unknown one (which finds nothing)."""
-    try:
-        return CredentialsType(credentials_type).value
-    except ValueError:
-        return ""
 
 
 def make_sqlite_credential_store(

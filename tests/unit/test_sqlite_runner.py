@@ -187,6 +187,11 @@ def test_embedded_default_shares_one_thread(tmp_path):
     assert credentials.runner.thread is sessions.runner.thread
     assert credentials.synchronous == sessions.runner.synchronous == "FULL"
     assert credentials.runner.private and not sessions.runner.private
+    # tbmq credentials: a store of its own, on the reactor the command runs on
+    reactor = SyncReactor()
+    own = plugin.tbmq_credential_store(config=config, reactor=reactor)
+    assert own.path == credentials.path
+    assert own.runner is not credentials.runner and own.runner.thread.reactor is reactor
 
 
 def test_credential_factory_on_the_node_databases(tmp_path):
