@@ -51,7 +51,7 @@ class EmbeddedBackends:
                 from tbmq.backends import memory
                 stores = self._memory[id(config)] = (
                     memory.MemorySessionStore(), memory.MemoryRetainedStore(),
-                    memory.MemoryDeviceMessageStore())
+                    memory.MemoryDeviceMessageStore(config.storage.max_messages_per_client))
             return stores
         if backend == "sqlite":
             store = self._sqlite.get(id(config))
@@ -60,7 +60,9 @@ class EmbeddedBackends:
                 os.makedirs(config.data_dir, exist_ok=True)
                 runner = self._sqlite_databases(config).runner(
                     os.path.join(config.data_dir, FILE_NAME))
-                store = self._sqlite[id(config)] = SQLiteStore(runner=runner)
+                store = self._sqlite[id(config)] = SQLiteStore(
+                    runner=runner,
+                    max_messages_per_client=config.storage.max_messages_per_client)
             return store.sessions, store.retained, store.deliveries
         return None
 

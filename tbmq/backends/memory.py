@@ -10,11 +10,13 @@ restart (``storage.backend: memory``).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from typing import Iterable
 
 from twisted.internet import defer
 from zope.interface import implementer
 
+from tbmq.backends.deliveries import check_limit, check_page
 from tbmq.interfaces import IDeviceMessageStore, IRetainedStore, ISessionStore
 from tbmq.model import (
     DeliveryState,
@@ -169,9 +171,15 @@ class MemoryRetainedStore(_MemoryBackend):
 class MemoryDeviceMessageStore(_MemoryBackend):
     """Deliveries queued for persistent sessions: client id → seq →
     :class:`~tbmq.model.StoredDelivery`
-    (:class:`~tbmq.interfaces.IDeviceMessageStore`)."""
+    (:class:`~tbmq.interfaces.IDeviceMessageStore`).
 
-    def __init__(self) -> None:
+    :param max_messages_per_client: the most deliveries kept per client
+        (the oldest are removed beyond it); None for no limit.
+    :raises ValueError: for a limit below 1.
+    """
+
+    def __init__(self, max_messages_per_client: int | None = None) -> None:
+        self.max_messages_per_client = check_limit(max_messages_per_client)
         self._queues: dict[str, dict[int, StoredDelivery]] = {}
 
     def add(
@@ -182,12 +190,19 @@ class MemoryDeviceMessageStore(_MemoryBackend):
 
         :param client_id: the persistent session's client id.
         :param deliveries: the deliveries to append (copied).
-        :returns: a fired Deferred (None).
+        :returns: a fired Deferred with the number of the client's oldest
+            deliveries removed to stay within ``max_messages_per_client``.
         """
         queue = self._queues.setdefault(client_id, {})
         for delivery in deliveries:
             queue[delivery.seq] = copy_delivery(delivery)
-        return defer.succeed(None)
+        removed = 0
+        limit = self.max_messages_per_client
+        if limit is not None and len(queue) > limit:
+            removed = len(queue) - limit
+            for seq in heapq.nsmallest(removed, queue):
+                del queue[seq]
+        return defer.succeed(removed)
 
     def update(
         self, client_id: str, seq: int, packet_id: int | None, state: int
@@ -222,15 +237,36 @@ class MemoryDeviceMessageStore(_MemoryBackend):
                 del self._queues[client_id]
         return defer.succeed(None)
 
-    def load(self, client_id: str) -> defer.Deferred:
+    def load(
+        self, client_id: str, after_seq: int | None = None, limit: int | None = None
+    ) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.load`.
 
         :param client_id: the persistent session's client id.
+        :param after_seq: only deliveries with a greater ``seq``; all when
+            None.
+        :param limit: at most this many (>= 0); all when None.
         :returns: a fired Deferred with the ``list[StoredDelivery]`` (copies)
-            in ``seq`` order.
+            in ``seq`` order, or failed with :class:`ValueError` (a
+            negative ``limit``) or :class:`TypeError` (not an int).
         """
+        try:
+            check_page(after_seq, limit)
+        except (TypeError, ValueError):
+            return defer.fail()
         queue = self._queues.get(client_id, {})
-        return defer.succeed([copy_delivery(queue[s]) for s in sorted(queue)])
+        seqs = sorted(queue if after_seq is None else (s for s in queue if s > after_seq))
+        if limit is not None:
+            seqs = seqs[:limit]
+        return defer.succeed([copy_delivery(queue[s]) for s in seqs])
+
+    def count(self, client_id: str) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.count`.
+
+        :param client_id: the persistent session's client id.
+        :returns: a fired Deferred with the number of its deliveries.
+        """
+        return defer.succeed(len(self._queues.get(client_id, ())))
 
     def clear(self, client_id: str) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.clear`.

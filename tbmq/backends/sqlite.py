@@ -67,7 +67,11 @@ class SQLiteStore:
         loss.  Ignored when ``runner`` is given.
     :param runner: the :class:`~tbmq.backends.sqlite_runner.SQLiteRunner`
         of the file, shared with other stores; a new one when None.
-    :raises ValueError: for an unknown ``synchronous`` mode.
+    :param max_messages_per_client: the most deliveries the device store
+        keeps per client (the oldest are removed beyond it); None for no
+        limit.
+    :raises ValueError: for an unknown ``synchronous`` mode, or a limit
+        below 1.
     :raises TypeError: when neither ``path`` nor ``runner`` is given.
 
     The store is running while its runner is: between a successful
@@ -83,6 +87,7 @@ class SQLiteStore:
         threadpool: Any = None,
         synchronous: str = "FULL",
         runner: SQLiteRunner | None = None,
+        max_messages_per_client: int | None = None,
     ) -> None:
         if runner is None:
             if path is None:
@@ -91,7 +96,7 @@ class SQLiteStore:
         self.runner = runner
         self.sessions = SQLiteSessionStore(runner)
         self.retained = SQLiteRetainedStore(runner)
-        self.deliveries = SQLiteDeviceMessageStore(runner)
+        self.deliveries = SQLiteDeviceMessageStore(runner, max_messages_per_client)
 
     @property
     def path(self) -> str:

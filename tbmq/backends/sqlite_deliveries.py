@@ -16,6 +16,7 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from tbmq.backends.deliveries import check_limit, check_page
 from tbmq.backends.sqlite_runner import RunnerView, SQLiteRunner
 from tbmq.backends.sqlite_schema import (
     EMBEDDED_SCHEMA,
@@ -47,19 +48,27 @@ class CoalescedWrites:
     :ivar updates: (client id, seq) → (packet id, state) of rows written by
         an earlier batch.
     :ivar deletes: (client id, seq) of rows to DELETE.
-    :ivar waiters: the Deferreds of the merged calls, fired together after
-        the COMMIT.
+    :ivar waiters: ``(Deferred, client id)`` of the merged calls, fired
+        together after the COMMIT; the client id of an ``add``, None for
+        the others.
+    :ivar limit: the most deliveries kept per client (``add``'s trim), or
+        None.
+
+    Run, it trims every client it added to down to ``limit`` rows (the
+    lowest seqs go) and returns ``{client id: rows removed}``; each
+    client's last ``add`` reports its removals, the others 0.
     """
 
-    __slots__ = ("puts", "updates", "deletes", "waiters", "submitted", "sealed")
+    __slots__ = ("puts", "updates", "deletes", "waiters", "submitted", "sealed", "limit")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self.puts: dict[tuple[str, int], list] = {}
         self.updates: dict[tuple[str, int], tuple[int | None, int]] = {}
         self.deletes: set[tuple[str, int]] = set()
-        self.waiters: list[defer.Deferred] = []
+        self.waiters: list[tuple[defer.Deferred, str | None]] = []
         self.submitted = False
         self.sealed = False
+        self.limit = limit
 
     def seal(self) -> None:
         """Its batch is handed to the thread: no more merges."""
@@ -83,8 +92,10 @@ class CoalescedWrites:
         self.updates.pop(key, None)
         self.deletes.add(key)
 
-    def __call__(self, conn: sqlite3.Connection) -> None:
-        """In the database thread: write the merged rows."""
+    def __call__(self, conn: sqlite3.Connection) -> dict[str, int]:
+        """In the database thread: write the merged rows, then trim.
+
+        :returns: client id → deliveries removed by the trim."""
         if self.deletes:
             conn.executemany(
                 "DELETE FROM deliveries WHERE client_id = ? AND seq = ?", self.deletes
@@ -101,6 +112,13 @@ class CoalescedWrites:
                 "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 self.puts.values(),
             )
+        removed: dict[str, int] = {}
+        if self.limit is not None:
+            for client_id in {client for _, client in self.waiters if client is not None}:
+                count = _trim(conn, client_id, self.limit)
+                if count:
+                    removed[client_id] = count
+        return removed
 
     def done(self, result: Any) -> None:
         """In the reactor thread: fire every merged call's Deferred.  Nothing
@@ -109,11 +127,31 @@ class CoalescedWrites:
         self.sealed = True
         waiters, self.waiters = self.waiters, []
         if isinstance(result, Failure):
-            for d in waiters:
+            for d, _ in waiters:
                 d.errback(result)
-        else:
-            for d in waiters:
+            return
+        last = {client: d for d, client in waiters if client is not None}
+        for d, client in waiters:
+            if client is None:
                 d.callback(None)
+            else:
+                d.callback(result.get(client, 0) if last[client] is d else 0)
+
+
+def _trim(conn: sqlite3.Connection, client_id: str, limit: int) -> int:
+    """In the database thread: keep the ``limit`` newest deliveries of
+    ``client_id``.
+
+    :returns: the number removed."""
+    row = conn.execute(
+        "SELECT seq FROM deliveries WHERE client_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
+        (client_id, limit),
+    ).fetchone()
+    if row is None:
+        return 0
+    return conn.execute(
+        "DELETE FROM deliveries WHERE client_id = ? AND seq <= ?", (client_id, row[0])
+    ).rowcount
 
 
 @implementer(IDeviceMessageStore)
@@ -123,10 +161,15 @@ class SQLiteDeviceMessageStore(RunnerView):
 
     :param runner: the :class:`~tbmq.backends.sqlite_runner.SQLiteRunner`
         of the embedded store file.
+    :param max_messages_per_client: the most deliveries kept per client
+        (the oldest are removed beyond it, see :meth:`add`); None for no
+        limit.
+    :raises ValueError: for a limit below 1.
     """
 
-    def __init__(self, runner: SQLiteRunner) -> None:
+    def __init__(self, runner: SQLiteRunner, max_messages_per_client: int | None = None) -> None:
         super().__init__(runner, EMBEDDED_SCHEMA)
+        self.max_messages_per_client = check_limit(max_messages_per_client)
         self._writes: CoalescedWrites | None = None
 
     def _open_writes(self) -> CoalescedWrites:
@@ -135,14 +178,15 @@ class SQLiteDeviceMessageStore(RunnerView):
         database thread never sees it half written)."""
         writes = self._writes
         if writes is None or writes.sealed:
-            writes = self._writes = CoalescedWrites()
+            writes = self._writes = CoalescedWrites(self.max_messages_per_client)
         return writes
 
-    def _merged(self, writes: CoalescedWrites) -> defer.Deferred:
-        """:returns: a Deferred for the call just merged into ``writes``;
+    def _merged(self, writes: CoalescedWrites, added_to: str | None = None) -> defer.Deferred:
+        """:param added_to: the client id of an ``add``, None for another call.
+        :returns: a Deferred for the call just merged into ``writes``;
         submit ``writes`` if it is new."""
         waiter: defer.Deferred = defer.Deferred()
-        writes.waiters.append(waiter)
+        writes.waiters.append((waiter, added_to))
         if not writes.submitted:
             writes.submitted = True
             self.runner.submit(writes).addBoth(writes.done)
@@ -161,7 +205,10 @@ class SQLiteDeviceMessageStore(RunnerView):
 
         :param client_id: the persistent session's client id.
         :param deliveries: the deliveries; their values are read now.
-        :returns: a Deferred firing with None when committed.
+        :returns: a Deferred firing, when committed, with the number of the
+            client's oldest deliveries removed to stay within
+            ``max_messages_per_client`` (adds merged into one transaction:
+            the last one reports them, the others 0).
         """
         try:
             rows = [
@@ -184,7 +231,7 @@ class SQLiteDeviceMessageStore(RunnerView):
         writes = self._open_writes()
         for row in rows:
             writes.put((client_id, row[1]), row)
-        return self._merged(writes)
+        return self._merged(writes, client_id)
 
     def update(
         self, client_id: str, seq: int, packet_id: int | None, state: int
@@ -219,23 +266,37 @@ class SQLiteDeviceMessageStore(RunnerView):
             writes.delete((client_id, int(seq)))
         return self._merged(writes)
 
-    def load(self, client_id: str) -> defer.Deferred:
+    def load(
+        self, client_id: str, after_seq: int | None = None, limit: int | None = None
+    ) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.load`.
 
         :param client_id: the persistent session's client id.
+        :param after_seq: only deliveries with a greater ``seq``; all when
+            None.
+        :param limit: at most this many (>= 0); all when None.
         :returns: a Deferred firing with the ``list[StoredDelivery]`` in
-            ``seq`` order.
+            ``seq`` order, or failing with :class:`ValueError` (a negative
+            ``limit``) or :class:`TypeError` (not an int).
         """
-
+        try:
+            check_page(after_seq, limit)
+        except (TypeError, ValueError):
+            return defer.fail()
         self._close_writes()
+        where, params = "client_id = ?", [client_id]
+        if after_seq is not None:
+            where += " AND seq > ?"
+            params.append(after_seq)
+        params.append(-1 if limit is None else limit)  # LIMIT -1: no limit
 
         def load(conn: sqlite3.Connection) -> list[StoredDelivery]:
             rows = conn.execute(
                 "SELECT seq, topic, payload, message_qos, message_retain, "
                 "properties, publisher, received_at, expires_at, qos, retain, "
                 "subscription_ids, packet_id, state FROM deliveries "
-                "WHERE client_id = ? ORDER BY seq",
-                (client_id,),
+                f"WHERE {where} ORDER BY seq LIMIT ?",
+                params,
             ).fetchall()
             return [
                 StoredDelivery(
@@ -251,6 +312,22 @@ class SQLiteDeviceMessageStore(RunnerView):
             ]
 
         return self._submit(load, write=False)
+
+    def count(self, client_id: str) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.count`.
+
+        :param client_id: the persistent session's client id.
+        :returns: a Deferred firing with the number of its deliveries, the
+            calls made before included.
+        """
+        self._close_writes()
+
+        def count(conn: sqlite3.Connection) -> int:
+            return conn.execute(
+                "SELECT count(*) FROM deliveries WHERE client_id = ?", (client_id,)
+            ).fetchone()[0]
+
+        return self._submit(count, write=False)
 
     def clear(self, client_id: str) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.clear`.

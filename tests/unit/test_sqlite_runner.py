@@ -31,13 +31,14 @@ from tbmq.backends.sqlite_runner import (
     SQLiteDatabases,
     SQLiteRunner,
 )
-from tbmq.backends.sqlite_schema import EMBEDDED_SCHEMA, SCHEMA_VERSION
+from tbmq.backends.sqlite_schema import SCHEMA_VERSION
 from tbmq.config import load_config
 from tbmq.embedded import EmbeddedBackends
 from tbmq.errors import BackendError
 from tbmq.model import Credentials, CredentialsType, SessionRecord
 from tests.unit.test_stores import (
     ManualThreadPool,
+    delivery,
     SyncReactor,
     SyncThreadPool,
     failure_of,
@@ -175,12 +176,14 @@ def test_runners_share_one_owned_thread(tmp_path, monkeypatch):
 
 
 def test_embedded_default_shares_one_thread(tmp_path):
-    config = load_config(None, environ={}, overrides={"data_dir": str(tmp_path / "d")})
+    config = load_config(None, environ={"TBMQ_STORAGE__MAX_MESSAGES_PER_CLIENT": "7"},
+                         overrides={"data_dir": str(tmp_path / "d")})
     plugin = EmbeddedBackends()
     sessions = plugin.tbmq_session_store(config=config)
     devices = plugin.tbmq_device_message_store(config=config)
     credentials = plugin.tbmq_credential_store(config=config)
     assert sessions.runner is devices.runner
+    assert devices.max_messages_per_client == 7
     assert sessions.runner.path == os.path.join(str(tmp_path / "d"), "tbmq.sqlite3")
     assert credentials.path == os.path.join(str(tmp_path / "d"), CREDENTIALS_FILE)
     assert credentials.runner is not sessions.runner
@@ -192,6 +195,14 @@ def test_embedded_default_shares_one_thread(tmp_path):
     own = plugin.tbmq_credential_store(config=config, reactor=reactor)
     assert own.path == credentials.path
     assert own.runner is not credentials.runner and own.runner.thread.reactor is reactor
+
+
+def test_embedded_memory_store_takes_the_limit(tmp_path):
+    config = load_config(None, environ={}, overrides={
+        "data_dir": str(tmp_path), "storage": {"backend": "memory", "max_messages_per_client": 2}})
+    devices = EmbeddedBackends().tbmq_device_message_store(config=config)
+    assert fired(devices.add("c", [delivery(1), delivery(2), delivery(3)])) == 1
+    assert fired(devices.count("c")) == 2
 
 
 def test_credential_factory_on_the_node_databases(tmp_path):
