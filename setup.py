@@ -21,6 +21,7 @@ setup(
         "scramp>=1.4",
         "PyJWT[crypto]>=2.8",
         "autobahn>=24.4",
+        "msgpack>=1.0",
     ],
     extras_require={
         "kafka": ["kafka-python>=2.0"],

@@ -7,9 +7,10 @@ transactions and life cycle are described there): each call becomes an
 operation of the next transaction, and its Deferred fires after the COMMIT
 that made it durable.  Values are serialised in the reactor thread when the
 call is made, so a caller may mutate a record as soon as the call returns.
-The views :attr:`SQLiteStore.sessions`, :attr:`SQLiteStore.retained` and
-:attr:`SQLiteStore.deliveries` (:mod:`tbmq.backends.sqlite_deliveries`) each
-provide one interface and share the connection.
+The views :attr:`SQLiteStore.sessions`, :attr:`SQLiteStore.retained`,
+:attr:`SQLiteStore.deliveries` (:mod:`tbmq.backends.sqlite_deliveries`) and
+:attr:`SQLiteStore.topic_log` (:mod:`tbmq.backends.sqlite_topic_log`, the
+in-process bus's) each provide one interface and share the connection.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from tbmq.backends.sqlite_schema import (
     message_columns,
     message_from,
 )
+from tbmq.backends.sqlite_topic_log import SQLiteTopicLog
 from tbmq.interfaces import IRetainedStore, ISessionStore
 from tbmq.model import ClientType, Message, SessionRecord, SubscriptionOptions
 
@@ -50,7 +52,8 @@ FILE_NAME = "tbmq.sqlite3"
 
 
 class SQLiteStore:
-    """The embedded store of sessions, retained messages and deliveries.
+    """The embedded store of sessions, retained messages, deliveries and
+    the topic log of the in-process bus.
 
     :param path: the database file (its directory is created if missing), or
         ``":memory:"``; ignored when ``runner`` is given.
@@ -97,6 +100,7 @@ class SQLiteStore:
         self.sessions = SQLiteSessionStore(runner)
         self.retained = SQLiteRetainedStore(runner)
         self.deliveries = SQLiteDeviceMessageStore(runner, max_messages_per_client)
+        self.topic_log = SQLiteTopicLog(runner)
 
     @property
     def path(self) -> str:

@@ -3,7 +3,9 @@ how a :class:`~tbmq.model.Message` is kept in a row.
 
 :data:`EMBEDDED_SCHEMA` is the :class:`~tbmq.backends.sqlite_runner.Schema`
 every store of that file attaches to its runner (sessions, retained
-messages, deliveries); :data:`SCHEMA_VERSION` is its version.
+messages, deliveries, the topic log of the in-process bus);
+:data:`SCHEMA_VERSION` is its version, and a file of version 1 is brought
+to it by creating the topic log's tables.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ __all__ = [
     "message_from",
 ]
 
-#: The version of :data:`EMBEDDED_SCHEMA`.
-SCHEMA_VERSION = 1
+#: The version of :data:`EMBEDDED_SCHEMA`: 1 sessions, retained messages
+#: and deliveries; 2 adds the topic log of the in-process bus.
+SCHEMA_VERSION = 2
 
 _TABLES_V1 = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -78,12 +81,38 @@ CREATE INDEX IF NOT EXISTS deliveries_client_id_seq
     ON deliveries (client_id, seq);
 """
 
+# Version 2: the records of the in-process bus's durable topics (one row
+# per record; in a compacted topic one per key, found by the partial index)
+# and the consumer groups' committed offsets.
+_TOPIC_LOG_V2 = """
+CREATE TABLE IF NOT EXISTS topic_log (
+    topic TEXT NOT NULL,
+    partition_id INTEGER NOT NULL,
+    log_offset INTEGER NOT NULL,
+    key TEXT,
+    value BLOB,
+    headers BLOB,
+    compacted INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition_id, log_offset)
+);
+CREATE INDEX IF NOT EXISTS topic_log_compacted_key
+    ON topic_log (topic, key) WHERE compacted = 1;
+CREATE TABLE IF NOT EXISTS topic_log_offsets (
+    group_id TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    partition_id INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL,
+    PRIMARY KEY (group_id, topic, partition_id)
+);
+"""
+
 #: The schema of the embedded store file.
 EMBEDDED_SCHEMA = Schema(
     name="embedded",
     version=SCHEMA_VERSION,
     marker="sessions",
-    create=_TABLES_V1,
+    create=_TABLES_V1 + _TOPIC_LOG_V2,
+    migrations={1: _TOPIC_LOG_V2},
 )
 
 
