@@ -298,27 +298,30 @@ def open_store(args: argparse.Namespace, reactor: Any = None) -> Any:
     :param reactor: the reactor the store reports to (the global one when
         None).
     :returns: an :class:`~tbmq.interfaces.ICredentialStore` provider.
-    :raises ConfigError: for a bad config, or ``auth.credentials: memory``
-        (nothing outlives the broker's process to manage).
+    :raises ConfigError: for a bad config, ``auth.credentials: memory``
+        (nothing outlives the broker's process to manage), or a kind no
+        plugin provides (:func:`tbmq.hookspecs.tbmq_credential_store`).
     """
     from tbmq.config import load_config  # noqa: PLC0415
 
     overrides = {"data_dir": args.data_dir} if getattr(args, "data_dir", None) else None
     config = load_config(getattr(args, "config", None), overrides=overrides)
     kind = config.auth.credentials
+    if kind == "memory":
+        raise ConfigError(
+            f"auth.credentials: {kind!r} keeps credentials in the broker's memory; "
+            "there is nothing to manage from outside", key="auth.credentials")
     if kind == "sqlite":
         from tbmq.backends.sqlite_credentials import make_sqlite_credential_store  # noqa: PLC0415
 
         return make_sqlite_credential_store(config, reactor=reactor)
-    if kind == "postgres":
-        from tbmq_plugins.postgres import PostgresCredentialStore  # noqa: PLC0415
+    # PostgreSQL, or any plugin's store: built by the plugin that provides it
+    from tbmq.plugins import make_plugin_manager  # noqa: PLC0415
 
-        pg = config.postgres
-        return PostgresCredentialStore(pg.dsn, pg.min_connections, pg.max_connections,
-                                       reactor=reactor)
-    raise ConfigError(
-        f"auth.credentials: {kind!r} keeps credentials in the broker's memory; "
-        "there is nothing to manage from outside", key="auth.credentials")
+    store = make_plugin_manager(config).hook.tbmq_credential_store(config=config, reactor=reactor)
+    if store is None:
+        raise ConfigError(f"auth.credentials: no plugin provides {kind!r}", key="auth.credentials")
+    return store
 
 
 async def _resolve(store: Any, ref: str) -> Credentials:

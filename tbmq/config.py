@@ -195,10 +195,14 @@ class StorageConfig:
     :ivar backend: ``sqlite`` (a file in ``data_dir``) or ``memory``.
     :ivar sqlite_synchronous: SQLite's ``PRAGMA synchronous``: ``FULL``
         survives power loss, ``NORMAL`` a process crash only, ``OFF`` neither.
+    :ivar max_messages_per_client: the most deliveries the device message
+        store keeps per persistent client, >= 1; beyond it the oldest are
+        removed (TBMQ trims its Redis store the same way).  None: no limit.
     """
 
     backend: str = "sqlite"
     sqlite_synchronous: str = "FULL"
+    max_messages_per_client: int | None = None
 
 
 @dataclass(frozen=True)
@@ -426,6 +430,7 @@ _CHECKS: dict[type, dict[str, Check]] = {
     StorageConfig: {
         "backend": _one_of(*STORAGE_BACKENDS),
         "sqlite_synchronous": _one_of(*SQLITE_SYNCHRONOUS),
+        "max_messages_per_client": _range(1),
     },
     NodeConfig: {"service_id": _not_empty, "gc_threshold": _range(0),
                  "log_level": _one_of(*LOG_LEVELS)},

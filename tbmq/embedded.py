@@ -14,12 +14,27 @@ class EmbeddedBackends:
     """Provides ``bus: memory``, ``storage.backend: sqlite | memory`` and
     ``auth.credentials: sqlite | memory``.
 
-    The three SQLite stores share one database file and one thread.
+    The SQLite stores of one config share one thread
+    (:class:`~tbmq.backends.sqlite_runner.SQLiteDatabases`): the session,
+    retained and device stores one file and connection, the credential
+    store its own file (so ``tbmq credentials`` can change it while the
+    broker runs).
     """
 
     def __init__(self) -> None:
         self._sqlite: dict = {}
         self._memory: dict = {}
+        self._databases: dict = {}
+
+    def _sqlite_databases(self, config):
+        """:returns: the :class:`~tbmq.backends.sqlite_runner.SQLiteDatabases`
+        of ``config``: one thread for all its SQLite files."""
+        databases = self._databases.get(id(config))
+        if databases is None:
+            from tbmq.backends.sqlite_runner import SQLiteDatabases
+            databases = self._databases[id(config)] = SQLiteDatabases(
+                synchronous=config.storage.sqlite_synchronous)
+        return databases
 
     @hookimpl(trylast=True)
     def tbmq_message_bus(self, config, clock):
@@ -36,16 +51,18 @@ class EmbeddedBackends:
                 from tbmq.backends import memory
                 stores = self._memory[id(config)] = (
                     memory.MemorySessionStore(), memory.MemoryRetainedStore(),
-                    memory.MemoryDeviceMessageStore())
+                    memory.MemoryDeviceMessageStore(config.storage.max_messages_per_client))
             return stores
         if backend == "sqlite":
             store = self._sqlite.get(id(config))
             if store is None:
-                from tbmq.backends.sqlite import SQLiteStore
+                from tbmq.backends.sqlite import FILE_NAME, SQLiteStore
                 os.makedirs(config.data_dir, exist_ok=True)
+                runner = self._sqlite_databases(config).runner(
+                    os.path.join(config.data_dir, FILE_NAME))
                 store = self._sqlite[id(config)] = SQLiteStore(
-                    os.path.join(config.data_dir, "tbmq.sqlite3"),
-                    synchronous=config.storage.sqlite_synchronous)
+                    runner=runner,
+                    max_messages_per_client=config.storage.max_messages_per_client)
             return store.sessions, store.retained, store.deliveries
         return None
 
@@ -65,14 +82,19 @@ class EmbeddedBackends:
         return stores and stores[2]
 
     @hookimpl(trylast=True)
-    def tbmq_credential_store(self, config):
+    def tbmq_credential_store(self, config, reactor=None):
+        """The memory store, or the SQLite one: on the node's shared SQLite
+        thread, or on a thread of its own delivering to ``reactor`` when
+        one is given."""
         kind = config.auth.credentials
         if kind == "memory":
             from tbmq.backends.memory_credentials import MemoryCredentialStore
             return MemoryCredentialStore()
         if kind == "sqlite":
             from tbmq.backends.sqlite_credentials import make_sqlite_credential_store
-            return make_sqlite_credential_store(config)
+            if reactor is not None:
+                return make_sqlite_credential_store(config, reactor=reactor)
+            return make_sqlite_credential_store(config, self._sqlite_databases(config))
         return None
 
 

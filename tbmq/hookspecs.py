@@ -75,8 +75,14 @@ def tbmq_device_message_store(config):
 
 
 @hookspec(firstresult=True)
-def tbmq_credential_store(config):
+def tbmq_credential_store(config, reactor):
     """Build the credential store when ``config.auth.credentials`` names it.
+
+    :param config: the :class:`tbmq.config.Config`.
+    :param reactor: the reactor the store's results are delivered on, or
+        None for the global one (the broker passes None; ``tbmq
+        credentials`` passes the reactor it runs on).  An implementation
+        that has no use for it need not declare it.
 
     :returns: an :class:`tbmq.interfaces.ICredentialStore` provider, or None.
     """

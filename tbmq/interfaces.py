@@ -227,13 +227,26 @@ class IRetainedStore(IBackend):
 
 class IDeviceMessageStore(IBackend):
     """Messages queued for, or in flight to, persistent sessions (TBMQ's
-    device persisted messages: Redis, PostgreSQL, or SQLite embedded)."""
+    device persisted messages: Redis, PostgreSQL, or SQLite embedded).
+
+    A store may keep at most ``max_messages_per_client`` deliveries per
+    client (a constructor argument or setting of the backend; None means
+    unlimited, the default): when :meth:`add` would exceed it, the oldest
+    deliveries of that client -- lowest ``seq``, whatever their state --
+    are removed, as TBMQ's Redis store trims its sorted set, and
+    :meth:`add` reports how many so the caller can count the loss.
+    """
 
     def add(client_id, deliveries):
         """Append ``deliveries`` (``list[StoredDelivery]``, increasing
-        ``seq``) to the queue of ``client_id``.
+        ``seq``) to the queue of ``client_id``; a delivery whose ``seq`` is
+        stored already replaces it.
 
-        :returns: Deferred firing with None when durable.
+        :returns: Deferred firing, when durable, with the number (``int``,
+            0 usually) of deliveries of ``client_id`` removed to keep it
+            within ``max_messages_per_client``.  Adds merged into one write
+            by the backend may report their removals together, on the last
+            of them (the others fire with 0); the sum is exact.
         """
 
     def update(client_id, seq, packet_id, state):
@@ -250,12 +263,22 @@ class IDeviceMessageStore(IBackend):
         """
 
     def load(client_id, after_seq=None, limit=None):
-        """The deliveries of ``client_id`` with ``seq`` above ``after_seq``
-        (all when None), at most ``limit`` (all when None): a persistent
-        session reads its queue a page at a time.
+        """Read the queue of ``client_id``, a page at a time if need be.
 
-        :returns: Deferred firing with a ``list[StoredDelivery]`` in ``seq``
-            order."""
+        :param after_seq: only deliveries with ``seq > after_seq`` (int);
+            all when None.  The last ``seq`` of a page is the
+            ``after_seq`` of the next.
+        :param limit: at most this many deliveries (int >= 0); all when
+            None.
+        :returns: Deferred firing with the ``list[StoredDelivery]`` in
+            ``seq`` order; it fails with :class:`ValueError` for a negative
+            ``limit``, :class:`TypeError` for a ``limit`` or ``after_seq``
+            that is not an int.
+        """
+
+    def count(client_id):
+        """:returns: Deferred firing with the number (``int``) of
+        deliveries stored for ``client_id``."""
 
     def clear(client_id):
         """Remove every delivery of ``client_id``.

@@ -34,17 +34,14 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tbmq.backends.memory_credentials import (
-    CREDENTIALS_COLUMNS as _COLUMNS,
-)
-from tbmq.backends.memory_credentials import (
-    conflict_message,
+from tbmq.backends.credential_rows import CREDENTIALS_COLUMNS as _COLUMNS
+from tbmq.backends.credential_rows import credentials_from_row as _record
+from tbmq.backends.credential_rows import (
+    delete_in_transaction,
     encode_value,
     prepare_for_save,
-    save_times,
-)
-from tbmq.backends.memory_credentials import (
-    credentials_from_row as _record,
+    save_in_transaction,
+    type_name,
 )
 from tbmq.errors import BackendError, CredentialsError
 from tbmq.hookspecs import hookimpl
@@ -102,13 +99,6 @@ _REQUIRED_COLUMNS = {
     "version",
 }
 
-
-
-def _type_name(credentials_type: Any) -> str:
-    try:
-        return CredentialsType(credentials_type).value
-    except ValueError:
-        return ""
 
 
 def _lock_writers(txn: Any) -> None:
@@ -328,7 +318,7 @@ class PostgresCredentialStore:
             txn.execute(
                 f"SELECT {_COLUMNS} FROM mqtt_client_credentials "
                 "WHERE credentials_type = %s AND credentials_id = %s",
-                (_type_name(credentials_type), credentials_id),
+                (type_name(credentials_type), credentials_id),
             )
             row = txn.fetchone()
             return None if row is None else _record(row)
@@ -345,7 +335,7 @@ class PostgresCredentialStore:
             txn.execute(
                 f"SELECT {_COLUMNS} FROM mqtt_client_credentials "
                 'WHERE credentials_type = %s ORDER BY name COLLATE "C"',
-                (_type_name(credentials_type),),
+                (type_name(credentials_type),),
             )
             return [_record(row) for row in txn.fetchall()]
 
@@ -398,51 +388,8 @@ class PostgresCredentialStore:
 
         def save(txn: Any) -> Credentials:
             _lock_writers(txn)
-            txn.execute(
-                "SELECT id FROM mqtt_client_credentials WHERE name = %s AND id <> %s",
-                (record.name, record.id),
-            )
-            row = txn.fetchone()
-            if row is not None:
-                raise CredentialsError(conflict_message("name", record.name, row[0]))
-            txn.execute(
-                "SELECT id FROM mqtt_client_credentials WHERE credentials_type = %s "
-                "AND credentials_id = %s AND id <> %s",
-                (record.credentials_type.value, record.credentials_id, record.id),
-            )
-            row = txn.fetchone()
-            if row is not None:
-                shown = f"{record.credentials_type.value}:{record.credentials_id}"
-                raise CredentialsError(conflict_message("id", shown, row[0]))
-            txn.execute(
-                "SELECT created_time, updated_time FROM mqtt_client_credentials WHERE id = %s",
-                (record.id,),
-            )
-            old = txn.fetchone() or (None, None)
-            record.created_time, record.updated_time = save_times(now, *old)
-            txn.execute(
-                "INSERT INTO mqtt_client_credentials (id, created_time, updated_time, name, "
-                "client_type, credentials_id, credentials_type, credentials_value, version) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s) "
-                "ON CONFLICT (id) DO UPDATE SET created_time = EXCLUDED.created_time, "
-                "updated_time = EXCLUDED.updated_time, name = EXCLUDED.name, "
-                "client_type = EXCLUDED.client_type, credentials_id = EXCLUDED.credentials_id, "
-                "credentials_type = EXCLUDED.credentials_type, "
-                "credentials_value = EXCLUDED.credentials_value, version = EXCLUDED.version",
-                (
-                    record.id,
-                    record.created_time,
-                    record.updated_time,
-                    record.name,
-                    record.client_type.value,
-                    record.credentials_id,
-                    record.credentials_type.value,
-                    value_text,
-                    _next_version(txn),
-                ),
-            )
-            txn.execute("DELETE FROM deleted_credentials WHERE id = %s", (record.id,))
-            return record
+            return save_in_transaction(txn, record, value_text, now, _next_version,
+                                       paramstyle="format", value_cast="::jsonb")
 
         return self._run(save, write=True)
 
@@ -455,15 +402,7 @@ class PostgresCredentialStore:
 
         def delete(txn: Any) -> bool:
             _lock_writers(txn)
-            txn.execute("DELETE FROM mqtt_client_credentials WHERE id = %s", (id,))
-            if txn.rowcount == 0:
-                return False
-            txn.execute(
-                "INSERT INTO deleted_credentials (id, version) VALUES (%s, %s) "
-                "ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version",
-                (id, _next_version(txn)),
-            )
-            return True
+            return delete_in_transaction(txn, id, _next_version, paramstyle="format")
 
         return self._run(delete, write=True)
 
@@ -510,14 +449,19 @@ class PostgresPlugin:
     (:func:`tbmq.hookspecs.tbmq_credential_store`)."""
 
     @hookimpl
-    def tbmq_credential_store(self, config: Any) -> PostgresCredentialStore | None:
+    def tbmq_credential_store(
+        self, config: Any, reactor: Any = None
+    ) -> PostgresCredentialStore | None:
         """:param config: the :class:`tbmq.config.Config`.
+        :param reactor: the reactor of the store's pool; the global one
+            when None.
         :returns: a :class:`PostgresCredentialStore` on ``config.postgres``
             when ``config.auth.credentials`` is ``postgres``, else None."""
         if config.auth.credentials != "postgres":
             return None
         pg = config.postgres
-        return PostgresCredentialStore(pg.dsn, pg.min_connections, pg.max_connections)
+        return PostgresCredentialStore(pg.dsn, pg.min_connections, pg.max_connections,
+                                       reactor=reactor)
 
 
 #: The plugin object of the ``tbmq`` entry point ``postgres``.

@@ -1,166 +1,39 @@
-"""The in-memory credential store, and what every credential store shares.
+"""The in-memory credential store.
 
 :class:`MemoryCredentialStore` implements
 :class:`~tbmq.interfaces.ICredentialStore` with already-fired Deferreds
 (``auth.credentials: memory``); nothing survives a restart.  It is also the
-reference the contract suite holds the SQLite and PostgreSQL stores to.
-
-The helpers (:func:`prepare_for_save`, :func:`save_times`,
-:func:`encode_value`, :func:`decode_value`, :func:`copy_credentials`) are the
-rules all three stores apply on ``save``, so they validate and stamp records
-alike.
+reference the contract suite holds the SQLite and PostgreSQL stores to.  It
+validates and stamps records with the rules every credential store applies
+on ``save`` (:mod:`tbmq.backends.credential_rows`).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import time
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from twisted.internet import defer
 from zope.interface import implementer
 
-from tbmq.auth.rules import AuthorizationRules
+from tbmq.backends.credential_rows import (
+    conflict_message,
+    prepare_for_save,
+    save_times,
+)
 from tbmq.errors import CredentialsError
 from tbmq.interfaces import ICredentialStore
-from tbmq.model import ClientType, Credentials, CredentialsType
+from tbmq.model import Credentials, CredentialsType
 
-__all__ = [
-    "CREDENTIALS_COLUMNS",
-    "MemoryCredentialStore",
-    "credentials_from_row",
-    "copy_credentials",
-    "decode_value",
-    "encode_value",
-    "prepare_for_save",
-    "save_times",
-]
-
-#: The smallest step between two ``updated_time`` of one record, seconds:
-#: a save always moves it forward, even within one clock tick.
-TIME_STEP = 1e-6
+__all__ = ["MemoryCredentialStore", "copy_credentials"]
 
 
 def copy_credentials(credentials: Credentials) -> Credentials:
     """:param credentials: a :class:`~tbmq.model.Credentials`.
     :returns: an independent copy (the ``value`` document deep-copied)."""
     return dataclasses.replace(credentials, value=copy.deepcopy(credentials.value))
-
-
-def encode_value(value: Any) -> str:
-    """Serialise a credentials value to JSON text (TBMQ's
-    ``credentials_value``), non-ASCII characters kept as they are.
-
-    :raises CredentialsError: when it is not JSON (bytes, sets, NaN ...).
-    """
-    try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as e:
-        raise CredentialsError(f"credentials value is not JSON: {e}") from None
-
-
-def decode_value(text: str | bytes | dict) -> dict:
-    """:returns: the value of JSON ``text`` (a dict passes through, as a
-    PostgreSQL ``jsonb`` column is decoded already)."""
-    if isinstance(text, dict):
-        return text
-    return json.loads(text)
-
-
-#: The columns of ``mqtt_client_credentials`` that make a
-#: :class:`~tbmq.model.Credentials`, in :func:`credentials_from_row` order
-#: (the SQLite and PostgreSQL stores select them).
-CREDENTIALS_COLUMNS = (
-    "id, name, credentials_type, credentials_id, client_type, "
-    "credentials_value, created_time, updated_time"
-)
-
-
-def credentials_from_row(row: tuple) -> Credentials:
-    """:param row: the columns of :data:`CREDENTIALS_COLUMNS`.
-    :returns: the record they describe."""
-    id_, name, ctype, cid, client_type, value, created, updated = row
-    return Credentials(
-        id=id_,
-        name=name,
-        credentials_type=CredentialsType(ctype),
-        credentials_id=cid,
-        client_type=ClientType(client_type),
-        value=decode_value(value),
-        created_time=created,
-        updated_time=updated,
-    )
-
-
-def _non_empty(value: Any, field: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise CredentialsError(f"credentials {field} must be a non-empty string, not {value!r}")
-    return value
-
-
-def prepare_for_save(credentials: Credentials) -> Credentials:
-    """Check a record before it is stored and return a normalised copy.
-
-    TBMQ validates credentials on save: the auth rule patterns must be valid
-    regexes (``AuthRulesUtil.validateAndCompileAuthRules``).
-
-    :param credentials: the record to save; not modified.
-    :returns: a copy with enum fields as :class:`~tbmq.model.CredentialsType`
-        and :class:`~tbmq.model.ClientType` and the value deep-copied
-        through JSON (so it is exactly what a reload gives back).
-    :raises CredentialsError: for an empty ``id``, ``name`` or
-        ``credentials_id``, an unknown type, a value that is not a JSON
-        object, or invalid ``authRules``.
-    """
-    if not isinstance(credentials, Credentials):
-        raise CredentialsError(f"expected Credentials, not {type(credentials).__name__}")
-    _non_empty(credentials.id, "id")
-    _non_empty(credentials.name, "name")
-    _non_empty(credentials.credentials_id, "credentials_id")
-    try:
-        credentials_type = CredentialsType(credentials.credentials_type)
-    except ValueError:
-        raise CredentialsError(
-            f"unknown credentials type {credentials.credentials_type!r}"
-        ) from None
-    try:
-        client_type = ClientType(credentials.client_type)
-    except ValueError:
-        raise CredentialsError(f"unknown client type {credentials.client_type!r}") from None
-    if not isinstance(credentials.value, dict):
-        raise CredentialsError("credentials value must be a JSON object")
-    value = json.loads(encode_value(credentials.value))
-    AuthorizationRules.from_value(value.get("authRules"))
-    return dataclasses.replace(
-        credentials,
-        credentials_type=credentials_type,
-        client_type=client_type,
-        value=value,
-    )
-
-
-def save_times(
-    now: float, created_time: float | None, updated_time: float | None
-) -> tuple[float, float]:
-    """The timestamps of a record being saved.
-
-    :param now: the clock, seconds since the epoch.
-    :param created_time: the stored record's, or None when it is new.
-    :param updated_time: the stored record's, or None when it is new.
-    :returns: ``(created_time, updated_time)``: a new record is created
-        now; a replaced one keeps its creation time and its update time
-        moves forward by at least :data:`TIME_STEP`.
-    """
-    if created_time is None or updated_time is None:
-        return now, now
-    return created_time, max(now, updated_time + TIME_STEP)
-
-
-def conflict_message(field: str, value: Any, other_id: str) -> str:
-    """:returns: the message of a unique-constraint :class:`CredentialsError`."""
-    return f"credentials {field} {value!r} belongs to another record ({other_id})"
 
 
 def _by_name(records: Iterable[Credentials]) -> list[Credentials]:
@@ -258,7 +131,8 @@ class MemoryCredentialStore:
 
         :param credentials: the record; read now, never modified.
         :returns: a Deferred firing with a copy of the saved record (its
-            times set, see :func:`save_times`), or failing with
+            times set, see
+            :func:`~tbmq.backends.credential_rows.save_times`), or failing with
             :class:`~tbmq.errors.CredentialsError` when it is invalid or
             its name or (type, credentials id) belongs to another record.
         """

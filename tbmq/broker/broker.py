@@ -71,7 +71,7 @@ class Broker:
             raise ConfigError(
                 f"storage.backend: no plugin provides {config.storage.backend!r}")
         if credential_store is None:
-            credential_store = hook.tbmq_credential_store(config=config)
+            credential_store = hook.tbmq_credential_store(config=config, reactor=None)
             if credential_store is None:
                 raise ConfigError(
                     f"auth.credentials: no plugin provides {config.auth.credentials!r}")

@@ -344,6 +344,7 @@ def test_overrides_not_mutated():
         ({"mqtt": {"response_information": None}}, "mqtt.response_information: expected a string"),
         ({"storage": {"backend": "mongo"}}, "storage.backend: must be one of sqlite, memory"),
         ({"storage": {"sqlite_synchronous": "SOMETIMES"}}, "storage.sqlite_synchronous: must be one of"),
+        ({"storage": {"max_messages_per_client": 0}}, "storage.max_messages_per_client: must be >= 1"),
         ({"auth": {"allow_anonymous": "yes"}}, "auth.allow_anonymous: expected true or false"),
         ({"node": {"service_id": ""}}, "node.service_id: must not be empty"),
         ({"node": {"service_id": 5}}, "node.service_id: expected a string"),

@@ -447,8 +447,9 @@ def test_sqlite_file_is_private_and_in_wal_mode(tmp_path, reactor_thread):
 
 def test_sqlite_calls_made_while_busy_share_one_thread_job(tmp_path):
     """A burst of lookups (many CONNECTs at once) costs one round trip to the
-    database thread, each call still in its own transaction and in order;
-    calls queued when stop() is called still run, before the close."""
+    database thread, in order, each call rolled back alone when it fails;
+    calls made while the file opens wait for it; calls queued when stop()
+    is called still run, before the close."""
     from tests.unit.test_stores import ManualThreadPool, fired  # noqa: PLC0415
 
     pool = ManualThreadPool()
@@ -456,7 +457,7 @@ def test_sqlite_calls_made_while_busy_share_one_thread_job(tmp_path):
                                   threadpool=pool, clock=Clock())
     started = store.start()
     saved = store.save(creds("a"))
-    assert len(pool.jobs) == 2  # the open, then the save
+    assert len(pool.jobs) == 1  # the open; the save waits for it
     pool.run_one()
     assert fired(started) is None
     finds = [store.find(BASIC, "client_id|a") for _ in range(50)]
@@ -469,7 +470,7 @@ def test_sqlite_calls_made_while_busy_share_one_thread_job(tmp_path):
     assert len(pool.jobs) == 1  # handed together
     late = store.list()  # waits for that job
     stopped = store.stop()
-    assert len(pool.jobs) == 3  # the 52 calls, the list, the close
+    assert len(pool.jobs) == 1  # the 52 calls; the list, then the close, wait for them
     pool.run_one()
     assert all(fired(d) == saved for d in finds)
     with pytest.raises(CredentialsError):
@@ -519,7 +520,7 @@ def test_sqlite_in_its_own_thread_sees_another_process_writes(tmp_path, reactor_
     finally:
         cli.stop()
         broker.stop()
-    assert broker.target._pool is None and cli.target._pool is None
+    assert broker.target.runner.thread.pool is None and cli.target.runner.thread.pool is None
 
 
 def test_sqlite_write_lock_held_too_long_is_a_backend_error(tmp_path, reactor_thread):

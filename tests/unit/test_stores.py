@@ -121,10 +121,10 @@ class Stores:
     def result(self, d: defer.Deferred) -> Any:
         return self.backend.result(d)
 
-    def reopen(self) -> "Stores":
+    def reopen(self, **options: Any) -> "Stores":
         """Close these stores and open new ones on the same data."""
         self.backend.close(self)
-        return self.backend.open()
+        return self.backend.open(**options)
 
 
 class MemoryBackend:
@@ -136,9 +136,10 @@ class MemoryBackend:
     def result(self, d: defer.Deferred) -> Any:
         return fired(d)
 
-    def open(self) -> Stores:
+    def open(self, **options: Any) -> Stores:
         stores = Stores(
-            self, MemorySessionStore(), MemoryRetainedStore(), MemoryDeviceMessageStore()
+            self, MemorySessionStore(), MemoryRetainedStore(),
+            MemoryDeviceMessageStore(**options)
         )
         for store in (stores.sessions, stores.retained, stores.deliveries):
             fired(store.start())
@@ -158,9 +159,9 @@ class SQLiteBackend:
     def result(self, d: defer.Deferred) -> Any:
         return fired(d)
 
-    def open(self) -> Stores:
+    def open(self, **options: Any) -> Stores:
         store = SQLiteStore(
-            self.path, reactor=SyncReactor(), threadpool=SyncThreadPool()
+            self.path, reactor=SyncReactor(), threadpool=SyncThreadPool(), **options
         )
         stores = Stores(self, store.sessions, store.retained, store.deliveries)
         for view in (stores.sessions, stores.retained, stores.deliveries):
@@ -176,9 +177,9 @@ class SQLiteBackend:
 BACKENDS = {"memory": MemoryBackend, "sqlite": SQLiteBackend}
 
 
-def _open(name: str, tmp_path: Any):
+def _open(name: str, tmp_path: Any, **options: Any):
     backend = BACKENDS[name](tmp_path)
-    opened = backend.open()
+    opened = backend.open(**options)
     holder = [opened]
     opened.holder = holder
     yield opened
@@ -196,10 +197,17 @@ def durable_stores(request: Any, tmp_path: Any):
     yield from _open(request.param, tmp_path)
 
 
-def reopen(stores: Stores) -> Stores:
+@pytest.fixture(params=sorted(BACKENDS))
+def limited_stores(request: Any, tmp_path: Any):
+    """Stores whose device store keeps at most 3 deliveries per client."""
+    yield from _open(request.param, tmp_path, max_messages_per_client=3)
+
+
+def reopen(stores: Stores, **options: Any) -> Stores:
     """Close and reopen a durable backend."""
-    new = stores.reopen()
+    new = stores.reopen(**options)
     stores.holder.append(new)
+    new.holder = stores.holder
     return new
 
 
@@ -454,7 +462,7 @@ class TestDeviceMessageStore:
             state=DeliveryState.SENT,
         )
         plain = delivery(8)
-        assert stores.result(stores.deliveries.add("c", [rich, plain])) is None
+        assert stores.result(stores.deliveries.add("c", [rich, plain])) == 0
         loaded = stores.result(stores.deliveries.load("c"))
         assert loaded == [rich, plain]
         assert loaded[0].state is DeliveryState.SENT
@@ -470,7 +478,7 @@ class TestDeviceMessageStore:
         assert [d.seq for d in loaded] == [1, 2, 3, 10, 11]
 
     def test_add_empty_list(self, stores):
-        assert stores.result(stores.deliveries.add("c", [])) is None
+        assert stores.result(stores.deliveries.add("c", [])) == 0
         assert stores.result(stores.deliveries.load("c")) == []
 
     def test_update_packet_id_and_state(self, stores):
@@ -556,6 +564,99 @@ class TestDeviceMessageStore:
         ]
 
 
+    # -- paging and counting
+
+    def test_load_after_seq(self, stores):
+        stores.result(stores.deliveries.add("c", [delivery(s) for s in (1, 2, 5, 9)]))
+        stores.result(stores.deliveries.add("d", [delivery(3)]))
+        load = stores.deliveries.load
+        assert [d.seq for d in stores.result(load("c", after_seq=2))] == [5, 9]
+        assert [d.seq for d in stores.result(load("c", after_seq=0))] == [1, 2, 5, 9]
+        assert [d.seq for d in stores.result(load("c", after_seq=4))] == [5, 9]
+        assert stores.result(load("c", after_seq=9)) == []
+        assert stores.result(load("c", after_seq=5)) == [delivery(9)]
+
+    def test_load_limit(self, stores):
+        stores.result(stores.deliveries.add("c", [delivery(s) for s in (4, 1, 3, 2)]))
+        load = stores.deliveries.load
+        assert [d.seq for d in stores.result(load("c", limit=2))] == [1, 2]
+        assert [d.seq for d in stores.result(load("c", limit=10))] == [1, 2, 3, 4]
+        assert stores.result(load("c", limit=0)) == []
+        assert [d.seq for d in stores.result(load("c", after_seq=1, limit=2))] == [2, 3]
+
+    def test_pages_cover_the_queue_once(self, stores):
+        stores.result(stores.deliveries.add("c", [delivery(s) for s in range(1, 12)]))
+        stores.result(stores.deliveries.update("c", 5, 7, DeliveryState.SENT))
+        pages, after = [], None
+        while True:
+            page = stores.result(stores.deliveries.load("c", after_seq=after, limit=4))
+            if not page:
+                break
+            pages.append([d.seq for d in page])
+            after = page[-1].seq
+        assert pages == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11]]
+        assert stores.result(stores.deliveries.load("c")) == [
+            delivery(s, packet_id=7, state=DeliveryState.SENT) if s == 5 else delivery(s)
+            for s in range(1, 12)
+        ]
+
+    def test_bad_page_arguments_fail(self, stores):
+        stores.result(stores.deliveries.add("c", [delivery(1)]))
+        failure_of(stores.deliveries.load("c", limit=-1)).trap(ValueError)
+        failure_of(stores.deliveries.load("c", after_seq="1")).trap(TypeError)
+        assert stores.result(stores.deliveries.load("c")) == [delivery(1)]
+
+    def test_count(self, stores):
+        deliveries = stores.deliveries
+        assert stores.result(deliveries.count("c")) == 0
+        stores.result(deliveries.add("c", [delivery(1), delivery(2), delivery(3)]))
+        stores.result(deliveries.add("d", [delivery(1)]))
+        stores.result(deliveries.add("c", [delivery(2, qos=2)]))  # replaces seq 2
+        assert stores.result(deliveries.count("c")) == 3
+        stores.result(deliveries.remove("c", [1, 99]))
+        assert stores.result(deliveries.count("c")) == 2
+        assert stores.result(deliveries.count("d")) == 1
+        stores.result(deliveries.clear("c"))
+        assert stores.result(deliveries.count("c")) == 0
+        assert stores.result(deliveries.count("nobody")) == 0
+
+    # -- max_messages_per_client
+
+    def test_unlimited_by_default(self, stores):
+        assert stores.result(
+            stores.deliveries.add("c", [delivery(s) for s in range(1, 101)])) == 0
+        assert stores.result(stores.deliveries.count("c")) == 100
+
+    def test_limit_removes_the_oldest(self, limited_stores):
+        stores, deliveries = limited_stores, limited_stores.deliveries
+        assert stores.result(deliveries.add("c", [delivery(1), delivery(2)])) == 0
+        assert stores.result(deliveries.update("c", 1, 5, DeliveryState.SENT)) is None
+        assert stores.result(deliveries.add("c", [delivery(3)])) == 0
+        # in flight or not, the lowest seqs go first
+        assert stores.result(deliveries.add("c", [delivery(4)])) == 1
+        assert [d.seq for d in stores.result(deliveries.load("c"))] == [2, 3, 4]
+        assert stores.result(deliveries.add("c", [delivery(s) for s in (5, 6, 7, 8)])) == 4
+        assert [d.seq for d in stores.result(deliveries.load("c"))] == [6, 7, 8]
+        assert stores.result(deliveries.count("c")) == 3
+
+    def test_limit_is_per_client_and_counts_replacements_once(self, limited_stores):
+        stores, deliveries = limited_stores, limited_stores.deliveries
+        stores.result(deliveries.add("c", [delivery(1), delivery(2), delivery(3)]))
+        assert stores.result(deliveries.add("d", [delivery(1), delivery(2)])) == 0
+        assert stores.result(deliveries.add("c", [delivery(3, qos=2)])) == 0  # a replacement
+        stores.result(deliveries.remove("c", [1]))
+        assert stores.result(deliveries.add("c", [delivery(4)])) == 0  # room again
+        assert [d.seq for d in stores.result(deliveries.load("c"))] == [2, 3, 4]
+        assert [d.seq for d in stores.result(deliveries.load("d"))] == [1, 2]
+
+    def test_trimmed_deliveries_stay_gone_after_reopen(self, durable_stores):
+        stores = reopen(durable_stores, max_messages_per_client=2)
+        assert stores.result(
+            stores.deliveries.add("c", [delivery(1), delivery(2), delivery(3)])) == 1
+        stores = reopen(stores)  # no limit now: nothing more goes
+        assert stores.result(stores.deliveries.add("c", [delivery(4)])) == 0
+        assert [d.seq for d in stores.result(stores.deliveries.load("c"))] == [2, 3, 4]
+
 # -- SQLite specifics -------------------------------------------------------------------
 
 
@@ -594,7 +695,7 @@ class TestSQLiteStore:
         d5 = store.retained.load_all()
         assert len(pool.jobs) == 1
         pool.run_one()
-        assert fired(d1) is None and fired(d2) is None
+        assert fired(d1) is None and fired(d2) == 0  # add: no delivery removed
         assert fired(d3) == [message("a", b"1")]  # sees the earlier write
         assert not d4.called
         pool.run_one()
@@ -634,16 +735,16 @@ class TestSQLiteStore:
             store.deliveries.remove("c", [2]),
             store.deliveries.update("c", 2, 5, DeliveryState.SENT),  # removed: ignored
         ]
-        assert len(store._pending) == 1  # one operation for the seven calls
-        writes = store._pending[0][0]
+        assert len(store.runner._pending) == 1  # one operation for the seven calls
+        writes = store.runner._pending[0][0]
         assert set(writes.puts) == {("c", 4)} and writes.puts[("c", 4)][13:] == [8, 1]
         assert writes.updates == {("c", 1): (9, int(DeliveryState.SENT))}
         assert writes.deletes == {("c", 2), ("c", 3)}
         pool.run_one()
-        assert fired(first) is None
+        assert fired(first) == 0
         assert not any(d.called for d in calls)  # not before their COMMIT
         pool.run_one()
-        assert all(fired(d) is None for d in calls)
+        assert [fired(d) for d in calls] == [0] + [None] * 6  # the add, then the others
         loaded = store.deliveries.load("c")
         pool.run_one()
         got = fired(loaded)
@@ -660,7 +761,7 @@ class TestSQLiteStore:
         store.deliveries.add("c", [delivery(2)])
         cleared = store.deliveries.clear("c")
         store.deliveries.add("c", [delivery(3)])
-        assert len(store._pending) == 5
+        assert len(store.runner._pending) == 5
         pool.run_all()
         assert fired(busy) is None
         assert [d.seq for d in fired(loaded)] == [1]
@@ -676,7 +777,7 @@ class TestSQLiteStore:
         busy = store.retained.put(message("a", b"1"))
         d1 = store.deliveries.add("c", [delivery(1)])
         d2 = store.deliveries.remove("c", [5])
-        writes = store._pending[0][0]
+        writes = store.runner._pending[0][0]
         writes.puts[("c", 1)][2] = None  # topic NOT NULL: the INSERT fails
         pool.run_all()
         assert fired(busy) is None
@@ -832,7 +933,7 @@ class TestSQLiteStore:
         started = store.start()
         kept = store.deliveries.add("c", [delivery(2)])
         pool.run_all()
-        assert fired(started) is None and fired(kept) is None
+        assert fired(started) is None and fired(kept) == 0
         loaded = store.deliveries.load("c")
         pool.run_all()
         assert [d.seq for d in fired(loaded)] == [2]
@@ -869,7 +970,38 @@ class TestSQLiteStore:
 
     def test_views_share_one_store(self, tmp_path):
         store = sync_store(tmp_path)
-        assert store.sessions.store is store.retained.store is store.deliveries.store
+        assert store.sessions.runner is store.retained.runner is store.deliveries.runner is store.runner
         assert verifyObject(ISessionStore, store.sessions)
         assert verifyObject(IRetainedStore, store.retained)
         assert verifyObject(IDeviceMessageStore, store.deliveries)
+
+    def test_merged_adds_report_their_removals_on_the_last(self, tmp_path):
+        store, pool = manual_store(tmp_path, max_messages_per_client=2)
+        store.start()
+        pool.run_one()
+        busy = store.retained.put(message("a", b"1"))  # keeps the thread busy
+        adds = [
+            store.deliveries.add("c", [delivery(1), delivery(2)]),
+            store.deliveries.add("d", [delivery(1)]),
+            store.deliveries.add("c", [delivery(3)]),
+            store.deliveries.add("c", [delivery(4)]),
+        ]
+        removed = store.deliveries.remove("c", [4])
+        counted = store.deliveries.count("c")
+        late = store.deliveries.add("c", [delivery(5)])
+        assert len(store.runner._pending) == 3  # the merged writes, the count, the late add
+        pool.run_all()
+        assert fired(busy) is None and fired(removed) is None
+        # seqs 1..3 were kept, 4 removed: one over the limit, on c's last add
+        assert [fired(d) for d in adds] == [0, 0, 0, 1]
+        assert fired(counted) == 2
+        assert fired(late) == 1
+        loaded = store.deliveries.load("c")
+        pool.run_all()
+        assert [d.seq for d in fired(loaded)] == [3, 5]
+
+    def test_a_limit_below_one_is_refused(self, tmp_path):
+        with pytest.raises(ValueError):
+            sync_store(tmp_path, max_messages_per_client=0)
+        with pytest.raises(ValueError):
+            MemoryDeviceMessageStore(max_messages_per_client=0)

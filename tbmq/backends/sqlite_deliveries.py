@@ -1,0 +1,344 @@
+"""The device message store of the embedded default: the table
+``deliveries`` of the embedded store file, keyed by (client id, seq).
+
+Writes accepted while the database thread is busy are merged into one
+:class:`CoalescedWrites` operation of the next transaction
+(:mod:`tbmq.backends.sqlite_runner`).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any, Iterable
+
+from twisted.internet import defer
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from tbmq.backends.deliveries import check_limit, check_page
+from tbmq.backends.sqlite_runner import RunnerView, SQLiteRunner
+from tbmq.backends.sqlite_schema import (
+    EMBEDDED_SCHEMA,
+    ids_json,
+    message_columns,
+    message_from,
+)
+from tbmq.interfaces import IDeviceMessageStore
+from tbmq.model import DeliveryState, StoredDelivery
+
+__all__ = ["CoalescedWrites", "SQLiteDeviceMessageStore"]
+
+
+class CoalescedWrites:
+    """Writes to the ``deliveries`` table accepted while the database thread
+    is busy, merged per (client id, seq) into one operation of the next
+    batch.
+
+    A delivery queued, sent and acknowledged before its batch runs costs no
+    row at all: its INSERT and UPDATE are replaced by one DELETE (of a row
+    that may exist from an earlier batch).  The operation keeps its place in
+    the queue, the place of its first write; once the runner hands its batch
+    to the thread it is *sealed*, and later writes open a new one, as do
+    writes after a read or a clear (which must see, or follow, them in
+    order).
+
+    :ivar puts: (client id, seq) → the 15 columns to INSERT OR REPLACE, as a
+        list so that an UPDATE can patch them in place.
+    :ivar updates: (client id, seq) → (packet id, state) of rows written by
+        an earlier batch.
+    :ivar deletes: (client id, seq) of rows to DELETE.
+    :ivar waiters: ``(Deferred, client id)`` of the merged calls, fired
+        together after the COMMIT; the client id of an ``add``, None for
+        the others.
+    :ivar limit: the most deliveries kept per client (``add``'s trim), or
+        None.
+
+    Run, it trims every client it added to down to ``limit`` rows (the
+    lowest seqs go) and returns ``{client id: rows removed}``; each
+    client's last ``add`` reports its removals, the others 0.
+    """
+
+    __slots__ = ("puts", "updates", "deletes", "waiters", "submitted", "sealed", "limit")
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.puts: dict[tuple[str, int], list] = {}
+        self.updates: dict[tuple[str, int], tuple[int | None, int]] = {}
+        self.deletes: set[tuple[str, int]] = set()
+        self.waiters: list[tuple[defer.Deferred, str | None]] = []
+        self.submitted = False
+        self.sealed = False
+        self.limit = limit
+
+    def seal(self) -> None:
+        """Its batch is handed to the thread: no more merges."""
+        self.sealed = True
+
+    def put(self, key: tuple[str, int], row: list) -> None:
+        self.deletes.discard(key)
+        self.updates.pop(key, None)
+        self.puts[key] = row
+
+    def update(self, key: tuple[str, int], packet_id: int | None, state: int) -> None:
+        row = self.puts.get(key)
+        if row is not None:
+            row[13] = packet_id
+            row[14] = state
+        elif key not in self.deletes:
+            self.updates[key] = (packet_id, state)
+
+    def delete(self, key: tuple[str, int]) -> None:
+        self.puts.pop(key, None)
+        self.updates.pop(key, None)
+        self.deletes.add(key)
+
+    def __call__(self, conn: sqlite3.Connection) -> dict[str, int]:
+        """In the database thread: write the merged rows, then trim.
+
+        :returns: client id → deliveries removed by the trim."""
+        if self.deletes:
+            conn.executemany(
+                "DELETE FROM deliveries WHERE client_id = ? AND seq = ?", self.deletes
+            )
+        if self.updates:
+            conn.executemany(
+                "UPDATE deliveries SET packet_id = ?, state = ? "
+                "WHERE client_id = ? AND seq = ?",
+                [(pid, state, c, s) for (c, s), (pid, state) in self.updates.items()],
+            )
+        if self.puts:
+            conn.executemany(
+                "INSERT OR REPLACE INTO deliveries VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                self.puts.values(),
+            )
+        removed: dict[str, int] = {}
+        if self.limit is not None:
+            for client_id in {client for _, client in self.waiters if client is not None}:
+                count = _trim(conn, client_id, self.limit)
+                if count:
+                    removed[client_id] = count
+        return removed
+
+    def done(self, result: Any) -> None:
+        """In the reactor thread: fire every merged call's Deferred.  Nothing
+        merges into it any more (it is done even when it never ran: the
+        file failed to open)."""
+        self.sealed = True
+        waiters, self.waiters = self.waiters, []
+        if isinstance(result, Failure):
+            for d, _ in waiters:
+                d.errback(result)
+            return
+        last = {client: d for d, client in waiters if client is not None}
+        for d, client in waiters:
+            if client is None:
+                d.callback(None)
+            else:
+                d.callback(result.get(client, 0) if last[client] is d else 0)
+
+
+def _trim(conn: sqlite3.Connection, client_id: str, limit: int) -> int:
+    """In the database thread: keep the ``limit`` newest deliveries of
+    ``client_id``.
+
+    :returns: the number removed."""
+    row = conn.execute(
+        "SELECT seq FROM deliveries WHERE client_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
+        (client_id, limit),
+    ).fetchone()
+    if row is None:
+        return 0
+    return conn.execute(
+        "DELETE FROM deliveries WHERE client_id = ? AND seq <= ?", (client_id, row[0])
+    ).rowcount
+
+
+@implementer(IDeviceMessageStore)
+class SQLiteDeviceMessageStore(RunnerView):
+    """:class:`~tbmq.interfaces.IDeviceMessageStore` on the table
+    ``deliveries``, keyed by (client id, seq).
+
+    :param runner: the :class:`~tbmq.backends.sqlite_runner.SQLiteRunner`
+        of the embedded store file.
+    :param max_messages_per_client: the most deliveries kept per client
+        (the oldest are removed beyond it, see :meth:`add`); None for no
+        limit.
+    :raises ValueError: for a limit below 1.
+    """
+
+    def __init__(self, runner: SQLiteRunner, max_messages_per_client: int | None = None) -> None:
+        super().__init__(runner, EMBEDDED_SCHEMA)
+        self.max_messages_per_client = check_limit(max_messages_per_client)
+        self._writes: CoalescedWrites | None = None
+
+    def _open_writes(self) -> CoalescedWrites:
+        """:returns: the unsealed :class:`CoalescedWrites`, a new one when
+        there is none (submitted by :meth:`_merged` once filled, so the
+        database thread never sees it half written)."""
+        writes = self._writes
+        if writes is None or writes.sealed:
+            writes = self._writes = CoalescedWrites(self.max_messages_per_client)
+        return writes
+
+    def _merged(self, writes: CoalescedWrites, added_to: str | None = None) -> defer.Deferred:
+        """:param added_to: the client id of an ``add``, None for another call.
+        :returns: a Deferred for the call just merged into ``writes``;
+        submit ``writes`` if it is new."""
+        waiter: defer.Deferred = defer.Deferred()
+        writes.waiters.append((waiter, added_to))
+        if not writes.submitted:
+            writes.submitted = True
+            self.runner.submit(writes).addBoth(writes.done)
+        return waiter
+
+    def _close_writes(self) -> None:
+        """Later writes go to a new :class:`CoalescedWrites`, queued after
+        the operation about to be submitted."""
+        self._writes = None
+
+    def add(
+        self, client_id: str, deliveries: Iterable[StoredDelivery]
+    ) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.add`; a
+        delivery whose ``seq`` is already stored replaces it.
+
+        :param client_id: the persistent session's client id.
+        :param deliveries: the deliveries; their values are read now.
+        :returns: a Deferred firing, when committed, with the number of the
+            client's oldest deliveries removed to stay within
+            ``max_messages_per_client`` (adds merged into one transaction:
+            the last one reports them, the others 0).
+        """
+        try:
+            rows = [
+                [client_id, int(d.seq)]
+                + list(message_columns(d.message))
+                + [
+                    int(d.qos),
+                    int(bool(d.retain)),
+                    ids_json(d.subscription_ids),
+                    d.packet_id,
+                    int(d.state),
+                ]
+                for d in deliveries
+            ]
+        except Exception:
+            return defer.fail()
+        refused = self.runner.refused()
+        if refused is not None:
+            return refused
+        writes = self._open_writes()
+        for row in rows:
+            writes.put((client_id, row[1]), row)
+        return self._merged(writes, client_id)
+
+    def update(
+        self, client_id: str, seq: int, packet_id: int | None, state: int
+    ) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.update`.
+
+        :param client_id: the persistent session's client id.
+        :param seq: the delivery's order key; an unknown one is ignored.
+        :param packet_id: the packet identifier it was sent with.
+        :param state: its new :class:`~tbmq.model.DeliveryState`.
+        :returns: a Deferred firing with None when committed.
+        """
+        refused = self.runner.refused()
+        if refused is not None:
+            return refused
+        writes = self._open_writes()
+        writes.update((client_id, int(seq)), packet_id, int(state))
+        return self._merged(writes)
+
+    def remove(self, client_id: str, seqs: Iterable[int]) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.remove`.
+
+        :param client_id: the persistent session's client id.
+        :param seqs: the order keys to drop; unknown ones are ignored.
+        :returns: a Deferred firing with None when committed.
+        """
+        refused = self.runner.refused()
+        if refused is not None:
+            return refused
+        writes = self._open_writes()
+        for seq in seqs:
+            writes.delete((client_id, int(seq)))
+        return self._merged(writes)
+
+    def load(
+        self, client_id: str, after_seq: int | None = None, limit: int | None = None
+    ) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.load`.
+
+        :param client_id: the persistent session's client id.
+        :param after_seq: only deliveries with a greater ``seq``; all when
+            None.
+        :param limit: at most this many (>= 0); all when None.
+        :returns: a Deferred firing with the ``list[StoredDelivery]`` in
+            ``seq`` order, or failing with :class:`ValueError` (a negative
+            ``limit``) or :class:`TypeError` (not an int).
+        """
+        try:
+            check_page(after_seq, limit)
+        except (TypeError, ValueError):
+            return defer.fail()
+        self._close_writes()
+        where, params = "client_id = ?", [client_id]
+        if after_seq is not None:
+            where += " AND seq > ?"
+            params.append(after_seq)
+        params.append(-1 if limit is None else limit)  # LIMIT -1: no limit
+
+        def load(conn: sqlite3.Connection) -> list[StoredDelivery]:
+            rows = conn.execute(
+                "SELECT seq, topic, payload, message_qos, message_retain, "
+                "properties, publisher, received_at, expires_at, qos, retain, "
+                "subscription_ids, packet_id, state FROM deliveries "
+                f"WHERE {where} ORDER BY seq LIMIT ?",
+                params,
+            ).fetchall()
+            return [
+                StoredDelivery(
+                    seq=row[0],
+                    message=message_from(row[1:9]),
+                    qos=row[9],
+                    retain=bool(row[10]),
+                    subscription_ids=tuple(json.loads(row[11])),
+                    packet_id=row[12],
+                    state=DeliveryState(row[13]),
+                )
+                for row in rows
+            ]
+
+        return self._submit(load, write=False)
+
+    def count(self, client_id: str) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.count`.
+
+        :param client_id: the persistent session's client id.
+        :returns: a Deferred firing with the number of its deliveries, the
+            calls made before included.
+        """
+        self._close_writes()
+
+        def count(conn: sqlite3.Connection) -> int:
+            return conn.execute(
+                "SELECT count(*) FROM deliveries WHERE client_id = ?", (client_id,)
+            ).fetchone()[0]
+
+        return self._submit(count, write=False)
+
+    def clear(self, client_id: str) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.clear`.
+
+        :param client_id: the persistent session's client id.
+        :returns: a Deferred firing with None when committed.
+        """
+
+        self._close_writes()
+
+        def clear(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM deliveries WHERE client_id = ?", (client_id,))
+
+        return self._submit(clear)

@@ -1,0 +1,165 @@
+"""The tables of the embedded store file (``<data_dir>/tbmq.sqlite3``) and
+how a :class:`~tbmq.model.Message` is kept in a row.
+
+:data:`EMBEDDED_SCHEMA` is the :class:`~tbmq.backends.sqlite_runner.Schema`
+every store of that file attaches to its runner (sessions, retained
+messages, deliveries, the topic log of the in-process bus);
+:data:`SCHEMA_VERSION` is its version, and a file of version 1 is brought
+to it by creating the topic log's tables.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from tbmq.backends.sqlite_runner import Schema
+from tbmq.model import Message
+from tbmq.mqtt.properties import pack_properties, unpack_properties
+
+__all__ = [
+    "EMBEDDED_SCHEMA",
+    "SCHEMA_VERSION",
+    "ids_json",
+    "message_columns",
+    "message_from",
+]
+
+#: The version of :data:`EMBEDDED_SCHEMA`: 1 sessions, retained messages
+#: and deliveries; 2 adds the topic log of the in-process bus.
+SCHEMA_VERSION = 2
+
+_TABLES_V1 = """
+CREATE TABLE IF NOT EXISTS sessions (
+    client_id TEXT PRIMARY KEY,
+    protocol_level INTEGER NOT NULL,
+    session_expiry_interval INTEGER NOT NULL,
+    client_type TEXT NOT NULL,
+    disconnected_at REAL
+);
+CREATE TABLE IF NOT EXISTS subscriptions (
+    client_id TEXT NOT NULL,
+    topic_filter TEXT NOT NULL,
+    qos INTEGER NOT NULL,
+    no_local INTEGER NOT NULL,
+    retain_as_published INTEGER NOT NULL,
+    retain_handling INTEGER NOT NULL,
+    subscription_id INTEGER,
+    PRIMARY KEY (client_id, topic_filter)
+);
+CREATE INDEX IF NOT EXISTS subscriptions_client_id
+    ON subscriptions (client_id);
+CREATE TABLE IF NOT EXISTS retained (
+    topic TEXT PRIMARY KEY,
+    payload BLOB NOT NULL,
+    qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL,
+    properties BLOB,
+    publisher TEXT NOT NULL,
+    received_at REAL NOT NULL,
+    expires_at REAL
+);
+CREATE TABLE IF NOT EXISTS deliveries (
+    client_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    message_qos INTEGER NOT NULL,
+    message_retain INTEGER NOT NULL,
+    properties BLOB,
+    publisher TEXT NOT NULL,
+    received_at REAL NOT NULL,
+    expires_at REAL,
+    qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL,
+    subscription_ids TEXT NOT NULL,
+    packet_id INTEGER,
+    state INTEGER NOT NULL,
+    PRIMARY KEY (client_id, seq)
+);
+CREATE INDEX IF NOT EXISTS deliveries_client_id_seq
+    ON deliveries (client_id, seq);
+"""
+
+# Version 2: the records of the in-process bus's durable topics (one row
+# per record; in a compacted topic one per key, found by the partial index)
+# and the consumer groups' committed offsets.
+_TOPIC_LOG_V2 = """
+CREATE TABLE IF NOT EXISTS topic_log (
+    topic TEXT NOT NULL,
+    partition_id INTEGER NOT NULL,
+    log_offset INTEGER NOT NULL,
+    key TEXT,
+    value BLOB,
+    headers BLOB,
+    compacted INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition_id, log_offset)
+);
+CREATE INDEX IF NOT EXISTS topic_log_compacted_key
+    ON topic_log (topic, key) WHERE compacted = 1;
+CREATE TABLE IF NOT EXISTS topic_log_offsets (
+    group_id TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    partition_id INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL,
+    PRIMARY KEY (group_id, topic, partition_id)
+);
+"""
+
+#: The schema of the embedded store file.
+EMBEDDED_SCHEMA = Schema(
+    name="embedded",
+    version=SCHEMA_VERSION,
+    marker="sessions",
+    create=_TABLES_V1 + _TOPIC_LOG_V2,
+    migrations={1: _TOPIC_LOG_V2},
+)
+
+
+def _pack(properties: dict) -> bytes | None:
+    """:returns: the serialised properties, or None when there are none."""
+    return pack_properties(properties) if properties else None
+
+
+def _unpack(data: bytes | None) -> dict:
+    """:returns: the properties dict of :func:`_pack`'s output."""
+    return unpack_properties(bytes(data)) if data else {}
+
+
+def ids_json(subscription_ids: tuple[int, ...]) -> str:
+    """:returns: the subscription identifiers as a JSON array."""
+    if not subscription_ids:
+        return "[]"
+    return json.dumps([int(i) for i in subscription_ids])
+
+
+def message_columns(message: Message) -> tuple:
+    """:returns: the columns topic .. expires_at of a message (properties
+        serialised as MQTT v5 properties).
+    :raises Exception: when a property cannot be serialised."""
+    return (
+        message.topic,
+        bytes(message.payload),
+        int(message.qos),
+        int(bool(message.retain)),
+        _pack(message.properties),
+        message.publisher,
+        float(message.received_at),
+        message.expires_at,
+    )
+
+
+def message_from(row: tuple | sqlite3.Row) -> Message:
+    """:param row: the eight columns of :func:`message_columns`.
+    :returns: the :class:`~tbmq.model.Message` they describe."""
+    topic, payload, qos, retain, props, publisher, received_at, expires_at = row
+    return Message(
+        topic=topic,
+        payload=bytes(payload),
+        qos=qos,
+        retain=bool(retain),
+        properties=_unpack(props),
+        publisher=publisher,
+        received_at=received_at,
+        expires_at=expires_at,
+    )

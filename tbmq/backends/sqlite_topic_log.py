@@ -1,0 +1,295 @@
+"""The topic log of the in-process bus in the embedded store file
+(:class:`~tbmq.interfaces.ITopicLog`).
+
+:class:`SQLiteTopicLog` keeps the records of the bus's durable topics in
+the table ``topic_log`` (one row per record, keyed by topic, partition and
+offset) and the consumer groups' committed offsets in
+``topic_log_offsets``, in the file of the other embedded stores, on their
+:class:`~tbmq.backends.sqlite_runner.SQLiteRunner`.  In a compacted topic a
+record replaces the earlier one of its key and a tombstone removes the key,
+so the table holds the last value per key.
+
+Writes (append, commit, truncate) accepted while the database thread is
+busy are merged into one :class:`TopicLogWrites` operation of the next
+transaction, as the device store's are; ``delete_topic`` and ``load`` keep
+their place after the writes made before them.  Every Deferred fires after
+the COMMIT that made the call durable.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Iterable
+
+import msgpack
+from twisted.internet import defer
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from tbmq.backends.sqlite_runner import RunnerView, SQLiteRunner
+from tbmq.backends.sqlite_schema import EMBEDDED_SCHEMA
+from tbmq.backends.topic_records import check_record
+from tbmq.interfaces import ITopicLog
+
+__all__ = ["SQLiteTopicLog", "TopicLogWrites", "pack_headers", "unpack_headers"]
+
+def pack_headers(headers: tuple) -> bytes | None:
+    """:returns: ``headers`` as a msgpack array of ``[str, bin]`` pairs, or
+    None when there are none."""
+    if not headers:
+        return None
+    return msgpack.packb([list(pair) for pair in headers], use_bin_type=True)
+
+
+def unpack_headers(data: bytes | None) -> tuple:
+    """:returns: the ``((str, bytes), ...)`` of :func:`pack_headers`'s
+    output."""
+    if not data:
+        return ()
+    return tuple((name, value) for name, value in msgpack.unpackb(bytes(data), raw=False))
+
+
+class TopicLogWrites:
+    """Appends, commits and truncations accepted while the database thread
+    is busy, merged into one operation of the next batch.
+
+    Run, it deletes the rows of the compacted keys written again, the rows
+    a tombstone took the place of and the truncated rows, then inserts the
+    records left, then writes the offsets: the same rows as running the calls one by one, because every
+    call also applies itself to what is merged already (a truncation drops
+    the merged records below it, a compacted record the merged one of its
+    key).  Once the runner hands its batch to the thread it is *sealed*
+    and later writes open a new one.
+
+    :ivar rows: (topic, partition, offset) → the row to INSERT OR REPLACE.
+    :ivar keys: (topic, key) → the position in :attr:`rows` of the merged
+        record of a compacted key.
+    :ivar dropped_keys: (topic, key) of compacted keys whose stored record
+        goes.
+    :ivar dropped_positions: (topic, partition, offset) of stored records
+        replaced by a tombstone (which is not stored).
+    :ivar truncations: (topic, partition) → the offset below which stored
+        records go.
+    :ivar offsets: (group, topic, partition) → the committed offset.
+    :ivar waiters: the Deferreds of the merged calls, fired together after
+        the COMMIT.
+    """
+
+    __slots__ = ("rows", "keys", "dropped_keys", "dropped_positions", "truncations", "offsets",
+                 "waiters", "submitted", "sealed")
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, int, int], tuple] = {}
+        self.keys: dict[tuple[str, str], tuple[str, int, int]] = {}
+        self.dropped_keys: set[tuple[str, str]] = set()
+        self.dropped_positions: set[tuple[str, int, int]] = set()
+        self.truncations: dict[tuple[str, int], int] = {}
+        self.offsets: dict[tuple[str, str, int], int] = {}
+        self.waiters: list[defer.Deferred] = []
+        self.submitted = False
+        self.sealed = False
+
+    def seal(self) -> None:
+        """Its batch is handed to the thread: no more merges."""
+        self.sealed = True
+
+    def _forget_row(self, position: tuple[str, int, int]) -> None:
+        row = self.rows.pop(position, None)
+        if row is not None and row[6] and row[3] is not None:
+            if self.keys.get((row[0], row[3])) == position:
+                del self.keys[(row[0], row[3])]
+
+    def append(self, record: tuple) -> None:
+        """Merge one checked record
+        (:func:`~tbmq.backends.topic_records.check_record`)."""
+        topic, partition, offset, key, value, headers, compacted = record
+        position = (topic, partition, offset)
+        self._forget_row(position)
+        if compacted and key is not None:
+            earlier = self.keys.pop((topic, key), None)
+            if earlier is not None:
+                self.rows.pop(earlier, None)
+            self.dropped_keys.add((topic, key))
+            if value is None:
+                self.dropped_positions.add(position)
+                return
+            self.keys[(topic, key)] = position
+        self.rows[position] = (topic, partition, offset, key, value, pack_headers(headers),
+                               int(compacted))
+
+    def truncate(self, topic: str, partition: int, before: int) -> None:
+        """Merge a truncation of ``(topic, partition)`` below ``before``."""
+        for position in [p for p in self.rows if p[:2] == (topic, partition) and p[2] < before]:
+            self._forget_row(position)
+        key = (topic, partition)
+        self.truncations[key] = max(before, self.truncations.get(key, before))
+
+    def __call__(self, conn: sqlite3.Connection) -> None:
+        """In the database thread: write the merged calls."""
+        if self.dropped_keys:
+            conn.executemany(
+                "DELETE FROM topic_log WHERE topic = ? AND key = ? AND compacted = 1",
+                self.dropped_keys,
+            )
+        if self.dropped_positions:
+            conn.executemany(
+                "DELETE FROM topic_log WHERE topic = ? AND partition_id = ? AND log_offset = ?",
+                self.dropped_positions,
+            )
+        if self.truncations:
+            conn.executemany(
+                "DELETE FROM topic_log WHERE topic = ? AND partition_id = ? AND log_offset < ?",
+                [(t, p, before) for (t, p), before in self.truncations.items()],
+            )
+        if self.rows:
+            conn.executemany(
+                "INSERT OR REPLACE INTO topic_log VALUES (?, ?, ?, ?, ?, ?, ?)",
+                self.rows.values(),
+            )
+        if self.offsets:
+            conn.executemany(
+                "INSERT OR REPLACE INTO topic_log_offsets VALUES (?, ?, ?, ?)",
+                [(g, t, p, o) for (g, t, p), o in self.offsets.items()],
+            )
+
+    def done(self, result: Any) -> None:
+        """In the reactor thread: fire every merged call's Deferred (done
+        even when it never ran: the file failed to open)."""
+        self.sealed = True
+        waiters, self.waiters = self.waiters, []
+        for d in waiters:
+            if isinstance(result, Failure):
+                d.errback(result)
+            else:
+                d.callback(None)
+
+
+@implementer(ITopicLog)
+class SQLiteTopicLog(RunnerView):
+    """:class:`~tbmq.interfaces.ITopicLog` on the tables ``topic_log`` and
+    ``topic_log_offsets`` of the embedded store file.
+
+    :param runner: the :class:`~tbmq.backends.sqlite_runner.SQLiteRunner`
+        of that file (the one of :class:`~tbmq.backends.sqlite.SQLiteStore`).
+
+    Calls made while the runner is not running fail with
+    :class:`~tbmq.errors.BackendError`.
+    """
+
+    def __init__(self, runner: SQLiteRunner) -> None:
+        super().__init__(runner, EMBEDDED_SCHEMA)
+        self._writes: TopicLogWrites | None = None
+
+    def _merge(self, merge: Any) -> defer.Deferred:
+        """Apply ``merge(writes)`` to the open :class:`TopicLogWrites` (a new
+        one, submitted now, when there is none).
+
+        :returns: a Deferred firing with None after the COMMIT."""
+        refused = self.runner.refused()
+        if refused is not None:
+            return refused
+        writes = self._writes
+        if writes is None or writes.sealed:
+            writes = self._writes = TopicLogWrites()
+        merge(writes)
+        waiter: defer.Deferred = defer.Deferred()
+        writes.waiters.append(waiter)
+        if not writes.submitted:
+            writes.submitted = True
+            self.runner.submit(writes).addBoth(writes.done)
+        return waiter
+
+    def append(self, records: Iterable[tuple]) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.ITopicLog.append`; a record at
+        the position (topic, partition, offset) of a stored one replaces
+        it.  A compacted record without a key is kept like any other.
+
+        :param records: ``(topic, partition, offset, key, value, headers,
+            compacted)`` tuples; read now.
+        :returns: a Deferred firing with None when committed, or failing
+            with :class:`TypeError`/:class:`ValueError` (nothing stored)
+            for a malformed record.
+        """
+        try:
+            checked = [check_record(r) for r in records]
+        except (TypeError, ValueError):
+            return defer.fail()
+
+        def merge(writes: TopicLogWrites) -> None:
+            for record in checked:
+                writes.append(record)
+
+        return self._merge(merge)
+
+    def commit(self, group: str, topic: str, partition: int, offset: int) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.ITopicLog.commit`; the last
+        commit of a group on a partition wins.
+
+        :param group: the consumer group.
+        :param topic: the topic.
+        :param partition: the partition, int.
+        :param offset: the next offset to read, int.
+        :returns: a Deferred firing with None when committed.
+        """
+        key = (group, topic, int(partition))
+        offset = int(offset)
+
+        def merge(writes: TopicLogWrites) -> None:
+            writes.offsets[key] = offset
+
+        return self._merge(merge)
+
+    def truncate(self, topic: str, partition: int, before: int) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.ITopicLog.truncate`.
+
+        :param topic: the topic.
+        :param partition: the partition, int.
+        :param before: records with a lower offset go (compacted or not).
+        :returns: a Deferred firing with None when committed.
+        """
+        partition, before = int(partition), int(before)
+        return self._merge(lambda writes: writes.truncate(topic, partition, before))
+
+    def delete_topic(self, topic: str) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.ITopicLog.delete_topic`.
+
+        :param topic: the topic; an unknown one is ignored.
+        :returns: a Deferred firing with None when committed.
+        """
+        self._writes = None  # later writes follow it
+
+        def delete_topic(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM topic_log WHERE topic = ?", (topic,))
+            conn.execute("DELETE FROM topic_log_offsets WHERE topic = ?", (topic,))
+
+        return self._submit(delete_topic)
+
+    def load(self) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.ITopicLog.load`.
+
+        :returns: a Deferred firing with ``(records, offsets)``: ``records``
+            the ``(topic, partition, offset, key, value, headers)`` in
+            (topic, partition, offset) order, ``offsets`` ``{(group, topic,
+            partition): offset}``; every call made before included.
+        """
+        self._writes = None  # later writes follow it
+        return self._submit(_load, write=False)
+
+
+def _load(conn: sqlite3.Connection) -> tuple[list[tuple], dict]:
+    """In the database thread: every record and offset."""
+    records = [
+        (topic, partition, offset, key, None if value is None else bytes(value),
+         unpack_headers(headers))
+        for topic, partition, offset, key, value, headers in conn.execute(
+            "SELECT topic, partition_id, log_offset, key, value, headers FROM topic_log "
+            "ORDER BY topic, partition_id, log_offset"
+        )
+    ]
+    offsets = {
+        (group, topic, partition): offset
+        for group, topic, partition, offset in conn.execute(
+            "SELECT group_id, topic, partition_id, next_offset FROM topic_log_offsets"
+        )
+    }
+    return records, offsets

@@ -1,0 +1,36 @@
+"""Rules of the layout (ARCHITECTURE §2) that a test can hold."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import tbmq
+
+ROOT = pathlib.Path(tbmq.__file__).parent
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    """:returns: every module name ``path`` imports, at any depth."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_the_core_never_imports_the_first_party_plugins():
+    """``tbmq`` reaches its plugins through hooks only; the plugins import
+    ``tbmq``, never the other way."""
+    offenders = {
+        str(path.relative_to(ROOT.parent)): sorted(
+            name for name in imported_modules(path)
+            if name == "tbmq_plugins" or name.startswith("tbmq_plugins."))
+        for path in ROOT.rglob("*.py")
+    }
+    offenders = {path: names for path, names in offenders.items() if names}
+    assert offenders == {}
+    assert "tbmq.backends.credential_rows" in imported_modules(
+        ROOT.parent / "plugins" / "tbmq_plugins" / "postgres.py")
