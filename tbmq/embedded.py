@@ -36,12 +36,25 @@ class EmbeddedBackends:
                 synchronous=config.storage.sqlite_synchronous)
         return databases
 
+    def _runner(self, config):
+        """The SQLite runner of the embedded store file in ``data_dir``."""
+        from tbmq.backends.sqlite import FILE_NAME
+        os.makedirs(config.data_dir, exist_ok=True)
+        return self._sqlite_databases(config).runner(os.path.join(config.data_dir, FILE_NAME))
+
     @hookimpl(trylast=True)
     def tbmq_message_bus(self, config, clock):
+        """The in-process bus; with ``storage.backend: sqlite`` its durable
+        topics (sessions, subscriptions) live in the SQLite topic log of the
+        store file, so a restart replays them."""
         if config.bus != "memory":
             return None
         from tbmq.backends.inprocess_bus import InProcessBus
-        return InProcessBus(clock=clock)
+        log = None
+        if config.storage.backend == "sqlite":
+            from tbmq.backends.sqlite_topic_log import SQLiteTopicLog
+            log = SQLiteTopicLog(self._runner(config))
+        return InProcessBus(clock=clock, log=log)
 
     def _stores(self, config):
         backend = config.storage.backend
@@ -56,12 +69,9 @@ class EmbeddedBackends:
         if backend == "sqlite":
             store = self._sqlite.get(id(config))
             if store is None:
-                from tbmq.backends.sqlite import FILE_NAME, SQLiteStore
-                os.makedirs(config.data_dir, exist_ok=True)
-                runner = self._sqlite_databases(config).runner(
-                    os.path.join(config.data_dir, FILE_NAME))
+                from tbmq.backends.sqlite import SQLiteStore
                 store = self._sqlite[id(config)] = SQLiteStore(
-                    runner=runner,
+                    runner=self._runner(config),
                     max_messages_per_client=config.storage.max_messages_per_client)
             return store.sessions, store.retained, store.deliveries
         return None

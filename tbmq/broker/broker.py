@@ -19,6 +19,7 @@ from tbmq.broker.protocol import ConnectionContext
 from tbmq.broker.router import Router
 from tbmq.broker.session import SessionContext, TopicNameCache, next_seq
 from tbmq.broker.sessions import SessionManager
+from tbmq.cluster.registry import SessionRegistry, SubscriptionBook
 from tbmq.cluster.sinks import DownlinkReader, PersistedWriter
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.log import OBSERVER as LOG_OBSERVER
@@ -37,7 +38,7 @@ class Broker:
         :func:`tbmq.plugins.make_plugin_manager`).
     :param clock: an ``IReactorTime``; ``clock.seconds()`` is the wall clock
         in seconds (a :class:`twisted.internet.task.Clock` in tests).
-    :param bus, session_store, retained_store, device_store, credential_store:
+    :param bus, retained_store, device_store, credential_store:
         the backends; when None they come from the factory hooks.
     :raises tbmq.errors.ConfigError: when no plugin provides a backend the
         config names.
@@ -46,7 +47,7 @@ class Broker:
     log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self, config, plugins: pluggy.PluginManager, clock=None, *,
-                 bus=None, session_store=None, retained_store=None, device_store=None,
+                 bus=None, retained_store=None, device_store=None,
                  credential_store=None) -> None:
         from tbmq.errors import ConfigError
 
@@ -61,13 +62,11 @@ class Broker:
             bus = hook.tbmq_message_bus(config=config, clock=clock)
             if bus is None:
                 raise ConfigError(f"bus: no plugin provides the bus {config.bus!r}")
-        if session_store is None:
-            session_store = hook.tbmq_session_store(config=config)
         if retained_store is None:
             retained_store = hook.tbmq_retained_store(config=config)
         if device_store is None:
             device_store = hook.tbmq_device_message_store(config=config)
-        if None in (session_store, retained_store, device_store):
+        if None in (retained_store, device_store):
             raise ConfigError(
                 f"storage.backend: no plugin provides {config.storage.backend!r}")
         if credential_store is None:
@@ -77,7 +76,6 @@ class Broker:
                     f"auth.credentials: no plugin provides {config.auth.credentials!r}")
         self.credential_store = credential_store
         self.bus = bus
-        self.session_store = session_store
         self.retained_store = retained_store
         self.device_store = device_store
         self.topics = TopicCatalogue()
@@ -87,10 +85,13 @@ class Broker:
         self.holds = Holds()
         self.connections: set = set()
         self.sessions_by_id: dict = {}
+        self.registry = SessionRegistry(bus, self.topics.client_session, self.service_id)
         self.router = Router(bus, self.topics, self.service_id, clock, retained_store,
-                             self.sessions_by_id)
-        self.sessions = SessionManager(self._session_context, self.router, session_store,
-                                       self.sessions_by_id)
+                             self.sessions_by_id, self.registry.locate)
+        self.book = SubscriptionBook(bus, self.topics.client_subscriptions, self.service_id,
+                                     self.router)
+        self.sessions = SessionManager(self._session_context, self.router, self.registry,
+                                       self.book, self.service_id, self.sessions_by_id)
         self.persisted_writer = PersistedWriter(
             device_store, self.sessions_by_id, self.router.locate, self.service_id, bus,
             self.topics.downlink_persisted, clock, next_seq)
@@ -153,16 +154,17 @@ class Broker:
         yield self.watcher.start()
         for message in (yield self.retained_store.load_all()):
             self.router.retained.set(message)
-        records = yield self.session_store.load_all()
-        self.sessions.restore(records)
+        yield defer.gatherResults([self.registry.start(), self.book.start()],
+                                  consumeErrors=True)
+        restored = self.sessions.restore()
         self.log.info("broker {service_id} started: {sessions} persistent sessions, "
                       "{retained} retained messages", service_id=self.service_id,
-                      sessions=len(records), retained=len(self.router.retained))
+                      sessions=restored, retained=len(self.router.retained))
         self.plugins.hook.tbmq_broker_started(broker=self)
 
     def _backends(self) -> list:
         seen, out = set(), []
-        for backend in (self.bus, self.session_store, self.retained_store, self.device_store,
+        for backend in (self.bus, self.retained_store, self.device_store,
                         self.credential_store):
             if id(backend) not in seen:
                 seen.add(id(backend))

@@ -158,6 +158,9 @@ class Session(Outbox):
         self.will = None
         self.will_timer = None
         self.expiry_timer = None
+        #: the id of the connection that holds (or last held) the session
+        self.session_id = ""
+        self.connected_at: float | None = None
         self._init_outbox(ctx.clock.seconds())
 
     # -- PUBLISH from the client ------------------------------------------------------
@@ -478,9 +481,11 @@ class Session(Outbox):
             self.deliver(message, qos, True, sids, None, now)
 
     def _after_save(self, then: Callable, conn) -> None:
-        """Run ``then`` once a persistent session's subscriptions are stored
-        (at once for a non-persistent one)."""
-        if not self.persistent:
+        """Publish the subscriptions, then run ``then`` once every node's
+        trie has them (and, for the embedded default, the topic log): SUBACK
+        promises that matching messages are delivered from then on."""
+        result = self.ctx.subscriptions.save(self)
+        if result is None:
             then()
             return
 
@@ -490,7 +495,7 @@ class Session(Outbox):
             if self.connection is conn and conn is not None:
                 conn.disconnect(0x80)
 
-        self.ctx.subscriptions.save(self).addCallbacks(then, failed)
+        result.addCallbacks(then, failed)
 
     def on_unsubscribe(self, packet: Unsubscribe) -> None:
         """UNSUBACK with a reason code per filter (v5) [MQTT-3.10.4]."""
@@ -523,7 +528,7 @@ class Session(Outbox):
             if not rules.may_subscribe(share[1] if share else topic_filter):
                 self.ctx.subscriptions.unsubscribe(self, topic_filter)
                 dropped.append(topic_filter)
-        if dropped and self.persistent:
+        if dropped:
             self.ctx.subscriptions.save(self)
         return dropped
 

@@ -5,13 +5,15 @@ will messages with their delay, session expiry, and restore after a restart
 
 from __future__ import annotations
 
+import uuid
+
 from twisted.logger import Logger
 
 from tbmq.broker.session import EXPIRY_NEVER, Session, SessionContext
+from tbmq.cluster.records import SessionInfo, WillRecord
 from tbmq.log import OBSERVER as LOG_OBSERVER
-from tbmq.model import ClientType, Message, SessionRecord, SubscriptionOptions
+from tbmq.model import ClientType, Message, SubscriptionOptions
 from tbmq.mqtt import MQTT_5, Property
-from tbmq.mqtt.topics import parse_shared_subscription
 
 
 def is_persistent(connect) -> bool:
@@ -32,7 +34,11 @@ class SessionManager:
         subscription book).
     :param router: the :class:`tbmq.broker.router.Router` (subscriptions in
         its trie; wills published through it).
-    :param session_store: the :class:`tbmq.interfaces.ISessionStore`.
+    :param registry: the :class:`tbmq.cluster.registry.SessionRegistry`
+        (``tbmq.client.session``).
+    :param book: the :class:`tbmq.cluster.registry.SubscriptionBook`
+        (``tbmq.client.subscriptions``; it keeps the trie).
+    :param service_id: this node's service id.
     :param sessions: the dict to keep the sessions in (shared with the
         router and sinks, which look targets up in it).
     :ivar sessions: client id → the sessions of this node, connected or not.
@@ -40,14 +46,17 @@ class SessionManager:
 
     log = Logger(observer=LOG_OBSERVER)
 
-    def __init__(self, make_context, router, session_store, sessions: dict) -> None:
+    def __init__(self, make_context, router, registry, book, service_id: str,
+                 sessions: dict) -> None:
         self.ctx: SessionContext = make_context(self)
         self.clock = self.ctx.clock
         self.mqtt = self.ctx.mqtt
         self.hooks = self.ctx.hooks
         self.device_store = self.ctx.device_store
         self.router = router
-        self.session_store = session_store
+        self.registry = registry
+        self.book = book
+        self.service_id = service_id
         self.sessions: dict[str, Session] = sessions
 
     # -- connect ---------------------------------------------------------------
@@ -109,19 +118,33 @@ class SessionManager:
             session.client_type = client_type
         session.will = connect.will
         session.attach(conn)
-        if persistent:
-            self.save(session)
+        session.session_id = uuid.uuid4().hex
+        session.connected_at = now
+        self.publish_info(session)
         return session, present
 
-    def save(self, session: Session):
-        """Write the session and its subscriptions to the session store.
+    def publish_info(self, session: Session):
+        """Tell the cluster where ``session`` is and what it is
+        (``tbmq.client.session``).
 
-        :returns: the store's Deferred.
+        :returns: the bus's publish result.
         """
-        record = SessionRecord(session.client_id, session.protocol_level,
-                               session.expiry_interval, session.client_type,
-                               session.disconnected_at, dict(session.subscriptions))
-        return self.session_store.save(record)
+        will = session.will
+        return self.registry.put(SessionInfo(
+            session.client_id, self.service_id, session.session_id,
+            session.connection is not None, session.persistent, session.client_type,
+            session.expiry_interval, session.protocol_level, session.connected_at,
+            session.disconnected_at, self.clock.seconds(),
+            None if will is None else WillRecord(will.topic, will.payload, will.qos,
+                                                 will.retain, dict(will.properties))))
+
+    def save(self, session: Session):
+        """Publish the subscriptions of ``session`` (``tbmq.client.subscriptions``).
+
+        :returns: None or a Deferred that fires once every node's trie has
+            them (and, in the embedded default, the SQLite topic log).
+        """
+        return self.book.put(session.client_id, session.subscriptions)
 
     # -- disconnect, will, expiry ------------------------------------------------
 
@@ -139,7 +162,7 @@ class SessionManager:
         if not session.persistent or session.expiry_interval == 0:
             self.end_session(session, expired=False)
             return
-        self.save(session)
+        self.publish_info(session)
         self._schedule_expiry(session, session.expiry_interval)
 
     def _will_on_close(self, session: Session, publish: bool) -> None:
@@ -211,57 +234,66 @@ class SessionManager:
             if will is not None:
                 self.publish_will(session.client_id, will)
         self._cancel_timers(session)
-        router = self.router
-        for topic_filter in session.subscriptions:
-            router.remove_subscription(session.client_id, topic_filter,
-                                       parse_shared_subscription(topic_filter))
+        had = bool(session.subscriptions)
         session.subscriptions.clear()
+        if had:
+            self.book.put(session.client_id, {})
         session.discard()
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
-        if session.persistent:
-            self.session_store.delete(session.client_id)
+        info = self.registry.get(session.client_id)
+        if info is not None and info.session_id == session.session_id:
+            self.registry.remove(session.client_id)
         self.hooks.session_expired(session.client_id)
 
     # -- restart -----------------------------------------------------------------
 
-    def restore(self, records: list[SessionRecord]) -> None:
-        """Rebuild persistent sessions from the store after a restart; each is
-        offline and expires ``expiry_interval`` after its last disconnect.
-        Their deliveries stay in the device store until the client connects.
+    def restore(self) -> int:
+        """After a start, once the registry and the subscriptions are
+        replayed: the sessions this node held before are offline now.  A
+        persistent one is rebuilt (its deliveries stay in the device store
+        until the client connects) and expires ``expiry_interval`` after its
+        last disconnect; a non-persistent one ended with the old process.
+
+        :returns: how many persistent sessions were restored.
         """
         now = self.clock.seconds()
-        router = self.router
-        for record in records:
-            session = Session(self.ctx, record.client_id, persistent=True,
-                              expiry_interval=record.session_expiry_interval,
-                              protocol_level=record.protocol_level,
-                              client_type=record.client_type)
-            session.disconnected_at = record.disconnected_at or now
-            for topic_filter, options in record.subscriptions.items():
-                session.subscriptions[topic_filter] = options
-                router.add_subscription(record.client_id, topic_filter,
-                                        parse_shared_subscription(topic_filter), options)
-            self.sessions[record.client_id] = session
+        restored = 0
+        for info in list(self.registry.sessions.values()):
+            if info.service_id != self.service_id or info.client_id in self.sessions:
+                continue
+            if not info.persistent:
+                self.registry.remove(info.client_id)
+                if self.book.of(info.client_id):
+                    self.book.put(info.client_id, {})
+                continue
+            session = Session(self.ctx, info.client_id, persistent=True,
+                              expiry_interval=info.session_expiry_interval,
+                              protocol_level=info.protocol_level,
+                              client_type=info.client_type)
+            session.session_id = info.session_id
+            session.connected_at = info.connected_at
+            session.disconnected_at = info.disconnected_at or now
+            session.subscriptions = self.book.of(info.client_id)
+            self.sessions[info.client_id] = session
+            if info.connected:
+                self.publish_info(session)
             remaining = session.disconnected_at + session.expiry_interval - now
             self._schedule_expiry(session, remaining)
+            restored += 1
+        return restored
 
     def subscribe(self, session: Session, topic_filter: str,
                   options: SubscriptionOptions) -> bool:
-        """Add a subscription to ``session`` and the trie.
+        """Add a subscription to ``session``; :meth:`save` publishes the
+        subscriptions (and so updates every node's trie).
 
         :returns: True when it is new (for retain handling 1).
         """
-        share = parse_shared_subscription(topic_filter)
-        is_new = self.router.add_subscription(
-            session.client_id, topic_filter, share, options)
+        is_new = topic_filter not in session.subscriptions
         session.subscriptions[topic_filter] = options
         return is_new
 
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
         """:returns: True when the subscription existed."""
-        if session.subscriptions.pop(topic_filter, None) is None:
-            return False
-        self.router.remove_subscription(
-            session.client_id, topic_filter, parse_shared_subscription(topic_filter))
-        return True
+        return session.subscriptions.pop(topic_filter, None) is not None

@@ -1,0 +1,163 @@
+"""Who is where, for the whole cluster, without a coordinator (TBMQ's
+session and subscription topics, ARCHITECTURE §1 "Sessions without a
+coordinator").
+
+* :class:`SessionRegistry`: client id → :class:`~tbmq.cluster.records.SessionInfo`
+  (the node holding the connection, connected or not, persistent or not,
+  client type, session expiry interval, last change), fed by
+  ``tbmq.client.session``.
+* :class:`SubscriptionBook`: client id → its subscriptions, fed by
+  ``tbmq.client.subscriptions``; it keeps the router's trie.
+
+Both read their topic from the beginning at every start, in a consumer
+group of their own node, and keep the last value per key (a tombstone
+removes it): neither compaction nor ``latest`` offsets are relied upon.
+The node does not accept clients before both have caught up.  In the
+embedded default the in-process bus keeps these topics in the SQLite topic
+log, so a restart replays them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from tbmq.cluster.records import Record, SessionInfo, SubscriptionsRecord
+from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.model import SubscriptionOptions
+from tbmq.mqtt.topics import parse_shared_subscription
+
+log = Logger(observer=LOG_OBSERVER)
+
+
+class SessionRegistry:
+    """Client id → :class:`SessionInfo` of every session in the cluster.
+
+    :param bus: the :class:`tbmq.interfaces.IMessageBus`.
+    :param topic: the ``tbmq.client.session`` topic name.
+    :param service_id: this node's service id (names the consumer group).
+    :ivar sessions: client id → :class:`SessionInfo`.
+    :ivar listeners: ``callable(client_id, old, new)`` called after each
+        change (``old``/``new`` a :class:`SessionInfo` or None).
+    """
+
+    def __init__(self, bus, topic: str, service_id: str) -> None:
+        self.bus = bus
+        self.topic = topic
+        self.service_id = service_id
+        self.sessions: dict[str, SessionInfo] = {}
+        self.listeners: list[Callable] = []
+        self.consumer = None
+
+    def start(self) -> defer.Deferred:
+        """Replay ``tbmq.client.session`` from the beginning, then follow it.
+
+        :returns: a Deferred that fires once the replay is done.
+        """
+        self.consumer = self.bus.subscribe(self.topic, "tbmq-session-registry-" + self.service_id,
+                                           self._on_record, from_beginning=True)
+        return self.consumer.caught_up
+
+    def _on_record(self, record: Record) -> None:
+        client_id = record.key
+        new = record.value
+        if new is None:
+            old = self.sessions.pop(client_id, None)
+        else:
+            old = self.sessions.get(client_id)
+            self.sessions[client_id] = new
+        for listener in self.listeners:
+            try:
+                listener(client_id, old, new)
+            except Exception:
+                log.failure("session registry listener failed for {client_id}",
+                            client_id=client_id)
+
+    def get(self, client_id: str) -> SessionInfo | None:
+        """:returns: what the cluster knows of ``client_id``'s session."""
+        return self.sessions.get(client_id)
+
+    def locate(self, client_id: str) -> str | None:
+        """:returns: the service id of the node ``client_id`` is connected
+        to, or None when it is offline or unknown."""
+        info = self.sessions.get(client_id)
+        if info is None or not info.connected:
+            return None
+        return info.service_id
+
+    def put(self, info: SessionInfo):
+        """Publish ``info`` as the session of ``info.client_id``.
+
+        :returns: the bus's publish result (None or a Deferred).
+        """
+        return self.bus.publish(self.topic, info.client_id, info)
+
+    def remove(self, client_id: str):
+        """Publish a tombstone: the session of ``client_id`` ended."""
+        return self.bus.publish(self.topic, client_id, None)
+
+
+class SubscriptionBook:
+    """Client id → its subscriptions for the whole cluster; keeps the
+    router's trie in step with ``tbmq.client.subscriptions``.
+
+    :param bus: the :class:`tbmq.interfaces.IMessageBus`.
+    :param topic: the ``tbmq.client.subscriptions`` topic name.
+    :param service_id: this node's service id (names the consumer group).
+    :param router: the :class:`tbmq.broker.router.Router`
+        (``add_subscription``/``remove_subscription``).
+    :ivar subscriptions: client id → ``{topic filter: SubscriptionOptions}``.
+    """
+
+    def __init__(self, bus, topic: str, service_id: str, router) -> None:
+        self.bus = bus
+        self.topic = topic
+        self.service_id = service_id
+        self.router = router
+        self.subscriptions: dict[str, dict[str, SubscriptionOptions]] = {}
+        self.consumer = None
+
+    def start(self) -> defer.Deferred:
+        """Replay ``tbmq.client.subscriptions`` from the beginning into the
+        trie, then follow it.
+
+        :returns: a Deferred that fires once the replay is done.
+        """
+        self.consumer = self.bus.subscribe(
+            self.topic, "tbmq-subscriptions-" + self.service_id, self._on_record,
+            from_beginning=True)
+        return self.consumer.caught_up
+
+    def _on_record(self, record: Record) -> None:
+        client_id = record.key
+        new = record.value.subscriptions if record.value is not None else {}
+        old = self.subscriptions.get(client_id, {})
+        router = self.router
+        for topic_filter in old:
+            if topic_filter not in new:
+                router.remove_subscription(client_id, topic_filter,
+                                           parse_shared_subscription(topic_filter))
+        for topic_filter, options in new.items():
+            if old.get(topic_filter) != options:
+                router.add_subscription(client_id, topic_filter,
+                                        parse_shared_subscription(topic_filter), options)
+        if new:
+            self.subscriptions[client_id] = dict(new)
+        else:
+            self.subscriptions.pop(client_id, None)
+
+    def of(self, client_id: str) -> dict[str, SubscriptionOptions]:
+        """:returns: a copy of the subscriptions of ``client_id``."""
+        return dict(self.subscriptions.get(client_id, {}))
+
+    def put(self, client_id: str, subscriptions: dict[str, SubscriptionOptions]):
+        """Publish the whole set of ``client_id``'s subscriptions (a tombstone
+        when empty).
+
+        :returns: the bus's publish result (None or a Deferred): once it
+            fired, every node's trie has them.
+        """
+        value = SubscriptionsRecord(client_id, dict(subscriptions)) if subscriptions else None
+        return self.bus.publish(self.topic, client_id, value)
