@@ -4,7 +4,8 @@
   restart.  For tests and for ``storage.backend: memory``.
 * :mod:`tbmq.backends.sqlite_runner` -- one SQLite file used from one
   dedicated thread (a queue of operations, one transaction per batch),
-  shared by every SQLite store kept in that file.
+  shared by every SQLite store kept in that file;
+  :mod:`tbmq.backends.sqlite_view` the stores' side of it.
 * :mod:`tbmq.backends.sqlite` (with :mod:`tbmq.backends.sqlite_deliveries`
   and :mod:`tbmq.backends.sqlite_schema`) -- the session, retained and
   device stores of the embedded default, one file.

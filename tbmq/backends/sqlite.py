@@ -22,12 +22,7 @@ from twisted.internet import defer
 from zope.interface import implementer
 
 from tbmq.backends.sqlite_deliveries import SQLiteDeviceMessageStore
-from tbmq.backends.sqlite_runner import (
-    SYNCHRONOUS_MODES,
-    Operation,
-    RunnerView,
-    SQLiteRunner,
-)
+from tbmq.backends.sqlite_runner import SYNCHRONOUS_MODES, Operation, SQLiteRunner
 from tbmq.backends.sqlite_schema import (
     EMBEDDED_SCHEMA,
     SCHEMA_VERSION,
@@ -35,6 +30,7 @@ from tbmq.backends.sqlite_schema import (
     message_from,
 )
 from tbmq.backends.sqlite_topic_log import SQLiteTopicLog
+from tbmq.backends.sqlite_view import OnRunner, RunnerView
 from tbmq.interfaces import IRetainedStore, ISessionStore
 from tbmq.model import ClientType, Message, SessionRecord, SubscriptionOptions
 
@@ -51,7 +47,7 @@ __all__ = [
 FILE_NAME = "tbmq.sqlite3"
 
 
-class SQLiteStore:
+class SQLiteStore(OnRunner):
     """The embedded store of sessions, retained messages, deliveries and
     the topic log of the in-process bus.
 
@@ -101,21 +97,6 @@ class SQLiteStore:
         self.retained = SQLiteRetainedStore(runner)
         self.deliveries = SQLiteDeviceMessageStore(runner, max_messages_per_client)
         self.topic_log = SQLiteTopicLog(runner)
-
-    @property
-    def path(self) -> str:
-        """The database file."""
-        return self.runner.path
-
-    @property
-    def synchronous(self) -> str:
-        """The file's ``PRAGMA synchronous``."""
-        return self.runner.synchronous
-
-    @property
-    def running(self) -> bool:
-        """True between a successful :meth:`start` and :meth:`stop`."""
-        return self.runner.running
 
     def start(self) -> defer.Deferred:
         """Open the database and create the schema

@@ -42,11 +42,11 @@ from tbmq.backends.credential_rows import (
 from tbmq.backends.sqlite_runner import (
     SYNCHRONOUS_MODES,
     Operation,
-    RunnerView,
     Schema,
     SQLiteDatabases,
     SQLiteRunner,
 )
+from tbmq.backends.sqlite_view import RunnerView
 from tbmq.errors import BackendError, CredentialsError
 from tbmq.interfaces import ICredentialStore
 from tbmq.model import Credentials, CredentialsType
@@ -166,24 +166,9 @@ class SQLiteCredentialStore(RunnerView):
         self._clock = clock
 
     @property
-    def path(self) -> str:
-        """The database file."""
-        return self.runner.path
-
-    @property
-    def synchronous(self) -> str:
-        """The file's ``PRAGMA synchronous``."""
-        return self.runner.synchronous
-
-    @property
     def busy_timeout(self) -> float:
         """Seconds a write waits for another process's write."""
         return self.runner.busy_timeout
-
-    @property
-    def running(self) -> bool:
-        """True while the runner is running (after :meth:`start`)."""
-        return self.runner.running
 
     def _run(self, operation: Operation, write: bool) -> defer.Deferred:
         """Run ``operation(connection)`` in the next transaction of the

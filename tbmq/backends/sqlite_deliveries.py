@@ -3,21 +3,21 @@
 
 Writes accepted while the database thread is busy are merged into one
 :class:`CoalescedWrites` operation of the next transaction
-(:mod:`tbmq.backends.sqlite_runner`).
+(:class:`~tbmq.backends.sqlite_view.MergedWrites`).
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any, Iterable
+from typing import Iterable
 
 from twisted.internet import defer
-from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from tbmq.backends.deliveries import check_limit, check_page
-from tbmq.backends.sqlite_runner import RunnerView, SQLiteRunner
+from tbmq.backends.sqlite_runner import SQLiteRunner
+from tbmq.backends.sqlite_view import MergedWrites, RunnerView
 from tbmq.backends.sqlite_schema import (
     EMBEDDED_SCHEMA,
     ids_json,
@@ -30,7 +30,7 @@ from tbmq.model import DeliveryState, StoredDelivery
 __all__ = ["CoalescedWrites", "SQLiteDeviceMessageStore"]
 
 
-class CoalescedWrites:
+class CoalescedWrites(MergedWrites):
     """Writes to the ``deliveries`` table accepted while the database thread
     is busy, merged per (client id, seq) into one operation of the next
     batch.
@@ -50,7 +50,7 @@ class CoalescedWrites:
     :ivar deletes: (client id, seq) of rows to DELETE.
     :ivar waiters: ``(Deferred, client id)`` of the merged calls, fired
         together after the COMMIT; the client id of an ``add``, None for
-        the others.
+        the others (:class:`~tbmq.backends.sqlite_view.MergedWrites`).
     :ivar limit: the most deliveries kept per client (``add``'s trim), or
         None.
 
@@ -59,20 +59,14 @@ class CoalescedWrites:
     client's last ``add`` reports its removals, the others 0.
     """
 
-    __slots__ = ("puts", "updates", "deletes", "waiters", "submitted", "sealed", "limit")
+    __slots__ = ("puts", "updates", "deletes", "limit")
 
     def __init__(self, limit: int | None = None) -> None:
+        super().__init__()
         self.puts: dict[tuple[str, int], list] = {}
         self.updates: dict[tuple[str, int], tuple[int | None, int]] = {}
         self.deletes: set[tuple[str, int]] = set()
-        self.waiters: list[tuple[defer.Deferred, str | None]] = []
-        self.submitted = False
-        self.sealed = False
         self.limit = limit
-
-    def seal(self) -> None:
-        """Its batch is handed to the thread: no more merges."""
-        self.sealed = True
 
     def put(self, key: tuple[str, int], row: list) -> None:
         self.deletes.discard(key)
@@ -120,22 +114,15 @@ class CoalescedWrites:
                     removed[client_id] = count
         return removed
 
-    def done(self, result: Any) -> None:
-        """In the reactor thread: fire every merged call's Deferred.  Nothing
-        merges into it any more (it is done even when it never ran: the
-        file failed to open)."""
-        self.sealed = True
-        waiters, self.waiters = self.waiters, []
-        if isinstance(result, Failure):
-            for d, _ in waiters:
-                d.errback(result)
-            return
-        last = {client: d for d, client in waiters if client is not None}
-        for d, client in waiters:
-            if client is None:
-                d.callback(None)
-            else:
-                d.callback(result.get(client, 0) if last[client] is d else 0)
+    def results(self, outcome: dict[str, int], tags: list) -> list:
+        """:returns: per merged call, None for an update or remove, for an
+        ``add`` the removals of its client when it is the client's last,
+        else 0."""
+        last = {client: i for i, client in enumerate(tags) if client is not None}
+        return [
+            None if client is None else (outcome.get(client, 0) if last[client] == i else 0)
+            for i, client in enumerate(tags)
+        ]
 
 
 def _trim(conn: sqlite3.Connection, client_id: str, limit: int) -> int:
@@ -170,32 +157,9 @@ class SQLiteDeviceMessageStore(RunnerView):
     def __init__(self, runner: SQLiteRunner, max_messages_per_client: int | None = None) -> None:
         super().__init__(runner, EMBEDDED_SCHEMA)
         self.max_messages_per_client = check_limit(max_messages_per_client)
-        self._writes: CoalescedWrites | None = None
 
-    def _open_writes(self) -> CoalescedWrites:
-        """:returns: the unsealed :class:`CoalescedWrites`, a new one when
-        there is none (submitted by :meth:`_merged` once filled, so the
-        database thread never sees it half written)."""
-        writes = self._writes
-        if writes is None or writes.sealed:
-            writes = self._writes = CoalescedWrites(self.max_messages_per_client)
-        return writes
-
-    def _merged(self, writes: CoalescedWrites, added_to: str | None = None) -> defer.Deferred:
-        """:param added_to: the client id of an ``add``, None for another call.
-        :returns: a Deferred for the call just merged into ``writes``;
-        submit ``writes`` if it is new."""
-        waiter: defer.Deferred = defer.Deferred()
-        writes.waiters.append((waiter, added_to))
-        if not writes.submitted:
-            writes.submitted = True
-            self.runner.submit(writes).addBoth(writes.done)
-        return waiter
-
-    def _close_writes(self) -> None:
-        """Later writes go to a new :class:`CoalescedWrites`, queued after
-        the operation about to be submitted."""
-        self._writes = None
+    def _new_writes(self) -> CoalescedWrites:
+        return CoalescedWrites(self.max_messages_per_client)
 
     def add(
         self, client_id: str, deliveries: Iterable[StoredDelivery]
@@ -225,13 +189,11 @@ class SQLiteDeviceMessageStore(RunnerView):
             ]
         except Exception:
             return defer.fail()
-        refused = self.runner.refused()
-        if refused is not None:
-            return refused
-        writes = self._open_writes()
-        for row in rows:
-            writes.put((client_id, row[1]), row)
-        return self._merged(writes, client_id)
+        def merge(writes: CoalescedWrites) -> None:
+            for row in rows:
+                writes.put((client_id, row[1]), row)
+
+        return self._merge(self._new_writes, merge, client_id)
 
     def update(
         self, client_id: str, seq: int, packet_id: int | None, state: int
@@ -244,12 +206,8 @@ class SQLiteDeviceMessageStore(RunnerView):
         :param state: its new :class:`~tbmq.model.DeliveryState`.
         :returns: a Deferred firing with None when committed.
         """
-        refused = self.runner.refused()
-        if refused is not None:
-            return refused
-        writes = self._open_writes()
-        writes.update((client_id, int(seq)), packet_id, int(state))
-        return self._merged(writes)
+        key, state = (client_id, int(seq)), int(state)
+        return self._merge(self._new_writes, lambda w: w.update(key, packet_id, state))
 
     def remove(self, client_id: str, seqs: Iterable[int]) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.remove`.
@@ -258,13 +216,13 @@ class SQLiteDeviceMessageStore(RunnerView):
         :param seqs: the order keys to drop; unknown ones are ignored.
         :returns: a Deferred firing with None when committed.
         """
-        refused = self.runner.refused()
-        if refused is not None:
-            return refused
-        writes = self._open_writes()
-        for seq in seqs:
-            writes.delete((client_id, int(seq)))
-        return self._merged(writes)
+        keys = [(client_id, int(seq)) for seq in seqs]
+
+        def merge(writes: CoalescedWrites) -> None:
+            for key in keys:
+                writes.delete(key)
+
+        return self._merge(self._new_writes, merge)
 
     def load(
         self, client_id: str, after_seq: int | None = None, limit: int | None = None

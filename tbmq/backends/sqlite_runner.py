@@ -18,7 +18,8 @@ with a write starts with ``BEGIN IMMEDIATE`` and waits up to the busy
 timeout for another process's writer (``tbmq credentials`` on the
 credential file).
 
-Runners may share one :class:`DatabaseThread`: :class:`SQLiteDatabases`
+Stores are :class:`~tbmq.backends.sqlite_view.RunnerView` of the runner of
+their file.  Runners may share one :class:`DatabaseThread`: :class:`SQLiteDatabases`
 hands out one runner per file, all on one thread (the embedded default's
 message store and credential store).
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from twisted.internet import defer
 from twisted.internet.threads import deferToThreadPool
@@ -46,11 +47,13 @@ from twisted.python.threadpool import ThreadPool
 from tbmq.errors import BackendError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
+if TYPE_CHECKING:
+    from tbmq.backends.sqlite_view import RunnerView
+
 __all__ = [
     "SYNCHRONOUS_MODES",
     "DatabaseThread",
     "Operation",
-    "RunnerView",
     "SQLiteDatabases",
     "SQLiteRunner",
     "Schema",
@@ -67,7 +70,7 @@ SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 #: An operation run in the database thread: ``op(connection) -> result``.
 #: It must not commit or roll back.  An operation object with a ``seal()``
 #: method is told when its batch is handed to the thread (it then takes no
-#: more merged writes, :class:`~tbmq.backends.sqlite_deliveries.CoalescedWrites`).
+#: more merged writes, :class:`~tbmq.backends.sqlite_view.MergedWrites`).
 Operation = Callable[[sqlite3.Connection], Any]
 
 #: The highest ``PRAGMA user_version`` of files written before the
@@ -245,8 +248,9 @@ class SQLiteRunner:
     The runner is running between a successful :meth:`start` and
     :meth:`stop`; calls made at other times fail with
     :class:`~tbmq.errors.BackendError`.  Calls made while it is starting
-    wait for the file to open.  Stores use it through :class:`RunnerView`,
-    whose ``start``/``stop`` are counted: the runner stops when its last
+    wait for the file to open.  Stores use it through
+    :class:`~tbmq.backends.sqlite_view.RunnerView`, whose ``start``/``stop``
+    are counted: the runner stops when its last
     started view stops.
     """
 
@@ -553,54 +557,6 @@ def _seal(operation: Any) -> None:
     seal = getattr(operation, "seal", None)
     if seal is not None:
         seal()
-
-
-class RunnerView:
-    """One store's face of a :class:`SQLiteRunner`.  ``start``/``stop`` are
-    counted: the runner stops when its last started view stops.
-
-    :param runner: the runner of the store's file.
-    :param schema: the :class:`Schema` of the store's tables, or None.
-    """
-
-    def __init__(self, runner: SQLiteRunner, schema: Schema | None = None) -> None:
-        self.runner = runner
-        self._started = False
-        runner.attach(self, schema)
-
-    def start(self) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.IBackend.start` by starting the
-        shared runner (idempotent).
-
-        :returns: a Deferred firing with None when the file is usable.
-        """
-        if self._started:
-            return self.runner.start()
-        self._started = True
-        return self.runner.acquire()
-
-    def stop(self) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.IBackend.stop`: the shared runner
-        is flushed and closed when this is the last started view.
-
-        :returns: a Deferred firing with None when done.
-        """
-        if not self._started:
-            return defer.succeed(None)
-        self._started = False
-        return self.runner.release()
-
-    def _submit(self, operation: Operation, write: bool = True) -> defer.Deferred:
-        return self.runner.submit(operation, write)
-
-    def _call(self, build: Callable[[], Operation], write: bool = True) -> defer.Deferred:
-        """Build an operation now (serialising the caller's values) and
-        submit it; a serialisation error fails the returned Deferred."""
-        try:
-            operation = build()
-        except Exception:
-            return defer.fail()
-        return self.runner.submit(operation, write)
 
 
 class SQLiteDatabases:

@@ -19,14 +19,14 @@ the COMMIT that made the call durable.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Iterable
+from typing import Iterable
 
 import msgpack
 from twisted.internet import defer
-from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tbmq.backends.sqlite_runner import RunnerView, SQLiteRunner
+from tbmq.backends.sqlite_runner import SQLiteRunner
+from tbmq.backends.sqlite_view import MergedWrites, RunnerView
 from tbmq.backends.sqlite_schema import EMBEDDED_SCHEMA
 from tbmq.backends.topic_records import check_record
 from tbmq.interfaces import ITopicLog
@@ -49,7 +49,7 @@ def unpack_headers(data: bytes | None) -> tuple:
     return tuple((name, value) for name, value in msgpack.unpackb(bytes(data), raw=False))
 
 
-class TopicLogWrites:
+class TopicLogWrites(MergedWrites):
     """Appends, commits and truncations accepted while the database thread
     is busy, merged into one operation of the next batch.
 
@@ -71,27 +71,18 @@ class TopicLogWrites:
     :ivar truncations: (topic, partition) → the offset below which stored
         records go.
     :ivar offsets: (group, topic, partition) → the committed offset.
-    :ivar waiters: the Deferreds of the merged calls, fired together after
-        the COMMIT.
     """
 
-    __slots__ = ("rows", "keys", "dropped_keys", "dropped_positions", "truncations", "offsets",
-                 "waiters", "submitted", "sealed")
+    __slots__ = ("rows", "keys", "dropped_keys", "dropped_positions", "truncations", "offsets")
 
     def __init__(self) -> None:
+        super().__init__()
         self.rows: dict[tuple[str, int, int], tuple] = {}
         self.keys: dict[tuple[str, str], tuple[str, int, int]] = {}
         self.dropped_keys: set[tuple[str, str]] = set()
         self.dropped_positions: set[tuple[str, int, int]] = set()
         self.truncations: dict[tuple[str, int], int] = {}
         self.offsets: dict[tuple[str, str, int], int] = {}
-        self.waiters: list[defer.Deferred] = []
-        self.submitted = False
-        self.sealed = False
-
-    def seal(self) -> None:
-        """Its batch is handed to the thread: no more merges."""
-        self.sealed = True
 
     def _forget_row(self, position: tuple[str, int, int]) -> None:
         row = self.rows.pop(position, None)
@@ -152,17 +143,6 @@ class TopicLogWrites:
                 [(g, t, p, o) for (g, t, p), o in self.offsets.items()],
             )
 
-    def done(self, result: Any) -> None:
-        """In the reactor thread: fire every merged call's Deferred (done
-        even when it never ran: the file failed to open)."""
-        self.sealed = True
-        waiters, self.waiters = self.waiters, []
-        for d in waiters:
-            if isinstance(result, Failure):
-                d.errback(result)
-            else:
-                d.callback(None)
-
 
 @implementer(ITopicLog)
 class SQLiteTopicLog(RunnerView):
@@ -178,26 +158,6 @@ class SQLiteTopicLog(RunnerView):
 
     def __init__(self, runner: SQLiteRunner) -> None:
         super().__init__(runner, EMBEDDED_SCHEMA)
-        self._writes: TopicLogWrites | None = None
-
-    def _merge(self, merge: Any) -> defer.Deferred:
-        """Apply ``merge(writes)`` to the open :class:`TopicLogWrites` (a new
-        one, submitted now, when there is none).
-
-        :returns: a Deferred firing with None after the COMMIT."""
-        refused = self.runner.refused()
-        if refused is not None:
-            return refused
-        writes = self._writes
-        if writes is None or writes.sealed:
-            writes = self._writes = TopicLogWrites()
-        merge(writes)
-        waiter: defer.Deferred = defer.Deferred()
-        writes.waiters.append(waiter)
-        if not writes.submitted:
-            writes.submitted = True
-            self.runner.submit(writes).addBoth(writes.done)
-        return waiter
 
     def append(self, records: Iterable[tuple]) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ITopicLog.append`; a record at
@@ -219,7 +179,7 @@ class SQLiteTopicLog(RunnerView):
             for record in checked:
                 writes.append(record)
 
-        return self._merge(merge)
+        return self._merge(TopicLogWrites, merge)
 
     def commit(self, group: str, topic: str, partition: int, offset: int) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ITopicLog.commit`; the last
@@ -237,7 +197,7 @@ class SQLiteTopicLog(RunnerView):
         def merge(writes: TopicLogWrites) -> None:
             writes.offsets[key] = offset
 
-        return self._merge(merge)
+        return self._merge(TopicLogWrites, merge)
 
     def truncate(self, topic: str, partition: int, before: int) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ITopicLog.truncate`.
@@ -248,7 +208,7 @@ class SQLiteTopicLog(RunnerView):
         :returns: a Deferred firing with None when committed.
         """
         partition, before = int(partition), int(before)
-        return self._merge(lambda writes: writes.truncate(topic, partition, before))
+        return self._merge(TopicLogWrites, lambda writes: writes.truncate(topic, partition, before))
 
     def delete_topic(self, topic: str) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ITopicLog.delete_topic`.
@@ -256,7 +216,7 @@ class SQLiteTopicLog(RunnerView):
         :param topic: the topic; an unknown one is ignored.
         :returns: a Deferred firing with None when committed.
         """
-        self._writes = None  # later writes follow it
+        self._close_writes()
 
         def delete_topic(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM topic_log WHERE topic = ?", (topic,))
@@ -272,7 +232,7 @@ class SQLiteTopicLog(RunnerView):
             (topic, partition, offset) order, ``offsets`` ``{(group, topic,
             partition): offset}``; every call made before included.
         """
-        self._writes = None  # later writes follow it
+        self._close_writes()
         return self._submit(_load, write=False)
 
 

@@ -1,0 +1,163 @@
+"""The store's side of a :class:`~tbmq.backends.sqlite_runner.SQLiteRunner`:
+:class:`RunnerView`, the base of every SQLite store (counted start and
+stop, operations submitted in order), and :class:`MergedWrites`, the base
+of an operation that merges the writes accepted while the database thread
+is busy into one operation of the next transaction (the device store's
+:class:`~tbmq.backends.sqlite_deliveries.CoalescedWrites`, the topic log's
+:class:`~tbmq.backends.sqlite_topic_log.TopicLogWrites`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from twisted.internet import defer
+from twisted.python.failure import Failure
+
+from tbmq.backends.sqlite_runner import Operation, Schema, SQLiteRunner
+
+__all__ = ["MergedWrites", "OnRunner", "RunnerView"]
+
+
+class MergedWrites:
+    """Base of an operation that merges the writes a store accepts while
+    the database thread is busy into one operation of the next batch
+    (:meth:`RunnerView._merge`).  Once the runner hands its batch to the
+    thread it is *sealed*, and later writes open a new one.
+
+    :ivar waiters: ``(Deferred, tag)`` of the merged calls, fired together
+        after the COMMIT; the tag is the store's (see :meth:`results`).
+    """
+
+    __slots__ = ("waiters", "submitted", "sealed")
+
+    def __init__(self) -> None:
+        self.waiters: list[tuple[defer.Deferred, Any]] = []
+        self.submitted = False
+        self.sealed = False
+
+    def seal(self) -> None:
+        """Its batch is handed to the thread: no more merges."""
+        self.sealed = True
+
+    def results(self, outcome: Any, tags: list) -> list:
+        """:param outcome: what the operation returned.
+        :param tags: the merged calls' tags, in order.
+        :returns: each merged call's result (None by default)."""
+        return [None] * len(tags)
+
+    def done(self, outcome: Any) -> None:
+        """In the reactor thread: fire every merged call's Deferred with its
+        result or the failure.  Nothing merges into it any more (it is done
+        even when it never ran: the file failed to open)."""
+        self.sealed = True
+        waiters, self.waiters = self.waiters, []
+        if isinstance(outcome, Failure):
+            for d, _ in waiters:
+                d.errback(outcome)
+            return
+        for (d, _), value in zip(waiters, self.results(outcome, [t for _, t in waiters])):
+            d.callback(value)
+
+
+class OnRunner:
+    """What a store on a :class:`SQLiteRunner` (its attribute ``runner``)
+    tells of its file."""
+
+    runner: SQLiteRunner
+
+    @property
+    def path(self) -> str:
+        """The database file."""
+        return self.runner.path
+
+    @property
+    def synchronous(self) -> str:
+        """The file's ``PRAGMA synchronous``."""
+        return self.runner.synchronous
+
+    @property
+    def running(self) -> bool:
+        """True while the runner is running (between its start and stop)."""
+        return self.runner.running
+
+
+class RunnerView(OnRunner):
+    """One store's face of a :class:`SQLiteRunner`.  ``start``/``stop`` are
+    counted: the runner stops when its last started view stops.
+
+    :param runner: the runner of the store's file.
+    :param schema: the :class:`Schema` of the store's tables, or None.
+    """
+
+    def __init__(self, runner: SQLiteRunner, schema: Schema | None = None) -> None:
+        self.runner = runner
+        self._started = False
+        self._writes: MergedWrites | None = None
+        runner.attach(self, schema)
+
+    def start(self) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IBackend.start` by starting the
+        shared runner (idempotent).
+
+        :returns: a Deferred firing with None when the file is usable.
+        """
+        if self._started:
+            return self.runner.start()
+        self._started = True
+        return self.runner.acquire()
+
+    def stop(self) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IBackend.stop`: the shared runner
+        is flushed and closed when this is the last started view.
+
+        :returns: a Deferred firing with None when done.
+        """
+        if not self._started:
+            return defer.succeed(None)
+        self._started = False
+        return self.runner.release()
+
+    def _submit(self, operation: Operation, write: bool = True) -> defer.Deferred:
+        return self.runner.submit(operation, write)
+
+    def _merge(self, new: Callable[[], MergedWrites], merge: Callable[[Any], None],
+               tag: Any = None) -> defer.Deferred:
+        """Merge a write into the open :class:`MergedWrites` of this store:
+        ``merge(writes)`` on it, or on ``new()``, queued now, when there is
+        none (it keeps the place of its first write; the database thread
+        never sees it half written, as merges run in the reactor thread).
+
+        :param tag: the call's tag for :meth:`MergedWrites.results`.
+        :returns: a Deferred firing with the call's result after the
+            COMMIT, or failing with :class:`~tbmq.errors.BackendError` when
+            the runner is not running.
+        """
+        refused = self.runner.refused()
+        if refused is not None:
+            return refused
+        writes = self._writes
+        if writes is None or writes.sealed:
+            writes = self._writes = new()
+        merge(writes)
+        waiter: defer.Deferred = defer.Deferred()
+        writes.waiters.append((waiter, tag))
+        if not writes.submitted:
+            writes.submitted = True
+            self.runner.submit(writes).addBoth(writes.done)
+        return waiter
+
+    def _close_writes(self) -> None:
+        """Later writes go to a new :class:`MergedWrites`, queued after the
+        operation about to be submitted (a read, which must not see them;
+        a write that must follow them)."""
+        self._writes = None
+
+    def _call(self, build: Callable[[], Operation], write: bool = True) -> defer.Deferred:
+        """Build an operation now (serialising the caller's values) and
+        submit it; a serialisation error fails the returned Deferred."""
+        try:
+            operation = build()
+        except Exception:
+            return defer.fail()
+        return self.runner.submit(operation, write)
