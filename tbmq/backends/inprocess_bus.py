@@ -539,6 +539,11 @@ class InProcessBus:
                     member.cursor = (member.cursor + i + 1) % n
                     return p, cursor, part, o, entry
                 cursor.position = o + 1  # a hole: compacted away or dropped
+                waiter = part.waiters.get(o)
+                if waiter is not None:  # superseded before this group got it
+                    waiter.complete(member.group, True)
+                    if waiter.done:
+                        del part.waiters[o]
             if cursor.advance():
                 self._committed(state, member.group_state, p, cursor)
         return None
