@@ -227,8 +227,12 @@ class InProcessBus:
         return flushed.addCallback(lambda _: self.topic_log.stop())
 
     def _restore(self, records: list, offsets: dict) -> None:
+        """Hold what the topic log kept (durable topics of this catalogue
+        only; anything else in it is left alone)."""
         catalogue = self.catalogue
         for topic, p, o, key, value, headers in records:
+            if not catalogue.durable(topic):
+                continue
             state = self._topic(topic)
             part = self._part(state, p)
             part.put(o, key, value, tuple(headers or ()))
