@@ -314,8 +314,7 @@ class DisconnectCommand:
 # -- field checks ----------------------------------------------------------------
 
 
-class _Bad(RecordEncodingError):
-    """A field check failed (internal; callers see RecordEncodingError)."""
+_Bad = RecordEncodingError  # a field check failed
 
 
 def _str(v: Any, name: str) -> str:
