@@ -404,8 +404,9 @@ class InProcessBus:
             if fast is not None:
                 member, cursor, part = fast
                 o = part.next
-                if cursor.committed == o and not member.busy:
-                    # the hot path: nothing waits, hand it now
+                if cursor.committed == o:
+                    # the hot path: nothing waits, hand it now (a handler of
+                    # this member running now has not committed: not here)
                     part.next = cursor.position = o + 1
                     record = Record(topic, key, value, headers, 0, o)
                     member.busy = True
