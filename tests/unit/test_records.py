@@ -16,8 +16,8 @@ from tbmq.mqtt.constants import Property
 
 text = st.text(max_size=20)
 #: MQTT strings never hold U+0000 [MQTT-1.5.4-2] (the decoder refuses it)
-mqtt_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
-                    max_size=20)
+mqtt_text = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)),
+                    max_size=20)  # UTF-8 strings [MQTT-1.5.4-1]: no surrogates
 times = st.floats(min_value=0, max_value=4e9, allow_nan=False)
 qos = st.integers(0, 2)
 u32 = st.integers(0, 0xFFFFFFFF)
