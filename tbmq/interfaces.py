@@ -87,7 +87,10 @@ class IMessageBus(IBackend):
         """Consume ``topic`` as one member of consumer group ``group``.
 
         The topic's partitions are shared among the group's live members;
-        every group gets every record.
+        every group gets every record.  A new group starts at the end of
+        the topic, except on the durable topics (the session and
+        subscription topics, ``tbmq.msg.app.*``) where it starts at the
+        first record held: what waited for a client is its.
 
         :param handler: ``handler(record) -> Deferred | None`` with
             ``record`` a :class:`tbmq.cluster.records.Record` (``value``

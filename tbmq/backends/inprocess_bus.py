@@ -227,8 +227,12 @@ class InProcessBus:
         return flushed.addCallback(lambda _: self.topic_log.stop())
 
     def _restore(self, records: list, offsets: dict) -> None:
+        """Hold what the topic log kept (durable topics of this catalogue
+        only; anything else in it is left alone)."""
         catalogue = self.catalogue
         for topic, p, o, key, value, headers in records:
+            if not catalogue.durable(topic):
+                continue
             state = self._topic(topic)
             part = self._part(state, p)
             part.put(o, key, value, tuple(headers or ()))
@@ -400,8 +404,9 @@ class InProcessBus:
             if fast is not None:
                 member, cursor, part = fast
                 o = part.next
-                if cursor.committed == o and not member.busy:
-                    # the hot path: nothing waits, hand it now
+                if cursor.committed == o:
+                    # the hot path: nothing waits, hand it now (a handler of
+                    # this member running now has not committed: not here)
                     part.next = cursor.position = o + 1
                     record = Record(topic, key, value, headers, 0, o)
                     member.busy = True
@@ -539,6 +544,11 @@ class InProcessBus:
                     member.cursor = (member.cursor + i + 1) % n
                     return p, cursor, part, o, entry
                 cursor.position = o + 1  # a hole: compacted away or dropped
+                waiter = part.waiters.get(o)
+                if waiter is not None:  # superseded before this group got it
+                    waiter.complete(member.group, True)
+                    if waiter.done:
+                        del part.waiters[o]
             if cursor.advance():
                 self._committed(state, member.group_state, p, cursor)
         return None

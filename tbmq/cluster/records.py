@@ -20,46 +20,61 @@ there are none.  Nested records (a message in a delivery, a will in a
 session, a session in a response) are the nested array of their own codec,
 tag and version included.
 
-============================================= =========== ====================== ===== =====================================================
-topic                                         key         record (tag)           tomb  fields, in order (type)
-============================================= =========== ====================== ===== =====================================================
-``tbmq.msg.all``                              topic name  Message (``msg``)      no    topic (str), payload (bin), qos (int 0-2), retain
-                                                                                       (bool), properties (bin|nil), publisher (str),
-                                                                                       received_at (float, s), expires_at (float s|nil)
-``tbmq.msg.retained``                         topic name  Message (``msg``)      yes   as above; a tombstone clears the topic
-``tbmq.msg.persisted``                        client id   Delivery (``dlv``)     no    client_id (str), message (``msg`` array), qos
-                                                                                       (int 0-2), retain (bool), subscription_ids (array of
-                                                                                       int), seq (int)
-``tbmq.msg.downlink.basic.<serviceId>``       client id   Delivery (``dlv``)     no    as above
-``tbmq.msg.downlink.persisted.<serviceId>``   client id   Delivery (``dlv``)     no    as above
-``tbmq.msg.app.<clientId>``                   client id   Delivery (``dlv``)     no    as above
-``tbmq.msg.app.shared.<filter>``              share name  Delivery (``dlv``)     no    as above, client_id is the share name
-``tbmq.client.session``                       client id   SessionInfo (``ses``)  yes   client_id (str), service_id (str), session_id (str,
-                                                                                       uuid hex), connected (bool), persistent (bool),
-                                                                                       client_type (str ``DEVICE``/``APPLICATION``),
-                                                                                       session_expiry_interval (int, s), protocol_level
-                                                                                       (int 3-5), connected_at (float s|nil),
-                                                                                       disconnected_at (float s|nil), updated_at (float
-                                                                                       s), will (``will`` array|nil)
-(nested in a session)                         --          WillRecord (``will``)  --    topic (str), payload (bin), qos (int 0-2), retain
-                                                                                       (bool), properties (bin|nil)
-``tbmq.client.subscriptions``                 client id   SubscriptionsRecord    yes   client_id (str), subscriptions (map str → [qos (int
-                                                          (``subs``)                   0-2), no_local (bool), retain_as_published (bool),
-                                                                                       retain_handling (int 0-2), subscription_id
-                                                                                       (int|nil)])
-``tbmq.client.session.event.request``         client id   SessionEvent (``sev``) no    kind (str, one of :data:`SESSION_EVENT_KINDS`),
-                                                                                       client_id, service_id, session_id, request_id
-                                                                                       (str), clean_start (bool), persistent (bool),
-                                                                                       client_type (str), session_expiry_interval (int,
-                                                                                       s), protocol_level (int), at (float, s)
-``tbmq.client.session.event.response.<sid>`` client id   SessionEventResponse   no    client_id (str), request_id (str), success (bool),
-                                                          (``ser``)                    session_present (bool), session (``ses``
-                                                                                       array|nil), reason (str)
-``tbmq.client.disconnect.<serviceId>``        client id   DisconnectCommand      no    client_id (str), session_id (str), reason_code
-                                                          (``dis``)                    (int 0-255, MQTT 5.0 reason code)
-``tbmq.events``                               client id   bytes (raw)            no    the bytes as published (:class:`BytesCodec`; JSON
-                                              or node                                  records of ``docs/events.md``)
-============================================= =========== ====================== ===== =====================================================
+============================================== =========== ============================ ====
+topic                                          key         record (tag)                 tomb
+============================================== =========== ============================ ====
+``tbmq.msg.all``                               topic name  Message (``msg``)            no
+``tbmq.msg.retained``                          topic name  Message (``msg``)            yes
+``tbmq.msg.persisted``                         client id   Delivery (``dlv``)           no
+``tbmq.msg.downlink.basic.<serviceId>``        client id   Delivery (``dlv``)           no
+``tbmq.msg.downlink.persisted.<serviceId>``    client id   Delivery (``dlv``)           no
+``tbmq.msg.app.<clientId>``                    client id   Delivery (``dlv``)           no
+``tbmq.msg.app.shared.<filter>``               share name  Delivery (``dlv``)           no
+``tbmq.client.session``                        client id   SessionInfo (``ses``)        yes
+``tbmq.client.subscriptions``                  client id   SubscriptionsRecord          yes
+                                                           (``subs``)
+``tbmq.client.session.event.request``          client id   SessionEvent (``sev``)       no
+``tbmq.client.session.event.response.<sid>``   client id   SessionEventResponse         no
+                                                           (``ser``)
+``tbmq.client.disconnect.<serviceId>``         client id   DisconnectCommand (``dis``)  no
+``tbmq.events``                                client id   raw bytes (``BytesCodec``)   no
+                                               or node
+============================================== =========== ============================ ====
+
+The fields of each version-1 array, after ``tag, 1``:
+
+``msg`` Message
+    topic (str), payload (bin), qos (int 0-2), retain (bool), properties
+    (bin|nil), publisher (str), received_at (float, s), expires_at (float
+    s|nil).
+``dlv`` Delivery
+    client_id (str; the share name on ``tbmq.msg.app.shared.<filter>``),
+    message (``msg`` array), qos (int 0-2), retain (bool), subscription_ids
+    (array of int), seq (int).
+``will`` WillRecord (nested in a session)
+    topic (str), payload (bin), qos (int 0-2), retain (bool), properties
+    (bin|nil).
+``ses`` SessionInfo
+    client_id (str), service_id (str), session_id (str, uuid hex), connected
+    (bool), persistent (bool), client_type (str ``DEVICE``/``APPLICATION``),
+    session_expiry_interval (int, s), protocol_level (int), connected_at
+    (float s|nil), disconnected_at (float s|nil), updated_at (float s), will
+    (``will`` array|nil).
+``subs`` SubscriptionsRecord
+    client_id (str), subscriptions (map str → [qos (int 0-2), no_local
+    (bool), retain_as_published (bool), retain_handling (int 0-2),
+    subscription_id (int|nil)]).
+``sev`` SessionEvent
+    kind (str, one of :data:`SESSION_EVENT_KINDS`), client_id, service_id,
+    session_id, request_id (str), clean_start (bool), persistent (bool),
+    client_type (str), session_expiry_interval (int, s), protocol_level
+    (int), at (float, s).
+``ser`` SessionEventResponse
+    client_id (str), request_id (str), success (bool), session_present
+    (bool), session (``ses`` array|nil), reason (str).
+``dis`` DisconnectCommand
+    client_id (str), session_id (str), reason_code (int 0-255, an MQTT 5.0
+    reason code).
 
 :class:`Record` is what a consumer's handler receives: the topic, key,
 decoded value, headers, partition and offset of one record.
@@ -299,8 +314,7 @@ class DisconnectCommand:
 # -- field checks ----------------------------------------------------------------
 
 
-class _Bad(RecordEncodingError):
-    """A field check failed (internal; callers see RecordEncodingError)."""
+_Bad = RecordEncodingError  # a field check failed
 
 
 def _str(v: Any, name: str) -> str:
@@ -629,7 +643,8 @@ def _read_subscriptions_v1(f: list) -> SubscriptionsRecord:
         qos, no_local, rap, rh, sid = _count(o, 5, "subscription options")
         out[_str(topic_filter, "subscriptions")] = SubscriptionOptions(
             _qos(qos, "qos"), _bool(no_local, "no_local"), _bool(rap, "retain_as_published"),
-            _int(rh, "retain_handling", 0, 2), None if sid is None else _int(sid, "subscription_id"))
+            _int(rh, "retain_handling", 0, 2),
+            None if sid is None else _int(sid, "subscription_id"))
     return SubscriptionsRecord(_str(client_id, "client_id"), out)
 
 

@@ -277,3 +277,19 @@ def test_legacy_two_argument_handlers_still_work():
     assert got == [("k", message)]
     append = got.append
     assert inprocess_bus._adapt_legacy(append) is append
+
+
+def test_a_value_compacted_away_before_a_paused_group_got_it_does_not_hold_its_publish():
+    bus, clock = make()
+    topic = C.msg_retained
+    got = []
+    consumer = bus.subscribe(topic, "g", got.append)
+    consumer.pause()
+    first = bus.publish(topic, "a/b", Message("a/b", b"1", retain=True))
+    second = bus.publish(topic, "a/b", Message("a/b", b"2", retain=True))
+    assert not first.called and not second.called
+    assert bus.held(topic) == 1  # the last value per key only
+    consumer.resume()
+    clock.advance(0)
+    assert [rec.value.payload for rec in got] == [b"2"]
+    assert outcome(first) == [None] and outcome(second) == [None]

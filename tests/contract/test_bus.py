@@ -1,0 +1,522 @@
+"""The message bus contract (``docs/bus.md``, :class:`tbmq.interfaces.IMessageBus`),
+run against every bus through the ``bus_factory`` fixture (see conftest)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+from twisted.internet import defer
+from zope.interface.verify import verifyObject
+
+from tbmq.cluster import records as r
+from tbmq.errors import BusClosedError, ConsumerFailedError, RecordEncodingError
+from tbmq.interfaces import IConsumer, IMessageBus
+from tbmq.model import ClientType, Message, SubscriptionOptions
+from tbmq.mqtt.constants import Property
+
+
+def collector(into: list, results=None):
+    """A handler that appends the record; returns ``results(record)`` when given."""
+    def handler(record):
+        into.append(record)
+        return None if results is None else results(record)
+    return handler
+
+
+def values(got: list) -> list:
+    return [rec.value for rec in got]
+
+
+def publish_all(env, bus, topic, items) -> None:
+    """Publish ``(key, value)`` items and wait for every publish."""
+    pending = [env.publish(bus, topic, key, value) for key, value in items]
+    for d in pending:
+        env.run(d)
+
+
+def test_the_bus_and_its_consumers_provide_the_interfaces(env):
+    bus = env.bus()
+    assert verifyObject(IMessageBus, bus)
+    assert bus.encodes is env.encodes
+    consumer = env.subscribe(bus, env.catalogue.events, "g", collector([]))
+    assert verifyObject(IConsumer, consumer)
+    assert consumer.topic == env.catalogue.events and consumer.group == "g"
+
+
+def test_records_of_one_key_arrive_in_publish_order(env):
+    bus = env.bus(partitions=4)
+    topic = env.catalogue.events
+    got: list = []
+    env.subscribe(bus, topic, "g", collector(got))
+    env.settle()
+    keys = [f"key-{k}" for k in range(13)]
+    items = [(keys[i % 13], f"{keys[i % 13]}:{i // 13}".encode()) for i in range(13 * 25)]
+    publish_all(env, bus, topic, items)
+    env.wait_until(lambda: len(got) == len(items))
+    by_key = defaultdict(list)
+    partition_of = {}
+    for rec in got:
+        assert rec.topic == topic and rec.headers == ()
+        by_key[rec.key].append(int(rec.value.split(b":")[1]))
+        assert partition_of.setdefault(rec.key, rec.partition) == rec.partition
+    assert set(by_key) == set(keys)
+    for key in keys:
+        assert by_key[key] == list(range(25)), key
+    # offsets grow within each partition
+    last: dict = {}
+    for rec in got:
+        assert rec.offset > last.get(rec.partition, -1)
+        last[rec.partition] = rec.offset
+    assert len(set(partition_of.values())) > 1  # 13 keys over 4 partitions
+
+
+def test_headers_reach_the_consumer(env):
+    bus = env.bus()
+    got: list = []
+    env.subscribe(bus, env.catalogue.events, "g", collector(got))
+    env.settle()
+    env.run(env.publish(bus, env.catalogue.events, "k", b"v", (("trace", b"\x01\x02"),)))
+    env.wait_until(lambda: got)
+    assert got[0].headers == (("trace", b"\x01\x02"),) and got[0].key == "k"
+
+
+def test_every_group_gets_every_record(env):
+    bus = env.bus(partitions=3)
+    topic = env.catalogue.events
+    got = {g: [] for g in ("a", "b", "c")}
+    for g, into in got.items():
+        env.subscribe(bus, topic, g, collector(into))
+    env.settle()
+    items = [(f"k{i % 7}", b"%d" % i) for i in range(60)]
+    publish_all(env, bus, topic, items)
+    env.wait_until(lambda: all(len(v) == 60 for v in got.values()))
+    for into in got.values():
+        assert sorted(values(into)) == sorted(v for _, v in items)
+
+
+def test_members_of_one_group_share_the_partitions(env):
+    bus = env.bus(partitions=4)
+    topic = env.catalogue.events
+    first, second = [], []
+    env.subscribe(bus, topic, "g", collector(first))
+    env.subscribe(bus, topic, "g", collector(second))
+    env.settle()
+    items = [(f"k{i}", b"%d" % i) for i in range(200)]
+    publish_all(env, bus, topic, items)
+    env.wait_until(lambda: len(first) + len(second) >= 200)
+    env.settle()
+    assert len(first) + len(second) == 200  # each record to exactly one member
+    assert sorted(values(first) + values(second)) == sorted(v for _, v in items)
+    assert first and second
+    assert not {rec.partition for rec in first} & {rec.partition for rec in second}
+
+
+def test_a_stopped_members_uncommitted_records_go_to_the_other_member(env):
+    bus = env.bus()
+    topic = env.catalogue.events
+    first, second = [], []
+    never = []  # handler results that never fire
+
+    def pending(record):
+        d = defer.Deferred()
+        never.append(d)
+        return d
+
+    a = env.subscribe(bus, topic, "g", collector(first, pending))
+    env.settle()
+    items = [("k", b"%d" % i) for i in range(5)]
+    for key, value in items:
+        env.publish(bus, topic, key, value)
+    env.wait_until(lambda: len(first) == 5)
+    env.subscribe(bus, topic, "g", collector(second))
+    env.run(env.call(a.stop))
+    env.wait_until(lambda: len(second) >= 5)
+    assert values(second)[:5] == [v for _, v in items]
+
+
+def test_a_failed_handler_result_leaves_the_record_uncommitted(env):
+    bus = env.bus()
+    topic = env.catalogue.events
+    first, second = [], []
+
+    def fail_on_two(record):
+        if record.value == b"2":
+            return defer.fail(RuntimeError("cannot store it"))
+        return defer.succeed(None)
+
+    a = env.subscribe(bus, topic, "g", collector(first, fail_on_two))
+    env.settle()
+    for i in range(5):
+        d = env.publish(bus, topic, "k", b"%d" % i)
+        if i == 2 and env.consumer_failures_fail_publish:
+            with pytest.raises(ConsumerFailedError):
+                env.run(d)
+    env.wait_until(lambda: len(first) == 5)
+    assert values(first) == [b"0", b"1", b"2", b"3", b"4"]  # the member went on
+    env.subscribe(bus, topic, "g", collector(second))
+    env.run(env.call(a.stop))
+    env.wait_until(lambda: len(second) >= 1)
+    env.settle()
+    # handed again from the failed record; the records before it were committed
+    assert values(second)[0] == b"2"
+    assert b"0" not in values(second) and b"1" not in values(second)
+
+
+def test_a_raising_handler_is_a_failed_result_and_the_member_goes_on(env):
+    bus = env.bus()
+    topic = env.catalogue.events
+    got: list = []
+
+    def handler(record):
+        got.append(record.value)
+        if record.value == b"bad":
+            raise ValueError("boom")
+
+    env.subscribe(bus, topic, "g", handler)
+    env.settle()
+    d = env.publish(bus, topic, "k", b"bad")
+    if env.consumer_failures_fail_publish:
+        with pytest.raises(ConsumerFailedError) as info:
+            env.run(d)
+        assert info.value.group == "g"
+    env.run(env.publish(bus, topic, "k", b"good"))
+    env.wait_until(lambda: got == [b"bad", b"good"])
+
+
+def test_commit_only_after_the_handlers_deferred_fired(env):
+    bus = env.bus()
+    topic = env.catalogue.events
+    first, second = [], []
+    results: dict = {}
+
+    def keep(record):
+        d = results[record.value] = defer.Deferred()
+        return d
+
+    a = env.subscribe(bus, topic, "g", collector(first, keep))
+    env.settle()
+    for i in range(4):
+        env.publish(bus, topic, "k", b"%d" % i)
+    env.wait_until(lambda: len(first) == 4)
+    # 0 and 1 done, 2 not yet, 3 done: the commit stops before 2
+    for v in (b"0", b"1", b"3"):
+        env.call(results[v].callback, None)
+    env.settle()
+    env.subscribe(bus, topic, "g", collector(second))
+    env.run(env.call(a.stop))
+    env.wait_until(lambda: len(second) >= 2)
+    env.settle()
+    assert values(second) == [b"2", b"3"]
+
+
+def test_a_member_is_never_reentered(env):
+    bus = env.bus()
+    topic = env.catalogue.events
+    depth = [0]
+    seen = []
+
+    def handler(record):
+        assert depth[0] == 0, "re-entered"
+        depth[0] += 1
+        try:
+            seen.append(record.value)
+            if record.value == b"first":  # published from inside the handler
+                env.publish(bus, topic, "k", b"second")
+        finally:
+            depth[0] -= 1
+
+    env.subscribe(bus, topic, "g", handler)
+    env.settle()
+    env.publish(bus, topic, "k", b"first")
+    env.wait_until(lambda: len(seen) == 2)
+    assert seen == [b"first", b"second"]
+
+
+def test_pause_and_resume(env):
+    bus = env.bus()
+    topic = env.catalogue.events
+    got: list = []
+    consumer = env.subscribe(bus, topic, "g", collector(got))
+    env.settle()
+    env.run(env.publish(bus, topic, "k", b"before"))
+    env.wait_until(lambda: len(got) == 1)
+    env.call(consumer.pause)
+    env.call(consumer.pause)  # idempotent
+    pending = [env.publish(bus, topic, "k", b"%d" % i) for i in range(10)]
+    env.settle()
+    assert values(got) == [b"before"]
+    if env.publish_waits_for_consumers:
+        assert all(isinstance(d, defer.Deferred) and not d.called for d in pending)
+    env.call(consumer.resume)
+    env.call(consumer.resume)
+    env.wait_until(lambda: len(got) == 11)
+    assert values(got)[1:] == [b"%d" % i for i in range(10)]
+    for d in pending:
+        env.run(d)
+
+
+def test_from_beginning_and_caught_up(env):
+    bus = env.bus()
+    topic = env.catalogue.events
+    items = [("k%d" % (i % 3), b"%d" % i) for i in range(6)]
+    publish_all(env, bus, topic, items)  # nobody consumes yet
+    got: list = []
+    results: list = []
+
+    def later(record):
+        d = defer.Deferred()
+        results.append(d)
+        return d
+
+    consumer = env.subscribe(bus, topic, "replay", collector(got, later), from_beginning=True)
+    env.wait_until(lambda: len(got) == 6)
+    assert sorted(values(got)) == sorted(v for _, v in items)
+    caught = []
+    consumer.caught_up.addCallback(caught.append)
+    env.settle()
+    assert caught == []  # the handlers' results have not fired
+    for d in results:
+        env.call(d.callback, None)
+    env.run(consumer.caught_up)
+    assert caught == [None]
+    # a group that starts at the end gets only what comes next, caught up at once
+    late: list = []
+    tail = env.subscribe(bus, topic, "tail", collector(late))
+    env.run(tail.caught_up)
+    d = env.publish(bus, topic, "k0", b"new")
+    env.wait_until(lambda: late and len(results) == 7)
+    env.call(results[6].callback, None)
+    env.run(d)
+    env.settle()
+    assert values(late) == [b"new"]
+
+
+def test_publish_and_the_handlers_results(env):
+    bus = env.bus()
+    topic = env.catalogue.events
+    results: list = []
+
+    def later(record):
+        d = defer.Deferred()
+        results.append(d)
+        return d
+
+    env.subscribe(bus, topic, "slow", later)
+    env.subscribe(bus, topic, "fast", collector([]))
+    env.settle()
+    d = env.publish(bus, topic, "k", b"x")
+    env.wait_until(lambda: results)
+    env.settle()
+    if env.publish_waits_for_consumers:
+        # in process, "durable" means every group handled it
+        assert isinstance(d, defer.Deferred) and not d.called
+        env.call(results[0].callback, None)
+        assert env.run(d) is None
+    else:
+        assert env.run(d) is None  # the brokers have it; the handler is another matter
+        assert not results[0].called
+
+
+def test_publish_fails_typed_when_the_bus_is_not_running(env):
+    bus = env.unstarted_bus()
+    d = env.publish(bus, env.catalogue.events, "k", b"x")  # never raised
+    with pytest.raises(BusClosedError):
+        env.run(d)
+    env.run(env.call(bus.start))
+    env.run(env.publish(bus, env.catalogue.events, "k", b"x"))
+    env.run(env.call(bus.stop))
+    with pytest.raises(BusClosedError):
+        env.run(env.publish(bus, env.catalogue.events, "k", b"x"))
+
+
+def test_a_value_of_the_wrong_type_fails_typed(env):
+    bus = env.bus()
+    c = env.catalogue
+    got: list = []
+    env.subscribe(bus, c.client_session, "g", collector(got))
+    env.settle()
+    # a durable topic is encoded on every bus
+    with pytest.raises(RecordEncodingError):
+        env.run(env.publish(bus, c.client_session, "c", Message("t", b"")))
+    d = env.publish(bus, c.msg_all, "t", "not a message")
+    if env.encodes:
+        with pytest.raises(RecordEncodingError):
+            env.run(d)
+    else:  # the direct mode hands the object over as it is
+        assert env.run(d) is None
+    d = env.publish(bus, c.events, "k", {"not": "bytes"})
+    if env.encodes:
+        with pytest.raises(RecordEncodingError):
+            env.run(d)
+    env.settle()
+    assert got == []
+
+
+def test_publish_fails_with_consumer_failed_but_other_groups_get_the_record(env):
+    bus = env.bus()
+    topic = env.catalogue.events
+    good: list = []
+    env.subscribe(bus, topic, "bad", lambda record: defer.fail(OSError("disk full")))
+    env.subscribe(bus, topic, "good", collector(good))
+    env.settle()
+    d = env.publish(bus, topic, "k", b"x")
+    if env.consumer_failures_fail_publish:
+        with pytest.raises(ConsumerFailedError) as info:
+            env.run(d)
+        assert info.value.group == "bad"
+    else:
+        assert env.run(d) is None
+    env.wait_until(lambda: good)
+    assert values(good) == [b"x"]
+
+
+def every_record(c):
+    message = Message("a/b", b"\x00payload", 1, True,
+                      {Property.USER_PROPERTY: [("k", "v")], Property.CONTENT_TYPE: "text/plain",
+                       Property.MESSAGE_EXPIRY_INTERVAL: 60},
+                      "pub-1", 1700000000.25, 1700000060.25)
+    will = r.WillRecord("will/c", b"bye", 1, False, {Property.WILL_DELAY_INTERVAL: 5})
+    session = r.SessionInfo("c1", "node-a", "0" * 32, True, True, ClientType.APPLICATION, 3600,
+                            5, 1700000000.0, None, 1700000001.5, will)
+    delivery = r.Delivery("c1", message, 1, True, (3, 7), 42)
+    return [
+        (c.msg_all, "a/b", message),
+        (c.msg_retained, "a/b", message),
+        (c.msg_persisted, "c1", delivery),
+        (c.downlink_basic("node-a"), "c1", delivery),
+        (c.downlink_persisted("node-a"), "c1", delivery),
+        (c.app("c1"), "c1", delivery),
+        (c.app_shared("a/+"), "share", r.Delivery("share", message, 0)),
+        (c.client_session, "c1", session),
+        (c.client_subscriptions, "c1", r.SubscriptionsRecord(
+            "c1", {"a/#": SubscriptionOptions(1, True, False, 1, 9),
+                   "$share/g/x": SubscriptionOptions()})),
+        (c.session_event_request, "c1", r.SessionEvent(
+            r.CONNECTION_REQUEST, "c1", "node-a", "1" * 32, "req-1", True, True,
+            ClientType.APPLICATION, 3600, 5, 1700000000.0)),
+        (c.session_event_response("node-a"), "c1", r.SessionEventResponse(
+            "c1", "req-1", True, False, session, "")),
+        (c.client_disconnect("node-b"), "c1", r.DisconnectCommand("c1", "1" * 32, 0x8E)),
+        (c.events, "c1", b'{"v":1}'),
+        (c.msg_retained, "gone", None),
+        (c.client_session, "gone", None),
+        (c.client_subscriptions, "gone", None),
+    ]
+
+
+def test_every_record_type_round_trips_through_the_bus(env):
+    bus = env.bus()
+    cases = every_record(env.catalogue)
+    got: dict = defaultdict(list)
+    for topic in {topic for topic, _, _ in cases}:
+        env.subscribe(bus, topic, "g", collector(got[topic]))
+    env.settle()
+    for topic, key, value in cases:
+        env.run(env.publish(bus, topic, key, value))
+    env.wait_until(lambda: sum(len(v) for v in got.values()) == len(cases))
+    for topic, key, value in cases:
+        match = [rec for rec in got[topic] if rec.key == key]
+        assert len(match) == 1, (topic, key)
+        received = match[0].value
+        assert received == value
+        if value is not None and not isinstance(value, bytes):
+            assert type(received) is type(value)
+            if env.encodes or env.catalogue.durable(topic):
+                assert received is not value  # decoded, not the published object
+
+
+def test_durable_topics_are_replayed_after_a_restart(env):
+    c = env.catalogue
+    bus = env.bus()
+    app = c.app("app-1")
+    got: list = []
+    results: dict = {}
+
+    def keep(record):
+        d = results[record.value.seq] = defer.Deferred()
+        return d
+
+    env.subscribe(bus, app, "app-1", collector(got, keep))
+    env.settle()
+    message = Message("a/b", b"x", 1)
+    pending = [env.publish(bus, app, "app-1", r.Delivery("app-1", message, 1, seq=i))
+               for i in range(5)]
+    env.wait_until(lambda: len(got) == 5)
+    for seq in (0, 1):
+        env.call(results[seq].callback, None)
+    for d in pending[:2]:
+        env.run(d)
+    # sessions: the last value per key, across the restart
+    env.run(env.publish(bus, c.client_session, "c1", session_info("c1", "node-a")))
+    env.run(env.publish(bus, c.client_session, "c1", session_info("c1", "node-b")))
+    env.run(env.publish(bus, c.client_session, "c2", session_info("c2", "node-a")))
+    env.run(env.publish(bus, c.client_session, "c2", None))
+    env.run(env.publish(bus, c.client_session, "c3", session_info("c3", "node-a")))
+
+    bus = env.restart(bus)
+    again: list = []
+    consumer = env.subscribe(bus, app, "app-1", collector(again))
+    env.run(consumer.caught_up)
+    env.wait_until(lambda: len(again) >= 3)
+    assert [rec.value.seq for rec in again] == [2, 3, 4]
+    assert again[0].value == r.Delivery("app-1", message, 1, seq=2)
+    sessions: list = []
+    replay = env.subscribe(bus, c.client_session, "registry-x", collector(sessions),
+                           from_beginning=True)
+    env.run(replay.caught_up)
+    last = {}
+    for rec in sessions:
+        last[rec.key] = rec.value
+    last = {k: v for k, v in last.items() if v is not None}
+    assert {k: v.service_id for k, v in last.items()} == {"c1": "node-b", "c3": "node-a"}
+    if env.compacts:
+        assert [rec.value.service_id for rec in sessions if rec.key == "c1"] == ["node-b"]
+
+
+def session_info(client_id, service_id):
+    return r.SessionInfo(client_id, service_id, "ab" * 16, True, True, ClientType.DEVICE, 60, 5,
+                         1700000000.0, None, 1700000000.0)
+
+
+def test_compacted_topics_keep_the_last_value_per_key(env):
+    c = env.catalogue
+    bus = env.bus(partitions=2)
+    subs = c.client_subscriptions
+    first = r.SubscriptionsRecord("c1", {"a": SubscriptionOptions(0)})
+    second = r.SubscriptionsRecord("c1", {"a": SubscriptionOptions(1), "b": SubscriptionOptions()})
+    other = r.SubscriptionsRecord("c2", {"x": SubscriptionOptions()})
+    for key, value in (("c1", first), ("c2", other), ("c1", second), ("c2", None),
+                       ("c3", other)):
+        env.run(env.publish(bus, subs, key, value))
+    got: list = []
+    consumer = env.subscribe(bus, subs, "g", collector(got), from_beginning=True)
+    env.run(consumer.caught_up)
+    last = {}
+    for rec in got:
+        last[rec.key] = rec.value
+    assert {k: v for k, v in last.items() if v is not None} == {"c1": second, "c3": other}
+    if env.compacts:
+        assert [rec.value for rec in got if rec.key == "c1"] == [second]
+
+
+def test_a_new_group_on_an_application_topic_gets_what_waited(env):
+    c = env.catalogue
+    bus = env.bus()
+    topic = c.app("newcomer")
+    message = Message("a/b", b"x", 1)
+    publish_all(env, bus, topic, [("newcomer", r.Delivery("newcomer", message, 1, seq=i))
+                                  for i in range(3)])
+    got: list = []
+    consumer = env.subscribe(bus, topic, "newcomer", collector(got))
+    env.run(consumer.caught_up)
+    assert [rec.value.seq for rec in got] == [0, 1, 2]
+    # a non-durable topic: a new group starts at the end
+    events: list = []
+    publish_all(env, bus, c.events, [("k", b"old")])
+    tail = env.subscribe(bus, c.events, "newcomer", collector(events))
+    env.run(tail.caught_up)
+    env.run(env.publish(bus, c.events, "k", b"new"))
+    env.wait_until(lambda: events)
+    env.settle()
+    assert values(events) == [b"new"]
