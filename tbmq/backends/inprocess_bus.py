@@ -349,7 +349,7 @@ class InProcessBus:
         """
         state = self._topic(topic)
         g = self._group(state, group)
-        member = Consumer(self, state, g, _adapt_legacy(handler))
+        member = Consumer(self, state, g, handler)
         g.members.append(member)
         if from_beginning:
             for part, cursor in zip(state.parts, g.cursors):
@@ -679,24 +679,3 @@ class InProcessBus:
             d.addErrback(lambda f: self.log.failure("in-process bus: topic log write failed", f))
         return defer.gatherResults(calls).addCallback(lambda _: None)
 
-
-def _adapt_legacy(handler: Callable) -> Handler:
-    """TEMPORARY, until ``tbmq/broker`` moves to ``handler(record)``: wrap a
-    handler of the old signature ``handler(key, value)`` (two required
-    positional parameters) so that it gets ``record.key, record.value``.
-    Remove with the last such caller (``tbmq.broker.router.Router.start``)."""
-    import inspect
-
-    try:
-        params = inspect.signature(handler).parameters.values()
-    except (TypeError, ValueError):
-        return handler
-    required = [p for p in params if p.default is p.empty
-                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(required) < 2:
-        return handler
-
-    def legacy(record: Record):
-        return handler(record.key, record.value)
-
-    return legacy

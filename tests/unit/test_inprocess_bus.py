@@ -267,18 +267,6 @@ def test_delete_topic():
     assert "delete_topic" in log.calls
 
 
-def test_legacy_two_argument_handlers_still_work():
-    # TEMPORARY: the broker's router still subscribes handler(key, value)
-    bus, clock = make()
-    got = []
-    bus.subscribe("tbmq.msg.all", "g", lambda key, value: got.append((key, value)))
-    message = Message("k", b"")
-    bus.publish("tbmq.msg.all", "k", message)
-    assert got == [("k", message)]
-    append = got.append
-    assert inprocess_bus._adapt_legacy(append) is append
-
-
 def test_a_value_compacted_away_before_a_paused_group_got_it_does_not_hold_its_publish():
     bus, clock = make()
     topic = C.msg_retained
