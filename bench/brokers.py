@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -100,6 +101,42 @@ def proc_rss_kb(pid: int) -> tuple[int, int]:
     return rss, hwm
 
 
+class RssSampler:
+    """Polls a process's VmRSS every ``interval`` seconds in a daemon thread
+    and keeps the peak since the last :meth:`reset` (VmHWM is the peak since
+    the process started, startup included, and cannot be reset)."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.peak_kb = 0
+        self.last_kb = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rss-{pid}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                rss, _ = proc_rss_kb(self.pid)
+            except (OSError, ValueError):
+                return  # the process is gone
+            self.last_kb = rss
+            self.samples += 1
+            if rss > self.peak_kb:
+                self.peak_kb = rss
+            self._stop.wait(self.interval)
+
+    def reset(self) -> None:
+        """Start a new peak from the current RSS."""
+        self.peak_kb = self.last_kb
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(1)
+
+
 def proc_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (all its threads)."""
     with open(f"/proc/{pid}/stat") as f:
@@ -132,6 +169,7 @@ class Broker:
         self.proc: subprocess.Popen | None = None
         self.extra_env = extra_env or {}
         self.log_path = os.path.join(self.tmp, "broker.log")
+        self.sampler: RssSampler | None = None
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -156,6 +194,7 @@ class Broker:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.log_tail()}")
             if mqtt_probe(self.port):
                 time.sleep(0.2)
+                self.sampler = RssSampler(self.proc.pid)
                 return self
             time.sleep(0.1)
         self.stop()
@@ -166,6 +205,23 @@ class Broker:
 
     def rss_kb(self) -> tuple[int, int]:
         return proc_rss_kb(self.pid)
+
+    def rss_peak_kb(self) -> int:
+        """The peak VmRSS sampled (every 50 ms) since the start or the last
+        :meth:`rss_reset`, and the current one: 0 before the start."""
+        s = self.sampler
+        if s is None:
+            return 0
+        try:
+            rss, _ = self.rss_kb()
+            s.peak_kb = max(s.peak_kb, rss)
+        except OSError:
+            pass
+        return s.peak_kb
+
+    def rss_reset(self) -> None:
+        if self.sampler is not None:
+            self.sampler.reset()
 
     def cpu_s(self) -> float:
         return proc_cpu_s(self.pid)
@@ -178,6 +234,8 @@ class Broker:
             return ""
 
     def stop(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(signal.SIGTERM)

@@ -130,11 +130,18 @@ class Stream:
     :ivar out: bytes to send back (PUBACKs owed for QoS 1 PUBLISH).
     :ivar on_publish: if set, called as ``on_publish(payload: bytes)`` for
         every PUBLISH and the bulk path is off (latency, persistent runs).
+    :ivar ack_ids: if a list, the packet id of every PUBACK that accepted
+        its PUBLISH (reason code < 0x80) is appended to it (with
+        ``on_publish`` set: the bulk path stays off).
+    :ivar refused: PUBACKs with a reason code >= 0x80 (v5).
+    :ivar owed: if a list, the QoS 1 PUBLISH are not acknowledged at once:
+        their 2-byte packet ids are appended to it for the owner to
+        acknowledge when it wants (a slow reader).
     """
 
     __slots__ = ("buf", "level", "publishes", "acks", "pingresps", "other", "out", "on_publish",
                  "connack", "suback", "disconnect", "_fl", "_fh", "_frl", "_fpid", "_cool",
-                 "_ack_owed")
+                 "_ack_owed", "ack_ids", "refused", "owed")
 
     def __init__(self, level: int, on_publish=None) -> None:
         self.buf = bytearray()
@@ -148,6 +155,9 @@ class Stream:
         self.connack: Connack | None = None
         self.suback = None
         self.disconnect = None
+        self.ack_ids = None
+        self.refused = 0
+        self.owed = None
         self._fl = 0        # length of the packets of the current run, 0 = none
         self._fh = 0        # their first byte (DUP cleared)
         self._frl = 0       # their remaining-length byte
@@ -235,7 +245,10 @@ class Stream:
                     mult <<= 7
                 j += plen
             if qos == 1:
-                self.out += b"\x40\x02" + bytes(buf[pid_at:pid_at + 2])
+                if self.owed is not None:
+                    self.owed.append(bytes(buf[pid_at:pid_at + 2]))
+                else:
+                    self.out += b"\x40\x02" + bytes(buf[pid_at:pid_at + 2])
             elif qos == 2:
                 self.out += b"\x50\x02" + bytes(buf[pid_at:pid_at + 2])
             if self.on_publish is not None:
@@ -245,7 +258,12 @@ class Stream:
                 self._fpid = pid_at - pos if qos else 0
         elif ptype == 4:
             self.acks += 1
-            if rl < 128 and self.on_publish is None:
+            if self.ack_ids is not None:
+                if rl >= 3 and buf[i + 2] >= 0x80:
+                    self.refused += 1
+                else:
+                    self.ack_ids.append((buf[i] << 8) | buf[i + 1])
+            elif rl < 128 and self.on_publish is None:
                 self._fl, self._fh, self._frl, self._fpid = total, first, rl, 0
         elif ptype == 13:
             self.pingresps += 1

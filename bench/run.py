@@ -2,8 +2,9 @@
 """Run the benchmark scenarios against tbmq, Mosquitto and amqtt, in turn,
 on this machine, and print one table with tbmq's ratio to each.
 
-    python bench/run.py                                  # everything, medians of 3
+    python bench/run.py                                  # the throughput, latency, connection and persistent scenarios, medians of 3
     python bench/run.py --scenarios fanin_qos0 --duration 2 --repeat 1 --brokers tbmq,mosquitto
+    python bench/run.py --scenarios flow --brokers tbmq,mosquitto   # the flow-control scenarios
 
 Each (repeat, scenario, protocol, broker) gets a freshly started broker on a
 free loopback port; the runs are interleaved (repeat-major) so slow drifts of
@@ -54,7 +55,46 @@ SCENARIOS = {
     "latency_qos1": ("latency 1 pair @1000/s, QoS 1", sc.latency, {"qos": 1}, "p50", "ms", False),
     "connections": ("idle connections", sc.connections, {}, "connect rate", "conn/s", True),
     "persistent": ("persistent session drain, QoS 1", sc.persistent, {}, "drain rate", "msg/s", True),
+    # flow control (see "Flow control" in RESULTS.md); fanin_qos1_loss_<size> for each --payload-sizes
+    "slow_subscribers": ("4 subscribers beside a stuck and a drip-reading #, QoS 1", sc.slow_subscribers,
+                         {"qos": 1}, "worst subscriber's rate with ÷ without them", "%", True),
+    "slow_subscribers_qos0": ("4 subscribers beside a stuck and a drip-reading #, QoS 0", sc.slow_subscribers,
+                              {"qos": 0}, "worst subscriber's rate with ÷ without them", "%", True),
+    "persistent_slow_reader": ("persistent subscriber, Receive Maximum 100, 500 acks/s", sc.persistent_slow_reader,
+                               {}, "acknowledged, never delivered", "%", False),
 }
+
+#: the fan-in loss scenario at each payload size: --scenarios fanin_qos1_loss runs them all
+LOSS = "fanin_qos1_loss"
+
+
+def loss_scenario(size: int) -> str:
+    """Register (once) and name the fan-in loss scenario for ``size`` bytes."""
+    label = f"{size // 1024}k" if size % 1024 == 0 else str(size)
+    name = f"{LOSS}_{label}"
+    if name not in SCENARIOS:
+        SCENARIOS[name] = (f"fan-in 10→1 QoS 1, {label}B payloads", sc.fanin_loss, {"payload_size": size},
+                           "acknowledged, never delivered", "%", False)
+        EXTRA[name] = [("delivered_rate", "delivered", "msg/s", True),
+                       ("broker_peak_rss_mb", "broker peak RSS", "MB", False)]
+    return name
+
+
+def _known(name: str) -> bool:
+    if name.startswith(LOSS + "_") and name not in SCENARIOS:
+        label = name[len(LOSS) + 1:]
+        size = int(label[:-1]) * 1024 if label.endswith("k") else int(label)
+        loss_scenario(size)
+    return name in SCENARIOS
+
+
+#: --scenarios flow: the flow-control scenarios (not in "all": persistent_slow_reader alone takes
+#: 100,000 ÷ 500 acks/s = 200 s per broker)
+FLOW = [LOSS, "slow_subscribers", "slow_subscribers_qos0", "persistent_slow_reader"]
+BASIC = list(SCENARIOS)[:list(SCENARIOS).index("slow_subscribers")]
+
+#: scenarios that exist in some MQTT versions only
+ONLY_LEVELS = {"persistent_slow_reader": (5,)}
 
 #: extra rows: scenario → [(result key, label, unit, higher is better)]
 EXTRA = {
@@ -63,11 +103,24 @@ EXTRA = {
     "connections": [("kb_per_conn", "RSS per connection", "KB", False)],
     "persistent": [("drain_s", "time to drain", "s", False),
                    ("publish_rate", "queueing (publish) rate", "msg/s", True)],
+    "slow_subscribers": [("pub_pct", "publishers' rate with ÷ without them", "%", True),
+                         ("max_gap_s", "longest a subscriber got nothing", "s", False),
+                         ("sub_rate_alone", "subscribers' rate without them", "msg/s", True)],
+    "slow_subscribers_qos0": [("pub_pct", "publishers' rate with ÷ without them", "%", True),
+                              ("max_gap_s", "longest a subscriber got nothing", "s", False),
+                              ("sub_rate_alone", "subscribers' rate without them", "msg/s", True)],
+    "persistent_slow_reader": [("acked", "acknowledged to the publisher", "msg", True),
+                               ("received", "delivered (unique)", "msg", True),
+                               ("acked_rate", "publish (acknowledged) rate", "msg/s", True),
+                               ("max_unacked", "most PUBLISH unacknowledged at the subscriber", "msg", False),
+                               ("broker_peak_rss_mb", "broker peak RSS", "MB", False)],
 }
 
 #: the figures printed per run as it ends
 SHOWN = ("value", "lost", "gen_cpu_pct", "broker_cpu_pct", "kb_per_conn", "p99_ms", "drain_s", "error", "errors",
-         "seconds", "offered_rate", "other_cpu_pct")
+         "seconds", "offered_rate", "other_cpu_pct", "acked", "received", "loss_pct", "delivered_rate",
+         "broker_peak_rss_mb", "sub_pct", "pub_pct", "max_gap_alone_s", "max_gap_s", "stuck", "drip",
+         "drip_received", "duplicates", "max_unacked")
 
 THROUGHPUT = {"fanin_qos0", "fanin_qos1", "fanout_qos0", "p2p_qos1"}
 
@@ -90,6 +143,13 @@ def run_one(name: str, broker_name: str, level: int, args, profile: str | None) 
             env["BENCH_AMQTT_ALLOW_ANONYMOUS"] = "false"
     elif name.startswith("latency"):
         kw["duration"] = args.latency_duration or args.duration
+    elif name.startswith("slow_subscribers"):
+        kw["duration"] = args.slow_duration
+        kw["rate"] = args.slow_rate
+        kw["drip_bytes"] = args.drip_bytes
+    elif name == "persistent_slow_reader":
+        kw["count"] = args.slow_reader_count
+        kw["ack_rate"] = args.slow_reader_rate
     else:
         kw["duration"] = args.duration
     if profile and name in THROUGHPUT:
@@ -101,6 +161,7 @@ def run_one(name: str, broker_name: str, level: int, args, profile: str | None) 
         broker.start()
         busy0, gen0, bro0, t0 = machine_busy_s(), children_cpu_s(), broker.cpu_s(), time.monotonic()
         res = fn(broker, level, **kw)
+        res.setdefault("broker_peak_rss_mb", broker.rss_peak_kb() / 1024)
         wall = time.monotonic() - t0
         others = machine_busy_s() - busy0 - (children_cpu_s() - gen0) - (broker.cpu_s() - bro0)
         # CPU used meanwhile by processes that are neither the broker nor the generator
@@ -157,7 +218,9 @@ def fmt(v, unit):
         return "—"
     if unit in ("ms",):
         return f"{v:.2f}"
-    if unit in ("s", "KB"):
+    if unit == "%":
+        return f"{v:.1f}"
+    if unit in ("s", "KB", "MB"):
         return f"{v:.1f}" if v < 100 else f"{v:,.0f}"
     return f"{v:,.0f}"
 
@@ -278,6 +341,8 @@ def print_saved(paths: list[str]) -> int:
         groups.update(mine)
     results = [r for rs in groups.values() for r in rs]
     brokers = [b for b in BROKERS if b in order_b]
+    for k in groups:
+        _known(k[0])
     scen = [s for s in SCENARIOS if any(k[0] == s for k in groups)]
     print(table(results, brokers, scen, sorted(order_l)))
     return 0
@@ -285,7 +350,9 @@ def print_saved(paths: list[str]) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", default="all", help="comma list of " + ",".join(SCENARIOS) + " or all")
+    ap.add_argument("--scenarios", default="all",
+                    help="comma list of " + ",".join([*SCENARIOS, LOSS])
+                    + "; all (" + ",".join(BASIC) + "); flow (" + ",".join(FLOW) + ")")
     ap.add_argument("--brokers", default="tbmq,mosquitto,amqtt")
     ap.add_argument("--protocol", default="4,5", help="MQTT levels: 4 (3.1.1), 5 (5.0) or 4,5")
     ap.add_argument("--repeat", type=int, default=3)
@@ -295,6 +362,18 @@ def main(argv=None) -> int:
     ap.add_argument("--amqtt-connections", type=int, default=2000)
     ap.add_argument("--persistent", type=int, default=100000)
     ap.add_argument("--amqtt-persistent", type=int, default=10000)
+    ap.add_argument("--payload-sizes", default="1024,4096,16384",
+                    help=f"payload bytes of {LOSS} (one scenario {LOSS}_<size> each)")
+    ap.add_argument("--slow-duration", type=float, default=10.0,
+                    help="each of the two phases of slow_subscribers, s")
+    ap.add_argument("--slow-rate", type=float, default=1000.0,
+                    help="messages/s of each of the 4 publishers of slow_subscribers")
+    ap.add_argument("--drip-bytes", type=int, default=65536,
+                    help="bytes the drip-reading subscriber of slow_subscribers reads every 2 s")
+    ap.add_argument("--slow-reader-count", type=int, default=100000,
+                    help="messages published in persistent_slow_reader")
+    ap.add_argument("--slow-reader-rate", type=float, default=500.0,
+                    help="acknowledgements/s of the subscriber of persistent_slow_reader")
     ap.add_argument("--quiet-wait", type=float, default=0.0,
                     help="before each run wait up to this many seconds for the machine to be quiet")
     ap.add_argument("--quiet-level", type=float, default=30.0,
@@ -317,9 +396,16 @@ def main(argv=None) -> int:
 
     if args.table_from:
         return print_saved(args.table_from)
-    scen = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
-    for s in scen:
-        if s not in SCENARIOS:
+    scen = []
+    names = []
+    for s in args.scenarios.split(","):
+        names += BASIC if s == "all" else FLOW if s == "flow" else [s]
+    for s in names:
+        if s == LOSS:
+            scen += [loss_scenario(int(x)) for x in args.payload_sizes.split(",")]
+        elif _known(s):
+            scen.append(s)
+        else:
             ap.error(f"unknown scenario {s}")
     brokers = args.brokers.split(",")
     levels = [int(x) for x in args.protocol.split(",")]
@@ -339,7 +425,7 @@ def main(argv=None) -> int:
         for name in scen:
             for level in levels:
                 for b in brokers:
-                    if level not in LEVELS[b]:
+                    if level not in LEVELS[b] or level not in ONLY_LEVELS.get(name, (level,)):
                         continue
                     prof = None
                     if args.profile and b == "tbmq" and rep == 0 and name in THROUGHPUT:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import time
 
+from . import flow_workers as fgen
 from . import workers as gen
 from .brokers import VENV, Broker, ensure_venv
 
@@ -280,3 +281,169 @@ def persistent(broker, level, count=100000, window=100, username="bench"):
             "broker_cpu_pct": 100.0 * (cpu1 - cpu0) / wall if wall else None,
             "broker_rss_mb": rss / 1024, "broker_hwm_mb": hwm / 1024,
             "errors": [e for e in d["errors"] if e]}
+
+
+# --------------------------------------------------------------------------
+# flow control (ARCHITECTURE.md "Flow control: nothing acknowledged is
+# dropped, nobody is held for long"): messages tagged (publisher, number)
+
+
+def _loss_figures(acked: dict, done: dict, sent: int) -> dict:
+    delivered = done["seen"][0]
+    n_acked = sum(sum(m) for m in acked.values())
+    lost = fgen.missing(acked, delivered)
+    return {"sent": sent, "acked": n_acked, "received": done["unique"][0], "duplicates": done["duplicates"],
+            "expected": n_acked, "lost": lost, "loss_pct": 100.0 * lost / n_acked if n_acked else 0.0,
+            # delivered but never acknowledged to the publisher: allowed (its PUBACK was lost), counted
+            "unacked_delivered": done["unique"][0] - (n_acked - lost)}
+
+
+def fanin_loss(broker, level, payload_size, duration, window=100, publishers=10, drain_idle=5.0):
+    """10 publishers → 1 subscriber at QoS 1, payloads tagged (publisher,
+    number), unlimited rate for ``duration`` s; the subscriber reads as fast
+    as it can. Loss = acknowledged to a publisher (PUBACK) and not delivered
+    once nothing more came for ``drain_idle`` s. Peak broker RSS sampled."""
+    common = {"host": broker.host, "port": broker.port, "level": level, "payload_size": payload_size,
+              "window": window, "coalesce": float(os.environ.get("BENCH_COALESCE", COALESCE))}
+    sub = Workers(fgen.tagged_worker, [{**common, "kind": "sub", "subs": [("fl-sub", "bench/fanin/+")]}])
+    pub = None
+    try:
+        sub.gather(("ready",), 60)
+        pub = Workers(fgen.tagged_worker, [{**common, "kind": "pub", "duration": duration, "pubs": [
+            (f"fl-pub{i:02d}", f"bench/fanin/{i:02d}", i) for i in range(publishers)]}])
+        pub.gather(("ready",), 60)
+        broker.rss_reset()
+        cpu0 = broker.cpu_s()
+        t0 = now() + 0.3
+        pub.send_all(("go", t0))
+        p = pub.gather(("published",), duration + 200)[0]
+        sub.send_all(("drain", p["acked_n"], max(60.0, 4 * duration), drain_idle))
+        d = sub.gather(("done",), max(60.0, 4 * duration) + 30)[0]
+        cpu1 = broker.cpu_s()
+        peak = broker.rss_peak_kb()
+        _, hwm = broker.rss_kb()
+    finally:
+        sub.close()
+        if pub is not None:
+            pub.close()
+    res = _loss_figures(p["acked"], d, p["sent"])
+    t_last = d["t_last"] or t0
+    wall = max(1e-6, t_last - t0)
+    res.update({
+        "value": res["loss_pct"], "delivered_rate": res["received"] / wall,
+        "acked_rate": res["acked"] / max(1e-6, p["t_pub_end"] - t0),
+        "unacked": p["unacked"], "refused": p["refused"], "wall_s": wall,
+        "broker_peak_rss_mb": peak / 1024, "broker_hwm_mb": hwm / 1024,
+        "gen_cpu_pct": 100.0 * (p["cpu"] + d["cpu"]) / wall, "broker_cpu_pct": 100.0 * (cpu1 - cpu0) / wall,
+        "errors": [e for e in p["errors"] + d["errors"] if e]})
+    return res
+
+
+def slow_subscribers(broker, level, qos, duration, normal=4, rate=1000, payload_size=1024, window=100,
+                     drip_bytes=65536, drip_interval=2.0):
+    """``normal`` publishers at ``rate`` msg/s each (fixed; a message due
+    while the window is full is skipped) on ``bench/slow/<i>/t``, ``normal``
+    subscribers of ``bench/slow/<i>/#`` that read as fast as they can. Two
+    phases of ``duration`` s on the same broker: without, then with a stuck
+    ``#`` subscriber (connects, subscribes, never reads its socket) and a
+    drip-reading one (``drip_bytes`` every ``drip_interval`` s). Figures:
+    each normal subscriber's messages in the second window ÷ the first."""
+    common = {"host": broker.host, "port": broker.port, "level": level, "qos": qos,
+              "coalesce": float(os.environ.get("BENCH_COALESCE", COALESCE))}
+    w = Workers(fgen.rate_worker, [
+        {**common, "kind": "subs", "subs": [(f"sl-sub{i}", f"bench/slow/{i}/#") for i in range(normal)]},
+        {**common, "kind": "pubs", "rate": rate, "payload_size": payload_size, "window": window,
+         "pubs": [(f"sl-pub{i}", f"bench/slow/{i}/t", i) for i in range(normal)]},
+    ])
+    bad = None
+    phases = []
+    try:
+        w.gather(("ready",), 60)
+        cpu0 = broker.cpu_s()
+        broker.rss_reset()
+        for phase in ("alone", "with bad subscribers"):
+            if phase != "alone":
+                bad = Workers(fgen.rate_worker, [{**common, "kind": "bad", "stuck": ("sl-stuck", "#"),
+                                                   "drip": ("sl-drip", "#"), "drip_bytes": drip_bytes,
+                                                   "drip_interval": drip_interval}])
+                bad.gather(("ready",), 60)
+                time.sleep(0.5)
+            t0 = now() + 0.3
+            w.send_all(("go", t0, duration))
+            subs, pubs = w.gather(("phase",), duration + 120)
+            phases.append((subs, pubs))
+        bad.send_all(("report",))
+        b = bad.gather(("done",), 30)[0]
+        cpu1 = broker.cpu_s()
+        peak = broker.rss_peak_kb()
+    finally:
+        w.close()
+        if bad is not None:
+            bad.close()
+    (s0, p0), (s1, p1) = phases
+    fractions = [100.0 * b1 / b0 if b0 else 0.0 for b0, b1 in zip(s0["in_window"], s1["in_window"])]
+    pub_frac = 100.0 * sum(p1["in_window"]) / max(1, sum(p0["in_window"]))
+    offered = p0["offered"]
+    return {
+        "value": min(fractions), "sub_pct": fractions, "mean_sub_pct": sum(fractions) / len(fractions),
+        "pub_pct": pub_frac, "pub_pct_of_offered": 100.0 * sum(p1["in_window"]) / offered,
+        "alone_pct_of_offered": 100.0 * sum(p0["in_window"]) / offered,
+        "sub_rate_alone": sum(s0["in_window"]) / duration, "sub_rate_with_bad": sum(s1["in_window"]) / duration,
+        "max_gap_alone_s": max(s0["max_gap_s"]), "max_gap_s": max(s1["max_gap_s"]),
+        "offered_rate": offered / duration, "skipped_with_bad": sum(p1["skipped"]),
+        "stuck": b["stuck"], "drip": b["drip"], "drip_received": b["drip_received"],
+        "drip_disconnect": b["drip_disconnect"],
+        "broker_peak_rss_mb": peak / 1024,
+        "broker_cpu_pct": 100.0 * (cpu1 - cpu0) / (2 * duration),
+        "errors": [e for ph in phases for x in ph for e in x["errors"] if e],
+    }
+
+
+def persistent_slow_reader(broker, level, count=100000, ack_rate=500, receive_maximum=100, window=100,
+                           payload_size=64, publishers=1, drain_idle=10.0):
+    """A persistent subscriber (v5 session expiry 3600) of
+    ``bench/slowreader/#`` announcing Receive Maximum ``receive_maximum``
+    that acknowledges at most ``ack_rate`` messages/s, online throughout,
+    while ``publishers`` publish ``count`` QoS 1 messages (in all) as fast as
+    acknowledged. Loss = acknowledged and never delivered (the subscriber
+    waits until it has all, or nothing came for ``drain_idle`` s)."""
+    common = {"host": broker.host, "port": broker.port, "level": level, "payload_size": payload_size,
+              "window": window}
+    sub = Workers(fgen.tagged_worker, [{**common, "kind": "sub", "subs": [("sr-sub", "bench/slowreader/#")],
+                                        "receive_maximum": receive_maximum, "expiry": 3600,
+                                        "ack_rate": ack_rate}])
+    pub = None
+    try:
+        sub.gather(("ready",), 60)
+        pub = Workers(fgen.tagged_worker, [{**common, "kind": "pub", "count": count // publishers,
+                                            "publish_timeout": 2 * count / ack_rate + 60,
+                                            "pubs": [(f"sr-pub{i}", f"bench/slowreader/{i}", i)
+                                                     for i in range(publishers)]}])
+        pub.gather(("ready",), 60)
+        broker.rss_reset()
+        cpu0 = broker.cpu_s()
+        t0 = now() + 0.3
+        pub.send_all(("go", t0))
+        p = pub.gather(("published",), 2 * count / ack_rate + 200)[0]
+        drain = 1.5 * count / ack_rate + 120
+        sub.send_all(("drain", p["acked_n"], drain, drain_idle))
+        d = sub.gather(("done",), drain + 30)[0]
+        cpu1 = broker.cpu_s()
+        peak = broker.rss_peak_kb()
+    finally:
+        sub.close()
+        if pub is not None:
+            pub.close()
+    res = _loss_figures(p["acked"], d, p["sent"])
+    t_last = d["t_last"] or t0
+    wall = max(1e-6, t_last - t0)
+    res.update({
+        "value": res["loss_pct"], "publish_s": p["t_acked"] - t0,
+        "acked_rate": res["acked"] / max(1e-6, p["t_acked"] - t0),
+        "delivered_rate": res["received"] / wall, "drain_s": wall, "acks_sent": d["acks_sent"],
+        # the most PUBLISH the subscriber held unacknowledged (above receive_maximum: the broker ignored it)
+        "max_unacked": d["max_unacked"],
+        "unacked": p["unacked"], "refused": p["refused"], "sub_closed": d["closed"],
+        "broker_peak_rss_mb": peak / 1024, "broker_cpu_pct": 100.0 * (cpu1 - cpu0) / wall,
+        "errors": [e for e in p["errors"] + d["errors"] if e]})
+    return res
