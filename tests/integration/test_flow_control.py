@@ -451,7 +451,11 @@ class StuckSubscriber:
                 if isinstance(p, Publish):
                     self.tags.add(p.payload)
                     if p.qos == 1:
-                        self.sock.sendall(encode(Puback(p.packet_id), self.level))
+                        try:
+                            self.sock.sendall(encode(Puback(p.packet_id), self.level))
+                        except OSError:  # the broker closed the connection
+                            self.closed = True
+                            return
                 elif isinstance(p, Disconnect):
                     self.disconnect_code = p.reason_code
             if done():
