@@ -20,6 +20,7 @@ from tbmq.broker.router import Router
 from tbmq.broker.session import SessionContext, TopicNameCache, next_seq
 from tbmq.broker.sessions import SessionManager
 from tbmq.cluster.registry import SessionRegistry, SubscriptionBook
+from tbmq.cluster.session_events import SessionEvents
 from tbmq.cluster.sinks import DownlinkReader, PersistedWriter
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.log import OBSERVER as LOG_OBSERVER
@@ -92,6 +93,9 @@ class Broker:
                                      self.router)
         self.sessions = SessionManager(self._session_context, self.router, self.registry,
                                        self.book, self.service_id, self.sessions_by_id)
+        self.events = SessionEvents(bus, self.topics, self.service_id, self.registry, clock,
+                                    self.sessions.drop_local, self.sessions.forget_local)
+        self.sessions.events = self.events
         self.persisted_writer = PersistedWriter(
             device_store, self.sessions_by_id, self.router.locate, self.service_id, bus,
             self.topics.downlink_persisted, clock, next_seq)
@@ -156,6 +160,7 @@ class Broker:
             self.router.retained.set(message)
         yield defer.gatherResults([self.registry.start(), self.book.start()],
                                   consumeErrors=True)
+        self.events.start()
         restored = self.sessions.restore()
         self.log.info("broker {service_id} started: {sessions} persistent sessions, "
                       "{retained} retained messages", service_id=self.service_id,

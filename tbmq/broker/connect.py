@@ -213,11 +213,29 @@ class ConnectFlow:
         self._auth_step(request, None)
 
     def _open_session(self, result: AuthResult, request: AuthRequest) -> None:
-        """Authentication succeeded: bind the session, send CONNACK, resume."""
+        """Authentication succeeded: ask the cluster for the session (a
+        session event), then bind it, send CONNACK and resume."""
+        self.auth = result
+        d = self.ctx.sessions.connect(self, self.connect_packet, result.client_type)
+        d.addCallbacks(self._session_opened, self._session_refused,
+                       callbackArgs=(result, request))
+        d.addErrback(self._internal_error)
+
+    def _session_refused(self, failure) -> None:
+        """No answer from the cluster: CONNACK 0x88 Server unavailable (v3:
+        0x03) and the client retries."""
+        self.log.failure("no session for {client_id}", failure, client_id=self._client_id())
+        if not self._gone():
+            self._drop_held()
+            self._refuse(0x88, 0x03, "the cluster did not answer the connect request")
+
+    def _session_opened(self, opened, result: AuthResult, request: AuthRequest) -> None:
+        session, present = opened
         connect = self.connect_packet
         cfg = self.ctx.config.mqtt
-        self.auth = result
-        session, present = self.ctx.sessions.connect(self, connect, result.client_type)
+        if self._gone():
+            self.ctx.sessions.connection_lost(session, self, publish_will=False)
+            return
         if not session.persistent:
             session.client_type = ClientType.DEVICE  # TBMQ: non-persistent is a DEVICE
         self.session = session

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.broker.session import EXPIRY_NEVER, Session, SessionContext
@@ -47,7 +48,7 @@ class SessionManager:
     log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self, make_context, router, registry, book, service_id: str,
-                 sessions: dict) -> None:
+                 sessions: dict, events=None) -> None:
         self.ctx: SessionContext = make_context(self)
         self.clock = self.ctx.clock
         self.mqtt = self.ctx.mqtt
@@ -56,6 +57,8 @@ class SessionManager:
         self.router = router
         self.registry = registry
         self.book = book
+        #: the :class:`tbmq.cluster.session_events.SessionEvents` (set by the node)
+        self.events = events
         self.service_id = service_id
         self.sessions: dict[str, Session] = sessions
 
@@ -72,15 +75,31 @@ class SessionManager:
             asked = connect.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
         return min(asked, cap)
 
-    def connect(self, conn, connect, client_type: ClientType) -> tuple[Session, bool]:
-        """Bind ``conn`` to the session of ``connect.client_id``.
+    def connect(self, conn, connect, client_type: ClientType) -> defer.Deferred:
+        """Ask the cluster for the session of ``connect.client_id`` (a
+        session event, :mod:`tbmq.cluster.session_events`), then bind
+        ``conn`` to it.
 
-        A session still connected elsewhere is taken over: its connection gets
-        DISCONNECT 0x8E in v5 and is closed [MQTT-3.1.4-3].  A clean start
+        :returns: a Deferred firing with ``(session, session_present)``, or
+            failing when the cluster did not answer.
+        """
+        persistent = is_persistent(connect)
+        d = self.events.request_connect(
+            connect.client_id, uuid.uuid4().hex, clean_start=connect.clean_start,
+            persistent=persistent, client_type=client_type,
+            session_expiry_interval=self.expiry_for(connect),
+            protocol_level=connect.protocol_level)
+        return d.addCallback(self._open, conn, connect, client_type)
+
+    def _open(self, response, conn, connect, client_type: ClientType) -> tuple[Session, bool]:
+        """Bind ``conn`` to the session the cluster answered about.
+
+        A session still connected here is taken over: its connection gets
+        DISCONNECT 0x8E in v5 and is closed [MQTT-3.1.4-3] (one connected on
+        another node was dropped there by the deciding node).  A clean start
         ends any existing session [MQTT-3.1.2-4]; otherwise an existing
-        session resumes [MQTT-3.2.2-2].
-
-        :returns: ``(session, session_present)``.
+        session resumes [MQTT-3.2.2-2], here or from what the cluster holds
+        (its subscriptions, its deliveries in the device store).
         """
         now = self.clock.seconds()
         client_id = connect.client_id
@@ -101,6 +120,8 @@ class SessionManager:
                 # resumed before the will delay passed: no will [MQTT-3.1.3-9]
                 self._cancel_timers(existing)
                 existing.will = None
+        elif response.session is not None:
+            existing = self._adopt(response)
         persistent = is_persistent(connect)
         expiry = self.expiry_for(connect)
         present = existing is not None
@@ -122,6 +143,50 @@ class SessionManager:
         session.connected_at = now
         self.publish_info(session)
         return session, present
+
+    def _adopt(self, response) -> Session | None:
+        """The cluster knows a session of this client that another node held
+        (or this node before a restart): resume it here when it is present,
+        else clear what is left of it (its subscriptions, its stored
+        deliveries)."""
+        info = response.session
+        client_id = info.client_id
+        if not response.session_present:
+            if self.book.of(client_id):
+                self.book.put(client_id, {})
+            if info.persistent:
+                self.device_store.clear(client_id)
+            return None
+        session = Session(self.ctx, client_id, persistent=True,
+                          expiry_interval=info.session_expiry_interval,
+                          protocol_level=info.protocol_level, client_type=info.client_type)
+        session.subscriptions = self.book.of(client_id)
+        self.sessions[client_id] = session
+        return session
+
+    # -- what other nodes decide ----------------------------------------------------
+
+    def drop_local(self, client_id: str, session_id: str, reason_code: int) -> None:
+        """A :class:`~tbmq.cluster.records.DisconnectCommand`: close this
+        node's connection of that session (taken over elsewhere)."""
+        session = self.sessions.get(client_id)
+        if session is None or session.session_id != session_id or session.connection is None:
+            return
+        self.log.info("session {client_id} taken over by another node", client_id=client_id)
+        session.connection.disconnect(reason_code)
+
+    def forget_local(self, client_id: str, info) -> None:
+        """The session of ``client_id`` is now held by a connection on
+        another node: this node no longer owns its will or its expiry."""
+        session = self.sessions.get(client_id)
+        if session is None or session.session_id == info.session_id:
+            return
+        if session.connection is not None:
+            session.connection.disconnect(0x8E)
+            return
+        self._cancel_timers(session)
+        session.will = None
+        del self.sessions[client_id]
 
     def publish_info(self, session: Session):
         """Tell the cluster where ``session`` is and what it is
@@ -161,6 +226,10 @@ class SessionManager:
         self._will_on_close(session, publish_will)
         if not session.persistent or session.expiry_interval == 0:
             self.end_session(session, expired=False)
+            return
+        info = self.registry.get(session.client_id)
+        if info is not None and info.session_id != session.session_id:
+            self.forget_local(session.client_id, info)  # held elsewhere meanwhile
             return
         self.publish_info(session)
         self._schedule_expiry(session, session.expiry_interval)

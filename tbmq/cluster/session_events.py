@@ -1,0 +1,159 @@
+"""The connect path without a coordinator (TBMQ's
+``DefaultClientSessionEventService`` and disconnect-client commands).
+
+A CONNECT is published on ``tbmq.client.session.event.request`` (key =
+client id), so the one member of the ``tbmq-session-events`` consumer group
+that owns the client's partition decides for that client, in order:
+
+* a session still connected on another node is dropped there through
+  ``tbmq.client.disconnect.<serviceId>`` (DISCONNECT 0x8E, session taken
+  over, [MQTT-3.1.4-3]);
+* the answer — whether a session is present [MQTT-3.2.2-2] and what the
+  cluster knew of it — returns on
+  ``tbmq.client.session.event.response.<serviceId>`` of the asking node.
+
+A node that sees, in the session registry, one of its sessions now held by
+another connection elsewhere forgets it: the will and the session expiry of
+a session belong to the one node that last held it, so no node fires them
+twice and none forgets them (:meth:`SessionEvents.on_registry_change`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Callable
+
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from tbmq.cluster.records import (
+    CONNECTION_REQUEST,
+    DisconnectCommand,
+    Record,
+    SessionEvent,
+    SessionEventResponse,
+)
+from tbmq.errors import BusPublishError
+from tbmq.log import OBSERVER as LOG_OBSERVER
+
+log = Logger(observer=LOG_OBSERVER)
+
+
+class SessionEvents:
+    """Asks for, decides and carries out connects across the cluster.
+
+    :param bus: the :class:`tbmq.interfaces.IMessageBus`.
+    :param topics: the :class:`tbmq.cluster.topics.TopicCatalogue`.
+    :param service_id: this node's service id.
+    :param registry: the :class:`tbmq.cluster.registry.SessionRegistry`.
+    :param clock: ``IReactorTime``.
+    :param drop_local: ``drop_local(client_id, session_id, reason_code)``:
+        close this node's connection of that session (a
+        :class:`~tbmq.cluster.records.DisconnectCommand` arrived).
+    :param forget_local: ``forget_local(client_id, info)``: this node's
+        offline session of ``client_id`` is now held elsewhere.
+    :param timeout: seconds a connect waits for its answer.
+    """
+
+    def __init__(self, bus, topics, service_id: str, registry, clock,
+                 drop_local: Callable, forget_local: Callable, timeout: float = 10.0) -> None:
+        self.bus = bus
+        self.topics = topics
+        self.service_id = service_id
+        self.registry = registry
+        self.clock = clock
+        self.drop_local = drop_local
+        self.forget_local = forget_local
+        self.timeout = timeout
+        self._pending: dict[str, defer.Deferred] = {}
+        self.consumers: list = []
+
+    def start(self) -> None:
+        """Join the deciding group and follow this node's answer and
+        disconnect topics."""
+        bus, topics, sid = self.bus, self.topics, self.service_id
+        self.consumers = [
+            bus.subscribe(topics.session_event_request, "tbmq-session-events", self._decide),
+            bus.subscribe(topics.session_event_response(sid), "tbmq-session-responses-" + sid,
+                          self._on_response),
+            bus.subscribe(topics.client_disconnect(sid), "tbmq-disconnects-" + sid,
+                          self._on_disconnect),
+        ]
+        self.registry.listeners.append(self.on_registry_change)
+
+    # -- asking -----------------------------------------------------------------------
+
+    def request_connect(self, client_id: str, session_id: str, *, clean_start: bool,
+                        persistent: bool, client_type, session_expiry_interval: int,
+                        protocol_level: int) -> defer.Deferred:
+        """Ask the cluster to let ``client_id`` connect here.
+
+        :returns: a Deferred firing with the
+            :class:`~tbmq.cluster.records.SessionEventResponse`, or failing
+            with :class:`~tbmq.errors.BusPublishError` when no answer came in
+            :attr:`timeout` seconds (or the bus refused the request).
+        """
+        request_id = uuid.uuid4().hex
+        d = defer.Deferred()
+        self._pending[request_id] = d
+        timer = self.clock.callLater(self.timeout, self._timed_out, request_id)
+
+        def settled(result):
+            if timer.active():
+                timer.cancel()
+            return result
+
+        d.addBoth(settled)
+        event = SessionEvent(CONNECTION_REQUEST, client_id, self.service_id, session_id,
+                             request_id, clean_start, persistent, client_type,
+                             session_expiry_interval, protocol_level, self.clock.seconds())
+        sent = self.bus.publish(self.topics.session_event_request, client_id, event)
+        if sent is not None:
+            sent.addErrback(self._failed, request_id)
+        return d
+
+    def _failed(self, failure, request_id: str) -> None:
+        d = self._pending.pop(request_id, None)
+        if d is not None:
+            d.errback(failure)
+
+    def _timed_out(self, request_id: str) -> None:
+        d = self._pending.pop(request_id, None)
+        if d is not None:
+            d.errback(BusPublishError("no answer to the connect request in time"))
+
+    def _on_response(self, record: Record) -> None:
+        response: SessionEventResponse = record.value
+        d = self._pending.pop(response.request_id, None)
+        if d is not None:
+            d.callback(response)
+
+    # -- deciding (one member per client id) ----------------------------------------------
+
+    def _decide(self, record: Record):
+        event: SessionEvent = record.value
+        if event.kind != CONNECTION_REQUEST:
+            return None
+        info = self.registry.get(event.client_id)
+        if (info is not None and info.connected and info.session_id != event.session_id
+                and info.service_id != event.service_id):
+            # connected on another node: drop it there (session taken over)
+            self.bus.publish(self.topics.client_disconnect(info.service_id), event.client_id,
+                             DisconnectCommand(event.client_id, info.session_id, 0x8E))
+        present = info is not None and info.persistent and not event.clean_start
+        response = SessionEventResponse(event.client_id, event.request_id, True, present, info)
+        return self.bus.publish(self.topics.session_event_response(event.service_id),
+                                event.client_id, response)
+
+    # -- carrying out ------------------------------------------------------------------------
+
+    def _on_disconnect(self, record: Record) -> None:
+        command: DisconnectCommand = record.value
+        self.drop_local(command.client_id, command.session_id, command.reason_code)
+
+    def on_registry_change(self, client_id: str, old, new) -> None:
+        """A session now held by another node's connection: if this node
+        kept it (offline, with its will and expiry timers), forget it."""
+        if new is not None and new.service_id != self.service_id and (
+                old is None or old.session_id != new.session_id):
+            self.forget_local(client_id, new)

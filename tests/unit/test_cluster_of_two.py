@@ -1,0 +1,162 @@
+"""Two broker nodes in one process sharing one in-process bus and one
+device store: the cluster logic (delivery targets, downlinks, the session
+registry, session events and takeover, wills) before any Kafka exists."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet import task
+
+from tbmq.backends.inprocess_bus import InProcessBus
+from tbmq.backends.memory import MemoryDeviceMessageStore, MemoryRetainedStore
+from tbmq.backends.memory_credentials import MemoryCredentialStore
+from tbmq.broker.broker import Broker
+from tbmq.broker.protocol import MQTTFactory
+from tbmq.cluster.sinks import DownlinkSink
+from tbmq.config import load_config
+from tbmq.mqtt import (
+    Disconnect, Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, Subscribe,
+    SubscriptionRequest, Will,
+)
+from tbmq.plugins import make_plugin_manager
+from tests.helpers import Client
+
+
+class Node:
+    """One broker node on the shared bus, clock and device store."""
+
+    def __init__(self, cluster: "Cluster", service_id: str) -> None:
+        self.clock = cluster.clock
+        self.config = load_config(None, environ={}, overrides={
+            "storage": {"backend": "memory"}, "node": {"service_id": service_id},
+            "auth": {"credentials": "memory"}})
+        plugins = make_plugin_manager(self.config, load_entry_points=False)
+        self.broker = Broker(self.config, plugins, self.clock, bus=cluster.bus,
+                             retained_store=MemoryRetainedStore(),
+                             device_store=cluster.device_store,
+                             credential_store=MemoryCredentialStore())
+        started = self.broker.start()
+        assert started.called, "memory backends start at once"
+        self.factory = MQTTFactory(self.broker, self.config.listeners[0])
+
+    def turn(self) -> None:
+        self.clock.advance(0)
+
+    def client(self, client_id: str, level: int = 4, **connect) -> Client:
+        from tbmq.mqtt import Connect
+
+        c = Client(self, level)
+        c.send(Connect(protocol_level=level, client_id=client_id,
+                       protocol_name="MQIsdp" if level == 3 else "MQTT", **connect))
+        got = c.received()
+        c.connack = got[0] if got else None
+        c.pending = got[1:]
+        return c
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.clock = task.Clock()
+        self.clock.advance(1_700_000_000)
+        self.bus = InProcessBus(clock=self.clock)
+        self.device_store = MemoryDeviceMessageStore()
+        self.a = Node(self, "node-a")
+        self.b = Node(self, "node-b")
+
+
+def sub(client, topic_filter, qos=1):
+    client.send(Subscribe(1, [SubscriptionRequest(topic_filter, qos)]))
+    return client.received()
+
+
+@pytest.fixture
+def cluster():
+    return Cluster()
+
+
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_publisher_on_a_subscribers_on_b(cluster, qos):
+    s1 = cluster.b.client("s1")
+    s2 = cluster.b.client("s2", level=5)
+    assert sub(s1, "t/#", 2)[0].reason_codes == [2]
+    assert sub(s2, "t/+", 2)[0].reason_codes == [2]
+    crossed = []
+
+    class Counting(DownlinkSink):
+        __slots__ = ()
+
+        def send(self, service_id, client_id, *rest):
+            crossed.append((service_id, client_id))
+            return DownlinkSink.send(self, service_id, client_id, *rest)
+
+    router = cluster.a.broker.router
+    router.downlink = Counting(router.downlink.bus, router.downlink.topic_of)
+    p = cluster.a.client("p")
+    p.send(Publish("t/x", b"hello", qos=qos, packet_id=7 if qos else None))
+    if qos == 1:
+        assert p.received() == [Puback(7)]
+    elif qos == 2:
+        assert p.received() == [Pubrec(7)]
+        p.send(Pubrel(7))
+        assert p.received() == [Pubcomp(7)]
+    for s in (s1, s2):
+        got = s.received()
+        assert [(m.topic, m.payload, m.qos) for m in got] == [("t/x", b"hello", qos)]
+    assert cluster.a.broker.registry.locate("s1") == "node-b"
+    # node a consumes tbmq.msg.all (one partition, its member joined first):
+    # the deliveries crossed to node b on its downlink topic
+    assert sorted(crossed) == [("node-b", "s1"), ("node-b", "s2")]
+
+
+def test_a_persistent_device_offline_on_a_gets_everything_in_order_on_b(cluster):
+    d = cluster.a.client("dev", clean_start=False)
+    sub(d, "cmd/dev")
+    d.send(Disconnect())
+    d.lose()
+    p = cluster.b.client("p")
+    for i in range(30):
+        p.send(Publish("cmd/dev", b"%d" % i, qos=1, packet_id=i + 1))
+    assert p.received() == [Puback(i + 1) for i in range(30)]
+    again = cluster.b.client("dev", clean_start=False)
+    assert again.connack.session_present is True
+    got = again.pending + again.received()
+    assert [m.payload for m in got] == [b"%d" % i for i in range(30)]
+    assert "dev" not in cluster.a.broker.sessions.sessions  # a no longer owns it
+    assert cluster.a.broker.registry.locate("dev") == "node-b"
+
+
+def test_a_client_connecting_to_b_while_connected_to_a_is_taken_over(cluster):
+    old = cluster.a.client("dup", level=5)
+    new = cluster.b.client("dup", level=5)
+    assert new.connack.reason_code == 0
+    assert old.received() == [Disconnect(0x8E)] and old.closed
+    old.lose()
+    assert not new.closed
+    assert cluster.a.broker.registry.locate("dup") == "node-b"
+    assert cluster.b.broker.sessions.sessions["dup"].connection is new.protocol
+
+
+def test_a_will_fires_once_in_the_cluster(cluster):
+    watchers = [cluster.a.client("wa"), cluster.b.client("wb")]
+    for w in watchers:
+        sub(w, "wills/#")
+    dying = cluster.a.client("dying", level=5, will=Will("wills/dying", b"bye", qos=1))
+    dying.lose()
+    for w in watchers:
+        assert [m.payload for m in w.received()] == [b"bye"]
+    cluster.clock.advance(10)
+    for w in watchers:
+        assert w.received() == []
+
+
+def test_a_delayed_will_is_not_fired_when_the_session_resumes_on_another_node(cluster):
+    watcher = cluster.b.client("watch")
+    sub(watcher, "wills/#")
+    expiry = {Property.SESSION_EXPIRY_INTERVAL: 300}
+    will = Will("wills/w", b"gone", qos=1, properties={Property.WILL_DELAY_INTERVAL: 5})
+    first = cluster.a.client("w", level=5, clean_start=False, will=will, properties=expiry)
+    first.lose()
+    again = cluster.b.client("w", level=5, clean_start=False, properties=expiry)
+    assert again.connack.session_present is True
+    cluster.clock.advance(10)
+    assert watcher.received() == []  # [MQTT-3.1.3-9]
