@@ -21,7 +21,7 @@ from tbmq.broker.session import SessionContext, TopicNameCache, next_seq
 from tbmq.broker.sessions import SessionManager
 from tbmq.cluster.registry import SessionRegistry, SubscriptionBook
 from tbmq.cluster.session_events import SessionEvents
-from tbmq.cluster.sinks import DownlinkReader, PersistedWriter
+from tbmq.cluster.sinks import ApplicationReader, DownlinkReader, PersistedWriter
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
@@ -88,7 +88,8 @@ class Broker:
         self.sessions_by_id: dict = {}
         self.registry = SessionRegistry(bus, self.topics.client_session, self.service_id)
         self.router = Router(bus, self.topics, self.service_id, clock, retained_store,
-                             self.sessions_by_id, self.registry.locate)
+                             self.sessions_by_id, self.registry.get)
+        self.applications = ApplicationReader(bus, self.topics.app)
         self.book = SubscriptionBook(bus, self.topics.client_subscriptions, self.service_id,
                                      self.router)
         self.sessions = SessionManager(self._session_context, self.router, self.registry,
@@ -97,7 +98,7 @@ class Broker:
                                     self.sessions.drop_local, self.sessions.forget_local)
         self.sessions.events = self.events
         self.persisted_writer = PersistedWriter(
-            device_store, self.sessions_by_id, self.router.locate, self.service_id, bus,
+            device_store, self.sessions_by_id, self.registry.locate, self.service_id, bus,
             self.topics.downlink_persisted, clock, next_seq)
         self.downlink_reader = DownlinkReader(self.sessions_by_id, clock)
         self.watcher: CredentialsWatcher | None = None
@@ -107,7 +108,7 @@ class Broker:
             clock=self.clock, mqtt=self.config.mqtt, hooks=self.hooks, drops=self.drops,
             flusher=self.flusher, holds=self.holds, device_store=self.device_store,
             publish=self.router.publish, retained_for=self.router.retained_for,
-            subscriptions=manager, topics=TopicNameCache())
+            subscriptions=manager, topics=TopicNameCache(), applications=self.applications)
 
     def connection_context(self) -> ConnectionContext:
         """What the connections of a listener use of this node."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.log import OBSERVER as LOG_OBSERVER
@@ -117,6 +118,10 @@ class Outbox:
         self._loading = False
         self._last_seq = 0
         self._arrived: list[StoredDelivery] = []
+        #: id(delivery) → the Deferred its ``tbmq.msg.app`` record commits on
+        self._app_done: dict[int, defer.Deferred] = {}
+        #: the consumer of ``tbmq.msg.app.<clientId>`` while connected here
+        self.app_consumer = None
         self.dropped: dict[str, int] = {}
         self._drop_logged_at = float("-inf")
         self._drops_logged: dict[str, int] = {}
@@ -247,6 +252,30 @@ class Outbox:
             return  # already read from the store
         self._offer(delivery, cache, now, source, conn)
 
+    def deliver_app(self, d, source) -> defer.Deferred | None:
+        """Deliver a record of ``tbmq.msg.app.<clientId>`` (a
+        :class:`tbmq.cluster.records.Delivery`) to this persistent
+        APPLICATION session.
+
+        :param source: the session's own consumer: held while the queue is
+            full, for as long as it takes (it feeds nobody else; the topic
+            keeps what waits).
+        :returns: a Deferred that fires once the client acknowledged it (the
+            record is then committed), or None when it needs no
+            acknowledgement (QoS 0, expired, too large for the client).
+        """
+        conn = self.connection
+        if conn is None:
+            return defer.Deferred()  # never fires: the record stays uncommitted
+        now = self.ctx.clock.seconds()
+        if d.qos == 0:
+            self.deliver(d.message, 0, d.retain, d.subscription_ids, None, now, source)
+            return None
+        delivery = StoredDelivery(0, d.message, d.qos, d.retain, d.subscription_ids)
+        done = self._app_done[id(delivery)] = defer.Deferred()
+        self._offer(delivery, None, now, source, conn)
+        return done
+
     def _offer(self, delivery: StoredDelivery, cache, now: float, source, conn) -> None:
         inflight = self.inflight
         queue = self.queue
@@ -257,10 +286,13 @@ class Outbox:
                 self._finished(delivery)
             return
         if self._full():
-            if self.persistent:
+            if id(delivery) in self._app_done:
+                self._holding.add(source)  # its own topic keeps what waits
+                self.ctx.holds.hold(source, self)
+            elif self.persistent:
                 self.paged_out = True  # it waits in the store
                 return
-            if not self._hold(source, now):
+            elif not self._hold(source, now):
                 self._overflow(delivery.message)
                 return
         if delivery.seq > self._last_seq:
@@ -286,7 +318,7 @@ class Outbox:
         delivery.state = _SENT
         self.inflight[pid] = delivery
         conn.write(data)
-        if self.persistent:
+        if delivery.seq:  # in the device store
             self.ctx.device_store.update(self.client_id, delivery.seq, pid, _SENT)
         return True
 
@@ -492,8 +524,14 @@ class Outbox:
     # -- acknowledgements from the client ------------------------------------------------
 
     def _finished(self, delivery: StoredDelivery) -> None:
-        """A delivery that will never be sent (expired, too large)."""
-        if self.persistent:
+        """A delivery is done: acknowledged, or never to be sent (expired,
+        too large).  Its application record is committed, or its row leaves
+        the device store."""
+        done = self._app_done.pop(id(delivery), None)
+        if done is not None:
+            done.callback(None)
+            return
+        if delivery.seq:
             self._completed.append(delivery.seq)
             if len(self._completed) == 1:
                 self.ctx.flusher.later(self._remove_completed)
@@ -537,7 +575,7 @@ class Outbox:
             return True
         if delivery.state != _RELEASED:
             delivery.state = _RELEASED
-            if self.persistent:
+            if delivery.seq:
                 self.ctx.device_store.update(self.client_id, delivery.seq, packet_id, _RELEASED)
         self.connection.send(Pubrel(packet_id))
         return True
@@ -574,6 +612,7 @@ class Outbox:
         (everything is in the store); holds are let go."""
         self._release_holds(self.ctx.clock.seconds())
         self.slow = False
+        self._app_done = {}  # never fired: the records stay uncommitted
         if self.persistent:
             self.inflight.clear()
             self.queue.clear()

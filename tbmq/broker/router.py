@@ -16,9 +16,16 @@ from twisted.logger import Logger
 from tbmq.broker.retained import RetainedTree
 from tbmq.broker.trie import SubscriptionTrie
 from tbmq.log import OBSERVER as LOG_OBSERVER
-from tbmq.cluster.sinks import DownlinkSink, LocalSink, PersistedSink
-from tbmq.model import Message, SubscriptionOptions
+from tbmq.cluster.sinks import ApplicationSink, DownlinkSink, LocalSink, PersistedSink
+from tbmq.model import ClientType, Message, SubscriptionOptions
 
+
+
+def _add(pending: list | None, result) -> list:
+    if pending is None:
+        return [result]
+    pending.append(result)
+    return pending
 
 
 class SharedGroup:
@@ -64,8 +71,8 @@ class Router:
     :param clock: ``IReactorTime``.
     :param retained_store: the :class:`tbmq.interfaces.IRetainedStore`.
     :param sessions: client id → the sessions of this node.
-    :param locate: ``client_id -> service id or None``: where a client
-        without a session here is connected.
+    :param lookup: ``client_id -> SessionInfo or None``: what the cluster
+        knows of a client without a session here (the session registry).
     :ivar trie: topic filter → ``{client id: SubscriptionOptions}`` and
         ``{("$share", group): SharedGroup}``.
     :ivar retained: the retained tree.
@@ -74,19 +81,20 @@ class Router:
     log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self, bus, topics, service_id: str, clock, retained_store,
-                 sessions, locate=lambda client_id: None) -> None:
+                 sessions, lookup=lambda client_id: None) -> None:
         self.bus = bus
         self.topics = topics
         self.service_id = service_id
         self.clock = clock
         self.retained_store = retained_store
         self.sessions = sessions
-        self.locate = locate
+        self.lookup = lookup
         self.trie = SubscriptionTrie()
         self.retained = RetainedTree()
         self.local = LocalSink()
         self.downlink = DownlinkSink(bus, topics.downlink_basic)
         self.persisted = PersistedSink(bus, topics.msg_persisted)
+        self.application = ApplicationSink(bus, topics.app)
         self.consumer = None
 
     def start(self) -> None:
@@ -165,12 +173,24 @@ class Router:
                 if qos == 0 or not session.persistent:
                     self.local.deliver(session, message, qos, flag, sids, cache, now, source)
                     continue
-                result = self.persisted.send(client_id, message, qos, flag, sids)
+                kind = session.client_type
             else:
-                where = self.locate(client_id)
-                if where is None:
+                info = self.lookup(client_id)
+                if info is None:
                     continue
-                result = self.downlink.send(where, client_id, message, qos, flag, sids)
+                if qos == 0 or not info.persistent:
+                    if not info.connected:
+                        continue  # a non-persistent or QoS 0 delivery to nobody
+                    result = self.downlink.send(info.service_id, client_id, message, qos,
+                                                flag, sids)
+                    if result is not None:
+                        pending = _add(pending, result)
+                    continue
+                kind = info.client_type
+            if kind is ClientType.APPLICATION:
+                result = self.application.send(client_id, message, qos, flag, sids)
+            else:
+                result = self.persisted.send(client_id, message, qos, flag, sids)
             if result is not None:
                 if pending is None:
                     pending = [result]
@@ -220,7 +240,8 @@ class Router:
         session = self.sessions.get(client_id)
         if session is not None:
             return session.connection is not None
-        return self.locate(client_id) is not None
+        info = self.lookup(client_id)
+        return info is not None and info.connected
 
     # -- subscriptions ---------------------------------------------------------
 

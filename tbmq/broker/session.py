@@ -103,6 +103,9 @@ class SessionContext:
         ``unsubscribe(session, filter) -> bool`` and ``save(session) ->
         Deferred`` (the :class:`tbmq.broker.sessions.SessionManager`).
     :ivar topics: the node's :class:`TopicNameCache`.
+    :ivar applications: the :class:`tbmq.cluster.sinks.ApplicationReader`
+        (``attach(session)``/``detach(session)``) of persistent APPLICATION
+        sessions.
     """
 
     clock: Any
@@ -116,6 +119,7 @@ class SessionContext:
     retained_for: Callable
     subscriptions: Any
     topics: TopicNameCache
+    applications: Any = None
 
 
 class Session(Outbox):
@@ -548,7 +552,9 @@ class Session(Outbox):
 
     def detach(self, now: float) -> None:
         """The connection is gone; a persistent session keeps its state in
-        the stores and gives its memory back."""
+        the stores (and its application topic) and gives its memory back."""
+        if self.app_consumer is not None:
+            self.ctx.applications.detach(self)
         self.connection = None
         self.disconnected_at = now
         self._acks.clear()
@@ -557,10 +563,16 @@ class Session(Outbox):
         self.detach_outbox()
 
     def resume(self) -> None:
-        """After CONNACK: resend in-flight deliveries and send the queue."""
+        """After CONNACK: resend in-flight deliveries and send the queue; a
+        persistent APPLICATION session reads its own topic again."""
         self.resume_outbox()
+        if (self.persistent and self.client_type == ClientType.APPLICATION
+                and self.ctx.applications is not None and self.app_consumer is None):
+            self.ctx.applications.attach(self)
 
     def discard(self) -> None:
         """The session ends: forget everything it holds."""
+        if self.app_consumer is not None:
+            self.ctx.applications.detach(self)
         self.discard_outbox()
         self.inbound_qos2.clear()

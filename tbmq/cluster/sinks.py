@@ -7,9 +7,12 @@ target                               sink
 ===================================  =============================================
 non-persistent, connected here       :class:`LocalSink`: written to the session now
 non-persistent, on node X            :class:`DownlinkSink`: ``tbmq.msg.downlink.basic.<X>``
-persistent (QoS 1/2)                 :class:`PersistedSink`: ``tbmq.msg.persisted`` →
+persistent DEVICE (QoS 1/2)          :class:`PersistedSink`: ``tbmq.msg.persisted`` →
                                      :class:`PersistedWriter` (device store) → the
                                      session here, or ``tbmq.msg.downlink.persisted.<X>``
+persistent APPLICATION (QoS 1/2)     :class:`ApplicationSink`: ``tbmq.msg.app.<clientId>``,
+                                     read by :class:`ApplicationReader` on the node
+                                     where the client is connected
 ===================================  =============================================
 
 A target on this node skips the downlink topic, as TBMQ's downlink proxy
@@ -168,3 +171,60 @@ class DownlinkReader:
             return  # it is in the store; the client finds it when it connects
         stored = StoredDelivery(d.seq, d.message, d.qos, d.retain, d.subscription_ids)
         session.deliver_stored(stored, None, self.clock.seconds(), self.persisted)
+
+
+class ApplicationSink:
+    """Sends a delivery for a persistent APPLICATION client to its own
+    topic ``tbmq.msg.app.<clientId>`` (TBMQ keeps an application's messages
+    in Kafka, not in the device store): the topic holds them while the
+    client is offline.
+
+    :param bus: the :class:`tbmq.interfaces.IMessageBus`.
+    :param topic_of: ``client_id -> bus topic`` (the catalogue's ``app``).
+    """
+
+    __slots__ = ("bus", "topic_of")
+
+    def __init__(self, bus, topic_of: Callable[[str], str]) -> None:
+        self.bus = bus
+        self.topic_of = topic_of
+
+    def send(self, client_id: str, message, qos: int, retain: bool, sids: tuple):
+        """:returns: the bus's publish result: it fires once the topic holds
+        the delivery durably."""
+        return self.bus.publish(self.topic_of(client_id), client_id,
+                                Delivery(client_id, message, qos, retain, sids))
+
+
+class ApplicationReader:
+    """Reads ``tbmq.msg.app.<clientId>`` for a persistent APPLICATION
+    session while it is connected to this node, in the consumer group
+    ``tbmq-app-<clientId>``: a record is committed once the client
+    acknowledged it (PUBACK, PUBCOMP), so what was not acknowledged when the
+    connection ended comes again on the next connection, wherever it is.
+
+    :param bus: the :class:`tbmq.interfaces.IMessageBus`.
+    :param topic_of: ``client_id -> bus topic`` (the catalogue's ``app``).
+    """
+
+    def __init__(self, bus, topic_of: Callable[[str], str]) -> None:
+        self.bus = bus
+        self.topic_of = topic_of
+
+    def attach(self, session) -> None:
+        """Start reading the client's topic into ``session``."""
+        holder: list = []
+
+        def handle(record: Record):
+            return session.deliver_app(record.value, holder[0] if holder else None)
+
+        consumer = self.bus.subscribe(self.topic_of(session.client_id),
+                                      "tbmq-app-" + session.client_id, handle)
+        holder.append(consumer)
+        session.app_consumer = consumer
+
+    def detach(self, session) -> None:
+        """Stop reading: what is not acknowledged stays uncommitted."""
+        consumer, session.app_consumer = session.app_consumer, None
+        if consumer is not None:
+            consumer.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from twisted.internet import task
 
+from tbmq.auth import AuthResult
 from tbmq.backends.inprocess_bus import InProcessBus
 from tbmq.backends.memory import MemoryDeviceMessageStore, MemoryRetainedStore
 from tbmq.backends.memory_credentials import MemoryCredentialStore
@@ -14,12 +15,25 @@ from tbmq.broker.broker import Broker
 from tbmq.broker.protocol import MQTTFactory
 from tbmq.cluster.sinks import DownlinkSink
 from tbmq.config import load_config
+from tbmq.hookspecs import hookimpl
+from tbmq.model import ClientType
 from tbmq.mqtt import (
     Disconnect, Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, Subscribe,
     SubscriptionRequest, Will,
 )
 from tbmq.plugins import make_plugin_manager
 from tests.helpers import Client
+
+
+class ApplicationsByName:
+    """Authenticates client ids starting with ``app`` as APPLICATION clients
+    (in a real node the credentials say so)."""
+
+    @hookimpl(tryfirst=True)
+    def tbmq_authenticate(self, request):
+        if request.client_id.startswith("app"):
+            return AuthResult(True, client_type=ClientType.APPLICATION, provider="test")
+        return None
 
 
 class Node:
@@ -31,6 +45,7 @@ class Node:
             "storage": {"backend": "memory"}, "node": {"service_id": service_id},
             "auth": {"credentials": "memory"}})
         plugins = make_plugin_manager(self.config, load_entry_points=False)
+        plugins.register(ApplicationsByName(), name="test-applications")
         self.broker = Broker(self.config, plugins, self.clock, bus=cluster.bus,
                              retained_store=MemoryRetainedStore(),
                              device_store=cluster.device_store,
@@ -123,6 +138,37 @@ def test_a_persistent_device_offline_on_a_gets_everything_in_order_on_b(cluster)
     assert [m.payload for m in got] == [b"%d" % i for i in range(30)]
     assert "dev" not in cluster.a.broker.sessions.sessions  # a no longer owns it
     assert cluster.a.broker.registry.locate("dev") == "node-b"
+
+
+def test_a_persistent_application_offline_on_a_gets_everything_in_order_on_b(cluster):
+    """Its messages wait in its own topic tbmq.msg.app.<clientId>, not in
+    the device store, and what it did not acknowledge comes again."""
+    app = cluster.a.client("app-1", level=5, clean_start=False,
+                           properties={Property.SESSION_EXPIRY_INTERVAL: 600})
+    sub(app, "telemetry/#")
+    assert cluster.a.broker.sessions.sessions["app-1"].client_type is ClientType.APPLICATION
+    p = cluster.b.client("p")
+    p.send(Publish("telemetry/1", b"live", qos=1, packet_id=1))
+    first = app.received()
+    assert [m.payload for m in first] == [b"live"]  # not acknowledged
+    app.lose()
+    for i in range(20):
+        p.send(Publish("telemetry/1", b"%d" % i, qos=1, packet_id=i + 2))
+    assert p.received() == [Puback(i + 1) for i in range(21)]
+    stored = []
+    cluster.device_store.count("app-1").addCallback(stored.append)
+    assert stored == [0]  # not the device store's
+    again = cluster.b.client("app-1", level=5, clean_start=False,
+                             properties={Property.SESSION_EXPIRY_INTERVAL: 600})
+    assert again.connack.session_present is True
+    got = again.pending + again.received()
+    assert [m.payload for m in got] == [b"live"] + [b"%d" % i for i in range(20)]
+    for m in got:
+        again.send(Puback(m.packet_id))
+    again.lose()
+    third = cluster.a.client("app-1", level=5, clean_start=False,
+                             properties={Property.SESSION_EXPIRY_INTERVAL: 600})
+    assert third.pending + third.received() == []  # all committed
 
 
 def test_a_client_connecting_to_b_while_connected_to_a_is_taken_over(cluster):
