@@ -99,7 +99,7 @@ class Broker:
         self.sessions.events = self.events
         self.persisted_writer = PersistedWriter(
             device_store, self.sessions_by_id, self.registry.locate, self.service_id, bus,
-            self.topics.downlink_persisted, clock, next_seq)
+            self.topics.downlink_persisted, clock, next_seq, self.drops)
         self.downlink_reader = DownlinkReader(self.sessions_by_id, clock)
         self.watcher: CredentialsWatcher | None = None
 

@@ -106,11 +106,15 @@ class PersistedWriter:
     :param clock: ``IReactorTime``.
     :param next_seq: ``next_seq(now_ns) -> int``: the order key of a new
         delivery.
+    :param drops: the node's :class:`tbmq.broker.hooks.DropCounter`: the
+        oldest deliveries the store removed to stay within its per-client
+        limit (``storage.max_messages_per_client``) count as
+        ``store_limit``.
     """
 
     def __init__(self, store, sessions: Mapping[str, Any], locate: Callable, service_id: str,
                  bus, downlink_topic: Callable[[str], str], clock,
-                 next_seq: Callable[[int], int]) -> None:
+                 next_seq: Callable[[int], int], drops=None) -> None:
         self.store = store
         self.sessions = sessions
         self.locate = locate
@@ -119,7 +123,14 @@ class PersistedWriter:
         self.downlink_topic = downlink_topic
         self.clock = clock
         self.next_seq = next_seq
+        self.drops = drops
         self.consumer = None
+
+    def _trimmed(self, removed, client_id: str) -> None:
+        if removed and self.drops is not None:
+            self.drops.add("store_limit", removed)
+            log.warn("device store limit: {removed} oldest messages of {client_id} removed",
+                     removed=removed, client_id=client_id)
 
     def handle(self, record: Record):
         """Store the delivery; :returns: the store's Deferred (the record is
@@ -130,6 +141,7 @@ class PersistedWriter:
         stored = StoredDelivery(self.next_seq(int(now * 1e9)), d.message, d.qos, d.retain,
                                 d.subscription_ids)
         result = self.store.add(d.client_id, [stored])
+        result.addCallback(self._trimmed, d.client_id)
         session = self.sessions.get(d.client_id)
         if session is not None and session.connection is not None:
             session.deliver_stored(stored, None, now, self.consumer)

@@ -70,10 +70,10 @@ class Node:
 
 
 class Cluster:
-    def __init__(self) -> None:
+    def __init__(self, encode: bool) -> None:
         self.clock = task.Clock()
         self.clock.advance(1_700_000_000)
-        self.bus = InProcessBus(clock=self.clock)
+        self.bus = InProcessBus(clock=self.clock, encode=encode)
         self.device_store = MemoryDeviceMessageStore()
         self.a = Node(self, "node-a")
         self.b = Node(self, "node-b")
@@ -84,9 +84,11 @@ def sub(client, topic_filter, qos=1):
     return client.received()
 
 
-@pytest.fixture
-def cluster():
-    return Cluster()
+@pytest.fixture(params=[False, True], ids=["direct", "encoded"])
+def cluster(request):
+    """Both modes of the bus: objects handed over, or every record encoded
+    and decoded (as on Kafka)."""
+    return Cluster(encode=request.param)
 
 
 @pytest.mark.parametrize("qos", [0, 1, 2])

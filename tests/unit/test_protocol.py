@@ -221,6 +221,20 @@ def test_offline_session_keeps_its_queue_in_the_store_not_in_memory():
     assert [m.payload for m in got] == [b"%d" % i for i in range(5)]
 
 
+def test_the_device_store_limit_removes_the_oldest_and_counts_them():
+    h = Harness({"storage": {"max_messages_per_client": 3}})
+    s = h.client("s", clean_start=False)
+    sub(s, "t")
+    s.send(Disconnect())
+    s.lose()
+    p = h.client("p")
+    for i in range(5):
+        p.send(Publish("t", b"%d" % i, qos=1, packet_id=i + 1))
+    assert h.broker.dropped == {"store_limit": 2}
+    s2 = h.client("s", clean_start=False)
+    assert [m.payload for m in s2.pending + s2.received()] == [b"2", b"3", b"4"]
+
+
 def test_a_persistent_session_pages_its_queue_from_the_store():
     """Only max_queued_messages wait in memory; the rest are read back from
     the device store as the client acknowledges, in order, none lost."""
