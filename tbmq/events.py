@@ -484,9 +484,8 @@ class EventExporter:
 
     @hookimpl
     def tbmq_client_disconnected(self, session, reason_code, will):
-        conn = session.connection
         self._put((_DISCONNECT, self._seconds(), session.client_id, session.client_type,
-                   reason_code, getattr(conn, "connected_at", None), will))
+                   reason_code, session.connected_at, will))
 
     @hookimpl
     def tbmq_client_subscribed(self, session, topic_filter, options, reason_code):

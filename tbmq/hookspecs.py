@@ -25,14 +25,16 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 # -- configuration ---------------------------------------------------------------
 
-@hookspec
-def tbmq_configure(config, settings):
-    """Configure the plugin, once, when the plugin manager is built.
+@hookspec(historic=True)
+def tbmq_configure(config):
+    """Configure the plugin, once: a historic hook, so a plugin registered
+    after the plugin manager was built (at run time) is configured when it
+    is registered.
 
-    :param config: the whole :class:`tbmq.config.Config`.
-    :param settings: this plugin's own section, ``config.plugins[<name>]``
-        (a read-only mapping; empty when absent), where ``<name>`` is the
-        name the plugin is registered under (its entry-point name).
+    :param config: the whole :class:`tbmq.config.Config`; a plugin's own
+        settings are ``config.plugins.get(<name>, {})`` (a read-only
+        mapping), ``<name>`` being the name it is registered under (its
+        entry-point name).
     """
 
 

@@ -1,13 +1,13 @@
 """The plugin manager: the built-in plugins first, then the entry points of
 the group ``tbmq`` (third-party plugins), then the config: ``plugins:
 {name: {enabled: false}}`` disables a plugin by name, the rest of its section
-is handed to its :func:`~tbmq.hookspecs.tbmq_configure`, and authentication
+is read by the plugin from the config :func:`~tbmq.hookspecs.tbmq_configure`
+(a historic hook) hands it, and authentication
 providers not listed in ``auth.providers`` are switched off.
 """
 
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import Any, Sequence
 
 import pluggy
@@ -45,9 +45,7 @@ def make_plugin_manager(config, load_entry_points: bool = True) -> pluggy.Plugin
             pm.register(plugin, name=name)
     if load_entry_points:
         pm.load_setuptools_entrypoints(hookspecs.PROJECT)
-    for impl in pm.hook.tbmq_configure.get_hookimpls():
-        settings = config.plugins.get(impl.plugin_name, MappingProxyType({}))
-        impl.function(config=config, settings=settings)
+    pm.hook.tbmq_configure.call_historic(kwargs={"config": config})
     for name, _ in pm.list_name_plugin():
         log.info("plugin active: {name}", name=name)
     return pm

@@ -100,16 +100,18 @@ class Hooks:
 
         :param action: ``"publish"`` (a topic name) or ``"subscribe"`` (a
             topic filter without ``$share/<group>/``).
-        :param session: the plugins' view of the session (or None for a
-            will checked at CONNECT).
+        :param session: the :class:`tbmq.broker.session.Session` (plugins get
+            its :class:`tbmq.views.SessionView`), or None for a will checked
+            at CONNECT.
         :returns: a bool when the answer is known at once, else a Deferred
             firing with a bool.  No answer means no.
         """
         hook = self.plugins.hook
+        view = None if session is None else session.view
         if action == "publish":
-            answer = hook.tbmq_authorize_publish(session=session, auth=auth, topic=topic)
+            answer = hook.tbmq_authorize_publish(session=view, auth=auth, topic=topic)
         else:
-            answer = hook.tbmq_authorize_subscribe(session=session, auth=auth, topic_filter=topic)
+            answer = hook.tbmq_authorize_subscribe(session=view, auth=auth, topic_filter=topic)
         if isinstance(answer, defer.Deferred):
             return answer.addCallback(bool)
         return bool(answer)
@@ -118,8 +120,13 @@ class Hooks:
 
     def notify(self, name: str, **kwargs: Any) -> None:
         """Call notification hook ``name`` when some plugin implements it; a
-        failing plugin is logged and the others go on."""
+        failing plugin is logged and the others go on.  A ``session``
+        argument (a :class:`~tbmq.broker.session.Session`) reaches plugins as
+        its :class:`tbmq.views.SessionView`."""
         if self._has.get(name):
+            session = kwargs.get("session")
+            if session is not None:
+                kwargs["session"] = getattr(session, "view", session)
             try:
                 getattr(self.plugins.hook, name)(**kwargs)
             except Exception:

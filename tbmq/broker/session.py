@@ -21,6 +21,7 @@ from tbmq.broker.outbox import Outbox
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, StoredDelivery, SubscriptionOptions
+from tbmq.views import SessionView
 from tbmq.mqtt import (
     MQTT_5, Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe,
     Unsuback, Unsubscribe,
@@ -165,6 +166,8 @@ class Session(Outbox):
         #: the id of the connection that holds (or last held) the session
         self.session_id = ""
         self.connected_at: float | None = None
+        #: what plugins see of this session
+        self.view = SessionView(self)
         self._init_outbox(ctx.clock.seconds())
 
     # -- PUBLISH from the client ------------------------------------------------------

@@ -46,9 +46,8 @@ def stop(broker, clock):
 
 
 def session(client_id, client_type=ClientType.DEVICE, connected_at=None):
-    conn = SimpleNamespace(connected_at=connected_at)
     return SimpleNamespace(client_id=client_id, client_type=client_type, persistent=False,
-                           expiry_interval=0, protocol_level=5, connection=conn)
+                           expiry_interval=0, protocol_level=5, connected_at=connected_at)
 
 
 def address(host="127.0.0.1", port=50000):

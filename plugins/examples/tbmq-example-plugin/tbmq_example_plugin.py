@@ -19,7 +19,8 @@ class ExamplePlugin:
         self.deny_prefix = None
 
     @hookimpl
-    def tbmq_configure(self, config, settings):
+    def tbmq_configure(self, config):
+        settings = config.plugins.get("example", {})
         self.audit_file = settings.get("audit_file")
         self.deny_prefix = settings.get("deny_prefix")
 
