@@ -34,14 +34,18 @@ def bind_rules(credentials, request):
 class CredentialsWatcher:
     """Polls the credential store and applies changes to live connections.
 
-    :param broker: the :class:`tbmq.broker.broker.Broker`.
+    :param store: the :class:`tbmq.interfaces.ICredentialStore`.
+    :param connections: the node's live connections (a set).
+    :param clock: ``IReactorTime``.
     :param interval: seconds between polls.
     """
 
     log = Logger(observer=LOG_OBSERVER)
 
-    def __init__(self, broker, interval: float) -> None:
-        self.broker = broker
+    def __init__(self, store, connections, clock, interval: float) -> None:
+        self.store = store
+        self.connections = connections
+        self.clock = clock
         self.interval = interval
         self.version = 0
         self._loop: task.LoopingCall | None = None
@@ -52,12 +56,12 @@ class CredentialsWatcher:
 
         :returns: a Deferred that fires once the baseline is known.
         """
-        d = self.broker.credential_store.changed_since(0)
+        d = self.store.changed_since(0)
 
         def baseline(answer):
             self.version = answer[2]
             self._loop = task.LoopingCall(self.poll)
-            self._loop.clock = self.broker.clock
+            self._loop.clock = self.clock
             self._loop.start(self.interval, now=False).addErrback(
                 lambda f: self.log.failure("credentials watcher stopped", f))
 
@@ -72,7 +76,7 @@ class CredentialsWatcher:
         if self._busy:
             return None
         self._busy = True
-        d = self.broker.credential_store.changed_since(self.version)
+        d = self.store.changed_since(self.version)
         d.addCallback(self._apply)
         d.addErrback(lambda f: self.log.failure("checking changed credentials failed", f))
 
@@ -88,7 +92,7 @@ class CredentialsWatcher:
             return
         by_id = {c.id: c for c in changed}
         deleted = set(deleted)
-        for conn in list(self.broker.connections):
+        for conn in list(self.connections):
             auth = conn.auth
             if auth is None or auth.credentials is None:
                 continue

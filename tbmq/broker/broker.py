@@ -155,7 +155,8 @@ class Broker:
                                      reader.handle_basic)
         reader.persisted = bus.subscribe(self.topics.downlink_persisted(self.service_id),
                                          group, reader.handle_persisted)
-        self.watcher = CredentialsWatcher(self, self.config.auth.refresh_interval)
+        self.watcher = CredentialsWatcher(self.credential_store, self.connections, self.clock,
+                                          self.config.auth.refresh_interval)
         yield self.watcher.start()
         for message in (yield self.retained_store.load_all()):
             self.router.retained.set(message)
