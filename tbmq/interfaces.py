@@ -70,7 +70,9 @@ class IMessageBus(IBackend):
             acknowledged it (``acks=all``); the in-process bus once every
             consumer group of the topic has handled it (each handler's
             Deferred fired), so a consumer that persists the record (the
-            device store) has stored it.  The in-process bus may return None
+            device store) has stored it — except on a durable topic
+            (``tbmq.msg.app.*``, the session topics), which holds the
+            record itself once its topic log stored it, as Kafka does.  The in-process bus may return None
             instead, meaning exactly that already happened during the call
             (no Deferred on the hot path, ARCHITECTURE §3).
             The Deferred fails with a :class:`tbmq.errors.BusError`:

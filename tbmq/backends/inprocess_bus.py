@@ -387,9 +387,11 @@ class InProcessBus:
         """Append a record; see :meth:`tbmq.interfaces.IMessageBus.publish`.
 
         :returns: None when every group with a live member has handled the
-            record during the call (a non-durable topic); otherwise a
-            Deferred firing with None once they have (and, on a durable
-            topic, once the topic log stored it), failing with
+            record during the call (a non-durable topic), or a durable topic
+            without a topic log; otherwise a Deferred firing with None once
+            they have (a non-durable topic) or once the topic log stored it
+            (a durable topic: there the consumers' results only commit),
+            failing with
             :class:`~tbmq.errors.ConsumerFailedError` when a handler failed
             (the other groups still get the record),
             :class:`~tbmq.errors.BusClosedError` (not started, stopped),
@@ -465,7 +467,11 @@ class InProcessBus:
             p = _partition_of(key, n)
         part = parts[p]
         o = part.append(key, stored, headers)
-        awaited = [g for g in state.groups.values() if g.members]
+        # a durable topic holds the record as Kafka would once it is logged:
+        # its publisher does not wait for the consumers (a persistent
+        # APPLICATION commits when its client acknowledges)
+        groups = [g for g in state.groups.values() if g.members]
+        awaited = [] if state.durable else groups
         log_d = None
         if state.durable and self.topic_log is not None:
             log_d = self.topic_log.append([(topic, p, o, key, stored, headers, state.compacted)])
@@ -475,7 +481,7 @@ class InProcessBus:
             part.waiters[o] = waiter
             if log_d is not None:
                 log_d.addCallbacks(lambda _: waiter.logged(), waiter.logged)
-        for g in awaited:
+        for g in groups:
             self._pump(g.owners[p])
         self._retain(state, part)
         if waiter is None:

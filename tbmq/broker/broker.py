@@ -89,7 +89,7 @@ class Broker:
         self.registry = SessionRegistry(bus, self.topics.client_session, self.service_id)
         self.router = Router(bus, self.topics, self.service_id, clock, retained_store,
                              self.sessions_by_id, self.registry.get)
-        self.applications = ApplicationReader(bus, self.topics.app)
+        self.applications = ApplicationReader(bus, self.topics.app, self.topics.app_shared)
         self.book = SubscriptionBook(bus, self.topics.client_subscriptions, self.service_id,
                                      self.router)
         self.sessions = SessionManager(self._session_context, self.router, self.registry,

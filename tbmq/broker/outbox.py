@@ -120,8 +120,10 @@ class Outbox:
         self._arrived: list[StoredDelivery] = []
         #: id(delivery) → the Deferred its ``tbmq.msg.app`` record commits on
         self._app_done: dict[int, defer.Deferred] = {}
-        #: the consumer of ``tbmq.msg.app.<clientId>`` while connected here
-        self.app_consumer = None
+        #: the consumers of a persistent APPLICATION's topics while it is
+        #: connected here: None → ``tbmq.msg.app.<clientId>``, a shared
+        #: subscription's filter → ``tbmq.msg.app.shared.<filter>``
+        self.app_consumers: dict = {}
         self.dropped: dict[str, int] = {}
         self._drop_logged_at = float("-inf")
         self._drops_logged: dict[str, int] = {}

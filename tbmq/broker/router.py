@@ -16,7 +16,9 @@ from twisted.logger import Logger
 from tbmq.broker.retained import RetainedTree
 from tbmq.broker.trie import SubscriptionTrie
 from tbmq.log import OBSERVER as LOG_OBSERVER
-from tbmq.cluster.sinks import ApplicationSink, DownlinkSink, LocalSink, PersistedSink
+from tbmq.cluster.sinks import (
+    ApplicationSink, DownlinkSink, LocalSink, PersistedSink, SharedApplicationSink,
+)
 from tbmq.model import ClientType, Message, SubscriptionOptions
 
 
@@ -30,15 +32,21 @@ def _add(pending: list | None, result) -> list:
 
 class SharedGroup:
     """The members of one shared subscription ``$share/<group>/<filter>``;
-    each message goes to one of them, round robin [MQTT-4.8.2].
+    each message goes to one of them [MQTT-4.8.2]: round robin among DEVICE
+    members, or, when every member is a persistent APPLICATION, through
+    ``tbmq.msg.app.shared.<filter>`` read by the members' consumer group
+    (TBMQ's rule).
 
+    :ivar name: the share name.
+    :ivar topic_filter: the filter without ``$share/<group>/``.
     :ivar members: client id → options, in subscription order.
     """
 
-    __slots__ = ("name", "members", "_cursor")
+    __slots__ = ("name", "topic_filter", "members", "_cursor")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, topic_filter: str = "") -> None:
         self.name = name
+        self.topic_filter = topic_filter
         self.members: dict[str, SubscriptionOptions] = {}
         self._cursor = 0
 
@@ -95,6 +103,7 @@ class Router:
         self.downlink = DownlinkSink(bus, topics.downlink_basic)
         self.persisted = PersistedSink(bus, topics.msg_persisted)
         self.application = ApplicationSink(bus, topics.app)
+        self.application_shared = SharedApplicationSink(bus, topics.app_shared)
         self.consumer = None
 
     def start(self) -> None:
@@ -165,7 +174,18 @@ class Router:
         pending = None
         retain = message.retain
         source = self.consumer
+        shared_sent = None
         for client_id, qos, sids, rap in targets:
+            if type(client_id) is SharedGroup:
+                # one record per filter: each share group reads it in its own group
+                if shared_sent is None:
+                    shared_sent = set()
+                if client_id.topic_filter not in shared_sent:
+                    shared_sent.add(client_id.topic_filter)
+                    result = self.application_shared.send(client_id.topic_filter, message)
+                    if result is not None:
+                        pending = _add(pending, result)
+                continue
             # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
             flag = retain and rap
             session = sessions.get(client_id)
@@ -210,6 +230,9 @@ class Router:
         out = []
         for client_id, options in tuple(subs.items()):
             if type(options) is SharedGroup:
+                if self._applications(options):
+                    out.append((options, msg_qos, (), False))
+                    continue
                 picked = options.pick(self._online)
                 if picked is None:
                     continue
@@ -236,6 +259,20 @@ class Router:
                     target[2] = target[2] or rap
         return [(client_id, qos, sids, rap) for client_id, (qos, sids, rap) in merged.items()]
 
+    def _applications(self, group: SharedGroup) -> bool:
+        """True when every member of ``group`` is a persistent APPLICATION."""
+        sessions = self.sessions
+        for client_id in group.members:
+            session = sessions.get(client_id)
+            if session is not None:
+                if not session.persistent or session.client_type is not ClientType.APPLICATION:
+                    return False
+                continue
+            info = self.lookup(client_id)
+            if info is None or not info.persistent or info.client_type is not ClientType.APPLICATION:
+                return False
+        return True
+
     def _online(self, client_id: str) -> bool:
         session = self.sessions.get(client_id)
         if session is not None:
@@ -257,7 +294,7 @@ class Router:
         group_name, real_filter = share
         group = self.trie.get(real_filter, ("$share", group_name))
         if group is None:
-            group = SharedGroup(group_name)
+            group = SharedGroup(group_name, real_filter)
             self.trie.add(real_filter, ("$share", group_name), group)
         is_new = client_id not in group.members
         group.members[client_id] = options

@@ -556,7 +556,7 @@ class Session(Outbox):
     def detach(self, now: float) -> None:
         """The connection is gone; a persistent session keeps its state in
         the stores (and its application topic) and gives its memory back."""
-        if self.app_consumer is not None:
+        if self.app_consumers:
             self.ctx.applications.detach(self)
         self.connection = None
         self.disconnected_at = now
@@ -569,13 +569,18 @@ class Session(Outbox):
         """After CONNACK: resend in-flight deliveries and send the queue; a
         persistent APPLICATION session reads its own topic again."""
         self.resume_outbox()
-        if (self.persistent and self.client_type == ClientType.APPLICATION
-                and self.ctx.applications is not None and self.app_consumer is None):
+        if self.reads_application_topics() and not self.app_consumers:
             self.ctx.applications.attach(self)
+
+    def reads_application_topics(self) -> bool:
+        """True for a persistent APPLICATION session (TBMQ keeps its
+        messages in its own bus topics)."""
+        return (self.persistent and self.client_type == ClientType.APPLICATION
+                and self.ctx.applications is not None)
 
     def discard(self) -> None:
         """The session ends: forget everything it holds."""
-        if self.app_consumer is not None:
+        if self.app_consumers:
             self.ctx.applications.detach(self)
         self.discard_outbox()
         self.inbound_qos2.clear()

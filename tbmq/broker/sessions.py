@@ -361,8 +361,14 @@ class SessionManager:
         """
         is_new = topic_filter not in session.subscriptions
         session.subscriptions[topic_filter] = options
+        if session.connection is not None and session.reads_application_topics():
+            self.ctx.applications.follow(session, topic_filter)
         return is_new
 
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
         """:returns: True when the subscription existed."""
-        return session.subscriptions.pop(topic_filter, None) is not None
+        if session.subscriptions.pop(topic_filter, None) is None:
+            return False
+        if session.app_consumers:
+            self.ctx.applications.unfollow(session, topic_filter)
+        return True

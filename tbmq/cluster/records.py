@@ -29,7 +29,7 @@ topic                                          key         record (tag)         
 ``tbmq.msg.downlink.basic.<serviceId>``        client id   Delivery (``dlv``)           no
 ``tbmq.msg.downlink.persisted.<serviceId>``    client id   Delivery (``dlv``)           no
 ``tbmq.msg.app.<clientId>``                    client id   Delivery (``dlv``)           no
-``tbmq.msg.app.shared.<filter>``               share name  Delivery (``dlv``)           no
+``tbmq.msg.app.shared.<filter>``               topic name  Delivery (``dlv``)           no
 ``tbmq.client.session``                        client id   SessionInfo (``ses``)        yes
 ``tbmq.client.subscriptions``                  client id   SubscriptionsRecord          yes
                                                            (``subs``)
@@ -48,7 +48,7 @@ The fields of each version-1 array, after ``tag, 1``:
     (bin|nil), publisher (str), received_at (float, s), expires_at (float
     s|nil).
 ``dlv`` Delivery
-    client_id (str; the share name on ``tbmq.msg.app.shared.<filter>``),
+    client_id (str; the topic filter on ``tbmq.msg.app.shared.<filter>``),
     message (``msg`` array), qos (int 0-2), retain (bool), subscription_ids
     (array of int), seq (int).
 ``will`` WillRecord (nested in a session)
@@ -160,7 +160,7 @@ class Record:
 class Delivery:
     """One message for one target client.
 
-    :ivar client_id: the target client id (the share name on
+    :ivar client_id: the target client id (the topic filter on
         ``tbmq.msg.app.shared.<filter>``).
     :ivar message: the :class:`tbmq.model.Message`.
     :ivar qos: the QoS of the delivery (the lower of the message's and the

@@ -29,6 +29,7 @@ from twisted.logger import Logger
 from tbmq.cluster.records import Delivery, Record
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import StoredDelivery
+from tbmq.mqtt.topics import parse_shared_subscription
 
 log = Logger(observer=LOG_OBSERVER)
 
@@ -208,35 +209,96 @@ class ApplicationSink:
                                 Delivery(client_id, message, qos, retain, sids))
 
 
-class ApplicationReader:
-    """Reads ``tbmq.msg.app.<clientId>`` for a persistent APPLICATION
-    session while it is connected to this node, in the consumer group
-    ``tbmq-app-<clientId>``: a record is committed once the client
-    acknowledged it (PUBACK, PUBCOMP), so what was not acknowledged when the
-    connection ended comes again on the next connection, wherever it is.
+class SharedApplicationSink:
+    """Sends a message matched by a shared subscription whose members are
+    all persistent APPLICATION clients to ``tbmq.msg.app.shared.<filter>``
+    (one record per filter; each share group reads it in a consumer group of
+    its own, so each message reaches one member of each group).
 
     :param bus: the :class:`tbmq.interfaces.IMessageBus`.
-    :param topic_of: ``client_id -> bus topic`` (the catalogue's ``app``).
+    :param topic_of: ``topic_filter -> bus topic`` (the catalogue's
+        ``app_shared``).
     """
+
+    __slots__ = ("bus", "topic_of")
 
     def __init__(self, bus, topic_of: Callable[[str], str]) -> None:
         self.bus = bus
         self.topic_of = topic_of
 
+    def send(self, topic_filter: str, message):
+        """:returns: the bus's publish result."""
+        return self.bus.publish(self.topic_of(topic_filter), message.topic,
+                                Delivery(topic_filter, message, message.qos, message.retain))
+
+
+class ApplicationReader:
+    """Reads the topics of a persistent APPLICATION session while it is
+    connected to this node: ``tbmq.msg.app.<clientId>`` in the consumer
+    group ``tbmq-app-<clientId>``, and for each of its shared subscriptions
+    ``$share/<group>/<filter>`` the topic ``tbmq.msg.app.shared.<filter>``
+    in the consumer group ``tbmq-app-shared-<group>`` (shared with the
+    group's other members, wherever they are connected).  A record is
+    committed once the client acknowledged it (PUBACK, PUBCOMP), so what was
+    not acknowledged when the connection ended comes again.
+
+    :param bus: the :class:`tbmq.interfaces.IMessageBus`.
+    :param topic_of: ``client_id -> bus topic`` (the catalogue's ``app``).
+    :param shared_topic_of: ``topic_filter -> bus topic`` (``app_shared``).
+    """
+
+    def __init__(self, bus, topic_of: Callable[[str], str],
+                 shared_topic_of: Callable[[str], str]) -> None:
+        self.bus = bus
+        self.topic_of = topic_of
+        self.shared_topic_of = shared_topic_of
+
     def attach(self, session) -> None:
-        """Start reading the client's topic into ``session``."""
+        """Start reading the client's topic and its shared subscriptions'."""
+        self._follow(session, None, self.topic_of(session.client_id),
+                     "tbmq-app-" + session.client_id, lambda record: record.value)
+        for topic_filter in list(session.subscriptions):
+            self.follow(session, topic_filter)
+
+    def follow(self, session, topic_filter: str) -> None:
+        """Read the shared topic of ``topic_filter`` when it is a shared
+        subscription of ``session`` (no-op otherwise)."""
+        share = parse_shared_subscription(topic_filter)
+        if share is None or topic_filter in session.app_consumers:
+            return
+        group, real_filter = share
+
+        def member_delivery(record: Record) -> Delivery:
+            d = record.value
+            options = session.subscriptions.get(topic_filter)
+            if options is None:
+                return Delivery(session.client_id, d.message, 0)  # unsubscribed meanwhile
+            sid = options.subscription_id
+            return Delivery(session.client_id, d.message, min(options.qos, d.message.qos),
+                            d.message.retain and options.retain_as_published,
+                            () if sid is None else (sid,))
+
+        self._follow(session, topic_filter, self.shared_topic_of(real_filter),
+                     "tbmq-app-shared-" + group, member_delivery)
+
+    def _follow(self, session, key, topic: str, group: str, delivery_of) -> None:
         holder: list = []
 
         def handle(record: Record):
-            return session.deliver_app(record.value, holder[0] if holder else None)
+            return session.deliver_app(delivery_of(record), holder[0] if holder else None)
 
-        consumer = self.bus.subscribe(self.topic_of(session.client_id),
-                                      "tbmq-app-" + session.client_id, handle)
+        consumer = self.bus.subscribe(topic, group, handle)
         holder.append(consumer)
-        session.app_consumer = consumer
+        session.app_consumers[key] = consumer
+
+    def unfollow(self, session, topic_filter: str) -> None:
+        """Stop reading the shared topic of an unsubscribed filter."""
+        consumer = session.app_consumers.pop(topic_filter, None)
+        if consumer is not None:
+            consumer.stop()
 
     def detach(self, session) -> None:
         """Stop reading: what is not acknowledged stays uncommitted."""
-        consumer, session.app_consumer = session.app_consumer, None
-        if consumer is not None:
+        consumers, session.app_consumers = session.app_consumers, {}
+        for consumer in consumers.values():
             consumer.stop()

@@ -173,6 +173,24 @@ def test_a_persistent_application_offline_on_a_gets_everything_in_order_on_b(clu
     assert third.pending + third.received() == []  # all committed
 
 
+def test_an_application_shared_subscription_gives_each_message_to_one_member(cluster):
+    """Its members read tbmq.msg.app.shared.<filter> in one consumer group;
+    a member that leaves hands what it did not acknowledge to the others."""
+    expiry = {Property.SESSION_EXPIRY_INTERVAL: 600}
+    m1 = cluster.a.client("app-m1", level=5, clean_start=False, properties=expiry)
+    m2 = cluster.b.client("app-m2", level=5, clean_start=False, properties=expiry)
+    for m in (m1, m2):
+        assert sub(m, "$share/g/jobs/#")[0].reason_codes == [1]
+    p = cluster.a.client("p")
+    for i in range(10):
+        p.send(Publish("jobs/x", b"%d" % i, qos=1, packet_id=i + 1))
+    assert p.received() == [Puback(i + 1) for i in range(10)]
+    got = m1.received() + m2.received()
+    assert sorted(m.payload for m in got) == sorted(b"%d" % i for i in range(10))
+    shared = cluster.a.broker.topics.app_shared("jobs/#")
+    assert shared in cluster.bus.topics()
+
+
 def test_a_client_connecting_to_b_while_connected_to_a_is_taken_over(cluster):
     old = cluster.a.client("dup", level=5)
     new = cluster.b.client("dup", level=5)
