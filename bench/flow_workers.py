@@ -13,12 +13,10 @@ import struct
 import time
 
 from .mqttgen import (
-    PUB_SNDBUF, Client, Loop, cpu_seconds, disconnect_packet, end_clients, now, open_clients, pid_offset, publish_packet,
-    raise_nofile, receive_maximum,
+    PUB_SNDBUF, Client, Loop, cpu_seconds, disconnect_packet, end_clients, now, open_clients, pid_offset,
+    publish_packet, raise_nofile, receive_maximum,
 )
 from .workers import _await_go
-
-
 
 #: linux/tcp_states.h: what the kernel says of a connection
 TCP_STATES = {1: "open", 7: "closed (reset)", 8: "closed by the broker (FIN)"}

@@ -2,7 +2,7 @@
 """Run the benchmark scenarios against tbmq, Mosquitto and amqtt, in turn,
 on this machine, and print one table with tbmq's ratio to each.
 
-    python bench/run.py                                  # the throughput, latency, connection and persistent scenarios, medians of 3
+    python bench/run.py                                  # all but the flow-control scenarios, medians of 3
     python bench/run.py --scenarios fanin_qos0 --duration 2 --repeat 1 --brokers tbmq,mosquitto
     python bench/run.py --scenarios flow --brokers tbmq,mosquitto   # the flow-control scenarios
 
