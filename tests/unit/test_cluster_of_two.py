@@ -22,7 +22,7 @@ from tbmq.mqtt import (
     SubscriptionRequest, Will,
 )
 from tbmq.plugins import make_plugin_manager
-from tests.helpers import Client
+from tests.helpers import Harness
 
 
 class ApplicationsByName:
@@ -57,16 +57,8 @@ class Node:
     def turn(self) -> None:
         self.clock.advance(0)
 
-    def client(self, client_id: str, level: int = 4, **connect) -> Client:
-        from tbmq.mqtt import Connect
-
-        c = Client(self, level)
-        c.send(Connect(protocol_level=level, client_id=client_id,
-                       protocol_name="MQIsdp" if level == 3 else "MQTT", **connect))
-        got = c.received()
-        c.connack = got[0] if got else None
-        c.pending = got[1:]
-        return c
+    #: connect a client to this node (consumes its CONNACK)
+    client = Harness.client
 
 
 class Cluster:

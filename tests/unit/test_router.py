@@ -1,0 +1,244 @@
+"""Match, then target, then sink: the router with a fake bus, fake
+sessions and a fake registry — no broker object — one test per target kind;
+and a session on a fake connection and context."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from twisted.internet import task
+
+from tbmq.broker.hooks import DropCounter
+from tbmq.broker.outbound import Holds, TurnFlusher
+from tbmq.broker.router import Router
+from tbmq.broker.session import Session, SessionContext, TopicNameCache
+from tbmq.cluster.records import Delivery, Record, SessionInfo
+from tbmq.cluster.topics import TopicCatalogue
+from tbmq.config import load_config
+from tbmq.model import ClientType, Message, SubscriptionOptions
+from tbmq.mqtt.codec import Decoder
+
+T = TopicCatalogue()
+
+
+class FakeBus:
+    """Records what is published; no consumer."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple] = []
+
+    def publish(self, topic, key, value, headers=()):
+        self.published.append((topic, key, value))
+        return None
+
+    def subscribe(self, topic, group, handler, from_beginning=False):
+        return SimpleNamespace(topic=topic, group=group, handler=handler)
+
+
+class FakeSession:
+    """A session of this node as the router sees it."""
+
+    def __init__(self, client_id, persistent=False, client_type=ClientType.DEVICE,
+                 connected=True) -> None:
+        self.client_id = client_id
+        self.persistent = persistent
+        self.client_type = client_type
+        self.connection = object() if connected else None
+        self.delivered: list[tuple] = []
+
+    def deliver(self, message, qos, retain, sids, cache, now, source):
+        self.delivered.append((message.topic, qos, retain, sids, source))
+
+
+def info(client_id, service_id="node-x", connected=True, persistent=False,
+         client_type=ClientType.DEVICE) -> SessionInfo:
+    return SessionInfo(client_id, service_id, "s-" + client_id, connected, persistent,
+                       client_type, 60 if persistent else 0, 5, 1.0, None, 1.0)
+
+
+@pytest.fixture
+def world():
+    bus = FakeBus()
+    sessions: dict = {}
+    registry: dict = {}
+    clock = task.Clock()
+    router = Router(bus, T, "node-a", clock, SimpleNamespace(), sessions, registry.get)
+    router.start()
+    return SimpleNamespace(bus=bus, sessions=sessions, registry=registry, router=router)
+
+
+def subscribe(router, client_id, topic_filter, qos=1, **options):
+    from tbmq.mqtt.topics import parse_shared_subscription
+
+    router.add_subscription(client_id, topic_filter, parse_shared_subscription(topic_filter),
+                            SubscriptionOptions(qos, **options))
+
+
+def dispatch(world, topic="a/b", qos=1, publisher="p"):
+    message = Message(topic, b"x", qos, False, {}, publisher, 1.0)
+    return world.router._on_message(Record(T.msg_all, topic, message)), message
+
+
+def test_a_non_persistent_client_here_is_written_now_held_by_the_consumer(world):
+    s = world.sessions["c"] = FakeSession("c")
+    subscribe(world.router, "c", "a/+")
+    dispatch(world, qos=2)
+    assert s.delivered == [("a/b", 1, False, (), world.router.consumer)]
+    assert world.bus.published == []
+
+
+def test_qos0_to_a_persistent_client_here_is_written_now(world):
+    s = world.sessions["c"] = FakeSession("c", persistent=True)
+    subscribe(world.router, "c", "a/#", qos=0)
+    dispatch(world)
+    assert [d[1] for d in s.delivered] == [0] and world.bus.published == []
+
+
+def test_a_persistent_device_goes_through_tbmq_msg_persisted(world):
+    world.sessions["d"] = FakeSession("d", persistent=True)
+    subscribe(world.router, "d", "a/b")
+    dispatch(world)
+    (topic, key, value), = world.bus.published
+    assert (topic, key) == (T.msg_persisted, "d") and isinstance(value, Delivery)
+    assert (value.client_id, value.qos) == ("d", 1)
+
+
+def test_a_non_persistent_client_on_another_node_goes_through_its_downlink(world):
+    world.registry["r"] = info("r", "node-x")
+    subscribe(world.router, "r", "a/b")
+    dispatch(world)
+    assert [(t, k) for t, k, _ in world.bus.published] == [(T.downlink_basic("node-x"), "r")]
+
+
+def test_an_offline_non_persistent_client_elsewhere_gets_nothing(world):
+    world.registry["r"] = info("r", connected=False)
+    subscribe(world.router, "r", "a/b")
+    dispatch(world)
+    assert world.bus.published == []
+
+
+def test_a_persistent_device_elsewhere_or_offline_goes_through_tbmq_msg_persisted(world):
+    world.registry["r"] = info("r", connected=False, persistent=True)
+    subscribe(world.router, "r", "a/b")
+    dispatch(world)
+    assert [(t, k) for t, k, _ in world.bus.published] == [(T.msg_persisted, "r")]
+
+
+def test_a_persistent_application_goes_through_its_own_topic(world):
+    world.registry["app"] = info("app", persistent=True, client_type=ClientType.APPLICATION)
+    world.sessions["app2"] = FakeSession("app2", persistent=True,
+                                         client_type=ClientType.APPLICATION)
+    subscribe(world.router, "app", "a/b")
+    subscribe(world.router, "app2", "a/#")
+    dispatch(world)
+    assert sorted((t, k) for t, k, _ in world.bus.published) == [
+        (T.app("app"), "app"), (T.app("app2"), "app2")]
+
+
+def test_an_application_shared_subscription_goes_through_the_shared_topic_once(world):
+    for cid in ("m1", "m2"):
+        world.registry[cid] = info(cid, persistent=True, client_type=ClientType.APPLICATION)
+        subscribe(world.router, cid, "$share/g/a/+")
+        subscribe(world.router, cid, "$share/h/a/+")
+    dispatch(world)
+    assert [(t, k) for t, k, _ in world.bus.published] == [(T.app_shared("a/+"), "a/b")]
+
+
+def test_a_device_shared_subscription_gives_each_message_to_one_member(world):
+    for cid in ("d1", "d2"):
+        world.sessions[cid] = FakeSession(cid)
+        subscribe(world.router, cid, "$share/g/a/b")
+    for _ in range(4):
+        dispatch(world)
+    assert [len(world.sessions[c].delivered) for c in ("d1", "d2")] == [2, 2]
+
+
+def test_one_copy_per_client_at_the_highest_qos_with_every_identifier(world):
+    s = world.sessions["c"] = FakeSession("c")
+    subscribe(world.router, "c", "a/+", qos=0, subscription_id=1)
+    subscribe(world.router, "c", "a/#", qos=2, subscription_id=2)
+    dispatch(world, qos=2)
+    assert [(q, sorted(sids)) for _, q, _, sids, _ in s.delivered] == [(2, [1, 2])]
+
+
+def test_no_local_skips_the_publisher(world):
+    s = world.sessions["p"] = FakeSession("p")
+    subscribe(world.router, "p", "a/b", no_local=True)
+    dispatch(world, publisher="p")
+    assert s.delivered == []
+
+
+# -- a session without a broker ---------------------------------------------------------
+
+
+class FakeConnection:
+    def __init__(self) -> None:
+        self.protocol_level = 4
+        self.send_quota = 2
+        self.max_packet_size = None
+        self.paused = False
+        self.paused_bytes = 0
+        self.auth = None
+        self.out = b""
+        self.closed_with = None
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def send(self, packet) -> None:
+        from tbmq.mqtt.codec import encode
+        self.write(encode(packet, self.protocol_level))
+
+    def disconnect(self, code, reason=None) -> None:
+        self.closed_with = code
+
+
+class Source:
+    def __init__(self) -> None:
+        self.paused = False
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+
+def make_session(**mqtt):
+    clock = task.Clock()
+    config = load_config(None, environ={}, overrides={"mqtt": mqtt})
+    hooks = SimpleNamespace(wants_delivered=False, wants_dropped=False, wants_published=False)
+    ctx = SessionContext(clock=clock, mqtt=config.mqtt, hooks=hooks, drops=DropCounter(),
+                         flusher=TurnFlusher(clock), holds=Holds(), device_store=None,
+                         publish=lambda m: None, retained_for=lambda f: [],
+                         subscriptions=None, topics=TopicNameCache())
+    session = Session(ctx, "s", persistent=False)
+    conn = FakeConnection()
+    session.attach(conn)
+    return session, conn, clock, ctx
+
+
+def test_a_session_holds_its_source_at_the_high_water_mark_and_lets_go_when_drained():
+    session, conn, clock, ctx = make_session(max_pending_messages=4)
+    source = Source()
+    for i in range(6):  # 2 in flight, 4 queued
+        session.deliver(Message("t", b"%d" % i, 1), 1, False, (), None, clock.seconds(), source)
+    assert len(session.inflight) == 2 and len(session.queue) == 4 and source.paused
+    sent = Decoder(protocol_level=4, server_side=False).feed(conn.out)
+    for p in sent:
+        session.on_puback(p.packet_id)
+    assert len(session.queue) == 2 and not source.paused  # at the low-water mark
+    assert ctx.drops.counts == {}
+
+
+def test_a_slow_session_past_its_credit_overflows_with_0x97_and_counts_the_loss():
+    session, conn, clock, ctx = make_session(max_pending_messages=2, outbound_pause_timeout=1)
+    source = Source()
+    for i in range(4):
+        session.deliver(Message("t", b"%d" % i, 1), 1, False, (), None, clock.seconds(), source)
+    assert source.paused
+    clock.advance(1)
+    assert session.slow and not source.paused
+    session.deliver(Message("t", b"over", 1), 1, False, (), None, clock.seconds(), source)
+    assert conn.closed_with == 0x97 and ctx.drops.counts == {"quota_exceeded": 5}
