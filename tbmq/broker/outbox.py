@@ -11,7 +11,10 @@ held for long"):
   paused until the queue drains to half the mark.  A full socket holds
   sources the same way for QoS 0.
 * Holding is bounded by the session's :class:`~tbmq.broker.outbound.HoldCredit`
-  (``mqtt.outbound_pause_timeout`` seconds, refilled over ten times that).
+  (``mqtt.outbound_pause_timeout`` seconds, refilled over ten times that);
+  a hold shorter than a tenth of it costs nothing, so a subscriber that
+  reads as fast as it can but slower than its publishers send holds them
+  to its pace for as long as it goes on reading.
   Past it the session is *slow*: it holds nobody; its QoS 0 messages are
   dropped (counted) while its socket is full; a non-persistent session whose
   queue overflows is disconnected with 0x97 Quota exceeded and its losses
@@ -43,6 +46,10 @@ _RELEASED = DeliveryState.RELEASED
 MESSAGE_OVERHEAD = 200
 #: a hold credit refills over this many times its capacity
 HOLD_WINDOW_FACTOR = 10.0
+#: holds shorter than this share of the credit cost nothing: a subscriber
+#: that is only the bottleneck drains quickly, again and again, and holds its
+#: publishers to its pace for as long as it reads
+FREE_HOLD_SHARE = 0.1
 
 
 def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...],
@@ -377,10 +384,10 @@ class Outbox:
             self._holding.add(source)
             self.ctx.holds.hold(source, self)
         if self._hold_timer is None:
-            left = self._credit.available(now)
-            if left <= 0:
-                self._became_slow()
-                return False
+            # a short hold is always allowed: a subscriber that is merely the
+            # bottleneck drains to its low-water mark quickly and often
+            free = self._credit.capacity * FREE_HOLD_SHARE
+            left = max(self._credit.available(now), free)
             self._hold_since = now
             self._hold_timer = self.ctx.clock.callLater(left, self._hold_expired)
         return True
@@ -412,7 +419,9 @@ class Outbox:
             if timer.active():
                 timer.cancel()
         if self._hold_since is not None:
-            self._credit.spend(now - self._hold_since, now)
+            held = now - self._hold_since
+            if held > self._credit.capacity * FREE_HOLD_SHARE:
+                self._credit.spend(held, now)  # only long holds use the credit up
             self._hold_since = None
         if self._holding:
             holding, self._holding = self._holding, set()
