@@ -5,6 +5,7 @@ credentials' rules."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from tbmq.auth import AuthResult
 from tbmq.hookspecs import hookimpl
@@ -15,16 +16,26 @@ class EmbeddedBackends:
     ``auth.credentials: sqlite | memory``.
 
     The SQLite stores of one config share one thread
-    (:class:`~tbmq.backends.sqlite_runner.SQLiteDatabases`): the session,
-    retained and device stores one file and connection, the credential
-    store its own file (so ``tbmq credentials`` can change it while the
-    broker runs).
+    (:class:`~tbmq.backends.sqlite_runner.SQLiteDatabases`): the bus's
+    topic log (sessions and subscriptions), the retained and the device
+    stores one file and connection, the credential store its own file (so
+    ``tbmq credentials`` can change it while the broker runs).
+
+    :param reactor: the reactor (``IReactorFromThreads``) that receives the
+        SQLite results; the global one when None.
+    :param threadpool: the pool (``callInThreadWithCallback``) running the
+        SQLite work, started and stopped by its owner and running one call
+        at a time (tests pass a synchronous one); when None a
+        ``ThreadPool(1, 1)`` of its own (see
+        :class:`~tbmq.backends.sqlite_runner.DatabaseThread`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reactor: Any = None, threadpool: Any = None) -> None:
         self._sqlite: dict = {}
         self._memory: dict = {}
         self._databases: dict = {}
+        self._reactor = reactor
+        self._threadpool = threadpool
 
     def _sqlite_databases(self, config):
         """:returns: the :class:`~tbmq.backends.sqlite_runner.SQLiteDatabases`
@@ -33,7 +44,7 @@ class EmbeddedBackends:
         if databases is None:
             from tbmq.backends.sqlite_runner import SQLiteDatabases
             databases = self._databases[id(config)] = SQLiteDatabases(
-                synchronous=config.storage.sqlite_synchronous)
+                self._reactor, self._threadpool, synchronous=config.storage.sqlite_synchronous)
         return databases
 
     def _runner(self, config):
@@ -46,7 +57,9 @@ class EmbeddedBackends:
     def tbmq_message_bus(self, config, clock):
         """The in-process bus; with ``storage.backend: sqlite`` its durable
         topics (sessions, subscriptions) live in the SQLite topic log of the
-        store file, so a restart replays them."""
+        store file, so a restart replays them (the sessions an older tbmq
+        kept in that file are moved there when it is opened,
+        :mod:`tbmq.backends.sqlite_session_migration`)."""
         if config.bus != "memory":
             return None
         from tbmq.backends.inprocess_bus import InProcessBus
@@ -63,7 +76,7 @@ class EmbeddedBackends:
             if stores is None:
                 from tbmq.backends import memory
                 stores = self._memory[id(config)] = (
-                    memory.MemorySessionStore(), memory.MemoryRetainedStore(),
+                    memory.MemoryRetainedStore(),
                     memory.MemoryDeviceMessageStore(config.storage.max_messages_per_client))
             return stores
         if backend == "sqlite":
@@ -73,23 +86,18 @@ class EmbeddedBackends:
                 store = self._sqlite[id(config)] = SQLiteStore(
                     runner=self._runner(config),
                     max_messages_per_client=config.storage.max_messages_per_client)
-            return store.sessions, store.retained, store.deliveries
+            return store.retained, store.deliveries
         return None
-
-    @hookimpl(trylast=True)
-    def tbmq_session_store(self, config):
-        stores = self._stores(config)
-        return stores and stores[0]
 
     @hookimpl(trylast=True)
     def tbmq_retained_store(self, config):
         stores = self._stores(config)
-        return stores and stores[1]
+        return stores and stores[0]
 
     @hookimpl(trylast=True)
     def tbmq_device_message_store(self, config):
         stores = self._stores(config)
-        return stores and stores[2]
+        return stores and stores[1]
 
     @hookimpl(trylast=True)
     def tbmq_credential_store(self, config, reactor=None):

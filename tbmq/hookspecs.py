@@ -52,14 +52,6 @@ def tbmq_message_bus(config, clock):
 
 
 @hookspec(firstresult=True)
-def tbmq_session_store(config):
-    """Build the session store when ``config.storage.backend`` names it.
-
-    :returns: an :class:`tbmq.interfaces.ISessionStore` provider, or None.
-    """
-
-
-@hookspec(firstresult=True)
 def tbmq_retained_store(config):
     """Build the retained-message store when ``config.storage.backend`` names it.
 

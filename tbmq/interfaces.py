@@ -187,28 +187,6 @@ class ITopicLog(IBackend):
         """
 
 
-class ISessionStore(IBackend):
-    """Persistent sessions and their subscriptions (``tbmq.client.session``
-    and ``tbmq.client.subscriptions`` in TBMQ)."""
-
-    def load_all():
-        """:returns: Deferred firing with ``list[SessionRecord]``, each with
-        its subscriptions."""
-
-    def save(record):
-        """Insert or replace the session ``record`` (a
-        :class:`tbmq.model.SessionRecord`) and replace all its subscriptions.
-
-        :returns: Deferred firing with None when durable.
-        """
-
-    def delete(client_id):
-        """Remove the session and its subscriptions.
-
-        :returns: Deferred firing with None when durable.
-        """
-
-
 class IRetainedStore(IBackend):
     """Retained messages, one per topic name [MQTT-3.3.1-5]."""
 

@@ -68,28 +68,6 @@ class SubscriptionOptions:
     subscription_id: int | None = None
 
 
-@dataclass(slots=True)
-class SessionRecord:
-    """What survives of a persistent session [MQTT-4.1]: enough to rebuild it.
-
-    :ivar client_id: the client identifier.
-    :ivar protocol_level: 3, 4 or 5, of the last connection.
-    :ivar session_expiry_interval: seconds the session outlives its
-        connection; ``0xFFFFFFFF`` means never expires.
-    :ivar client_type: DEVICE or APPLICATION.
-    :ivar disconnected_at: wall-clock seconds when the connection ended, or
-        None while connected.
-    :ivar subscriptions: topic filter (``$share/g/f`` kept whole) → options.
-    """
-
-    client_id: str
-    protocol_level: int = 4
-    session_expiry_interval: int = 0
-    client_type: ClientType = ClientType.DEVICE
-    disconnected_at: float | None = None
-    subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)
-
-
 class DeliveryState(enum.IntEnum):
     """Where a queued message of a persistent session is in its QoS flow."""
 

@@ -1,10 +1,14 @@
-"""A broker on StringTransports and a task.Clock, for protocol and session tests."""
+"""A broker on StringTransports and a task.Clock, for protocol and session
+tests; an in-memory topic log; the store file an older tbmq wrote."""
 
 from __future__ import annotations
+
+import sqlite3
 
 from twisted.internet import defer, task
 from twisted.internet.testing import StringTransport
 
+from tbmq.backends import sqlite_schema
 from tbmq.broker.broker import Broker
 from tbmq.broker.protocol import MQTTFactory
 from tbmq.config import load_config
@@ -54,9 +58,14 @@ class Harness:
     """A broker with memory stores (or the given backends) on a fake clock.
 
     :param overrides: config overrides (nested dict).
+    :param clock: the :class:`task.Clock`; a new one at 0 s when None.
+    :param replace: plugin name → a plugin registered in place of the
+        built-in one of that name (an ``EmbeddedBackends`` whose SQLite
+        work runs on a synchronous thread pool).
     """
 
     def __init__(self, overrides: dict | None = None, entry_points: bool = False,
+                 clock: task.Clock | None = None, replace: dict | None = None,
                  **backends) -> None:
         data = {"storage": {"backend": "memory"}, "node": {"service_id": "test"},
                 "auth": {"credentials": "memory"}}
@@ -66,10 +75,14 @@ class Harness:
             else:
                 data[key] = value
         self.config = load_config(None, environ={}, overrides=data)
-        self.clock = task.Clock()
+        self.clock = task.Clock() if clock is None else clock
         self.plugins = make_plugin_manager(self.config, load_entry_points=entry_points)
+        for name, plugin in (replace or {}).items():
+            self.plugins.unregister(name=name)
+            self.plugins.register(plugin, name=name)
         self.broker = Broker(self.config, self.plugins, self.clock, **backends)
-        self.broker.start()
+        #: the Deferred of the broker's start
+        self.started = self.broker.start()
         self.factory = MQTTFactory(self.broker, self.config.listeners[0])
 
     def turn(self) -> None:
@@ -170,3 +183,59 @@ class MemoryTopicLog:
     def held_count(self, topic: str) -> int:
         """:returns: how many records of ``topic`` the log keeps."""
         return sum(len(part) for (t, _), part in self.records.items() if t == topic)
+
+
+#: The tables ``sessions`` and ``subscriptions`` as the tbmq of embedded
+#: schema versions 1 and 2 created them (version 3 moves their rows to the
+#: topic log).
+SESSION_TABLES_V1 = """
+CREATE TABLE IF NOT EXISTS sessions (
+    client_id TEXT PRIMARY KEY,
+    protocol_level INTEGER NOT NULL,
+    session_expiry_interval INTEGER NOT NULL,
+    client_type TEXT NOT NULL,
+    disconnected_at REAL
+);
+CREATE TABLE IF NOT EXISTS subscriptions (
+    client_id TEXT NOT NULL,
+    topic_filter TEXT NOT NULL,
+    qos INTEGER NOT NULL,
+    no_local INTEGER NOT NULL,
+    retain_as_published INTEGER NOT NULL,
+    retain_handling INTEGER NOT NULL,
+    subscription_id INTEGER,
+    PRIMARY KEY (client_id, topic_filter)
+);
+CREATE INDEX IF NOT EXISTS subscriptions_client_id
+    ON subscriptions (client_id);
+"""
+
+#: Every table of an embedded store file of version 1.
+TABLES_V1 = SESSION_TABLES_V1 + sqlite_schema._STORE_TABLES
+
+
+def legacy_file(path: str, sessions: list[tuple], subscriptions: list[tuple] = (),
+                log: list[tuple] = (), offsets: list[tuple] = ()) -> None:
+    """Write an embedded store file of schema 2, as a tbmq that kept its
+    sessions in tables left it.
+
+    :param sessions: rows ``(client_id, protocol_level, expiry s, client_type,
+        disconnected_at s | None)``.
+    :param subscriptions: rows ``(client_id, topic_filter, qos, no_local,
+        retain_as_published, retain_handling, subscription_id)``, in the
+        order they were saved.
+    :param log: rows of ``topic_log``; ``offsets`` rows of ``topic_log_offsets``.
+    """
+    conn = sqlite3.connect(path)
+    try:
+        conn.executescript(TABLES_V1 + sqlite_schema._TOPIC_LOG_V2)
+        conn.execute("CREATE TABLE tbmq_schema (name TEXT PRIMARY KEY, version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO tbmq_schema VALUES ('embedded', 2)")
+        conn.executemany("INSERT INTO sessions VALUES (?, ?, ?, ?, ?)", sessions)
+        conn.executemany("INSERT INTO subscriptions VALUES (?, ?, ?, ?, ?, ?, ?)", subscriptions)
+        conn.executemany("INSERT INTO topic_log VALUES (?, ?, ?, ?, ?, ?, ?)", log)
+        conn.executemany("INSERT INTO topic_log_offsets VALUES (?, ?, ?, ?)", offsets)
+        conn.execute("PRAGMA user_version=2")
+        conn.commit()
+    finally:
+        conn.close()

@@ -19,22 +19,19 @@ from zope.interface import implementer
 
 from tbmq.backends.deliveries import check_limit, check_page
 from tbmq.backends.topic_records import check_record
-from tbmq.interfaces import IDeviceMessageStore, IRetainedStore, ISessionStore, ITopicLog
+from tbmq.interfaces import IDeviceMessageStore, IRetainedStore, ITopicLog
 from tbmq.model import (
     DeliveryState,
     Message,
-    SessionRecord,
     StoredDelivery,
 )
 
 __all__ = [
-    "MemorySessionStore",
     "MemoryRetainedStore",
     "MemoryDeviceMessageStore",
     "MemoryTopicLog",
     "copy_properties",
     "copy_message",
-    "copy_session",
     "copy_delivery",
 ]
 
@@ -59,13 +56,6 @@ def copy_message(message: Message) -> Message:
     return dataclasses.replace(
         message, properties=copy_properties(message.properties)
     )
-
-
-def copy_session(record: SessionRecord) -> SessionRecord:
-    """:param record: a :class:`~tbmq.model.SessionRecord`.
-    :returns: an independent copy of it (subscription options are frozen,
-        so the new dict may share them)."""
-    return dataclasses.replace(record, subscriptions=dict(record.subscriptions))
 
 
 def copy_delivery(delivery: StoredDelivery) -> StoredDelivery:
@@ -94,42 +84,6 @@ class _MemoryBackend:
 
         :returns: an already-fired Deferred (None).
         """
-        return defer.succeed(None)
-
-
-@implementer(ISessionStore)
-class MemorySessionStore(_MemoryBackend):
-    """Persistent sessions and their subscriptions, in a dict keyed by client
-    id (:class:`~tbmq.interfaces.ISessionStore`)."""
-
-    def __init__(self) -> None:
-        self._sessions: dict[str, SessionRecord] = {}
-
-    def load_all(self) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.ISessionStore.load_all`.
-
-        :returns: a fired Deferred with a ``list[SessionRecord]`` of copies,
-            in the order the sessions were first saved.
-        """
-        return defer.succeed([copy_session(r) for r in self._sessions.values()])
-
-    def save(self, record: SessionRecord) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.ISessionStore.save`: insert or
-        replace the session and all its subscriptions.
-
-        :param record: the :class:`~tbmq.model.SessionRecord` to keep (copied).
-        :returns: a fired Deferred (None).
-        """
-        self._sessions[record.client_id] = copy_session(record)
-        return defer.succeed(None)
-
-    def delete(self, client_id: str) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.ISessionStore.delete`.
-
-        :param client_id: the session's client id; unknown ids are ignored.
-        :returns: a fired Deferred (None).
-        """
-        self._sessions.pop(client_id, None)
         return defer.succeed(None)
 
 

@@ -1,5 +1,6 @@
-"""The embedded store: sessions, retained messages and deliveries in one
-SQLite file, used from one dedicated thread.
+"""The embedded store: retained messages, deliveries and the in-process
+bus's topic log (which keeps the sessions and subscriptions) in one SQLite
+file, used from one dedicated thread.
 
 :class:`SQLiteStore` puts the stores of the embedded store file on one
 :class:`~tbmq.backends.sqlite_runner.SQLiteRunner` (its queue, thread,
@@ -7,10 +8,10 @@ transactions and life cycle are described there): each call becomes an
 operation of the next transaction, and its Deferred fires after the COMMIT
 that made it durable.  Values are serialised in the reactor thread when the
 call is made, so a caller may mutate a record as soon as the call returns.
-The views :attr:`SQLiteStore.sessions`, :attr:`SQLiteStore.retained`,
-:attr:`SQLiteStore.deliveries` (:mod:`tbmq.backends.sqlite_deliveries`) and
-:attr:`SQLiteStore.topic_log` (:mod:`tbmq.backends.sqlite_topic_log`, the
-in-process bus's) each provide one interface and share the connection.
+The views :attr:`SQLiteStore.retained`, :attr:`SQLiteStore.deliveries`
+(:mod:`tbmq.backends.sqlite_deliveries`) and :attr:`SQLiteStore.topic_log`
+(:mod:`tbmq.backends.sqlite_topic_log`, the in-process bus's) each provide
+one interface and share the connection.
 """
 
 from __future__ import annotations
@@ -31,15 +32,14 @@ from tbmq.backends.sqlite_schema import (
 )
 from tbmq.backends.sqlite_topic_log import SQLiteTopicLog
 from tbmq.backends.sqlite_view import OnRunner, RunnerView
-from tbmq.interfaces import IRetainedStore, ISessionStore
-from tbmq.model import ClientType, Message, SessionRecord, SubscriptionOptions
+from tbmq.interfaces import IRetainedStore
+from tbmq.model import Message
 
 __all__ = [
     "FILE_NAME",
     "SCHEMA_VERSION",
     "SYNCHRONOUS_MODES",
     "SQLiteRetainedStore",
-    "SQLiteSessionStore",
     "SQLiteStore",
 ]
 
@@ -48,8 +48,8 @@ FILE_NAME = "tbmq.sqlite3"
 
 
 class SQLiteStore(OnRunner):
-    """The embedded store of sessions, retained messages, deliveries and
-    the topic log of the in-process bus.
+    """The embedded store of retained messages, deliveries and the topic
+    log of the in-process bus.
 
     :param path: the database file (its directory is created if missing), or
         ``":memory:"``; ignored when ``runner`` is given.
@@ -93,7 +93,6 @@ class SQLiteStore(OnRunner):
                 raise TypeError("SQLiteStore needs a path or a runner")
             runner = SQLiteRunner(path, reactor, threadpool, synchronous)
         self.runner = runner
-        self.sessions = SQLiteSessionStore(runner)
         self.retained = SQLiteRetainedStore(runner)
         self.deliveries = SQLiteDeviceMessageStore(runner, max_messages_per_client)
         self.topic_log = SQLiteTopicLog(runner)
@@ -119,117 +118,6 @@ class SQLiteStore(OnRunner):
         """Queue ``operation`` in the next transaction; see
         :meth:`~tbmq.backends.sqlite_runner.SQLiteRunner.submit`."""
         return self.runner.submit(operation, write)
-
-
-@implementer(ISessionStore)
-class SQLiteSessionStore(RunnerView):
-    """:class:`~tbmq.interfaces.ISessionStore` on the tables ``sessions`` and
-    ``subscriptions`` (one row per topic filter, options as columns).
-
-    :param runner: the runner of the embedded store file.
-    """
-
-    def __init__(self, runner: SQLiteRunner) -> None:
-        super().__init__(runner, EMBEDDED_SCHEMA)
-
-    def load_all(self) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.ISessionStore.load_all`.
-
-        :returns: a Deferred firing with a ``list[SessionRecord]`` ordered
-            by client id, subscriptions in the order they were saved.
-        """
-        return self._submit(_load_sessions, write=False)
-
-    def save(self, record: SessionRecord) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.ISessionStore.save`.
-
-        :param record: the :class:`~tbmq.model.SessionRecord`; its values are
-            read now.
-        :returns: a Deferred firing with None when committed.
-        """
-
-        def build() -> Operation:
-            client_id = record.client_id
-            row = (
-                client_id,
-                int(record.protocol_level),
-                int(record.session_expiry_interval),
-                ClientType(record.client_type).value,
-                record.disconnected_at,
-            )
-            subscriptions = [
-                (
-                    client_id,
-                    topic_filter,
-                    int(o.qos),
-                    int(bool(o.no_local)),
-                    int(bool(o.retain_as_published)),
-                    int(o.retain_handling),
-                    o.subscription_id,
-                )
-                for topic_filter, o in record.subscriptions.items()
-            ]
-
-            def save(conn: sqlite3.Connection) -> None:
-                conn.execute(
-                    "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?)", row
-                )
-                conn.execute(
-                    "DELETE FROM subscriptions WHERE client_id = ?", (client_id,)
-                )
-                conn.executemany(
-                    "INSERT INTO subscriptions VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    subscriptions,
-                )
-
-            return save
-
-        return self._call(build)
-
-    def delete(self, client_id: str) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.ISessionStore.delete`.
-
-        :param client_id: the session's client id; unknown ids are ignored.
-        :returns: a Deferred firing with None when committed.
-        """
-
-        def delete(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM sessions WHERE client_id = ?", (client_id,))
-            conn.execute(
-                "DELETE FROM subscriptions WHERE client_id = ?", (client_id,)
-            )
-
-        return self._submit(delete)
-
-
-def _load_sessions(conn: sqlite3.Connection) -> list[SessionRecord]:
-    """In the database thread: every session with its subscriptions."""
-    records: dict[str, SessionRecord] = {}
-    for cid, level, expiry, ctype, disconnected_at in conn.execute(
-        "SELECT client_id, protocol_level, session_expiry_interval, "
-        "client_type, disconnected_at FROM sessions ORDER BY client_id"
-    ):
-        records[cid] = SessionRecord(
-            client_id=cid,
-            protocol_level=level,
-            session_expiry_interval=expiry,
-            client_type=ClientType(ctype),
-            disconnected_at=disconnected_at,
-        )
-    for cid, topic_filter, qos, no_local, rap, rh, sub_id in conn.execute(
-        "SELECT client_id, topic_filter, qos, no_local, retain_as_published, "
-        "retain_handling, subscription_id FROM subscriptions ORDER BY rowid"
-    ):
-        record = records.get(cid)
-        if record is not None:
-            record.subscriptions[topic_filter] = SubscriptionOptions(
-                qos=qos,
-                no_local=bool(no_local),
-                retain_as_published=bool(rap),
-                retain_handling=rh,
-                subscription_id=sub_id,
-            )
-    return list(records.values())
 
 
 @implementer(IRetainedStore)

@@ -87,13 +87,17 @@ class Schema:
 
     :ivar name: the key in ``tbmq_schema`` (``"embedded"``, ``"credentials"``).
     :ivar version: the version this tbmq writes, >= 1.
-    :ivar marker: a table every version has: a file without ``tbmq_schema``
+    :ivar marker: a table version 1 has: a file without ``tbmq_schema``
         (written before it existed) whose ``user_version`` is 1 holds this
         schema at version 1 when the table exists.
     :ivar create: ``;``-separated statements creating the schema at
         ``version`` in a file that has none of it.
-    :ivar migrations: ``{n: statements}`` bringing version ``n`` to
-        ``n + 1``, for every ``n`` from 1 to ``version - 1``.
+    :ivar migrations: ``{n: step}`` bringing version ``n`` to ``n + 1``,
+        for every ``n`` from 1 to ``version - 1``; a step is
+        ``;``-separated statements, or ``step(connection) -> None`` run in
+        the database thread inside the transaction that opens the file (it
+        must not commit or roll back; what it raises fails the open and
+        leaves the file as it was).
     """
 
     name: str
@@ -143,6 +147,9 @@ def apply_schemas(conn: sqlite3.Connection, path: str, schemas: list[Schema]) ->
         else:
             scripts = [schema.migrations[n] for n in range(stored, schema.version)]
         for script in scripts:
+            if callable(script):
+                script(conn)
+                continue
             for statement in _statements(script):
                 conn.execute(statement)
         if recorded.get(schema.name) != schema.version:

@@ -2,10 +2,12 @@
 how a :class:`~tbmq.model.Message` is kept in a row.
 
 :data:`EMBEDDED_SCHEMA` is the :class:`~tbmq.backends.sqlite_runner.Schema`
-every store of that file attaches to its runner (sessions, retained
-messages, deliveries, the topic log of the in-process bus);
-:data:`SCHEMA_VERSION` is its version, and a file of version 1 is brought
-to it by creating the topic log's tables.
+every store of that file attaches to its runner (retained messages,
+deliveries, the topic log of the in-process bus, which keeps the sessions
+and subscriptions); :data:`SCHEMA_VERSION` is its version.  A file of
+version 1 gains the topic log's tables; one of version 2 has the rows of
+its tables ``sessions`` and ``subscriptions`` moved to the topic log, and
+those tables dropped (:mod:`tbmq.backends.sqlite_session_migration`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import sqlite3
 
 from tbmq.backends.sqlite_runner import Schema
+from tbmq.backends.sqlite_session_migration import move_sessions_to_topic_log
 from tbmq.model import Message
 from tbmq.mqtt.properties import pack_properties, unpack_properties
 
@@ -26,29 +29,14 @@ __all__ = [
 ]
 
 #: The version of :data:`EMBEDDED_SCHEMA`: 1 sessions, retained messages
-#: and deliveries; 2 adds the topic log of the in-process bus.
-SCHEMA_VERSION = 2
+#: and deliveries; 2 adds the topic log of the in-process bus; 3 moves the
+#: sessions and subscriptions to the topic log.
+SCHEMA_VERSION = 3
 
-_TABLES_V1 = """
-CREATE TABLE IF NOT EXISTS sessions (
-    client_id TEXT PRIMARY KEY,
-    protocol_level INTEGER NOT NULL,
-    session_expiry_interval INTEGER NOT NULL,
-    client_type TEXT NOT NULL,
-    disconnected_at REAL
-);
-CREATE TABLE IF NOT EXISTS subscriptions (
-    client_id TEXT NOT NULL,
-    topic_filter TEXT NOT NULL,
-    qos INTEGER NOT NULL,
-    no_local INTEGER NOT NULL,
-    retain_as_published INTEGER NOT NULL,
-    retain_handling INTEGER NOT NULL,
-    subscription_id INTEGER,
-    PRIMARY KEY (client_id, topic_filter)
-);
-CREATE INDEX IF NOT EXISTS subscriptions_client_id
-    ON subscriptions (client_id);
+# Every version: retained messages and deliveries.  (Versions 1 and 2 also
+# had the tables sessions and subscriptions, which version 3 moves to the
+# topic log: tbmq.backends.sqlite_session_migration.)
+_STORE_TABLES = """
 CREATE TABLE IF NOT EXISTS retained (
     topic TEXT PRIMARY KEY,
     payload BLOB NOT NULL,
@@ -110,9 +98,9 @@ CREATE TABLE IF NOT EXISTS topic_log_offsets (
 EMBEDDED_SCHEMA = Schema(
     name="embedded",
     version=SCHEMA_VERSION,
-    marker="sessions",
-    create=_TABLES_V1 + _TOPIC_LOG_V2,
-    migrations={1: _TOPIC_LOG_V2},
+    marker="retained",
+    create=_STORE_TABLES + _TOPIC_LOG_V2,
+    migrations={1: _TOPIC_LOG_V2, 2: move_sessions_to_topic_log},
 )
 
 

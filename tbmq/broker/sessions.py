@@ -11,7 +11,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.broker.session import EXPIRY_NEVER, Session, SessionContext
-from tbmq.cluster.records import SessionInfo, WillRecord
+from tbmq.cluster.records import UNCLAIMED, SessionInfo, WillRecord
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, SubscriptionOptions
 from tbmq.mqtt import MQTT_5, Property
@@ -323,13 +323,19 @@ class SessionManager:
         persistent one is rebuilt (its deliveries stay in the device store
         until the client connects) and expires ``expiry_interval`` after its
         last disconnect; a non-persistent one ended with the old process.
+        A session no node holds (service id
+        :data:`~tbmq.cluster.records.UNCLAIMED`: moved from an older
+        embedded store) is adopted as one of this node's, and published
+        again with this node's service id.
 
         :returns: how many persistent sessions were restored.
         """
         now = self.clock.seconds()
         restored = 0
         for info in list(self.registry.sessions.values()):
-            if info.service_id != self.service_id or info.client_id in self.sessions:
+            adopted = info.service_id == UNCLAIMED
+            mine = adopted or info.service_id == self.service_id
+            if not mine or info.client_id in self.sessions:
                 continue
             if not info.persistent:
                 self.registry.remove(info.client_id)
@@ -345,7 +351,7 @@ class SessionManager:
             session.disconnected_at = info.disconnected_at or now
             session.subscriptions = self.book.of(info.client_id)
             self.sessions[info.client_id] = session
-            if info.connected:
+            if info.connected or adopted:
                 self.publish_info(session)
             remaining = session.disconnected_at + session.expiry_interval - now
             self._schedule_expiry(session, remaining)

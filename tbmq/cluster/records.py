@@ -105,6 +105,7 @@ __all__ = [
     "SESSION_EVENT_KINDS",
     "SESSION_EVENT_RESPONSE",
     "SUBSCRIPTIONS",
+    "UNCLAIMED",
     "VERSION",
     "BytesCodec",
     "Delivery",
@@ -130,6 +131,11 @@ DISCONNECTED = "DISCONNECTED"
 CLEAR_SESSION = "CLEAR_SESSION"
 #: Every valid :attr:`SessionEvent.kind`.
 SESSION_EVENT_KINDS = (CONNECTION_REQUEST, DISCONNECTED, CLEAR_SESSION)
+#: :attr:`SessionInfo.service_id` of a session no node holds yet: the node
+#: that starts on the data where it was found adopts it (the sessions an
+#: older embedded store kept in its own tables,
+#: :mod:`tbmq.backends.sqlite_session_migration`).
+UNCLAIMED = ""
 
 
 # -- the record types ------------------------------------------------------------
@@ -203,7 +209,8 @@ class SessionInfo:
     key client id; a tombstone means the session ended).
 
     :ivar client_id: the client id.
-    :ivar service_id: the node the client is (or was last) connected to.
+    :ivar service_id: the node the client is (or was last) connected to;
+        :data:`UNCLAIMED` for a session the next node to start adopts.
     :ivar session_id: the connection, a uuid hex string.
     :ivar connected: True while the connection is open.
     :ivar persistent: see ARCHITECTURE §1, "Client types".

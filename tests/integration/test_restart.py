@@ -3,11 +3,15 @@ was acknowledged is not lost."""
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 
 import pytest
 
+from tbmq.backends.sqlite import FILE_NAME
 from tbmq.mqtt import Puback, Pubcomp, Pubrec, Pubrel, Suback, Subscribe, SubscriptionRequest
+from tests.helpers import legacy_file
 from tests.integration.helpers import TIMEOUT, uid
 
 pytestmark = pytest.mark.timeout(90)
@@ -83,6 +87,30 @@ def test_v5_session_survives_restart(broker_factory, mqtt):
     got = sub2.get_many(2)
     assert [(m.payload, m.qos) for m in got] == [(b"one", 1), (b"two", 2)]
     assert all(m.prop("SubscriptionIdentifier") in ([9], 9) for m in got)
+
+
+def test_an_older_data_directory_keeps_its_sessions(broker_factory, mqtt):
+    """A data directory of a tbmq that kept its sessions in tables of their
+    own (schema 2): they move to the topic log when the broker starts, and
+    a client resumes its session and subscription."""
+    broker = broker_factory()
+    port = broker.port
+    broker.stop()
+    cid = f"older-{uid()}"
+    topic = f"{uid()}/older"
+    for name in os.listdir(broker.data_dir):
+        if name.startswith(FILE_NAME):  # the file, its WAL and shared memory
+            os.remove(broker.data_dir / name)
+    legacy_file(str(broker.data_dir / FILE_NAME),
+                sessions=[(cid, 4, 0xFFFFFFFF, "DEVICE", time.time() - 60)],
+                subscriptions=[(cid, topic, 1, 0, 0, 0, None)])
+    broker.start()
+    sub = mqtt(4, cid, clean_session=False, port=port).connect_and_wait()
+    assert sub.session_present is True
+    pub = mqtt.connect(4, port=port)
+    pub.publish(topic, b"kept", 1)
+    assert sub.get().payload == b"kept"
+    assert "Traceback" not in broker.log()
 
 
 def test_non_persistent_state_is_gone_after_restart(broker_factory, mqtt):

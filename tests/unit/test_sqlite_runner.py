@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from tbmq.backends import sqlite_schema
 from tbmq.backends.sqlite import SQLiteStore
 from tbmq.backends.sqlite_credentials import (
     FILE_NAME as CREDENTIALS_FILE,
@@ -35,7 +34,8 @@ from tbmq.backends.sqlite_schema import SCHEMA_VERSION
 from tbmq.config import load_config
 from tbmq.embedded import EmbeddedBackends
 from tbmq.errors import BackendError
-from tbmq.model import Credentials, CredentialsType, SessionRecord
+from tbmq.model import Credentials, CredentialsType
+from tests.helpers import TABLES_V1
 from tests.unit.test_stores import (
     ManualThreadPool,
     delivery,
@@ -96,29 +96,29 @@ def test_stores_of_one_file_share_one_connection(tmp_path):
     runner = databases.runner(str(tmp_path / "one.sqlite3"))
     store = SQLiteStore(runner=runner)
     credentials = SQLiteCredentialStore(runner=runner)
-    started = [store.sessions.start(), credentials.start()]
+    started = [store.retained.start(), credentials.start()]
     assert len(pool.jobs) == 1  # one open for both
     pool.run_one()
     assert all(fired(d) is None for d in started)
     saved = credentials.save(creds("a"))
-    session = store.sessions.save(SessionRecord("c"))
-    assert len(pool.jobs) == 1  # the save went at once; the session waits
+    retained = store.retained.put(message("a", b"1"))
+    assert len(pool.jobs) == 1  # the save went at once; the put waits
     pool.run_all()
     listed = credentials.list()
-    loaded = store.sessions.load_all()
+    loaded = store.retained.load_all()
     assert len(pool.jobs) == 1  # both reads in one batch
     pool.run_all()
-    assert fired(listed) == [fired(saved)] and fired(session) is None
-    assert fired(loaded) == [SessionRecord("c")]
+    assert fired(listed) == [fired(saved)] and fired(retained) is None
+    assert fired(loaded) == [message("a", b"1")]
     fired_stop = credentials.stop()
     pool.run_all()
     assert fired(fired_stop) is None
-    assert runner.running  # the session store still uses the file
-    stopped = store.sessions.stop()
+    assert runner.running  # the retained store still uses the file
+    stopped = store.retained.stop()
     pool.run_all()
     assert fired(stopped) is None and not runner.running
-    assert {"sessions", "deliveries", "mqtt_client_credentials", "tbmq_schema"} <= table_names(
-        runner.path)
+    assert {"retained", "deliveries", "topic_log", "mqtt_client_credentials",
+            "tbmq_schema"} <= table_names(runner.path)
     conn = sqlite3.connect(runner.path)
     try:
         versions = dict(conn.execute("SELECT name, version FROM tbmq_schema"))
@@ -179,17 +179,18 @@ def test_embedded_default_shares_one_thread(tmp_path):
     config = load_config(None, environ={"TBMQ_STORAGE__MAX_MESSAGES_PER_CLIENT": "7"},
                          overrides={"data_dir": str(tmp_path / "d")})
     plugin = EmbeddedBackends()
-    sessions = plugin.tbmq_session_store(config=config)
+    retained = plugin.tbmq_retained_store(config=config)
     devices = plugin.tbmq_device_message_store(config=config)
     credentials = plugin.tbmq_credential_store(config=config)
-    assert sessions.runner is devices.runner
+    bus = plugin.tbmq_message_bus(config=config, clock=SyncReactor())
+    assert retained.runner is devices.runner is bus.topic_log.runner
     assert devices.max_messages_per_client == 7
-    assert sessions.runner.path == os.path.join(str(tmp_path / "d"), "tbmq.sqlite3")
+    assert retained.runner.path == os.path.join(str(tmp_path / "d"), "tbmq.sqlite3")
     assert credentials.path == os.path.join(str(tmp_path / "d"), CREDENTIALS_FILE)
-    assert credentials.runner is not sessions.runner
-    assert credentials.runner.thread is sessions.runner.thread
-    assert credentials.synchronous == sessions.runner.synchronous == "FULL"
-    assert credentials.runner.private and not sessions.runner.private
+    assert credentials.runner is not retained.runner
+    assert credentials.runner.thread is retained.runner.thread
+    assert credentials.synchronous == retained.runner.synchronous == "FULL"
+    assert credentials.runner.private and not retained.runner.private
     # tbmq credentials: a store of its own, on the reactor the command runs on
     reactor = SyncReactor()
     own = plugin.tbmq_credential_store(config=config, reactor=reactor)
@@ -222,7 +223,7 @@ def test_credential_factory_on_the_node_databases(tmp_path):
 
 
 #: Version 1 of the embedded schema, as the previous tbmq created it.
-_OLD_EMBEDDED = sqlite_schema._TABLES_V1
+_OLD_EMBEDDED = TABLES_V1
 
 
 def old_file(path: str, script: str, user_version: int = 1) -> None:
@@ -293,6 +294,20 @@ def test_migrations_run_in_order(tmp_path):
     assert open_with(v1) == []
     assert open_with(v3) == [(1, "b", "bc")]
     assert open_with(v3) == [(1, "b", "bc")]  # migrated once
+    # a step may be a function of the connection, in the opening transaction
+    v4 = Schema("things", 4, "things", v3.create, {
+        **v3.migrations, 3: lambda conn: conn.execute("UPDATE things SET a = a + 1")})
+    assert open_with(v4) == [(2, "b", "bc")]
+
+    def broken(conn: sqlite3.Connection) -> None:
+        conn.execute("DELETE FROM things")
+        raise ValueError("cannot migrate")
+
+    runner = SQLiteRunner(path, SyncReactor(), SyncThreadPool())
+    runner.attach(_Dummy(), Schema("things", 5, "things", v3.create,
+                                   {**v4.migrations, 4: broken}))
+    failure_of(runner.start()).trap(ValueError)
+    assert open_with(v4) == [(2, "b", "bc")]  # the failed open changed nothing
     with pytest.raises(ValueError):
         runner = SQLiteRunner(path, SyncReactor(), SyncThreadPool())
         runner.attach(_Dummy(), v1)

@@ -2,8 +2,8 @@
 the memory and the SQLite topic logs, then what only SQLite shows: offsets
 and records survive a reopen, a Deferred fires after the COMMIT, writes
 accepted while the thread is busy are merged into one operation and still
-leave the rows that the calls one by one would leave, and a database of the
-previous schema gains the topic log.
+leave the rows that the calls one by one would leave, and a database of
+schema 1 gains the topic log, with its sessions in it.
 
 As in ``test_stores.py``, the SQLite log runs on a synchronous reactor and
 thread pool here, and on a hand-driven pool (:class:`ManualThreadPool`)
@@ -20,13 +20,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from zope.interface.verify import verifyObject
 
-from tbmq.backends import sqlite_schema
 from tbmq.backends.memory import MemoryTopicLog
 from tbmq.backends.sqlite import SQLiteStore
 from tbmq.backends.sqlite_runner import SQLiteRunner
 from tbmq.backends.sqlite_topic_log import SQLiteTopicLog, TopicLogWrites
+from tbmq.cluster.records import UNCLAIMED, SubscriptionsRecord
+from tbmq.cluster.topics import TopicCatalogue
 from tbmq.errors import BackendError
 from tbmq.interfaces import ITopicLog
+from tbmq.model import ClientType, SubscriptionOptions
+from tests.helpers import TABLES_V1
 from tests.unit.test_stores import (
     ManualThreadPool,
     SyncReactor,
@@ -392,24 +395,40 @@ def test_the_embedded_store_has_its_topic_log_on_its_file(tmp_path):
     assert rows_on_disk(store.path) == [("t", 0, 0)]
 
 
-def test_a_database_of_schema_1_gains_the_topic_log(tmp_path):
+def test_a_database_of_schema_1_gains_the_topic_log_with_its_sessions(tmp_path):
+    """Versions 1 → 2 → 3 in one open: the topic log's tables are made, then
+    the session and its subscriptions move there and their tables go."""
     path = str(tmp_path / "tbmq.sqlite3")
     conn = sqlite3.connect(path)
-    conn.executescript(sqlite_schema._TABLES_V1 + "INSERT INTO sessions VALUES "
-                       "('c', 5, 60, 'DEVICE', NULL);")
+    conn.executescript(TABLES_V1 + "INSERT INTO sessions VALUES "
+                       "('c', 5, 60, 'DEVICE', NULL);"
+                       "INSERT INTO subscriptions VALUES ('c', 'a/+', 1, 1, 0, 2, 7);")
     conn.execute("PRAGMA user_version=1")
     conn.commit()
     conn.close()
     store = SQLiteStore(path, reactor=SyncReactor(), threadpool=SyncThreadPool())
     fired(store.start())
-    assert [r.client_id for r in fired(store.sessions.load_all())] == ["c"]
+    topics = TopicCatalogue()
+    (session, subscriptions), offsets = fired(store.topic_log.load())
+    assert offsets == {}
+    assert session[:4] == (topics.client_session, 0, 0, "c")
+    assert subscriptions[:4] == (topics.client_subscriptions, 0, 0, "c")
+    info = topics.codec_for(topics.client_session).decode(session[4])
+    assert (info.client_id, info.service_id, info.connected, info.persistent,
+            info.client_type, info.session_expiry_interval, info.protocol_level,
+            info.connected_at, info.disconnected_at, info.will) == (
+        "c", UNCLAIMED, False, True, ClientType.DEVICE, 60, 5, None, None, None)
+    assert topics.codec_for(topics.client_subscriptions).decode(subscriptions[4]) == \
+        SubscriptionsRecord("c", {"a/+": SubscriptionOptions(1, True, False, 2, 7)})
     fired(store.topic_log.append([rec("t", 0, 0)]))
-    assert fired(store.topic_log.load())[0] == [stored(rec("t", 0, 0))]
+    assert fired(store.topic_log.load())[0][0] == stored(rec("t", 0, 0))  # "t" sorts first
     fired(store.stop())
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
-        assert dict(conn.execute("SELECT name, version FROM tbmq_schema")) == {"embedded": 2}
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert dict(conn.execute("SELECT name, version FROM tbmq_schema")) == {"embedded": 3}
+        assert not conn.execute("SELECT name FROM sqlite_master WHERE name IN "
+                                "('sessions', 'subscriptions')").fetchall()
     finally:
         conn.close()
 
