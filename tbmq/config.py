@@ -248,6 +248,11 @@ class AuthConfig:
         authentication, SCRAM-SHA-256/512), ``jwt`` (a token as the password).
     :ivar credentials: the credential store: ``sqlite`` (in ``data_dir``),
         ``postgres`` (see :class:`PostgresConfig`) or ``memory``.
+    :ivar cache_size: topic names whose publish authorization each
+        connection remembers, >= 0 (0: ask the hooks every time), as EMQX's
+        authorization cache.
+    :ivar cache_ttl: seconds a remembered answer is used, > 0; changed
+        credentials clear it at once.
     :ivar refresh_interval: seconds between checks for changed credentials;
         changed authorization rules apply to connected clients.
     :ivar jwt: see :class:`JwtConfig`.
@@ -257,6 +262,8 @@ class AuthConfig:
     providers: tuple[str, ...] = ("basic", "x509", "scram", "jwt")
     credentials: str = "sqlite"
     refresh_interval: float = 5.0
+    cache_size: int = 32
+    cache_ttl: float = 60.0
     jwt: JwtConfig = field(default_factory=JwtConfig)
 
 
@@ -437,6 +444,8 @@ _CHECKS: dict[type, dict[str, Check]] = {
     AuthConfig: {
         "credentials": _one_of("sqlite", "postgres", "memory"),
         "refresh_interval": _positive,
+        "cache_size": _range(0),
+        "cache_ttl": _positive,
     },
     JwtConfig: {"leeway": _range(0)},
     PostgresConfig: {"dsn": _not_empty, "min_connections": _range(1), "max_connections": _range(1)},

@@ -108,7 +108,8 @@ class Broker:
             clock=self.clock, mqtt=self.config.mqtt, hooks=self.hooks, drops=self.drops,
             flusher=self.flusher, holds=self.holds, device_store=self.device_store,
             publish=self.router.publish, retained_for=self.router.retained_for,
-            subscriptions=manager, topics=TopicNameCache(), applications=self.applications)
+            subscriptions=manager, topics=TopicNameCache(), auth=self.config.auth,
+            applications=self.applications)
 
     def connection_context(self) -> ConnectionContext:
         """What the connections of a listener use of this node."""

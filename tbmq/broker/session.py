@@ -104,6 +104,8 @@ class SessionContext:
         ``unsubscribe(session, filter) -> bool`` and ``save(session) ->
         Deferred`` (the :class:`tbmq.broker.sessions.SessionManager`).
     :ivar topics: the node's :class:`TopicNameCache`.
+    :ivar auth: the :class:`tbmq.config.AuthConfig` (``cache_size``,
+        ``cache_ttl`` of the publish authorization cache).
     :ivar applications: the :class:`tbmq.cluster.sinks.ApplicationReader`
         (``attach(session)``/``detach(session)``) of persistent APPLICATION
         sessions.
@@ -120,6 +122,7 @@ class SessionContext:
     retained_for: Callable
     subscriptions: Any
     topics: TopicNameCache
+    auth: Any = None
     applications: Any = None
 
 
@@ -159,6 +162,10 @@ class Session(Outbox):
         self._acks: deque[list] = deque()
         # publishes handed to the pipeline and not yet accepted by the bus
         self._unaccepted = 0
+        # topic name → (allowed, until): the publish authorization cache,
+        # valid for the AuthResult it was filled under
+        self._allowed: dict[str, tuple[bool, float]] = {}
+        self._allowed_for = None
         self._reading_paused = False
         self.will = None
         self.will_timer = None
@@ -233,7 +240,7 @@ class Session(Outbox):
                 raise ProtocolViolation(0x99, "payload is not UTF-8")
             self.ack_when(None, (Puback if qos == 1 else Pubrec)(pid, 0x99))
             return None
-        allowed = self.ctx.hooks.authorize("publish", self, conn.auth, topic)
+        allowed = self._may_publish(topic, conn)
         if allowed is True:
             self._publish(packet, topic, conn)
             return None
@@ -250,6 +257,32 @@ class Session(Outbox):
                 self._publish_denied(packet, topic, conn)
 
         return allowed.addCallback(decided)
+
+    def _may_publish(self, topic: str, conn):
+        """The authorization hooks' answer for a PUBLISH to ``topic``, from
+        the connection's cache when it holds a fresh one (EMQX's
+        authorization cache: ``auth.cache_size`` names for
+        ``auth.cache_ttl`` seconds, forgotten when the connection's
+        authorization changes).
+
+        :returns: a bool, or a Deferred firing with one.
+        """
+        cache = self._allowed
+        auth = conn.auth
+        if auth is not self._allowed_for:
+            cache.clear()
+            self._allowed_for = auth
+        now = self.ctx.clock.seconds()
+        hit = cache.get(topic)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        allowed = self.ctx.hooks.authorize("publish", self, auth, topic)
+        settings = self.ctx.auth
+        if type(allowed) is bool and settings is not None and settings.cache_size:
+            if len(cache) >= settings.cache_size:
+                del cache[next(iter(cache))]  # the oldest
+            cache[topic] = (allowed, now + settings.cache_ttl)
+        return allowed
 
     def _publish_denied(self, packet: Publish, topic: str, conn) -> None:
         """Not authorized: the message is dropped; v5 QoS 1/2 get 0x87, v3
@@ -284,7 +317,9 @@ class Session(Outbox):
             hooks.message_published(self, message)
         result = self.ctx.publish(message)
         if result is not None:
-            self._track(result, conn)
+            # a QoS 0 message waits for nothing but a held consumer: stop
+            # reading this publisher at once (QoS 1/2 also wait for stores)
+            self._track(result, conn, qos == 0)
         if qos == 1:
             if result is None and not self._acks:
                 # nothing to wait for: the PUBACK now
@@ -298,12 +333,14 @@ class Session(Outbox):
             result.addErrback(lambda f: self.log.failure(
                 "QoS 0 message of {client_id} not accepted", f, client_id=self.client_id))
 
-    def _track(self, result: defer.Deferred, conn) -> None:
+    def _track(self, result: defer.Deferred, conn, held: bool) -> None:
         """A publish the bus has not accepted yet: past
-        ``mqtt.max_pending_messages`` of them the connection stops reading
-        until half of them are accepted (a publisher never fills memory)."""
+        ``mqtt.max_pending_messages`` of them, or at once when ``held`` (the
+        pipeline is held back), the connection stops reading until half of
+        them are accepted (a publisher never fills memory)."""
         self._unaccepted += 1
-        if self._unaccepted >= self.ctx.mqtt.max_pending_messages and not self._reading_paused:
+        if (held or self._unaccepted >= self.ctx.mqtt.max_pending_messages) \
+                and not self._reading_paused:
             self._reading_paused = True
             conn.pause_reading()
 

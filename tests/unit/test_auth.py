@@ -2,6 +2,7 @@
 (StringTransport + task.Clock; the providers are the installed entry-point
 plugins; the bcrypt check runs inline here, in a thread in the broker)."""
 
+import dataclasses
 import time
 
 import jwt
@@ -162,10 +163,48 @@ def test_asynchronous_authorization_keeps_order():
     c = h.client("c", 4)
     c.send(Publish("t", b"1", qos=1, packet_id=1), Publish("t", b"2", qos=1, packet_id=2))
     assert c.received() == [] and len(slow.pending) == 1
-    slow.pending[0].callback(None)  # pass: the built-in rules answer
+    slow.pending[0].callback(True)  # a Deferred is an answer (firstresult)
     assert len(slow.pending) == 2
     slow.pending[1].callback(False)
     assert c.received() == [Puback(1), Puback(2)]
+
+
+class Counting:
+    """Allows everything and counts how often it is asked."""
+
+    def __init__(self):
+        self.asked = []
+
+    @hookimpl(tryfirst=True)
+    def tbmq_authorize_publish(self, session, auth, topic):
+        self.asked.append(topic)
+        return True
+
+
+def test_publish_authorization_is_cached_per_connection_until_its_rules_change():
+    h = harness(allow_anonymous=True)
+    counting = Counting()
+    h.plugins.register(counting, name="counting")
+    h.broker.refresh_hooks()
+    c = h.client("c", 5)
+    c.send(*[Publish("t/a", b"%d" % i) for i in range(5)], Publish("t/b", b"x"))
+    assert counting.asked == ["t/a", "t/b"]
+    c.protocol.auth = dataclasses.replace(c.protocol.auth)  # new rules bound
+    c.send(Publish("t/a", b"again"))
+    assert counting.asked == ["t/a", "t/b", "t/a"]
+    h.clock.advance(h.config.auth.cache_ttl)
+    c.send(Publish("t/a", b"later"))
+    assert counting.asked[-1] == "t/a" and len(counting.asked) == 4
+
+
+def test_publish_authorization_cache_size_0_asks_every_time():
+    h = harness(allow_anonymous=True, cache_size=0)
+    counting = Counting()
+    h.plugins.register(counting, name="counting")
+    h.broker.refresh_hooks()
+    c = h.client("c", 5)
+    c.send(*[Publish("t/a", b"%d" % i) for i in range(3)])
+    assert counting.asked == ["t/a"] * 3
 
 
 # -- SCRAM (MQTT 5 enhanced authentication) ---------------------------------------------

@@ -512,20 +512,25 @@ def test_puback_order_follows_publish_order(h):
     assert p.received() == [Puback(1), Puback(2)]
 
 
+BIG = b"x" * 20000  # past a quarter of max_outbound_buffer 65536: a hold
+
+
 def test_a_congested_subscriber_holds_the_pipeline_and_then_its_publisher():
-    h = Harness({"mqtt": {"max_pending_messages": 4}})
+    h = Harness({"mqtt": {"max_pending_messages": 4, "max_outbound_buffer": 65536}})
     s = h.client("s")
     sub(s, "t")
     s.protocol.pauseProducing()  # the subscriber's socket is full
     p = h.client("p")
     consumer = h.broker.router.consumer
     p.send(Publish("t", b"q0"))
+    assert not consumer.paused  # a burst the outbound buffer takes
+    p.send(Publish("t", BIG))
     assert consumer.paused  # the consumer of tbmq.msg.all is held
     p.send(*[Publish("t", b"w%d" % i) for i in range(6)])
     # the publishes wait in the bus; past max_pending_messages of them the
     # publisher is not read any more
     assert p.transport.producerState == "paused"
-    assert [m.payload for m in s.received()] == [b"q0"]
+    assert [m.payload for m in s.received()] == [b"q0", BIG]
     s.protocol.resumeProducing()
     h.turn()  # the bus hands what waited over in the next turns
     h.turn()
@@ -534,12 +539,13 @@ def test_a_congested_subscriber_holds_the_pipeline_and_then_its_publisher():
     assert h.broker.sessions.sessions["s"].dropped == {}
 
 
-def test_a_slow_subscriber_loses_qos0_and_holds_nobody_back(h):
+def test_a_slow_subscriber_loses_qos0_and_holds_nobody_back():
+    h = Harness({"mqtt": {"max_outbound_buffer": 65536}})
     s = h.client("s")
     sub(s, "t")
     s.protocol.pauseProducing()
     p = h.client("p")
-    p.send(Publish("t", b"a"))
+    p.send(Publish("t", BIG))
     consumer = h.broker.router.consumer
     assert consumer.paused
     h.clock.advance(h.config.mqtt.outbound_pause_timeout)
@@ -575,7 +581,8 @@ def test_a_slow_non_persistent_subscriber_that_overflows_is_disconnected_with_0x
     assert session_drops["quota_exceeded"] == 5  # 1 in flight, 3 queued, the new one
 
 
-def test_a_drip_reader_holds_the_others_for_a_bounded_share_of_the_time(h):
+def test_a_drip_reader_holds_the_others_for_a_bounded_share_of_the_time():
+    h = Harness({"mqtt": {"max_outbound_buffer": 65536}})
     s = h.client("s")
     sub(s, "t")
     p = h.client("p")
@@ -584,7 +591,7 @@ def test_a_drip_reader_holds_the_others_for_a_bounded_share_of_the_time(h):
     held = 0.0
     for _ in range(20):  # 20 cycles of 2 s: full socket, a little read
         s.protocol.pauseProducing()
-        p.send(Publish("t", b"x"))
+        p.send(Publish("t", BIG))
         for _ in range(20):
             if consumer.paused:
                 held += 0.1
