@@ -241,6 +241,12 @@ class Outbox:
                     self.ctx.hooks.message_delivered(self, message, 0)
             return
         delivery = StoredDelivery(0, message, qos, retain, subscription_ids)
+        if not self.queue and not conn.paused:
+            quota = conn.send_quota
+            limit = self._max_inflight
+            if len(self.inflight) < (quota if quota < limit else limit):
+                self._send(delivery, cache, now, conn, False)  # the usual case
+                return
         self._offer(delivery, cache, now, source, conn)
 
     def deliver_stored(self, delivery: StoredDelivery, cache: dict | None = None,
@@ -551,10 +557,11 @@ class Outbox:
         """A delivery is done: acknowledged, or never to be sent (expired,
         too large).  Its application record is committed, or its row leaves
         the device store."""
-        done = self._app_done.pop(id(delivery), None)
-        if done is not None:
-            done.callback(None)
-            return
+        if self._app_done:
+            done = self._app_done.pop(id(delivery), None)
+            if done is not None:
+                done.callback(None)
+                return
         if delivery.seq:
             self._completed.append(delivery.seq)
             if len(self._completed) == 1:
@@ -571,8 +578,9 @@ class Outbox:
         if completed:
             self.ctx.device_store.remove(self.client_id, completed)
 
-    def on_puback(self, packet_id: int) -> None:
+    def on_puback(self, packet) -> None:
         """PUBACK from the client: the QoS 1 delivery is done [MQTT-4.3.2-2]."""
+        packet_id = packet.packet_id
         delivery = self.inflight.get(packet_id)
         if delivery is None or delivery.qos != 1:
             self.log.debug("PUBACK for unknown packet id {pid} from {client_id}",
@@ -584,28 +592,29 @@ class Outbox:
         if self.queue or self.paged_out or self._holding:
             self.pump()
 
-    def on_pubrec(self, packet_id: int, reason_code: int) -> bool:
-        """PUBREC from the client; answers PUBREL [MQTT-4.3.3-3].
-
-        :returns: False when ``packet_id`` is unknown (the caller answers
-            PUBREL with 0x92 PACKET_IDENTIFIER_NOT_FOUND in v5).
-        """
+    def on_pubrec(self, packet) -> None:
+        """PUBREC from the client: answered with PUBREL [MQTT-4.3.3-3], or
+        with PUBREL 0x92 Packet identifier not found (v5) for an unknown
+        packet id; a refusal (reason >= 0x80) ends the flow."""
+        packet_id = packet.packet_id
+        conn = self.connection
         delivery = self.inflight.get(packet_id)
         if delivery is None or delivery.qos != 2:
-            return False
-        if reason_code >= 0x80:  # the receiver refused it: the flow ends here
+            conn.send(Pubrel(packet_id, 0x92 if conn.protocol_level >= MQTT_5 else 0))
+            return
+        if packet.reason_code >= 0x80:  # the receiver refused it: the flow ends here
             self._complete(packet_id)
             self.pump()
-            return True
+            return
         if delivery.state != _RELEASED:
             delivery.state = _RELEASED
             if delivery.seq:
                 self.ctx.device_store.update(self.client_id, delivery.seq, packet_id, _RELEASED)
-        self.connection.send(Pubrel(packet_id))
-        return True
+        conn.send(Pubrel(packet_id))
 
-    def on_pubcomp(self, packet_id: int) -> None:
+    def on_pubcomp(self, packet) -> None:
         """PUBCOMP from the client: the QoS 2 delivery is done."""
+        packet_id = packet.packet_id
         delivery = self.inflight.get(packet_id)
         if delivery is None or delivery.state != _RELEASED:
             return

@@ -19,6 +19,7 @@ from zope.interface import implementer
 
 from tbmq.auth import AuthRequest, AuthResult
 from tbmq.broker.connect import ConnectFlow
+from tbmq.broker.session import Session
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.mqtt import (
@@ -124,15 +125,16 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         """Handle ``packets`` in order; a rule broken ends the connection with
         its reason code; while the gate is closed (a decision being made, a
         backlog) the rest waits."""
-        handlers = self._handlers
+        decided = self._session_handlers
         for index, packet in enumerate(packets):
             if self._closing:
                 return
             try:
-                # a connected client's packets go straight to their handler
-                handler = handlers.get(type(packet)) if self.session is not None else None
+                # a connected client's packets go straight to the session
+                session = self.session
+                handler = decided.get(type(packet)) if session is not None else None
                 if handler is not None:
-                    waits = handler(self, packet)
+                    waits = handler(session, packet)
                     if waits is not None:
                         self._wait_for(waits)
                 else:
@@ -302,31 +304,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         handler = self._handlers.get(type(packet))
         if handler is None:
             raise ProtocolViolation(0x82, f"unexpected {type(packet).__name__}")
-        waits = handler(self, packet)
-        if waits is not None:
-            self._wait_for(waits)
-
-    def handle_publish(self, packet: Publish):
-        return self.session.on_publish(packet)
-
-    def handle_puback(self, packet: Puback) -> None:
-        self.session.on_puback(packet.packet_id)
-
-    def handle_pubrec(self, packet: Pubrec) -> None:
-        if not self.session.on_pubrec(packet.packet_id, packet.reason_code):
-            self.send(Pubrel(packet.packet_id, 0x92 if self.protocol_level >= MQTT_5 else 0))
-
-    def handle_pubrel(self, packet: Pubrel) -> None:
-        self.session.on_pubrel(packet)
-
-    def handle_pubcomp(self, packet: Pubcomp) -> None:
-        self.session.on_pubcomp(packet.packet_id)
-
-    def handle_subscribe(self, packet: Subscribe):
-        return self.session.on_subscribe(packet)
-
-    def handle_unsubscribe(self, packet: Unsubscribe) -> None:
-        self.session.on_unsubscribe(packet)
+        handler(self, packet)
 
     def recheck_subscriptions(self) -> None:
         """After the client's authorization rules changed: drop the
@@ -362,14 +340,20 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         self.flush()
         self.transport.loseConnection()
 
+    #: packets of a connected client the session decides:
+    #: ``handler(session, packet) -> None | Deferred`` (a Deferred holds the
+    #: packets after this one until it fires)
+    _session_handlers = {
+        Publish: Session.on_publish,
+        Puback: Session.on_puback,
+        Pubrec: Session.on_pubrec,
+        Pubrel: Session.on_pubrel,
+        Pubcomp: Session.on_pubcomp,
+        Subscribe: Session.on_subscribe,
+        Unsubscribe: Session.on_unsubscribe,
+    }
+    #: packets the connection itself handles: ``handler(self, packet)``
     _handlers = {
-        Publish: handle_publish,
-        Puback: handle_puback,
-        Pubrec: handle_pubrec,
-        Pubrel: handle_pubrel,
-        Pubcomp: handle_pubcomp,
-        Subscribe: handle_subscribe,
-        Unsubscribe: handle_unsubscribe,
         Pingreq: handle_pingreq,
         Disconnect: handle_disconnect,
         Auth: ConnectFlow.handle_auth,

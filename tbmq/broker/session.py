@@ -240,9 +240,10 @@ class Session(Outbox):
                 raise ProtocolViolation(0x99, "payload is not UTF-8")
             self.ack_when(None, (Puback if qos == 1 else Pubrec)(pid, 0x99))
             return None
-        allowed = self._may_publish(topic, conn)
+        now = self.ctx.clock.seconds()
+        allowed = self._may_publish(topic, conn, now)
         if allowed is True:
-            self._publish(packet, topic, conn)
+            self._publish(packet, topic, conn, now)
             return None
         if allowed is False:
             self._publish_denied(packet, topic, conn)
@@ -252,13 +253,13 @@ class Session(Outbox):
             if self.connection is not conn:
                 return
             if allowed:
-                self._publish(packet, topic, conn)
+                self._publish(packet, topic, conn, self.ctx.clock.seconds())
             else:
                 self._publish_denied(packet, topic, conn)
 
         return allowed.addCallback(decided)
 
-    def _may_publish(self, topic: str, conn):
+    def _may_publish(self, topic: str, conn, now: float):
         """The authorization hooks' answer for a PUBLISH to ``topic``, from
         the connection's cache when it holds a fresh one (EMQX's
         authorization cache: ``auth.cache_size`` names for
@@ -272,7 +273,6 @@ class Session(Outbox):
         if auth is not self._allowed_for:
             cache.clear()
             self._allowed_for = auth
-        now = self.ctx.clock.seconds()
         hit = cache.get(topic)
         if hit is not None and hit[1] > now:
             return hit[0]
@@ -296,12 +296,13 @@ class Session(Outbox):
         elif packet.qos == 2:
             self.ack_when(None, Pubrec(packet.packet_id, code))
 
-    def _publish(self, packet: Publish, topic: str, conn) -> None:
-        """Hand the message to the pipeline; acknowledge once it is durable."""
+    def _publish(self, packet: Publish, topic: str, conn, now: float) -> None:
+        """Hand the message to the pipeline; acknowledge once it is durable.
+
+        :param now: seconds since the epoch (the time of receipt)."""
         qos = packet.qos
         props = packet.properties
         v5 = conn.protocol_level >= MQTT_5
-        now = self.ctx.clock.seconds()
         expires_at = None
         if v5 and props:
             expiry = props.get(Property.MESSAGE_EXPIRY_INTERVAL)

@@ -227,7 +227,7 @@ def test_a_session_holds_its_source_at_the_high_water_mark_and_lets_go_when_drai
     assert len(session.inflight) == 2 and len(session.queue) == 4 and source.paused
     sent = Decoder(protocol_level=4, server_side=False).feed(conn.out)
     for p in sent:
-        session.on_puback(p.packet_id)
+        session.on_puback(p)
     assert len(session.queue) == 2 and not source.paused  # at the low-water mark
     assert ctx.drops.counts == {}
 
