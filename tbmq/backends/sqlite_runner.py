@@ -380,10 +380,36 @@ class SQLiteRunner:
             self._flush()
         return waiter
 
+    #: seconds the reactor's shutdown waits for the stores on this file to
+    #: stop it themselves (the node stops them in order, after closing its
+    #: connections, whose last session records still need the file)
+    SHUTDOWN_GRACE = 10.0
+
     def _on_shutdown(self) -> defer.Deferred:
-        """The reactor shuts down: flush and close (the trigger is spent)."""
+        """The reactor shuts down: once the stores using this file have
+        stopped it (at most :attr:`SHUTDOWN_GRACE` seconds), flush and close
+        (the trigger is spent)."""
         self._shutdown_trigger = None
-        return self.stop()
+        if self._users == 0 or self._state != _RUNNING:
+            return self.stop()
+        done: defer.Deferred = defer.Deferred()
+        self._stop_waiters.append(done)
+        reactor = self.thread.reactor
+        timer = reactor.callLater(self.SHUTDOWN_GRACE, self._shutdown_now)
+
+        def stopped(result):
+            if timer.active():
+                timer.cancel()
+            return result
+
+        return done.addBoth(stopped)
+
+    def _shutdown_now(self) -> None:
+        """The grace after the shutdown began is over: stop anyway."""
+        if self._state == _RUNNING:
+            log.warn("{path}: its stores did not stop within {grace} s of the shutdown; "
+                     "closing it", path=self.path, grace=self.SHUTDOWN_GRACE)
+            self.stop()
 
     def _open(self, schemas: list[Schema]) -> None:
         """In the database thread: connect, set the pragmas, create or

@@ -116,6 +116,8 @@ class Outbox:
         self._max_inflight = mqtt.max_inflight_messages
         self._completed: list[int] = []
         self.slow = False
+        #: disconnected with 0x97: what still comes before the close is lost, counted
+        self.overflowed = False
         self._holding: set = set()
         self._hold_since: float | None = None
         self._hold_timer = None
@@ -241,7 +243,7 @@ class Outbox:
                     self.ctx.hooks.message_delivered(self, message, 0)
             return
         delivery = StoredDelivery(0, message, qos, retain, subscription_ids)
-        if not self.queue and not conn.paused:
+        if not self.queue and not conn.paused and not self.overflowed:
             quota = conn.send_quota
             limit = self._max_inflight
             if len(self.inflight) < (quota if quota < limit else limit):
@@ -295,6 +297,9 @@ class Outbox:
         return done
 
     def _offer(self, delivery: StoredDelivery, cache, now: float, source, conn) -> None:
+        if self.overflowed:
+            self.drop("quota_exceeded", delivery.message)
+            return
         inflight = self.inflight
         queue = self.queue
         if not queue and not conn.paused and len(inflight) < self._window():
@@ -369,6 +374,7 @@ class Outbox:
                       "disconnecting it (0x97), {lost} messages lost",
                       client_id=self.client_id, queued=len(self.queue), lost=lost)
         self.drop("quota_exceeded", message, lost)
+        self.overflowed = True
         conn = self.connection
         self._release_holds(self.ctx.clock.seconds())
         self.queue.clear()
@@ -645,6 +651,7 @@ class Outbox:
         (everything is in the store); holds are let go."""
         self._release_holds(self.ctx.clock.seconds())
         self.slow = False
+        self.overflowed = False
         self._app_done = {}  # never fired: the records stay uncommitted
         if self.persistent:
             self.inflight.clear()

@@ -328,3 +328,39 @@ class _Dummy:
     """A stand-in view: the runner only resets ``_started`` on it."""
 
     _started = False
+
+
+def test_shutdown_waits_for_the_stores_to_stop_the_file_then_gives_up(tmp_path, monkeypatch):
+    """The reactor's shutdown lets the node stop its stores in order (its
+    last session records still need the file), for SHUTDOWN_GRACE seconds."""
+    from twisted.internet import task
+
+    class Reactor(SyncReactor, task.Clock):
+        def __init__(self) -> None:
+            task.Clock.__init__(self)
+            self.triggers: list = []
+
+        def addSystemEventTrigger(self, phase, event, f) -> Any:
+            self.triggers.append(f)
+            return len(self.triggers)
+
+        def removeSystemEventTrigger(self, trigger: Any) -> None:
+            self.triggers[trigger - 1] = None
+
+    monkeypatch.setattr("tbmq.backends.sqlite_runner.ThreadPool",
+                        lambda *a, **k: SyncThreadPool())
+    monkeypatch.setattr(SyncThreadPool, "start", lambda self: None, raising=False)
+    monkeypatch.setattr(SyncThreadPool, "stop", lambda self: None, raising=False)
+    for user_stops in (True, False):
+        reactor = Reactor()
+        runner = SQLiteRunner(str(tmp_path / f"{user_stops}.sqlite3"),
+                              thread=DatabaseThread(reactor))
+        fired(runner.acquire())
+        shutdown = reactor.triggers[0]()
+        assert runner.running and not shutdown.called  # the store still writes
+        fired(runner.submit(lambda conn: conn.execute("SELECT 1")))
+        if user_stops:
+            fired(runner.release())
+        else:
+            reactor.advance(SQLiteRunner.SHUTDOWN_GRACE)
+        assert shutdown.called and not runner.running
