@@ -350,8 +350,9 @@ class Session(Outbox):
             if (self._reading_paused
                     and self._unaccepted <= self.ctx.mqtt.max_pending_messages // 2):
                 self._reading_paused = False
-                if self.connection is conn:
-                    conn.resume_reading()
+                # not from inside the consumer that accepted it: the packets
+                # read meanwhile are handled when this turn ends
+                self.ctx.flusher.later(lambda: self.connection is conn and conn.resume_reading())
             return value
 
         result.addBoth(accepted)
