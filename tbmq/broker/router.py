@@ -17,7 +17,7 @@ from tbmq.broker.retained import RetainedTree
 from tbmq.broker.trie import SubscriptionTrie
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.cluster.sinks import (
-    ApplicationSink, DownlinkSink, LocalSink, PersistedSink, SharedApplicationSink,
+    ApplicationSink, DownlinkSink, PersistedSink, SharedApplicationSink,
 )
 from tbmq.model import ClientType, Message, SubscriptionOptions
 
@@ -99,7 +99,6 @@ class Router:
         self.lookup = lookup
         self.trie = SubscriptionTrie()
         self.retained = RetainedTree()
-        self.local = LocalSink()
         self.downlink = DownlinkSink(bus, topics.downlink_basic)
         self.persisted = PersistedSink(bus, topics.msg_persisted)
         self.application = ApplicationSink(bus, topics.app)
@@ -191,7 +190,8 @@ class Router:
             session = sessions.get(client_id)
             if session is not None:
                 if qos == 0 or not session.persistent:
-                    self.local.deliver(session, message, qos, flag, sids, cache, now, source)
+                    # a session here is its own sink: written now
+                    session.deliver(message, qos, flag, sids, cache, now, source)
                     continue
                 kind = session.client_type
             else:

@@ -62,28 +62,27 @@ def valid_utf8(data: bytes) -> bool:
     return True
 
 
-class TopicNameCache:
+class TopicNameCache(set):
     """Topic names already found valid: a bounded cache of
-    :func:`tbmq.mqtt.topics.validate_topic_name`.
+    :func:`tbmq.mqtt.topics.validate_topic_name` (``name in cache`` is the
+    fast check, :meth:`check` the full one).
 
     :param size: names kept at most; the cache is emptied when full.
     """
 
-    __slots__ = ("_valid", "_size")
-
     def __init__(self, size: int = 10000) -> None:
-        self._valid: set[str] = set()
-        self._size = size
+        super().__init__()
+        self.size = size
 
     def check(self, topic: str) -> None:
-        """:raises tbmq.mqtt.topics.TopicError: for an invalid topic name."""
-        valid = self._valid
-        if topic in valid:
-            return
+        """Validate ``topic`` and remember it.
+
+        :raises tbmq.mqtt.topics.TopicError: for an invalid topic name.
+        """
         validate_topic_name(topic)
-        if len(valid) >= self._size:
-            valid.clear()
-        valid.add(topic)
+        if len(self) >= self.size:
+            self.clear()
+        self.add(topic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,10 +212,12 @@ class Session(Outbox):
                     validate_topic_name(response_topic)
                 except TopicError:
                     raise ProtocolViolation(0x82, "invalid response topic")
-        try:
-            self.ctx.topics.check(topic)
-        except TopicError as e:
-            raise ProtocolViolation(0x90, f"invalid topic name: {e}")
+        topics = self.ctx.topics
+        if topic not in topics:
+            try:
+                topics.check(topic)
+            except TopicError as e:
+                raise ProtocolViolation(0x90, f"invalid topic name: {e}")
         if qos > mqtt.max_qos:
             raise ProtocolViolation(0x9B, "QoS not supported")
         if packet.retain and not mqtt.retain_available:
@@ -241,7 +242,11 @@ class Session(Outbox):
             self.ack_when(None, (Puback if qos == 1 else Pubrec)(pid, 0x99))
             return None
         now = self.ctx.clock.seconds()
-        allowed = self._may_publish(topic, conn, now)
+        hit = self._allowed.get(topic) if conn.auth is self._allowed_for else None
+        if hit is not None and hit[1] > now:
+            allowed = hit[0]  # the authorization cache
+        else:
+            allowed = self._may_publish(topic, conn, now)
         if allowed is True:
             self._publish(packet, topic, conn, now)
             return None

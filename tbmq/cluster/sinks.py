@@ -5,7 +5,7 @@ each sink is one small class with one job.  The router
 ===================================  =============================================
 target                               sink
 ===================================  =============================================
-non-persistent, connected here       :class:`LocalSink`: written to the session now
+non-persistent, connected here       the session itself (``Session.deliver``): written now
 non-persistent, on node X            :class:`DownlinkSink`: ``tbmq.msg.downlink.basic.<X>``
 persistent DEVICE (QoS 1/2)          :class:`PersistedSink`: ``tbmq.msg.persisted`` →
                                      :class:`PersistedWriter` (device store) → the
@@ -32,19 +32,6 @@ from tbmq.model import StoredDelivery
 from tbmq.mqtt.topics import parse_shared_subscription
 
 log = Logger(observer=LOG_OBSERVER)
-
-
-class LocalSink:
-    """Delivers to a non-persistent session (or QoS 0 to any session)
-    connected to this node."""
-
-    __slots__ = ()
-
-    def deliver(self, session, message, qos: int, retain: bool, sids: tuple, cache,
-                now: float, source) -> None:
-        """:param source: the bus consumer that handed the message over (held
-        while the session is congested)."""
-        session.deliver(message, qos, retain, sids, cache, now, source)
 
 
 class DownlinkSink:
