@@ -231,14 +231,19 @@ class Outbox:
             return
         if qos == 0:
             paused = conn.paused
-            if paused and not self._may_buffer(conn):
+            if paused and (self.slow or conn.paused_bytes > self.ctx.mqtt.max_outbound_buffer):
+                if not self.slow:
+                    self._became_slow()  # past max_outbound_buffer on a full socket
                 self.drop("slow_consumer", message)
                 return
             data = self._encoded(message, 0, retain, subscription_ids, cache, now, conn, False, 0)
             if data is not None:
                 conn.write(data)
-                if paused:
-                    self._hold_buffered(source, now, conn)
+                if (paused and source not in self._holding and conn.paused_bytes
+                        >= self.ctx.mqtt.max_outbound_buffer // 4):
+                    # a full socket past a quarter of the buffer: hold the source
+                    # (a shorter burst is only buffered)
+                    self._hold(source, now)
                 if self.ctx.hooks.wants_delivered:
                     self.ctx.hooks.message_delivered(self, message, 0)
             return
@@ -406,24 +411,6 @@ class Outbox:
             self._hold_since = now
             self._hold_timer = self.ctx.clock.callLater(left, self._hold_expired)
         return True
-
-    def _may_buffer(self, conn) -> bool:
-        """The socket is full (Twisted paused us at its own 64 KiB): may one
-        more QoS 0 message be buffered?  Not for a slow session, nor past
-        ``mqtt.max_outbound_buffer`` bytes (the session becomes slow)."""
-        if self.slow:
-            return False
-        if conn.paused_bytes > self.ctx.mqtt.max_outbound_buffer:
-            self._became_slow()
-            return False
-        return True
-
-    def _hold_buffered(self, source, now: float, conn) -> None:
-        """After a write to a full socket: past a quarter of
-        ``mqtt.max_outbound_buffer`` buffered bytes, hold ``source`` (a
-        shorter burst is only buffered)."""
-        if conn.paused_bytes >= self.ctx.mqtt.max_outbound_buffer // 4:
-            self._hold(source, now)
 
     def _hold_expired(self) -> None:
         self._hold_timer = None
