@@ -8,10 +8,9 @@ providers not listed in ``auth.providers`` are switched off.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import pluggy
-from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq import hookspecs
@@ -59,36 +58,3 @@ def ordered_impls(hook: pluggy.HookCaller, first: Sequence[str] = ()) -> list:
     rank = {name: i for i, name in enumerate(first)}
     return sorted(impls, key=lambda impl: (
         bool(impl.trylast), rank.get(impl.plugin_name, len(rank))))
-
-
-def call_decision(hook: pluggy.HookCaller, first: Sequence[str] = (), impls: list | None = None,
-                  **kwargs: Any) -> defer.Deferred:
-    """Ask each implementation of a decision hook in turn until one answers
-    something other than None.
-
-    Implementations may return Deferreds; the next one is only asked once
-    the previous one's Deferred fired with None.
-
-    :param first: plugin names to ask first, in order (see :func:`ordered_impls`).
-    :param impls: ``ordered_impls(hook, first)`` computed before (it does not
-        change between calls unless plugins are registered).
-    :returns: a Deferred firing with ``(answer, plugin_name)``, or
-        ``(None, None)`` when every plugin passed.
-    """
-    if impls is None:
-        impls = ordered_impls(hook, first)
-
-    def ask(index: int):
-        while index < len(impls):
-            impl = impls[index]
-            index += 1
-            result = impl.function(*[kwargs[name] for name in impl.argnames])
-            if isinstance(result, defer.Deferred):
-                return result.addCallback(
-                    lambda answer, i=index, name=impl.plugin_name:
-                    (answer, name) if answer is not None else ask(i))
-            if result is not None:
-                return result, impl.plugin_name
-        return None, None
-
-    return defer.maybeDeferred(ask, 0)

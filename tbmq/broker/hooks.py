@@ -19,6 +19,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.plugins import ordered_impls
 
 #: notification hooks the node looks up to skip when nobody implements them
 NOTIFICATIONS = (
@@ -53,10 +54,8 @@ class Hooks:
         self.wants_published = self._has["tbmq_message_published"]
         self.wants_delivered = self._has["tbmq_message_delivered"]
         self.wants_dropped = self._has["tbmq_message_dropped"]
-        impls = list(reversed(hook.tbmq_authenticate.get_hookimpls()))
-        rank = {name: i for i, name in enumerate(self.providers)}
-        impls.sort(key=lambda impl: (bool(impl.trylast), rank.get(impl.plugin_name, len(rank))))
-        names = [impl.plugin_name for impl in impls]
+        names = [impl.plugin_name
+                 for impl in ordered_impls(hook.tbmq_authenticate, self.providers)]
         everyone = [plugin for _, plugin in self.plugins.list_name_plugin()]
         self._auth_callers = []
         for name in names:

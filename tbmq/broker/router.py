@@ -212,10 +212,7 @@ class Router:
             else:
                 result = self.persisted.send(client_id, message, qos, flag, sids)
             if result is not None:
-                if pending is None:
-                    pending = [result]
-                else:
-                    pending.append(result)
+                pending = _add(pending, result)
         if pending is None:
             return None
         if len(pending) == 1:

@@ -157,11 +157,16 @@ class SessionManager:
             if info.persistent:
                 self.device_store.clear(client_id)
             return None
-        session = Session(self.ctx, client_id, persistent=True,
+        return self._rebuilt(info)
+
+    def _rebuilt(self, info) -> Session:
+        """A persistent session of this node rebuilt from its registry record
+        and its subscriptions (its deliveries stay in the stores)."""
+        session = Session(self.ctx, info.client_id, persistent=True,
                           expiry_interval=info.session_expiry_interval,
                           protocol_level=info.protocol_level, client_type=info.client_type)
-        session.subscriptions = self.book.of(client_id)
-        self.sessions[client_id] = session
+        session.subscriptions = self.book.of(info.client_id)
+        self.sessions[info.client_id] = session
         return session
 
     # -- what other nodes decide ----------------------------------------------------
@@ -342,15 +347,10 @@ class SessionManager:
                 if self.book.of(info.client_id):
                     self.book.put(info.client_id, {})
                 continue
-            session = Session(self.ctx, info.client_id, persistent=True,
-                              expiry_interval=info.session_expiry_interval,
-                              protocol_level=info.protocol_level,
-                              client_type=info.client_type)
+            session = self._rebuilt(info)
             session.session_id = info.session_id
             session.connected_at = info.connected_at
             session.disconnected_at = info.disconnected_at or now
-            session.subscriptions = self.book.of(info.client_id)
-            self.sessions[info.client_id] = session
             if info.connected or adopted:
                 self.publish_info(session)
             remaining = session.disconnected_at + session.expiry_interval - now
