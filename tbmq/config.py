@@ -42,6 +42,8 @@ __all__ = [
     "AuthConfig",
     "JwtConfig",
     "PostgresConfig",
+    "RedisConfig",
+    "KafkaConfig",
     "NodeConfig",
     "EventsConfig",
     "load_config",
@@ -50,6 +52,8 @@ __all__ = [
     "TLS_LISTENER_TYPES",
     "TLS_CLIENT_AUTH",
     "STORAGE_BACKENDS",
+    "DEVICE_STORES",
+    "KAFKA_DRIVERS",
 ]
 
 #: The prefix of environment variables read by :func:`load_config`.
@@ -69,6 +73,15 @@ EVENT_SINKS = ("file", "bus")
 
 #: Values of ``storage.backend``.
 STORAGE_BACKENDS = ("sqlite", "memory")
+
+#: Values of ``storage.device_store`` (None: the same as ``storage.backend``).
+DEVICE_STORES = ("sqlite", "memory", "redis", "postgres")
+
+#: Values of ``kafka.driver``.
+KAFKA_DRIVERS = ("kafka-python", "confluent")
+
+#: Values of ``kafka.acks``.
+KAFKA_ACKS = ("all", "1", "0")
 
 #: Values of ``storage.sqlite_synchronous`` (SQLite's ``PRAGMA synchronous``).
 SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL")
@@ -198,11 +211,22 @@ class StorageConfig:
     :ivar max_messages_per_client: the most deliveries the device message
         store keeps per persistent client, >= 1; beyond it the oldest are
         removed (TBMQ trims its Redis store the same way).  None: no limit.
+    :ivar device_store: where persistent DEVICE sessions' messages live:
+        ``sqlite``, ``memory``, ``redis`` (see :class:`RedisConfig`) or
+        ``postgres`` (see :class:`PostgresConfig`); None: the same as
+        ``backend``.
     """
 
     backend: str = "sqlite"
     sqlite_synchronous: str = "FULL"
     max_messages_per_client: int | None = None
+    device_store: str | None = None
+
+    @property
+    def device_store_name(self) -> str:
+        """:returns: the device message store to use: ``device_store``, or
+        ``backend`` when that is None."""
+        return self.device_store or self.backend
 
 
 @dataclass(frozen=True)
@@ -282,6 +306,67 @@ class PostgresConfig:
 
 
 @dataclass(frozen=True)
+class RedisConfig:
+    """Redis, for ``storage.device_store: redis`` (TBMQ's store of
+    persistent DEVICE messages).
+
+    :ivar url: ``redis://[:password@]host:port[/db]``.
+    :ivar pool_size: connections kept open, >= 1.
+    :ivar key_prefix: prepended to every key, so several clusters can share
+        one Redis.
+    :ivar message_ttl: seconds a stored message is kept, > 0 (TBMQ's
+        ``mqtt.persistent-session.device.persisted-messages.ttl``); None:
+        for ever.
+    """
+
+    url: str = "redis://127.0.0.1:6379/0"
+    pool_size: int = 4
+    key_prefix: str = "tbmq:"
+    message_ttl: int | None = 604800
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """Kafka, for ``bus: kafka``: the cluster's message bus.
+
+    :ivar bootstrap_servers: ``host:port[,host:port...]``.
+    :ivar driver: ``kafka-python`` (pure Python) or ``confluent``
+        (confluent-kafka on librdkafka, about ten times the throughput).
+    :ivar topic_prefix: prepended to every topic of the catalogue, so
+        several clusters can share one Kafka.
+    :ivar partitions: partitions of each topic created, >= 1.
+    :ivar replication_factor: replicas of each topic created, >= 1.
+    :ivar retention_ms: ``retention.ms`` of the topics created that are not
+        compacted, >= 1 (milliseconds).
+    :ivar acks: the producer's ``acks``: ``all`` (the default: a PUBACK
+        waits until every in-sync replica has the message), ``1`` or ``0``.
+    :ivar linger_ms: milliseconds the producer waits to fill a batch, >= 0.
+    :ivar fetch_max_wait_ms: milliseconds a fetch waits for records, >= 1.
+    :ivar max_poll_records: records one poll hands over at most, >= 1.
+    :ivar session_timeout_ms: milliseconds after which a silent consumer
+        leaves its group, >= 1000.
+    :ivar heartbeat_interval_ms: milliseconds between consumer heartbeats,
+        >= 100.
+    :ivar request_timeout_ms: milliseconds a produce or admin request may
+        take before it fails, >= 1000.
+    """
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    driver: str = "kafka-python"
+    topic_prefix: str = ""
+    partitions: int = 12
+    replication_factor: int = 1
+    retention_ms: int = 604800000
+    acks: str = "all"
+    linger_ms: int = 5
+    fetch_max_wait_ms: int = 20
+    max_poll_records: int = 5000
+    session_timeout_ms: int = 10000
+    heartbeat_interval_ms: int = 1000
+    request_timeout_ms: int = 30000
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     """This node's identity in a cluster, and its process's settings.
 
@@ -292,11 +377,18 @@ class NodeConfig:
         process, >= 0; 0 keeps Python's default (700).
     :ivar log_level: the lowest level of tbmq's log events that a ``twistd
         tbmq`` process writes: debug, info, warn, error or critical.
+    :ivar heartbeat_interval: seconds between two of this node's heartbeats
+        on the bus, > 0.
+    :ivar node_timeout: seconds without a heartbeat after which another
+        node counts a node as gone and its sessions as disconnected,
+        > ``heartbeat_interval``.
     """
 
     service_id: str | None = None
     gc_threshold: int = 50000
     log_level: str = "info"
+    heartbeat_interval: float = 5.0
+    node_timeout: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -345,7 +437,10 @@ class Config:
     :ivar storage: see :class:`StorageConfig`.
     :ivar auth: see :class:`AuthConfig`.
     :ivar postgres: see :class:`PostgresConfig`.
-    :ivar bus: the message bus provider's name (``memory`` in process).
+    :ivar redis: see :class:`RedisConfig`.
+    :ivar kafka: see :class:`KafkaConfig`.
+    :ivar bus: the message bus provider's name: ``memory`` (in process, one
+        node) or ``kafka`` (see :class:`KafkaConfig`).
     :ivar plugins: free-form settings per plugin name, read-only (nested
         mappings are read-only too, lists become tuples).
     :ivar events: see :class:`EventsConfig`.
@@ -358,6 +453,8 @@ class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     postgres: PostgresConfig = field(default_factory=PostgresConfig)
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
     bus: str = "memory"
     plugins: Mapping = field(default_factory=_empty_mapping, hash=False)
     events: EventsConfig = field(default_factory=EventsConfig)
@@ -438,9 +535,27 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "backend": _one_of(*STORAGE_BACKENDS),
         "sqlite_synchronous": _one_of(*SQLITE_SYNCHRONOUS),
         "max_messages_per_client": _range(1),
+        "device_store": _not_empty,
     },
     NodeConfig: {"service_id": _not_empty, "gc_threshold": _range(0),
-                 "log_level": _one_of(*LOG_LEVELS)},
+                 "log_level": _one_of(*LOG_LEVELS), "heartbeat_interval": _positive,
+                 "node_timeout": _positive},
+    RedisConfig: {"url": _not_empty, "pool_size": _range(1), "key_prefix": _not_empty,
+                  "message_ttl": _range(1)},
+    KafkaConfig: {
+        "bootstrap_servers": _not_empty,
+        "driver": _one_of(*KAFKA_DRIVERS),
+        "partitions": _range(1),
+        "replication_factor": _range(1),
+        "retention_ms": _range(1),
+        "acks": _one_of(*KAFKA_ACKS),
+        "linger_ms": _range(0),
+        "fetch_max_wait_ms": _range(1),
+        "max_poll_records": _range(1),
+        "session_timeout_ms": _range(1000),
+        "heartbeat_interval_ms": _range(100),
+        "request_timeout_ms": _range(1000),
+    },
     AuthConfig: {
         "credentials": _one_of("sqlite", "postgres", "memory"),
         "refresh_interval": _positive,
@@ -577,6 +692,10 @@ def _validate(config: Config) -> None:
     """The checks that involve more than one field."""
     if not config.listeners:
         _fail("listeners", "at least one listener is required")
+    if config.node.node_timeout <= config.node.heartbeat_interval:
+        _fail("node.node_timeout", "must be greater than node.heartbeat_interval")
+    if config.kafka.heartbeat_interval_ms * 3 > config.kafka.session_timeout_ms:
+        _fail("kafka.heartbeat_interval_ms", "must be at most a third of kafka.session_timeout_ms")
     seen: dict[str, int] = {}
     for i, listener in enumerate(config.listeners):
         if listener.name in seen:

@@ -69,8 +69,11 @@ class EmbeddedBackends:
             log = SQLiteTopicLog(self._runner(config))
         return InProcessBus(clock=clock, log=log)
 
-    def _stores(self, config):
-        backend = config.storage.backend
+    def _stores(self, config, backend=None):
+        """:returns: ``(retained store, device message store)`` of the
+        embedded backend ``backend`` (``storage.backend`` when None), or
+        None when it is not one of ours."""
+        backend = backend or config.storage.backend
         if backend == "memory":
             stores = self._memory.get(id(config))
             if stores is None:
@@ -96,7 +99,9 @@ class EmbeddedBackends:
 
     @hookimpl(trylast=True)
     def tbmq_device_message_store(self, config):
-        stores = self._stores(config)
+        """The memory or SQLite device store, when
+        ``storage.device_store_name`` names one of them."""
+        stores = self._stores(config, config.storage.device_store_name)
         return stores and stores[1]
 
     @hookimpl(trylast=True)

@@ -67,9 +67,12 @@ class Broker:
             retained_store = hook.tbmq_retained_store(config=config)
         if device_store is None:
             device_store = hook.tbmq_device_message_store(config=config)
-        if None in (retained_store, device_store):
+        if retained_store is None:
             raise ConfigError(
                 f"storage.backend: no plugin provides {config.storage.backend!r}")
+        if device_store is None:
+            raise ConfigError(f"storage.device_store: no plugin provides "
+                              f"{config.storage.device_store_name!r}")
         if credential_store is None:
             credential_store = hook.tbmq_credential_store(config=config, reactor=None)
             if credential_store is None:
