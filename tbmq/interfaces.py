@@ -85,7 +85,7 @@ class IMessageBus(IBackend):
             out).  A synchronous caller never sees these raised.
         """
 
-    def subscribe(topic, group, handler, from_beginning=False):
+    def subscribe(topic, group, handler, from_beginning=False, exclusive=False):
         """Consume ``topic`` as one member of consumer group ``group``.
 
         The topic's partitions are shared among the group's live members;
@@ -105,6 +105,13 @@ class IMessageBus(IBackend):
             instead of the group's committed offset (TBMQ replays the
             session topics from the beginning at every start; compaction
             and ``latest`` offsets are never relied upon).
+        :param exclusive: the caller promises that the group never has
+            more than one live member (a group of one node, or of the one
+            connection of one client).  A bus may then give that member
+            every partition at once, without a group join (Kafka: the
+            partitions assigned directly, reading from the group's committed
+            offsets, which takes milliseconds where a join takes seconds);
+            the in-process bus ignores it.
         :returns: an :class:`IConsumer`.
         """
 

@@ -156,9 +156,9 @@ class Broker:
         reader = self.downlink_reader
         group = "tbmq-downlink-" + self.service_id
         reader.basic = bus.subscribe(self.topics.downlink_basic(self.service_id), group,
-                                     reader.handle_basic)
+                                     reader.handle_basic, exclusive=True)
         reader.persisted = bus.subscribe(self.topics.downlink_persisted(self.service_id),
-                                         group, reader.handle_persisted)
+                                         group, reader.handle_persisted, exclusive=True)
         self.watcher = CredentialsWatcher(self.credential_store, self.connections, self.clock,
                                           self.config.auth.refresh_interval)
         yield self.watcher.start()

@@ -111,7 +111,8 @@ class Router:
         bus = self.bus
         self.consumer = bus.subscribe(self.topics.msg_all, "tbmq-msg-all", self._on_message)
         self.retained_consumer = bus.subscribe(
-            self.topics.msg_retained, "tbmq-retained-" + self.service_id, self._on_retained)
+            self.topics.msg_retained, "tbmq-retained-" + self.service_id, self._on_retained,
+            exclusive=True)
 
     # -- publish -------------------------------------------------------------
 

@@ -57,7 +57,8 @@ class SessionRegistry:
         :returns: a Deferred that fires once the replay is done.
         """
         self.consumer = self.bus.subscribe(self.topic, "tbmq-session-registry-" + self.service_id,
-                                           self._on_record, from_beginning=True)
+                                           self._on_record, from_beginning=True,
+                                           exclusive=True)
         return self.consumer.caught_up
 
     def _on_record(self, record: Record) -> None:
@@ -127,7 +128,7 @@ class SubscriptionBook:
         """
         self.consumer = self.bus.subscribe(
             self.topic, "tbmq-subscriptions-" + self.service_id, self._on_record,
-            from_beginning=True)
+            from_beginning=True, exclusive=True)
         return self.consumer.caught_up
 
     def _on_record(self, record: Record) -> None:

@@ -75,9 +75,9 @@ class SessionEvents:
         self.consumers = [
             bus.subscribe(topics.session_event_request, "tbmq-session-events", self._decide),
             bus.subscribe(topics.session_event_response(sid), "tbmq-session-responses-" + sid,
-                          self._on_response),
+                          self._on_response, exclusive=True),
             bus.subscribe(topics.client_disconnect(sid), "tbmq-disconnects-" + sid,
-                          self._on_disconnect),
+                          self._on_disconnect, exclusive=True),
         ]
         self.registry.listeners.append(self.on_registry_change)
 

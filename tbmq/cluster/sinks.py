@@ -266,15 +266,16 @@ class ApplicationReader:
                             () if sid is None else (sid,))
 
         self._follow(session, topic_filter, self.shared_topic_of(real_filter),
-                     "tbmq-app-shared-" + group, member_delivery)
+                     "tbmq-app-shared-" + group, member_delivery, exclusive=False)
 
-    def _follow(self, session, key, topic: str, group: str, delivery_of) -> None:
+    def _follow(self, session, key, topic: str, group: str, delivery_of,
+                exclusive: bool = True) -> None:
         holder: list = []
 
         def handle(record: Record):
             return session.deliver_app(delivery_of(record), holder[0] if holder else None)
 
-        consumer = self.bus.subscribe(topic, group, handle)
+        consumer = self.bus.subscribe(topic, group, handle, exclusive=exclusive)
         holder.append(consumer)
         session.app_consumers[key] = consumer
 

@@ -32,7 +32,7 @@ class FakeBus:
         self.published.append((topic, key, value))
         return None
 
-    def subscribe(self, topic, group, handler, from_beginning=False):
+    def subscribe(self, topic, group, handler, from_beginning=False, exclusive=False):
         return SimpleNamespace(topic=topic, group=group, handler=handler)
 
 
