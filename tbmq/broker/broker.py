@@ -6,7 +6,9 @@ does network I/O itself.
 
 from __future__ import annotations
 
+import os
 import socket
+import uuid
 
 import pluggy
 from twisted.internet import defer
@@ -19,6 +21,7 @@ from tbmq.broker.protocol import ConnectionContext
 from tbmq.broker.router import Router
 from tbmq.broker.session import SessionContext, TopicNameCache, next_seq
 from tbmq.broker.sessions import SessionManager
+from tbmq.cluster.membership import Membership
 from tbmq.cluster.registry import SessionRegistry, SubscriptionBook
 from tbmq.cluster.session_events import SessionEvents
 from tbmq.cluster.sinks import ApplicationReader, DownlinkReader, PersistedWriter
@@ -29,6 +32,38 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 def default_service_id() -> str:
     """TBMQ's service id default: the host name."""
     return socket.gethostname() or "tbmq"
+
+
+#: The file in ``data_dir`` that keeps a generated service id.
+SERVICE_ID_FILE = "service_id"
+
+
+def service_id_of(config) -> str:
+    """This node's service id: ``node.service_id``; else, for the embedded
+    bus, the host name (one node); else the id kept in
+    ``data_dir/service_id``, made once as ``<host name>-<8 hex digits>`` so
+    that two nodes on one host never share one.
+
+    :raises OSError: when the data directory cannot be written.
+    """
+    if config.node.service_id:
+        return config.node.service_id
+    if config.bus == "memory":
+        return default_service_id()
+    path = os.path.join(config.data_dir, SERVICE_ID_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            kept = f.read().strip()
+        if kept:
+            return kept
+    except FileNotFoundError:
+        pass
+    made = f"{default_service_id()}-{uuid.uuid4().hex[:8]}"
+    os.makedirs(config.data_dir, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(made + "\n")
+    os.replace(path + ".tmp", path)
+    return made
 
 
 class Broker:
@@ -57,7 +92,7 @@ class Broker:
         self.config = config
         self.plugins = plugins
         self.clock = clock
-        self.service_id = config.node.service_id or default_service_id()
+        self.service_id = service_id_of(config)
         hook = plugins.hook
         if bus is None:
             bus = hook.tbmq_message_bus(config=config, clock=clock)
@@ -98,8 +133,14 @@ class Broker:
         self.sessions = SessionManager(self._session_context, self.router, self.registry,
                                        self.book, self.service_id, self.sessions_by_id)
         self.events = SessionEvents(bus, self.topics, self.service_id, self.registry, clock,
-                                    self.sessions.drop_local, self.sessions.forget_local)
+                                    self.sessions.drop_local, self.sessions.forget_local,
+                                    self.sessions.take_over)
         self.sessions.events = self.events
+        self.membership = Membership(
+            bus, self.topics.nodes, self.service_id, clock, self.registry,
+            self.events.request_takeover, config.node.heartbeat_interval,
+            config.node.node_timeout,
+            tuple(f"{lc.name}={lc.endpoint}" for lc in config.listeners))
         self.persisted_writer = PersistedWriter(
             device_store, self.sessions_by_id, self.registry.locate, self.service_id, bus,
             self.topics.downlink_persisted, clock, next_seq, self.drops)
@@ -148,7 +189,7 @@ class Broker:
         backends = self._backends()
         for backend in backends:
             yield backend.start()
-        self.router.start()
+        retained_replayed = self.router.start()
         bus = self.bus
         writer = self.persisted_writer
         writer.consumer = bus.subscribe(self.topics.msg_persisted, "tbmq-msg-persisted",
@@ -164,14 +205,26 @@ class Broker:
         yield self.watcher.start()
         for message in (yield self.retained_store.load_all()):
             self.router.retained.set(message)
-        yield defer.gatherResults([self.registry.start(), self.book.start()],
+        yield defer.gatherResults([self.registry.start(), self.book.start(), retained_replayed],
                                   consumeErrors=True)
         self.events.start()
+        self.membership.start()
         restored = self.sessions.restore()
         self.log.info("broker {service_id} started: {sessions} persistent sessions, "
                       "{retained} retained messages", service_id=self.service_id,
                       sessions=restored, retained=len(self.router.retained))
         self.plugins.hook.tbmq_broker_started(broker=self)
+
+    def consumers(self) -> list:
+        """:returns: every bus consumer of this node (``IConsumer``), its
+        sessions' included."""
+        found = [self.router.consumer, self.router.retained_consumer,
+                 self.persisted_writer.consumer, self.downlink_reader.basic,
+                 self.downlink_reader.persisted, self.registry.consumer, self.book.consumer,
+                 self.membership.consumer, *self.events.consumers]
+        for session in self.sessions.sessions.values():
+            found.extend(session.app_consumers.values())
+        return [c for c in found if c is not None]
 
     def _backends(self) -> list:
         seen, out = set(), []
@@ -199,5 +252,11 @@ class Broker:
         for session in list(self.sessions.sessions.values()):
             if session.persistent and session.connection is None and session.disconnected_at is None:
                 session.disconnected_at = now
+        left = [c.stop() for c in self.consumers()]  # the others take the partitions
+        yield defer.DeferredList([d for d in left if d is not None], consumeErrors=True)
+        try:
+            yield self.membership.stop()
+        except Exception as e:
+            self.log.warn("last heartbeat not sent: {error}", error=e)
         for backend in reversed(self._backends()):
             yield backend.stop()

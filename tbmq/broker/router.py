@@ -105,14 +105,20 @@ class Router:
         self.application_shared = SharedApplicationSink(bus, topics.app_shared)
         self.consumer = None
 
-    def start(self) -> None:
+    def start(self):
         """Join the consumer groups of ``tbmq.msg.all`` (one group for the
-        whole cluster) and ``tbmq.msg.retained`` (one group per node)."""
+        whole cluster) and ``tbmq.msg.retained`` (one group per node, read
+        from the beginning: on Kafka a node that joins learns every retained
+        message there).
+
+        :returns: a Deferred that fires once ``tbmq.msg.retained`` is replayed.
+        """
         bus = self.bus
         self.consumer = bus.subscribe(self.topics.msg_all, "tbmq-msg-all", self._on_message)
         self.retained_consumer = bus.subscribe(
             self.topics.msg_retained, "tbmq-retained-" + self.service_id, self._on_retained,
-            exclusive=True)
+            from_beginning=True, exclusive=True)
+        return self.retained_consumer.caught_up
 
     # -- publish -------------------------------------------------------------
 

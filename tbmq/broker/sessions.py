@@ -193,6 +193,44 @@ class SessionManager:
         session.will = None
         del self.sessions[client_id]
 
+    def take_over(self, info) -> None:
+        """The node that held ``info`` (a
+        :class:`~tbmq.cluster.records.SessionInfo`) is gone: this node owns
+        the session now (it was asked once, by the session events).
+
+        A connection open there when the node died ended then: its will is
+        due now, after its Will Delay Interval, or when the session ends,
+        whichever is first [MQTT-3.1.3-9]; a delayed will the node had not
+        yet published is due at the time it was due there.  A persistent
+        session is kept here, offline, and expires ``expiry_interval`` after
+        its disconnect; a non-persistent one ends now (its will published,
+        its subscriptions removed).
+        """
+        now = self.clock.seconds()
+        client_id = info.client_id
+        if client_id in self.sessions:
+            return
+        disconnected_at = now if info.connected else (info.disconnected_at or now)
+        if not info.persistent or info.session_expiry_interval == 0:
+            if info.will is not None:
+                self.publish_will(client_id, info.will)
+            if self.book.of(client_id):
+                self.book.put(client_id, {})
+            self.registry.remove(client_id)
+            self.hooks.session_expired(client_id)
+            return
+        session = self._rebuilt(info)
+        session.session_id = uuid.uuid4().hex
+        session.connected_at = info.connected_at
+        session.disconnected_at = disconnected_at
+        session.will = info.will
+        if info.will is not None:
+            delay = info.will.properties.get(Property.WILL_DELAY_INTERVAL, 0)
+            session.will_timer = self.clock.callLater(
+                max(0.0, disconnected_at + delay - now), self._will_due, session)
+        self.publish_info(session)
+        self._schedule_expiry(session, disconnected_at + session.expiry_interval - now)
+
     def publish_info(self, session: Session):
         """Tell the cluster where ``session`` is and what it is
         (``tbmq.client.session``).

@@ -99,6 +99,8 @@ __all__ = [
     "DISCONNECT",
     "DISCONNECTED",
     "MESSAGE",
+    "NODE",
+    "NODE_GONE",
     "RETAINED",
     "SESSION",
     "SESSION_EVENT",
@@ -110,6 +112,7 @@ __all__ = [
     "BytesCodec",
     "Delivery",
     "DisconnectCommand",
+    "NodeInfo",
     "Record",
     "RecordCodec",
     "SessionEvent",
@@ -129,8 +132,12 @@ DISCONNECTED = "DISCONNECTED"
 #: :attr:`SessionEvent.kind`: forget the client's session (expired, or
 #: cleaned by an administrator).
 CLEAR_SESSION = "CLEAR_SESSION"
+#: :attr:`SessionEvent.kind`: the node :attr:`SessionEvent.service_id`, which
+#: held the session :attr:`SessionEvent.session_id`, is gone; the deciding
+#: node takes the session over (its will and expiry).
+NODE_GONE = "NODE_GONE"
 #: Every valid :attr:`SessionEvent.kind`.
-SESSION_EVENT_KINDS = (CONNECTION_REQUEST, DISCONNECTED, CLEAR_SESSION)
+SESSION_EVENT_KINDS = (CONNECTION_REQUEST, DISCONNECTED, CLEAR_SESSION, NODE_GONE)
 #: :attr:`SessionInfo.service_id` of a session no node holds yet: the node
 #: that starts on the data where it was found adopts it (the sessions an
 #: older embedded store kept in its own tables,
@@ -301,6 +308,26 @@ class SessionEventResponse:
     session_present: bool
     session: SessionInfo | None = None
     reason: str = ""
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    """A node's heartbeat (``tbmq.cluster.nodes``, key service id).
+
+    :ivar service_id: the node's service id.
+    :ivar started_at: seconds since the epoch when the node started.
+    :ivar sent_at: seconds since the epoch when this heartbeat was sent.
+    :ivar stopping: True in the last heartbeat of a node that stops
+        cleanly: the others take its sessions over at once.
+    :ivar listeners: ``tuple[str, ...]``, the node's listeners as
+        ``name=endpoint`` (for operators).
+    """
+
+    service_id: str
+    started_at: float
+    sent_at: float
+    stopping: bool = False
+    listeners: tuple = ()
 
 
 @dataclass(slots=True)
@@ -726,6 +753,27 @@ def _read_disconnect_v1(f: list) -> DisconnectCommand:
 #: ``tbmq.client.disconnect.<serviceId>``: :class:`DisconnectCommand`.
 DISCONNECT = RecordCodec("DisconnectCommand", DisconnectCommand, "dis", _write_disconnect,
                          {1: _read_disconnect_v1})
+
+def _write_node(n: NodeInfo) -> list:
+    listeners = n.listeners
+    if not isinstance(listeners, (tuple, list)):
+        raise _Bad(f"listeners: expected a tuple, got {type(listeners).__name__}")
+    return [_str(n.service_id, "service_id"), _float(n.started_at, "started_at"),
+            _float(n.sent_at, "sent_at"), _bool(n.stopping, "stopping"),
+            [_str(x, "listeners") for x in listeners]]
+
+
+def _read_node_v1(f: list) -> NodeInfo:
+    service_id, started_at, sent_at, stopping, listeners = _count(f, 5, "node")
+    if type(listeners) is not list:
+        raise _Bad("listeners: expected an array")
+    return NodeInfo(_str(service_id, "service_id"), _float(started_at, "started_at"),
+                    _float(sent_at, "sent_at"), _bool(stopping, "stopping"),
+                    tuple(_str(x, "listeners") for x in listeners))
+
+
+#: ``tbmq.cluster.nodes``: :class:`NodeInfo`.
+NODE = RecordCodec("NodeInfo", NodeInfo, "node", _write_node, {1: _read_node_v1})
 
 #: ``tbmq.events``: raw bytes.
 BYTES = BytesCodec()

@@ -39,6 +39,8 @@ class SessionRegistry:
     :param topic: the ``tbmq.client.session`` topic name.
     :param service_id: this node's service id (names the consumer group).
     :ivar sessions: client id → :class:`SessionInfo`.
+    :ivar by_node: service id → the set of client ids whose session that
+        node holds (connected or not).
     :ivar listeners: ``callable(client_id, old, new)`` called after each
         change (``old``/``new`` a :class:`SessionInfo` or None).
     """
@@ -48,6 +50,7 @@ class SessionRegistry:
         self.topic = topic
         self.service_id = service_id
         self.sessions: dict[str, SessionInfo] = {}
+        self.by_node: dict[str, set[str]] = {}
         self.listeners: list[Callable] = []
         self.consumer = None
 
@@ -69,6 +72,14 @@ class SessionRegistry:
         else:
             old = self.sessions.get(client_id)
             self.sessions[client_id] = new
+        if old is not None and (new is None or new.service_id != old.service_id):
+            held = self.by_node.get(old.service_id)
+            if held is not None:
+                held.discard(client_id)
+                if not held:
+                    del self.by_node[old.service_id]
+        if new is not None:
+            self.by_node.setdefault(new.service_id, set()).add(client_id)
         for listener in self.listeners:
             try:
                 listener(client_id, old, new)

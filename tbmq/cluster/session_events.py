@@ -12,6 +12,12 @@ that owns the client's partition decides for that client, in order:
   cluster knew of it — returns on
   ``tbmq.client.session.event.response.<serviceId>`` of the asking node.
 
+A session the registry still records on a node that is gone
+(:mod:`tbmq.cluster.membership`) is taken over by the member that decides
+for its client id, once: a :data:`~tbmq.cluster.records.NODE_GONE` event
+names the gone node and the session seen there, and only a registry that
+still shows that session there is acted upon.
+
 A node that sees, in the session registry, one of its sessions now held by
 another connection elsewhere forgets it: the will and the session expiry of
 a session belong to the one node that last held it, so no node fires them
@@ -28,6 +34,7 @@ from twisted.logger import Logger
 
 from tbmq.cluster.records import (
     CONNECTION_REQUEST,
+    NODE_GONE,
     DisconnectCommand,
     Record,
     SessionEvent,
@@ -52,11 +59,15 @@ class SessionEvents:
         :class:`~tbmq.cluster.records.DisconnectCommand` arrived).
     :param forget_local: ``forget_local(client_id, info)``: this node's
         offline session of ``client_id`` is now held elsewhere.
+    :param take_over: ``take_over(info)``: this node now owns the session
+        ``info`` (a :class:`~tbmq.cluster.records.SessionInfo`) of a node
+        that is gone: its will and its expiry.
     :param timeout: seconds a connect waits for its answer.
     """
 
     def __init__(self, bus, topics, service_id: str, registry, clock,
-                 drop_local: Callable, forget_local: Callable, timeout: float = 10.0) -> None:
+                 drop_local: Callable, forget_local: Callable,
+                 take_over: Callable = lambda info: None, timeout: float = 10.0) -> None:
         self.bus = bus
         self.topics = topics
         self.service_id = service_id
@@ -64,7 +75,10 @@ class SessionEvents:
         self.clock = clock
         self.drop_local = drop_local
         self.forget_local = forget_local
+        self.take_over = take_over
         self.timeout = timeout
+        #: client id -> session id taken over here, until the registry shows it
+        self._taken: dict[str, str] = {}
         self._pending: dict[str, defer.Deferred] = {}
         self.consumers: list = []
 
@@ -128,10 +142,24 @@ class SessionEvents:
         if d is not None:
             d.callback(response)
 
+    def request_takeover(self, info) -> None:
+        """Ask the cluster to take over ``info`` (a
+        :class:`~tbmq.cluster.records.SessionInfo` held by a node that is
+        gone); whichever node decides for the client id does it, once."""
+        event = SessionEvent(NODE_GONE, info.client_id, info.service_id, info.session_id,
+                             uuid.uuid4().hex, at=self.clock.seconds())
+        sent = self.bus.publish(self.topics.session_event_request, info.client_id, event)
+        if sent is not None:
+            sent.addErrback(lambda f: log.warn("takeover of {client_id} not asked: {error}",
+                                               client_id=info.client_id,
+                                               error=f.getErrorMessage()))
+
     # -- deciding (one member per client id) ----------------------------------------------
 
     def _decide(self, record: Record):
         event: SessionEvent = record.value
+        if event.kind == NODE_GONE:
+            return self._take_over(event)
         if event.kind != CONNECTION_REQUEST:
             return None
         info = self.registry.get(event.client_id)
@@ -145,6 +173,17 @@ class SessionEvents:
         return self.bus.publish(self.topics.session_event_response(event.service_id),
                                 event.client_id, response)
 
+    def _take_over(self, event: SessionEvent) -> None:
+        info = self.registry.get(event.client_id)
+        if (info is None or info.service_id != event.service_id
+                or info.session_id != event.session_id
+                or self._taken.get(event.client_id) == event.session_id):
+            return  # moved, ended or taken over already
+        self._taken[event.client_id] = event.session_id
+        log.info("taking over session {client_id} of gone node {node}",
+                 client_id=event.client_id, node=event.service_id)
+        self.take_over(info)
+
     # -- carrying out ------------------------------------------------------------------------
 
     def _on_disconnect(self, record: Record) -> None:
@@ -154,6 +193,9 @@ class SessionEvents:
     def on_registry_change(self, client_id: str, old, new) -> None:
         """A session now held by another node's connection: if this node
         kept it (offline, with its will and expiry timers), forget it."""
+        taken = self._taken.get(client_id)
+        if taken is not None and (new is None or new.session_id != taken):
+            del self._taken[client_id]
         if new is not None and new.service_id != self.service_id and (
                 old is None or old.session_id != new.session_id):
             self.forget_local(client_id, new)

@@ -16,6 +16,7 @@ name (after the prefix)                        codec (:mod:`.records`)      comp
 ``tbmq.client.session.event.request``          ``SESSION_EVENT``            no        no
 ``tbmq.client.session.event.response.<sid>``   ``SESSION_EVENT_RESPONSE``   no        no
 ``tbmq.client.disconnect.<serviceId>``         ``DISCONNECT``               no        no
+``tbmq.cluster.nodes``                         ``NODE``                     no        no
 ``tbmq.events``                                ``BYTES``                    no        no
 ============================================== ============================ ========= =======
 
@@ -74,6 +75,7 @@ SESSION_EVENT_REQUEST = "tbmq.client.session.event.request"
 SESSION_EVENT_RESPONSE = "tbmq.client.session.event.response."
 CLIENT_DISCONNECT = "tbmq.client.disconnect."
 EVENTS = "tbmq.events"
+NODES = "tbmq.cluster.nodes"
 
 #: the longest fixed part a variable name is appended to
 _LONGEST_BASE = max(len(DOWNLINK_PERSISTED), len(SESSION_EVENT_RESPONSE), len(APP_SHARED))
@@ -86,6 +88,7 @@ _EXACT = {
     CLIENT_SUBSCRIPTIONS: records.SUBSCRIPTIONS,
     SESSION_EVENT_REQUEST: records.SESSION_EVENT,
     EVENTS: records.BYTES,
+    NODES: records.NODE,
 }
 # (base, codec): the topics named base + <part>; longest bases first
 _FAMILIES = (
@@ -126,11 +129,12 @@ class TopicCatalogue:
         characters.
     :raises ValueError: for a prefix that is not.
     :ivar msg_all, msg_retained, msg_persisted, client_session,
-        client_subscriptions, session_event_request, events: the fixed names.
+        client_subscriptions, session_event_request, events, nodes: the
+        fixed names.
     """
 
     __slots__ = ("prefix", "msg_all", "msg_retained", "msg_persisted", "client_session",
-                 "client_subscriptions", "session_event_request", "events", "_room")
+                 "client_subscriptions", "session_event_request", "events", "nodes", "_room")
 
     def __init__(self, prefix: str = "") -> None:
         if not isinstance(prefix, str) or not _PREFIX.match(prefix):
@@ -147,6 +151,13 @@ class TopicCatalogue:
         self.client_subscriptions = prefix + CLIENT_SUBSCRIPTIONS
         self.session_event_request = prefix + SESSION_EVENT_REQUEST
         self.events = prefix + EVENTS
+        self.nodes = prefix + NODES
+
+    def fixed(self) -> tuple[str, ...]:
+        """:returns: every fixed topic name (prefix applied): the topics a
+        bus creates at start."""
+        return (self.msg_all, self.msg_retained, self.msg_persisted, self.client_session,
+                self.client_subscriptions, self.session_event_request, self.nodes)
 
     # -- the families --------------------------------------------------------------
 

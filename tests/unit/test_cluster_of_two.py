@@ -5,7 +5,7 @@ registry, session events and takeover, wills) before any Kafka exists."""
 from __future__ import annotations
 
 import pytest
-from twisted.internet import task
+from twisted.internet import defer, task
 
 from tbmq.auth import AuthResult
 from tbmq.backends.inprocess_bus import InProcessBus
@@ -36,6 +36,24 @@ class ApplicationsByName:
         return None
 
 
+class SharedBus:
+    """One node's handle on the bus the nodes share: the node starts and
+    stops its handle, the cluster owns the bus (each Kafka client of a real
+    node is its own)."""
+
+    def __init__(self, bus) -> None:
+        self._bus = bus
+
+    def __getattr__(self, name):
+        return getattr(self._bus, name)
+
+    def start(self):
+        return defer.succeed(None)
+
+    def stop(self):
+        return defer.succeed(None)
+
+
 class Node:
     """One broker node on the shared bus, clock and device store."""
 
@@ -46,7 +64,7 @@ class Node:
             "auth": {"credentials": "memory"}})
         plugins = make_plugin_manager(self.config, load_entry_points=False)
         plugins.register(ApplicationsByName(), name="test-applications")
-        self.broker = Broker(self.config, plugins, self.clock, bus=cluster.bus,
+        self.broker = Broker(self.config, plugins, self.clock, bus=SharedBus(cluster.bus),
                              retained_store=MemoryRetainedStore(),
                              device_store=cluster.device_store,
                              credential_store=MemoryCredentialStore())
@@ -57,6 +75,21 @@ class Node:
     def turn(self) -> None:
         self.clock.advance(0)
 
+    def kill(self) -> None:
+        """Die as a killed process does: no more heartbeats, every consumer
+        gone from its group, nothing said to anyone (its clients' sockets
+        are left as they are)."""
+        broker = self.broker
+        broker.membership._loop.stop()
+        consumers = broker.consumers()
+        for session in broker.sessions.sessions.values():
+            for name in ("will_timer", "expiry_timer"):
+                timer = getattr(session, name)
+                if timer is not None and timer.active():
+                    timer.cancel()
+        for consumer in consumers:
+            consumer.stop()
+
     #: connect a client to this node (consumes its CONNACK)
     client = Harness.client
 
@@ -66,9 +99,14 @@ class Cluster:
         self.clock = task.Clock()
         self.clock.advance(1_700_000_000)
         self.bus = InProcessBus(clock=self.clock, encode=encode)
+        self.bus.start()
         self.device_store = MemoryDeviceMessageStore()
         self.a = Node(self, "node-a")
         self.b = Node(self, "node-b")
+
+    def third(self) -> Node:
+        """:returns: a third node, joining now."""
+        return Node(self, "node-c")
 
 
 def sub(client, topic_filter, qos=1):
@@ -218,3 +256,66 @@ def test_a_delayed_will_is_not_fired_when_the_session_resumes_on_another_node(cl
     assert again.connack.session_present is True
     cluster.clock.advance(10)
     assert watcher.received() == []  # [MQTT-3.1.3-9]
+
+
+def test_a_killed_nodes_sessions_are_taken_over_once_with_their_wills(cluster):
+    c = cluster.third()
+    watchers = [cluster.b.client("wb"), c.client("wc")]
+    for w in watchers:
+        sub(w, "wills/#")
+    expiry = {Property.SESSION_EXPIRY_INTERVAL: 120}
+    cluster.a.client("persistent", level=5, clean_start=False, properties=expiry,
+                     will=Will("wills/persistent", b"p", qos=1))
+    cluster.a.client("plain", level=5, will=Will("wills/plain", b"n", qos=1))
+    delayed = Will("wills/delayed", b"d", qos=1, properties={Property.WILL_DELAY_INTERVAL: 20})
+    cluster.a.client("delayed", level=5, clean_start=False, properties=expiry, will=delayed)
+    cluster.clock.advance(1)
+    cluster.a.kill()
+    timeout = cluster.a.config.node.node_timeout
+    for _ in range(int(timeout) + 6):
+        cluster.clock.advance(1)
+    for w in watchers:
+        assert sorted(m.payload for m in w.received()) == [b"n", b"p"]
+    registry = cluster.b.broker.registry
+    assert "plain" not in registry.sessions  # a non-persistent session ended with its node
+    for client_id in ("persistent", "delayed"):
+        info = registry.get(client_id)
+        assert info.service_id in ("node-b", "node-c") and not info.connected
+        assert c.broker.registry.get(client_id) == info
+    assert cluster.b.broker.membership.alive() == ["node-b", "node-c"]
+    cluster.clock.advance(20)  # the delayed will is due 20 s after its node died
+    for w in watchers:
+        assert [m.payload for m in w.received()] == [b"d"]
+    cluster.clock.advance(120)  # and the sessions expire on their new node
+    assert "persistent" not in registry.sessions and "delayed" not in registry.sessions
+    for w in watchers:
+        assert w.received() == []
+
+
+def test_a_persistent_device_of_a_killed_node_gets_what_it_missed_on_another(cluster):
+    expiry = {Property.SESSION_EXPIRY_INTERVAL: 300}
+    device = cluster.a.client("dev", level=5, clean_start=False, properties=expiry)
+    sub(device, "cmd/dev", qos=1)
+    cluster.a.kill()
+    publisher = cluster.b.client("pub")
+    for i in range(5):
+        publisher.send(Publish("cmd/dev", str(i).encode(), qos=1, packet_id=i + 1))
+    assert [p.packet_id for p in publisher.received()] == [1, 2, 3, 4, 5]
+    for _ in range(int(cluster.a.config.node.node_timeout) + 6):
+        cluster.clock.advance(1)
+    again = cluster.b.client("dev", level=5, clean_start=False, properties=expiry)
+    assert again.connack.session_present is True
+    got = again.pending + again.received()
+    assert [m.payload for m in got] == [b"0", b"1", b"2", b"3", b"4"]
+
+
+def test_a_node_that_stops_cleanly_hands_its_offline_sessions_over_at_once(cluster):
+    expiry = {Property.SESSION_EXPIRY_INTERVAL: 60}
+    cluster.a.client("kept", level=5, clean_start=False, properties=expiry).lose()
+    stopped = cluster.a.broker.stop()
+    cluster.clock.advance(1)
+    assert stopped.called
+    info = cluster.b.broker.registry.get("kept")
+    assert info.service_id == "node-b" and not info.connected
+    cluster.clock.advance(61)
+    assert cluster.b.broker.registry.get("kept") is None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from twisted.internet import task
+from twisted.internet import defer, task
 
 from tbmq.broker.hooks import DropCounter
 from tbmq.broker.outbound import Holds, TurnFlusher
@@ -33,7 +33,8 @@ class FakeBus:
         return None
 
     def subscribe(self, topic, group, handler, from_beginning=False, exclusive=False):
-        return SimpleNamespace(topic=topic, group=group, handler=handler)
+        return SimpleNamespace(topic=topic, group=group, handler=handler,
+                               caught_up=defer.succeed(None))
 
 
 class FakeSession:
