@@ -20,7 +20,7 @@ from tbmq.model import ClientType
 from tbmq.mqtt import MQTT_5, Auth, Connack, Connect, Property
 from tbmq.mqtt.topics import TopicError, validate_topic_name
 from tbmq.broker.session import valid_utf8
-from tbmq.errors import ProtocolViolation  # noqa: F401  (raised by handle_auth)
+from tbmq.errors import BusError, ProtocolViolation  # noqa: F401  (ProtocolViolation: raised by handle_auth)
 
 #: (protocol name, level) pairs this broker speaks [MQTT-3.1.2-1, -2]
 SUPPORTED = {("MQIsdp", 3), ("MQTT", 4), ("MQTT", 5)}
@@ -224,7 +224,11 @@ class ConnectFlow:
     def _session_refused(self, failure) -> None:
         """No answer from the cluster: CONNACK 0x88 Server unavailable (v3:
         0x03) and the client retries."""
-        self.log.failure("no session for {client_id}", failure, client_id=self._client_id())
+        if failure.check(BusError):
+            self.log.warn("no session for {client_id}: {error}", client_id=self._client_id(),
+                          error=failure.getErrorMessage())
+        else:
+            self.log.failure("no session for {client_id}", failure, client_id=self._client_id())
         if not self._gone():
             self._drop_held()
             self._refuse(0x88, 0x03, "the cluster did not answer the connect request")

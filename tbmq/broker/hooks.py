@@ -12,6 +12,7 @@ implements them.  The core names no plugin.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pluggy
@@ -173,10 +174,33 @@ class DropCounter:
     :ivar counts: reason → count.
     """
 
-    __slots__ = ("counts",)
+    __slots__ = ("counts", "_refused_logged_at", "_refused_since_log")
+
+    #: seconds between two log lines about messages the bus refused
+    REFUSED_LOG_INTERVAL = 10.0
+
+    log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
+        self._refused_logged_at = float("-inf")
+        self._refused_since_log = 0
 
     def add(self, reason: str, n: int = 1) -> None:
         self.counts[reason] = self.counts.get(reason, 0) + n
+
+    def refused(self, failure) -> None:
+        """A publisher's message was not taken by the bus (``failure`` of a
+        :class:`tbmq.errors.BusError`): counted as ``bus_refused`` (it was
+        never acknowledged) and logged at most once every
+        :data:`REFUSED_LOG_INTERVAL` seconds with the count since the last
+        line, so an outage does not flood the log."""
+        self.add("bus_refused")
+        self._refused_since_log += 1
+        now = time.monotonic()
+        if now - self._refused_logged_at >= self.REFUSED_LOG_INTERVAL:
+            self.log.warn("{count} message(s) not accepted by the bus, not acknowledged: "
+                          "{error}", count=self._refused_since_log,
+                          error=failure.getErrorMessage())
+            self._refused_logged_at = now
+            self._refused_since_log = 0

@@ -367,8 +367,12 @@ class Session(Outbox):
     def ack_when(self, result, packet, duplicate: bool = False) -> None:
         """Send ``packet`` (PUBACK or PUBREC) when ``result`` (None or a
         Deferred) is done, after every ack queued before it [MQTT-4.6.0-2].
-        If the Deferred fails, the message was not accepted: nothing is
-        acknowledged and the connection is closed so the client resends it."""
+        If the Deferred fails, the message was not accepted (the bus is
+        unreachable or refused it): a v5 client gets the PUBACK / PUBREC
+        with 0x83 Implementation specific error, in its turn, and may send
+        the message again; a v3 client, which has no negative
+        acknowledgement, is disconnected without one, so it resends the
+        message when it reconnects [MQTT-4.4.0-1]."""
         acks = self._acks
         if result is None and not acks:
             self._send_ack(packet, duplicate)
@@ -383,8 +387,12 @@ class Session(Outbox):
                 self._flush_acks(conn)
 
             def failed(failure):
-                self.log.failure("message from {client_id} not accepted; closing without ack",
-                                 failure, client_id=self.client_id)
+                self.ctx.drops.refused(failure)
+                if conn is not None and conn.protocol_level >= MQTT_5:
+                    entry[0] = type(packet)(packet.packet_id, 0x83)
+                    entry[1] = True
+                    self._flush_acks(conn)
+                    return
                 if self.connection is conn and conn is not None:
                     conn.disconnect(0x80)
                 self._acks.clear()

@@ -1,0 +1,69 @@
+"""What a node answers while its bus refuses work (Kafka unreachable): the
+publisher is never acknowledged for a message the bus did not take, v5
+clients hear why (PUBACK / PUBREC 0x83, CONNACK 0x88), and the node goes on
+by itself once the bus takes records again."""
+
+from __future__ import annotations
+
+from twisted.internet import defer, task
+
+from tbmq.backends.inprocess_bus import InProcessBus
+from tbmq.errors import BusPublishError
+from tbmq.mqtt import Puback, Publish, Pubrec, Subscribe, SubscriptionRequest
+from tests.helpers import Harness
+
+
+class FlakyBus(InProcessBus):
+    """The in-process bus, except that while :attr:`down` every publish
+    fails as a Kafka publish does when no broker answers."""
+
+    down = False
+
+    def publish(self, topic, key, value, headers=()):
+        if self.down:
+            return defer.fail(BusPublishError(f"{topic}: no broker answered"))
+        return super().publish(topic, key, value, headers)
+
+
+def harness():
+    clock = task.Clock()
+    clock.advance(1_700_000_000)
+    bus = FlakyBus(clock=clock)
+    return Harness(clock=clock, bus=bus), bus
+
+
+def test_v5_publishers_get_0x83_while_the_bus_refuses_and_0x00_after():
+    h, bus = harness()
+    sub = h.client("sub", level=5)
+    sub.send(Subscribe(1, [SubscriptionRequest("t/#", 1)]))
+    sub.received()
+    pub = h.client("pub", level=5)
+    bus.down = True
+    pub.send(Publish("t/1", b"a", qos=1, packet_id=1), Publish("t/2", b"b", qos=2, packet_id=2))
+    assert pub.received() == [Puback(1, 0x83), Pubrec(2, 0x83)]
+    assert not pub.closed
+    assert h.broker.dropped.get("bus_refused") == 2
+    assert sub.received() == []
+    bus.down = False
+    pub.send(Publish("t/3", b"c", qos=1, packet_id=3))
+    assert pub.received() == [Puback(3)]
+    assert [m.payload for m in sub.received()] == [b"c"]
+
+
+def test_a_v3_publisher_is_closed_unacknowledged_so_it_sends_again():
+    h, bus = harness()
+    pub = h.client("pub", level=4)
+    bus.down = True
+    pub.send(Publish("t/1", b"a", qos=1, packet_id=1))
+    assert pub.received() == [] and pub.closed
+
+
+def test_a_connect_while_the_bus_refuses_gets_connack_0x88_then_succeeds():
+    h, bus = harness()
+    bus.down = True
+    refused = h.client("c", level=5)
+    assert refused.connack.reason_code == 0x88 and refused.closed
+    v3 = h.client("c3", level=4)
+    assert v3.connack.reason_code == 0x03 and v3.closed
+    bus.down = False
+    assert h.client("c", level=5).connack.reason_code == 0
