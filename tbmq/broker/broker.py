@@ -209,6 +209,10 @@ class Broker:
                                   consumeErrors=True)
         self.events.start()
         self.membership.start()
+        # accept clients only once every consumer group is joined and
+        # positioned: a message acknowledged before tbmq.msg.all's group
+        # has a position would be read from past it
+        yield defer.gatherResults([c.caught_up for c in self.consumers()], consumeErrors=True)
         restored = self.sessions.restore()
         self.log.info("broker {service_id} started: {sessions} persistent sessions, "
                       "{retained} retained messages", service_id=self.service_id,
