@@ -232,7 +232,7 @@ class Router:
         publisher = message.publisher
         msg_qos = message.qos
         out = []
-        for client_id, options in tuple(subs.items()):
+        for client_id, options in subs.items():  # nothing below changes subs
             if type(options) is SharedGroup:
                 if self._applications(options):
                     out.append((options, msg_qos, (), False))
