@@ -51,6 +51,8 @@ events = st.builds(r.SessionEvent, st.sampled_from(r.SESSION_EVENT_KINDS), text,
 responses = st.builds(r.SessionEventResponse, text, text, st.booleans(), st.booleans(),
                       st.none() | sessions, text)
 disconnects = st.builds(r.DisconnectCommand, text, text, st.integers(0, 255))
+nodes = st.builds(r.NodeInfo, text, times, times, st.booleans(),
+                  st.lists(text, max_size=3).map(tuple))
 
 CASES = [
     (r.MESSAGE, messages),
@@ -61,6 +63,7 @@ CASES = [
     (r.SESSION_EVENT, events),
     (r.SESSION_EVENT_RESPONSE, responses),
     (r.DISCONNECT, disconnects),
+    (r.NODE, nodes),
     (r.BYTES, st.binary(max_size=100)),
 ]
 CODECS = [codec for codec, _ in CASES]
@@ -146,6 +149,8 @@ def test_the_message_array_is_the_documented_layout():
     (r.SUBSCRIPTIONS, r.SubscriptionsRecord("c", {"a": 1})),
     (r.SESSION_EVENT, r.SessionEvent("CONNECT", "c", "n", "s", "q")),
     (r.DISCONNECT, r.DisconnectCommand("c", "s", 256)),
+    (r.NODE, r.NodeInfo("n", 0.0, 0.0, False, "a=b")),
+    (r.NODE, r.NodeInfo("n", 0.0, 0.0, "no")),
     (r.BYTES, "text"),
     (r.MESSAGE, None),
     (r.DELIVERY, None),

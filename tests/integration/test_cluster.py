@@ -1,0 +1,215 @@
+"""A cluster of ``twistd -n tbmq`` processes on one Kafka-protocol broker
+(Tansu), one Redis and one PostgreSQL: traffic between nodes, persistent
+DEVICE and APPLICATION sessions that move between nodes, takeover, a node
+that joins, and a node killed under load without losing an acknowledged
+message.
+
+Two nodes (A and B) run for the whole module; the join test adds C; the
+last test kills A.  Each test uses its own topics and client ids.
+"""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.integration.cluster import ClusterNode, CountingPublisher, Services
+from tests.integration.helpers import REPO_ROOT, PahoClient, props, uid
+from tests.postgres import new_database
+
+pytestmark = pytest.mark.timeout(600)
+
+APP_USER, APP_PASSWORD = "app-user", "app-secret"
+
+
+@pytest.fixture(scope="module")
+def services(kafka_bootstrap, redis_url, postgres_dsn):
+    return Services(kafka_bootstrap, redis_url, new_database(postgres_dsn), f"c{uid()[:8]}")
+
+
+@pytest.fixture(scope="module")
+def nodes(services, tmp_path_factory):
+    """Nodes A and B (C joins in a test); stopped at the end of the module."""
+    workdir = tmp_path_factory.mktemp("cluster")
+    started: dict[str, ClusterNode] = {}
+    a = ClusterNode(workdir, services, "node-a")
+    b = ClusterNode(workdir, services, "node-b")
+    started["a"], started["b"] = a.start(), b.start()
+    started["workdir"] = workdir
+    _add_application_credentials(services, workdir)
+    yield started
+    for key, node in started.items():
+        if isinstance(node, ClusterNode):
+            try:
+                node.stop()
+            finally:
+                node.kill()
+
+
+def _add_application_credentials(services: Services, workdir) -> None:
+    config = workdir / "cli.yml"
+    config.write_text(f"auth:\n  credentials: postgres\npostgres:\n  dsn: \"{services.dsn}\"\n")
+    subprocess.run(
+        [sys.executable, "-m", "tbmq.cli", "credentials", "add", "--config", str(config),
+         "--type", "basic", "--name", "app", "--client-type", "APPLICATION",
+         "--username", APP_USER, "--password", APP_PASSWORD, "--rounds", "4"],
+        check=True, cwd=REPO_ROOT, capture_output=True)
+
+
+def _client(node: ClusterNode, client_id: str | None = None, version: int = 5,
+            **connect) -> PahoClient:
+    c = PahoClient(node.port, version, client_id=client_id)
+    return c.connect_and_wait(timeout=30, **connect)
+
+
+def _payloads(client: PahoClient, n: int, timeout: float = 30.0) -> list[bytes]:
+    return [m.payload for m in client.get_many(n, timeout)]
+
+
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_a_publisher_on_a_reaches_subscribers_on_b(nodes, qos):
+    topic = f"x/{uid()}"
+    subs = [_client(nodes["b"], version=v) for v in (4, 5)]
+    for s in subs:
+        assert s.subscribe(topic + "/#", qos=2) == [2]
+    time.sleep(1.0)  # the subscription reaches node A's trie through Kafka
+    pub = _client(nodes["a"])
+    for i in range(20):
+        pub.publish(f"{topic}/{i % 3}", str(i).encode(), qos=qos)
+    for s in subs:
+        got = s.get_many(20, timeout=30)
+        assert [m.payload for m in got] == [str(i).encode() for i in range(20)]
+        assert {m.qos for m in got} == {qos}
+    for c in (*subs, pub):
+        c.close()
+
+
+def test_a_persistent_device_gets_what_it_missed_on_another_node_in_order(nodes):
+    topic, cid = f"dev/{uid()}", f"dev-{uid()}"
+    device = _client(nodes["a"], cid, clean_start=False, session_expiry=300)
+    assert device.subscribe(topic, qos=1) == [1]
+    device.disconnect()
+    pub = _client(nodes["b"])
+    for i in range(50):
+        pub.publish(topic, str(i).encode(), qos=1)
+    again = _client(nodes["b"], cid, clean_start=False, session_expiry=300)
+    assert again.session_present is True
+    assert _payloads(again, 50) == [str(i).encode() for i in range(50)]
+    for c in (again, pub):
+        c.close()
+
+
+def test_a_persistent_application_gets_what_it_missed_on_another_node_in_order(nodes):
+    topic, cid = f"app/{uid()}", f"app-{uid()}"
+    app = PahoClient(nodes["a"].port, 5, client_id=cid)
+    app.client.username_pw_set(APP_USER, APP_PASSWORD)
+    app.connect_and_wait(clean_start=False, session_expiry=300, timeout=30)
+    assert app.subscribe(topic, qos=1) == [1]
+    app.disconnect()
+    pub = _client(nodes["b"])
+    for i in range(50):
+        pub.publish(topic, str(i).encode(), qos=1)
+    again = PahoClient(nodes["b"].port, 5, client_id=cid)
+    again.client.username_pw_set(APP_USER, APP_PASSWORD)
+    again.connect_and_wait(clean_start=False, session_expiry=300, timeout=30)
+    assert again.session_present is True
+    assert _payloads(again, 50, timeout=60) == [str(i).encode() for i in range(50)]
+    for c in (again, pub):
+        c.close()
+
+
+def test_a_session_is_taken_over_across_nodes(nodes):
+    cid = f"dup-{uid()}"
+    first = _client(nodes["a"], cid)
+    second = _client(nodes["b"], cid)
+    first.wait_disconnected(timeout=30)
+    assert first.disconnects[-1][0] == 0x8E  # session taken over
+    assert second.client.is_connected()
+    for c in (first, second):
+        c.close()
+
+
+def test_a_node_that_joins_serves_existing_subscriptions_and_retained_messages(nodes, services):
+    topic = f"join/{uid()}"
+    watcher = _client(nodes["a"], f"w-{uid()}", clean_start=False, session_expiry=300)
+    assert watcher.subscribe(topic + "/#", qos=1) == [1]
+    _client(nodes["b"]).publish(topic + "/kept", b"retained", qos=1, retain=True)
+    assert watcher.get().payload == b"retained"
+    c = ClusterNode(nodes["workdir"], services, "node-c")
+    nodes["c"] = c.start()
+    late = _client(c)
+    late.subscribe(topic + "/#", qos=1)
+    got = late.get(timeout=30)
+    assert (got.topic, got.payload, got.retain) == (topic + "/kept", b"retained", True)
+    pub = _client(c)
+    pub.publish(topic + "/new", b"from-c", qos=1)
+    assert watcher.get_for(topic + "/new", timeout=30).payload == b"from-c"
+    for x in (watcher, late, pub):
+        x.close()
+
+
+def test_a_node_killed_under_qos1_load_loses_no_acknowledged_message(nodes):
+    """SIGKILL node A while publishers on A and C send QoS 1 and persistent
+    subscribers on A and B receive: the clients of A reconnect to the
+    others; every message a publisher was acknowledged for arrives at both
+    subscribers (duplicates allowed, counted)."""
+    a, b, c = nodes["a"], nodes["b"], nodes["c"]
+    topic = f"load/{uid()}"
+    subscribers = {}
+    for name, node in (("on-a", a), ("on-b", b)):
+        cid = f"s-{name}-{uid()}"
+        s = _client(node, cid, clean_start=False, session_expiry=600)
+        assert s.subscribe(topic + "/#", qos=1) == [1]
+        subscribers[name] = (cid, s)
+    time.sleep(1.0)
+    publishers = {"pub-a": CountingPublisher([a.port, b.port], topic + "/a").start(),
+                  "pub-c": CountingPublisher([c.port], topic + "/c").start()}
+    time.sleep(3.0)
+    a.kill()
+    # A's persistent subscriber comes back on B at once (a client does not
+    # wait for the cluster to notice)
+    cid, lost = subscribers["on-a"]
+    received_before = _drain(lost)
+    lost.close()
+    time.sleep(0.5)
+    back = _client(b, cid, clean_start=False, session_expiry=600)
+    assert back.session_present is True
+    subscribers["on-a"] = (cid, back)
+    time.sleep(8.0)
+    for p in publishers.values():
+        p.stop()
+    time.sleep(2.0)
+    report = []
+    for name, (cid, s) in subscribers.items():
+        got = _drain(s, settle=15.0)
+        if name == "on-a":
+            got = received_before + got
+        for pub_name, p in publishers.items():
+            suffix = "/" + pub_name[-1]
+            numbers = [int(m.payload) for m in got if m.topic == topic + suffix]
+            seen = set(numbers)
+            missing = sorted(p.acked - seen)
+            report.append(f"{name} from {pub_name}: sent {p.sent}, acknowledged "
+                          f"{len(p.acked)}, received {len(numbers)} ({len(seen)} distinct, "
+                          f"{len(numbers) - len(seen)} duplicates), acknowledged but missing "
+                          f"{len(missing)}")
+            assert not missing, "\n".join(report) + f"\nmissing: {missing[:20]}"
+        s.close()
+    print("\n".join(report))
+    assert all(len(p.acked) > 100 for p in publishers.values()), report
+
+
+def _drain(client: PahoClient, settle: float = 0.0) -> list:
+    """Everything ``client`` received, waiting until nothing came for
+    ``settle`` seconds (or not at all)."""
+    out = []
+    while True:
+        try:
+            out.append(client.messages.get(timeout=settle) if settle else
+                       client.messages.get_nowait())
+        except queue.Empty:
+            return out
