@@ -136,6 +136,7 @@ class Broker:
                                     self.sessions.drop_local, self.sessions.forget_local,
                                     self.sessions.take_over)
         self.sessions.events = self.events
+        self.registry.stale_listeners.append(self.sessions.restate)
         self.membership = Membership(
             bus, self.topics.nodes, self.service_id, clock, self.registry,
             self.events.request_takeover, config.node.heartbeat_interval,

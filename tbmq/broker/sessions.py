@@ -231,6 +231,14 @@ class SessionManager:
         self.publish_info(session)
         self._schedule_expiry(session, disconnected_at + session.expiry_interval - now)
 
+    def restate(self, client_id: str, current, late) -> None:
+        """A late record about ``client_id`` reached the registry (see
+        :attr:`tbmq.cluster.registry.SessionRegistry.stale_listeners`): if
+        this node holds the current session, publish it again."""
+        session = self.sessions.get(client_id)
+        if session is not None and session.session_id == current.session_id:
+            self.publish_info(session)
+
     def publish_info(self, session: Session):
         """Tell the cluster where ``session`` is and what it is
         (``tbmq.client.session``).

@@ -41,6 +41,11 @@ class SessionRegistry:
     :ivar sessions: client id → :class:`SessionInfo`.
     :ivar by_node: service id → the set of client ids whose session that
         node holds (connected or not).
+    :ivar stale_listeners: ``callable(client_id, current, late)`` called
+        when a record of a connection that another one already replaced
+        arrives (``late``, ignored); the node holding ``current`` publishes
+        it again, so that the last record of the key is right even where
+        the topic is compacted.
     :ivar listeners: ``callable(client_id, old, new)`` called after each
         change (``old``/``new`` a :class:`SessionInfo` or None).
     """
@@ -52,6 +57,9 @@ class SessionRegistry:
         self.sessions: dict[str, SessionInfo] = {}
         self.by_node: dict[str, set[str]] = {}
         self.listeners: list[Callable] = []
+        self.stale_listeners: list[Callable] = []
+        #: client id -> the session id its current session replaced
+        self._replaced: dict[str, str] = {}
         self.consumer = None
 
     def start(self) -> defer.Deferred:
@@ -65,12 +73,23 @@ class SessionRegistry:
         return self.consumer.caught_up
 
     def _on_record(self, record: Record) -> None:
+        """Apply one record; a record of the connection that the current
+        session replaced is late (two nodes wrote about one client id, the
+        node of the old connection last: its disconnect crossed the
+        takeover) and is ignored, the same way on every node."""
         client_id = record.key
         new = record.value
         if new is None:
             old = self.sessions.pop(client_id, None)
+            self._replaced.pop(client_id, None)
         else:
             old = self.sessions.get(client_id)
+            if old is not None and old.session_id != new.session_id:
+                if self._replaced.get(client_id) == new.session_id:
+                    for listener in self.stale_listeners:
+                        listener(client_id, old, new)
+                    return
+                self._replaced[client_id] = old.session_id
             self.sessions[client_id] = new
         if old is not None and (new is None or new.service_id != old.service_id):
             held = self.by_node.get(old.service_id)

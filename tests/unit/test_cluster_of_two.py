@@ -4,6 +4,8 @@ registry, session events and takeover, wills) before any Kafka exists."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from twisted.internet import defer, task
 
@@ -319,3 +321,27 @@ def test_a_node_that_stops_cleanly_hands_its_offline_sessions_over_at_once(clust
     assert info.service_id == "node-b" and not info.connected
     cluster.clock.advance(61)
     assert cluster.b.broker.registry.get("kept") is None
+
+
+def test_a_late_disconnect_of_a_replaced_connection_does_not_undo_the_takeover(cluster):
+    expiry = {Property.SESSION_EXPIRY_INTERVAL: 300}
+    topic = cluster.a.broker.topics.client_session
+    last: dict = {}
+    cluster.bus.subscribe(topic, "watcher", lambda record: last.__setitem__(record.key,
+                                                                            record.value))
+    old = cluster.a.client("late", level=5, clean_start=False, properties=expiry)
+    stale = cluster.a.broker.registry.get("late")
+    new = cluster.b.client("late", level=5, clean_start=False, properties=expiry)
+    assert new.connack.reason_code == 0
+    # node A's record of its old connection, offline, lands after the
+    # takeover (written before node A heard of the new connection)
+    cluster.bus.publish(topic, "late", dataclasses.replace(
+        stale, connected=False, disconnected_at=cluster.clock.seconds()))
+    cluster.clock.advance(0)
+    current = cluster.b.broker.sessions.sessions["late"].session_id
+    for node in (cluster.a, cluster.b):
+        info = node.broker.registry.get("late")
+        assert (info.service_id, info.session_id, info.connected) == ("node-b", current, True)
+    # and node B said it again: the last record of the key is right
+    assert (last["late"].session_id, last["late"].connected) == (current, True)
+    old.lose()
