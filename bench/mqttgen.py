@@ -442,8 +442,9 @@ def open_clients(loop: Loop, host: str, port: int, specs: list[dict], level: int
                  timeout: float = 60.0, window: int = 200) -> list[Client]:
     """Connect (CONNECT/CONNACK) and subscribe (SUBSCRIBE/SUBACK) every spec:
     ``{"id": str, "sub": filter or None, "qos": int, "clean": bool,
-    "expiry": int, "on_publish": callable or None, "username": str or None}``, at most ``window``
-    handshakes at a time."""
+    "expiry": int, "on_publish": callable or None, "username": str or None,
+    "port": int or None}`` (``port`` another node of a cluster, default
+    ``port``), at most ``window`` handshakes at a time."""
     clients = []
     pending = []
     todo = list(specs)
@@ -452,7 +453,7 @@ def open_clients(loop: Loop, host: str, port: int, specs: list[dict], level: int
         while todo and len(pending) < window:
             spec = todo.pop(0)
             c = Client(loop, spec["id"], level, spec.get("on_publish"), spec.get("tag"))
-            c.start_connect(host, port)
+            c.start_connect(host, spec.get("port") or port)
             c.send(connect_packet(spec["id"], level, spec.get("clean", True), spec.get("keep_alive", 300),
                                   spec.get("expiry", 0), spec.get("receive_maximum"), spec.get("username")))
             pending.append((c, spec))

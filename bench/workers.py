@@ -140,7 +140,8 @@ def clients_worker(ctl, role: dict) -> None:
 
     ``role``: host, port, level, qos, payload_size, duration, window,
     ``pubs``: [(client_id, topic)], ``subs``: [(client_id, filter)],
-    sub_qos, receive_maximum.
+    sub_qos, receive_maximum; ``sub_port``/``pub_port`` put the subscribers
+    or the publishers on another node of a cluster.
 
     Protocol with the parent: → ("ready", info) ← ("go", t0) → ("published",
     info) ← ("drain", expected_total_for_this_worker, timeout) → ("done", info).
@@ -149,9 +150,10 @@ def clients_worker(ctl, role: dict) -> None:
         raise_nofile()
         loop = Loop(ctl, role.get("coalesce", 0.0))
         level = role["level"]
-        specs = [{"id": cid, "sub": flt, "qos": role["sub_qos"],
+        specs = [{"id": cid, "sub": flt, "qos": role["sub_qos"], "port": role.get("sub_port"),
                   "receive_maximum": role.get("receive_maximum"), "tag": "sub"} for cid, flt in role["subs"]]
-        specs += [{"id": cid, "tag": "pub", "topic": topic} for cid, topic in role["pubs"]]
+        specs += [{"id": cid, "tag": "pub", "topic": topic, "port": role.get("pub_port")}
+                  for cid, topic in role["pubs"]]
         clients = open_clients(loop, role["host"], role["port"], specs, level, timeout=role.get("connect_timeout", 60))
         subs = [c for c in clients if c.tag == "sub"]
         pub_clients = [c for c in clients if c.tag == "pub"]
@@ -249,8 +251,9 @@ def latency_worker(ctl, role: dict) -> None:
             seen[0] += 1
 
         clients = open_clients(loop, role["host"], role["port"], [
-            {"id": role["prefix"] + "-lsub", "sub": role["topic"], "qos": qos, "on_publish": on_publish, "tag": "sub"},
-            {"id": role["prefix"] + "-lpub", "tag": "pub"},
+            {"id": role["prefix"] + "-lsub", "sub": role["topic"], "qos": qos, "on_publish": on_publish, "tag": "sub",
+             "port": role.get("sub_port")},
+            {"id": role["prefix"] + "-lpub", "tag": "pub", "port": role.get("pub_port")},
         ], level)
         sub, pub = clients
         pad = bytes(role["payload_size"] - 8)
