@@ -157,7 +157,7 @@ while want ~= 0 do
             after, low = member, page[i + 1]
         end
     end
-    if #page < n + ties then break end
+    if #page < 2 * (n + ties) then break end  -- WITHSCORES: two items a member
 end
 return cmsgpack.pack(out)
 """)
