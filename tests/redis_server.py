@@ -50,7 +50,7 @@ def ping(port: int, timeout: float = 1.0) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
             s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))  # up, with a password
     except OSError:
         return False
 
@@ -59,13 +59,15 @@ class RedisServer:
     """A ``redis-server`` process on 127.0.0.1, in a directory of its own.
 
     :param port: the port; a free one when None.
+    :param args: more ``redis-server`` options (``["--requirepass", "x"]``).
     :ivar port: the port it listens on, kept across :meth:`stop` and
         :meth:`start`.
     :ivar url: ``redis://127.0.0.1:<port>/0``.
     """
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, args: list[str] = ()) -> None:
         self.binary = find_redis_server()
+        self.args = list(args)
         self.port = port or _free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.directory = tempfile.mkdtemp(prefix="tbmq-redis-")
@@ -81,7 +83,7 @@ class RedisServer:
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                 "--save", "", "--appendonly", "no", "--dir", self.directory],
+                 "--save", "", "--appendonly", "no", "--dir", self.directory, *self.args],
                 stdout=log, stderr=subprocess.STDOUT, cwd=self.directory)
         deadline = time.monotonic() + START_TIMEOUT
         while not ping(self.port):

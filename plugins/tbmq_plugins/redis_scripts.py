@@ -5,7 +5,7 @@ The layout, per client id ``C`` under the key prefix ``P``:
 
 ``P{C}_messages``
     a sorted set with one member per stored delivery: the member is its
-    ``seq`` written with 20 digits (so that members of equal score sort in
+    ``seq`` written with 19 digits (so that members of equal score sort in
     ``seq`` order), the score its ``seq`` (a double: exact up to 2**53,
     and never out of order above).
 ``P{C}_messages_<member>``

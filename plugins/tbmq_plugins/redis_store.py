@@ -50,19 +50,21 @@ __all__ = ["RedisDeviceMessageStore", "RedisPlugin", "plugin"]
 log = Logger(observer=LOG_OBSERVER)
 
 #: A ``seq`` is written as a sorted set member with this many digits.
-SEQ_DIGITS = 20
-_SEQ_END = 10 ** SEQ_DIGITS
+SEQ_DIGITS = 19
+#: ``seq`` values lie in [0, SEQ_END): a non-negative bigint, as the other
+#: stores keep (a nanosecond timestamp until the year 2262).
+SEQ_END = 1 << 63
 
 
 def _member(seq: Any) -> str:
     """:returns: the sorted set member of ``seq``.
     :raises TypeError: when it is not an int.
-    :raises ValueError: when it is negative or has more than 20 digits."""
+    :raises ValueError: when it is not in [0, 2**63)."""
     if isinstance(seq, bool) or not isinstance(seq, int):
         raise TypeError(f"seq must be an int, not {seq!r}")
-    if not 0 <= seq < _SEQ_END:
-        raise ValueError(f"the Redis device store keeps seqs in [0, 10**20), not {seq}")
-    return f"{seq:020d}"
+    if not 0 <= seq < SEQ_END:
+        raise ValueError(f"the Redis device store keeps seqs in [0, 2**63), not {seq}")
+    return f"{seq:019d}"
 
 
 @implementer(IDeviceMessageStore)
@@ -88,7 +90,7 @@ class RedisDeviceMessageStore:
         is dropped (its calls fail), or None.
     :raises ValueError: for a bad URL, pool size, TTL or limit.
 
-    ``seq`` values must lie in [0, 10**20) (the broker's are nanosecond
+    ``seq`` values must lie in [0, 2**63) (the broker's are nanosecond
     timestamps).  Calls made before :meth:`start` or after :meth:`stop`
     fail with :class:`~tbmq.errors.BackendError`.
     """
@@ -316,7 +318,7 @@ class RedisDeviceMessageStore:
             return defer.fail()
         if after_seq is None or after_seq < 0:
             args = ["-inf", "", -1 if limit is None else limit]
-        elif after_seq >= _SEQ_END - 1:
+        elif after_seq >= SEQ_END - 1:
             args = ["+inf", "", 0]  # nothing can follow: still in order with the writes
         else:
             args = [str(after_seq), _member(after_seq), -1 if limit is None else limit]
