@@ -50,19 +50,22 @@ class Script:
 
 
 #: KEYS[1] the sorted set; ARGV[1] the per-client limit (0: none), ARGV[2]
-#: the TTL in seconds (0: none), then five per delivery: member, score,
-#: record, packet id, state.  Writes them (a member already there is
-#: replaced), trims the lowest members beyond the limit and returns how many
-#: of them still had their message.
+#: the TTL in seconds (0: none), ARGV[3] one msgpack array of five strings
+#: per delivery: member, score, record, packet id, state (msgpack's str type
+#: throughout: Redis's cmsgpack reads no bin; one argument instead of five
+#: per delivery keeps the client's encoding work small).  Writes them (a
+#: member already there is replaced), trims the lowest members beyond the
+#: limit and returns how many of them still had their message.
 ADD = Script("add", b"""
 local queue = KEYS[1]
 local limit = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
-for i = 3, #ARGV, 5 do
-    local key = queue .. '_' .. ARGV[i]
-    redis.call('HSET', key, 'd', ARGV[i + 2], 'p', ARGV[i + 3], 's', ARGV[i + 4])
+local items = cmsgpack.unpack(ARGV[3])
+for i = 1, #items, 5 do
+    local key = queue .. '_' .. items[i]
+    redis.call('HSET', key, 'd', items[i + 2], 'p', items[i + 3], 's', items[i + 4])
     if ttl > 0 then redis.call('EXPIRE', key, ttl) else redis.call('PERSIST', key) end
-    redis.call('ZADD', queue, ARGV[i + 1], ARGV[i])
+    redis.call('ZADD', queue, items[i + 1], items[i])
 end
 if ttl > 0 then redis.call('EXPIRE', queue, ttl) else redis.call('PERSIST', queue) end
 local removed = 0

@@ -257,16 +257,19 @@ class RedisDeviceMessageStore:
             delivery that cannot be encoded, or
             :class:`~tbmq.errors.BackendError`.
         """
-        args: list = [self.max_messages_per_client or 0, self.message_ttl or 0]
+        items: list = []
         try:
             for d in deliveries:
-                args += [_member(d.seq), d.seq, encode_delivery(client_id, d),
-                         "" if d.packet_id is None else int(d.packet_id), int(d.state)]
+                items += [_member(d.seq), str(d.seq), encode_delivery(client_id, d),
+                          "" if d.packet_id is None else str(int(d.packet_id)),
+                          str(int(d.state))]
         except Exception:
             return defer.fail()
-        if len(args) == 2 and self._running:
+        if not items and self._running:
             return defer.succeed(0)
-        return self._run(client_id, scripts.ADD, args)
+        return self._run(client_id, scripts.ADD, [
+            self.max_messages_per_client or 0, self.message_ttl or 0,
+            msgpack.packb(items, use_bin_type=False)])
 
     def update(self, client_id: str, seq: int, packet_id: int | None,
                state: int) -> defer.Deferred:
