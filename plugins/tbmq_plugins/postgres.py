@@ -126,15 +126,9 @@ def _translate(failure: Failure) -> Failure:
 class PostgresCredentialStore(PostgresBackend):
     """:class:`~tbmq.interfaces.ICredentialStore` in PostgreSQL.
 
-    :param dsn: a libpq connection string (``host=... port=... dbname=...``)
-        or URI.
-    :param min_connections: connections the pool keeps open, >= 1.
-    :param max_connections: the pool's upper bound (and threads).
-    :param reactor: the reactor of the pool; the global one when None.
-    :param pool: a started-on-demand :class:`~twisted.enterprise.adbapi.ConnectionPool`
-        to use instead of making one (its owner closes it); when None
-        :meth:`start` makes ``ConnectionPool("psycopg2", dsn, cp_min,
-        cp_max, cp_reconnect=True)`` and :meth:`stop` closes it.
+    :param dsn, min_connections, max_connections, reactor, pool: the
+        database and its pool, see
+        :class:`~tbmq_plugins.postgres_pool.PostgresBackend`.
     :param clock: the wall clock for ``created_time``/``updated_time``.
 
     :meth:`start` creates the schema if missing (``CREATE ... IF NOT

@@ -159,17 +159,12 @@ class _Writes(DeliveryWrites):
 class PostgresDeviceMessageStore(PostgresBackend):
     """:class:`~tbmq.interfaces.IDeviceMessageStore` in PostgreSQL.
 
-    :param dsn: a libpq connection string (``host=... port=... dbname=...``)
-        or URI.
-    :param min_connections: connections the pool keeps open, >= 1.
-    :param max_connections: the pool's upper bound (and threads).
+    :param dsn, min_connections, max_connections, reactor, pool: the
+        database and its pool, see
+        :class:`~tbmq_plugins.postgres_pool.PostgresBackend`.
     :param max_messages_per_client: the most deliveries kept per client
         (the lowest seqs go beyond it, see :meth:`add`), or None for no
         limit.
-    :param reactor: the reactor of the pool; the global one when None.
-    :param pool: an :class:`~twisted.enterprise.adbapi.ConnectionPool` to
-        use instead of making one (see
-        :class:`~tbmq_plugins.postgres_pool.PostgresBackend`).
     :raises ValueError: for a limit below 1.
 
     :meth:`start` creates ``device_messages`` if missing and fails with
@@ -271,15 +266,14 @@ class PostgresDeviceMessageStore(PostgresBackend):
     # -- IDeviceMessageStore ---------------------------------------------------
 
     def add(self, client_id: str, deliveries: Iterable[StoredDelivery]) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.add`; a
-        delivery whose ``seq`` is already stored replaces it.
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.add`: the
+        ``deliveries`` (read now) are inserted or, by ``seq``, replaced in
+        the next transaction, with those of the calls made meanwhile.
 
-        :param client_id: the persistent session's client id.
-        :param deliveries: the deliveries; their values are read now.
-        :returns: a Deferred firing, when committed, with the number of the
-            client's oldest deliveries removed to stay within
-            ``max_messages_per_client`` (adds merged into one transaction:
-            the last one reports them, the others 0); failing with
+        :returns: a Deferred firing, when committed, with the number (int)
+            of the client's oldest deliveries the trim removed (adds merged
+            into one transaction: the last one reports them, the others 0);
+            failing with
             :class:`TypeError`/:class:`ValueError` for a bad client id or
             ``seq``, :class:`~tbmq.errors.RecordEncodingError` for a
             delivery that cannot be encoded, or
@@ -337,16 +331,14 @@ class PostgresDeviceMessageStore(PostgresBackend):
 
     def load(self, client_id: str, after_seq: int | None = None,
              limit: int | None = None) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.load`.
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.load` (one
+        query on the primary key, after the writes called before it).
 
-        :param client_id: the persistent session's client id.
-        :param after_seq: only deliveries with a greater ``seq``; all when
-            None.
-        :param limit: at most this many (>= 0); all when None.
-        :returns: a Deferred firing with the ``list[StoredDelivery]`` in
-            ``seq`` order, or failing with :class:`ValueError` (a negative
-            ``limit``), :class:`TypeError` (not an int) or
-            :class:`~tbmq.errors.BackendError`.
+        :returns: a Deferred firing with the client's ``list[StoredDelivery]``
+            with ``seq > after_seq`` (an int; None: all), at most ``limit``
+            (an int >= 0; None: all), in ``seq`` order; failing with
+            :class:`ValueError`/:class:`TypeError` for bad paging arguments
+            or :class:`~tbmq.errors.BackendError`.
         """
         try:
             check_page(after_seq, limit)

@@ -273,13 +273,13 @@ class RedisDeviceMessageStore:
 
     def update(self, client_id: str, seq: int, packet_id: int | None,
                state: int) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.update`.
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.update`: one
+        script sets the packet id (int, or None) and
+        :class:`~tbmq.model.DeliveryState` of delivery ``seq`` of
+        ``client_id``, whose TTL stays; an unknown ``seq`` is ignored.
 
-        :param client_id: the persistent session's client id.
-        :param seq: the delivery's order key; an unknown one is ignored.
-        :param packet_id: the packet identifier it was sent with, or None.
-        :param state: its new :class:`~tbmq.model.DeliveryState`.
-        :returns: a Deferred firing with None once Redis has it.
+        :returns: a Deferred firing with None once Redis has it, or failing
+            with :class:`~tbmq.errors.BackendError`.
         """
         try:
             args = [_member(seq), "" if packet_id is None else int(packet_id), int(state)]

@@ -19,23 +19,9 @@ from twisted.protocols.portforward import ProxyFactory, ProxyServer
 
 from tbmq.config import load_config
 from tbmq.errors import BackendError
-from tbmq.model import DeliveryState, Message, StoredDelivery
-from tests.postgres import Blocking, new_database
-
-
-def delivery(seq: int, **kwargs: Any) -> StoredDelivery:
-    kwargs.setdefault("message", Message(f"t/{seq}", b"p%d" % seq, qos=1))
-    kwargs.setdefault("qos", 1)
-    return StoredDelivery(seq=seq, **kwargs)
-
-
-def failure_of(call: Any, *args: Any) -> BaseException:
-    """:returns: what ``call(*args)`` raised (through :class:`Blocking`)."""
-    try:
-        call(*args)
-    except BaseException as e:  # noqa: BLE001
-        return e
-    raise AssertionError("no failure")
+from tbmq.model import DeliveryState
+from tests.postgres import Blocking, failure_of, new_database
+from tests.unit.test_stores import delivery
 
 
 @pytest.fixture
@@ -44,21 +30,15 @@ def dsn(postgres_dsn):
 
 
 @pytest.fixture
-def open_store(reactor_thread):
+def open_store(started, reactor_thread):
     """``open_store(dsn, **options)``: a started store (blocking), stopped
     at the end of the test."""
-    stores = []
 
     def open_store(dsn: str, **options: Any) -> Blocking:
-        store = Blocking(reactor_thread, PostgresDeviceMessageStore(
+        return started(lambda: PostgresDeviceMessageStore(
             dsn, reactor=reactor_thread.reactor, **options))
-        store.start()
-        stores.append(store)
-        return store
 
-    yield open_store
-    for store in stores:
-        store.stop()
+    return open_store
 
 
 def test_calls_made_together_share_a_transaction(dsn, open_store, reactor_thread):

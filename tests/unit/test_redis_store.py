@@ -23,43 +23,23 @@ from twisted.logger import globalLogPublisher
 from tbmq.cluster.records import DELIVERY
 from tbmq.config import load_config
 from tbmq.errors import BackendError
-from tbmq.model import DeliveryState, Message, StoredDelivery
-from tests.postgres import Blocking
+from tbmq.model import DeliveryState
+from tests.postgres import Blocking, failure_of
 from tests.redis_server import RedisServer
-
-
-def delivery(seq: int, **kwargs: Any) -> StoredDelivery:
-    kwargs.setdefault("message", Message(f"t/{seq}", b"p%d" % seq, qos=1))
-    kwargs.setdefault("qos", 1)
-    return StoredDelivery(seq=seq, **kwargs)
-
-
-def failure_of(call: Any, *args: Any) -> BaseException:
-    """:returns: what ``call(*args)`` raised (through :class:`Blocking`)."""
-    try:
-        call(*args)
-    except BaseException as e:  # noqa: BLE001
-        return e
-    raise AssertionError("no failure")
+from tests.unit.test_stores import delivery
 
 
 @pytest.fixture
-def open_store(reactor_thread):
-    """``open_store(url, **options)``: a started store (blocking), stopped
-    at the end of the test."""
-    stores = []
+def open_store(started, reactor_thread):
+    """``open_store(url, **options)``: a started store with a key prefix
+    of its own (blocking), stopped at the end of the test."""
 
     def open_store(url: str, **options: Any) -> Blocking:
         options.setdefault("key_prefix", f"test:{uuid.uuid4().hex[:12]}:")
-        store = Blocking(reactor_thread, reactor_thread.call(
-            lambda: RedisDeviceMessageStore(url, reactor=reactor_thread.reactor, **options)))
-        store.start()
-        stores.append(store)
-        return store
+        return started(lambda: RedisDeviceMessageStore(
+            url, reactor=reactor_thread.reactor, **options))
 
-    yield open_store
-    for store in stores:
-        store.stop()
+    return open_store
 
 
 @pytest.fixture

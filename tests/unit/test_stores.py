@@ -13,7 +13,7 @@ tests, in ``test_sqlite_store.py``, drive its queue by hand
 (:class:`ManualThreadPool`).  The cluster's device stores run against real
 servers (:mod:`tests.redis_server`, :mod:`tests.postgres`) on the private
 reactor thread of :mod:`tests.postgres`; the tests call them through
-:class:`InReactorThread`, which waits for each call there.  Each test gets
+:class:`~tests.postgres.InReactorThread`, which waits for each call there.  Each test gets
 a clean store: a key prefix of its own in Redis, a database of its own in
 PostgreSQL.
 """
@@ -35,7 +35,7 @@ from tbmq.backends.sqlite import SQLiteStore
 from tbmq.interfaces import IDeviceMessageStore, IRetainedStore
 from tbmq.model import DeliveryState, Message, StoredDelivery
 from tbmq.mqtt.constants import Property
-from tests.postgres import ReactorThread, new_database
+from tests.postgres import InReactorThread, ReactorThread, new_database
 
 # -- synchronous stand-ins for the reactor and the thread pool -----------------
 
@@ -101,32 +101,6 @@ def failure_of(d: defer.Deferred) -> Failure:
     assert results, "the Deferred has not fired"
     assert isinstance(results[0], Failure), results[0]
     return results[0]
-
-
-class InReactorThread:
-    """The face of a store that lives in a :class:`~tests.postgres.ReactorThread`:
-    each method call runs there, and returns an already-fired Deferred with
-    its outcome (so :func:`fired` and :func:`failure_of` read it).
-
-    :ivar target: the store.
-    """
-
-    def __init__(self, reactor_thread: ReactorThread, target: Any) -> None:
-        self.target = target
-        self._rt = reactor_thread
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self.target, name)
-        if not callable(attribute):
-            return attribute
-
-        def call(*args: Any, **kwargs: Any) -> defer.Deferred:
-            try:
-                return defer.succeed(self._rt.call(attribute, *args, **kwargs))
-            except Exception:
-                return defer.fail()
-
-        return call
 
 
 def real(store: Any) -> Any:
