@@ -293,7 +293,8 @@ class AuthConfig:
 
 @dataclass(frozen=True)
 class PostgresConfig:
-    """PostgreSQL, for the backends that use it (credentials).
+    """PostgreSQL, for the backends that use it (``auth.credentials:
+    postgres``, ``storage.device_store: postgres``).
 
     :ivar dsn: a libpq connection string (``host=... port=... dbname=...``).
     :ivar min_connections: connections kept open, >= 1.
@@ -310,7 +311,8 @@ class RedisConfig:
     """Redis, for ``storage.device_store: redis`` (TBMQ's store of
     persistent DEVICE messages).
 
-    :ivar url: ``redis://[:password@]host:port[/db]``.
+    :ivar url: ``redis://[[user]:password@]host[:port][/db]`` (``rediss://``
+        for TLS).
     :ivar pool_size: connections kept open, >= 1.
     :ivar key_prefix: prepended to every key, so several clusters can share
         one Redis.

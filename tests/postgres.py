@@ -19,7 +19,8 @@ Code that talks to PostgreSQL through adbapi needs a running reactor.
 global one, which the other tests keep to themselves — in a thread of its
 own; :class:`ReactorThread` calls into it from the test and waits for the
 answer, and :class:`Blocking` turns a Deferred-returning object into a
-blocking one for a plain test function.
+blocking one for a plain test function (:class:`InReactorThread` into one
+returning fired Deferreds; :func:`failure_of` catches what a call raised).
 """
 
 from __future__ import annotations
@@ -43,11 +44,14 @@ from twisted.internet.threads import blockingCallFromThread
 
 __all__ = [
     "Blocking",
+    "InReactorThread",
     "ReactorThread",
+    "failure_of",
     "find_bindir",
     "new_database",
     "postgres_dsn",
     "reactor_thread",
+    "started",
 ]
 
 #: Seconds to wait for the server to accept connections.
@@ -234,9 +238,40 @@ class Blocking:
             return attribute
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            return self._rt.call(attribute, *args, **kwargs)
+            return self._answer(attribute, args, kwargs)
 
         return call
+
+    def _answer(self, method: Callable, args: tuple, kwargs: dict) -> Any:
+        """Call ``method`` in the reactor thread; :returns: its result."""
+        return self._rt.call(method, *args, **kwargs)
+
+
+class InReactorThread(Blocking):
+    """The face of an object that lives in a :class:`ReactorThread`: each
+    method call runs there, waits, and returns an already-fired Deferred
+    with its outcome (for tests written against Deferred-returning
+    objects).
+
+    :ivar target: the wrapped object.
+    """
+
+    def _answer(self, method: Callable, args: tuple, kwargs: dict) -> defer.Deferred:
+        try:
+            return defer.succeed(super()._answer(method, args, kwargs))
+        except Exception:
+            return defer.fail()
+
+
+def failure_of(f: Callable, *args: Any) -> BaseException:
+    """:returns: the exception ``f(*args)`` raised (a :class:`Blocking`
+    method's failure, say).
+    :raises AssertionError: when it returned."""
+    try:
+        f(*args)
+    except Exception as e:  # noqa: BLE001
+        return e
+    raise AssertionError("the call did not fail")
 
 
 @pytest.fixture(scope="session")
@@ -246,3 +281,21 @@ def reactor_thread() -> Iterator[ReactorThread]:
     thread = ReactorThread()
     yield thread
     thread.stop()
+
+
+@pytest.fixture
+def started(reactor_thread: ReactorThread) -> Iterator[Callable[[Callable[[], Any]], Blocking]]:
+    """``started(make)``: the backend ``make()`` builds in the reactor
+    thread, started, as a :class:`Blocking`; stopped at the end of the
+    test."""
+    backends: list[Blocking] = []
+
+    def start(make: Callable[[], Any]) -> Blocking:
+        backend = Blocking(reactor_thread, reactor_thread.call(make))
+        backend.start()
+        backends.append(backend)
+        return backend
+
+    yield start
+    for backend in backends:
+        backend.stop()

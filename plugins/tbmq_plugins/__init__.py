@@ -4,8 +4,9 @@ are (see ``setup.py`` and :mod:`tbmq.plugins`).
 
 Each module defines a plugin object, ``plugin``, whose hook implementations
 (:mod:`tbmq.hookspecs`) provide a backend or a decision: the PostgreSQL
-credential store (:mod:`tbmq_plugins.postgres`), the authentication
+credential and device stores (:mod:`tbmq_plugins.postgres`), the Redis
+device store (:mod:`tbmq_plugins.redis_store`), the authentication
 providers (``auth_basic``, ``auth_x509``, ``auth_scram``, ``auth_jwt``).
 Importing this package imports none of them: each brings its own optional
-dependencies (``pip install 'tbmq[postgres]'``).
+dependencies (``pip install 'tbmq[postgres]'``, ``'tbmq[redis]'``).
 """

@@ -9,9 +9,8 @@ cluster sees changes made on any node (or by ``tbmq credentials``) within
 
 Queries run through :class:`twisted.enterprise.adbapi.ConnectionPool` with
 psycopg2 (``pip install 'tbmq[postgres]'``): blocking calls in the pool's
-threads, results in the reactor thread.  ``cp_reconnect`` replaces a
-connection the server dropped; the call that saw it fails with
-:class:`~tbmq.errors.BackendError` and the next one uses a new connection.
+threads, results in the reactor thread (the life cycle and the handling of
+lost connections are :class:`tbmq_plugins.postgres_pool.PostgresBackend`'s).
 
 Versions come from the sequence ``mqtt_client_credentials_version_seq``,
 taken under a transaction-scoped advisory lock: writers commit in the order
@@ -20,8 +19,10 @@ change up to *n* and ``changed_since(n)`` never misses one (a bare sequence
 hands out numbers out of commit order).
 
 The module is also a plugin: :data:`plugin` implements
-:func:`tbmq.hookspecs.tbmq_credential_store`, registered as the ``tbmq``
-entry point ``postgres``.
+:func:`tbmq.hookspecs.tbmq_credential_store`, and
+:func:`tbmq.hookspecs.tbmq_device_message_store` with the store of
+:mod:`tbmq_plugins.postgres_devices`, registered as the ``tbmq`` entry
+point ``postgres``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import time
 from typing import Any, Callable
 
 from twisted.internet import defer
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -46,12 +46,11 @@ from tbmq.backends.credential_rows import (
 from tbmq.errors import BackendError, CredentialsError
 from tbmq.hookspecs import hookimpl
 from tbmq.interfaces import ICredentialStore
-from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import Credentials, CredentialsType
+from tbmq_plugins.postgres_devices import PostgresDeviceMessageStore
+from tbmq_plugins.postgres_pool import PostgresBackend, lock_writers, translate
 
 __all__ = ["PostgresCredentialStore", "PostgresPlugin", "plugin"]
-
-log = Logger(observer=LOG_OBSERVER)
 
 #: The key of the advisory lock that serialises writers (and schema
 #: creation): ``b"tbmqcred"`` as a big-endian bigint.
@@ -103,7 +102,7 @@ _REQUIRED_COLUMNS = {
 
 def _lock_writers(txn: Any) -> None:
     """Take the writers' advisory lock until the end of the transaction."""
-    txn.execute("SELECT pg_advisory_xact_lock(%s)", (LOCK_KEY,))
+    lock_writers(txn, LOCK_KEY)
 
 
 def _next_version(txn: Any) -> int:
@@ -116,30 +115,27 @@ def _translate(failure: Failure) -> Failure:
     is a :class:`~tbmq.errors.CredentialsError`, a lost or refused
     connection a :class:`~tbmq.errors.BackendError`."""
     import psycopg2  # noqa: PLC0415
-    from twisted.enterprise.adbapi import ConnectionLost  # noqa: PLC0415
 
     error = failure.value
     if isinstance(error, psycopg2.errors.UniqueViolation):
         return Failure(CredentialsError(f"credentials conflict: {error.pgerror or error}"))
-    if isinstance(error, (psycopg2.OperationalError, psycopg2.InterfaceError, ConnectionLost)):
-        return Failure(BackendError(f"PostgreSQL credential store: {error}"))
-    return failure
+    return translate(failure, PostgresCredentialStore.what)
 
 
 @implementer(ICredentialStore)
-class PostgresCredentialStore:
+class PostgresCredentialStore(PostgresBackend):
     """:class:`~tbmq.interfaces.ICredentialStore` in PostgreSQL.
 
-    :param dsn: a libpq connection string (``host=... port=... dbname=...``)
-        or URI.
-    :param min_connections: connections the pool keeps open, >= 1.
-    :param max_connections: the pool's upper bound (and threads).
-    :param reactor: the reactor of the pool; the global one when None.
-    :param pool: a started-on-demand :class:`~twisted.enterprise.adbapi.ConnectionPool`
-        to use instead of making one (its owner closes it); when None
-        :meth:`start` makes ``ConnectionPool("psycopg2", dsn, cp_min,
-        cp_max, cp_reconnect=True)`` and :meth:`stop` closes it.
+    :param dsn, min_connections, max_connections, reactor, pool: the
+        database and its pool, see
+        :class:`~tbmq_plugins.postgres_pool.PostgresBackend`.
     :param clock: the wall clock for ``created_time``/``updated_time``.
+
+    :meth:`start` creates the schema if missing (``CREATE ... IF NOT
+    EXISTS``, under the advisory lock, so nodes starting together do not
+    race), and fails with :class:`~tbmq.errors.BackendError` when
+    PostgreSQL cannot be reached or an existing ``mqtt_client_credentials``
+    lacks a column (a TBMQ database, say).
 
     Calls made before :meth:`start` or after :meth:`stop` fail with
     :class:`~tbmq.errors.BackendError`.  Each call is one transaction;
@@ -147,6 +143,8 @@ class PostgresCredentialStore:
     ``max_connections`` connections at once after the writes called before
     them.
     """
+
+    what = "PostgreSQL credential store"
 
     def __init__(
         self,
@@ -157,80 +155,11 @@ class PostgresCredentialStore:
         pool: Any = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.dsn = dsn
-        self.min_connections = max(1, int(min_connections))
-        self.max_connections = max(self.min_connections, int(max_connections))
-        self._reactor = reactor
-        self._given_pool = pool
-        self._pool: Any = pool
+        super().__init__(dsn, min_connections, max_connections, reactor, pool)
         self._clock = clock
-        self._running = False
-        self._starting: list[defer.Deferred] | None = None
-        self._pending: set[defer.Deferred] = set()
         self._last_write: defer.Deferred | None = None
 
-    # -- life cycle ---------------------------------------------------------
-
-    @property
-    def running(self) -> bool:
-        """True between a successful :meth:`start` and :meth:`stop`."""
-        return self._running
-
-    def start(self) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.IBackend.start`: make the pool
-        and create the schema if missing (``CREATE ... IF NOT EXISTS``,
-        under the advisory lock, so nodes starting together do not race).
-
-        :returns: a Deferred firing with None when usable, or failing with
-            :class:`~tbmq.errors.BackendError` when PostgreSQL cannot be
-            reached or an existing ``mqtt_client_credentials`` lacks a
-            column (a TBMQ database, say).
-        """
-        if self._running:
-            return defer.succeed(None)
-        waiter: defer.Deferred = defer.Deferred()
-        if self._starting is not None:
-            self._starting.append(waiter)
-            return waiter
-        self._starting = [waiter]
-        try:
-            if self._pool is None:
-                from twisted.enterprise import adbapi  # noqa: PLC0415
-
-                kwargs: dict = {}
-                if self._reactor is not None:
-                    kwargs["cp_reactor"] = self._reactor
-                self._pool = adbapi.ConnectionPool(
-                    "psycopg2",
-                    self.dsn,
-                    cp_min=self.min_connections,
-                    cp_max=self.max_connections,
-                    cp_reconnect=True,
-                    cp_noisy=False,
-                    **kwargs,
-                )
-        except Exception:
-            self._starting = None
-            return defer.fail()
-        d = self._pool.runInteraction(self._create_schema)
-        d.addErrback(_translate)
-        d.addBoth(self._started)
-        return waiter
-
-    def _started(self, result: Any) -> None:
-        waiters, self._starting = self._starting or [], None
-        if isinstance(result, Failure):
-            log.failure("cannot start the PostgreSQL credential store", result)
-            self._close_pool()
-            for d in waiters:
-                d.errback(result)
-            return
-        self._running = True
-        for d in waiters:
-            d.callback(None)
-
-    @staticmethod
-    def _create_schema(txn: Any) -> None:
+    def _create_schema(self, txn: Any) -> None:
         """In a pool thread: create what is missing, check what exists."""
         _lock_writers(txn)
         for statement in _SCHEMA:
@@ -249,24 +178,6 @@ class PostgresCredentialStore:
         for statement in _INDEXES:
             txn.execute(statement)
 
-    def stop(self) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.IBackend.stop`: wait for the
-        calls in progress, then close the pool (if this store made it).
-
-        :returns: a Deferred firing with None when closed.
-        """
-        self._running = False
-        pending = list(self._pending)
-        d = defer.DeferredList(pending, consumeErrors=True) if pending else defer.succeed(None)
-        d.addCallback(lambda _: self._close_pool())
-        return d
-
-    def _close_pool(self) -> None:
-        """Close our own pool; its threads are idle, so this does not wait."""
-        if self._given_pool is None and self._pool is not None:
-            pool, self._pool = self._pool, None
-            pool.close()
-
     # -- calls --------------------------------------------------------------
 
     def _run(self, interaction: Callable, *args: Any, write: bool = False) -> defer.Deferred:
@@ -281,12 +192,13 @@ class PostgresCredentialStore:
         :returns: a Deferred firing with its result, errors translated
             (:func:`_translate`).
         """
-        if not self._running:
-            return defer.fail(BackendError("PostgreSQL credential store is not running"))
+        refused = self._refused()
+        if refused is not None:
+            return refused
         d: defer.Deferred = defer.Deferred()
 
         def go(_: Any) -> None:
-            self._pool.runInteraction(interaction, *args).chainDeferred(d)
+            self._interaction(interaction, *args).chainDeferred(d)
 
         previous = self._last_write
         if write:
@@ -298,14 +210,7 @@ class PostgresCredentialStore:
         else:
             previous.addCallback(go)
         d.addErrback(_translate)
-        self._pending.add(d)
-
-        def finished(result: Any) -> Any:
-            self._pending.discard(d)
-            return result
-
-        d.addBoth(finished)
-        return d
+        return self._track(d)
 
     def find(self, credentials_type: CredentialsType | str, credentials_id: str) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ICredentialStore.find` (the
@@ -446,7 +351,9 @@ class PostgresCredentialStore:
 
 class PostgresPlugin:
     """Provides ``auth.credentials: postgres``
-    (:func:`tbmq.hookspecs.tbmq_credential_store`)."""
+    (:func:`tbmq.hookspecs.tbmq_credential_store`) and
+    ``storage.device_store: postgres``
+    (:func:`tbmq.hookspecs.tbmq_device_message_store`)."""
 
     @hookimpl
     def tbmq_credential_store(
@@ -462,6 +369,20 @@ class PostgresPlugin:
         pg = config.postgres
         return PostgresCredentialStore(pg.dsn, pg.min_connections, pg.max_connections,
                                        reactor=reactor)
+
+
+    @hookimpl
+    def tbmq_device_message_store(self, config: Any) -> PostgresDeviceMessageStore | None:
+        """:param config: the :class:`tbmq.config.Config`.
+        :returns: a :class:`~tbmq_plugins.postgres_devices.PostgresDeviceMessageStore`
+            on ``config.postgres`` keeping at most
+            ``storage.max_messages_per_client`` per client, when
+            ``storage.device_store`` names ``postgres``; else None."""
+        if config.storage.device_store_name != "postgres":
+            return None
+        pg = config.postgres
+        return PostgresDeviceMessageStore(pg.dsn, pg.min_connections, pg.max_connections,
+                                          config.storage.max_messages_per_client)
 
 
 #: The plugin object of the ``tbmq`` entry point ``postgres``.

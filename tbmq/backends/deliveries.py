@@ -1,10 +1,25 @@
 """What every device message store shares
 (:class:`~tbmq.interfaces.IDeviceMessageStore`): the checks of the paging
-arguments of ``load`` and of the per-client limit."""
+arguments of ``load`` and of the per-client limit, the merging of writes
+accepted while the database is busy (:class:`DeliveryWrites`), and the
+bytes a delivery is kept as by the cluster's stores (Redis, PostgreSQL):
+the ``dlv`` record of :mod:`tbmq.cluster.records`, the one documented,
+versioned encoding of ``tbmq.msg.persisted``.
+"""
 
 from __future__ import annotations
 
-__all__ = ["check_limit", "check_page"]
+from tbmq.backends.merged_writes import MergedWrites
+from tbmq.cluster.records import DELIVERY, Delivery
+from tbmq.model import DeliveryState, StoredDelivery
+
+__all__ = [
+    "DeliveryWrites",
+    "check_limit",
+    "check_page",
+    "decode_delivery",
+    "encode_delivery",
+]
 
 
 def check_page(after_seq: int | None, limit: int | None) -> None:
@@ -28,3 +43,100 @@ def check_limit(max_messages_per_client: int | None) -> int | None:
         raise ValueError(
             f"max_messages_per_client must be >= 1 or None, not {max_messages_per_client}")
     return max_messages_per_client
+
+
+def encode_delivery(client_id: str, delivery: StoredDelivery) -> bytes:
+    """:returns: the ``dlv`` record (:data:`tbmq.cluster.records.DELIVERY`)
+        of ``delivery`` for ``client_id``: everything but its packet id and
+        state, which a store keeps beside it as they change.
+    :raises tbmq.errors.RecordEncodingError: when a field does not fit
+        (a retain flag that is not a bool, a QoS out of range, ...)."""
+    return DELIVERY.encode(Delivery(
+        client_id, delivery.message, delivery.qos, delivery.retain,
+        tuple(delivery.subscription_ids), delivery.seq))
+
+
+def decode_delivery(data: bytes, packet_id: int | None, state: int) -> StoredDelivery:
+    """Inverse of :func:`encode_delivery`.
+
+    :param data: the ``dlv`` record.
+    :param packet_id: the packet identifier kept beside it, or None.
+    :param state: the :class:`~tbmq.model.DeliveryState` kept beside it.
+    :raises tbmq.errors.RecordEncodingError: for bytes that are not a
+        ``dlv`` record of a known version."""
+    d = DELIVERY.decode(data)
+    return StoredDelivery(d.seq, d.message, d.qos, d.retain, d.subscription_ids,
+                          packet_id, DeliveryState(state))
+
+
+class DeliveryWrites(MergedWrites):
+    """Device store writes accepted while the database is busy, merged per
+    (client id, seq) into one operation of the next batch; a backend
+    subclasses it with the ``__call__`` that writes them.
+
+    A delivery queued, sent and acknowledged before its batch runs costs no
+    row at all: its put and update are replaced by one delete (of a row
+    that may exist from an earlier batch).  The operation keeps its place in
+    the store's queue, the place of its first write; once the store hands
+    it to the database it is *sealed*, and later writes open a new one, as
+    do writes after a read or a clear (which must see, or follow, them in
+    order).
+
+    :ivar puts: (client id, seq) → the row to insert or replace, a list
+        whose last two items are the packet id and the state, so that an
+        update can patch them in place.
+    :ivar updates: (client id, seq) → (packet id, state) of rows written by
+        an earlier batch.
+    :ivar deletes: (client id, seq) of rows to delete.
+    :ivar waiters: ``(Deferred, client id)`` of the merged calls, fired
+        together after the COMMIT; the client id of an ``add``, None for
+        the others (:class:`~tbmq.backends.merged_writes.MergedWrites`).
+    :ivar limit: the most deliveries kept per client (``add``'s trim), or
+        None.
+
+    Run, it writes the rows (deletes, updates, then puts), trims every
+    client it added to down to ``limit`` rows (the lowest seqs go), and
+    returns ``{client id: rows removed}``; each client's last ``add``
+    reports its removals, the others 0.
+    """
+
+    __slots__ = ("puts", "updates", "deletes", "limit")
+
+    def __init__(self, limit: int | None = None) -> None:
+        super().__init__()
+        self.puts: dict[tuple[str, int], list] = {}
+        self.updates: dict[tuple[str, int], tuple[int | None, int]] = {}
+        self.deletes: set[tuple[str, int]] = set()
+        self.limit = limit
+
+    def put(self, key: tuple[str, int], row: list) -> None:
+        self.deletes.discard(key)
+        self.updates.pop(key, None)
+        self.puts[key] = row
+
+    def update(self, key: tuple[str, int], packet_id: int | None, state: int) -> None:
+        row = self.puts.get(key)
+        if row is not None:
+            row[-2] = packet_id
+            row[-1] = state
+        elif key not in self.deletes:
+            self.updates[key] = (packet_id, state)
+
+    def delete(self, key: tuple[str, int]) -> None:
+        self.puts.pop(key, None)
+        self.updates.pop(key, None)
+        self.deletes.add(key)
+
+    def added_clients(self) -> set[str]:
+        """:returns: the client ids of the merged ``add`` calls (to trim)."""
+        return {client for _, client in self.waiters if client is not None}
+
+    def results(self, outcome: dict[str, int], tags: list) -> list:
+        """:returns: per merged call, None for an update or remove, for an
+        ``add`` the removals of its client when it is the client's last,
+        else 0."""
+        last = {client: i for i, client in enumerate(tags) if client is not None}
+        return [
+            None if client is None else (outcome.get(client, 0) if last[client] == i else 0)
+            for i, client in enumerate(tags)
+        ]

@@ -3,7 +3,7 @@
 
 Writes accepted while the database thread is busy are merged into one
 :class:`CoalescedWrites` operation of the next transaction
-(:class:`~tbmq.backends.sqlite_view.MergedWrites`).
+(:class:`~tbmq.backends.deliveries.DeliveryWrites`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Iterable
 from twisted.internet import defer
 from zope.interface import implementer
 
-from tbmq.backends.deliveries import check_limit, check_page
+from tbmq.backends.deliveries import DeliveryWrites, check_limit, check_page
 from tbmq.backends.sqlite_runner import SQLiteRunner
-from tbmq.backends.sqlite_view import MergedWrites, RunnerView
+from tbmq.backends.sqlite_view import RunnerView
 from tbmq.backends.sqlite_schema import (
     EMBEDDED_SCHEMA,
     ids_json,
@@ -30,61 +30,14 @@ from tbmq.model import DeliveryState, StoredDelivery
 __all__ = ["CoalescedWrites", "SQLiteDeviceMessageStore"]
 
 
-class CoalescedWrites(MergedWrites):
+class CoalescedWrites(DeliveryWrites):
     """Writes to the ``deliveries`` table accepted while the database thread
     is busy, merged per (client id, seq) into one operation of the next
-    batch.
-
-    A delivery queued, sent and acknowledged before its batch runs costs no
-    row at all: its INSERT and UPDATE are replaced by one DELETE (of a row
-    that may exist from an earlier batch).  The operation keeps its place in
-    the queue, the place of its first write; once the runner hands its batch
-    to the thread it is *sealed*, and later writes open a new one, as do
-    writes after a read or a clear (which must see, or follow, them in
-    order).
-
-    :ivar puts: (client id, seq) → the 15 columns to INSERT OR REPLACE, as a
-        list so that an UPDATE can patch them in place.
-    :ivar updates: (client id, seq) → (packet id, state) of rows written by
-        an earlier batch.
-    :ivar deletes: (client id, seq) of rows to DELETE.
-    :ivar waiters: ``(Deferred, client id)`` of the merged calls, fired
-        together after the COMMIT; the client id of an ``add``, None for
-        the others (:class:`~tbmq.backends.sqlite_view.MergedWrites`).
-    :ivar limit: the most deliveries kept per client (``add``'s trim), or
-        None.
-
-    Run, it trims every client it added to down to ``limit`` rows (the
-    lowest seqs go) and returns ``{client id: rows removed}``; each
-    client's last ``add`` reports its removals, the others 0.
+    batch (:class:`~tbmq.backends.deliveries.DeliveryWrites`); a put is the
+    15 columns to INSERT OR REPLACE.
     """
 
-    __slots__ = ("puts", "updates", "deletes", "limit")
-
-    def __init__(self, limit: int | None = None) -> None:
-        super().__init__()
-        self.puts: dict[tuple[str, int], list] = {}
-        self.updates: dict[tuple[str, int], tuple[int | None, int]] = {}
-        self.deletes: set[tuple[str, int]] = set()
-        self.limit = limit
-
-    def put(self, key: tuple[str, int], row: list) -> None:
-        self.deletes.discard(key)
-        self.updates.pop(key, None)
-        self.puts[key] = row
-
-    def update(self, key: tuple[str, int], packet_id: int | None, state: int) -> None:
-        row = self.puts.get(key)
-        if row is not None:
-            row[13] = packet_id
-            row[14] = state
-        elif key not in self.deletes:
-            self.updates[key] = (packet_id, state)
-
-    def delete(self, key: tuple[str, int]) -> None:
-        self.puts.pop(key, None)
-        self.updates.pop(key, None)
-        self.deletes.add(key)
+    __slots__ = ()
 
     def __call__(self, conn: sqlite3.Connection) -> dict[str, int]:
         """In the database thread: write the merged rows, then trim.
@@ -108,21 +61,11 @@ class CoalescedWrites(MergedWrites):
             )
         removed: dict[str, int] = {}
         if self.limit is not None:
-            for client_id in {client for _, client in self.waiters if client is not None}:
+            for client_id in self.added_clients():
                 count = _trim(conn, client_id, self.limit)
                 if count:
                     removed[client_id] = count
         return removed
-
-    def results(self, outcome: dict[str, int], tags: list) -> list:
-        """:returns: per merged call, None for an update or remove, for an
-        ``add`` the removals of its client when it is the client's last,
-        else 0."""
-        last = {client: i for i, client in enumerate(tags) if client is not None}
-        return [
-            None if client is None else (outcome.get(client, 0) if last[client] == i else 0)
-            for i, client in enumerate(tags)
-        ]
 
 
 def _trim(conn: sqlite3.Connection, client_id: str, limit: int) -> int:

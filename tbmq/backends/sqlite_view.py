@@ -1,10 +1,12 @@
 """The store's side of a :class:`~tbmq.backends.sqlite_runner.SQLiteRunner`:
 :class:`RunnerView`, the base of every SQLite store (counted start and
-stop, operations submitted in order), and :class:`MergedWrites`, the base
-of an operation that merges the writes accepted while the database thread
-is busy into one operation of the next transaction (the device store's
+stop, operations submitted in order), which merges the writes accepted
+while the database thread is busy into one
+:class:`~tbmq.backends.merged_writes.MergedWrites` operation of the next
+transaction (the device store's
 :class:`~tbmq.backends.sqlite_deliveries.CoalescedWrites`, the topic log's
-:class:`~tbmq.backends.sqlite_topic_log.TopicLogWrites`).
+:class:`~tbmq.backends.sqlite_topic_log.TopicLogWrites`);
+``MergedWrites`` is importable from here too.
 """
 
 from __future__ import annotations
@@ -12,52 +14,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from twisted.internet import defer
-from twisted.python.failure import Failure
 
+from tbmq.backends.merged_writes import MergedWrites
 from tbmq.backends.sqlite_runner import Operation, Schema, SQLiteRunner
 
 __all__ = ["MergedWrites", "OnRunner", "RunnerView"]
-
-
-class MergedWrites:
-    """Base of an operation that merges the writes a store accepts while
-    the database thread is busy into one operation of the next batch
-    (:meth:`RunnerView._merge`).  Once the runner hands its batch to the
-    thread it is *sealed*, and later writes open a new one.
-
-    :ivar waiters: ``(Deferred, tag)`` of the merged calls, fired together
-        after the COMMIT; the tag is the store's (see :meth:`results`).
-    """
-
-    __slots__ = ("waiters", "submitted", "sealed")
-
-    def __init__(self) -> None:
-        self.waiters: list[tuple[defer.Deferred, Any]] = []
-        self.submitted = False
-        self.sealed = False
-
-    def seal(self) -> None:
-        """Its batch is handed to the thread: no more merges."""
-        self.sealed = True
-
-    def results(self, outcome: Any, tags: list) -> list:
-        """:param outcome: what the operation returned.
-        :param tags: the merged calls' tags, in order.
-        :returns: each merged call's result (None by default)."""
-        return [None] * len(tags)
-
-    def done(self, outcome: Any) -> None:
-        """In the reactor thread: fire every merged call's Deferred with its
-        result or the failure.  Nothing merges into it any more (it is done
-        even when it never ran: the file failed to open)."""
-        self.sealed = True
-        waiters, self.waiters = self.waiters, []
-        if isinstance(outcome, Failure):
-            for d, _ in waiters:
-                d.errback(outcome)
-            return
-        for (d, _), value in zip(waiters, self.results(outcome, [t for _, t in waiters])):
-            d.callback(value)
 
 
 class OnRunner:

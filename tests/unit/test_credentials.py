@@ -38,7 +38,7 @@ from tbmq.config import load_config
 from tbmq.errors import BackendError, CredentialsError
 from tbmq.interfaces import ICredentialStore
 from tbmq.model import ClientType, Credentials, CredentialsType
-from tests.postgres import Blocking, new_database
+from tests.postgres import Blocking, failure_of, new_database
 
 BASIC, X509, SCRAM = CredentialsType.MQTT_BASIC, CredentialsType.X_509, CredentialsType.SCRAM
 
@@ -151,15 +151,6 @@ def creds(name: str = "dev", credentials_id: str | None = None, kind: Credential
         credentials_id=credentials_id or f"client_id|{name}",
         **kwargs,
     )
-
-
-def failure_of(f: Callable, *args: Any) -> BaseException:
-    """:returns: the exception ``f(*args)`` raised."""
-    try:
-        f(*args)
-    except Exception as e:  # noqa: BLE001
-        return e
-    raise AssertionError("the call did not fail")
 
 
 # -- the contract ---------------------------------------------------------------------

@@ -1,22 +1,31 @@
 """The contract suites of the storage interfaces, run against every backend.
 
 One suite per interface (:class:`~tbmq.interfaces.IRetainedStore`,
-:class:`~tbmq.interfaces.IDeviceMessageStore`), written once.  The ``stores``
-fixture is parametrised over :data:`BACKENDS`: adding a backend is one entry
-there, a class with ``open()``, ``close()``, ``durable`` and ``result(d)``.
+:class:`~tbmq.interfaces.IDeviceMessageStore`), written once.  The fixtures
+are parametrised over :data:`BACKENDS`: adding a backend is one entry
+there, a class with ``open()``, ``close()``, ``durable``, ``retained`` (it
+has a retained store too) and ``result(d)``.
 
 The embedded backends answer synchronously here: the memory stores return
 fired Deferreds, and the SQLite store runs on a synchronous thread pool and
 reactor (:class:`SyncThreadPool`, :class:`SyncReactor`).  The SQLite-specific
 tests, in ``test_sqlite_store.py``, drive its queue by hand
-(:class:`ManualThreadPool`).
+(:class:`ManualThreadPool`).  The cluster's device stores run against real
+servers (:mod:`tests.redis_server`, :mod:`tests.postgres`) on the private
+reactor thread of :mod:`tests.postgres`; the tests call them through
+:class:`~tests.postgres.InReactorThread`, which waits for each call there.  Each test gets
+a clean store: a key prefix of its own in Redis, a database of its own in
+PostgreSQL.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Callable
 
 import pytest
+from tbmq_plugins.postgres_devices import PostgresDeviceMessageStore
+from tbmq_plugins.redis_store import RedisDeviceMessageStore
 from twisted.internet import defer
 from twisted.python.failure import Failure
 from zope.interface.verify import verifyObject
@@ -26,6 +35,7 @@ from tbmq.backends.sqlite import SQLiteStore
 from tbmq.interfaces import IDeviceMessageStore, IRetainedStore
 from tbmq.model import DeliveryState, Message, StoredDelivery
 from tbmq.mqtt.constants import Property
+from tests.postgres import InReactorThread, ReactorThread, new_database
 
 # -- synchronous stand-ins for the reactor and the thread pool -----------------
 
@@ -93,11 +103,17 @@ def failure_of(d: defer.Deferred) -> Failure:
     return results[0]
 
 
+def real(store: Any) -> Any:
+    """:returns: the store behind an :class:`InReactorThread`, or ``store``."""
+    return store.target if isinstance(store, InReactorThread) else store
+
+
 # -- backends -------------------------------------------------------------------
 
 
 class Stores:
-    """The two stores of one backend, started."""
+    """The stores of one backend, started (``retained`` is None for a
+    backend with a device store only)."""
 
     def __init__(self, backend: Any, retained: Any, deliveries: Any):
         self.backend = backend
@@ -107,6 +123,12 @@ class Stores:
     def result(self, d: defer.Deferred) -> Any:
         return self.backend.result(d)
 
+    def concurrently(self, calls: Callable[[Any], defer.Deferred]) -> Any:
+        """Run ``calls(device store)`` where the store lives, without
+        waiting between the calls it makes; :returns: the result of the
+        Deferred it returns."""
+        return self.backend.concurrently(calls, real(self.deliveries))
+
     def reopen(self, **options: Any) -> "Stores":
         """Close these stores and open new ones on the same data."""
         self.backend.close(self)
@@ -115,12 +137,16 @@ class Stores:
 
 class MemoryBackend:
     durable = False
+    retained = True
 
-    def __init__(self, tmp_path: Any) -> None:
+    def __init__(self, request: Any, tmp_path: Any) -> None:
         pass
 
     def result(self, d: defer.Deferred) -> Any:
         return fired(d)
+
+    def concurrently(self, calls: Callable[[Any], defer.Deferred], store: Any) -> Any:
+        return fired(calls(store))
 
     def open(self, **options: Any) -> Stores:
         stores = Stores(self, MemoryRetainedStore(), MemoryDeviceMessageStore(**options))
@@ -133,14 +159,11 @@ class MemoryBackend:
             fired(store.stop())
 
 
-class SQLiteBackend:
+class SQLiteBackend(MemoryBackend):
     durable = True
 
-    def __init__(self, tmp_path: Any) -> None:
+    def __init__(self, request: Any, tmp_path: Any) -> None:
         self.path = str(tmp_path / "data" / "tbmq.sqlite")
-
-    def result(self, d: defer.Deferred) -> Any:
-        return fired(d)
 
     def open(self, **options: Any) -> Stores:
         store = SQLiteStore(
@@ -151,17 +174,74 @@ class SQLiteBackend:
             fired(view.start())
         return stores
 
+
+class ThreadedBackend:
+    """A device store on a real server, in the private reactor thread."""
+
+    durable = True
+    retained = False
+
+    def __init__(self, request: Any, tmp_path: Any) -> None:
+        self.rt: ReactorThread = request.getfixturevalue("reactor_thread")
+
+    def result(self, d: defer.Deferred) -> Any:
+        return fired(d)
+
+    def concurrently(self, calls: Callable[[Any], defer.Deferred], store: Any) -> Any:
+        return self.rt.call(calls, store)
+
+    def make(self, **options: Any) -> Any:
+        """:returns: a new store (in the reactor thread)."""
+        raise NotImplementedError
+
+    def open(self, **options: Any) -> Stores:
+        store = self.rt.call(lambda: self.make(**options))
+        self.rt.call(store.start)
+        return Stores(self, None, InReactorThread(self.rt, store))
+
     def close(self, stores: Stores) -> None:
-        for view in (stores.retained, stores.deliveries):
-            fired(view.stop())
+        self.rt.call(real(stores.deliveries).stop)
 
 
-#: name → backend class; the contract suites run once per entry.
-BACKENDS = {"memory": MemoryBackend, "sqlite": SQLiteBackend}
+class RedisBackend(ThreadedBackend):
+    """Two connections, so that a client's calls must stay on one."""
+
+    def __init__(self, request: Any, tmp_path: Any) -> None:
+        super().__init__(request, tmp_path)
+        self.url = request.getfixturevalue("redis_url")
+        self.prefix = f"test:{uuid.uuid4().hex[:12]}:"
+
+    def make(self, **options: Any) -> Any:
+        return RedisDeviceMessageStore(self.url, pool_size=2, key_prefix=self.prefix,
+                                       reactor=self.rt.reactor, **options)
 
 
-def _open(name: str, tmp_path: Any, **options: Any):
-    backend = BACKENDS[name](tmp_path)
+class PostgresBackend(ThreadedBackend):
+    def __init__(self, request: Any, tmp_path: Any) -> None:
+        super().__init__(request, tmp_path)
+        self.dsn = new_database(request.getfixturevalue("postgres_dsn"))
+
+    def make(self, **options: Any) -> Any:
+        return PostgresDeviceMessageStore(self.dsn, 1, 3, reactor=self.rt.reactor, **options)
+
+
+#: name → backend class; the contract suites run once per entry (the
+#: retained store suite on those with ``retained``).
+BACKENDS = {
+    "memory": MemoryBackend,
+    "sqlite": SQLiteBackend,
+    "redis": RedisBackend,
+    "postgres": PostgresBackend,
+}
+
+
+def _names(durable: bool = False, retained: bool = False) -> list[str]:
+    return sorted(name for name, cls in BACKENDS.items()
+                  if (cls.durable or not durable) and (cls.retained or not retained))
+
+
+def _open(request: Any, tmp_path: Any, **options: Any):
+    backend = BACKENDS[request.param](request, tmp_path)
     opened = backend.open(**options)
     holder = [opened]
     opened.holder = holder
@@ -169,21 +249,34 @@ def _open(name: str, tmp_path: Any, **options: Any):
     backend.close(holder[-1])
 
 
-@pytest.fixture(params=sorted(BACKENDS))
+@pytest.fixture(params=_names())
 def stores(request: Any, tmp_path: Any):
-    yield from _open(request.param, tmp_path)
+    """Every backend's device store (and retained store, if it has one)."""
+    yield from _open(request, tmp_path)
 
 
-@pytest.fixture(params=sorted(name for name, cls in BACKENDS.items() if cls.durable))
+@pytest.fixture(params=_names(durable=True))
 def durable_stores(request: Any, tmp_path: Any):
     """The backends whose data outlives the process: the restart tests."""
-    yield from _open(request.param, tmp_path)
+    yield from _open(request, tmp_path)
 
 
-@pytest.fixture(params=sorted(BACKENDS))
+@pytest.fixture(params=_names())
 def limited_stores(request: Any, tmp_path: Any):
     """Stores whose device store keeps at most 3 deliveries per client."""
-    yield from _open(request.param, tmp_path, max_messages_per_client=3)
+    yield from _open(request, tmp_path, max_messages_per_client=3)
+
+
+@pytest.fixture(params=_names(retained=True))
+def retained_stores(request: Any, tmp_path: Any):
+    """The backends with a retained store."""
+    yield from _open(request, tmp_path)
+
+
+@pytest.fixture(params=_names(durable=True, retained=True))
+def durable_retained_stores(request: Any, tmp_path: Any):
+    """The backends with a retained store that outlives the process."""
+    yield from _open(request, tmp_path)
 
 
 def reopen(stores: Stores, **options: Any) -> Stores:
@@ -239,6 +332,14 @@ def by_topic(messages: list[Message]) -> dict[str, Message]:
 
 
 class TestRetainedStore:
+    @pytest.fixture
+    def stores(self, retained_stores):
+        return retained_stores
+
+    @pytest.fixture
+    def durable_stores(self, durable_retained_stores):
+        return durable_retained_stores
+
     def test_provides_interface(self, stores):
         assert verifyObject(IRetainedStore, stores.retained)
 
@@ -315,7 +416,7 @@ class TestRetainedStore:
 
 class TestDeviceMessageStore:
     def test_provides_interface(self, stores):
-        assert verifyObject(IDeviceMessageStore, stores.deliveries)
+        assert verifyObject(IDeviceMessageStore, real(stores.deliveries))
 
     def test_empty(self, stores):
         assert stores.result(stores.deliveries.load("nobody")) == []
@@ -489,6 +590,68 @@ class TestDeviceMessageStore:
         assert stores.result(deliveries.count("c")) == 0
         assert stores.result(deliveries.count("nobody")) == 0
 
+    def test_nanosecond_seqs_keep_their_order(self, stores):
+        """The broker's seqs are nanosecond timestamps, beyond what a double
+        tells apart (Redis scores): order and paging stay exact."""
+        base = 1_700_000_000_123_456_000
+        seqs = [base + i for i in (3, 0, 5, 1, 4, 2)] + [base + 1000, base - 1000]
+        stores.result(stores.deliveries.add("c", [delivery(s) for s in seqs]))
+        stores.result(stores.deliveries.update("c", base + 2, 9, DeliveryState.SENT))
+        stores.result(stores.deliveries.remove("c", [base + 4]))
+        load = stores.deliveries.load
+        expected = [base - 1000, base, base + 1, base + 2, base + 3, base + 5, base + 1000]
+        assert [d.seq for d in stores.result(load("c"))] == expected
+        pages, after = [], None
+        while True:
+            page = stores.result(load("c", after_seq=after, limit=2))
+            if not page:
+                break
+            pages.append([d.seq - base for d in page])
+            after = page[-1].seq
+        assert pages == [[-1000, 0], [1, 2], [3, 5], [1000]]
+        assert [d.seq - base for d in stores.result(load("c", after_seq=base + 4))] == [5, 1000]
+        (sent,) = stores.result(load("c", after_seq=base + 1, limit=1))
+        assert (sent.seq, sent.packet_id, sent.state) == (base + 2, 9, DeliveryState.SENT)
+
+    # -- order of calls
+
+    def test_calls_of_a_client_keep_their_order(self, stores):
+        """Calls made without waiting for each other apply, per client, in
+        the order they were made (ARCHITECTURE §3): a remove after an add
+        removes, a load sees the writes before it and none after it."""
+        clients = [f"client-{i}" for i in range(16)]
+
+        def burst(store: Any) -> defer.Deferred:
+            calls = [store.add(c, [delivery(1), delivery(2), delivery(3)]) for c in clients]
+            for i, c in enumerate(clients):
+                calls += [
+                    store.update(c, 1, 11, DeliveryState.SENT),
+                    store.remove(c, [2]),
+                    store.load(c),
+                    store.add(c, [delivery(2, qos=2)]),
+                    store.clear(c) if i % 4 == 0 else store.remove(c, [3]),
+                    store.count(c),
+                    store.update(c, 2, 12, DeliveryState.RELEASED),
+                    store.load(c),
+                ]
+            return defer.gatherResults(calls)
+
+        results = stores.concurrently(burst)
+        assert results[:len(clients)] == [0] * len(clients)
+        for i, c in enumerate(clients):
+            (_, _, first_load, _, _, count, _, last_load) = results[
+                len(clients) + 8 * i: len(clients) + 8 * (i + 1)]
+            assert first_load == [delivery(1, packet_id=11, state=DeliveryState.SENT),
+                                  delivery(3)], c
+            if i % 4 == 0:
+                assert (count, last_load) == (0, []), c
+            else:
+                assert count == 2, c
+                assert last_load == [
+                    delivery(1, packet_id=11, state=DeliveryState.SENT),
+                    delivery(2, qos=2, packet_id=12, state=DeliveryState.RELEASED)], c
+        assert stores.result(stores.deliveries.load(clients[1])) == last_load
+
     # -- max_messages_per_client
 
     def test_unlimited_by_default(self, stores):
@@ -517,6 +680,21 @@ class TestDeviceMessageStore:
         assert stores.result(deliveries.add("c", [delivery(4)])) == 0  # room again
         assert [d.seq for d in stores.result(deliveries.load("c"))] == [2, 3, 4]
         assert [d.seq for d in stores.result(deliveries.load("d"))] == [1, 2]
+
+    def test_limit_counts_every_removal_once_under_concurrency(self, limited_stores):
+        """Adds made without waiting (merged by some backends) report, in
+        sum, each delivery the limit removed."""
+        stores = limited_stores
+
+        def burst(store: Any) -> defer.Deferred:
+            calls = [store.add("c", [delivery(s)]) for s in range(1, 9)]
+            calls += [store.add("d", [delivery(s), delivery(s + 100)]) for s in range(1, 4)]
+            return defer.gatherResults(calls)
+
+        results = stores.concurrently(burst)
+        assert sum(results[:8]) == 5 and sum(results[8:]) == 3
+        assert [d.seq for d in stores.result(stores.deliveries.load("c"))] == [6, 7, 8]
+        assert [d.seq for d in stores.result(stores.deliveries.load("d"))] == [101, 102, 103]
 
     def test_trimmed_deliveries_stay_gone_after_reopen(self, durable_stores):
         stores = reopen(durable_stores, max_messages_per_client=2)

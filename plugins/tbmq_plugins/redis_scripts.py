@@ -1,0 +1,169 @@
+"""The Lua scripts of the Redis device store
+(:mod:`tbmq_plugins.redis_store`), after TBMQ's ``DeviceMsgServiceImpl``.
+
+The layout, per client id ``C`` under the key prefix ``P``:
+
+``P{C}_messages``
+    a sorted set with one member per stored delivery: the member is its
+    ``seq`` written with 19 digits (so that members of equal score sort in
+    ``seq`` order), the score its ``seq`` (a double: exact up to 2**53,
+    and never out of order above).
+``P{C}_messages_<member>``
+    a hash per delivery: ``d`` the ``dlv`` record
+    (:func:`tbmq.backends.deliveries.encode_delivery`), ``p`` the packet
+    id (``""`` for none), ``s`` the :class:`~tbmq.model.DeliveryState`.
+
+The ``{C}`` hash tag puts every key of a client in one Redis Cluster slot,
+as TBMQ's keys are, so the scripts may touch the message keys they derive
+from ``KEYS[1]``.  With a TTL every key written by an add gets it (the
+message keys their own, the sorted set that of the latest add), as TBMQ
+gives each message key its TTL; a member whose message key expired is
+dropped by the next load or count that meets it, as TBMQ's load does.
+
+Every script is atomic; :data:`ADD` writes, trims and sets the TTL in one
+step, as TBMQ's ``ADD_MESSAGES_SCRIPT``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+__all__ = ["ADD", "CLEAR", "COUNT", "LOAD", "REMOVE", "SCRIPTS", "UPDATE", "Script"]
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua script and its SHA-1 (the name ``EVALSHA`` knows it by).
+
+    :ivar name: a name for log messages.
+    :ivar source: the script, bytes.
+    :ivar sha: the hex SHA-1 of ``source``.
+    """
+
+    name: str
+    source: bytes
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source).hexdigest())
+
+
+#: KEYS[1] the sorted set; ARGV[1] the per-client limit (0: none), ARGV[2]
+#: the TTL in seconds (0: none), ARGV[3] one msgpack array of five strings
+#: per delivery: member, score, record, packet id, state (msgpack's str type
+#: throughout: Redis's cmsgpack reads no bin; one argument instead of five
+#: per delivery keeps the client's encoding work small).  Writes them (a
+#: member already there is replaced), trims the lowest members beyond the
+#: limit and returns how many of them still had their message.
+ADD = Script("add", b"""
+local queue = KEYS[1]
+local limit = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[2])
+local items = cmsgpack.unpack(ARGV[3])
+for i = 1, #items, 5 do
+    local key = queue .. '_' .. items[i]
+    redis.call('HSET', key, 'd', items[i + 2], 'p', items[i + 3], 's', items[i + 4])
+    if ttl > 0 then redis.call('EXPIRE', key, ttl) else redis.call('PERSIST', key) end
+    redis.call('ZADD', queue, items[i + 1], items[i])
+end
+if ttl > 0 then redis.call('EXPIRE', queue, ttl) else redis.call('PERSIST', queue) end
+local removed = 0
+if limit > 0 then
+    local excess = redis.call('ZCARD', queue) - limit
+    if excess > 0 then
+        for _, member in ipairs(redis.call('ZRANGE', queue, 0, excess - 1)) do
+            removed = removed + redis.call('DEL', queue .. '_' .. member)
+        end
+        redis.call('ZREMRANGEBYRANK', queue, 0, excess - 1)
+    end
+end
+return removed
+""")
+
+#: KEYS[1] the sorted set; ARGV member, packet id, state.  Changes a stored
+#: delivery's packet id and state (its TTL stays); ignores an unknown one.
+UPDATE = Script("update", b"""
+local key = KEYS[1] .. '_' .. ARGV[1]
+if redis.call('EXISTS', key) == 1 then
+    redis.call('HSET', key, 'p', ARGV[2], 's', ARGV[3])
+end
+return 0
+""")
+
+#: KEYS[1] the sorted set; ARGV the members to remove.
+REMOVE = Script("remove", b"""
+local queue = KEYS[1]
+for _, member in ipairs(ARGV) do
+    redis.call('DEL', queue .. '_' .. member)
+    redis.call('ZREM', queue, member)
+end
+return 0
+""")
+
+#: KEYS[1] the sorted set.  Removes every delivery of the client.
+CLEAR = Script("clear", b"""
+local queue = KEYS[1]
+for _, member in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
+    redis.call('DEL', queue .. '_' .. member)
+end
+redis.call('DEL', queue)
+return 0
+""")
+
+#: KEYS[1] the sorted set.  Returns the number of deliveries whose message
+#: is there, dropping the members of expired ones.
+COUNT = Script("count", b"""
+local queue = KEYS[1]
+local n = 0
+for _, member in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
+    if redis.call('EXISTS', queue .. '_' .. member) == 1 then
+        n = n + 1
+    else
+        redis.call('ZREM', queue, member)
+    end
+end
+return n
+""")
+
+#: KEYS[1] the sorted set; ARGV[1] the score to start from ('-inf', or the
+#: score of ARGV[2]), ARGV[2] the member to load after ('' for none),
+#: ARGV[3] the most to return (-1: all).  Returns one msgpack array,
+#: [member, packet id, state, record, ...] in seq order (a single reply:
+#: one bulk string instead of four per delivery), dropping the members of
+#: expired messages on the way (as TBMQ's GET_MESSAGES_SCRIPT) and reading
+#: on past them, so that a page is short only at the end of the queue.
+LOAD = Script("load", b"""
+local queue = KEYS[1]
+local low, after, want = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local out = {}
+while want ~= 0 do
+    local n = 1000
+    if want > 0 and want < n then n = want end
+    local ties = 0
+    if after ~= '' then ties = redis.call('ZCOUNT', queue, low, low) end
+    local page = redis.call('ZRANGEBYSCORE', queue, low, '+inf', 'WITHSCORES',
+                            'LIMIT', 0, n + ties)
+    for i = 1, #page, 2 do
+        local member = page[i]
+        if want ~= 0 and (after == '' or member > after) then
+            local v = redis.call('HMGET', queue .. '_' .. member, 'd', 'p', 's')
+            if v[1] then
+                out[#out + 1] = member
+                out[#out + 1] = v[2]
+                out[#out + 1] = v[3]
+                out[#out + 1] = v[1]
+                if want > 0 then want = want - 1 end
+            else
+                redis.call('ZREM', queue, member)
+            end
+            after, low = member, page[i + 1]
+        end
+    end
+    if #page < 2 * (n + ties) then break end  -- WITHSCORES: two items a member
+end
+return cmsgpack.pack(out)
+""")
+
+#: Every script, loaded on each connection before it is used.
+SCRIPTS = (ADD, UPDATE, REMOVE, CLEAR, COUNT, LOAD)

@@ -1,0 +1,303 @@
+"""The Redis device store beyond the contract of ``test_stores.py``: TBMQ's
+key layout, the TTL, scripts lost by the server, outages, the URL, and the
+plugin.  Stores run on the private reactor thread of :mod:`tests.postgres`
+against real ``redis-server`` processes (:mod:`tests.redis_server`); the
+raw reads go through txredisapi's protocol on the same reactor.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import threading
+import time
+import uuid
+from typing import Any
+
+import msgpack
+import pytest
+from tbmq_plugins.redis_connections import RedisConnection, parse_redis_url
+from tbmq_plugins.redis_store import RedisDeviceMessageStore, RedisPlugin
+from twisted.logger import globalLogPublisher
+
+from tbmq.cluster.records import DELIVERY
+from tbmq.config import load_config
+from tbmq.errors import BackendError
+from tbmq.model import DeliveryState
+from tests.postgres import Blocking, failure_of
+from tests.redis_server import RedisServer
+from tests.unit.test_stores import delivery
+
+
+@pytest.fixture
+def open_store(started, reactor_thread):
+    """``open_store(url, **options)``: a started store with a key prefix
+    of its own (blocking), stopped at the end of the test."""
+
+    def open_store(url: str, **options: Any) -> Blocking:
+        options.setdefault("key_prefix", f"test:{uuid.uuid4().hex[:12]}:")
+        return started(lambda: RedisDeviceMessageStore(
+            url, reactor=reactor_thread.reactor, **options))
+
+    return open_store
+
+
+@pytest.fixture
+def raw(redis_url, reactor_thread):
+    """A txredisapi protocol connected to the test server (blocking)."""
+    connection = RedisConnection(parse_redis_url(redis_url), reactor_thread.reactor)
+    reactor_thread.call(connection.start)
+    yield Blocking(reactor_thread, connection.protocol)
+    reactor_thread.call(connection.stop)
+
+
+# -- the layout ----------------------------------------------------------------------
+
+
+def test_keys_follow_tbmq_layout(open_store, raw, redis_url):
+    store = open_store(redis_url, message_ttl=None)
+    prefix = store.key_prefix
+    store.add("dev/1", [delivery(5), delivery(1_700_000_000_123_456_789)])
+    store.update("dev/1", 5, 77, DeliveryState.SENT)
+    queue = f"{prefix}{{dev/1}}_messages"
+    assert sorted(raw.keys(f"{prefix}*")) == sorted([
+        queue.encode(), f"{queue}_{5:019d}".encode(),
+        f"{queue}_{1_700_000_000_123_456_789:019d}".encode()])
+    assert raw.type(queue) == "zset"
+    members = raw.zrange(queue, 0, -1, withscores=True)
+    assert [m for m, _ in members] == [b"%019d" % 5, b"%019d" % 1_700_000_000_123_456_789]
+    assert [float(score) for _, score in members] == [5.0, 1.7000000001234568e18]
+    fields = raw.hgetall(f"{queue}_{5:019d}")
+    assert (fields[b"p"], fields[b"s"]) == (b"77", b"1")
+    record = DELIVERY.decode(fields[b"d"])
+    assert (record.client_id, record.seq, record.message) == ("dev/1", 5, delivery(5).message)
+
+
+def test_ttl_is_set_on_every_key(open_store, raw, redis_url):
+    store = open_store(redis_url, message_ttl=300)
+    store.add("c", [delivery(1), delivery(2)])
+    keys = raw.keys(f"{store.key_prefix}*")
+    assert len(keys) == 3
+    assert all(290 <= raw.ttl(key) <= 300 for key in keys)
+    store.update("c", 1, 3, DeliveryState.SENT)  # an update keeps the TTL
+    assert all(290 <= raw.ttl(key) <= 300 for key in keys)
+    never = open_store(redis_url, message_ttl=None)
+    never.add("c", [delivery(1)])
+    assert {raw.ttl(key) for key in raw.keys(f"{never.key_prefix}*")} == {-1}
+
+
+def test_expired_deliveries_are_gone(open_store, raw, redis_url):
+    store = open_store(redis_url, message_ttl=1)
+    store.add("c", [delivery(1), delivery(2)])
+    store.add("c", [delivery(3)])
+    queue = f"{store.key_prefix}{{c}}_messages"
+    raw.persist(queue)  # the sorted set outlives its messages: the reads clean it up
+    time.sleep(1.2)
+    assert store.load("c") == []
+    assert raw.zcard(queue) == 0
+    store.add("c", [delivery(4)])
+    raw.persist(queue)
+    time.sleep(1.2)
+    store.add("c", [delivery(5)])
+    assert store.count("c") == 1
+    assert raw.zrange(queue, 0, -1) == [b"%019d" % 5]
+    assert [d.seq for d in store.load("c")] == [5]
+
+
+def test_trim_does_not_count_expired_deliveries(open_store, raw, redis_url):
+    store = open_store(redis_url, message_ttl=1,
+                       max_messages_per_client=2)
+    store.add("c", [delivery(1), delivery(2)])
+    raw.persist(f"{store.key_prefix}{{c}}_messages")
+    time.sleep(1.2)
+    assert store.add("c", [delivery(3)]) == 0  # 1 leaves the set, but had expired
+    assert store.add("c", [delivery(4), delivery(5)]) == 1
+    assert [d.seq for d in store.load("c")] == [4, 5]
+
+
+def test_a_flushed_script_is_loaded_again(open_store, raw, redis_url):
+    store = open_store(redis_url)
+    store.add("c", [delivery(1)])
+    assert raw.script_flush() == "OK"
+    assert store.add("c", [delivery(2)]) == 0
+    assert [d.seq for d in store.load("c", after_seq=1)] == [2]
+    raw.script_flush()
+    assert store.count("c") == 2
+
+
+def test_seqs_outside_the_member_range_are_refused(open_store, redis_url):
+    store = open_store(redis_url)
+    assert isinstance(failure_of(store.add, "c", [delivery(-1)]), ValueError)
+    assert isinstance(failure_of(store.add, "c", [delivery(2 ** 63)]), ValueError)
+    assert isinstance(failure_of(store.remove, "c", ["1"]), TypeError)
+    assert store.load("c", after_seq=2 ** 64) == []
+    store.add("c", [delivery(0), delivery(2 ** 63 - 1)])
+    assert [d.seq for d in store.load("c", after_seq=-5)] == [0, 2 ** 63 - 1]
+    assert [d.seq for d in store.load("c", after_seq=2 ** 63 - 2)] == [2 ** 63 - 1]
+    assert store.load("c", after_seq=2 ** 63 - 1) == []
+
+
+def test_database_and_password_from_the_url(reactor_thread):
+    server = RedisServer(args=["--requirepass", "s3cret"])
+    server.start()
+    try:
+        def store(url: str) -> Blocking:
+            return Blocking(reactor_thread, reactor_thread.call(
+                lambda: RedisDeviceMessageStore(url, pool_size=1, reactor=reactor_thread.reactor)))
+
+        wrong = store(f"redis://:nope@127.0.0.1:{server.port}/0")
+        error = failure_of(wrong.start)
+        assert isinstance(error, BackendError) and "auth" in str(error).lower()
+        assert not wrong.running
+        good = store(f"redis://:s3cret@127.0.0.1:{server.port}/3")
+        good.start()
+        good.add("c", [delivery(1)])
+        connection = Blocking(reactor_thread, RedisConnection(
+            parse_redis_url(f"redis://:s3cret@127.0.0.1:{server.port}/3"),
+            reactor_thread.reactor))
+        connection.start()
+        raw = Blocking(reactor_thread, connection.protocol)
+        assert sorted(raw.keys("tbmq:*")) == [
+            b"tbmq:{c}_messages", b"tbmq:{c}_messages_%019d" % 1]
+        assert raw.select(0) == "OK"
+        assert raw.keys("tbmq:*") == []
+        connection.stop()
+        good.stop()
+    finally:
+        server.close()
+
+
+# -- outages --------------------------------------------------------------------------
+
+
+class Events:
+    """The Redis store's log events, from any thread."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, event: dict) -> None:
+        if event.get("log_namespace") == "tbmq_plugins.redis_store":
+            with self.lock:
+                self.events.append(event)
+
+    def formats(self) -> list[str]:
+        with self.lock:
+            return [e["log_format"] for e in self.events]
+
+
+def test_outage_fails_calls_then_recovers_on_its_own(reactor_thread):
+    server = RedisServer()
+    server.start()
+    events = Events()
+    globalLogPublisher.addObserver(events)
+    store = Blocking(reactor_thread, reactor_thread.call(lambda: RedisDeviceMessageStore(
+        server.url, pool_size=2, reactor=reactor_thread.reactor)))
+    try:
+        store.start()
+        assert store.add("c", [delivery(1)]) == 0
+        server.stop()
+        started = time.monotonic()
+        for client in ("c", "d", "e", "f"):  # both connections, each call fails
+            assert isinstance(failure_of(store.add, client, [delivery(2)]), BackendError)
+            assert isinstance(failure_of(store.load, client), BackendError)
+        assert time.monotonic() - started < 5
+        server.start()  # the same port, an empty server
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                assert store.add("c", [delivery(3)]) == 0
+                assert store.add("d", [delivery(3)]) == 0
+                break
+            except BackendError:
+                assert time.monotonic() < deadline, "the store did not reconnect"
+                time.sleep(0.1)
+        assert [d.seq for d in store.load("c")] == [3]
+        deadline = time.monotonic() + 10
+        while not any("again" in f for f in events.formats()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        lost = [f for f in events.formats() if "lost" in f]
+        again = [f for f in events.formats() if "again" in f]
+        assert (len(lost), len(again)) == (1, 1), events.formats()
+    finally:
+        globalLogPublisher.removeObserver(events)
+        store.stop()
+        server.close()
+
+
+def test_unreachable_redis_fails_start(reactor_thread):
+    server = RedisServer()  # never started: its port is closed
+    store = Blocking(reactor_thread, reactor_thread.call(lambda: RedisDeviceMessageStore(
+        server.url, reactor=reactor_thread.reactor)))
+    started = time.monotonic()
+    error = failure_of(store.start)
+    assert isinstance(error, BackendError) and str(server.port) in str(error)
+    assert time.monotonic() - started < 5
+    assert not store.running and store.target._connections == []
+    assert isinstance(failure_of(store.add, "c", [delivery(1)]), BackendError)
+    server.close()
+
+
+def test_calls_after_stop_fail(open_store, redis_url):
+    store = open_store(redis_url)
+    store.stop()
+    assert isinstance(failure_of(store.count, "c"), BackendError)
+    assert isinstance(failure_of(store.add, "c", []), BackendError)
+
+
+# -- configuration ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("redis://127.0.0.1:6379/0", ("127.0.0.1", 6379, 0, None, None, False)),
+    ("redis://cache", ("cache", 6379, None, None, None, False)),
+    ("redis://:p%40ss@h:7000/2", ("h", 7000, 2, None, "p@ss", False)),
+    ("rediss://user:pw@h/", ("h", 6379, None, "user", "pw", True)),
+])
+def test_parse_redis_url(url, expected):
+    t = parse_redis_url(url)
+    assert (t.host, t.port, t.db, t.username, t.password, t.tls) == expected
+    assert "pw" not in str(t) and "ss" not in str(t).replace("rediss", "")
+
+
+@pytest.mark.parametrize("url", ["http://h", "redis://h:port", "redis://h/db"])
+def test_bad_redis_urls(url):
+    with pytest.raises(ValueError):
+        parse_redis_url(url)
+
+
+def test_plugin_builds_the_store_when_configured():
+    config = load_config(None, environ={}, overrides={
+        "storage": {"device_store": "redis", "max_messages_per_client": 50},
+        "redis": {"url": "redis://cache:7000/1", "pool_size": 3, "key_prefix": "x:",
+                  "message_ttl": 60}})
+    store = RedisPlugin().tbmq_device_message_store(config=config)
+    assert isinstance(store, RedisDeviceMessageStore)
+    assert (str(store.target), store.pool_size, store.key_prefix, store.message_ttl,
+            store.max_messages_per_client) == ("redis://cache:7000/1", 3, "x:", 60, 50)
+    assert RedisPlugin().tbmq_device_message_store(config=load_config(None, environ={})) is None
+
+
+def test_plugin_is_declared_as_an_entry_point():
+    setup = pathlib.Path(__file__).resolve().parents[2] / "setup.py"
+    declared = [node.value for node in ast.walk(ast.parse(setup.read_text()))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+    assert "redis = tbmq_plugins.redis_store:plugin" in declared
+    from tbmq_plugins import redis_store
+
+    assert isinstance(redis_store.plugin, RedisPlugin)
+
+
+def test_load_reply_is_one_msgpack_array(open_store, raw, redis_url):
+    """The load script answers with one bulk string (one msgpack array)."""
+    store = open_store(redis_url)
+    store.add("c", [delivery(1, packet_id=4, state=DeliveryState.SENT), delivery(2)])
+    queue = f"{store.key_prefix}{{c}}_messages"
+    from tbmq_plugins.redis_scripts import LOAD
+
+    reply = raw.evalsha(LOAD.sha, [queue], ["-inf", "", -1])
+    items = msgpack.unpackb(reply, raw=True)
+    assert items[0::4] == [b"%019d" % 1, b"%019d" % 2]
+    assert items[1::4] == [b"4", b""] and items[2::4] == [b"1", b"0"]
