@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.cluster.records import Delivery, Record
@@ -113,6 +114,47 @@ class PersistedWriter:
         self.next_seq = next_seq
         self.drops = drops
         self.consumer = None
+        #: the store failing: seconds before the next attempt (None: healthy)
+        self._retry_in: float | None = None
+
+    #: seconds between attempts while the store fails: from the first, doubling
+    RETRY_FIRST, RETRY_MAX = 0.5, 5.0
+
+    def _store(self, client_id: str, stored: StoredDelivery) -> defer.Deferred:
+        """``store.add`` until it succeeds: while the store is out (Redis or
+        PostgreSQL gone) the consumer of ``tbmq.msg.persisted`` is paused,
+        the delivery is written again every few seconds (an add of the same
+        ``seq`` replaces it), and the outage and the recovery are logged
+        once each.  Nothing is skipped, so the order per client is kept.
+
+        :returns: a Deferred firing with the number of deliveries trimmed.
+        """
+        done = defer.Deferred()
+
+        def attempt():
+            self.store.add(client_id, [stored]).addCallbacks(succeeded, failed)
+
+        def succeeded(removed):
+            if self._retry_in is not None:
+                self._retry_in = None
+                log.info("device store writes again")
+                if self.consumer is not None:
+                    self.consumer.resume()
+            done.callback(removed)
+
+        def failed(failure):
+            if self._retry_in is None:
+                self._retry_in = self.RETRY_FIRST
+                log.warn("device store write failed, retrying until it works: {error}",
+                         error=failure.getErrorMessage())
+                if self.consumer is not None:
+                    self.consumer.pause()
+            delay = self._retry_in
+            self._retry_in = min(self.RETRY_MAX, delay * 2)
+            self.clock.callLater(delay, attempt)
+
+        attempt()
+        return done
 
     def _trimmed(self, removed, client_id: str) -> None:
         if removed and self.drops is not None:
@@ -128,7 +170,7 @@ class PersistedWriter:
         now = self.clock.seconds()
         stored = StoredDelivery(self.next_seq(int(now * 1e9)), d.message, d.qos, d.retain,
                                 d.subscription_ids)
-        result = self.store.add(d.client_id, [stored])
+        result = self._store(d.client_id, stored)
         result.addCallback(self._trimmed, d.client_id)
         session = self.sessions.get(d.client_id)
         if session is not None and session.connection is not None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 from twisted.internet import defer, task
 
 from tbmq.backends.inprocess_bus import InProcessBus
-from tbmq.errors import BusPublishError
-from tbmq.mqtt import Puback, Publish, Pubrec, Subscribe, SubscriptionRequest
+from tbmq.backends.memory import MemoryDeviceMessageStore
+from tbmq.errors import BackendError, BusPublishError
+from tbmq.mqtt import Property, Puback, Publish, Pubrec, Subscribe, SubscriptionRequest
 from tests.helpers import Harness
 
 
@@ -67,3 +68,40 @@ def test_a_connect_while_the_bus_refuses_gets_connack_0x88_then_succeeds():
     assert v3.connack.reason_code == 0x03 and v3.closed
     bus.down = False
     assert h.client("c", level=5).connack.reason_code == 0
+
+
+class FlakyStore(MemoryDeviceMessageStore):
+    """The memory device store, except that while :attr:`down` every add
+    fails as a Redis add does when Redis is gone."""
+
+    down = False
+
+    def add(self, client_id, deliveries):
+        if self.down:
+            return defer.fail(BackendError("redis: connection refused"))
+        return super().add(client_id, deliveries)
+
+
+def test_a_device_store_outage_holds_persistent_messages_until_it_is_back():
+    clock = task.Clock()
+    clock.advance(1_700_000_000)
+    store = FlakyStore()
+    h = Harness(clock=clock, device_store=store)
+    expiry = {Property.SESSION_EXPIRY_INTERVAL: 300}
+    dev = h.client("dev", level=5, clean_start=False, properties=expiry)
+    dev.send(Subscribe(1, [SubscriptionRequest("cmd/#", 1)]))
+    dev.received()
+    dev.lose()
+    pub = h.client("pub", level=5)
+    store.down = True
+    pub.send(Publish("cmd/1", b"a", qos=1, packet_id=1))
+    assert pub.received() == []  # held, not refused, while the store retries
+    assert h.broker.persisted_writer.consumer.paused
+    clock.advance(2)
+    store.down = False
+    clock.advance(5)
+    assert pub.received() == [Puback(1)]
+    assert not h.broker.persisted_writer.consumer.paused
+    again = h.client("dev", level=5, clean_start=False, properties=expiry)
+    got = again.pending + again.received()
+    assert [m.payload for m in got] == [b"a"]
