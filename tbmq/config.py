@@ -765,6 +765,15 @@ def _merge(base: Any, update: Any) -> Any:
     return _raw(update)
 
 
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error on one line: where (line and column, counted from 1)
+    and what (PyYAML's own message spans several lines)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(problem).split())
+
+
 def _read_file(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
@@ -772,7 +781,7 @@ def _read_file(path: str) -> Any:
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from e
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from e
+        raise ConfigError(f"{path}: invalid YAML: {_yaml_problem(e)}") from e
     if data is None:
         return {}
     if not isinstance(data, Mapping):
