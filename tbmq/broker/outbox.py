@@ -35,6 +35,7 @@ from collections import deque
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
 from tbmq.mqtt import MQTT_5, Property, Publish, Pubrel
@@ -572,13 +573,24 @@ class Outbox:
             self.ctx.device_store.remove(self.client_id, completed)
 
     def on_puback(self, packet) -> None:
-        """PUBACK from the client: the QoS 1 delivery is done [MQTT-4.3.2-2]."""
+        """PUBACK from the client: the QoS 1 delivery is done [MQTT-4.3.2-2].
+        An unknown packet id is ignored (an acknowledgement repeated across
+        a reconnect).
+
+        :raises ProtocolViolation: 0x82 for a PUBACK of a QoS 2 delivery
+            (sent or already answered with PUBREC): an acknowledgement of the
+            wrong kind is a Protocol Error (§4.3.3, §4.13.1) and ends the
+            connection (DISCONNECT 0x82 in v5, a close in v3), so the
+            message never stays in flight, shrinking the window.
+        """
         packet_id = packet.packet_id
         delivery = self.inflight.get(packet_id)
-        if delivery is None or delivery.qos != 1:
+        if delivery is None:
             self.log.debug("PUBACK for unknown packet id {pid} from {client_id}",
                            pid=packet_id, client_id=self.client_id)
             return
+        if delivery.qos != 1:
+            raise ProtocolViolation(0x82, f"PUBACK for the QoS 2 delivery {packet_id}")
         self._complete(packet_id)
         if self.ctx.hooks.wants_delivered:
             self.ctx.hooks.message_delivered(self, delivery.message, 1)
@@ -588,13 +600,18 @@ class Outbox:
     def on_pubrec(self, packet) -> None:
         """PUBREC from the client: answered with PUBREL [MQTT-4.3.3-3], or
         with PUBREL 0x92 Packet identifier not found (v5) for an unknown
-        packet id; a refusal (reason >= 0x80) ends the flow."""
+        packet id; a refusal (reason >= 0x80) ends the flow.
+
+        :raises ProtocolViolation: 0x82 for a PUBREC of a QoS 1 delivery.
+        """
         packet_id = packet.packet_id
         conn = self.connection
         delivery = self.inflight.get(packet_id)
-        if delivery is None or delivery.qos != 2:
+        if delivery is None:
             conn.send(Pubrel(packet_id, 0x92 if conn.protocol_level >= MQTT_5 else 0))
             return
+        if delivery.qos != 2:
+            raise ProtocolViolation(0x82, f"PUBREC for the QoS 1 delivery {packet_id}")
         if packet.reason_code >= 0x80:  # the receiver refused it: the flow ends here
             self._complete(packet_id)
             self.pump()
@@ -606,11 +623,19 @@ class Outbox:
         conn.send(Pubrel(packet_id))
 
     def on_pubcomp(self, packet) -> None:
-        """PUBCOMP from the client: the QoS 2 delivery is done."""
+        """PUBCOMP from the client: the QoS 2 delivery is done
+        [MQTT-4.3.3-5].  An unknown packet id is ignored.
+
+        :raises ProtocolViolation: 0x82 for a PUBCOMP of a QoS 1 delivery,
+            or of a QoS 2 one not yet released (no PUBREC came before it).
+        """
         packet_id = packet.packet_id
         delivery = self.inflight.get(packet_id)
-        if delivery is None or delivery.state != _RELEASED:
+        if delivery is None:
             return
+        if delivery.state != _RELEASED:
+            raise ProtocolViolation(0x82, f"PUBCOMP for the QoS {delivery.qos} delivery "
+                                          f"{packet_id}, which has no PUBREL")
         self._complete(packet_id)
         self.ctx.hooks.message_delivered(self, delivery.message, 2)
         self.pump()
