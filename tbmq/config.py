@@ -154,7 +154,7 @@ class MqttConfig:
     :ivar topic_alias_maximum: client → broker topic aliases, 0..65535.
     :ivar outbound_topic_aliases: broker → client topic aliases the broker
         assigns per connection, 0..65535 (0: none); the client's Topic
-        Alias Maximum applies when lower [MQTT-3.3.2-8].
+        Alias Maximum applies when lower [MQTT-3.3.2-11].
     :ivar max_topic_levels: levels of a topic name or filter accepted,
         1..65535.
     :ivar max_subscriptions: subscriptions one session may hold, >= 0 (0:

@@ -117,6 +117,9 @@ class ConnectFlow:
                 return self._refuse(0x82, 0x02, "receive maximum or maximum packet size 0")
             self.send_quota = props.get(Property.RECEIVE_MAXIMUM, 65535)
             self.max_packet_size = props.get(Property.MAXIMUM_PACKET_SIZE)
+            # none unless the client accepts them [MQTT-3.1.2-27, MQTT-3.3.2-11]
+            self.topic_alias_maximum = min(props.get(Property.TOPIC_ALIAS_MAXIMUM, 0),
+                                           cfg.outbound_topic_aliases)
         if connect.will is not None:
             fault = will_fault(connect.will, cfg)
             if fault is not None:

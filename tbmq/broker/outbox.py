@@ -30,7 +30,7 @@ held for long"):
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -54,18 +54,25 @@ FREE_HOLD_SHARE = 0.1
 
 
 def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...],
-               now: float, level: int, dup: bool, packet_id: int | None) -> bytes:
+               now: float, level: int, dup: bool, packet_id: int | None,
+               alias: int = 0, alias_known: bool = False) -> bytes:
     """The PUBLISH of ``message`` for a client of protocol ``level``: v5
     properties without the publisher's topic alias, with the subscription
     identifiers [MQTT-3.3.4-3] and the expiry interval left [MQTT-3.3.2-6].
 
     :param now: seconds since the epoch.
     :param packet_id: for QoS 1/2; ignored for QoS 0.
+    :param alias: v5: the Topic Alias the broker gives the topic on this
+        connection, or 0 for none.
+    :param alias_known: the client already maps ``alias`` to the topic: the
+        Topic Name is sent empty (§3.3.2.3.4).
     """
     props = None
+    topic = message.topic
     if level >= MQTT_5:
         props = message.properties
-        if subscription_ids or message.expires_at is not None or Property.TOPIC_ALIAS in props:
+        if (subscription_ids or message.expires_at is not None or alias
+                or Property.TOPIC_ALIAS in props):
             props = dict(props)
             props.pop(Property.TOPIC_ALIAS, None)
             if subscription_ids:
@@ -73,9 +80,54 @@ def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple
             if message.expires_at is not None:
                 props[Property.MESSAGE_EXPIRY_INTERVAL] = max(
                     1, math.ceil(message.expires_at - now))
-    return encode_publish(Publish(message.topic, message.payload, qos, retain, dup,
+            if alias:
+                props[Property.TOPIC_ALIAS] = alias
+                if alias_known:
+                    topic = ""
+    return encode_publish(Publish(topic, message.payload, qos, retain, dup,
                                   packet_id if qos else None, props if props is not None else {}),
                           level)
+
+
+class TopicAliases:
+    """The topic aliases the broker gave on one connection (outbound, MQTT
+    5.0 §3.3.2.3.4): topic → alias, least recently used first.  Aliases
+    1..``maximum`` go to new topics in turn [MQTT-3.3.2-8, MQTT-3.3.2-11];
+    once all are taken, the least recently used one is given to the next new
+    topic (its PUBLISH carries the topic name and the alias, which changes
+    the client's mapping).  Mappings last as long as the connection
+    [MQTT-3.3.2-7].
+
+    :param maximum: aliases to give at most, >= 1.
+    """
+
+    __slots__ = ("maximum", "_by_topic")
+
+    def __init__(self, maximum: int) -> None:
+        self.maximum = maximum
+        self._by_topic: OrderedDict[str, int] = OrderedDict()
+
+    def choose(self, topic: str) -> tuple[int, bool]:
+        """:returns: ``(alias, known)``: the alias to send ``topic`` with, and
+        whether the client already maps it (then the topic name is left out).
+        Nothing changes until :meth:`sent`."""
+        by_topic = self._by_topic
+        alias = by_topic.get(topic)
+        if alias is not None:
+            return alias, True
+        if len(by_topic) < self.maximum:
+            return len(by_topic) + 1, False
+        return next(iter(by_topic.values())), False
+
+    def sent(self, topic: str, alias: int, known: bool) -> None:
+        """A PUBLISH chosen by :meth:`choose` was written to the client."""
+        by_topic = self._by_topic
+        if known:
+            by_topic.move_to_end(topic)
+            return
+        if len(by_topic) >= self.maximum:
+            by_topic.popitem(last=False)  # its alias now names ``topic``
+        by_topic[topic] = alias
 
 
 def delivery_size(delivery: StoredDelivery) -> int:
@@ -137,6 +189,9 @@ class Outbox:
         self.dropped: dict[str, int] = {}
         self._drop_logged_at = float("-inf")
         self._drops_logged: dict[str, int] = {}
+        #: the topic aliases given on the current connection, or None when
+        #: it takes none (``mqtt.outbound_topic_aliases``)
+        self.sent_aliases: TopicAliases | None = None
 
     # -- limits ------------------------------------------------------------------
 
@@ -355,9 +410,16 @@ class Outbox:
                  subscription_ids: tuple[int, ...], cache: dict | None, now: float,
                  conn, dup: bool, packet_id: int) -> bytes | None:
         """The PUBLISH bytes for this client, or None when they exceed the
-        client's maximum packet size [MQTT-3.1.2-25] (counted as a drop)."""
+        client's maximum packet size [MQTT-3.1.2-25] (counted as a drop).
+        With topic aliases on the connection each delivery is encoded for
+        it, with its alias (the shared encoding of ``cache`` is not used)."""
         level = conn.protocol_level
-        if cache is None or dup:
+        aliases = self.sent_aliases
+        if aliases is not None:
+            alias, known = aliases.choose(message.topic)
+            data = encode_for(message, qos, retain, subscription_ids, now, level, dup,
+                              packet_id, alias, known)
+        elif cache is None or dup:
             data = encode_for(message, qos, retain, subscription_ids, now, level, dup, packet_id)
         else:
             key = (qos, retain, level >= MQTT_5, subscription_ids)
@@ -370,6 +432,8 @@ class Outbox:
         if conn.max_packet_size is not None and len(data) > conn.max_packet_size:
             self.drop("too_large_for_client", message)
             return None
+        if aliases is not None:
+            aliases.sent(message.topic, alias, known)
         return data
 
     def _overflow(self, message: Message) -> None:
@@ -658,12 +722,19 @@ class Outbox:
             self._resend(delivery)
         self.pump()
 
+    def attach_outbox(self, conn) -> None:
+        """A new connection: the topic aliases it takes start empty
+        [MQTT-3.3.2-7]; none when ``conn.topic_alias_maximum`` is 0."""
+        maximum = conn.topic_alias_maximum
+        self.sent_aliases = TopicAliases(maximum) if maximum else None
+
     def detach_outbox(self) -> None:
         """The connection is gone: a persistent session gives its memory back
         (everything is in the store); holds are let go."""
         self._release_holds(self.ctx.clock.seconds())
         self.slow = False
         self.overflowed = False
+        self.sent_aliases = None
         self._app_done = {}  # never fired: the records stay uncommitted
         if self.persistent:
             self.inflight.clear()

@@ -636,13 +636,14 @@ class Session(Outbox):
 
     def attach(self, connection) -> None:
         """Bind a new connection; acks pending for the old one are void,
-        topic aliases start empty [MQTT-3.3.2-7]."""
+        topic aliases both ways start empty [MQTT-3.3.2-7]."""
         self.connection = connection
         self.protocol_level = connection.protocol_level
         self.disconnected_at = None
         self._acks.clear()
         self.inbound_unacked = 0
         self.aliases = {}
+        self.attach_outbox(connection)
         self._unaccepted = 0
         self._reading_paused = False
 
