@@ -146,11 +146,19 @@ class MqttConfig:
     :ivar max_packet_size: bytes, 1..268435455; larger packets are refused
         [MQTT-3.1.2-24] and announced as Maximum Packet Size.
     :ivar connect_timeout: seconds a connection may stay without CONNECT.
-    :ivar receive_maximum: QoS 1/2 PUBLISHes a client may have unacknowledged
-        towards the broker, 1..65535 [MQTT-3.2.2.3.3].
+    :ivar receive_maximum: QoS 1/2 PUBLISHes a v5 client may have
+        unacknowledged towards the broker, 1..65535 [MQTT-3.2.2.3.3] (a v3
+        client, never told, is held to the packet identifier space).
     :ivar max_qos: the Maximum QoS announced, 0..2 [MQTT-3.2.2.3.4].
     :ivar retain_available: whether retained messages are supported.
     :ivar topic_alias_maximum: client → broker topic aliases, 0..65535.
+    :ivar outbound_topic_aliases: broker → client topic aliases the broker
+        assigns per connection, 0..65535 (0: none); the client's Topic
+        Alias Maximum applies when lower [MQTT-3.3.2-11].
+    :ivar max_topic_levels: levels of a topic name or filter accepted,
+        1..65535.
+    :ivar max_subscriptions: subscriptions one session may hold, >= 0 (0:
+        no limit).
     :ivar wildcard_subscription_available: whether ``+``/``#`` are allowed.
     :ivar subscription_identifier_available: whether v5 subscription
         identifiers are supported.
@@ -179,12 +187,15 @@ class MqttConfig:
         sources that feed it: a credit refilled over ten times as long, > 0.
     """
 
-    max_packet_size: int = MAX_PACKET_SIZE
+    max_packet_size: int = 1048576
     connect_timeout: float = 10.0
-    receive_maximum: int = 65535
+    receive_maximum: int = 32
     max_qos: int = 2
     retain_available: bool = True
-    topic_alias_maximum: int = 65535
+    topic_alias_maximum: int = 10
+    outbound_topic_aliases: int = 0
+    max_topic_levels: int = 128
+    max_subscriptions: int = 1000
     wildcard_subscription_available: bool = True
     subscription_identifier_available: bool = True
     shared_subscription_available: bool = True
@@ -523,6 +534,9 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "receive_maximum": _range(1, 65535),
         "max_qos": _one_of(0, 1, 2, message="must be 0, 1 or 2"),
         "topic_alias_maximum": _range(0, 65535),
+        "outbound_topic_aliases": _range(0, 65535),
+        "max_topic_levels": _range(1, 65535),
+        "max_subscriptions": _range(0),
         "max_keep_alive": _range(0, 65535),
         "max_session_expiry_interval": _range(0, 4294967295),
         "max_client_id_length": _range(23, 65535),
@@ -765,6 +779,15 @@ def _merge(base: Any, update: Any) -> Any:
     return _raw(update)
 
 
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error on one line: where (line and column, counted from 1)
+    and what (PyYAML's own message spans several lines)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(problem).split())
+
+
 def _read_file(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
@@ -772,7 +795,7 @@ def _read_file(path: str) -> Any:
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from e
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from e
+        raise ConfigError(f"{path}: invalid YAML: {_yaml_problem(e)}") from e
     if data is None:
         return {}
     if not isinstance(data, Mapping):

@@ -122,18 +122,36 @@ class EmbeddedBackends:
 
 
 class AnonymousAuth:
-    """Accepts, as a DEVICE with no authorization rules, a client that no
-    provider recognised, when ``auth.allow_anonymous`` is set; otherwise
-    passes, so that such a client is refused.  A client that asked for a v5
-    authentication method is never accepted anonymously."""
+    """The last provider: decides on a client that no provider recognised.
+
+    With ``auth.allow_anonymous`` it is accepted, as a DEVICE with no
+    authorization rules.  Otherwise a client that sent a user name or a
+    password is refused exactly as a wrong password is, so a refusal does
+    not tell which user names exist: CONNACK 0x86 Bad User Name or Password
+    (v3: 0x04), after a bcrypt check of its password against
+    :data:`~tbmq.auth.passwords.UNKNOWN_USER_HASH` (the time a wrong
+    password takes; none when it sent no password, as for known
+    credentials).  A client without either passes, and is refused with 0x87
+    Not authorized (v3: 0x05).  A client that asked for a v5 authentication
+    method is never accepted anonymously."""
 
     def __init__(self, allow: bool) -> None:
         self.allow = allow
 
     @hookimpl(trylast=True)
     def tbmq_authenticate(self, request):
-        if self.allow and request.auth_method is None:
+        if request.auth_method is not None:
+            return None
+        if self.allow:
             return AuthResult(True, provider="anonymous")
+        if request.password is not None:
+            from tbmq.auth import passwords
+
+            d = passwords.check_password_async(request.password, passwords.UNKNOWN_USER_HASH)
+            return d.addCallback(lambda _: AuthResult(False, reason_code=0x86,
+                                                      provider="anonymous"))
+        if request.username is not None:
+            return AuthResult(False, reason_code=0x86, provider="anonymous")
         return None
 
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import gc
+import sys
 
 from twisted.python import usage
 
 from tbmq.config import load_config
+from tbmq.errors import ConfigError
 from tbmq.log import set_log_level
+
+#: the exit status of a configuration error (as the ``tbmq`` command's)
+CONFIG_ERROR_STATUS = 2
 
 
 class Options(usage.Options):
@@ -66,13 +71,24 @@ def tune_gc(threshold: int) -> None:
 def makeService(options):
     """The twistd entry point: a :class:`tbmq.service.BrokerService`; the
     process's garbage collector tuned (:func:`tune_gc`), and once the node is
-    up, what it loaded moved out of the collector's sight (``gc.freeze``)."""
+    up, what it loaded moved out of the collector's sight (``gc.freeze``).
+
+    A bad configuration (file, ``TBMQ_*`` variable, option, or a backend no
+    plugin provides) prints one line, ``tbmq: <key path>: <what is
+    wrong>``, on standard error and exits with status 2, with no traceback.
+
+    :raises SystemExit: with status 2 for a :class:`~tbmq.errors.ConfigError`.
+    """
     from tbmq.service import BrokerService
 
-    config = config_from_options(options)
-    set_log_level(config.node.log_level)
-    tune_gc(config.node.gc_threshold)
-    service = BrokerService(config)
+    try:
+        config = config_from_options(options)
+        set_log_level(config.node.log_level)
+        tune_gc(config.node.gc_threshold)
+        service = BrokerService(config)
+    except ConfigError as e:
+        print(f"tbmq: {e}", file=sys.stderr)
+        raise SystemExit(CONFIG_ERROR_STATUS) from None
     service.started.addCallback(lambda _: gc.freeze())
     return service
 

@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_ROUNDS",
     "SCRAM_ALGORITHMS",
     "SCRAM_MIN_ITERATIONS",
+    "UNKNOWN_USER_HASH",
     "check_password",
     "check_password_async",
     "check_scram_password",
@@ -40,6 +41,13 @@ __all__ = [
 #: bcrypt's cost factor by default (2**10 iterations), Spring's default
 #: strength and so TBMQ's.
 DEFAULT_ROUNDS = 10
+
+#: A bcrypt hash, at :data:`DEFAULT_ROUNDS`, of a password no client sends:
+#: the password of a client no provider recognised is checked against it, so
+#: that refusing an unknown user name takes as long as refusing a wrong
+#: password (of credentials hashed at the default cost) and the time does
+#: not tell which user names exist.
+UNKNOWN_USER_HASH = "$2b$10$ZoX/Aly4tWXwiRIdkkbIB.k10yHPV4aoCOObw012NjXcOWqbHstwa"
 
 #: bcrypt reads at most this many bytes of a password.
 BCRYPT_MAX_PASSWORD_BYTES = 72

@@ -17,13 +17,49 @@ from tbmq.auth import AuthRequest, AuthResult
 from tbmq.listeners import peer_certificate_chain
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType
-from tbmq.mqtt import MQTT_5, Auth, Connack, Connect, Property
+from tbmq.mqtt import MQTT_5, Auth, Connack, Connect, Property, Will
 from tbmq.mqtt.topics import TopicError, validate_topic_name
 from tbmq.broker.session import valid_utf8
 from tbmq.errors import BusError, ProtocolViolation  # noqa: F401  (ProtocolViolation: raised by handle_auth)
 
 #: (protocol name, level) pairs this broker speaks [MQTT-3.1.2-1, -2]
 SUPPORTED = {("MQIsdp", 3), ("MQTT", 4), ("MQTT", 5)}
+
+
+def will_fault(will: Will, cfg) -> tuple[int, str] | None:
+    """What is wrong with a CONNECT's will, if anything (MQTT 5.0 §3.1.2.5,
+    §3.1.3.2, §3.1.3.3).
+
+    :param will: the :class:`tbmq.mqtt.Will`.
+    :param cfg: the :class:`tbmq.config.MqttConfig`.
+    :returns: None for an acceptable will, else ``(v5 reason code,
+        description)``: 0x90 Topic Name invalid for a topic that is empty,
+        holds a wildcard or U+0000 [MQTT-3.1.3-11, MQTT-4.7.3-1] or has more
+        than ``mqtt.max_topic_levels`` levels; 0x9B QoS not supported above
+        ``mqtt.max_qos`` [MQTT-3.2.2-12]; 0x9A Retain not supported
+        [MQTT-3.2.2-13]; 0x99 Payload format invalid for a payload that is
+        not UTF-8 with Payload Format Indicator 1 (§3.1.3.2.3); 0x82
+        Protocol Error for a Response Topic that is not a topic name
+        (§3.1.3.2.5, as for a PUBLISH).
+    """
+    try:
+        validate_topic_name(will.topic, cfg.max_topic_levels)
+    except TopicError as e:
+        return 0x90, f"will topic {will.topic[:100]!r} invalid: {e}"
+    if will.qos > cfg.max_qos:
+        return 0x9B, f"will QoS {will.qos} not supported (maximum {cfg.max_qos})"
+    if will.retain and not cfg.retain_available:
+        return 0x9A, "will retain not supported"
+    props = will.properties
+    if props.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1 and not valid_utf8(will.payload):
+        return 0x99, "will payload is not UTF-8 but its payload format indicator is 1"
+    response_topic = props.get(Property.RESPONSE_TOPIC)
+    if response_topic is not None:
+        try:
+            validate_topic_name(response_topic)
+        except TopicError as e:
+            return 0x82, f"will response topic invalid: {e}"
+    return None
 
 
 class ConnectFlow:
@@ -37,6 +73,19 @@ class ConnectFlow:
         self.log.info("CONNECT from {peer} refused: {why}", peer=self._peer(), why=why)
         code = v5_code if self.protocol_level >= MQTT_5 else v3_code
         self.send(Connack(False, code))
+        self._close()
+
+    def _refuse_will(self, v5_code: int, why: str) -> None:
+        """A CONNECT whose will is not acceptable: v5 gets CONNACK with the
+        reason code naming the defect; 3.1.1 and 3.1 have no code for it, so
+        the connection is closed without a CONNACK [MQTT-3.1.4-1] (0x02
+        Identifier rejected would name the wrong field).  The log line says
+        what was wrong."""
+        if self.protocol_level >= MQTT_5:
+            self._refuse(v5_code, 0, why)
+            return
+        self.log.info("CONNECT from {peer} refused, closed without CONNACK: {why}",
+                      peer=self._peer(), why=why)
         self._close()
 
     def handle_connect(self, connect: Connect) -> None:
@@ -68,19 +117,13 @@ class ConnectFlow:
                 return self._refuse(0x82, 0x02, "receive maximum or maximum packet size 0")
             self.send_quota = props.get(Property.RECEIVE_MAXIMUM, 65535)
             self.max_packet_size = props.get(Property.MAXIMUM_PACKET_SIZE)
-        will = connect.will
-        if will is not None:
-            try:
-                validate_topic_name(will.topic)
-            except TopicError:
-                return self._refuse(0x90, 0x02, "invalid will topic")
-            if will.qos > cfg.max_qos:
-                return self._refuse(0x9B, 0x02, "will QoS not supported")
-            if will.retain and not cfg.retain_available:
-                return self._refuse(0x9A, 0x02, "will retain not supported")
-            if (will.properties.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1
-                    and not valid_utf8(will.payload)):
-                return self._refuse(0x99, 0x02, "will payload is not UTF-8")
+            # none unless the client accepts them [MQTT-3.1.2-27, MQTT-3.3.2-11]
+            self.topic_alias_maximum = min(props.get(Property.TOPIC_ALIAS_MAXIMUM, 0),
+                                           cfg.outbound_topic_aliases)
+        if connect.will is not None:
+            fault = will_fault(connect.will, cfg)
+            if fault is not None:
+                return self._refuse_will(*fault)
         self._hold()
         self.auth_request = AuthRequest(
             connect.client_id, connect.username, connect.password, level,

@@ -30,11 +30,12 @@ held for long"):
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
 from tbmq.mqtt import MQTT_5, Property, Publish, Pubrel
@@ -53,18 +54,25 @@ FREE_HOLD_SHARE = 0.1
 
 
 def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...],
-               now: float, level: int, dup: bool, packet_id: int | None) -> bytes:
+               now: float, level: int, dup: bool, packet_id: int | None,
+               alias: int = 0, alias_known: bool = False) -> bytes:
     """The PUBLISH of ``message`` for a client of protocol ``level``: v5
     properties without the publisher's topic alias, with the subscription
     identifiers [MQTT-3.3.4-3] and the expiry interval left [MQTT-3.3.2-6].
 
     :param now: seconds since the epoch.
     :param packet_id: for QoS 1/2; ignored for QoS 0.
+    :param alias: v5: the Topic Alias the broker gives the topic on this
+        connection, or 0 for none.
+    :param alias_known: the client already maps ``alias`` to the topic: the
+        Topic Name is sent empty (§3.3.2.3.4).
     """
     props = None
+    topic = message.topic
     if level >= MQTT_5:
         props = message.properties
-        if subscription_ids or message.expires_at is not None or Property.TOPIC_ALIAS in props:
+        if (subscription_ids or message.expires_at is not None or alias
+                or Property.TOPIC_ALIAS in props):
             props = dict(props)
             props.pop(Property.TOPIC_ALIAS, None)
             if subscription_ids:
@@ -72,9 +80,54 @@ def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple
             if message.expires_at is not None:
                 props[Property.MESSAGE_EXPIRY_INTERVAL] = max(
                     1, math.ceil(message.expires_at - now))
-    return encode_publish(Publish(message.topic, message.payload, qos, retain, dup,
+            if alias:
+                props[Property.TOPIC_ALIAS] = alias
+                if alias_known:
+                    topic = ""
+    return encode_publish(Publish(topic, message.payload, qos, retain, dup,
                                   packet_id if qos else None, props if props is not None else {}),
                           level)
+
+
+class TopicAliases:
+    """The topic aliases the broker gave on one connection (outbound, MQTT
+    5.0 §3.3.2.3.4): topic → alias, least recently used first.  Aliases
+    1..``maximum`` go to new topics in turn [MQTT-3.3.2-8, MQTT-3.3.2-11];
+    once all are taken, the least recently used one is given to the next new
+    topic (its PUBLISH carries the topic name and the alias, which changes
+    the client's mapping).  Mappings last as long as the connection
+    [MQTT-3.3.2-7].
+
+    :param maximum: aliases to give at most, >= 1.
+    """
+
+    __slots__ = ("maximum", "_by_topic")
+
+    def __init__(self, maximum: int) -> None:
+        self.maximum = maximum
+        self._by_topic: OrderedDict[str, int] = OrderedDict()
+
+    def choose(self, topic: str) -> tuple[int, bool]:
+        """:returns: ``(alias, known)``: the alias to send ``topic`` with, and
+        whether the client already maps it (then the topic name is left out).
+        Nothing changes until :meth:`sent`."""
+        by_topic = self._by_topic
+        alias = by_topic.get(topic)
+        if alias is not None:
+            return alias, True
+        if len(by_topic) < self.maximum:
+            return len(by_topic) + 1, False
+        return next(iter(by_topic.values())), False
+
+    def sent(self, topic: str, alias: int, known: bool) -> None:
+        """A PUBLISH chosen by :meth:`choose` was written to the client."""
+        by_topic = self._by_topic
+        if known:
+            by_topic.move_to_end(topic)
+            return
+        if len(by_topic) >= self.maximum:
+            by_topic.popitem(last=False)  # its alias now names ``topic``
+        by_topic[topic] = alias
 
 
 def delivery_size(delivery: StoredDelivery) -> int:
@@ -136,6 +189,9 @@ class Outbox:
         self.dropped: dict[str, int] = {}
         self._drop_logged_at = float("-inf")
         self._drops_logged: dict[str, int] = {}
+        #: the topic aliases given on the current connection, or None when
+        #: it takes none (``mqtt.outbound_topic_aliases``)
+        self.sent_aliases: TopicAliases | None = None
 
     # -- limits ------------------------------------------------------------------
 
@@ -354,9 +410,16 @@ class Outbox:
                  subscription_ids: tuple[int, ...], cache: dict | None, now: float,
                  conn, dup: bool, packet_id: int) -> bytes | None:
         """The PUBLISH bytes for this client, or None when they exceed the
-        client's maximum packet size [MQTT-3.1.2-25] (counted as a drop)."""
+        client's maximum packet size [MQTT-3.1.2-25] (counted as a drop).
+        With topic aliases on the connection each delivery is encoded for
+        it, with its alias (the shared encoding of ``cache`` is not used)."""
         level = conn.protocol_level
-        if cache is None or dup:
+        aliases = self.sent_aliases
+        if aliases is not None:
+            alias, known = aliases.choose(message.topic)
+            data = encode_for(message, qos, retain, subscription_ids, now, level, dup,
+                              packet_id, alias, known)
+        elif cache is None or dup:
             data = encode_for(message, qos, retain, subscription_ids, now, level, dup, packet_id)
         else:
             key = (qos, retain, level >= MQTT_5, subscription_ids)
@@ -369,6 +432,8 @@ class Outbox:
         if conn.max_packet_size is not None and len(data) > conn.max_packet_size:
             self.drop("too_large_for_client", message)
             return None
+        if aliases is not None:
+            aliases.sent(message.topic, alias, known)
         return data
 
     def _overflow(self, message: Message) -> None:
@@ -572,13 +637,24 @@ class Outbox:
             self.ctx.device_store.remove(self.client_id, completed)
 
     def on_puback(self, packet) -> None:
-        """PUBACK from the client: the QoS 1 delivery is done [MQTT-4.3.2-2]."""
+        """PUBACK from the client: the QoS 1 delivery is done [MQTT-4.3.2-2].
+        An unknown packet id is ignored (an acknowledgement repeated across
+        a reconnect).
+
+        :raises ProtocolViolation: 0x82 for a PUBACK of a QoS 2 delivery
+            (sent or already answered with PUBREC): an acknowledgement of the
+            wrong kind is a Protocol Error (§4.3.3, §4.13.1) and ends the
+            connection (DISCONNECT 0x82 in v5, a close in v3), so the
+            message never stays in flight, shrinking the window.
+        """
         packet_id = packet.packet_id
         delivery = self.inflight.get(packet_id)
-        if delivery is None or delivery.qos != 1:
+        if delivery is None:
             self.log.debug("PUBACK for unknown packet id {pid} from {client_id}",
                            pid=packet_id, client_id=self.client_id)
             return
+        if delivery.qos != 1:
+            raise ProtocolViolation(0x82, f"PUBACK for the QoS 2 delivery {packet_id}")
         self._complete(packet_id)
         if self.ctx.hooks.wants_delivered:
             self.ctx.hooks.message_delivered(self, delivery.message, 1)
@@ -588,13 +664,18 @@ class Outbox:
     def on_pubrec(self, packet) -> None:
         """PUBREC from the client: answered with PUBREL [MQTT-4.3.3-3], or
         with PUBREL 0x92 Packet identifier not found (v5) for an unknown
-        packet id; a refusal (reason >= 0x80) ends the flow."""
+        packet id; a refusal (reason >= 0x80) ends the flow.
+
+        :raises ProtocolViolation: 0x82 for a PUBREC of a QoS 1 delivery.
+        """
         packet_id = packet.packet_id
         conn = self.connection
         delivery = self.inflight.get(packet_id)
-        if delivery is None or delivery.qos != 2:
+        if delivery is None:
             conn.send(Pubrel(packet_id, 0x92 if conn.protocol_level >= MQTT_5 else 0))
             return
+        if delivery.qos != 2:
+            raise ProtocolViolation(0x82, f"PUBREC for the QoS 1 delivery {packet_id}")
         if packet.reason_code >= 0x80:  # the receiver refused it: the flow ends here
             self._complete(packet_id)
             self.pump()
@@ -606,11 +687,19 @@ class Outbox:
         conn.send(Pubrel(packet_id))
 
     def on_pubcomp(self, packet) -> None:
-        """PUBCOMP from the client: the QoS 2 delivery is done."""
+        """PUBCOMP from the client: the QoS 2 delivery is done
+        [MQTT-4.3.3-5].  An unknown packet id is ignored.
+
+        :raises ProtocolViolation: 0x82 for a PUBCOMP of a QoS 1 delivery,
+            or of a QoS 2 one not yet released (no PUBREC came before it).
+        """
         packet_id = packet.packet_id
         delivery = self.inflight.get(packet_id)
-        if delivery is None or delivery.state != _RELEASED:
+        if delivery is None:
             return
+        if delivery.state != _RELEASED:
+            raise ProtocolViolation(0x82, f"PUBCOMP for the QoS {delivery.qos} delivery "
+                                          f"{packet_id}, which has no PUBREL")
         self._complete(packet_id)
         self.ctx.hooks.message_delivered(self, delivery.message, 2)
         self.pump()
@@ -633,12 +722,19 @@ class Outbox:
             self._resend(delivery)
         self.pump()
 
+    def attach_outbox(self, conn) -> None:
+        """A new connection: the topic aliases it takes start empty
+        [MQTT-3.3.2-7]; none when ``conn.topic_alias_maximum`` is 0."""
+        maximum = conn.topic_alias_maximum
+        self.sent_aliases = TopicAliases(maximum) if maximum else None
+
     def detach_outbox(self) -> None:
         """The connection is gone: a persistent session gives its memory back
         (everything is in the store); holds are let go."""
         self._release_holds(self.ctx.clock.seconds())
         self.slow = False
         self.overflowed = False
+        self.sent_aliases = None
         self._app_done = {}  # never fired: the records stay uncommitted
         if self.persistent:
             self.inflight.clear()

@@ -63,6 +63,9 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
     :ivar protocol_level: 3, 4 or 5 once CONNECT arrived.
     :ivar send_quota: the client's receive maximum (outbound window).
     :ivar max_packet_size: the client's maximum packet size, bytes, or None.
+    :ivar topic_alias_maximum: topic aliases the broker may assign towards
+        the client: the lower of its Topic Alias Maximum and
+        ``mqtt.outbound_topic_aliases``; 0 for none.
     :ivar paused: True while the transport's write buffer is full.
     :ivar paused_bytes: bytes written since the transport became full.
     """
@@ -80,6 +83,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         self.protocol_level = 4
         self.send_quota = 65535
         self.max_packet_size: int | None = None
+        self.topic_alias_maximum = 0
         self.paused = False
         self.paused_bytes = 0
         self._out: list[bytes] = []

@@ -28,7 +28,9 @@ from tbmq.mqtt import (
 )
 from tbmq.mqtt.codec import encode_puback, encode_pubrec
 from tbmq.mqtt.topics import (
+    TooManyLevels,
     TopicError,
+    check_levels,
     parse_shared_subscription,
     validate_topic_filter,
     validate_topic_name,
@@ -36,6 +38,11 @@ from tbmq.mqtt.topics import (
 
 #: the session expiry interval that means "never expires" (§3.1.2.11.2)
 EXPIRY_NEVER = 0xFFFFFFFF
+
+#: unacknowledged QoS 1/2 PUBLISHes a v3 client may have towards the broker:
+#: it is never told ``mqtt.receive_maximum``, so it is held to the packet
+#: identifier space
+V3_RECEIVE_MAXIMUM = 65535
 
 _SEQ = [0]
 
@@ -74,12 +81,14 @@ class TopicNameCache(set):
         super().__init__()
         self.size = size
 
-    def check(self, topic: str) -> None:
+    def check(self, topic: str, max_levels: int | None = None) -> None:
         """Validate ``topic`` and remember it.
 
+        :param max_levels: the most levels accepted (``mqtt.max_topic_levels``).
         :raises tbmq.mqtt.topics.TopicError: for an invalid topic name.
+        :raises tbmq.mqtt.topics.TooManyLevels: for a deeper one.
         """
-        validate_topic_name(topic)
+        validate_topic_name(topic, max_levels)
         if len(self) >= self.size:
             self.clear()
         self.add(topic)
@@ -182,6 +191,11 @@ class Session(Outbox):
         """Resolve the topic alias, check the rules and the receive maximum,
         ask the authorization hooks, hand the message to the pipeline and
         acknowledge it once it is durable [MQTT-4.3.2-4, MQTT-4.3.3-8].
+        A topic name with more than ``mqtt.max_topic_levels`` levels is well
+        formed but not accepted: a v5 QoS 1/2 message gets PUBACK / PUBREC
+        0x90 Topic Name invalid and is dropped; QoS 0 (nothing to answer
+        with) and v3 (no negative acknowledgement, [MQTT-3.3.5-2]) end the
+        connection with 0x90.
 
         :returns: None, or a Deferred while the authorization is being
             decided (the connection holds the packets after this one).
@@ -213,9 +227,14 @@ class Session(Outbox):
                 except TopicError:
                     raise ProtocolViolation(0x82, "invalid response topic")
         topics = self.ctx.topics
+        too_deep = None
         if topic not in topics:
             try:
-                topics.check(topic)
+                topics.check(topic, mqtt.max_topic_levels)
+            except TooManyLevels as e:
+                if qos == 0 or not v5:
+                    raise ProtocolViolation(0x90, str(e))
+                too_deep = str(e)  # refused in its acknowledgement, below
             except TopicError as e:
                 raise ProtocolViolation(0x90, f"invalid topic name: {e}")
         if qos > mqtt.max_qos:
@@ -229,12 +248,21 @@ class Session(Outbox):
                 # first one's (QoS 2 method A, [MQTT-4.3.3-9])
                 self.ack_when(None, Pubrec(pid), duplicate=True)
                 return None
-            if self.inbound_unacked + len(self.inbound_qos2) >= mqtt.receive_maximum:
+            # a v3 client is never told the receive maximum
+            if self.inbound_unacked + len(self.inbound_qos2) >= (
+                    mqtt.receive_maximum if v5 else V3_RECEIVE_MAXIMUM):
                 raise ProtocolViolation(0x93, "receive maximum exceeded")  # [MQTT-3.3.4-9]
             if qos == 1:
                 self.inbound_unacked += 1
             else:
                 self.inbound_qos2.add(pid)  # until PUBREL [MQTT-4.3.3-10]
+            if too_deep is not None:
+                # well formed but not accepted: 0x90 Topic Name invalid, the
+                # connection goes on (§3.4.2.1)
+                self.log.info("PUBLISH of {client_id} refused (0x90): {error}",
+                              client_id=self.client_id, error=too_deep)
+                self.ack_when(None, (Puback if qos == 1 else Pubrec)(pid, 0x90))
+                return None
         if v5 and props.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1 and not valid_utf8(packet.payload):
             # payload format 1 must be UTF-8 [MQTT-3.3.2-4]: refused with 0x99
             if qos == 0:
@@ -438,7 +466,10 @@ class Session(Outbox):
 
     def on_subscribe(self, packet: Subscribe):
         """Per-filter reason codes [MQTT-3.9.3]; retained messages after the
-        SUBACK as the retain handling says [MQTT-3.3.1-9, -10, -11].
+        SUBACK as the retain handling says [MQTT-3.3.1-9, -10, -11].  A
+        filter with more than ``mqtt.max_topic_levels`` levels gets 0x8F
+        Topic Filter invalid; a new one beyond ``mqtt.max_subscriptions``
+        0x97 Quota exceeded (v3: 0x80 Failure for both) [MQTT-3.9.3-1].
 
         :returns: None, or a Deferred while authorizations are decided.
         :raises ProtocolViolation: for a malformed request.
@@ -463,7 +494,10 @@ class Session(Outbox):
             try:
                 validate_topic_filter(topic_filter)
                 share = parse_shared_subscription(topic_filter)
-            except TopicError:
+                check_levels(share[1] if share else topic_filter, mqtt.max_topic_levels)
+            except TopicError as e:
+                self.log.debug("{client_id} may not subscribe to {filter}: {error}",
+                               client_id=self.client_id, filter=topic_filter[:200], error=str(e))
                 code = 0x8F if v5 else 0x80
             if code is None and share is not None:
                 if not mqtt.shared_subscription_available:
@@ -499,10 +533,17 @@ class Session(Outbox):
         v5 = conn.protocol_level >= MQTT_5
         codes = []
         retained = []
+        limit = mqtt.max_subscriptions
         for (request, share, real_filter, code), allowed in zip(entries, decisions):
             topic_filter = request.topic_filter
             if code is None and not allowed:
                 code = 0x87 if v5 else 0x80  # NOT_AUTHORIZED
+            if (code is None and limit and len(self.subscriptions) >= limit
+                    and topic_filter not in self.subscriptions):
+                self.log.info("{client_id} has {limit} subscriptions, the most allowed: "
+                              "{filter} refused", client_id=self.client_id, limit=limit,
+                              filter=topic_filter[:200])
+                code = 0x97 if v5 else 0x80  # QUOTA_EXCEEDED
             if code is not None:
                 codes.append(code)
                 hooks.client_subscribed(self, topic_filter, None, code)
@@ -595,13 +636,14 @@ class Session(Outbox):
 
     def attach(self, connection) -> None:
         """Bind a new connection; acks pending for the old one are void,
-        topic aliases start empty [MQTT-3.3.2-7]."""
+        topic aliases both ways start empty [MQTT-3.3.2-7]."""
         self.connection = connection
         self.protocol_level = connection.protocol_level
         self.disconnected_at = None
         self._acks.clear()
         self.inbound_unacked = 0
         self.aliases = {}
+        self.attach_outbox(connection)
         self._unaccepted = 0
         self._reading_paused = False
 

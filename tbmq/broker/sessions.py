@@ -100,6 +100,22 @@ class SessionManager:
         ends any existing session [MQTT-3.1.2-4]; otherwise an existing
         session resumes [MQTT-3.2.2-2], here or from what the cluster holds
         (its subscriptions, its deliveries in the device store).
+
+        A will waiting for its Will Delay Interval is never published once a
+        new connection for the client id arrives, whether that connection
+        resumes the session (Clean Start 0) or starts a new one (Clean Start
+        1): [MQTT-3.1.3-9] (§3.1.3.2.2) says the Server MUST NOT send the
+        Will Message when a new Network Connection to the Session is made
+        before the delay has passed, and §3.1.2.5 [MQTT-3.1.2-8] lists "a
+        new Network Connection for the ClientID is opened before the Will
+        Delay Interval has elapsed" among the cases where it is not
+        published, with no condition on Clean Start.  The non-normative
+        comment of §3.1.3.2.2 reads a Clean Start as ending the old Session,
+        which would publish the will at once ("whichever happens first");
+        tbmq follows the normative statements: the client is back, so the
+        will, which announces that it is gone, is not sent.  A will without
+        a delay is published when the old connection closes, a takeover
+        included.
         """
         now = self.clock.seconds()
         client_id = connect.client_id
@@ -112,14 +128,12 @@ class SessionManager:
                 old.session = None
                 self._will_on_close(existing, publish=True)
                 old.disconnect(0x8E)
+            # a new connection before the will delay passed: no will
+            self._cancel_timers(existing)
+            existing.will = None
             if connect.clean_start or not existing.persistent:
-                # a clean start ends the old session, publishing a delayed will
                 self.end_session(existing, expired=False)
                 existing = None
-            else:
-                # resumed before the will delay passed: no will [MQTT-3.1.3-9]
-                self._cancel_timers(existing)
-                existing.will = None
         elif response.session is not None:
             existing = self._adopt(response)
         persistent = is_persistent(connect)

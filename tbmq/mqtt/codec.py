@@ -527,6 +527,9 @@ class Decoder:
             raise MalformedPacket(f"a {side} must not receive {_PACKET_TYPES[ptype].name}",
                                   _PROTOCOL_ERROR)
         flags = first & 0x0F
+        if ptype == 1:
+            # the flags' rule depends on the protocol level, in the body
+            return self._decode_connect(data, pos, end, flags)
         if ptype in _FLAGS_0010:
             if level == MQTT_3_1:
                 flags &= 0x07  # MQTT 3.1 sets DUP on resent PUBREL/SUBSCRIBE/UNSUBSCRIBE
@@ -588,7 +591,15 @@ class Decoder:
             props = {}
         return Publish(topic, data[p:end], qos, bool(first & 0x01), bool(dup), pid, props)
 
-    def _decode_connect(self, data: bytes, pos: int, end: int, v5: bool) -> Connect:
+    def _decode_connect(self, data: bytes, pos: int, end: int, header_flags: int) -> Connect:
+        """CONNECT (section 3.1).  MQTT 3.1 (``MQIsdp``, level 3) had no
+        rule about the fixed-header flags or the reserved connect flag, and
+        old devices set them: for that level both are ignored, as Mosquitto
+        does; 3.1.1 and 5.0 require them to be 0 [MQTT-2.1.3-1,
+        MQTT-3.1.2-3].
+
+        :param header_flags: the low nibble of the fixed header.
+        """
         if self._connect_seen:
             raise MalformedPacket("second CONNECT [MQTT-3.1.0-2]", _PROTOCOL_ERROR)
         self._connect_seen = True
@@ -596,6 +607,8 @@ class Decoder:
         _need(p < end, "truncated CONNECT")
         level = data[p]
         p += 1
+        lenient = level == MQTT_3_1 and name == "MQIsdp"
+        _need(lenient or not header_flags, "CONNECT fixed header flags must be 0 [MQTT-2.1.3-1]")
         if (name, level) not in SUPPORTED_PROTOCOLS:
             # The broker answers CONNACK 0x01 / 0x84 [MQTT-3.1.2-2].
             return Connect(protocol_name=name, protocol_level=level)
@@ -604,7 +617,7 @@ class Decoder:
         flags = data[p]
         keep_alive = (data[p + 1] << 8) | data[p + 2]
         p += 3
-        _need(not flags & 0x01, "CONNECT reserved flag set [MQTT-3.1.2-3]")
+        _need(lenient or not flags & 0x01, "CONNECT reserved flag set [MQTT-3.1.2-3]")
         will_flag = flags & 0x04
         will_qos = (flags >> 3) & 0x03
         will_retain = flags & 0x20
@@ -773,7 +786,7 @@ def _ack_decoder(cls, ptype: PacketType):
 
 _DECODERS = (
     None,
-    Decoder._decode_connect,
+    None,  # CONNECT is decoded before dispatch (its flags depend on its level)
     Decoder._decode_connack,
     None,  # PUBLISH is decoded before dispatch
     _ack_decoder(Puback, PacketType.PUBACK),

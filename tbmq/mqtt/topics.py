@@ -8,7 +8,9 @@ from __future__ import annotations
 
 __all__ = [
     "TopicError",
+    "TooManyLevels",
     "SHARED_PREFIX",
+    "check_levels",
     "validate_topic_name",
     "validate_topic_filter",
     "parse_shared_subscription",
@@ -25,6 +27,24 @@ class TopicError(ValueError):
     """A Topic Name or Topic Filter that is not valid."""
 
 
+class TooManyLevels(TopicError):
+    """A well-formed Topic Name or Topic Filter with more levels than the
+    server accepts (a limit of the server, not a rule of MQTT: v5 answers
+    0x90 Topic Name invalid / 0x8F Topic Filter invalid)."""
+
+
+def check_levels(value: str, max_levels: int | None, what: str = "topic filter") -> None:
+    """Check the number of levels of a Topic Name or Filter (a filter of a
+    shared subscription without its ``$share/<group>/``).
+
+    :param max_levels: the most levels accepted, or None for no limit.
+    :raises TooManyLevels: for more than ``max_levels`` levels.
+    """
+    if max_levels is not None and value.count("/") >= max_levels:
+        raise TooManyLevels(f"{what} has {value.count('/') + 1} levels, "
+                            f"more than the {max_levels} accepted")
+
+
 def _check_string(value: str, what: str) -> None:
     if not value:
         raise TopicError(f"{what} must be at least one character long [MQTT-4.7.3-1]")
@@ -35,18 +55,21 @@ def _check_string(value: str, what: str) -> None:
         raise TopicError(f"{what} longer than 65535 bytes [MQTT-4.7.3-3]")
 
 
-def validate_topic_name(name: str) -> None:
+def validate_topic_name(name: str, max_levels: int | None = None) -> None:
     """Check a Topic Name, as in PUBLISH or a Will Topic.
 
     :param name: the Topic Name.
+    :param max_levels: the most levels accepted, or None for no limit.
     :raises TopicError: empty [MQTT-4.7.3-1], containing U+0000
         [MQTT-4.7.3-2], longer than 65,535 bytes [MQTT-4.7.3-3], or containing
         a wildcard character ``+`` or ``#`` (5.0 [MQTT-4.7.0-1], 3.1.1
         [MQTT-4.7.1-1]).
+    :raises TooManyLevels: valid, but more than ``max_levels`` levels.
     """
     _check_string(name, "topic name")
     if "+" in name or "#" in name:
         raise TopicError("wildcards are not allowed in a topic name [MQTT-4.7.0-1]")
+    check_levels(name, max_levels, "topic name")
 
 
 def validate_topic_filter(topic_filter: str) -> None:

@@ -11,7 +11,8 @@ import scramp
 from twisted.internet import defer
 
 import tbmq_plugins.auth_basic as auth_basic
-from tbmq.auth.passwords import check_password, hash_password, scram_credentials
+from tbmq.auth import passwords
+from tbmq.auth.passwords import DEFAULT_ROUNDS, check_password, hash_password, scram_credentials
 from tbmq.hookspecs import hookimpl
 from tbmq.model import ClientType, Credentials, CredentialsType
 from tbmq.mqtt import (
@@ -25,8 +26,11 @@ SECRET = "s3cret-key-for-tests-0123456789abcdef"
 
 @pytest.fixture(autouse=True)
 def inline_bcrypt(monkeypatch):
-    monkeypatch.setattr(auth_basic, "check_password_async",
-                        lambda password, hashed: defer.succeed(check_password(password, hashed)))
+    def inline(password, hashed):
+        return defer.succeed(check_password(password, hashed))
+
+    monkeypatch.setattr(auth_basic, "check_password_async", inline)
+    monkeypatch.setattr(passwords, "check_password_async", inline)
 
 
 def harness(**auth):
@@ -58,13 +62,40 @@ def basic(h, name="dev", username="user", password="pw", client_id=None, pub=Non
 
 # -- basic -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("level,ok,bad_pw,unknown", [(5, 0, 0x86, 0x87), (4, 0, 0x04, 0x05)])
-def test_basic_password(level, ok, bad_pw, unknown):
+@pytest.mark.parametrize("level,bad,anonymous", [(5, 0x86, 0x87), (4, 0x04, 0x05)])
+def test_basic_password(level, bad, anonymous):
+    """A wrong password and an unknown user name get the same answer, so a
+    refusal does not tell which user names exist; a client that sent no
+    credentials at all is not authorized."""
     h = harness()
     basic(h)
-    assert h.client("a", level, username="user", password=b"pw").connack.reason_code == ok
-    assert h.client("b", level, username="user", password=b"nope").connack.reason_code == bad_pw
-    assert h.client("c", level, username="who", password=b"pw").connack.reason_code == unknown
+    assert h.client("a", level, username="user", password=b"pw").connack.reason_code == 0
+    assert h.client("b", level, username="user", password=b"nope").connack.reason_code == bad
+    assert h.client("c", level, username="who", password=b"pw").connack.reason_code == bad
+    assert h.client("d", level, username="user").connack.reason_code == bad
+    assert h.client("e", level, username="who").connack.reason_code == bad
+    assert h.client("f", level).connack.reason_code == anonymous
+
+
+def test_unknown_user_takes_as_long_as_a_wrong_password():
+    """An unknown user name costs a bcrypt check at the default cost, as a
+    wrong password of credentials hashed at that cost does."""
+    h = harness()
+    add(h, "dev", CredentialsType.MQTT_BASIC, "username|user",
+        {"userName": "user", "password": hash_password("pw", rounds=DEFAULT_ROUNDS)})
+
+    def refusal(username: str) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            assert h.client("x", 5, username=username, password=b"wrong").connack.reason_code == 0x86
+            times.append(time.perf_counter() - start)
+        return sorted(times)[1]
+
+    wrong, unknown = refusal("user"), refusal("nobody")
+    one_check = min(wrong, unknown)
+    assert one_check > 0.01  # bcrypt at 10 rounds: tens of milliseconds
+    assert 0.5 < unknown / wrong < 2.0, (unknown, wrong)
 
 
 def test_basic_by_client_id_and_client_type():
@@ -89,7 +120,7 @@ def test_unknown_authentication_method_gets_0x8c():
 def test_providers_can_be_switched_off():
     h = harness(providers=["jwt"])
     basic(h)
-    assert h.client("a", 5, username="user", password=b"pw").connack.reason_code == 0x87
+    assert h.client("a", 5, username="user", password=b"pw").connack.reason_code == 0x86
 
 
 # -- authorization -------------------------------------------------------------------

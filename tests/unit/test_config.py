@@ -57,7 +57,14 @@ def test_defaults():
         ),
     )
     assert config.mqtt == MqttConfig()
-    assert config.mqtt.max_packet_size == 268435455
+    # the bounds on one client's cost (issue 12): 1 MB packets, 32 unacknowledged
+    # PUBLISHes, 10 topic aliases, 128 topic levels, 1000 subscriptions
+    assert config.mqtt.max_packet_size == 1048576
+    assert config.mqtt.receive_maximum == 32
+    assert config.mqtt.topic_alias_maximum == 10
+    assert config.mqtt.max_topic_levels == 128
+    assert config.mqtt.max_subscriptions == 1000
+    assert config.mqtt.outbound_topic_aliases == 0
     assert config.mqtt.connect_timeout == 10.0
     assert config.mqtt.max_qos == 2
     assert config.mqtt.max_queued_messages == 10000
@@ -331,6 +338,9 @@ def test_overrides_not_mutated():
         ({"mqtt": {"receive_maximum": 0}}, "mqtt.receive_maximum: must be between 1 and 65535"),
         ({"mqtt": {"receive_maximum": 65536}}, "mqtt.receive_maximum: must be between"),
         ({"mqtt": {"topic_alias_maximum": -1}}, "mqtt.topic_alias_maximum: must be between"),
+        ({"mqtt": {"outbound_topic_aliases": 65536}}, "mqtt.outbound_topic_aliases: must be between"),
+        ({"mqtt": {"max_topic_levels": 0}}, "mqtt.max_topic_levels: must be between 1 and 65535"),
+        ({"mqtt": {"max_subscriptions": -1}}, "mqtt.max_subscriptions: must be >= 0"),
         ({"mqtt": {"max_keep_alive": 65536}}, "mqtt.max_keep_alive: must be between"),
         (
             {"mqtt": {"max_session_expiry_interval": 2**32}},

@@ -178,6 +178,7 @@ class FakeConnection:
         self.protocol_level = 4
         self.send_quota = 2
         self.max_packet_size = None
+        self.topic_alias_maximum = 0
         self.paused = False
         self.paused_bytes = 0
         self.auth = None
