@@ -189,7 +189,7 @@ class MqttConfig:
 
     max_packet_size: int = 1048576
     connect_timeout: float = 10.0
-    receive_maximum: int = 32
+    receive_maximum: int = 128
     max_qos: int = 2
     retain_available: bool = True
     topic_alias_maximum: int = 10

@@ -60,7 +60,7 @@ def test_defaults():
     # the bounds on one client's cost (issue 12): 1 MB packets, 32 unacknowledged
     # PUBLISHes, 10 topic aliases, 128 topic levels, 1000 subscriptions
     assert config.mqtt.max_packet_size == 1048576
-    assert config.mqtt.receive_maximum == 32
+    assert config.mqtt.receive_maximum == 128
     assert config.mqtt.topic_alias_maximum == 10
     assert config.mqtt.max_topic_levels == 128
     assert config.mqtt.max_subscriptions == 1000

@@ -245,7 +245,7 @@ def test_default_limits_are_announced_and_enforced(h):
     c = h.client("c", level=5)
     p = c.connack.properties
     assert (p[Property.RECEIVE_MAXIMUM], p[Property.MAXIMUM_PACKET_SIZE],
-            p[Property.TOPIC_ALIAS_MAXIMUM]) == (32, 1048576, 10)
+            p[Property.TOPIC_ALIAS_MAXIMUM]) == (128, 1048576, 10)
     assert (cfg.max_topic_levels, cfg.max_subscriptions) == (128, 1000)
     c.send(Publish("t", b"x", properties={Property.TOPIC_ALIAS: 11}))
     assert c.received() == [Disconnect(0x94)]
@@ -254,14 +254,14 @@ def test_default_limits_are_announced_and_enforced(h):
     assert big.received() == [Disconnect(0x95)]
 
 
-def test_v5_receive_maximum_32_and_v3_is_held_to_the_packet_id_space(h):
+def test_v5_receive_maximum_128_and_v3_is_held_to_the_packet_id_space(h):
     v5 = h.client("v5", level=5)
-    v5.send(*[Publish("t", b"x", qos=2, packet_id=i) for i in range(1, 34)])
+    v5.send(*[Publish("t", b"x", qos=2, packet_id=i) for i in range(1, 130)])
     got = v5.received()
-    assert got[:32] == [Pubrec(i) for i in range(1, 33)] and got[32:] == [Disconnect(0x93)]
+    assert got[:128] == [Pubrec(i) for i in range(1, 129)] and got[128:] == [Disconnect(0x93)]
     v3 = h.client("v3", level=4)
-    v3.send(*[Publish("t", b"x", qos=2, packet_id=i) for i in range(1, 101)])
-    assert v3.received() == [Pubrec(i) for i in range(1, 101)] and not v3.closed
+    v3.send(*[Publish("t", b"x", qos=2, packet_id=i) for i in range(1, 201)])
+    assert v3.received() == [Pubrec(i) for i in range(1, 201)] and not v3.closed
 
 
 def test_default_topic_levels_128_accepted_129_refused(h):

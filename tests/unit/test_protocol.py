@@ -27,7 +27,7 @@ def test_v5_connack_carries_the_server_capabilities(h):
     ack = c.connack
     assert ack.reason_code == 0 and ack.session_present is False
     p = ack.properties
-    assert p[Property.RECEIVE_MAXIMUM] == h.config.mqtt.receive_maximum == 32
+    assert p[Property.RECEIVE_MAXIMUM] == h.config.mqtt.receive_maximum == 128
     assert p[Property.MAXIMUM_PACKET_SIZE] == h.config.mqtt.max_packet_size
     assert p[Property.TOPIC_ALIAS_MAXIMUM] == h.config.mqtt.topic_alias_maximum
     assert p[Property.RETAIN_AVAILABLE] == 1
