@@ -20,7 +20,7 @@ from tbmq.model import ClientType
 from tbmq.mqtt import MQTT_5, Auth, Connack, Connect, Property, Will
 from tbmq.mqtt.topics import TopicError, validate_topic_name
 from tbmq.broker.session import valid_utf8
-from tbmq.errors import BusError, ProtocolViolation  # noqa: F401  (ProtocolViolation: raised by handle_auth)
+from tbmq.errors import BackendError, BusError, ProtocolViolation  # noqa: F401  (ProtocolViolation: raised by handle_auth)
 
 #: (protocol name, level) pairs this broker speaks [MQTT-3.1.2-1, -2]
 SUPPORTED = {("MQIsdp", 3), ("MQTT", 4), ("MQTT", 5)}
@@ -157,12 +157,25 @@ class ConnectFlow:
         return self._closing or self.transport is None or not self.transport.connected
 
     def _internal_error(self, failure) -> None:
-        self.log.failure("internal error on the connection of {client_id}", failure,
-                         client_id=self._client_id())
+        """A step of the connection failed.  A backend that is out (the
+        credential store, the bus: :class:`~tbmq.errors.BackendError`,
+        :class:`~tbmq.errors.BusError`) is logged in one line and refused
+        before CONNACK with 0x88 Server unavailable (v3: 0x03), so the
+        client retries; anything else is a bug, logged with its traceback
+        (0x80, v3 0x03); after CONNACK the connection ends with 0x83."""
+        out = failure.check(BackendError, BusError)
+        if out:
+            self.log.warn("{client_id}: a backend is unavailable: {error}",
+                          client_id=self._client_id(), error=failure.getErrorMessage())
+        else:
+            self.log.failure("internal error on the connection of {client_id}", failure,
+                             client_id=self._client_id())
         self._drop_held()
         if not self._gone():
             if self._connacked:
                 self.disconnect(0x83)
+            elif out:
+                self._refuse(0x88, 0x03, "a backend is unavailable")
             else:
                 self._refuse(0x80, 0x03, "internal error")
 

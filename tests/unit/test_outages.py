@@ -9,6 +9,7 @@ from twisted.internet import defer, task
 
 from tbmq.backends.inprocess_bus import InProcessBus
 from tbmq.backends.memory import MemoryDeviceMessageStore
+from tbmq.backends.memory_credentials import MemoryCredentialStore
 from tbmq.errors import BackendError, BusPublishError
 from tbmq.mqtt import Property, Puback, Publish, Pubrec, Subscribe, SubscriptionRequest
 from tests.helpers import Harness
@@ -105,3 +106,26 @@ def test_a_device_store_outage_holds_persistent_messages_until_it_is_back():
     again = h.client("dev", level=5, clean_start=False, properties=expiry)
     got = again.pending + again.received()
     assert [m.payload for m in got] == [b"a"]
+
+
+class UnreachableCredentials(MemoryCredentialStore):
+    """A credential store whose server is gone (PostgreSQL down)."""
+
+    down = False
+
+    def find(self, credentials_type, credentials_id):
+        if self.down:
+            return defer.fail(BackendError("postgres: connection refused"))
+        return super().find(credentials_type, credentials_id)
+
+
+def test_a_connect_while_the_credential_store_is_out_gets_0x88_then_succeeds():
+    store = UnreachableCredentials()
+    h = Harness(entry_points=True, credential_store=store)
+    store.down = True
+    refused = h.client("c", level=5, username="u", password=b"p")
+    assert refused.connack.reason_code == 0x88 and refused.closed
+    v3 = h.client("c3", level=4, username="u", password=b"p")
+    assert v3.connack.reason_code == 0x03
+    store.down = False
+    assert h.client("c", level=5, username="u", password=b"p").connack.reason_code == 0
