@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Callable
 
 from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
@@ -133,7 +134,7 @@ class ConsumerClient(drivers.ConsumerClient):
         self.topic = topic
         self.error: str | None = None
         self._tps: dict[int, TopicPartition] = {}
-        self._assigned: list[list[int]] = []  # from the listener, not positioned yet
+        self._assigned: deque[list[int]] = deque()  # from the listener, not positioned yet
         self._on_assign: Callable | None = None
         self._consumer = KafkaConsumer(
             **_common(config),
@@ -186,8 +187,11 @@ class ConsumerClient(drivers.ConsumerClient):
     def poll(self, timeout: float, max_records: int,
              want_ends: set[int]) -> tuple[list[RawRecord], dict[int, int]]:
         consumer = self._consumer
-        while self._assigned:  # position them here, out of the I/O thread
-            self._on_assign(self._assigned.pop(0))
+        if self._assigned:  # position them here, out of the I/O thread
+            while self._assigned:  # the latest counts: earlier ones were revoked since
+                latest = self._assigned.popleft()
+            assigned = {tp.partition for tp in consumer.assignment()}
+            self._on_assign([p for p in latest if p in assigned])
         batches = consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
         records = []
         for tp, batch in sorted(batches.items(), key=lambda item: item[0].partition):

@@ -261,9 +261,17 @@ class ConsumerLoop:
     # -- assignments -------------------------------------------------------------------------------
 
     def _on_assign(self, partitions: list[int]) -> None:
-        """The group gave ``partitions`` (in this thread, during a poll)."""
+        """The group gave ``partitions`` (in this thread, during a poll).
+        While Kafka fails, positioning is tried again for ``timeout``
+        seconds; then the client reads them from the committed offsets (the
+        first ones without), which never skips a record."""
         self._rebalancing = False
-        while not self._stopping and not self._assign(partitions, assign=False):
+        deadline = time.monotonic() + self._timeout
+        while not self._assign(partitions, assign=False):
+            if self._stopping or time.monotonic() > deadline:
+                self._client.resume(partitions)
+                self._track(partitions, {p: 0 for p in partitions}, set())
+                return
             time.sleep(RETRY_DELAY)
 
     def _assign(self, partitions: list[int], assign: bool) -> bool:
