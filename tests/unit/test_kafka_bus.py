@@ -65,7 +65,7 @@ def fired(d: defer.Deferred) -> list:
     return out
 
 
-# -- commit bookkeeping -----------------------------------------------------------------------
+# -- commit bookkeeping --------------------------------------------------------------------
 
 def test_a_track_commits_over_contiguous_successes_whatever_order_they_fire_in():
     track = Track(0)
@@ -186,8 +186,8 @@ def test_a_record_that_does_not_decode_is_a_failed_result():
     consumer = KafkaConsumer(FakeBus(), "t", "g", got.append, r.MESSAGE, 10, 10)
     consumer.loop = FakeLoop()
     consumer._assigned([0])
-    consumer._batch([raw(0, 0, b"\x01not msgpack"), raw(0, 1, r.MESSAGE.encode(Message("a", b"")))],
-                    [])
+    good = r.MESSAGE.encode(Message("a", b""))
+    consumer._batch([raw(0, 0, b"\x01not msgpack"), raw(0, 1, good)], [])
     assert [rec.offset for rec in got] == [1]  # the member went on
     assert consumer.loop.commits == []  # but nothing commits past the bad one
 
@@ -300,7 +300,7 @@ def test_stop_forgets_the_buffer_and_fires_once_the_thread_closed():
     assert fired(d) == [None] and fired(again) == [None]
 
 
-# -- acknowledgements ---------------------------------------------------------------------------
+# -- acknowledgements ----------------------------------------------------------------------
 
 def test_acknowledgements_reach_the_reactor_one_call_per_batch():
     reactor = QueueReactor()
@@ -323,7 +323,7 @@ def test_acknowledgements_reach_the_reactor_one_call_per_batch():
     assert reactor.from_thread == 2 and acks.batches == 1
 
 
-# -- topics and publish, on a fake driver -------------------------------------------------------
+# -- topics and publish, on a fake driver --------------------------------------------------
 
 class FakeAdmin:
     def __init__(self, driver) -> None:
@@ -369,10 +369,10 @@ class FakeDriver:
         self.sent: list = []
         self.closed: list = []
 
-    def admin(self, config):
+    def Admin(self, config):  # noqa: N802 (a driver module's class)
         return FakeAdmin(self)
 
-    def producer(self, config, acks):
+    def Producer(self, config, acks):  # noqa: N802
         return FakeProducer(self, acks)
 
 
@@ -512,7 +512,7 @@ def test_groups_of_two_topics_are_two_kafka_groups():
     assert kafka_group("p.tbmq.msg.all", "g") != kafka_group("p.tbmq.events", "g")
 
 
-# -- the plugin --------------------------------------------------------------------------------
+# -- the plugin ----------------------------------------------------------------------------
 
 def test_the_plugin_builds_the_bus_for_bus_kafka_only():
     clock = Clock()

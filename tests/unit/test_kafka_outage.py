@@ -67,7 +67,7 @@ def test_publish_fails_in_an_outage_and_works_again_after_it(driver, tansu, reac
 
         tansu.start()  # the same port; Tansu forgot everything, Kafka would not
         settings = config(tansu.bootstrap, driver)
-        bus.driver.admin(settings).create_topics([topic_spec(settings, bus.catalogue, topic)])
+        bus.driver.Admin(settings).create_topics([topic_spec(settings, bus.catalogue, topic)])
         deadline = time.monotonic() + 30
         while True:
             try:

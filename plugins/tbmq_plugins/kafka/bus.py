@@ -133,7 +133,7 @@ class KafkaBus:
         self._consumers: set[KafkaConsumer] = set()
         self._unacknowledged = False  # the last outcome was a failure
 
-    # -- life cycle ---------------------------------------------------------------------------
+    # -- life cycle ------------------------------------------------------------------------
 
     @defer.inlineCallbacks
     def start(self):
@@ -170,9 +170,9 @@ class KafkaBus:
 
     def _open(self, topics: list[str]) -> None:
         """(worker thread) Clients, fixed topics, metadata."""
-        self._admin = self.driver.admin(self.config)
+        self._admin = self.driver.Admin(self.config)
         self._create(topics)
-        self._producer = self.driver.producer(self.config, self._acks)
+        self._producer = self.driver.Producer(self.config, self._acks)
         for topic in topics:
             self._producer.prepare(topic)
 
@@ -222,7 +222,7 @@ class KafkaBus:
         self._worker = None
         self._ready.clear()
 
-    # -- topics ---------------------------------------------------------------------------------
+    # -- topics ----------------------------------------------------------------------------
 
     def _codec(self, topic: str):
         codec = self._codecs.get(topic)
@@ -268,7 +268,7 @@ class KafkaBus:
         self._creation(topic).waiters.append(d)
         return d
 
-    # -- publish --------------------------------------------------------------------------------
+    # -- publish ---------------------------------------------------------------------------
 
     def publish(self, topic: str, key: str | None, value: Any,
                 headers: tuple = ()) -> defer.Deferred:
@@ -323,7 +323,7 @@ class KafkaBus:
                              "publishes fail until Kafka answers again", error=error)
                 d.errback(BusPublishError(f"Kafka did not acknowledge the record: {error}"))
 
-    # -- consumers ------------------------------------------------------------------------------
+    # -- consumers -------------------------------------------------------------------------
 
     def subscribe(self, topic: str, group: str, handler: Callable,
                   from_beginning: bool = False, exclusive: bool = False) -> KafkaConsumer:
@@ -347,7 +347,7 @@ class KafkaBus:
                                  buffer_limit=2 * config.max_poll_records)
         group_id = kafka_group(topic, group)
         loop = ConsumerLoop(
-            self.clock, lambda: self.driver.consumer(config, topic, group_id), consumer,
+            self.clock, lambda: self.driver.ConsumerClient(config, topic, group_id), consumer,
             exclusive=exclusive, from_beginning=from_beginning,
             durable=self.catalogue.durable(topic), max_records=config.max_poll_records,
             timeout=config.request_timeout_ms / 1000.0,

@@ -30,7 +30,7 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka import drivers
 from tbmq_plugins.kafka.drivers import RawRecord, TopicSpec
 
-__all__ = ["admin", "consumer", "producer"]
+__all__ = ["Admin", "ConsumerClient", "Producer"]
 
 log = Logger(observer=LOG_OBSERVER)
 
@@ -250,17 +250,3 @@ class ConsumerClient(drivers.ConsumerClient):
     def close(self) -> None:
         self._consumer.close()
 
-
-def admin(config: Any) -> Admin:
-    """:returns: an :class:`Admin`."""
-    return Admin(config)
-
-
-def producer(config: Any, acks: Any) -> Producer:
-    """:returns: a :class:`Producer` with its poll thread running."""
-    return Producer(config, acks)
-
-
-def consumer(config: Any, topic: str, group: str) -> ConsumerClient:
-    """:returns: a :class:`ConsumerClient`."""
-    return ConsumerClient(config, topic, group)

@@ -167,7 +167,7 @@ class KafkaConsumer:
         return (self._has_assignment and not self.stopped
                 and all(t.reached for t in self._tracks.values()))
 
-    # -- the interface ------------------------------------------------------------------------
+    # -- the interface ---------------------------------------------------------------------
 
     def pause(self) -> None:
         """Stop handing records; the client's partitions are paused (the
@@ -213,7 +213,7 @@ class KafkaConsumer:
         d.addBoth(lambda result: (out.callback(None), result)[1])
         return out
 
-    # -- from the thread (in the reactor thread) --------------------------------------------------
+    # -- from the thread (in the reactor thread) ------------------------------------------
 
     def _assigned(self, partitions: list[int]) -> None:
         if self.stopped:
@@ -262,7 +262,7 @@ class KafkaConsumer:
         if self._closed_d is not None and not self._closed_d.called:
             self._closed_d.callback(None)
 
-    # -- handing ------------------------------------------------------------------------------------
+    # -- handing ---------------------------------------------------------------------------
 
     def _want_paused(self) -> None:
         if self.loop is not None:

@@ -193,9 +193,10 @@ class ConsumerClient:
 def load_driver(name: str) -> Any:
     """Import the driver ``name`` (a value of ``kafka.driver``).
 
-    :returns: its module: ``admin(config)``, ``producer(config, acks)``,
-        ``consumer(config, topic, group)`` (each may block: call them in a
-        thread).
+    :returns: its module, whose classes ``Admin(config)``,
+        ``Producer(config, acks)`` and ``ConsumerClient(config, topic,
+        group)`` implement :class:`Admin`, :class:`Producer` and
+        :class:`ConsumerClient` (building one may block: do it in a thread).
     :raises ConfigError: for an unknown driver, or when its client library
         is not installed (the message says what to install).
     """

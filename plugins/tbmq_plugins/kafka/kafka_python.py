@@ -34,7 +34,7 @@ from kafka.structs import OffsetAndMetadata
 from tbmq_plugins.kafka import drivers
 from tbmq_plugins.kafka.drivers import RawRecord, TopicSpec
 
-__all__ = ["admin", "consumer", "producer"]
+__all__ = ["Admin", "ConsumerClient", "Producer"]
 
 #: Most milliseconds between two reconnection attempts to a broker.
 RECONNECT_BACKOFF_MAX_MS = 1000
@@ -228,17 +228,3 @@ class ConsumerClient(drivers.ConsumerClient):
     def close(self) -> None:
         self._consumer.close(autocommit=False)
 
-
-def admin(config: Any) -> Admin:
-    """:returns: an :class:`Admin` (connects: blocks)."""
-    return Admin(config)
-
-
-def producer(config: Any, acks: Any) -> Producer:
-    """:returns: a :class:`Producer` (connects: blocks)."""
-    return Producer(config, acks)
-
-
-def consumer(config: Any, topic: str, group: str) -> ConsumerClient:
-    """:returns: a :class:`ConsumerClient` (connects: blocks)."""
-    return ConsumerClient(config, topic, group)

@@ -124,7 +124,7 @@ class ConsumerLoop:
         call the sink's ``_closed``."""
         self._stopping = True
 
-    # -- the thread ------------------------------------------------------------------------------
+    # -- the thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
         client = None
@@ -207,16 +207,22 @@ class ConsumerLoop:
             offsets, self._commits = self._commits, {}
         return offsets
 
-    def _between_polls(self, client: ConsumerClient) -> None:
+    def _commit(self, client: ConsumerClient, wait: bool) -> None:
+        """Commit what the reactor asked for; what fails without ``wait`` is
+        tried again next time, unless newer offsets came meanwhile."""
         offsets = self._take_commits()
         if offsets:
             try:
-                client.commit(offsets, wait=False)
+                client.commit(offsets, wait=wait)
             except Exception as e:
                 self._trouble(e)
-                with self._lock:  # try again next time, unless newer ones came
-                    for p, o in offsets.items():
-                        self._commits.setdefault(p, o)
+                if not wait:
+                    with self._lock:
+                        for p, o in offsets.items():
+                            self._commits.setdefault(p, o)
+
+    def _between_polls(self, client: ConsumerClient) -> None:
+        self._commit(client, wait=False)
         paused = self.want_paused
         if paused != self._paused and self._next:
             (client.pause if paused else client.resume)(list(self._next))
@@ -258,7 +264,7 @@ class ConsumerLoop:
         if records or reached:
             self._reactor.callFromThread(self._sink._batch, records, reached)
 
-    # -- assignments -------------------------------------------------------------------------------
+    # -- assignments -----------------------------------------------------------------------
 
     def _on_assign(self, partitions: list[int]) -> None:
         """The group gave ``partitions`` (in this thread, during a poll).
@@ -357,12 +363,7 @@ class ConsumerLoop:
     def _close(self, client: ConsumerClient | None) -> None:
         try:
             if client is not None:
-                offsets = self._take_commits()
-                if offsets:
-                    try:
-                        client.commit(offsets, wait=True)
-                    except Exception as e:
-                        self._trouble(e)
+                self._commit(client, wait=True)
                 self._closing = True
                 try:
                     client.close()
