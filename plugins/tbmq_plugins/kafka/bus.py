@@ -358,19 +358,23 @@ class KafkaBus:
         self._begin(consumer, loop)
         return consumer
 
-    def _begin(self, consumer: KafkaConsumer, loop: ConsumerLoop) -> None:
+    def _begin(self, consumer: KafkaConsumer, loop: ConsumerLoop, attempt: int = 0) -> None:
         """Start ``consumer``'s thread once its topic exists."""
         def ready(_result: Any) -> None:
             if consumer in self._consumers:
+                if attempt:
+                    log.info("Kafka consumer {name}: its topic exists now", name=loop.name)
                 consumer.loop = loop
                 loop.want_paused = consumer._paused
                 loop.start()
 
         def failed(failure: Failure) -> None:
             if consumer in self._consumers and self.running:
-                log.warn("Kafka consumer {group}@{topic}: {error}; retrying",
-                         group=consumer.group, topic=consumer.topic, error=failure.value)
-                self.clock.callLater(CREATE_RETRY_DELAY, self._begin, consumer, loop)
+                if not attempt:
+                    log.warn("Kafka consumer {name}: {error}; retrying every {delay} s",
+                             name=loop.name, error=failure.value, delay=CREATE_RETRY_DELAY)
+                self.clock.callLater(CREATE_RETRY_DELAY, self._begin, consumer, loop,
+                                     attempt + 1)
 
         self._when_ready(consumer.topic).addCallbacks(ready, failed)
 
