@@ -115,9 +115,16 @@ class _Listener(AsyncConsumerRebalanceListener):
     async def on_partitions_revoked(self, revoked) -> None:
         offsets = self._on_revoke(sorted(tp.partition for tp in revoked))
         if offsets:
-            coordinator = self._client._consumer._coordinator
+            data = self._client._offsets(offsets)
+            # the coordinator's own coroutine: the commit is done before the
+            # group moves on (the public commit() may not block here)
+            commit = getattr(self._client._consumer._coordinator,
+                             "_commit_offsets_sync_async", None)
             try:
-                await coordinator._commit_offsets_sync_async(self._client._offsets(offsets))
+                if commit is not None:
+                    await commit(data)
+                else:
+                    self._client._consumer.commit_async(data)
             except Exception as e:
                 self._client.error = f"commit before a rebalance failed: {e}"
 
