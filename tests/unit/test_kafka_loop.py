@@ -87,12 +87,12 @@ class Sink:
         self.closed = True
 
 
-def start(client, exclusive=True, from_beginning=False, durable=False):
+def start(client, exclusive=True, from_beginning=False, durable=False, stuck=60.0):
     reactor = QueueReactor()
     sink = Sink()
     loop = ConsumerLoop(reactor, lambda: client, sink, exclusive=exclusive,
                         from_beginning=from_beginning, durable=durable, max_records=100,
-                        timeout=2.0, grace=0.0, stuck=60.0, name="test")
+                        timeout=2.0, grace=0.0, stuck=stuck, name="test")
     loop.start()
     return loop, sink, reactor
 
@@ -204,3 +204,17 @@ def test_a_member_stopping_finishes_a_rebalance_under_way_before_it_leaves():
     client.polls.put(lambda: (client.on_assign([0]), ([], {}))[1])
     reactor.wait(lambda: sink.closed)
     assert client.calls[-1] == ("close",)
+
+
+def test_a_member_without_an_assignment_for_too_long_joins_again():
+    client = ScriptedClient()
+    loop, sink, reactor = start(client, exclusive=False, stuck=0.3)
+    reactor.wait(lambda: client.calls.count(("subscribe",)) == 2)
+    first = client.calls.index(("subscribe",))
+    assert ("close",) in client.calls[first:]  # left, then joined as a new member
+    client.polls.put(lambda: (client.on_assign([0, 1]), ([], {0: 0, 1: 0}))[1])
+    reactor.wait(lambda: sink.batches)
+    assert sink.assigned == [[0, 1]]
+    time.sleep(0.5)
+    assert client.calls.count(("subscribe",)) == 2  # assigned: no more rejoining
+    stop(loop, sink, reactor)

@@ -139,6 +139,8 @@ class ConsumerLoop:
                     time.sleep(RETRY_DELAY)
             else:
                 client.subscribe(self._on_assign, self._on_revoke)
+                self._rebalancing = True  # joining
+                self._rebalance_deadline = time.monotonic() + self._stuck
             while not self._stopping:
                 self._between_polls(client)
                 self._poll(client)
