@@ -173,12 +173,18 @@ class KafkaEnv(BusEnv):
     then on reaches it), then a little longer.
     """
 
+    # Kafka promises only what the brokers acknowledged, and Tansu does not
+    # compact
+    publish_waits_for_consumers = False
+    compacts = False
+    consumer_failures_fail_publish = False
+
     #: Seconds :meth:`settle` waits after the consumers are positioned.
     SETTLE = 0.3
 
     def __init__(self, driver: str, bootstrap: str, reactor_thread) -> None:
         super().__init__()
-        self.name = f"kafka-{driver}"
+        self.name = f"kafka ({driver})"
         self.rt = reactor_thread
         self.consumers: list = []
         self.config = KafkaConfig(
