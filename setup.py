@@ -8,7 +8,8 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.11",
-    packages=find_packages(include=["tbmq", "tbmq.*"]) + ["twisted.plugins", "tbmq_plugins"],
+    packages=find_packages(include=["tbmq", "tbmq.*"])
+    + ["twisted.plugins", "tbmq_plugins", "tbmq_plugins.kafka"],
     package_dir={"tbmq_plugins": "plugins/tbmq_plugins", "": "."},
     package_data={"twisted": ["plugins/tbmq_plugin.py"]},
     data_files=[("etc/tbmq", ["etc/tbmq.yml"])],
@@ -42,7 +43,8 @@ setup(
                  "basic = tbmq_plugins.auth_basic:plugin",
                  "x509 = tbmq_plugins.auth_x509:plugin",
                  "scram = tbmq_plugins.auth_scram:plugin",
-                 "jwt = tbmq_plugins.auth_jwt:plugin"],
+                 "jwt = tbmq_plugins.auth_jwt:plugin",
+                 "kafka = tbmq_plugins.kafka:plugin"],
     },
     classifiers=[
         "Framework :: Twisted",

@@ -200,6 +200,10 @@ class ReactorThread:
         self._thread.start()
         self.call(lambda: None)  # wait until it runs
 
+    def in_thread(self) -> bool:
+        """:returns: True when called from the reactor thread itself."""
+        return threading.current_thread() is self._thread
+
     def call(self, f: Callable, *args: Any, **kwargs: Any) -> Any:
         """Call ``f`` in the reactor thread and wait for its result (a
         Deferred's result when it returns one).

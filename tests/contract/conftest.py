@@ -26,7 +26,10 @@ handlers), ``compacts`` (old values of a key are really gone),
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import threading
+import time
 
 import pytest
 from twisted.internet import defer
@@ -35,6 +38,7 @@ from twisted.python.failure import Failure
 
 from tbmq.backends.inprocess_bus import InProcessBus
 from tbmq.cluster.topics import TopicCatalogue
+from tbmq.config import KafkaConfig
 from tests.helpers import MemoryTopicLog
 
 _prefixes = itertools.count(1)
@@ -79,8 +83,10 @@ class BusEnv:
         """Publish from the bus's thread; :returns: what publish returned."""
         return self.call(bus.publish, topic, key, value, headers)
 
-    def subscribe(self, bus, topic, group, handler, from_beginning=False):
-        return self.call(bus.subscribe, topic, group, handler, from_beginning)
+    def subscribe(self, bus, topic, group, handler, from_beginning=False, exclusive=False):
+        """Subscribe from the bus's thread.  ``exclusive`` is the test's
+        promise that ``group`` never gets a second member."""
+        return self.call(bus.subscribe, topic, group, handler, from_beginning, exclusive)
 
     def close(self) -> None:
         for bus in self.buses:
@@ -157,13 +163,90 @@ class InProcessEnv(BusEnv):
             self.clock.advance(0.01)
 
 
-@pytest.fixture(params=["inprocess-encoded", "inprocess-direct"])
+class KafkaEnv(BusEnv):
+    """The Kafka bus with one driver, against the run's Tansu, in the
+    private reactor thread (real time).
+
+    Group timeouts are small (a join takes about half the session timeout on
+    Tansu).  :meth:`settle` waits until every live consumer is positioned
+    (has its partitions and read them to their end: a record published from
+    then on reaches it), then a little longer.
+    """
+
+    #: Seconds :meth:`settle` waits after the consumers are positioned.
+    SETTLE = 0.3
+
+    def __init__(self, driver: str, bootstrap: str, reactor_thread) -> None:
+        super().__init__()
+        self.name = f"kafka-{driver}"
+        self.rt = reactor_thread
+        self.consumers: list = []
+        self.config = KafkaConfig(
+            bootstrap_servers=bootstrap, driver=driver, topic_prefix=self.catalogue.prefix,
+            partitions=1, linger_ms=2, fetch_max_wait_ms=10, max_poll_records=500,
+            session_timeout_ms=3000, heartbeat_interval_ms=500, request_timeout_ms=10000)
+
+    def _make(self, partitions: int = 1, **options):
+        from tbmq_plugins.kafka.bus import KafkaBus
+
+        config = dataclasses.replace(self.config, partitions=partitions)
+        return KafkaBus(config, clock=self.rt.reactor, **options)
+
+    def subscribe(self, bus, topic, group, handler, from_beginning=False, exclusive=False):
+        consumer = super().subscribe(bus, topic, group, handler, from_beginning, exclusive)
+        self.consumers.append(consumer)
+        return consumer
+
+    def call(self, f, *args, **kwargs):
+        if self.rt.in_thread():  # from a handler
+            return f(*args, **kwargs)
+        # a Deferred comes back as it is: the tests wait for it with run()
+        return self.rt.call(lambda: [f(*args, **kwargs)])[0]
+
+    def run(self, d, timeout: float = 20.0):
+        if not isinstance(d, defer.Deferred):
+            return d
+        done = threading.Event()
+        out: list = []
+
+        def keep(result):
+            out.append(result)
+            done.set()
+
+        self.rt.reactor.callFromThread(d.addBoth, keep)
+        assert done.wait(timeout), f"the Deferred did not fire within {timeout} s"
+        result = out[0]
+        if isinstance(result, Failure):
+            result.raiseException()
+        return result
+
+    def wait_until(self, predicate, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, f"condition not met within {timeout} s"
+            time.sleep(0.01)
+
+    def settle(self) -> None:
+        def positioned():
+            return all(c.positioned for c in self.consumers if not c.stopped)
+
+        self.wait_until(lambda: self.call(positioned), timeout=30.0)
+        time.sleep(self.SETTLE)
+
+
+BUSES = ["inprocess-encoded", "inprocess-direct", "kafka-python", "confluent"]
+
+
+@pytest.fixture(params=BUSES)
 def bus_factory(request):
     """The :class:`BusEnv` of one bus implementation."""
     if request.param == "inprocess-encoded":
         env = InProcessEnv(encode=True)
-    else:
+    elif request.param == "inprocess-direct":
         env = InProcessEnv(encode=False)
+    else:
+        env = KafkaEnv(request.param, request.getfixturevalue("kafka_bootstrap"),
+                       request.getfixturevalue("reactor_thread"))
     yield env
     env.close()
 

@@ -1,5 +1,11 @@
 """The message bus contract (``docs/bus.md``, :class:`tbmq.interfaces.IMessageBus`),
-run against every bus through the ``bus_factory`` fixture (see conftest)."""
+run against every bus through the ``bus_factory`` fixture (see conftest).
+
+A subscription passes ``exclusive=True`` where its group has one member for
+the whole test (the Kafka bus then assigns the partitions without a group
+join); the tests of groups with several members, and a few single members
+(``test_every_group_gets_every_record``, the ``tail`` group of
+``test_from_beginning_and_caught_up``), join their group."""
 
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ def test_the_bus_and_its_consumers_provide_the_interfaces(env):
     bus = env.bus()
     assert verifyObject(IMessageBus, bus)
     assert bus.encodes is env.encodes
-    consumer = env.subscribe(bus, env.catalogue.events, "g", collector([]))
+    consumer = env.subscribe(bus, env.catalogue.events, "g", collector([]), exclusive=True)
     assert verifyObject(IConsumer, consumer)
     assert consumer.topic == env.catalogue.events and consumer.group == "g"
 
@@ -48,7 +54,7 @@ def test_records_of_one_key_arrive_in_publish_order(env):
     bus = env.bus(partitions=4)
     topic = env.catalogue.events
     got: list = []
-    env.subscribe(bus, topic, "g", collector(got))
+    env.subscribe(bus, topic, "g", collector(got), exclusive=True)
     env.settle()
     keys = [f"key-{k}" for k in range(13)]
     items = [(keys[i % 13], f"{keys[i % 13]}:{i // 13}".encode()) for i in range(13 * 25)]
@@ -74,7 +80,7 @@ def test_records_of_one_key_arrive_in_publish_order(env):
 def test_headers_reach_the_consumer(env):
     bus = env.bus()
     got: list = []
-    env.subscribe(bus, env.catalogue.events, "g", collector(got))
+    env.subscribe(bus, env.catalogue.events, "g", collector(got), exclusive=True)
     env.settle()
     env.run(env.publish(bus, env.catalogue.events, "k", b"v", (("trace", b"\x01\x02"),)))
     env.wait_until(lambda: got)
@@ -173,7 +179,7 @@ def test_a_raising_handler_is_a_failed_result_and_the_member_goes_on(env):
         if record.value == b"bad":
             raise ValueError("boom")
 
-    env.subscribe(bus, topic, "g", handler)
+    env.subscribe(bus, topic, "g", handler, exclusive=True)
     env.settle()
     d = env.publish(bus, topic, "k", b"bad")
     if env.consumer_failures_fail_publish:
@@ -226,7 +232,7 @@ def test_a_member_is_never_reentered(env):
         finally:
             depth[0] -= 1
 
-    env.subscribe(bus, topic, "g", handler)
+    env.subscribe(bus, topic, "g", handler, exclusive=True)
     env.settle()
     env.publish(bus, topic, "k", b"first")
     env.wait_until(lambda: len(seen) == 2)
@@ -237,7 +243,7 @@ def test_pause_and_resume(env):
     bus = env.bus()
     topic = env.catalogue.events
     got: list = []
-    consumer = env.subscribe(bus, topic, "g", collector(got))
+    consumer = env.subscribe(bus, topic, "g", collector(got), exclusive=True)
     env.settle()
     env.run(env.publish(bus, topic, "k", b"before"))
     env.wait_until(lambda: len(got) == 1)
@@ -269,7 +275,8 @@ def test_from_beginning_and_caught_up(env):
         results.append(d)
         return d
 
-    consumer = env.subscribe(bus, topic, "replay", collector(got, later), from_beginning=True)
+    consumer = env.subscribe(bus, topic, "replay", collector(got, later), from_beginning=True,
+                             exclusive=True)
     env.wait_until(lambda: len(got) == 6)
     assert sorted(values(got)) == sorted(v for _, v in items)
     caught = []
@@ -302,8 +309,8 @@ def test_publish_and_the_handlers_results(env):
         results.append(d)
         return d
 
-    env.subscribe(bus, topic, "slow", later)
-    env.subscribe(bus, topic, "fast", collector([]))
+    env.subscribe(bus, topic, "slow", later, exclusive=True)
+    env.subscribe(bus, topic, "fast", collector([]), exclusive=True)
     env.settle()
     d = env.publish(bus, topic, "k", b"x")
     env.wait_until(lambda: results)
@@ -334,7 +341,7 @@ def test_a_value_of_the_wrong_type_fails_typed(env):
     bus = env.bus()
     c = env.catalogue
     got: list = []
-    env.subscribe(bus, c.client_session, "g", collector(got))
+    env.subscribe(bus, c.client_session, "g", collector(got), exclusive=True)
     env.settle()
     # a durable topic is encoded on every bus
     with pytest.raises(RecordEncodingError):
@@ -357,8 +364,9 @@ def test_publish_fails_with_consumer_failed_but_other_groups_get_the_record(env)
     bus = env.bus()
     topic = env.catalogue.events
     good: list = []
-    env.subscribe(bus, topic, "bad", lambda record: defer.fail(OSError("disk full")))
-    env.subscribe(bus, topic, "good", collector(good))
+    env.subscribe(bus, topic, "bad", lambda record: defer.fail(OSError("disk full")),
+                  exclusive=True)
+    env.subscribe(bus, topic, "good", collector(good), exclusive=True)
     env.settle()
     d = env.publish(bus, topic, "k", b"x")
     if env.consumer_failures_fail_publish:
@@ -410,7 +418,7 @@ def test_every_record_type_round_trips_through_the_bus(env):
     cases = every_record(env.catalogue)
     got: dict = defaultdict(list)
     for topic in {topic for topic, _, _ in cases}:
-        env.subscribe(bus, topic, "g", collector(got[topic]))
+        env.subscribe(bus, topic, "g", collector(got[topic]), exclusive=True)
     env.settle()
     for topic, key, value in cases:
         env.run(env.publish(bus, topic, key, value))
@@ -437,7 +445,7 @@ def test_durable_topics_are_replayed_after_a_restart(env):
         d = results[record.value.seq] = defer.Deferred()
         return d
 
-    env.subscribe(bus, app, "app-1", collector(got, keep))
+    env.subscribe(bus, app, "app-1", collector(got, keep), exclusive=True)
     env.settle()
     message = Message("a/b", b"x", 1)
     pending = [env.publish(bus, app, "app-1", r.Delivery("app-1", message, 1, seq=i))
@@ -456,14 +464,14 @@ def test_durable_topics_are_replayed_after_a_restart(env):
 
     bus = env.restart(bus)
     again: list = []
-    consumer = env.subscribe(bus, app, "app-1", collector(again))
+    consumer = env.subscribe(bus, app, "app-1", collector(again), exclusive=True)
     env.run(consumer.caught_up)
     env.wait_until(lambda: len(again) >= 3)
     assert [rec.value.seq for rec in again] == [2, 3, 4]
     assert again[0].value == r.Delivery("app-1", message, 1, seq=2)
     sessions: list = []
     replay = env.subscribe(bus, c.client_session, "registry-x", collector(sessions),
-                           from_beginning=True)
+                           from_beginning=True, exclusive=True)
     env.run(replay.caught_up)
     last = {}
     for rec in sessions:
@@ -490,7 +498,8 @@ def test_compacted_topics_keep_the_last_value_per_key(env):
                        ("c3", other)):
         env.run(env.publish(bus, subs, key, value))
     got: list = []
-    consumer = env.subscribe(bus, subs, "g", collector(got), from_beginning=True)
+    consumer = env.subscribe(bus, subs, "g", collector(got), from_beginning=True,
+                             exclusive=True)
     env.run(consumer.caught_up)
     last = {}
     for rec in got:
@@ -508,13 +517,13 @@ def test_a_new_group_on_an_application_topic_gets_what_waited(env):
     publish_all(env, bus, topic, [("newcomer", r.Delivery("newcomer", message, 1, seq=i))
                                   for i in range(3)])
     got: list = []
-    consumer = env.subscribe(bus, topic, "newcomer", collector(got))
+    consumer = env.subscribe(bus, topic, "newcomer", collector(got), exclusive=True)
     env.run(consumer.caught_up)
     assert [rec.value.seq for rec in got] == [0, 1, 2]
     # a non-durable topic: a new group starts at the end
     events: list = []
     publish_all(env, bus, c.events, [("k", b"old")])
-    tail = env.subscribe(bus, c.events, "newcomer", collector(events))
+    tail = env.subscribe(bus, c.events, "newcomer", collector(events), exclusive=True)
     env.run(tail.caught_up)
     env.run(env.publish(bus, c.events, "k", b"new"))
     env.wait_until(lambda: events)

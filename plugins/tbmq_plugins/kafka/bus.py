@@ -1,0 +1,378 @@
+"""The Kafka message bus (``bus: kafka``): :class:`KafkaBus`.
+
+It carries TBMQ's topic catalogue (:mod:`tbmq.cluster.topics`, names
+prefixed with ``kafka.topic_prefix``) with the contract of
+:class:`tbmq.interfaces.IMessageBus` (``docs/bus.md``), on one of two client
+libraries (:mod:`.drivers`).
+
+* **Topics** are created with ``kafka.partitions``,
+  ``kafka.replication_factor`` and, unless compacted,
+  ``retention.ms = kafka.retention_ms``; the compacted ones
+  (:meth:`~tbmq.cluster.topics.TopicCatalogue.compacted`) get
+  ``cleanup.policy=compact``.  The fixed topics are created by
+  :meth:`KafkaBus.start`, the per-id ones (a node's downlinks, responses
+  and disconnects, ``tbmq.msg.app.<clientId>``,
+  ``tbmq.msg.app.shared.<filter>``) before their first publish or
+  subscription; a topic that already exists is fine.  Publishes to a topic
+  being created wait for it, in order.
+* **Publish** encodes the value with its topic's codec, the key as UTF-8,
+  and hands the record to the producer from the reactor thread (the
+  producer never blocks there).  The Deferred fires once the brokers
+  acknowledged it (``kafka.acks``); acknowledgements come back to the
+  reactor in batches (:class:`~.bridge.AckBatcher`).
+* **Consumers**: one thread each (:mod:`.loop`), the handing and commit
+  bookkeeping in the reactor (:mod:`.consumer`).
+* **Blocking calls** of the bus itself (topic creation, metadata, closing)
+  run one at a time in the bus's worker thread (:class:`~.bridge.Worker`).
+* **Outages**: a publish that Kafka does not acknowledge within
+  ``kafka.request_timeout_ms`` fails with :class:`~tbmq.errors.BusPublishError`;
+  the first such failure and the first success after it are logged, not
+  every record.  Consumers retry by themselves (:mod:`.loop`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from tbmq.cluster.topics import TopicCatalogue
+from tbmq.errors import BusClosedError, BusError, BusPublishError, RecordEncodingError
+from tbmq.interfaces import IMessageBus
+from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq_plugins.kafka.bridge import AckBatcher, Worker
+from tbmq_plugins.kafka.consumer import KafkaConsumer
+from tbmq_plugins.kafka.drivers import TopicSpec, load_driver
+from tbmq_plugins.kafka.loop import ConsumerLoop
+
+__all__ = ["KafkaBus", "kafka_group", "topic_spec"]
+
+log = Logger(observer=LOG_OBSERVER)
+
+#: Seconds between two attempts to create a topic a consumer waits for.
+CREATE_RETRY_DELAY = 1.0
+
+
+def topic_spec(config: Any, catalogue: TopicCatalogue, topic: str) -> TopicSpec:
+    """The topic ``topic`` is created as.
+
+    :param config: the :class:`tbmq.config.KafkaConfig`.
+    :returns: its :class:`~.drivers.TopicSpec`: ``kafka.partitions``,
+        ``kafka.replication_factor``, ``cleanup.policy=compact`` when
+        compacted, else ``cleanup.policy=delete`` and ``retention.ms``.
+    """
+    if catalogue.compacted(topic):
+        configs = {"cleanup.policy": "compact"}
+    else:
+        configs = {"cleanup.policy": "delete", "retention.ms": str(config.retention_ms)}
+    return TopicSpec(topic, config.partitions, config.replication_factor, configs)
+
+
+def kafka_group(topic: str, group: str) -> str:
+    """The Kafka group id of the bus's group ``group`` on ``topic``.
+
+    A bus group belongs to one topic (two topics' groups of the same name are
+    two groups, as on the in-process bus), while a Kafka group spans topics
+    and rebalances all its members together; so the topic (prefix included)
+    is part of the id.
+
+    :returns: ``"<group>@<topic>"``.
+    """
+    return f"{group}@{topic}"
+
+
+class _Creating:
+    """A topic being created: what waits for it."""
+
+    __slots__ = ("sends", "waiters")
+
+    def __init__(self) -> None:
+        self.sends: list = []  # (key, value, headers, deferred), in publish order
+        self.waiters: list[defer.Deferred] = []
+
+
+@implementer(IMessageBus)
+class KafkaBus:
+    """The bus on Kafka; see the module doc and ``docs/bus.md``.
+
+    :param config: the :class:`tbmq.config.KafkaConfig`.
+    :param clock: the reactor (``callFromThread``, ``callLater``); the
+        global one when None.
+    :param max_uncommitted: most handler results a consumer may have
+        pending; beyond that it waits.
+    :param driver: the driver module (:func:`~.drivers.load_driver` of
+        ``config.driver`` when None).
+    :raises ConfigError: when the driver's library is not installed.
+    :ivar encodes: True: every value crosses Kafka as its codec's bytes.
+    :ivar catalogue: the :class:`~tbmq.cluster.topics.TopicCatalogue` of
+        ``config.topic_prefix``.
+    """
+
+    encodes = True
+
+    def __init__(self, config: Any, clock: Any = None, max_uncommitted: int = 10000,
+                 driver: Any = None) -> None:
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self.config = config
+        self.clock = clock
+        self.max_uncommitted = max_uncommitted
+        self.driver = driver if driver is not None else load_driver(config.driver)
+        self.catalogue = TopicCatalogue(config.topic_prefix)
+        self.running = False
+        self._worker: Worker | None = None
+        self._admin = None
+        self._producer = None
+        self._acks = AckBatcher(clock, self._acknowledged)
+        self._ready: set[str] = set()
+        self._creating: dict[str, _Creating] = {}
+        self._codecs: dict[str, Any] = {}
+        self._consumers: set[KafkaConsumer] = set()
+        self._unacknowledged = False  # the last outcome was a failure
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def start(self):
+        """Connect, create the fixed topics of the catalogue and warm the
+        producer's metadata, in the worker thread.
+
+        :returns: a Deferred firing with None once publishes are accepted;
+            failing with :class:`~tbmq.errors.BusError` when no broker
+            answered within ``kafka.request_timeout_ms`` (or a topic could
+            not be created).
+        """
+        if self.running:
+            return
+        self._worker = Worker(self.clock, "tbmq-kafka-bus")
+        c = self.catalogue
+        fixed = [c.msg_all, c.msg_retained, c.msg_persisted, c.client_session,
+                 c.client_subscriptions, c.session_event_request, c.events]
+        try:
+            yield self._worker.call(self._open, fixed)
+        except Exception as e:
+            try:
+                yield self._worker.call(self._close_clients, 0)
+            except Exception:
+                pass  # what could be opened is closed as far as it goes
+            self._worker.stop()
+            self._worker = None
+            raise BusError(f"Kafka at {self.config.bootstrap_servers}: cannot start the bus "
+                           f"({self.config.driver}): {e}") from None
+        self._ready.update(fixed)
+        self.running = True
+        log.info("Kafka bus started ({driver}, {servers}, topic prefix {prefix!r})",
+                 driver=self.config.driver, servers=self.config.bootstrap_servers,
+                 prefix=c.prefix)
+
+    def _open(self, topics: list[str]) -> None:
+        """(worker thread) Clients, fixed topics, metadata."""
+        self._admin = self.driver.admin(self.config)
+        self._create(topics)
+        self._producer = self.driver.producer(self.config, self._acks)
+        for topic in topics:
+            self._producer.prepare(topic)
+
+    def _create(self, topics: list[str]) -> None:
+        """(worker thread) Create ``topics``."""
+        self._admin.create_topics([topic_spec(self.config, self.catalogue, t) for t in topics])
+
+    def _prepare(self, topic: str) -> None:
+        """(worker thread) Create ``topic`` and warm its metadata."""
+        self._create([topic])
+        self._producer.prepare(topic)
+
+    def _close_clients(self, timeout: float) -> None:
+        """(worker thread) Flush and close the producer, close the admin client."""
+        producer, self._producer = self._producer, None
+        admin, self._admin = self._admin, None
+        try:
+            if producer is not None:
+                producer.close(timeout)
+        finally:
+            if admin is not None:
+                admin.close()
+
+    @defer.inlineCallbacks
+    def stop(self):
+        """Refuse publishes from now on, stop the consumers (each commits
+        what its handlers finished and leaves its group), send what the
+        producer holds (``kafka.request_timeout_ms`` at most) and close.
+
+        :returns: a Deferred firing with None once done.
+        """
+        if not self.running:
+            return
+        self.running = False
+        creating, self._creating = self._creating, {}
+        for state in creating.values():
+            for _key, _value, _headers, d in state.sends:
+                d.errback(BusClosedError("the bus stopped before the topic was created"))
+            for d in state.waiters:
+                d.errback(BusClosedError("the bus stopped"))
+        yield defer.DeferredList([c.stop() for c in list(self._consumers)])
+        try:
+            yield self._worker.call(self._close_clients, self.config.request_timeout_ms / 1000.0)
+        except Exception as e:
+            log.warn("Kafka bus: closing the clients failed: {error}", error=e)
+        self._worker.stop()
+        self._worker = None
+        self._ready.clear()
+
+    # -- topics ---------------------------------------------------------------------------------
+
+    def _codec(self, topic: str):
+        codec = self._codecs.get(topic)
+        if codec is None:
+            codec = self._codecs[topic] = self.catalogue.codec_for(topic)
+        return codec
+
+    def _creation(self, topic: str) -> _Creating:
+        """The creation of ``topic``, started if it is not under way."""
+        state = self._creating.get(topic)
+        if state is None:
+            state = self._creating[topic] = _Creating()
+            self._worker.call(self._prepare, topic).addCallbacks(
+                self._created, self._not_created, callbackArgs=(topic, state),
+                errbackArgs=(topic, state))
+        return state
+
+    def _created(self, _result: Any, topic: str, state: _Creating) -> None:
+        if self._creating.get(topic) is not state:
+            return  # stopped meanwhile
+        del self._creating[topic]
+        self._ready.add(topic)
+        for key, value, headers, d in state.sends:
+            self._send(topic, key, value, headers, d)
+        for d in state.waiters:
+            d.callback(None)
+
+    def _not_created(self, failure: Failure, topic: str, state: _Creating) -> None:
+        if self._creating.get(topic) is not state:
+            return
+        del self._creating[topic]
+        error = BusPublishError(f"{topic}: the topic cannot be created: {failure.value}")
+        for _key, _value, _headers, d in state.sends:
+            d.errback(error)
+        for d in state.waiters:
+            d.errback(error)
+
+    def _when_ready(self, topic: str) -> defer.Deferred:
+        """:returns: a Deferred firing once ``topic`` exists."""
+        if topic in self._ready:
+            return defer.succeed(None)
+        d = defer.Deferred()
+        self._creation(topic).waiters.append(d)
+        return d
+
+    # -- publish --------------------------------------------------------------------------------
+
+    def publish(self, topic: str, key: str | None, value: Any,
+                headers: tuple = ()) -> defer.Deferred:
+        """Append a record; see :meth:`tbmq.interfaces.IMessageBus.publish`.
+
+        :param topic: a topic of the catalogue.
+        :param key: the partition key or None.
+        :param value: the topic's record type, or None (a tombstone).
+        :param headers: ``tuple[tuple[str, bytes], ...]``.
+        :returns: a Deferred firing with None once the brokers acknowledged
+            the record (``kafka.acks``), failing with
+            :class:`~tbmq.errors.BusClosedError` (not started, stopped),
+            :class:`~tbmq.errors.RecordEncodingError` (at once: the value
+            does not fit the topic's codec, or the topic is not in the
+            catalogue) or :class:`~tbmq.errors.BusPublishError` (refused, or
+            not acknowledged within ``kafka.request_timeout_ms``
+            milliseconds).  Never raises.
+        """
+        if not self.running:
+            return defer.fail(BusClosedError(f"{topic}: the Kafka bus is not running"))
+        try:
+            data = self._codec(topic).encode(value)
+        except RecordEncodingError as e:
+            return defer.fail(e)
+        key_bytes = None if key is None else key.encode("utf-8", "surrogatepass")
+        d = defer.Deferred()
+        if topic in self._ready:
+            self._send(topic, key_bytes, data, headers, d)
+        else:
+            self._creation(topic).sends.append((key_bytes, data, headers, d))
+        return d
+
+    def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: tuple,
+              d: defer.Deferred) -> None:
+        try:
+            self._producer.send(topic, key, value, headers, d)
+        except Exception as e:
+            d.errback(BusPublishError(f"{topic}: the producer refused the record: {e}"))
+
+    def _acknowledged(self, items: list) -> None:
+        """(reactor thread) A batch of outcomes from the producer."""
+        for d, error in items:
+            if error is None:
+                if self._unacknowledged:
+                    self._unacknowledged = False
+                    log.info("Kafka bus: publishes are acknowledged again")
+                d.callback(None)
+            else:
+                if not self._unacknowledged:
+                    self._unacknowledged = True
+                    log.warn("Kafka bus: a publish was not acknowledged ({error}); "
+                             "publishes fail until Kafka answers again", error=error)
+                d.errback(BusPublishError(f"Kafka did not acknowledge the record: {error}"))
+
+    # -- consumers ------------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, group: str, handler: Callable,
+                  from_beginning: bool = False, exclusive: bool = False) -> KafkaConsumer:
+        """Join ``group`` on ``topic``; see
+        :meth:`tbmq.interfaces.IMessageBus.subscribe`.  The consumer's thread
+        starts once the topic exists (it is created first when needed;
+        retried every second while Kafka fails).
+
+        :param exclusive: the group never has another member: its partitions
+            are assigned directly, read from the group's committed offsets,
+            without a group join.
+        :returns: the :class:`~.consumer.KafkaConsumer`.
+        :raises RecordEncodingError: when ``topic`` is not in the catalogue.
+        :raises BusClosedError: when the bus is not running.
+        """
+        if not self.running:
+            raise BusClosedError(f"{topic}: the Kafka bus is not running")
+        codec = self._codec(topic)
+        config = self.config
+        consumer = KafkaConsumer(self, topic, group, handler, codec, self.max_uncommitted,
+                                 buffer_limit=2 * config.max_poll_records)
+        group_id = kafka_group(topic, group)
+        loop = ConsumerLoop(
+            self.clock, lambda: self.driver.consumer(config, topic, group_id), consumer,
+            exclusive=exclusive, from_beginning=from_beginning,
+            durable=self.catalogue.durable(topic), max_records=config.max_poll_records,
+            timeout=config.request_timeout_ms / 1000.0,
+            grace=2 * config.heartbeat_interval_ms / 1000.0,
+            stuck=4 * config.session_timeout_ms / 1000.0,
+            name=f"tbmq-kafka-consumer {group_id}")
+        self._consumers.add(consumer)
+        self._begin(consumer, loop)
+        return consumer
+
+    def _begin(self, consumer: KafkaConsumer, loop: ConsumerLoop) -> None:
+        """Start ``consumer``'s thread once its topic exists."""
+        def ready(_result: Any) -> None:
+            if consumer in self._consumers:
+                consumer.loop = loop
+                loop.want_paused = consumer._paused
+                loop.start()
+
+        def failed(failure: Failure) -> None:
+            if consumer in self._consumers and self.running:
+                log.warn("Kafka consumer {group}@{topic}: {error}; retrying",
+                         group=consumer.group, topic=consumer.topic, error=failure.value)
+                self.clock.callLater(CREATE_RETRY_DELAY, self._begin, consumer, loop)
+
+        self._when_ready(consumer.topic).addCallbacks(ready, failed)
+
+    def _forget(self, consumer: KafkaConsumer) -> None:
+        self._consumers.discard(consumer)

@@ -1,0 +1,266 @@
+"""The ``confluent`` driver (``kafka.driver: confluent``): confluent-kafka on
+librdkafka, about ten times kafka-python's throughput.
+
+* The producer's :meth:`~confluent_kafka.Producer.produce` is thread-safe
+  and never blocks; delivery callbacks are served by
+  :meth:`~confluent_kafka.Producer.poll`, which a thread of the driver calls
+  in a loop, and go to the :class:`~.bridge.AckBatcher`.  The partitioner is
+  ``murmur2_random``, Java's (and kafka-python's), so both drivers put a key
+  on the same partition.  Idempotence is off and one request is in flight
+  per connection, as in the other driver.
+* A :class:`~confluent_kafka.Consumer` must not be polled from several
+  threads: one consumer thread owns each (:class:`~.loop.ConsumerLoop`).
+  ``enable.partition.eof`` tells when a partition is read to its end; the
+  high watermark cached from the last fetch gives the end otherwise.
+* librdkafka's log lines go to the Twisted log at debug level; the bus
+  logs the state changes that matter itself.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Producer as _Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from twisted.logger import Logger
+
+from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq_plugins.kafka import drivers
+from tbmq_plugins.kafka.drivers import RawRecord, TopicSpec
+
+__all__ = ["admin", "consumer", "producer"]
+
+log = Logger(observer=LOG_OBSERVER)
+
+#: Seconds between two calls of the producer's poll (serves delivery callbacks).
+PRODUCER_POLL = 0.05
+#: Most milliseconds between two reconnection attempts to a broker.
+RECONNECT_BACKOFF_MAX_MS = 1000
+
+
+class _LibrdkafkaLog:
+    """librdkafka's log lines, to the Twisted log at debug level."""
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        log.debug("librdkafka: {line}", line=fmt % args if args else fmt)
+
+
+_LOG = _LibrdkafkaLog()
+
+
+def _common(config: Any) -> dict:
+    return {
+        "bootstrap.servers": config.bootstrap_servers,
+        "client.id": "tbmq",
+        "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
+        "socket.timeout.ms": config.request_timeout_ms,
+        "logger": _LOG,
+    }
+
+
+class Admin(drivers.Admin):
+    """:class:`confluent_kafka.admin.AdminClient`."""
+
+    def __init__(self, config: Any) -> None:
+        self._timeout = config.request_timeout_ms / 1000.0
+        self._client = AdminClient(_common(config))
+
+    def create_topics(self, specs: list[TopicSpec]) -> None:
+        topics = [NewTopic(s.name, s.partitions, s.replication_factor, config=dict(s.config))
+                  for s in specs]
+        futures = self._client.create_topics(topics, request_timeout=self._timeout,
+                                             operation_timeout=self._timeout)
+        for future in futures.values():
+            try:
+                future.result(timeout=self._timeout * 2)
+            except KafkaException as e:
+                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+
+    def close(self) -> None:
+        self._client = None
+
+
+class Producer(drivers.Producer):
+    """:class:`confluent_kafka.Producer` and the thread that polls it."""
+
+    def __init__(self, config: Any, acks: Any) -> None:
+        self._put = acks.put
+        self._producer = _Producer({
+            **_common(config),
+            "acks": config.acks,
+            "linger.ms": config.linger_ms,
+            "request.timeout.ms": config.request_timeout_ms,
+            "message.timeout.ms": config.request_timeout_ms + config.linger_ms,
+            "partitioner": "murmur2_random",
+            "enable.idempotence": False,
+            "max.in.flight.requests.per.connection": 1,
+        })
+        self._running = True
+        self._thread = threading.Thread(target=self._poll, name="tbmq-kafka-producer-poll",
+                                        daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        producer = self._producer
+        while self._running:
+            producer.poll(PRODUCER_POLL)
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: tuple,
+             deferred: Any) -> None:
+        put = self._put
+
+        def delivered(error, _message) -> None:
+            put(deferred, error)
+
+        self._producer.produce(topic, value, key, headers=list(headers) if headers else None,
+                               on_delivery=delivered)
+
+    def prepare(self, topic: str) -> None:
+        """Nothing to do: ``produce`` never blocks."""
+
+    def close(self, timeout: float) -> None:
+        self._producer.flush(timeout)
+        self._running = False
+        self._thread.join(PRODUCER_POLL * 10)
+        self._producer.poll(0)
+
+
+class ConsumerClient(drivers.ConsumerClient):
+    """:class:`confluent_kafka.Consumer` of one topic and group."""
+
+    def __init__(self, config: Any, topic: str, group: str) -> None:
+        self.topic = topic
+        self._timeout = config.request_timeout_ms / 1000.0
+        self._error: str | None = None
+        self._collected: list | None = None  # what poll read so far
+        self._consumer = Consumer({
+            **_common(config),
+            "group.id": group,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": config.fetch_max_wait_ms,
+            "session.timeout.ms": config.session_timeout_ms,
+            "heartbeat.interval.ms": config.heartbeat_interval_ms,
+            "enable.partition.eof": True,
+            "error_cb": self._on_error,
+        })
+
+    def _on_error(self, error) -> None:
+        self._error = str(error)
+
+    def take_error(self) -> str | None:
+        error, self._error = self._error, None
+        return error
+
+    def _tp(self, partition: int, offset: int | None = None) -> TopicPartition:
+        if offset is None:
+            return TopicPartition(self.topic, partition)
+        return TopicPartition(self.topic, partition, offset)
+
+    def partitions(self) -> list[int]:
+        metadata = self._consumer.list_topics(self.topic, timeout=self._timeout)
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None:
+            raise KafkaException(topic.error if topic is not None else "no metadata")
+        return sorted(topic.partitions)
+
+    def subscribe(self, on_assign: Callable, on_revoke: Callable) -> None:
+        def assigned(consumer, partitions) -> None:
+            on_assign(sorted(tp.partition for tp in partitions))
+
+        def revoked(consumer, partitions) -> None:
+            gone = sorted(tp.partition for tp in partitions)
+            offsets = on_revoke(gone)
+            if offsets:
+                try:
+                    self.commit(offsets, wait=True)
+                except KafkaException as e:
+                    self._error = f"commit before a rebalance failed: {e}"
+            consumer.unassign()
+            if self._collected:  # read before the rebalance: not ours any more
+                self._collected[:] = [r for r in self._collected if r.partition not in gone]
+
+        self._consumer.subscribe([self.topic], on_assign=assigned, on_revoke=revoked,
+                                 on_lost=revoked)
+
+    def start_at(self, offsets: dict[int, int], assign: bool) -> None:
+        self._consumer.assign([self._tp(p, o) for p, o in offsets.items()])
+
+    def committed(self, partitions: list[int]) -> dict[int, int | None]:
+        found = self._consumer.committed([self._tp(p) for p in partitions],
+                                         timeout=self._timeout)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
+
+    def _watermarks(self, partitions: list[int], index: int) -> dict[int, int]:
+        return {p: self._consumer.get_watermark_offsets(
+                    self._tp(p), timeout=self._timeout, cached=False)[index]
+                for p in partitions}
+
+    def first_offsets(self, partitions: list[int]) -> dict[int, int]:
+        return self._watermarks(partitions, 0)
+
+    def end_offsets(self, partitions: list[int]) -> dict[int, int]:
+        return self._watermarks(partitions, 1)
+
+    def poll(self, timeout: float, max_records: int,
+             want_ends: set[int]) -> tuple[list[RawRecord], dict[int, int]]:
+        consumer = self._consumer
+        # one message per call, so that a rebalance callback served by a
+        # call can drop what was read before it (self._collected)
+        records = self._collected = []
+        ends: dict[int, int] = {}
+        m = consumer.poll(timeout)
+        while m is not None:
+            self._message(m, records, ends, want_ends)
+            if len(records) >= max_records:
+                break
+            m = consumer.poll(0)
+        self._collected = None
+        return records, ends
+
+    def _message(self, m, records: list, ends: dict, want_ends: set[int]) -> None:
+        error = m.error()
+        p = m.partition()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                ends[p] = m.offset()  # (the partition may be new since want_ends)
+            else:
+                self._error = str(error)
+            return
+        if p in want_ends and p not in ends:
+            high = self._consumer.get_watermark_offsets(self._tp(p), cached=True)[1]
+            if high >= 0:
+                ends[p] = high
+        records.append(RawRecord(p, m.offset(), m.key(), m.value(), tuple(m.headers() or ())))
+
+    def commit(self, offsets: dict[int, int], wait: bool) -> None:
+        self._consumer.commit(offsets=[self._tp(p, o) for p, o in offsets.items()],
+                              asynchronous=not wait)
+
+    def pause(self, partitions: list[int]) -> None:
+        self._consumer.pause([self._tp(p) for p in partitions])
+
+    def resume(self, partitions: list[int]) -> None:
+        self._consumer.resume([self._tp(p) for p in partitions])
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def admin(config: Any) -> Admin:
+    """:returns: an :class:`Admin`."""
+    return Admin(config)
+
+
+def producer(config: Any, acks: Any) -> Producer:
+    """:returns: a :class:`Producer` with its poll thread running."""
+    return Producer(config, acks)
+
+
+def consumer(config: Any, topic: str, group: str) -> ConsumerClient:
+    """:returns: a :class:`ConsumerClient`."""
+    return ConsumerClient(config, topic, group)

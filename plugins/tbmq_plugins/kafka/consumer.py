@@ -1,0 +1,341 @@
+"""The reactor side of one Kafka consumer (:class:`KafkaConsumer`).
+
+Its thread (:class:`~.loop.ConsumerLoop`) hands over each poll's records in
+one call; this side keeps them in a buffer and hands them to the handler:
+
+* in the reactor thread, one at a time (never re-entered), in the order they
+  came (so in offset order within a partition), at most
+  :data:`SLICE` per reactor turn, and with at most ``max_uncommitted``
+  handler results pending;
+* **commits** per partition over the contiguous records whose results fired
+  with success (:class:`Track`), queued back to the thread; a failed result
+  stops the commit of its partition there, for this assignment, so that the
+  partition's next owner gets it again (at least once);
+* **pause** stops handing at once and has the thread pause the client's
+  partitions; the records already handed over stay in the buffer, in order,
+  for :meth:`KafkaConsumer.resume`.  A full buffer pauses the client too
+  (back-pressure), until it drains below half;
+* a **rebalance** that takes partitions away asks this side first: their
+  buffered records are dropped (the next owner reads them from the committed
+  offset), their pending results no longer commit;
+* ``caught_up`` fires once every assigned partition was *reached* (the
+  thread handed over everything below the end it fetched) and the handlers'
+  results of what came until then have fired.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable
+
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from tbmq.cluster.records import Record
+from tbmq.interfaces import IConsumer
+from tbmq.log import OBSERVER as LOG_OBSERVER
+
+__all__ = ["SLICE", "Entry", "KafkaConsumer", "Track"]
+
+log = Logger(observer=LOG_OBSERVER)
+
+#: Most records handed to the handler per reactor turn.
+SLICE = 256
+
+#: :attr:`Entry.state` values
+WAITING, OK, FAILED = 0, 1, 2
+
+
+class Entry:
+    """One record of one :class:`Track`, from its arrival to its result."""
+
+    __slots__ = ("offset", "seq", "state")
+
+    def __init__(self, offset: int, seq: int) -> None:
+        self.offset = offset
+        self.seq = seq
+        self.state = WAITING
+
+
+class Track:
+    """One partition of one consumer, for one assignment.
+
+    :ivar partition: ``int``.
+    :ivar live: False once the partition was taken away (its results no
+        longer commit).
+    :ivar committed: the offset last queued for commit, or None.
+    :ivar blocked: a record failed: nothing more commits on this assignment.
+    :ivar reached: the thread handed over everything below the end.
+    """
+
+    __slots__ = ("partition", "live", "committed", "blocked", "pending", "arrived",
+                 "open", "reached", "barrier", "barrier_open")
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+        self.live = True
+        self.committed: int | None = None
+        self.blocked = False
+        self.pending: deque[Entry] = deque()  # in arrival order, until committed
+        self.arrived = 0
+        self.open = 0  # entries whose result has not fired
+        self.reached = False
+        self.barrier: int | None = None  # entries that arrived before reached
+        self.barrier_open = 0
+
+    def arrive(self, offset: int) -> Entry:
+        """A record arrived from the thread."""
+        entry = Entry(offset, self.arrived)
+        self.arrived += 1
+        self.open += 1
+        if not self.blocked:
+            self.pending.append(entry)
+        return entry
+
+    def reach(self) -> None:
+        """Everything below the end has arrived."""
+        self.reached = True
+        self.barrier = self.arrived
+        self.barrier_open = self.open
+
+    def done(self, entry: Entry, ok: bool) -> bool:
+        """``entry``'s result fired.
+
+        :returns: True when :attr:`committed` moved.
+        """
+        entry.state = OK if ok else FAILED
+        self.open -= 1
+        if self.barrier is not None and entry.seq < self.barrier:
+            self.barrier_open -= 1
+        pending = self.pending
+        moved = False
+        while pending and pending[0].state == OK:
+            self.committed = pending.popleft().offset + 1
+            moved = True
+        if pending and pending[0].state == FAILED:
+            self.blocked = True
+            pending.clear()
+        return moved
+
+    @property
+    def caught_up(self) -> bool:
+        """Reached, and every record that arrived until then is done."""
+        return self.reached and self.barrier_open == 0
+
+
+@implementer(IConsumer)
+class KafkaConsumer:
+    """One member of a consumer group on the Kafka bus (made by
+    :meth:`~.bus.KafkaBus.subscribe`); see the module doc.
+
+    :ivar topic: the topic name.
+    :ivar group: the group name.
+    :ivar caught_up: see :class:`tbmq.interfaces.IConsumer`.
+    :ivar stopped: True once :meth:`stop` was called.
+    :ivar positioned: True while the member has its partitions (none is a
+        valid answer) and has read each to the end it found: a record
+        published from then on reaches the group.
+    """
+
+    def __init__(self, bus: Any, topic: str, group: str, handler: Callable,
+                 codec: Any, max_uncommitted: int, buffer_limit: int) -> None:
+        self.bus = bus
+        self.topic = topic
+        self.group = group
+        self.handler = handler
+        self.codec = codec
+        self.max_uncommitted = max_uncommitted
+        self.buffer_limit = buffer_limit
+        self.caught_up: defer.Deferred = defer.Deferred()
+        self.loop: Any = None  # the ConsumerLoop, once the topic exists
+        self._reactor = bus.clock
+        self._tracks: dict[int, Track] = {}
+        self._has_assignment = False
+        self._buffer: deque = deque()  # (track, entry, raw record)
+        self._inflight = 0
+        self._paused = False
+        self._throttled = False
+        self._busy = False
+        self._scheduled = None
+        self.stopped = False
+        self._closed_d: defer.Deferred | None = None
+
+    @property
+    def positioned(self) -> bool:
+        return (self._has_assignment and not self.stopped
+                and all(t.reached for t in self._tracks.values()))
+
+    # -- the interface ------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop handing records; the client's partitions are paused (the
+        records already read wait here, in order).  Idempotent."""
+        if not self._paused:
+            self._paused = True
+            self._want_paused()
+
+    def resume(self) -> None:
+        """Hand records again, those that waited first.  Idempotent."""
+        if self._paused:
+            self._paused = False
+            self._want_paused()
+            self._schedule()
+
+    def stop(self) -> defer.Deferred:
+        """Leave the group: commit what the handlers finished, close the
+        client (its partitions go to the other members from the committed
+        offsets).  Records whose results have not fired are not committed.
+
+        :returns: a Deferred firing with None once the client is closed.
+        """
+        if self._closed_d is not None:
+            return self._chain(self._closed_d)
+        self.stopped = True
+        self._closed_d = defer.Deferred()
+        self._buffer.clear()
+        if self._scheduled is not None and self._scheduled.active():
+            self._scheduled.cancel()
+        self._scheduled = None
+        for track in self._tracks.values():
+            track.live = False
+        self.bus._forget(self)
+        if self.loop is None:  # the thread never started
+            self._closed_d.callback(None)
+        else:
+            self.loop.stop()
+        return self._chain(self._closed_d)
+
+    @staticmethod
+    def _chain(d: defer.Deferred) -> defer.Deferred:
+        out = defer.Deferred()
+        d.addBoth(lambda result: (out.callback(None), result)[1])
+        return out
+
+    # -- from the thread (in the reactor thread) --------------------------------------------------
+
+    def _assigned(self, partitions: list[int]) -> None:
+        if self.stopped:
+            return
+        for p in partitions:
+            old = self._tracks.get(p)
+            if old is not None:
+                old.live = False
+            self._tracks[p] = Track(p)
+        self._has_assignment = True
+        self._check_caught_up()
+
+    def _revoke(self, partitions: list[int]) -> None:
+        """The group takes ``partitions`` away (asked by the thread, which
+        commits what was queued once this returns)."""
+        gone = set(partitions)
+        for p in partitions:
+            track = self._tracks.pop(p, None)
+            if track is not None:
+                track.live = False
+        if self._buffer:
+            self._buffer = deque(item for item in self._buffer
+                                 if item[0].partition not in gone)
+        self._has_assignment = False  # until the group gives partitions again
+
+    def _batch(self, records: list, reached: list[int]) -> None:
+        if self.stopped:
+            return
+        tracks = self._tracks
+        buffer = self._buffer
+        for raw in records:
+            track = tracks.get(raw.partition)
+            if track is not None:
+                buffer.append((track, track.arrive(raw.offset), raw))
+        for p in reached:
+            track = tracks.get(p)
+            if track is not None:
+                track.reach()
+        if len(buffer) >= self.buffer_limit and not self._throttled:
+            self._throttled = True
+            self._want_paused()
+        self._pump()
+        self._check_caught_up()
+
+    def _closed(self) -> None:
+        if self._closed_d is not None and not self._closed_d.called:
+            self._closed_d.callback(None)
+
+    # -- handing ------------------------------------------------------------------------------------
+
+    def _want_paused(self) -> None:
+        if self.loop is not None:
+            self.loop.want_paused = self._paused or self._throttled
+
+    def _schedule(self) -> None:
+        if self._scheduled is None and not self.stopped and not self._paused and self._buffer:
+            self._scheduled = self._reactor.callLater(0, self._slice)
+
+    def _slice(self) -> None:
+        self._scheduled = None
+        self._pump()
+
+    def _pump(self) -> None:
+        """Hand buffered records: :data:`SLICE` at most now, the rest from
+        the next reactor turn."""
+        if self._busy or self._paused or self.stopped:
+            return
+        buffer = self._buffer
+        budget = SLICE
+        self._busy = True
+        try:
+            while buffer and self._inflight < self.max_uncommitted and not self._paused:
+                if budget == 0:
+                    self._schedule()
+                    break
+                budget -= 1
+                track, entry, raw = buffer.popleft()
+                if track.live:
+                    self._hand(track, entry, raw)
+        finally:
+            self._busy = False
+        if self._throttled and len(buffer) <= self.buffer_limit // 2:
+            self._throttled = False
+            self._want_paused()
+
+    def _hand(self, track: Track, entry: Entry, raw: Any) -> None:
+        try:
+            key = raw.key
+            record = Record(self.topic,
+                            None if key is None else key.decode("utf-8", "surrogatepass"),
+                            self.codec.decode(raw.value), raw.headers, raw.partition,
+                            raw.offset)
+            result = self.handler(record)
+        except Exception:
+            self._done(track, entry, Failure())
+            return
+        if isinstance(result, defer.Deferred):
+            self._inflight += 1
+            result.addCallbacks(self._fired, self._fired, callbackArgs=(track, entry, False),
+                                errbackArgs=(track, entry, True))
+        else:
+            self._done(track, entry, None)
+
+    def _fired(self, outcome: Any, track: Track, entry: Entry, failed: bool) -> None:
+        self._inflight -= 1
+        self._done(track, entry, outcome if failed else None)
+        if not self._busy and self._inflight == self.max_uncommitted - 1:
+            self._schedule()
+
+    def _done(self, track: Track, entry: Entry, failure: Failure | None) -> None:
+        """The handler's result for ``entry`` fired (``failure`` when it failed)."""
+        if failure is not None:
+            log.failure("Kafka consumer group {group} of {topic} failed on partition "
+                        "{partition} offset {offset}; left uncommitted", failure,
+                        group=self.group, topic=self.topic, partition=track.partition,
+                        offset=entry.offset)
+        if track.done(entry, failure is None) and track.live:
+            self.loop.commit(track.partition, track.committed)
+        if track.reached and not self.caught_up.called:
+            self._check_caught_up()
+
+    def _check_caught_up(self) -> None:
+        if (not self.caught_up.called and self._has_assignment and not self.stopped
+                and all(t.caught_up for t in self._tracks.values())):
+            self.caught_up.callback(None)

@@ -1,0 +1,210 @@
+"""The small interface between the Kafka bus and a Kafka client library.
+
+A *driver* (``kafka.driver``) wraps one client library behind three
+objects; the bus and the consumer loop only ever talk to these:
+
+* :class:`Admin` creates topics (blocking; the bus's worker thread);
+* :class:`Producer` sends records: :meth:`Producer.send` is called in the
+  reactor thread and never blocks, its outcome is reported (from the
+  client's own thread) to an :class:`~.bridge.AckBatcher`;
+* :class:`ConsumerClient` is owned by one consumer thread
+  (:class:`~.loop.ConsumerLoop`): every method is called from that thread
+  only, between polls, and may block.
+
+Two drivers implement it: :mod:`.kafka_python` (``kafka-python``, the
+default) and :mod:`.confluent` (``confluent``: confluent-kafka on
+librdkafka).  :func:`load_driver` imports one lazily, so that a node that
+uses neither needs neither installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
+
+from tbmq.errors import ConfigError
+
+__all__ = ["Admin", "ConsumerClient", "Producer", "RawRecord", "TopicSpec", "load_driver"]
+
+#: driver name → (module of this package, what to install)
+DRIVERS = {
+    "kafka-python": (".kafka_python", "pip install 'tbmq[kafka]' (kafka-python and crc32c)"),
+    "confluent": (".confluent", "pip install 'tbmq[confluent]' (confluent-kafka)"),
+}
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic to create.
+
+    :ivar name: the topic name.
+    :ivar partitions: its partition count, >= 1.
+    :ivar replication_factor: its replica count, >= 1.
+    :ivar config: its topic configs (``cleanup.policy``, ``retention.ms``),
+        ``dict[str, str]``.
+    """
+
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict = field(default_factory=dict)
+
+
+class RawRecord(NamedTuple):
+    """One record as a consumer client read it (not decoded).
+
+    :ivar partition: ``int``.
+    :ivar offset: ``int``.
+    :ivar key: ``bytes`` or None.
+    :ivar value: ``bytes`` or None (a tombstone).
+    :ivar headers: ``tuple[tuple[str, bytes], ...]``.
+    """
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple
+
+
+class Admin:
+    """Creates topics.  Every method blocks."""
+
+    def create_topics(self, specs: list[TopicSpec]) -> None:
+        """Create ``specs``; a topic that already exists is fine.
+
+        :raises Exception: the client's error when a topic cannot be
+            created (or no broker answered within the request timeout).
+        """
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class Producer:
+    """Sends records; see the module doc."""
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: tuple,
+             deferred: Any) -> None:
+        """Queue one record; its outcome goes to the ack batcher as
+        ``(deferred, None)`` or ``(deferred, error)`` once the brokers
+        acknowledged it or gave up (``kafka.request_timeout_ms``).  Called in
+        the reactor thread; never blocks.
+
+        :raises Exception: when the record cannot even be queued.
+        """
+        raise NotImplementedError
+
+    def prepare(self, topic: str) -> None:
+        """Block until :meth:`send` to ``topic`` no longer blocks (topic
+        metadata cached)."""
+        raise NotImplementedError
+
+    def close(self, timeout: float) -> None:
+        """Send what is queued (``timeout`` seconds at most), then close."""
+        raise NotImplementedError
+
+
+class ConsumerClient:
+    """One consumer of one topic for one group; one thread calls it.
+
+    Offsets are the next offset to read.  Partitions are ``int``.
+    """
+
+    def partitions(self) -> list[int]:
+        """:returns: the topic's partitions (metadata; blocks)."""
+        raise NotImplementedError
+
+    def subscribe(self, on_assign: Callable[[list[int]], None],
+                  on_revoke: Callable[[list[int]], dict[int, int]]) -> None:
+        """Join the group.
+
+        :param on_assign: called with the partitions the group gave, in the
+            consumer thread during :meth:`poll` (it may block; it calls
+            :meth:`start_at`).  No record of those partitions is returned
+            before.
+        :param on_revoke: called with the partitions the group takes away,
+            before they go, during :meth:`poll` or :meth:`close` (possibly
+            in the client's own thread: it must not call the client); it
+            returns offsets that the driver commits before the partitions
+            go.  Records of those partitions read before it was called are
+            not returned any more.
+        """
+        raise NotImplementedError
+
+    def start_at(self, offsets: dict[int, int], assign: bool) -> None:
+        """Read each partition of ``offsets`` from its offset; with
+        ``assign``, take those partitions without the group (exclusive)."""
+        raise NotImplementedError
+
+    def committed(self, partitions: list[int]) -> dict[int, int | None]:
+        """:returns: the group's committed offset of each partition (None
+        when it has none)."""
+        raise NotImplementedError
+
+    def first_offsets(self, partitions: list[int]) -> dict[int, int]:
+        """:returns: the first offset each partition holds."""
+        raise NotImplementedError
+
+    def end_offsets(self, partitions: list[int]) -> dict[int, int]:
+        """:returns: the end offsets the brokers report (Tansu reports the
+        base offset of the last batch + 1: too low; see the loop)."""
+        raise NotImplementedError
+
+    def poll(self, timeout: float, max_records: int,
+             want_ends: set[int]) -> tuple[list[RawRecord], dict[int, int]]:
+        """Read what is there, waiting ``timeout`` seconds at most.
+
+        :param want_ends: partitions whose end the caller does not know yet
+            (the caller's own set: read it after the client's poll, as
+            ``on_assign`` may add partitions to it meanwhile).
+        :returns: ``(records, ends)``: the records in partition order, and
+            for partitions of ``want_ends`` that a fetch answered, the end
+            offset that answer reported (the high watermark of a fetch, which
+            is right on Tansu too).
+        """
+        raise NotImplementedError
+
+    def take_error(self) -> str | None:
+        """:returns: an error the client reported without raising since the
+        last call (librdkafka reports broker failures this way), or None."""
+        return None
+
+    def commit(self, offsets: dict[int, int], wait: bool) -> None:
+        """Commit ``offsets`` for the group; with ``wait``, block until done.
+
+        :raises Exception: with ``wait``, when the commit failed.
+        """
+        raise NotImplementedError
+
+    def pause(self, partitions: list[int]) -> None:
+        raise NotImplementedError
+
+    def resume(self, partitions: list[int]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Leave the group and close (commits nothing)."""
+        raise NotImplementedError
+
+
+def load_driver(name: str) -> Any:
+    """Import the driver ``name`` (a value of ``kafka.driver``).
+
+    :returns: its module: ``admin(config)``, ``producer(config, acks)``,
+        ``consumer(config, topic, group)`` (each may block: call them in a
+        thread).
+    :raises ConfigError: for an unknown driver, or when its client library
+        is not installed (the message says what to install).
+    """
+    if name not in DRIVERS:
+        raise ConfigError(f"kafka.driver: {name!r} is not one of {', '.join(DRIVERS)}",
+                          "kafka.driver")
+    module, install = DRIVERS[name]
+    try:
+        return importlib.import_module(module, __package__)
+    except ImportError as e:
+        raise ConfigError(f"kafka.driver: {name} needs a library that is not installed "
+                          f"({e}): {install}", "kafka.driver") from None

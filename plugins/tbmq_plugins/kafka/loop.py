@@ -1,0 +1,364 @@
+"""The consumer thread: one per consumer, owner of its Kafka client.
+
+Kafka consumer clients are not thread-safe, so one thread
+(:class:`ConsumerLoop`) does everything with one: join the group (or assign
+the partitions, for an exclusive group), position the partitions, poll, and
+between two polls commit, pause and resume as the reactor asked.  Each poll's
+records go to the reactor with **one** ``callFromThread``; the reactor side
+(:class:`~.consumer.KafkaConsumer`) hands them to the handler.
+
+**Where a partition starts** when it is assigned: at the group's committed
+offset; with none, at the first offset the partition holds on a durable
+topic (:meth:`~tbmq.cluster.topics.TopicCatalogue.durable`) and at its end
+otherwise; ``from_beginning`` starts the first assignment at the first
+offset whatever the group committed.  A start the group had no committed
+offset for is committed at once, so a member that gets the partition later
+(a rebalance, a restart) starts where this one did.
+
+**Ends, without trusting ``end_offsets``.**  Tansu's ``end_offsets`` (and
+``seek_to_end``, ``auto_offset_reset='latest'``) give the base offset of the
+last batch + 1, which is too low.  The high watermark a *fetch* reports is
+right, on Tansu and on Kafka, so the end of a partition is the high
+watermark of the first fetch after it was assigned (confluent-kafka: its
+end-of-partition event, or the watermark cached from the fetch that brought
+its first record).  A partition that starts at the end is positioned at the
+reported end, and the records below the fetched end are skipped: they were
+there before the group started.  A partition is *reached* once everything
+below its end was handed to the reactor, which then fires ``caught_up`` when
+the handlers' results of those records have fired.
+
+**Outages.**  A client that cannot be built, or a poll that fails, is
+retried every :data:`RETRY_DELAY` seconds; the loop logs the first failure
+and the recovery, not each retry.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from twisted.logger import Logger
+
+from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq_plugins.kafka.bridge import ask_reactor
+from tbmq_plugins.kafka.drivers import ConsumerClient
+
+__all__ = ["POLL_TIMEOUT", "RETRY_DELAY", "ConsumerLoop"]
+
+log = Logger(observer=LOG_OBSERVER)
+
+#: Seconds one poll waits for records at most (commands wait that long at most).
+POLL_TIMEOUT = 0.05
+#: Seconds between two attempts while Kafka fails.
+RETRY_DELAY = 0.5
+
+
+class ConsumerLoop:
+    """The thread of one consumer (see the module doc).
+
+    :param reactor: the reactor of ``sink``.
+    :param make_client: ``make_client() -> ConsumerClient`` (may block).
+    :param sink: the reactor side: ``_assigned(partitions)``,
+        ``_batch(records, reached)``, ``_revoke(partitions)`` (asked, its
+        result awaited), ``_closed()``; called in the reactor thread.
+    :param exclusive: assign every partition without joining the group.
+    :param from_beginning: start the first assignment at the first offsets.
+    :param durable: a new group starts at the first offsets, not at the end.
+    :param max_records: most records per poll.
+    :param timeout: seconds a rebalance waits for the reactor at most.
+    :param grace: seconds a member leaving its group keeps polling to
+        notice a rebalance under way (two heartbeat intervals).
+    :param stuck: seconds without an assignment after which a member joins
+        its group again as a new member.
+    :param name: the thread's name (and the consumer's, in log lines).
+    """
+
+    def __init__(self, reactor: Any, make_client: Callable[[], ConsumerClient], sink: Any, *,
+                 exclusive: bool, from_beginning: bool, durable: bool, max_records: int,
+                 timeout: float, grace: float, stuck: float, name: str) -> None:
+        self._reactor = reactor
+        self._make_client = make_client
+        self._sink = sink
+        self._exclusive = exclusive
+        self._from_beginning = from_beginning
+        self._durable = durable
+        self._max_records = max_records
+        self._timeout = timeout
+        self._grace = grace
+        self._stuck = stuck
+        self.name = name
+        self._lock = threading.Lock()
+        self._commits: dict[int, int] = {}
+        self.want_paused = False
+        self._stopping = False
+        self._client: ConsumerClient | None = None
+        self._paused = False  # what the client was last told
+        self._failing: str | None = None
+        self._first_assignment = True
+        # the current assignment (thread side)
+        self._next: dict[int, int] = {}  # next offset to hand over
+        self._ends: dict[int, int | None] = {}  # None: not fetched yet
+        self._at_end: set[int] = set()  # starts at the end, not known yet
+        self._skip: dict[int, int] = {}  # records below are skipped
+        self._reached: set[int] = set()
+        self._want: set[int] = set()  # partitions whose end is not known (given to poll)
+        self._revoked: set[int] = set()  # taken away, state not dropped yet
+        self._rebalancing = False  # partitions revoked (or none yet), none assigned since
+        self._closing = False
+        self._rebalance_deadline = 0.0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    # -- from the reactor (thread-safe) -------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def commit(self, partition: int, offset: int) -> None:
+        """Have ``offset`` committed for ``partition`` before the next poll."""
+        with self._lock:
+            self._commits[partition] = offset
+
+    def stop(self) -> None:
+        """Commit what was asked, close the client (leaving the group), then
+        call the sink's ``_closed``."""
+        self._stopping = True
+
+    # -- the thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        client = None
+        try:
+            client = self._retry(self._make_client)
+            if client is None:
+                return
+            self._client = client
+            if self._exclusive:
+                partitions = self._retry(client.partitions)
+                while not self._stopping and not self._assign(partitions, assign=True):
+                    time.sleep(RETRY_DELAY)
+            else:
+                client.subscribe(self._on_assign, self._on_revoke)
+            while not self._stopping:
+                self._between_polls(client)
+                self._poll(client)
+                if self._rebalancing and time.monotonic() > self._rebalance_deadline:
+                    client = self._client = self._rejoin(client)
+            if client is not None and not self._exclusive:
+                self._finish_rebalance(client)
+        finally:
+            self._close(client)
+
+    def _finish_rebalance(self, client: ConsumerClient) -> None:
+        """Before leaving the group: notice a rebalance under way (within
+        two heartbeats) and take part in it until the assignment.  Tansu
+        keeps a member that leaves between its join and its assignment as
+        the group's leader, and the group never gets an assignment again."""
+        now = time.monotonic()
+        grace, deadline = now + self._grace, now + self._grace + self._timeout
+        while now < deadline and (self._rebalancing or now < grace):
+            self._poll(client)
+            now = time.monotonic()
+
+    def _rejoin(self, client: ConsumerClient) -> ConsumerClient:
+        """The group gave no assignment for too long (see
+        :meth:`_finish_rebalance`): join again as a new member."""
+        log.warn("Kafka consumer {name}: no partitions assigned for {seconds:.0f} s; "
+                 "joining the group again", name=self.name, seconds=self._stuck)
+        self._closing = True
+        try:
+            client.close()
+        except Exception as e:
+            self._trouble(e)
+        self._closing = False
+        self._drop_revoked()
+        client = self._retry(self._make_client)
+        if client is not None:
+            client.subscribe(self._on_assign, self._on_revoke)
+        self._rebalance_deadline = time.monotonic() + self._stuck
+        return client
+
+    def _retry(self, f: Callable) -> Any:
+        """``f()``, retried until it works or the loop stops (then None)."""
+        while not self._stopping:
+            try:
+                result = f()
+            except Exception as e:
+                self._trouble(e)
+                time.sleep(RETRY_DELAY)
+                continue
+            self._recovered()
+            return result
+        return None
+
+    def _trouble(self, error: Any) -> None:
+        if self._failing is None:
+            log.warn("Kafka consumer {name}: {error}; retrying until it works",
+                     name=self.name, error=error)
+        self._failing = str(error)
+
+    def _recovered(self) -> None:
+        if self._failing is not None:
+            log.info("Kafka consumer {name}: reading again", name=self.name)
+            self._failing = None
+
+    def _take_commits(self) -> dict[int, int]:
+        with self._lock:
+            offsets, self._commits = self._commits, {}
+        return offsets
+
+    def _between_polls(self, client: ConsumerClient) -> None:
+        offsets = self._take_commits()
+        if offsets:
+            try:
+                client.commit(offsets, wait=False)
+            except Exception as e:
+                self._trouble(e)
+                with self._lock:  # try again next time, unless newer ones came
+                    for p, o in offsets.items():
+                        self._commits.setdefault(p, o)
+        paused = self.want_paused
+        if paused != self._paused and self._next:
+            (client.pause if paused else client.resume)(list(self._next))
+        self._paused = paused
+
+    def _poll(self, client: ConsumerClient) -> None:
+        self._drop_revoked()
+        try:
+            records, ends = client.poll(POLL_TIMEOUT, self._max_records, self._want)
+        except Exception as e:
+            self._trouble(e)
+            time.sleep(RETRY_DELAY)
+            return
+        gone = self._drop_revoked()
+        if gone:
+            records = [r for r in records if r.partition not in gone]
+        error = client.take_error()
+        if error is not None:
+            self._trouble(error)
+        elif records or ends:
+            self._recovered()
+        for p, end in ends.items():
+            if p in self._ends and self._ends[p] is None:
+                self._ends[p] = end
+                self._want.discard(p)
+                if p in self._at_end:
+                    self._at_end.discard(p)
+                    self._skip[p] = end
+                    self._next[p] = max(self._next[p], end)
+                    self.commit(p, end)
+        if self._skip:
+            records = [r for r in records if r.offset >= self._skip.get(r.partition, -1)]
+        nexts = self._next
+        for r in records:
+            nexts[r.partition] = r.offset + 1
+        reached = [p for p, end in self._ends.items()
+                   if end is not None and p not in self._reached and nexts[p] >= end]
+        self._reached.update(reached)
+        if records or reached:
+            self._reactor.callFromThread(self._sink._batch, records, reached)
+
+    # -- assignments -------------------------------------------------------------------------------
+
+    def _on_assign(self, partitions: list[int]) -> None:
+        """The group gave ``partitions`` (in this thread, during a poll)."""
+        self._rebalancing = False
+        while not self._stopping and not self._assign(partitions, assign=False):
+            time.sleep(RETRY_DELAY)
+
+    def _assign(self, partitions: list[int], assign: bool) -> bool:
+        """Position ``partitions`` (see the module doc) and tell the reactor.
+
+        :returns: False when Kafka failed meanwhile.
+        """
+        client = self._client
+        try:
+            committed = client.committed(partitions)
+            restart = self._from_beginning and self._first_assignment
+            first = [p for p in partitions
+                     if restart or (committed.get(p) is None and self._durable)]
+            at_end = [p for p in partitions if p not in first and committed.get(p) is None]
+            starts = {p: committed.get(p) for p in partitions}
+            if first:
+                starts.update(client.first_offsets(first))
+            if at_end:
+                starts.update(client.end_offsets(at_end))
+            client.start_at(starts, assign)
+            new = {p: starts[p] for p in first if committed.get(p) is None}
+            if new:  # the group is known from now on
+                client.commit(new, wait=True)
+        except Exception as e:
+            self._trouble(e)
+            return False
+        self._first_assignment = False
+        log.debug("Kafka consumer {name}: partitions {partitions} from {starts} "
+                  "(at the end: {at_end})", name=self.name, partitions=partitions,
+                  starts=starts, at_end=at_end)
+        self._track(partitions, starts, set(at_end))
+        return True
+
+    def _track(self, partitions: list[int], starts: dict[int, int], at_end: set[int]) -> None:
+        with self._lock:  # given again within the same poll
+            self._revoked.difference_update(partitions)
+        for p in partitions:
+            self._next[p] = starts[p]
+            self._ends[p] = None
+            self._want.add(p)
+            self._skip.pop(p, None)
+            self._reached.discard(p)
+        self._at_end |= at_end
+        if self._paused and partitions:
+            self._client.pause(partitions)
+        self._reactor.callFromThread(self._sink._assigned, partitions)
+
+    def _on_revoke(self, partitions: list[int]) -> dict[int, int]:
+        """The group takes ``partitions`` back (during a poll or the close;
+        possibly in the client's own thread, so only thread-safe work here):
+        the reactor stops handing them and queues what it finished.
+
+        :returns: the offsets to commit before they go (the driver does).
+        """
+        if not self._closing and not self._rebalancing:
+            self._rebalancing = True
+            self._rebalance_deadline = time.monotonic() + self._stuck
+        if partitions:
+            log.debug("Kafka consumer {name}: partitions {partitions} revoked",
+                      name=self.name, partitions=partitions)
+            if not self._stopping:
+                ask_reactor(self._reactor, self._sink._revoke, partitions,
+                            timeout=self._timeout)
+            with self._lock:
+                self._revoked.update(partitions)
+        return self._take_commits()
+
+    def _drop_revoked(self) -> set[int]:
+        """Forget the partitions revoked since the last call.
+
+        :returns: them."""
+        with self._lock:
+            gone, self._revoked = self._revoked, set()
+        for p in gone:
+            self._next.pop(p, None)
+            self._ends.pop(p, None)
+            self._want.discard(p)
+            self._skip.pop(p, None)
+            self._at_end.discard(p)
+            self._reached.discard(p)
+        return gone
+
+    def _close(self, client: ConsumerClient | None) -> None:
+        try:
+            if client is not None:
+                offsets = self._take_commits()
+                if offsets:
+                    try:
+                        client.commit(offsets, wait=True)
+                    except Exception as e:
+                        self._trouble(e)
+                self._closing = True
+                try:
+                    client.close()
+                except Exception as e:
+                    self._trouble(e)
+        finally:
+            self._reactor.callFromThread(self._sink._closed)
