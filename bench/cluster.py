@@ -104,7 +104,7 @@ class Node(Tbmq):
             "TBMQ_STORAGE__BACKEND": "memory",
             "TBMQ_STORAGE__DEVICE_STORE": "redis",
             "TBMQ_REDIS__URL": f"redis://127.0.0.1:{services.redis_port}/0",
-            "TBMQ_REDIS__KEY_PREFIX": prefix + ":",
+            "TBMQ_REDIS__KEY_PREFIX": f'"{prefix}:"',  # quoted: YAML
         })
 
 

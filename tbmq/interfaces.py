@@ -55,6 +55,12 @@ class IMessageBus(IBackend):
         "each consumer (Kafka; the in-process bus in its encoding mode)."
     )
 
+    catalogue = Attribute(
+        "the tbmq.cluster.topics.TopicCatalogue whose names this bus carries "
+        "(its prefix: kafka.topic_prefix on Kafka); the node names every "
+        "topic through it."
+    )
+
     def publish(topic, key, value, headers=()):
         """Append a record to ``topic``, partitioned by ``key``.
 

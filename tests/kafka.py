@@ -56,13 +56,17 @@ class Tansu:
     """One Tansu broker on ``127.0.0.1:port`` (memory storage).
 
     :param port: the port; a free one when None.
-    :ivar bootstrap: ``"127.0.0.1:<port>"``.
+    :param advertised_port: the port it tells clients to use (a proxy in
+        front of it); ``port`` when None.
+    :ivar bootstrap: ``"127.0.0.1:<advertised port>"``.
     """
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, advertised_port: int | None = None) -> None:
         self.binary = find_tansu()
         self.port = port or free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
+        #: the port clients are told to use (a proxy's, to cut them off)
+        self.advertised_port = advertised_port or self.port
+        self.bootstrap = f"127.0.0.1:{self.advertised_port}"
         self._log = tempfile.NamedTemporaryFile(prefix="tbmq-tansu-", suffix=".log",
                                                 delete=False)
         self._proc: subprocess.Popen | None = None
@@ -77,9 +81,10 @@ class Tansu:
         :raises pytest.fail.Exception: when it exits or does not accept
             within :data:`START_TIMEOUT` seconds.
         """
-        url = f"tcp://{self.bootstrap}"
+        url = f"tcp://127.0.0.1:{self.port}"
+        advertised = f"tcp://127.0.0.1:{self.advertised_port}"
         self._proc = subprocess.Popen(
-            [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+            [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised,
              "--storage-engine", "memory://tansu/"],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT

@@ -41,9 +41,12 @@ from typing import Any, Callable, Iterator
 import pytest
 from twisted.internet import defer
 from twisted.internet.threads import blockingCallFromThread
+from twisted.protocols.portforward import ProxyFactory, ProxyServer
 
 __all__ = [
     "Blocking",
+    "Proxy",
+    "TcpProxy",
     "InReactorThread",
     "ReactorThread",
     "failure_of",
@@ -276,6 +279,67 @@ def failure_of(f: Callable, *args: Any) -> BaseException:
     except Exception as e:  # noqa: BLE001
         return e
     raise AssertionError("the call did not fail")
+
+
+class TcpProxy:
+    """A TCP proxy on the reactor thread to ``host:port``, listening on a
+    port of its own: an outage is that port closed and its connections cut
+    (:meth:`down`); :meth:`up` listens again on the same port.
+
+    :ivar port_number: the port it listens on.
+    """
+
+    def __init__(self, reactor_thread: Any, host: str, port: int,
+                 listen_port: int = 0) -> None:
+        self.rt = reactor_thread
+        self.factory = ProxyFactory(host, port)
+        self.servers: list = []
+        proxy = self
+
+        class Server(ProxyServer):
+            reactor = reactor_thread.reactor
+
+            def connectionMade(self) -> None:
+                proxy.servers.append(self)
+                super().connectionMade()
+
+        self.factory.protocol = Server
+        self.port_number = listen_port
+        self.listening: Any = None
+        self.up()
+
+    def up(self) -> None:
+        def listen() -> None:
+            self.listening = self.rt.reactor.listenTCP(
+                self.port_number, self.factory, interface="127.0.0.1")
+            self.port_number = self.listening.getHost().port
+
+        self.rt.call(listen)
+
+    def down(self) -> None:
+        def cut() -> defer.Deferred:
+            for server in self.servers:
+                server.transport.abortConnection()
+                if server.peer is not None:
+                    server.peer.transport.abortConnection()
+            self.servers.clear()
+            return self.listening.stopListening()
+
+        self.rt.call(cut)
+
+
+class Proxy(TcpProxy):
+    """A :class:`TcpProxy` to the PostgreSQL server of ``dsn``.
+
+    :ivar dsn: ``dsn`` through the proxy (3 s connect timeout).
+    """
+
+    def __init__(self, reactor_thread: Any, dsn: str) -> None:
+        import psycopg2.extensions  # noqa: PLC0415
+
+        params = psycopg2.extensions.parse_dsn(dsn)
+        super().__init__(reactor_thread, params["host"], int(params["port"]))
+        self.dsn = psycopg2.extensions.make_dsn(dsn, port=self.port_number, connect_timeout=3)
 
 
 @pytest.fixture(scope="session")

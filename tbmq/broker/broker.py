@@ -117,7 +117,7 @@ class Broker:
         self.bus = bus
         self.retained_store = retained_store
         self.device_store = device_store
-        self.topics = TopicCatalogue()
+        self.topics = getattr(bus, "catalogue", None) or TopicCatalogue()
         self.hooks = Hooks(plugins, config.auth.providers)
         self.drops = DropCounter()
         self.flusher = TurnFlusher(clock)

@@ -64,7 +64,7 @@ class ClusterNode(Broker):
             "TBMQ_STORAGE__BACKEND": "memory",
             "TBMQ_STORAGE__DEVICE_STORE": device_store,
             "TBMQ_REDIS__URL": services.redis_url,
-            "TBMQ_REDIS__KEY_PREFIX": services.prefix + ":",
+            "TBMQ_REDIS__KEY_PREFIX": f'"{services.prefix}:"',  # quoted: YAML
             "TBMQ_AUTH__CREDENTIALS": "postgres",
             "TBMQ_POSTGRES__DSN": services.dsn,
             "TBMQ_NODE__LOG_LEVEL": "info",

@@ -105,8 +105,10 @@ class Broker:
         log_path = self.workdir / f"broker-{self.runs}.log"
         self._log_paths.append(log_path)
         env = {k: v for k, v in os.environ.items() if not k.startswith("TBMQ_")}
+        # this checkout's tbmq and first-party plugins, before any installed copy
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            [str(REPO_ROOT), str(REPO_ROOT / "plugins")]
+            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env["PYTHONUNBUFFERED"] = "1"
         env.update(self.env)
         self._log_file = open(log_path, "wb")

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.integration.cluster import ClusterNode, CountingPublisher, Services
-from tests.integration.helpers import REPO_ROOT, PahoClient, props, uid
+from tests.integration.helpers import REPO_ROOT, PahoClient, uid
 from tests.postgres import new_database
 
 pytestmark = pytest.mark.timeout(600)
@@ -82,7 +82,10 @@ def test_a_publisher_on_a_reaches_subscribers_on_b(nodes, qos):
         pub.publish(f"{topic}/{i % 3}", str(i).encode(), qos=qos)
     for s in subs:
         got = s.get_many(20, timeout=30)
-        assert [m.payload for m in got] == [str(i).encode() for i in range(20)]
+        # in order per topic [MQTT-4.6.0-5]; topics of different partitions interleave
+        for t in range(3):
+            assert [m.payload for m in got if m.topic == f"{topic}/{t}"] == [
+                str(i).encode() for i in range(t, 20, 3)]
         assert {m.qos for m in got} == {qos}
     for c in (*subs, pub):
         c.close()
@@ -152,7 +155,7 @@ def test_a_node_that_joins_serves_existing_subscriptions_and_retained_messages(n
         x.close()
 
 
-def test_a_node_killed_under_qos1_load_loses_no_acknowledged_message(nodes):
+def test_a_node_killed_under_qos1_load_loses_no_acknowledged_message(nodes, capsys):
     """SIGKILL node A while publishers on A and C send QoS 1 and persistent
     subscribers on A and B receive: the clients of A reconnect to the
     others; every message a publisher was acknowledged for arrives at both
@@ -199,7 +202,8 @@ def test_a_node_killed_under_qos1_load_loses_no_acknowledged_message(nodes):
                           f"{len(missing)}")
             assert not missing, "\n".join(report) + f"\nmissing: {missing[:20]}"
         s.close()
-    print("\n".join(report))
+    with capsys.disabled():  # the counts belong in the test run's output
+        print("\nnode A killed under QoS 1 load:\n  " + "\n  ".join(report))
     assert all(len(p.acked) > 100 for p in publishers.values()), report
 
 

@@ -15,12 +15,11 @@ import pytest
 from tbmq_plugins.postgres import PostgresPlugin
 from tbmq_plugins.postgres_devices import PostgresDeviceMessageStore, client_lock_key
 from twisted.internet import defer
-from twisted.protocols.portforward import ProxyFactory, ProxyServer
 
 from tbmq.config import load_config
 from tbmq.errors import BackendError
 from tbmq.model import DeliveryState
-from tests.postgres import Blocking, failure_of, new_database
+from tests.postgres import Blocking, Proxy, failure_of, new_database
 from tests.unit.test_stores import delivery
 
 
@@ -120,51 +119,6 @@ def test_terminated_connections_are_replaced_without_failing_calls(dsn, open_sto
                     "WHERE datname = current_database() AND pid <> pg_backend_pid()")
         assert cur.fetchone()[0] >= 1
     admin.close()
-
-
-class Proxy:
-    """A TCP proxy to PostgreSQL on the reactor thread: an outage is its
-    port closed and its connections cut."""
-
-    def __init__(self, reactor_thread: Any, dsn: str) -> None:
-        self.rt = reactor_thread
-        params = psycopg2.extensions.parse_dsn(dsn)
-        self.factory = ProxyFactory(params["host"], int(params["port"]))
-        self.servers: list = []
-        proxy = self
-
-        class Server(ProxyServer):
-            reactor = reactor_thread.reactor
-
-            def connectionMade(self) -> None:
-                proxy.servers.append(self)
-                super().connectionMade()
-
-        self.factory.protocol = Server
-        self.port_number = 0
-        self.listening: Any = None
-        self.up()
-        self.dsn = psycopg2.extensions.make_dsn(dsn, port=self.port_number,
-                                                connect_timeout=3)
-
-    def up(self) -> None:
-        def listen() -> None:
-            self.listening = self.rt.reactor.listenTCP(
-                self.port_number, self.factory, interface="127.0.0.1")
-            self.port_number = self.listening.getHost().port
-
-        self.rt.call(listen)
-
-    def down(self) -> None:
-        def cut() -> defer.Deferred:
-            for server in self.servers:
-                server.transport.abortConnection()
-                if server.peer is not None:
-                    server.peer.transport.abortConnection()
-            self.servers.clear()
-            return self.listening.stopListening()
-
-        self.rt.call(cut)
 
 
 def test_outage_fails_calls_then_recovers(dsn, reactor_thread):
