@@ -315,7 +315,8 @@ class LoginLimitsConfig:
     :ivar max_checks_per_address: CONNECTs with a password (or a v5
         authentication method) from one address being authenticated at
         once, >= 0 (0: no limit); one more gets CONNACK 0x89 Server busy
-        (v3: 0x03 Server unavailable) at once.
+        (v3: 0x03 Server unavailable) at once; the last place is kept for
+        client ids and user names without failures in ``window``.
     :ivar max_checks: such CONNECTs being authenticated at once on the
         node, >= 1; one more gets 0x89 (v3: 0x03).
     :ivar check_threads: threads of the password-check pool, >= 1 (bcrypt

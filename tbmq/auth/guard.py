@@ -33,7 +33,10 @@ pool runs them, and a good client waits behind all of them.  The
    node, are being authenticated at once; one more gets 0x89 Server busy
    (v3: 0x03 Server unavailable) at once, so one address never holds more
    than that share of the ``check_threads`` threads and a good client's
-   check waits behind at most that many of a flooding address;
+   check waits behind at most that many of a flooding address.  Of those
+   places, the last is kept for client ids and user names without a
+   failure in ``window``: a flood that repeats its user name holds one
+   place at most, even before its address is banned;
 4. a check whose connection closed before a thread took it is skipped.
 
 Refusals under a flood are logged as one line per ban and a count every
@@ -226,9 +229,13 @@ class LoginGuard:
         if costly:
             limits = self.limits
             here = self._in_flight.get(host, 0)
+            places = limits.max_checks_per_address
+            if places > 1 and (self._failed(("c", client_id), now)
+                               or self._failed(("u", username), now)):
+                places -= 1  # the last place is kept for names without failures
             if trusted and who not in self._trusted_checks:
                 attempt.trusted = True  # its own place, apart from its address's
-            elif limits.max_checks_per_address and here >= limits.max_checks_per_address:
+            elif places and here >= places:
                 return self._refuse(attempt, BUSY, "too many logins in progress from the address")
             if self.in_flight >= limits.max_checks:
                 return self._refuse(attempt, BUSY, "too many logins in progress")

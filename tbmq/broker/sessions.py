@@ -12,6 +12,7 @@ from twisted.logger import Logger
 
 from tbmq.broker.session import EXPIRY_NEVER, Session, SessionContext
 from tbmq.cluster.records import UNCLAIMED, SessionInfo, WillRecord
+from tbmq.errors import BusClosedError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, SubscriptionOptions
 from tbmq.mqtt import MQTT_5, Property
@@ -208,7 +209,7 @@ class SessionManager:
         client_id = info.client_id
         if not response.session_present:
             if self.book.of(client_id):
-                self.book.put(client_id, {})
+                self._put_subscriptions(client_id, {})
             if info.persistent:
                 self.device_store.clear(client_id)
             return None
@@ -271,8 +272,8 @@ class SessionManager:
             if info.will is not None:
                 self.publish_will(client_id, info.will)
             if self.book.of(client_id):
-                self.book.put(client_id, {})
-            self.registry.remove(client_id)
+                self._put_subscriptions(client_id, {})
+            self._remove_info(client_id)
             self.hooks.session_expired(client_id)
             return
         session = self._rebuilt(info)
@@ -295,20 +296,49 @@ class SessionManager:
         if session is not None and session.session_id == current.session_id:
             self.publish_info(session)
 
+    def _logged(self, result, what: str, client_id: str):
+        """Log the failure of a record published without waiting for it (a
+        bus stopped under it, at shutdown, is no error: the record last
+        stored stands, and a restart reads the session as offline).
+
+        :returns: ``result``, its failure handled.
+        """
+        if isinstance(result, defer.Deferred):
+            def failed(failure):
+                if failure.check(BusClosedError):
+                    self.log.debug("{what} of {client_id} not recorded: the bus stopped",
+                                   what=what, client_id=client_id)
+                else:
+                    self.log.warn("{what} of {client_id} not recorded: {error}", what=what,
+                                  client_id=client_id, error=failure.getErrorMessage())
+
+            result.addErrback(failed)
+        return result
+
+    def _put_subscriptions(self, client_id: str, subscriptions: dict):
+        return self._logged(self.book.put(client_id, subscriptions), "the subscriptions",
+                            client_id)
+
+    def _remove_info(self, client_id: str):
+        return self._logged(self.registry.remove(client_id), "the end of the session",
+                            client_id)
+
     def publish_info(self, session: Session):
         """Tell the cluster where ``session`` is and what it is
         (``tbmq.client.session``).
 
-        :returns: the bus's publish result.
+        :returns: the bus's publish result (a failure is logged, not
+            passed on).
         """
         will = session.will
-        return self.registry.put(SessionInfo(
+        return self._logged(self.registry.put(SessionInfo(
             session.client_id, self.service_id, session.session_id,
             session.connection is not None, session.persistent, session.client_type,
             session.expiry_interval, session.protocol_level, session.connected_at,
             session.disconnected_at, self.clock.seconds(),
             None if will is None else WillRecord(will.topic, will.payload, will.qos,
-                                                 will.retain, dict(will.properties))))
+                                                 will.retain, dict(will.properties)))),
+            "the session record", session.client_id)
 
     def save(self, session: Session):
         """Publish the subscriptions of ``session`` (``tbmq.client.subscriptions``).
@@ -413,14 +443,14 @@ class SessionManager:
         had = bool(session.subscriptions)
         session.subscriptions.clear()
         if had:
-            self.book.put(session.client_id, {})
+            self._put_subscriptions(session.client_id, {})
         session.discard()
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
             self._forget_origin(session.client_id)
         info = self.registry.get(session.client_id)
         if info is not None and info.session_id == session.session_id:
-            self.registry.remove(session.client_id)
+            self._remove_info(session.client_id)
         self.hooks.session_expired(session.client_id)
 
     # -- restart -----------------------------------------------------------------
@@ -446,9 +476,9 @@ class SessionManager:
             if not mine or info.client_id in self.sessions:
                 continue
             if not info.persistent:
-                self.registry.remove(info.client_id)
+                self._remove_info(info.client_id)
                 if self.book.of(info.client_id):
-                    self.book.put(info.client_id, {})
+                    self._put_subscriptions(info.client_id, {})
                 continue
             session = self._rebuilt(info)
             session.session_id = info.session_id

@@ -8,13 +8,14 @@ process measuring a good client shares no interpreter lock with them::
 ``login``: each socket sends CONNECT (MQTT 3.1.1) with a user name and a
 wrong password, reads the answer until the broker closes, and starts again
 at once.  ``announce``: each socket sends a CONNECT fixed header announcing
-a 256 MB packet (remaining length 268,435,455), then bytes of it slowly,
+a packet of ``--length`` bytes of remaining length (268,435,455 by
+default: 256 MB, the most MQTT can encode), then 4 KB of it every 10 ms,
 and starts again when the broker closes.
 
 The process prints one JSON line when it is done: ``attempts``, ``codes``
 (CONNACK return code → count), ``closed`` (closed without CONNACK),
 ``open_at_end`` (connections the broker had not closed when the time was
-up), ``errors`` (refused or reset connects) and, for ``announce``,
+up, or a second after they opened), ``errors`` (refused or reset connects) and, for ``announce``,
 ``bytes_accepted`` (the most bytes of one announced packet the broker read
 before closing).
 """
@@ -31,12 +32,12 @@ import time
 
 from tbmq.mqtt import Connect
 from tbmq.mqtt.codec import encode
+from tbmq.mqtt.properties import encode_variable_byte_integer
 
 HOST = "127.0.0.1"
 
-#: the CONNECT fixed header of a 256 MB packet: type 1, remaining length
-#: 268,435,455 (the largest MQTT can encode)
-ANNOUNCE_256MB = bytes([0x10, 0xFF, 0xFF, 0xFF, 0x7F])
+#: the largest remaining length MQTT can encode (256 MB)
+MAX_REMAINING_LENGTH = 268435455
 
 
 class Stats:
@@ -104,6 +105,7 @@ async def login_socket(n: int, args, stats: Stats, end: float) -> None:
 
 async def announce_socket(n: int, args, stats: Stats, end: float) -> None:
     chunk = b"\x00" * 4096
+    header = b"\x10" + encode_variable_byte_integer(args.length)
     while time.monotonic() < end:
         try:
             reader, writer = await _open(args.port, args.source)
@@ -112,11 +114,13 @@ async def announce_socket(n: int, args, stats: Stats, end: float) -> None:
             await asyncio.sleep(0.05)
             continue
         stats.attempts += 1
+        opened = time.monotonic()
         sent = 0
         try:
-            writer.write(ANNOUNCE_256MB)
-            # keep sending the announced body until the broker closes
-            while time.monotonic() < end:
+            writer.write(header)
+            # keep sending the announced body until the broker closes (a
+            # connection opened just before the end has a second more)
+            while time.monotonic() < max(end, opened + 1.0):
                 try:
                     data = await asyncio.wait_for(reader.read(65536), 0.01)
                     if not data:
@@ -157,7 +161,9 @@ def main(argv=None) -> None:
     login.add_argument("--password", default="wrong")
     login.add_argument("--fixed-client-ids", action="store_true",
                        help="one client id per socket instead of one per attempt")
-    modes.add_parser("announce")
+    announce = modes.add_parser("announce")
+    announce.add_argument("--length", type=int, default=MAX_REMAINING_LENGTH,
+                          help="the remaining length announced, bytes")
     args = parser.parse_args(argv)
     stats = asyncio.run(main_async(args))
     sys.stdout.write(json.dumps(stats.as_dict()) + "\n")

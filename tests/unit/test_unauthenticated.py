@@ -166,6 +166,22 @@ def test_password_checks_in_flight_are_capped_per_address(checks, level, busy):
     assert login(h, "fourth", b"pw", level) == 0  # the places are free again
 
 
+def test_the_last_place_of_an_address_is_kept_for_names_without_failures(checks):
+    """A user name that failed holds one of the address's two places at
+    most, before any ban: a new client keeps the other."""
+    h = broker(max_checks_per_address=2, max_failures_per_address=0,
+               max_failures_per_client_id=0)
+    assert login(h, "guess-0", b"nope") == 0x86  # "user" failed once
+    checks.hold = True
+    guessing = h.client("guess-1", 5, username="user", password=b"nope")
+    assert guessing.connack is None
+    assert login(h, "guess-2", b"nope") == 0x89  # a second place for "user": no
+    good = h.client("good", 5, username="other", password=b"pw2")
+    assert good.connack is None  # the kept place
+    checks.release()
+    assert [guessing.received()[0].reason_code, good.received()[0].reason_code] == [0x86, 0]
+
+
 def test_password_checks_in_flight_are_capped_on_the_node(checks):
     h = broker(max_checks=3, max_checks_per_address=0)
     checks.hold = True
