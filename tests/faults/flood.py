@@ -55,9 +55,18 @@ class Stats:
                 "bytes_accepted": self.bytes_accepted}
 
 
-async def _open(port: int, source: str | None):
-    local = (source, 0) if source else None
-    return await asyncio.open_connection(HOST, port, local_addr=local)
+async def _open(args, stats: Stats):
+    """:returns: ``(reader, writer)`` of a new connection (counted in
+    ``stats.attempts``), or None when it failed (counted in ``errors``)."""
+    local = (args.source, 0) if args.source else None
+    try:
+        connection = await asyncio.open_connection(HOST, args.port, local_addr=local)
+    except OSError:
+        stats.errors += 1
+        await asyncio.sleep(0.05)
+        return None
+    stats.attempts += 1
+    return connection
 
 
 async def _read_to_close(reader, deadline: float) -> bytes:
@@ -79,13 +88,10 @@ async def login_socket(n: int, args, stats: Stats, end: float) -> None:
         username = args.username if args.username != "*" else f"user-{n}-{attempt}"
         packet = encode(Connect(client_id=client_id, protocol_level=4, username=username,
                                 password=args.password.encode()), 4)
-        try:
-            reader, writer = await _open(args.port, args.source)
-        except OSError:
-            stats.errors += 1
-            await asyncio.sleep(0.05)
+        connection = await _open(args, stats)
+        if connection is None:
             continue
-        stats.attempts += 1
+        reader, writer = connection
         try:
             writer.write(packet)
             try:
@@ -107,13 +113,10 @@ async def announce_socket(n: int, args, stats: Stats, end: float) -> None:
     chunk = b"\x00" * 4096
     header = b"\x10" + encode_variable_byte_integer(args.length)
     while time.monotonic() < end:
-        try:
-            reader, writer = await _open(args.port, args.source)
-        except OSError:
-            stats.errors += 1
-            await asyncio.sleep(0.05)
+        connection = await _open(args, stats)
+        if connection is None:
             continue
-        stats.attempts += 1
+        reader, writer = connection
         opened = time.monotonic()
         sent = 0
         try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pytest
 from twisted.internet import defer
-from twisted.logger import formatEvent, globalLogPublisher
 
 from tbmq.auth import passwords
 from tbmq.auth.guard import SUMMARY_INTERVAL, TRUSTED_FOR, LoginGuard
@@ -25,19 +24,6 @@ from tbmq.model import Credentials, CredentialsType
 from tbmq.mqtt import Connack, Connect, Disconnect, Property, Puback, Publish, Will
 from tbmq.mqtt.codec import encode
 from tests.helpers import Harness
-
-
-@pytest.fixture
-def log():
-    """The text of the log events emitted during the test."""
-    events: list[str] = []
-
-    def observe(event):
-        events.append(formatEvent(event))
-
-    globalLogPublisher.addObserver(observe)
-    yield events
-    globalLogPublisher.removeObserver(observe)
 
 
 class Checks:
