@@ -12,7 +12,8 @@ a packet of ``--length`` bytes of remaining length (268,435,455 by
 default: 256 MB, the most MQTT can encode), then 4 KB of it every 10 ms,
 and starts again when the broker closes.
 
-The process prints one JSON line when it is done: ``attempts``, ``codes``
+The process prints ``started`` when its sockets start, and one JSON line
+when it is done: ``attempts``, ``codes``
 (CONNACK return code → count), ``closed`` (closed without CONNACK),
 ``open_at_end`` (connections the broker had not closed when the time was
 up, or a second after they opened), ``errors`` (refused or reset connects) and, for ``announce``,
@@ -146,6 +147,8 @@ async def announce_socket(n: int, args, stats: Stats, end: float) -> None:
 
 async def main_async(args) -> Stats:
     stats = Stats()
+    sys.stdout.write("started\n")
+    sys.stdout.flush()
     end = time.monotonic() + args.duration
     worker = login_socket if args.mode == "login" else announce_socket
     await asyncio.gather(*(worker(n, args, stats, end) for n in range(args.sockets)))

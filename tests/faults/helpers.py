@@ -118,6 +118,13 @@ class Hostile:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                      cwd=REPO_ROOT)
 
+    def wait_started(self, timeout: float = 30.0) -> None:
+        """Wait for the process's ``started`` line."""
+        deadline = time.monotonic() + timeout
+        line = self.proc.stdout.readline()  # the process prints it at once, or fails
+        assert line.strip() == b"started" and time.monotonic() < deadline, \
+            (line, self.proc.stderr.read().decode()[-3000:] if self.proc.poll() is not None else "")
+
     def report(self, timeout: float = 120.0) -> dict:
         try:
             out, err = self.proc.communicate(timeout=timeout)
