@@ -5,6 +5,5 @@ failing the test)."""
 from tests.integration.conftest import (  # noqa: F401
     _broker_watch,
     broker_factory,
-    mqtt,
     pytest_runtest_makereport,
 )
