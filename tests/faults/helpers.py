@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import select
 import statistics
 import subprocess
 import sys
@@ -119,11 +120,12 @@ class Hostile:
                                      cwd=REPO_ROOT)
 
     def wait_started(self, timeout: float = 30.0) -> None:
-        """Wait for the process's ``started`` line."""
-        deadline = time.monotonic() + timeout
-        line = self.proc.stdout.readline()  # the process prints it at once, or fails
-        assert line.strip() == b"started" and time.monotonic() < deadline, \
-            (line, self.proc.stderr.read().decode()[-3000:] if self.proc.poll() is not None else "")
+        """Wait for the process's ``started`` line (at most ``timeout`` s)."""
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else b""
+        assert line.strip() == b"started", (
+            f"the hostile process did not start in {timeout} s: {line!r} "
+            f"{self.proc.stderr.read().decode()[-3000:] if self.proc.poll() is not None else ''}")
 
     def report(self, timeout: float = 120.0) -> dict:
         try:
