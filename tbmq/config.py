@@ -40,6 +40,7 @@ __all__ = [
     "MqttConfig",
     "StorageConfig",
     "AuthConfig",
+    "LoginLimitsConfig",
     "JwtConfig",
     "PostgresConfig",
     "RedisConfig",
@@ -145,7 +146,16 @@ class MqttConfig:
 
     :ivar max_packet_size: bytes, 1..268435455; larger packets are refused
         [MQTT-3.1.2-24] and announced as Maximum Packet Size.
+    :ivar max_connect_packet_size: bytes, 1..268435455: the largest packet
+        read before a CONNECT is accepted (a CONNECT, will included); a
+        connection announcing a larger one is closed as soon as its fixed
+        header is read, nothing of it buffered.  The lower of it and
+        ``max_packet_size`` applies.
     :ivar connect_timeout: seconds a connection may stay without CONNECT.
+    :ivar incomplete_packet_timeout: seconds, > 0, a packet may take from
+        its first byte to its last once CONNECT is accepted; a connection
+        whose packet is not complete by then is closed (v5: DISCONNECT 0x8D),
+        whatever its keep alive, 0 included.
     :ivar receive_maximum: QoS 1/2 PUBLISHes a v5 client may have
         unacknowledged towards the broker, 1..65535 [MQTT-3.2.2.3.3] (a v3
         client, never told, is held to the packet identifier space).
@@ -166,7 +176,16 @@ class MqttConfig:
     :ivar max_keep_alive: seconds, 0..65535; a client asking for more gets
         this as Server Keep Alive; 0 means no limit.
     :ivar max_session_expiry_interval: seconds, 0..4294967295; a longer
-        requested session expiry is cut to this.
+        requested session expiry is cut to this (v5 clients are told in
+        CONNACK), and a v3 persistent session (``cleanSession=0``) expires
+        this long after its client disconnected; 4294967295 means never.
+        ``auth.anonymous_max_session_expiry`` applies to anonymous clients
+        when lower.
+    :ivar max_persistent_sessions_per_address: persistent sessions that
+        clients connecting from one network address may create on this
+        node, >= 0 (0: no limit); one more gets CONNACK 0x97 Quota exceeded
+        (v3: 0x03 Server unavailable).  Resuming or replacing a session
+        that exists is always allowed.
     :ivar max_client_id_length: characters, 23..65535 (the server must accept
         1 to 23 [MQTT-3.1.3-5]).
     :ivar allow_empty_client_id: assign an id to a client sending none.
@@ -188,7 +207,9 @@ class MqttConfig:
     """
 
     max_packet_size: int = 1048576
+    max_connect_packet_size: int = 65536
     connect_timeout: float = 10.0
+    incomplete_packet_timeout: float = 60.0
     receive_maximum: int = 128
     max_qos: int = 2
     retain_available: bool = True
@@ -200,7 +221,8 @@ class MqttConfig:
     subscription_identifier_available: bool = True
     shared_subscription_available: bool = True
     max_keep_alive: int = 65535
-    max_session_expiry_interval: int = 4294967295
+    max_session_expiry_interval: int = 604800
+    max_persistent_sessions_per_address: int = 1000
     max_client_id_length: int = 65535
     allow_empty_client_id: bool = True
     max_queued_messages: int = 10000
@@ -272,6 +294,45 @@ class JwtConfig:
 
 
 @dataclass(frozen=True)
+class LoginLimitsConfig:
+    """What one network address or client id may cost the broker before it
+    is authenticated (see :class:`tbmq.auth.guard.LoginGuard`).  Failed
+    logins are counted over ``window``, as EMQX's flapping detection counts
+    disconnects; a source over its budget is banned for ``ban_time``
+    (EMQX's ``banned``: CONNACK 0x8A Banned, v3: 0x05 Not authorized, with
+    no password checked).
+
+    :ivar window: seconds over which failed logins are counted, > 0.
+    :ivar ban_time: seconds a ban lasts, > 0.
+    :ivar max_failures_per_client_id: failed logins of one client id in
+        ``window`` that ban it, >= 0 (0: never).
+    :ivar max_failures_per_address: failed logins from one address in
+        ``window`` that ban it, >= 0 (0: never).  A banned address is
+        refused for client ids and user names that failed to log in within
+        ``window``; the others from it are still checked, within
+        ``max_checks_per_address``, so the clients of a shared address (a
+        NAT, a proxy) that did nothing wrong keep connecting.
+    :ivar max_checks_per_address: CONNECTs with a password (or a v5
+        authentication method) from one address being authenticated at
+        once, >= 0 (0: no limit); one more gets CONNACK 0x89 Server busy
+        (v3: 0x03 Server unavailable) at once; the last place is kept for
+        client ids and user names without failures in ``window``.
+    :ivar max_checks: such CONNECTs being authenticated at once on the
+        node, >= 1; one more gets 0x89 (v3: 0x03).
+    :ivar check_threads: threads of the password-check pool, >= 1 (bcrypt
+        runs there, apart from the reactor's own pool).
+    """
+
+    window: float = 60.0
+    ban_time: float = 300.0
+    max_failures_per_client_id: int = 5
+    max_failures_per_address: int = 20
+    max_checks_per_address: int = 2
+    max_checks: int = 256
+    check_threads: int = 4
+
+
+@dataclass(frozen=True)
 class AuthConfig:
     """Authentication and authorization.
 
@@ -290,15 +351,22 @@ class AuthConfig:
         credentials clear it at once.
     :ivar refresh_interval: seconds between checks for changed credentials;
         changed authorization rules apply to connected clients.
+    :ivar anonymous_max_session_expiry: seconds, 0..4294967295: the longest
+        session expiry an anonymous client gets (its persistent session
+        ends this long after it disconnected), when lower than
+        ``mqtt.max_session_expiry_interval``.
+    :ivar login_limits: see :class:`LoginLimitsConfig`.
     :ivar jwt: see :class:`JwtConfig`.
     """
 
     allow_anonymous: bool = True
+    anonymous_max_session_expiry: int = 3600
     providers: tuple[str, ...] = ("basic", "x509", "scram", "jwt")
     credentials: str = "sqlite"
     refresh_interval: float = 5.0
     cache_size: int = 32
     cache_ttl: float = 60.0
+    login_limits: LoginLimitsConfig = field(default_factory=LoginLimitsConfig)
     jwt: JwtConfig = field(default_factory=JwtConfig)
 
 
@@ -530,7 +598,9 @@ _CHECKS: dict[type, dict[str, Check]] = {
     },
     MqttConfig: {
         "max_packet_size": _range(1, MAX_PACKET_SIZE),
+        "max_connect_packet_size": _range(1, MAX_PACKET_SIZE),
         "connect_timeout": _positive,
+        "incomplete_packet_timeout": _positive,
         "receive_maximum": _range(1, 65535),
         "max_qos": _one_of(0, 1, 2, message="must be 0, 1 or 2"),
         "topic_alias_maximum": _range(0, 65535),
@@ -539,6 +609,7 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "max_subscriptions": _range(0),
         "max_keep_alive": _range(0, 65535),
         "max_session_expiry_interval": _range(0, 4294967295),
+        "max_persistent_sessions_per_address": _range(0),
         "max_client_id_length": _range(23, 65535),
         "max_queued_messages": _range(1),
         "max_pending_messages": _range(1),
@@ -577,6 +648,16 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "refresh_interval": _positive,
         "cache_size": _range(0),
         "cache_ttl": _positive,
+        "anonymous_max_session_expiry": _range(0, 4294967295),
+    },
+    LoginLimitsConfig: {
+        "window": _positive,
+        "ban_time": _positive,
+        "max_failures_per_client_id": _range(0),
+        "max_failures_per_address": _range(0),
+        "max_checks_per_address": _range(0),
+        "max_checks": _range(1),
+        "check_threads": _range(1),
     },
     JwtConfig: {"leeway": _range(0)},
     PostgresConfig: {"dsn": _not_empty, "min_connections": _range(1), "max_connections": _range(1)},

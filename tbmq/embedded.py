@@ -147,7 +147,7 @@ class AnonymousAuth:
         if request.password is not None:
             from tbmq.auth import passwords
 
-            d = passwords.check_password_async(request.password, passwords.UNKNOWN_USER_HASH)
+            d = request.check_password(request.password, passwords.UNKNOWN_USER_HASH)
             return d.addCallback(lambda _: AuthResult(False, reason_code=0x86,
                                                       provider="anonymous"))
         if request.username is not None:

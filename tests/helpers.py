@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 
 from twisted.internet import defer, task
+from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 
 from tbmq.backends import sqlite_schema
@@ -18,13 +19,18 @@ from tbmq.plugins import make_plugin_manager
 
 
 class Client:
-    """One fake connection: feed packets in, read decoded packets out."""
+    """One fake connection: feed packets in, read decoded packets out.
 
-    def __init__(self, harness: "Harness", level: int) -> None:
+    :param peer: the client's IPv4 address (StringTransport's 192.168.1.1
+        when None).
+    """
+
+    def __init__(self, harness: "Harness", level: int, peer: str | None = None) -> None:
         self.harness = harness
         self.level = level
         self.protocol = harness.factory.buildProtocol(None)
-        self.transport = StringTransport()
+        self.transport = (StringTransport() if peer is None
+                          else StringTransport(peerAddress=IPv4Address("TCP", peer, 50000)))
         self.protocol.makeConnection(self.transport)
         self.decoder = Decoder(protocol_level=level, server_side=False)
 
@@ -90,9 +96,10 @@ class Harness:
         queues' flush) runs."""
         self.clock.advance(0)
 
-    def client(self, client_id: str = "c", level: int = 4, **connect) -> Client:
+    def client(self, client_id: str = "c", level: int = 4, peer: str | None = None,
+               **connect) -> Client:
         """Connect a client and consume its CONNACK (kept in ``client.connack``)."""
-        c = Client(self, level)
+        c = Client(self, level, peer)
         c.send(Connect(protocol_level=level, client_id=client_id,
                        protocol_name="MQIsdp" if level == 3 else "MQTT", **connect))
         got = c.received()
@@ -100,8 +107,8 @@ class Harness:
         c.pending = got[1:]
         return c
 
-    def raw(self, level: int = 4) -> Client:
-        return Client(self, level)
+    def raw(self, level: int = 4, peer: str | None = None) -> Client:
+        return Client(self, level, peer)
 
 
 class MemoryTopicLog:

@@ -6,7 +6,9 @@ Credentials are looked up by TBMQ's keys, most specific first:
 ``client_id|<clientId>``.  Credentials without a password accept any
 password.  A wrong password gives CONNACK 0x86 BAD_USER_NAME_OR_PASSWORD
 (v3: 0x04); no matching credentials passes to the next provider.  The bcrypt
-check runs in a thread, so wrong passwords never slow other clients.
+check runs in a thread of the node's password-check pool
+(:meth:`tbmq.auth.AuthRequest.check_password`), so wrong passwords never
+block the reactor, and :mod:`tbmq.auth.guard` bounds what they cost.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 from twisted.internet import defer
 
 from tbmq.auth import AuthResult
-from tbmq.auth.passwords import check_password_async
 from tbmq.auth.watch import bind_rules
 from tbmq.hookspecs import hookimpl
 from tbmq.model import CredentialsType
@@ -50,7 +51,7 @@ class BasicAuth:
             return None
         hashed = credentials.value.get("password")
         if hashed:
-            if request.password is None or not await check_password_async(request.password, hashed):
+            if request.password is None or not await request.check_password(request.password, hashed):
                 return AuthResult(False, reason_code=0x86, provider="basic")
         return AuthResult(True, credentials.client_type, provider="basic",
                           rules=bind_rules(credentials, request), credentials=credentials.id)

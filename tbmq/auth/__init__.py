@@ -34,6 +34,10 @@ class AuthRequest:
         enhanced-authentication exchange.
     :ivar credentials: the :class:`tbmq.interfaces.ICredentialStore`.
     :ivar config: the :class:`tbmq.config.Config`.
+    :ivar checker: ``checker(password, hashed) -> Deferred[bool]``: the
+        node's password checks (:meth:`tbmq.auth.guard.Attempt.check_password`,
+        a thread pool of their own, skipped once the connection is gone);
+        None: :func:`tbmq.auth.passwords.check_password_async`.
     """
 
     client_id: str
@@ -49,6 +53,20 @@ class AuthRequest:
     state: dict = field(default_factory=dict)
     credentials: Any = None
     config: Any = None
+    checker: Any = None
+
+    def check_password(self, password: bytes | str, hashed: str | bytes | None):
+        """Check a password against a bcrypt hash without blocking the
+        reactor; providers call this rather than bcrypt.
+
+        :returns: a Deferred firing with True when they match (False for a
+            missing or malformed hash).
+        """
+        if self.checker is not None:
+            return self.checker(password, hashed)
+        from tbmq.auth import passwords  # noqa: PLC0415
+
+        return passwords.check_password_async(password, hashed)
 
     @property
     def certificate_cn(self) -> str | None:

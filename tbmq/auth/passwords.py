@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 import hmac
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import bcrypt
 from scramp import ScramException, ScramMechanism
@@ -122,6 +122,7 @@ def check_password_async(
     hashed: str | bytes | None,
     reactor: Any = None,
     threadpool: Any = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> defer.Deferred:
     """:func:`check_password` in a thread, so the reactor goes on serving
     other clients while bcrypt works.
@@ -131,19 +132,29 @@ def check_password_async(
     :param reactor: the reactor to report to; the global one when None.
     :param threadpool: the pool to run in; the reactor's own pool
         (:func:`twisted.internet.threads.deferToThread`) when None.  The
-        reactor's pool also resolves host names, so a broker under a
-        password-guessing flood may want a pool of its own.
+        broker passes the pool of :class:`tbmq.auth.guard.PasswordChecks`.
+    :param cancelled: called in the thread before hashing; when it returns
+        True the check is skipped and answers False (its connection is
+        gone: nobody waits for the answer).
     :returns: a Deferred firing in the reactor thread with the bool.
     """
     if not hashed:
         return defer.succeed(False)
+    if cancelled is None:
+        check, args = check_password, (password, hashed)
+    else:
+        check, args = _check_unless_cancelled, (password, hashed, cancelled)
     if threadpool is None and reactor is None:
-        return threads.deferToThread(check_password, password, hashed)
+        return threads.deferToThread(check, *args)
     if reactor is None:
         from twisted.internet import reactor  # noqa: PLC0415
     if threadpool is None:
         threadpool = reactor.getThreadPool()
-    return threads.deferToThreadPool(reactor, threadpool, check_password, password, hashed)
+    return threads.deferToThreadPool(reactor, threadpool, check, *args)
+
+
+def _check_unless_cancelled(password, hashed, cancelled: Callable[[], bool]) -> bool:
+    return False if cancelled() else check_password(password, hashed)
 
 
 def _mechanism(algorithm: str) -> ScramMechanism:

@@ -14,12 +14,14 @@ import uuid
 from twisted.logger import Logger
 
 from tbmq.auth import AuthRequest, AuthResult
+from tbmq.auth.guard import BANNED
 from tbmq.listeners import peer_certificate_chain
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType
 from tbmq.mqtt import MQTT_5, Auth, Connack, Connect, Property, Will
 from tbmq.mqtt.topics import TopicError, validate_topic_name
 from tbmq.broker.session import valid_utf8
+from tbmq.broker.sessions import is_persistent
 from tbmq.errors import BackendError, BusError, ProtocolViolation  # noqa: F401  (ProtocolViolation: raised by handle_auth)
 
 #: (protocol name, level) pairs this broker speaks [MQTT-3.1.2-1, -2]
@@ -70,9 +72,16 @@ class ConnectFlow:
     # -- CONNECT -------------------------------------------------------------------
 
     def _refuse(self, v5_code: int, v3_code: int, why: str) -> None:
-        self.log.info("CONNECT from {peer} refused: {why}", peer=self._peer(), why=why)
+        self._before_connect_log(self.log).info("CONNECT from {peer} refused: {why}",
+                                                peer=self._peer(), why=why)
         code = v5_code if self.protocol_level >= MQTT_5 else v3_code
         self.send(Connack(False, code))
+        self._close()
+
+    def _refuse_quietly(self, v5_code: int, v3_code: int) -> None:
+        """Refuse a CONNECT without a line of its own (the
+        :class:`~tbmq.auth.guard.LoginGuard` counts and summarises them)."""
+        self.send(Connack(False, v5_code if self.protocol_level >= MQTT_5 else v3_code))
         self._close()
 
     def _refuse_will(self, v5_code: int, why: str) -> None:
@@ -84,8 +93,9 @@ class ConnectFlow:
         if self.protocol_level >= MQTT_5:
             self._refuse(v5_code, 0, why)
             return
-        self.log.info("CONNECT from {peer} refused, closed without CONNACK: {why}",
-                      peer=self._peer(), why=why)
+        self._before_connect_log(self.log).info(
+            "CONNECT from {peer} refused, closed without CONNACK: {why}",
+            peer=self._peer(), why=why)
         self._close()
 
     def handle_connect(self, connect: Connect) -> None:
@@ -96,7 +106,8 @@ class ConnectFlow:
                 self.protocol_level = 5 if connect.protocol_level >= 5 else 4
                 self._refuse(0x84, 0x01, f"protocol level {connect.protocol_level}")
             else:
-                self.log.info("unknown protocol name from {peer}", peer=self._peer())
+                self._before_connect_log(self.log).info("unknown protocol name from {peer}",
+                                                        peer=self._peer())
                 self._close()
             return
         self.protocol_level = level = connect.protocol_level
@@ -124,6 +135,16 @@ class ConnectFlow:
             fault = will_fault(connect.will, cfg)
             if fault is not None:
                 return self._refuse_will(*fault)
+        guard = self.ctx.guard
+        if guard is not None:
+            costly = connect.password is not None or (
+                v5 and props.get(Property.AUTHENTICATION_METHOD) is not None)
+            attempt = guard.admit(self._peer(), connect.client_id, connect.username, costly)
+            if attempt.refusal is not None:
+                # banned: 0x8A (v3 0x05); too many checks in flight: 0x89 (v3 0x03)
+                return self._refuse_quietly(
+                    attempt.refusal, 0x05 if attempt.refusal == BANNED else 0x03)
+            self._attempt = attempt
         self._hold()
         self.auth_request = AuthRequest(
             connect.client_id, connect.username, connect.password, level,
@@ -171,6 +192,7 @@ class ConnectFlow:
             self.log.failure("internal error on the connection of {client_id}", failure,
                              client_id=self._client_id())
         self._drop_held()
+        self._auth_done(None)
         if not self._gone():
             if self._connacked:
                 self.disconnect(0x83)
@@ -184,18 +206,31 @@ class ConnectFlow:
     def _auth_step(self, request: AuthRequest, provider: str | None) -> None:
         request.credentials = self.ctx.credentials
         request.config = self.ctx.config
+        if self._attempt is not None and not request.reauthenticate:
+            request.checker = self._attempt.check_password
         d = self.ctx.hooks.authenticate(request, provider)
         d.addCallback(self._auth_answer, request)
         d.addErrback(self._internal_error)
 
+    def _auth_done(self, failed: bool | None) -> None:
+        """Tell the login guard how the CONNECT's authentication ended (see
+        :meth:`tbmq.auth.guard.LoginGuard.done`)."""
+        attempt, self._attempt = self._attempt, None
+        if attempt is not None:
+            self.ctx.guard.done(attempt, failed)
+
     def _auth_answer(self, answer, request: AuthRequest) -> None:
         """Apply an authentication answer [MQTT-4.12]."""
         result, provider = answer
+        v5 = self.protocol_level >= MQTT_5
+        continues = result is not None and result.continue_auth and v5 and request.auth_method
+        if not continues and not request.reauthenticate:
+            # a failure counts against the source even when the client left
+            self._auth_done(result is None or not result.allowed)
         if self._gone():
             self._drop_held()
             return
-        v5 = self.protocol_level >= MQTT_5
-        if result is not None and result.continue_auth and v5 and request.auth_method:
+        if continues:
             self._exchange = (request, provider)
             self.send(Auth(0x18, {Property.AUTHENTICATION_METHOD: request.auth_method,
                                   Property.AUTHENTICATION_DATA: result.auth_data or b""}))
@@ -207,8 +242,9 @@ class ConnectFlow:
             else:
                 code = 0x8C if request.auth_method else 0x87
             self._drop_held()
-            self.log.info("authentication of {client_id} refused (0x{code:02X})",
-                          client_id=request.client_id, code=code)
+            log = self.log if request.reauthenticate else self._before_connect_log(self.log)
+            log.info("authentication of {client_id} refused (0x{code:02X})",
+                     client_id=request.client_id, code=code)
             if request.reauthenticate:
                 self.disconnect(code)  # [MQTT-4.12.1-2]
                 return
@@ -270,9 +306,33 @@ class ConnectFlow:
 
     def _open_session(self, result: AuthResult, request: AuthRequest) -> None:
         """Authentication succeeded: ask the cluster for the session (a
-        session event), then bind it, send CONNACK and resume."""
+        session event), then bind it, send CONNACK and resume.
+
+        The session expiry granted is capped by
+        ``mqtt.max_session_expiry_interval``, and for a client the
+        ``anonymous`` provider accepted by ``auth.anonymous_max_session_expiry``
+        when lower.  A CONNECT that would create one more persistent session
+        than ``mqtt.max_persistent_sessions_per_address`` for its address
+        gets CONNACK 0x97 Quota exceeded (v3: 0x03 Server unavailable);
+        resuming or replacing an existing session of its client id does not
+        count."""
         self.auth = result
-        d = self.ctx.sessions.connect(self, self.connect_packet, result.client_type)
+        config = self.ctx.config
+        connect = self.connect_packet
+        cap = config.mqtt.max_session_expiry_interval
+        if result.provider == "anonymous":
+            cap = min(cap, config.auth.anonymous_max_session_expiry)
+        self.expiry_cap = cap
+        sessions = self.ctx.sessions
+        host = self._peer()
+        limit = config.mqtt.max_persistent_sessions_per_address
+        if limit and is_persistent(connect) and not sessions.known(connect.client_id):
+            held = sessions.persistent_from(host)
+            if held >= limit:
+                self._drop_held()
+                return self._refuse(0x97, 0x03, f"{held} persistent sessions from {host} "
+                                    f"already (mqtt.max_persistent_sessions_per_address)")
+        d = sessions.connect(self, connect, result.client_type, expiry_cap=cap, address=host)
         d.addCallbacks(self._session_opened, self._session_refused,
                        callbackArgs=(result, request))
         d.addErrback(self._internal_error)

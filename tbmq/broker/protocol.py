@@ -9,6 +9,8 @@ capabilities and answers bad input with the MQTT reason code; it never routes.
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +20,11 @@ from twisted.protocols.policies import TimeoutMixin
 from zope.interface import implementer
 
 from tbmq.auth import AuthRequest, AuthResult
+from tbmq.auth.guard import LoginGuard, PasswordChecks
 from tbmq.broker.connect import ConnectFlow
 from tbmq.broker.session import Session
 from tbmq.errors import ProtocolViolation
-from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.log import OBSERVER as LOG_OBSERVER, LogThrottle
 from tbmq.mqtt import (
     MQTT_5, Auth, Connect, Disconnect, MalformedPacket, Pingreq, Pingresp,
     Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, Subscribe, Unsubscribe,
@@ -42,6 +45,11 @@ class ConnectionContext:
     :ivar connections: the node's set of live connections.
     :ivar flusher: the :class:`tbmq.broker.outbound.TurnFlusher`.
     :ivar credentials: the :class:`tbmq.interfaces.ICredentialStore`.
+    :ivar guard: the node's :class:`tbmq.auth.guard.LoginGuard`, or None
+        (no login limits).
+    :ivar before_connect_log: the node's :class:`tbmq.log.LogThrottle` of
+        the lines about connections closed before a CONNECT was accepted,
+        or None (every line written).
     """
 
     clock: Any
@@ -51,6 +59,29 @@ class ConnectionContext:
     connections: set
     flusher: Any
     credentials: Any
+    guard: Any = None
+    before_connect_log: Any = None
+
+
+#: broker → (its LoginGuard, its LogThrottle of lines before CONNECT): one
+#: of each per node, shared by its listeners
+_NODE_GUARDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def guarded_context(broker) -> ConnectionContext:
+    """:returns: ``broker.connection_context()`` with the node's
+    :class:`~tbmq.auth.guard.LoginGuard` (``auth.login_limits``) and its
+    throttle of lines logged before CONNECT, made at the first call."""
+    ctx = broker.connection_context()
+    node = _NODE_GUARDS.get(broker)
+    if node is None:
+        clock = ctx.clock
+        reactor = clock if hasattr(clock, "callFromThread") else None
+        limits = ctx.config.auth.login_limits
+        node = _NODE_GUARDS[broker] = (
+            LoginGuard(limits, clock, PasswordChecks(limits.check_threads, reactor)),
+            LogThrottle(clock, MQTTProtocol.log, "connections closed before CONNECT"))
+    return dataclasses.replace(ctx, guard=node[0], before_connect_log=node[1])
 
 
 @implementer(interfaces.IPushProducer)
@@ -68,6 +99,10 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         ``mqtt.outbound_topic_aliases``; 0 for none.
     :ivar paused: True while the transport's write buffer is full.
     :ivar paused_bytes: bytes written since the transport became full.
+    :ivar expiry_cap: the longest session expiry interval granted, seconds
+        (``mqtt.max_session_expiry_interval``, or
+        ``auth.anonymous_max_session_expiry`` for an anonymous client when
+        lower), once authenticated.
     """
 
     log = Logger(observer=LOG_OBSERVER)
@@ -76,7 +111,8 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         self.ctx = ctx
         self.listener = listener
         self.callLater = ctx.clock.callLater
-        self.decoder = Decoder(max_packet_size=max_packet_size)
+        self.decoder = Decoder(max_packet_size=max_packet_size,
+                               max_connect_size=ctx.config.mqtt.max_connect_packet_size)
         self.server_max_packet_size = max_packet_size
         self.session = None
         self.connect_packet: Connect | None = None
@@ -99,6 +135,11 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         self.auth: AuthResult | None = None
         self.auth_request: AuthRequest | None = None
         self._closed_waiters: list | None = None
+        self._attempt = None  # the LoginGuard's Attempt while authenticating
+        self.expiry_cap = ctx.config.mqtt.max_session_expiry_interval
+        self._partial_since: float | None = None  # when the incomplete packet began
+        self._packet_timer = None
+        self._read_pauses = 0
 
     # -- Twisted --------------------------------------------------------------
 
@@ -111,13 +152,20 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         """Decode a read and hand its packets on."""
         if self._closing:
             return
+        decoder = self.decoder
         try:
-            packets = self.decoder.feed(data)
+            packets = decoder.feed(data)
         except MalformedPacket as e:
-            self.log.info("malformed packet from {peer}: {error} (0x{code:02X})",
-                          peer=self._peer(), error=str(e), code=e.reason_code)
+            self._before_connect_log(self.log).info(
+                "malformed packet from {peer}: {error} (0x{code:02X})",
+                peer=self._peer(), error=str(e), code=e.reason_code)
             self.disconnect(e.reason_code)
             return
+        if self._connacked:
+            if not decoder.pending:
+                self._partial_since = None
+            elif packets or self._partial_since is None:
+                self._packet_started()
         if self._gate:
             self._waiting.extend(packets)
             return
@@ -162,9 +210,52 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
 
         d.addCallbacks(done, self._internal_error)
 
+    def _before_connect_log(self, log):
+        """The logger of a line an unauthenticated peer causes: the node's
+        throttle until a CONNECT is accepted, ``log`` after."""
+        throttle = self.ctx.before_connect_log
+        return log if self._connacked or throttle is None else throttle
+
+    # -- a packet that does not end ----------------------------------------------------
+
+    def _packet_started(self) -> None:
+        """An incomplete packet began in this read: it has
+        ``mqtt.incomplete_packet_timeout`` to be completed."""
+        self._partial_since = self.ctx.clock.seconds()
+        if self._packet_timer is None:
+            self._packet_timer = self.callLater(
+                self.ctx.config.mqtt.incomplete_packet_timeout, self._packet_overdue)
+
+    def _packet_overdue(self) -> None:
+        self._packet_timer = None
+        since = self._partial_since
+        if since is None or self._closing:
+            return
+        timeout = self.ctx.config.mqtt.incomplete_packet_timeout
+        if self._read_pauses:  # not read meanwhile: the client is not to blame
+            self._packet_started()
+            return
+        left = since + timeout - self.ctx.clock.seconds()
+        if left > 0:
+            self._packet_timer = self.callLater(left, self._packet_overdue)
+            return
+        self.log.info("packet from {client_id} not complete {timeout:g} s after it began "
+                      "({pending} bytes of it read); closing", client_id=self._client_id(),
+                      timeout=timeout, pending=self.decoder.pending)
+        self.disconnect(0x8D, "packet not complete in time")
+
     def connectionLost(self, reason=protocol.connectionDone) -> None:
         self._closing = True
         self.setTimeout(None)
+        if self._packet_timer is not None and self._packet_timer.active():
+            self._packet_timer.cancel()
+        self._packet_timer = None
+        attempt = self._attempt
+        if attempt is not None:
+            attempt.cancelled = True  # a password check not started is skipped
+            if self._exchange is not None:  # no answer pending: waiting for the client
+                self._attempt = None
+                self.ctx.guard.done(attempt, None)
         self._out = []
         self.paused = True
         if self._abort_call is not None and self._abort_call.active():
@@ -193,7 +284,17 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
 
     def timeoutConnection(self) -> None:
         if self.session is None:
-            self.log.info("no CONNECT from {peer} in time; closing", peer=self._peer())
+            timeout = self.ctx.config.mqtt.connect_timeout
+            if self.connect_packet is None:
+                self._before_connect_log(self.log).info(
+                    "no CONNECT from {peer} in {timeout:g} s; closing", peer=self._peer(),
+                    timeout=timeout)
+            else:
+                self._before_connect_log(self.log).info(
+                    "CONNECT of {client_id} from {peer} not accepted {timeout:g} s after "
+                    "the connection opened (authentication or the session still pending); "
+                    "closing", client_id=self._client_id(), peer=self._peer(),
+                    timeout=timeout)
             self._close()
         else:
             self.log.info("keep alive of {client_id} expired", client_id=self._client_id())
@@ -248,6 +349,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
     def pause_reading(self) -> None:
         """Stop reading this connection (its publishes wait for the bus)."""
         self._gate += 1
+        self._read_pauses += 1
         if self.transport is not None:
             self.transport.pauseProducing()
 
@@ -255,6 +357,10 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         """Read again (see :meth:`pause_reading`)."""
         if self._closing:
             return
+        if self._read_pauses:
+            self._read_pauses -= 1
+        if self._partial_since is not None:  # the rest could not arrive meanwhile
+            self._partial_since = self.ctx.clock.seconds()
         if self.transport is not None:
             self.transport.resumeProducing()
         self._release()
@@ -299,8 +405,9 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
                 raise ProtocolViolation(0x82, "packet before CONNACK")
             if type(packet) is not Connect:
                 # the first packet must be CONNECT [MQTT-3.1.0-1]
-                self.log.info("{type} before CONNECT from {peer}; closing",
-                              type=type(packet).__name__, peer=self._peer())
+                self._before_connect_log(self.log).info(
+                    "{type} before CONNECT from {peer}; closing",
+                    type=type(packet).__name__, peer=self._peer())
                 self._close()
                 return
             self.handle_connect(packet)
@@ -335,8 +442,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
                 asked = self.connect_packet.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
                 if asked == 0 and expiry != 0:
                     raise ProtocolViolation(0x82, "session expiry interval changed from 0")
-                session.expiry_interval = min(
-                    expiry, self.ctx.config.mqtt.max_session_expiry_interval)
+                session.expiry_interval = min(expiry, self.expiry_cap)
         self._normal_disconnect = packet.reason_code != 0x04
         self._disconnect_reason = packet.reason_code
         self._closing = True
@@ -376,7 +482,7 @@ class MQTTFactory(protocol.Factory):
     log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self, broker, listener) -> None:
-        self.ctx = broker.connection_context()
+        self.ctx = guarded_context(broker)
         self.listener = listener
         self.max_packet_size = listener.max_packet_size or self.ctx.config.mqtt.max_packet_size
         self.active = 0

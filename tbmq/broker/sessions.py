@@ -12,6 +12,7 @@ from twisted.logger import Logger
 
 from tbmq.broker.session import EXPIRY_NEVER, Session, SessionContext
 from tbmq.cluster.records import UNCLAIMED, SessionInfo, WillRecord
+from tbmq.errors import BusClosedError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, SubscriptionOptions
 from tbmq.mqtt import MQTT_5, Property
@@ -61,25 +62,63 @@ class SessionManager:
         self.events = events
         self.service_id = service_id
         self.sessions: dict[str, Session] = sessions
+        # the persistent sessions created here since the start, by the
+        # address their client connected from (mqtt.max_persistent_sessions_per_address)
+        self._origin: dict[str, str] = {}
+        self._by_address: dict[str, set[str]] = {}
 
     # -- connect ---------------------------------------------------------------
 
-    def expiry_for(self, connect) -> int:
-        """The session expiry interval granted, in seconds, capped by
-        ``mqtt.max_session_expiry_interval``; a v3 persistent session never
-        expires unless the cap says so."""
-        cap = self.mqtt.max_session_expiry_interval
+    def expiry_for(self, connect, cap: int | None = None) -> int:
+        """The session expiry interval granted, in seconds.
+
+        :param cap: the longest granted (an anonymous client's is lower);
+            ``mqtt.max_session_expiry_interval`` when None.  A v3
+            persistent session gets the cap (4294967295: it never expires).
+        """
+        if cap is None:
+            cap = self.mqtt.max_session_expiry_interval
         if connect.protocol_level < MQTT_5:
             asked = 0 if connect.clean_start else EXPIRY_NEVER
         else:
             asked = connect.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
         return min(asked, cap)
 
-    def connect(self, conn, connect, client_type: ClientType) -> defer.Deferred:
+    def known(self, client_id: str) -> bool:
+        """:returns: True when a session of ``client_id`` exists, on this
+        node or another (a CONNECT for it resumes or replaces it)."""
+        return client_id in self.sessions or self.registry.get(client_id) is not None
+
+    def persistent_from(self, address: str) -> int:
+        """:returns: the persistent sessions that clients connecting from
+        ``address`` created on this node since it started and that have
+        not ended."""
+        return len(self._by_address.get(address, ()))
+
+    def _track_origin(self, client_id: str, address: str | None) -> None:
+        self._forget_origin(client_id)
+        if address is not None:
+            self._origin[client_id] = address
+            self._by_address.setdefault(address, set()).add(client_id)
+
+    def _forget_origin(self, client_id: str) -> None:
+        address = self._origin.pop(client_id, None)
+        if address is not None:
+            held = self._by_address[address]
+            held.discard(client_id)
+            if not held:
+                del self._by_address[address]
+
+    def connect(self, conn, connect, client_type: ClientType, expiry_cap: int | None = None,
+                address: str | None = None) -> defer.Deferred:
         """Ask the cluster for the session of ``connect.client_id`` (a
         session event, :mod:`tbmq.cluster.session_events`), then bind
         ``conn`` to it.
 
+        :param expiry_cap: the longest session expiry interval granted,
+            seconds; ``mqtt.max_session_expiry_interval`` when None.
+        :param address: the client's network address: a persistent session
+            it creates counts towards :meth:`persistent_from`.
         :returns: a Deferred firing with ``(session, session_present)``, or
             failing when the cluster did not answer.
         """
@@ -87,11 +126,12 @@ class SessionManager:
         d = self.events.request_connect(
             connect.client_id, uuid.uuid4().hex, clean_start=connect.clean_start,
             persistent=persistent, client_type=client_type,
-            session_expiry_interval=self.expiry_for(connect),
+            session_expiry_interval=self.expiry_for(connect, expiry_cap),
             protocol_level=connect.protocol_level)
-        return d.addCallback(self._open, conn, connect, client_type)
+        return d.addCallback(self._open, conn, connect, client_type, expiry_cap, address)
 
-    def _open(self, response, conn, connect, client_type: ClientType) -> tuple[Session, bool]:
+    def _open(self, response, conn, connect, client_type: ClientType,
+              expiry_cap: int | None = None, address: str | None = None) -> tuple[Session, bool]:
         """Bind ``conn`` to the session the cluster answered about.
 
         A session still connected here is taken over: its connection gets
@@ -137,13 +177,15 @@ class SessionManager:
         elif response.session is not None:
             existing = self._adopt(response)
         persistent = is_persistent(connect)
-        expiry = self.expiry_for(connect)
+        expiry = self.expiry_for(connect, expiry_cap)
         present = existing is not None
         if existing is None:
             session = Session(self.ctx, client_id, persistent=persistent,
                               expiry_interval=expiry, protocol_level=connect.protocol_level,
                               client_type=client_type)
             self.sessions[client_id] = session
+            if persistent:
+                self._track_origin(client_id, address)
         else:
             # a resumed persistent session asked for expiry 0 stays stored
             # until this connection ends, then ends [MQTT-3.1.2-23]
@@ -167,7 +209,7 @@ class SessionManager:
         client_id = info.client_id
         if not response.session_present:
             if self.book.of(client_id):
-                self.book.put(client_id, {})
+                self._put_subscriptions(client_id, {})
             if info.persistent:
                 self.device_store.clear(client_id)
             return None
@@ -206,6 +248,7 @@ class SessionManager:
         self._cancel_timers(session)
         session.will = None
         del self.sessions[client_id]
+        self._forget_origin(client_id)
 
     def take_over(self, info) -> None:
         """The node that held ``info`` (a
@@ -229,8 +272,8 @@ class SessionManager:
             if info.will is not None:
                 self.publish_will(client_id, info.will)
             if self.book.of(client_id):
-                self.book.put(client_id, {})
-            self.registry.remove(client_id)
+                self._put_subscriptions(client_id, {})
+            self._remove_info(client_id)
             self.hooks.session_expired(client_id)
             return
         session = self._rebuilt(info)
@@ -253,20 +296,49 @@ class SessionManager:
         if session is not None and session.session_id == current.session_id:
             self.publish_info(session)
 
+    def _logged(self, result, what: str, client_id: str):
+        """Log the failure of a record published without waiting for it (a
+        bus stopped under it, at shutdown, is no error: the record last
+        stored stands, and a restart reads the session as offline).
+
+        :returns: ``result``, its failure handled.
+        """
+        if isinstance(result, defer.Deferred):
+            def failed(failure):
+                if failure.check(BusClosedError):
+                    self.log.debug("{what} of {client_id} not recorded: the bus stopped",
+                                   what=what, client_id=client_id)
+                else:
+                    self.log.warn("{what} of {client_id} not recorded: {error}", what=what,
+                                  client_id=client_id, error=failure.getErrorMessage())
+
+            result.addErrback(failed)
+        return result
+
+    def _put_subscriptions(self, client_id: str, subscriptions: dict):
+        return self._logged(self.book.put(client_id, subscriptions), "the subscriptions",
+                            client_id)
+
+    def _remove_info(self, client_id: str):
+        return self._logged(self.registry.remove(client_id), "the end of the session",
+                            client_id)
+
     def publish_info(self, session: Session):
         """Tell the cluster where ``session`` is and what it is
         (``tbmq.client.session``).
 
-        :returns: the bus's publish result.
+        :returns: the bus's publish result (a failure is logged, not
+            passed on).
         """
         will = session.will
-        return self.registry.put(SessionInfo(
+        return self._logged(self.registry.put(SessionInfo(
             session.client_id, self.service_id, session.session_id,
             session.connection is not None, session.persistent, session.client_type,
             session.expiry_interval, session.protocol_level, session.connected_at,
             session.disconnected_at, self.clock.seconds(),
             None if will is None else WillRecord(will.topic, will.payload, will.qos,
-                                                 will.retain, dict(will.properties))))
+                                                 will.retain, dict(will.properties)))),
+            "the session record", session.client_id)
 
     def save(self, session: Session):
         """Publish the subscriptions of ``session`` (``tbmq.client.subscriptions``).
@@ -371,13 +443,14 @@ class SessionManager:
         had = bool(session.subscriptions)
         session.subscriptions.clear()
         if had:
-            self.book.put(session.client_id, {})
+            self._put_subscriptions(session.client_id, {})
         session.discard()
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+            self._forget_origin(session.client_id)
         info = self.registry.get(session.client_id)
         if info is not None and info.session_id == session.session_id:
-            self.registry.remove(session.client_id)
+            self._remove_info(session.client_id)
         self.hooks.session_expired(session.client_id)
 
     # -- restart -----------------------------------------------------------------
@@ -403,9 +476,9 @@ class SessionManager:
             if not mine or info.client_id in self.sessions:
                 continue
             if not info.persistent:
-                self.registry.remove(info.client_id)
+                self._remove_info(info.client_id)
                 if self.book.of(info.client_id):
-                    self.book.put(info.client_id, {})
+                    self._put_subscriptions(info.client_id, {})
                 continue
             session = self._rebuilt(info)
             session.session_id = info.session_id

@@ -395,6 +395,10 @@ class Decoder:
         included (``Maximum Packet Size``, section 3.1.2.11.4); a larger one
         raises :class:`MalformedPacket` with 0x95 as soon as its fixed header
         is read, before its body is buffered.
+    :param max_connect_size: server side: the largest packet accepted until
+        a CONNECT is decoded (the lower of it and ``max_packet_size``
+        applies), so a connection not yet known buffers no more than this;
+        None: ``max_packet_size``.
     :param protocol_level: the level to decode with, or None. A server-side
         decoder sets it from the CONNECT it decodes; a client-side decoder is
         told it by the caller (None is read as 4).
@@ -404,16 +408,18 @@ class Decoder:
     raises again (the connection is to be closed, section 4.13).
     """
 
-    __slots__ = ("max_packet_size", "protocol_level", "server_side", "_buffer", "_need", "_connect_seen",
-                 "_error", "_topics")
+    __slots__ = ("max_packet_size", "max_connect_size", "protocol_level", "server_side", "_buffer",
+                 "_need", "_connect_seen", "_error", "_topics")
 
     def __init__(
         self,
         max_packet_size: int = MAX_PACKET_SIZE,
         protocol_level: int | None = None,
         server_side: bool = True,
+        max_connect_size: int | None = None,
     ) -> None:
         self.max_packet_size = max_packet_size
+        self.max_connect_size = max_connect_size
         self.protocol_level = protocol_level
         self.server_side = server_side
         self._buffer = bytearray()
@@ -450,12 +456,22 @@ class Decoder:
             buf.clear()
             raise
 
+    @property
+    def pending(self) -> int:
+        """Bytes of a packet not complete yet (buffered)."""
+        return len(self._buffer)
+
     def _parse(self, data: bytes) -> list[Packet]:
         packets: list[Packet] = []
         n = len(data)
         pos = 0
         need = 0
         max_size = self.max_packet_size
+        before_connect = (self.server_side and not self._connect_seen
+                          and self.max_connect_size is not None
+                          and self.max_connect_size < max_size)
+        if before_connect:
+            max_size = self.max_connect_size
         try:
             while pos < n:
                 # Fixed header: type/flags byte and Remaining Length (2.1.4).
@@ -487,8 +503,9 @@ class Decoder:
                     body = i
                 end = body + length
                 if end - pos > max_size:
+                    what = "the maximum CONNECT size" if before_connect else "the maximum packet size"
                     raise MalformedPacket(
-                        f"packet of {end - pos} bytes exceeds the maximum packet size {max_size}",
+                        f"packet of {end - pos} bytes exceeds {what} {max_size}",
                         _PACKET_TOO_LARGE,
                     )
                 if end > n:
@@ -496,6 +513,9 @@ class Decoder:
                     break
                 packets.append(self._decode(data[pos], data, body, end))
                 pos = end
+                if before_connect and self._connect_seen:
+                    before_connect = False
+                    max_size = self.max_packet_size
         except MalformedPacket as exc:
             exc.packets = packets
             raise

@@ -5,7 +5,6 @@ reason code or behaviour asserted."""
 from __future__ import annotations
 
 import pytest
-from twisted.logger import formatEvent, globalLogPublisher
 
 from tbmq.mqtt import (
     Connack, Connect, Disconnect, Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback,
@@ -18,19 +17,6 @@ from tests.helpers import Harness
 @pytest.fixture
 def h():
     return Harness()
-
-
-@pytest.fixture
-def log():
-    """The text of the log events emitted during the test."""
-    events: list[str] = []
-
-    def observe(event):
-        events.append(formatEvent(event))
-
-    globalLogPublisher.addObserver(observe)
-    yield events
-    globalLogPublisher.removeObserver(observe)
 
 
 def sub(client, *filters, qos=1, pid=1):

@@ -6,7 +6,6 @@ StringTransport and iosim loopbacks on a task.Clock."""
 from __future__ import annotations
 
 import base64
-import types
 import hashlib
 
 import pytest
@@ -20,7 +19,7 @@ from twisted.python.failure import Failure
 from twisted.test import iosim
 
 from tbmq import listeners
-from tbmq.broker.protocol import MQTTFactory, MQTTProtocol
+from tbmq.broker.protocol import ConnectionContext, MQTTFactory, MQTTProtocol
 from tbmq.config import load_config
 from tbmq.errors import ConfigError
 from tbmq.listeners import (
@@ -719,8 +718,9 @@ def test_listen_uses_the_configured_backlog():
 
     fake = Reactor()
     fake.listenTCP = listenTCP
-    broker = type("B", (), {"config": config, "connection_context":
-                            lambda self: types.SimpleNamespace(config=config)})()
+    context = ConnectionContext(clock=reactor, config=config, hooks=None, sessions=None,
+                                connections=set(), flusher=None, credentials=None)
+    broker = type("B", (), {"config": config, "connection_context": lambda self: context})()
     d = listeners.listen(broker, config.listeners[0], fake)
     results = []
     d.addBoth(results.append)
