@@ -101,6 +101,7 @@ class CountingPublisher:
         self.refused: int = 0
         self.sent = 0
         self._mids: dict[int, int] = {}
+        self._early: dict[int, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -128,15 +129,19 @@ class CountingPublisher:
                     return
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        code = getattr(reason_code, "value", reason_code)
         with self._lock:
             n = self._mids.pop(mid, None)
             if n is None:
+                self._early[mid] = code  # acknowledged before _run recorded it
                 return
-            code = getattr(reason_code, "value", reason_code)
-            if code is None or code < 0x80:
-                self.acked.add(n)
-            else:
-                self.refused += 1
+            self._record(n, code)
+
+    def _record(self, n: int, code) -> None:
+        if code is None or code < 0x80:
+            self.acked.add(n)
+        else:
+            self.refused += 1
 
     def _run(self) -> None:
         n = 0
@@ -150,12 +155,18 @@ class CountingPublisher:
                 self.reconnects += 1
                 self._connect()
                 continue
-            with self._lock:
-                info = client.client.publish(self.topic, str(n).encode(), 1)
-                if info.rc == paho.MQTT_ERR_SUCCESS:
-                    self._mids[info.mid] = n
+            # not under self._lock: paho's thread takes it in _on_publish
+            # while holding paho's own lock, which publish() also takes
+            info = client.client.publish(self.topic, str(n).encode(), 1)
+            if info.rc == paho.MQTT_ERR_SUCCESS:
+                with self._lock:
                     self.sent += 1
-                    n += 1
+                    code = self._early.pop(info.mid, None)
+                    if code is None:
+                        self._mids[info.mid] = n
+                    else:
+                        self._record(n, code)
+                n += 1
             time.sleep(interval)
 
     def stop(self, drain: float = 10.0) -> None:
