@@ -26,18 +26,34 @@ pytestmark = pytest.mark.timeout(600)
 APP_USER, APP_PASSWORD = "app-user", "app-secret"
 
 
+#: (Kafka driver, device store) of each cluster the module runs
+SETUPS = [("kafka-python", "redis"), ("confluent", "postgres")]
+
+
+@pytest.fixture(scope="module", params=SETUPS, ids=[f"{d}+{s}" for d, s in SETUPS])
+def setup(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def services(kafka_bootstrap, redis_url, postgres_dsn):
+def services(setup, kafka_bootstrap, redis_url, postgres_dsn):
     return Services(kafka_bootstrap, redis_url, new_database(postgres_dsn), f"c{uid()[:8]}")
 
 
 @pytest.fixture(scope="module")
-def nodes(services, tmp_path_factory):
-    """Nodes A and B (C joins in a test); stopped at the end of the module."""
+def nodes(setup, services, tmp_path_factory):
+    """Nodes A and B (C joins in a test); stopped when the module's tests of
+    this setup are done."""
+    driver, device_store = setup
     workdir = tmp_path_factory.mktemp("cluster")
-    started: dict[str, ClusterNode] = {}
-    a = ClusterNode(workdir, services, "node-a")
-    b = ClusterNode(workdir, services, "node-b")
+    started: dict = {"setup": setup}
+
+    def node(service_id: str) -> ClusterNode:
+        return ClusterNode(workdir, services, service_id, driver, device_store)
+
+    started["node"] = node
+    a = node("node-a")
+    b = node("node-b")
     started["a"], started["b"] = a.start(), b.start()
     started["workdir"] = workdir
     _add_application_credentials(services, workdir)
@@ -136,13 +152,13 @@ def test_a_session_is_taken_over_across_nodes(nodes):
         c.close()
 
 
-def test_a_node_that_joins_serves_existing_subscriptions_and_retained_messages(nodes, services):
+def test_a_node_that_joins_serves_existing_subscriptions_and_retained_messages(nodes):
     topic = f"join/{uid()}"
     watcher = _client(nodes["a"], f"w-{uid()}", clean_start=False, session_expiry=300)
     assert watcher.subscribe(topic + "/#", qos=1) == [1]
     _client(nodes["b"]).publish(topic + "/kept", b"retained", qos=1, retain=True)
     assert watcher.get().payload == b"retained"
-    c = ClusterNode(nodes["workdir"], services, "node-c")
+    c = nodes["node"]("node-c")
     nodes["c"] = c.start()
     late = _client(c)
     late.subscribe(topic + "/#", qos=1)
@@ -155,6 +171,7 @@ def test_a_node_that_joins_serves_existing_subscriptions_and_retained_messages(n
         x.close()
 
 
+@pytest.mark.timeout(240)
 def test_a_node_killed_under_qos1_load_loses_no_acknowledged_message(nodes, capsys):
     """SIGKILL node A while publishers on A and C send QoS 1 and persistent
     subscribers on A and B receive: the clients of A reconnect to the
@@ -203,17 +220,21 @@ def test_a_node_killed_under_qos1_load_loses_no_acknowledged_message(nodes, caps
             assert not missing, "\n".join(report) + f"\nmissing: {missing[:20]}"
         s.close()
     with capsys.disabled():  # the counts belong in the test run's output
-        print("\nnode A killed under QoS 1 load:\n  " + "\n  ".join(report))
+        print(f"\nnode A killed under QoS 1 load ({' + '.join(nodes['setup'])}):\n  "
+              + "\n  ".join(report))
     assert all(len(p.acked) > 100 for p in publishers.values()), report
 
 
-def _drain(client: PahoClient, settle: float = 0.0) -> list:
+def _drain(client: PahoClient, settle: float = 0.0, limit: float = 120.0) -> list:
     """Everything ``client`` received, waiting until nothing came for
-    ``settle`` seconds (or not at all)."""
+    ``settle`` seconds (or not at all), for ``limit`` seconds at most."""
     out = []
-    while True:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
         try:
             out.append(client.messages.get(timeout=settle) if settle else
                        client.messages.get_nowait())
         except queue.Empty:
             return out
+    raise AssertionError(f"{client.client_id} still receiving after {limit} s "
+                         f"({len(out)} messages)")
