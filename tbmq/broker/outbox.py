@@ -579,6 +579,39 @@ class Outbox:
 
         d.addCallbacks(loaded, failed)
 
+    def _catch_up(self, conn) -> None:
+        """Read the store for queued deliveries this connection has not seen
+        (below the last seq it saw, neither in flight nor queued) and send
+        them: a node whose registry still placed the client elsewhere stored
+        them and forwarded them there.  Per-client store calls apply in
+        order, so the removals of completed deliveries, issued first, are
+        not read back."""
+        if self.connection is not conn or conn is None or self.paged_out or self._loading:
+            return
+        self._remove_completed()
+        seen = {d.seq for d in self.inflight.values()}
+        seen.update(d.seq for d in self.queue)
+        last = self._last_seq
+        d = self.ctx.device_store.load(self.client_id, limit=self.queue_limit)
+
+        def loaded(deliveries):
+            if self.connection is not conn:
+                return
+            seen.update(d.seq for d in self.inflight.values())
+            seen.update(d.seq for d in self.queue)
+            missed = [d for d in deliveries if d.seq <= last and d.seq not in seen
+                      and d.state == DeliveryState.QUEUED]
+            if missed:
+                self.log.info("{client_id}: {n} stored deliveries caught up",
+                              client_id=self.client_id, n=len(missed))
+                now = self.ctx.clock.seconds()
+                for delivery in missed:
+                    self._offer(delivery, None, now, None, conn)
+
+        d.addCallbacks(loaded, lambda f: self.log.warn(
+            "catching up the stored deliveries of {client_id} failed: {error}",
+            client_id=self.client_id, error=f.getErrorMessage()))
+
     def _take(self, delivery: StoredDelivery) -> None:
         """Put a delivery read from the store where its state says."""
         if delivery.seq > self._last_seq:
@@ -706,10 +739,16 @@ class Outbox:
 
     # -- life cycle ------------------------------------------------------------------------------
 
+    #: seconds after a persistent session resumed when it reads the device
+    #: store again for deliveries it has not seen: written there by nodes
+    #: that still located the client on its old node (their downlink went
+    #: there), after the session's first read
+    CATCH_UP_AFTER = (1.0, 4.0, 12.0)
+
     def resume_outbox(self) -> None:
         """After CONNACK: resend what is in flight with DUP set, in order
         [MQTT-4.4.0-1], then send the queue; a persistent session reads its
-        deliveries from the store first."""
+        deliveries from the store first, and again :data:`CATCH_UP_AFTER`."""
         if self.persistent:
             self.inflight.clear()
             self.queue.clear()
@@ -717,6 +756,9 @@ class Outbox:
             self._last_seq = 0
             self.paged_out = True
             self._page_in()
+            conn = self.connection
+            for delay in self.CATCH_UP_AFTER:
+                self.ctx.clock.callLater(delay, self._catch_up, conn)
             return
         for delivery in list(self.inflight.values()):
             self._resend(delivery)

@@ -176,11 +176,20 @@ class PersistedWriter:
         if session is not None and session.connection is not None:
             session.deliver_stored(stored, None, now, self.consumer)
             return result
-        where = self.locate(d.client_id)
-        if where is not None and where != self.service_id:
-            d.seq = stored.seq
-            result.addCallback(lambda _: self.bus.publish(self.downlink_topic(where),
-                                                          d.client_id, d))
+        d.seq = stored.seq
+
+        def forward(_):
+            # located once stored: a session that connects later reads it there
+            where = self.locate(d.client_id)
+            if where is not None and where != self.service_id:
+                return self.bus.publish(self.downlink_topic(where), d.client_id, d)
+            if where == self.service_id:
+                here = self.sessions.get(d.client_id)
+                if here is not None and here.connection is not None:
+                    here.deliver_stored(stored, None, self.clock.seconds(), self.consumer)
+            return None
+
+        result.addCallback(forward)
         return result
 
 

@@ -18,7 +18,7 @@ from tbmq.broker.protocol import MQTTFactory
 from tbmq.cluster.sinks import DownlinkSink
 from tbmq.config import load_config
 from tbmq.hookspecs import hookimpl
-from tbmq.model import ClientType
+from tbmq.model import ClientType, Message, StoredDelivery
 from tbmq.mqtt import (
     Disconnect, Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, Subscribe,
     SubscriptionRequest, Will,
@@ -345,3 +345,27 @@ def test_a_late_disconnect_of_a_replaced_connection_does_not_undo_the_takeover(c
     # and node B said it again: the last record of the key is right
     assert (last["late"].session_id, last["late"].connected) == (current, True)
     old.lose()
+
+
+def test_a_resumed_session_catches_up_what_a_stale_node_stored_and_sent_elsewhere(cluster):
+    expiry = {Property.SESSION_EXPIRY_INTERVAL: 300}
+    first = cluster.a.client("late-dev", level=5, clean_start=False, properties=expiry)
+    sub(first, "cmd/late", qos=1)
+    first.lose()
+    publisher = cluster.b.client("pub-late")
+    publisher.send(Publish("cmd/late", b"live", qos=1, packet_id=1))
+    publisher.received()
+    again = cluster.b.client("late-dev", level=5, clean_start=False, properties=expiry)
+    got = again.pending + again.received()
+    assert [m.payload for m in got] == [b"live"]
+    again.send(Puback(got[0].packet_id))
+    # a writer that still located the client on node A stored this one
+    # (older than what the session read) after the session's first read,
+    # and sent it to node A's downlink
+    seq = cluster.b.broker.sessions.sessions["late-dev"]._last_seq - 1
+    cluster.device_store.add("late-dev", [StoredDelivery(
+        seq, Message("cmd/late", b"stale", 1), 1, False, ())])
+    cluster.clock.advance(1.0)
+    assert [m.payload for m in again.received()] == [b"stale"]
+    cluster.clock.advance(12.0)
+    assert again.received() == []  # caught up once: not again
