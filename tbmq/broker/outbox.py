@@ -30,11 +30,13 @@ held for long"):
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import OrderedDict, deque
 
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from tbmq.broker.traffic import LATENCY_BOUNDS
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
@@ -434,6 +436,13 @@ class Outbox:
             return None
         if aliases is not None:
             aliases.sent(message.topic, alias, known)
+        traffic = self.ctx.traffic
+        traffic.sent[qos] += 1
+        traffic.sent_bytes[qos] += len(data)
+        if not (dup or retain):  # not a resend, not a retained message replayed
+            latency = now - message.received_at
+            traffic.latency[bisect_left(LATENCY_BOUNDS, latency)] += 1
+            traffic.latency_sum += latency
         return data
 
     def _overflow(self, message: Message) -> None:
