@@ -87,7 +87,16 @@ def make_site(registry, api, auth, metrics_auth: bool = False) -> server.Site:
                                  ".css": "text/css; charset=utf-8",
                                  ".svg": "image/svg+xml"})
     root.putChild(b"console", console)
-    site = server.Site(root)
+    site = QuietSite(root)
     site.displayTracebacks = False
     site.noisy = False
     return site
+
+
+class QuietSite(server.Site):
+    """A site that writes no access log line per request (Prometheus
+    scrapes and the console's polls would fill the log; changes are logged
+    by the API with the user who made them)."""
+
+    def log(self, request) -> None:
+        pass
