@@ -24,7 +24,6 @@ import json
 import time
 from collections import deque
 from typing import Any
-from urllib.parse import unquote
 
 from twisted.internet import defer, task
 from twisted.logger import Logger
@@ -168,10 +167,9 @@ class AdminApi(resource.Resource):
 
     async def _dispatch(self, request) -> tuple[int, Any]:
         try:
-            # request.postpath is split on "/" before percent-decoding: a
-            # client id "a/b" arrives whole as "a%2Fb"
-            segments = [unquote(s.decode("latin-1"), encoding="utf-8", errors="strict")
-                        for s in request.postpath]
+            # twisted.web splits the path on "/" before percent-decoding
+            # each segment: a client id "a/b" sent as "a%2Fb" arrives whole
+            segments = [s.decode("utf-8") for s in request.postpath]
         except UnicodeDecodeError:
             raise ApiError(400, "the path is not UTF-8") from None
         if segments and segments[-1] == "":
