@@ -70,6 +70,7 @@ document.addEventListener("alpine:init", () => {
       const name = (location.hash || "#/dashboard").replace(/^#\//, "").split("?")[0];
       this.view = this.titles[name] ? name : "dashboard";
       this.error = "";
+      this.notice = "";
       if (this.token) this.load();
     },
 
