@@ -239,7 +239,31 @@ class NodeStats:
         }
 
 
-class History:
+class Periodic:
+    """Something done every ``interval`` seconds on ``clock``
+    (:meth:`tick`), from :meth:`start` until :meth:`stop`."""
+
+    interval: float
+    clock: object
+    _loop: task.LoopingCall | None = None
+
+    def start(self) -> None:
+        """Tick now and every ``interval`` seconds."""
+        self._loop = task.LoopingCall(self.tick)
+        self._loop.clock = self.clock
+        self._loop.start(self.interval, now=True).addErrback(
+            lambda f: log.failure("{what} stopped", f, what=type(self).__name__))
+
+    def stop(self) -> None:
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+
+class History(Periodic):
     """Per-second rates of the node's figures over the last minutes, for
     the console's charts (sampled every ``interval`` seconds, never on the
     message path).
@@ -262,21 +286,8 @@ class History:
         self.interval = interval
         self.points: deque = deque(maxlen=size)
         self._last: tuple | None = None
-        self._loop: task.LoopingCall | None = None
 
-    def start(self) -> None:
-        """Sample now and every ``interval`` seconds."""
-        self._loop = task.LoopingCall(self.sample)
-        self._loop.clock = self.clock
-        self._loop.start(self.interval, now=True).addErrback(
-            lambda f: log.failure("metrics history stopped", f))
-
-    def stop(self) -> None:
-        if self._loop is not None and self._loop.running:
-            self._loop.stop()
-        self._loop = None
-
-    def sample(self) -> None:
+    def tick(self) -> None:
         """Take one point."""
         stats = self.stats
         traffic = stats.traffic()

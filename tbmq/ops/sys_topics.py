@@ -38,21 +38,16 @@ from __future__ import annotations
 
 import math
 
-from twisted.internet import task
-from twisted.logger import Logger
-
 from tbmq.broker.router import SharedGroup
-from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import Message
-
-log = Logger(observer=LOG_OBSERVER)
+from tbmq.ops.stats import Periodic
 
 PREFIX = "$SYS/broker/"
 #: the windows of the load averages, in seconds, by topic suffix
 LOAD_WINDOWS = (("1min", 60.0), ("5min", 300.0), ("15min", 900.0))
 
 
-class SysTopics:
+class SysTopics(Periodic):
     """Publishes the ``$SYS/broker/...`` topics of one node.
 
     :param stats: the node's :class:`tbmq.ops.stats.NodeStats`.
@@ -73,19 +68,6 @@ class SysTopics:
         self.published: dict[str, bytes] = {}
         self._loads: dict[str, float] = {}
         self._last: dict[str, float] | None = None
-        self._loop: task.LoopingCall | None = None
-
-    def start(self) -> None:
-        """Publish now and every ``interval`` seconds."""
-        self._loop = task.LoopingCall(self.tick)
-        self._loop.clock = self.clock
-        self._loop.start(self.interval, now=True).addErrback(
-            lambda f: log.failure("$SYS publishing stopped", f))
-
-    def stop(self) -> None:
-        if self._loop is not None and self._loop.running:
-            self._loop.stop()
-        self._loop = None
 
     def values(self) -> dict[str, str]:
         """:returns: topic (without ``$SYS/broker/``) → value now, the load

@@ -118,6 +118,28 @@ document.addEventListener("alpine:init", () => {
       return data;
     },
 
+    async loadWith(work) {
+      this.loading = true;
+      try {
+        await work();
+      } catch (e) {
+        this.fail(e);
+      } finally {
+        this.loading = false;
+      }
+    },
+
+    // a change: ``work()``, then the notice ``message(answer)`` and ``then()``
+    async act(work, message, then) {
+      try {
+        const answer = await work();
+        this.flash(message(answer));
+        await then();
+      } catch (e) {
+        this.fail(e);
+      }
+    },
+
     fail(e) {
       if (e.status === 401) return;
       this.error = e.message + (e.details && e.details.length ? " — " + e.details.join("; ") : "");
@@ -213,21 +235,16 @@ document.addEventListener("alpine:init", () => {
 
     // -- sessions -------------------------------------------------------------------
 
-    async loadSessions() {
-      this.loading = true;
+    loadSessions() {
       const q = new URLSearchParams({offset: this.sessionQuery.offset, limit: 50});
       if (this.sessionQuery.q) q.set("q", this.sessionQuery.q);
       if (this.sessionQuery.connected) q.set("connected", this.sessionQuery.connected);
-      try {
+      return this.loadWith(async () => {
         this.sessions = await this.api("GET", "/api/sessions?" + q);
         if (this.selected && !this.sessions.items.some(s => s.client_id === this.selected.session.client_id)) {
           this.selected = null;
         }
-      } catch (e) {
-        this.fail(e);
-      } finally {
-        this.loading = false;
-      }
+      });
     },
 
     async showSession(clientId) {
@@ -238,39 +255,29 @@ document.addEventListener("alpine:init", () => {
       }
     },
 
-    async disconnectSession(clientId) {
-      try {
-        const answer = await this.api("POST", "/api/sessions/" + encodeURIComponent(clientId) + "/disconnect");
-        this.flash(clientId + (answer.status === "disconnected" ? " disconnected" : " is being disconnected"));
-        await this.loadSessions();
-        await this.showSession(clientId).catch(() => { this.selected = null; });
-      } catch (e) {
-        this.fail(e);
-      }
+    disconnectSession(clientId) {
+      return this.act(
+        () => this.api("POST", "/api/sessions/" + encodeURIComponent(clientId) + "/disconnect"),
+        answer => clientId + (answer.status === "disconnected" ? " disconnected" : " is being disconnected"),
+        async () => {
+          await this.loadSessions();  // a non-persistent session ends with its connection
+          if (this.sessions.items.some(s => s.client_id === clientId)) await this.showSession(clientId);
+        });
     },
 
-    async removeSession(clientId) {
-      try {
-        await this.api("DELETE", "/api/sessions/" + encodeURIComponent(clientId));
-        this.flash("session " + clientId + " removed");
-        this.selected = null;
-        await this.loadSessions();
-      } catch (e) {
-        this.fail(e);
-      }
+    removeSession(clientId) {
+      return this.act(
+        () => this.api("DELETE", "/api/sessions/" + encodeURIComponent(clientId)),
+        () => "session " + clientId + " removed",
+        () => { this.selected = null; return this.loadSessions(); });
     },
 
     // -- credentials ------------------------------------------------------------------
 
-    async loadCredentials() {
-      this.loading = true;
-      try {
+    loadCredentials() {
+      return this.loadWith(async () => {
         this.credentials = (await this.api("GET", "/api/credentials")).items;
-      } catch (e) {
-        this.fail(e);
-      } finally {
-        this.loading = false;
-      }
+      });
     },
 
     editCredentials(c) {
@@ -332,53 +339,37 @@ document.addEventListener("alpine:init", () => {
       }
     },
 
-    async deleteCredentials(c) {
-      try {
-        await this.api("DELETE", "/api/credentials/" + encodeURIComponent(c.id));
-        this.flash("deleted " + c.name);
-        await this.loadCredentials();
-      } catch (e) {
-        this.fail(e);
-      }
+    deleteCredentials(c) {
+      return this.act(() => this.api("DELETE", "/api/credentials/" + encodeURIComponent(c.id)),
+                      () => "deleted " + c.name, () => this.loadCredentials());
     },
 
     // -- retained messages -------------------------------------------------------------
 
-    async loadRetained() {
-      this.loading = true;
+    loadRetained() {
       const q = new URLSearchParams({filter: this.retainedQuery.filter || "#",
                                      offset: this.retainedQuery.offset, limit: 50});
-      try {
-        this.retained = await this.api("GET", "/api/retained?" + q);
-      } catch (e) {
-        this.retained = {items: [], total: 0, offset: 0, limit: 50};
-        this.fail(e);
-      } finally {
-        this.loading = false;
-      }
+      return this.loadWith(async () => {
+        try {
+          this.retained = await this.api("GET", "/api/retained?" + q);
+        } catch (e) {
+          this.retained = {items: [], total: 0, offset: 0, limit: 50};  // no stale rows
+          throw e;
+        }
+      });
     },
 
-    async deleteRetained(topic) {
-      try {
-        await this.api("DELETE", "/api/retained?" + new URLSearchParams({topic}));
-        this.flash("deleted the retained message of " + topic);
-        await this.loadRetained();
-      } catch (e) {
-        this.fail(e);
-      }
+    deleteRetained(topic) {
+      return this.act(() => this.api("DELETE", "/api/retained?" + new URLSearchParams({topic})),
+                      () => "deleted the retained message of " + topic, () => this.loadRetained());
     },
 
     // -- nodes --------------------------------------------------------------------------
 
-    async loadNodes() {
-      this.loading = true;
-      try {
+    loadNodes() {
+      return this.loadWith(async () => {
         this.nodes = (await this.api("GET", "/api/nodes")).items;
-      } catch (e) {
-        this.fail(e);
-      } finally {
-        this.loading = false;
-      }
+      });
     },
 
     // -- helpers ---------------------------------------------------------------------
