@@ -387,3 +387,16 @@ def test_v5_publish_refused_code(admin, ops_broker, mqtt):
     wait_for(lambda: codes, what="the PUBACK")
     assert codes == [0x87]
     check(admin.request("DELETE", f"/api/credentials/{record['id']}"), 200)
+
+
+def test_a_removed_users_token_stops_working(ops_broker, reactor_thread):
+    from tests.integration.ops import add_admin
+
+    name = f"temp-{uid()[:6]}"
+    add_admin(ops_broker.data_dir, name, "temporary-pw-1", "viewer")
+    http = Http(reactor_thread, ops_broker.url)
+    http.login(name, "temporary-pw-1")
+    check(http.get("/api/auth/me"), 200, "User")
+    tbmq_cli(ops_broker.data_dir, "admin", "remove", name)
+    wait_for(lambda: http.get("/api/auth/me").status == 401, timeout=10, interval=0.25,
+             what="the token refused")
