@@ -348,9 +348,8 @@ class Session(Outbox):
                 del props[Property.TOPIC_ALIAS]
         message = Message(topic, packet.payload, qos, packet.retain,
                           props if v5 else {}, self.client_id, now, expires_at)
-        traffic = self.ctx.traffic
-        traffic.received[qos] += 1
-        traffic.received_bytes[qos] += len(packet.payload)
+        self._received[qos] += 1
+        self._received_bytes[qos] += len(packet.payload)
         hooks = self.ctx.hooks
         if hooks.wants_published:
             hooks.message_published(self, message)

@@ -32,10 +32,12 @@ class Traffic:
     :ivar latency: delivery latency histogram: ``latency[i]`` counts the
         deliveries whose latency is at most ``LATENCY_BOUNDS[i]`` and above
         the bound before it; the last entry counts those above every bound.
-        The latency of a delivery is the time from the receipt of the
-        PUBLISH (on whichever node) to the write of its copy to a
-        subscriber here, in seconds; retained messages replayed at
-        SUBSCRIBE and resends are not counted.
+        The latency is the time from the receipt of the PUBLISH (on
+        whichever node) to the encoding of its copy for a subscriber here,
+        in seconds: once per message and encoding, so the copies of a
+        fan-out that share one encoded PUBLISH are observed once (their
+        latency is the same); messages sent with RETAIN set and resends
+        are not counted.
     :ivar latency_sum: the sum of the latencies counted, seconds.
     :ivar bytes_read: bytes read from MQTT connections.
     :ivar bytes_written: bytes written to MQTT connections.

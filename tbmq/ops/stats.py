@@ -288,8 +288,12 @@ class History(Periodic):
         self._last: tuple | None = None
 
     def tick(self) -> None:
-        """Take one point."""
+        """Take one point (and start a sample of the bus's call latency,
+        :mod:`tbmq.ops.timing`)."""
         stats = self.stats
+        times = stats.broker.call_times
+        if times is not None:
+            times.sample()
         traffic = stats.traffic()
         now = stats.wall()
         totals = (now, sum(traffic.received), sum(traffic.sent), sum(stats.dropped().values()))

@@ -4,10 +4,11 @@ metrics (``tbmq_backend_call_seconds``).
 :func:`instrument` wraps each backend in a :class:`Timed` proxy that
 measures its storage calls from the call until the returned Deferred fires
 (a synchronous result: until the call returns).  The bus's ``publish``,
-called once per message, is timed for one call in
-:data:`BUS_PUBLISH_SAMPLE` only: the figures stay representative and the
-message path pays a counter increment.  The broker instruments its
-backends only when the HTTP listener is on.
+called once per message, is timed in samples: the proxy's ``publish`` is
+the bus's own bound method, and once every :data:`SAMPLE_INTERVAL` seconds
+the timed wrapper takes its place for the next :data:`SAMPLE_CALLS` calls,
+then gives it back; between samples the message path pays nothing.  The
+broker instruments its backends only when the HTTP listener is on.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from zope.interface import directlyProvides, providedBy
 CALL_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
-#: one ``publish`` in this many is timed
-BUS_PUBLISH_SAMPLE = 16
+#: seconds between two samples of the bus's ``publish``
+SAMPLE_INTERVAL = 1.0
+#: ``publish`` calls timed per sample
+SAMPLE_CALLS = 64
 
 #: the timed methods of each role (those of :mod:`tbmq.interfaces`)
 METHODS = {
@@ -57,10 +60,15 @@ class Buckets:
 
 
 class CallTimes:
-    """``(backend role, method)`` → :class:`Buckets`."""
+    """``(backend role, method)`` → :class:`Buckets`.
+
+    :ivar sample: ``sample()``: time the next calls of the bus's ``publish``
+        (see :func:`instrument`).
+    """
 
     def __init__(self) -> None:
         self.series: dict[tuple[str, str], Buckets] = {}
+        self.sample: Callable[[], None] = lambda: None
 
     def buckets(self, role: str, method: str) -> Buckets:
         key = (role, method)
@@ -70,23 +78,21 @@ class CallTimes:
         return found
 
 
-def _timed(call: Callable, buckets: Buckets, every: int) -> Callable:
+def _timed(call: Callable, buckets: Buckets, done: Callable | None = None) -> Callable:
+    """``call`` timed into ``buckets``; ``done()`` after each call, if given."""
     perf = time.perf_counter
-    seen = [0]
 
     def timed(*args: Any, **kwargs: Any) -> Any:
-        if every > 1:
-            seen[0] += 1
-            if seen[0] % every:
-                return call(*args, **kwargs)
+        if done is not None:
+            done()
         start = perf()
         result = call(*args, **kwargs)
         if isinstance(result, defer.Deferred):
-            def done(value: Any) -> Any:
+            def fired(value: Any) -> Any:
                 buckets.observe(perf() - start)
                 return value
 
-            result.addBoth(done)
+            result.addBoth(fired)
         else:
             buckets.observe(perf() - start)
         return result
@@ -106,18 +112,39 @@ class Timed:
 
     def __init__(self, target: Any, role: str, times: CallTimes) -> None:
         self._target = target
-        every = BUS_PUBLISH_SAMPLE if role == "bus" else 1
+        self._left = 0
+        self._sampled = None
         for name in METHODS[role]:
             method = getattr(target, name, None)
-            if callable(method):
-                setattr(self, name, _timed(method, times.buckets(role, name), every))
+            if not callable(method):
+                continue
+            if role == "bus":
+                # sampled: the bus's own method between samples
+                self._sampled = (name, method, _timed(method, times.buckets(role, name),
+                                                      self._count))
+                setattr(self, name, method)
+            else:
+                setattr(self, name, _timed(method, times.buckets(role, name)))
         directlyProvides(self, *providedBy(target))
+
+    def sample(self) -> None:
+        """Time the next :data:`SAMPLE_CALLS` calls of the sampled method."""
+        if self._sampled is not None:
+            name, _, timed = self._sampled
+            self._left = SAMPLE_CALLS
+            object.__setattr__(self, name, timed)
+
+    def _count(self) -> None:
+        self._left -= 1
+        if self._left <= 0:
+            name, method, _ = self._sampled
+            object.__setattr__(self, name, method)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._target, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "_target" or name in self.__dict__ or callable(value):
+        if name.startswith("_") or name in self.__dict__ or callable(value):
             object.__setattr__(self, name, value)
         else:
             setattr(self._target, name, value)
@@ -131,7 +158,9 @@ def instrument(bus, retained_store, device_store, credential_store) -> tuple:
     named by its first role).
 
     :returns: ``(CallTimes, (bus, retained_store, device_store,
-        credential_store))`` with the wrapped backends.
+        credential_store))`` with the wrapped backends; the
+        :class:`CallTimes`' ``sample()`` starts a sample of the bus's
+        ``publish`` (call it every :data:`SAMPLE_INTERVAL` seconds).
     """
     times = CallTimes()
     made: dict[int, Timed] = {}
@@ -143,4 +172,5 @@ def instrument(bus, retained_store, device_store, credential_store) -> tuple:
         if proxy is None:
             proxy = made[id(backend)] = Timed(backend, role, times)
         out.append(proxy)
+    times.sample = out[0].sample
     return times, tuple(out)
