@@ -1,12 +1,11 @@
-"""Operations of one node as a Twisted service, started once the broker
-listens: the ``$SYS`` topics (every ``sys_interval`` seconds), and, when
+"""Operations of one node, started by :class:`tbmq.service.BrokerService`
+once the broker listens: the ``$SYS`` topics (every ``sys_interval`` seconds), and, when
 ``http.endpoint`` is set, the HTTP listener with ``/metrics``, the admin API
 and the web console.
 """
 
 from __future__ import annotations
 
-from twisted.application import service
 from twisted.internet import endpoints
 from twisted.logger import Logger
 
@@ -26,7 +25,7 @@ def endpoint_string(endpoint: str) -> str:
     return endpoint
 
 
-class OpsService(service.Service):
+class OpsService:
     """The ``$SYS`` topics, the metrics and the admin API of a broker.
 
     :param broker: the :class:`tbmq.broker.broker.Broker`.

@@ -101,9 +101,10 @@ def _paging(request) -> tuple[int, int]:
     return values[0], values[1]
 
 
-def _page(items: list, offset: int, limit: int) -> dict:
-    return {"items": items[offset:offset + limit], "total": len(items), "offset": offset,
-            "limit": limit}
+def _page(found: list, offset: int, limit: int, as_json) -> dict:
+    """One page of ``found``, its items made JSON by ``as_json``."""
+    return {"items": [as_json(x) for x in found[offset:offset + limit]], "total": len(found),
+            "offset": offset, "limit": limit}
 
 
 def _subscription(topic_filter: str, options) -> dict:
@@ -276,9 +277,8 @@ class AdminApi(resource.Resource):
                         != client_type.upper())):
                 continue
             found.append(info)
-        page = found[offset:offset + limit]
-        return {"items": [_session(i, len(book.get(i.client_id, ()))) for i in page],
-                "total": len(found), "offset": offset, "limit": limit}
+        return _page(found, offset, limit,
+                     lambda info: _session(info, len(book.get(info.client_id, ()))))
 
     async def show_session(self, request, user, body, client_id):
         info = self._info(client_id)
@@ -348,8 +348,7 @@ class AdminApi(resource.Resource):
             raise ApiError(400, "a shared subscription is not a retained-message filter")
         offset, limit = _paging(request)
         messages = sorted(self.broker.router.retained_for(topic_filter), key=lambda m: m.topic)
-        return _page([_retained(m) for m in messages[offset:offset + limit]], 0, limit) | {
-            "total": len(messages), "offset": offset}
+        return _page(messages, offset, limit, _retained)
 
     async def delete_retained(self, request, user, body):
         topic = _text(request, "topic")
