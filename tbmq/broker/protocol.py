@@ -9,7 +9,7 @@ capabilities and answers bad input with the MQTT reason code; it never routes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet import defer, interfaces, protocol
@@ -20,7 +20,6 @@ from zope.interface import implementer
 from tbmq.auth import AuthRequest, AuthResult
 from tbmq.broker.connect import ConnectFlow
 from tbmq.broker.session import Session
-from tbmq.broker.traffic import Traffic
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.mqtt import (
@@ -43,8 +42,6 @@ class ConnectionContext:
     :ivar connections: the node's set of live connections.
     :ivar flusher: the :class:`tbmq.broker.outbound.TurnFlusher`.
     :ivar credentials: the :class:`tbmq.interfaces.ICredentialStore`.
-    :ivar traffic: the node's :class:`tbmq.broker.traffic.Traffic` counters
-        (bytes read and written).
     """
 
     clock: Any
@@ -54,7 +51,6 @@ class ConnectionContext:
     connections: set
     flusher: Any
     credentials: Any
-    traffic: Traffic = field(default_factory=Traffic)
 
 
 @implementer(interfaces.IPushProducer)
@@ -113,9 +109,9 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
 
     def dataReceived(self, data: bytes) -> None:
         """Decode a read and hand its packets on."""
+        self.ctx.sessions.ctx.traffic.bytes_read += len(data)  # the node's counters
         if self._closing:
             return
-        self.ctx.traffic.bytes_read += len(data)
         try:
             packets = self.decoder.feed(data)
         except MalformedPacket as e:
@@ -226,7 +222,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         transport = self.transport
         if transport is not None and transport.connected:
             data = out[0] if len(out) == 1 else b"".join(out)
-            self.ctx.traffic.bytes_written += len(data)
+            self.ctx.sessions.ctx.traffic.bytes_written += len(data)
             transport.write(data)
 
     def send(self, packet) -> None:
