@@ -1,4 +1,4 @@
-"""The admin users' store (SQLite): add, replace, list, remove, the login
+"""The admin users' store (SQLite and PostgreSQL): add, replace, list, remove, the login
 check and the token key, with the errors ``tbmq admin`` reports."""
 
 from __future__ import annotations
@@ -7,11 +7,17 @@ import pytest
 
 from tbmq.config import load_config
 from tbmq.ops.admins import AdminError, open_admin_store
+from tests.postgres import new_database
 
 
-@pytest.fixture
-def store(tmp_path):
-    return open_admin_store(load_config(None, environ={}, overrides={"data_dir": str(tmp_path)}))
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path):
+    """The embedded store, and PostgreSQL's (every node of a cluster shares it)."""
+    overrides = {"data_dir": str(tmp_path)}
+    if request.param == "postgres":
+        dsn = new_database(request.getfixturevalue("postgres_dsn"))
+        overrides.update(auth={"credentials": "postgres"}, postgres={"dsn": dsn})
+    return open_admin_store(load_config(None, environ={}, overrides=overrides))
 
 
 def test_add_list_replace_remove(store, tmp_path):
@@ -19,7 +25,7 @@ def test_add_list_replace_remove(store, tmp_path):
     alice = store.add_sync("alice", "password-1", "admin", rounds=4)
     store.add_sync("bob", "password-2", "viewer", rounds=4)
     assert [(u.name, u.role) for u in store.list_sync()] == [("alice", "admin"), ("bob", "viewer")]
-    assert (tmp_path / "admins.sqlite3").exists()
+    assert (tmp_path / "admins.sqlite3").exists() == (store.paramstyle == "qmark")
     with pytest.raises(AdminError, match="exists"):
         store.add_sync("alice", "password-3", rounds=4)
     changed = store.add_sync("alice", "password-3", "viewer", rounds=4, replace=True)
