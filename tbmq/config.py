@@ -47,6 +47,7 @@ __all__ = [
     "KafkaConfig",
     "NodeConfig",
     "EventsConfig",
+    "HttpConfig",
     "load_config",
     "ENV_PREFIX",
     "LISTENER_TYPES",
@@ -503,6 +504,26 @@ class EventsConfig:
     bus_topic: str = "tbmq.events"
 
 
+@dataclass(frozen=True)
+class HttpConfig:
+    """The node's HTTP listener (:mod:`tbmq.ops`): Prometheus metrics at
+    ``/metrics``, the REST admin API under ``/api/`` and the web console
+    under ``/console/``.
+
+    :ivar endpoint: a Twisted server endpoint string (``tcp:8083``); None
+        (the default) runs no HTTP listener.  An endpoint that names no
+        ``interface=`` listens on the loopback interface only
+        (``interface=0.0.0.0`` for every interface).
+    :ivar token_ttl: seconds a console or API login token is valid, >= 60.
+    :ivar metrics_auth: whether ``/metrics`` asks for a login token too
+        (off: Prometheus scrapes it as it is).
+    """
+
+    endpoint: str | None = None
+    token_ttl: float = 3600.0
+    metrics_auth: bool = False
+
+
 def _empty_mapping() -> Mapping:
     return types.MappingProxyType({})
 
@@ -525,6 +546,9 @@ class Config:
     :ivar plugins: free-form settings per plugin name, read-only (nested
         mappings are read-only too, lists become tuples).
     :ivar events: see :class:`EventsConfig`.
+    :ivar http: see :class:`HttpConfig`.
+    :ivar sys_interval: seconds between two publications of the
+        ``$SYS/broker/...`` topics, >= 0; 0 publishes none.
     """
 
     data_dir: str = "./data"
@@ -539,6 +563,8 @@ class Config:
     bus: str = "memory"
     plugins: Mapping = field(default_factory=_empty_mapping, hash=False)
     events: EventsConfig = field(default_factory=EventsConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    sys_interval: float = 10.0
 
 
 # -- validation rules ---------------------------------------------------------
@@ -661,7 +687,8 @@ _CHECKS: dict[type, dict[str, Check]] = {
     },
     JwtConfig: {"leeway": _range(0)},
     PostgresConfig: {"dsn": _not_empty, "min_connections": _range(1), "max_connections": _range(1)},
-    Config: {"data_dir": _not_empty, "bus": _not_empty},
+    Config: {"data_dir": _not_empty, "bus": _not_empty, "sys_interval": _range(0)},
+    HttpConfig: {"endpoint": _not_empty, "token_ttl": _range(60)},
     EventsConfig: {
         "sink": _one_of(*EVENT_SINKS),
         "directory": _not_empty,

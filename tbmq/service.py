@@ -10,6 +10,7 @@ from twisted.logger import Logger
 from tbmq import listeners
 from tbmq.broker.broker import Broker
 from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.ops.service import OpsService
 from tbmq.plugins import make_plugin_manager
 
 
@@ -23,6 +24,8 @@ class BrokerService(service.Service):
     :param config: the :class:`tbmq.config.Config`.
     :param reactor: the reactor (listening and clock).
     :ivar ports: the ``IListeningPort`` of each listener once started.
+    :ivar ops: the :class:`tbmq.ops.service.OpsService` (``$SYS``, and the
+        HTTP listener of ``http.endpoint``), started after the listeners.
     """
 
     log = Logger(observer=LOG_OBSERVER)
@@ -34,6 +37,7 @@ class BrokerService(service.Service):
         self.reactor = reactor
         self.plugins = plugins if plugins is not None else make_plugin_manager(config)
         self.broker = Broker(config, self.plugins, clock=reactor)
+        self.ops = OpsService(self.broker, reactor)
         self.ports: list = []
         self.started: defer.Deferred = defer.Deferred()
 
@@ -60,6 +64,7 @@ class BrokerService(service.Service):
                 type=listener.type, host=getattr(host, "host", host),
                 port=getattr(host, "port", ""), address=host,
                 extras="".join(f", {e}" for e in extras))
+        await self.ops.start()
         self.started.callback(self)
 
     def _failed(self, failure) -> None:
@@ -72,6 +77,7 @@ class BrokerService(service.Service):
     @defer.inlineCallbacks
     def stopService(self):
         service.Service.stopService(self)
+        yield defer.ensureDeferred(self.ops.stop())
         for port in self.ports:
             yield port.stopListening()
         self.ports = []

@@ -120,6 +120,14 @@ class Consumer:
             self.bus._refresh_fast(self.state)
             self.bus._schedule(self)
 
+    def lag(self) -> int:
+        """:returns: records of this member's partitions that its group has
+        not committed yet (handed and pending, or waiting)."""
+        parts = self.state.parts
+        cursors = self.group_state.cursors
+        return sum(max(0, parts[p].next - cursors[p].committed) for p in self.partitions
+                   if p < len(parts) and p < len(cursors))
+
     def stop(self) -> defer.Deferred:
         """Leave the group; its partitions go to the other members from the
         committed offsets (records whose results have not fired are handed

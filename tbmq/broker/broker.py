@@ -20,6 +20,7 @@ from tbmq.broker.outbound import Holds, TurnFlusher
 from tbmq.broker.protocol import ConnectionContext
 from tbmq.broker.router import Router
 from tbmq.broker.session import SessionContext, TopicNameCache, next_seq
+from tbmq.broker.traffic import Traffic
 from tbmq.broker.sessions import SessionManager
 from tbmq.cluster.membership import Membership
 from tbmq.cluster.registry import SessionRegistry, SubscriptionBook
@@ -78,6 +79,7 @@ class Broker:
         the backends; when None they come from the factory hooks.
     :raises tbmq.errors.ConfigError: when no plugin provides a backend the
         config names.
+    :ivar traffic: the node's :class:`tbmq.broker.traffic.Traffic` counters.
     """
 
     log = Logger(observer=LOG_OBSERVER)
@@ -113,6 +115,14 @@ class Broker:
             if credential_store is None:
                 raise ConfigError(
                     f"auth.credentials: no plugin provides {config.auth.credentials!r}")
+        #: the latencies of backend calls (:class:`tbmq.ops.timing.CallTimes`),
+        #: measured only while the HTTP listener (and so ``/metrics``) is on
+        self.call_times = None
+        if config.http.endpoint is not None:
+            from tbmq.ops.timing import instrument
+
+            self.call_times, (bus, retained_store, device_store, credential_store) = \
+                instrument(bus, retained_store, device_store, credential_store)
         self.credential_store = credential_store
         self.bus = bus
         self.retained_store = retained_store
@@ -120,6 +130,7 @@ class Broker:
         self.topics = getattr(bus, "catalogue", None) or TopicCatalogue()
         self.hooks = Hooks(plugins, config.auth.providers)
         self.drops = DropCounter()
+        self.traffic = Traffic()
         self.flusher = TurnFlusher(clock)
         self.holds = Holds()
         self.connections: set = set()
@@ -134,7 +145,8 @@ class Broker:
                                        self.book, self.service_id, self.sessions_by_id)
         self.events = SessionEvents(bus, self.topics, self.service_id, self.registry, clock,
                                     self.sessions.drop_local, self.sessions.forget_local,
-                                    self.sessions.take_over)
+                                    self.sessions.take_over,
+                                    clear=self.sessions.clear_offline)
         self.sessions.events = self.events
         self.registry.stale_listeners.append(self.sessions.restate)
         self.membership = Membership(
@@ -154,7 +166,7 @@ class Broker:
             flusher=self.flusher, holds=self.holds, device_store=self.device_store,
             publish=self.router.publish, retained_for=self.router.retained_for,
             subscriptions=manager, topics=TopicNameCache(), auth=self.config.auth,
-            applications=self.applications)
+            applications=self.applications, traffic=self.traffic)
 
     def connection_context(self) -> ConnectionContext:
         """What the connections of a listener use of this node."""

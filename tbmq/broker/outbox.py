@@ -30,11 +30,13 @@ held for long"):
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import OrderedDict, deque
 
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from tbmq.broker.traffic import LATENCY_BOUNDS
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
@@ -192,6 +194,13 @@ class Outbox:
         #: the topic aliases given on the current connection, or None when
         #: it takes none (``mqtt.outbound_topic_aliases``)
         self.sent_aliases: TopicAliases | None = None
+        # the node's counters (tbmq.broker.traffic), held here: one list
+        # index and one add per PUBLISH
+        traffic = self.ctx.traffic
+        self._sent = traffic.sent
+        self._sent_bytes = traffic.sent_bytes
+        self._received = traffic.received
+        self._received_bytes = traffic.received_bytes
 
     # -- limits ------------------------------------------------------------------
 
@@ -419,14 +428,20 @@ class Outbox:
             alias, known = aliases.choose(message.topic)
             data = encode_for(message, qos, retain, subscription_ids, now, level, dup,
                               packet_id, alias, known)
+            if not (dup or retain):
+                self._observe(now - message.received_at)
         elif cache is None or dup:
             data = encode_for(message, qos, retain, subscription_ids, now, level, dup, packet_id)
+            if not (dup or retain):
+                self._observe(now - message.received_at)
         else:
             key = (qos, retain, level >= MQTT_5, subscription_ids)
             data = cache.get(key)
             if data is None:
                 data = cache[key] = encode_for(message, qos, retain, subscription_ids, now,
                                                level, False, 1)
+                if not retain:  # once per message and encoding
+                    self._observe(now - message.received_at)
             if qos:
                 data = publish_with_packet_id(data, packet_id)
         if conn.max_packet_size is not None and len(data) > conn.max_packet_size:
@@ -434,7 +449,16 @@ class Outbox:
             return None
         if aliases is not None:
             aliases.sent(message.topic, alias, known)
+        self._sent[qos] += 1
+        self._sent_bytes[qos] += len(data)
         return data
+
+    def _observe(self, latency: float) -> None:
+        """Count one delivery latency, seconds (see
+        :attr:`tbmq.broker.traffic.Traffic.latency`)."""
+        traffic = self.ctx.traffic
+        traffic.latency[bisect_left(LATENCY_BOUNDS, latency)] += 1
+        traffic.latency_sum += latency
 
     def _overflow(self, message: Message) -> None:
         """A slow non-persistent session's queue is full: disconnect it with

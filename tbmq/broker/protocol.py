@@ -150,6 +150,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
 
     def dataReceived(self, data: bytes) -> None:
         """Decode a read and hand its packets on."""
+        self.ctx.sessions.ctx.traffic.bytes_read += len(data)  # the node's counters
         if self._closing:
             return
         decoder = self.decoder
@@ -321,7 +322,9 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         self._out = []
         transport = self.transport
         if transport is not None and transport.connected:
-            transport.write(out[0] if len(out) == 1 else b"".join(out))
+            data = out[0] if len(out) == 1 else b"".join(out)
+            self.ctx.sessions.ctx.traffic.bytes_written += len(data)
+            transport.write(data)
 
     def send(self, packet) -> None:
         """Encode ``packet`` for this connection's protocol level and write it."""

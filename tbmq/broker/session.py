@@ -11,13 +11,14 @@ only moves bytes.  A session gets its few collaborators in one
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.broker.outbox import Outbox
+from tbmq.broker.traffic import Traffic
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, StoredDelivery, SubscriptionOptions
@@ -132,6 +133,7 @@ class SessionContext:
     topics: TopicNameCache
     auth: Any = None
     applications: Any = None
+    traffic: Traffic = field(default_factory=Traffic)
 
 
 class Session(Outbox):
@@ -346,6 +348,8 @@ class Session(Outbox):
                 del props[Property.TOPIC_ALIAS]
         message = Message(topic, packet.payload, qos, packet.retain,
                           props if v5 else {}, self.client_id, now, expires_at)
+        self._received[qos] += 1
+        self._received_bytes[qos] += len(packet.payload)
         hooks = self.ctx.hooks
         if hooks.wants_published:
             hooks.message_published(self, message)

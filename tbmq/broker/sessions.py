@@ -233,7 +233,10 @@ class SessionManager:
         session = self.sessions.get(client_id)
         if session is None or session.session_id != session_id or session.connection is None:
             return
-        self.log.info("session {client_id} taken over by another node", client_id=client_id)
+        self.log.info("session {client_id} closed for the cluster (0x{code:02X}: "
+                      "{why})", client_id=client_id, code=reason_code,
+                      why="taken over by another node" if reason_code == 0x8E else
+                      "an administrator's request")
         session.connection.disconnect(reason_code)
 
     def forget_local(self, client_id: str, info) -> None:
@@ -287,6 +290,29 @@ class SessionManager:
                 max(0.0, disconnected_at + delay - now), self._will_due, session)
         self.publish_info(session)
         self._schedule_expiry(session, disconnected_at + session.expiry_interval - now)
+
+    def clear_offline(self, info) -> None:
+        """An administrator removes the offline session ``info`` (a
+        :class:`~tbmq.cluster.records.SessionInfo`); this node decides for
+        its client id (:meth:`tbmq.cluster.session_events.SessionEvents.clear_session`).
+        Held here, it ends now; held by another node, it is taken here and
+        ended (that node forgets it once the registry shows it moved): its
+        subscriptions, stored messages and registry record are removed.
+        """
+        client_id = info.client_id
+        session = self.sessions.get(client_id)
+        if session is not None and session.connection is not None:
+            return  # connected again meanwhile
+        if session is None or session.session_id != info.session_id:
+            if session is not None:
+                self._cancel_timers(session)
+            session = self._rebuilt(info)
+            session.session_id = uuid.uuid4().hex
+            session.disconnected_at = self.clock.seconds()
+            self.publish_info(session)  # the node that held it forgets it
+            self.registry.remove(client_id)  # after the record above, on the same key
+        self.log.info("session {client_id} removed by an administrator", client_id=client_id)
+        self.end_session(session, expired=False)
 
     def restate(self, client_id: str, current, late) -> None:
         """A late record about ``client_id`` reached the registry (see

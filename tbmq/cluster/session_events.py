@@ -33,6 +33,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.cluster.records import (
+    CLEAR_SESSION,
     CONNECTION_REQUEST,
     NODE_GONE,
     DisconnectCommand,
@@ -63,11 +64,15 @@ class SessionEvents:
         ``info`` (a :class:`~tbmq.cluster.records.SessionInfo`) of a node
         that is gone: its will and its expiry.
     :param timeout: seconds a connect waits for its answer.
+    :param clear: ``clear(info)``: end the offline session ``info`` (a
+        :class:`~tbmq.cluster.records.SessionInfo`) for an administrator;
+        called on the node that decides for its client id.
     """
 
     def __init__(self, bus, topics, service_id: str, registry, clock,
                  drop_local: Callable, forget_local: Callable,
-                 take_over: Callable = lambda info: None, timeout: float = 10.0) -> None:
+                 take_over: Callable = lambda info: None, timeout: float = 10.0,
+                 clear: Callable = lambda info: None) -> None:
         self.bus = bus
         self.topics = topics
         self.service_id = service_id
@@ -76,6 +81,7 @@ class SessionEvents:
         self.drop_local = drop_local
         self.forget_local = forget_local
         self.take_over = take_over
+        self.clear = clear
         self.timeout = timeout
         #: client id -> session id taken over here, until the registry shows it
         self._taken: dict[str, str] = {}
@@ -154,12 +160,49 @@ class SessionEvents:
                                                client_id=info.client_id,
                                                error=f.getErrorMessage()))
 
+    def disconnect_client(self, client_id: str, reason_code: int = 0x98) -> bool:
+        """Close the connection of ``client_id`` wherever it is (an
+        administrator's request, DISCONNECT 0x98 Administrative action by
+        default): the node holding it gets a
+        :class:`~tbmq.cluster.records.DisconnectCommand`.
+
+        :returns: False when the registry shows no connection of it.
+        """
+        info = self.registry.get(client_id)
+        if info is None or not info.connected:
+            return False
+        self.bus.publish(self.topics.client_disconnect(info.service_id), client_id,
+                         DisconnectCommand(client_id, info.session_id, reason_code))
+        return True
+
+    def clear_session(self, client_id: str) -> bool:
+        """End the offline session of ``client_id`` wherever it is held (an
+        administrator's request), through the member that decides for it
+        (:data:`~tbmq.cluster.records.CLEAR_SESSION`), in order with its
+        connects.
+
+        :returns: False when the registry shows no session of it, or a
+            connected one (disconnect it first).
+        """
+        info = self.registry.get(client_id)
+        if info is None or info.connected:
+            return False
+        event = SessionEvent(CLEAR_SESSION, client_id, self.service_id, info.session_id,
+                             uuid.uuid4().hex, at=self.clock.seconds())
+        self.bus.publish(self.topics.session_event_request, client_id, event)
+        return True
+
     # -- deciding (one member per client id) ----------------------------------------------
 
     def _decide(self, record: Record):
         event: SessionEvent = record.value
         if event.kind == NODE_GONE:
             return self._take_over(event)
+        if event.kind == CLEAR_SESSION:
+            info = self.registry.get(event.client_id)
+            if info is not None and not info.connected and info.session_id == event.session_id:
+                self.clear(info)
+            return None
         if event.kind != CONNECTION_REQUEST:
             return None
         info = self.registry.get(event.client_id)

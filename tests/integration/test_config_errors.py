@@ -39,8 +39,8 @@ def assert_one_line(result: subprocess.CompletedProcess, expected: str) -> None:
 @pytest.mark.parametrize("command", [twistd, tbmq], ids=["twistd", "tbmq"])
 def test_unknown_key_in_the_file(tmp_path, command):
     path = tmp_path / "tbmq.yml"
-    path.write_text("http:\n  port: 8080\n")
-    assert_one_line(run(command("--config", str(path)), tmp_path), "http: unknown key")
+    path.write_text("dashboard:\n  port: 8080\n")
+    assert_one_line(run(command("--config", str(path)), tmp_path), "dashboard: unknown key")
 
 
 @pytest.mark.parametrize("command", [twistd, tbmq], ids=["twistd", "tbmq"])

@@ -1,0 +1,68 @@
+"""What flows through one node, counted in plain ints on the hot path.
+
+The session and the connection add to a :class:`Traffic` as they go (a list
+index and an add per message: no lock, no dict lookup); the metrics
+collector (:mod:`tbmq.ops.metrics`) and the ``$SYS`` publisher
+(:mod:`tbmq.ops.sys_topics`) read the totals when they are asked.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+#: upper bounds, in seconds, of the delivery latency histogram's buckets
+#: (the last bucket, past the last bound, is +Inf)
+LATENCY_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                  2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Traffic:
+    """The node's message and byte totals since it started.
+
+    Lists indexed by QoS (0, 1, 2) count MQTT PUBLISH packets and their
+    payload bytes; ``bytes_read``/``bytes_written`` count every byte of
+    every MQTT connection (all packet types, as Mosquitto's
+    ``$SYS/broker/bytes/*``).
+
+    :ivar received: PUBLISH packets accepted from clients, by QoS.
+    :ivar received_bytes: their payload bytes, by QoS.
+    :ivar sent: PUBLISH packets written to clients (resends included), by QoS.
+    :ivar sent_bytes: their encoded size in bytes (header, topic,
+        properties and payload), by QoS.
+    :ivar latency: delivery latency histogram: ``latency[i]`` counts the
+        deliveries whose latency is at most ``LATENCY_BOUNDS[i]`` and above
+        the bound before it; the last entry counts those above every bound.
+        The latency is the time from the receipt of the PUBLISH (on
+        whichever node) to the encoding of its copy for a subscriber here,
+        in seconds: once per message and encoding, so the copies of a
+        fan-out that share one encoded PUBLISH are observed once (their
+        latency is the same); messages sent with RETAIN set and resends
+        are not counted.
+    :ivar latency_sum: the sum of the latencies counted, seconds.
+    :ivar bytes_read: bytes read from MQTT connections.
+    :ivar bytes_written: bytes written to MQTT connections.
+    """
+
+    __slots__ = ("received", "received_bytes", "sent", "sent_bytes", "latency",
+                 "latency_sum", "bytes_read", "bytes_written")
+
+    def __init__(self) -> None:
+        self.received = [0, 0, 0]
+        self.received_bytes = [0, 0, 0]
+        self.sent = [0, 0, 0]
+        self.sent_bytes = [0, 0, 0]
+        self.latency = [0] * (len(LATENCY_BOUNDS) + 1)
+        self.latency_sum = 0.0
+        self.bytes_read = 0
+        self.bytes_written = 0
+
+    def observe_latency(self, seconds: float) -> None:
+        """Count one delivery of latency ``seconds`` (the outbox does the
+        same inline)."""
+        self.latency[bisect_left(LATENCY_BOUNDS, seconds)] += 1
+        self.latency_sum += seconds
+
+    def snapshot(self) -> dict:
+        """:returns: the totals as plain data (lists copied)."""
+        return {name: (list(value) if isinstance(value, list) else value)
+                for name in self.__slots__ for value in (getattr(self, name),)}

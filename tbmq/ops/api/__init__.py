@@ -1,0 +1,1 @@
+"""The REST admin API: routes, schemas, the OpenAPI document and handlers."""

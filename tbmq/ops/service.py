@@ -1,0 +1,95 @@
+"""Operations of one node, started by :class:`tbmq.service.BrokerService`
+once the broker listens: the ``$SYS`` topics (every ``sys_interval`` seconds), and, when
+``http.endpoint`` is set, the HTTP listener with ``/metrics``, the admin API
+and the web console.
+"""
+
+from __future__ import annotations
+
+from twisted.internet import endpoints
+from twisted.logger import Logger
+
+from tbmq.errors import ConfigError
+from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.ops.stats import History, NodeStats
+
+log = Logger(observer=LOG_OBSERVER)
+
+
+def endpoint_string(endpoint: str) -> str:
+    """``http.endpoint`` as it is listened on: an endpoint that names no
+    ``interface=`` gets ``interface=127.0.0.1`` (loopback only)."""
+    kind = endpoint.split(":", 1)[0].lower()
+    if kind in ("tcp", "tcp6", "ssl") and "interface=" not in endpoint:
+        return endpoint + ":interface=" + ("::1" if kind == "tcp6" else "127.0.0.1")
+    return endpoint
+
+
+class OpsService:
+    """The ``$SYS`` topics, the metrics and the admin API of a broker.
+
+    :param broker: the :class:`tbmq.broker.broker.Broker`.
+    :param reactor: the reactor.
+    :ivar stats: the :class:`~tbmq.ops.stats.NodeStats`, registered as the
+        plugin ``ops`` (it counts authentication failures).
+    :ivar port: the HTTP ``IListeningPort``, or None.
+    """
+
+    def __init__(self, broker, reactor) -> None:
+        self.broker = broker
+        self.reactor = reactor
+        self.config = broker.config
+        self.stats = NodeStats(broker)
+        broker.plugins.register(self.stats, name="ops")
+        broker.refresh_hooks()
+        self.sys_topics = None
+        self.history = None
+        self.port = None
+
+    async def start(self) -> None:
+        """Start publishing ``$SYS`` and listening on ``http.endpoint``.
+
+        :raises ConfigError: for an endpoint string Twisted does not read.
+        """
+        config = self.config
+        if config.sys_interval > 0:
+            from tbmq.ops.sys_topics import SysTopics
+
+            self.sys_topics = SysTopics(self.stats, self.broker.router,
+                                        self.broker.sessions_by_id, self.reactor,
+                                        config.sys_interval)
+            self.sys_topics.start()
+        if config.http.endpoint is None:
+            return
+        from tbmq.ops.admins import AdminAuth, open_admin_store
+        from tbmq.ops.api.app import AdminApi
+        from tbmq.ops.http import make_site
+        from tbmq.ops.metrics import make_registry
+
+        self.history = History(self.stats, self.reactor)
+        self.history.start()
+        auth = AdminAuth(open_admin_store(config), config.http.token_ttl)
+        api = AdminApi(self.broker, self.stats, self.history, auth, self.reactor)
+        site = make_site(make_registry(self.stats), api, auth, config.http.metrics_auth)
+        where = endpoint_string(config.http.endpoint)
+        try:
+            endpoint = endpoints.serverFromString(self.reactor, where)
+        except (ValueError, TypeError, KeyError) as e:
+            raise ConfigError(f"http.endpoint: invalid endpoint {config.http.endpoint!r}: {e}",
+                              key="http.endpoint") from None
+        self.port = await endpoint.listen(site)
+        host = self.port.getHost()
+        users = await auth.store.list()
+        log.info("HTTP on {host}:{port}: /metrics, /api/, /console/ ({users})",
+                 host=getattr(host, "host", host), port=getattr(host, "port", ""),
+                 users=f"{len(users)} admin user(s)" if users else
+                 "no admin user: the API refuses everything; add one with 'tbmq admin add'")
+
+    async def stop(self) -> None:
+        """Stop listening and publishing."""
+        if self.port is not None:
+            await self.port.stopListening()
+            self.port = None
+        for part in (self.sys_topics, self.history):
+            if part is not None:
+                part.stop()
