@@ -605,11 +605,18 @@ class Outbox:
 
     def _catch_up(self, conn) -> None:
         """Read the store for queued deliveries this connection has not seen
-        (below the last seq it saw, neither in flight nor queued) and send
-        them: a node whose registry still placed the client elsewhere stored
-        them and forwarded them there.  Per-client store calls apply in
-        order, so the removals of completed deliveries, issued first, are
-        not read back."""
+        (neither in flight nor queued) and send them, in seq order.  A node
+        whose registry did not yet place the client here stored them after
+        the session's first read and sent them to the client's old node, or
+        nowhere (it still saw the client offline).
+
+        A delivery that arrived here while the read was under way (its seq
+        above the last one seen when the read began, up to the last seen
+        when it returned) is not taken from the read: it may have been sent
+        and acknowledged meanwhile.  One below that range that never came is
+        taken by the next catch-up.  Per-client store calls apply in order,
+        so the removals of completed deliveries, issued first, are not read
+        back."""
         if self.connection is not conn or conn is None or self.paged_out or self._loading:
             return
         self._remove_completed()
@@ -623,7 +630,9 @@ class Outbox:
                 return
             seen.update(d.seq for d in self.inflight.values())
             seen.update(d.seq for d in self.queue)
-            missed = [d for d in deliveries if d.seq <= last and d.seq not in seen
+            now_last = self._last_seq
+            missed = [d for d in deliveries
+                      if (d.seq <= last or d.seq > now_last) and d.seq not in seen
                       and d.state == DeliveryState.QUEUED]
             if missed:
                 self.log.info("{client_id}: {n} stored deliveries caught up",
@@ -764,10 +773,11 @@ class Outbox:
     # -- life cycle ------------------------------------------------------------------------------
 
     #: seconds after a persistent session resumed when it reads the device
-    #: store again for deliveries it has not seen: written there by nodes
-    #: that still located the client on its old node (their downlink went
-    #: there), after the session's first read
-    CATCH_UP_AFTER = (1.0, 4.0, 12.0)
+    #: store again for deliveries it has not seen: written there, after the
+    #: session's first read, by nodes whose registry did not yet place the
+    #: client here (their downlink went to its old node, or nowhere); the
+    #: last read covers a registry that lags by half a minute
+    CATCH_UP_AFTER = (1.0, 4.0, 12.0, 30.0)
 
     def resume_outbox(self) -> None:
         """After CONNACK: resend what is in flight with DUP set, in order

@@ -401,7 +401,14 @@ class PahoClient:
 
     def get_many(self, n: int, timeout: float = TIMEOUT) -> list[Received]:
         """``n`` messages, the deadline moving with each one received."""
-        return [self.get(timeout) for _ in range(n)]
+        got: list[Received] = []
+        for _ in range(n):
+            try:
+                got.append(self.get(timeout))
+            except AssertionError as e:
+                raise AssertionError(f"{e} after {len(got)} of {n}: "
+                                     f"{[m.payload[:20] for m in got[-10:]]}") from None
+        return got
 
     def get_for(self, topic: str, timeout: float = TIMEOUT) -> Received:
         """The next message on ``topic``, skipping others."""

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from tests.integration.cluster import ClusterNode, CountingPublisher, Services
+from tests.integration.conftest import _LIVE
 from tests.integration.helpers import REPO_ROOT, PahoClient, uid
 from tests.postgres import new_database
 
@@ -49,7 +50,9 @@ def nodes(setup, services, tmp_path_factory):
     started: dict = {"setup": setup}
 
     def node(service_id: str) -> ClusterNode:
-        return ClusterNode(workdir, services, service_id, driver, device_store)
+        made = ClusterNode(workdir, services, service_id, driver, device_store)
+        _LIVE.append(made)  # its log printed when a test fails
+        return made
 
     started["node"] = node
     a = node("node-a")
@@ -64,6 +67,8 @@ def nodes(setup, services, tmp_path_factory):
                 node.stop()
             finally:
                 node.kill()
+                if node in _LIVE:
+                    _LIVE.remove(node)
 
 
 def _add_application_credentials(services: Services, workdir) -> None:

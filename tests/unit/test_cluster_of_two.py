@@ -369,3 +369,26 @@ def test_a_resumed_session_catches_up_what_a_stale_node_stored_and_sent_elsewher
     assert [m.payload for m in again.received()] == [b"stale"]
     cluster.clock.advance(12.0)
     assert again.received() == []  # caught up once: not again
+
+
+def test_a_resumed_session_catches_up_what_a_node_stored_while_it_saw_the_client_offline(cluster):
+    expiry = {Property.SESSION_EXPIRY_INTERVAL: 300}
+    first = cluster.a.client("late-dev2", level=5, clean_start=False, properties=expiry)
+    sub(first, "cmd/late2", qos=1)
+    first.lose()
+    again = cluster.b.client("late-dev2", level=5, clean_start=False, properties=expiry)
+    assert again.pending + again.received() == []
+    session = cluster.b.broker.sessions.sessions["late-dev2"]
+    # a writer whose registry still saw the client offline stored these after
+    # the session's first read and sent them nowhere
+    cluster.device_store.add("late-dev2", [
+        StoredDelivery(session._last_seq + n, Message("cmd/late2", b"unsent %d" % n, 1), 1,
+                       False, ()) for n in (5, 9)])
+    cluster.clock.advance(1.0)
+    got = again.received()
+    assert [m.payload for m in got] == [b"unsent 5", b"unsent 9"]
+    for m in got:
+        again.send(Puback(m.packet_id))
+    for _ in range(40):
+        cluster.clock.advance(1.0)
+    assert again.received() == []  # caught up once: not again
