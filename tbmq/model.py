@@ -59,6 +59,9 @@ class SubscriptionOptions:
     :ivar retain_handling: 0 send retained on subscribe, 1 only for a new
         subscription, 2 never.
     :ivar subscription_id: the v5 subscription identifier, or None.
+    :ivar subscription_ids: ``(subscription_id,)``, or ``()`` without one:
+        what a delivery through this subscription carries [MQTT-3.3.4-3]
+        (derived, made once).
     """
 
     qos: int = 0
@@ -66,6 +69,11 @@ class SubscriptionOptions:
     retain_as_published: bool = False
     retain_handling: int = 0
     subscription_id: int | None = None
+    subscription_ids: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        sid = self.subscription_id
+        object.__setattr__(self, "subscription_ids", () if sid is None else (sid,))
 
 
 class DeliveryState(enum.IntEnum):

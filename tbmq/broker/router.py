@@ -30,6 +30,15 @@ def _add(pending: list | None, result) -> list:
     return pending
 
 
+def _joined(pending: list | None):
+    """None, the one Deferred of ``pending``, or one for all of them."""
+    if pending is None:
+        return None
+    if len(pending) == 1:
+        return pending[0]
+    return defer.gatherResults(pending, consumeErrors=True)
+
+
 class SharedGroup:
     """The members of one shared subscription ``$share/<group>/<filter>``;
     each message goes to one of them [MQTT-4.8.2]: round robin among DEVICE
@@ -160,7 +169,8 @@ class Router:
     def _on_message(self, record):
         """The consumer of ``tbmq.msg.all``: match once, then one target per
         client (at the highest QoS of its matching subscriptions, with all
-        their identifiers [MQTT-3.3.4-2, -3, -4]), each to its sink.
+        their identifiers [MQTT-3.3.4-2, -3, -4]), each to its sink.  A
+        live session here is its own sink: written now.
 
         :returns: None, or a Deferred when persistent targets store it.
         """
@@ -169,10 +179,8 @@ class Router:
         if not matches:
             return None
         if len(matches) == 1:
-            # one matching filter (the usual case): each client appears once
-            targets = self._targets_of_one(matches[0], message)
-        else:
-            targets = self._targets(matches, message)
+            return self._dispatch_one(matches[0], message)
+        targets = self._targets(matches, message)
         sessions = self.sessions
         # one target: encoded with its own packet id, nothing to share
         cache: dict | None = {} if len(targets) > 1 else None
@@ -188,47 +196,95 @@ class Router:
                     shared_sent = set()
                 if client_id.topic_filter not in shared_sent:
                     shared_sent.add(client_id.topic_filter)
-                    result = self.application_shared.send(client_id.topic_filter, message)
-                    if result is not None:
-                        pending = _add(pending, result)
+                    pending = self._to_shared_applications(client_id, message, pending)
                 continue
             # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
             flag = retain and rap
             session = sessions.get(client_id)
-            if session is not None:
-                if qos == 0 or not session.persistent:
-                    # a session here is its own sink: written now
-                    session.deliver(message, qos, flag, sids, cache, now, source)
-                    continue
-                kind = session.client_type
+            if session is not None and (qos == 0 or not session.persistent):
+                session.deliver(message, qos, flag, sids, cache, now, source)
             else:
-                info = self.lookup(client_id)
-                if info is None:
+                pending = self._to_sink(client_id, session, message, qos, flag, sids, pending)
+        return _joined(pending)
+
+    def _dispatch_one(self, subs: dict, message: Message):
+        """:meth:`_on_message` for the subscriptions of one filter (the usual
+        case: each client appears once), classified and handed over in one
+        pass."""
+        sessions = self.sessions
+        publisher = message.publisher
+        msg_qos = message.qos
+        retain = message.retain
+        cache: dict | None = {} if len(subs) > 1 else None
+        now = self.clock.seconds()
+        source = self.consumer
+        pending = None
+        shared_sent = False
+        for client_id, options in subs.items():  # nothing below changes subs
+            if type(options) is SharedGroup:
+                if self._applications(options):
+                    # one record for the filter: each share group reads it
+                    # in its own consumer group
+                    if not shared_sent:
+                        shared_sent = True
+                        pending = self._to_shared_applications(options, message, pending)
                     continue
-                if qos == 0 or not info.persistent:
-                    if not info.connected:
-                        continue  # a non-persistent or QoS 0 delivery to nobody
-                    result = self.downlink.send(info.service_id, client_id, message, qos,
-                                                flag, sids)
-                    if result is not None:
-                        pending = _add(pending, result)
+                picked = options.pick(self._online)
+                if picked is None:
                     continue
-                kind = info.client_type
-            if kind is ClientType.APPLICATION:
-                result = self.application.send(client_id, message, qos, flag, sids)
+                client_id, options = picked
+            elif options.no_local and client_id == publisher:
+                continue  # [MQTT-3.8.3-3]
+            qos = options.qos if options.qos < msg_qos else msg_qos
+            # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
+            flag = retain and options.retain_as_published
+            session = sessions.get(client_id)
+            if session is not None and (qos == 0 or not session.persistent):
+                session.deliver(message, qos, flag, options.subscription_ids, cache, now, source)
             else:
-                result = self.persisted.send(client_id, message, qos, flag, sids)
-            if result is not None:
-                pending = _add(pending, result)
-        if pending is None:
-            return None
-        if len(pending) == 1:
-            return pending[0]
-        return defer.gatherResults(pending, consumeErrors=True)
+                pending = self._to_sink(client_id, session, message, qos, flag,
+                                        options.subscription_ids, pending)
+        return _joined(pending)
+
+    def _to_shared_applications(self, group: "SharedGroup", message: Message,
+                                pending: list | None) -> list | None:
+        """One record on ``tbmq.msg.app.shared.<filter>`` for a share group
+        of persistent APPLICATION clients (read by their consumer group)."""
+        result = self.application_shared.send(group.topic_filter, message)
+        return pending if result is None else _add(pending, result)
+
+    def _to_sink(self, client_id: str, session, message: Message, qos: int, retain: bool,
+                 sids: tuple, pending: list | None) -> list | None:
+        """A target that is not a live session here at its QoS: a persistent
+        session (here or elsewhere) to its store or topic, a live session on
+        another node to that node's downlink; nobody online, nothing.
+
+        :param session: the local session of ``client_id``, or None.
+        :returns: ``pending`` with the sink's Deferred added, if any.
+        """
+        if session is not None:
+            kind = session.client_type
+        else:
+            info = self.lookup(client_id)
+            if info is None:
+                return pending
+            if qos == 0 or not info.persistent:
+                if not info.connected:
+                    return pending  # a non-persistent or QoS 0 delivery to nobody
+                result = self.downlink.send(info.service_id, client_id, message, qos,
+                                            retain, sids)
+                return pending if result is None else _add(pending, result)
+            kind = info.client_type
+        if kind is ClientType.APPLICATION:
+            result = self.application.send(client_id, message, qos, retain, sids)
+        else:
+            result = self.persisted.send(client_id, message, qos, retain, sids)
+        return pending if result is None else _add(pending, result)
 
     def _targets_of_one(self, subs: dict, message: Message) -> list[tuple]:
         """``[(client id, qos, subscription ids, retain as published)]`` for
-        the subscriptions of one filter."""
+        the subscriptions of one filter (a share group of persistent
+        APPLICATION clients as the :class:`SharedGroup` itself)."""
         publisher = message.publisher
         msg_qos = message.qos
         out = []
@@ -243,9 +299,8 @@ class Router:
                 client_id, options = picked
             elif options.no_local and client_id == publisher:
                 continue  # [MQTT-3.8.3-3]
-            sid = options.subscription_id
             out.append((client_id, options.qos if options.qos < msg_qos else msg_qos,
-                        () if sid is None else (sid,), options.retain_as_published))
+                        options.subscription_ids, options.retain_as_published))
         return out
 
     def _targets(self, matches: list, message: Message) -> list[tuple]:
