@@ -41,9 +41,11 @@ from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
 from tbmq.mqtt import MQTT_5, Property, Publish, Pubrel
-from tbmq.mqtt.codec import encode_publish, publish_with_packet_id
+from tbmq.mqtt.codec import encode_publish_fields, publish_with_packet_id
 
 _SENT = DeliveryState.SENT
+#: most deliveries fall in the first latency bucket: one comparison
+FIRST_LATENCY_BOUND = LATENCY_BOUNDS[0]
 _RELEASED = DeliveryState.RELEASED
 #: fixed cost counted per queued message on top of its payload, bytes
 MESSAGE_OVERHEAD = 200
@@ -86,9 +88,8 @@ def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple
                 props[Property.TOPIC_ALIAS] = alias
                 if alias_known:
                     topic = ""
-    return encode_publish(Publish(topic, message.payload, qos, retain, dup,
-                                  packet_id if qos else None, props if props is not None else {}),
-                          level)
+    return encode_publish_fields(topic, message.payload, qos, retain, dup,
+                                 packet_id if qos else None, props, level)
 
 
 class TopicAliases:
@@ -196,7 +197,8 @@ class Outbox:
         self.sent_aliases: TopicAliases | None = None
         # the node's counters (tbmq.broker.traffic), held here: one list
         # index and one add per PUBLISH
-        traffic = self.ctx.traffic
+        traffic = self._traffic = self.ctx.traffic
+        self._latency = traffic.latency
         self._sent = traffic.sent
         self._sent_bytes = traffic.sent_bytes
         self._received = traffic.received
@@ -428,37 +430,36 @@ class Outbox:
             alias, known = aliases.choose(message.topic)
             data = encode_for(message, qos, retain, subscription_ids, now, level, dup,
                               packet_id, alias, known)
-            if not (dup or retain):
-                self._observe(now - message.received_at)
+            observe = not (dup or retain)
         elif cache is None or dup:
             data = encode_for(message, qos, retain, subscription_ids, now, level, dup, packet_id)
-            if not (dup or retain):
-                self._observe(now - message.received_at)
+            observe = not (dup or retain)
         else:
             key = (qos, retain, level >= MQTT_5, subscription_ids)
             data = cache.get(key)
             if data is None:
                 data = cache[key] = encode_for(message, qos, retain, subscription_ids, now,
                                                level, False, 1)
-                if not retain:  # once per message and encoding
-                    self._observe(now - message.received_at)
+                observe = not retain  # once per message and encoding
+            else:
+                observe = False
             if qos:
                 data = publish_with_packet_id(data, packet_id)
-        if conn.max_packet_size is not None and len(data) > conn.max_packet_size:
+        size = len(data)
+        if conn.max_packet_size is not None and size > conn.max_packet_size:
             self.drop("too_large_for_client", message)
             return None
         if aliases is not None:
             aliases.sent(message.topic, alias, known)
         self._sent[qos] += 1
-        self._sent_bytes[qos] += len(data)
+        self._sent_bytes[qos] += size
+        if observe:
+            # the delivery latency (tbmq.broker.traffic.Traffic.latency)
+            latency = now - message.received_at
+            self._latency[0 if latency <= FIRST_LATENCY_BOUND
+                          else bisect_left(LATENCY_BOUNDS, latency)] += 1
+            self._traffic.latency_sum += latency
         return data
-
-    def _observe(self, latency: float) -> None:
-        """Count one delivery latency, seconds (see
-        :attr:`tbmq.broker.traffic.Traffic.latency`)."""
-        traffic = self.ctx.traffic
-        traffic.latency[bisect_left(LATENCY_BOUNDS, latency)] += 1
-        traffic.latency_sum += latency
 
     def _overflow(self, message: Message) -> None:
         """A slow non-persistent session's queue is full: disconnect it with

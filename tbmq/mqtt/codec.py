@@ -59,6 +59,7 @@ __all__ = [
     "MalformedPacket",
     "encode",
     "encode_publish",
+    "encode_publish_fields",
     "publish_packet_id_offset",
     "Decoder",
 ]
@@ -93,29 +94,41 @@ def encode_publish(packet: Publish, protocol_level: int) -> bytes:
     :returns: the whole packet.
     :raises ValueError: QoS > 0 without a packet id, or QoS out of range.
     """
-    topic = _TOPIC_BYTES.get(packet.topic)
+    return encode_publish_fields(packet.topic, packet.payload, packet.qos, packet.retain,
+                                 packet.dup, packet.packet_id, packet.properties,
+                                 protocol_level)
+
+
+def encode_publish_fields(topic_name: str, payload: bytes, qos: int, retain: bool, dup: bool,
+                          packet_id: int | None, properties: dict | None,
+                          protocol_level: int) -> bytes:
+    """:func:`encode_publish` from the fields of a PUBLISH, for a sender
+    that has them without a :class:`Publish` (the broker's deliveries).
+
+    :param properties: the v5 properties (read for level 5 only; None or
+        empty for none).
+
+    :raises ValueError: as :func:`encode_publish`.
+    """
+    topic = _TOPIC_BYTES.get(topic_name)
     if topic is None:
-        topic = packet.topic.encode("utf-8")
+        topic = topic_name.encode("utf-8")
         if len(_TOPIC_BYTES) >= _TOPIC_CACHE_SIZE:
             _TOPIC_BYTES.clear()
-        _TOPIC_BYTES[packet.topic] = topic
-    qos = packet.qos
+        _TOPIC_BYTES[topic_name] = topic
     first = 0x30 | (qos << 1)
-    if packet.retain:
+    if retain:
         first |= 1
-    if packet.dup:
+    if dup:
         first |= 8
-    payload = packet.payload
     if qos:
-        pid = packet.packet_id
-        if not pid or qos > 2:
+        if not packet_id or qos > 2:
             raise ValueError("PUBLISH with QoS 1 or 2 needs a non-zero packet_id and QoS <= 2")
-        tail = _pack_H(pid)
+        tail = _pack_H(packet_id)
     else:
         tail = b""
     if protocol_level == MQTT_5:
-        props = packet.properties
-        tail += encode_properties(props) if props else _EMPTY_PROPS
+        tail += encode_properties(properties) if properties else _EMPTY_PROPS
     tl = len(topic)
     return b"".join((
         BYTES[first],
