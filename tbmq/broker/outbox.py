@@ -435,7 +435,9 @@ class Outbox:
             data = encode_for(message, qos, retain, subscription_ids, now, level, dup, packet_id)
             observe = not (dup or retain)
         else:
-            key = (qos, retain, level >= MQTT_5, subscription_ids)
+            # the encoding's parameters; a small int without identifiers
+            key = (qos | (4 if retain else 0) | (8 if level >= MQTT_5 else 0)
+                   if not subscription_ids else (qos, retain, level >= MQTT_5, subscription_ids))
             data = cache.get(key)
             if data is None:
                 data = cache[key] = encode_for(message, qos, retain, subscription_ids, now,
