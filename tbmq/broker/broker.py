@@ -173,7 +173,7 @@ class Broker:
         return ConnectionContext(
             clock=self.clock, config=self.config, hooks=self.hooks, sessions=self.sessions,
             connections=self.connections, flusher=self.flusher,
-            credentials=self.credential_store)
+            credentials=self.credential_store, traffic=self.traffic)
 
     @property
     def dropped(self) -> dict[str, int]:

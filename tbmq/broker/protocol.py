@@ -50,6 +50,8 @@ class ConnectionContext:
     :ivar before_connect_log: the node's :class:`tbmq.log.LogThrottle` of
         the lines about connections closed before a CONNECT was accepted,
         or None (every line written).
+    :ivar traffic: the node's :class:`tbmq.broker.traffic.Traffic`, where
+        connections count the bytes they read and write.
     """
 
     clock: Any
@@ -61,6 +63,7 @@ class ConnectionContext:
     credentials: Any
     guard: Any = None
     before_connect_log: Any = None
+    traffic: Any = None
 
 
 #: broker → (its LoginGuard, its LogThrottle of lines before CONNECT): one
@@ -109,6 +112,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
 
     def __init__(self, ctx: ConnectionContext, listener, max_packet_size: int) -> None:
         self.ctx = ctx
+        self._traffic = ctx.traffic
         self.listener = listener
         self.callLater = ctx.clock.callLater
         self.decoder = Decoder(max_packet_size=max_packet_size,
@@ -150,7 +154,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
 
     def dataReceived(self, data: bytes) -> None:
         """Decode a read and hand its packets on."""
-        self.ctx.sessions.ctx.traffic.bytes_read += len(data)  # the node's counters
+        self._traffic.bytes_read += len(data)  # the node's counters
         if self._closing:
             return
         decoder = self.decoder
@@ -163,7 +167,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
             self.disconnect(e.reason_code)
             return
         if self._connacked:
-            if not decoder.pending:
+            if not decoder.partial:
                 self._partial_since = None
             elif packets or self._partial_since is None:
                 self._packet_started()
@@ -323,7 +327,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         transport = self.transport
         if transport is not None and transport.connected:
             data = out[0] if len(out) == 1 else b"".join(out)
-            self.ctx.sessions.ctx.traffic.bytes_written += len(data)
+            self._traffic.bytes_written += len(data)
             transport.write(data)
 
     def send(self, packet) -> None:

@@ -416,12 +416,14 @@ class Decoder:
         decoder sets it from the CONNECT it decodes; a client-side decoder is
         told it by the caller (None is read as 4).
     :param server_side: True when decoding what a client sends to a server.
+    :ivar partial: the bytes of a packet not complete yet (``bytearray``,
+        empty between packets); read only.
 
     Once :meth:`feed` has raised, the decoder stays failed: every later call
     raises again (the connection is to be closed, section 4.13).
     """
 
-    __slots__ = ("max_packet_size", "max_connect_size", "protocol_level", "server_side", "_buffer",
+    __slots__ = ("max_packet_size", "max_connect_size", "protocol_level", "server_side", "partial",
                  "_need", "_connect_seen", "_error", "_topics")
 
     def __init__(
@@ -435,7 +437,7 @@ class Decoder:
         self.max_connect_size = max_connect_size
         self.protocol_level = protocol_level
         self.server_side = server_side
-        self._buffer = bytearray()
+        self.partial = bytearray()
         self._need = 0
         self._connect_seen = False
         self._error: MalformedPacket | None = None
@@ -453,7 +455,7 @@ class Decoder:
             raise MalformedPacket(f"decoder failed earlier: {self._error}", self._error.reason_code)
         if data.__class__ is not bytes:
             data = bytes(data)
-        buf = self._buffer
+        buf = self.partial
         if buf:
             buf += data
             if len(buf) < self._need:
@@ -471,8 +473,8 @@ class Decoder:
 
     @property
     def pending(self) -> int:
-        """Bytes of a packet not complete yet (buffered)."""
-        return len(self._buffer)
+        """Bytes of a packet not complete yet (buffered): ``len(partial)``."""
+        return len(self.partial)
 
     def _parse(self, data: bytes) -> list[Packet]:
         packets: list[Packet] = []
@@ -533,7 +535,7 @@ class Decoder:
             exc.packets = packets
             raise
         if pos < n:
-            self._buffer += memoryview(data)[pos:]
+            self.partial += memoryview(data)[pos:]
             self._need = need
         return packets
 
