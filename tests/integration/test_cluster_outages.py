@@ -4,7 +4,9 @@ with the right reason codes (CONNACK 0x88, PUBACK 0x83 in v5), and resumes
 by itself.
 
 The module has its own Tansu and Redis (killed and restarted here) and
-reaches the run's PostgreSQL through a TCP proxy that the tests cut.
+reaches the run's PostgreSQL through a TCP proxy that the tests cut.  Kafka
+goes away last: the other tests start from a node whose consumer groups
+are all reading, and that test shows itself that every path resumes.
 """
 
 from __future__ import annotations
@@ -88,33 +90,6 @@ def _eventually(check, timeout: float = 60.0, every: float = 1.0):
             time.sleep(every)
 
 
-def test_kafka_away_gives_0x83_and_0x88_then_the_node_resumes(node, outside):
-    kafka = outside[1]
-    topic = f"k/{uid()}"
-    sub = _connect(node)
-    sub.subscribe(topic, qos=1)
-    pub = _connect(node)
-    assert _puback_code(pub, topic, b"before") == 0
-    assert sub.get(timeout=30).payload == b"before"
-    kafka.down()
-    assert _puback_code(pub, topic, b"during") == 0x83  # Implementation specific error
-    _connect(node, expect_rc=0x88)  # Server unavailable: the cluster did not answer
-    node.wait_log("not accepted by the bus")
-    kafka.up()  # the same port
-
-    def resumed():
-        fresh = _connect(node)
-        try:
-            assert _puback_code(fresh, topic, b"after", timeout=15) == 0
-        finally:
-            fresh.close()
-
-    _eventually(resumed, timeout=90)
-    assert _eventually(lambda: sub.get_for(topic, timeout=5)).payload == b"after"
-    for c in (sub, pub):
-        c.close()
-
-
 def test_redis_away_holds_persistent_messages_until_it_is_back(node, outside):
     redis = outside[2]
     topic, cid = f"r/{uid()}", f"dev-{uid()}"
@@ -144,3 +119,39 @@ def test_postgresql_away_gives_0x88_then_logins_work_again(node, outside):
     proxy.up()  # the same port
     _eventually(lambda: _connect(node).close(), timeout=60)
 
+
+def test_kafka_away_gives_0x83_and_0x88_then_the_node_resumes(node, outside):
+    kafka = outside[1]
+    topic, cid = f"k/{uid()}", f"dev-{uid()}"
+    sub = _connect(node)
+    sub.subscribe(topic, qos=1)
+    pub = _connect(node)
+    assert _puback_code(pub, topic, b"before") == 0
+    assert sub.get(timeout=30).payload == b"before"
+    kafka.down()
+    assert _puback_code(pub, topic, b"during") == 0x83  # Implementation specific error
+    _connect(node, expect_rc=0x88)  # Server unavailable: the cluster did not answer
+    node.wait_log("not accepted by the bus")
+    kafka.up()  # the same port
+
+    def resumed():
+        fresh = _connect(node)
+        try:
+            assert _puback_code(fresh, topic, b"after", timeout=15) == 0
+        finally:
+            fresh.close()
+
+    _eventually(resumed, timeout=90)
+    assert _eventually(lambda: sub.get_for(topic, timeout=5)).payload == b"after"
+    # every consumer group reads again, those of persistent sessions too: a
+    # message for an offline persistent device goes through
+    # tbmq.msg.persisted and the device store
+    offline = _connect(node, cid, clean_start=False, session_expiry=300)
+    offline.subscribe(topic + "/dev", qos=1)
+    offline.disconnect()
+    assert _puback_code(pub, topic + "/dev", b"stored") == 0
+    back = _connect(node, cid, clean_start=False, session_expiry=300)
+    assert back.session_present is True
+    assert back.get(timeout=60).payload == b"stored"
+    for c in (sub, pub, back):
+        c.close()
