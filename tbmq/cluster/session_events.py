@@ -27,6 +27,7 @@ twice and none forgets them (:meth:`SessionEvents.on_registry_change`).
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from typing import Callable
 
 from twisted.internet import defer
@@ -85,6 +86,10 @@ class SessionEvents:
         self.timeout = timeout
         #: client id -> session id taken over here, until the registry shows it
         self._taken: dict[str, str] = {}
+        #: client id -> (session id, seconds) of the last connection this
+        #: member granted, until the registry shows it (at most
+        #: :attr:`GRANT_MEMORY` seconds), oldest first
+        self._granted: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._pending: dict[str, defer.Deferred] = {}
         self.consumers: list = []
 
@@ -213,8 +218,28 @@ class SessionEvents:
                              DisconnectCommand(event.client_id, info.session_id, 0x8E))
         present = info is not None and info.persistent and not event.clean_start
         response = SessionEventResponse(event.client_id, event.request_id, True, present, info)
+        self._grant(event.client_id, event.session_id)
         return self.bus.publish(self.topics.session_event_response(event.service_id),
                                 event.client_id, response)
+
+    #: seconds a granted connection is remembered while the registry has
+    #: not shown it yet (the lag of ``tbmq.client.session`` behind the
+    #: session events)
+    GRANT_MEMORY = 60.0
+
+    def _grant(self, client_id: str, session_id: str) -> None:
+        """Remember that a connection of ``client_id`` was granted here: a
+        gone node's session that the registry still shows, because the new
+        connection's record has not reached it yet, is not taken over."""
+        granted = self._granted
+        now = self.clock.seconds()
+        granted.pop(client_id, None)
+        granted[client_id] = (session_id, now)
+        while granted:
+            oldest = next(iter(granted.values()))
+            if oldest[1] + self.GRANT_MEMORY >= now:
+                break
+            granted.popitem(last=False)
 
     def _take_over(self, event: SessionEvent) -> None:
         info = self.registry.get(event.client_id)
@@ -222,6 +247,14 @@ class SessionEvents:
                 or info.session_id != event.session_id
                 or self._taken.get(event.client_id) == event.session_id):
             return  # moved, ended or taken over already
+        granted = self._granted.get(event.client_id)
+        if (granted is not None and granted[0] != event.session_id
+                and granted[1] + self.GRANT_MEMORY >= self.clock.seconds()):
+            # a connection granted since, decided before this event in the
+            # client id's order: the gone node's session ended there
+            log.info("session {client_id} of gone node {node} is not taken over: the client "
+                     "connected again", client_id=event.client_id, node=event.service_id)
+            return
         self._taken[event.client_id] = event.session_id
         log.info("taking over session {client_id} of gone node {node}",
                  client_id=event.client_id, node=event.service_id)
@@ -239,6 +272,9 @@ class SessionEvents:
         taken = self._taken.get(client_id)
         if taken is not None and (new is None or new.session_id != taken):
             del self._taken[client_id]
+        granted = self._granted.get(client_id)
+        if granted is not None and (new is None or new.session_id == granted[0]):
+            del self._granted[client_id]  # the registry shows it now
         if new is not None and new.service_id != self.service_id and (
                 old is None or old.session_id != new.session_id):
             self.forget_local(client_id, new)

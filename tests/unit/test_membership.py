@@ -3,6 +3,8 @@ node counted gone, replays ignored, and the takeover requests it makes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from twisted.internet import task
 
 from tbmq.backends.inprocess_bus import InProcessBus
@@ -89,3 +91,34 @@ def test_this_nodes_heartbeats_reach_the_others():
     w.me.stop()
     w.run(0.1)
     assert seen[-1].stopping is True
+
+
+def test_a_gone_nodes_session_is_not_taken_over_once_the_client_connected_again():
+    """The decider grants a connection on node B, then hears that node A,
+    which held the session, is gone, before B's session record reached its
+    registry: the connection granted since ends A's session; nothing is
+    taken over, and B's client is not dropped."""
+    from tbmq.cluster.records import CONNECTION_REQUEST, NODE_GONE, SessionEvent
+    from tbmq.cluster.session_events import SessionEvents
+
+    w = World()
+    w.bus.publish(w.topics.client_session, "dev", info("dev", "node-a"))
+    taken, answers = [], []
+    events = SessionEvents(w.bus, w.topics, "me", w.registry, w.clock,
+                           drop_local=lambda *a: None, forget_local=lambda *a: None,
+                           take_over=taken.append)
+    events.start()
+    w.bus.subscribe(w.topics.session_event_response("node-b"), "b", answers.append)
+    w.bus.publish(w.topics.session_event_request, "dev", SessionEvent(
+        CONNECTION_REQUEST, "dev", "node-b", "s-new", "r1", persistent=True))
+    assert [a.value.request_id for a in answers] == ["r1"]
+    # node A's takeover is asked before node B's record reached the registry
+    w.bus.publish(w.topics.session_event_request, "dev", SessionEvent(
+        NODE_GONE, "dev", "node-a", "s-dev", "r2", at=w.clock.seconds()))
+    assert taken == []
+    # once the registry shows the new connection, a later node loss is decided as usual
+    w.bus.publish(w.topics.client_session, "dev",
+                  dataclasses.replace(info("dev", "node-b"), session_id="s-new"))
+    w.bus.publish(w.topics.session_event_request, "dev", SessionEvent(
+        NODE_GONE, "dev", "node-b", "s-new", "r3", at=w.clock.seconds()))
+    assert [i.service_id for i in taken] == ["node-b"]
