@@ -16,6 +16,7 @@ import time
 import pytest
 
 from tests.integration.cluster import ClusterNode, Services
+from tests.integration.conftest import _LIVE
 from tests.integration.helpers import PahoClient, uid
 from tests.kafka import Tansu, free_port
 from tests.postgres import Proxy, TcpProxy, new_database
@@ -50,11 +51,13 @@ def node(outside, tmp_path_factory):
     n = ClusterNode(tmp_path_factory.mktemp("outages"), services, "node-o",
                     env={"TBMQ_AUTH__REFRESH_INTERVAL": "1"})
     n.start()
+    _LIVE.append(n)  # its log printed when a test fails
     yield n
     try:
         n.stop()
     finally:
         n.kill()
+        _LIVE.remove(n)
 
 
 def _connect(node, client_id=None, expect_rc=0, **kwargs) -> PahoClient:
