@@ -40,13 +40,13 @@ from tbmq.broker.traffic import LATENCY_BOUNDS
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
-from tbmq.mqtt import MQTT_5, Property, Publish, Pubrel
+from tbmq.mqtt import MQTT_5, Property, Pubrel
 from tbmq.mqtt.codec import encode_publish_fields, publish_with_packet_id
 
 _SENT = DeliveryState.SENT
+_RELEASED = DeliveryState.RELEASED
 #: most deliveries fall in the first latency bucket: one comparison
 FIRST_LATENCY_BOUND = LATENCY_BOUNDS[0]
-_RELEASED = DeliveryState.RELEASED
 #: fixed cost counted per queued message on top of its payload, bytes
 MESSAGE_OVERHEAD = 200
 #: a hold credit refills over this many times its capacity

@@ -8,8 +8,6 @@ collector (:mod:`tbmq.ops.metrics`) and the ``$SYS`` publisher
 
 from __future__ import annotations
 
-from bisect import bisect_left
-
 #: upper bounds, in seconds, of the delivery latency histogram's buckets
 #: (the last bucket, past the last bound, is +Inf)
 LATENCY_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -38,7 +36,8 @@ class Traffic:
         fan-out that share one encoded PUBLISH are observed once (their
         latency is the same); messages sent with RETAIN set and resends
         are not counted.
-    :ivar latency_sum: the sum of the latencies counted, seconds.
+    :ivar latency_sum: the sum of the latencies counted, seconds (the
+        outbox counts both inline, :meth:`tbmq.broker.outbox.Outbox._encoded`).
     :ivar bytes_read: bytes read from MQTT connections.
     :ivar bytes_written: bytes written to MQTT connections.
     """
@@ -55,12 +54,6 @@ class Traffic:
         self.latency_sum = 0.0
         self.bytes_read = 0
         self.bytes_written = 0
-
-    def observe_latency(self, seconds: float) -> None:
-        """Count one delivery of latency ``seconds`` (the outbox does the
-        same inline)."""
-        self.latency[bisect_left(LATENCY_BOUNDS, seconds)] += 1
-        self.latency_sum += seconds
 
     def snapshot(self) -> dict:
         """:returns: the totals as plain data (lists copied)."""
