@@ -140,7 +140,7 @@ class Broker:
                              self.sessions_by_id, self.registry.get)
         self.applications = ApplicationReader(bus, self.topics.app, self.topics.app_shared)
         self.book = SubscriptionBook(bus, self.topics.client_subscriptions, self.service_id,
-                                     self.router)
+                                     self.router, clock)
         self.sessions = SessionManager(self._session_context, self.router, self.registry,
                                        self.book, self.service_id, self.sessions_by_id)
         self.events = SessionEvents(bus, self.topics, self.service_id, self.registry, clock,

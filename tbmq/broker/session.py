@@ -585,9 +585,10 @@ class Session(Outbox):
             self.deliver(message, qos, True, sids, None, now)
 
     def _after_save(self, then: Callable, conn) -> None:
-        """Publish the subscriptions, then run ``then`` once every node's
-        trie has them (and, for the embedded default, the topic log): SUBACK
-        promises that matching messages are delivered from then on."""
+        """Publish the subscriptions, then run ``then`` once this node's
+        trie has them (and the bus holds them: Kafka acknowledged, or the
+        embedded default's topic log stored them): SUBACK promises that
+        matching messages published afterwards are delivered."""
         result = self.ctx.subscriptions.save(self)
         if result is None:
             then()

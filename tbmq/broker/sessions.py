@@ -369,8 +369,9 @@ class SessionManager:
     def save(self, session: Session):
         """Publish the subscriptions of ``session`` (``tbmq.client.subscriptions``).
 
-        :returns: None or a Deferred that fires once every node's trie has
-            them (and, in the embedded default, the SQLite topic log).
+        :returns: None or a Deferred that fires once the bus holds them and
+            this node's trie has them
+            (:meth:`tbmq.cluster.registry.SubscriptionBook.put`).
         """
         return self.book.put(session.client_id, session.subscriptions)
 

@@ -19,12 +19,14 @@ log, so a restart replays them.
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.cluster.records import Record, SessionInfo, SubscriptionsRecord
+from tbmq.errors import BusPublishError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import SubscriptionOptions
 from tbmq.mqtt.topics import parse_shared_subscription
@@ -142,13 +144,24 @@ class SubscriptionBook:
     :ivar subscriptions: client id → ``{topic filter: SubscriptionOptions}``.
     """
 
-    def __init__(self, bus, topic: str, service_id: str, router) -> None:
+    #: the header that names a record's write, for :meth:`put` to wait for it
+    WRITE_HEADER = "tbmq-write"
+    #: seconds :meth:`put` waits at most for this node's consumer to read
+    #: the record back
+    READ_BACK_TIMEOUT = 30.0
+
+    def __init__(self, bus, topic: str, service_id: str, router, clock=None) -> None:
         self.bus = bus
         self.topic = topic
         self.service_id = service_id
         self.router = router
+        self.clock = clock
         self.subscriptions: dict[str, dict[str, SubscriptionOptions]] = {}
         self.consumer = None
+        # this node's writes not read back yet: write id -> Deferred
+        self._prefix = f"{service_id}/{os.urandom(4).hex()}/".encode()
+        self._writes = 0
+        self._unread: dict[bytes, defer.Deferred] = {}
 
     def start(self) -> defer.Deferred:
         """Replay ``tbmq.client.subscriptions`` from the beginning into the
@@ -163,7 +176,16 @@ class SubscriptionBook:
 
     def _on_record(self, record: Record) -> None:
         client_id = record.key
-        new = record.value.subscriptions if record.value is not None else {}
+        self._apply(client_id, record.value)
+        if self._unread:
+            for name, value in record.headers:
+                if name == self.WRITE_HEADER:
+                    waiter = self._unread.pop(value, None)
+                    if waiter is not None:
+                        waiter.callback(None)
+
+    def _apply(self, client_id: str, value: SubscriptionsRecord | None) -> None:
+        new = value.subscriptions if value is not None else {}
         old = self.subscriptions.get(client_id, {})
         router = self.router
         for topic_filter in old:
@@ -185,10 +207,58 @@ class SubscriptionBook:
 
     def put(self, client_id: str, subscriptions: dict[str, SubscriptionOptions]):
         """Publish the whole set of ``client_id``'s subscriptions (a tombstone
-        when empty).
+        when empty), and wait until this node's own consumer has read the
+        record back, so that this node's trie has them: a SUBACK sent then
+        promises that a message published afterwards through this node
+        matches them (on Kafka the bus's acknowledgement comes before any
+        consumer read the record; other nodes' tries follow within their
+        consumer's lag, as in TBMQ).
 
-        :returns: the bus's publish result (None or a Deferred): once it
-            fired, every node's trie has them.
+        The record carries a :data:`WRITE_HEADER` naming this write (this
+        node's service id, a random id of this process, a counter), which
+        is how the consumer recognises it.
+
+        :returns: None when both already happened during the call (the
+            in-process bus), else a Deferred firing with None once both
+            happened; it fails with the bus's :class:`~tbmq.errors.BusError`,
+            or with :class:`~tbmq.errors.BusPublishError` when the record was
+            acknowledged but not read back within :data:`READ_BACK_TIMEOUT`
+            seconds (this node's consumer of ``tbmq.client.subscriptions``
+            is stuck).
         """
         value = SubscriptionsRecord(client_id, dict(subscriptions)) if subscriptions else None
-        return self.bus.publish(self.topic, client_id, value)
+        self._writes += 1
+        write = self._prefix + str(self._writes).encode()
+        read_back = self._unread[write] = defer.Deferred()
+        published = self.bus.publish(self.topic, client_id, value,
+                                     ((self.WRITE_HEADER, write),))
+        if not isinstance(published, defer.Deferred):
+            if read_back.called:
+                return None  # handled during the call
+            published = defer.succeed(None)
+        timer = None
+        if self.clock is not None and not read_back.called:
+            timer = self.clock.callLater(self.READ_BACK_TIMEOUT, self._not_read_back, write)
+
+        def published_ok(_):
+            return read_back
+
+        def published_failed(failure):
+            self._unread.pop(write, None)
+            return failure
+
+        def done(result):
+            if timer is not None and timer.active():
+                timer.cancel()
+            return result
+
+        return published.addCallbacks(published_ok, published_failed).addBoth(done)
+
+    def _not_read_back(self, write: bytes) -> None:
+        waiter = self._unread.pop(write, None)
+        if waiter is not None:
+            log.warn("the consumer of {topic} did not read this node's write back within "
+                     "{seconds:.0f} s", topic=self.topic, seconds=self.READ_BACK_TIMEOUT)
+            waiter.errback(BusPublishError(
+                f"{self.topic}: the record was acknowledged but not read back within "
+                f"{self.READ_BACK_TIMEOUT:.0f} s"))

@@ -4,9 +4,10 @@ with the right reason codes (CONNACK 0x88, PUBACK 0x83 in v5), and resumes
 by itself.
 
 The module has its own Tansu and Redis (killed and restarted here) and
-reaches the run's PostgreSQL through a TCP proxy that the tests cut.  Kafka
-goes away last, so that the other tests start from a node whose consumer
-groups are all reading.
+reaches the run's PostgreSQL through a TCP proxy that the tests cut.  Its
+node is alone in its cluster, so it matches every message itself.  Kafka
+goes away last, and its test shows that every path resumes, the persistent
+one (``tbmq.msg.persisted``, the device store) too.
 """
 
 from __future__ import annotations
@@ -93,6 +94,32 @@ def _eventually(check, timeout: float = 60.0, every: float = 1.0):
             time.sleep(every)
 
 
+def test_after_suback_a_message_through_the_node_is_delivered(node):
+    """SUBACK promises that matching messages published afterwards are
+    delivered, as every broker does on the node that sent it.  Kafka acknowledges the subscriptions record
+    before any consumer read it, so the node sends SUBACK only once its own
+    consumer of ``tbmq.client.subscriptions`` has put the subscription in
+    its trie.  The node is alone in its cluster (it matches every message),
+    and each round publishes at once after SUBACK: to a live subscriber,
+    and to a persistent device that went offline."""
+    pub = _connect(node)
+    for i in range(15):
+        topic, cid = f"now/{uid()}", f"dev-{uid()}"
+        live = _connect(node)
+        live.subscribe(topic, qos=1)
+        assert _puback_code(pub, topic, b"live %d" % i) == 0
+        assert live.get(timeout=30).payload == b"live %d" % i
+        device = _connect(node, cid, clean_start=False, session_expiry=300)
+        device.subscribe(topic + "/dev", qos=1)
+        device.disconnect()
+        assert _puback_code(pub, topic + "/dev", b"stored %d" % i) == 0
+        back = _connect(node, cid, clean_start=False, session_expiry=300)
+        assert back.get(timeout=30).payload == b"stored %d" % i
+        for c in (live, back):
+            c.close()
+    pub.close()
+
+
 def test_redis_away_holds_persistent_messages_until_it_is_back(node, outside):
     redis = outside[2]
     topic, cid = f"r/{uid()}", f"dev-{uid()}"
@@ -125,7 +152,7 @@ def test_postgresql_away_gives_0x88_then_logins_work_again(node, outside):
 
 def test_kafka_away_gives_0x83_and_0x88_then_the_node_resumes(node, outside):
     kafka = outside[1]
-    topic = f"k/{uid()}"
+    topic, cid = f"k/{uid()}", f"dev-{uid()}"
     sub = _connect(node)
     sub.subscribe(topic, qos=1)
     pub = _connect(node)
@@ -146,5 +173,15 @@ def test_kafka_away_gives_0x83_and_0x88_then_the_node_resumes(node, outside):
 
     _eventually(resumed, timeout=90)
     assert _eventually(lambda: sub.get_for(topic, timeout=5)).payload == b"after"
-    for c in (sub, pub):
+    # every consumer group reads again, those of persistent sessions too: a
+    # message for an offline persistent device goes through
+    # tbmq.msg.persisted and the device store
+    offline = _connect(node, cid, clean_start=False, session_expiry=300)
+    offline.subscribe(topic + "/dev", qos=1)
+    offline.disconnect()
+    assert _puback_code(pub, topic + "/dev", b"stored") == 0
+    back = _connect(node, cid, clean_start=False, session_expiry=300)
+    assert back.session_present is True
+    assert back.get(timeout=60).payload == b"stored"
+    for c in (sub, pub, back):
         c.close()
