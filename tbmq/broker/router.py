@@ -113,6 +113,8 @@ class Router:
         self.application = ApplicationSink(bus, topics.app)
         self.application_shared = SharedApplicationSink(bus, topics.app_shared)
         self.consumer = None
+        self._msg_all = topics.msg_all
+        self._seconds = clock.seconds
 
     def start(self):
         """Join the consumer groups of ``tbmq.msg.all`` (one group for the
@@ -150,7 +152,7 @@ class Router:
             if second is None:
                 return first
             return defer.gatherResults([first, second], consumeErrors=True)
-        return bus.publish(self.topics.msg_all, message.topic, message)
+        return bus.publish(self._msg_all, message.topic, message)
 
     def _on_retained(self, record):
         message = record.value
@@ -184,7 +186,7 @@ class Router:
         sessions = self.sessions
         # one target: encoded with its own packet id, nothing to share
         cache: dict | None = {} if len(targets) > 1 else None
-        now = self.clock.seconds()
+        now = self._seconds()
         pending = None
         retain = message.retain
         source = self.consumer
@@ -216,7 +218,7 @@ class Router:
         msg_qos = message.qos
         retain = message.retain
         cache: dict | None = {} if len(subs) > 1 else None
-        now = self.clock.seconds()
+        now = self._seconds()
         source = self.consumer
         pending = None
         shared_sent = False
@@ -378,7 +380,7 @@ class Router:
         messages = self.retained.match(topic_filter)
         if not messages:
             return messages
-        now = self.clock.seconds()
+        now = self._seconds()
         live = []
         for message in messages:
             if message.expires_at is not None and message.expires_at <= now:

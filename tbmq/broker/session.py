@@ -271,14 +271,14 @@ class Session(Outbox):
                 raise ProtocolViolation(0x99, "payload is not UTF-8")
             self.ack_when(None, (Puback if qos == 1 else Pubrec)(pid, 0x99))
             return None
-        now = self.ctx.clock.seconds()
+        now = conn.received_at
         hit = self._allowed.get(topic) if conn.auth is self._allowed_for else None
         if hit is not None and hit[1] > now:
             allowed = hit[0]  # the authorization cache
         else:
             allowed = self._may_publish(topic, conn, now)
         if allowed is True:
-            self._publish(packet, topic, conn, now)
+            self._publish(packet, topic, conn, now, v5)
             return None
         if allowed is False:
             self._publish_denied(packet, topic, conn)
@@ -288,7 +288,7 @@ class Session(Outbox):
             if self.connection is not conn:
                 return
             if allowed:
-                self._publish(packet, topic, conn, self.ctx.clock.seconds())
+                self._publish(packet, topic, conn, self.ctx.clock.seconds(), v5)
             else:
                 self._publish_denied(packet, topic, conn)
 
@@ -331,13 +331,13 @@ class Session(Outbox):
         elif packet.qos == 2:
             self.ack_when(None, Pubrec(packet.packet_id, code))
 
-    def _publish(self, packet: Publish, topic: str, conn, now: float) -> None:
+    def _publish(self, packet: Publish, topic: str, conn, now: float, v5: bool) -> None:
         """Hand the message to the pipeline; acknowledge once it is durable.
 
-        :param now: seconds since the epoch (the time of receipt)."""
+        :param now: seconds since the epoch (the time of receipt).
+        :param v5: the connection speaks MQTT 5.0."""
         qos = packet.qos
         props = packet.properties
-        v5 = conn.protocol_level >= MQTT_5
         expires_at = None
         if v5 and props:
             expiry = props.get(Property.MESSAGE_EXPIRY_INTERVAL)
