@@ -141,6 +141,13 @@ class IConsumer(Interface):
     def resume():
         """Hand records again, starting with those that waited.  Idempotent."""
 
+    def lag():
+        """:returns: ``int``, records of this member's partitions that its
+        group has not committed yet (not handed yet, or handed and their
+        results not all fired); a Kafka consumer counts the records it has
+        not read from the high watermarks of its last fetches, so the figure
+        may be a second old.  For the operations metrics."""
+
     def stop():
         """Leave the group: the member's partitions go to the other members,
         from the group's committed offsets.

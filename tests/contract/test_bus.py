@@ -216,6 +216,30 @@ def test_commit_only_after_the_handlers_deferred_fired(env):
     assert values(second) == [b"2", b"3"]
 
 
+def test_lag_counts_the_records_the_group_has_not_committed(env):
+    bus = env.bus()
+    topic = env.catalogue.events
+    handed: list = []
+    results: list = []
+
+    def hold(record):
+        d = defer.Deferred()
+        results.append(d)
+        return d
+
+    consumer = env.subscribe(bus, topic, "g", collector(handed, hold), exclusive=True)
+    env.settle()
+    assert env.call(consumer.lag) == 0
+    for i in range(4):
+        env.publish(bus, topic, "k", b"%d" % i)
+    env.wait_until(lambda: len(handed) == 4)
+    assert env.call(consumer.lag) == 4  # handed, results not fired
+    env.call(lambda: [d.callback(None) for d in results[:3]])
+    env.wait_until(lambda: env.call(consumer.lag) == 1)
+    env.call(results[3].callback, None)
+    env.wait_until(lambda: env.call(consumer.lag) == 0)
+
+
 def test_a_member_is_never_reentered(env):
     bus = env.bus()
     topic = env.catalogue.events

@@ -21,6 +21,7 @@ class ScriptedClient(ConsumerClient):
         self._reported_end = reported_end
         self.polls: queue.SimpleQueue = queue.SimpleQueue()
         self.calls: list = []
+        self.high: dict = {}  # the high watermarks "fetched"
         self.on_assign = self.on_revoke = None
 
     def partitions(self):
@@ -41,6 +42,9 @@ class ScriptedClient(ConsumerClient):
 
     def end_offsets(self, partitions):
         return {p: self._reported_end for p in partitions}
+
+    def high_watermarks(self, partitions):
+        return {p: self.high[p] for p in partitions if p in self.high}
 
     def poll(self, timeout, max_records, want_ends):
         self.calls.append(("want", sorted(want_ends)))
@@ -148,6 +152,20 @@ def test_from_beginning_ignores_the_commits_but_does_not_move_them_back():
     assert sink.batches == [([(0, 0), (0, 1)], [0, 1])]
     stop(loop, sink, reactor)
     assert commits(client) == []
+
+
+def test_the_backlog_is_what_the_partitions_hold_beyond_what_was_handed():
+    client = ScriptedClient(committed={0: 0, 1: 0})
+    loop, sink, reactor = start(client)
+    reactor.wait(lambda: sink.assigned)
+    client.high = {0: 10, 1: 3}
+    client.polls.put((records(0, [0, 1, 2, 3]), {}))
+    reactor.wait(lambda: sink.batches)
+    deadline = time.monotonic() + 5
+    while loop.backlog != 6 + 3:  # read again within BACKLOG_EVERY
+        assert time.monotonic() < deadline, f"backlog {loop.backlog}"
+        time.sleep(0.05)
+    stop(loop, sink, reactor)
 
 
 def test_the_reactor_asks_and_the_thread_does_between_polls():

@@ -206,6 +206,14 @@ class ConsumerClient(drivers.ConsumerClient):
     def end_offsets(self, partitions: list[int]) -> dict[int, int]:
         return self._watermarks(partitions, 1)
 
+    def high_watermarks(self, partitions: list[int]) -> dict[int, int]:
+        found = {}
+        for p in partitions:
+            high = self._consumer.get_watermark_offsets(self._tp(p), cached=True)[1]
+            if high >= 0:
+                found[p] = high
+        return found
+
     def poll(self, timeout: float, max_records: int,
              want_ends: set[int]) -> tuple[list[RawRecord], dict[int, int]]:
         consumer = self._consumer

@@ -183,6 +183,16 @@ class KafkaConsumer:
             self._want_paused()
             self._schedule()
 
+    def lag(self) -> int:
+        """:returns: records of this member's partitions that its group has
+        not committed yet: those the thread has not read or handed over
+        (from the high watermarks of its last fetches, read once a second)
+        and those here whose results have not all fired (the operations
+        metrics' ``tbmq_consumer_lag_records``)."""
+        loop = self.loop
+        backlog = loop.backlog if loop is not None else 0
+        return backlog + sum(len(t.pending) for t in self._tracks.values() if t.live)
+
     def stop(self) -> defer.Deferred:
         """Leave the group: commit what the handlers finished, close the
         client (its partitions go to the other members from the committed

@@ -153,6 +153,12 @@ class ConsumerClient:
         base offset of the last batch + 1: too low; see the loop)."""
         raise NotImplementedError
 
+    def high_watermarks(self, partitions: list[int]) -> dict[int, int]:
+        """:returns: partition → its high watermark as the last fetch of it
+        reported (no request; right on Tansu too), for those of
+        ``partitions`` fetched since they were assigned."""
+        raise NotImplementedError
+
     def poll(self, timeout: float, max_records: int,
              want_ends: set[int]) -> tuple[list[RawRecord], dict[int, int]]:
         """Read what is there, waiting ``timeout`` seconds at most.

@@ -191,6 +191,14 @@ class ConsumerClient(drivers.ConsumerClient):
         found = self._consumer.end_offsets([self._tp(p) for p in partitions])
         return {tp.partition: offset for tp, offset in found.items()}
 
+    def high_watermarks(self, partitions: list[int]) -> dict[int, int]:
+        found = {}
+        for p in partitions:
+            end = self._consumer.highwater(self._tp(p))
+            if end is not None:
+                found[p] = end
+        return found
+
     def poll(self, timeout: float, max_records: int,
              want_ends: set[int]) -> tuple[list[RawRecord], dict[int, int]]:
         consumer = self._consumer

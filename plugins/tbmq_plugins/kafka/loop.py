@@ -44,7 +44,7 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.bridge import ask_reactor
 from tbmq_plugins.kafka.drivers import ConsumerClient
 
-__all__ = ["POLL_TIMEOUT", "RETRY_DELAY", "ConsumerLoop"]
+__all__ = ["BACKLOG_EVERY", "POLL_TIMEOUT", "RETRY_DELAY", "ConsumerLoop"]
 
 log = Logger(observer=LOG_OBSERVER)
 
@@ -52,6 +52,8 @@ log = Logger(observer=LOG_OBSERVER)
 POLL_TIMEOUT = 0.05
 #: Seconds between two attempts while Kafka fails.
 RETRY_DELAY = 0.5
+#: Seconds between two readings of the backlog (:attr:`ConsumerLoop.backlog`).
+BACKLOG_EVERY = 1.0
 
 
 class ConsumerLoop:
@@ -72,6 +74,9 @@ class ConsumerLoop:
     :param stuck: seconds without an assignment after which a member joins
         its group again as a new member.
     :param name: the thread's name (and the consumer's, in log lines).
+    :ivar backlog: records the partitions of this member hold beyond what
+        the thread handed to the reactor (high watermarks of the last
+        fetches), read every :data:`BACKLOG_EVERY` seconds; ``int``.
     """
 
     def __init__(self, reactor: Any, make_client: Callable[[], ConsumerClient], sink: Any, *,
@@ -107,6 +112,8 @@ class ConsumerLoop:
         self._rebalancing = False  # partitions revoked (or none yet), none assigned since
         self._closing = False
         self._rebalance_deadline = 0.0
+        self.backlog = 0
+        self._backlog_at = 0.0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # -- from the reactor (thread-safe) -------------------------------------------------
@@ -265,6 +272,18 @@ class ConsumerLoop:
         self._reached.update(reached)
         if records or reached:
             self._reactor.callFromThread(self._sink._batch, records, reached)
+        now = time.monotonic()
+        if now >= self._backlog_at:
+            self._backlog_at = now + BACKLOG_EVERY
+            self._read_backlog(client)
+
+    def _read_backlog(self, client: ConsumerClient) -> None:
+        nexts = self._next
+        try:
+            ends = client.high_watermarks(list(nexts))
+        except Exception:  # noqa: BLE001 - a figure for the metrics, read again later
+            return
+        self.backlog = sum(max(0, end - nexts[p]) for p, end in ends.items() if p in nexts)
 
     # -- assignments -----------------------------------------------------------------------
 
