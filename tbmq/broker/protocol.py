@@ -106,9 +106,6 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         (``mqtt.max_session_expiry_interval``, or
         ``auth.anonymous_max_session_expiry`` for an anonymous client when
         lower), once authenticated.
-    :ivar received_at: the time of receipt of the packets being handled,
-        seconds since the epoch: when the read that brought them, or a
-        later one, happened (one clock reading per read, not per packet).
     """
 
     log = Logger(observer=LOG_OBSERVER)
@@ -118,7 +115,6 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         self._traffic = ctx.traffic
         self.listener = listener
         self.callLater = ctx.clock.callLater
-        self._seconds = ctx.clock.seconds
         self.decoder = Decoder(max_packet_size=max_packet_size,
                                max_connect_size=ctx.config.mqtt.max_connect_packet_size)
         self.server_max_packet_size = max_packet_size
@@ -130,7 +126,6 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         self.topic_alias_maximum = 0
         self.paused = False
         self.paused_bytes = 0
-        self.received_at = 0.0
         self._out: list[bytes] = []
         self._closing = False
         self._connacked = False
@@ -176,8 +171,6 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
                 self._partial_since = None
             elif packets or self._partial_since is None:
                 self._packet_started()
-        if packets:
-            self.received_at = self._seconds()
         if self._gate:
             self._waiting.extend(packets)
             return

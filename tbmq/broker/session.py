@@ -271,7 +271,7 @@ class Session(Outbox):
                 raise ProtocolViolation(0x99, "payload is not UTF-8")
             self.ack_when(None, (Puback if qos == 1 else Pubrec)(pid, 0x99))
             return None
-        now = conn.received_at
+        now = self.ctx.clock.seconds()
         hit = self._allowed.get(topic) if conn.auth is self._allowed_for else None
         if hit is not None and hit[1] > now:
             allowed = hit[0]  # the authorization cache

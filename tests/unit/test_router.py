@@ -181,7 +181,6 @@ class FakeConnection:
         self.topic_alias_maximum = 0
         self.paused = False
         self.paused_bytes = 0
-        self.received_at = 0.0
         self.auth = None
         self.out = b""
         self.closed_with = None
