@@ -299,7 +299,54 @@ class Amqtt(Broker):
         return [os.path.join(VENV, "bin", "amqtt"), "-c", conf]
 
 
+class TbmqAt(Tbmq):
+    """tbmq of a committed revision (``tbmq@REV``), run beside the work
+    tree's in the same run so that both meet the same machine.
+
+    :param rev: a git revision of this repository, extracted once under
+        ``bench/out/src-SHA`` (:func:`tbmq_source`).
+    """
+
+    def __init__(self, rev: str, extra_env: dict | None = None) -> None:
+        self.name = f"tbmq@{rev}"
+        self.src = tbmq_source(rev)
+        super().__init__(extra_env)
+
+    def env(self) -> dict:
+        env = Broker.env(self)
+        env["PYTHONPATH"] = self.src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["BENCH_TBMQ_SRC"] = self.src  # tbmq_launch.py: only that tree's entry points
+        return env
+
+
 BROKERS = {"tbmq": Tbmq, "mosquitto": Mosquitto, "amqtt": Amqtt}
 
 #: MQTT levels each broker speaks
 LEVELS = {"tbmq": (4, 5), "mosquitto": (4, 5), "amqtt": (4,)}
+
+
+def kind(name: str) -> str:
+    """The broker kind of a ``--brokers`` name: ``tbmq@REV`` is a tbmq."""
+    return name.split("@", 1)[0]
+
+
+def known(name: str) -> bool:
+    """Is ``name`` a broker :func:`make_broker` can start?"""
+    return name in BROKERS or (kind(name) == "tbmq" and "@" in name)
+
+
+def make_broker(name: str, extra_env: dict | None = None) -> Broker:
+    """A broker of ``--brokers`` name ``name``: ``tbmq``, ``mosquitto``,
+    ``amqtt``, or ``tbmq@REV`` (tbmq of git revision REV).
+
+    :raises KeyError: for another name."""
+    if name in BROKERS:
+        return BROKERS[name](extra_env)
+    if known(name):
+        return TbmqAt(name.split("@", 1)[1], extra_env)
+    raise KeyError(name)
+
+
+def levels_of(name: str) -> tuple[int, ...]:
+    """The MQTT levels broker ``name`` speaks."""
+    return LEVELS[kind(name)]

@@ -5,6 +5,7 @@ on this machine, and print one table with tbmq's ratio to each.
     python bench/run.py                                  # all but the flow-control scenarios, medians of 3
     python bench/run.py --scenarios fanin_qos0 --duration 2 --repeat 1 --brokers tbmq,mosquitto
     python bench/run.py --scenarios flow --brokers tbmq,mosquitto   # the flow-control scenarios
+    python bench/run.py --brokers tbmq,tbmq@5b0764d,mosquitto      # the work tree beside a revision
 
 Each (repeat, scenario, protocol, broker) gets a freshly started broker on a
 free loopback port; the runs are interleaved (repeat-major) so slow drifts of
@@ -26,7 +27,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.brokers import BROKERS, LEVELS, OUT, tbmq_source  # noqa: E402
+from bench.brokers import BROKERS, OUT, kind, known, levels_of, make_broker, tbmq_source  # noqa: E402
 
 
 def _tbmq_rev_from_argv(argv) -> str | None:
@@ -134,7 +135,7 @@ def run_one(name: str, broker_name: str, level: int, args, profile: str | None) 
         kw["count"] = args.amqtt_connections if small else args.connections
     elif name == "persistent":
         kw["count"] = args.amqtt_persistent if small else args.persistent
-        if broker_name == "tbmq":
+        if kind(broker_name) == "tbmq":
             # the queue of one persistent session must hold them all (default 10,000),
             # as Mosquitto's max_queued_messages 200000
             env["TBMQ_MQTT__MAX_QUEUED_MESSAGES"] = str(2 * kw["count"])
@@ -155,7 +156,7 @@ def run_one(name: str, broker_name: str, level: int, args, profile: str | None) 
     if profile and name in THROUGHPUT:
         kw["profile"] = profile
     waited, others_before = wait_for_quiet(args.quiet_wait, args.quiet_level)
-    broker = BROKERS[broker_name](env)
+    broker = make_broker(broker_name, env)
     t = time.monotonic()
     try:
         broker.start()
@@ -255,7 +256,7 @@ def table(results: list[dict], brokers: list[str], scen: list[str], levels: list
                 for b in brokers:
                     rs = runs[b]
                     if rs is None:
-                        cells.append("n/a (no MQTT 5)" if level not in LEVELS[b] else "—")
+                        cells.append("n/a (no MQTT 5)" if level not in levels_of(b) else "—")
                         vals[b] = None
                         continue
                     ok = [r for r in rs if r.get(key) is not None and not r.get("error")]
@@ -340,7 +341,7 @@ def print_saved(paths: list[str]) -> int:
                 order_l.append(r["level"])
         groups.update(mine)
     results = [r for rs in groups.values() for r in rs]
-    brokers = [b for b in BROKERS if b in order_b]
+    brokers = [b for b in BROKERS if b in order_b] + [b for b in order_b if b not in BROKERS]
     for k in groups:
         _known(k[0])
     scen = [s for s in SCENARIOS if any(k[0] == s for k in groups)]
@@ -353,7 +354,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scenarios", default="all",
                     help="comma list of " + ",".join([*SCENARIOS, LOSS])
                     + "; all (" + ",".join(BASIC) + "); flow (" + ",".join(FLOW) + ")")
-    ap.add_argument("--brokers", default="tbmq,mosquitto,amqtt")
+    ap.add_argument("--brokers", default="tbmq,mosquitto,amqtt",
+                    help="comma list of tbmq, mosquitto, amqtt and tbmq@REV (tbmq of git revision REV, "
+                         "extracted under bench/out/src-SHA, run in turn with the others)")
     ap.add_argument("--protocol", default="4,5", help="MQTT levels: 4 (3.1.1), 5 (5.0) or 4,5")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--duration", type=float, default=5.0, help="publishing time of throughput scenarios, s")
@@ -408,6 +411,9 @@ def main(argv=None) -> int:
         else:
             ap.error(f"unknown scenario {s}")
     brokers = args.brokers.split(",")
+    for b in brokers:
+        if not known(b):
+            ap.error(f"unknown broker {b}")
     levels = [int(x) for x in args.protocol.split(",")]
     os.environ["BENCH_MOSQUITTO_CONF"] = args.mosquitto_conf
     nofile = raise_nofile()  # inherited by the brokers and the workers
@@ -425,7 +431,7 @@ def main(argv=None) -> int:
         for name in scen:
             for level in levels:
                 for b in brokers:
-                    if level not in LEVELS[b] or level not in ONLY_LEVELS.get(name, (level,)):
+                    if level not in levels_of(b) or level not in ONLY_LEVELS.get(name, (level,)):
                         continue
                     prof = None
                     if args.profile and b == "tbmq" and rep == 0 and name in THROUGHPUT:

@@ -51,7 +51,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
-from tbmq.cluster.records import Record
+from tbmq.cluster.records import Record, new_record
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.errors import BusClosedError, ConsumerFailedError, RecordEncodingError
 from tbmq.interfaces import IConsumer, IMessageBus
@@ -419,7 +419,7 @@ class InProcessBus:
                     # the hot path: nothing waits, hand it now (a handler of
                     # this member running now has not committed: not here)
                     part.next = cursor.position = o + 1
-                    record = Record(topic, key, value, headers, 0, o)
+                    record = new_record((topic, key, value, headers, 0, o))
                     member.busy = True
                     try:
                         result = member.handler(record)
@@ -575,7 +575,7 @@ class InProcessBus:
         try:
             if state.codec is not None:
                 value = state.codec.decode(value)
-            result = member.handler(Record(state.name, key, value, headers, p, o))
+            result = member.handler(new_record((state.name, key, value, headers, p, o)))
         except Exception:
             self._handled(member, state, p, cursor, o, Failure(), False)
             return

@@ -84,6 +84,14 @@ class Broker:
 
     log = Logger(observer=LOG_OBSERVER)
 
+    #: the share of ``mqtt.connect_timeout`` a connect waits for the
+    #: cluster's answer (a session event response): past it the client gets
+    #: CONNACK 0x88 Server unavailable (v3: 0x03) and retries, instead of a
+    #: silent close when the connect timeout ends the connection first.  The
+    #: answer is late when the member deciding for the client id is gone and
+    #: its partitions have not moved yet (a consumer group's session timeout).
+    CONNECT_ANSWER_SHARE = 0.8
+
     def __init__(self, config, plugins: pluggy.PluginManager, clock=None, *,
                  bus=None, retained_store=None, device_store=None,
                  credential_store=None) -> None:
@@ -130,7 +138,8 @@ class Broker:
         self.topics = getattr(bus, "catalogue", None) or TopicCatalogue()
         self.hooks = Hooks(plugins, config.auth.providers)
         self.drops = DropCounter()
-        self.traffic = Traffic()
+        # the latency histogram's only readers are behind the HTTP listener
+        self.traffic = Traffic(observe_latency=config.http.endpoint is not None)
         self.flusher = TurnFlusher(clock)
         self.holds = Holds()
         self.connections: set = set()
@@ -146,6 +155,7 @@ class Broker:
         self.events = SessionEvents(bus, self.topics, self.service_id, self.registry, clock,
                                     self.sessions.drop_local, self.sessions.forget_local,
                                     self.sessions.take_over,
+                                    timeout=self.CONNECT_ANSWER_SHARE * config.mqtt.connect_timeout,
                                     clear=self.sessions.clear_offline)
         self.sessions.events = self.events
         self.registry.stale_listeners.append(self.sessions.restate)

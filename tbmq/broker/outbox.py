@@ -198,7 +198,8 @@ class Outbox:
         # the node's counters (tbmq.broker.traffic), held here: one list
         # index and one add per PUBLISH
         traffic = self._traffic = self.ctx.traffic
-        self._latency = traffic.latency
+        #: the latency histogram, or None when nothing reads it
+        self._latency = traffic.latency if traffic.observe_latency else None
         self._sent = traffic.sent
         self._sent_bytes = traffic.sent_bytes
         self._received = traffic.received
@@ -455,7 +456,7 @@ class Outbox:
             aliases.sent(message.topic, alias, known)
         self._sent[qos] += 1
         self._sent_bytes[qos] += size
-        if observe:
+        if observe and self._latency is not None:
             # the delivery latency (tbmq.broker.traffic.Traffic.latency)
             latency = now - message.received_at
             self._latency[0 if latency <= FIRST_LATENCY_BOUND

@@ -87,6 +87,25 @@ def _client(node: ClusterNode, client_id: str | None = None, version: int = 5,
     return c.connect_and_wait(timeout=30, **connect)
 
 
+def _connect_until_accepted(node: ClusterNode, client_id: str, limit: float = 60.0,
+                            **connect) -> PahoClient:
+    """Connect as a client with automatic reconnect does after a node died:
+    again after each CONNACK 0x88 Server unavailable, which a node answers
+    while the member deciding for ``client_id`` is gone and its partition has
+    not moved yet (the consumer group's session timeout, then a join), until
+    accepted or ``limit`` seconds passed.  Any other answer fails the test."""
+    deadline = time.monotonic() + limit
+    while True:
+        c = PahoClient(node.port, 5, client_id=client_id)
+        c.connect_and_wait(timeout=30, expect_rc=None, **connect)
+        if c.connack_code == 0:
+            return c
+        c.close()
+        assert c.connack_code == 0x88, f"{client_id}: CONNACK {c.connack_code:#x}"
+        assert time.monotonic() < deadline, f"{client_id}: refused for {limit} s"
+        time.sleep(0.5)
+
+
 def _payloads(client: PahoClient, n: int, timeout: float = 30.0) -> list[bytes]:
     return [m.payload for m in client.get_many(n, timeout)]
 
@@ -201,7 +220,7 @@ def test_a_node_killed_under_qos1_load_loses_no_acknowledged_message(nodes, caps
     received_before = _drain(lost)
     lost.close()
     time.sleep(0.5)
-    back = _client(b, cid, clean_start=False, session_expiry=600)
+    back = _connect_until_accepted(b, cid, clean_start=False, session_expiry=600)
     assert back.session_present is True
     subscribers["on-a"] = (cid, back)
     time.sleep(8.0)

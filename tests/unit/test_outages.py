@@ -10,6 +10,7 @@ from twisted.internet import defer, task
 from tbmq.backends.inprocess_bus import InProcessBus
 from tbmq.backends.memory import MemoryDeviceMessageStore
 from tbmq.backends.memory_credentials import MemoryCredentialStore
+from tbmq.broker.broker import Broker
 from tbmq.errors import BackendError, BusPublishError
 from tbmq.mqtt import Property, Puback, Publish, Pubrec, Subscribe, SubscriptionRequest
 from tests.helpers import Harness
@@ -129,3 +130,21 @@ def test_a_connect_while_the_credential_store_is_out_gets_0x88_then_succeeds():
     assert v3.connack.reason_code == 0x03
     store.down = False
     assert h.client("c", level=5, username="u", password=b"p").connack.reason_code == 0
+
+
+def test_a_connect_nobody_decides_gets_connack_0x88_before_the_connect_timeout():
+    """The member deciding for the client id is gone and its partition has
+    not moved yet: the client hears 0x88 Server unavailable and retries,
+    rather than being closed in silence by the connect timeout."""
+    h, bus = harness()
+    deciding = h.broker.events.consumers[0]
+    deciding.pause()
+    waiting = h.client("c", level=5)
+    assert waiting.connack is None and not waiting.closed
+    h.clock.advance(Broker.CONNECT_ANSWER_SHARE * h.config.mqtt.connect_timeout)
+    got = waiting.received()
+    assert got[0].reason_code == 0x88 and waiting.closed
+    assert Broker.CONNECT_ANSWER_SHARE * h.config.mqtt.connect_timeout < \
+        h.config.mqtt.connect_timeout
+    deciding.resume()
+    assert h.client("c", level=5).connack.reason_code == 0

@@ -33,7 +33,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tbmq.cluster.records import Record
+from tbmq.cluster.records import new_record
 from tbmq.interfaces import IConsumer
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
@@ -312,10 +312,10 @@ class KafkaConsumer:
     def _hand(self, track: Track, entry: Entry, raw: Any) -> None:
         try:
             key = raw.key
-            record = Record(self.topic,
-                            None if key is None else key.decode("utf-8", "surrogatepass"),
-                            self.codec.decode(raw.value), raw.headers, raw.partition,
-                            raw.offset)
+            record = new_record((self.topic,
+                                 None if key is None else key.decode("utf-8", "surrogatepass"),
+                                 self.codec.decode(raw.value), raw.headers, raw.partition,
+                                 raw.offset))
             result = self.handler(record)
         except Exception:
             self._done(track, entry, Failure())
