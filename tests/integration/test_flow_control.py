@@ -7,7 +7,7 @@ no assertion is about time (the waits are generous and only end a test that
 would otherwise hang).
 
 The broker runs with small queues, through keys that exist in
-``tbmq/config.py`` today (``mqtt.max_inflight_messages``,
+``tbmq/config/schema.py`` today (``mqtt.max_inflight_messages``,
 ``mqtt.max_pending_messages``, ``mqtt.max_queued_messages``,
 ``mqtt.receive_maximum``, ``mqtt.max_outbound_buffer``,
 ``mqtt.outbound_pause_timeout``), so that the publishers go far past the

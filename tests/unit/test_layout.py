@@ -34,3 +34,17 @@ def test_the_core_never_imports_the_first_party_plugins():
     assert offenders == {}
     assert "tbmq.backends.credential_rows" in imported_modules(
         ROOT.parent / "plugins" / "tbmq_plugins" / "postgres.py")
+
+
+#: the most lines a module of ``tbmq`` or ``tbmq_plugins`` may have: "no
+#: module over about 800 lines" (a module past it is split by concern, as
+#: :mod:`tbmq.config` is into its schema and its loading)
+MAX_MODULE_LINES = 850
+
+
+def test_no_module_is_much_over_800_lines():
+    modules = list(ROOT.rglob("*.py")) + list((ROOT.parent / "plugins").rglob("*.py"))
+    sizes = {str(path.relative_to(ROOT.parent)): len(path.read_text().splitlines())
+             for path in modules}
+    assert len(sizes) > 50
+    assert {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES} == {}
