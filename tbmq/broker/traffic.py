@@ -47,8 +47,10 @@ class Traffic:
     :ivar bytes_written: bytes written to MQTT connections.
     """
 
-    __slots__ = ("received", "received_bytes", "sent", "sent_bytes", "latency",
-                 "latency_sum", "observe_latency", "bytes_read", "bytes_written")
+    #: the names of the totals, as :meth:`snapshot` gives them
+    TOTALS = ("received", "received_bytes", "sent", "sent_bytes", "latency", "latency_sum",
+              "bytes_read", "bytes_written")
+    __slots__ = TOTALS + ("observe_latency",)
 
     def __init__(self, observe_latency: bool = True) -> None:
         self.observe_latency = observe_latency
@@ -64,5 +66,4 @@ class Traffic:
     def snapshot(self) -> dict:
         """:returns: the totals as plain data (lists copied)."""
         return {name: (list(value) if isinstance(value, list) else value)
-                for name in self.__slots__ if name != "observe_latency"
-                for value in (getattr(self, name),)}
+                for name in self.TOTALS for value in (getattr(self, name),)}
