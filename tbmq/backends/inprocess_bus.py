@@ -182,6 +182,9 @@ class InProcessBus:
         self._dropped_logged = 0
         self._drop_logged_at: float | None = None
         self._topics: dict[str, TopicState] = {}
+        #: topic name → ``(member, cursor, partition)`` of the topics whose
+        #: publish may call the one member's handler at once (the hot path)
+        self._fast: dict[str, tuple] = {}
         self._commits: dict[tuple, int] = {}  # (group, topic, p) → offset, for the log
         self._truncates: dict[tuple, int] = {}  # (topic, p) → before, for the log
         self._flush_call = None
@@ -218,8 +221,8 @@ class InProcessBus:
         if not self.running:
             return defer.succeed(None)
         self.running = False
+        self._fast.clear()
         for state in self._topics.values():
-            state.fast = None
             for group in state.groups.values():
                 for member in group.members:
                     if member.scheduled is not None and member.scheduled.active():
@@ -301,14 +304,14 @@ class InProcessBus:
 
     def _refresh_fast(self, state: TopicState) -> None:
         """Whether publish may call the one member's handler directly."""
-        state.fast = None
+        self._fast.pop(state.name, None)
         if (not self.running or state.codec is not None or len(state.parts) != 1
                 or len(state.groups) != 1):
             return
         group = next(iter(state.groups.values()))
         member = group.owners[0]
         if member is not None and not member.paused:
-            state.fast = (member, group.cursors[0], state.parts[0])
+            self._fast[state.name] = (member, group.cursors[0], state.parts[0])
 
     def topics(self) -> list[str]:
         """:returns: the names of the topics the bus knows."""
@@ -409,31 +412,31 @@ class InProcessBus:
             encoding mode) or :class:`~tbmq.errors.BusPublishError` (the topic
             log failed).  Never raises.
         """
-        state = self._topics.get(topic)
-        if state is not None:
-            fast = state.fast
-            if fast is not None:
-                member, cursor, part = fast
-                o = part.next
-                if cursor.committed == o:
-                    # the hot path: nothing waits, hand it now (a handler of
-                    # this member running now has not committed: not here)
-                    part.next = cursor.position = o + 1
-                    record = new_record((topic, key, value, headers, 0, o))
-                    member.busy = True
-                    try:
-                        result = member.handler(record)
-                    except Exception:
-                        member.busy = False
-                        return self._hot_failed(state, member, cursor, part, record, Failure())
+        fast = self._fast.get(topic)
+        if fast is not None:
+            member, cursor, part = fast
+            o = part.next
+            if cursor.committed == o:
+                # the hot path: nothing waits, hand it now (a handler of this
+                # member running now has not committed: not here)
+                part.next = cursor.position = n = o + 1
+                member.busy = True
+                try:
+                    result = member.handler(new_record((topic, key, value, headers, 0, o)))
+                except Exception:
                     member.busy = False
-                    if result is None:
-                        cursor.committed = o + 1
-                        if member.wanted:
-                            self._pump(member)
-                        return None
-                    return self._hot_pending(state, member, cursor, part, record, result)
-        return self._publish(state, topic, key, value, headers)
+                    return self._hot_failed(self._topics[topic], member, cursor, part,
+                                            new_record((topic, key, value, headers, 0, o)),
+                                            Failure())
+                member.busy = False
+                if result is None:
+                    cursor.committed = n
+                    if member.wanted:
+                        self._pump(member)
+                    return None
+                return self._hot_pending(self._topics[topic], member, cursor, part,
+                                         new_record((topic, key, value, headers, 0, o)), result)
+        return self._publish(self._topics.get(topic), topic, key, value, headers)
 
     def _hot_failed(self, state, member, cursor, part, record, failure) -> defer.Deferred:
         o = record.offset

@@ -290,12 +290,10 @@ class TopicState:
         durable topic), else None.
     :ivar durable: written to the topic log.
     :ivar compacted: the last record per key is kept.
-    :ivar fast: ``(member, cursor, partition)`` when publish may call the one
-        member's handler at once (see the bus), else None.
     :ivar rr: the partition of the next record without a key.
     """
 
-    __slots__ = ("name", "parts", "groups", "codec", "durable", "compacted", "fast", "rr")
+    __slots__ = ("name", "parts", "groups", "codec", "durable", "compacted", "rr")
 
     def __init__(self, name: str, partitions: int, codec, durable: bool,
                  compacted: bool) -> None:
@@ -305,5 +303,4 @@ class TopicState:
         self.codec = codec
         self.durable = durable
         self.compacted = compacted
-        self.fast = None
         self.rr = 0

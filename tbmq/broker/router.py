@@ -30,10 +30,10 @@ def _add(pending: list | None, result) -> list:
     return pending
 
 
-def _joined(pending: list | None):
-    """None, the one Deferred of ``pending``, or one for all of them."""
-    if pending is None:
-        return None
+def _joined(pending: list):
+    """The one Deferred of ``pending``, or one for all of them (callers
+    return None themselves when nothing is pending: no call on the hot
+    path)."""
     if len(pending) == 1:
         return pending[0]
     return defer.gatherResults(pending, consumeErrors=True)
@@ -207,7 +207,7 @@ class Router:
                 session.deliver(message, qos, flag, sids, cache, now, source)
             else:
                 pending = self._to_sink(client_id, session, message, qos, flag, sids, pending)
-        return _joined(pending)
+        return None if pending is None else _joined(pending)
 
     def _dispatch_one(self, subs: dict, message: Message):
         """:meth:`_on_message` for the subscriptions of one filter (the usual
@@ -246,7 +246,7 @@ class Router:
             else:
                 pending = self._to_sink(client_id, session, message, qos, flag,
                                         options.subscription_ids, pending)
-        return _joined(pending)
+        return None if pending is None else _joined(pending)
 
     def _to_shared_applications(self, group: "SharedGroup", message: Message,
                                 pending: list | None) -> list | None:

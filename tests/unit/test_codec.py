@@ -36,6 +36,7 @@ from tbmq.mqtt import (
     unpack_properties,
 )
 from tbmq.mqtt.codec import MalformedPacket as CodecMalformedPacket
+from tbmq.mqtt.decoder import dispatch_table
 from tbmq.mqtt.constants import (
     PACKET_PROPERTIES,
     PROPERTY_TYPES,
@@ -45,7 +46,7 @@ from tbmq.mqtt.constants import (
     Property,
     PropertyType,
 )
-from tbmq.mqtt.properties import decode_properties, encode_properties
+from tbmq.mqtt.properties import decode_properties, decode_variable_byte_integer, encode_properties
 
 LEVELS = (3, 4, 5)
 NAMES = {3: "MQIsdp", 4: "MQTT", 5: "MQTT"}
@@ -410,6 +411,52 @@ def test_mutated_packets(data, level, server_side, mutations):
     for index, value in mutations:
         raw[index % len(raw)] = value
     feed_garbage(decoder, [bytes(raw)])
+
+
+@SETTINGS
+@given(
+    data=st.data(),
+    level=st.sampled_from(LEVELS),
+    server_side=st.booleans(),
+    first=st.integers(0, 255),
+)
+def test_the_dispatch_table_decodes_as_the_checking_path(data, level, server_side, first):
+    """A valid packet whose first byte is replaced by any byte decodes, or
+    fails with the same reason code and message, through the decoding
+    table of its side and level as through ``Decoder._decode``, which
+    checks type and flags for each packet."""
+    packet = data.draw(client_packets(level) if server_side else server_packets(level))
+    raw = bytearray(encode(packet, level))
+    raw[0] = first
+    length, body = decode_variable_byte_integer(raw, 1, len(raw))
+    outcomes = []
+    for decode in (dispatch_table(server_side, level)[first], Decoder._decode):
+        decoder = (server_decoder(level) if server_side
+                   else Decoder(protocol_level=level, server_side=False))
+        try:
+            outcomes.append(decode(decoder, first, bytes(raw), body, body + length))
+        except MalformedPacket as e:
+            outcomes.append((e.reason_code, str(e)))
+    assert outcomes[0] == outcomes[1]
+    if first == raw[0] == encode(packet, level)[0]:
+        assert outcomes[0] == packet
+
+
+def test_the_dispatch_table_sends_valid_bytes_straight_to_their_decoder():
+    """After CONNECT, PUBLISH and the acknowledgements skip the checking
+    path; before it, and for CONNECT and reserved bytes, everything takes
+    it."""
+    table = dispatch_table(True, 4)
+    assert table[0x30] is table[0x3B] is Decoder._decode_publish
+    assert table[0x40] is not Decoder._decode  # PUBACK
+    assert table[0x41] is Decoder._decode  # PUBACK with a flag set: refused there
+    assert table[0x62] is not Decoder._decode and table[0x60] is Decoder._decode  # PUBREL
+    assert dispatch_table(True, 3)[0x6A] is table[0x62]  # 3.1 may set DUP on PUBREL
+    assert table[0x6A] is Decoder._decode
+    assert table[0x10] is table[0x20] is table[0x00] is table[0xF0] is Decoder._decode
+    assert dispatch_table(True, 5)[0xF0] is not Decoder._decode  # AUTH in 5.0
+    assert set(dispatch_table(True, None)) == {Decoder._decode}
+    assert dispatch_table(False, 4)[0x20] is not Decoder._decode  # CONNACK to a client
 
 
 # --------------------------------------------------------------------------
