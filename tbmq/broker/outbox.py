@@ -425,16 +425,18 @@ class Outbox:
         client's maximum packet size [MQTT-3.1.2-25] (counted as a drop).
         With topic aliases on the connection each delivery is encoded for
         it, with its alias (the shared encoding of ``cache`` is not used)."""
-        level = conn.protocol_level
         aliases = self.sent_aliases
-        if aliases is not None:
-            alias, known = aliases.choose(message.topic)
-            data = encode_for(message, qos, retain, subscription_ids, now, level, dup,
-                              packet_id, alias, known)
-            observe = not (dup or retain)
-        elif cache is None or dup:
-            data = encode_for(message, qos, retain, subscription_ids, now, level, dup, packet_id)
-            observe = not (dup or retain)
+        level = conn.protocol_level
+        if cache is None or dup or aliases is not None:
+            if aliases is None:
+                data = encode_for(message, qos, retain, subscription_ids, now, level, dup,
+                                  packet_id)
+            else:
+                alias, known = aliases.choose(message.topic)
+                data = encode_for(message, qos, retain, subscription_ids, now, level, dup,
+                                  packet_id, alias, known)
+            if self._latency is not None and not (dup or retain):
+                self._observe(message, now)
         else:
             # the encoding's parameters; a small int without identifiers
             key = (qos | (4 if retain else 0) | (8 if level >= MQTT_5 else 0)
@@ -443,9 +445,8 @@ class Outbox:
             if data is None:
                 data = cache[key] = encode_for(message, qos, retain, subscription_ids, now,
                                                level, False, 1)
-                observe = not retain  # once per message and encoding
-            else:
-                observe = False
+                if self._latency is not None and not retain:
+                    self._observe(message, now)  # once per message and encoding
             if qos:
                 data = publish_with_packet_id(data, packet_id)
         size = len(data)
@@ -456,13 +457,15 @@ class Outbox:
             aliases.sent(message.topic, alias, known)
         self._sent[qos] += 1
         self._sent_bytes[qos] += size
-        if observe and self._latency is not None:
-            # the delivery latency (tbmq.broker.traffic.Traffic.latency)
-            latency = now - message.received_at
-            self._latency[0 if latency <= FIRST_LATENCY_BOUND
-                          else bisect_left(LATENCY_BOUNDS, latency)] += 1
-            self._traffic.latency_sum += latency
         return data
+
+    def _observe(self, message: Message, now: float) -> None:
+        """The delivery latency of ``message`` encoded at ``now`` (seconds),
+        into :attr:`tbmq.broker.traffic.Traffic.latency`."""
+        latency = now - message.received_at
+        self._latency[0 if latency <= FIRST_LATENCY_BOUND
+                      else bisect_left(LATENCY_BOUNDS, latency)] += 1
+        self._traffic.latency_sum += latency
 
     def _overflow(self, message: Message) -> None:
         """A slow non-persistent session's queue is full: disconnect it with
