@@ -273,13 +273,14 @@ class Outbox:
     # -- delivering -------------------------------------------------------------------
 
     def deliver(self, message: Message, qos: int, retain: bool,
-                subscription_ids: tuple[int, ...], cache: dict | None = None,
-                now: float | None = None, source=None) -> None:
+                subscription_ids: tuple[int, ...], cache: dict | None, now: float,
+                source=None) -> None:
         """Deliver ``message`` at ``qos`` (already the minimum of the
         message's and the subscription's [MQTT-3.8.4-8]) to a live
         non-persistent session, or QoS 0 to any session.
 
-        :param cache: shared by the targets of one message: the encoded
+        :param cache: shared by the targets of one message (None for a single
+            target): the encoded
             PUBLISH per (QoS, retain, v5, identifiers) with the packet
             identifier patched per delivery.
         :param now: seconds since the epoch.
@@ -287,8 +288,6 @@ class Outbox:
             ``pause()``/``resume()``), held while this session is congested;
             None for a retained message replayed at SUBSCRIBE.
         """
-        if now is None:
-            now = self.ctx.clock.seconds()
         if message.expires_at is not None and message.expires_at <= now:
             self.drop("expired", message)
             return
