@@ -14,36 +14,11 @@ from __future__ import annotations
 
 import functools
 
-from .constants import (
-    MAX_PACKET_SIZE,
-    MQTT_3_1,
-    MQTT_5,
-    REASON_CODES,
-    SUPPORTED_PROTOCOLS,
-    WILL_PROPERTIES,
-    PacketType,
-    Property,
-)
-from .packets import (
-    Auth,
-    Connack,
-    Connect,
-    Disconnect,
-    Packet,
-    Pingreq,
-    Pingresp,
-    Puback,
-    Pubcomp,
-    Publish,
-    Pubrec,
-    Pubrel,
-    Suback,
-    Subscribe,
-    SubscriptionRequest,
-    Unsuback,
-    Unsubscribe,
-    Will,
-)
+from .constants import (MAX_PACKET_SIZE, MQTT_3_1, MQTT_5, REASON_CODES, SUPPORTED_PROTOCOLS,
+                        WILL_PROPERTIES, PacketType, Property)
+from .packets import (Auth, Connack, Connect, Disconnect, Packet, Pingreq, Pingresp, Puback,
+                      Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe, SubscriptionRequest,
+                      Unsuback, Unsubscribe, Will)
 from .properties import MalformedPacket, decode_binary, decode_properties, decode_string
 
 __all__ = ["Decoder", "MalformedPacket", "dispatch_table"]
