@@ -279,10 +279,9 @@ class Outbox:
         message's and the subscription's [MQTT-3.8.4-8]) to a live
         non-persistent session, or QoS 0 to any session.
 
-        :param cache: shared by the targets of one message (None for a single
-            target): the encoded
-            PUBLISH per (QoS, retain, v5, identifiers) with the packet
-            identifier patched per delivery.
+        :param cache: shared by the targets of one message (None for a
+            single target): the encoded PUBLISH per (QoS, retain, v5,
+            identifiers) with the packet identifier patched per delivery.
         :param now: seconds since the epoch.
         :param source: what handed the message over (a bus consumer, with
             ``pause()``/``resume()``), held while this session is congested;

@@ -37,7 +37,7 @@ class Traffic:
         latency is the same); messages sent with RETAIN set and resends
         are not counted.
     :ivar latency_sum: the sum of the latencies counted, seconds (the
-        outbox counts both inline, :meth:`tbmq.broker.outbox.Outbox._encoded`).
+        outbox counts both, :meth:`tbmq.broker.outbox.Outbox._observe`).
     :ivar observe_latency: whether ``latency`` and ``latency_sum`` are
         kept: only their readers (the HTTP listener's ``/metrics``, REST API
         and console) need them, and observing costs about 2 % of the CPU of
