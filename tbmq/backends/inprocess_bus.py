@@ -420,13 +420,13 @@ class InProcessBus:
                 # the hot path: nothing waits, hand it now (a handler of this
                 # member running now has not committed: not here)
                 part.next = cursor.position = n = o + 1
-                record = new_record((topic, key, value, headers, 0, o))
                 member.busy = True
                 try:
-                    result = member.handler(record)
+                    result = member.handler(new_record((topic, key, value, headers, 0, o)))
                 except Exception:
                     member.busy = False
-                    return self._hot_failed(self._topics[topic], member, cursor, part, record,
+                    return self._hot_failed(self._topics[topic], member, cursor, part,
+                                            new_record((topic, key, value, headers, 0, o)),
                                             Failure())
                 member.busy = False
                 if result is None:
@@ -434,8 +434,8 @@ class InProcessBus:
                     if member.wanted:
                         self._pump(member)
                     return None
-                return self._hot_pending(self._topics[topic], member, cursor, part, record,
-                                         result)
+                return self._hot_pending(self._topics[topic], member, cursor, part,
+                                         new_record((topic, key, value, headers, 0, o)), result)
         return self._publish(self._topics.get(topic), topic, key, value, headers)
 
     def _hot_failed(self, state, member, cursor, part, record, failure) -> defer.Deferred:
