@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from functools import partial
 
 import pluggy
 from twisted.internet import defer
@@ -166,7 +167,9 @@ class Broker:
             tuple(f"{lc.name}={lc.endpoint}" for lc in config.listeners))
         self.persisted_writer = PersistedWriter(
             device_store, self.sessions_by_id, self.registry.locate, self.service_id, bus,
-            self.topics.downlink_persisted, clock, next_seq, self.drops)
+            self.topics.downlink_persisted, clock, next_seq, self.drops,
+            gone=self.membership.is_gone)
+        self.registry.listeners.append(self.persisted_writer.session_changed)
         self.downlink_reader = DownlinkReader(self.sessions_by_id, clock)
         self.watcher: CredentialsWatcher | None = None
 
@@ -176,7 +179,8 @@ class Broker:
             flusher=self.flusher, holds=self.holds, device_store=self.device_store,
             publish=self.router.publish, retained_for=self.router.retained_for,
             subscriptions=manager, topics=TopicNameCache(), auth=self.config.auth,
-            applications=self.applications, traffic=self.traffic)
+            applications=self.applications, traffic=self.traffic,
+            mark=partial(self.router.persisted.mark, self.service_id))
 
     def connection_context(self) -> ConnectionContext:
         """What the connections of a listener use of this node."""

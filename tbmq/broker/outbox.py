@@ -183,6 +183,12 @@ class Outbox:
         self._loading = False
         self._last_seq = 0
         self._arrived: list[StoredDelivery] = []
+        #: the connection's attach marker came while the store was being
+        #: read: read it again once that read is done
+        self._reread = False
+        #: seqs of the deliveries finished while the store was being read:
+        #: the read may still hold them (sent, so they would be sent again)
+        self._finished_in_read: set[int] = set()
         #: id(delivery) → the Deferred its ``tbmq.msg.app`` record commits on
         self._app_done: dict[int, defer.Deferred] = {}
         #: the consumers of a persistent APPLICATION's topics while it is
@@ -576,6 +582,7 @@ class Outbox:
     def _page_in(self) -> None:
         """Read the next deliveries of a paged-out persistent session."""
         self._loading = True
+        self._finished_in_read = set()
         limit = max(1, self.queue_limit // 2)
         conn = self.connection
         d = self.ctx.device_store.load(self.client_id, after_seq=self._last_seq, limit=limit)
@@ -585,7 +592,20 @@ class Outbox:
             if self.connection is not conn:
                 self._arrived = []
                 return
+            if self._reread:
+                self._read_again()
+                return
+            # sent on this connection: still in flight, or finished while
+            # the store was read (its removal was called after the read)
+            seen = self._finished_in_read
+            self._finished_in_read = set()
+            if self.inflight:
+                seen.update(d.seq for d in self.inflight.values())
             for delivery in deliveries:
+                if delivery.seq in seen:
+                    if delivery.seq > self._last_seq:
+                        self._last_seq = delivery.seq
+                    continue
                 self._take(delivery)
             if len(deliveries) < limit:
                 self.paged_out = False
@@ -608,47 +628,40 @@ class Outbox:
 
         d.addCallbacks(loaded, failed)
 
-    def _catch_up(self, conn) -> None:
-        """Read the store for queued deliveries this connection has not seen
-        (neither in flight nor queued) and send them, in seq order.  A node
-        whose registry did not yet place the client here stored them after
-        the session's first read and sent them to the client's old node, or
-        nowhere (it still saw the client offline).
+    def on_attached(self, session_id: str) -> None:
+        """The attach marker of the connection ``session_id`` came back from
+        the consumer of ``tbmq.msg.persisted``
+        (:class:`tbmq.cluster.sinks.PersistedWriter`): every delivery it
+        handled before the marker is in the store now, and those after it
+        come here.  The session reads the store again from its start, for
+        what the writer stored after the session's first read and sent
+        elsewhere (its registry did not know of this connection yet).
 
-        A delivery that arrived here while the read was under way (its seq
-        above the last one seen when the read began, up to the last seen
-        when it returned) is not taken from the read: it may have been sent
-        and acknowledged meanwhile.  One below that range that never came is
-        taken by the next catch-up.  Per-client store calls apply in order,
-        so the removals of completed deliveries, issued first, are not read
-        back."""
-        if self.connection is not conn or conn is None or self.paged_out or self._loading:
+        What is in flight stays there; the queue is read again from the
+        store, in ``seq`` order.  A marker of an older connection, or one
+        that comes again (the writer's partition moved before it was
+        committed), changes nothing or reads the store once more."""
+        if self.connection is None or session_id != self.session_id:
             return
+        if self._loading:
+            self._reread = True  # once the read under way is done
+            return
+        self._read_again()
+
+    def _read_again(self) -> None:
+        """Read the store from its start (see :meth:`on_attached`); the
+        removals of completed deliveries go first, and the store runs a
+        client's calls in order, so they are not read back."""
+        self._reread = False
         self._remove_completed()
-        seen = {d.seq for d in self.inflight.values()}
-        seen.update(d.seq for d in self.queue)
-        last = self._last_seq
-        d = self.ctx.device_store.load(self.client_id, limit=self.queue_limit)
-
-        def loaded(deliveries):
-            if self.connection is not conn:
-                return
-            seen.update(d.seq for d in self.inflight.values())
-            seen.update(d.seq for d in self.queue)
-            now_last = self._last_seq
-            missed = [d for d in deliveries
-                      if (d.seq <= last or d.seq > now_last) and d.seq not in seen
-                      and d.state == DeliveryState.QUEUED]
-            if missed:
-                self.log.info("{client_id}: {n} stored deliveries caught up",
-                              client_id=self.client_id, n=len(missed))
-                now = self.ctx.clock.seconds()
-                for delivery in missed:
-                    self._offer(delivery, None, now, None, conn)
-
-        d.addCallbacks(loaded, lambda f: self.log.warn(
-            "catching up the stored deliveries of {client_id} failed: {error}",
-            client_id=self.client_id, error=f.getErrorMessage()))
+        if self.queue:
+            kept = deque(d for d in self.queue if not d.seq)  # QoS 0: not in the store
+            self.queue = kept
+            self.queued_bytes = sum(delivery_size(d) for d in kept)
+        self._last_seq = 0
+        self._arrived = []
+        self.paged_out = True
+        self._page_in()
 
     def _take(self, delivery: StoredDelivery) -> None:
         """Put a delivery read from the store where its state says."""
@@ -693,6 +706,8 @@ class Outbox:
                 return
         if delivery.seq:
             self._completed.append(delivery.seq)
+            if self._loading:
+                self._finished_in_read.add(delivery.seq)
             if len(self._completed) == 1:
                 self.ctx.flusher.later(self._remove_completed)
 
@@ -777,27 +792,19 @@ class Outbox:
 
     # -- life cycle ------------------------------------------------------------------------------
 
-    #: seconds after a persistent session resumed when it reads the device
-    #: store again for deliveries it has not seen: written there, after the
-    #: session's first read, by nodes whose registry did not yet place the
-    #: client here (their downlink went to its old node, or nowhere); the
-    #: last read covers a registry that lags by half a minute
-    CATCH_UP_AFTER = (1.0, 4.0, 12.0, 30.0)
-
     def resume_outbox(self) -> None:
         """After CONNACK: resend what is in flight with DUP set, in order
         [MQTT-4.4.0-1], then send the queue; a persistent session reads its
-        deliveries from the store first, and again :data:`CATCH_UP_AFTER`."""
+        deliveries from the store first (and again when its attach marker
+        comes back, :meth:`on_attached`)."""
         if self.persistent:
             self.inflight.clear()
             self.queue.clear()
             self.queued_bytes = 0
             self._last_seq = 0
+            self._reread = False
             self.paged_out = True
             self._page_in()
-            conn = self.connection
-            for delay in self.CATCH_UP_AFTER:
-                self.ctx.clock.callLater(delay, self._catch_up, conn)
             return
         for delivery in list(self.inflight.values()):
             self._resend(delivery)

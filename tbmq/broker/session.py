@@ -118,6 +118,11 @@ class SessionContext:
     :ivar applications: the :class:`tbmq.cluster.sinks.ApplicationReader`
         (``attach(session)``/``detach(session)``) of persistent APPLICATION
         sessions.
+    :ivar mark: ``mark(client_id, session_id, attached)``: write the
+        :class:`~tbmq.cluster.records.SessionMarker` of a persistent DEVICE
+        session's connection (:meth:`tbmq.cluster.sinks.PersistedSink.mark`
+        with this node's service id); returns None or a Deferred.  None:
+        no markers (the session's first read of the store is its only one).
     """
 
     clock: Any
@@ -134,6 +139,7 @@ class SessionContext:
     auth: Any = None
     applications: Any = None
     traffic: Traffic = field(default_factory=Traffic)
+    mark: Callable | None = None
 
 
 class Session(Outbox):
@@ -657,6 +663,8 @@ class Session(Outbox):
         the stores (and its application topic) and gives its memory back."""
         if self.app_consumers:
             self.ctx.applications.detach(self)
+        if self.connection is not None and self._uses_device_store():
+            self._mark(False)
         self.connection = None
         self.disconnected_at = now
         self._acks.clear()
@@ -666,10 +674,29 @@ class Session(Outbox):
 
     def resume(self) -> None:
         """After CONNACK: resend in-flight deliveries and send the queue; a
-        persistent APPLICATION session reads its own topic again."""
+        persistent APPLICATION session reads its own topic again, a
+        persistent DEVICE session writes its attach marker."""
         self.resume_outbox()
         if self.reads_application_topics() and not self.app_consumers:
             self.ctx.applications.attach(self)
+        elif self._uses_device_store():
+            self._mark(True)
+
+    def _uses_device_store(self) -> bool:
+        """True for a persistent DEVICE session: the consumer of
+        ``tbmq.msg.persisted`` stores its messages."""
+        return (self.persistent and self.client_type != ClientType.APPLICATION
+                and self.ctx.mark is not None)
+
+    def _mark(self, attached: bool) -> None:
+        """Write this connection's :class:`~tbmq.cluster.records.SessionMarker`;
+        a failure is logged (the session keeps what its first read found)."""
+        result = self.ctx.mark(self.client_id, self.session_id, attached)
+        if result is not None:
+            result.addErrback(lambda f: self.log.warn(
+                "the {what} marker of {client_id} was not written: {error}",
+                what="attach" if attached else "detach", client_id=self.client_id,
+                error=f.getErrorMessage()))
 
     def reads_application_topics(self) -> bool:
         """True for a persistent APPLICATION session (TBMQ keeps its

@@ -133,6 +133,11 @@ class Membership:
         return sorted({self.service_id} | {
             sid for sid in self.last_seen if sid not in self._gone})
 
+    def is_gone(self, service_id: str) -> bool:
+        """:returns: True when node ``service_id`` is gone (no heartbeat
+        within the timeout, or it said it stops) and has not come back."""
+        return service_id in self._gone
+
     def _tick(self) -> None:
         self._send()
         now = self.clock.seconds()

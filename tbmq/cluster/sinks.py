@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from tbmq.cluster.records import Delivery, Record
+from tbmq.cluster.records import Delivery, Record, SessionMarker
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import StoredDelivery
 from tbmq.mqtt.topics import parse_shared_subscription
@@ -78,6 +78,15 @@ class PersistedSink:
         return self.bus.publish(self.topic, client_id,
                                 Delivery(client_id, message, qos, retain, sids))
 
+    def mark(self, service_id: str, client_id: str, session_id: str, attached: bool):
+        """Write a :class:`~tbmq.cluster.records.SessionMarker`: the
+        connection ``session_id`` of ``client_id`` on node ``service_id``
+        began (``attached``) or ended.
+
+        :returns: the bus's publish result (None or a Deferred)."""
+        return self.bus.publish(self.topic, client_id,
+                                SessionMarker(client_id, service_id, session_id, attached))
+
 
 class PersistedWriter:
     """The consumer of ``tbmq.msg.persisted``: stores each delivery in the
@@ -85,6 +94,17 @@ class PersistedWriter:
     here, or to the node it is connected to through
     ``tbmq.msg.downlink.persisted.<serviceId>``; an offline session finds it
     in the store when it connects.
+
+    **Where a client is connected** comes from the client's own partition:
+    the :class:`~tbmq.cluster.records.SessionMarker` its node wrote there
+    when the connection began or ended, so it is in order with the
+    deliveries.  Until this writer has seen one (it started, or took the
+    partition over, after the last connect), the session registry answers.
+    An attach marker is passed on to the session, here or on its node, once
+    every delivery this writer handled before it is in the store; the
+    session then reads the store again (:meth:`~tbmq.broker.outbox.Outbox.
+    on_attached`), and finds what this writer located elsewhere before it
+    knew of the connection.
 
     :param store: the :class:`tbmq.interfaces.IDeviceMessageStore`.
     :param sessions: client id → the local :class:`~tbmq.broker.session.Session`.
@@ -99,11 +119,15 @@ class PersistedWriter:
         oldest deliveries the store removed to stay within its per-client
         limit (``storage.max_messages_per_client``) count as
         ``store_limit``.
+    :param gone: ``service_id -> bool``: True for a node that left the
+        cluster (:meth:`tbmq.cluster.membership.Membership.is_gone`); a
+        marker's node that is gone no longer locates the client.
     """
 
     def __init__(self, store, sessions: Mapping[str, Any], locate: Callable, service_id: str,
                  bus, downlink_topic: Callable[[str], str], clock,
-                 next_seq: Callable[[int], int], drops=None) -> None:
+                 next_seq: Callable[[int], int], drops=None,
+                 gone: Callable[[str], bool] = lambda service_id: False) -> None:
         self.store = store
         self.sessions = sessions
         self.locate = locate
@@ -113,9 +137,16 @@ class PersistedWriter:
         self.clock = clock
         self.next_seq = next_seq
         self.drops = drops
+        self.gone = gone
         self.consumer = None
         #: the store failing: seconds before the next attempt (None: healthy)
         self._retry_in: float | None = None
+        #: client id → (service id, session id) of its last attach marker
+        #: (removed by its detach marker, or when the node is gone)
+        self.attached: dict[str, tuple[str, str]] = {}
+        #: client id → the deliveries being stored, each a Deferred that
+        #: fires once it is in the store (an attach marker waits for them)
+        self._storing: dict[str, set] = {}
 
     #: seconds between attempts while the store fails: from the first, doubling
     RETRY_FIRST, RETRY_MAX = 0.5, 5.0
@@ -130,11 +161,16 @@ class PersistedWriter:
         :returns: a Deferred firing with the number of deliveries trimmed.
         """
         done = defer.Deferred()
+        storing = self._storing.setdefault(client_id, set())
+        storing.add(done)
 
         def attempt():
             self.store.add(client_id, [stored]).addCallbacks(succeeded, failed)
 
         def succeeded(removed):
+            storing.discard(done)
+            if not storing and self._storing.get(client_id) is storing:
+                del self._storing[client_id]
             if self._retry_in is not None:
                 self._retry_in = None
                 log.info("device store writes again")
@@ -163,10 +199,14 @@ class PersistedWriter:
                      removed=removed, client_id=client_id)
 
     def handle(self, record: Record):
-        """Store the delivery; :returns: the store's Deferred (the record is
-        committed, and on the in-process bus the publisher acknowledged, once
-        it is durable)."""
-        d: Delivery = record.value
+        """Store the delivery (or follow the marker, :meth:`_marker`).
+
+        :returns: the store's Deferred (the record is committed, and on the
+            in-process bus the publisher acknowledged, once it is durable).
+        """
+        d = record.value
+        if type(d) is SessionMarker:
+            return self._marker(d)
         now = self.clock.seconds()
         stored = StoredDelivery(self.next_seq(int(now * 1e9)), d.message, d.qos, d.retain,
                                 d.subscription_ids)
@@ -180,7 +220,7 @@ class PersistedWriter:
 
         def forward(_):
             # located once stored: a session that connects later reads it there
-            where = self.locate(d.client_id)
+            where = self.where(d.client_id)
             if where is not None and where != self.service_id:
                 return self.bus.publish(self.downlink_topic(where), d.client_id, d)
             if where == self.service_id:
@@ -191,6 +231,58 @@ class PersistedWriter:
 
         result.addCallback(forward)
         return result
+
+    def where(self, client_id: str) -> str | None:
+        """:returns: the service id of the node ``client_id`` is connected
+        to, by its last marker here, else by the registry; None when
+        offline or unknown."""
+        attached = self.attached.get(client_id)
+        if attached is None:
+            return self.locate(client_id)
+        if self.gone(attached[0]):
+            del self.attached[client_id]
+            return self.locate(client_id)
+        return attached[0]
+
+    def session_changed(self, client_id: str, old, new) -> None:
+        """A listener of the session registry: when the session of
+        ``client_id`` ended (``new`` is None), what is known of its
+        connection goes too."""
+        if new is None:
+            self.attached.pop(client_id, None)
+
+    def _marker(self, marker: SessionMarker):
+        """Follow ``marker``: a detach forgets the connection (unless a
+        newer one attached meanwhile); an attach locates the client on its
+        node and, once every delivery of the client handled before it is
+        stored, is passed on to the session there.
+
+        :returns: None, or a Deferred that fires once the marker is passed on.
+        """
+        client_id = marker.client_id
+        if not marker.attached:
+            if self.attached.get(client_id, (None, None))[1] == marker.session_id:
+                del self.attached[client_id]
+            return None
+        self.attached[client_id] = (marker.service_id, marker.session_id)
+        storing = self._storing.get(client_id)
+        if not storing:
+            return self._pass_on(marker)
+        waits = []
+        for done in storing:
+            wait = defer.Deferred()
+            done.addBoth(lambda result, wait=wait: (wait.callback(None), result)[1])
+            waits.append(wait)
+        return defer.gatherResults(waits).addCallback(lambda _: self._pass_on(marker))
+
+    def _pass_on(self, marker: SessionMarker):
+        if marker.service_id != self.service_id:
+            return self.bus.publish(self.downlink_topic(marker.service_id), marker.client_id,
+                                    marker)
+        session = self.sessions.get(marker.client_id)
+        if session is not None:
+            session.on_attached(marker.session_id)
+        return None
 
 
 class DownlinkReader:
@@ -216,10 +308,13 @@ class DownlinkReader:
                         self.clock.seconds(), self.basic)
 
     def handle_persisted(self, record: Record) -> None:
-        d: Delivery = record.value
+        d = record.value
         session = self.sessions.get(d.client_id)
         if session is None or session.connection is None:
             return  # it is in the store; the client finds it when it connects
+        if type(d) is SessionMarker:
+            session.on_attached(d.session_id)
+            return
         stored = StoredDelivery(d.seq, d.message, d.qos, d.retain, d.subscription_ids)
         session.deliver_stored(stored, None, self.clock.seconds(), self.persisted)
 

@@ -6,9 +6,9 @@ name (after the prefix)                        codec (:mod:`.records`)      comp
 ============================================== ============================ ========= =======
 ``tbmq.msg.all``                               ``MESSAGE``                  no        no
 ``tbmq.msg.retained``                          ``RETAINED`` (tombstones)    yes       no
-``tbmq.msg.persisted``                         ``DELIVERY``                 no        no
+``tbmq.msg.persisted``                         ``PERSISTED``                no        no
 ``tbmq.msg.downlink.basic.<serviceId>``        ``DELIVERY``                 no        no
-``tbmq.msg.downlink.persisted.<serviceId>``    ``DELIVERY``                 no        no
+``tbmq.msg.downlink.persisted.<serviceId>``    ``PERSISTED``                no        no
 ``tbmq.msg.app.<clientId>``                    ``DELIVERY``                 no        yes
 ``tbmq.msg.app.shared.<filter>``               ``DELIVERY``                 no        yes
 ``tbmq.client.session``                        ``SESSION`` (tombstones)     yes       yes
@@ -83,7 +83,7 @@ _LONGEST_BASE = max(len(DOWNLINK_PERSISTED), len(SESSION_EVENT_RESPONSE), len(AP
 _EXACT = {
     MSG_ALL: records.MESSAGE,
     MSG_RETAINED: records.RETAINED,
-    MSG_PERSISTED: records.DELIVERY,
+    MSG_PERSISTED: records.PERSISTED,
     CLIENT_SESSION: records.SESSION,
     CLIENT_SUBSCRIPTIONS: records.SUBSCRIPTIONS,
     SESSION_EVENT_REQUEST: records.SESSION_EVENT,
@@ -92,7 +92,7 @@ _EXACT = {
 }
 # (base, codec): the topics named base + <part>; longest bases first
 _FAMILIES = (
-    (DOWNLINK_PERSISTED, records.DELIVERY),
+    (DOWNLINK_PERSISTED, records.PERSISTED),
     (DOWNLINK_BASIC, records.DELIVERY),
     (APP, records.DELIVERY),  # tbmq.msg.app.shared.<filter> too
     (SESSION_EVENT_RESPONSE, records.SESSION_EVENT_RESPONSE),

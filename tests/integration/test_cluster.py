@@ -228,6 +228,7 @@ def test_a_node_killed_under_qos1_load_loses_no_acknowledged_message(nodes, caps
         p.stop()
     time.sleep(2.0)
     report = []
+    missed = []
     wanted = {(topic + "/" + pub_name[-1], str(n).encode())
               for pub_name, p in publishers.items() for n in p.acked}
     for name, (cid, s) in subscribers.items():
@@ -243,8 +244,11 @@ def test_a_node_killed_under_qos1_load_loses_no_acknowledged_message(nodes, caps
                           f"{len(p.acked)}, received {len(numbers)} ({len(seen)} distinct, "
                           f"{len(numbers) - len(seen)} duplicates), acknowledged but missing "
                           f"{len(missing)}")
-            assert not missing, "\n".join(report) + f"\nmissing: {missing[:20]}"
+            if missing:
+                missed.append(f"{name} from {pub_name}: {missing[:20]}")
         s.close()
+    # every count first: which subscribers miss a message tells where it was lost
+    assert not missed, "\n".join(report) + "\nmissing:\n" + "\n".join(missed)
     with capsys.disabled():  # the counts belong in the test run's output
         print(f"\nnode A killed under QoS 1 load ({' + '.join(nodes['setup'])}):\n  "
               + "\n  ".join(report))

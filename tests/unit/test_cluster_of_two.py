@@ -347,48 +347,80 @@ def test_a_late_disconnect_of_a_replaced_connection_does_not_undo_the_takeover(c
     old.lose()
 
 
-def test_a_resumed_session_catches_up_what_a_stale_node_stored_and_sent_elsewhere(cluster):
+def _stored(cluster, client_id: str) -> list:
+    """The deliveries the (memory) device store holds for ``client_id``."""
+    got: list = []
+    cluster.device_store.load(client_id).addCallback(got.extend)
+    return got
+
+
+def _wait(cluster, seconds: int) -> None:
+    """Let ``seconds`` pass a second at a time (the nodes' heartbeats go on)."""
+    for _ in range(seconds):
+        cluster.clock.advance(1.0)
+
+
+def _writers(cluster, action: str) -> None:
+    """Pause or resume the consumers of ``tbmq.msg.persisted`` on both nodes."""
+    for node in (cluster.a, cluster.b):
+        getattr(node.broker.persisted_writer.consumer, action)()
+    cluster.clock.advance(0)
+
+
+def test_a_resumed_session_reads_again_what_the_writer_stored_before_its_marker(cluster):
     expiry = {Property.SESSION_EXPIRY_INTERVAL: 300}
     first = cluster.a.client("late-dev", level=5, clean_start=False, properties=expiry)
     sub(first, "cmd/late", qos=1)
     first.lose()
-    publisher = cluster.b.client("pub-late")
-    publisher.send(Publish("cmd/late", b"live", qos=1, packet_id=1))
-    publisher.received()
+    _writers(cluster, "pause")
     again = cluster.b.client("late-dev", level=5, clean_start=False, properties=expiry)
-    got = again.pending + again.received()
-    assert [m.payload for m in got] == [b"live"]
-    again.send(Puback(got[0].packet_id))
-    # a writer that still located the client on node A stored this one
-    # (older than what the session read) after the session's first read,
-    # and sent it to node A's downlink
-    seq = cluster.b.broker.sessions.sessions["late-dev"]._last_seq - 1
+    assert again.pending + again.received() == []  # the first read found nothing
+    # what the writer of the client's partition stored after that read, but
+    # sent to node A's downlink or nowhere (its registry did not know of the
+    # connection on node B yet): the delivery is ahead of the marker
+    seq = cluster.b.broker.sessions.sessions["late-dev"]._last_seq
     cluster.device_store.add("late-dev", [StoredDelivery(
-        seq, Message("cmd/late", b"stale", 1), 1, False, ())])
-    cluster.clock.advance(1.0)
-    assert [m.payload for m in again.received()] == [b"stale"]
-    cluster.clock.advance(12.0)
-    assert again.received() == []  # caught up once: not again
-
-
-def test_a_resumed_session_catches_up_what_a_node_stored_while_it_saw_the_client_offline(cluster):
-    expiry = {Property.SESSION_EXPIRY_INTERVAL: 300}
-    first = cluster.a.client("late-dev2", level=5, clean_start=False, properties=expiry)
-    sub(first, "cmd/late2", qos=1)
-    first.lose()
-    again = cluster.b.client("late-dev2", level=5, clean_start=False, properties=expiry)
-    assert again.pending + again.received() == []
-    session = cluster.b.broker.sessions.sessions["late-dev2"]
-    # a writer whose registry still saw the client offline stored these after
-    # the session's first read and sent them nowhere
-    cluster.device_store.add("late-dev2", [
-        StoredDelivery(session._last_seq + n, Message("cmd/late2", b"unsent %d" % n, 1), 1,
-                       False, ()) for n in (5, 9)])
-    cluster.clock.advance(1.0)
+        seq + n, Message("cmd/late", b"stale %d" % n, 1), 1, False, ()) for n in (1, 2)])
+    _wait(cluster, 60)
+    assert again.received() == []  # no timer reads the store: the marker does
+    _writers(cluster, "resume")
     got = again.received()
-    assert [m.payload for m in got] == [b"unsent 5", b"unsent 9"]
+    assert [m.payload for m in got] == [b"stale 1", b"stale 2"]
     for m in got:
         again.send(Puback(m.packet_id))
-    for _ in range(40):
-        cluster.clock.advance(1.0)
-    assert again.received() == []  # caught up once: not again
+    # what comes after the marker is sent once, not read again
+    publisher = cluster.a.client("pub-late")
+    publisher.send(Publish("cmd/late", b"live", qos=1, packet_id=1))
+    got = again.received()
+    assert [m.payload for m in got] == [b"live"]
+    _wait(cluster, 60)
+    assert again.received() == []
+    assert [d.message.payload for d in _stored(cluster, "late-dev")] == [b"live"]
+
+
+def test_a_marker_read_again_keeps_what_is_in_flight_and_ignores_an_older_connection(cluster):
+    expiry = {Property.SESSION_EXPIRY_INTERVAL: 300}
+    device = cluster.a.client("mark-dev", level=5, clean_start=False, properties=expiry)
+    sub(device, "cmd/mark", qos=1)
+    publisher = cluster.b.client("pub-mark")
+    for n in range(3):
+        publisher.send(Publish("cmd/mark", b"m%d" % n, qos=1, packet_id=n + 1))
+    got = device.received()
+    assert [m.payload for m in got] == [b"m0", b"m1", b"m2"]
+    device.send(Puback(got[0].packet_id))  # m1, m2 stay in flight
+    session = cluster.a.broker.sessions.sessions["mark-dev"]
+    writer = cluster.a.broker.router.persisted
+    # the writer passes the marker on again (its partition moved before the
+    # marker was committed): the store is read again, nothing is sent twice
+    writer.mark("node-a", "mark-dev", session.session_id, True)
+    cluster.clock.advance(0)
+    assert device.received() == []
+    assert sorted(d.seq for d in session.inflight.values()) == [
+        d.seq for d in _stored(cluster, "mark-dev")]
+    # a marker of an older connection changes nothing
+    writer.mark("node-a", "mark-dev", "an-older-connection", True)
+    cluster.clock.advance(0)
+    assert device.received() == []
+    for m in got[1:]:
+        device.send(Puback(m.packet_id))
+    assert _stored(cluster, "mark-dev") == []

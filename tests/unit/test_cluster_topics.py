@@ -90,9 +90,9 @@ def test_codecs():
     c = TopicCatalogue("p.")
     assert c.codec_for(c.msg_all) is records.MESSAGE
     assert c.codec_for(c.msg_retained) is records.RETAINED
-    assert c.codec_for(c.msg_persisted) is records.DELIVERY
-    for name in (c.downlink_basic("n"), c.downlink_persisted("n"), c.app("a"),
-                 c.app_shared("f/#")):
+    for name in (c.msg_persisted, c.downlink_persisted("n")):
+        assert c.codec_for(name) is records.PERSISTED
+    for name in (c.downlink_basic("n"), c.app("a"), c.app_shared("f/#")):
         assert c.codec_for(name) is records.DELIVERY
     assert c.codec_for(c.client_session) is records.SESSION
     assert c.codec_for(c.client_subscriptions) is records.SUBSCRIPTIONS

@@ -51,6 +51,7 @@ events = st.builds(r.SessionEvent, st.sampled_from(r.SESSION_EVENT_KINDS), text,
 responses = st.builds(r.SessionEventResponse, text, text, st.booleans(), st.booleans(),
                       st.none() | sessions, text)
 disconnects = st.builds(r.DisconnectCommand, text, text, st.integers(0, 255))
+markers = st.builds(r.SessionMarker, text, text, text, st.booleans())
 nodes = st.builds(r.NodeInfo, text, times, times, st.booleans(),
                   st.lists(text, max_size=3).map(tuple))
 
@@ -58,6 +59,8 @@ CASES = [
     (r.MESSAGE, messages),
     (r.RETAINED, messages),
     (r.DELIVERY, deliveries),
+    (r.MARKER, markers),
+    (r.PERSISTED, deliveries | markers),
     (r.SESSION, sessions),
     (r.SUBSCRIPTIONS, subscriptions),
     (r.SESSION_EVENT, events),
@@ -97,7 +100,10 @@ msgpack_values = st.recursive(
     max_leaves=20)
 
 
-@pytest.mark.parametrize("codec", [c for c in CODECS if c is not r.BYTES], ids=IDS[:-1])
+TAGGED = [c for c in CODECS if isinstance(c, r.RecordCodec)]
+
+
+@pytest.mark.parametrize("codec", TAGGED, ids=[IDS[CODECS.index(c)] for c in TAGGED])
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_well_tagged_arrays_of_wrong_fields_only_raise_record_encoding_error(codec, data):
@@ -110,6 +116,23 @@ def test_well_tagged_arrays_of_wrong_fields_only_raise_record_encoding_error(cod
         return
     assert isinstance(value, codec.cls)  # a valid record by chance: it re-encodes to itself
     assert codec.decode(codec.encode(value)) == value
+
+
+def test_the_persisted_union_reads_each_member_by_its_tag_and_nothing_else():
+    d = r.Delivery("c", Message("t", b"x"), 1, seq=7)
+    m = r.SessionMarker("c", "node-a", "s1", False)
+    assert r.PERSISTED.encode(d) == r.DELIVERY.encode(d)
+    assert r.PERSISTED.encode(m) == r.MARKER.encode(m)
+    assert r.PERSISTED.decode(r.DELIVERY.encode(d)) == d
+    assert r.PERSISTED.decode(r.MARKER.encode(m)) == m
+    with pytest.raises(RecordEncodingError, match="expected a tag of"):
+        r.PERSISTED.decode(r.MESSAGE.encode(Message("t", b"x")))
+    for bad in (None, r.SessionInfo("c", "n", "s", True, True, ClientType.DEVICE, 0, 5, None,
+                                    None, 0.0, None)):
+        with pytest.raises(RecordEncodingError):
+            r.PERSISTED.encode(bad)
+    with pytest.raises(RecordEncodingError, match="tombstone"):
+        r.PERSISTED.decode(None)
 
 
 def test_a_reader_rejects_another_type_and_an_unknown_version():

@@ -207,15 +207,15 @@ class Source:
         self.paused = False
 
 
-def make_session(**mqtt):
+def make_session(device_store=None, persistent=False, **mqtt):
     clock = task.Clock()
     config = load_config(None, environ={}, overrides={"mqtt": mqtt})
     hooks = SimpleNamespace(wants_delivered=False, wants_dropped=False, wants_published=False)
     ctx = SessionContext(clock=clock, mqtt=config.mqtt, hooks=hooks, drops=DropCounter(),
-                         flusher=TurnFlusher(clock), holds=Holds(), device_store=None,
+                         flusher=TurnFlusher(clock), holds=Holds(), device_store=device_store,
                          publish=lambda m: None, retained_for=lambda f: [],
                          subscriptions=None, topics=TopicNameCache())
-    session = Session(ctx, "s", persistent=False)
+    session = Session(ctx, "s", persistent=persistent)
     conn = FakeConnection()
     session.attach(conn)
     return session, conn, clock, ctx
@@ -244,3 +244,52 @@ def test_a_slow_session_past_its_credit_overflows_with_0x97_and_counts_the_loss(
     assert session.slow and not source.paused
     session.deliver(Message("t", b"over", 1), 1, False, (), None, clock.seconds(), source)
     assert conn.closed_with == 0x97 and ctx.drops.counts == {"quota_exceeded": 5}
+
+
+class SlowLoads:
+    """A memory device store whose reads return what was there when they
+    were called, once the test releases them."""
+
+    def __init__(self) -> None:
+        from tbmq.backends.memory import MemoryDeviceMessageStore
+        self.store = MemoryDeviceMessageStore()
+        self.loads: list[tuple[defer.Deferred, list]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def load(self, client_id, after_seq=None, limit=None):
+        now: list = []
+        self.store.load(client_id, after_seq, limit).addCallback(now.extend)
+        d = defer.Deferred()
+        self.loads.append((d, now))
+        return d
+
+    def release(self) -> None:
+        d, result = self.loads.pop(0)
+        d.callback(result)
+
+
+def test_an_attach_marker_during_the_first_read_has_the_session_read_the_store_again():
+    from tbmq.model import StoredDelivery
+    store = SlowLoads()
+    session, conn, clock, ctx = make_session(store, persistent=True)
+    session.session_id = "conn-1"
+    store.add("s", [StoredDelivery(10, Message("t", b"first", 1), 1, False, ())])
+    session.resume_outbox()  # the first read, under way
+    # the writer stored one more after that read began, then passed the marker on
+    store.add("s", [StoredDelivery(20, Message("t", b"stored after", 1), 1, False, ())])
+    session.on_attached("an-older-connection")  # ignored
+    session.on_attached("conn-1")
+    store.release()  # the first read's result is not used: the store is read again
+    assert conn.out == b"" and len(store.loads) == 1
+    store.release()
+    sent = Decoder(protocol_level=4, server_side=False).feed(conn.out)
+    assert [p.payload for p in sent] == [b"first", b"stored after"]
+    # a marker that comes again reads again, and sends nothing twice: not
+    # what is in flight, nor what was acknowledged while the store was read
+    session.on_attached("conn-1")
+    session.on_puback(sent[0])
+    store.release()
+    assert Decoder(protocol_level=4, server_side=False).feed(conn.out) == sent
+    assert list(session.inflight) == [sent[1].packet_id]

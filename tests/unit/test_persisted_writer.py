@@ -1,0 +1,178 @@
+"""The consumer of ``tbmq.msg.persisted`` (:class:`PersistedWriter`) and the
+session markers that tell it where a persistent DEVICE client is connected:
+a marker is ordered with the client's deliveries, is passed on only once
+the deliveries before it are stored, and outranks a registry that lags."""
+
+from __future__ import annotations
+
+from twisted.internet import defer, task
+
+from tbmq.cluster.records import Delivery, Record, SessionMarker
+from tbmq.cluster.sinks import DownlinkReader, PersistedWriter
+from tbmq.model import Message
+
+
+class Store:
+    """A device store whose adds complete when the test says."""
+
+    def __init__(self) -> None:
+        self.adds: list[tuple[str, list, defer.Deferred]] = []
+
+    def add(self, client_id, deliveries):
+        d = defer.Deferred()
+        self.adds.append((client_id, deliveries, d))
+        return d
+
+    def complete(self, index: int) -> None:
+        self.adds[index][2].callback(0)
+
+
+class Bus:
+    def __init__(self) -> None:
+        self.published: list[tuple[str, str, object]] = []
+
+    def publish(self, topic, key, value):
+        self.published.append((topic, key, value))
+        return None
+
+
+class Session:
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.connection = object()
+        self.attached: list[str] = []
+        self.stored: list = []
+
+    def on_attached(self, session_id):
+        self.attached.append(session_id)
+
+    def deliver_stored(self, stored, cache, now, source):
+        self.stored.append(stored)
+
+
+class World:
+    def __init__(self) -> None:
+        self.store = Store()
+        self.bus = Bus()
+        self.sessions: dict = {}
+        self.registry: dict = {}  # client id -> service id (the registry's answer)
+        self.gone: set = set()
+        seq = iter(range(1, 10**6))
+        self.writer = PersistedWriter(
+            self.store, self.sessions, self.registry.get, "node-w", self.bus,
+            lambda service_id: "downlink." + service_id, task.Clock(), lambda now: next(seq),
+            gone=self.gone.__contains__)
+
+    def record(self, value) -> Record:
+        return Record("tbmq.msg.persisted", value.client_id, value, (), 0, 0)
+
+    def deliver(self, client_id: str, payload: bytes):
+        return self.writer.handle(self.record(Delivery(client_id, Message("t", payload, 1), 1)))
+
+    def mark(self, client_id: str, service_id: str, session_id: str, attached: bool = True):
+        return self.writer.handle(self.record(
+            SessionMarker(client_id, service_id, session_id, attached)))
+
+    def sent(self) -> list[tuple[str, object]]:
+        """(topic, payload or marker session id) of what went to downlinks."""
+        return [(topic, value.message.payload if type(value) is Delivery else value.session_id)
+                for topic, _key, value in self.bus.published]
+
+
+def test_without_a_marker_the_registry_locates_the_client():
+    w = World()
+    w.registry["dev"] = "node-x"
+    w.deliver("dev", b"1")
+    assert w.sent() == []  # not before it is stored
+    w.store.complete(0)
+    assert w.sent() == [("downlink.node-x", b"1")]
+    w.registry["dev"] = None  # offline: it waits in the store
+    w.deliver("dev", b"2")
+    w.store.complete(1)
+    assert w.sent() == [("downlink.node-x", b"1")]
+
+
+def test_an_attach_marker_outranks_a_registry_that_lags():
+    w = World()
+    w.registry["dev"] = None  # the registry has not heard of the connection yet
+    w.mark("dev", "node-y", "conn-1")
+    w.deliver("dev", b"1")
+    w.store.complete(0)
+    assert w.sent() == [("downlink.node-y", "conn-1"), ("downlink.node-y", b"1")]
+    w.registry["dev"] = "node-x"  # a stale record of an older connection
+    w.deliver("dev", b"2")
+    w.store.complete(1)
+    assert w.sent()[-1] == ("downlink.node-y", b"2")
+
+
+def test_the_marker_is_passed_on_after_the_deliveries_before_it_are_stored_and_sent():
+    w = World()
+    w.registry["dev"] = "node-x"  # stale: the client connected to node-y
+    w.deliver("dev", b"1")
+    w.deliver("dev", b"2")
+    w.deliver("other", b"3")  # another client's store does not hold the marker
+    done = w.mark("dev", "node-y", "conn-1")
+    w.deliver("dev", b"4")
+    assert not done.called and w.sent() == []
+    # stores may complete out of order (a retried write); a delivery is
+    # located once stored, so those still being stored go where the marker says
+    w.store.complete(1)
+    assert w.sent() == [("downlink.node-y", b"2")]
+    assert not done.called
+    w.store.complete(0)
+    assert done.called
+    assert w.sent() == [("downlink.node-y", b"2"), ("downlink.node-y", b"1"),
+                        ("downlink.node-y", "conn-1")]
+    w.store.complete(3)
+    assert w.sent()[-1] == ("downlink.node-y", b"4")
+
+
+def test_a_marker_for_this_node_goes_to_the_session_here():
+    w = World()
+    session = w.sessions["dev"] = Session("conn-1")
+    w.mark("dev", "node-w", "conn-1")
+    assert session.attached == ["conn-1"]
+    assert w.sent() == []
+
+
+def test_a_detach_marker_forgets_its_own_connection_only():
+    w = World()
+    w.registry["dev"] = None
+    w.mark("dev", "node-y", "conn-1")
+    w.mark("dev", "node-z", "conn-2")
+    w.mark("dev", "node-y", "conn-1", attached=False)  # the older connection's end
+    assert w.writer.where("dev") == "node-z"
+    w.mark("dev", "node-z", "conn-2", attached=False)
+    assert w.writer.where("dev") is None  # the registry again
+    assert w.writer.attached == {}
+
+
+def test_a_gone_node_no_longer_locates_the_client():
+    w = World()
+    w.registry["dev"] = None
+    w.mark("dev", "node-y", "conn-1")
+    assert w.writer.where("dev") == "node-y"
+    w.gone.add("node-y")
+    assert w.writer.where("dev") is None
+    assert w.writer.attached == {}
+
+
+def test_an_ended_session_is_forgotten():
+    w = World()
+    w.mark("dev", "node-y", "conn-1")
+    w.writer.session_changed("dev", object(), object())  # still there
+    assert w.writer.where("dev") == "node-y"
+    w.writer.session_changed("dev", object(), None)
+    assert w.writer.attached == {}
+
+
+def test_the_downlink_reader_hands_a_marker_to_the_connected_session():
+    sessions = {"dev": Session("conn-1")}
+    reader = DownlinkReader(sessions, task.Clock())
+    reader.handle_persisted(Record("downlink.node-y", "dev",
+                                   SessionMarker("dev", "node-y", "conn-1"), (), 0, 0))
+    assert sessions["dev"].attached == ["conn-1"]
+    sessions["dev"].connection = None  # gone meanwhile: the store keeps everything
+    reader.handle_persisted(Record("downlink.node-y", "dev",
+                                   SessionMarker("dev", "node-y", "conn-1"), (), 0, 1))
+    assert sessions["dev"].attached == ["conn-1"]
