@@ -19,7 +19,7 @@ from twisted.logger import Logger
 
 from tbmq.broker.outbox import Outbox
 from tbmq.broker.traffic import Traffic
-from tbmq.errors import ProtocolViolation
+from tbmq.errors import BusClosedError, ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, StoredDelivery, SubscriptionOptions
 from tbmq.views import SessionView
@@ -690,13 +690,19 @@ class Session(Outbox):
 
     def _mark(self, attached: bool) -> None:
         """Write this connection's :class:`~tbmq.cluster.records.SessionMarker`;
-        a failure is logged (the session keeps what its first read found)."""
+        a failure is logged (the session keeps what its first read found),
+        except on a bus that stopped (the node is stopping)."""
         result = self.ctx.mark(self.client_id, self.session_id, attached)
-        if result is not None:
-            result.addErrback(lambda f: self.log.warn(
-                "the {what} marker of {client_id} was not written: {error}",
-                what="attach" if attached else "detach", client_id=self.client_id,
-                error=f.getErrorMessage()))
+        if result is None:
+            return
+
+        def failed(failure):
+            if not failure.check(BusClosedError):
+                self.log.warn("the {what} marker of {client_id} was not written: {error}",
+                              what="attach" if attached else "detach",
+                              client_id=self.client_id, error=failure.getErrorMessage())
+
+        result.addErrback(failed)
 
     def reads_application_topics(self) -> bool:
         """True for a persistent APPLICATION session (TBMQ keeps its
