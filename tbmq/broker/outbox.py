@@ -186,6 +186,9 @@ class Outbox:
         #: the connection's attach marker came while the store was being
         #: read: read it again once that read is done
         self._reread = False
+        #: waiting for the connection's attach marker before the first read
+        #: of the store: the timer of :data:`MARKER_WAIT`, else None
+        self._marker_wait = None
         #: seqs of the deliveries finished while the store was being read:
         #: the read may still hold them (sent, so they would be sent again)
         self._finished_in_read: set[int] = set()
@@ -342,7 +345,7 @@ class Outbox:
         if self.paged_out:
             if self._loading:
                 self._arrived.append(delivery)
-            elif self._drained():
+            elif self._drained() and self._marker_wait is None:
                 self._page_in()
             return
         if delivery.seq <= self._last_seq:
@@ -568,7 +571,8 @@ class Outbox:
                 self.queued_bytes -= delivery_size(delivery)
                 if not self._send(delivery, None, now, conn, False):
                     self._finished(delivery)
-        if self.paged_out and not self._loading and self._drained():
+        if (self.paged_out and not self._loading and self._drained()
+                and self._marker_wait is None):
             self._page_in()
         if self._holding or self.slow:
             self._relieved()
@@ -637,16 +641,40 @@ class Outbox:
         what the writer stored after the session's first read and sent
         elsewhere (its registry did not know of this connection yet).
 
-        What is in flight stays there; the queue is read again from the
-        store, in ``seq`` order.  A marker of an older connection, or one
-        that comes again (the writer's partition moved before it was
-        committed), changes nothing or reads the store once more."""
+        A session that waits for its marker before its first read
+        (:meth:`resume_outbox`) reads the store now, once.  Otherwise what
+        is in flight stays there and the queue is read again from the store,
+        in ``seq`` order.  A marker of an older connection, or one that
+        comes again (the writer's partition moved before it was committed),
+        changes nothing or reads the store once more."""
         if self.connection is None or session_id != self.session_id:
             return
-        if self._loading:
+        if self._marker_wait is not None:  # the first read: the only one
+            self._stop_marker_wait()
+        elif self._loading:
             self._reread = True  # once the read under way is done
             return
         self._read_again()
+
+    def _stop_marker_wait(self) -> None:
+        timer, self._marker_wait = self._marker_wait, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _marker_late(self, conn) -> None:
+        """The attach marker did not come back within :data:`MARKER_WAIT`
+        (the writer of the client's partition is gone, and its partition
+        has not moved yet): read the store now, and again when it comes."""
+        self._marker_wait = None
+        if self.connection is conn and conn is not None:
+            self._read_again()
+
+    def marker_failed(self) -> None:
+        """The attach marker could not be written: read the store now (once;
+        what a lagging writer sent elsewhere waits for the next connect)."""
+        if self._marker_wait is not None:
+            self._stop_marker_wait()
+            self._read_again()
 
     def _read_again(self) -> None:
         """Read the store from its start (see :meth:`on_attached`); the
@@ -792,11 +820,16 @@ class Outbox:
 
     # -- life cycle ------------------------------------------------------------------------------
 
-    def resume_outbox(self) -> None:
+    #: seconds a resumed persistent DEVICE session waits for its attach
+    #: marker before it reads the store anyway (and again when it comes)
+    MARKER_WAIT = 5.0
+
+    def resume_outbox(self, marker: bool = False) -> None:
         """After CONNACK: resend what is in flight with DUP set, in order
-        [MQTT-4.4.0-1], then send the queue; a persistent session reads its
-        deliveries from the store first (and again when its attach marker
-        comes back, :meth:`on_attached`)."""
+        [MQTT-4.4.0-1], then send the queue.  A persistent session reads its
+        deliveries from the store first: with ``marker`` (its node writes an
+        attach marker, :meth:`on_attached`) once the marker comes back, or
+        after :data:`MARKER_WAIT` seconds at the latest; else now."""
         if self.persistent:
             self.inflight.clear()
             self.queue.clear()
@@ -804,7 +837,12 @@ class Outbox:
             self._last_seq = 0
             self._reread = False
             self.paged_out = True
-            self._page_in()
+            self._stop_marker_wait()
+            if marker:
+                self._marker_wait = self.ctx.clock.callLater(
+                    self.MARKER_WAIT, self._marker_late, self.connection)
+            else:
+                self._page_in()
             return
         for delivery in list(self.inflight.values()):
             self._resend(delivery)
@@ -820,6 +858,7 @@ class Outbox:
         """The connection is gone: a persistent session gives its memory back
         (everything is in the store); holds are let go."""
         self._release_holds(self.ctx.clock.seconds())
+        self._stop_marker_wait()
         self.slow = False
         self.overflowed = False
         self.sent_aliases = None

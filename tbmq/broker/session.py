@@ -676,10 +676,11 @@ class Session(Outbox):
         """After CONNACK: resend in-flight deliveries and send the queue; a
         persistent APPLICATION session reads its own topic again, a
         persistent DEVICE session writes its attach marker."""
-        self.resume_outbox()
+        marker = self._uses_device_store()
+        self.resume_outbox(marker)
         if self.reads_application_topics() and not self.app_consumers:
             self.ctx.applications.attach(self)
-        elif self._uses_device_store():
+        elif marker:
             self._mark(True)
 
     def _uses_device_store(self) -> bool:
@@ -701,6 +702,8 @@ class Session(Outbox):
                 self.log.warn("the {what} marker of {client_id} was not written: {error}",
                               what="attach" if attached else "detach",
                               client_id=self.client_id, error=failure.getErrorMessage())
+            if attached:
+                self.marker_failed()
 
         result.addErrback(failed)
 

@@ -63,7 +63,7 @@ class Node:
         self.clock = cluster.clock
         self.config = load_config(None, environ={}, overrides={
             "storage": {"backend": "memory"}, "node": {"service_id": service_id},
-            "auth": {"credentials": "memory"}})
+            "auth": {"credentials": "memory"}, "mqtt": cluster.mqtt})
         plugins = make_plugin_manager(self.config, load_entry_points=False)
         plugins.register(ApplicationsByName(), name="test-applications")
         self.broker = Broker(self.config, plugins, self.clock, bus=SharedBus(cluster.bus),
@@ -97,7 +97,10 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, encode: bool) -> None:
+    """:param mqtt: ``mqtt`` settings of both nodes."""
+
+    def __init__(self, encode: bool, mqtt: dict | None = None) -> None:
+        self.mqtt = mqtt or {}
         self.clock = task.Clock()
         self.clock.advance(1_700_000_000)
         self.bus = InProcessBus(clock=self.clock, encode=encode)
@@ -374,15 +377,19 @@ def test_a_resumed_session_reads_again_what_the_writer_stored_before_its_marker(
     first.lose()
     _writers(cluster, "pause")
     again = cluster.b.client("late-dev", level=5, clean_start=False, properties=expiry)
-    assert again.pending + again.received() == []  # the first read found nothing
+    session = cluster.b.broker.sessions.sessions["late-dev"]
+    # the marker does not come back (the writers are paused): the session
+    # reads the store after a wait, and finds nothing
+    _wait(cluster, int(session.MARKER_WAIT) + 1)
+    assert again.pending + again.received() == []
     # what the writer of the client's partition stored after that read, but
     # sent to node A's downlink or nowhere (its registry did not know of the
     # connection on node B yet): the delivery is ahead of the marker
-    seq = cluster.b.broker.sessions.sessions["late-dev"]._last_seq
+    seq = session._last_seq
     cluster.device_store.add("late-dev", [StoredDelivery(
         seq + n, Message("cmd/late", b"stale %d" % n, 1), 1, False, ()) for n in (1, 2)])
     _wait(cluster, 60)
-    assert again.received() == []  # no timer reads the store: the marker does
+    assert again.received() == []  # no timer reads the store again: the marker does
     _writers(cluster, "resume")
     got = again.received()
     assert [m.payload for m in got] == [b"stale 1", b"stale 2"]
@@ -424,3 +431,43 @@ def test_a_marker_read_again_keeps_what_is_in_flight_and_ignores_an_older_connec
     for m in got[1:]:
         device.send(Puback(m.packet_id))
     assert _stored(cluster, "mark-dev") == []
+
+
+@pytest.mark.parametrize("encode", [False, True], ids=["direct", "encoded"])
+def test_a_backlogged_session_gets_what_was_stored_behind_its_read_cursor(encode):
+    """The kill test's case: the writer stored a delivery after the session's
+    first read and sent it elsewhere; newer ones came here and moved the
+    session past it; then a backlog kept the session paging for a minute.
+    Its marker, not a timer, has the store read again: nothing is left
+    behind."""
+    cluster = Cluster(encode, mqtt={"max_queued_messages": 20})
+    expiry = {Property.SESSION_EXPIRY_INTERVAL: 300, Property.RECEIVE_MAXIMUM: 10}
+    first = cluster.a.client("behind", level=5, clean_start=False, properties=expiry)
+    sub(first, "cmd/behind", qos=1)
+    first.lose()
+    _writers(cluster, "pause")
+    again = cluster.b.client("behind", level=5, clean_start=False, properties=expiry)
+    session = cluster.b.broker.sessions.sessions["behind"]
+    # stored after the session's first read, and sent elsewhere: the newer
+    # deliveries that come here move the session's read cursor past it
+    cluster.device_store.add("behind", [StoredDelivery(
+        session._last_seq + 1, Message("cmd/behind", b"behind", 1), 1, False, ())])
+    _writers(cluster, "resume")
+    publisher = cluster.a.client("pub-behind")
+    burst = session.queue_limit * 2
+    for n in range(burst):
+        publisher.send(Publish("cmd/behind", b"%d" % n, qos=1, packet_id=n % 60000 + 1))
+    publisher.received()
+    _wait(cluster, 60)  # the client reads nothing for a minute
+    got: list = []
+    while True:
+        batch = [p for p in again.pending + again.received() if isinstance(p, Publish)]
+        again.pending = []
+        if not batch:
+            break
+        got += batch
+        for p in batch:
+            again.send(Puback(p.packet_id))
+    payloads = [m.payload for m in got]
+    assert b"behind" in payloads
+    assert sorted(payloads) == sorted([b"behind"] + [b"%d" % n for n in range(burst)])

@@ -293,3 +293,36 @@ def test_an_attach_marker_during_the_first_read_has_the_session_read_the_store_a
     store.release()
     assert Decoder(protocol_level=4, server_side=False).feed(conn.out) == sent
     assert list(session.inflight) == [sent[1].packet_id]
+
+
+def test_a_resumed_session_reads_the_store_once_its_marker_is_back_or_after_a_wait():
+    from tbmq.model import StoredDelivery
+    store = SlowLoads()
+    session, conn, clock, ctx = make_session(store, persistent=True)
+    session.session_id = "conn-1"
+    store.add("s", [StoredDelivery(10, Message("t", b"first", 1), 1, False, ())])
+    session.resume_outbox(marker=True)
+    assert store.loads == []  # not before the marker is back
+    session.on_attached("conn-1")
+    assert len(store.loads) == 1
+    store.release()
+    assert [p.payload for p in Decoder(protocol_level=4, server_side=False).feed(conn.out)] \
+        == [b"first"]
+    clock.advance(session.MARKER_WAIT)
+    assert store.loads == []  # the marker came: no read after the wait
+    # a marker that does not come back (the writer's partition has not
+    # moved yet): the store is read after the wait, and again when it comes
+    conn2 = FakeConnection()
+    session.detach(clock.seconds())
+    session.attach(conn2)
+    session.session_id = "conn-2"
+    session.resume_outbox(marker=True)
+    clock.advance(session.MARKER_WAIT - 0.1)
+    assert store.loads == []
+    clock.advance(0.1)
+    assert len(store.loads) == 1
+    store.release()
+    assert [p.payload for p in Decoder(protocol_level=4, server_side=False).feed(conn2.out)] \
+        == [b"first"]
+    session.on_attached("conn-2")
+    assert len(store.loads) == 1
