@@ -36,6 +36,7 @@ from collections import OrderedDict, deque
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from tbmq.broker.store_reads import StoreReads, delivery_size
 from tbmq.broker.traffic import LATENCY_BOUNDS
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
@@ -47,8 +48,6 @@ _SENT = DeliveryState.SENT
 _RELEASED = DeliveryState.RELEASED
 #: most deliveries fall in the first latency bucket: one comparison
 FIRST_LATENCY_BOUND = LATENCY_BOUNDS[0]
-#: fixed cost counted per queued message on top of its payload, bytes
-MESSAGE_OVERHEAD = 200
 #: a hold credit refills over this many times its capacity
 HOLD_WINDOW_FACTOR = 10.0
 #: holds shorter than this share of the credit cost nothing: a subscriber
@@ -133,14 +132,7 @@ class TopicAliases:
         by_topic[topic] = alias
 
 
-def delivery_size(delivery: StoredDelivery) -> int:
-    """Bytes a queued delivery is counted for: its payload and topic plus
-    :data:`MESSAGE_OVERHEAD`."""
-    message = delivery.message
-    return len(message.payload) + len(message.topic) + MESSAGE_OVERHEAD
-
-
-class Outbox:
+class Outbox(StoreReads):
     """The outbound state of :class:`tbmq.broker.session.Session` (a mixin;
     the session sets ``ctx``, ``client_id``, ``persistent`` and
     ``connection``).
@@ -583,128 +575,6 @@ class Outbox:
         if self.connection is not None:
             self._relieved()
 
-    def _page_in(self) -> None:
-        """Read the next deliveries of a paged-out persistent session."""
-        self._loading = True
-        self._finished_in_read = set()
-        limit = max(1, self.queue_limit // 2)
-        conn = self.connection
-        d = self.ctx.device_store.load(self.client_id, after_seq=self._last_seq, limit=limit)
-
-        def loaded(deliveries):
-            self._loading = False
-            if self.connection is not conn:
-                self._arrived = []
-                return
-            if self._reread:
-                self._read_again()
-                return
-            # sent on this connection: still in flight, or finished while
-            # the store was read (its removal was called after the read)
-            seen = self._finished_in_read
-            self._finished_in_read = set()
-            if self.inflight:
-                seen.update(d.seq for d in self.inflight.values())
-            for delivery in deliveries:
-                if delivery.seq in seen:
-                    if delivery.seq > self._last_seq:
-                        self._last_seq = delivery.seq
-                    continue
-                self._take(delivery)
-            if len(deliveries) < limit:
-                self.paged_out = False
-                arrived, self._arrived = self._arrived, []
-                for delivery in arrived:
-                    if delivery.seq > self._last_seq:
-                        self._last_seq = delivery.seq
-                        self.queue.append(delivery)
-                        self.queued_bytes += delivery_size(delivery)
-            else:
-                self._arrived = []
-            self.pump()
-
-        def failed(failure):
-            self._loading = False
-            self.log.failure("reading the queued messages of {client_id} failed", failure,
-                             client_id=self.client_id)
-            if self.connection is conn and conn is not None:
-                conn.disconnect(0x80)
-
-        d.addCallbacks(loaded, failed)
-
-    def on_attached(self, session_id: str) -> None:
-        """The attach marker of the connection ``session_id`` came back from
-        the consumer of ``tbmq.msg.persisted``
-        (:class:`tbmq.cluster.sinks.PersistedWriter`): every delivery it
-        handled before the marker is in the store now, and those after it
-        come here.  The session reads the store again from its start, for
-        what the writer stored after the session's first read and sent
-        elsewhere (its registry did not know of this connection yet).
-
-        A session that waits for its marker before its first read
-        (:meth:`resume_outbox`) reads the store now, once.  Otherwise what
-        is in flight stays there and the queue is read again from the store,
-        in ``seq`` order.  A marker of an older connection, or one that
-        comes again (the writer's partition moved before it was committed),
-        changes nothing or reads the store once more."""
-        if self.connection is None or session_id != self.session_id:
-            return
-        if self._marker_wait is not None:  # the first read: the only one
-            self._stop_marker_wait()
-        elif self._loading:
-            self._reread = True  # once the read under way is done
-            return
-        self._read_again()
-
-    def _stop_marker_wait(self) -> None:
-        timer, self._marker_wait = self._marker_wait, None
-        if timer is not None and timer.active():
-            timer.cancel()
-
-    def _marker_late(self, conn) -> None:
-        """The attach marker did not come back within :data:`MARKER_WAIT`
-        (the writer of the client's partition is gone, and its partition
-        has not moved yet): read the store now, and again when it comes."""
-        self._marker_wait = None
-        if self.connection is conn and conn is not None:
-            self._read_again()
-
-    def marker_failed(self) -> None:
-        """The attach marker could not be written: read the store now (once;
-        what a lagging writer sent elsewhere waits for the next connect)."""
-        if self._marker_wait is not None:
-            self._stop_marker_wait()
-            self._read_again()
-
-    def _read_again(self) -> None:
-        """Read the store from its start (see :meth:`on_attached`); the
-        removals of completed deliveries go first, and the store runs a
-        client's calls in order, so they are not read back."""
-        self._reread = False
-        self._remove_completed()
-        if self.queue:
-            kept = deque(d for d in self.queue if not d.seq)  # QoS 0: not in the store
-            self.queue = kept
-            self.queued_bytes = sum(delivery_size(d) for d in kept)
-        self._last_seq = 0
-        self._arrived = []
-        self.paged_out = True
-        self._page_in()
-
-    def _take(self, delivery: StoredDelivery) -> None:
-        """Put a delivery read from the store where its state says."""
-        if delivery.seq > self._last_seq:
-            self._last_seq = delivery.seq
-        if (delivery.state != DeliveryState.QUEUED and delivery.packet_id is not None
-                and delivery.packet_id not in self.inflight):
-            self.inflight[delivery.packet_id] = delivery
-            self._resend(delivery)
-            return
-        delivery.packet_id = None
-        delivery.state = DeliveryState.QUEUED
-        self.queue.append(delivery)
-        self.queued_bytes += delivery_size(delivery)
-
     def _resend(self, delivery: StoredDelivery) -> None:
         """Send again, after a reconnect, a delivery that was in flight: the
         PUBLISH with DUP set, or the PUBREL [MQTT-4.4.0-1]."""
@@ -819,10 +689,6 @@ class Outbox:
         self.pump()
 
     # -- life cycle ------------------------------------------------------------------------------
-
-    #: seconds a resumed persistent DEVICE session waits for its attach
-    #: marker before it reads the store anyway (and again when it comes)
-    MARKER_WAIT = 5.0
 
     def resume_outbox(self, marker: bool = False) -> None:
         """After CONNACK: resend what is in flight with DUP set, in order
