@@ -337,7 +337,7 @@ class Outbox(StoreReads):
         if self.paged_out:
             if self._loading:
                 self._arrived.append(delivery)
-            elif self._drained() and self._marker_wait is None:
+            elif self._drained():
                 self._page_in()
             return
         if delivery.seq <= self._last_seq:
@@ -563,8 +563,7 @@ class Outbox(StoreReads):
                 self.queued_bytes -= delivery_size(delivery)
                 if not self._send(delivery, None, now, conn, False):
                     self._finished(delivery)
-        if (self.paged_out and not self._loading and self._drained()
-                and self._marker_wait is None):
+        if self.paged_out and not self._loading and self._drained():
             self._page_in()
         if self._holding or self.slow:
             self._relieved()

@@ -43,7 +43,11 @@ class StoreReads:
     MARKER_WAIT = 5.0
 
     def _page_in(self) -> None:
-        """Read the next deliveries of a paged-out persistent session."""
+        """Read the next deliveries of a paged-out persistent session (none
+        while the session waits for its attach marker: the marker's read
+        is the first)."""
+        if self._marker_wait is not None:
+            return
         self._loading = True
         self._finished_in_read = set()
         limit = max(1, self.queue_limit // 2)
@@ -60,8 +64,7 @@ class StoreReads:
                 return
             # sent on this connection: still in flight, or finished while
             # the store was read (its removal was called after the read)
-            seen = self._finished_in_read
-            self._finished_in_read = set()
+            seen = self._finished_in_read  # a new set at the next read
             if self.inflight:
                 seen.update(d.seq for d in self.inflight.values())
             for delivery in deliveries:

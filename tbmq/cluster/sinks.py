@@ -102,8 +102,8 @@ class PersistedWriter:
     partition over, after the last connect), the session registry answers.
     An attach marker is passed on to the session, here or on its node, once
     every delivery this writer handled before it is in the store; the
-    session then reads the store again (:meth:`~tbmq.broker.outbox.Outbox.
-    on_attached`), and finds what this writer located elsewhere before it
+    session then reads the store again
+    (:meth:`~tbmq.broker.store_reads.StoreReads.on_attached`), and finds what this writer located elsewhere before it
     knew of the connection.
 
     :param store: the :class:`tbmq.interfaces.IDeviceMessageStore`.
@@ -268,12 +268,8 @@ class PersistedWriter:
         storing = self._storing.get(client_id)
         if not storing:
             return self._pass_on(marker)
-        waits = []
-        for done in storing:
-            wait = defer.Deferred()
-            done.addBoth(lambda result, wait=wait: (wait.callback(None), result)[1])
-            waits.append(wait)
-        return defer.gatherResults(waits).addCallback(lambda _: self._pass_on(marker))
+        # DeferredList leaves each store's result to its own chain
+        return defer.DeferredList(list(storing)).addCallback(lambda _: self._pass_on(marker))
 
     def _pass_on(self, marker: SessionMarker):
         if marker.service_id != self.service_id:
