@@ -29,7 +29,10 @@ regex); SCRAM ones by ``scram|<algorithm>|<username>`` with the RFC 5802 keys.
 Authorization rules: ``--pub``/``--sub`` give the regexes topic names and
 filters must match (TBMQ's ``pubAuthRulePatterns``/``subAuthRulePatterns``),
 ``--no-pub``/``--no-sub`` allow nothing, ``--any-pub``/``--any-sub`` (or
-neither, on ``add``) allow everything.
+neither, on ``add``) allow everything.  A rule written as an MQTT topic
+filter (a ``+`` level, a trailing ``/#``, ``#`` alone) is saved as given,
+with a warning on standard error naming the regex it probably meant
+(:func:`tbmq.auth.rules.filter_like`).
 
 Exit status: 0 done, 1 refused (unknown record, conflict, invalid value),
 2 usage or configuration error.
@@ -51,7 +54,7 @@ from tbmq.errors import BackendError, ConfigError, CredentialsError
 from tbmq.model import ClientType, Credentials, CredentialsType
 
 __all__ = ["basic_credentials_id", "build_parser", "credentials_value", "execute", "main",
-           "run"]
+           "run", "warn_filter_like"]
 
 _TYPES = {
     "basic": CredentialsType.MQTT_BASIC,
@@ -119,7 +122,9 @@ def _record_options(parser: argparse.ArgumentParser, adding: bool) -> None:
                             ("sub", "subscribe to (topic filters)")):
         group = parser.add_mutually_exclusive_group()
         group.add_argument(f"--{direction}", action="append", metavar="REGEX",
-                           help=f"a regex of what the client may {what}; repeat for more")
+                           help=f"a regular expression of what the client may {what}, matched "
+                                f"against the whole name ('#' and '+' are no wildcards: "
+                                f"'a/.*', not 'a/#'); repeat for more")
         group.add_argument(f"--no-{direction}", action="store_true",
                            help=f"the client may {what.split(' (')[0]} nothing")
         group.add_argument(f"--any-{direction}", action="store_true",
@@ -203,6 +208,29 @@ def _reject(args: argparse.Namespace, kind: CredentialsType, names: Sequence[str
     if given:
         raise UsageError(
             f"{kind.value} credentials take no " + ", ".join(f"--{n}" for n in given))
+
+
+def warn_filter_like(args: argparse.Namespace, err: Any) -> int:
+    """Warn, one line on ``err`` per rule, about the ``--pub``/``--sub``
+    rules that look like MQTT topic filters rather than regular expressions
+    (:func:`tbmq.auth.rules.filter_like`).
+
+    :param args: the parsed ``add`` or ``change`` options.
+    :param err: where the warnings go (a text stream).
+    :returns: how many warnings were printed.
+    """
+    from tbmq.auth.rules import filter_like  # noqa: PLC0415
+
+    count = 0
+    for direction in ("pub", "sub"):
+        for rule in getattr(args, direction, None) or ():
+            meant = filter_like(rule)
+            if meant is not None:
+                print(f"tbmq: warning: --{direction} {rule!r} looks like an MQTT topic filter, "
+                      f"but rules are regular expressions over topic names ('#' and '+' are "
+                      f"not wildcards there): did you mean {meant!r}?", file=err)
+                count += 1
+    return count
 
 
 def _in_thread(reactor: Any, f: Any, *args: Any) -> defer.Deferred:
@@ -351,7 +379,8 @@ async def _resolve(store: Any, ref: str) -> Credentials:
     raise LookupError(f"no credentials with id or name {ref!r}")
 
 
-async def run(args: argparse.Namespace, store: Any, out: Any = None, reactor: Any = None) -> int:
+async def run(args: argparse.Namespace, store: Any, out: Any = None, reactor: Any = None,
+              err: Any = None) -> int:
     """Carry out a parsed ``credentials`` command on a started store.
 
     :param args: the parsed arguments.
@@ -359,6 +388,9 @@ async def run(args: argparse.Namespace, store: Any, out: Any = None, reactor: An
     :param out: where to print (standard output by default).
     :param reactor: the reactor whose thread pool hashes passwords (the
         global one when None).
+    :param err: where warnings go (standard error by default): ``add`` and
+        ``change`` warn about rules that look like topic filters
+        (:func:`warn_filter_like`).
     :returns: the exit status.
     """
     out = out or sys.stdout
@@ -382,6 +414,7 @@ async def run(args: argparse.Namespace, store: Any, out: Any = None, reactor: An
         await store.delete(record.id)
         print(f"removed {record.name} ({record.id})", file=out)
         return 0
+    warn_filter_like(args, err or sys.stderr)
     password = _read_password(args)
     if action == "add":
         kind = _TYPES[args.type]
@@ -427,7 +460,7 @@ async def execute(args: argparse.Namespace, out: Any = None, err: Any = None,
         print(f"tbmq: cannot open the credential store: {e}", file=err)
         return 1
     try:
-        return await run(args, store, out, reactor)
+        return await run(args, store, out, reactor, err)
     except UsageError as e:
         print(f"tbmq: {e}", file=err)
         return 2

@@ -36,6 +36,7 @@ __all__ = [
     "AuthorizationRules",
     "BoundRules",
     "PLACEHOLDERS",
+    "filter_like",
     "PUB_KEY",
     "SUB_KEY",
     "UNRESTRICTED",
@@ -64,6 +65,35 @@ _DUMMY = "tbmq"
 
 #: Default bound of the per-connection answer cache, in topics.
 DEFAULT_CACHE_SIZE = 1024
+
+#: A topic level that is exactly ``+`` (MQTT's single-level wildcard).
+_PLUS_LEVEL = re.compile(r"(?<![^/])\+(?![^/])")
+
+
+def filter_like(pattern: str) -> str | None:
+    """Does a rule look like an MQTT topic filter rather than a regex?
+
+    Rules are regular expressions over the whole topic name (or, for
+    subscribe rules, the whole topic filter taken literally), where ``#`` is
+    an ordinary character and ``+`` repeats what precedes it: the rule
+    ``commands/${clientId}/#`` allows publishing to no topic name and
+    subscribing only to the filter ``commands/<id>/#`` itself, not to
+    ``commands/<id>/reboot``.  A rule with a level that is a lone ``+``, a
+    trailing ``/#``, or that is ``#`` alone was most likely written as a
+    topic filter [MQTT-4.7.1].
+
+    :param pattern: a publish or subscribe rule, placeholders unbound.
+    :returns: the regular expression it probably meant (``+`` levels as
+        ``[^/]*``, a trailing ``/#`` as ``/.*``, ``#`` as ``.*``), or None
+        when it does not look like a topic filter.
+    """
+    if pattern == "#":
+        return ".*"
+    meant = pattern
+    if meant.endswith("/#"):
+        meant = meant[:-1] + ".*"
+    meant = _PLUS_LEVEL.sub("[^/]*", meant)
+    return None if meant == pattern else meant
 
 
 def _patterns(value: Any, key: str) -> tuple[str, ...] | None:

@@ -20,6 +20,7 @@ import pytest
 from twisted.python.failure import Failure
 
 from tbmq.auth.passwords import check_password, check_scram_password
+from tbmq.auth.rules import AuthorizationRules, filter_like
 from tbmq.backends.sqlite_credentials import FILE_NAME, SQLiteCredentialStore
 from tbmq.cli import basic_credentials_id, build_parser, execute
 from tbmq.model import ClientType, CredentialsType
@@ -234,6 +235,58 @@ def test_conflicts_are_refused(data_dir, cli):
                "--client-id", "d", "--pub", "a/(", status=1))[1]
     assert "a/(" in err
     assert list(stored(data_dir)) == ["a"]
+
+
+def test_rules_written_as_topic_filters_are_warned_about(data_dir, cli):
+    """Rules are regular expressions over topic names, where ``#`` is a
+    literal character and ``+`` a repetition: ``add`` and ``change`` save a
+    rule that looks like an MQTT topic filter as given, with one line on
+    standard error naming it and the regex it probably meant."""
+    out, err = cli("--data-dir", data_dir, "credentials", "add", "--type", "basic",
+                   "--name", "sensor-1", "--client-id", "sensor-1", "--username", "s1",
+                   "--password", "pw", "--rounds", "4", "--pub", "sensors/${clientId}/.*",
+                   "--pub", "status/+/state", "--sub", "commands/${clientId}/#")
+    assert "added sensor-1" in out and "warning" not in out
+    lines = err.splitlines()
+    assert len(lines) == 2, err
+    assert "--pub 'status/+/state'" in lines[0] and "'status/[^/]*/state'" in lines[0]
+    assert "--sub 'commands/${clientId}/#'" in lines[1]
+    assert "did you mean 'commands/${clientId}/.*'?" in lines[1]
+    assert stored(data_dir)["sensor-1"].value["authRules"] == {
+        "pubAuthRulePatterns": ["sensors/${clientId}/.*", "status/+/state"],
+        "subAuthRulePatterns": ["commands/${clientId}/#"]}
+    # change warns about the rules it is given, a lone '#' too
+    out, err = cli("--data-dir", data_dir, "credentials", "change", "sensor-1", "--sub", "#")
+    assert "changed sensor-1" in out
+    assert err.count("\n") == 1 and "--sub '#'" in err and "did you mean '.*'?" in err
+    # regular expressions get no warning, whatever their '+' and '#'
+    _, err = cli("--data-dir", data_dir, "credentials", "change", "sensor-1",
+                 "--sub", "commands/${clientId}/.*", "--pub", "sensors/.+", "--pub", r"a/\+",
+                 "--pub", "tags/#[0-9]+")
+    assert err == ""
+    # the console script writes the warning on standard error, not standard output
+    result = tbmq("--data-dir", data_dir, "credentials", "change", "sensor-1", "--pub", "a/#")
+    assert "warning" not in result.stdout
+    assert result.stderr.startswith("tbmq: warning: --pub 'a/#'") and result.stderr.count("\n") == 1
+
+
+def test_the_suggested_regex_does_what_the_topic_filter_meant():
+    """The README's case: as a regex, ``commands/${clientId}/#`` lets
+    sensor-1 subscribe to the filter ``commands/sensor-1/#`` only, not to
+    ``commands/sensor-1/reboot``; the regex the warning suggests lets it
+    subscribe to both, and to nothing of another client."""
+    rule = "commands/${clientId}/#"
+    literal = AuthorizationRules(sub_patterns=[rule]).bind("sensor-1")
+    assert literal.may_subscribe("commands/sensor-1/#")
+    assert not literal.may_subscribe("commands/sensor-1/reboot")
+    meant = AuthorizationRules(sub_patterns=[filter_like(rule)]).bind("sensor-1")
+    assert meant.may_subscribe("commands/sensor-1/reboot")
+    assert meant.may_subscribe("commands/sensor-1/#")
+    assert not meant.may_subscribe("commands/sensor-2/reboot")
+    plus = AuthorizationRules(pub_patterns=["a/+/b", filter_like("a/+/b")]).bind("c")
+    assert plus.pub_patterns[0].fullmatch("a/x/b") is None  # '/+' is one or more '/'
+    assert plus.may_publish("a/x/b") and not plus.may_publish("a/x/y/b")
+    assert filter_like("sensors/.*") is None and filter_like("#") == ".*"
 
 
 def test_list_show_remove(data_dir, cli):
