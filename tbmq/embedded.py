@@ -125,10 +125,13 @@ class AnonymousAuth:
     """The last provider: decides on a client that no provider recognised.
 
     With ``auth.allow_anonymous`` it is accepted, as a DEVICE with no
-    authorization rules.  Otherwise a client that sent a user name or a
-    password is refused exactly as a wrong password is, so a refusal does
-    not tell which user names exist: CONNACK 0x86 Bad User Name or Password
-    (v3: 0x04), after a bcrypt check of its password against
+    authorization rules, unless a provider knows its client id or user name
+    (:attr:`tbmq.auth.AuthRequest.known_by`: it presented credentials that
+    were refused, as Mosquitto refuses a wrong password with a password file
+    and ``allow_anonymous true``).  Otherwise a client that sent a user name
+    or a password is refused exactly as a wrong password is, so a refusal
+    does not tell which user names exist: CONNACK 0x86 Bad User Name or
+    Password (v3: 0x04), after a bcrypt check of its password against
     :data:`~tbmq.auth.passwords.UNKNOWN_USER_HASH` (the time a wrong
     password takes; none when it sent no password, as for known
     credentials).  A client without either passes, and is refused with 0x87
@@ -142,7 +145,7 @@ class AnonymousAuth:
     def tbmq_authenticate(self, request):
         if request.auth_method is not None:
             return None
-        if self.allow:
+        if self.allow and request.known_by is None:
             return AuthResult(True, provider="anonymous")
         if request.password is not None:
             from tbmq.auth import passwords

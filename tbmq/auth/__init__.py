@@ -38,6 +38,12 @@ class AuthRequest:
         node's password checks (:meth:`tbmq.auth.guard.Attempt.check_password`,
         a thread pool of their own, skipped once the connection is gone);
         None: :func:`tbmq.auth.passwords.check_password_async`.
+    :ivar known_by: the name of a provider that passed although the
+        client's client id or user name belongs to credentials it knows
+        (the client presented credentials that were refused), or None.
+        The built-in ``anonymous`` provider does not accept such a client:
+        CONNACK 0x86 BAD_USER_NAME_OR_PASSWORD (v3: 0x04) when it sent a
+        user name or a password, else 0x87 NOT_AUTHORIZED (v3: 0x05).
     """
 
     client_id: str
@@ -54,6 +60,7 @@ class AuthRequest:
     credentials: Any = None
     config: Any = None
     checker: Any = None
+    known_by: str | None = None
 
     def check_password(self, password: bytes | str, hashed: str | bytes | None):
         """Check a password against a bcrypt hash without blocking the

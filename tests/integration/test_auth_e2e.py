@@ -142,6 +142,79 @@ def test_rule_changed_while_connected(broker, clients):
         cli(broker.data_dir, "change", "dev", "--pub", "dev/${clientId}/.*")
 
 
+@pytest.fixture(scope="module")
+def anonymous_broker(tmp_path_factory):
+    """A broker with anonymous access on (the default) and basic
+    credentials of the three kinds: client id and user name
+    (``sensor-1``/``s1``), user name only (``u2``), client id only (``c3``)."""
+    workdir = tmp_path_factory.mktemp("anonymous")
+    port = free_port()
+    config = {"listeners": [{"name": "tcp", "type": "tcp",
+                             "endpoint": f"tcp:{port}:interface={HOST}"}],
+              "storage": {"backend": "memory"},
+              "auth": {"allow_anonymous": True, "refresh_interval": REFRESH}}
+    path = workdir / "tbmq.yml"
+    path.write_text(yaml.safe_dump(config))
+    b = ListenersBroker(workdir, path, {"tcp": port})
+    b.data_dir.mkdir(parents=True, exist_ok=True)
+    cli(b.data_dir, "add", "--type", "basic", "--name", "sensor-1", "--client-id", "sensor-1",
+        "--username", "s1", "--password", "right", "--rounds", "4",
+        "--pub", "sensors/${clientId}/.*", "--sub", "commands/${clientId}/.*")
+    cli(b.data_dir, "add", "--type", "basic", "--name", "u2", "--username", "u2",
+        "--password", "right", "--rounds", "4")
+    cli(b.data_dir, "add", "--type", "basic", "--name", "c3", "--client-id", "c3",
+        "--password", "right", "--rounds", "4")
+    with b:
+        yield b
+
+
+@pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
+def test_refused_credentials_do_not_fall_back_to_anonymous(anonymous_broker, clients, version):
+    """With anonymous access on, a client that presented credentials that
+    were refused gets CONNACK 0x86 (v3.1.1: 0x04), as Mosquitto does with a
+    password file and ``allow_anonymous true``; only a client that matches
+    no credentials at all is let in anonymously."""
+    b = anonymous_broker
+
+    def connect(client_id, username=None, password=None, expect_rc=0):
+        clients.append(paho(b, version, username, password, client_id=client_id,
+                            expect_rc=expect_rc))
+        return clients[-1]
+
+    # credentials with a client id and a user name: both must match
+    sensor = connect("sensor-1", "s1", "right")
+    assert sensor.subscribe("commands/sensor-1/reboot", 1) == [1]  # the README's rule
+    connect("sensor-1", "s1", "wrong", expect_rc=0x86)
+    connect(f"other-{uid()}", "s1", "wrong", expect_rc=0x86)
+    connect(f"other-{uid()}", "s1", "right", expect_rc=0x86)  # right user name, other client id
+    connect("sensor-1", expect_rc=0x87)  # its client id without a user name: not anonymous
+    # a user name only: any client id, the password checked
+    connect(f"any-{uid()}", "u2", "right")
+    connect(f"any-{uid()}", "u2", "wrong", expect_rc=0x86)
+    # a client id only: any user name, the password checked
+    connect("c3", "whoever", "right")
+    connect("c3", "whoever", "wrong", expect_rc=0x86)
+    connect("c3", expect_rc=0x86)  # no password at all
+    # no credentials match: anonymous
+    connect(f"anon-{uid()}", "nobody", "x")
+    connect(f"anon-{uid()}")
+
+
+def test_new_credentials_reserve_their_names_at_once(anonymous_broker, clients):
+    """A user name that credentials added while the broker runs name (with a
+    client id) is no longer let in anonymously under another client id; once
+    they are removed it is again."""
+    b = anonymous_broker
+    name = f"late-{uid()}"
+    clients.append(paho(b, 5, name, "x", client_id=f"a-{uid()}"))  # unknown: anonymous
+    cli(b.data_dir, "add", "--type", "basic", "--name", name, "--client-id", f"dev-{name}",
+        "--username", name, "--password", "pw", "--rounds", "4")
+    clients.append(paho(b, 5, name, "pw", client_id=f"a-{uid()}", expect_rc=0x86))
+    clients.append(paho(b, 5, name, "pw", client_id=f"dev-{name}"))
+    cli(b.data_dir, "remove", name)
+    clients.append(paho(b, 5, name, "pw", client_id=f"a-{uid()}"))
+
+
 def test_scram_sha512_from_a_v5_client(broker):
     for password, expected in (("pencil", 0), ("wrong", 0x86)):
         client = scramp.ScramClient(["SCRAM-SHA-512"], "scrammer", password)
