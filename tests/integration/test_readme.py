@@ -284,9 +284,15 @@ class Reader:
 
     def __init__(self, folder: Path, env: dict | None = None) -> None:
         self.folder = folder
-        self.ports = {port: free_port() for port in PORTS}
-        xdg = folder.parent / "xdg"
-        xdg.mkdir(exist_ok=True)
+        self.ports: dict[int, int] = {}
+        for port in PORTS:
+            moved = free_port()
+            while moved in self.ports.values():
+                moved = free_port()
+            self.ports[port] = moved
+        # this reader's own files beside the folder: logs, the clients' options
+        self.home = xdg = folder.parent / f"reader-{self.ports[1883]}"
+        xdg.mkdir()
         for client in ("mosquitto_pub", "mosquitto_sub"):
             (xdg / client).write_text(f"-h {HOST}\n-p {self.ports[1883]}\n")
         base = {k: v for k, v in os.environ.items()
@@ -318,7 +324,7 @@ class Reader:
 
     def _log(self, name: str) -> Path:
         self.runs += 1
-        return self.folder.parent / f"{self.runs:02d}-{name}.log"
+        return self.home / f"{self.runs:02d}-{name}.log"
 
     def run(self, key, stdin: str = "", timeout: float = 120.0) -> str:
         """Run block ``key`` to its end; fail unless it exits 0.
@@ -419,12 +425,21 @@ class Server:
         return self.output()
 
 
-@pytest.fixture
-def reader(tmp_path):
-    """A :class:`Reader` in an empty folder; what it left running is killed."""
-    folder = tmp_path / "checkout"
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """The reader's folder, one for the whole module: the tests follow the
+    README's order in it, as a reader does (a file one section leaves
+    behind can trouble the next)."""
+    folder = tmp_path_factory.mktemp("readme") / "checkout"
     folder.mkdir()
-    made = Reader(folder)
+    return folder
+
+
+@pytest.fixture
+def reader(checkout):
+    """A :class:`Reader` in the reader's folder; what it left running is
+    killed."""
+    made = Reader(checkout)
     yield made
     made.clean_up()
 
@@ -527,15 +542,14 @@ def test_plugins(reader):
         verify_install(line, reader.env)
 
 
-def test_cluster(tmp_path, postgres_dsn):
+def test_cluster(checkout, postgres_dsn):
     """Cluster: Tansu, Redis, the role and database on PostgreSQL, three
     nodes, a persistent session across them, everything stopped."""
     import psycopg2  # noqa: PLC0415
     from psycopg2.extensions import make_dsn, parse_dsn  # noqa: PLC0415
 
     server = parse_dsn(postgres_dsn)
-    folder = tmp_path / "checkout"
-    folder.mkdir()
+    folder = checkout
     reader = Reader(folder, env={"PGHOST": server["host"], "PGPORT": server["port"]})
     reader.ports[5432] = int(server["port"])
     admin = make_dsn(postgres_dsn, dbname="postgres")
