@@ -27,7 +27,7 @@ from tbmq.cluster.membership import Membership
 from tbmq.cluster.registry import SessionRegistry, SubscriptionBook
 from tbmq.cluster.session_events import SessionEvents
 from tbmq.cluster.sinks import ApplicationReader, DownlinkReader, PersistedWriter
-from tbmq.cluster.topics import TopicCatalogue
+from tbmq.cluster.topics import TopicCatalogue, node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
 
@@ -222,7 +222,7 @@ class Broker:
         writer.consumer = bus.subscribe(self.topics.msg_persisted, "tbmq-msg-persisted",
                                         writer.handle)
         reader = self.downlink_reader
-        group = "tbmq-downlink-" + self.service_id
+        group = node_group(self.service_id)
         reader.basic = bus.subscribe(self.topics.downlink_basic(self.service_id), group,
                                      reader.handle_basic, exclusive=True)
         reader.persisted = bus.subscribe(self.topics.downlink_persisted(self.service_id),

@@ -15,6 +15,7 @@ from twisted.logger import Logger
 
 from tbmq.broker.retained import RetainedTree
 from tbmq.broker.trie import SubscriptionTrie
+from tbmq.cluster.topics import node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.cluster.sinks import (
     ApplicationSink, DownlinkSink, PersistedSink, SharedApplicationSink,
@@ -127,7 +128,7 @@ class Router:
         bus = self.bus
         self.consumer = bus.subscribe(self.topics.msg_all, "tbmq-msg-all", self._on_message)
         self.retained_consumer = bus.subscribe(
-            self.topics.msg_retained, "tbmq-retained-" + self.service_id, self._on_retained,
+            self.topics.msg_retained, node_group(self.service_id), self._on_retained,
             from_beginning=True, exclusive=True)
         return self.retained_consumer.caught_up
 
