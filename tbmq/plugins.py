@@ -88,7 +88,7 @@ def first_result(hook: pluggy.HookCaller, **kwargs: Any) -> tuple[Any, str | Non
 
 def log_plugins(pm: pluggy.PluginManager, provided: dict[str, list[str]]) -> None:
     """Log what each registered plugin serves for this config:
-    ``plugin active: embedded (bus memory, retained store sqlite)``,
+    ``plugin active: embedded (bus memory; retained store sqlite)``,
     ``plugin active: basic (authentication)``, or ``plugin loaded, unused:
     kafka (provides nothing this config uses)`` for a plugin whose only
     hooks are factories that gave no backend (a cluster backend on the
