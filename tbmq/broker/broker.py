@@ -29,6 +29,7 @@ from tbmq.cluster.session_events import SessionEvents
 from tbmq.cluster.sinks import ApplicationReader, DownlinkReader, PersistedWriter
 from tbmq.cluster.topics import TopicCatalogue, node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.plugins import first_result, log_plugins
 
 
 def default_service_id() -> str:
@@ -105,25 +106,35 @@ class Broker:
         self.clock = clock
         self.service_id = service_id_of(config)
         hook = plugins.hook
+        provided: dict[str, list[str]] = {}
+
+        def make(given, factory, what: str, **kwargs):
+            if given is not None:
+                return given
+            made, plugin = first_result(factory, config=config, **kwargs)
+            if made is not None and plugin is not None:
+                provided.setdefault(plugin, []).append(what)
+            return made
+
+        bus = make(bus, hook.tbmq_message_bus, f"bus {config.bus}", clock=clock)
         if bus is None:
-            bus = hook.tbmq_message_bus(config=config, clock=clock)
-            if bus is None:
-                raise ConfigError(f"bus: no plugin provides the bus {config.bus!r}")
-        if retained_store is None:
-            retained_store = hook.tbmq_retained_store(config=config)
-        if device_store is None:
-            device_store = hook.tbmq_device_message_store(config=config)
+            raise ConfigError(f"bus: no plugin provides the bus {config.bus!r}")
+        retained_store = make(retained_store, hook.tbmq_retained_store,
+                              f"retained store {config.storage.backend}")
+        device_store = make(device_store, hook.tbmq_device_message_store,
+                            f"device store {config.storage.device_store_name}")
         if retained_store is None:
             raise ConfigError(
                 f"storage.backend: no plugin provides {config.storage.backend!r}")
         if device_store is None:
             raise ConfigError(f"storage.device_store: no plugin provides "
                               f"{config.storage.device_store_name!r}")
+        credential_store = make(credential_store, hook.tbmq_credential_store,
+                                f"credentials {config.auth.credentials}", reactor=None)
         if credential_store is None:
-            credential_store = hook.tbmq_credential_store(config=config, reactor=None)
-            if credential_store is None:
-                raise ConfigError(
-                    f"auth.credentials: no plugin provides {config.auth.credentials!r}")
+            raise ConfigError(
+                f"auth.credentials: no plugin provides {config.auth.credentials!r}")
+        log_plugins(plugins, provided)
         #: the latencies of backend calls (:class:`tbmq.ops.timing.CallTimes`),
         #: measured only while the HTTP listener (and so ``/metrics``) is on
         self.call_times = None
