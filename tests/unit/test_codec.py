@@ -983,7 +983,10 @@ def v5_connect(props: str, will_props: str | None = None) -> bytes:
     (v5_connect("", "21 0005"), 0x81),              # Receive Maximum as a will property
     (h("10 0c 0004 4d515454 05 02 003c 00 00"), 0x81),  # truncated client identifier
     (h("11 0d 0004 4d515454 05 02 003c 00 0000"), 0x81),  # fixed-header flags [MQTT-2.1.3-1]
-])
+], ids=["receive-maximum-0", "maximum-packet-size-0", "duplicate", "request-problem-information-2",
+        "request-response-information-2", "authentication-data-without-method", "topic-alias",
+        "unknown-property", "truncated-property", "will-payload-format-2",
+        "will-receive-maximum", "truncated-client-id", "header-flags"])
 def test_v5_connect_errors_carry_the_protocol_level(data, code):
     """Every rule a v5 CONNECT breaks once its protocol level is read comes
     out the same way: the reason code and ``connect_level`` 5, so the
