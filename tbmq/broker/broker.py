@@ -167,7 +167,9 @@ class Broker:
         self.events = SessionEvents(bus, self.topics, self.service_id, self.registry, clock,
                                     self.sessions.drop_local, self.sessions.forget_local,
                                     self.sessions.take_over,
-                                    timeout=self.CONNECT_ANSWER_SHARE * config.mqtt.connect_timeout,
+                                    timeout=min(config.node.connect_answer_timeout,
+                                                self.CONNECT_ANSWER_SHARE
+                                                * config.mqtt.connect_timeout),
                                     clear=self.sessions.clear_offline)
         self.sessions.events = self.events
         self.registry.stale_listeners.append(self.sessions.restate)

@@ -131,7 +131,7 @@ _CHECKS: dict[type, dict[str, Check]] = {
     },
     NodeConfig: {"service_id": _not_empty, "gc_threshold": _range(0),
                  "log_level": _one_of(*LOG_LEVELS), "heartbeat_interval": _positive,
-                 "node_timeout": _positive},
+                 "node_timeout": _positive, "connect_answer_timeout": _positive},
     RedisConfig: {"url": _not_empty, "pool_size": _range(1), "key_prefix": _not_empty,
                   "message_ttl": _range(1)},
     KafkaConfig: {

@@ -396,7 +396,7 @@ class KafkaConfig:
     linger_ms: int = 5
     fetch_max_wait_ms: int = 20
     max_poll_records: int = 5000
-    session_timeout_ms: int = 10000
+    session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000
     request_timeout_ms: int = 30000
 
@@ -417,6 +417,12 @@ class NodeConfig:
     :ivar node_timeout: seconds without a heartbeat after which another
         node counts a node as gone and its sessions as disconnected,
         > ``heartbeat_interval``.
+    :ivar connect_answer_timeout: seconds a CONNECT waits at most for the
+        cluster's decision (``tbmq.client.session.event.request``), > 0;
+        without one it gets CONNACK 0x88 Server unavailable and the client
+        retries.  The decision is late while the partition of its client id
+        belongs to a dead node (``kafka.session_timeout_ms`` and a group
+        join); at most 0.8 of ``mqtt.connect_timeout``.
     """
 
     service_id: str | None = None
@@ -424,6 +430,7 @@ class NodeConfig:
     log_level: str = "info"
     heartbeat_interval: float = 5.0
     node_timeout: float = 30.0
+    connect_answer_timeout: float = 2.5
 
 
 @dataclass(frozen=True)
