@@ -26,7 +26,9 @@ from tbmq.broker.sessions import SessionManager
 from tbmq.cluster.membership import Membership
 from tbmq.cluster.registry import SessionRegistry, SubscriptionBook
 from tbmq.cluster.session_events import SessionEvents
-from tbmq.cluster.sinks import ApplicationReader, DownlinkReader, PersistedWriter
+from tbmq.cluster.sinks import (
+    ApplicationReader, DownlinkReader, PersistedWriter, Sinks, write_marker,
+)
 from tbmq.cluster.topics import TopicCatalogue, node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.plugins import first_result, log_plugins
@@ -157,8 +159,9 @@ class Broker:
         self.connections: set = set()
         self.sessions_by_id: dict = {}
         self.registry = SessionRegistry(bus, self.topics.client_session, self.service_id)
+        self.sinks = Sinks.build(bus, self.topics)
         self.router = Router(bus, self.topics, self.service_id, clock, retained_store,
-                             self.sessions_by_id, self.registry.get)
+                             self.sessions_by_id, self.registry.get, self.sinks)
         self.applications = ApplicationReader(bus, self.topics.app, self.topics.app_shared)
         self.book = SubscriptionBook(bus, self.topics.client_subscriptions, self.service_id,
                                      self.router, clock)
@@ -193,7 +196,7 @@ class Broker:
             publish=self.router.publish, retained_for=self.router.retained_for,
             subscriptions=manager, topics=TopicNameCache(), auth=self.config.auth,
             applications=self.applications, traffic=self.traffic,
-            mark=partial(self.router.persisted.mark, self.service_id))
+            mark=partial(write_marker, self.sinks.persisted, self.service_id))
 
     def connection_context(self) -> ConnectionContext:
         """What the connections of a listener use of this node."""
