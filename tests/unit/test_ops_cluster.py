@@ -199,3 +199,14 @@ def test_timed_backends_sample_the_bus_and_time_every_store_call():
     assert sum(times.buckets("device_store", "count").counts) == 1
     assert sum(times.buckets("credential_store", "list").counts) == 1
     assert bus.encodes is broker.bus.encodes  # everything else is the backend's
+
+
+def test_the_address_of_a_session_as_operators_read_it():
+    from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress  # noqa: PLC0415
+
+    from tbmq.broker.sessions import address_text  # noqa: PLC0415
+
+    assert address_text(IPv4Address("TCP", "192.0.2.1", 1883)) == "192.0.2.1:1883"
+    assert address_text(IPv6Address("TCP", "2001:db8::1", 1883)) == "[2001:db8::1]:1883"
+    assert address_text(UNIXAddress(b"/run/tbmq.sock")) == "/run/tbmq.sock"
+    assert address_text(None) is None
