@@ -45,7 +45,8 @@ class Options(usage.Options):
 
 
 def config_from_options(options) -> "object":
-    """Build the :class:`tbmq.config.Config` from parsed options.
+    """Build the :class:`tbmq.config.Config` from parsed options: each
+    ``--listen ENDPOINT`` is a ``tcp`` listener named ``ENDPOINT``.
 
     :raises tbmq.errors.ConfigError: on a bad file, key or value.
     """
@@ -53,9 +54,11 @@ def config_from_options(options) -> "object":
     if options["data-dir"]:
         overrides["data_dir"] = options["data-dir"]
     if options["listen"]:
+        # named by their endpoint: a stable name (the ``listener`` label of
+        # the metrics) whatever the order of the options
         overrides["listeners"] = [
-            {"name": f"listen{i}", "type": "tcp", "endpoint": endpoint}
-            for i, endpoint in enumerate(options["listen"])
+            {"name": endpoint, "type": "tcp", "endpoint": endpoint}
+            for endpoint in options["listen"]
         ]
     return load_config(options["config"], overrides=overrides)
 

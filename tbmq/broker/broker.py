@@ -180,7 +180,7 @@ class Broker:
             bus, self.topics.nodes, self.service_id, clock, self.registry,
             self.events.request_takeover, config.node.heartbeat_interval,
             config.node.node_timeout,
-            tuple(f"{lc.name}={lc.endpoint}" for lc in config.listeners))
+            tuple(lc.label for lc in config.listeners))
         self.persisted_writer = PersistedWriter(
             device_store, self.sessions_by_id, self.registry.locate, self.service_id, bus,
             self.topics.downlink_persisted, clock, next_seq, self.drops,

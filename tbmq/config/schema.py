@@ -92,6 +92,12 @@ class ListenerConfig:
     ws_path: str = "/mqtt"
     proxy_protocol: bool = False
 
+    @property
+    def label(self) -> str:
+        """``name=endpoint`` for operators, or the endpoint alone when it is
+        the name (a ``--listen`` listener)."""
+        return self.endpoint if self.name == self.endpoint else f"{self.name}={self.endpoint}"
+
 
 @dataclass(frozen=True)
 class MqttConfig:

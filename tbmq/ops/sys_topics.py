@@ -23,8 +23,8 @@ Topics (``<n>`` ``1min``, ``5min`` or ``15min``):
 * ``messages/received``, ``messages/sent`` (PUBLISH packets),
   ``publish/messages/received``, ``publish/messages/sent``,
   ``publish/messages/dropped``, ``publish/bytes/received``,
-  ``publish/bytes/sent``, ``bytes/received``, ``bytes/sent`` (every MQTT
-  byte);
+  ``publish/bytes/sent`` (PUBLISH payload bytes), ``bytes/received``,
+  ``bytes/sent`` (every MQTT byte);
 * ``subscriptions/count``, ``retained messages/count``;
 * ``load/messages/received/<n>``, ``load/messages/sent/<n>``,
   ``load/publish/dropped/<n>``, ``load/bytes/received/<n>``,

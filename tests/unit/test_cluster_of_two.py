@@ -34,7 +34,8 @@ class ApplicationsByName:
     @hookimpl(tryfirst=True)
     def tbmq_authenticate(self, request):
         if request.client_id.startswith("app"):
-            return AuthResult(True, client_type=ClientType.APPLICATION, provider="test")
+            return AuthResult(True, client_type=ClientType.APPLICATION, provider="test",
+                              credentials_name="applications")
         return None
 
 

@@ -299,7 +299,7 @@ def test_the_device_store_limit_removes_the_oldest_and_counts_them():
     p = h.client("p")
     for i in range(5):
         p.send(Publish("t", b"%d" % i, qos=1, packet_id=i + 1))
-    assert h.broker.dropped == {"store_limit": 2}
+    assert {k: n for k, n in h.broker.dropped.items() if n} == {"store_limit": 2}
     s2 = h.client("s", clean_start=False)
     assert [m.payload for m in s2.pending + s2.received()] == [b"2", b"3", b"4"]
 
