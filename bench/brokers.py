@@ -68,6 +68,15 @@ def tbmq_source(rev: str | None) -> str:
     return dest
 
 
+def tree_pythonpath(src: str, rest: str | None = None) -> str:
+    """The ``PYTHONPATH`` that runs the tree ``src``: its ``tbmq`` and its
+    first-party plugins (``src/plugins``, the ``tbmq_plugins`` package:
+    auth, Kafka, Redis, PostgreSQL), before ``rest`` (the inherited
+    ``PYTHONPATH``, may be None). Without ``src/plugins`` a node imports the
+    plugins of the installed (editable) checkout, not the tree's."""
+    return os.pathsep.join([src, os.path.join(src, "plugins")] + ([rest] if rest else []))
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -269,7 +278,7 @@ class Tbmq(Broker):
     def env(self) -> dict:
         env = super().env()
         src = os.environ.get("BENCH_TBMQ_SRC") or REPO
-        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = tree_pythonpath(src, env.get("PYTHONPATH"))
         return env
 
 
@@ -314,7 +323,7 @@ class TbmqAt(Tbmq):
 
     def env(self) -> dict:
         env = Broker.env(self)
-        env["PYTHONPATH"] = self.src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = tree_pythonpath(self.src, env.get("PYTHONPATH"))
         env["BENCH_TBMQ_SRC"] = self.src  # tbmq_launch.py: only that tree's entry points
         return env
 
