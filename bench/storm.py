@@ -75,8 +75,9 @@ class Member:
         self.attempts = self.refused = self.timeouts = self.failures = 0
         self.codes: dict[int, int] = {}
         self.losses = self.sessions_lost = 0
-        # a publisher's messages
-        self.seq = 0
+        # a publisher's messages (those before ``base`` were sent while
+        # the subscriptions were still on their way: not counted)
+        self.seq = self.base = 0
         self.sent_at: list[float] = []
         self.inflight: dict[int, tuple[int, bytes]] = {}  # packet id -> (seq, PUBLISH)
         self.next_pid = 1
@@ -138,6 +139,7 @@ class StormFleet:
         self.cap: int | None = None
         self.waiting: list[Member] = []
         self.connecting = 0
+        self.cold = 0  # subscribers that had received nothing at the end of warm_up
         self._settled_at = 0.0
 
     # -- timers and the loop --------------------------------------------------
@@ -305,6 +307,19 @@ class StormFleet:
     def stop_publishing(self) -> None:
         self.publishing = False
 
+    def warm_up(self, timeout: float = 60.0) -> bool:
+        """Publish (:meth:`start_publishing` first) until every subscriber
+        has received a message: then the node that matches each topic (the
+        partition of ``tbmq.msg.all`` is chosen by topic name) knows its
+        subscriber. The messages sent until then are left out of
+        :meth:`report` (but ``warmup_lost``). :returns: whether all came
+        within ``timeout`` s."""
+        ok = self.run(lambda: all(s.first for s in self.subs), timeout)
+        self.cold = sum(1 for s in self.subs if not s.first)
+        for p in self.pubs:
+            p.base = p.seq
+        return ok
+
     def _tick(self, m: Member) -> None:
         if not self.publishing:
             return
@@ -332,12 +347,17 @@ class StormFleet:
         """Every client connected (and every subscriber subscribed)."""
         return all(m.state == "up" and m.subscribed for m in self.members)
 
+    def all_back(self) -> bool:
+        """Every client lost its connection (the node was killed: it may
+        take a moment to notice) and is up again."""
+        return all(m.losses for m in self.members) and self.all_up()
+
     def missing(self) -> int:
         """Messages acknowledged to a publisher and not delivered (yet)."""
         lost = 0
         for p, s in zip(self.pubs, self.subs):
             first = s.first
-            lost += sum(1 for seq, a in enumerate(p.acked) if a and seq not in first)
+            lost += sum(1 for seq in range(p.base, p.seq) if p.acked[seq] and seq not in first)
         return lost
 
     def settled(self) -> bool:
@@ -355,21 +375,25 @@ class StormFleet:
           accepted again (None if one is still down);
         * delivered_s: until every acknowledged message sent before the kill
           was delivered; all_delivered_s: every acknowledged message;
-        * lost: acknowledged and never delivered (must be 0); duplicates;
+        * sent, acked, lost (acknowledged and never delivered: must be 0),
+          after the warm-up (:meth:`warm_up`); duplicates;
           unacked_delivered: delivered though its PUBACK never came;
         * attempts, refused (CONNACK >= 0x80), codes, timeouts (no CONNACK
           in ``connack_timeout``), failures (connection closed or failed);
-          sessions_lost: subscribers back with Session Present 0.
+          sessions_lost: subscribers back with Session Present 0;
+          disconnects: connections lost (the kill's, and any later);
+          cold_subscribers: those :meth:`warm_up` gave up on.
         """
         hit = [m for m in self.members if m.losses]
         down = [m for m in self.members if m.state != "up"]
-        lost = dup = unacked_delivered = 0
+        lost = dup = unacked_delivered = warmup_lost = 0
         last_pre = last_all = t_kill
         for p, s in zip(self.pubs, self.subs):
             first = s.first
             dup += s.duplicates
-            for seq, a in enumerate(p.acked):
-                t = first.get(seq)
+            warmup_lost += sum(1 for seq in range(p.base) if p.acked[seq] and seq not in first)
+            for seq in range(p.base, p.seq):
+                a, t = p.acked[seq], first.get(seq)
                 if not a:
                     unacked_delivered += t is not None
                 elif t is None:
@@ -387,15 +411,18 @@ class StormFleet:
             "clients": len(self.members), "lost_connection": len(hit), "still_down": len(down),
             "reconnect_s": None if down or not hit else max(m.t_up for m in hit) - t_kill,
             "delivered_s": last_pre - t_kill, "all_delivered_s": last_all - t_kill,
-            "sent": sum(p.seq for p in self.pubs), "acked": sum(p.acked_n for p in self.pubs),
+            "sent": sum(p.seq - p.base for p in self.pubs),
+            "acked": sum(sum(p.acked[p.base:]) for p in self.pubs), "warmup_lost": warmup_lost,
             "refused_pubacks": sum(p.refused_acks for p in self.pubs),
             "unacked": sum(len(p.inflight) for p in self.pubs),
             "skipped": sum(p.skipped for p in self.pubs),
-            "received": sum(len(s.first) for s in self.subs), "lost": lost, "duplicates": dup,
+            "received": sum(sum(1 for seq in s.first if seq >= p.base) for p, s in zip(self.pubs, self.subs)),
+            "lost": lost, "duplicates": dup,
             "strays": sum(s.strays for s in self.subs), "unacked_delivered": unacked_delivered,
             "attempts": total("attempts"), "refused": total("refused"), "codes": codes,
             "timeouts": total("timeouts"), "failures": total("failures"),
-            "sessions_lost": total("sessions_lost"),
+            "sessions_lost": total("sessions_lost"), "disconnects": total("losses"),
+            "cold_subscribers": self.cold,
         }
 
     def close(self) -> None:
@@ -413,17 +440,16 @@ class StormFleet:
 
 
 def storm_worker(ctl, role: dict) -> None:
-    """A :class:`StormFleet` in a worker process.
+    """A :class:`StormFleet` in a worker process: it connects its clients
+    to node B, publishes and warms up (:meth:`StormFleet.warm_up`), then
+    waits for node B to be killed.
 
     ``role``: host, port (node B, where the clients start), port_a (where
     they reconnect), first, pairs (indexes ``first .. first+pairs-1``),
-    prefix, topic, rate_each, seed, settle (seconds after connecting, for
-    the subscriptions to reach every node), reconnect_timeout,
-    drain_timeout.
+    prefix, topic, rate_each, seed, reconnect_timeout, drain_timeout.
 
-    Protocol: → ("ready") ← ("go", t0) ← ("killed", t_kill) →
-    ("reconnected", info) ← ("stop",) → ("done", :meth:`StormFleet.report`
-    plus cpu).
+    Protocol: → ("ready") ← ("killed", t_kill) → ("reconnected", info)
+    ← ("stop",) → ("done", :meth:`StormFleet.report` plus cpu).
     """
     try:
         raise_nofile()
@@ -434,8 +460,10 @@ def storm_worker(ctl, role: dict) -> None:
         if not fleet.connect(role["port"], timeout=role.get("connect_timeout", 300)):
             raise TimeoutError(f"{sum(m.state != 'up' for m in fleet.members)} clients not "
                                f"connected to node B")
-        fleet.idle(role.get("settle", 2.0))
         fleet.port = role["port_a"]
+        cpu0 = cpu_seconds()
+        fleet.start_publishing()
+        fleet.warm_up(role.get("warm_up_timeout", 60))  # else reported: cold_subscribers
         ctl.send(("ready", {"pid": os.getpid()}))
 
         def ctl_msg(kind: str, timeout: float):
@@ -446,12 +474,8 @@ def storm_worker(ctl, role: dict) -> None:
                 raise RuntimeError(f"expected {kind}, got {msg[0]}")
             return msg
 
-        t0 = ctl_msg("go", 600)[1]
-        fleet.run(lambda: now() >= t0, max(0.0, t0 - now()) + 1)
-        cpu0 = cpu_seconds()
-        fleet.start_publishing()
         t_kill = ctl_msg("killed", 3600)[1]
-        up = fleet.run(fleet.all_up, role.get("reconnect_timeout", 300))
+        up = fleet.run(fleet.all_back, role.get("reconnect_timeout", 300))
         ctl.send(("reconnected", {"all_up": up, "t": now()}))
         ctl_msg("stop", 3600)
         fleet.stop_publishing()
