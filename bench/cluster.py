@@ -65,9 +65,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from bench import cluster_scenarios as cs  # noqa: E402
 from bench import scenarios  # noqa: E402
 from bench import workers as gen  # noqa: E402
-from bench.brokers import (  # noqa: E402
-    OUT, REPO, Broker, Mosquitto, Tbmq, free_port, tbmq_source, tree_pythonpath,
-)
+from bench.brokers import OUT, REPO, Mosquitto, TreeTbmq, commit_of, free_port, tbmq_source  # noqa: E402
 from bench.cluster_tables import tables  # noqa: E402
 from bench.mqttgen import raise_nofile  # noqa: E402
 
@@ -120,39 +118,9 @@ class Services:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-class TreeTbmq(Tbmq):
-    """A ``twistd tbmq`` process of the source tree ``src``: that tree's
-    ``tbmq`` and first-party plugins (``src/plugins``) are imported, not the
-    installed checkout's (:func:`bench.brokers.tree_pythonpath`).
-
-    :param src: a tree from :func:`bench.brokers.tbmq_source`.
-    """
-
-    def __init__(self, extra_env: dict | None = None, src: str = REPO) -> None:
-        self.src = src
-        super().__init__(extra_env)
-
-    def env(self) -> dict:
-        env = Broker.env(self)
-        env["PYTHONPATH"] = tree_pythonpath(self.src, env.get("PYTHONPATH"))
-        env["BENCH_TBMQ_SRC"] = self.src  # tbmq_launch.py: only that tree's entry points
-        return env
-
-    @property
-    def data_dir(self) -> str:
-        return os.path.join(self.tmp, "data")
-
-    def add_credentials(self, client_id: str, client_type: str) -> None:
-        """``tbmq credentials add`` (of the node's tree) in the node's
-        credential store (SQLite in its data dir): basic credentials of
-        ``client_id``, no password, of ``client_type``; before the start.
-
-        :raises subprocess.CalledProcessError: when the command fails."""
-        os.makedirs(self.data_dir, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "tbmq.cli", "credentials", "add", "--data-dir", self.data_dir,
-                        "--type", "basic", "--name", client_id, "--client-id", client_id,
-                        "--client-type", client_type],
-                       env=self.env(), cwd=self.tmp, check=True, capture_output=True)
+#: every node's settings beside its configuration's: all the bench's
+#: clients come from 127.0.0.1, as a fleet behind one NAT address does
+NODE_ENV = {"TBMQ_MQTT__MAX_PERSISTENT_SESSIONS_PER_ADDRESS": "0"}
 
 
 class Node(TreeTbmq):
@@ -165,6 +133,7 @@ class Node(TreeTbmq):
     def __init__(self, services: Services, driver: str, prefix: str, service_id: str,
                  src: str = REPO, defaults: bool = False) -> None:
         env = {
+            **NODE_ENV,
             "TBMQ_BUS": "kafka",
             "TBMQ_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.kafka_port}",
             "TBMQ_KAFKA__DRIVER": driver,
@@ -331,7 +300,7 @@ class Config:
         if self.kind == "mosquitto":
             return Cluster([Mosquitto()])
         if self.kind == "embedded":
-            nodes = [TreeTbmq(src=self.src)]
+            nodes = [TreeTbmq(dict(NODE_ENV), self.src)]
         else:
             nodes = [Node(services, self.driver, prefix, f"{prefix}-{x}", self.src, defaults)
                      for x in "ab"]
@@ -353,19 +322,6 @@ def configurations(trees: list[str], drivers: list[str], mosquitto: bool) -> lis
     if mosquitto:
         out.append(Config("mosquitto", label="mosquitto"))
     return out
-
-
-def commit_of(src: str) -> str:
-    """The commit a tree runs (``+dirty`` for a changed work tree)."""
-    base = os.path.basename(src)
-    if base.startswith("src-"):
-        return base[4:]
-    try:
-        sha = subprocess.check_output(["git", "-C", src, "rev-parse", "--short=12", "HEAD"], text=True).strip()
-        dirty = subprocess.call(["git", "-C", src, "diff", "--quiet", "HEAD", "--", "tbmq", "plugins"])
-        return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
 
 
 def measure(ctx: cs.Context, cluster: Cluster, name: str) -> dict:

@@ -22,7 +22,7 @@ import pytest
 from bench.mqttgen import now
 from bench.storm import StormFleet
 from tests.integration.cluster import ClusterNode, Services
-from tests.integration.conftest import _LIVE
+from tests.integration.conftest import _LIVE, _finish
 from tests.integration.helpers import uid
 
 pytestmark = pytest.mark.timeout(240)
@@ -49,12 +49,7 @@ def nodes(request, kafka_bootstrap, redis_url, tmp_path):
         yield made
     finally:
         for node in made:
-            try:
-                node.stop()
-            finally:
-                node.kill()
-                if node in _LIVE:
-                    _LIVE.remove(node)
+            _finish(node)  # fails the test if node A died by itself
 
 
 def test_the_clients_of_a_killed_node_come_back_on_the_other_and_lose_nothing(nodes, capsys):
