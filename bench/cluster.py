@@ -56,6 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Callable
 
@@ -355,7 +356,7 @@ def _unit_cpu(result: dict):
     return result.get("cpu_us_per_connect", result.get("cpu_us_per_msg"))
 
 
-SHOWN = ("value", "lost", "p50_ms", "p99_ms", "node_cpu_pct", "cpu_us_per_msg", "cpu_us_per_connect",
+SHOWN = ("error", "value", "lost", "p50_ms", "p99_ms", "node_cpu_pct", "cpu_us_per_msg", "cpu_us_per_connect",
          "cpu_ratio", "received", "tansu_cpu_pct", "accepted", "refused", "failed", "longest_wait_s",
          "recovered_s", "unanswered", "reconnect_s", "delivered_s", "duplicates", "acked")
 
@@ -377,11 +378,16 @@ def run_config(config: Config, names: list, rep: int, index: int, services: Serv
     for g, (group, own) in enumerate(groups):
         prefix = f"b{rep}c{index}g{g}x{os.getpid()}"
         cluster = config.make(services, prefix, defaults=own == "defaults",
-                              app_credentials="app_fanin" in group).start()
+                              app_credentials="app_fanin" in group)
         try:
+            cluster.start()
             for name in group:
                 ctx = cs.Context(args.duration, prefix, services, args)
-                res = measure(ctx, cluster, name)
+                try:
+                    res = measure(ctx, cluster, name)
+                except Exception as e:  # the others still run; the error is in the JSON
+                    traceback.print_exc()
+                    res = {"error": f"{type(e).__name__}: {e}"}
                 record(config, name, res)
         finally:
             cluster.stop()

@@ -10,7 +10,7 @@ CPU in percent of one core unless the name says otherwise.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from bench import scenarios
 from bench import workers as gen
@@ -39,7 +39,6 @@ class Context:
     prefix: str
     services: object
     options: object
-    extra: dict = field(default_factory=dict)
 
 
 def _cpu_of(procs: dict) -> dict:
@@ -171,7 +170,8 @@ def storm(ctx: Context, cluster) -> dict:
 
     :returns: value and reconnect_s (kill → every client connected again),
         delivered_s (kill → every acknowledged message sent before the kill
-        delivered), lost (acknowledged, never delivered: must be 0),
+        delivered), all_delivered_s (kill → every acknowledged message
+        delivered, those sent until the stop too), lost (acknowledged, never delivered: must be 0),
         duplicates, the CONNECT attempts and refusals of the storm.
     """
     a, b = cluster.nodes

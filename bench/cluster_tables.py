@@ -28,7 +28,8 @@ TABLES = {
         ("before the kill, ms", "baseline_ms", ".1f")]),
     "storm": ("Reconnect storm: node B killed, its clients reconnect to node A", [
         ("clients", "clients", "d"), ("all back after s", "reconnect_s", ".1f"),
-        ("delivered after s", "delivered_s", ".1f"), ("acknowledged", "acked", "d"),
+        ("sent before the kill, delivered after s", "delivered_s", ".1f"),
+        ("all delivered after s", "all_delivered_s", ".1f"), ("acknowledged", "acked", "d"),
         ("lost", "lost", "d"), ("duplicates", "duplicates", "d"), ("CONNECTs", "attempts", "d"),
         ("refused", "refused", "d"), ("refusals", "codes", "codes"), ("no CONNACK", "timeouts", "d"),
         ("sessions lost", "sessions_lost", "d")]),
