@@ -29,8 +29,9 @@ setup(
         "jsonschema>=4.18",
     ],
     extras_require={
-        "kafka": ["kafka-python>=3.0", "crc32c>=2.3"],
+        "kafka": ["confluent-kafka>=2.3"],
         "confluent": ["confluent-kafka>=2.3"],
+        "kafka-python": ["kafka-python>=3.0", "crc32c>=2.3"],
         "redis": ["txredisapi>=1.6"],
         "postgres": ["psycopg2-binary>=2.9"],
         "analytics": ["pyspark>=3.5", "matplotlib>=3.7", "pyarrow>=14", "pandas>=2.0,<3"],

@@ -26,6 +26,14 @@ class ConfigError(TbmqError):
         self.key = key
 
 
+class StartupError(TbmqError):
+    """The node could not start although its configuration reads well: a
+    listener could not listen (address already in use, permission denied).
+    The message is one line naming the cause and the setting,
+    ``cannot listen on tcp:1883: address already in use
+    (listeners[0].endpoint)``."""
+
+
 class BackendError(TbmqError):
     """A storage or bus backend cannot serve a call (not started, stopping,
     closed)."""

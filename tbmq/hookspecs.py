@@ -209,8 +209,10 @@ def tbmq_message_delivered(session, message, qos):
 def tbmq_message_dropped(session, message, reason):
     """A message was not delivered to ``session``.
 
-    :param reason: ``expired``, ``queue_full``, ``slow_consumer``,
-        ``offline_qos0``, ``too_large_for_client`` or ``session_ended``.
+    :param reason: ``expired``, ``offline_qos0``, ``slow_consumer``,
+        ``quota_exceeded``, ``too_large_for_client`` (what each means:
+        :data:`tbmq.broker.hooks.DROP_REASONS`) or ``session_ended`` (held
+        by a session that ended; not in the node's drop counts).
     """
 
 

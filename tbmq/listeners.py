@@ -54,12 +54,17 @@ from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 
 from tbmq.config import TLS_LISTENER_TYPES
-from tbmq.errors import ConfigError
+from tbmq.errors import ConfigError, StartupError
 
 __all__ = [
     "WS_SUBPROTOCOLS",
     "build_factory",
+    "cannot_listen",
+    "check",
     "listen",
+    "listen_on",
+    "parse_endpoint",
+    "server_endpoint",
     "tls_options",
     "peer_certificate_chain",
     "peer_address",
@@ -507,6 +512,75 @@ def endpoint_string(listener) -> str:
     return endpoint
 
 
+def parse_endpoint(reactor, text: str, shown: str, where: str) -> interfaces.IStreamServerEndpoint:
+    """Read a server endpoint string with :func:`~twisted.internet.endpoints.serverFromString`
+    (nothing is bound yet).
+
+    :param reactor: the reactor the endpoint listens with.
+    :param text: the endpoint string to read.
+    :param shown: the endpoint as the config gives it, for the message.
+    :param where: the key path of the setting (``listeners[0].endpoint``).
+    :raises ConfigError: ``listeners[0].endpoint: invalid endpoint 'tcp:abc': …``
+        with Twisted's reason.
+    """
+    try:
+        return endpoints.serverFromString(reactor, text)
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"{where}: invalid endpoint {shown!r}: {e}", key=where) from None
+
+
+def server_endpoint(broker, listener, reactor=None) -> interfaces.IStreamServerEndpoint:
+    """The endpoint of ``listener`` (:func:`endpoint_string`), not yet listening.
+
+    :raises ConfigError: for an endpoint string Twisted does not read.
+    """
+    if reactor is None:
+        from twisted.internet import reactor
+    return parse_endpoint(reactor, endpoint_string(listener), listener.endpoint,
+                          _key_path(broker, listener, "endpoint"))
+
+
+def check(broker, listener, reactor=None) -> None:
+    """Read what ``listener`` needs before it listens, its endpoint string
+    and its TLS files, so that a mistake in either stops the node when it
+    is made (``twistd``: exit status 2) rather than once it runs.
+
+    :raises ConfigError: naming the setting (see :func:`server_endpoint`
+        and :func:`tls_options`).
+    """
+    server_endpoint(broker, listener, reactor)
+    if listener.type in TLS_LISTENER_TYPES:
+        tls_options(listener, broker)
+
+
+def cannot_listen(reason: error.CannotListenError, shown: str, where: str) -> StartupError:
+    """The one-line error of an endpoint that could not listen.
+
+    :param reason: Twisted's error (its ``socketError`` says why).
+    :param shown: the endpoint as the config gives it.
+    :param where: the key path of the setting.
+    :returns: ``cannot listen on tcp:1883: address already in use
+        (listeners[0].endpoint)``.
+    """
+    cause = reason.socketError
+    text = getattr(cause, "strerror", None) or str(cause)
+    return StartupError(f"cannot listen on {shown}: {text[:1].lower()}{text[1:]} ({where})")
+
+
+def listen_on(endpoint, factory, shown: str, where: str) -> defer.Deferred:
+    """``endpoint.listen(factory)``, its ``CannotListenError`` (address in
+    use, permission denied) told as :func:`cannot_listen`.
+
+    :returns: a Deferred firing with the ``IListeningPort`` or failing with
+        :class:`StartupError` (or the endpoint's other errors).
+    """
+    def explain(failure: Failure):
+        failure.trap(error.CannotListenError)
+        raise cannot_listen(failure.value, shown, where)
+
+    return endpoint.listen(factory).addErrback(explain)
+
+
 def listen(broker, listener, reactor=None) -> defer.Deferred:
     """Listen on ``listener.endpoint`` with :func:`build_factory`.
 
@@ -515,21 +589,19 @@ def listen(broker, listener, reactor=None) -> defer.Deferred:
     :param reactor: the reactor; the global one when None.
     :returns: a Deferred firing with the
         :class:`~twisted.internet.interfaces.IListeningPort`, or failing with
-        :class:`ConfigError` (bad endpoint string, TLS files) or the
-        endpoint's error (address in use …).
+        :class:`ConfigError` (bad endpoint string, TLS files) or
+        :class:`StartupError` (address in use …, see :func:`listen_on`).
+        For ``tcp:``, ``tcp6:`` and ``unix:`` endpoints it has fired when
+        this returns.
     """
     if reactor is None:
         from twisted.internet import reactor
     try:
+        endpoint = server_endpoint(broker, listener, reactor)
         factory = build_factory(broker, listener, reactor)
-        endpoint = endpoints.serverFromString(reactor, endpoint_string(listener))
     except ConfigError:
         return defer.fail()
-    except (ValueError, TypeError, KeyError) as e:
-        where = _key_path(broker, listener, "endpoint")
-        return defer.fail(ConfigError(f"{where}: invalid endpoint {listener.endpoint!r}: {e}",
-                                      key=where))
-    return endpoint.listen(factory)
+    return listen_on(endpoint, factory, listener.endpoint, _key_path(broker, listener, "endpoint"))
 
 
 # -- what the layers know about a connection ----------------------------------------

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
+import os
 import sys
 
 from twisted.python import usage
 
 from tbmq.config import load_config
-from tbmq.errors import ConfigError
+from tbmq.errors import ConfigError, TbmqError
 from tbmq.log import set_log_level
 
 #: the exit status of a configuration error (as the ``tbmq`` command's)
 CONFIG_ERROR_STATUS = 2
+
+#: the exit status of a node that could not start with a valid configuration
+#: (a listener's address in use, a backend that does not start)
+START_ERROR_STATUS = 1
 
 
 class Options(usage.Options):
@@ -39,7 +45,8 @@ class Options(usage.Options):
 
 
 def config_from_options(options) -> "object":
-    """Build the :class:`tbmq.config.Config` from parsed options.
+    """Build the :class:`tbmq.config.Config` from parsed options: each
+    ``--listen ENDPOINT`` is a ``tcp`` listener named ``ENDPOINT``.
 
     :raises tbmq.errors.ConfigError: on a bad file, key or value.
     """
@@ -47,9 +54,11 @@ def config_from_options(options) -> "object":
     if options["data-dir"]:
         overrides["data_dir"] = options["data-dir"]
     if options["listen"]:
+        # named by their endpoint: a stable name (the ``listener`` label of
+        # the metrics) whatever the order of the options
         overrides["listeners"] = [
-            {"name": f"listen{i}", "type": "tcp", "endpoint": endpoint}
-            for i, endpoint in enumerate(options["listen"])
+            {"name": endpoint, "type": "tcp", "endpoint": endpoint}
+            for endpoint in options["listen"]
         ]
     return load_config(options["config"], overrides=overrides)
 
@@ -68,14 +77,64 @@ def tune_gc(threshold: int) -> None:
         gc.set_threshold(threshold, gen1, gen2)
 
 
+def _say(problem: str) -> None:
+    """Write ``tbmq: <problem>`` on the process's standard error (twistd
+    sends ``sys.stderr`` to the log once it logs)."""
+    stream = sys.__stderr__
+    if stream is not None:
+        stream.write(f"tbmq: {problem}\n")
+        stream.flush()
+
+
+def _one_line_excepthook(previous):
+    """A ``sys.excepthook`` that prints a :class:`~tbmq.errors.TbmqError`
+    left uncaught (a listener that cannot bind, raised through twistd
+    before the reactor runs) as one line, and any other exception with
+    ``previous``."""
+    def excepthook(kind, value, traceback):
+        if isinstance(value, TbmqError):
+            _say(" ".join(str(value).split()))
+        else:
+            previous(kind, value, traceback)
+
+    return excepthook
+
+
+def _exit_at_the_end(failure) -> None:
+    """The node failed once the reactor ran: say why on standard error and
+    make the process exit with :data:`START_ERROR_STATUS` once twistd has
+    cleaned up (twistd itself exits 0 whenever the reactor stops)."""
+    from tbmq.service import startup_problem
+
+    problem = startup_problem(failure)
+    _say(problem or f"could not start: {failure.getErrorMessage()} (see the log)")
+
+    def exit_now() -> None:
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 -- a closed stream: nothing to flush
+                pass
+        os._exit(START_ERROR_STATUS)
+
+    atexit.register(exit_now)
+
+
 def makeService(options):
     """The twistd entry point: a :class:`tbmq.service.BrokerService`; the
     process's garbage collector tuned (:func:`tune_gc`), and once the node is
     up, what it loaded moved out of the collector's sight (``gc.freeze``).
 
-    A bad configuration (file, ``TBMQ_*`` variable, option, or a backend no
-    plugin provides) prints one line, ``tbmq: <key path>: <what is
-    wrong>``, on standard error and exits with status 2, with no traceback.
+    A bad configuration (file, ``TBMQ_*`` variable, option, endpoint string,
+    TLS file, or a backend no plugin provides) prints one line, ``tbmq:
+    <key path>: <what is wrong>``, on standard error and exits with status
+    2, with no traceback.  A node that cannot start (a listener's address
+    in use, a backend that fails) prints one line, ``tbmq: cannot listen on
+    tcp:1883: address already in use (listeners[0].endpoint)``, and exits
+    with status 1: a listener binds before the reactor runs, so a
+    daemonized twistd's parent reports it too; a failure once the reactor
+    runs stops it, and the process exits with status 1 after twistd's
+    clean-up.
 
     :raises SystemExit: with status 2 for a :class:`~tbmq.errors.ConfigError`.
     """
@@ -89,7 +148,8 @@ def makeService(options):
     except ConfigError as e:
         print(f"tbmq: {e}", file=sys.stderr)
         raise SystemExit(CONFIG_ERROR_STATUS) from None
-    service.started.addCallback(lambda _: gc.freeze())
+    sys.excepthook = _one_line_excepthook(sys.excepthook)
+    service.started.addCallbacks(lambda _: gc.freeze(), _exit_at_the_end)
     return service
 
 

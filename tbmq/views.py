@@ -29,6 +29,11 @@ class SessionView:
     :ivar subscriptions: topic filter → :class:`tbmq.model.SubscriptionOptions`
         (a read-only mapping).
     :ivar session_id: the id of the connection that holds (or last held) it.
+    :ivar address: ``host:port`` (``[host]:port`` for IPv6) of the client's
+        last connection, ``str``, or None.
+    :ivar username: the user name it last authenticated with, or None.
+    :ivar credentials_name: the name of the credentials record that last
+        admitted it (:attr:`tbmq.auth.AuthResult.credentials_name`), or None.
     """
 
     __slots__ = ("_session",)
@@ -45,6 +50,9 @@ class SessionView:
     connected_at = property(lambda self: self._session.connected_at)
     disconnected_at = property(lambda self: self._session.disconnected_at)
     session_id = property(lambda self: self._session.session_id)
+    address = property(lambda self: self._session.address)
+    username = property(lambda self: self._session.username)
+    credentials_name = property(lambda self: self._session.credentials_name)
 
     @property
     def subscriptions(self):

@@ -54,7 +54,8 @@ class BasicAuth:
             if request.password is None or not await request.check_password(request.password, hashed):
                 return AuthResult(False, reason_code=0x86, provider="basic")
         return AuthResult(True, credentials.client_type, provider="basic",
-                          rules=bind_rules(credentials, request), credentials=credentials.id)
+                          rules=bind_rules(credentials, request), credentials=credentials.id,
+                          credentials_name=credentials.name)
 
 
 plugin = BasicAuth()

@@ -87,6 +87,7 @@ class ScramAuth:
         request.username = request.state.get("username", request.username)
         return AuthResult(True, credentials.client_type, provider="scram",
                           rules=bind_rules(credentials, request), credentials=credentials.id,
+                          credentials_name=credentials.name,
                           auth_data=server_final.encode("utf-8"))
 
 

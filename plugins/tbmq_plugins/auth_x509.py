@@ -59,7 +59,8 @@ class X509Auth:
     @staticmethod
     def _accept(credentials, request):
         return AuthResult(True, credentials.client_type, provider="x509",
-                          rules=bind_rules(credentials, request), credentials=credentials.id)
+                          rules=bind_rules(credentials, request), credentials=credentials.id,
+                          credentials_name=credentials.name)
 
 
 plugin = X509Auth()

@@ -12,6 +12,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tbmq.model import ClientType
+from tbmq.mqtt.constants import ReasonCode
+
+#: The CONNACK reason codes the broker refuses an authentication with
+#: (:attr:`AuthResult.reason_code` of the built-in providers; a refusal
+#: without a result is NOT_AUTHORIZED, or BAD_AUTHENTICATION_METHOD for an
+#: enhanced authentication [MQTT-4.12.0-1]): the ``reason_code`` labels of
+#: ``tbmq_authentication_failures_total``, each there from the start.  A
+#: v3 client gets 0x04 for BAD_USER_NAME_OR_PASSWORD, else 0x05.
+AUTH_FAILURE_CODES = (ReasonCode.BAD_USER_NAME_OR_PASSWORD, ReasonCode.NOT_AUTHORIZED,
+                      ReasonCode.BAD_AUTHENTICATION_METHOD)
 
 
 @dataclass(slots=True)
@@ -93,6 +103,8 @@ class AuthResult:
         (:class:`tbmq.auth.rules.BoundRules`), or None for no restriction.
     :ivar credentials: the id of the :class:`tbmq.model.Credentials` that
         authenticated the client, so changed rules can be applied to it.
+    :ivar credentials_name: the name of that record, for operators (the
+        session's ``credentials_name`` in the admin API and the console).
     :ivar auth_data: v5 Authentication Data to send (in AUTH 0x18 when
         ``continue_auth``, else in CONNACK / AUTH 0x00).
     :ivar continue_auth: True to send AUTH 0x18 CONTINUE_AUTHENTICATION with
@@ -107,3 +119,4 @@ class AuthResult:
     credentials: str | None = None
     auth_data: bytes | None = None
     continue_auth: bool = False
+    credentials_name: str | None = None

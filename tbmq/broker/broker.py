@@ -26,9 +26,12 @@ from tbmq.broker.sessions import SessionManager
 from tbmq.cluster.membership import Membership
 from tbmq.cluster.registry import SessionRegistry, SubscriptionBook
 from tbmq.cluster.session_events import SessionEvents
-from tbmq.cluster.sinks import ApplicationReader, DownlinkReader, PersistedWriter
-from tbmq.cluster.topics import TopicCatalogue
+from tbmq.cluster.sinks import (
+    ApplicationReader, DownlinkReader, PersistedWriter, Sinks, write_marker,
+)
+from tbmq.cluster.topics import TopicCatalogue, node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.plugins import first_result, log_plugins
 
 
 def default_service_id() -> str:
@@ -105,25 +108,35 @@ class Broker:
         self.clock = clock
         self.service_id = service_id_of(config)
         hook = plugins.hook
+        provided: dict[str, list[str]] = {}
+
+        def make(given, factory, what: str, **kwargs):
+            if given is not None:
+                return given
+            made, plugin = first_result(factory, config=config, **kwargs)
+            if made is not None and plugin is not None:
+                provided.setdefault(plugin, []).append(what)
+            return made
+
+        bus = make(bus, hook.tbmq_message_bus, f"bus {config.bus}", clock=clock)
         if bus is None:
-            bus = hook.tbmq_message_bus(config=config, clock=clock)
-            if bus is None:
-                raise ConfigError(f"bus: no plugin provides the bus {config.bus!r}")
-        if retained_store is None:
-            retained_store = hook.tbmq_retained_store(config=config)
-        if device_store is None:
-            device_store = hook.tbmq_device_message_store(config=config)
+            raise ConfigError(f"bus: no plugin provides the bus {config.bus!r}")
+        retained_store = make(retained_store, hook.tbmq_retained_store,
+                              f"retained store {config.storage.backend}")
+        device_store = make(device_store, hook.tbmq_device_message_store,
+                            f"device store {config.storage.device_store_name}")
         if retained_store is None:
             raise ConfigError(
                 f"storage.backend: no plugin provides {config.storage.backend!r}")
         if device_store is None:
             raise ConfigError(f"storage.device_store: no plugin provides "
                               f"{config.storage.device_store_name!r}")
+        credential_store = make(credential_store, hook.tbmq_credential_store,
+                                f"credentials {config.auth.credentials}", reactor=None)
         if credential_store is None:
-            credential_store = hook.tbmq_credential_store(config=config, reactor=None)
-            if credential_store is None:
-                raise ConfigError(
-                    f"auth.credentials: no plugin provides {config.auth.credentials!r}")
+            raise ConfigError(
+                f"auth.credentials: no plugin provides {config.auth.credentials!r}")
+        log_plugins(plugins, provided)
         #: the latencies of backend calls (:class:`tbmq.ops.timing.CallTimes`),
         #: measured only while the HTTP listener (and so ``/metrics``) is on
         self.call_times = None
@@ -146,8 +159,9 @@ class Broker:
         self.connections: set = set()
         self.sessions_by_id: dict = {}
         self.registry = SessionRegistry(bus, self.topics.client_session, self.service_id)
+        self.sinks = Sinks.build(bus, self.topics)
         self.router = Router(bus, self.topics, self.service_id, clock, retained_store,
-                             self.sessions_by_id, self.registry.get)
+                             self.sessions_by_id, self.registry.get, self.sinks)
         self.applications = ApplicationReader(bus, self.topics.app, self.topics.app_shared)
         self.book = SubscriptionBook(bus, self.topics.client_subscriptions, self.service_id,
                                      self.router, clock)
@@ -156,7 +170,9 @@ class Broker:
         self.events = SessionEvents(bus, self.topics, self.service_id, self.registry, clock,
                                     self.sessions.drop_local, self.sessions.forget_local,
                                     self.sessions.take_over,
-                                    timeout=self.CONNECT_ANSWER_SHARE * config.mqtt.connect_timeout,
+                                    timeout=min(config.node.connect_answer_timeout,
+                                                self.CONNECT_ANSWER_SHARE
+                                                * config.mqtt.connect_timeout),
                                     clear=self.sessions.clear_offline)
         self.sessions.events = self.events
         self.registry.stale_listeners.append(self.sessions.restate)
@@ -164,7 +180,7 @@ class Broker:
             bus, self.topics.nodes, self.service_id, clock, self.registry,
             self.events.request_takeover, config.node.heartbeat_interval,
             config.node.node_timeout,
-            tuple(f"{lc.name}={lc.endpoint}" for lc in config.listeners))
+            tuple(lc.label for lc in config.listeners))
         self.persisted_writer = PersistedWriter(
             device_store, self.sessions_by_id, self.registry.locate, self.service_id, bus,
             self.topics.downlink_persisted, clock, next_seq, self.drops,
@@ -180,7 +196,7 @@ class Broker:
             publish=self.router.publish, retained_for=self.router.retained_for,
             subscriptions=manager, topics=TopicNameCache(), auth=self.config.auth,
             applications=self.applications, traffic=self.traffic,
-            mark=partial(self.router.persisted.mark, self.service_id))
+            mark=partial(write_marker, self.sinks.persisted, self.service_id))
 
     def connection_context(self) -> ConnectionContext:
         """What the connections of a listener use of this node."""
@@ -222,7 +238,7 @@ class Broker:
         writer.consumer = bus.subscribe(self.topics.msg_persisted, "tbmq-msg-persisted",
                                         writer.handle)
         reader = self.downlink_reader
-        group = "tbmq-downlink-" + self.service_id
+        group = node_group(self.service_id)
         reader.basic = bus.subscribe(self.topics.downlink_basic(self.service_id), group,
                                      reader.handle_basic, exclusive=True)
         reader.persisted = bus.subscribe(self.topics.downlink_persisted(self.service_id),

@@ -18,7 +18,7 @@ from tbmq.auth.guard import BANNED
 from tbmq.listeners import peer_certificate_chain
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType
-from tbmq.mqtt import MQTT_5, Auth, Connack, Connect, Property, Will
+from tbmq.mqtt import MQTT_5, Auth, Connack, Connect, MalformedPacket, Property, Will
 from tbmq.mqtt.topics import TopicError, validate_topic_name
 from tbmq.broker.session import valid_utf8
 from tbmq.broker.sessions import is_persistent
@@ -98,6 +98,24 @@ class ConnectFlow:
             peer=self._peer(), why=why)
         self._close()
 
+    def refuse_malformed_connect(self, error: MalformedPacket) -> None:
+        """A CONNECT the decoder refused after reading its protocol level
+        (``error.connect_level``): malformed (0x81), or a protocol error
+        (0x82) such as a property given twice or a value it may not have
+        (Receive Maximum or Maximum Packet Size 0, Request Problem
+        Information 2...).  A v5 client gets CONNACK with the error's
+        reason code and a Reason String saying what was wrong, then the
+        close [MQTT-4.13.1-1, MQTT-3.2.2-6, MQTT-3.2.2-7]; 3.1.1 and 3.1
+        have no return code for it, so the connection is closed without
+        CONNACK [MQTT-3.1.4-1].
+
+        :param error: the decoder's :class:`~tbmq.mqtt.MalformedPacket`.
+        """
+        self.protocol_level = error.connect_level
+        if error.connect_level >= MQTT_5:
+            self.send(Connack(False, error.reason_code, {Property.REASON_STRING: str(error)}))
+        self._close()
+
     def handle_connect(self, connect: Connect) -> None:
         """Validate CONNECT, authenticate, bind the session, send CONNACK."""
         self.connect_packet = connect
@@ -124,8 +142,8 @@ class ConnectFlow:
                 return self._refuse(0x85, 0x02, "empty client identifier")
             connect.client_id = self._assigned_id = "tbmq-" + uuid.uuid4().hex
         if v5:
-            if props.get(Property.RECEIVE_MAXIMUM, 1) == 0 or props.get(Property.MAXIMUM_PACKET_SIZE, 1) == 0:
-                return self._refuse(0x82, 0x02, "receive maximum or maximum packet size 0")
+            # (Receive Maximum and Maximum Packet Size 0 are refused with
+            # the decoder's errors: refuse_malformed_connect)
             self.send_quota = props.get(Property.RECEIVE_MAXIMUM, 65535)
             self.max_packet_size = props.get(Property.MAXIMUM_PACKET_SIZE)
             # none unless the client accepts them [MQTT-3.1.2-27, MQTT-3.3.2-11]

@@ -167,11 +167,38 @@ class Hooks:
         self.notify("tbmq_session_expired", client_id=client_id)
 
 
+#: Every reason the node counts a message as not delivered (the keys of
+#: :attr:`DropCounter.counts`, the ``reason`` labels of
+#: ``tbmq_messages_dropped_total``; the first five also reach the
+#: ``tbmq_message_dropped`` hook, from :meth:`tbmq.broker.outbox.Outbox.drop`,
+#: which also hears of ``session_ended``, not counted here):
+#:
+#: * ``expired``: its Message Expiry Interval passed before it could be sent
+#:   [MQTT-3.3.2-5];
+#: * ``offline_qos0``: QoS 0 for a persistent session while its client is
+#:   offline (not stored);
+#: * ``slow_consumer``: QoS 0 for a client whose socket stays full past
+#:   ``mqtt.max_outbound_buffer``;
+#: * ``quota_exceeded``: the queue of a non-persistent session overflowed:
+#:   the client is disconnected (0x97 Quota exceeded), what it had queued or
+#:   in flight is counted;
+#: * ``too_large_for_client``: larger than the client's Maximum Packet Size
+#:   [MQTT-3.1.2-25];
+#: * ``store_limit``: the oldest stored messages of a persistent DEVICE
+#:   session, removed at the device store's limit;
+#: * ``not_authorized``: a PUBLISH its client may not publish (0x87 for a v5
+#:   QoS 1/2 publisher);
+#: * ``bus_refused``: a PUBLISH the bus did not take (not acknowledged).
+DROP_REASONS = ("expired", "offline_qos0", "slow_consumer", "quota_exceeded",
+                "too_large_for_client", "store_limit", "not_authorized", "bus_refused")
+
+
 class DropCounter:
     """Messages not delivered, by reason, for the whole node (the totals the
     log and the metrics report).
 
-    :ivar counts: reason → count.
+    :ivar counts: reason → count; every one of :data:`DROP_REASONS` from the
+        start (0), so a metric has its series before the first drop.
     """
 
     __slots__ = ("counts", "_refused_logged_at", "_refused_since_log")
@@ -182,7 +209,7 @@ class DropCounter:
     log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
+        self.counts: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
         self._refused_logged_at = float("-inf")
         self._refused_since_log = 0
 

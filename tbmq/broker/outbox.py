@@ -455,7 +455,7 @@ class Outbox(StoreReads):
         if aliases is not None:
             aliases.sent(message.topic, alias, known)
         self._sent[qos] += 1
-        self._sent_bytes[qos] += size
+        self._sent_bytes[qos] += len(message.payload)
         return data
 
     def _observe(self, message: Message, now: float) -> None:

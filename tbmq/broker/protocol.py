@@ -164,7 +164,10 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
             self._before_connect_log(self.log).info(
                 "malformed packet from {peer}: {error} (0x{code:02X})",
                 peer=self._peer(), error=str(e), code=e.reason_code)
-            self.disconnect(e.reason_code)
+            if e.connect_level is not None:
+                self.refuse_malformed_connect(e)
+            else:
+                self.disconnect(e.reason_code)
             return
         if self._connacked:
             if not decoder.partial:

@@ -15,10 +15,10 @@ from twisted.logger import Logger
 
 from tbmq.broker.retained import RetainedTree
 from tbmq.broker.trie import SubscriptionTrie
+from tbmq.cluster.topics import node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
-from tbmq.cluster.sinks import (
-    ApplicationSink, DownlinkSink, PersistedSink, SharedApplicationSink,
-)
+from tbmq.cluster.records import Delivery
+from tbmq.cluster.sinks import Sinks
 from tbmq.model import ClientType, Message, SubscriptionOptions
 
 
@@ -90,15 +90,19 @@ class Router:
     :param sessions: client id → the sessions of this node.
     :param lookup: ``client_id -> SessionInfo or None``: what the cluster
         knows of a client without a session here (the session registry).
-    :ivar trie: topic filter → ``{client id: SubscriptionOptions}`` and
-        ``{("$share", group): SharedGroup}``.
+    :param sinks: the node's :class:`~tbmq.cluster.sinks.Sinks` (built on
+        ``bus`` when None).
+    :ivar trie: topic filter → ``{client id: SubscriptionOptions}``: the
+        plain subscriptions.
+    :ivar shared: topic filter → ``{share name: SharedGroup}``: the shared
+        subscriptions, kept apart so that nothing tests what a value is.
     :ivar retained: the retained tree.
     """
 
     log = Logger(observer=LOG_OBSERVER)
 
     def __init__(self, bus, topics, service_id: str, clock, retained_store,
-                 sessions, lookup=lambda client_id: None) -> None:
+                 sessions, lookup=lambda client_id: None, sinks: Sinks | None = None) -> None:
         self.bus = bus
         self.topics = topics
         self.service_id = service_id
@@ -107,11 +111,9 @@ class Router:
         self.sessions = sessions
         self.lookup = lookup
         self.trie = SubscriptionTrie()
+        self.shared = SubscriptionTrie()
         self.retained = RetainedTree()
-        self.downlink = DownlinkSink(bus, topics.downlink_basic)
-        self.persisted = PersistedSink(bus, topics.msg_persisted)
-        self.application = ApplicationSink(bus, topics.app)
-        self.application_shared = SharedApplicationSink(bus, topics.app_shared)
+        self.sinks = sinks if sinks is not None else Sinks.build(bus, topics)
         self.consumer = None
         self._msg_all = topics.msg_all
         self._seconds = clock.seconds
@@ -127,7 +129,7 @@ class Router:
         bus = self.bus
         self.consumer = bus.subscribe(self.topics.msg_all, "tbmq-msg-all", self._on_message)
         self.retained_consumer = bus.subscribe(
-            self.topics.msg_retained, "tbmq-retained-" + self.service_id, self._on_retained,
+            self.topics.msg_retained, node_group(self.service_id), self._on_retained,
             from_beginning=True, exclusive=True)
         return self.retained_consumer.caught_up
 
@@ -172,34 +174,38 @@ class Router:
         """The consumer of ``tbmq.msg.all``: match once, then one target per
         client (at the highest QoS of its matching subscriptions, with all
         their identifiers [MQTT-3.3.4-2, -3, -4]), each to its sink.  A
-        live session here is its own sink: written now.
+        live session here is its own sink: written now.  A shared
+        subscription gives one member per message [MQTT-4.8.2-2]; one whose
+        members are all persistent APPLICATION clients gives one record on
+        ``tbmq.msg.app.shared.<filter>``, which each share group reads in a
+        consumer group of its own.
 
         :returns: None, or a Deferred when persistent targets store it.
         """
         message = record.value
-        matches = self.trie.match(message.topic)
-        if not matches:
-            return None
-        if len(matches) == 1:
-            return self._dispatch_one(matches[0], message)
-        targets = self._targets(matches, message)
+        topic = message.topic
+        matches = self.trie.match(topic)
+        groups = self.shared.match(topic) if len(self.shared) else None
+        if not groups:
+            if not matches:
+                return None
+            if len(matches) == 1:
+                return self._dispatch_one(matches[0], message)
+        targets, filters = self._targets(matches, groups, message)
+        pending = None
+        for topic_filter in filters:  # one record per filter
+            result = self.sinks.application_shared.send(
+                topic_filter, topic, Delivery(topic_filter, message, message.qos,
+                                              message.retain))
+            if result is not None:
+                pending = _add(pending, result)
         sessions = self.sessions
         # one target: encoded with its own packet id, nothing to share
         cache: dict | None = {} if len(targets) > 1 else None
         now = self._seconds()
-        pending = None
         retain = message.retain
         source = self.consumer
-        shared_sent = None
-        for client_id, qos, sids, rap in targets:
-            if type(client_id) is SharedGroup:
-                # one record per filter: each share group reads it in its own group
-                if shared_sent is None:
-                    shared_sent = set()
-                if client_id.topic_filter not in shared_sent:
-                    shared_sent.add(client_id.topic_filter)
-                    pending = self._to_shared_applications(client_id, message, pending)
-                continue
+        for client_id, (qos, sids, rap) in targets.items():
             # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
             flag = retain and rap
             session = sessions.get(client_id)
@@ -210,9 +216,9 @@ class Router:
         return None if pending is None else _joined(pending)
 
     def _dispatch_one(self, subs: dict, message: Message):
-        """:meth:`_on_message` for the subscriptions of one filter (the usual
-        case: each client appears once), classified and handed over in one
-        pass."""
+        """:meth:`_on_message` for the plain subscriptions of one filter (the
+        usual case: each client appears once), classified and handed over in
+        one pass."""
         sessions = self.sessions
         publisher = message.publisher
         msg_qos = message.qos
@@ -221,21 +227,8 @@ class Router:
         now = self._seconds()
         source = self.consumer
         pending = None
-        shared_sent = False
         for client_id, options in subs.items():  # nothing below changes subs
-            if type(options) is SharedGroup:
-                if self._applications(options):
-                    # one record for the filter: each share group reads it
-                    # in its own consumer group
-                    if not shared_sent:
-                        shared_sent = True
-                        pending = self._to_shared_applications(options, message, pending)
-                    continue
-                picked = options.pick(self._online)
-                if picked is None:
-                    continue
-                client_id, options = picked
-            elif options.no_local and client_id == publisher:
+            if options.no_local and client_id == publisher:
                 continue  # [MQTT-3.8.3-3]
             qos = options.qos if options.qos < msg_qos else msg_qos
             # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
@@ -248,77 +241,89 @@ class Router:
                                         options.subscription_ids, pending)
         return None if pending is None else _joined(pending)
 
-    def _to_shared_applications(self, group: "SharedGroup", message: Message,
-                                pending: list | None) -> list | None:
-        """One record on ``tbmq.msg.app.shared.<filter>`` for a share group
-        of persistent APPLICATION clients (read by their consumer group)."""
-        result = self.application_shared.send(group.topic_filter, message)
-        return pending if result is None else _add(pending, result)
-
     def _to_sink(self, client_id: str, session, message: Message, qos: int, retain: bool,
                  sids: tuple, pending: list | None) -> list | None:
-        """A target that is not a live session here at its QoS: a persistent
-        session (here or elsewhere) to its store or topic, a live session on
-        another node to that node's downlink; nobody online, nothing.
+        """A target that is not a live session here at its QoS, classified
+        once (:meth:`classify`) and handed to its sink as a
+        :class:`~tbmq.cluster.records.Delivery`.
 
         :param session: the local session of ``client_id``, or None.
         :returns: ``pending`` with the sink's Deferred added, if any.
         """
+        sink, where = self.classify(client_id, session, qos)
+        if sink is None:
+            return pending
+        result = sink.send(where, client_id, Delivery(client_id, message, qos, retain, sids))
+        return pending if result is None else _add(pending, result)
+
+    def classify(self, client_id: str, session, qos: int) -> tuple:
+        """Where a delivery at ``qos`` to ``client_id`` goes when it is not
+        written to a live session here (TBMQ's rules, ARCHITECTURE §1.3): a
+        persistent session at QoS 1/2 (here or elsewhere) to its store
+        (DEVICE) or topic (APPLICATION), a live session on another node to
+        that node's downlink, and nobody online to nothing.
+
+        :param session: the local session of ``client_id``, or None.
+        :returns: ``(sink, where)``: a :class:`~tbmq.cluster.sinks.BusSink`
+            of :attr:`sinks` and its parameter (a service id or a client
+            id), or ``(None, None)``.
+        """
+        sinks = self.sinks
         if session is not None:
             kind = session.client_type
         else:
             info = self.lookup(client_id)
             if info is None:
-                return pending
+                return None, None
             if qos == 0 or not info.persistent:
                 if not info.connected:
-                    return pending  # a non-persistent or QoS 0 delivery to nobody
-                result = self.downlink.send(info.service_id, client_id, message, qos,
-                                            retain, sids)
-                return pending if result is None else _add(pending, result)
+                    return None, None  # a non-persistent or QoS 0 delivery to nobody
+                return sinks.downlink, info.service_id
             kind = info.client_type
         if kind is ClientType.APPLICATION:
-            result = self.application.send(client_id, message, qos, retain, sids)
-        else:
-            result = self.persisted.send(client_id, message, qos, retain, sids)
-        return pending if result is None else _add(pending, result)
+            return sinks.application, client_id
+        return sinks.persisted, client_id
 
-    def _targets_of_one(self, subs: dict, message: Message) -> list[tuple]:
-        """``[(client id, qos, subscription ids, retain as published)]`` for
-        the subscriptions of one filter (a share group of persistent
-        APPLICATION clients as the :class:`SharedGroup` itself)."""
+    def _targets(self, matches: list, groups: list | None,
+                 message: Message) -> tuple[dict, list]:
+        """The targets of several filters, merged per client.
+
+        :returns: ``({client id: [qos, subscription ids, retain as
+            published]}, [topic filters of share groups of persistent
+            APPLICATION clients])``.
+        """
         publisher = message.publisher
         msg_qos = message.qos
-        out = []
-        for client_id, options in subs.items():  # nothing below changes subs
-            if type(options) is SharedGroup:
-                if self._applications(options):
-                    out.append((options, msg_qos, (), False))
-                    continue
-                picked = options.pick(self._online)
-                if picked is None:
-                    continue
-                client_id, options = picked
-            elif options.no_local and client_id == publisher:
-                continue  # [MQTT-3.8.3-3]
-            out.append((client_id, options.qos if options.qos < msg_qos else msg_qos,
-                        options.subscription_ids, options.retain_as_published))
-        return out
-
-    def _targets(self, matches: list, message: Message) -> list[tuple]:
-        """The same for several filters, merged per client."""
         merged: dict[str, list] = {}
+
+        def add(client_id: str, options: SubscriptionOptions) -> None:
+            qos = options.qos if options.qos < msg_qos else msg_qos
+            target = merged.get(client_id)
+            if target is None:
+                merged[client_id] = [qos, options.subscription_ids,
+                                     options.retain_as_published]
+            else:
+                if qos > target[0]:
+                    target[0] = qos
+                target[1] = target[1] + options.subscription_ids
+                target[2] = target[2] or options.retain_as_published
+
         for subs in matches:
-            for client_id, qos, sids, rap in self._targets_of_one(subs, message):
-                target = merged.get(client_id)
-                if target is None:
-                    merged[client_id] = [qos, sids, rap]
-                else:
-                    if qos > target[0]:
-                        target[0] = qos
-                    target[1] = target[1] + sids
-                    target[2] = target[2] or rap
-        return [(client_id, qos, sids, rap) for client_id, (qos, sids, rap) in merged.items()]
+            for client_id, options in subs.items():  # nothing below changes subs
+                if options.no_local and client_id == publisher:
+                    continue  # [MQTT-3.8.3-3]
+                add(client_id, options)
+        filters: list[str] = []
+        for by_name in groups or ():
+            for group in by_name.values():
+                if self._applications(group):
+                    if group.topic_filter not in filters:
+                        filters.append(group.topic_filter)
+                    continue
+                picked = group.pick(self._online)
+                if picked is not None:
+                    add(*picked)
+        return merged, filters
 
     def _applications(self, group: SharedGroup) -> bool:
         """True when every member of ``group`` is a persistent APPLICATION."""
@@ -353,10 +358,10 @@ class Router:
         if share is None:
             return self.trie.add(topic_filter, client_id, options)
         group_name, real_filter = share
-        group = self.trie.get(real_filter, ("$share", group_name))
+        group = self.shared.get(real_filter, group_name)
         if group is None:
             group = SharedGroup(group_name, real_filter)
-            self.trie.add(real_filter, ("$share", group_name), group)
+            self.shared.add(real_filter, group_name, group)
         is_new = client_id not in group.members
         group.members[client_id] = options
         return is_new
@@ -367,11 +372,11 @@ class Router:
         if share is None:
             return self.trie.remove(topic_filter, client_id) is not None
         group_name, real_filter = share
-        group = self.trie.get(real_filter, ("$share", group_name))
+        group = self.shared.get(real_filter, group_name)
         if group is None or group.members.pop(client_id, None) is None:
             return False
         if not group.members:
-            self.trie.remove(real_filter, ("$share", group_name))
+            self.shared.remove(real_filter, group_name)
         return True
 
     def retained_for(self, topic_filter: str) -> list[Message]:

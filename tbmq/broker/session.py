@@ -120,8 +120,8 @@ class SessionContext:
         sessions.
     :ivar mark: ``mark(client_id, session_id, attached)``: write the
         :class:`~tbmq.cluster.records.SessionMarker` of a persistent DEVICE
-        session's connection (:meth:`tbmq.cluster.sinks.PersistedSink.mark`
-        with this node's service id); returns None or a Deferred.  None:
+        session's connection (:func:`tbmq.cluster.sinks.write_marker` on
+        the node's ``persisted`` sink, with this node's service id); returns None or a Deferred.  None:
         no markers (the session's first read of the store is its only one).
     """
 
@@ -153,6 +153,10 @@ class Session(Outbox):
     :ivar subscriptions: topic filter → :class:`SubscriptionOptions`.
     :ivar connection: the live connection, or None while offline.
     :ivar dropped: messages dropped for this session, by reason.
+    :ivar address: ``host:port`` of the client's last connection, or None.
+    :ivar username: the user name it last authenticated with, or None.
+    :ivar credentials_name: the name of the credentials record that last
+        admitted it, or None.
     """
 
     log = Logger(observer=LOG_OBSERVER)
@@ -189,6 +193,10 @@ class Session(Outbox):
         #: the id of the connection that holds (or last held) the session
         self.session_id = ""
         self.connected_at: float | None = None
+        # who the client is (SessionManager sets them at each connect)
+        self.address: str | None = None
+        self.username: str | None = None
+        self.credentials_name: str | None = None
         #: what plugins see of this session
         self.view = SessionView(self)
         self._init_outbox(ctx.clock.seconds())

@@ -28,6 +28,39 @@ def is_persistent(connect) -> bool:
     return connect.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0) > 0
 
 
+def address_text(address) -> str | None:
+    """:param address: an ``IAddress`` (or None).
+    :returns: ``host:port``, ``[host]:port`` for IPv6, a UNIX socket's
+        path, or None when nothing is known."""
+    if address is None:
+        return None
+    host = getattr(address, "host", None)
+    if host is None:
+        name = getattr(address, "name", None)
+        return name.decode("utf-8", "replace") if isinstance(name, bytes) else name
+    port = getattr(address, "port", None)
+    host = f"[{host}]" if ":" in host else host
+    return host if port is None else f"{host}:{port}"
+
+
+def _identify(session: Session, conn, connect) -> None:
+    """Record on ``session`` who its new connection's client is: the
+    address (behind the PROXY protocol, the proxied one), the user name it
+    authenticated with (a SCRAM provider's, else CONNECT's) and the name
+    of the credentials record that admitted it."""
+    request = getattr(conn, "auth_request", None)
+    if request is not None:
+        address, username = request.address, request.username
+    else:
+        transport = getattr(conn, "transport", None)
+        address = transport.getPeer() if transport is not None else None
+        username = connect.username
+    auth = getattr(conn, "auth", None)
+    session.address = address_text(address)
+    session.username = username
+    session.credentials_name = getattr(auth, "credentials_name", None)
+
+
 class SessionManager:
     """Client id → :class:`Session` for every session this node holds.
 
@@ -197,6 +230,7 @@ class SessionManager:
         session.attach(conn)
         session.session_id = uuid.uuid4().hex
         session.connected_at = now
+        _identify(session, conn, connect)
         self.publish_info(session)
         return session, present
 
@@ -222,6 +256,8 @@ class SessionManager:
                           expiry_interval=info.session_expiry_interval,
                           protocol_level=info.protocol_level, client_type=info.client_type)
         session.subscriptions = self.book.of(info.client_id)
+        session.address, session.username = info.address, info.username
+        session.credentials_name = info.credentials_name
         self.sessions[info.client_id] = session
         return session
 
@@ -363,7 +399,8 @@ class SessionManager:
             session.expiry_interval, session.protocol_level, session.connected_at,
             session.disconnected_at, self.clock.seconds(),
             None if will is None else WillRecord(will.topic, will.payload, will.qos,
-                                                 will.retain, dict(will.properties)))),
+                                                 will.retain, dict(will.properties)),
+            session.address, session.username, session.credentials_name)),
             "the session record", session.client_id)
 
     def save(self, session: Session):

@@ -18,15 +18,15 @@ class Traffic:
     """The node's message and byte totals since it started.
 
     Lists indexed by QoS (0, 1, 2) count MQTT PUBLISH packets and their
-    payload bytes; ``bytes_read``/``bytes_written`` count every byte of
-    every MQTT connection (all packet types, as Mosquitto's
-    ``$SYS/broker/bytes/*``).
+    application payload bytes, the same way in and out (as Mosquitto's
+    ``$SYS/broker/publish/bytes/*``); ``bytes_read``/``bytes_written`` count
+    every byte of every MQTT packet read from and written to the node's
+    connections (all packet types, as Mosquitto's ``$SYS/broker/bytes/*``).
 
     :ivar received: PUBLISH packets accepted from clients, by QoS.
     :ivar received_bytes: their payload bytes, by QoS.
     :ivar sent: PUBLISH packets written to clients (resends included), by QoS.
-    :ivar sent_bytes: their encoded size in bytes (header, topic,
-        properties and payload), by QoS.
+    :ivar sent_bytes: their payload bytes, by QoS.
     :ivar latency: delivery latency histogram: ``latency[i]`` counts the
         deliveries whose latency is at most ``LATENCY_BOUNDS[i]`` and above
         the bound before it; the last entry counts those above every bound.

@@ -27,6 +27,7 @@ from twisted.internet import task
 from twisted.logger import Logger
 
 from tbmq.cluster.records import UNCLAIMED, NodeInfo, Record
+from tbmq.cluster.topics import node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
 log = Logger(observer=LOG_OBSERVER)
@@ -77,7 +78,7 @@ class Membership:
     def start(self) -> None:
         """Follow the heartbeats and start sending this node's."""
         self.started_at = self.clock.seconds()
-        self.consumer = self.bus.subscribe(self.topic, "tbmq-nodes-" + self.service_id,
+        self.consumer = self.bus.subscribe(self.topic, node_group(self.service_id),
                                            self._on_record, exclusive=True)
         loop = self._loop = task.LoopingCall(self._tick)
         loop.clock = self.clock

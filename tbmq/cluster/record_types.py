@@ -147,6 +147,14 @@ class SessionInfo:
     :ivar disconnected_at: seconds since the epoch, or None while connected.
     :ivar updated_at: seconds since the epoch of this record.
     :ivar will: the will of the connection, or None.
+    :ivar address: the network address of the client's (last) connection,
+        ``host:port`` (``[host]:port`` for IPv6), or None when not known
+        (a record of version 1).
+    :ivar username: the user name it authenticated with (CONNECT's, or
+        the SCRAM user name), or None.
+    :ivar credentials_name: the name of the credentials record that
+        admitted it (:attr:`tbmq.auth.AuthResult.credentials_name`), or
+        None (anonymous, JWT, a record of version 1).
     """
 
     client_id: str
@@ -161,6 +169,9 @@ class SessionInfo:
     disconnected_at: float | None
     updated_at: float
     will: WillRecord | None = None
+    address: str | None = None
+    username: str | None = None
+    credentials_name: str | None = None
 
 
 @dataclass(slots=True)
@@ -239,7 +250,8 @@ class NodeInfo:
     :ivar stopping: True in the last heartbeat of a node that stops
         cleanly: the others take its sessions over at once.
     :ivar listeners: ``tuple[str, ...]``, the node's listeners as
-        ``name=endpoint`` (for operators).
+        ``name=endpoint``, or ``endpoint`` for one named by its endpoint
+        (:attr:`tbmq.config.ListenerConfig.label`; for operators).
     """
 
     service_id: str

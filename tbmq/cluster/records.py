@@ -12,9 +12,13 @@ type or whose fields do not fit.  ``None`` is a *tombstone* ("this key has
 no value any more") on the topics that allow it; it is never encoded (Kafka
 carries it as a null value).
 
-All records are version 1.  Times are seconds since the epoch (msgpack
-float 64); intervals are whole seconds; properties are the MQTT 5.0
-properties of :mod:`tbmq.mqtt.properties` packed with
+All records are version 1, but ``ses``, version 2; its reader reads
+version 1 too (a record an older node wrote, kept on
+``tbmq.client.session`` or nested in a ``ser``).  A node that knows only
+version 1 refuses a version 2 record: run one version on every node of a
+cluster.  Times are seconds since the epoch (msgpack float 64); intervals
+are whole seconds; properties are the MQTT 5.0 properties of
+:mod:`tbmq.mqtt.properties` packed with
 :func:`~tbmq.mqtt.properties.pack_properties` into a bin field, or nil when
 there are none.  Nested records (a message in a delivery, a will in a
 session, a session in a response) are the nested array of their own codec,
@@ -43,7 +47,7 @@ topic                                          key         record (tag)         
                                                or node
 ============================================== =========== ============================ ====
 
-The fields of each version-1 array, after ``tag, 1``:
+The fields of each array, after ``tag, version``:
 
 ``msg`` Message
     topic (str), payload (bin), qos (int 0-2), retain (bool), properties
@@ -59,12 +63,14 @@ The fields of each version-1 array, after ``tag, 1``:
 ``will`` WillRecord (nested in a session)
     topic (str), payload (bin), qos (int 0-2), retain (bool), properties
     (bin|nil).
-``ses`` SessionInfo
+``ses`` SessionInfo, version 2
     client_id (str), service_id (str), session_id (str, uuid hex), connected
     (bool), persistent (bool), client_type (str ``DEVICE``/``APPLICATION``),
     session_expiry_interval (int, s), protocol_level (int), connected_at
     (float s|nil), disconnected_at (float s|nil), updated_at (float s), will
-    (``will`` array|nil).
+    (``will`` array|nil), address (str ``host:port``|nil), username
+    (str|nil), credentials_name (str|nil).  Version 1: the first twelve
+    fields; read with address, username and credentials_name None.
 ``subs`` SubscriptionsRecord
     client_id (str), subscriptions (map str → [qos (int 0-2), no_local
     (bool), retain_as_published (bool), retain_handling (int 0-2),
@@ -131,6 +137,7 @@ __all__ = [
     "SESSION_EVENT",
     "SESSION_EVENT_KINDS",
     "SESSION_EVENT_RESPONSE",
+    "SESSION_VERSION",
     "SUBSCRIPTIONS",
     "UNCLAIMED",
     "VERSION",
@@ -150,8 +157,11 @@ __all__ = [
     "new_record",
 ]
 
-#: The version every writer of this module writes.
+#: The version the writers of this module write, but :data:`SESSION`'s
+#: (:data:`SESSION_VERSION`).
 VERSION = 1
+#: The version :data:`SESSION` writes (it reads 1 too).
+SESSION_VERSION = 2
 
 # -- field checks ----------------------------------------------------------------
 
@@ -199,6 +209,10 @@ def _float(v: Any, name: str) -> float:
 
 def _opt_float(v: Any, name: str) -> float | None:
     return None if v is None else _float(v, name)
+
+
+def _opt_str(v: Any, name: str) -> str | None:
+    return None if v is None else _str(v, name)
 
 
 def _client_type(v: Any, name: str) -> ClientType:
@@ -251,24 +265,28 @@ class RecordCodec:
         fields, checking them (raises :class:`RecordEncodingError`).
     :param readers: version → ``read(fields) -> value`` (checks the fields).
     :param tombstone: whether None (a tombstone) is a valid value.
+    :param version: the version :meth:`encode` writes (a key of
+        ``readers``).
     :ivar version: the version :meth:`encode` writes.
     """
 
     __slots__ = ("name", "cls", "tag", "version", "tombstone", "_write", "_readers")
 
     def __init__(self, name: str, cls: type, tag: str, write: Callable[[Any], list],
-                 readers: dict[int, Callable[[list], Any]], tombstone: bool = False) -> None:
+                 readers: dict[int, Callable[[list], Any]], tombstone: bool = False,
+                 version: int = VERSION) -> None:
         self.name = name
         self.cls = cls
         self.tag = tag
-        self.version = VERSION
+        self.version = version
         self.tombstone = tombstone
         self._write = write
         self._readers = readers
 
     def with_tombstone(self) -> "RecordCodec":
         """:returns: the same encoding, accepting None (a tombstone)."""
-        return RecordCodec(self.name, self.cls, self.tag, self._write, self._readers, True)
+        return RecordCodec(self.name, self.cls, self.tag, self._write, self._readers, True,
+                           self.version)
 
     def encode(self, value: Any) -> bytes | None:
         """:param value: an instance of :attr:`cls`, or None where tombstones
@@ -503,7 +521,18 @@ def _write_session(s: SessionInfo) -> list:
             _opt_float(s.connected_at, "connected_at"),
             _opt_float(s.disconnected_at, "disconnected_at"),
             _float(s.updated_at, "updated_at"),
-            None if s.will is None else WILL.to_list(s.will)]
+            None if s.will is None else WILL.to_list(s.will),
+            _opt_str(s.address, "address"), _opt_str(s.username, "username"),
+            _opt_str(s.credentials_name, "credentials_name")]
+
+
+def _read_session_v2(f: list) -> SessionInfo:
+    info = _read_session_v1(_count(f, 15, "session")[:12])
+    address, username, credentials_name = f[12:]
+    info.address = _opt_str(address, "address")
+    info.username = _opt_str(username, "username")
+    info.credentials_name = _opt_str(credentials_name, "credentials_name")
+    return info
 
 
 def _read_session_v1(f: list) -> SessionInfo:
@@ -518,7 +547,8 @@ def _read_session_v1(f: list) -> SessionInfo:
         _float(updated_at, "updated_at"), None if will is None else WILL.from_list(will))
 
 
-_SESSION = RecordCodec("SessionInfo", SessionInfo, "ses", _write_session, {1: _read_session_v1})
+_SESSION = RecordCodec("SessionInfo", SessionInfo, "ses", _write_session,
+                       {1: _read_session_v1, 2: _read_session_v2}, version=SESSION_VERSION)
 #: ``tbmq.client.session``: :class:`SessionInfo` or a tombstone.
 SESSION = _SESSION.with_tombstone()
 

@@ -26,6 +26,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.cluster.records import Record, SessionInfo, SubscriptionsRecord
+from tbmq.cluster.topics import node_group
 from tbmq.errors import BusPublishError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import SubscriptionOptions
@@ -69,7 +70,7 @@ class SessionRegistry:
 
         :returns: a Deferred that fires once the replay is done.
         """
-        self.consumer = self.bus.subscribe(self.topic, "tbmq-session-registry-" + self.service_id,
+        self.consumer = self.bus.subscribe(self.topic, node_group(self.service_id),
                                            self._on_record, from_beginning=True,
                                            exclusive=True)
         return self.consumer.caught_up
@@ -170,7 +171,7 @@ class SubscriptionBook:
         :returns: a Deferred that fires once the replay is done.
         """
         self.consumer = self.bus.subscribe(
-            self.topic, "tbmq-subscriptions-" + self.service_id, self._on_record,
+            self.topic, node_group(self.service_id), self._on_record,
             from_beginning=True, exclusive=True)
         return self.consumer.caught_up
 

@@ -42,6 +42,7 @@ from tbmq.cluster.records import (
     SessionEvent,
     SessionEventResponse,
 )
+from tbmq.cluster.topics import node_group
 from tbmq.errors import BusPublishError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
@@ -99,9 +100,9 @@ class SessionEvents:
         bus, topics, sid = self.bus, self.topics, self.service_id
         self.consumers = [
             bus.subscribe(topics.session_event_request, "tbmq-session-events", self._decide),
-            bus.subscribe(topics.session_event_response(sid), "tbmq-session-responses-" + sid,
+            bus.subscribe(topics.session_event_response(sid), node_group(sid),
                           self._on_response, exclusive=True),
-            bus.subscribe(topics.client_disconnect(sid), "tbmq-disconnects-" + sid,
+            bus.subscribe(topics.client_disconnect(sid), node_group(sid),
                           self._on_disconnect, exclusive=True),
         ]
         self.registry.listeners.append(self.on_registry_change)

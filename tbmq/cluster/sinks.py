@@ -6,11 +6,12 @@ each sink is one small class with one job.  The router
 target                               sink
 ===================================  =============================================
 non-persistent, connected here       the session itself (``Session.deliver``): written now
-non-persistent, on node X            :class:`DownlinkSink`: ``tbmq.msg.downlink.basic.<X>``
-persistent DEVICE (QoS 1/2)          :class:`PersistedSink`: ``tbmq.msg.persisted`` →
+non-persistent, on node X            ``downlink`` :class:`BusSink`:
+                                     ``tbmq.msg.downlink.basic.<X>``
+persistent DEVICE (QoS 1/2)          ``persisted``: ``tbmq.msg.persisted`` →
                                      :class:`PersistedWriter` (device store) → the
                                      session here, or ``tbmq.msg.downlink.persisted.<X>``
-persistent APPLICATION (QoS 1/2)     :class:`ApplicationSink`: ``tbmq.msg.app.<clientId>``,
+persistent APPLICATION (QoS 1/2)     ``application``: ``tbmq.msg.app.<clientId>``,
                                      read by :class:`ApplicationReader` on the node
                                      where the client is connected
 ===================================  =============================================
@@ -22,7 +23,7 @@ downlink topics to the local sessions.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -35,13 +36,28 @@ from tbmq.mqtt.topics import parse_shared_subscription
 log = Logger(observer=LOG_OBSERVER)
 
 
-class DownlinkSink:
-    """Sends a non-persistent delivery to the node its client is connected
-    to, through ``tbmq.msg.downlink.basic.<serviceId>``.
+class BusSink:
+    """Sends records to one kind of bus topic, parameterised by the topic:
+    the same class serves every target that is not a live session here
+    (ARCHITECTURE §1.3):
+
+    ==========================  ===============================================
+    sink (:class:`Sinks`)       ``topic_of(where)``
+    ==========================  ===============================================
+    ``downlink``                ``tbmq.msg.downlink.basic.<serviceId>``: a
+                                non-persistent client on node ``where``
+    ``persisted``               ``tbmq.msg.persisted`` (whatever ``where``): a
+                                persistent DEVICE, stored by
+                                :class:`PersistedWriter`; also its
+                                :class:`~tbmq.cluster.records.SessionMarker`
+    ``application``             ``tbmq.msg.app.<clientId>``: a persistent
+                                APPLICATION client ``where``
+    ``application_shared``      ``tbmq.msg.app.shared.<filter>``: a share
+                                group of persistent APPLICATION clients
+    ==========================  ===============================================
 
     :param bus: the :class:`tbmq.interfaces.IMessageBus`.
-    :param topic_of: ``service_id -> bus topic`` (the catalogue's
-        ``downlink_basic``).
+    :param topic_of: ``where -> bus topic`` (``str -> str``).
     """
 
     __slots__ = ("bus", "topic_of")
@@ -50,42 +66,53 @@ class DownlinkSink:
         self.bus = bus
         self.topic_of = topic_of
 
-    def send(self, service_id: str, client_id: str, message, qos: int, retain: bool,
-             sids: tuple):
-        """:returns: the bus's publish result (None or a Deferred)."""
-        return self.bus.publish(self.topic_of(service_id), client_id,
-                                Delivery(client_id, message, qos, retain, sids))
+    def send(self, where: str, key: str, value):
+        """Publish ``value`` (a record of the topic's type) with ``key``.
+
+        :returns: the bus's publish result (None or a Deferred): on the
+            in-process bus, a delivery to ``tbmq.msg.persisted`` fires once
+            the device store has it, so the publisher's PUBACK waits for it;
+            a Kafka publish fires once the brokers hold it.
+        """
+        return self.bus.publish(self.topic_of(where), key, value)
 
 
-class PersistedSink:
-    """Sends a delivery for a persistent session to ``tbmq.msg.persisted``
-    (key = client id), whose consumer stores it (:class:`PersistedWriter`).
+class Sinks(NamedTuple):
+    """The node's :class:`BusSink` of each kind, built once by the broker
+    and given to the router (and the persisted one to the sessions, for
+    their markers).
 
-    :param bus: the :class:`tbmq.interfaces.IMessageBus`.
-    :param topic: the ``tbmq.msg.persisted`` topic name.
+    :ivar downlink: by service id.
+    :ivar persisted: one topic.
+    :ivar application: by client id.
+    :ivar application_shared: by topic filter.
     """
 
-    __slots__ = ("bus", "topic")
+    downlink: BusSink
+    persisted: BusSink
+    application: BusSink
+    application_shared: BusSink
 
-    def __init__(self, bus, topic: str) -> None:
-        self.bus = bus
-        self.topic = topic
+    @classmethod
+    def build(cls, bus, topics) -> "Sinks":
+        """:param topics: the :class:`~tbmq.cluster.topics.TopicCatalogue`."""
+        persisted = topics.msg_persisted
+        return cls(BusSink(bus, topics.downlink_basic),
+                   BusSink(bus, lambda _client_id: persisted),
+                   BusSink(bus, topics.app), BusSink(bus, topics.app_shared))
 
-    def send(self, client_id: str, message, qos: int, retain: bool, sids: tuple):
-        """:returns: the bus's publish result: on the in-process bus it fires
-        once the device store has the delivery, so the publisher's PUBACK
-        waits for it."""
-        return self.bus.publish(self.topic, client_id,
-                                Delivery(client_id, message, qos, retain, sids))
 
-    def mark(self, service_id: str, client_id: str, session_id: str, attached: bool):
-        """Write a :class:`~tbmq.cluster.records.SessionMarker`: the
-        connection ``session_id`` of ``client_id`` on node ``service_id``
-        began (``attached``) or ended.
+def write_marker(sink: BusSink, service_id: str, client_id: str, session_id: str,
+                 attached: bool):
+    """Write a :class:`~tbmq.cluster.records.SessionMarker` to the client's
+    partition of ``tbmq.msg.persisted``: the connection ``session_id`` of
+    ``client_id`` on node ``service_id`` began (``attached``) or ended, in
+    order with the client's deliveries (see :class:`PersistedWriter`).
 
-        :returns: the bus's publish result (None or a Deferred)."""
-        return self.bus.publish(self.topic, client_id,
-                                SessionMarker(client_id, service_id, session_id, attached))
+    :param sink: the ``persisted`` :class:`BusSink`.
+    :returns: the bus's publish result (None or a Deferred)."""
+    return sink.send(client_id, client_id,
+                     SessionMarker(client_id, service_id, session_id, attached))
 
 
 class PersistedWriter:
@@ -313,52 +340,6 @@ class DownlinkReader:
             return
         stored = StoredDelivery(d.seq, d.message, d.qos, d.retain, d.subscription_ids)
         session.deliver_stored(stored, None, self.clock.seconds(), self.persisted)
-
-
-class ApplicationSink:
-    """Sends a delivery for a persistent APPLICATION client to its own
-    topic ``tbmq.msg.app.<clientId>`` (TBMQ keeps an application's messages
-    in Kafka, not in the device store): the topic holds them while the
-    client is offline.
-
-    :param bus: the :class:`tbmq.interfaces.IMessageBus`.
-    :param topic_of: ``client_id -> bus topic`` (the catalogue's ``app``).
-    """
-
-    __slots__ = ("bus", "topic_of")
-
-    def __init__(self, bus, topic_of: Callable[[str], str]) -> None:
-        self.bus = bus
-        self.topic_of = topic_of
-
-    def send(self, client_id: str, message, qos: int, retain: bool, sids: tuple):
-        """:returns: the bus's publish result: it fires once the topic holds
-        the delivery durably."""
-        return self.bus.publish(self.topic_of(client_id), client_id,
-                                Delivery(client_id, message, qos, retain, sids))
-
-
-class SharedApplicationSink:
-    """Sends a message matched by a shared subscription whose members are
-    all persistent APPLICATION clients to ``tbmq.msg.app.shared.<filter>``
-    (one record per filter; each share group reads it in a consumer group of
-    its own, so each message reaches one member of each group).
-
-    :param bus: the :class:`tbmq.interfaces.IMessageBus`.
-    :param topic_of: ``topic_filter -> bus topic`` (the catalogue's
-        ``app_shared``).
-    """
-
-    __slots__ = ("bus", "topic_of")
-
-    def __init__(self, bus, topic_of: Callable[[str], str]) -> None:
-        self.bus = bus
-        self.topic_of = topic_of
-
-    def send(self, topic_filter: str, message):
-        """:returns: the bus's publish result."""
-        return self.bus.publish(self.topic_of(topic_filter), message.topic,
-                                Delivery(topic_filter, message, message.qos, message.retain))
 
 
 class ApplicationReader:

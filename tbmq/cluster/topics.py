@@ -53,7 +53,7 @@ import re
 from tbmq.cluster import records
 from tbmq.errors import RecordEncodingError
 
-__all__ = ["MAX_TOPIC_LENGTH", "TopicCatalogue", "hashed_name", "safe_name"]
+__all__ = ["MAX_TOPIC_LENGTH", "TopicCatalogue", "hashed_name", "node_group", "safe_name"]
 
 #: Kafka's longest topic name.
 MAX_TOPIC_LENGTH = 249
@@ -113,6 +113,17 @@ def safe_name(part: str, room: int = MAX_TOPIC_LENGTH) -> str:
     if len(part) <= room and _SAFE.match(part) and not _HASHED.match(part):
         return part
     return hashed_name(part)
+
+
+def node_group(service_id: str) -> str:
+    """The consumer group of a node's exclusive subscriptions: its downlink,
+    session answer and disconnect topics, and its replays of the session,
+    subscription, retained and node topics.  One name for all of them lets
+    a bus read them with one client (the Kafka bus: one fetch for all).
+
+    :returns: ``"tbmq-node-<serviceId>"``.
+    """
+    return "tbmq-node-" + service_id
 
 
 def hashed_name(part: str) -> str:

@@ -11,7 +11,10 @@ the one before:
    is split on double underscores into a key path, case-insensitively, with
    numbers as list indices (``TBMQ_LISTENERS__0__ENDPOINT=tcp:1884``,
    ``TBMQ_MQTT__MAX_PACKET_SIZE=1024``, ``TBMQ_DATA_DIR=/var/lib/tbmq``); the
-   value is parsed as YAML (``true``, ``10``, ``null`` …);
+   value is parsed as YAML (``true``, ``10``, ``null`` …).  Only a variable
+   whose first key is a top-level key of :class:`Config` is an override;
+   other ``TBMQ_*`` variables (the ``tbmq`` CLI's ``TBMQ_ADMIN_PASSWORD``, a
+   deployment tool's ``TBMQ_VERSION``) are ignored;
 4. ``overrides``, a nested dict (the command line).
 
 Unknown keys, wrong types and values out of range raise

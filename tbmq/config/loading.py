@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 import yaml
+from twisted.logger import Logger
 
 from tbmq.config.schema import (
     AuthConfig,
@@ -40,7 +41,9 @@ from tbmq.config.schema import (
     TLS_LISTENER_TYPES,
 )
 from tbmq.errors import ConfigError
-from tbmq.log import LEVELS as LOG_LEVELS
+from tbmq.log import LEVELS as LOG_LEVELS, OBSERVER as LOG_OBSERVER
+
+log = Logger(observer=LOG_OBSERVER)
 
 
 # -- validation rules ---------------------------------------------------------
@@ -128,7 +131,7 @@ _CHECKS: dict[type, dict[str, Check]] = {
     },
     NodeConfig: {"service_id": _not_empty, "gc_threshold": _range(0),
                  "log_level": _one_of(*LOG_LEVELS), "heartbeat_interval": _positive,
-                 "node_timeout": _positive},
+                 "node_timeout": _positive, "connect_answer_timeout": _positive},
     RedisConfig: {"url": _not_empty, "pool_size": _range(1), "key_prefix": _not_empty,
                   "message_ttl": _range(1)},
     KafkaConfig: {
@@ -407,22 +410,65 @@ def _sort_key(path: list[str | int]) -> tuple:
     return tuple((0, p, "") if isinstance(p, int) else (1, 0, p) for p in path)
 
 
+def _sections() -> dict[str, Any]:
+    """The top-level keys of the config (``mqtt``, ``listeners``, ``bus``,
+    ``data_dir`` …) → the dataclass of a section, or None for a list or a
+    scalar."""
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] if dataclasses.is_dataclass(hints[f.name]) else None
+            for f in dataclasses.fields(Config)}
+
+
+def _not_an_override(name: str, first: str | int, sections: dict[str, Any]) -> None:
+    """Log a ``TBMQ_*`` variable that names no section: at debug level (a
+    deployment tool's ``TBMQ_VERSION``, the CLI's ``TBMQ_ADMIN_PASSWORD``),
+    or as a warning with the name it was probably meant to be when it is a
+    section and one of its keys joined by a single underscore
+    (``TBMQ_MQTT_MAX_QOS`` for ``TBMQ_MQTT__MAX_QOS``)."""
+    if isinstance(first, str):
+        for section, cls in sections.items():
+            key = first[len(section) + 1:]
+            if cls is None or not first.startswith(section + "_"):
+                continue
+            if key in {f.name for f in dataclasses.fields(cls)}:
+                tail = name[len(ENV_PREFIX) + len(first):]
+                suggestion = f"{ENV_PREFIX}{section}__{key}{tail}".upper()
+                log.warn("environment variable {name} is ignored: overrides are "
+                         "TBMQ_<SECTION>__<KEY> (two underscores); did you mean "
+                         "{suggestion}?", name=name, suggestion=suggestion)
+                return
+    log.debug("environment variable {name} is not a config override "
+              "({first!r} is not a section of the config)", name=name, first=first)
+
+
 def _apply_env(data: dict, environ: Mapping[str, str]) -> dict[str, str]:
     """Set each ``TBMQ_A__B__0__C`` variable at key path ``a.b[0].c`` of
     ``data`` (in place).
 
+    Only a variable whose first key ``A`` is a top-level key of the config
+    (a section such as ``mqtt`` or ``listeners``, or a scalar such as
+    ``bus`` or ``data_dir``) is an override; any other ``TBMQ_*`` variable
+    (``TBMQ_ADMIN_PASSWORD`` of the ``tbmq`` CLI, a deployment tool's
+    ``TBMQ_VERSION``) is left alone and logged (:func:`_not_an_override`).
     A list index may be the list's length, which appends a new entry (so
     ``TBMQ_LISTENERS__1__ENDPOINT`` adds a second listener to the default
-    one).  Unknown keys are reported when the config is built.
+    one).  Unknown keys inside a section are reported when the config is
+    built.
 
     :returns: key path → the name of the variable that set it.
+    :raises ConfigError: for an empty key, an index out of range, or a key
+        path through a value of another kind (``TBMQ_BUS__NAME``).
     """
     sources: dict[str, str] = {}
+    sections = _sections()
     settings = []
     for name, text in environ.items():
         if not name.upper().startswith(ENV_PREFIX):
             continue
         path = _env_path(name)
+        if path[0] not in sections:
+            _not_an_override(name, path[0], sections)
+            continue
         if any(p == "" for p in path):
             raise ConfigError(f"environment variable {name}: empty key")
         settings.append((path, name, _parse_env_value(text)))

@@ -32,7 +32,7 @@ STORAGE_BACKENDS = ("sqlite", "memory")
 DEVICE_STORES = ("sqlite", "memory", "redis", "postgres")
 
 #: Values of ``kafka.driver``.
-KAFKA_DRIVERS = ("kafka-python", "confluent")
+KAFKA_DRIVERS = ("confluent", "kafka-python")
 
 #: Values of ``kafka.acks``.
 KAFKA_ACKS = ("all", "1", "0")
@@ -91,6 +91,12 @@ class ListenerConfig:
     tls_client_auth: str = "none"
     ws_path: str = "/mqtt"
     proxy_protocol: bool = False
+
+    @property
+    def label(self) -> str:
+        """``name=endpoint`` for operators, or the endpoint alone when it is
+        the name (a ``--listen`` listener)."""
+        return self.endpoint if self.name == self.endpoint else f"{self.name}={self.endpoint}"
 
 
 @dataclass(frozen=True)
@@ -364,8 +370,9 @@ class KafkaConfig:
     """Kafka, for ``bus: kafka``: the cluster's message bus.
 
     :ivar bootstrap_servers: ``host:port[,host:port...]``.
-    :ivar driver: ``kafka-python`` (pure Python) or ``confluent``
-        (confluent-kafka on librdkafka, about ten times the throughput).
+    :ivar driver: ``confluent`` (confluent-kafka on librdkafka, the
+        default) or ``kafka-python`` (pure Python, about a tenth of the
+        throughput).
     :ivar topic_prefix: prepended to every topic of the catalogue, so
         several clusters can share one Kafka.
     :ivar partitions: partitions of each topic created, >= 1.
@@ -386,7 +393,7 @@ class KafkaConfig:
     """
 
     bootstrap_servers: str = "127.0.0.1:9092"
-    driver: str = "kafka-python"
+    driver: str = "confluent"
     topic_prefix: str = ""
     partitions: int = 12
     replication_factor: int = 1
@@ -395,7 +402,7 @@ class KafkaConfig:
     linger_ms: int = 5
     fetch_max_wait_ms: int = 20
     max_poll_records: int = 5000
-    session_timeout_ms: int = 10000
+    session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000
     request_timeout_ms: int = 30000
 
@@ -416,6 +423,12 @@ class NodeConfig:
     :ivar node_timeout: seconds without a heartbeat after which another
         node counts a node as gone and its sessions as disconnected,
         > ``heartbeat_interval``.
+    :ivar connect_answer_timeout: seconds a CONNECT waits at most for the
+        cluster's decision (``tbmq.client.session.event.request``), > 0;
+        without one it gets CONNACK 0x88 Server unavailable and the client
+        retries.  The decision is late while the partition of its client id
+        belongs to a dead node (``kafka.session_timeout_ms`` and a group
+        join); at most 0.8 of ``mqtt.connect_timeout``.
     """
 
     service_id: str | None = None
@@ -423,6 +436,7 @@ class NodeConfig:
     log_level: str = "info"
     heartbeat_interval: float = 5.0
     node_timeout: float = 30.0
+    connect_answer_timeout: float = 2.5
 
 
 @dataclass(frozen=True)

@@ -193,6 +193,7 @@ class Decoder:
                     body = i
                 end = body + length
                 if end - pos > max_size:
+                    self._check_first(data[pos])  # a forbidden type is named first
                     what = "the maximum CONNECT size" if before_connect else "the maximum packet size"
                     raise MalformedPacket(
                         f"packet of {end - pos} bytes exceeds {what} {max_size}",
@@ -207,6 +208,10 @@ class Decoder:
                 if before_connect and self._connect_seen:
                     before_connect = False
                     max_size = self.max_packet_size
+            if pos < n and self._table[data[pos]] is _CHECKING:
+                # a packet waits for more bytes: its first byte may already
+                # be one no packet starts with here (section 4.13)
+                self._check_first(data[pos])
         except MalformedPacket as exc:
             exc.packets = packets
             raise
@@ -217,10 +222,36 @@ class Decoder:
 
     def _decode(self, first: int, data: bytes, pos: int, end: int) -> Packet:
         """Decode one packet whose body is ``data[pos:end]``, whatever its
-        first byte: the checks of type and flags that :func:`dispatch_table`
-        makes once, made here for each packet (for the bytes that table
-        does not send straight to a decoder: before the level is known,
-        CONNECT, and everything malformed, which raises here)."""
+        first byte: :meth:`_check_first` makes the checks of type and flags
+        that :func:`dispatch_table` makes once, for the bytes that table
+        does not send straight to a decoder (before the level is known,
+        CONNECT, and everything malformed, which raises there)."""
+        self._check_first(first)
+        ptype = first >> 4
+        if ptype == 3:
+            return self._decode_publish(first, data, pos, end)
+        if ptype == 1:
+            # the flags' rule depends on the protocol level, in the body
+            return self._decode_connect(data, pos, end, first & 0x0F)
+        return _DECODERS[ptype](self, first, data, pos, end)
+
+    def _check_first(self, first: int) -> None:
+        """Check the first byte of a fixed header on its own, before the
+        rest of the packet is read: what it says is enough to refuse the
+        packet (section 4.13).
+
+        :param first: the packet type (high nibble) and flags (low nibble).
+        :raises MalformedPacket: 0x82 Protocol Error for anything but
+            CONNECT as a server's first packet [MQTT-3.1.0-1], a packet
+            after an unsupported CONNECT, a second CONNECT [MQTT-3.1.0-2]
+            and a packet type this side must not receive (section 2.1.2);
+            0x81 Malformed Packet for the reserved type 0, AUTH before
+            MQTT 5.0, PUBLISH with QoS 3 [MQTT-3.3.1-4] or with DUP and
+            QoS 0 [MQTT-3.3.1-2], and fixed-header flags other than those
+            of the type [MQTT-2.1.3-1] (MQTT 3.1 may set DUP on PUBREL,
+            SUBSCRIBE and UNSUBSCRIBE).  CONNECT's flags are checked with
+            its body: their rule depends on its protocol level.
+        """
         ptype = first >> 4
         level = self._level
         if level is None:
@@ -231,7 +262,12 @@ class Decoder:
                     raise MalformedPacket("no packet may follow an unsupported CONNECT", _PROTOCOL_ERROR)
                 raise MalformedPacket("the first packet must be CONNECT [MQTT-3.1.0-1]", _PROTOCOL_ERROR)
         if ptype == 3:
-            return self._decode_publish(first, data, pos, end)
+            qos = (first >> 1) & 0x03
+            if qos == 3:
+                raise MalformedPacket("PUBLISH with QoS 3 [MQTT-3.3.1-4]")
+            if first & 0x08 and not qos:
+                raise MalformedPacket("PUBLISH with QoS 0 and DUP set [MQTT-3.3.1-2]")
+            return
         if ptype == 0:
             raise MalformedPacket("packet type 0 is reserved")
         if ptype == 15 and level != MQTT_5:
@@ -243,9 +279,9 @@ class Decoder:
                                   _PROTOCOL_ERROR)
         flags = first & 0x0F
         if ptype == 1:
-            # the flags' rule depends on the protocol level, in the body
-            return self._decode_connect(data, pos, end, flags)
-        if ptype in _FLAGS_0010:
+            if self._connect_seen:
+                raise MalformedPacket("second CONNECT [MQTT-3.1.0-2]", _PROTOCOL_ERROR)
+        elif ptype in _FLAGS_0010:
             if level == MQTT_3_1:
                 flags &= 0x07  # MQTT 3.1 sets DUP on resent PUBREL/SUBSCRIBE/UNSUBSCRIBE
             if flags != 0x02:
@@ -254,17 +290,12 @@ class Decoder:
         elif flags:
             raise MalformedPacket(
                 f"{_PACKET_TYPES[ptype].name} fixed header flags must be 0 [MQTT-2.1.3-1]")
-        return _DECODERS[ptype](self, first, data, pos, end)
 
     def _decode_publish(self, first: int, data: bytes, pos: int, end: int) -> Publish:
         # topic names repeat: each distinct one is decoded and checked once
+        # (QoS 3 and DUP with QoS 0 never reach here: _check_first refuses them)
         topics = self._topics
         qos = (first >> 1) & 0x03
-        if qos == 3:
-            raise MalformedPacket("PUBLISH with QoS 3 [MQTT-3.3.1-4]")
-        dup = first & 0x08
-        if dup and not qos:
-            raise MalformedPacket("PUBLISH with QoS 0 and DUP set [MQTT-3.3.1-2]")
         p = pos + 2
         if p > end:
             raise MalformedPacket("truncated topic name")
@@ -304,7 +335,7 @@ class Decoder:
                     )
         else:
             props = {}
-        return Publish(topic, data[p:end], qos, bool(first & 0x01), bool(dup), pid, props)
+        return Publish(topic, data[p:end], qos, bool(first & 0x01), bool(first & 0x08), pid, props)
 
     def _decode_connect(self, data: bytes, pos: int, end: int, header_flags: int) -> Connect:
         """CONNECT (section 3.1).  MQTT 3.1 (``MQIsdp``, level 3) had no
@@ -314,19 +345,32 @@ class Decoder:
         MQTT-3.1.2-3].
 
         :param header_flags: the low nibble of the fixed header.
+        :raises MalformedPacket: with ``connect_level`` set to the protocol
+            level once the protocol name and level read are ones this
+            decoder speaks, so that the server may answer a v5 client with
+            CONNACK and the error's reason code [MQTT-4.13.1-1].
         """
-        if self._connect_seen:
-            raise MalformedPacket("second CONNECT [MQTT-3.1.0-2]", _PROTOCOL_ERROR)
-        self._connect_seen = True
+        self._connect_seen = True  # (a second one: refused by _check_first)
         name, p = decode_string(data, pos, end)
         _need(p < end, "truncated CONNECT")
         level = data[p]
         p += 1
-        lenient = level == MQTT_3_1 and name == "MQIsdp"
-        _need(lenient or not header_flags, "CONNECT fixed header flags must be 0 [MQTT-2.1.3-1]")
         if (name, level) not in SUPPORTED_PROTOCOLS:
+            _need(not header_flags, "CONNECT fixed header flags must be 0 [MQTT-2.1.3-1]")
             # The broker answers CONNACK 0x01 / 0x84 [MQTT-3.1.2-2].
             return Connect(protocol_name=name, protocol_level=level)
+        try:
+            return self._connect_fields(name, level, data, p, end, header_flags)
+        except MalformedPacket as exc:
+            exc.connect_level = level
+            raise
+
+    def _connect_fields(self, name: str, level: int, data: bytes, p: int, end: int,
+                        header_flags: int) -> Connect:
+        """The rest of a CONNECT of a supported protocol, from its Connect
+        Flags on (sections 3.1.2.3 - 3.1.3); ``p`` is their offset."""
+        lenient = level == MQTT_3_1
+        _need(lenient or not header_flags, "CONNECT fixed header flags must be 0 [MQTT-2.1.3-1]")
         v5 = level == MQTT_5
         _need(p + 3 <= end, "truncated CONNECT")
         flags = data[p]
@@ -519,6 +563,10 @@ _DECODERS = (
 )
 
 
+#: what :func:`dispatch_table` maps a byte to when it is not known valid
+_CHECKING = Decoder._decode
+
+
 @functools.cache
 def dispatch_table(server_side: bool, level: int | None) -> tuple:
     """The decoding function of each first byte of a fixed header, made
@@ -527,11 +575,13 @@ def dispatch_table(server_side: bool, level: int | None) -> tuple:
     A byte whose packet type may reach this side at ``level`` with the
     fixed-header flags that type requires [MQTT-2.1.3-1] (MQTT 3.1 may also
     set DUP on PUBREL, SUBSCRIBE and UNSUBSCRIBE) maps to that type's
-    decoder; PUBLISH bytes map to the PUBLISH decoder, which checks its
-    QoS and DUP bits itself [MQTT-3.3.1-2, MQTT-3.3.1-4].  Every other byte
-    (all of them while ``level`` is None, CONNECT, whose flags' rule depends
-    on the level in its body, and every malformed one) maps to
-    :meth:`Decoder._decode`, which checks it again and raises the error.
+    decoder, and so does a PUBLISH byte with a valid QoS and DUP bit
+    [MQTT-3.3.1-2, MQTT-3.3.1-4].  Every other byte (all of them while
+    ``level`` is None, CONNECT, whose flags' rule depends on the level in
+    its body, and every malformed one) maps to :meth:`Decoder._decode`,
+    which checks it again (:meth:`Decoder._check_first`) and raises the
+    error; a decoder that waits for the rest of a packet whose first byte
+    maps there checks that byte at once.
 
     :param server_side: decoding what a client sends to a server.
     :param level: 3, 4, 5 or None.
@@ -545,7 +595,9 @@ def dispatch_table(server_side: bool, level: int | None) -> tuple:
     for first in range(0x10, 0x100):
         ptype, flags = first >> 4, first & 0x0F
         if ptype == PacketType.PUBLISH:
-            table[first] = Decoder._decode_publish
+            qos = (flags >> 1) & 0x03
+            if qos != 3 and (qos or not flags & 0x08):
+                table[first] = Decoder._decode_publish
         elif (ptype == PacketType.CONNECT or ptype in refused
               or (ptype == PacketType.AUTH and level != MQTT_5)):
             continue

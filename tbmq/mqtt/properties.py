@@ -52,13 +52,18 @@ class MalformedPacket(Exception):
 
     The attribute ``packets`` holds the complete packets the
     :class:`~tbmq.mqtt.codec.Decoder` decoded from the same ``feed`` call
-    before the bad one (empty elsewhere).
+    before the bad one (empty elsewhere).  ``connect_level`` is the
+    protocol level (3, 4 or 5) of the CONNECT the error was found in, once
+    the decoder has read a protocol name and level it supports, else None:
+    a server may then answer a v5 client with CONNACK and ``reason_code``
+    before closing [MQTT-4.13.1-1].
     """
 
     def __init__(self, message: str, reason_code: int = MALFORMED_PACKET) -> None:
         super().__init__(message)
         self.reason_code = reason_code
         self.packets: list = []
+        self.connect_level: int | None = None
 
 
 _H = struct.Struct("!H")

@@ -13,7 +13,10 @@
 
 ``admin`` writes the admin users' store directly (:mod:`tbmq.ops.admins`,
 found from the same config as the broker's): a user must be added before
-the API, which refuses everything without one, can be used.
+the API, which refuses everything without one, can be used.  ``admin
+add`` takes the password from ``TBMQ_ADMIN_PASSWORD``, else asks for it
+twice on a terminal (and refuses two different answers), else reads the
+first line of standard input.
 
 ``sessions`` and ``retained`` talk to a running node through its REST API:
 sessions and subscriptions live on the bus (``tbmq.client.session``,
@@ -94,7 +97,8 @@ def add_commands(commands, store_options) -> None:
     actions = sessions.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="list sessions")
     client_options(listing)
-    listing.add_argument("--q", help="client ids containing this")
+    listing.add_argument("--q", help="client id, address, user name or credentials name "
+                                     "containing this")
     listing.add_argument("--node", help="held by this node (service id)")
     state = listing.add_mutually_exclusive_group()
     state.add_argument("--connected", action="store_true", default=None)
@@ -135,6 +139,19 @@ def _read_secret(prompt: str) -> str:
     return line[:-1] if line.endswith("\n") else line
 
 
+def _new_secret(prompt: str) -> str:
+    """A new password: asked twice on a terminal (a typing mistake would
+    otherwise lock the user out), read once from a pipe.
+
+    :raises CommandError: when the two answers differ."""
+    if not sys.stdin.isatty():
+        return _read_secret(prompt)
+    first = getpass.getpass(prompt)
+    if getpass.getpass("the same password again: ") != first:
+        raise CommandError("the two passwords differ; nothing changed")
+    return first
+
+
 # -- admin users --------------------------------------------------------------------
 
 
@@ -144,8 +161,8 @@ def run_admin(args, out) -> int:
     store = open_admin_store(_config(args))
     try:
         if args.action == "add":
-            password = _read_secret(f"password of {args.name}: ") if args.password_stdin \
-                else os.environ.get("TBMQ_ADMIN_PASSWORD") or _read_secret(
+            password = _new_secret(f"password of {args.name}: ") if args.password_stdin \
+                else os.environ.get("TBMQ_ADMIN_PASSWORD") or _new_secret(
                     f"password of {args.name}: ")
             user = store.add_sync(args.name, password, args.role, args.rounds, args.replace)
             print(f"{'changed' if args.replace else 'added'} admin user {user.name} "
@@ -272,13 +289,16 @@ def run_sessions(args, out) -> int:
         if args.json:
             print(json.dumps(page["items"], indent=2, ensure_ascii=False), file=out)
             return 0
-        rows = [("CLIENT ID", "NODE", "STATE", "PERSISTENT", "TYPE", "SUBS", "SINCE")]
+        rows = [("CLIENT ID", "NODE", "STATE", "PERSISTENT", "TYPE", "SUBS", "SINCE",
+                 "ADDRESS", "USER", "CREDENTIALS")]
         for s in page["items"]:
             rows.append((s["client_id"], s["node"],
                          "connected" if s["connected"] else "disconnected",
                          "yes" if s["persistent"] else "no", s["client_type"],
                          s["subscriptions"],
-                         _time(s["connected_at"] if s["connected"] else s["disconnected_at"])))
+                         _time(s["connected_at"] if s["connected"] else s["disconnected_at"]),
+                         s["address"] or "-", s["username"] or "-",
+                         s["credentials_name"] or "-"))
         print(_columns(rows), file=out)
         if page["total"] > len(page["items"]):
             print(f"({len(page['items'])} of {page['total']})", file=out)

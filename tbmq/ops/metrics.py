@@ -27,16 +27,23 @@ name                                        type       labels / meaning
 ``retained_messages``                       gauge      retained messages
 ``messages_received_total``                 counter    ``qos``: PUBLISH accepted from clients
 ``messages_sent_total``                     counter    ``qos``: PUBLISH written to clients
-``received_bytes_total``                    counter    ``qos``: payload bytes received
-``sent_bytes_total``                        counter    ``qos``: PUBLISH bytes written
-``network_received_bytes_total``            counter    every byte read from MQTT connections
-``network_sent_bytes_total``                counter    every byte written to them
+``received_bytes_total``                    counter    bytes of MQTT packets read (the wire in)
+``sent_bytes_total``                        counter    bytes of MQTT packets written (out)
+``received_payload_bytes_total``            counter    ``qos``: payload bytes of PUBLISH received
+``sent_payload_bytes_total``                counter    ``qos``: payload bytes of PUBLISH sent
 ``messages_dropped_total``                  counter    ``reason``: messages not delivered
 ``delivery_latency_seconds``                histogram  receipt of a PUBLISH to the write of a copy
 ``backend_call_seconds``                    histogram  ``backend``, ``method``: bus and stores
 ``consumer_lag_records``                    gauge      ``group``, ``topic``: not yet committed
 ``authentication_failures_total``           counter    ``reason_code``: refused CONNECTs
 ==========================================  =========  ==========================================
+
+Every labelled counter has its series from the start, at 0: each QoS, each
+reason of :data:`tbmq.broker.hooks.DROP_REASONS`, each reason code of
+:data:`tbmq.auth.AUTH_FAILURE_CODES` (as ``0x86``), so that ``rate()`` and
+``increase()`` see the first event.  ``connections`` has a series for each
+configured listener, named by ``listeners[].name`` (a ``--listen``
+listener by its endpoint string).
 """
 
 from __future__ import annotations
@@ -120,19 +127,22 @@ class NodeCollector(Collector):
                 ("tbmq_messages_received", "PUBLISH packets accepted from clients.",
                  traffic.received),
                 ("tbmq_messages_sent", "PUBLISH packets written to clients.", traffic.sent),
-                ("tbmq_received_bytes", "Payload bytes of the PUBLISH packets received.",
+                ("tbmq_received_payload_bytes",
+                 "Application payload bytes of the PUBLISH packets received.",
                  traffic.received_bytes),
-                ("tbmq_sent_bytes", "Bytes of the PUBLISH packets written.",
+                ("tbmq_sent_payload_bytes",
+                 "Application payload bytes of the PUBLISH packets written.",
                  traffic.sent_bytes)):
             family = CounterMetricFamily(name, doc, labels=["qos"])
             for qos, n in enumerate(values):
                 family.add_metric([str(qos)], n)
             yield family
-        yield CounterMetricFamily("tbmq_network_received_bytes",
-                                  "Bytes read from MQTT connections.", value=traffic.bytes_read)
-        yield CounterMetricFamily("tbmq_network_sent_bytes",
-                                  "Bytes written to MQTT connections.",
-                                  value=traffic.bytes_written)
+        yield CounterMetricFamily("tbmq_received_bytes",
+                                  "Bytes of the MQTT packets read from connections "
+                                  "(every packet type).", value=traffic.bytes_read)
+        yield CounterMetricFamily("tbmq_sent_bytes",
+                                  "Bytes of the MQTT packets written to connections "
+                                  "(every packet type).", value=traffic.bytes_written)
         dropped = CounterMetricFamily("tbmq_messages_dropped",
                                       "Messages not delivered, by reason.", labels=["reason"])
         for reason, n in sorted(stats.dropped().items()):

@@ -6,10 +6,9 @@ and the web console.
 
 from __future__ import annotations
 
-from twisted.internet import endpoints
 from twisted.logger import Logger
 
-from tbmq.errors import ConfigError
+from tbmq.listeners import listen_on, parse_endpoint
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.ops.stats import History, NodeStats
 
@@ -33,6 +32,8 @@ class OpsService:
     :ivar stats: the :class:`~tbmq.ops.stats.NodeStats`, registered as the
         plugin ``ops`` (it counts authentication failures).
     :ivar port: the HTTP ``IListeningPort``, or None.
+    :raises tbmq.errors.ConfigError: ``http.endpoint`` is not an endpoint
+        string Twisted reads.
     """
 
     def __init__(self, broker, reactor) -> None:
@@ -45,11 +46,19 @@ class OpsService:
         self.sys_topics = None
         self.history = None
         self.port = None
+        #: the HTTP endpoint, read now so that a bad string stops the node
+        #: when it is made
+        self.endpoint = None
+        if self.config.http.endpoint is not None:
+            self.endpoint = parse_endpoint(reactor, endpoint_string(self.config.http.endpoint),
+                                           self.config.http.endpoint, "http.endpoint")
 
     async def start(self) -> None:
         """Start publishing ``$SYS`` and listening on ``http.endpoint``.
 
-        :raises ConfigError: for an endpoint string Twisted does not read.
+        :raises tbmq.errors.StartupError: ``http.endpoint`` cannot listen
+            (``cannot listen on tcp:8083: address already in use
+            (http.endpoint)``).
         """
         config = self.config
         if config.sys_interval > 0:
@@ -71,13 +80,7 @@ class OpsService:
         auth = AdminAuth(open_admin_store(config), config.http.token_ttl)
         api = AdminApi(self.broker, self.stats, self.history, auth, self.reactor)
         site = make_site(make_registry(self.stats), api, auth, config.http.metrics_auth)
-        where = endpoint_string(config.http.endpoint)
-        try:
-            endpoint = endpoints.serverFromString(self.reactor, where)
-        except (ValueError, TypeError, KeyError) as e:
-            raise ConfigError(f"http.endpoint: invalid endpoint {config.http.endpoint!r}: {e}",
-                              key="http.endpoint") from None
-        self.port = await endpoint.listen(site)
+        self.port = await listen_on(self.endpoint, site, config.http.endpoint, "http.endpoint")
         host = self.port.getHost()
         users = await auth.store.list()
         log.info("HTTP on {host}:{port}: /metrics, /api/, /console/ ({users})",

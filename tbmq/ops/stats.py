@@ -23,6 +23,7 @@ from twisted.internet import task
 from twisted.logger import Logger
 
 from tbmq import __version__
+from tbmq.auth import AUTH_FAILURE_CODES
 from tbmq.hookspecs import hookimpl
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType
@@ -75,8 +76,10 @@ class NodeStats:
         self.broker = broker
         self.wall = wall
         self.started_at = wall()
-        #: ``reason code → count`` of refused CONNECTs (the metrics plugin adds)
-        self.auth_failures: Counter = Counter()
+        #: ``reason code → count`` of refused CONNECTs (the metrics plugin
+        #: adds); every one of :data:`tbmq.auth.AUTH_FAILURE_CODES` from the
+        #: start (0)
+        self.auth_failures: Counter = Counter(dict.fromkeys(map(int, AUTH_FAILURE_CODES), 0))
         #: most connections seen open at once on this node
         self.max_connections = 0
         #: ``$SYS`` messages this node keeps in its retained tree (not counted)
@@ -180,7 +183,7 @@ class NodeStats:
             "service_id": broker.service_id, "alive": True, "this": True,
             "started_at": membership.started_at or self.started_at, "last_seen": now,
             "stopping": False,
-            "listeners": [f"{lc.name}={lc.endpoint}" for lc in broker.config.listeners],
+            "listeners": [lc.label for lc in broker.config.listeners],
             "sessions": len(by_node.get(broker.service_id, ())),
         }]
         for sid in sorted(set(membership.nodes) | set(by_node)):
@@ -225,6 +228,8 @@ class NodeStats:
                 "messages_sent_by_qos": list(traffic.sent),
                 "bytes_received": traffic.bytes_read,
                 "bytes_sent": traffic.bytes_written,
+                "payload_bytes_received": sum(traffic.received_bytes),
+                "payload_bytes_sent": sum(traffic.sent_bytes),
                 "dropped_by_reason": self.dropped(),
                 "deliveries_timed": sum(latency),
                 "delivery_latency_sum": traffic.latency_sum,
@@ -268,11 +273,12 @@ class History(Periodic):
     the console's charts (sampled every ``interval`` seconds, never on the
     message path).
 
-    Each point is ``{t, received, sent, dropped, connections, sessions,
-    cluster_sessions}``: ``t`` seconds since the epoch; the first three
-    messages per second over the interval before ``t``; the others the
-    counts at ``t`` (``sessions`` this node's, ``cluster_sessions`` the
-    registry's).
+    Each point is ``{t, received, sent, dropped, auth_failures,
+    connections, sessions, cluster_sessions}``: ``t`` seconds since the
+    epoch; the first three messages per second over the interval before
+    ``t``, ``auth_failures`` CONNECTs refused by authentication per second
+    (this node's); the others the counts at ``t`` (``sessions`` this
+    node's, ``cluster_sessions`` the registry's).
 
     :param stats: the :class:`NodeStats`.
     :param clock: ``IReactorTime``.
@@ -296,7 +302,8 @@ class History(Periodic):
             times.sample()
         traffic = stats.traffic()
         now = stats.wall()
-        totals = (now, sum(traffic.received), sum(traffic.sent), sum(stats.dropped().values()))
+        totals = (now, sum(traffic.received), sum(traffic.sent), sum(stats.dropped().values()),
+                  sum(stats.auth_failures.values()))
         last, self._last = self._last, totals
         if last is None:
             return
@@ -306,6 +313,7 @@ class History(Periodic):
             "received": (totals[1] - last[1]) / elapsed,
             "sent": (totals[2] - last[2]) / elapsed,
             "dropped": (totals[3] - last[3]) / elapsed,
+            "auth_failures": (totals[4] - last[4]) / elapsed,
             "connections": sum(stats.connections().values()),
             "sessions": stats.local_sessions().total,
             "cluster_sessions": len(stats.broker.registry.sessions),

@@ -23,8 +23,8 @@ Topics (``<n>`` ``1min``, ``5min`` or ``15min``):
 * ``messages/received``, ``messages/sent`` (PUBLISH packets),
   ``publish/messages/received``, ``publish/messages/sent``,
   ``publish/messages/dropped``, ``publish/bytes/received``,
-  ``publish/bytes/sent``, ``bytes/received``, ``bytes/sent`` (every MQTT
-  byte);
+  ``publish/bytes/sent`` (PUBLISH payload bytes), ``bytes/received``,
+  ``bytes/sent`` (every MQTT byte);
 * ``subscriptions/count``, ``retained messages/count``;
 * ``load/messages/received/<n>``, ``load/messages/sent/<n>``,
   ``load/publish/dropped/<n>``, ``load/bytes/received/<n>``,
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 
-from tbmq.broker.router import SharedGroup
 from tbmq.model import Message
 from tbmq.ops.stats import Periodic
 
@@ -140,16 +139,17 @@ class SysTopics(Periodic):
         message = Message(topic, payload, 0, True, {}, "", now, None)
         self.router.retained.set(message)
         sessions = self.sessions
-        for subs in self.router.trie.match(topic):
-            for client_id, options in list(subs.items()):
-                if type(options) is SharedGroup:
-                    picked = options.pick(lambda c: c in sessions)
-                    if picked is None:
-                        continue
-                    client_id, options = picked
-                session = sessions.get(client_id)
-                if session is None or session.connection is None:
-                    continue
-                sid = options.subscription_id
-                session.deliver(message, 0, options.retain_as_published,
-                                () if sid is None else (sid,), None, now)
+        router = self.router
+        targets = [target for subs in router.trie.match(topic) for target in subs.items()]
+        for groups in router.shared.match(topic):
+            for group in groups.values():
+                picked = group.pick(lambda c: c in sessions)
+                if picked is not None:
+                    targets.append(picked)
+        for client_id, options in targets:
+            session = sessions.get(client_id)
+            if session is None or session.connection is None:
+                continue
+            sid = options.subscription_id
+            session.deliver(message, 0, options.retain_as_published,
+                            () if sid is None else (sid,), None, now)

@@ -553,3 +553,33 @@ def test_a_new_group_on_an_application_topic_gets_what_waited(env):
     env.wait_until(lambda: events)
     env.settle()
     assert values(events) == [b"new"]
+
+
+def test_exclusive_subscriptions_of_one_group_on_several_topics_are_independent(env):
+    """A node's own topics are one group's exclusive subscriptions (the Kafka
+    bus reads them with one client): each topic keeps its own records,
+    commits, pause and stop."""
+    bus = env.bus(partitions=2)
+    c = env.catalogue
+    first, second = c.events, c.client_disconnect("node-b")
+    got_first: list = []
+    got_second: list = []
+    one = env.subscribe(bus, first, "node", collector(got_first), exclusive=True)
+    env.subscribe(bus, second, "node", collector(got_second), exclusive=True)
+    env.settle()
+    command = r.DisconnectCommand("c1", "1" * 32, 0x8E)
+    publish_all(env, bus, first, [("k%d" % i, b"%d" % i) for i in range(4)])
+    publish_all(env, bus, second, [("c1", command)])
+    env.wait_until(lambda: len(got_first) == 4 and len(got_second) == 1)
+    assert values(got_second) == [command]
+    env.run(env.call(one.stop))  # the other topic's member goes on
+    publish_all(env, bus, first, [("k9", b"after")])
+    publish_all(env, bus, second, [("c3", r.DisconnectCommand("c3", "2" * 32, 0x8E))])
+    env.wait_until(lambda: any(rec.key == "c3" for rec in got_second))
+    env.settle()
+    assert sorted(values(got_first)) == [b"0", b"1", b"2", b"3"]
+    again: list = []  # the stopped topic, subscribed again: from its committed offsets
+    env.subscribe(bus, first, "node", collector(again), exclusive=True)
+    env.wait_until(lambda: len(again) == 1)
+    env.settle()
+    assert values(again) == [b"after"]

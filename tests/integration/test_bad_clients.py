@@ -16,9 +16,9 @@ import pytest
 
 from tbmq.mqtt import (
     Auth, Connack, Connect, Disconnect, Pingreq, Pingresp, Property, Puback, Pubcomp, Publish,
-    Pubrec, Pubrel, Subscribe, SubscriptionRequest, Will,
+    Pubrec, Pubrel, ReasonCode, Subscribe, SubscriptionRequest, Will,
 )
-from tbmq.mqtt.codec import encode
+from tbmq.mqtt.codec import Decoder, encode
 from tests.integration.helpers import PahoClient, uid
 
 pytestmark = pytest.mark.timeout(60)
@@ -446,13 +446,39 @@ def test_subscribe_with_bad_reserved_flags(raw, mqtt_version):
 
 
 def test_v5_connect_with_receive_maximum_zero(raw):
-    """Receive Maximum 0 in CONNECT is a protocol error: refused (CONNACK
-    0x82 or 0x81) or closed."""
-    c = raw(5)
-    c.send(Connect(client_id=f"rm0-{uid()}", protocol_level=5,
-                   properties={Property.RECEIVE_MAXIMUM: 0}))
-    packets = c.wait_closed()
-    assert all(isinstance(p, Connack) and p.reason_code in (0x81, 0x82) for p in packets), packets
+    """Receive Maximum 0 in a v5 CONNECT is a protocol error (3.1.2.11.3):
+    CONNACK 0x82 with a Reason String, then the close [MQTT-4.13.1-1,
+    MQTT-3.2.2-7]."""
+    c = raw(5, decode=False)
+    props = bytes((Property.RECEIVE_MAXIMUM, 0x00, 0x00))
+    client_id = f"rm0-{uid()}".encode()
+    c.send(connect_bytes(b"MQTT", 5, bytes((len(props),)) + props
+                         + len(client_id).to_bytes(2, "big") + client_id))
+    c.wait_closed()
+    assert c.received[:1] == b"\x20", f"no CONNACK first: {c.received!r}"
+    [ack] = Decoder(protocol_level=5, server_side=False).feed(c.received)
+    assert type(ack) is Connack and ack.reason_code == ReasonCode.PROTOCOL_ERROR, ack
+    assert "RECEIVE_MAXIMUM" in ack.properties[Property.REASON_STRING]
+
+
+@pytest.mark.parametrize("level, first, answer", [
+    (None, 0x00, []),              # the reserved type, as the first byte ever sent
+    (4, 0xF0, []),                 # AUTH, which 3.1.1 does not have
+    (5, 0x00, [Disconnect(ReasonCode.MALFORMED_PACKET)]),
+], ids=["00-before-connect", "f0-v311", "00-v5"])
+def test_a_forbidden_first_byte_is_closed_at_once(raw, level, first, answer):
+    """One byte of a forbidden packet type and nothing more: closed within
+    0.5 s (before CONNECT the connect timeout would close it only after 1 s;
+    after CONNECT, nothing would until the incomplete-packet timeout)."""
+    c = raw(level or 4)
+    if level is not None:
+        assert c.connect().reason_code == 0
+    start = time.monotonic()
+    c.send(bytes((first,)))
+    packets = c.wait_closed(timeout=5)
+    elapsed = time.monotonic() - start
+    assert packets == answer
+    assert elapsed < 0.5, f"closed {elapsed:.2f} s after the byte"
 
 
 def test_publish_invalid_utf8_topic(raw, mqtt_version):

@@ -1,10 +1,12 @@
 """The web console in a real browser: Debian's headless Chromium driven by
-Selenium (``chromium`` and ``chromium-driver``).  Log in; watch the
-dashboard's message rate rise while a publisher runs; disconnect a session
-from the page and see the client's connection closed; add a credential on
-the page and connect with it; change its rules on the page and see a
-publish refused.  Every page is saved as a screenshot in
-``docs/screenshots/``."""
+Selenium (``chromium`` and ``chromium-driver``).  Log in; see failed MQTT
+logins counted on the dashboard; watch the dashboard's message rate rise
+while a publisher runs; see who a client is (address, user name,
+credentials) in the session list and details, disconnect it from the page
+and see its connection closed; add a credential on the page (listed by
+what it matches, not its internal id) and connect with it; change its
+rules on the page and see a publish refused.  Every page is saved as a
+screenshot in ``docs/screenshots/``."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.integration.conftest import _finish
 from tests.integration.helpers import REPO_ROOT, props, uid, wait_for
-from tests.integration.ops import USERS, start_ops_broker
+from tests.integration.ops import USERS, Http, start_ops_broker
 
 SCREENSHOTS = REPO_ROOT / "docs" / "screenshots"
 ROOT = "root"
@@ -105,6 +107,45 @@ def test_log_in(logged_in):
     assert logged_in.find_element(By.CSS_SELECTOR, "#nav-dashboard.active")
 
 
+def _api(console_broker, reactor_thread) -> Http:
+    http = Http(reactor_thread, console_broker.url)
+    http.login(ROOT, USERS[ROOT][0])
+    return http
+
+
+def _basic_credentials(http: Http, name: str, username: str, password: str) -> dict:
+    answer = http.request("POST", "/api/credentials", json_body={
+        "type": "basic", "name": name, "username": username, "password": password,
+        "rounds": 4})
+    assert answer.status == 201, answer
+    return answer.json
+
+
+def test_dashboard_shows_failed_logins(logged_in, console_broker, mqtt, reactor_thread):
+    browser = logged_in
+    go(browser, console_broker, "dashboard")
+
+    def failed() -> int:
+        text = browser.find_element(By.ID, "stat-auth-failures").text
+        return int(text) if text.isdigit() else -1
+
+    wait(browser, lambda _: failed() >= 0)
+    before = failed()
+    http = _api(console_broker, reactor_thread)
+    name = f"meter-{uid()[:6]}"
+    record = _basic_credentials(http, name, name, "right-password")
+    for _ in range(2):
+        client = mqtt(5, port=console_broker.port)
+        client.client.username_pw_set(name, "wrong-password")
+        client.connect_and_wait(expect_rc=0x86)  # BAD_USER_NAME_OR_PASSWORD
+        client.close()
+    wait(browser, lambda _: failed() == before + 2, timeout=10)
+    recent = browser.find_element(By.ID, "auth-failures-recent")
+    wait(browser, lambda _: recent.text.startswith(f"{before + 2} in the last minute"),
+         timeout=10)
+    assert http.request("DELETE", f"/api/credentials/{record['id']}").status == 200
+
+
 def test_dashboard_rate_rises_while_a_publisher_runs(logged_in, console_broker, mqtt):
     browser = logged_in
     go(browser, console_broker, "dashboard")
@@ -139,11 +180,16 @@ def test_dashboard_rate_rises_while_a_publisher_runs(logged_in, console_broker, 
     wait(browser, lambda _: rate() < 5, timeout=20)
 
 
-def test_disconnect_a_session_from_the_page(logged_in, console_broker, mqtt):
+def test_disconnect_a_session_from_the_page(logged_in, console_broker, mqtt, reactor_thread):
     browser = logged_in
     client_id = f"device-{uid()}"
-    client = mqtt.connect(5, client_id=client_id, port=console_broker.port, clean_start=False,
-                          session_expiry=3600)
+    http = _api(console_broker, reactor_thread)
+    user = f"installer-{uid()[:4]}"
+    record = _basic_credentials(http, f"field-devices-{uid()[:4]}", user, "device-pw-1")
+    client = mqtt(5, client_id=client_id, port=console_broker.port)
+    client.client.username_pw_set(user, "device-pw-1")
+    client.connect_and_wait(clean_start=False, session_expiry=3600)
+    address = "%s:%d" % client.client.socket().getsockname()[:2]
     client.subscribe(f"devices/{client_id}/#", qos=1)
     for i in range(3):
         mqtt.connect(4, client_id=f"sensor-{i}-{uid()[:4]}", port=console_broker.port)
@@ -152,10 +198,22 @@ def test_disconnect_a_session_from_the_page(logged_in, console_broker, mqtt):
     fill(browser, "#session-search", client_id)
     row = f'tr[data-client-id="{client_id}"]'
     wait(browser, lambda b: len(b.find_elements(By.CSS_SELECTOR, "#sessions-table tbody tr")) == 1)
+    # who the client is, in its row: address, user name, credentials name
+    cells = browser.find_element(By.CSS_SELECTOR, row)
+    assert cells.find_element(By.CSS_SELECTOR, ".address").text == address
+    assert cells.find_element(By.CSS_SELECTOR, ".username").text == user
+    assert cells.find_element(By.CSS_SELECTOR, ".credentials-name").text == record["name"]
     click(browser, row)
     visible(browser, "#session-detail")
     assert client_id in browser.find_element(By.ID, "session-detail").text
     assert f"devices/{client_id}/#" in browser.find_element(By.ID, "session-detail").text
+    assert browser.find_element(By.ID, "detail-address").text == address
+    assert browser.find_element(By.ID, "detail-username").text == user
+    assert browser.find_element(By.ID, "detail-credentials").text == record["name"]
+    # the search finds it by its user name too
+    fill(browser, "#session-search", user)
+    wait(browser, lambda b: [r.get_attribute("data-client-id") for r in b.find_elements(
+        By.CSS_SELECTOR, "#sessions-table tbody tr")] == [client_id])
     fill(browser, "#session-search", "")
     wait(browser, lambda b: len(b.find_elements(By.CSS_SELECTOR, "#sessions-table tbody tr")) >= 4)
     shot(browser, "sessions")
@@ -167,10 +225,13 @@ def test_disconnect_a_session_from_the_page(logged_in, console_broker, mqtt):
     notice = visible(browser, "#notice")
     assert client_id in notice.text
     wait(browser, lambda b: "disconnected" in b.find_element(By.CSS_SELECTOR, row).text)
+    # offline, it is still known who it was
+    assert browser.find_element(By.CSS_SELECTOR, f"{row} .username").text == user
     # the search finds nothing: an empty state, not an empty table
     fill(browser, "#session-search", "no-such-client-anywhere")
     visible(browser, "#sessions-empty")
     shot(browser, "sessions-empty")
+    assert http.request("DELETE", f"/api/credentials/{record['id']}").status == 200
 
 
 def test_add_a_credential_then_change_its_rules(logged_in, console_broker, mqtt):
@@ -191,6 +252,10 @@ def test_add_a_credential_then_change_its_rules(logged_in, console_broker, mqtt)
     row = f'#credentials-table tr[data-name="{name}"]'
     visible(browser, row)
     assert "sensors/${username}/.*" in browser.find_element(By.CSS_SELECTOR, row).text
+    # what the record matches, in words, not its internal id (username|<name>)
+    identity = browser.find_element(By.CSS_SELECTOR, f"{row} .identity").text
+    assert identity == f"user name {name}"
+    assert "|" not in browser.find_element(By.CSS_SELECTOR, row).text
 
     # a record the API refuses shows its error in the form
     click(browser, "#add-credentials")

@@ -4,10 +4,18 @@ prometheus-client's parser and checked against what the clients sent; the
 
 from __future__ import annotations
 
+import socket
 import threading
 
-from tests.integration.helpers import PahoClient, uid, wait_for
-from tests.integration.ops import Http, USERS, ops_broker, scrape, value  # noqa: F401
+from tbmq.auth import AUTH_FAILURE_CODES
+from tbmq.broker.hooks import DROP_REASONS
+from tbmq.mqtt import Connack, Connect, Disconnect, Publish, Suback, Subscribe
+from tbmq.mqtt.codec import Decoder, encode
+from tbmq.mqtt.packets import SubscriptionRequest
+from tests.integration.conftest import _finish
+from tests.integration.helpers import HOST, PahoClient, uid, wait_for
+from tests.integration.ops import Http, USERS, ops_broker, scrape, start_ops_broker  # noqa: F401
+from tests.integration.ops import value
 
 COUNTS = {0: 300, 1: 150, 2: 60}
 PAYLOAD = b"x" * 37
@@ -46,12 +54,13 @@ def test_metrics_count_what_clients_send(ops_broker, reactor_thread, mqtt):
     for qos, n in COUNTS.items():
         assert value(after, "tbmq_messages_received_total", qos=qos) - value(
             before, "tbmq_messages_received_total", qos=qos) == n
-        assert value(after, "tbmq_received_bytes_total", qos=qos) - value(
-            before, "tbmq_received_bytes_total", qos=qos) == n * len(PAYLOAD)
+        assert value(after, "tbmq_received_payload_bytes_total", qos=qos) - value(
+            before, "tbmq_received_payload_bytes_total", qos=qos) == n * len(PAYLOAD)
         assert value(after, "tbmq_messages_sent_total", qos=qos) - value(
             before, "tbmq_messages_sent_total", qos=qos) == n
-        assert value(after, "tbmq_sent_bytes_total", qos=qos) - value(
-            before, "tbmq_sent_bytes_total", qos=qos) > n * len(PAYLOAD)
+        # payload bytes both ways: one subscriber, the same bytes out as in
+        assert value(after, "tbmq_sent_payload_bytes_total", qos=qos) - value(
+            before, "tbmq_sent_payload_bytes_total", qos=qos) == n * len(PAYLOAD)
     # the counters only grow, scrape after scrape
     series = [before] + scraped_during + [after]
     for older, newer in zip(series, series[1:]):
@@ -64,10 +73,12 @@ def test_metrics_count_what_clients_send(ops_broker, reactor_thread, mqtt):
         before, "tbmq_delivery_latency_seconds_count") == total
     assert value(after, "tbmq_delivery_latency_seconds_bucket", le="+Inf") == value(
         after, "tbmq_delivery_latency_seconds_count")
-    assert value(after, "tbmq_network_received_bytes_total") - value(
-        before, "tbmq_network_received_bytes_total") > total * len(PAYLOAD)
-    # connections by listener, sessions by kind, subscriptions
-    assert value(after, "tbmq_connections", listener="listen0") >= 4
+    # the wire both ways: every packet, headers and acknowledgements included
+    for name in ("tbmq_received_bytes_total", "tbmq_sent_bytes_total"):
+        assert value(after, name) - value(before, name) > total * len(PAYLOAD), name
+    # connections by listener (named by its --listen endpoint), sessions by
+    # kind, subscriptions
+    assert value(after, "tbmq_connections", listener=ops_broker_endpoint(ops_broker)) >= 4
     assert value(after, "tbmq_sessions", persistent="false", client_type="DEVICE",
                  connected="true") >= 4
     assert value(after, "tbmq_subscriptions") >= 1
@@ -79,6 +90,10 @@ def test_metrics_count_what_clients_send(ops_broker, reactor_thread, mqtt):
     assert any(name == "tbmq_consumer_lag_records" and dict(labels).get("group") == "tbmq-msg-all"
                for name, labels in after)
     assert value(after, "process_cpu_seconds_total") > 0
+
+
+def ops_broker_endpoint(broker) -> str:
+    return f"tcp:{broker.port}:interface={HOST}"
 
 
 def after_service_id(samples) -> str:
@@ -164,3 +179,78 @@ def test_authentication_failures_are_counted(ops_broker, reactor_thread, mqtt):
                      what="the failure counted")
     assert value(after, "tbmq_authentication_failures_total", reason_code="0x86") - value(
         before, "tbmq_authentication_failures_total", reason_code="0x86") == 1
+
+
+def _exchange(port: int, payload: bytes) -> tuple[int, int]:
+    """One MQTT 3.1.1 client on a raw socket: CONNECT, SUBSCRIBE to its own
+    topic, PUBLISH QoS 0 to it, read the copy back, DISCONNECT.
+
+    :returns: ``(bytes written, bytes read)`` by the client."""
+    topic = f"wire/{uid()}"
+    decoder = Decoder(protocol_level=4, server_side=False)
+    got = []
+    written = read = 0
+    with socket.create_connection((HOST, port), timeout=10) as sock:
+
+        def send(*packets) -> None:
+            nonlocal written
+            data = b"".join(encode(p, 4) for p in packets)
+            sock.sendall(data)
+            written += len(data)
+
+        def receive(n: int) -> None:
+            nonlocal read
+            while len(got) < n:
+                data = sock.recv(65536)
+                assert data, f"closed after {got}"
+                read += len(data)
+                got.extend(decoder.feed(data))
+
+        send(Connect(client_id=f"wire-{uid()}", protocol_level=4),
+             Subscribe(1, [SubscriptionRequest(topic, 0)]))
+        receive(2)
+        send(Publish(topic, payload, qos=0))
+        receive(3)
+        assert [type(p) for p in got] == [Connack, Suback, Publish]
+        assert got[2].payload == payload
+        send(Disconnect())
+        assert sock.recv(1) == b""  # the broker closes after DISCONNECT
+    return written, read
+
+
+def test_a_fresh_node_has_every_series_and_counts_bytes_both_ways(tmp_path, reactor_thread):
+    """Before any event, every labelled counter has its series at 0 (each
+    QoS, drop reason and authentication failure reason code; the
+    listener's connections), so that ``rate()`` sees the first event.  The
+    byte counters count the wire both ways, the payload pair the PUBLISH
+    payloads both ways."""
+    broker = start_ops_broker(tmp_path / "fresh", USERS)
+    try:
+        http = Http(reactor_thread, broker.url)
+        fresh = scrape(http)
+        zeros = [("tbmq_messages_dropped_total", {"reason": r}) for r in DROP_REASONS]
+        zeros += [("tbmq_authentication_failures_total", {"reason_code": f"0x{int(c):02X}"})
+                  for c in AUTH_FAILURE_CODES]
+        zeros += [(name, {"qos": str(qos)}) for qos in range(3) for name in (
+            "tbmq_messages_received_total", "tbmq_messages_sent_total",
+            "tbmq_received_payload_bytes_total", "tbmq_sent_payload_bytes_total")]
+        zeros += [("tbmq_connections", {"listener": ops_broker_endpoint(broker)}),
+                  ("tbmq_received_bytes_total", {}), ("tbmq_sent_bytes_total", {})]
+        for name, labels in zeros:
+            key = (name, frozenset(labels.items()))
+            assert key in fresh, f"no sample {name}{labels}"
+            assert fresh[key] == 0, f"{name}{labels} = {fresh[key]}"
+        assert not [labels for name, labels in fresh if name == "tbmq_connections"
+                    and dict(labels)["listener"].startswith("listen")]
+
+        payload = b"p" * 1000
+        written, read = _exchange(broker.port, payload)
+        after = wait_for(lambda: (lambda s: s if value(s, "tbmq_sent_bytes_total") >= read
+                                  and value(s, "tbmq_received_bytes_total") >= written
+                                  else None)(scrape(http)), what="the bytes counted")
+        assert value(after, "tbmq_received_bytes_total") == written
+        assert value(after, "tbmq_sent_bytes_total") == read
+        assert value(after, "tbmq_received_payload_bytes_total", qos=0) == len(payload)
+        assert value(after, "tbmq_sent_payload_bytes_total", qos=0) == len(payload)
+    finally:
+        _finish(broker)

@@ -328,3 +328,56 @@ def test_postgres_store(postgres_dsn, tmp_path, cli, reactor_thread):
         store.stop()
     cli("--config", str(config), "credentials", "remove", "pg")
     assert json.loads((cli("--config", str(config), "credentials", "list", "--json"))[0]) == []
+
+
+# -- tbmq admin add: the password asked twice ---------------------------------------
+
+
+class _Terminal(io.StringIO):
+    """Standard input that is a terminal (getpass answers)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("answers,status", [
+    (["first-password-1", "first-password-1"], 0),
+    (["first-password-1", "first-passw0rd-1"], 1),
+], ids=["same", "different"])
+def test_admin_add_asks_for_the_password_twice_on_a_terminal(monkeypatch, data_dir, answers,
+                                                              status):
+    from tbmq.auth.passwords import check_password  # noqa: PLC0415
+    from tbmq.config import load_config  # noqa: PLC0415
+    from tbmq.ops import cli as ops_cli  # noqa: PLC0415
+    from tbmq.ops.admins import open_admin_store  # noqa: PLC0415
+
+    asked = []
+    given = iter(answers)
+    monkeypatch.setattr(ops_cli.getpass, "getpass",
+                        lambda prompt="": asked.append(prompt) or next(given))
+    monkeypatch.setattr(sys, "stdin", _Terminal())
+    args = build_parser().parse_args(["admin", "add", "alice", "--data-dir", data_dir,
+                                      "--rounds", "4"])
+    out, err = io.StringIO(), io.StringIO()
+    assert ops_cli.execute(args, out, err) == status, err.getvalue()
+    assert asked == ["password of alice: ", "the same password again: "]
+    store = open_admin_store(load_config(None, environ={}, overrides={"data_dir": data_dir}))
+    if status:
+        assert "the two passwords differ" in err.getvalue()
+        assert store.list_sync() == []  # nothing added
+    else:
+        assert "added admin user alice" in out.getvalue()
+        _, hashed = store.password_of_sync("alice")
+        assert check_password("first-password-1", hashed)
+
+
+def test_admin_add_reads_a_piped_password_once(monkeypatch, data_dir):
+    from tbmq.ops import cli as ops_cli  # noqa: PLC0415
+
+    monkeypatch.setattr(ops_cli.getpass, "getpass", lambda prompt="": pytest.fail("asked"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("piped-password-1\n"))
+    args = build_parser().parse_args(["admin", "add", "bob", "--data-dir", data_dir,
+                                      "--rounds", "4", "--password-stdin"])
+    out, err = io.StringIO(), io.StringIO()
+    assert ops_cli.execute(args, out, err) == 0, err.getvalue()
+    assert "added admin user bob" in out.getvalue()

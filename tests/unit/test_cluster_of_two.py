@@ -15,7 +15,7 @@ from tbmq.backends.memory import MemoryDeviceMessageStore, MemoryRetainedStore
 from tbmq.backends.memory_credentials import MemoryCredentialStore
 from tbmq.broker.broker import Broker
 from tbmq.broker.protocol import MQTTFactory
-from tbmq.cluster.sinks import DownlinkSink
+from tbmq.cluster.sinks import BusSink, write_marker
 from tbmq.config import load_config
 from tbmq.hookspecs import hookimpl
 from tbmq.model import ClientType, Message, StoredDelivery
@@ -34,7 +34,8 @@ class ApplicationsByName:
     @hookimpl(tryfirst=True)
     def tbmq_authenticate(self, request):
         if request.client_id.startswith("app"):
-            return AuthResult(True, client_type=ClientType.APPLICATION, provider="test")
+            return AuthResult(True, client_type=ClientType.APPLICATION, provider="test",
+                              credentials_name="applications")
         return None
 
 
@@ -134,15 +135,16 @@ def test_publisher_on_a_subscribers_on_b(cluster, qos):
     assert sub(s2, "t/+", 2)[0].reason_codes == [2]
     crossed = []
 
-    class Counting(DownlinkSink):
+    class Counting(BusSink):
         __slots__ = ()
 
-        def send(self, service_id, client_id, *rest):
+        def send(self, service_id, client_id, value):
             crossed.append((service_id, client_id))
-            return DownlinkSink.send(self, service_id, client_id, *rest)
+            return BusSink.send(self, service_id, client_id, value)
 
     router = cluster.a.broker.router
-    router.downlink = Counting(router.downlink.bus, router.downlink.topic_of)
+    sinks = router.sinks
+    router.sinks = sinks._replace(downlink=Counting(sinks.downlink.bus, sinks.downlink.topic_of))
     p = cluster.a.client("p")
     p.send(Publish("t/x", b"hello", qos=qos, packet_id=7 if qos else None))
     if qos == 1:
@@ -416,16 +418,16 @@ def test_a_marker_read_again_keeps_what_is_in_flight_and_ignores_an_older_connec
     assert [m.payload for m in got] == [b"m0", b"m1", b"m2"]
     device.send(Puback(got[0].packet_id))  # m1, m2 stay in flight
     session = cluster.a.broker.sessions.sessions["mark-dev"]
-    writer = cluster.a.broker.router.persisted
+    persisted = cluster.a.broker.sinks.persisted
     # the writer passes the marker on again (its partition moved before the
     # marker was committed): the store is read again, nothing is sent twice
-    writer.mark("node-a", "mark-dev", session.session_id, True)
+    write_marker(persisted, "node-a", "mark-dev", session.session_id, True)
     cluster.clock.advance(0)
     assert device.received() == []
     assert sorted(d.seq for d in session.inflight.values()) == [
         d.seq for d in _stored(cluster, "mark-dev")]
     # a marker of an older connection changes nothing
-    writer.mark("node-a", "mark-dev", "an-older-connection", True)
+    write_marker(persisted, "node-a", "mark-dev", "an-older-connection", True)
     cluster.clock.advance(0)
     assert device.received() == []
     for m in got[1:]:

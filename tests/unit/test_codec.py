@@ -849,3 +849,173 @@ def test_feed_accepts_bytearray_and_memoryview():
 def test_auth_not_encodable_before_v5():
     with pytest.raises(ValueError):
         encode(Auth(), 4)
+
+
+# --------------------------------------------------------------------------
+# A packet refused on its first byte (section 4.13)
+# --------------------------------------------------------------------------
+
+
+def first_byte_error(first: int, server_side: bool, level: int | None) -> int | None:
+    """What the spec says of a first byte on its own, written from the
+    spec apart from the decoder: the reason code it is refused with, or
+    None when the rest of the packet must be read to tell.
+
+    :param level: None for a server before CONNECT.
+    """
+    ptype, flags = first >> 4, first & 0x0F
+    if level is None:
+        return None if ptype == PacketType.CONNECT else 0x82  # [MQTT-3.1.0-1]
+    if ptype == 0 or (ptype == PacketType.AUTH and level != 5):
+        return 0x81
+    refused = ((PacketType.CONNECT, PacketType.CONNACK, PacketType.SUBACK, PacketType.UNSUBACK,
+                PacketType.PINGRESP) if server_side  # the CONNECT: a second one
+               else (PacketType.CONNECT, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE,
+                     PacketType.PINGREQ))
+    if ptype in refused:
+        return 0x82
+    if ptype == PacketType.PUBLISH:
+        qos = (flags >> 1) & 3
+        return 0x81 if qos == 3 or (flags & 8 and not qos) else None  # [MQTT-3.3.1-4, -2]
+    if ptype in (PacketType.PUBREL, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE):
+        return None if (flags & 7 if level == 3 else flags) == 2 else 0x81
+    return 0x81 if flags else None  # [MQTT-2.1.3-1]
+
+
+@pytest.mark.parametrize("server_side, level", [
+    (True, None), (True, 3), (True, 4), (True, 5), (False, 3), (False, 4), (False, 5)])
+def test_every_first_byte_is_judged_before_the_rest_arrives(server_side, level):
+    """Each of the 256 first bytes, fed alone and then with a Remaining
+    Length that announces a body not sent yet: refused at once with its
+    reason code when the byte alone breaks a rule, else the decoder waits."""
+    for first in range(256):
+        expected = first_byte_error(first, server_side, level)
+        for data in (bytes((first,)), bytes((first, 0x80)), bytes((first, 0x05, 0x00))):
+            if server_side:
+                decoder = Decoder() if level is None else server_decoder(level)
+            else:
+                decoder = Decoder(protocol_level=level, server_side=False)
+            if expected is None:
+                assert decoder.feed(data) == [], (hex(first), data)
+                assert decoder.pending == len(data)
+            else:
+                with pytest.raises(MalformedPacket) as info:
+                    decoder.feed(data)
+                assert info.value.reason_code == expected, (hex(first), data, str(info.value))
+
+
+@pytest.mark.parametrize("level, data, code, message", [
+    (None, "00", 0x82, "first packet must be CONNECT"),
+    (None, "30", 0x82, "first packet must be CONNECT"),
+    (4, "f0", 0x81, "AUTH exists only in MQTT 5.0"),
+    (3, "f0", 0x81, "AUTH exists only in MQTT 5.0"),
+    (5, "00", 0x81, "packet type 0 is reserved"),
+    (4, "00", 0x81, "packet type 0 is reserved"),
+    (4, "10", 0x82, "second CONNECT"),
+    (5, "20", 0x82, "must not receive CONNACK"),
+    (4, "36", 0x81, "QoS 3"),
+    (5, "38", 0x81, "DUP"),
+    (4, "60", 0x81, "0010"),
+    (4, "41", 0x81, "must be 0"),
+])
+def test_a_forbidden_first_byte_fails_without_the_rest(level, data, code, message):
+    """[MQTT-3.1.0-1, MQTT-3.1.0-2, MQTT-2.1.3-1]: the decoder does not wait
+    for a Remaining Length that may never come."""
+    decoder = Decoder() if level is None else server_decoder(level)
+    with pytest.raises(MalformedPacket) as info:
+        decoder.feed(h(data))
+    assert info.value.reason_code == code and message in str(info.value)
+    assert decoder.pending == 0
+
+
+def test_packets_before_a_forbidden_first_byte_are_kept():
+    decoder = server_decoder(4)
+    good = encode(Publish("t", b"1"), 4)
+    with pytest.raises(MalformedPacket) as info:
+        decoder.feed(good + b"\xf0")
+    assert info.value.packets == [Publish("t", b"1")]
+
+
+def test_a_forbidden_type_is_named_before_its_announced_size():
+    """A CONNACK sent to a server, announcing 1000 bytes where 100 are
+    allowed: the type is the error (0x82), not the size (0x95)."""
+    with pytest.raises(MalformedPacket) as info:
+        server_decoder(4, max_packet_size=100).feed(b"\x20\xe8\x07")
+    assert info.value.reason_code == 0x82
+
+
+def test_valid_first_bytes_wait_for_the_rest():
+    """CONNECT first, then AUTH in 5.0, a QoS 2 PUBLISH with DUP, PUBREL:
+    nothing is decided before their bodies."""
+    assert Decoder().feed(b"\x10") == []
+    assert server_decoder(5).feed(b"\xf0") == []
+    assert server_decoder(4).feed(b"\x3d\x05") == []
+    assert server_decoder(3).feed(b"\x6a") == []
+
+
+# --------------------------------------------------------------------------
+# CONNECT errors found once its protocol level is known
+# --------------------------------------------------------------------------
+
+
+def v5_connect(props: str, will_props: str | None = None) -> bytes:
+    """A v5 CONNECT built by hand (clean start, keep alive 60, client id
+    "c"), with raw property bytes (their length is prefixed here)."""
+    flags = 0x02 if will_props is None else 0x06
+    body = h("0004 4d515454 05") + bytes((flags,)) + h("003c")
+    body += bytes((len(h(props)),)) + h(props) + h("0001 63")
+    if will_props is not None:
+        body += bytes((len(h(will_props)),)) + h(will_props) + h("0001 77 0000")
+    return bytes((0x10, len(body))) + body
+
+
+@pytest.mark.parametrize("data, code", [
+    (v5_connect("21 0000"), 0x82),                  # Receive Maximum 0
+    (v5_connect("27 00000000"), 0x82),              # Maximum Packet Size 0
+    (v5_connect("11 0000003c 11 0000003c"), 0x82),  # Session Expiry Interval twice
+    (v5_connect("17 02"), 0x82),                    # Request Problem Information 2
+    (v5_connect("19 02"), 0x82),                    # Request Response Information 2
+    (v5_connect("16 0001 78"), 0x82),               # Authentication Data, no Method
+    (v5_connect("23 0001"), 0x81),                  # Topic Alias: not a CONNECT property
+    (v5_connect("7f 00"), 0x81),                    # unknown property identifier
+    (v5_connect("21 00"), 0x81),                    # truncated Receive Maximum
+    (v5_connect("", "01 02"), 0x82),                # will Payload Format Indicator 2
+    (v5_connect("", "21 0005"), 0x81),              # Receive Maximum as a will property
+    (h("10 0c 0004 4d515454 05 02 003c 00 00"), 0x81),  # truncated client identifier
+    (h("11 0d 0004 4d515454 05 02 003c 00 0000"), 0x81),  # fixed-header flags [MQTT-2.1.3-1]
+], ids=["receive-maximum-0", "maximum-packet-size-0", "duplicate", "request-problem-information-2",
+        "request-response-information-2", "authentication-data-without-method", "topic-alias",
+        "unknown-property", "truncated-property", "will-payload-format-2",
+        "will-receive-maximum", "truncated-client-id", "header-flags"])
+def test_v5_connect_errors_carry_the_protocol_level(data, code):
+    """Every rule a v5 CONNECT breaks once its protocol level is read comes
+    out the same way: the reason code and ``connect_level`` 5, so the
+    server can answer CONNACK with that code [MQTT-4.13.1-1]."""
+    with pytest.raises(MalformedPacket) as info:
+        Decoder().feed(data)
+    assert (info.value.reason_code, info.value.connect_level) == (code, 5)
+
+
+@pytest.mark.parametrize("data, level", [
+    ("10 0c 00044d515454 04 03 0000 0000", 4),      # 3.1.1 reserved flag
+    ("10 0b 00044d515454 04 02 0000 00", 4),        # 3.1.1 truncated client id
+    ("10 0d 00064d5149736470 03 02 0000 00", 3),    # 3.1 truncated client id
+    ("10 05 00044d5154", None),                     # protocol name truncated
+    ("10 06 00044d515454", None),                   # level missing
+    ("11 0c 00044d515454 06 02 0000 0000", None),   # level 6, fixed-header flags set
+    ("30 02 0000", None),                           # not a CONNECT
+])
+def test_connect_level_of_other_errors(data, level):
+    """3.1.1 and 3.1 CONNECTs carry their level too; an error before the
+    protocol name and a supported level are read carries None."""
+    with pytest.raises(MalformedPacket) as info:
+        Decoder().feed(h(data))
+    assert info.value.connect_level == level
+
+
+def test_a_valid_v5_connect_built_by_hand_decodes():
+    """The hand-built CONNECTs above differ from a valid one only where
+    they say."""
+    [packet] = Decoder().feed(v5_connect("21 0001 27 00000400", "01 01"))
+    assert packet.properties == {Property.RECEIVE_MAXIMUM: 1, Property.MAXIMUM_PACKET_SIZE: 1024}
+    assert packet.will.properties == {Property.PAYLOAD_FORMAT_INDICATOR: 1}

@@ -264,10 +264,34 @@ def test_env_plugins_free_form():
     assert config.plugins["kafka"]["servers"] == ("a", "b")
 
 
-def test_env_unknown_key_names_variable():
-    message = error(environ={"TBMQ_MQTT_MAX_QOS": "1"})
-    assert message.startswith("mqtt_max_qos: unknown key")
-    assert "TBMQ_MQTT_MAX_QOS" in message
+def test_env_variables_that_name_no_section_are_not_overrides(log):
+    """The ``tbmq`` CLI's own variables and a deployment tool's are left
+    alone (they used to stop the broker: ``admin_password: unknown key``);
+    the top-level scalars ``bus`` and ``sys_interval`` still apply."""
+    environ = {"TBMQ_ADMIN_USER": "admin", "TBMQ_ADMIN_PASSWORD": "secret",
+               "TBMQ_ADMIN_TOKEN": "t0k3n", "TBMQ_VERSION": "1.2", "TBMQ_HOME": "/opt/tbmq",
+               "TBMQ_": "", "TBMQ_BUS": "kafka", "TBMQ_SYS_INTERVAL": "5"}
+    config = load_config(environ=environ)
+    assert config == dataclasses.replace(Config(), bus="kafka", sys_interval=5.0)
+    assert not [line for line in log if "TBMQ_ADMIN" in line]  # debug level only
+
+
+def test_env_unknown_key_in_a_section_names_variable():
+    message = error(environ={"TBMQ_MQTT__MAX_QOSS": "1", "TBMQ_ADMIN_PASSWORD": "x"})
+    assert message == "mqtt.max_qoss: unknown key (from TBMQ_MQTT__MAX_QOSS)"
+
+
+def test_env_single_underscore_is_ignored_with_a_warning(log):
+    config = load_config(environ={"TBMQ_MQTT_MAX_QOS": "1",
+                                  "TBMQ_AUTH_LOGIN_LIMITS__WINDOW": "3"})
+    assert config == Config()
+    assert [line for line in log if "TBMQ_" in line] == [
+        "environment variable TBMQ_MQTT_MAX_QOS is ignored: overrides are "
+        "TBMQ_<SECTION>__<KEY> (two underscores); did you mean TBMQ_MQTT__MAX_QOS?",
+        "environment variable TBMQ_AUTH_LOGIN_LIMITS__WINDOW is ignored: overrides are "
+        "TBMQ_<SECTION>__<KEY> (two underscores); did you mean "
+        "TBMQ_AUTH__LOGIN_LIMITS__WINDOW?",
+    ]
 
 
 def test_env_bad_value_names_key_and_variable():

@@ -218,9 +218,18 @@ def test_mqtt31_connect_with_reserved_flags_is_accepted(h):
 
 @pytest.mark.parametrize("level", [4, 5])
 def test_mqtt311_and_5_connect_with_reserved_flags_is_malformed(h, level, log):
+    """3.1.1: closed without CONNACK; 5.0: CONNACK 0x81 with a Reason String
+    naming the rule, then closed [MQTT-4.13.1-1]."""
     c = h.raw(level)
     c.send_bytes(connect_with_reserved_flags(level))
-    assert c.received() == [] and c.closed
+    got = c.received()
+    if level == 5:
+        [ack] = got
+        assert ack.reason_code == 0x81
+        assert "[MQTT-2.1.3-1]" in ack.properties[Property.REASON_STRING]
+    else:
+        assert got == []
+    assert c.closed
     assert any("malformed packet" in line and "[MQTT-2.1.3-1]" in line for line in log)
 
 

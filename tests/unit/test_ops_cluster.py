@@ -11,6 +11,7 @@ from twisted.internet import defer
 from tbmq.mqtt import Disconnect, Property, Publish, Subscribe, SubscriptionRequest
 from tbmq.ops.admins import AdminUser
 from tbmq.ops.api.app import AdminApi, ApiError
+from tbmq.ops.api.schemas import validate
 from tbmq.ops.stats import History, NodeStats
 from tbmq.ops.sys_topics import SysTopics
 from tbmq.ops.timing import SAMPLE_CALLS, instrument
@@ -64,6 +65,39 @@ def test_node_a_lists_and_shows_the_sessions_node_b_holds():
     nodes = {n["service_id"]: n for n in stats.nodes()}
     assert nodes["node-a"]["this"] and nodes["node-b"]["alive"]
     assert nodes["node-b"]["sessions"] == 1
+
+
+def test_node_a_shows_who_the_clients_of_node_b_are():
+    """The address, user name and credentials name of a client reach the
+    session views of its node and, through its session record (encoded
+    on the bus), the admin API of the other node; they stay once the
+    client is offline, and the search finds them."""
+    cluster = Cluster(encode=True)
+    app = cluster.b.client("app-1", level=5, peer="192.0.2.9", username="alice",
+                           clean_start=False,
+                           properties={Property.SESSION_EXPIRY_INTERVAL: 600})
+    assert app.connack.reason_code == 0
+    cluster.b.client("anon-1", peer="192.0.2.10")
+    view = cluster.b.broker.sessions.sessions["app-1"].view
+    assert (view.address, view.username, view.credentials_name) == (
+        "192.0.2.9:50000", "alice", "applications")
+    api = api_of(cluster.a)
+    page = run(cluster.a, api.list_sessions(request(), ADMIN, None))
+    who = {s["client_id"]: (s["address"], s["username"], s["credentials_name"])
+           for s in page["items"]}
+    assert who == {"app-1": ("192.0.2.9:50000", "alice", "applications"),
+                   "anon-1": ("192.0.2.10:50000", None, None)}
+    validate("SessionPage", page)  # the OpenAPI document describes them
+    for q in ("ALICE", "192.0.2.9", "applic"):
+        found = run(cluster.a, api.list_sessions(request(q=q), ADMIN, None))
+        assert [s["client_id"] for s in found["items"]] == ["app-1"], q
+    app.send(Disconnect())
+    app.lose()
+    detail = run(cluster.a, api.show_session(request(), ADMIN, None, client_id="app-1"))
+    assert detail["session"]["connected"] is False
+    assert (detail["session"]["address"], detail["session"]["username"],
+            detail["session"]["credentials_name"]) == ("192.0.2.9:50000", "alice",
+                                                       "applications")
 
 
 def test_node_a_disconnects_a_client_of_node_b():
@@ -165,3 +199,14 @@ def test_timed_backends_sample_the_bus_and_time_every_store_call():
     assert sum(times.buckets("device_store", "count").counts) == 1
     assert sum(times.buckets("credential_store", "list").counts) == 1
     assert bus.encodes is broker.bus.encodes  # everything else is the backend's
+
+
+def test_the_address_of_a_session_as_operators_read_it():
+    from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress  # noqa: PLC0415
+
+    from tbmq.broker.sessions import address_text  # noqa: PLC0415
+
+    assert address_text(IPv4Address("TCP", "192.0.2.1", 1883)) == "192.0.2.1:1883"
+    assert address_text(IPv6Address("TCP", "2001:db8::1", 1883)) == "[2001:db8::1]:1883"
+    assert address_text(UNIXAddress(b"/run/tbmq.sock")) == "/run/tbmq.sock"
+    assert address_text(None) is None

@@ -40,7 +40,8 @@ wills = st.builds(r.WillRecord, text, st.binary(max_size=20), qos, st.booleans()
 client_types = st.sampled_from(list(ClientType))
 sessions = st.builds(r.SessionInfo, text, text, text, st.booleans(), st.booleans(), client_types,
                      u32, st.sampled_from([3, 4, 5]), st.none() | times, st.none() | times,
-                     times, st.none() | wills)
+                     times, st.none() | wills, st.none() | text, st.none() | text,
+                     st.none() | text)
 options = st.builds(SubscriptionOptions, qos, st.booleans(), st.booleans(), st.integers(0, 2),
                     st.none() | st.integers(1, 268435455))
 subscriptions = st.builds(r.SubscriptionsRecord, text,
@@ -107,7 +108,7 @@ TAGGED = [c for c in CODECS if isinstance(c, r.RecordCodec)]
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_well_tagged_arrays_of_wrong_fields_only_raise_record_encoding_error(codec, data):
-    fields = data.draw(st.lists(msgpack_values, max_size=13))
+    fields = data.draw(st.lists(msgpack_values, max_size=16))
     version = data.draw(st.sampled_from([1, 1, 1, 2, "1", None]))
     raw = msgpack.packb([codec.tag, version, *fields], use_bin_type=True)
     try:
@@ -147,6 +148,41 @@ def test_a_reader_rejects_another_type_and_an_unknown_version():
         r.DELIVERY.decode(msgpack.packb(obj, use_bin_type=True))
 
 
+def _session_info(**who) -> r.SessionInfo:
+    return r.SessionInfo("c", "node-a", "s1", True, True, ClientType.APPLICATION, 3600, 5,
+                         10.0, None, 11.0, None, **who)
+
+
+def test_a_session_record_is_version_2_with_who_the_client_is_at_the_end():
+    info = _session_info(address="192.0.2.7:50123", username="alice",
+                         credentials_name="sensors")
+    obj = msgpack.unpackb(r.SESSION.encode(info), raw=False)
+    assert obj[:2] == ["ses", 2] == ["ses", r.SESSION_VERSION]
+    assert obj[2:5] == ["c", "node-a", "s1"]
+    assert obj[-3:] == ["192.0.2.7:50123", "alice", "sensors"]
+    assert len(obj) == 2 + 15
+    assert r.SESSION.decode(r.SESSION.encode(info)) == info
+
+
+def test_a_session_record_of_version_1_is_still_read():
+    """What an older node wrote (on tbmq.client.session, or nested in a
+    session event response): the twelve fields of version 1, read with
+    nobody known."""
+    info = _session_info(address="192.0.2.7:50123", username="alice",
+                         credentials_name="sensors")
+    v1 = ["ses", 1, *msgpack.unpackb(r.SESSION.encode(info), raw=False)[2:14]]
+    read = r.SESSION.decode(msgpack.packb(v1, use_bin_type=True))
+    assert read == _session_info()
+    assert (read.address, read.username, read.credentials_name) == (None, None, None)
+    response = ["ser", 1, "c", "q", True, True, v1, ""]
+    assert r.SESSION_EVENT_RESPONSE.decode(msgpack.packb(response, use_bin_type=True)) \
+        .session == _session_info()
+    # a version 1 array of version 2's length is no record, nor version 2 of 12 fields
+    for bad in (["ses", 1, *v1[2:], "a", "b", "c"], ["ses", 2, *v1[2:]]):
+        with pytest.raises(RecordEncodingError, match="expected"):
+            r.SESSION.decode(msgpack.packb(bad, use_bin_type=True))
+
+
 def test_the_message_array_is_the_documented_layout():
     m = Message("a/b", b"hi", 1, True, {Property.CONTENT_TYPE: "text/plain"}, "pub", 12.5, 99.0)
     obj = msgpack.unpackb(r.MESSAGE.encode(m), raw=False)
@@ -169,6 +205,9 @@ def test_the_message_array_is_the_documented_layout():
     (r.MESSAGE, Message("\ud800", b"")),
     (r.DELIVERY, r.Delivery("c", "not a message", 0)),
     (r.SESSION, r.SessionInfo("c", "n", "s", True, False, "PRINTER", 0, 4, None, None, 0.0)),
+    (r.SESSION, _session_info(address=("192.0.2.7", 1883))),
+    (r.SESSION, _session_info(username=b"alice")),
+    (r.SESSION, _session_info(credentials_name=7)),
     (r.SUBSCRIPTIONS, r.SubscriptionsRecord("c", {"a": 1})),
     (r.SESSION_EVENT, r.SessionEvent("CONNECT", "c", "n", "s", "q")),
     (r.DISCONNECT, r.DisconnectCommand("c", "s", 256)),

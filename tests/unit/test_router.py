@@ -231,7 +231,7 @@ def test_a_session_holds_its_source_at_the_high_water_mark_and_lets_go_when_drai
     for p in sent:
         session.on_puback(p)
     assert len(session.queue) == 2 and not source.paused  # at the low-water mark
-    assert ctx.drops.counts == {}
+    assert not any(ctx.drops.counts.values())
 
 
 def test_a_slow_session_past_its_credit_overflows_with_0x97_and_counts_the_loss():
@@ -243,7 +243,8 @@ def test_a_slow_session_past_its_credit_overflows_with_0x97_and_counts_the_loss(
     clock.advance(1)
     assert session.slow and not source.paused
     session.deliver(Message("t", b"over", 1), 1, False, (), None, clock.seconds(), source)
-    assert conn.closed_with == 0x97 and ctx.drops.counts == {"quota_exceeded": 5}
+    assert conn.closed_with == 0x97
+    assert {k: n for k, n in ctx.drops.counts.items() if n} == {"quota_exceeded": 5}
 
 
 class SlowLoads:

@@ -2,9 +2,9 @@
 
 :class:`~tbmq_plugins.kafka.bus.KafkaBus` implements
 :class:`tbmq.interfaces.IMessageBus` on Kafka with one of two client
-libraries, chosen by ``kafka.driver``: ``kafka-python`` (the default,
-``pip install 'tbmq[kafka]'``) or ``confluent`` (confluent-kafka,
-``pip install 'tbmq[confluent]'``).  The library is imported when the bus is
+libraries, chosen by ``kafka.driver``: ``confluent`` (confluent-kafka, the
+default, ``pip install 'tbmq[kafka]'``) or ``kafka-python``
+(``pip install 'tbmq[kafka-python]'``).  The library is imported when the bus is
 built, so a node on the in-process bus needs neither.
 
 The package is registered as the ``tbmq`` entry point ``kafka``:

@@ -20,8 +20,11 @@ libraries (:mod:`.drivers`).
   producer never blocks there).  The Deferred fires once the brokers
   acknowledged it (``kafka.acks``); acknowledgements come back to the
   reactor in batches (:class:`~.bridge.AckBatcher`).
-* **Consumers**: one thread each (:mod:`.loop`), the handing and commit
-  bookkeeping in the reactor (:mod:`.consumer`).
+* **Consumers**: a group member has a thread and a client of its own; the
+  exclusive subscriptions of one group share one thread and one client
+  over all their topics (:class:`~.loop.SharedLoop`), so that a node's own
+  topics cost one fetch, not one per topic (:mod:`.loop`); the handing and
+  commit bookkeeping is in the reactor (:mod:`.consumer`).
 * **Blocking calls** of the bus itself (topic creation, metadata, closing)
   run one at a time in the bus's worker thread (:class:`~.bridge.Worker`).
 * **Outages**: a publish that Kafka does not acknowledge within
@@ -46,7 +49,7 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.bridge import AckBatcher, Worker
 from tbmq_plugins.kafka.consumer import KafkaConsumer
 from tbmq_plugins.kafka.drivers import TopicSpec, load_driver
-from tbmq_plugins.kafka.loop import ConsumerLoop
+from tbmq_plugins.kafka.loop import ConsumerLoop, SharedLoop
 
 __all__ = ["KafkaBus", "kafka_group", "topic_spec"]
 
@@ -71,17 +74,20 @@ def topic_spec(config: Any, catalogue: TopicCatalogue, topic: str) -> TopicSpec:
     return TopicSpec(topic, config.partitions, config.replication_factor, configs)
 
 
-def kafka_group(topic: str, group: str) -> str:
+def kafka_group(topic: str, group: str, exclusive: bool = False) -> str:
     """The Kafka group id of the bus's group ``group`` on ``topic``.
 
     A bus group belongs to one topic (two topics' groups of the same name are
     two groups, as on the in-process bus), while a Kafka group spans topics
     and rebalances all its members together; so the topic (prefix included)
-    is part of the id.
+    is part of the id of a group whose members join it.  An exclusive group
+    never joins (its partitions are assigned) and its committed offsets are
+    per topic and partition, so the exclusive groups of one name on several
+    topics are one Kafka group, read by one client.
 
-    :returns: ``"<group>@<topic>"``.
+    :returns: ``"<group>@<topic>"``, or ``group`` when ``exclusive``.
     """
-    return f"{group}@{topic}"
+    return group if exclusive else f"{group}@{topic}"
 
 
 class _Creating:
@@ -131,6 +137,7 @@ class KafkaBus:
         self._creating: dict[str, _Creating] = {}
         self._codecs: dict[str, Any] = {}
         self._consumers: set[KafkaConsumer] = set()
+        self._shared: dict[str, SharedLoop] = {}  # Kafka group id of exclusive subscriptions
         self._unacknowledged = False  # the last outcome was a failure
 
     # -- life cycle ------------------------------------------------------------------------
@@ -334,7 +341,8 @@ class KafkaBus:
 
         :param exclusive: the group never has another member: its partitions
             are assigned directly, read from the group's committed offsets,
-            without a group join.
+            without a group join, by the one client and thread of the
+            group's exclusive subscriptions (:class:`~.loop.SharedLoop`).
         :returns: the :class:`~.consumer.KafkaConsumer`.
         :raises RecordEncodingError: when ``topic`` is not in the catalogue.
         :raises BusClosedError: when the bus is not running.
@@ -345,7 +353,7 @@ class KafkaBus:
         config = self.config
         consumer = KafkaConsumer(self, topic, group, handler, codec, self.max_uncommitted,
                                  buffer_limit=2 * config.max_poll_records)
-        group_id = kafka_group(topic, group)
+        group_id = kafka_group(topic, group, exclusive)
         loop = ConsumerLoop(
             self.clock, lambda: self.driver.ConsumerClient(config, topic, group_id), consumer,
             exclusive=exclusive, from_beginning=from_beginning,
@@ -355,25 +363,43 @@ class KafkaBus:
             stuck=4 * config.session_timeout_ms / 1000.0,
             name=f"tbmq-kafka-consumer {group_id}")
         self._consumers.add(consumer)
-        self._begin(consumer, loop)
+        self._begin(consumer, loop, group_id if exclusive else None)
         return consumer
 
-    def _begin(self, consumer: KafkaConsumer, loop: ConsumerLoop, attempt: int = 0) -> None:
-        """Start ``consumer``'s thread once its topic exists."""
+    def _share(self, group_id: str, loop: ConsumerLoop, topic: str) -> None:
+        """Have the shared thread of ``group_id``'s exclusive subscriptions
+        read ``topic`` for ``loop`` (a new thread when it has ended)."""
+        while True:
+            shared = self._shared.get(group_id)
+            if shared is None or shared.dead:
+                shared = self._shared[group_id] = SharedLoop(
+                    self.clock, lambda: self.driver.ExclusiveClient(self.config, group_id),
+                    max_records=self.config.max_poll_records,
+                    name=f"tbmq-kafka-consumer {group_id}")
+            if shared.add(loop, topic):
+                return
+
+    def _begin(self, consumer: KafkaConsumer, loop: ConsumerLoop, shared: str | None,
+               attempt: int = 0) -> None:
+        """Start ``consumer``'s thread once its topic exists (or hand it to
+        the shared thread of the exclusive group ``shared``)."""
         def ready(_result: Any) -> None:
             if consumer in self._consumers:
                 if attempt:
                     log.info("Kafka consumer {name}: its topic exists now", name=loop.name)
                 consumer.loop = loop
                 loop.want_paused = consumer._paused
-                loop.start()
+                if shared is not None:
+                    self._share(shared, loop, consumer.topic)
+                else:
+                    loop.start()
 
         def failed(failure: Failure) -> None:
             if consumer in self._consumers and self.running:
                 if not attempt:
                     log.warn("Kafka consumer {name}: {error}; retrying every {delay} s",
                              name=loop.name, error=failure.value, delay=CREATE_RETRY_DELAY)
-                self.clock.callLater(CREATE_RETRY_DELAY, self._begin, consumer, loop,
+                self.clock.callLater(CREATE_RETRY_DELAY, self._begin, consumer, loop, shared,
                                      attempt + 1)
 
         self._when_ready(consumer.topic).addCallbacks(ready, failed)

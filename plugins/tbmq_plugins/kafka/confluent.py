@@ -1,5 +1,6 @@
-"""The ``confluent`` driver (``kafka.driver: confluent``): confluent-kafka on
-librdkafka, about ten times kafka-python's throughput.
+"""The ``confluent`` driver (``kafka.driver: confluent``, the default;
+``pip install 'tbmq[kafka]'``): confluent-kafka on librdkafka, about ten
+times kafka-python's throughput.
 
 * The producer's :meth:`~confluent_kafka.Producer.produce` is thread-safe
   and never blocks; delivery callbacks are served by
@@ -9,7 +10,10 @@ librdkafka, about ten times kafka-python's throughput.
   on the same partition.  Idempotence is off and one request is in flight
   per connection, as in the other driver.
 * A :class:`~confluent_kafka.Consumer` must not be polled from several
-  threads: one consumer thread owns each (:class:`~.loop.ConsumerLoop`).
+  threads: one consumer thread owns each (:class:`~.loop.ConsumerLoop`, or
+  :class:`~.loop.SharedLoop` for an :class:`ExclusiveClient`, whose
+  partitions are assigned without a group join, so that it can read a
+  batch per call: no rebalance can come between two of its records).
   ``enable.partition.eof`` tells when a partition is read to its end; the
   high watermark cached from the last fetch gives the end otherwise.
 * librdkafka's log lines go to the Twisted log at debug level; the bus
@@ -30,7 +34,7 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka import drivers
 from tbmq_plugins.kafka.drivers import RawRecord, TopicSpec
 
-__all__ = ["Admin", "ConsumerClient", "Producer"]
+__all__ = ["Admin", "ConsumerClient", "ExclusiveClient", "Producer"]
 
 log = Logger(observer=LOG_OBSERVER)
 
@@ -57,6 +61,21 @@ def _common(config: Any) -> dict:
         "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
         "socket.timeout.ms": config.request_timeout_ms,
         "logger": _LOG,
+    }
+
+
+def _consumer_config(config: Any, group: str, on_error: Callable) -> dict:
+    return {
+        **_common(config),
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": config.fetch_max_wait_ms,
+        "session.timeout.ms": config.session_timeout_ms,
+        "heartbeat.interval.ms": config.heartbeat_interval_ms,
+        "enable.partition.eof": True,
+        "error_cb": on_error,
     }
 
 
@@ -136,18 +155,7 @@ class ConsumerClient(drivers.ConsumerClient):
         self._timeout = config.request_timeout_ms / 1000.0
         self._error: str | None = None
         self._collected: list | None = None  # what poll read so far
-        self._consumer = Consumer({
-            **_common(config),
-            "group.id": group,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": config.fetch_max_wait_ms,
-            "session.timeout.ms": config.session_timeout_ms,
-            "heartbeat.interval.ms": config.heartbeat_interval_ms,
-            "enable.partition.eof": True,
-            "error_cb": self._on_error,
-        })
+        self._consumer = Consumer(_consumer_config(config, group, self._on_error))
 
     def _on_error(self, error) -> None:
         self._error = str(error)
@@ -258,3 +266,107 @@ class ConsumerClient(drivers.ConsumerClient):
     def close(self) -> None:
         self._consumer.close()
 
+
+
+class ExclusiveClient(drivers.ExclusiveClient):
+    """:class:`confluent_kafka.Consumer` of one group over directly assigned
+    partitions of several topics (:class:`~.drivers.ExclusiveClient`)."""
+
+    def __init__(self, config: Any, group: str) -> None:
+        self._timeout = config.request_timeout_ms / 1000.0
+        self._error: str | None = None
+        self._consumer = Consumer(_consumer_config(config, group, self._on_error))
+
+    def _on_error(self, error) -> None:
+        self._error = str(error)
+
+    def take_error(self) -> str | None:
+        error, self._error = self._error, None
+        return error
+
+    @staticmethod
+    def _tps(tps, offsets: dict | None = None) -> list[TopicPartition]:
+        if offsets is None:
+            return [TopicPartition(t, p) for t, p in tps]
+        return [TopicPartition(t, p, offsets[(t, p)]) for t, p in tps]
+
+    def partitions(self, topic: str) -> list[int]:
+        metadata = self._consumer.list_topics(topic, timeout=self._timeout)
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None:
+            raise KafkaException(found.error if found is not None else "no metadata")
+        return sorted(found.partitions)
+
+    def add(self, offsets: dict) -> None:
+        self._consumer.incremental_assign(self._tps(offsets, offsets))
+
+    def remove(self, tps: list) -> None:
+        if tps:
+            self._consumer.incremental_unassign(self._tps(tps))
+
+    def committed(self, tps: list) -> dict:
+        found = self._consumer.committed(self._tps(tps), timeout=self._timeout)
+        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None)
+                for tp in found}
+
+    def _watermarks(self, tps: list, index: int) -> dict:
+        return {tp: self._consumer.get_watermark_offsets(
+                    TopicPartition(*tp), timeout=self._timeout, cached=False)[index]
+                for tp in tps}
+
+    def first_offsets(self, tps: list) -> dict:
+        return self._watermarks(tps, 0)
+
+    def end_offsets(self, tps: list) -> dict:
+        return self._watermarks(tps, 1)
+
+    def high_watermarks(self, tps: list) -> dict:
+        found = {}
+        for tp in tps:
+            high = self._consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1]
+            if high >= 0:
+                found[tp] = high
+        return found
+
+    def poll(self, timeout: float, max_records: int, want_ends: set) -> tuple[dict, dict]:
+        records: dict[str, list] = {}
+        ends: dict = {}
+        watermark = self._consumer.get_watermark_offsets
+        consumer = self._consumer
+        first = consumer.poll(timeout)  # waits for one, then takes what is there
+        if first is None:
+            return records, ends
+        batch = [first]
+        if max_records > 1:
+            batch += consumer.consume(max_records - 1, 0)
+        for m in batch:
+            error = m.error()
+            tp = (m.topic(), m.partition())
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    ends[tp] = m.offset()
+                else:
+                    self._error = str(error)
+                continue
+            if tp in want_ends and tp not in ends:
+                high = watermark(TopicPartition(*tp), cached=True)[1]
+                if high >= 0:
+                    ends[tp] = high
+            found = records.get(tp[0])
+            if found is None:
+                found = records[tp[0]] = []
+            found.append(RawRecord(tp[1], m.offset(), m.key(), m.value(),
+                                   tuple(m.headers() or ())))
+        return records, ends
+
+    def commit(self, offsets: dict, wait: bool) -> None:
+        self._consumer.commit(offsets=self._tps(offsets, offsets), asynchronous=not wait)
+
+    def pause(self, tps: list) -> None:
+        self._consumer.pause(self._tps(tps))
+
+    def resume(self, tps: list) -> None:
+        self._consumer.resume(self._tps(tps))
+
+    def close(self) -> None:
+        self._consumer.close()

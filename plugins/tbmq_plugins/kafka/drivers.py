@@ -9,11 +9,13 @@ objects; the bus and the consumer loop only ever talk to these:
   client's own thread) to an :class:`~.bridge.AckBatcher`;
 * :class:`ConsumerClient` is owned by one consumer thread
   (:class:`~.loop.ConsumerLoop`): every method is called from that thread
-  only, between polls, and may block.
+  only, between polls, and may block;
+* :class:`ExclusiveClient` reads the partitions of several topics,
+  assigned without a group join, for the exclusive subscriptions of one
+  group (:class:`~.loop.SharedLoop`): one fetch covers all of them.
 
-Two drivers implement it: :mod:`.kafka_python` (``kafka-python``, the
-default) and :mod:`.confluent` (``confluent``: confluent-kafka on
-librdkafka).  :func:`load_driver` imports one lazily, so that a node that
+Two drivers implement it: :mod:`.confluent` (``confluent``: confluent-kafka
+on librdkafka, the default) and :mod:`.kafka_python` (``kafka-python``).  :func:`load_driver` imports one lazily, so that a node that
 uses neither needs neither installed.
 """
 
@@ -25,12 +27,14 @@ from typing import Any, Callable, NamedTuple
 
 from tbmq.errors import ConfigError
 
-__all__ = ["Admin", "ConsumerClient", "Producer", "RawRecord", "TopicSpec", "load_driver"]
+__all__ = ["Admin", "ConsumerClient", "ExclusiveClient", "Producer", "RawRecord", "TopicSpec",
+           "load_driver"]
 
 #: driver name → (module of this package, what to install)
 DRIVERS = {
-    "kafka-python": (".kafka_python", "pip install 'tbmq[kafka]' (kafka-python and crc32c)"),
-    "confluent": (".confluent", "pip install 'tbmq[confluent]' (confluent-kafka)"),
+    "confluent": (".confluent", "pip install 'tbmq[kafka]' (confluent-kafka)"),
+    "kafka-python": (".kafka_python",
+                     "pip install 'tbmq[kafka-python]' (kafka-python and crc32c)"),
 }
 
 
@@ -196,13 +200,90 @@ class ConsumerClient:
         raise NotImplementedError
 
 
+#: ``(topic, partition)``: a partition of an :class:`ExclusiveClient`.
+TP = tuple
+
+
+class ExclusiveClient:
+    """One consumer client of one group over the partitions of several
+    topics, each assigned directly (no group join: the caller promises the
+    group has no other member).  One thread (:class:`~.loop.SharedLoop`)
+    calls it; every method may block.  Partitions are ``(topic, partition)``
+    tuples; offsets are the next offset to read.
+    """
+
+    def partitions(self, topic: str) -> list[int]:
+        """:returns: ``topic``'s partitions (metadata).
+
+        :raises Exception: when the metadata cannot be read."""
+        raise NotImplementedError
+
+    def add(self, offsets: dict[TP, int]) -> None:
+        """Read each partition of ``offsets`` from its offset, beside those
+        already assigned."""
+        raise NotImplementedError
+
+    def remove(self, tps: list[TP]) -> None:
+        """Stop reading ``tps`` (nothing is committed)."""
+        raise NotImplementedError
+
+    def committed(self, tps: list[TP]) -> dict[TP, int | None]:
+        """:returns: the group's committed offset of each (None: none)."""
+        raise NotImplementedError
+
+    def first_offsets(self, tps: list[TP]) -> dict[TP, int]:
+        """:returns: the first offset each partition holds."""
+        raise NotImplementedError
+
+    def end_offsets(self, tps: list[TP]) -> dict[TP, int]:
+        """:returns: the end offsets the brokers report (too low on Tansu;
+        see :meth:`ConsumerClient.end_offsets`)."""
+        raise NotImplementedError
+
+    def high_watermarks(self, tps: list[TP]) -> dict[TP, int]:
+        """:returns: the high watermark the last fetch of each reported (no
+        request), for those fetched since they were assigned."""
+        raise NotImplementedError
+
+    def poll(self, timeout: float, max_records: int,
+             want_ends: set[TP]) -> tuple[dict[str, list[RawRecord]], dict[TP, int]]:
+        """Read what is there, waiting ``timeout`` seconds at most.
+
+        :returns: ``(records, ends)``: topic → its records in partition and
+            offset order, and for partitions of ``want_ends`` that a fetch
+            answered, the end offset (high watermark) it reported.
+        """
+        raise NotImplementedError
+
+    def take_error(self) -> str | None:
+        """:returns: an error reported without raising since the last call."""
+        return None
+
+    def commit(self, offsets: dict[TP, int], wait: bool) -> None:
+        """Commit ``offsets`` for the group; with ``wait``, block until done.
+
+        :raises Exception: with ``wait``, when the commit failed."""
+        raise NotImplementedError
+
+    def pause(self, tps: list[TP]) -> None:
+        raise NotImplementedError
+
+    def resume(self, tps: list[TP]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close the client (commits nothing)."""
+        raise NotImplementedError
+
+
 def load_driver(name: str) -> Any:
     """Import the driver ``name`` (a value of ``kafka.driver``).
 
     :returns: its module, whose classes ``Admin(config)``,
-        ``Producer(config, acks)`` and ``ConsumerClient(config, topic,
-        group)`` implement :class:`Admin`, :class:`Producer` and
-        :class:`ConsumerClient` (building one may block: do it in a thread).
+        ``Producer(config, acks)``, ``ConsumerClient(config, topic, group)``
+        and ``ExclusiveClient(config, group)`` implement :class:`Admin`,
+        :class:`Producer`, :class:`ConsumerClient` and
+        :class:`ExclusiveClient` (building one may block: do it in a thread).
     :raises ConfigError: for an unknown driver, or when its client library
         is not installed (the message says what to install).
     """

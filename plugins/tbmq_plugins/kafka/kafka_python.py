@@ -1,4 +1,5 @@
-"""The ``kafka-python`` driver (``kafka.driver: kafka-python``, the default).
+"""The ``kafka-python`` driver (``kafka.driver: kafka-python``; pure Python,
+``pip install 'tbmq[kafka-python]'``).
 
 * The producer's :meth:`~kafka.KafkaProducer.send` is thread-safe and does
   not block once the topic's metadata is cached (:meth:`Producer.prepare`
@@ -34,7 +35,7 @@ from kafka.structs import OffsetAndMetadata
 from tbmq_plugins.kafka import drivers
 from tbmq_plugins.kafka.drivers import RawRecord, TopicSpec
 
-__all__ = ["Admin", "ConsumerClient", "Producer"]
+__all__ = ["Admin", "ConsumerClient", "ExclusiveClient", "Producer"]
 
 #: Most milliseconds between two reconnection attempts to a broker.
 RECONNECT_BACKOFF_MAX_MS = 1000
@@ -52,6 +53,19 @@ def _common(config: Any) -> dict:
 
 def _acks(value: str) -> Any:
     return "all" if value == "all" else int(value)
+
+
+def _consumer(config: Any, group: str) -> KafkaConsumer:
+    return KafkaConsumer(
+        **_common(config),
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=config.fetch_max_wait_ms,
+        max_poll_records=config.max_poll_records,
+        session_timeout_ms=config.session_timeout_ms,
+        heartbeat_interval_ms=config.heartbeat_interval_ms,
+    )
 
 
 class Admin(drivers.Admin):
@@ -143,16 +157,7 @@ class ConsumerClient(drivers.ConsumerClient):
         self._tps: dict[int, TopicPartition] = {}
         self._assigned: deque[list[int]] = deque()  # from the listener, not positioned yet
         self._on_assign: Callable | None = None
-        self._consumer = KafkaConsumer(
-            **_common(config),
-            group_id=group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=config.fetch_max_wait_ms,
-            max_poll_records=config.max_poll_records,
-            session_timeout_ms=config.session_timeout_ms,
-            heartbeat_interval_ms=config.heartbeat_interval_ms,
-        )
+        self._consumer = _consumer(config, group)
 
     def _tp(self, partition: int) -> TopicPartition:
         tp = self._tps.get(partition)
@@ -243,3 +248,87 @@ class ConsumerClient(drivers.ConsumerClient):
     def close(self) -> None:
         self._consumer.close(autocommit=False)
 
+
+
+class ExclusiveClient(drivers.ExclusiveClient):
+    """:class:`kafka.KafkaConsumer` of one group over directly assigned
+    partitions of several topics (:class:`~.drivers.ExclusiveClient`)."""
+
+    def __init__(self, config: Any, group: str) -> None:
+        self._consumer = _consumer(config, group)
+        self._assigned: set[TopicPartition] = set()
+
+    def partitions(self, topic: str) -> list[int]:
+        found = self._consumer.partitions_for_topic(topic)
+        if not found:
+            raise LookupError(f"{topic}: no metadata")
+        return sorted(found)
+
+    def add(self, offsets: dict) -> None:
+        consumer = self._consumer
+        tps = [TopicPartition(*tp) for tp in offsets]
+        self._assigned.update(tps)
+        consumer.assign(list(self._assigned))
+        for tp in tps:
+            consumer.seek(tp, offsets[tuple(tp)])
+
+    def remove(self, tps: list) -> None:
+        self._assigned.difference_update(TopicPartition(*tp) for tp in tps)
+        if self._assigned:
+            self._consumer.assign(list(self._assigned))
+        else:
+            self._consumer.unsubscribe()
+
+    def committed(self, tps: list) -> dict:
+        return {tp: self._consumer.committed(TopicPartition(*tp)) for tp in tps}
+
+    def first_offsets(self, tps: list) -> dict:
+        found = self._consumer.beginning_offsets([TopicPartition(*tp) for tp in tps])
+        return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
+
+    def end_offsets(self, tps: list) -> dict:
+        found = self._consumer.end_offsets([TopicPartition(*tp) for tp in tps])
+        return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
+
+    def high_watermarks(self, tps: list) -> dict:
+        found = {}
+        for tp in tps:
+            end = self._consumer.highwater(TopicPartition(*tp))
+            if end is not None:
+                found[tp] = end
+        return found
+
+    def poll(self, timeout: float, max_records: int, want_ends: set) -> tuple[dict, dict]:
+        consumer = self._consumer
+        records: dict[str, list] = {}
+        if self._assigned:
+            batches = consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
+            for tp, batch in sorted(batches.items()):
+                p = tp.partition
+                records.setdefault(tp.topic, []).extend(
+                    RawRecord(p, r.offset, r.key, r.value, tuple(r.headers or ()))
+                    for r in batch)
+        ends = {}
+        for tp in want_ends:
+            ktp = TopicPartition(*tp)
+            if ktp in self._assigned:
+                end = consumer.highwater(ktp)
+                if end is not None:
+                    ends[tp] = end
+        return records, ends
+
+    def commit(self, offsets: dict, wait: bool) -> None:
+        data = {TopicPartition(*tp): OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()}
+        if wait:
+            self._consumer.commit(data)
+        else:
+            self._consumer.commit_async(data)
+
+    def pause(self, tps: list) -> None:
+        self._consumer.pause(*(TopicPartition(*tp) for tp in tps))
+
+    def resume(self, tps: list) -> None:
+        self._consumer.resume(*(TopicPartition(*tp) for tp in tps))
+
+    def close(self) -> None:
+        self._consumer.close(autocommit=False)

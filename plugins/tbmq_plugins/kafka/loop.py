@@ -30,6 +30,16 @@ the handlers' results of those records have fired.
 **Outages.**  A client that cannot be built, or a poll that fails, is
 retried every :data:`RETRY_DELAY` seconds; the loop logs the first failure
 and the recovery, not each retry.
+
+**Exclusive subscriptions share a thread and a client.**  The exclusive
+subscriptions of one group (a node's own topics: its downlinks, session
+answers and disconnects, and the replays of the session, subscription,
+retained and node topics) are read by one :class:`SharedLoop`: one thread,
+one :class:`~.drivers.ExclusiveClient` over the partitions of all their
+topics, so that one fetch covers them all (an idle node sends a few fetches
+per wait, not one per topic).  Each subscription keeps its own
+:class:`ConsumerLoop` state (positions, ends, commits, pause), driven by the
+shared thread through a :class:`TopicView` of the client.
 """
 
 from __future__ import annotations
@@ -42,9 +52,10 @@ from twisted.logger import Logger
 
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.bridge import ask_reactor
-from tbmq_plugins.kafka.drivers import ConsumerClient
+from tbmq_plugins.kafka.drivers import ConsumerClient, ExclusiveClient, RawRecord
 
-__all__ = ["BACKLOG_EVERY", "POLL_TIMEOUT", "RETRY_DELAY", "ConsumerLoop"]
+__all__ = ["BACKLOG_EVERY", "POLL_TIMEOUT", "RETRY_DELAY", "ConsumerLoop", "SharedLoop",
+           "TopicView"]
 
 log = Logger(observer=LOG_OBSERVER)
 
@@ -74,6 +85,9 @@ class ConsumerLoop:
     :param stuck: seconds without an assignment after which a member joins
         its group again as a new member.
     :param name: the thread's name (and the consumer's, in log lines).
+    A loop runs in a thread of its own (:meth:`start`), or is driven by a
+    :class:`SharedLoop` (:meth:`SharedLoop.add`; exclusive only,
+    ``make_client`` unused).
     :ivar backlog: records the partitions of this member hold beyond what
         the thread handed to the reactor (high watermarks of the last
         fetches), read every :data:`BACKLOG_EVERY` seconds; ``int``.
@@ -83,6 +97,7 @@ class ConsumerLoop:
                  exclusive: bool, from_beginning: bool, durable: bool, max_records: int,
                  timeout: float, grace: float, stuck: float, name: str) -> None:
         self._reactor = reactor
+        self._shared: SharedLoop | None = None  # set by SharedLoop.add
         self._make_client = make_client
         self._sink = sink
         self._exclusive = exclusive
@@ -119,6 +134,7 @@ class ConsumerLoop:
     # -- from the reactor (thread-safe) -------------------------------------------------
 
     def start(self) -> None:
+        """Start its own thread (see :meth:`SharedLoop.add` for the other way)."""
         self._thread.start()
 
     def commit(self, partition: int, offset: int) -> None:
@@ -130,6 +146,22 @@ class ConsumerLoop:
         """Commit what was asked, close the client (leaving the group), then
         call the sink's ``_closed``."""
         self._stopping = True
+        if self._shared is not None:
+            self._shared.wake()
+
+    # -- driven by a SharedLoop's thread ---------------------------------------------------
+
+    def _attach(self, view: "TopicView") -> bool:
+        """Take every partition of the view's topic (exclusive).
+
+        :returns: False when Kafka failed (try again later)."""
+        self._client = view
+        try:
+            partitions = view.partitions()
+        except Exception as e:
+            self._trouble(e)
+            return False
+        return self._assign(partitions, assign=True)
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -392,3 +424,219 @@ class ConsumerLoop:
                     self._trouble(e)
         finally:
             self._reactor.callFromThread(self._sink._closed)
+
+
+class TopicView(ConsumerClient):
+    """One topic of a shared :class:`~.drivers.ExclusiveClient`, seen by a
+    :class:`ConsumerLoop` as a :class:`~.drivers.ConsumerClient` of ``int``
+    partitions.  Its :meth:`poll` returns what the shared thread's last poll
+    read for the topic (:attr:`records`, :attr:`ends`) without waiting.
+
+    :param client: the shared :class:`~.drivers.ExclusiveClient`.
+    :param topic: the topic name.
+    """
+
+    def __init__(self, client: ExclusiveClient, topic: str) -> None:
+        self._client = client
+        self.topic = topic
+        self.records: list[RawRecord] = []
+        self.ends: dict[int, int] = {}
+        self._mine: set[int] = set()
+
+    def _tps(self, partitions: Any) -> list[tuple]:
+        topic = self.topic
+        return [(topic, p) for p in partitions]
+
+    @staticmethod
+    def _by_partition(found: dict) -> dict:
+        return {tp[1]: value for tp, value in found.items()}
+
+    def partitions(self) -> list[int]:
+        return self._client.partitions(self.topic)
+
+    def subscribe(self, on_assign: Callable, on_revoke: Callable) -> None:
+        raise TypeError("a TopicView is for exclusive subscriptions (no group join)")
+
+    def start_at(self, offsets: dict[int, int], assign: bool) -> None:
+        self._client.add({(self.topic, p): o for p, o in offsets.items()})
+        self._mine.update(offsets)
+
+    def committed(self, partitions: list[int]) -> dict[int, int | None]:
+        return self._by_partition(self._client.committed(self._tps(partitions)))
+
+    def first_offsets(self, partitions: list[int]) -> dict[int, int]:
+        return self._by_partition(self._client.first_offsets(self._tps(partitions)))
+
+    def end_offsets(self, partitions: list[int]) -> dict[int, int]:
+        return self._by_partition(self._client.end_offsets(self._tps(partitions)))
+
+    def high_watermarks(self, partitions: list[int]) -> dict[int, int]:
+        return self._by_partition(self._client.high_watermarks(self._tps(partitions)))
+
+    def poll(self, timeout: float, max_records: int,
+             want_ends: set[int]) -> tuple[list[RawRecord], dict[int, int]]:
+        records, self.records = self.records, []
+        ends, self.ends = self.ends, {}
+        return records, ends
+
+    def commit(self, offsets: dict[int, int], wait: bool) -> None:
+        self._client.commit({(self.topic, p): o for p, o in offsets.items()}, wait)
+
+    def pause(self, partitions: list[int]) -> None:
+        self._client.pause(self._tps(partitions))
+
+    def resume(self, partitions: list[int]) -> None:
+        self._client.resume(self._tps(partitions))
+
+    def close(self) -> None:
+        """Stop reading this topic's partitions; the client stays open."""
+        mine, self._mine = sorted(self._mine), set()
+        self._client.remove(self._tps(mine))
+
+
+class SharedLoop:
+    """The thread and the client of the exclusive subscriptions of one group
+    (see the module doc): every turn it commits, pauses and resumes what each
+    subscription asked, polls the one client, and lets each subscription's
+    :class:`ConsumerLoop` take its topic's records.  A subscription added
+    later is assigned its partitions on the next turn (no group join); one
+    stopped has its commits done and its partitions removed.  When the last
+    one is gone the client is closed and the thread ends (:attr:`dead`).
+
+    :param reactor: the reactor of the subscriptions' sinks.
+    :param make_client: ``make_client() -> ExclusiveClient`` (may block).
+    :param max_records: most records per poll.
+    :param name: the thread's name.
+    :ivar dead: True once the thread ended; :meth:`add` refuses then.
+    """
+
+    def __init__(self, reactor: Any, make_client: Callable[[], ExclusiveClient], *,
+                 max_records: int, name: str) -> None:
+        self._reactor = reactor
+        self._make_client = make_client
+        self._max_records = max_records
+        self.name = name
+        self._lock = threading.Lock()
+        self._adding: list[tuple[ConsumerLoop, str]] = []
+        self._waiting: list[tuple[ConsumerLoop, str]] = []  # thread side: not assigned yet
+        self._members: dict[ConsumerLoop, TopicView] = {}  # thread side
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing: str | None = None
+        self.dead = False
+
+    def add(self, member: ConsumerLoop, topic: str) -> bool:
+        """Have the thread read ``topic`` for ``member`` (thread-safe).
+
+        :returns: False when the thread has ended (make another loop)."""
+        with self._lock:
+            if self.dead:
+                return False
+            member._shared = self
+            self._adding.append((member, topic))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+        self._wake.set()
+        return True
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _trouble(self, error: Any) -> None:
+        if self._failing is None:
+            log.warn("Kafka consumer {name}: {error}; retrying until it works",
+                     name=self.name, error=error)
+        self._failing = str(error)
+
+    def _recovered(self) -> None:
+        if self._failing is not None:
+            log.info("Kafka consumer {name}: reading again", name=self.name)
+            self._failing = None
+
+    def _run(self) -> None:
+        client = None
+        try:
+            while True:
+                with self._lock:
+                    self._waiting += self._adding
+                    self._adding = []
+                    if not self._waiting and not self._members:
+                        self.dead = True
+                        return
+                self._wake.clear()
+                if client is None:
+                    client = self._open()
+                    if client is None:
+                        continue
+                self._attach(client)
+                self._detach()
+                if self._members:
+                    self._turn(client)
+                else:
+                    self._wake.wait(RETRY_DELAY if self._waiting else POLL_TIMEOUT)
+        finally:
+            for member, view in list(self._members.items()):
+                member._close(view)
+            self._members.clear()
+            if client is not None:
+                try:
+                    client.close()
+                except Exception as e:
+                    self._trouble(e)
+
+    def _open(self) -> ExclusiveClient | None:
+        """A client, or None (retried later) while Kafka fails; members that
+        stop meanwhile are closed."""
+        try:
+            client = self._make_client()
+        except Exception as e:
+            self._trouble(e)
+            for member, _topic in [m for m in self._waiting if m[0]._stopping]:
+                self._waiting.remove((member, _topic))
+                member._close(None)
+            self._wake.wait(RETRY_DELAY)
+            return None
+        self._recovered()
+        return client
+
+    def _attach(self, client: ExclusiveClient) -> None:
+        still = []
+        for member, topic in self._waiting:
+            if member._stopping:
+                member._close(None)
+                continue
+            view = TopicView(client, topic)
+            if member._attach(view):
+                self._members[member] = view
+            else:
+                still.append((member, topic))
+        self._waiting = still
+
+    def _detach(self) -> None:
+        for member in [m for m in self._members if m._stopping]:
+            member._close(self._members.pop(member))
+
+    def _turn(self, client: ExclusiveClient) -> None:
+        members = self._members
+        want = set()
+        for member, view in members.items():
+            member._between_polls(view)
+            topic = view.topic
+            want.update((topic, p) for p in member._want)
+        try:
+            records, ends = client.poll(POLL_TIMEOUT, self._max_records, want)
+        except Exception as e:
+            self._trouble(e)
+            time.sleep(RETRY_DELAY)
+            return
+        error = client.take_error()
+        if error is not None:
+            self._trouble(error)
+        elif records or ends:
+            self._recovered()
+        for member, view in members.items():
+            topic = view.topic
+            view.records = records.get(topic, [])
+            view.ends = {tp[1]: end for tp, end in ends.items() if tp[0] == topic}
+            member._poll(view)

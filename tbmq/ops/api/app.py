@@ -122,7 +122,15 @@ def _session(info, subscriptions: int) -> dict:
             "protocol_level": info.protocol_level,
             "session_expiry_interval": info.session_expiry_interval,
             "connected_at": info.connected_at, "disconnected_at": info.disconnected_at,
-            "subscriptions": subscriptions}
+            "subscriptions": subscriptions, "address": info.address,
+            "username": info.username, "credentials_name": info.credentials_name}
+
+
+def _matches(info, q: str) -> bool:
+    """Whether the lower-case text ``q`` is in the client id, the address,
+    the user name or the credentials name of ``info``."""
+    return any(q in text.lower() for text in (info.client_id, info.address, info.username,
+                                              info.credentials_name) if text)
 
 
 def _retained(message) -> dict:
@@ -257,7 +265,7 @@ class AdminApi(resource.Resource):
         return info
 
     async def list_sessions(self, request, user, body):
-        q = _text(request, "q")
+        q = (_text(request, "q") or "").lower()
         node = _text(request, "node")
         connected = _flag(request, "connected")
         persistent = _flag(request, "persistent")
@@ -269,7 +277,7 @@ class AdminApi(resource.Resource):
         found = []
         for client_id in sorted(self.broker.registry.sessions):
             info = self.broker.registry.sessions[client_id]
-            if ((q and q.lower() not in client_id.lower())
+            if ((q and not _matches(info, q))
                     or (node and info.service_id != node)
                     or (connected is not None and info.connected != connected)
                     or (persistent is not None and info.persistent != persistent)

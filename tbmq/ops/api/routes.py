@@ -52,7 +52,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", ("sessions",), "list_sessions", READ,
           "Sessions of the whole cluster, by client id",
           response="SessionPage", errors=(400,), query=(
-              ("q", "string", "client ids containing this"),
+              ("q", "string", "client id, address, user name or credentials name "
+                              "containing this (case-insensitive)"),
               ("node", "string", "held by this node (service id)"),
               ("connected", "boolean", "connected (true) or not (false)"),
               ("persistent", "boolean", "persistent (true) or not (false)"),

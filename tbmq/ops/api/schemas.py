@@ -51,7 +51,18 @@ SCHEMAS: dict[str, dict] = {
         "client_id": _STR, "node": _STR, "connected": {"type": "boolean"},
         "persistent": {"type": "boolean"}, "client_type": {"enum": ["DEVICE", "APPLICATION"]},
         "protocol_level": {"enum": [3, 4, 5]}, "session_expiry_interval": _INT,
-        "connected_at": _OPT_NUM, "disconnected_at": _OPT_NUM, "subscriptions": _INT}),
+        "connected_at": _OPT_NUM, "disconnected_at": _OPT_NUM, "subscriptions": _INT,
+        "address": {"type": ["string", "null"],
+                    "description": "host:port ([host]:port for IPv6) of the client's last "
+                                   "connection (behind the PROXY protocol, the proxied one); "
+                                   "null: not known"},
+        "username": {"type": ["string", "null"],
+                     "description": "the user name the client last authenticated with "
+                                    "(CONNECT's, or the SCRAM user name); null: none"},
+        "credentials_name": {"type": ["string", "null"],
+                             "description": "the name of the credentials record that "
+                                            "admitted the client; null: none (anonymous, "
+                                            "JWT)"}}),
     "SessionDetail": _object({
         "session": {"$ref": "#/components/schemas/Session"},
         "subscriptions": {"type": "array", "items": {"$ref": "#/components/schemas/Subscription"}},
@@ -113,7 +124,8 @@ SCHEMAS: dict[str, dict] = {
             "cluster": {"type": "object", "description": "the whole cluster's figures"}},
         "additionalProperties": False},
     "MetricsHistory": _object({"interval": _NUM, "points": {"type": "array", "items": _object({
-        "t": _NUM, "received": _NUM, "sent": _NUM, "dropped": _NUM, "connections": _INT,
+        "t": _NUM, "received": _NUM, "sent": _NUM, "dropped": _NUM, "auth_failures": _NUM,
+        "connections": _INT,
         "sessions": _INT, "cluster_sessions": _INT})}}),
     "AuditEntry": _object({"time": _NUM, "user": _STR, "action": _STR, "target": _STR}),
     "AuditList": _object({"items": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEntry"}}}),

@@ -45,6 +45,7 @@ document.addEventListener("alpine:init", () => {
     snapshot: null,
     history: [],
     rates: {received: null, sent: null, dropped: null},
+    failedLogins: {lastMinute: 0},
     sessions: {items: [], total: 0, offset: 0, limit: 50},
     sessionQuery: {q: "", connected: "", offset: 0},
     selected: null,
@@ -194,6 +195,10 @@ document.addEventListener("alpine:init", () => {
         const last = history.points[history.points.length - 1];
         this.rates = last ? {received: last.received, sent: last.sent, dropped: last.dropped}
                           : {received: 0, sent: 0, dropped: 0};
+        // refused CONNECTs over the last minute, from the per-second rates
+        const recent = history.points.filter(p => p.t > snapshot.time - 60);
+        this.failedLogins = {lastMinute: Math.round(
+          recent.reduce((n, p) => n + p.auth_failures * history.interval, 0))};
         this.$nextTick(() => this.drawCharts());
       } catch (e) {
         this.fail(e);
@@ -402,6 +407,22 @@ document.addEventListener("alpine:init", () => {
       if (seconds < 120) return seconds + " s";
       if (seconds < 7200) return Math.round(seconds / 60) + " min";
       return Math.round(seconds / 3600) + " h";
+    },
+
+    // the reasons with drops, most first
+    droppedReasons() {
+      if (!this.snapshot) return [];
+      return Object.entries(this.snapshot.node.dropped_by_reason)
+        .filter(([, n]) => n > 0).sort((a, b) => b[1] - a[1]);
+    },
+
+    // what a credentials record matches, in words (not its internal id)
+    identity(c) {
+      if (c.type === "x509") return "certificate CN " + (c.cn_regex ? "matching " : "") + (c.cn || "–");
+      const parts = [];
+      if (c.username) parts.push("user name " + c.username);
+      if (c.client_id) parts.push("client id " + c.client_id);
+      return parts.length ? parts.join(", ") : "any client";
     },
 
     rules(patterns) {
