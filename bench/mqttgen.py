@@ -134,6 +134,8 @@ class Stream:
         its PUBLISH (reason code < 0x80) is appended to it (with
         ``on_publish`` set: the bulk path stays off).
     :ivar refused: PUBACKs with a reason code >= 0x80 (v5).
+    :ivar refused_ids: if a list (with ``ack_ids`` a list too), the packet
+        id of every such refused PUBACK is appended to it.
     :ivar owed: if a list, the QoS 1 PUBLISH are not acknowledged at once:
         their 2-byte packet ids are appended to it for the owner to
         acknowledge when it wants (a slow reader).
@@ -141,7 +143,7 @@ class Stream:
 
     __slots__ = ("buf", "level", "publishes", "acks", "pingresps", "other", "out", "on_publish",
                  "connack", "suback", "disconnect", "_fl", "_fh", "_frl", "_fpid", "_cool",
-                 "_ack_owed", "ack_ids", "refused", "owed")
+                 "_ack_owed", "ack_ids", "refused", "owed", "refused_ids")
 
     def __init__(self, level: int, on_publish=None) -> None:
         self.buf = bytearray()
@@ -157,6 +159,7 @@ class Stream:
         self.disconnect = None
         self.ack_ids = None
         self.refused = 0
+        self.refused_ids = None
         self.owed = None
         self._fl = 0        # length of the packets of the current run, 0 = none
         self._fh = 0        # their first byte (DUP cleared)
@@ -261,6 +264,8 @@ class Stream:
             if self.ack_ids is not None:
                 if rl >= 3 and buf[i + 2] >= 0x80:
                     self.refused += 1
+                    if self.refused_ids is not None:
+                        self.refused_ids.append((buf[i] << 8) | buf[i + 1])
                 else:
                     self.ack_ids.append((buf[i] << 8) | buf[i + 1])
             elif rl < 128 and self.on_publish is None:

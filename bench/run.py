@@ -28,6 +28,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.brokers import BROKERS, OUT, kind, known, levels_of, make_broker, tbmq_source  # noqa: E402
+from bench.brokers import commit_of as _commit_of  # noqa: E402
 
 
 def _tbmq_rev_from_argv(argv) -> str | None:
@@ -310,19 +311,6 @@ def machine() -> str:
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return (f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, {platform.platform()}, "
             f"Python {platform.python_version()}")
-
-
-def _commit_of(src: str) -> str:
-    base = os.path.basename(src)
-    if base.startswith("src-"):
-        return base[4:]
-    try:
-        import subprocess
-        sha = subprocess.check_output(["git", "-C", src, "rev-parse", "--short=12", "HEAD"], text=True).strip()
-        dirty = subprocess.call(["git", "-C", src, "diff", "--quiet", "HEAD", "--", "tbmq"])
-        return sha + ("+dirty work tree" if dirty else "")
-    except Exception:
-        return "?"
 
 
 def print_saved(paths: list[str]) -> int:

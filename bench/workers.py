@@ -10,8 +10,8 @@ import struct
 import time
 
 from .mqttgen import (
-    PUB_LOW_WATER, PUB_SNDBUF, Client, Loop, cpu_seconds, disconnect_packet, end_clients, now, open_clients,
-    pid_offset, publish_packet, qos1_blob, raise_nofile, receive_maximum,
+    PUB_LOW_WATER, PUB_SNDBUF, Client, Loop, connect_packet, cpu_seconds, disconnect_packet, end_clients, now,
+    open_clients, pid_offset, publish_packet, qos1_blob, raise_nofile, receive_maximum,
 )
 
 class Publisher:
@@ -141,7 +141,9 @@ def clients_worker(ctl, role: dict) -> None:
     ``role``: host, port, level, qos, payload_size, duration, window,
     ``pubs``: [(client_id, topic)], ``subs``: [(client_id, filter)],
     sub_qos, receive_maximum; ``sub_port``/``pub_port`` put the subscribers
-    or the publishers on another node of a cluster.
+    or the publishers on another node of a cluster; ``sub_expiry`` (v5
+    Session Expiry Interval, seconds, default 0) makes the subscribers
+    persistent sessions.
 
     Protocol with the parent: → ("ready", info) ← ("go", t0) → ("published",
     info) ← ("drain", expected_total_for_this_worker, timeout) → ("done", info).
@@ -151,7 +153,8 @@ def clients_worker(ctl, role: dict) -> None:
         loop = Loop(ctl, role.get("coalesce", 0.0))
         level = role["level"]
         specs = [{"id": cid, "sub": flt, "qos": role["sub_qos"], "port": role.get("sub_port"),
-                  "receive_maximum": role.get("receive_maximum"), "tag": "sub"} for cid, flt in role["subs"]]
+                  "receive_maximum": role.get("receive_maximum"), "tag": "sub",
+                  "expiry": role.get("sub_expiry", 0)} for cid, flt in role["subs"]]
         specs += [{"id": cid, "tag": "pub", "topic": topic, "port": role.get("pub_port")}
                   for cid, topic in role["pubs"]]
         clients = open_clients(loop, role["host"], role["port"], specs, level, timeout=role.get("connect_timeout", 60))
@@ -423,6 +426,92 @@ def persistent_worker(ctl, role: dict) -> None:
         sub.send(disconnect_packet(level))
         loop.run_until(lambda: not sub.outbuf, 2)
         sub.close()
+    except Exception as e:
+        import traceback
+        ctl.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"))
+
+
+def connect_worker(ctl, role: dict) -> None:
+    """CONNECT ``count`` clients to one broker as fast as it answers, with
+    at most ``window`` handshakes (TCP connect, CONNECT, CONNACK) under way
+    at a time, and keep the accepted ones connected until told to close.
+
+    ``role``: host, port, level, count, prefix (client ids are
+    ``<prefix>-<n>``), window, clean (Clean Start / Clean Session),
+    expiry (v5 Session Expiry Interval, seconds), timeout (seconds for the
+    whole burst), cleanup (after the close: connect every client id again
+    with Clean Start and expiry 0 and disconnect, so that no persistent
+    session is left behind).
+
+    Protocol: → ("ready") ← ("go", t0) → ("connected", info) ← ("close",)
+    → ("done", info). ``info``: t_first (the first CONNECT queued), t_last
+    (the last CONNACK), latencies (seconds from each CONNECT queued, its TCP
+    connect included, to its CONNACK, accepted or not), accepted, refused
+    (CONNACK reason code >= 0x80, v3: not 0), codes (refused reason code →
+    count), failed (closed or unanswered), cpu (the worker's CPU seconds).
+    """
+    try:
+        raise_nofile()
+        loop = Loop(ctl)
+        level, count, window = role["level"], role["count"], role.get("window", 100)
+        prefix = role["prefix"]
+        t0 = _await_go(loop, ctl)
+        if t0 is None:
+            return
+        cpu0 = cpu_seconds()
+        pending: dict = {}
+        accepted, latencies, codes = [], [], {}
+        refused = failed = 0
+        started = 0
+        t_first = now()
+        t_last = t_first
+        deadline = t_first + role.get("timeout", 120)
+        while (started < count or pending) and now() < deadline:
+            while started < count and len(pending) < window:
+                c = Client(loop, f"{prefix}-{started}", level)
+                started += 1
+                try:
+                    c.start_connect(role["host"], role["port"])
+                except OSError as e:
+                    c.error, c.closed = repr(e), True
+                    failed += 1
+                    continue
+                c.send(connect_packet(c.name, level, role["clean"], 300, role.get("expiry", 0)))
+                pending[c] = now()
+            loop.run_once(0.005)
+            t = now()
+            for c in [c for c in pending if c.stream.connack is not None or c.closed]:
+                sent = pending.pop(c)
+                ca = c.stream.connack
+                if ca is None:
+                    failed += 1
+                    continue
+                latencies.append(t - sent)
+                t_last = t
+                if ca.reason_code:
+                    refused += 1
+                    codes[ca.reason_code] = codes.get(ca.reason_code, 0) + 1
+                    c.close()
+                else:
+                    accepted.append(c)
+        failed += len(pending) + (count - started)
+        for c in pending:
+            c.close()
+        cpu = cpu_seconds() - cpu0
+        ctl.send(("connected", {"t_first": t_first, "t_last": t_last, "latencies": latencies,
+                                "accepted": len(accepted), "refused": refused, "codes": codes,
+                                "failed": failed, "cpu": cpu}))
+        while True:
+            msg = loop.ctl_wait(600)
+            if msg[0] in ("close", "abort"):
+                break
+        unclosed = end_clients(loop, accepted, 60)
+        left = 0
+        if role.get("cleanup") and msg[0] == "close":
+            specs = [{"id": c.name, "clean": True, "expiry": 0} for c in accepted]
+            again = open_clients(loop, role["host"], role["port"], specs, level, timeout=300, window=window)
+            left = len(end_clients(loop, again, 60))
+        ctl.send(("done", {"unclosed": len(unclosed) + left}))
     except Exception as e:
         import traceback
         ctl.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"))
