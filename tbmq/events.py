@@ -13,13 +13,19 @@ waits).  One writer thread turns the tuples into JSON records and writes them
 to the sink:
 
 * ``sink: file`` -- JSON Lines files in ``events.directory`` (default
-  ``<data_dir>/events``).  The file being written is hidden
-  (``.events-<node>-<stamp>.jsonl``, which Spark and Hadoop skip); once it
-  holds ``max_file_bytes`` or is ``rotate_interval`` seconds old, or when the
+  ``<data_dir>/events``).  The file being written is
+  ``events-<node>-<stamp>.jsonl.inprogress`` (:data:`IN_PROGRESS_SUFFIX`):
+  visible, so that a report over a running broker reads what it holds so far
+  (the reader leaves out its last line while that line is incomplete, and
+  the file once its completed name exists).  Once it holds
+  ``max_file_bytes`` or is ``rotate_interval`` seconds old, or when the
   broker stops, it is *rotated*: renamed ``events-<node>-<stamp>.jsonl``, or
   gzipped to ``events-<node>-<stamp>.jsonl.gz`` when ``compress`` is set (in
-  a second thread; the visible name appears only once the file is complete).
-  Hidden files left by a crash are rotated when the exporter starts again.
+  a second thread, through a hidden temporary file; the ``.gz`` name appears
+  only once it is complete, and the ``.inprogress`` file is removed after).
+  Files left in progress by a crash are rotated when the exporter starts
+  again (also the hidden ``.events-<node>-<stamp>.jsonl`` of earlier
+  versions).
 * ``sink: bus`` -- each record, as UTF-8 JSON bytes, is published to the bus
   topic ``events.bus_topic`` (``tbmq.events``; key: the client id, else the
   node), from the reactor thread, in batches.
@@ -50,6 +56,7 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 
 __all__ = [
     "EVENT_TYPES",
+    "IN_PROGRESS_SUFFIX",
     "SCHEMA_VERSION",
     "EventExporter",
     "EventsPlugin",
@@ -62,6 +69,9 @@ log = Logger(observer=LOG_OBSERVER)
 
 #: The version of the record schema, written as ``"v"`` in every record.
 SCHEMA_VERSION = 1
+
+#: The suffix of the file the exporter is writing (``docs/events.md``).
+IN_PROGRESS_SUFFIX = ".inprogress"
 
 #: The values of a record's ``"type"``.
 EVENT_TYPES = ("connect", "disconnect", "subscribe", "unsubscribe", "publish",
@@ -200,22 +210,25 @@ class FileSink:
         self._compressor: threading.Thread | None = None
 
     def open(self) -> None:
-        """Create the directory and rotate the hidden files a crash left."""
+        """Create the directory and rotate the files a crash left in
+        progress (and the hidden current files of earlier versions)."""
         os.makedirs(self.directory, exist_ok=True)
-        prefix = f".events-{self.node}-"
-        names = [n for n in sorted(os.listdir(self.directory)) if n.startswith(prefix)]
+        hidden, visible = f".events-{self.node}-", f"events-{self.node}-"
+        names = sorted(os.listdir(self.directory))
         for name in names:
-            if name.endswith(".gz.tmp"):
+            if name.startswith(hidden) and name.endswith(".gz.tmp"):
                 os.unlink(os.path.join(self.directory, name))
         for name in names:
-            if name.endswith(".jsonl"):
+            if ((name.startswith(visible) and name.endswith(".jsonl" + IN_PROGRESS_SUFFIX))
+                    or (name.startswith(hidden) and name.endswith(".jsonl"))):
                 self._finish(os.path.join(self.directory, name), now=True)
 
     def _new_file(self) -> None:
         self._seq += 1
         now = self.now()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
-        name = f".events-{self.node}-{stamp}-{int(now * 1e6) % 1000000:06d}-{self._seq:04d}.jsonl"
+        name = (f"events-{self.node}-{stamp}-{int(now * 1e6) % 1000000:06d}-{self._seq:04d}"
+                f".jsonl{IN_PROGRESS_SUFFIX}")
         self._path = os.path.join(self.directory, name)
         self._file = open(self._path, "a", encoding="utf-8", newline="\n")
         self._opened_at = now
@@ -248,13 +261,17 @@ class FileSink:
         self.rotated += 1
         self._finish(path)
 
-    def _finish(self, hidden: str, now: bool = False) -> None:
-        directory, name = os.path.split(hidden)
-        visible = os.path.join(directory, name[1:])
+    def _finish(self, current: str, now: bool = False) -> None:
+        """Publish ``current`` (an in-progress file, or an earlier version's
+        hidden one) under its completed name."""
+        directory, name = os.path.split(current)
+        if name.endswith(IN_PROGRESS_SUFFIX):
+            name = name[:-len(IN_PROGRESS_SUFFIX)]
+        completed = os.path.join(directory, name.lstrip("."))
         if not self.compress:
-            os.replace(hidden, visible)
+            os.replace(current, completed)
             return
-        self._jobs.append((hidden, visible + ".gz"))
+        self._jobs.append((current, completed + ".gz"))
         if now:
             self._drain_jobs()
             return

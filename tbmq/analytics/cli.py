@@ -129,7 +129,7 @@ def make_session(master: str | None = None, driver_memory: str | None = None,
 
 
 def _report(args) -> int:
-    from tbmq.analytics.jobs import ReportParams, run_report
+    from tbmq.analytics.jobs import NoEventsError, ReportParams, run_report
     from tbmq.analytics.reading import parse_time
 
     try:
@@ -148,6 +148,9 @@ def _report(args) -> int:
     except FileNotFoundError as e:
         print(f"tbmq-analytics: input not found: {e}", file=sys.stderr)
         return 2
+    except NoEventsError as e:
+        print(f"tbmq-analytics: {e}", file=sys.stderr)
+        return 1
     finally:
         spark.stop()
     bad = result.rows.get("bad_records", 0)
@@ -177,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     """The ``tbmq-analytics`` command.
 
     :param argv: the arguments (``sys.argv[1:]`` when None).
-    :returns: the exit status (0 success, 2 bad usage or missing input).
+    :returns: the exit status: 0 success, 1 no event to report (a line on
+        stderr says why; nothing is written), 2 bad usage or missing input.
     """
     args = build_parser().parse_args(argv)
     if args.command == "report":

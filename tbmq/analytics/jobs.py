@@ -23,11 +23,13 @@ from urllib.parse import urlparse
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from tbmq.analytics import transforms as T
-from tbmq.analytics.reading import prepare, read_events
+from tbmq.analytics.reading import load_events, prepare
 
-__all__ = ["TABLES", "ReportParams", "ReportResult", "build_tables", "run_report"]
+__all__ = ["TABLES", "NoEventsError", "ReportParams", "ReportResult", "build_tables",
+           "event_span", "run_report"]
 
 #: rows of each table kept in the driver for the HTML report and charts
 COLLECT_ROWS = 100000
@@ -63,6 +65,9 @@ TABLES = {
     "traffic_by_client": ("Traffic by client", "Messages and bytes each client published "
                           "(in) and received (out)."),
     "traffic_by_client_type": ("Traffic by client type", "DEVICE and APPLICATION clients."),
+    "throughput_timeline": ("Throughput over time", "Messages and bytes per time bucket, "
+                            "from the first event to the last; the bucket (bucket_s) is "
+                            f"chosen from the log's span: at most {T.TIMELINE_POINTS} buckets."),
     "throughput_per_minute": ("Throughput per minute", "Messages and bytes per minute."),
     "throughput_per_hour": ("Throughput per hour", "Messages and bytes per hour."),
     "throughput_peaks": ("Throughput peaks", "The busiest minute and hour, in and out."),
@@ -85,17 +90,52 @@ TABLES = {
 }
 
 
-def build_tables(events: DataFrame, bad: DataFrame,
-                 params: ReportParams = ReportParams()) -> dict[str, DataFrame]:
+class NoEventsError(ValueError):
+    """The input holds no event to report: no record at all, only bad ones,
+    or none in the ``--since``/``--until`` window.
+
+    :param inputs: the input paths.
+    :param records: records read (valid and bad).
+    :param valid: valid events among them, window aside.
+    """
+
+    def __init__(self, inputs: list[str], records: int, valid: int) -> None:
+        self.records, self.valid = records, valid
+        where = ", ".join(inputs)
+        if records == 0:
+            detail = f"no records in {where}"
+        elif valid == 0:
+            detail = f"{records:,} records in {where}, none valid"
+        else:
+            detail = f"{records:,} records in {where}, {valid:,} valid, none in the time window"
+        super().__init__(f"no events to report: {detail}; no report written")
+
+
+def event_span(events: DataFrame) -> tuple[int, int, int]:
+    """``(events, first_ts, last_ts)`` of valid events (epoch milliseconds;
+    the times are 0 when there is no event).  One Spark job."""
+    row = events.agg(F.count(F.lit(1)).alias("n"), F.min("ts").alias("first"),
+                     F.max("ts").alias("last")).first()
+    return int(row["n"]), int(row["first"] or 0), int(row["last"] or 0)
+
+
+def build_tables(events: DataFrame, bad: DataFrame, params: ReportParams = ReportParams(),
+                 span: tuple[int, int] | None = None) -> dict[str, DataFrame]:
     """Every table of the report, lazily.
 
     :param events: valid events (:func:`tbmq.analytics.reading.prepare`).
     :param bad: bad input records (``reason``, ``sample``).
     :param params: the report's parameters.
+    :param span: ``(first_ts, last_ts)`` of ``events``, epoch milliseconds,
+        which sets the bucket of ``throughput_timeline``
+        (:func:`tbmq.analytics.transforms.time_bucket`); None runs
+        :func:`event_span` (one Spark job).
     :returns: table name → DataFrame, in :data:`TABLES` order.
     """
-    from pyspark.sql import functions as F
-
+    if span is None:
+        span = event_span(events)[1:]
+    first, last = span
+    _, bucket_ms = T.time_bucket(last - first)
     per_minute = T.throughput(events, "minute")
     per_hour = T.throughput(events, "hour")
     bad_summary = (bad.groupBy("reason")
@@ -108,6 +148,7 @@ def build_tables(events: DataFrame, bad: DataFrame,
         "traffic_by_rollup": T.traffic_by_rollup(events, params.levels),
         "traffic_by_client": T.traffic_by_client(events),
         "traffic_by_client_type": T.traffic_by_client_type(events),
+        "throughput_timeline": T.throughput_timeline(events, bucket_ms, first, last),
         "throughput_per_minute": per_minute,
         "throughput_per_hour": per_hour,
         "throughput_peaks": T.throughput_peaks(per_minute, per_hour),
@@ -222,6 +263,8 @@ def run_report(spark: SparkSession, inputs: str | list[str], output: str, *,
     :param progress: called with one line per step; None prints to stderr.
     :returns: a :class:`ReportResult`.
     :raises FileNotFoundError: when an input does not exist.
+    :raises NoEventsError: when no valid event is in the window (nothing is
+        written then).
     """
     from tbmq.analytics import report
 
@@ -229,12 +272,16 @@ def run_report(spark: SparkSession, inputs: str | list[str], output: str, *,
     started = time.monotonic()
     inputs = [inputs] if isinstance(inputs, str) else list(inputs)
     show(f"reading {', '.join(inputs)}")
-    raw = read_events(spark, inputs, fmt).persist(StorageLevel.MEMORY_AND_DISK)
+    raw, records = load_events(spark, inputs, fmt, notify=show)
     try:
-        records = raw.count()
         show(f"{records:,} records read ({time.monotonic() - started:.1f} s)")
         events, bad = prepare(raw, since_ms, until_ms)
-        tables = build_tables(events, bad, params)
+        count, first, last = event_span(events)
+        if count == 0:
+            windowed = since_ms is not None or until_ms is not None
+            valid = prepare(raw)[0].count() if records and windowed else 0
+            raise NoEventsError(inputs, records, valid)
+        tables = build_tables(events, bad, params, span=(first, last))
         out = _Output(spark, output)
         result = ReportResult(output=output)
         for i, (name, df) in enumerate(tables.items(), 1):

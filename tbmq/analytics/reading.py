@@ -6,12 +6,22 @@ Bad input is never fatal: a line that is not a JSON object matching the
 schema (a truncated or corrupt line), a record of an unknown type or of a
 newer schema version, or one missing a field its type needs, is counted and
 reported by :func:`prepare` with a sample of its text.
+
+The log of a running broker is read whole: the file the exporter is writing
+(``*.jsonl.inprogress``, see :mod:`tbmq.events`) is read like the others,
+except for its last line while that line is still incomplete (not bad input:
+it is read once complete), and except when its completed name
+(``*.jsonl``, ``*.jsonl.gz``) is also listed (a rotation under way: the
+completed file is read instead).  A file rotated between the listing and the
+read is picked up by :func:`load_events`, which reads again.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Callable
 
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -24,7 +34,14 @@ from tbmq.analytics.schema import (
     SCHEMA_VERSION,
 )
 
-__all__ = ["BAD_REASONS", "detect_format", "parse_time", "prepare", "read_events"]
+__all__ = ["BAD_REASONS", "IN_PROGRESS_SUFFIX", "detect_format", "load_events", "parse_time",
+           "prepare", "read_events"]
+
+#: The suffix of the file the exporter is writing (:data:`tbmq.events.IN_PROGRESS_SUFFIX`).
+IN_PROGRESS_SUFFIX = ".inprogress"
+
+#: Reads of :func:`load_events` before a file that keeps vanishing is an error.
+READ_ATTEMPTS = 4
 
 #: The reasons of the bad-input table.
 BAD_REASONS = ("corrupt", "unsupported_version", "unknown_type", "missing_field")
@@ -68,16 +85,39 @@ def detect_format(spark: SparkSession, path: str) -> str:
     return "parquet" if any(n.endswith(".parquet") for n in names) else "json"
 
 
+def superseded_files(files: list[str]) -> list[str]:
+    """The in-progress files of ``files`` whose completed file is listed too
+    (the exporter is rotating them: they hold the same records).
+
+    :param files: file paths or URIs, as listed by Spark.
+    :returns: the ``*.inprogress`` paths of ``files`` to leave out.
+    """
+    listed = set(files)
+    out = []
+    for f in files:
+        if f.endswith(IN_PROGRESS_SUFFIX):
+            completed = f[:-len(IN_PROGRESS_SUFFIX)]
+            if completed in listed or completed + ".gz" in listed:
+                out.append(f)
+    return out
+
+
 def read_events(spark: SparkSession, paths: str | list[str], fmt: str = "auto") -> DataFrame:
-    """Read raw event records.
+    """Read raw event records, as much as has been written.
 
     :param spark: the session.
     :param paths: one or more files or directories (directories are read
-        recursively; hidden files, such as the exporter's current file, are
-        skipped); JSON Lines may be gzipped (``.gz``).
+        recursively; hidden files are skipped); JSON Lines may be gzipped
+        (``.gz``).  The exporter's in-progress file is read too, but for an
+        incomplete last line and when its completed file is listed (see the
+        module docstring).
     :param fmt: ``json``, ``parquet`` or ``auto`` (see :func:`detect_format`).
     :returns: a DataFrame of :data:`~tbmq.analytics.schema.READ_SCHEMA`
-        (``_corrupt_record`` set on unparsable lines).
+        (``_corrupt_record`` set on unparsable lines).  Spark refuses a query
+        of JSON input that only uses ``_corrupt_record``: persist the frame
+        first (as :func:`load_events` does).  A file that vanishes before
+        the read (a rotation) fails the read with Spark's
+        ``FAILED_READ_FILE.FILE_NOT_EXIST``; :func:`load_events` reads again.
     :raises FileNotFoundError: when a path does not exist.
     """
     if isinstance(paths, str):
@@ -94,11 +134,56 @@ def read_events(spark: SparkSession, paths: str | list[str], fmt: str = "auto") 
         return df.select(*cols)
     if fmt != "json":
         raise ValueError(f"unknown input format {fmt!r}")
-    return (spark.read.schema(READ_SCHEMA)
-            .option("mode", "PERMISSIVE")
-            .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
-            .option("recursiveFileLookup", "true")
-            .json(list(paths)))
+    df = (spark.read.schema(READ_SCHEMA)
+          .option("mode", "PERMISSIVE")
+          .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+          .option("recursiveFileLookup", "true")
+          .json(list(paths)))
+    files = df.inputFiles()
+    if not any(f.endswith(IN_PROGRESS_SUFFIX) for f in files):
+        return df
+    source = F.input_file_name()
+    # the exporter writes whole records: the only unparsable line of a file
+    # in progress is its last one, while it is being written
+    keep = ~(source.endswith(IN_PROGRESS_SUFFIX) & F.col(CORRUPT_COLUMN).isNotNull())
+    superseded = superseded_files(files)
+    if superseded:
+        keep = keep & ~source.isin(*superseded)
+    return df.where(keep)
+
+
+def _vanished(error: Exception) -> bool:
+    """Whether ``error`` is Spark's failure to open a listed file that no
+    longer exists."""
+    text = str(error)
+    return "FILE_NOT_EXIST" in text or "java.io.FileNotFoundException" in text
+
+
+def load_events(spark: SparkSession, paths: str | list[str], fmt: str = "auto",
+                notify: Callable[[str], None] | None = None) -> tuple[DataFrame, int]:
+    """:func:`read_events`, persisted (memory and disk) and counted; read
+    again when a listed file vanished before it was read (the exporter
+    rotated it), at most :data:`READ_ATTEMPTS` times.
+
+    :param notify: called with a line when the log is read again.
+    :returns: ``(raw, records)``: the persisted raw records (unpersist them
+        when done) and their number.
+    :raises FileNotFoundError: when a path does not exist.
+    :raises pyspark.errors.PySparkException: or py4j's ``Py4JJavaError``,
+        when the read fails otherwise, or files kept vanishing.
+    """
+    attempt = 1
+    while True:
+        raw = read_events(spark, paths, fmt).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            return raw, raw.count()
+        except Exception as e:
+            raw.unpersist()
+            if attempt >= READ_ATTEMPTS or not _vanished(e):
+                raise
+        attempt += 1
+        if notify is not None:
+            notify("a file was rotated while it was read; reading the log again")
 
 
 def parse_time(text: str | None) -> int | None:

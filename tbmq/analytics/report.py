@@ -13,10 +13,14 @@ from collections.abc import Callable
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.dates as mdates
 import matplotlib.pyplot as plt
 import pandas as pd
 
-__all__ = ["CHARTS", "TABLE_ROWS", "render_charts", "render_html"]
+from tbmq.analytics.transforms import TIME_BUCKETS
+
+__all__ = ["CHARTS", "TABLE_ROWS", "date_format", "format_time", "render_charts", "render_html",
+           "throughput_figure"]
 
 #: rows of each table shown in the page
 TABLE_ROWS = 25
@@ -34,21 +38,62 @@ def _finish(fig, path: str) -> None:
     plt.close(fig)
 
 
-def _throughput(t: dict, path: str) -> bool:
-    minute, hour = t.get("throughput_per_minute"), t.get("throughput_per_hour")
-    if _empty(minute):
-        return False
-    fig, axes = plt.subplots(2, 1, figsize=(11, 6.5))
-    for ax, df, unit in ((axes[0], minute, "minute"), (axes[1], hour, "hour")):
-        x = pd.to_datetime(df["period"])
-        ax.plot(x, df["messages_in"], color=_IN, label="in (published)", lw=1.2, marker="." if len(df) < 60 else None)
-        ax.plot(x, df["messages_out"], color=_OUT, label="out (delivered)", lw=1.2, marker="." if len(df) < 60 else None)
-        ax.set_ylabel(f"messages / {unit}")
-        ax.set_title(f"Throughput per {unit} (UTC)")
+def date_format(bucket_s: float) -> str:
+    """The ``strftime`` format of a time axis with buckets of ``bucket_s``
+    seconds: ISO 8601-like dates, with the time of day down to the seconds
+    under a minute, to the minutes under a day."""
+    if bucket_s < 60:
+        return "%Y-%m-%d %H:%M:%S"
+    if bucket_s < 86400:
+        return "%Y-%m-%d %H:%M"
+    return "%Y-%m-%d"
+
+
+def _bucket_label(bucket_s: float) -> str:
+    for label, length in TIME_BUCKETS:
+        if length == round(bucket_s * 1000):
+            return label
+    return f"{bucket_s:g} s"
+
+
+def throughput_figure(df):
+    """The throughput chart: messages (top) and payload bytes (bottom) in
+    and out per bucket of the ``throughput_timeline`` table, on a UTC time
+    axis from the first bucket to the end of the last, dates as
+    :func:`date_format` gives them.
+
+    :param df: the ``throughput_timeline`` table (``period``, ``bucket_s``,
+        ``messages_in`` ...), at least one row.
+    :returns: the matplotlib figure (the caller closes it).
+    """
+    bucket_s = float(df["bucket_s"].iloc[0])
+    label = _bucket_label(bucket_s)
+    x = pd.to_datetime(df["period"])
+    fig, axes = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True)
+    marker = "." if len(df) <= 60 else None
+    for ax, kind, unit in ((axes[0], "messages", "messages"), (axes[1], "bytes", "payload bytes")):
+        ax.plot(x, df[f"{kind}_in"], color=_IN, label="in (published)", lw=1.2, marker=marker)
+        ax.plot(x, df[f"{kind}_out"], color=_OUT, label="out (delivered)", lw=1.2, marker=marker)
+        ax.set_ylabel(f"{unit} / {label}")
+        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right")
+    axes[0].set_title(f"Throughput per {label} (UTC)")
+    # the axis spans the data: from the first bucket to the end of the last
+    axes[1].set_xlim(x.iloc[0], x.iloc[-1] + pd.Timedelta(seconds=bucket_s))
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=8, tz=_dt.UTC)
+    axes[1].xaxis.set_major_locator(locator)
+    axes[1].xaxis.set_major_formatter(mdates.DateFormatter(date_format(bucket_s), tz=_dt.UTC))
+    axes[1].set_xlabel("time (UTC)")
     fig.autofmt_xdate()
-    _finish(fig, path)
+    return fig
+
+
+def _throughput(t: dict, path: str) -> bool:
+    df = t.get("throughput_timeline")
+    if _empty(df):
+        return False
+    _finish(throughput_figure(df), path)
     return True
 
 
@@ -185,7 +230,7 @@ def _drops(t: dict, path: str) -> bool:
 
 #: chart name → (drawing function, the table whose section shows it)
 CHARTS: dict[str, tuple[Callable[[dict, str], bool], str]] = {
-    "throughput": (_throughput, "throughput_per_minute"),
+    "throughput": (_throughput, "throughput_timeline"),
     "top_topics": (_top_topics, "traffic_by_topic"),
     "topic_rollups": (_rollups, "traffic_by_rollup"),
     "client_types": (_client_types, "traffic_by_client_type"),
@@ -230,20 +275,47 @@ img{max-width:100%;border:1px solid #eee;margin:6px 0}
 """
 
 
+def format_time(value) -> str:
+    """A time as the report shows it: ``2024-01-01 12:00:00`` (UTC), with
+    milliseconds when it has any (``2024-01-01 12:00:00.125``).
+
+    :param value: a :class:`datetime.datetime` or pandas ``Timestamp``
+        (naive ones are UTC, as the tables' are), or epoch milliseconds.
+    """
+    if not isinstance(value, _dt.datetime):
+        value = _dt.datetime.fromtimestamp(int(value) / 1000, _dt.UTC)
+    if value.tzinfo is not None:
+        value = value.astimezone(_dt.UTC)
+    text = value.strftime("%Y-%m-%d %H:%M:%S")
+    if value.microsecond:
+        text += f".{value.microsecond // 1000:03d}"
+    return text
+
+
 def _fmt_ms(ms) -> str:
     if ms is None or pd.isna(ms):
         return "-"
-    return _dt.datetime.fromtimestamp(int(ms) / 1000, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return format_time(ms) + " UTC"
 
 
 def _cell(value) -> str:
     if value is None or (not isinstance(value, (list, tuple)) and pd.isna(value)):
         return ""
+    if isinstance(value, _dt.datetime):  # pandas Timestamp too
+        return format_time(value)
     if isinstance(value, float):
         return f"{value:,.3f}".rstrip("0").rstrip(".")
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return html.escape(str(value))
+
+
+def _summary_rows(df):
+    """The summary table as shown: its epoch-millisecond metrics (``*_ts``)
+    as dates."""
+    values = [_fmt_ms(v) if str(m).endswith("_ts") else v
+              for m, v in zip(df["metric"], df["value"])]
+    return pd.DataFrame({"metric": df["metric"], "value": pd.Series(values, dtype=object)})
 
 
 def _table(df, rows: int) -> str:
@@ -284,7 +356,7 @@ def render_html(result, tables_meta: dict, *, inputs: list[str], since_ms=None, 
     ]
     if since_ms is not None or until_ms is not None:
         parts.append(f"<br>Window: {_fmt_ms(since_ms)} → {_fmt_ms(until_ms)}")
-    parts.append(f"<br>Generated {generated} in {result.seconds:.1f} s</p>")
+    parts.append(f"<br>Generated {generated} in {result.seconds:.1f} s. Times are UTC.</p>")
     cards = [("events", "events"), ("messages in", "messages_in"), ("messages out", "messages_out"),
              ("bytes in", "bytes_in"), ("bytes out", "bytes_out"), ("clients", "clients"),
              ("topics", "topics"), ("auth failures", "events_auth_fail"), ("drops", "events_drop"),
@@ -313,7 +385,9 @@ def render_html(result, tables_meta: dict, *, inputs: list[str], since_ms=None, 
                      f'<code>parquet/{name}/</code>.</p>')
         for chart in charts_by_table.get(name, []):
             parts.append(f'<img src="charts/{chart}" alt="{html.escape(chart)}">')
-        parts.append(_table(t.get(name), rows))
+        df = t.get(name)
+        parts.append(_table(_summary_rows(df) if name == "summary" and not _empty(df) else df,
+                            rows))
         parts.append("</section>")
     parts.append("</body></html>")
     return "\n".join(parts)

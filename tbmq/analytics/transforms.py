@@ -21,6 +21,8 @@ from tbmq.analytics.schema import DISCONNECT_REASONS, EVENT_TYPES
 __all__ = [
     "DURATION_BUCKETS",
     "PERCENTILE_ACCURACY",
+    "TIME_BUCKETS",
+    "TIMELINE_POINTS",
     "auth_failures_by_address",
     "auth_failures_by_client",
     "disconnect_reasons",
@@ -35,6 +37,8 @@ __all__ = [
     "summary",
     "throughput",
     "throughput_peaks",
+    "throughput_timeline",
+    "time_bucket",
     "topic_rollup",
     "traffic_by_client",
     "traffic_by_client_type",
@@ -50,6 +54,19 @@ DURATION_BUCKETS = (
     ("< 1 s", 1), ("1-10 s", 10), ("10-60 s", 60), ("1-10 min", 600),
     ("10-60 min", 3600), ("1-24 h", 86400), (">= 24 h", None),
 )
+
+#: the buckets of the throughput timeline: (label, length in milliseconds)
+TIME_BUCKETS = (
+    ("1 s", 1000), ("5 s", 5000), ("10 s", 10000), ("15 s", 15000), ("30 s", 30000),
+    ("1 min", 60000), ("2 min", 120000), ("5 min", 300000), ("10 min", 600000),
+    ("15 min", 900000), ("30 min", 1800000), ("1 h", 3600000), ("2 h", 7200000),
+    ("3 h", 10800000), ("6 h", 21600000), ("12 h", 43200000), ("1 day", 86400000),
+    ("7 days", 604800000), ("30 days", 2592000000), ("365 days", 31536000000),
+)
+
+#: the most buckets the throughput timeline spans (unless the log spans
+#: more than that many years)
+TIMELINE_POINTS = 240
 
 _UNKNOWN = "UNKNOWN"
 
@@ -149,6 +166,54 @@ def throughput(events: DataFrame, unit: str = "minute") -> DataFrame:
         raise ValueError("unit must be minute or hour")
     return (_flows(events).withColumn("period", F.date_trunc(unit, "time"))
             .groupBy("period").agg(*_traffic_metrics()).orderBy("period"))
+
+
+def time_bucket(span_ms: int, points: int = TIMELINE_POINTS) -> tuple[str, int]:
+    """The bucket of a time chart over ``span_ms``: the shortest of
+    :data:`TIME_BUCKETS` that covers the span in at most ``points`` buckets
+    (the longest when none does), so that a log of minutes is charted by
+    seconds and one of days by hours, not one point on an axis of years.
+
+    :param span_ms: last minus first event time, milliseconds (>= 0).
+    :param points: the most buckets wanted, >= 1.
+    :returns: ``(label, length_ms)``, e.g. ``("15 s", 15000)``.
+    :raises ValueError: for a negative span or ``points < 1``.
+    """
+    if span_ms < 0 or points < 1:
+        raise ValueError("span_ms must be >= 0 and points >= 1")
+    for label, length in TIME_BUCKETS:
+        # buckets are aligned on multiples of their length: a span may
+        # straddle one more bucket than span / length
+        if span_ms // length + 1 <= points:
+            return label, length
+    return TIME_BUCKETS[-1]
+
+
+def throughput_timeline(events: DataFrame, bucket_ms: int, first_ms: int,
+                        last_ms: int) -> DataFrame:
+    """Messages and bytes in and out per time bucket from ``first_ms`` to
+    ``last_ms``, buckets without traffic included (zeros).
+
+    :param bucket_ms: the bucket length, milliseconds, a multiple of 1000
+        (:func:`time_bucket`); buckets start at multiples of it since the epoch (UTC).
+    :param first_ms: the first event time, epoch milliseconds.
+    :param last_ms: the last event time, epoch milliseconds.
+    :returns: ``period`` (bucket start, UTC timestamp), ``bucket_s``
+        (its length, whole seconds), ``messages_in, bytes_in, messages_out,
+        bytes_out``, in time order.
+    """
+    first, last = first_ms // bucket_ms, last_ms // bucket_ms
+    counts = (_flows(events).withColumn("idx", F.floor(F.unix_millis("time") / bucket_ms))
+              .groupBy("idx").agg(*_traffic_metrics()))
+    buckets = events.sparkSession.range(first, last + 1).withColumnRenamed("id", "idx")
+    zero = F.lit(0).cast("long")
+    return (buckets.join(counts, "idx", "left")
+            .select(F.timestamp_millis(F.col("idx") * bucket_ms).alias("period"),
+                    F.lit(bucket_ms // 1000).cast("long").alias("bucket_s"),
+                    *[F.coalesce(c, zero).alias(c)
+                      for c in ("messages_in", "bytes_in", "messages_out", "bytes_out")],
+                    "idx")
+            .orderBy("idx").drop("idx"))
 
 
 def throughput_peaks(per_minute: DataFrame, per_hour: DataFrame) -> DataFrame:

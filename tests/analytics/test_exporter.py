@@ -18,7 +18,7 @@ from twisted.internet.task import Clock
 from tbmq.broker.broker import Broker
 from tbmq.config import load_config
 from tbmq.errors import ConfigError
-from tbmq.events import EventExporter, EventsPlugin, FileSink, message_id
+from tbmq.events import IN_PROGRESS_SUFFIX, EventExporter, EventsPlugin, FileSink, message_id
 from tbmq.model import ClientType, Message, SubscriptionOptions
 from tbmq.plugins import make_plugin_manager
 
@@ -172,28 +172,37 @@ def test_file_sink_rotates_by_age_and_recovers_leftovers(tmp_path):
     sink = FileSink(str(tmp_path), "node/1", 1 << 20, 60.0, True, now=lambda: now[0])
     sink.open()
     sink.write(['{"a":1}'])
-    hidden = [n for n in os.listdir(tmp_path) if n.startswith(".")]
-    assert len(hidden) == 1 and hidden[0].startswith(".events-node_1-")
+    current = os.listdir(tmp_path)
+    # the file being written is visible, with the in-progress suffix
+    assert len(current) == 1 and current[0].startswith("events-node_1-")
+    assert current[0].endswith(".jsonl" + IN_PROGRESS_SUFFIX)
+    assert (tmp_path / current[0]).read_text() == '{"a":1}\n'
     now[0] += 59
     sink.tick()
-    assert os.listdir(tmp_path) == hidden
+    assert os.listdir(tmp_path) == current
     now[0] += 1
     sink.tick()
     sink.write(['{"a":2}'])
     sink.close()
     names = sorted(os.listdir(tmp_path))
     assert len(names) == 2 and all(n.endswith(".jsonl.gz") for n in names)
+    assert names[0] == current[0][:-len(IN_PROGRESS_SUFFIX)] + ".gz"
     assert read_records(tmp_path) == [{"a": 1}, {"a": 2}]
-    # a crash leaves the hidden current file (and maybe a partial .gz)
-    (tmp_path / ".events-node_1-20240101T000000-000000-0001.jsonl").write_text('{"a":3}\n{"tru')
+    # a crash leaves the file in progress (and maybe a partial .gz); an
+    # earlier version left a hidden one
+    (tmp_path / "events-node_1-20240101T000000-000000-0001.jsonl.inprogress").write_text(
+        '{"a":3}\n{"tru')
     (tmp_path / ".events-node_1-20240101T000000-000000-0001.jsonl.gz.tmp").write_bytes(b"\x1f")
-    (tmp_path / ".events-other-20240101T000000-000000-0001.jsonl").write_text("{}\n")
+    (tmp_path / ".events-node_1-20231231T000000-000000-0001.jsonl").write_text('{"a":0}\n')
+    (tmp_path / "events-other-20240101T000000-000000-0001.jsonl.inprogress").write_text("{}\n")
     sink = FileSink(str(tmp_path), "node/1", 1 << 20, 60.0, True, now=lambda: now[0])
     sink.open()
     names = sorted(os.listdir(tmp_path))
     assert "events-node_1-20240101T000000-000000-0001.jsonl.gz" in names
-    assert ".events-other-20240101T000000-000000-0001.jsonl" in names  # another node's
-    assert not any(n.endswith(".tmp") for n in names)
+    assert "events-node_1-20231231T000000-000000-0001.jsonl.gz" in names
+    assert "events-other-20240101T000000-000000-0001.jsonl.inprogress" in names  # another node's
+    assert not any(n.endswith(".tmp") or n.startswith(".") for n in names)
+    assert len([n for n in names if n.endswith(IN_PROGRESS_SUFFIX)]) == 1
 
 
 def test_bounded_buffer_drops_and_counts(tmp_path):

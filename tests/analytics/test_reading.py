@@ -1,6 +1,7 @@
 """Reading the log: JSON Lines (plain, gzipped), Parquet, the exporter's
-hidden current file skipped, time windows, and bad input counted, never
-fatal."""
+file in progress read (its incomplete last line left out, and the file left
+out once its completed name exists), a rotation during the read, time
+windows, and bad input counted, never fatal."""
 
 from __future__ import annotations
 
@@ -11,8 +12,15 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from tbmq.analytics import schema
-from tbmq.analytics.reading import detect_format, parse_time, prepare, read_events
+from tbmq.analytics import reading, schema
+from tbmq.analytics.reading import (
+    IN_PROGRESS_SUFFIX,
+    detect_format,
+    load_events,
+    parse_time,
+    prepare,
+    read_events,
+)
 from tests.analytics.helpers import T0, TRAFFIC, raw_frame, rec
 
 
@@ -54,9 +62,61 @@ def test_gzip_and_directories_and_hidden_files(spark, tmp_path):
     sub = tmp_path / "more"
     sub.mkdir()
     write_lines(sub / "events-b.jsonl", GOOD[2:])
-    write_lines(tmp_path / ".events-current.jsonl", GOOD)  # being written: skipped
+    write_lines(tmp_path / ".events-n-1.jsonl", GOOD)  # hidden: skipped
+    (tmp_path / ".events-n-1.jsonl.gz.tmp").write_bytes(b"\x1f\x8b")  # hidden: skipped
     events, bad = prepare(read_events(spark, str(tmp_path)))
     assert events.count() == 4 and bad.count() == 0
+
+
+def test_the_file_in_progress_is_read(spark, tmp_path):
+    # a complete file, and the one the exporter is writing: its last line
+    # is half written
+    with gzip.open(tmp_path / "events-n-1.jsonl.gz", "wt") as f:
+        f.write(GOOD[0] + "\n")
+    current = tmp_path / f"events-n-2.jsonl{IN_PROGRESS_SUFFIX}"
+    current.write_text(GOOD[1] + "\n" + GOOD[2] + "\n" + GOOD[3][:25], encoding="utf-8")
+    # a rotation under way: the gzipped file is complete, the file in
+    # progress not removed yet; the same records are read once
+    with gzip.open(tmp_path / "events-n-0.jsonl.gz", "wt") as f:
+        f.write(GOOD[3] + "\n")
+    write_lines(tmp_path / f"events-n-0.jsonl{IN_PROGRESS_SUFFIX}", [GOOD[3]])
+    # a torn line in a complete file is still bad input
+    write_lines(tmp_path / "events-torn.jsonl", [GOOD[0][:30]])
+    raw = read_events(spark, str(tmp_path)).cache()
+    events, bad = prepare(raw)
+    assert sorted(r.ts for r in events.collect()) == sorted(json.loads(g)["ts"] for g in GOOD)
+    assert [(r.reason, r.sample) for r in bad.collect()] == [("corrupt", GOOD[0][:30])]
+    raw.unpersist()
+    # once the line is complete, it is read
+    with open(current, "a", encoding="utf-8") as f:
+        f.write(GOOD[3][25:] + "\n")
+    raw = read_events(spark, str(tmp_path)).cache()
+    assert prepare(raw)[0].count() == 5
+    raw.unpersist()
+
+
+def test_a_rotation_during_the_read_reads_again(spark, tmp_path, monkeypatch):
+    current = write_lines(tmp_path / f"events-n-1.jsonl{IN_PROGRESS_SUFFIX}", GOOD[:3])
+    write_lines(tmp_path / "events-n-0.jsonl", GOOD[3:])
+    listed = []
+    real = reading.read_events
+
+    def read_then_rotate(*args):
+        df = real(*args)
+        listed.append(df.inputFiles())
+        if len(listed) == 1:  # the exporter rotates the file once it was listed
+            current.rename(tmp_path / "events-n-1.jsonl")
+        return df
+
+    monkeypatch.setattr(reading, "read_events", read_then_rotate)
+    lines: list[str] = []
+    raw, records = load_events(spark, str(tmp_path), notify=lines.append)
+    try:
+        assert records == 4 and prepare(raw)[0].count() == 4
+    finally:
+        raw.unpersist()
+    assert len(listed) == 2 and any(f.endswith(IN_PROGRESS_SUFFIX) for f in listed[0])
+    assert lines == ["a file was rotated while it was read; reading the log again"]
 
 
 def test_parquet_input_is_detected(spark, tmp_path):

@@ -1,6 +1,8 @@
 """The report job on a generated log: every table as Parquet and CSV, the
 HTML report with its charts (rendered by headless Chromium), bad input
-counted; the command itself, and the job under spark-submit."""
+counted; a report over a running exporter; no events is an error; the time
+chart's axis and the dates shown; the command itself, and the job under
+spark-submit."""
 
 from __future__ import annotations
 
@@ -11,13 +13,19 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from tbmq.analytics.generator import GeneratorParams, generate
-from tbmq.analytics.jobs import TABLES, ReportParams, run_report
+from tbmq.analytics.jobs import TABLES, NoEventsError, ReportParams, ReportResult, run_report
+from tbmq.analytics.report import render_html, throughput_figure
+from tbmq.events import IN_PROGRESS_SUFFIX
+from tbmq.model import ClientType, Message
+from tests.analytics.test_exporter import make_broker, session, stop
 
 REPO = Path(__file__).resolve().parents[2]
 EVENTS = 6000
@@ -78,7 +86,7 @@ def test_every_table_in_parquet_and_csv(spark, report):
         assert rows[0] == list(result.tables[name].columns), name
         assert len(rows) - 1 == result.rows[name], name
     assert not [p for p in (out / "csv").iterdir() if p.is_dir()]
-    assert any(line.startswith("[20/20] drops_by_reason") for line in lines)
+    assert any(line.startswith("[21/21] drops_by_reason") for line in lines)
 
 
 def test_counts_equal_the_log(report, log_dir):
@@ -108,6 +116,12 @@ def test_counts_equal_the_log(report, log_dir):
     # deliveries of messages whose publish line is corrupt have no message to count for
     assert (fanout["fanout"] * fanout["messages"]).sum() == sum(m in published for m in delivered)
     assert result.tables["drops_by_reason"]["messages"].sum() == types["drop"]
+    # the timeline: the bucket chosen from the day the log spans, every
+    # message in one of its buckets
+    timeline = result.tables["throughput_timeline"]
+    assert set(timeline["bucket_s"]) == {600} and 140 <= len(timeline) <= 241
+    assert timeline["messages_in"].sum() == types["publish"]
+    assert timeline["messages_out"].sum() == types["deliver"]
     flagged = result.tables["auth_failures_by_address"].query("flagged")
     assert set(flagged["address"]) == {"203.0.113.66", "198.51.100.23"}
     assert len(result.tables["reconnect_storms"]) >= 1
@@ -123,6 +137,125 @@ def test_html_references_existing_charts(report):
         assert data.startswith(b"\x89PNG") and len(data) > 5000, chart
     for name in TABLES:
         assert f'id="{name}"' in html and f'href="csv/{name}.csv"' in html
+
+
+def test_report_over_a_running_exporter(spark, tmp_path):
+    """The exporter is writing its first file (no rotation yet): the report
+    reads what it holds."""
+    broker, clock, launcher = make_broker(tmp_path, enabled=True, flush_interval=0.02)
+    exporter = launcher.exporters[broker]
+    dev, app = session("dev-1"), session("app-1", ClientType.APPLICATION)
+    try:
+        for i in range(60):
+            msg = Message(f"live/{i % 3}", b"x" * 10, qos=1, publisher="dev-1",
+                          received_at=clock.seconds())
+            broker.hooks.message_published(dev, msg)
+            broker.hooks.message_delivered(app, msg, 1)
+            clock.advance(0.5)
+        deadline = time.monotonic() + 10
+        while exporter.exported < 120 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        directory = tmp_path / "data" / "events"
+        names = os.listdir(directory)
+        assert len(names) == 1 and names[0].endswith(IN_PROGRESS_SUFFIX), names
+        assert exporter.sink.rotated == 0 and not exporter.closed
+        result = run_report(spark, str(directory), str(tmp_path / "report"),
+                            progress=lambda _m: None)
+    finally:
+        stop(broker, clock)
+    summary = dict(zip(result.tables["summary"]["metric"], result.tables["summary"]["value"]))
+    assert summary["events"] == 120 and summary["bad_records"] == 0
+    assert summary["messages_in"] == summary["messages_out"] == 60
+    assert summary["last_ts"] - summary["first_ts"] == 29500
+    timeline = result.tables["throughput_timeline"]  # 30 s: by the second
+    assert len(timeline) == 30 and set(timeline["bucket_s"]) == {1}
+    assert timeline["messages_in"].sum() == 60
+
+
+def test_no_events_is_an_error(spark, tmp_path):
+    out = tmp_path / "report"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(NoEventsError, match=f"no records in {empty}; no report written"):
+        run_report(spark, str(empty), str(out), progress=lambda _m: None)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "events-x.jsonl").write_text('{"v":1,"type":"publish","ts":1\nnot json\n')
+    with pytest.raises(NoEventsError, match="2 records in .*, none valid; no report written"):
+        run_report(spark, str(bad), str(out), progress=lambda _m: None)
+    (bad / "events-y.jsonl").write_text('{"v":1,"type":"connect","ts":5000,"node":"n",'
+                                        '"client_id":"c"}\n')
+    with pytest.raises(NoEventsError, match="3 records in .*, 1 valid, none in the time window"):
+        run_report(spark, str(bad), str(out), since_ms=6000, progress=lambda _m: None)
+    assert not out.exists()
+
+
+def test_command_over_no_events_exits_non_zero(tmp_path):
+    empty = tmp_path / "events"
+    empty.mkdir()
+    exe = shutil.which("tbmq-analytics")
+    cmd = [exe] if exe else [sys.executable, "-m", "tbmq.analytics.cli"]
+    run = subprocess.run(cmd + ["report", "--input", str(empty), "--output", str(tmp_path / "r"),
+                                "--master", "local[1]", "--quiet"],
+                         capture_output=True, text=True, timeout=300)
+    ours = [line for line in run.stderr.splitlines() if line.startswith("tbmq-analytics:")]
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert ours == [f"tbmq-analytics: no events to report: no records in {empty}; "
+                    "no report written"]
+    assert not (tmp_path / "r").exists()
+
+
+ISO = re.compile(r"^\d{4}-\d{2}-\d{2}( \d{2}:\d{2}(:\d{2})?)?$")
+
+
+@pytest.mark.parametrize("rows, bucket_s, label", [
+    (1, 1, "1 s"),          # everything in one second
+    (121, 30, "30 s"),      # an hour
+    (144, 1800, "30 min"),  # three days
+])
+def test_time_chart_spans_the_data_with_dates(rows, bucket_s, label):
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    start = pd.Timestamp("2024-05-01 10:00:00")
+    df = pd.DataFrame({
+        "period": [start + pd.Timedelta(seconds=i * bucket_s) for i in range(rows)],
+        "bucket_s": bucket_s, "messages_in": range(rows), "bytes_in": range(rows),
+        "messages_out": range(rows), "bytes_out": range(rows)})
+    fig = throughput_figure(df)
+    try:
+        fig.canvas.draw()
+        top, bottom = fig.axes
+        assert top.get_title() == f"Throughput per {label} (UTC)"
+        low, high = bottom.get_xlim()  # days: from the first bucket to the end of the last
+        assert mdates.num2date(low).replace(tzinfo=None) == start
+        assert round((high - low) * 86400) == rows * bucket_s
+        labels = [t.get_text() for t in bottom.get_xticklabels() if t.get_text()]
+        assert len(labels) >= 2 and all(ISO.match(text) for text in labels), labels
+        assert all(text.startswith("2024-05-0") for text in labels), labels
+    finally:
+        plt.close(fig)
+
+
+def test_html_shows_times_as_dates():
+    tables = {
+        "summary": pd.DataFrame({"metric": ["events", "first_ts", "last_ts"],
+                                 "value": [3, 1704067200000, 1704070800250]}),
+        "auth_failures_by_address": pd.DataFrame({
+            "address": ["203.0.113.1"], "failures": [2],
+            "first_seen": [pd.Timestamp("2024-01-01 00:00:01.250")],
+            "last_seen": [pd.Timestamp("2024-01-01 00:10:00")]}),
+    }
+    result = ReportResult(output="out", tables=tables,
+                          rows={name: len(df) for name, df in tables.items()})
+    page = render_html(result, {name: (name, "") for name in tables}, inputs=["in"])
+    summary = page[page.index('id="summary"'):page.index("</section>")]
+    assert "<td>first_ts</td><td>2024-01-01 00:00:00 UTC</td>" in summary
+    assert "<td>last_ts</td><td>2024-01-01 01:00:00.250 UTC</td>" in summary
+    assert "<td>events</td><td>3</td>" in summary
+    assert "1,704,067,200,000" not in page and "1704067200000" not in page
+    assert "<td>2024-01-01 00:00:01.250</td><td>2024-01-01 00:10:00</td>" in page
+    assert "Events: 2024-01-01 00:00:00 UTC → 2024-01-01 01:00:00.250 UTC" in page
 
 
 def test_report_renders_in_headless_chromium(report, tmp_path):

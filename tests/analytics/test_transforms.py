@@ -8,7 +8,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from tbmq.analytics import transforms as T
-from tests.analytics.helpers import AUTH, SESSIONS, TRAFFIC, at, events_frame, rec
+from tests.analytics.helpers import AUTH, SESSIONS, T0, TRAFFIC, at, events_frame, rec
 
 TRAFFIC_COLS = "messages_in long, bytes_in long, messages_out long, bytes_out long"
 
@@ -86,6 +86,53 @@ def test_throughput_per_minute_and_hour(spark, traffic):
     assertDataFrameEqual(T.throughput(traffic, "hour"), hour, checkRowOrder=True)
     with pytest.raises(ValueError):
         T.throughput(traffic, "day")
+
+
+MINUTE, HOUR, DAY = 60000, 3600000, 86400000
+
+
+@pytest.mark.parametrize("span_ms, bucket", [
+    (0, ("1 s", 1000)),                       # one instant
+    (3 * MINUTE, ("1 s", 1000)),              # minutes: seconds
+    (10 * MINUTE, ("5 s", 5000)),
+    (HOUR, ("30 s", 30000)),                  # an hour: half minutes (15 s: 241 buckets)
+    (6 * HOUR, ("2 min", 120000)),            # hours: minutes
+    (DAY, ("10 min", 600000)),
+    (7 * DAY, ("1 h", 3600000)),              # days: hours
+    (1826 * DAY, ("30 days", 2592000000)),    # five years: months, not 1826 points
+    (1000 * 365 * DAY, ("365 days", 31536000000)),  # beyond: the longest bucket
+])
+def test_time_bucket(span_ms, bucket):
+    assert T.time_bucket(span_ms) == bucket
+
+
+def test_time_bucket_is_the_shortest_within_the_points():
+    lengths = [length for _, length in T.TIME_BUCKETS]
+    for span in (1, 999, 1000, 239999, 240000, 5 * HOUR + 7, 40 * DAY, 3 * 365 * DAY):
+        _, length = T.time_bucket(span)
+        assert span // length + 1 <= T.TIMELINE_POINTS
+        shorter = lengths[:lengths.index(length)]
+        assert all(span // s + 1 > T.TIMELINE_POINTS for s in shorter), span
+    assert T.time_bucket(HOUR, points=2) == ("1 h", HOUR)
+    with pytest.raises(ValueError):
+        T.time_bucket(-1)
+    with pytest.raises(ValueError):
+        T.time_bucket(HOUR, points=0)
+
+
+def test_throughput_timeline(spark, traffic):
+    # TRAFFIC spans T0 .. T0 + 3,620,000 ms: 61 one-minute buckets, 58 empty
+    got = (T.throughput_timeline(traffic, MINUTE, T0, T0 + 3620000)
+           .withColumn("start_ms", F.unix_millis("period")).collect())
+    assert len(got) == 61 and {r.bucket_s for r in got} == {60}
+    assert [r.start_ms for r in got] == [T0 + i * MINUTE for i in range(61)]
+    busy = {i: (r.messages_in, r.bytes_in, r.messages_out, r.bytes_out)
+            for i, r in enumerate(got) if r.messages_in or r.messages_out}
+    assert busy == {0: (2, 30, 3, 40), 1: (2, 107, 1, 100), 60: (1, 5, 1, 5)}
+    assert all(r.bytes_in == r.bytes_out == 0 for i, r in enumerate(got) if i not in busy)
+    # the bucket chosen for that span: 30 s, 121 buckets
+    label, length = T.time_bucket(3620000)
+    assert (label, T.throughput_timeline(traffic, length, T0, T0 + 3620000).count()) == ("30 s", 121)
 
 
 def test_throughput_peaks(spark, traffic):
