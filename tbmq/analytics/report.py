@@ -80,9 +80,12 @@ def throughput_figure(df):
         ax.legend(loc="upper right")
     axes[0].set_title(f"Throughput per {label} (UTC)")
     # the axis spans the data: from the first bucket to the end of the last
-    axes[1].set_xlim(x.iloc[0], x.iloc[-1] + pd.Timedelta(seconds=bucket_s))
-    locator = mdates.AutoDateLocator(minticks=3, maxticks=8, tz=_dt.UTC)
-    axes[1].xaxis.set_major_locator(locator)
+    end = x.iloc[-1] + pd.Timedelta(seconds=bucket_s)
+    axes[1].set_xlim(x.iloc[0], end)
+    if len(df) <= 12:  # a tick per bucket boundary, none between (a bucket is one time)
+        axes[1].set_xticks([*x, end])
+    else:
+        axes[1].xaxis.set_major_locator(mdates.AutoDateLocator(minticks=3, maxticks=8, tz=_dt.UTC))
     axes[1].xaxis.set_major_formatter(mdates.DateFormatter(date_format(bucket_s), tz=_dt.UTC))
     axes[1].set_xlabel("time (UTC)")
     fig.autofmt_xdate()

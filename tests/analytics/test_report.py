@@ -232,6 +232,7 @@ def test_time_chart_spans_the_data_with_dates(rows, bucket_s, label):
         assert round((high - low) * 86400) == rows * bucket_s
         labels = [t.get_text() for t in bottom.get_xticklabels() if t.get_text()]
         assert len(labels) >= 2 and all(ISO.match(text) for text in labels), labels
+        assert len(set(labels)) == len(labels), labels  # no tick between two dates
         assert all(text.startswith("2024-05-0") for text in labels), labels
     finally:
         plt.close(fig)
