@@ -147,7 +147,20 @@ class Producer(drivers.Producer):
         self._producer.poll(0)
 
 
-class ConsumerClient(drivers.ConsumerClient):
+class _Errors:
+    """What librdkafka reported without raising (``error_cb``), taken once."""
+
+    _error: str | None
+
+    def _on_error(self, error) -> None:
+        self._error = str(error)
+
+    def take_error(self) -> str | None:
+        error, self._error = self._error, None
+        return error
+
+
+class ConsumerClient(_Errors, drivers.ConsumerClient):
     """:class:`confluent_kafka.Consumer` of one topic and group."""
 
     def __init__(self, config: Any, topic: str, group: str) -> None:
@@ -157,12 +170,6 @@ class ConsumerClient(drivers.ConsumerClient):
         self._collected: list | None = None  # what poll read so far
         self._consumer = Consumer(_consumer_config(config, group, self._on_error))
 
-    def _on_error(self, error) -> None:
-        self._error = str(error)
-
-    def take_error(self) -> str | None:
-        error, self._error = self._error, None
-        return error
 
     def _tp(self, partition: int, offset: int | None = None) -> TopicPartition:
         if offset is None:
@@ -268,7 +275,7 @@ class ConsumerClient(drivers.ConsumerClient):
 
 
 
-class ExclusiveClient(drivers.ExclusiveClient):
+class ExclusiveClient(_Errors, drivers.ExclusiveClient):
     """:class:`confluent_kafka.Consumer` of one group over directly assigned
     partitions of several topics (:class:`~.drivers.ExclusiveClient`)."""
 
@@ -277,12 +284,6 @@ class ExclusiveClient(drivers.ExclusiveClient):
         self._error: str | None = None
         self._consumer = Consumer(_consumer_config(config, group, self._on_error))
 
-    def _on_error(self, error) -> None:
-        self._error = str(error)
-
-    def take_error(self) -> str | None:
-        error, self._error = self._error, None
-        return error
 
     @staticmethod
     def _tps(tps, offsets: dict | None = None) -> list[TopicPartition]:

@@ -67,7 +67,26 @@ RETRY_DELAY = 0.5
 BACKLOG_EVERY = 1.0
 
 
-class ConsumerLoop:
+class _Outage:
+    """Logs the first failure of a consumer thread and its recovery, not
+    each retry (:attr:`name`, :attr:`_failing`)."""
+
+    name: str
+    _failing: str | None
+
+    def _trouble(self, error: Any) -> None:
+        if self._failing is None:
+            log.warn("Kafka consumer {name}: {error}; retrying until it works",
+                     name=self.name, error=error)
+        self._failing = str(error)
+
+    def _recovered(self) -> None:
+        if self._failing is not None:
+            log.info("Kafka consumer {name}: reading again", name=self.name)
+            self._failing = None
+
+
+class ConsumerLoop(_Outage):
     """The thread of one consumer (see the module doc).
 
     :param reactor: the reactor of ``sink``.
@@ -232,16 +251,6 @@ class ConsumerLoop:
             return result
         return None
 
-    def _trouble(self, error: Any) -> None:
-        if self._failing is None:
-            log.warn("Kafka consumer {name}: {error}; retrying until it works",
-                     name=self.name, error=error)
-        self._failing = str(error)
-
-    def _recovered(self) -> None:
-        if self._failing is not None:
-            log.info("Kafka consumer {name}: reading again", name=self.name)
-            self._failing = None
 
     def _take_commits(self) -> dict[int, int]:
         with self._lock:
@@ -494,7 +503,7 @@ class TopicView(ConsumerClient):
         self._client.remove(self._tps(mine))
 
 
-class SharedLoop:
+class SharedLoop(_Outage):
     """The thread and the client of the exclusive subscriptions of one group
     (see the module doc): every turn it commits, pauses and resumes what each
     subscription asked, polls the one client, and lets each subscription's
@@ -543,16 +552,6 @@ class SharedLoop:
     def wake(self) -> None:
         self._wake.set()
 
-    def _trouble(self, error: Any) -> None:
-        if self._failing is None:
-            log.warn("Kafka consumer {name}: {error}; retrying until it works",
-                     name=self.name, error=error)
-        self._failing = str(error)
-
-    def _recovered(self) -> None:
-        if self._failing is not None:
-            log.info("Kafka consumer {name}: reading again", name=self.name)
-            self._failing = None
 
     def _run(self) -> None:
         client = None
