@@ -194,10 +194,15 @@ class Cluster:
             n.start(timeout=120.0)
         return self
 
-    def stop(self) -> None:
+    def stop(self, keep_logs: bool = False) -> None:
+        """Stop the nodes and remove their folders; with ``keep_logs`` the
+        folders (each node's ``broker.log``) stay and their paths are printed."""
         for n in self.nodes:
             n.stop()
-            n.cleanup()
+            if keep_logs:
+                print(f"kept {n.tmp}", flush=True)
+            else:
+                n.cleanup()
 
 
 def fanin(cluster: Cluster, level: int, qos: int, duration: float) -> dict:
@@ -390,7 +395,7 @@ def run_config(config: Config, names: list, rep: int, index: int, services: Serv
                     res = {"error": f"{type(e).__name__}: {e}"}
                 record(config, name, res)
         finally:
-            cluster.stop()
+            cluster.stop(keep_logs=args.keep_logs)
 
 
 def main() -> None:
@@ -412,6 +417,8 @@ def main() -> None:
                          "within Mosquitto's listen backlog of 100)")
     ap.add_argument("--storm-clients", type=int, default=1000)
     ap.add_argument("--storm-rate", type=float, default=1000.0, help="msg/s of all the publishers")
+    ap.add_argument("--keep-logs", action="store_true",
+                    help="keep every node's folder and log (bench/out/bench-tbmq-*), paths printed")
     ap.add_argument("--json", help="also write the raw results here (always: bench/out/cluster-*.json)")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
