@@ -76,10 +76,10 @@ def first_result(hook: pluggy.HookCaller, **kwargs: Any) -> tuple[Any, str | Non
         that gave it)``, ``(None, None)`` when none did; with a hook wrapper
         in the way, pluggy's own call and None for the name.
     """
-    impls = hook.get_hookimpls()
+    impls = ordered_impls(hook)
     if any(impl.hookwrapper or impl.wrapper for impl in impls):
         return hook(**kwargs), None
-    for impl in reversed(impls):
+    for impl in impls:
         result = impl.function(*[kwargs[name] for name in impl.argnames])
         if result is not None:
             return result, impl.plugin_name

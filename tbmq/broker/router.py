@@ -15,10 +15,10 @@ from twisted.logger import Logger
 
 from tbmq.broker.retained import RetainedTree
 from tbmq.broker.trie import SubscriptionTrie
-from tbmq.cluster.topics import node_group
-from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.cluster.records import Delivery
 from tbmq.cluster.sinks import Sinks
+from tbmq.cluster.topics import node_group
+from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, SubscriptionOptions
 
 

@@ -121,8 +121,8 @@ class SessionContext:
     :ivar mark: ``mark(client_id, session_id, attached)``: write the
         :class:`~tbmq.cluster.records.SessionMarker` of a persistent DEVICE
         session's connection (:func:`tbmq.cluster.sinks.write_marker` on
-        the node's ``persisted`` sink, with this node's service id); returns None or a Deferred.  None:
-        no markers (the session's first read of the store is its only one).
+        the node's ``persisted`` sink, with this node's service id);
+        returns None or a Deferred.  None: no markers (the session's first read of the store is its only one).
     """
 
     clock: Any

@@ -116,7 +116,6 @@ class ConsumerLoop(_Outage):
                  exclusive: bool, from_beginning: bool, durable: bool, max_records: int,
                  timeout: float, grace: float, stuck: float, name: str) -> None:
         self._reactor = reactor
-        self._shared: SharedLoop | None = None  # set by SharedLoop.add
         self._make_client = make_client
         self._sink = sink
         self._exclusive = exclusive
@@ -165,12 +164,20 @@ class ConsumerLoop(_Outage):
         """Commit what was asked, close the client (leaving the group), then
         call the sink's ``_closed``."""
         self._stopping = True
-        if self._shared is not None:
-            self._shared.wake()
 
     # -- driven by a SharedLoop's thread ---------------------------------------------------
 
-    def _attach(self, view: "TopicView") -> bool:
+    @property
+    def stopping(self) -> bool:
+        """:meth:`stop` was called (the thread closes the client next)."""
+        return self._stopping
+
+    @property
+    def wanted(self) -> set[int]:
+        """Partitions whose end the loop does not know yet (thread side)."""
+        return self._want
+
+    def attach(self, view: "TopicView") -> bool:
         """Take every partition of the view's topic (exclusive).
 
         :returns: False when Kafka failed (try again later)."""
@@ -200,14 +207,14 @@ class ConsumerLoop(_Outage):
                 self._rebalancing = True  # joining
                 self._rebalance_deadline = time.monotonic() + self._stuck
             while not self._stopping:
-                self._between_polls(client)
-                self._poll(client)
+                self.between_polls(client)
+                self.poll_once(client)
                 if self._rebalancing and time.monotonic() > self._rebalance_deadline:
                     client = self._client = self._rejoin(client)
             if client is not None and not self._exclusive:
                 self._finish_rebalance(client)
         finally:
-            self._close(client)
+            self.close_client(client)
 
     def _finish_rebalance(self, client: ConsumerClient) -> None:
         """Before leaving the group: notice a rebalance under way (within
@@ -217,7 +224,7 @@ class ConsumerLoop(_Outage):
         now = time.monotonic()
         grace, deadline = now + self._grace, now + self._grace + self._timeout
         while now < deadline and (self._rebalancing or now < grace):
-            self._poll(client)
+            self.poll_once(client)
             now = time.monotonic()
 
     def _rejoin(self, client: ConsumerClient) -> ConsumerClient:
@@ -271,14 +278,17 @@ class ConsumerLoop(_Outage):
                         for p, o in offsets.items():
                             self._commits.setdefault(p, o)
 
-    def _between_polls(self, client: ConsumerClient) -> None:
+    def between_polls(self, client: ConsumerClient) -> None:
+        """Commit, pause and resume what the reactor asked (thread side)."""
         self._commit(client, wait=False)
         paused = self.want_paused
         if paused != self._paused and self._next:
             (client.pause if paused else client.resume)(list(self._next))
         self._paused = paused
 
-    def _poll(self, client: ConsumerClient) -> None:
+    def poll_once(self, client: ConsumerClient) -> None:
+        """One poll of ``client``; its records and reached partitions to the
+        reactor in one call (thread side)."""
         self._drop_revoked()
         try:
             records, ends = client.poll(POLL_TIMEOUT, self._max_records, self._want)
@@ -422,7 +432,9 @@ class ConsumerLoop(_Outage):
             self._reached.discard(p)
         return gone
 
-    def _close(self, client: ConsumerClient | None) -> None:
+    def close_client(self, client: ConsumerClient | None) -> None:
+        """Commit what was asked (waiting), close ``client`` and tell the
+        reactor (thread side)."""
         try:
             if client is not None:
                 self._commit(client, wait=True)
@@ -541,17 +553,12 @@ class SharedLoop(_Outage):
         with self._lock:
             if self.dead:
                 return False
-            member._shared = self
             self._adding.append((member, topic))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
         self._wake.set()
         return True
-
-    def wake(self) -> None:
-        self._wake.set()
-
 
     def _run(self) -> None:
         client = None
@@ -576,7 +583,7 @@ class SharedLoop(_Outage):
                     self._wake.wait(RETRY_DELAY if self._waiting else POLL_TIMEOUT)
         finally:
             for member, view in list(self._members.items()):
-                member._close(view)
+                member.close_client(view)
             self._members.clear()
             if client is not None:
                 try:
@@ -591,9 +598,10 @@ class SharedLoop(_Outage):
             client = self._make_client()
         except Exception as e:
             self._trouble(e)
-            for member, _topic in [m for m in self._waiting if m[0]._stopping]:
-                self._waiting.remove((member, _topic))
-                member._close(None)
+            stopped = [m for m, _topic in self._waiting if m.stopping]
+            self._waiting = [w for w in self._waiting if not w[0].stopping]
+            for member in stopped:
+                member.close_client(None)
             self._wake.wait(RETRY_DELAY)
             return None
         self._recovered()
@@ -602,27 +610,27 @@ class SharedLoop(_Outage):
     def _attach(self, client: ExclusiveClient) -> None:
         still = []
         for member, topic in self._waiting:
-            if member._stopping:
-                member._close(None)
+            if member.stopping:
+                member.close_client(None)
                 continue
             view = TopicView(client, topic)
-            if member._attach(view):
+            if member.attach(view):
                 self._members[member] = view
             else:
                 still.append((member, topic))
         self._waiting = still
 
     def _detach(self) -> None:
-        for member in [m for m in self._members if m._stopping]:
-            member._close(self._members.pop(member))
+        for member in [m for m in self._members if m.stopping]:
+            member.close_client(self._members.pop(member))
 
     def _turn(self, client: ExclusiveClient) -> None:
         members = self._members
         want = set()
         for member, view in members.items():
-            member._between_polls(view)
+            member.between_polls(view)
             topic = view.topic
-            want.update((topic, p) for p in member._want)
+            want.update((topic, p) for p in member.wanted)
         try:
             records, ends = client.poll(POLL_TIMEOUT, self._max_records, want)
         except Exception as e:
@@ -638,4 +646,4 @@ class SharedLoop(_Outage):
             topic = view.topic
             view.records = records.get(topic, [])
             view.ends = {tp[1]: end for tp, end in ends.items() if tp[0] == topic}
-            member._poll(view)
+            member.poll_once(view)
