@@ -90,6 +90,12 @@ class BusEnv:
         return self.call(bus.subscribe, topic, group, handler, from_beginning, exclusive,
                          bundle)
 
+    def another_node(self, bus, **options):
+        """:returns: the bus as another node of the cluster sees it: ``bus``
+        itself in process (one bus is the whole cluster), a new started bus
+        on the same brokers for Kafka (its own clients)."""
+        return bus
+
     def close(self) -> None:
         for bus in self.buses:
             try:
@@ -199,6 +205,9 @@ class KafkaEnv(BusEnv):
 
         config = dataclasses.replace(self.config, partitions=partitions)
         return KafkaBus(config, clock=self.rt.reactor, **options)
+
+    def another_node(self, bus, **options):
+        return self.bus(**options)
 
     def subscribe(self, bus, topic, group, handler, from_beginning=False, exclusive=False,
                   bundle=None):

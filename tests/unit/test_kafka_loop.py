@@ -1,19 +1,28 @@
-"""The consumer thread of the Kafka bus (tbmq_plugins.kafka.loop) on a
+"""The consumer threads of the Kafka bus (tbmq_plugins.kafka.loop) on a
 scripted client: where partitions start, what is committed and when, the
-records below a fetched end skipped, pause and resume, rebalances, stop."""
+records below a fetched end skipped, pause and resume, rebalances, stop, and
+several subscriptions on one client."""
 
 from __future__ import annotations
 
 import queue
 import time
 
-from tbmq_plugins.kafka.drivers import ConsumerClient, RawRecord
-from tbmq_plugins.kafka.loop import ConsumerLoop
+from tbmq_plugins.kafka.drivers import RawRecord, SharedClient
+from tbmq_plugins.kafka.loop import ConsumerLoop, SharedLoop
 from tests.unit.test_kafka_bus import QueueReactor
 
+T = "t"
 
-class ScriptedClient(ConsumerClient):
-    """Answers polls from a queue the test fills; records every call."""
+
+def tps(partitions, topic=T) -> dict:
+    """``{p: value}`` as the client sees it: ``{(topic, p): value}``."""
+    return {(topic, p): v for p, v in partitions.items()}
+
+
+class ScriptedClient(SharedClient):
+    """Answers polls from a queue the test fills; records every call (with
+    the partitions of topic :data:`T` as ``int``, the others as tuples)."""
 
     def __init__(self, partitions=(0, 1), committed=None, reported_end=2) -> None:
         self._partitions = list(partitions)
@@ -24,46 +33,63 @@ class ScriptedClient(ConsumerClient):
         self.high: dict = {}  # the high watermarks "fetched"
         self.on_assign = self.on_revoke = None
 
-    def partitions(self):
+    @staticmethod
+    def _plain(tps_):
+        return {(p if t == T else (t, p)): v for (t, p), v in tps_.items()}
+
+    @staticmethod
+    def _list(tps_):
+        return sorted(p if t == T else (t, p) for t, p in tps_)
+
+    def partitions(self, topic):
         return self._partitions
 
-    def subscribe(self, on_assign, on_revoke):
+    def add(self, offsets):
+        self.calls.append(("start_at", self._plain(offsets), True))
+
+    def remove(self, tps_):
+        self.calls.append(("remove", self._list(tps_)))
+
+    def subscribe(self, topics, on_assign, on_revoke):
         self.on_assign, self.on_revoke = on_assign, on_revoke
-        self.calls.append(("subscribe",))
+        self.calls.append(("subscribe", list(topics)))
 
-    def start_at(self, offsets, assign):
-        self.calls.append(("start_at", dict(offsets), assign))
+    def seek(self, offsets):
+        self.calls.append(("start_at", self._plain(offsets), False))
 
-    def committed(self, partitions):
-        return {p: self._committed.get(p) for p in partitions}
+    def committed(self, tps_):
+        return {(t, p): self._committed.get(p if t == T else (t, p)) for t, p in tps_}
 
-    def first_offsets(self, partitions):
-        return {p: 0 for p in partitions}
+    def first_offsets(self, tps_):
+        return {tp: 0 for tp in tps_}
 
-    def end_offsets(self, partitions):
-        return {p: self._reported_end for p in partitions}
+    def end_offsets(self, tps_):
+        return {tp: self._reported_end for tp in tps_}
 
-    def high_watermarks(self, partitions):
-        return {p: self.high[p] for p in partitions if p in self.high}
+    def high_watermarks(self, tps_):
+        return {(t, p): self.high[p] for t, p in tps_ if p in self.high}
 
     def poll(self, timeout, max_records, want_ends):
-        self.calls.append(("want", sorted(want_ends)))
+        self.calls.append(("want", self._list(want_ends)))
         try:
             step = self.polls.get(timeout=timeout)
         except queue.Empty:
-            return [], {}
+            return {}, {}
         if callable(step):
-            return step()
-        return step
+            step = step()
+        records, ends = step
+        if isinstance(records, list):
+            records = {T: records} if records else {}
+        return records, {(k if isinstance(k, tuple) else (T, k)): v for k, v in ends.items()}
 
     def commit(self, offsets, wait):
-        self.calls.append(("commit", dict(offsets), wait))
+        self.calls.append(("commit", self._plain(offsets), wait))
 
-    def pause(self, partitions):
-        self.calls.append(("pause", sorted(partitions)))
+    def pause(self, tps_):
+        self.calls.append(("pause", self._list(tps_)))
 
-    def resume(self, partitions):
-        self.calls.append(("resume", sorted(partitions)))
+    def resume(self, tps_):
+        self.calls.append(("resume", self._list(tps_)))
 
     def close(self):
         self.calls.append(("close",))
@@ -91,13 +117,22 @@ class Sink:
         self.closed = True
 
 
+def member(reactor, exclusive=True, from_beginning=False, durable=False):
+    sink = Sink()
+    loop = ConsumerLoop(reactor, sink, exclusive=exclusive, from_beginning=from_beginning,
+                        durable=durable, timeout=2.0, name="test")
+    return loop, sink
+
+
+def shared(client, reactor, exclusive=True, stuck=60.0) -> SharedLoop:
+    return SharedLoop(reactor, lambda: client, joining=not exclusive, max_records=100,
+                      timeout=2.0, grace=0.0, stuck=stuck, name="test")
+
+
 def start(client, exclusive=True, from_beginning=False, durable=False, stuck=60.0):
     reactor = QueueReactor()
-    sink = Sink()
-    loop = ConsumerLoop(reactor, lambda: client, sink, exclusive=exclusive,
-                        from_beginning=from_beginning, durable=durable, max_records=100,
-                        timeout=2.0, grace=0.0, stuck=stuck, name="test")
-    loop.start()
+    loop, sink = member(reactor, exclusive, from_beginning, durable)
+    shared(client, reactor, exclusive, stuck).add(loop, T)
     return loop, sink, reactor
 
 
@@ -130,7 +165,7 @@ def test_a_new_group_starts_at_the_fetched_end_and_skips_what_was_there():
     reactor.wait(lambda: len(sink.batches) == 2)
     assert sink.batches[1] == ([(0, 5), (0, 6)], [])
     stop(loop, sink, reactor)
-    assert client.calls[-1] == ("close",)
+    assert client.calls[-1] == ("remove", [0, 1])  # the client is closed once idle
 
 
 def test_a_new_group_of_a_durable_topic_starts_at_the_first_offsets_at_once_committed():
@@ -182,28 +217,28 @@ def test_the_reactor_asks_and_the_thread_does_between_polls():
     loop.commit(1, 2)
     stop(loop, sink, reactor)
     done = client.calls[-2:]
-    assert done in ([("commit", {1: 2}, True), ("close",)],
-                    [("commit", {1: 2}, False), ("close",)])
+    assert done in ([("commit", {1: 2}, True), ("remove", [0, 1])],
+                    [("commit", {1: 2}, False), ("remove", [0, 1])])
 
 
 def test_a_rebalance_asks_the_reactor_and_commits_before_the_partitions_go():
     client = ScriptedClient(committed={0: 10, 1: 20})
     loop, sink, reactor = start(client, exclusive=False)
     reactor.wait(lambda: client.on_assign is not None)
-    client.polls.put(lambda: (client.on_assign([0, 1]), ([], {0: 10, 1: 20}))[1])
+    client.polls.put(lambda: (client.on_assign([(T, 0), (T, 1)]), ([], {0: 10, 1: 20}))[1])
     reactor.wait(lambda: sink.batches)
     assert sink.assigned == [[0, 1]] and sink.batches == [([], [0, 1])]
     taken: list = []
 
     def rebalance():
         loop.commit(0, 12)  # what the reactor finished just before
-        taken.append(client.on_revoke([0, 1]))  # asks the reactor, waits
-        client.on_assign([1])
+        taken.append(client.on_revoke([(T, 0), (T, 1)]))  # asks the reactor, waits
+        client.on_assign([(T, 1)])
         return records(0, [12]) + records(1, [20]), {1: 21}
 
     client.polls.put(rebalance)
     reactor.wait(lambda: len(sink.batches) == 2)
-    assert sink.revoked == [[0, 1]] and taken == [{0: 12}]  # for the driver to commit
+    assert sink.revoked == [[0, 1]] and taken == [{(T, 0): 12}]  # for the driver to commit
     assert sink.assigned[-1] == [1]
     # partition 0 went: its record read before the rebalance is not handed
     assert sink.batches[1] == ([(1, 20)], [1])
@@ -219,7 +254,7 @@ def test_a_member_stopping_finishes_a_rebalance_under_way_before_it_leaves():
     loop.stop()
     time.sleep(0.3)
     assert not sink.closed  # still in the rebalance: not leaving now
-    client.polls.put(lambda: (client.on_assign([0]), ([], {}))[1])
+    client.polls.put(lambda: (client.on_assign([(T, 0)]), ([], {}))[1])
     reactor.wait(lambda: sink.closed)
     assert client.calls[-1] == ("close",)
 
@@ -227,12 +262,72 @@ def test_a_member_stopping_finishes_a_rebalance_under_way_before_it_leaves():
 def test_a_member_without_an_assignment_for_too_long_joins_again():
     client = ScriptedClient()
     loop, sink, reactor = start(client, exclusive=False, stuck=0.3)
-    reactor.wait(lambda: client.calls.count(("subscribe",)) == 2)
-    first = client.calls.index(("subscribe",))
+    reactor.wait(lambda: client.calls.count(("subscribe", [T])) == 2)
+    first = client.calls.index(("subscribe", [T]))
     assert ("close",) in client.calls[first:]  # left, then joined as a new member
-    client.polls.put(lambda: (client.on_assign([0, 1]), ([], {0: 0, 1: 0}))[1])
+    client.polls.put(lambda: (client.on_assign([(T, 0), (T, 1)]), ([], {0: 0, 1: 0}))[1])
     reactor.wait(lambda: sink.batches)
     assert sink.assigned == [[0, 1]]
     time.sleep(0.5)
-    assert client.calls.count(("subscribe",)) == 2  # assigned: no more rejoining
+    assert client.calls.count(("subscribe", [T])) == 2  # assigned: no more rejoining
     stop(loop, sink, reactor)
+
+
+def test_joining_subscriptions_made_together_are_one_member_over_their_topics():
+    """A bundle's subscriptions: one subscribe for both topics (gathered),
+    each topic's partitions and records to its own subscription, pause and
+    stop of one leave the other reading."""
+    client = ScriptedClient(committed={0: 0, 1: 0, ("u", 0): 5})
+    reactor = QueueReactor()
+    loop = shared(client, reactor, exclusive=False)
+    first, first_sink = member(reactor, exclusive=False)
+    second, second_sink = member(reactor, exclusive=False)
+    loop.add(first, T)
+    loop.add(second, "u")
+    reactor.wait(lambda: client.on_assign is not None)
+    assert [c for c in client.calls if c[0] == "subscribe"] == [("subscribe", [T, "u"])]
+    client.polls.put(lambda: (client.on_assign([(T, 0), (T, 1), ("u", 0)]),
+                              ({}, {0: 0, 1: 0, ("u", 0): 5}))[1])
+    reactor.wait(lambda: first_sink.batches and second_sink.batches)
+    assert first_sink.assigned == [[0, 1]] and second_sink.assigned == [[0]]
+    assert ("start_at", {("u", 0): 5}, False) in client.calls
+    second.want_paused = True
+    reactor.wait(lambda: ("pause", [("u", 0)]) in client.calls)
+    assert not any(c[0] == "pause" and 0 in c[1] for c in client.calls)  # T reads on
+    client.polls.put(({T: records(0, [0, 1]), "u": []}, {}))
+    reactor.wait(lambda: len(first_sink.batches) == 2)
+    assert first_sink.batches[1] == ([(0, 0), (0, 1)], [])
+    second.commit(0, 6)
+    stop(second, second_sink, reactor)  # its commit, then the topic leaves the subscription
+    assert ({("u", 0): 6}, True) in commits(client)
+    reactor.wait(lambda: ("subscribe", [T]) in client.calls)
+    assert ("close",) not in client.calls
+    client.polls.put(lambda: (client.on_revoke([(T, 0), (T, 1), ("u", 0)]),
+                              client.on_assign([(T, 0), (T, 1)]),
+                              ({T: records(1, [0])}, {}))[2])
+    reactor.wait(lambda: len(first_sink.batches) == 3)
+    assert first_sink.batches[2] == ([(1, 0)], [])
+    assert second_sink.revoked == []  # stopped: not asked any more
+    stop(first, first_sink, reactor)  # the last one: the client leaves the group
+    assert client.calls[-1] == ("close",)
+
+
+def test_a_joining_subscription_of_a_topic_the_client_holds_takes_its_partitions():
+    """A topic stopped and subscribed again before the group rebalanced:
+    the new subscription positions what the client still holds."""
+    client = ScriptedClient(committed={0: 3, ("u", 0): 0})
+    reactor = QueueReactor()
+    loop = shared(client, reactor, exclusive=False)
+    first, first_sink = member(reactor, exclusive=False)
+    other, _other_sink = member(reactor, exclusive=False)
+    loop.add(first, T)
+    loop.add(other, "u")
+    reactor.wait(lambda: client.on_assign is not None)
+    client.polls.put(lambda: (client.on_assign([(T, 0), ("u", 0)]), ({}, {}))[1])
+    reactor.wait(lambda: first_sink.assigned)
+    again, again_sink = member(reactor, exclusive=False)
+    first.stop()
+    loop.add(again, T)
+    reactor.wait(lambda: again_sink.assigned)
+    assert first_sink.closed and again_sink.assigned == [[0]]
+    assert client.calls.count(("start_at", {0: 3}, False)) == 2
