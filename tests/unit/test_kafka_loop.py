@@ -331,3 +331,41 @@ def test_a_joining_subscription_of_a_topic_the_client_holds_takes_its_partitions
     reactor.wait(lambda: again_sink.assigned)
     assert first_sink.closed and again_sink.assigned == [[0]]
     assert client.calls.count(("start_at", {0: 3}, False)) == 2
+
+
+def test_a_nodes_bundle_is_one_client_and_one_kafka_group_over_its_topics():
+    import dataclasses
+
+    import pytest
+
+    from tests.unit.test_kafka_bus import CONFIG, FakeDriver, fired, started
+
+    driver = FakeDriver()
+    clients: list = []
+
+    def make(config, group):
+        clients.append((group, ScriptedClient()))
+        return clients[-1][1]
+
+    driver.SharedClient = make
+    bus, reactor = started(driver, dataclasses.replace(CONFIG, heartbeat_interval_ms=100))
+    c = bus.catalogue
+    consumers = [bus.subscribe(c.msg_all, "tbmq-msg-all", lambda r: None, bundle="cluster"),
+                 bus.subscribe(c.msg_persisted, "tbmq-msg-persisted", lambda r: None,
+                               bundle="cluster")]
+    reactor.wait(lambda: clients and clients[0][1].on_assign is not None)
+    time.sleep(0.2)
+    assert [group for group, _client in clients] == ["p.cluster"]  # CONFIG's prefix
+    assert [call for call in clients[0][1].calls if call[0] == "subscribe"] == [
+        ("subscribe", sorted([c.msg_all, c.msg_persisted]))]
+    with pytest.raises(ValueError):  # one group per topic in a bundle
+        bus.subscribe(c.msg_all, "another", lambda r: None, bundle="cluster")
+    assert CONFIG.topic_prefix == "p."
+    client = clients[0][1]
+    client.polls.put(lambda: (client.on_assign([(c.msg_all, 0), (c.msg_persisted, 0)]),
+                              ({}, {}))[1])
+    reactor.wait(lambda: all(consumer._has_assignment for consumer in consumers))
+    d = bus.stop()
+    reactor.wait(lambda: d.called)
+    assert fired(d) == [None] and all(consumer.stopped for consumer in consumers)
+    assert clients[0][1].calls[-1] == ("close",)

@@ -182,6 +182,9 @@ class SharedClient:
              want_ends: set[TP]) -> tuple[dict[str, list[RawRecord]], dict[TP, int]]:
         """Read what is there, waiting ``timeout`` seconds at most.
 
+        :param want_ends: partitions whose end the caller does not know yet
+            (``in``, iteration and truth only; read it after the client's
+            poll, as ``on_assign`` may add partitions to it meanwhile).
         :returns: ``(records, ends)``: topic → its records in partition and
             offset order, and for partitions of ``want_ends`` that a fetch
             answered, the end offset (high watermark) it reported.

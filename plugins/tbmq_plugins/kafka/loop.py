@@ -110,6 +110,28 @@ def _by_topic(tps: list[tuple]) -> dict[str, list[int]]:
     return found
 
 
+class _Wanted:
+    """The partitions whose end the members do not know yet, as
+    ``(topic, partition)``: read when asked, so that those a rebalance
+    assigns during a poll are in it after (what a driver's poll reads)."""
+
+    __slots__ = ("_members",)
+
+    def __init__(self, members: dict) -> None:
+        self._members = {view.topic: member for member, view in members.items()}
+
+    def __contains__(self, tp: object) -> bool:
+        member = self._members.get(tp[0])
+        return member is not None and tp[1] in member.wanted
+
+    def __iter__(self):
+        return iter([(topic, p) for topic, member in self._members.items()
+                     for p in member.wanted])
+
+    def __bool__(self) -> bool:
+        return any(member.wanted for member in self._members.values())
+
+
 class ConsumerLoop(_Outage):
     """The state of one subscription, driven by the thread of a
     :class:`SharedLoop` (see the module doc) through its public thread-side
@@ -690,13 +712,10 @@ class SharedLoop(_Outage):
 
     def _turn(self, client: SharedClient) -> None:
         members = self._members
-        want = set()
         for member, view in members.items():
             member.between_polls(view)
-            topic = view.topic
-            want.update((topic, p) for p in member.wanted)
         try:
-            records, ends = client.poll(POLL_TIMEOUT, self._max_records, want)
+            records, ends = client.poll(POLL_TIMEOUT, self._max_records, _Wanted(members))
         except Exception as e:
             self._trouble(e)
             time.sleep(RETRY_DELAY)
