@@ -155,6 +155,7 @@ class KafkaBus:
         self._consumers: set[KafkaConsumer] = set()
         self._shared: dict[str, SharedLoop] = {}  # by Kafka group id (exclusive, bundles)
         self._keys: dict[KafkaConsumer, str | None] = {}  # its key in _shared
+        self._expected: dict[KafkaConsumer, tuple] = {}  # (SharedLoop, loop) until its topic exists
         self._bundled: dict[tuple[str, str], str] = {}  # (Kafka group id, topic) -> group
         self._unacknowledged = False  # the last outcome was a failure
 
@@ -401,29 +402,36 @@ class KafkaBus:
         else:
             key = group_id
         self._keys[consumer] = key
-        self._begin(consumer, loop, (key, group_id, not exclusive))
+        shared = self._shared_loop(key, group_id, not exclusive)
+        shared.expect(loop)
+        self._expected[consumer] = (shared, loop)
+        self._begin(consumer, loop, (shared, key, group_id, not exclusive))
         return consumer
 
+    def _shared_loop(self, key: str | None, group_id: str, joining: bool) -> SharedLoop:
+        """The shared thread of ``key`` in :attr:`_shared` (a new one when
+        it has ended), or a thread of its own when ``key`` is None."""
+        shared = self._shared.get(key) if key is not None else None
+        if shared is None or shared.dead:
+            config = self.config
+            shared = SharedLoop(
+                self.clock, lambda: self.driver.SharedClient(config, group_id),
+                joining=joining, max_records=config.max_poll_records,
+                timeout=config.request_timeout_ms / 1000.0,
+                grace=2 * config.heartbeat_interval_ms / 1000.0,
+                stuck=4 * config.session_timeout_ms / 1000.0,
+                name=f"tbmq-kafka-consumer {group_id}")
+            if key is not None:
+                self._shared[key] = shared
+        return shared
+
     def _share(self, share: tuple, loop: ConsumerLoop, topic: str) -> None:
-        """Have the shared thread of ``share`` (its key in :attr:`_shared`,
-        None for a thread of its own; the Kafka group id; joining) read
+        """Have the shared thread of ``share`` (the :class:`SharedLoop`
+        picked at subscribe, its key, the Kafka group id, joining) read
         ``topic`` for ``loop`` (a new thread when it has ended)."""
-        key, group_id, joining = share
-        config = self.config
-        while True:
-            shared = self._shared.get(key) if key is not None else None
-            if shared is None or shared.dead:
-                shared = SharedLoop(
-                    self.clock, lambda: self.driver.SharedClient(config, group_id),
-                    joining=joining, max_records=config.max_poll_records,
-                    timeout=config.request_timeout_ms / 1000.0,
-                    grace=2 * config.heartbeat_interval_ms / 1000.0,
-                    stuck=4 * config.session_timeout_ms / 1000.0,
-                    name=f"tbmq-kafka-consumer {group_id}")
-                if key is not None:
-                    self._shared[key] = shared
-            if shared.add(loop, topic):
-                return
+        shared, key, group_id, joining = share
+        while not shared.add(loop, topic):
+            shared = self._shared_loop(key, group_id, joining)
 
     def _begin(self, consumer: KafkaConsumer, loop: ConsumerLoop, share: tuple,
                attempt: int = 0) -> None:
@@ -435,6 +443,7 @@ class KafkaBus:
                     log.info("Kafka consumer {name}: its topic exists now", name=loop.name)
                 consumer.loop = loop
                 loop.want_paused = consumer._paused
+                self._expected.pop(consumer, None)
                 self._share(share, loop, consumer.topic)
 
         def failed(failure: Failure) -> None:
@@ -450,3 +459,6 @@ class KafkaBus:
     def _forget(self, consumer: KafkaConsumer) -> None:
         self._consumers.discard(consumer)
         self._keys.pop(consumer, None)
+        expected = self._expected.pop(consumer, None)
+        if expected is not None:  # stopped before its topic existed
+            expected[0].forget(expected[1])

@@ -17,8 +17,9 @@ several subscriptions, so that one fetch covers them all:
   member of one group over all their topics.  A group rebalances all its
   topics together and a change of its topics is a rebalance (seconds on
   Tansu), so the thread gathers the subscriptions made within
-  :data:`GATHER` seconds of each other before it joins; one made later
-  joins the topic with another rebalance, one stopped leaves it with
+  :data:`GATHER` seconds of each other, and those whose topic is being
+  created meanwhile (:meth:`SharedLoop.expect`), before it joins; one made
+  later joins the topic with another rebalance, one stopped leaves it with
   another.  A joining subscription outside a bundle (a shared subscription
   of an application) has a client of its own.
 
@@ -511,6 +512,7 @@ class SharedLoop(_Outage):
         self._lock = threading.Lock()
         self._adding: list[tuple[ConsumerLoop, str]] = []
         self._added_at = 0.0
+        self._expected: dict[ConsumerLoop, float] = {}  # joining: added once its topic exists
         self._waiting: list[tuple[ConsumerLoop, str]] = []  # thread side: not attached yet
         self._members: dict[ConsumerLoop, TopicView] = {}  # thread side
         self._topics: dict[str, ConsumerLoop] = {}  # joining: the member of each topic
@@ -524,11 +526,25 @@ class SharedLoop(_Outage):
         self._failing: str | None = None
         self.dead = False
 
+    def expect(self, member: ConsumerLoop) -> None:
+        """``member`` will be added once its topic exists (thread-safe): a
+        joining client waits for it, ``timeout`` seconds at most, before it
+        joins, so that the subscriptions made together join together."""
+        with self._lock:
+            self._expected[member] = time.monotonic()
+
+    def forget(self, member: ConsumerLoop) -> None:
+        """``member`` will not be added after all (stopped before)."""
+        with self._lock:
+            self._expected.pop(member, None)
+        self._wake.set()
+
     def add(self, member: ConsumerLoop, topic: str) -> bool:
         """Have the thread read ``topic`` for ``member`` (thread-safe).
 
         :returns: False when the thread has ended (make another loop)."""
         with self._lock:
+            self._expected.pop(member, None)
             if self.dead:
                 return False
             self._adding.append((member, topic))
@@ -550,6 +566,8 @@ class SharedLoop(_Outage):
                         self.dead = True
                         return
                     gathered = self._added_at + GATHER
+                    if self._expected:
+                        gathered = max(gathered, min(self._expected.values()) + self._timeout)
                 self._wake.clear()
                 if client is None:
                     client = self._open()
