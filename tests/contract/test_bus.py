@@ -573,14 +573,26 @@ def test_exclusive_subscriptions_of_one_group_on_several_topics_are_independent(
     publish_all(env, bus, second, [("c1", command)])
     env.wait_until(lambda: len(got_first) == 4 and len(got_second) == 1)
     assert values(got_second) == [command]
-    env.run(env.call(one.stop))  # the other topic's member goes on
+    stop_one_the_other_goes_on(
+        env, bus, one, (first, second), (got_first, got_second),
+        lambda handler: env.subscribe(bus, first, "node", handler, exclusive=True))
+
+
+def stop_one_the_other_goes_on(env, bus, one, topics, got, subscribe_again) -> None:
+    """Stop ``one`` (of ``topics[0]``, which has handled ``b"0"``..``b"3"``
+    into ``got[0]``): the subscription of ``topics[1]`` reads on; the
+    stopped one, subscribed again (``subscribe_again(handler)``), reads from
+    its committed offsets."""
+    first, second = topics
+    got_first, got_second = got
+    env.run(env.call(one.stop))
     publish_all(env, bus, first, [("k9", b"after")])
     publish_all(env, bus, second, [("c3", r.DisconnectCommand("c3", "2" * 32, 0x8E))])
     env.wait_until(lambda: any(rec.key == "c3" for rec in got_second))
     env.settle()
     assert sorted(values(got_first)) == [b"0", b"1", b"2", b"3"]
-    again: list = []  # the stopped topic, subscribed again: from its committed offsets
-    env.subscribe(bus, first, "node", collector(again), exclusive=True)
+    again: list = []
+    subscribe_again(collector(again))
     env.wait_until(lambda: len(again) == 1)
     env.settle()
     assert values(again) == [b"after"]
@@ -620,17 +632,9 @@ def test_the_joining_groups_of_a_bundle_are_independent(env):
     env.wait_until(lambda: len(got_first) == 4)
     for d in pending:
         env.run(d)
-    env.run(env.call(one.stop))  # the other group's member goes on
-    publish_all(env, bus, first, [("k9", b"after")])
-    publish_all(env, bus, second, [("c3", r.DisconnectCommand("c3", "2" * 32, 0x8E))])
-    env.wait_until(lambda: any(rec.key == "c3" for rec in got_second))
-    env.settle()
-    assert sorted(values(got_first)) == [b"0", b"1", b"2", b"3"]
-    again: list = []  # the stopped group, joined again: from its committed offsets
-    env.subscribe(bus, first, "ga", collector(again), bundle="bundle")
-    env.wait_until(lambda: len(again) == 1)
-    env.settle()
-    assert values(again) == [b"after"]
+    stop_one_the_other_goes_on(
+        env, bus, one, (first, second), (got_first, got_second),
+        lambda handler: env.subscribe(bus, first, "ga", handler, bundle="bundle"))
 
 
 def test_a_bundle_joined_later_on_another_node_shares_the_partitions_of_each_topic(env):

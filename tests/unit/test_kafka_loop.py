@@ -273,18 +273,24 @@ def test_a_member_without_an_assignment_for_too_long_joins_again():
     stop(loop, sink, reactor)
 
 
+def joined_on_t_and_u(client):
+    """Two joining subscriptions, of topics T and ``u``, on one client,
+    joined.  :returns: the reactor, the SharedLoop and each ``(loop, sink)``."""
+    reactor = QueueReactor()
+    loop = shared(client, reactor, exclusive=False)
+    members = [member(reactor, exclusive=False) for _topic in (T, "u")]
+    for (one, _sink), topic in zip(members, (T, "u")):
+        loop.add(one, topic)
+    reactor.wait(lambda: client.on_assign is not None)
+    return reactor, loop, *members
+
+
 def test_joining_subscriptions_made_together_are_one_member_over_their_topics():
     """A bundle's subscriptions: one subscribe for both topics (gathered),
     each topic's partitions and records to its own subscription, pause and
     stop of one leave the other reading."""
     client = ScriptedClient(committed={0: 0, 1: 0, ("u", 0): 5})
-    reactor = QueueReactor()
-    loop = shared(client, reactor, exclusive=False)
-    first, first_sink = member(reactor, exclusive=False)
-    second, second_sink = member(reactor, exclusive=False)
-    loop.add(first, T)
-    loop.add(second, "u")
-    reactor.wait(lambda: client.on_assign is not None)
+    reactor, loop, (first, first_sink), (second, second_sink) = joined_on_t_and_u(client)
     assert [c for c in client.calls if c[0] == "subscribe"] == [("subscribe", [T, "u"])]
     client.polls.put(lambda: (client.on_assign([(T, 0), (T, 1), ("u", 0)]),
                               ({}, {0: 0, 1: 0, ("u", 0): 5}))[1])
@@ -316,13 +322,7 @@ def test_a_joining_subscription_of_a_topic_the_client_holds_takes_its_partitions
     """A topic stopped and subscribed again before the group rebalanced:
     the new subscription positions what the client still holds."""
     client = ScriptedClient(committed={0: 3, ("u", 0): 0})
-    reactor = QueueReactor()
-    loop = shared(client, reactor, exclusive=False)
-    first, first_sink = member(reactor, exclusive=False)
-    other, _other_sink = member(reactor, exclusive=False)
-    loop.add(first, T)
-    loop.add(other, "u")
-    reactor.wait(lambda: client.on_assign is not None)
+    reactor, loop, (first, first_sink), _other = joined_on_t_and_u(client)
     client.polls.put(lambda: (client.on_assign([(T, 0), ("u", 0)]), ({}, {}))[1])
     reactor.wait(lambda: first_sink.assigned)
     again, again_sink = member(reactor, exclusive=False)
