@@ -607,6 +607,9 @@ class SharedLoop(_Outage):
             self._trouble(e)
             stopped = [m for m, _topic in self._waiting if m.stopping]
             self._waiting = [w for w in self._waiting if not w[0].stopping]
+            for member in [m for m in self._members if m.stopping]:
+                self._topics.pop(self._members.pop(member).topic, None)
+                stopped.append(member)
             for member in stopped:
                 member.close_client(None)
             self._wake.wait(RETRY_DELAY)
