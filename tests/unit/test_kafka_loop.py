@@ -369,3 +369,22 @@ def test_a_nodes_bundle_is_one_client_and_one_kafka_group_over_its_topics():
     reactor.wait(lambda: d.called)
     assert fired(d) == [None] and all(consumer.stopped for consumer in consumers)
     assert clients[0][1].calls[-1] == ("close",)
+
+
+def test_a_client_that_cannot_change_its_topics_in_place_joins_again_without_one():
+    """kafka-python's rejoin with changed topics gets no assignment from
+    Tansu: a stopped topic closes the client, and a new one joins with the
+    topics left (from the committed offsets)."""
+    client = ScriptedClient(committed={0: 4, ("u", 0): 0})
+    client.resubscribes = False
+    reactor, loop, (first, first_sink), (second, second_sink) = joined_on_t_and_u(client)
+    client.polls.put(lambda: (client.on_assign([(T, 0), ("u", 0)]), ({}, {}))[1])
+    reactor.wait(lambda: first_sink.assigned and second_sink.assigned)
+    second.stop()
+    reactor.wait(lambda: ("subscribe", [T]) in client.calls and second_sink.closed)
+    calls = client.calls[client.calls.index(("close",)):]
+    assert ("subscribe", [T]) in calls and not first_sink.closed
+    client.polls.put(lambda: (client.on_assign([(T, 0)]), ({T: records(0, [4])}, {}))[1])
+    reactor.wait(lambda: len(first_sink.assigned) == 2 and first_sink.batches)
+    assert first_sink.batches[-1][0] == [(0, 4)]
+    stop(first, first_sink, reactor)

@@ -121,7 +121,13 @@ class SharedClient:
     the next offset to read.  A client either has partitions assigned
     directly (:meth:`add`, :meth:`remove`: the caller promises the group has
     no other member) or joins its group (:meth:`subscribe`), never both.
+
+    :cvar resubscribes: a joined client changes its topics in place with
+        :meth:`subscribe` (a rebalance); False: the caller closes it and
+        joins with a new client instead.
     """
+
+    resubscribes = True
 
     def partitions(self, topic: str) -> list[int]:
         """:returns: ``topic``'s partitions (metadata).

@@ -154,7 +154,11 @@ def _offsets(offsets: dict) -> dict:
 
 class SharedClient(drivers.SharedClient):
     """:class:`kafka.KafkaConsumer` of one group over several topics
-    (:class:`~.drivers.SharedClient`)."""
+    (:class:`~.drivers.SharedClient`).  Its rejoin with changed topics gets
+    no assignment from Tansu (until the loop gives up on it), so a change
+    of topics is a new client (:attr:`resubscribes` False)."""
+
+    resubscribes = False
 
     def __init__(self, config: Any, group: str) -> None:
         self.error: str | None = None

@@ -82,7 +82,7 @@ RETRY_DELAY = 0.5
 BACKLOG_EVERY = 1.0
 #: Seconds a joining client waits for more subscriptions before it joins
 #: (or changes its topics): those made within it cost one rebalance.
-GATHER = 0.05
+GATHER = 0.2
 
 
 class _Outage:
@@ -672,8 +672,11 @@ class SharedLoop(_Outage):
     # -- joining ---------------------------------------------------------------------------
 
     def _keep_joined(self, client: SharedClient) -> SharedClient:
-        """Subscribe to the members' topics when they changed; join again
-        when no assignment came for too long."""
+        """Subscribe to the members' topics when they changed (a client
+        that cannot change them in place leaves the group, and the next one
+        joins with them); join again when no assignment came for too long.
+
+        :returns: the client, or None when it was closed."""
         if self._rebalancing and time.monotonic() > self._rebalance_deadline:
             log.warn("Kafka consumer {name}: no partitions assigned for {seconds:.0f} s; "
                      "joining the group again", name=self.name, seconds=self._stuck)
@@ -681,6 +684,11 @@ class SharedLoop(_Outage):
             return None
         topics = sorted(self._topics)
         if topics and topics != self._subscribed:
+            if self._subscribed and not client.resubscribes:
+                if self._rebalancing:
+                    return client  # the join under way first (see _leave)
+                self._leave(client)  # the next client joins with the topics
+                return None
             try:
                 client.subscribe(topics, self._on_assign, self._on_revoke)
             except Exception as e:
