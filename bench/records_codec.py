@@ -7,9 +7,10 @@ show`` and loaded beside this tree's record types) when given.
 
 Run from the repository root::
 
-    PYTHONPATH=. python bench/records_codec.py [--rev main] [--number 20000]
+    PYTHONPATH=. python bench/records_codec.py [--rev main] [--number 2000] [--repeat 200]
 
-Timings on a shared machine are noisy: the best of seven repeats is shown.
+Timings on a shared machine are noisy: the best of many short rounds is
+shown, the rounds of both columns interleaved.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 import timeit
+from functools import partial
 
 from tbmq.cluster import records as current
 from tbmq.model import ClientType, Message
@@ -69,30 +71,37 @@ def samples(r) -> list[tuple[str, object, object]]:
     ]
 
 
-def per_call_us(f, n: int) -> float:
-    return min(timeit.repeat(f, number=n, repeat=7)) / n * 1e6
-
-
-def measure(r, n: int) -> dict[str, tuple[float, float]]:
-    """label → (encode µs, decode µs)."""
-    out = {}
-    for label, codec, value in samples(r):
-        data = codec.encode(value)
-        assert codec.decode(data) == value, label
-        encode, decode = codec.encode, codec.decode
-        out[label] = (per_call_us(lambda: encode(value), n),
-                      per_call_us(lambda: decode(data), n))
-    return out
+def measure(modules: list, number: int, repeat: int) -> list[dict[str, tuple[float, float]]]:
+    """Per module, label → (encode µs, decode µs): the best of ``repeat``
+    rounds of ``number`` calls, the modules' rounds interleaved (the load
+    of a shared machine falls on all of them alike)."""
+    cases = []
+    for r in modules:
+        timers = {}
+        for label, codec, value in samples(r):
+            data = codec.encode(value)
+            assert codec.decode(data) == value, label
+            timers[label] = (timeit.Timer(partial(codec.encode, value)),
+                             timeit.Timer(partial(codec.decode, data)))
+        cases.append(timers)
+    best = [{label: [float("inf"), float("inf")] for label in timers} for timers in cases]
+    for _ in range(repeat):
+        for timers, out in zip(cases, best):
+            for label, pair in timers.items():
+                for i, timer in enumerate(pair):
+                    out[label][i] = min(out[label][i], timer.timeit(number) / number * 1e6)
+    return [{label: tuple(v) for label, v in out.items()} for out in best]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rev", help="also measure records.py of this commit")
-    parser.add_argument("--number", type=int, default=20000, help="calls per repeat")
+    parser.add_argument("--number", type=int, default=2000, help="calls per round")
+    parser.add_argument("--repeat", type=int, default=200, help="rounds (the best is shown)")
     args = parser.parse_args(argv)
-    columns = [("this tree", measure(current, args.number))]
-    if args.rev:
-        columns.insert(0, (args.rev, measure(records_at(args.rev), args.number)))
+    names = ([args.rev] if args.rev else []) + ["this tree"]
+    modules = ([records_at(args.rev)] if args.rev else []) + [current]
+    columns = list(zip(names, measure(modules, args.number, args.repeat)))
     head = f"{'µs per op':<22}" + "".join(f"{name[:10] + ' enc':>16}{name[:10] + ' dec':>16}"
                                           for name, _ in columns)
     print(head)
