@@ -26,6 +26,7 @@ twice and none forgets them (:meth:`SessionEvents.on_registry_change`).
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections import OrderedDict
 from typing import Callable
@@ -92,6 +93,10 @@ class SessionEvents:
         #: :attr:`GRANT_MEMORY` seconds), oldest first
         self._granted: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._pending: dict[str, defer.Deferred] = {}
+        # request ids: unique per process (a counter after a random prefix),
+        # so an answer to an earlier process of this node matches nothing
+        self._request_prefix = os.urandom(6).hex() + "-"
+        self._requests = 0
         self.consumers: list = []
 
     def start(self) -> None:
@@ -119,7 +124,8 @@ class SessionEvents:
             with :class:`~tbmq.errors.BusPublishError` when no answer came in
             :attr:`timeout` seconds (or the bus refused the request).
         """
-        request_id = uuid.uuid4().hex
+        self._requests += 1
+        request_id = f"{self._request_prefix}{self._requests}"
         d = defer.Deferred()
         self._pending[request_id] = d
         timer = self.clock.callLater(self.timeout, self._timed_out, request_id)
