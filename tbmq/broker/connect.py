@@ -380,6 +380,10 @@ class ConnectFlow:
         keep_alive = connect.keep_alive
         if cfg.max_keep_alive and (keep_alive == 0 or keep_alive > cfg.max_keep_alive):
             keep_alive = cfg.max_keep_alive if self.protocol_level >= MQTT_5 else keep_alive
+        # the connect timeout's call is cancelled and a new one made: moved
+        # sooner, Twisted would look for it through all the reactor's timed
+        # calls (a keep alive shorter than the connect timeout)
+        self.setTimeout(None)
         self.setTimeout(keep_alive * 1.5 if keep_alive else None)
         props = {}
         if self.protocol_level >= MQTT_5:
