@@ -4,9 +4,7 @@ through pluggy.
 Decision hooks are asked through pluggy hook callers: authentication one
 provider at a time in the order of ``auth.providers`` (a subset caller per
 plugin, so a provider that passes hands over to the next one, even after a
-Deferred; a plugin's one plain implementation, the usual case, is called
-as pluggy would call it, without its per-call machinery, so a CONNECT does
-not pay it once per provider), authorization with pluggy's ``firstresult`` (the first answer
+Deferred), authorization with pluggy's ``firstresult`` (the first answer
 that is not None wins; every plugin passing means no, ARCHITECTURE §3).
 Notification hooks on the message path cost nothing while no plugin
 implements them.  The core names no plugin.
@@ -30,17 +28,6 @@ NOTIFICATIONS = (
     "tbmq_client_connected", "tbmq_client_disconnected", "tbmq_session_expired",
     "tbmq_client_subscribed", "tbmq_client_unsubscribed", "tbmq_authentication_failed",
 )
-
-
-def _first_result(caller):
-    """:returns: ``call(request=...)`` giving the first result of the hook
-    caller ``caller``, or None."""
-
-    def call(request):
-        results = caller(request=request)
-        return results[0] if results else None
-
-    return call
 
 
 class Hooks:
@@ -74,16 +61,8 @@ class Hooks:
         self._auth_callers = []
         for name in names:
             mine = self.plugins.get_plugin(name)
-            impls = hook.tbmq_authenticate.get_hookimpls()
-            plain = [impl for impl in impls if impl.plugin is mine]
-            if (len(plain) == 1 and not (plain[0].hookwrapper or plain[0].wrapper)
-                    and tuple(plain[0].argnames) == ("request",)):
-                # one plain implementation: what pluggy would do, without its machinery
-                self._auth_callers.append((name, plain[0].function))
-                continue
-            caller = self.plugins.subset_hook_caller(
-                "tbmq_authenticate", remove_plugins=[p for p in everyone if p is not mine])
-            self._auth_callers.append((name, _first_result(caller)))
+            self._auth_callers.append((name, self.plugins.subset_hook_caller(
+                "tbmq_authenticate", remove_plugins=[p for p in everyone if p is not mine])))
 
     # -- decisions -------------------------------------------------------------------
 
@@ -102,9 +81,10 @@ class Hooks:
 
         def ask(index: int):
             while index < len(callers):
-                name, call = callers[index]
+                name, caller = callers[index]
                 index += 1
-                result = call(request=request)
+                results = caller(request=request)
+                result = results[0] if results else None
                 if isinstance(result, defer.Deferred):
                     return result.addCallback(
                         lambda answer, i=index, n=name:
