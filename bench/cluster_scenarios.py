@@ -172,7 +172,9 @@ def storm(ctx: Context, cluster) -> dict:
         delivered_s (kill → every acknowledged message sent before the kill
         delivered), all_delivered_s (kill → every acknowledged message
         delivered, those sent until the stop too), lost (acknowledged, never delivered: must be 0),
-        duplicates, the CONNECT attempts and refusals of the storm.
+        duplicates, the CONNECT attempts and refusals of the storm;
+        lost_messages (only when some were lost): a few of them, each
+        described by :meth:`bench.storm.StormFleet.describe_lost`.
     """
     a, b = cluster.nodes
     pairs, n_workers = max(1, ctx.options.storm_clients // 2), 2
@@ -202,8 +204,12 @@ def storm(ctx: Context, cluster) -> dict:
                     out["codes"][f"{code:#x}"] = out["codes"].get(f"{code:#x}", 0) + n
             elif k.endswith("_s"):
                 out[k] = None if v is None or (k in out and out[k] is None) else max(out.get(k, v), v)
+            elif isinstance(v, list):
+                out[k] = out.get(k, []) + v
             else:
                 out[k] = out.get(k, 0) + v
+    if not out.get("lost_messages"):
+        out.pop("lost_messages", None)  # printed (bench.cluster.SHOWN) only when there are some
     out["all_back"] = all(x["all_up"] for x in back)
     out["value"] = out.get("reconnect_s")
     return out

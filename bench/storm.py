@@ -26,6 +26,8 @@ import heapq
 import os
 import random
 import struct
+import time
+from array import array
 
 from .mqttgen import (
     Client, Loop, connect_packet, cpu_seconds, disconnect_packet, now, pid_offset, publish_packet,
@@ -38,12 +40,15 @@ TAG = struct.Struct("!II")
 #: a CONNECT answered later than this (seconds) is not "accepted steadily"
 PROMPT = 1.0
 
+#: the most lost messages :meth:`StormFleet.report` describes one by one
+LOST_SHOWN = 8
+
 
 class Conn(Client):
     """A :class:`~bench.mqttgen.Client` that tells its fleet
     what it read and that it was lost."""
 
-    __slots__ = ("owner", "fleet")
+    __slots__ = ("owner", "fleet", "port")
 
     def readable(self) -> None:
         super().readable()
@@ -63,6 +68,9 @@ class Member:
     :ivar state: ``"down"``, ``"connecting"`` or ``"up"``.
     :ivar t_up: when the last accepted CONNACK came (``now()`` seconds).
     :ivar t_lost: when the connection was last lost, or None.
+    :ivar ups: the accepted connections so far, each ``[t_up, port,
+        session present, t_lost or None]``; connection ``n`` (from 1) is
+        ``ups[n - 1]``.
     """
 
     def __init__(self, kind: str, index: int, client_id: str) -> None:
@@ -72,6 +80,7 @@ class Member:
         self.fresh = True      # the first CONNECT: Clean Start, a new session
         self.subscribed = kind == "pub"
         self.t_up = self.t_lost = None
+        self.ups: list[list] = []
         self.attempts = self.refused = self.timeouts = self.failures = 0
         self.codes: dict[int, int] = {}
         self.losses = self.sessions_lost = 0
@@ -79,6 +88,11 @@ class Member:
         # the subscriptions were still on their way: not counted)
         self.seq = self.base = 0
         self.sent_at: list[float] = []
+        # per seq: the connection (a number of ``ups``) it was first sent
+        # on and the one its PUBACK came on (0: none yet), and when
+        self.sent_on = array("H")
+        self.acked_on = array("H")
+        self.acked_at: list[float] = []
         self.inflight: dict[int, tuple[int, bytes]] = {}  # packet id -> (seq, PUBLISH)
         self.next_pid = 1
         self.acked = bytearray()
@@ -126,6 +140,8 @@ class StormFleet:
         self.loop = loop or Loop()
         self.random = random.Random(seed)
         self.port: int | None = None
+        #: port → a name for :meth:`report` (``"A"``, ``"B"``)
+        self.port_names: dict[int, str] = {}
         self.subs = [Member("sub", i, f"{prefix}-s{i}") for i in pairs]
         self.pubs = [Member("pub", i, f"{prefix}-p{i}") for i in pairs]
         self.members = self.subs + self.pubs
@@ -200,7 +216,7 @@ class StormFleet:
             return
         m.attempts += 1
         c = Conn(self.loop, m.client_id, self.level, m.on_publish if m.kind == "sub" else None)
-        c.owner, c.fleet = m, self
+        c.owner, c.fleet, c.port = m, self, self.port
         if m.kind == "pub":
             c.stream.ack_ids, c.stream.refused_ids = [], []
         try:
@@ -241,6 +257,8 @@ class StormFleet:
         if m.state == "up":
             m.losses += 1
             m.t_lost = now()
+            if m.ups:
+                m.ups[-1][3] = m.t_lost
             self._down(m, self.random.uniform(0.0, self.first_delay))
         elif m.state == "connecting":
             m.failures += 1
@@ -263,6 +281,7 @@ class StormFleet:
                 return
             self._state(m, "up")
             m.t_up = now()
+            m.ups.append([m.t_up, c.port, bool(st.connack.session_present), None])
             if m.kind == "sub":
                 if not m.fresh and not st.connack.session_present:
                     m.sessions_lost += 1
@@ -286,8 +305,11 @@ class StormFleet:
         for pid in st.ack_ids:
             entry = m.inflight.pop(pid, None)
             if entry is not None and not m.acked[entry[0]]:
-                m.acked[entry[0]] = 1
+                seq = entry[0]
+                m.acked[seq] = 1
                 m.acked_n += 1
+                m.acked_on[seq] = len(m.ups)
+                m.acked_at[seq] = now()
         st.ack_ids.clear()
         for pid in st.refused_ids:
             if m.inflight.pop(pid, None) is not None:
@@ -337,6 +359,9 @@ class StormFleet:
         TAG.pack_into(pkt, pay_at, m.index, m.seq)
         m.inflight[pid] = (m.seq, bytes(pkt))
         m.sent_at.append(now())
+        m.sent_on.append(len(m.ups))
+        m.acked_on.append(0)
+        m.acked_at.append(0.0)
         m.acked.append(0)
         m.seq += 1
         m.conn.send(pkt)
@@ -388,6 +413,7 @@ class StormFleet:
         down = [m for m in self.members if m.state != "up"]
         lost = dup = unacked_delivered = warmup_lost = 0
         last_pre = last_all = t_kill
+        lost_messages = []
         for p, s in zip(self.pubs, self.subs):
             first = s.first
             dup += s.duplicates
@@ -398,6 +424,8 @@ class StormFleet:
                     unacked_delivered += t is not None
                 elif t is None:
                     lost += 1
+                    if len(lost_messages) < LOST_SHOWN:
+                        lost_messages.append(self.describe_lost(p, s, seq, t_kill))
                 else:
                     last_all = max(last_all, t)
                     if p.sent_at[seq] < t_kill:
@@ -422,7 +450,40 @@ class StormFleet:
             "attempts": total("attempts"), "refused": total("refused"), "codes": codes,
             "timeouts": total("timeouts"), "failures": total("failures"),
             "sessions_lost": total("sessions_lost"), "disconnects": total("losses"),
-            "cold_subscribers": self.cold,
+            "cold_subscribers": self.cold, "lost_messages": lost_messages,
+        }
+
+    def describe_lost(self, p: Member, s: Member, seq: int, t_kill: float) -> dict:
+        """One lost message of :meth:`report`, to match with the nodes'
+        logs: times in seconds from ``t_kill`` (``kill_utc``: the kill's
+        wall clock time), connections as ``[number, node, up at, session
+        present, lost at]`` (a node named by :attr:`port_names`).
+
+        :returns: pair, seq, pub and sub (client ids), sent and acked
+            (times), sent_on and acked_on (the publisher's connections),
+            sub_conns (every connection of the subscriber), before and
+            after (the nearest seqs delivered on either side, with their
+            delivery times)."""
+        rel = lambda t: None if t is None else round(t - t_kill, 3)  # noqa: E731
+
+        def conn(m: Member, n: int) -> list | None:
+            if not n:
+                return None
+            t_up, port, present, t_lost = m.ups[n - 1]
+            return [n, self.port_names.get(port, port), rel(t_up), present, rel(t_lost)]
+
+        first = s.first
+        before = max((q for q in first if q < seq), default=None)
+        after = min((q for q in first if q > seq), default=None)
+        wall = time.time() - (now() - t_kill)
+        return {
+            "pair": p.index, "seq": seq, "pub": p.client_id, "sub": s.client_id,
+            "kill_utc": time.strftime("%H:%M:%S", time.gmtime(wall)) + f"{wall % 1:.3f}"[1:],
+            "sent": rel(p.sent_at[seq]), "acked": rel(p.acked_at[seq]),
+            "sent_on": conn(p, p.sent_on[seq]), "acked_on": conn(p, p.acked_on[seq]),
+            "sub_conns": [conn(s, n) for n in range(1, len(s.ups) + 1)],
+            "before": None if before is None else [before, rel(first[before])],
+            "after": None if after is None else [after, rel(first[after])],
         }
 
     def close(self) -> None:
@@ -461,6 +522,7 @@ def storm_worker(ctl, role: dict) -> None:
             raise TimeoutError(f"{sum(m.state != 'up' for m in fleet.members)} clients not "
                                f"connected to node B")
         fleet.port = role["port_a"]
+        fleet.port_names = {role["port"]: "B", role["port_a"]: "A"}
         cpu0 = cpu_seconds()
         fleet.start_publishing()
         fleet.warm_up(role.get("warm_up_timeout", 60))  # else reported: cold_subscribers
