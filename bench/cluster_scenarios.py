@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from bench import scenarios
 from bench import workers as gen
 from bench.brokers import proc_cpu_s
-from bench.storm import probe_connects, storm_worker
+from bench.storm import probe_connects, stored_tags, storm_worker
 
 now = time.monotonic
 
@@ -174,7 +174,10 @@ def storm(ctx: Context, cluster) -> dict:
         delivered, those sent until the stop too), lost (acknowledged, never delivered: must be 0),
         duplicates, the CONNECT attempts and refusals of the storm;
         lost_messages (only when some were lost): a few of them, each
-        described by :meth:`bench.storm.StormFleet.describe_lost`.
+        described by :meth:`bench.storm.StormFleet.describe_lost`, with
+        ``stored`` (the subscriber's deliveries in the device store after
+        the run) and ``in_store`` (the lost one's ``[state, packet id]``
+        there, or None).
     """
     a, b = cluster.nodes
     pairs, n_workers = max(1, ctx.options.storm_clients // 2), 2
@@ -210,6 +213,13 @@ def storm(ctx: Context, cluster) -> dict:
                 out[k] = out.get(k, 0) + v
     if not out.get("lost_messages"):
         out.pop("lost_messages", None)  # printed (bench.cluster.SHOWN) only when there are some
+    for lost in out.get("lost_messages", ()):
+        try:  # waiting in the device store, or never stored?
+            tags = stored_tags(a.host, ctx.services.redis_port, f"{ctx.prefix}:", lost["sub"])
+            lost["stored"] = len(tags)
+            lost["in_store"] = tags.get((lost["pair"], lost["seq"]))
+        except Exception as e:  # noqa: BLE001 - a clue, not a result
+            lost["in_store"] = f"unknown: {e}"
     out["all_back"] = all(x["all_up"] for x in back)
     out["value"] = out.get("reconnect_s")
     return out

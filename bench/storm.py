@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import os
 import random
+import socket
 import struct
 import time
 from array import array
@@ -637,3 +638,52 @@ def probe_connects(host: str, port: int, kill, prefix: str, before: float = 1.0,
         "baseline_ms": 1e3 * base[len(base) // 2] if base else None,
         "window_s": t_end - t_kill,
     }
+
+
+def _redis(sock_file, *args):
+    """One command over RESP (the bench has no Redis client library)."""
+    out = [f"*{len(args)}\r\n".encode()]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    sock_file.write(b"".join(out))
+    sock_file.flush()
+    return _reply(sock_file)
+
+
+def _reply(f):
+    line = f.readline()
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"$":
+        n = int(rest)
+        return None if n < 0 else f.read(n + 2)[:-2]
+    if kind == b"*":
+        n = int(rest)
+        return None if n < 0 else [_reply(f) for _ in range(n)]
+    if kind == b":":
+        return int(rest)
+    if kind == b"-":
+        raise RuntimeError(rest.decode())
+    return rest.decode()
+
+
+def stored_tags(host: str, port: int, key_prefix: str, client_id: str) -> dict:
+    """What the Redis device store (:mod:`tbmq_plugins.redis_store`'s
+    layout) holds for ``client_id``: ``{(pair index, seq): (delivery state,
+    packet id)}``, read after a storm to tell a lost message that waits in
+    the store from one that never reached it."""
+    from tbmq.backends.deliveries import decode_delivery  # the nodes' own format
+
+    queue = f"{key_prefix}{{{client_id}}}_messages"
+    found = {}
+    with socket.create_connection((host, port), timeout=10) as sock:
+        f = sock.makefile("rwb")
+        for member in _redis(f, "ZRANGE", queue, 0, -1) or []:
+            fields = _redis(f, "HGETALL", f"{queue}_".encode() + member) or []
+            h = dict(zip(fields[::2], fields[1::2]))
+            if b"d" not in h:
+                continue
+            pid = int(h[b"p"]) if h.get(b"p") else None
+            d = decode_delivery(h[b"d"], pid, int(h.get(b"s") or 0))
+            found[TAG.unpack_from(d.message.payload, 0)] = (int(d.state), pid)
+    return found
