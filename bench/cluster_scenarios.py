@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from bench import scenarios
 from bench import workers as gen
 from bench.brokers import proc_cpu_s
-from bench.storm import probe_connects, stored_tags, storm_worker
+from bench.storm import probe_connects, stored_tags, storm_worker, tags_in_topics
 
 now = time.monotonic
 
@@ -177,7 +177,9 @@ def storm(ctx: Context, cluster) -> dict:
         described by :meth:`bench.storm.StormFleet.describe_lost`, with
         ``stored`` (the subscriber's deliveries in the device store after
         the run) and ``in_store`` (the lost one's ``[state, packet id]``
-        there, or None).
+        there, or None) and ``on_bus`` (``[topic, partition, offset]`` of
+        every record of ``tbmq.msg.all`` and ``tbmq.msg.persisted`` that
+        holds it).
     """
     a, b = cluster.nodes
     pairs, n_workers = max(1, ctx.options.storm_clients // 2), 2
@@ -220,6 +222,18 @@ def storm(ctx: Context, cluster) -> dict:
             lost["in_store"] = tags.get((lost["pair"], lost["seq"]))
         except Exception as e:  # noqa: BLE001 - a clue, not a result
             lost["in_store"] = f"unknown: {e}"
+    if out.get("lost_messages"):
+        # on the bus? (tbmq.msg.all: the publish; tbmq.msg.persisted: the match)
+        prefix = f"{ctx.prefix}."
+        try:
+            where = tags_in_topics(f"127.0.0.1:{ctx.services.kafka_port}",
+                                   [prefix + "tbmq.msg.all", prefix + "tbmq.msg.persisted"],
+                                   {(x["pair"], x["seq"]) for x in out["lost_messages"]})
+            for lost in out["lost_messages"]:
+                lost["on_bus"] = where[(lost["pair"], lost["seq"])]
+        except Exception as e:  # noqa: BLE001 - a clue, not a result
+            for lost in out["lost_messages"]:
+                lost["on_bus"] = f"unknown: {e}"
     out["all_back"] = all(x["all_up"] for x in back)
     out["value"] = out.get("reconnect_s")
     return out

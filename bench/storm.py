@@ -687,3 +687,37 @@ def stored_tags(host: str, port: int, key_prefix: str, client_id: str) -> dict:
             d = decode_delivery(h[b"d"], pid, int(h.get(b"s") or 0))
             found[TAG.unpack_from(d.message.payload, 0)] = (int(d.state), pid)
     return found
+
+
+def tags_in_topics(bootstrap: str, topics: list[str], wanted: set, limit_s: float = 60.0) -> dict:
+    """Where the bus holds the tagged payloads ``wanted`` (``{(pair index,
+    seq)}``): every record of ``topics`` is read from the start, and a
+    value that holds a wanted tag followed by the payload's zero padding
+    counts (a record carries the payload as it came).
+
+    :returns: ``{(pair, seq): [[topic, partition, offset], ...]}``, every
+        wanted tag present (an empty list: found nowhere).
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    needles = {TAG.pack(*w) + bytes(8): w for w in wanted}
+    found: dict = {w: [] for w in wanted}
+    consumer = KafkaConsumer(bootstrap_servers=[bootstrap], enable_auto_commit=False,
+                             group_id=None, consumer_timeout_ms=3000)
+    try:
+        tps = [TopicPartition(t, p) for t in topics
+               for p in sorted(consumer.partitions_for_topic(t) or ())]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        deadline = time.monotonic() + limit_s
+        for record in consumer:
+            value = record.value or b""
+            for needle, w in needles.items():
+                if needle in value:
+                    found[w].append([record.topic.rsplit(".", 3)[-1], record.partition,
+                                     record.offset])
+            if time.monotonic() > deadline:
+                break
+    finally:
+        consumer.close()
+    return found

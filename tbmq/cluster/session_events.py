@@ -153,6 +153,10 @@ class SessionEvents:
         d = self._pending.pop(response.request_id, None)
         if d is not None:
             d.callback(response)
+        else:
+            log.debug("the answer to the connect request {request} of {client_id} came after "
+                      "the CONNECT was refused", request=response.request_id,
+                      client_id=response.client_id)
 
     def request_takeover(self, info) -> None:
         """Ask the cluster to take over ``info`` (a

@@ -293,6 +293,10 @@ class PersistedWriter:
             return None
         self.attached[client_id] = (marker.service_id, marker.session_id)
         storing = self._storing.get(client_id)
+        log.debug("attach marker of {client_id}: connection {session_id} on {node}, after "
+                  "{storing} deliveries being stored", client_id=client_id,
+                  session_id=marker.session_id, node=marker.service_id,
+                  storing=len(storing) if storing else 0)
         if not storing:
             return self._pass_on(marker)
         # DeferredList leaves each store's result to its own chain
