@@ -18,7 +18,9 @@ import msgpack
 import pytest
 from tbmq_plugins.redis_connections import RedisConnection, parse_redis_url
 from tbmq_plugins.redis_store import RedisDeviceMessageStore, RedisPlugin
+from twisted.internet import defer
 from twisted.logger import globalLogPublisher
+from twisted.python.failure import Failure
 
 from tbmq.cluster.records import DELIVERY
 from tbmq.config import load_config
@@ -301,3 +303,39 @@ def test_load_reply_is_one_msgpack_array(open_store, raw, redis_url):
     items = msgpack.unpackb(reply, raw=True)
     assert items[0::4] == [b"%019d" % 1, b"%019d" % 2]
     assert items[1::4] == [b"4", b""] and items[2::4] == [b"1", b"0"]
+
+
+class _OutOfStepProtocol:
+    """A txredisapi protocol whose replies came out of step with its calls:
+    it answers each call with the reply queued for an earlier one."""
+
+    def __init__(self, replies: list) -> None:
+        self.replies = replies
+        self.transport = self
+        self.aborted = False
+
+    def evalsha(self, sha, keys, args):
+        return defer.succeed(self.replies.pop(0))
+
+    def abortConnection(self):
+        self.aborted = True
+
+
+@pytest.mark.parametrize("call, reply", [
+    (lambda s: s.add("c", [delivery(5)]), b"\x90"),
+    (lambda s: s.load("c"), 3),
+], ids=["add answered with bytes", "load answered with a count"])
+def test_a_reply_of_the_wrong_type_drops_the_connection_and_fails_the_call(call, reply):
+    """An add answered with bytes (another call's LOAD reply) or a load
+    answered with a count: the call fails (its caller retries) and the
+    connection, whose replies no longer match its calls, is dropped."""
+    from types import SimpleNamespace
+
+    store = RedisDeviceMessageStore("redis://127.0.0.1:1/0")
+    protocol = _OutOfStepProtocol([reply])
+    store._connections = [SimpleNamespace(protocol=protocol)]
+    store._running = True
+    out: list = []
+    call(store).addBoth(out.append)
+    assert len(out) == 1 and isinstance(out[0], Failure) and out[0].check(BackendError)
+    assert protocol.aborted
