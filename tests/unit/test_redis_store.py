@@ -339,3 +339,72 @@ def test_a_reply_of_the_wrong_type_drops_the_connection_and_fails_the_call(call,
     call(store).addBoth(out.append)
     assert len(out) == 1 and isinstance(out[0], Failure) and out[0].check(BackendError)
     assert protocol.aborted
+
+
+class _Transport:
+    """A TCP transport as txredisapi sees it: what is written, and an
+    abort that closes it a reactor turn later."""
+
+    def __init__(self, clock, protocol) -> None:
+        self.clock, self.protocol = clock, protocol
+        self.written: list[bytes] = []
+        self.disconnecting = False
+        self._aborting = False
+
+    def write(self, data: bytes) -> None:
+        if not self._aborting:
+            self.written.append(data)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def abortConnection(self) -> None:
+        from twisted.internet import error
+
+        self._aborting = True
+        self.clock.callLater(0, self.protocol.connectionLost, Failure(error.ConnectionAborted()))
+
+
+def test_after_a_reply_timeout_no_call_takes_a_reply_meant_for_an_earlier_one():
+    """Redis answered late: one read brings a bulk reply and, behind it, the
+    reply of a call whose timeout fires before txredisapi reads that rest
+    (a reactor turn later).  The timeout fails the calls waiting and
+    aborts the connection; a call made before the close takes effect must
+    fail, not take the stale reply as its own (it was never sent)."""
+    from tbmq_plugins.redis_connections import _protocol_class
+    from twisted.internet import task
+
+    clock = task.Clock()
+    protocol = _protocol_class()(charset=None, replyTimeout=1.0, convertNumbers=False)
+    protocol.factory = type("F", (), {"reactor": clock})()
+    protocol.transport = _Transport(clock, protocol)
+    protocol.connected = 1
+    outcomes: dict = {}
+
+    def call(name):
+        d = protocol.evalsha("sha", ("k",), ())
+        d.addBoth(lambda r, name=name: outcomes.__setitem__(name, r))
+
+    call("load")
+    call("add")
+    clock.rightNow = 1.2  # the reactor was late: the read comes after the timeout was due
+    protocol.dataReceived(b"$3\r\nabc\r\n:0\r\n")  # the load's reply, then the add's
+    assert outcomes["load"] == b"abc"
+    clock.callLater(0, _later, protocol, outcomes)  # runs after txredisapi's read of the rest
+    clock.advance(0)
+    assert isinstance(outcomes["add"], Failure)  # timed out
+    later = outcomes["late add"]
+    assert isinstance(later, Failure), f"a call never sent got the reply {later!r}"
+    assert len(protocol.transport.written) == 2  # the late add was not written either
+
+
+def _later(protocol, outcomes) -> None:
+    try:
+        d = protocol.evalsha("sha", ("k",), ())
+    except Exception:
+        outcomes["late add"] = Failure()
+        return
+    d.addBoth(lambda r: outcomes.__setitem__("late add", r))
