@@ -177,6 +177,10 @@ class SessionEvents:
         pending = self._pending.pop(response.request_id, None)
         if pending is not None:
             pending[0].callback(response)
+        else:
+            log.debug("the answer to the connect request {request} of {client_id} came after "
+                      "the CONNECT was refused", request=response.request_id,
+                      client_id=response.client_id)
 
     def request_takeover(self, info) -> None:
         """Ask the cluster to take over ``info`` (a
