@@ -100,6 +100,9 @@ _FAMILIES = (
 )
 _COMPACTED = frozenset((MSG_RETAINED, CLIENT_SESSION, CLIENT_SUBSCRIPTIONS))
 _DURABLE = frozenset((CLIENT_SESSION, CLIENT_SUBSCRIPTIONS))
+_PACKABLE = frozenset((MSG_ALL, MSG_PERSISTED, SESSION_EVENT_REQUEST))
+_PACKABLE_FAMILIES = (DOWNLINK_BASIC, DOWNLINK_PERSISTED, SESSION_EVENT_RESPONSE,
+                      CLIENT_DISCONNECT)
 
 
 def safe_name(part: str, room: int = MAX_TOPIC_LENGTH) -> str:
@@ -235,6 +238,22 @@ class TopicCatalogue:
         ``tbmq.client.subscriptions`` and ``tbmq.msg.retained`` (the last
         value per key is what counts)."""
         return self._base(topic) in _COMPACTED
+
+    def packable(self, topic: str) -> bool:
+        """:returns: True for the traffic topics whose records a bus may
+        pack, several in one record of the partition (the Kafka bus,
+        ``docs/bus.md``): ``tbmq.msg.all``, ``tbmq.msg.persisted``, the
+        downlinks, and the session events, answers and disconnects.  Not the
+        compacted topics (a key's last value is a record of its own), an
+        APPLICATION client's topics (committed one acknowledgement at a
+        time) or ``tbmq.events`` (read by tools outside tbmq)."""
+        name = self._base(topic)
+        if name is None:
+            return False
+        if name in _PACKABLE:
+            return True
+        return any(name.startswith(base) and len(name) > len(base)
+                   for base in _PACKABLE_FAMILIES)
 
     def durable(self, topic: str) -> bool:
         """:returns: True for the topics the in-process bus keeps in its

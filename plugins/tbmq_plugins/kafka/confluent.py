@@ -107,6 +107,7 @@ class Producer(drivers.Producer):
 
     def __init__(self, config: Any, acks: Any) -> None:
         self._put = acks.put
+        self._timeout = config.request_timeout_ms / 1000.0
         self._producer = _Producer({
             **_common(config),
             "acks": config.acks,
@@ -128,17 +129,28 @@ class Producer(drivers.Producer):
             producer.poll(PRODUCER_POLL)
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, headers: tuple,
-             deferred: Any) -> None:
+             deferred: Any, partition: int | None = None) -> None:
         put = self._put
 
         def delivered(error, _message) -> None:
             put(deferred, error)
 
-        self._producer.produce(topic, value, key, headers=list(headers) if headers else None,
-                               on_delivery=delivered)
+        if partition is None:
+            self._producer.produce(topic, value, key,
+                                   headers=list(headers) if headers else None,
+                                   on_delivery=delivered)
+        else:
+            self._producer.produce(topic, value, key, partition,
+                                   headers=list(headers) if headers else None,
+                                   on_delivery=delivered)
 
-    def prepare(self, topic: str) -> None:
-        """Nothing to do: ``produce`` never blocks."""
+    def prepare(self, topic: str) -> int:
+        """``produce`` never blocks; the topic's partition count from its
+        metadata."""
+        found = self._producer.list_topics(topic, timeout=self._timeout).topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            raise KafkaException(found.error if found is not None else "no metadata")
+        return len(found.partitions)
 
     def close(self, timeout: float) -> None:
         self._producer.flush(timeout)

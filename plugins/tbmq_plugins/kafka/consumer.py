@@ -3,6 +3,8 @@
 Its thread (:class:`~.loop.ConsumerLoop`) hands over each poll's records in
 one call; this side keeps them in a buffer and hands them to the handler:
 
+* a packed record (:mod:`.packing`) is handed as the records it lists, each
+  with its offset; that offset commits once all of them are done;
 * in the reactor thread, one at a time (never re-entered), in the order they
   came (so in offset order within a partition), at most
   :data:`SLICE` per reactor turn, and with at most ``max_uncommitted``
@@ -36,6 +38,7 @@ from zope.interface import implementer
 from tbmq.cluster.records import new_record
 from tbmq.interfaces import IConsumer
 from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq_plugins.kafka.packing import expand
 
 __all__ = ["SLICE", "Entry", "KafkaConsumer", "Track"]
 
@@ -49,14 +52,20 @@ WAITING, OK, FAILED = 0, 1, 2
 
 
 class Entry:
-    """One record of one :class:`Track`, from its arrival to its result."""
+    """One record of one :class:`Track`, from its arrival to its result.
 
-    __slots__ = ("offset", "seq", "state")
+    :ivar end: the offset to commit once it and everything before it are
+        done: ``offset + 1``, or None for a record of a packed record but
+        its last (their Kafka record is done only with all of them).
+    """
 
-    def __init__(self, offset: int, seq: int) -> None:
+    __slots__ = ("offset", "seq", "state", "end")
+
+    def __init__(self, offset: int, seq: int, end: int | None) -> None:
         self.offset = offset
         self.seq = seq
         self.state = WAITING
+        self.end = end
 
 
 class Track:
@@ -85,9 +94,12 @@ class Track:
         self.barrier: int | None = None  # entries that arrived before reached
         self.barrier_open = 0
 
-    def arrive(self, offset: int) -> Entry:
-        """A record arrived from the thread."""
-        entry = Entry(offset, self.arrived)
+    def arrive(self, offset: int, last: bool = True) -> Entry:
+        """A record arrived from the thread.
+
+        :param last: False for a record of a packed record but its last.
+        """
+        entry = Entry(offset, self.arrived, offset + 1 if last else None)
         self.arrived += 1
         self.open += 1
         if not self.blocked:
@@ -112,8 +124,10 @@ class Track:
         pending = self.pending
         moved = False
         while pending and pending[0].state == OK:
-            self.committed = pending.popleft().offset + 1
-            moved = True
+            end = pending.popleft().end
+            if end is not None:
+                self.committed = end
+                moved = True
         if pending and pending[0].state == FAILED:
             self.blocked = True
             pending.clear()
@@ -256,7 +270,14 @@ class KafkaConsumer:
         buffer = self._buffer
         for raw in records:
             track = tracks.get(raw.partition)
-            if track is not None:
+            if track is None:
+                continue
+            if raw.headers:  # a packed record, maybe (:mod:`.packing`)
+                inner = expand(raw)
+                last = len(inner) - 1
+                for i, one in enumerate(inner):
+                    buffer.append((track, track.arrive(raw.offset, i == last), one))
+            else:
                 buffer.append((track, track.arrive(raw.offset), raw))
         for p in reached:
             track = tracks.get(p)
