@@ -52,20 +52,21 @@ WAITING, OK, FAILED = 0, 1, 2
 
 
 class Entry:
-    """One record of one :class:`Track`, from its arrival to its result.
+    """One Kafka record of one :class:`Track`, from its arrival to the
+    results of the records it carries (one, or those of a packed record).
 
-    :ivar end: the offset to commit once it and everything before it are
-        done: ``offset + 1``, or None for a record of a packed record but
-        its last (their Kafka record is done only with all of them).
+    :ivar parts: its records whose results have not fired.
+    :ivar state: :data:`WAITING`, :data:`OK` (every result fired with
+        success) or :data:`FAILED` (one failed).
     """
 
-    __slots__ = ("offset", "seq", "state", "end")
+    __slots__ = ("offset", "seq", "state", "parts")
 
-    def __init__(self, offset: int, seq: int, end: int | None) -> None:
+    def __init__(self, offset: int, seq: int, parts: int) -> None:
         self.offset = offset
         self.seq = seq
         self.state = WAITING
-        self.end = end
+        self.parts = parts
 
 
 class Track:
@@ -89,19 +90,19 @@ class Track:
         self.blocked = False
         self.pending: deque[Entry] = deque()  # in arrival order, until committed
         self.arrived = 0
-        self.open = 0  # entries whose result has not fired
+        self.open = 0  # records whose result has not fired
         self.reached = False
         self.barrier: int | None = None  # entries that arrived before reached
-        self.barrier_open = 0
+        self.barrier_open = 0  # their records whose result has not fired
 
-    def arrive(self, offset: int, last: bool = True) -> Entry:
-        """A record arrived from the thread.
+    def arrive(self, offset: int, parts: int = 1) -> Entry:
+        """A Kafka record arrived from the thread.
 
-        :param last: False for a record of a packed record but its last.
+        :param parts: the records it carries (more than one: a packed record).
         """
-        entry = Entry(offset, self.arrived, offset + 1 if last else None)
+        entry = Entry(offset, self.arrived, parts)
         self.arrived += 1
-        self.open += 1
+        self.open += parts
         if not self.blocked:
             self.pending.append(entry)
         return entry
@@ -113,21 +114,23 @@ class Track:
         self.barrier_open = self.open
 
     def done(self, entry: Entry, ok: bool) -> bool:
-        """``entry``'s result fired.
+        """The result of one record of ``entry`` fired.
 
         :returns: True when :attr:`committed` moved.
         """
-        entry.state = OK if ok else FAILED
+        entry.parts -= 1
+        if not ok:
+            entry.state = FAILED
+        elif entry.parts == 0 and entry.state == WAITING:
+            entry.state = OK
         self.open -= 1
         if self.barrier is not None and entry.seq < self.barrier:
             self.barrier_open -= 1
         pending = self.pending
         moved = False
         while pending and pending[0].state == OK:
-            end = pending.popleft().end
-            if end is not None:
-                self.committed = end
-                moved = True
+            self.committed = pending.popleft().offset + 1
+            moved = True
         if pending and pending[0].state == FAILED:
             self.blocked = True
             pending.clear()
@@ -274,9 +277,9 @@ class KafkaConsumer:
                 continue
             if raw.headers:  # a packed record, maybe (:mod:`.packing`)
                 inner = expand(raw)
-                last = len(inner) - 1
-                for i, one in enumerate(inner):
-                    buffer.append((track, track.arrive(raw.offset, i == last), one))
+                entry = track.arrive(raw.offset, len(inner))
+                for one in inner:
+                    buffer.append((track, entry, one))
             else:
                 buffer.append((track, track.arrive(raw.offset), raw))
         for p in reached:
