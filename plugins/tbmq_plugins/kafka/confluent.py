@@ -159,6 +159,23 @@ class Producer(drivers.Producer):
         self._producer.poll(0)
 
 
+def _committed(found: list) -> list:
+    """``(TopicPartition, offset or None)`` of what ``Consumer.committed``
+    returned: None where the group has no offset.
+
+    :raises KafkaException: when the answer for a partition is an error
+        (the group's coordinator loading or moving, a rebalance): "no
+        offset" would start the partition at its end and skip what its last
+        owner had not finished, so the caller asks again.
+    """
+    out = []
+    for tp in found:
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+        out.append((tp, tp.offset if tp.offset >= 0 else None))
+    return out
+
+
 class _Errors:
     """What librdkafka reported without raising (``error_cb``), taken once."""
 
@@ -220,7 +237,7 @@ class ConsumerClient(_Errors, drivers.ConsumerClient):
     def committed(self, partitions: list[int]) -> dict[int, int | None]:
         found = self._consumer.committed([self._tp(p) for p in partitions],
                                          timeout=self._timeout)
-        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
+        return {tp.partition: offset for tp, offset in _committed(found)}
 
     def _watermarks(self, partitions: list[int], index: int) -> dict[int, int]:
         return {p: self._consumer.get_watermark_offsets(
@@ -319,8 +336,7 @@ class ExclusiveClient(_Errors, drivers.ExclusiveClient):
 
     def committed(self, tps: list) -> dict:
         found = self._consumer.committed(self._tps(tps), timeout=self._timeout)
-        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None)
-                for tp in found}
+        return {(tp.topic, tp.partition): offset for tp, offset in _committed(found)}
 
     def _watermarks(self, tps: list, index: int) -> dict:
         return {tp: self._consumer.get_watermark_offsets(
