@@ -7,6 +7,8 @@ from __future__ import annotations
 import queue
 import time
 
+import pytest
+
 from tbmq_plugins.kafka.drivers import ConsumerClient, RawRecord
 from tbmq_plugins.kafka.loop import ConsumerLoop
 from tests.unit.test_kafka_bus import QueueReactor
@@ -236,3 +238,21 @@ def test_a_member_without_an_assignment_for_too_long_joins_again():
     time.sleep(0.5)
     assert client.calls.count(("subscribe",)) == 2  # assigned: no more rejoining
     stop(loop, sink, reactor)
+
+
+def test_an_offset_fetch_error_for_a_partition_is_not_read_as_no_offset():
+    """confluent: a partition whose committed offset came back with an error
+    (its coordinator loading, a rebalance) raises, so the loop asks again;
+    read as "no offset", the partition would start at its end and skip what
+    its last owner had not finished."""
+    from confluent_kafka import KafkaError, KafkaException
+    from tbmq_plugins.kafka.confluent import _committed
+
+    class Answer:  # what Consumer.committed returns per partition
+        def __init__(self, partition, offset, error=None):
+            self.topic, self.partition, self.offset, self.error = "t", partition, offset, error
+
+    assert [(tp.partition, o) for tp, o in _committed([Answer(0, 7), Answer(1, -1001)])] == \
+        [(0, 7), (1, None)]
+    with pytest.raises(KafkaException):
+        _committed([Answer(0, 7), Answer(1, -1001, KafkaError(KafkaError.REBALANCE_IN_PROGRESS))])
