@@ -21,16 +21,23 @@ import timeit
 OLD_COMMIT = "e7ffebf"
 
 
-def old_bus_module():
-    source = subprocess.run(["git", "show", f"{OLD_COMMIT}:tbmq/backends/inprocess_bus.py"],
+def module_at(rev: str, path: str, name: str):
+    """:returns: the module ``path`` (from the repository root) of commit
+        ``rev`` (``git show``), loaded as ``name`` beside this tree's
+        modules, which it imports."""
+    source = subprocess.run(["git", "show", f"{rev}:{path}"],
                             check=True, capture_output=True, text=True).stdout
-    path = os.path.join(tempfile.mkdtemp(), "old_inprocess_bus.py")
+    path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
     with open(path, "w") as f:
         f.write(source)
-    spec = importlib.util.spec_from_file_location("old_inprocess_bus", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def old_bus_module():
+    return module_at(OLD_COMMIT, "tbmq/backends/inprocess_bus.py", "old_inprocess_bus")
 
 
 def per_call_ns(f, n: int) -> float:

@@ -363,12 +363,14 @@ def _unit_cpu(result: dict):
 
 SHOWN = ("error", "value", "lost", "p50_ms", "p99_ms", "node_cpu_pct", "cpu_us_per_msg", "cpu_us_per_connect",
          "cpu_ratio", "received", "tansu_cpu_pct", "accepted", "refused", "failed", "longest_wait_s",
-         "recovered_s", "unanswered", "reconnect_s", "delivered_s", "duplicates", "acked")
+         "recovered_s", "unanswered", "reconnect_s", "delivered_s", "duplicates", "acked",
+         "lost_messages")
 
 
 def show(res: dict) -> dict:
     return {k: (round(v, 3) if isinstance(v, float) else
-                [round(x, 1) for x in v] if isinstance(v, list) else v)
+                [round(x, 1) if isinstance(x, float) else x for x in v] if isinstance(v, list)
+                else v)
             for k, v in res.items() if k in SHOWN}
 
 

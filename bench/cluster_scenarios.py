@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from bench import scenarios
 from bench import workers as gen
 from bench.brokers import proc_cpu_s
-from bench.storm import probe_connects, storm_worker
+from bench.storm import probe_connects, stored_tags, storm_worker, tags_in_topics
 
 now = time.monotonic
 
@@ -172,7 +172,14 @@ def storm(ctx: Context, cluster) -> dict:
         delivered_s (kill → every acknowledged message sent before the kill
         delivered), all_delivered_s (kill → every acknowledged message
         delivered, those sent until the stop too), lost (acknowledged, never delivered: must be 0),
-        duplicates, the CONNECT attempts and refusals of the storm.
+        duplicates, the CONNECT attempts and refusals of the storm;
+        lost_messages (only when some were lost): a few of them, each
+        described by :meth:`bench.storm.StormFleet.describe_lost`, with
+        ``stored`` (the subscriber's deliveries in the device store after
+        the run) and ``in_store`` (the lost one's ``[state, packet id]``
+        there, or None) and ``on_bus`` (``[topic, partition, offset]`` of
+        every record of ``tbmq.msg.all`` and ``tbmq.msg.persisted`` that
+        holds it).
     """
     a, b = cluster.nodes
     pairs, n_workers = max(1, ctx.options.storm_clients // 2), 2
@@ -202,8 +209,31 @@ def storm(ctx: Context, cluster) -> dict:
                     out["codes"][f"{code:#x}"] = out["codes"].get(f"{code:#x}", 0) + n
             elif k.endswith("_s"):
                 out[k] = None if v is None or (k in out and out[k] is None) else max(out.get(k, v), v)
+            elif isinstance(v, list):
+                out[k] = out.get(k, []) + v
             else:
                 out[k] = out.get(k, 0) + v
+    if not out.get("lost_messages"):
+        out.pop("lost_messages", None)  # printed (bench.cluster.SHOWN) only when there are some
+    for lost in out.get("lost_messages", ()):
+        try:  # waiting in the device store, or never stored?
+            tags = stored_tags(a.host, ctx.services.redis_port, f"{ctx.prefix}:", lost["sub"])
+            lost["stored"] = len(tags)
+            lost["in_store"] = tags.get((lost["pair"], lost["seq"]))
+        except Exception as e:  # noqa: BLE001 - a clue, not a result
+            lost["in_store"] = f"unknown: {e}"
+    if out.get("lost_messages"):
+        # on the bus? (tbmq.msg.all: the publish; tbmq.msg.persisted: the match)
+        prefix = f"{ctx.prefix}."
+        try:
+            where = tags_in_topics(f"127.0.0.1:{ctx.services.kafka_port}",
+                                   [prefix + "tbmq.msg.all", prefix + "tbmq.msg.persisted"],
+                                   {(x["pair"], x["seq"]) for x in out["lost_messages"]})
+            for lost in out["lost_messages"]:
+                lost["on_bus"] = where[(lost["pair"], lost["seq"])]
+        except Exception as e:  # noqa: BLE001 - a clue, not a result
+            for lost in out["lost_messages"]:
+                lost["on_bus"] = f"unknown: {e}"
     out["all_back"] = all(x["all_up"] for x in back)
     out["value"] = out.get("reconnect_s")
     return out

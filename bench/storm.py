@@ -25,7 +25,10 @@ from __future__ import annotations
 import heapq
 import os
 import random
+import socket
 import struct
+import time
+from array import array
 
 from .mqttgen import (
     Client, Loop, connect_packet, cpu_seconds, disconnect_packet, now, pid_offset, publish_packet,
@@ -38,12 +41,15 @@ TAG = struct.Struct("!II")
 #: a CONNECT answered later than this (seconds) is not "accepted steadily"
 PROMPT = 1.0
 
+#: the most lost messages :meth:`StormFleet.report` describes one by one
+LOST_SHOWN = 8
+
 
 class Conn(Client):
     """A :class:`~bench.mqttgen.Client` that tells its fleet
     what it read and that it was lost."""
 
-    __slots__ = ("owner", "fleet")
+    __slots__ = ("owner", "fleet", "port")
 
     def readable(self) -> None:
         super().readable()
@@ -63,6 +69,9 @@ class Member:
     :ivar state: ``"down"``, ``"connecting"`` or ``"up"``.
     :ivar t_up: when the last accepted CONNACK came (``now()`` seconds).
     :ivar t_lost: when the connection was last lost, or None.
+    :ivar ups: the accepted connections so far, each ``[t_up, port,
+        session present, t_lost or None]``; connection ``n`` (from 1) is
+        ``ups[n - 1]``.
     """
 
     def __init__(self, kind: str, index: int, client_id: str) -> None:
@@ -72,6 +81,7 @@ class Member:
         self.fresh = True      # the first CONNECT: Clean Start, a new session
         self.subscribed = kind == "pub"
         self.t_up = self.t_lost = None
+        self.ups: list[list] = []
         self.attempts = self.refused = self.timeouts = self.failures = 0
         self.codes: dict[int, int] = {}
         self.losses = self.sessions_lost = 0
@@ -79,6 +89,11 @@ class Member:
         # the subscriptions were still on their way: not counted)
         self.seq = self.base = 0
         self.sent_at: list[float] = []
+        # per seq: the connection (a number of ``ups``) it was first sent
+        # on and the one its PUBACK came on (0: none yet), and when
+        self.sent_on = array("H")
+        self.acked_on = array("H")
+        self.acked_at: list[float] = []
         self.inflight: dict[int, tuple[int, bytes]] = {}  # packet id -> (seq, PUBLISH)
         self.next_pid = 1
         self.acked = bytearray()
@@ -126,6 +141,8 @@ class StormFleet:
         self.loop = loop or Loop()
         self.random = random.Random(seed)
         self.port: int | None = None
+        #: port → a name for :meth:`report` (``"A"``, ``"B"``)
+        self.port_names: dict[int, str] = {}
         self.subs = [Member("sub", i, f"{prefix}-s{i}") for i in pairs]
         self.pubs = [Member("pub", i, f"{prefix}-p{i}") for i in pairs]
         self.members = self.subs + self.pubs
@@ -200,7 +217,7 @@ class StormFleet:
             return
         m.attempts += 1
         c = Conn(self.loop, m.client_id, self.level, m.on_publish if m.kind == "sub" else None)
-        c.owner, c.fleet = m, self
+        c.owner, c.fleet, c.port = m, self, self.port
         if m.kind == "pub":
             c.stream.ack_ids, c.stream.refused_ids = [], []
         try:
@@ -241,6 +258,8 @@ class StormFleet:
         if m.state == "up":
             m.losses += 1
             m.t_lost = now()
+            if m.ups:
+                m.ups[-1][3] = m.t_lost
             self._down(m, self.random.uniform(0.0, self.first_delay))
         elif m.state == "connecting":
             m.failures += 1
@@ -263,6 +282,7 @@ class StormFleet:
                 return
             self._state(m, "up")
             m.t_up = now()
+            m.ups.append([m.t_up, c.port, bool(st.connack.session_present), None])
             if m.kind == "sub":
                 if not m.fresh and not st.connack.session_present:
                     m.sessions_lost += 1
@@ -286,8 +306,11 @@ class StormFleet:
         for pid in st.ack_ids:
             entry = m.inflight.pop(pid, None)
             if entry is not None and not m.acked[entry[0]]:
-                m.acked[entry[0]] = 1
+                seq = entry[0]
+                m.acked[seq] = 1
                 m.acked_n += 1
+                m.acked_on[seq] = len(m.ups)
+                m.acked_at[seq] = now()
         st.ack_ids.clear()
         for pid in st.refused_ids:
             if m.inflight.pop(pid, None) is not None:
@@ -337,6 +360,9 @@ class StormFleet:
         TAG.pack_into(pkt, pay_at, m.index, m.seq)
         m.inflight[pid] = (m.seq, bytes(pkt))
         m.sent_at.append(now())
+        m.sent_on.append(len(m.ups))
+        m.acked_on.append(0)
+        m.acked_at.append(0.0)
         m.acked.append(0)
         m.seq += 1
         m.conn.send(pkt)
@@ -388,6 +414,7 @@ class StormFleet:
         down = [m for m in self.members if m.state != "up"]
         lost = dup = unacked_delivered = warmup_lost = 0
         last_pre = last_all = t_kill
+        lost_messages = []
         for p, s in zip(self.pubs, self.subs):
             first = s.first
             dup += s.duplicates
@@ -398,6 +425,8 @@ class StormFleet:
                     unacked_delivered += t is not None
                 elif t is None:
                     lost += 1
+                    if len(lost_messages) < LOST_SHOWN:
+                        lost_messages.append(self.describe_lost(p, s, seq, t_kill))
                 else:
                     last_all = max(last_all, t)
                     if p.sent_at[seq] < t_kill:
@@ -422,7 +451,40 @@ class StormFleet:
             "attempts": total("attempts"), "refused": total("refused"), "codes": codes,
             "timeouts": total("timeouts"), "failures": total("failures"),
             "sessions_lost": total("sessions_lost"), "disconnects": total("losses"),
-            "cold_subscribers": self.cold,
+            "cold_subscribers": self.cold, "lost_messages": lost_messages,
+        }
+
+    def describe_lost(self, p: Member, s: Member, seq: int, t_kill: float) -> dict:
+        """One lost message of :meth:`report`, to match with the nodes'
+        logs: times in seconds from ``t_kill`` (``kill_utc``: the kill's
+        wall clock time), connections as ``[number, node, up at, session
+        present, lost at]`` (a node named by :attr:`port_names`).
+
+        :returns: pair, seq, pub and sub (client ids), sent and acked
+            (times), sent_on and acked_on (the publisher's connections),
+            sub_conns (every connection of the subscriber), before and
+            after (the nearest seqs delivered on either side, with their
+            delivery times)."""
+        rel = lambda t: None if t is None else round(t - t_kill, 3)  # noqa: E731
+
+        def conn(m: Member, n: int) -> list | None:
+            if not n:
+                return None
+            t_up, port, present, t_lost = m.ups[n - 1]
+            return [n, self.port_names.get(port, port), rel(t_up), present, rel(t_lost)]
+
+        first = s.first
+        before = max((q for q in first if q < seq), default=None)
+        after = min((q for q in first if q > seq), default=None)
+        wall = time.time() - (now() - t_kill)
+        return {
+            "pair": p.index, "seq": seq, "pub": p.client_id, "sub": s.client_id,
+            "kill_utc": time.strftime("%H:%M:%S", time.gmtime(wall)) + f"{wall % 1:.3f}"[1:],
+            "sent": rel(p.sent_at[seq]), "acked": rel(p.acked_at[seq]),
+            "sent_on": conn(p, p.sent_on[seq]), "acked_on": conn(p, p.acked_on[seq]),
+            "sub_conns": [conn(s, n) for n in range(1, len(s.ups) + 1)],
+            "before": None if before is None else [before, rel(first[before])],
+            "after": None if after is None else [after, rel(first[after])],
         }
 
     def close(self) -> None:
@@ -461,6 +523,7 @@ def storm_worker(ctl, role: dict) -> None:
             raise TimeoutError(f"{sum(m.state != 'up' for m in fleet.members)} clients not "
                                f"connected to node B")
         fleet.port = role["port_a"]
+        fleet.port_names = {role["port"]: "B", role["port_a"]: "A"}
         cpu0 = cpu_seconds()
         fleet.start_publishing()
         fleet.warm_up(role.get("warm_up_timeout", 60))  # else reported: cold_subscribers
@@ -575,3 +638,86 @@ def probe_connects(host: str, port: int, kill, prefix: str, before: float = 1.0,
         "baseline_ms": 1e3 * base[len(base) // 2] if base else None,
         "window_s": t_end - t_kill,
     }
+
+
+def _redis(sock_file, *args):
+    """One command over RESP (the bench has no Redis client library)."""
+    out = [f"*{len(args)}\r\n".encode()]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    sock_file.write(b"".join(out))
+    sock_file.flush()
+    return _reply(sock_file)
+
+
+def _reply(f):
+    line = f.readline()
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"$":
+        n = int(rest)
+        return None if n < 0 else f.read(n + 2)[:-2]
+    if kind == b"*":
+        n = int(rest)
+        return None if n < 0 else [_reply(f) for _ in range(n)]
+    if kind == b":":
+        return int(rest)
+    if kind == b"-":
+        raise RuntimeError(rest.decode())
+    return rest.decode()
+
+
+def stored_tags(host: str, port: int, key_prefix: str, client_id: str) -> dict:
+    """What the Redis device store (:mod:`tbmq_plugins.redis_store`'s
+    layout) holds for ``client_id``: ``{(pair index, seq): (delivery state,
+    packet id)}``, read after a storm to tell a lost message that waits in
+    the store from one that never reached it."""
+    from tbmq.backends.deliveries import decode_delivery  # the nodes' own format
+
+    queue = f"{key_prefix}{{{client_id}}}_messages"
+    found = {}
+    with socket.create_connection((host, port), timeout=10) as sock:
+        f = sock.makefile("rwb")
+        for member in _redis(f, "ZRANGE", queue, 0, -1) or []:
+            fields = _redis(f, "HGETALL", f"{queue}_".encode() + member) or []
+            h = dict(zip(fields[::2], fields[1::2]))
+            if b"d" not in h:
+                continue
+            pid = int(h[b"p"]) if h.get(b"p") else None
+            d = decode_delivery(h[b"d"], pid, int(h.get(b"s") or 0))
+            found[TAG.unpack_from(d.message.payload, 0)] = (int(d.state), pid)
+    return found
+
+
+def tags_in_topics(bootstrap: str, topics: list[str], wanted: set, limit_s: float = 60.0) -> dict:
+    """Where the bus holds the tagged payloads ``wanted`` (``{(pair index,
+    seq)}``): every record of ``topics`` is read from the start, and a
+    value that holds a wanted tag followed by the payload's zero padding
+    counts (a record carries the payload as it came).
+
+    :returns: ``{(pair, seq): [[topic, partition, offset], ...]}``, every
+        wanted tag present (an empty list: found nowhere).
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    needles = {TAG.pack(*w) + bytes(8): w for w in wanted}
+    found: dict = {w: [] for w in wanted}
+    consumer = KafkaConsumer(bootstrap_servers=[bootstrap], enable_auto_commit=False,
+                             group_id=None, consumer_timeout_ms=3000)
+    try:
+        tps = [TopicPartition(t, p) for t in topics
+               for p in sorted(consumer.partitions_for_topic(t) or ())]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        deadline = time.monotonic() + limit_s
+        for record in consumer:
+            value = record.value or b""
+            for needle, w in needles.items():
+                if needle in value:
+                    found[w].append([record.topic.rsplit(".", 3)[-1], record.partition,
+                                     record.offset])
+            if time.monotonic() > deadline:
+                break
+    finally:
+        consumer.close()
+    return found

@@ -16,7 +16,7 @@ from twisted.logger import (
     globalLogPublisher,
 )
 
-__all__ = ["LEVELS", "LogThrottle", "OBSERVER", "set_log_level"]
+__all__ = ["LEVELS", "LogThrottle", "OBSERVER", "debug_enabled", "set_log_level"]
 
 #: the accepted ``node.log_level`` values
 LEVELS = ("debug", "info", "warn", "error", "critical")
@@ -27,6 +27,16 @@ _PREDICATE = LogLevelFilterPredicate(defaultLogLevel=LogLevel.info)
 OBSERVER = FilteringLogObserver(globalLogPublisher, [_PREDICATE])
 
 
+_debug = False  # whether the level is debug (set_log_level)
+
+
+def debug_enabled() -> bool:
+    """:returns: True when tbmq's debug events are written: a line logged
+    once per CONNECT or per message is then worth building, else skipped
+    (an event built and filtered costs several microseconds)."""
+    return _debug
+
+
 def set_log_level(name: str) -> None:
     """Drop tbmq's log events below ``name``.
 
@@ -35,7 +45,9 @@ def set_log_level(name: str) -> None:
     """
     if name not in LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LEVELS)}, not {name!r}")
+    global _debug
     _PREDICATE.setLogLevelForNamespace("", LogLevel.levelWithName(name))
+    _debug = name == "debug"
 
 
 class LogThrottle:

@@ -48,50 +48,96 @@ def credentials_ids(client_id: str, username: str | None) -> list[str]:
     return keys
 
 
-class MixedNames:
-    """The client ids and user names of one credential store's MQTT_BASIC
-    credentials that name both, kept current through
-    :meth:`tbmq.interfaces.ICredentialStore.changed_since` (the first call
-    reads every record, the later ones only what changed, by an indexed
-    version), so that a client matching no key costs no scan of the store.
+class BasicIndex:
+    """The lookup keys of one credential store's MQTT_BASIC credentials,
+    and the client ids and user names of those that name both, kept current
+    through :meth:`tbmq.interfaces.ICredentialStore.changed_since` (the
+    first call reads every record, the later ones only what changed, by an
+    indexed version).  A client matching no key then costs no lookup in the
+    store, and one matching a key one lookup (:meth:`BasicAuth._authenticate`);
+    only names are kept, never the records.
 
-    :ivar version: the store's version the names are current with.
+    :meth:`current` asks the store what changed at most once at a time:
+    the CONNECTs that arrive while a question is under way share the next
+    one, so that a burst costs a few questions, not one per CONNECT, and
+    each still sees every change committed before it arrived.
+
+    :param store: the :class:`tbmq.interfaces.ICredentialStore`.
+    :ivar version: the store's version the index is current with.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, store) -> None:
+        self.store = store
         self.version = 0
+        self._keys: dict[str, str] = {}  # record id -> credentials id
+        self._present: set[str] = set()  # the credentials ids
         self._names: dict[str, tuple[str, str]] = {}  # record id -> (client id, user name)
         self._client_ids: collections.Counter = collections.Counter()
         self._usernames: collections.Counter = collections.Counter()
+        self._asking = False
+        self._next: list[defer.Deferred] = []  # waiting for a question not asked yet
 
-    async def knows(self, store, client_id: str, username: str | None) -> bool:
-        """Bring the names up to date with ``store``, then answer.
+    def current(self) -> defer.Deferred:
+        """:returns: a Deferred firing with None once the index holds every
+        change the store had committed when this was called, or failing with
+        the store's error (:class:`~tbmq.errors.BackendError`...)."""
+        d = defer.Deferred()
+        self._next.append(d)
+        if not self._asking:
+            self._ask()
+        return d
 
-        :param store: the :class:`tbmq.interfaces.ICredentialStore`.
-        :param client_id: the CONNECT's client id.
-        :param username: its user name, or None.
-        :returns: True when some credentials with a client id and a user
-            name name ``client_id`` or ``username``.
-        """
-        changed, deleted, version = await store.changed_since(self.version)
-        if version >= self.version:  # an older answer that arrives late is not applied
-            self.version = version
-            for record_id in deleted:
-                self._forget(record_id)
-            for record in changed:
-                self._forget(record.id)
-                value = record.value or {}
-                if (CredentialsType(record.credentials_type) is CredentialsType.MQTT_BASIC
-                        and value.get("clientId") is not None
-                        and value.get("userName") is not None):
-                    names = (value["clientId"], value["userName"])
-                    self._names[record.id] = names
-                    self._client_ids[names[0]] += 1
-                    self._usernames[names[1]] += 1
-        return client_id in self._client_ids or (
-            username is not None and username in self._usernames)
+    def _ask(self) -> None:
+        waiting, self._next = self._next, []
+        self._asking = True
+        self.store.changed_since(self.version).addCallbacks(
+            self._answered, self._failed, callbackArgs=(waiting,), errbackArgs=(waiting,))
+
+    def _answered(self, answer, waiting: list) -> None:
+        changed, deleted, version = answer
+        if version < self.version:  # a store recreated: it answered from 0
+            self._clear()
+        self.version = version
+        for record_id in deleted:
+            self._forget(record_id)
+        for record in changed:
+            self._forget(record.id)
+            if CredentialsType(record.credentials_type) is CredentialsType.MQTT_BASIC:
+                self._add(record)
+        self._settle(waiting, None)
+
+    def _clear(self) -> None:
+        for index in (self._keys, self._present, self._names, self._client_ids,
+                      self._usernames):
+            index.clear()
+
+    def _failed(self, failure, waiting: list) -> None:
+        self._settle(waiting, failure)
+
+    def _settle(self, waiting: list, failure) -> None:
+        self._asking = False
+        if self._next:
+            self._ask()
+        for d in waiting:
+            if failure is None:
+                d.callback(None)
+            else:
+                d.errback(failure)
+
+    def _add(self, record) -> None:
+        self._keys[record.id] = record.credentials_id
+        self._present.add(record.credentials_id)
+        value = record.value or {}
+        if value.get("clientId") is not None and value.get("userName") is not None:
+            names = (value["clientId"], value["userName"])
+            self._names[record.id] = names
+            self._client_ids[names[0]] += 1
+            self._usernames[names[1]] += 1
 
     def _forget(self, record_id: str) -> None:
+        key = self._keys.pop(record_id, None)
+        if key is not None:
+            self._present.discard(key)  # unique per type: no other record has it
         names = self._names.pop(record_id, None)
         if names is not None:
             for counter, name in ((self._client_ids, names[0]), (self._usernames, names[1])):
@@ -99,12 +145,22 @@ class MixedNames:
                 if counter[name] <= 0:
                     del counter[name]
 
+    def has(self, credentials_id: str) -> bool:
+        """:returns: True when some MQTT_BASIC credentials have that lookup key."""
+        return credentials_id in self._present
+
+    def knows(self, client_id: str, username: str | None) -> bool:
+        """:returns: True when some credentials with a client id and a user
+        name name ``client_id`` or ``username``."""
+        return client_id in self._client_ids or (
+            username is not None and username in self._usernames)
+
 
 class BasicAuth:
     """The ``basic`` provider."""
 
     def __init__(self) -> None:
-        self._mixed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._indexes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @hookimpl
     def tbmq_authenticate(self, request):
@@ -114,18 +170,20 @@ class BasicAuth:
 
     async def _authenticate(self, request):
         store = request.credentials
+        index = self._indexes.get(store)
+        if index is None:
+            index = self._indexes[store] = BasicIndex(store)
+        await index.current()
         credentials = None
         for key in credentials_ids(request.client_id, request.username):
-            credentials = await store.find(CredentialsType.MQTT_BASIC, key)
-            if credentials is not None:
-                break
+            if index.has(key):  # else none as of this CONNECT: no lookup
+                credentials = await store.find(CredentialsType.MQTT_BASIC, key)
+                if credentials is not None:
+                    break
         if credentials is None:
             config = request.config
             if config is None or config.auth.allow_anonymous:  # else refused anyway
-                mixed = self._mixed.get(store)
-                if mixed is None:
-                    mixed = self._mixed[store] = MixedNames()
-                if await mixed.knows(store, request.client_id, request.username):
+                if index.knows(request.client_id, request.username):
                     request.known_by = "basic"
             return None
         hashed = credentials.value.get("password")

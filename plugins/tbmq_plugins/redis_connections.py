@@ -86,7 +86,14 @@ _PROTOCOL: type | None = None
 
 def _protocol_class() -> type:
     """:returns: txredisapi's ``RedisProtocol`` scheduling its timers on its
-    factory's reactor (txredisapi's own uses the global one)."""
+    factory's reactor (txredisapi's own uses the global one), and whose
+    replies never answer a call made after its connection began to close:
+    txredisapi hands the rest of a read that followed a bulk reply over a
+    reactor turn later, so after a reply timeout (which fails every call
+    waiting and aborts the connection) those replies would be queued and
+    taken by the next calls, which a closing transport never sends: an add
+    answered "done" that Redis never ran.  Calls made then fail at once
+    (``txredisapi.ConnectionError``, as on a connection that is closed)."""
     global _PROTOCOL
     if _PROTOCOL is None:
         import txredisapi  # noqa: PLC0415
@@ -94,6 +101,31 @@ def _protocol_class() -> type:
         class ReactorRedisProtocol(txredisapi.RedisProtocol):
             def callLater(self, delay: float, f: Callable, *args: Any, **kwargs: Any) -> Any:
                 return self.factory.reactor.callLater(delay, f, *args, **kwargs)
+
+            def _dropped(self) -> bool:
+                """The connection is being closed (a reply timeout aborts
+                it): its reply stream no longer matches its calls."""
+                t = self.transport
+                return t is None or bool(t.disconnecting or getattr(t, "disconnected", False)
+                                         or getattr(t, "_aborting", False)
+                                         or getattr(t, "_aborted", False))
+
+            def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+                # written to a closing transport, a call would never be
+                # sent, and could take a reply still queued for an earlier one
+                if self._dropped():
+                    raise txredisapi.ConnectionError("the connection is closing")
+                return super().execute_command(*args, **kwargs)
+
+            def replyReceived(self, reply: Any) -> None:
+                # txredisapi reads the rest of a buffer a reactor turn after a
+                # bulk reply: once a reply timeout failed every waiting call
+                # and aborted the connection, those replies answer none of
+                # the calls made since (errors for the calls still waiting,
+                # from connectionLost, go through)
+                if self._dropped() and not isinstance(reply, Exception):
+                    return
+                super().replyReceived(reply)
 
         _PROTOCOL = ReactorRedisProtocol
     return _PROTOCOL

@@ -211,6 +211,7 @@ class RedisDeviceMessageStore:
         except Exception:
             d = defer.fail()
         d.addErrback(self._reload, protocol, script, key, args)
+        d.addCallback(self._in_step, protocol, script)
         d.addErrback(self._translate)
         self._pending.add(d)
 
@@ -219,6 +220,28 @@ class RedisDeviceMessageStore:
             return result
 
         return d.addBoth(finished)
+
+    def _in_step(self, reply: Any, protocol: Any, script: scripts.Script) -> Any:
+        """Check the type of ``script``'s reply: LOAD answers bytes (one
+        msgpack array), every other script an integer.  Another type is
+        another call's reply: the connection's replies came out of step
+        with its calls (txredisapi after a reply timeout), so calls on it
+        may answer for calls that were never done.  The connection is
+        dropped (its calls in flight fail, their callers retry) and this
+        call fails with :class:`~tbmq.errors.BackendError`.
+
+        :returns: ``reply``."""
+        expected = bytes if script is scripts.LOAD else int
+        if isinstance(reply, expected):
+            return reply
+        log.warn("Redis device store: {target} answered the {name} script with {reply!r:.40}: "
+                 "its replies are out of step with the calls; dropping the connection",
+                 target=str(self.target), name=script.name, reply=reply)
+        transport = getattr(protocol, "transport", None)
+        if transport is not None:
+            transport.abortConnection()
+        raise BackendError(f"Redis device store ({self.target}): a reply out of step with "
+                           f"its call ({script.name})")
 
     def _reload(self, failure: Failure, protocol: Any, script: scripts.Script, key: str,
                 args: list) -> defer.Deferred:

@@ -16,7 +16,7 @@ from twisted.logger import Logger
 from tbmq.auth import AuthRequest, AuthResult
 from tbmq.auth.guard import BANNED
 from tbmq.listeners import peer_certificate_chain
-from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.log import OBSERVER as LOG_OBSERVER, debug_enabled
 from tbmq.model import ClientType
 from tbmq.mqtt import MQTT_5, Auth, Connack, Connect, MalformedPacket, Property, Will
 from tbmq.mqtt.topics import TopicError, validate_topic_name
@@ -166,7 +166,7 @@ class ConnectFlow:
         self._hold()
         self.auth_request = AuthRequest(
             connect.client_id, connect.username, connect.password, level,
-            address=self.transport.getPeer(), listener=self.listener,
+            address=self._address(), listener=self.listener,
             certificate_chain=peer_certificate_chain(self.transport),
             auth_method=props.get(Property.AUTHENTICATION_METHOD) if v5 else None,
             auth_data=props.get(Property.AUTHENTICATION_DATA) if v5 else None)
@@ -380,6 +380,10 @@ class ConnectFlow:
         keep_alive = connect.keep_alive
         if cfg.max_keep_alive and (keep_alive == 0 or keep_alive > cfg.max_keep_alive):
             keep_alive = cfg.max_keep_alive if self.protocol_level >= MQTT_5 else keep_alive
+        # the connect timeout's call is cancelled and a new one made: moved
+        # sooner, Twisted would look for it through all the reactor's timed
+        # calls (a keep alive shorter than the connect timeout)
+        self.setTimeout(None)
         self.setTimeout(keep_alive * 1.5 if keep_alive else None)
         props = {}
         if self.protocol_level >= MQTT_5:
@@ -391,12 +395,14 @@ class ConnectFlow:
         self.send(Connack(present if self.protocol_level > 3 else False, 0, props))
         self._connacked = True
         self.connected_at = self.ctx.clock.seconds()
-        self.log.debug("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
-                      "persistent={persistent}, session present={present}, "
-                      "authenticated by {provider})",
-                      client_id=connect.client_id, peer=self._peer(), mqtt_level=self.protocol_level,
-                      persistent=session.persistent, present=present, provider=result.provider)
-        self.ctx.hooks.client_connected(session, connect, self.transport.getPeer())
+        if debug_enabled():
+            self.log.debug("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
+                           "persistent={persistent}, session present={present}, "
+                           "authenticated by {provider})",
+                           client_id=connect.client_id, peer=self._peer(),
+                           mqtt_level=self.protocol_level, persistent=session.persistent,
+                           present=present, provider=result.provider)
+        self.ctx.hooks.client_connected(session, connect, self._address())
         session.resume()
         self._release()
 

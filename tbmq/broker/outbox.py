@@ -328,7 +328,9 @@ class Outbox(StoreReads):
         """Deliver a persistent session's ``delivery``, which the device
         store already has (or is writing): sent when the window allows,
         else queued in memory up to :attr:`queue_limit`, else left in the
-        store (paged out) until the queue drains."""
+        store (paged out) until the queue drains.  One older than what
+        this connection took already is left to the store
+        (:meth:`~tbmq.broker.store_reads.StoreReads._behind`)."""
         conn = self.connection
         if conn is None:
             return
@@ -341,7 +343,8 @@ class Outbox(StoreReads):
                 self._page_in()
             return
         if delivery.seq <= self._last_seq:
-            return  # already read from the store
+            self._behind(delivery)  # read from the store already, or not shown by it
+            return
         self._offer(delivery, cache, now, source, conn)
 
     def deliver_app(self, d, source) -> defer.Deferred | None:

@@ -144,6 +144,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         self._partial_since: float | None = None  # when the incomplete packet began
         self._packet_timer = None
         self._read_pauses = 0
+        self._peer_address = None  # the transport's getPeer(), once asked
 
     # -- Twisted --------------------------------------------------------------
 
@@ -397,8 +398,17 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         # a peer that never reads would keep the connection open: abort it
         self._abort_call = self.callLater(5, self.transport.abortConnection)
 
+    def _address(self):
+        """:returns: the client's ``IAddress`` (behind the PROXY protocol,
+        the proxied one), asked of the transport once, or None without a
+        transport."""
+        address = self._peer_address
+        if address is None and self.transport is not None:
+            address = self._peer_address = self.transport.getPeer()
+        return address
+
     def _peer(self) -> str:
-        peer = self.transport.getPeer() if self.transport else None
+        peer = self._address()
         return str(getattr(peer, "host", peer))
 
     def _client_id(self) -> str:

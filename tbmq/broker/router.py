@@ -254,6 +254,11 @@ class Router:
         """
         sink, where = self.classify(client_id, session, qos)
         if sink is None:
+            if qos and session is None and self.lookup(client_id) is None:
+                # matched, but no node knows the session: rare, worth a trace
+                self.log.debug("QoS {qos} delivery on {topic} to {client_id} dropped: the "
+                               "session registry does not know it", qos=qos,
+                               topic=message.topic, client_id=client_id)
             return pending
         result = sink.send(where, client_id, Delivery(client_id, message, qos, retain, sids))
         return pending if result is None else _add(pending, result)

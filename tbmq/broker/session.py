@@ -371,46 +371,52 @@ class Session(Outbox):
         if result is not None:
             # a QoS 0 message waits for nothing but a held consumer: stop
             # reading this publisher at once (QoS 1/2 also wait for stores)
-            self._track(result, conn, qos == 0)
+            self._unaccepted_one(conn, qos == 0)
         if qos == 1:
             if result is None and not self._acks:
                 # nothing to wait for: the PUBACK now
                 self.inbound_unacked -= 1
                 conn.write(encode_puback(packet.packet_id))
             else:
-                self.ack_when(result, Puback(packet.packet_id))
+                self.ack_when(result, Puback(packet.packet_id), accepting=conn)
         elif qos == 2:
-            self.ack_when(result, Pubrec(packet.packet_id))
+            self.ack_when(result, Pubrec(packet.packet_id), accepting=conn)
         elif result is not None:
-            result.addErrback(lambda f: self.log.failure(
-                "QoS 0 message of {client_id} not accepted", f, client_id=self.client_id))
+            result.addCallbacks(self._accepted, self._qos0_refused, callbackArgs=(conn,),
+                                errbackArgs=(conn,))
 
-    def _track(self, result: defer.Deferred, conn, held: bool) -> None:
+    def _unaccepted_one(self, conn, held: bool) -> None:
         """A publish the bus has not accepted yet: past
         ``mqtt.max_pending_messages`` of them, or at once when ``held`` (the
         pipeline is held back), the connection stops reading until half of
-        them are accepted (a publisher never fills memory)."""
+        them are accepted (:meth:`_accepted`: a publisher never fills
+        memory)."""
         self._unaccepted += 1
         if (held or self._unaccepted >= self.ctx.mqtt.max_pending_messages) \
                 and not self._reading_paused:
             self._reading_paused = True
             conn.pause_reading()
 
-        def accepted(value):
-            self._unaccepted -= 1
-            if (self._reading_paused
-                    and self._unaccepted <= self.ctx.mqtt.max_pending_messages // 2):
-                self._reading_paused = False
-                # not from inside the consumer that accepted it: the packets
-                # read meanwhile are handled when this turn ends
-                self.ctx.flusher.later(lambda: self.connection is conn and conn.resume_reading())
-            return value
+    def _accepted(self, value, conn):
+        """The bus answered one publish of :meth:`_unaccepted_one` (success
+        or failure: ``value`` passes through)."""
+        self._unaccepted -= 1
+        if (self._reading_paused
+                and self._unaccepted <= self.ctx.mqtt.max_pending_messages // 2):
+            self._reading_paused = False
+            # not from inside the consumer that accepted it: the packets
+            # read meanwhile are handled when this turn ends
+            self.ctx.flusher.later(lambda: self.connection is conn and conn.resume_reading())
+        return value
 
-        result.addBoth(accepted)
+    def _qos0_refused(self, failure, conn) -> None:
+        self._accepted(None, conn)
+        self.log.failure("QoS 0 message of {client_id} not accepted", failure,
+                         client_id=self.client_id)
 
     # -- acknowledgements to the client, in order ---------------------------------------
 
-    def ack_when(self, result, packet, duplicate: bool = False) -> None:
+    def ack_when(self, result, packet, duplicate: bool = False, accepting=None) -> None:
         """Send ``packet`` (PUBACK or PUBREC) when ``result`` (None or a
         Deferred) is done, after every ack queued before it [MQTT-4.6.0-2].
         If the Deferred fails, the message was not accepted (the bus is
@@ -418,7 +424,12 @@ class Session(Outbox):
         with 0x83 Implementation specific error, in its turn, and may send
         the message again; a v3 client, which has no negative
         acknowledgement, is disconnected without one, so it resends the
-        message when it reconnects [MQTT-4.4.0-1]."""
+        message when it reconnects [MQTT-4.4.0-1].
+
+        :param accepting: the connection whose publish ``result`` is, counted
+            by :meth:`_unaccepted_one` (its answer also counts for
+            :meth:`_accepted`), or None.
+        """
         acks = self._acks
         if result is None and not acks:
             self._send_ack(packet, duplicate)
@@ -426,26 +437,31 @@ class Session(Outbox):
         entry = [packet, result is None, duplicate]
         acks.append(entry)
         if result is not None:
-            conn = self.connection
-
-            def done(_):
-                entry[1] = True
-                self._flush_acks(conn)
-
-            def failed(failure):
-                self.ctx.drops.refused(failure)
-                if conn is not None and conn.protocol_level >= MQTT_5:
-                    entry[0] = type(packet)(packet.packet_id, 0x83)
-                    entry[1] = True
-                    self._flush_acks(conn)
-                    return
-                if self.connection is conn and conn is not None:
-                    conn.disconnect(0x80)
-                self._acks.clear()
-
-            result.addCallbacks(done, failed)
+            args = (entry, self.connection, accepting)
+            result.addCallbacks(self._ack_ready, self._ack_refused, callbackArgs=args,
+                                errbackArgs=args)
         else:
             self._flush_acks(self.connection)
+
+    def _ack_ready(self, _result, entry: list, conn, accepting) -> None:
+        if accepting is not None:
+            self._accepted(None, accepting)
+        entry[1] = True
+        self._flush_acks(conn)
+
+    def _ack_refused(self, failure, entry: list, conn, accepting) -> None:
+        if accepting is not None:
+            self._accepted(None, accepting)
+        self.ctx.drops.refused(failure)
+        if conn is not None and conn.protocol_level >= MQTT_5:
+            packet = entry[0]
+            entry[0] = type(packet)(packet.packet_id, 0x83)
+            entry[1] = True
+            self._flush_acks(conn)
+            return
+        if self.connection is conn and conn is not None:
+            conn.disconnect(0x80)
+        self._acks.clear()
 
     def _flush_acks(self, conn) -> None:
         acks = self._acks

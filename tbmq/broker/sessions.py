@@ -156,16 +156,24 @@ class SessionManager:
             failing when the cluster did not answer.
         """
         persistent = is_persistent(connect)
+        session_id = uuid.uuid4().hex
         d = self.events.request_connect(
-            connect.client_id, uuid.uuid4().hex, clean_start=connect.clean_start,
+            connect.client_id, session_id, clean_start=connect.clean_start,
             persistent=persistent, client_type=client_type,
             session_expiry_interval=self.expiry_for(connect, expiry_cap),
             protocol_level=connect.protocol_level)
-        return d.addCallback(self._open, conn, connect, client_type, expiry_cap, address)
+        return d.addCallback(self._open, conn, connect, client_type, expiry_cap, address,
+                             session_id)
 
     def _open(self, response, conn, connect, client_type: ClientType,
-              expiry_cap: int | None = None, address: str | None = None) -> tuple[Session, bool]:
+              expiry_cap: int | None = None, address: str | None = None,
+              session_id: str | None = None) -> tuple[Session, bool]:
         """Bind ``conn`` to the session the cluster answered about.
+
+        The session gets ``session_id``, the one its connect request named
+        (the deciding member remembers the grant under it until the
+        registry shows it: :meth:`tbmq.cluster.session_events.SessionEvents.on_registry_change`);
+        a new one when None.
 
         A session still connected here is taken over: its connection gets
         DISCONNECT 0x8E in v5 and is closed [MQTT-3.1.4-3] (one connected on
@@ -228,7 +236,7 @@ class SessionManager:
             session.client_type = client_type
         session.will = connect.will
         session.attach(conn)
-        session.session_id = uuid.uuid4().hex
+        session.session_id = session_id or uuid.uuid4().hex
         session.connected_at = now
         _identify(session, conn, connect)
         self.publish_info(session)

@@ -118,6 +118,27 @@ class StoreReads:
             return
         self._read_again()
 
+    def _behind(self, delivery: StoredDelivery) -> None:
+        """A delivery handed over live whose ``seq`` is not above the
+        highest this connection took (from a read of the store, or live).
+        Usually a read of the store already showed it: it is queued, in
+        flight or done.  Otherwise the store holds it and no read will
+        show it again (each page reads after ``_last_seq``): the writer of
+        the client's partition of ``tbmq.msg.persisted`` changed while both
+        nodes were up, and the old writer's forward of an older delivery
+        came after the new writer's newer ones.  Then the store is read
+        again from its start (:meth:`_read_again`), so that an
+        acknowledged message is not left there while the client is
+        connected; what was taken already is not sent twice."""
+        seq = delivery.seq
+        if not seq or any(d.seq == seq for d in self.inflight.values()) \
+                or any(d.seq == seq for d in self.queue):
+            return
+        if self._loading:
+            self._reread = True
+        else:
+            self._read_again()
+
     def _stop_marker_wait(self) -> None:
         timer, self._marker_wait = self._marker_wait, None
         if timer is not None and timer.active():

@@ -3,14 +3,14 @@
 
 Every encoded value is a msgpack array ``[tag, version, field, ...]``
 (``msgpack.packb(..., use_bin_type=True)``; read back with
-``unpackb(raw=False, strict_map_key=False)``).  The ``tag`` names the record
-type and ``version`` its field list; a reader that meets another tag, an
-unknown version, a field count or a field type it does not expect raises
-:class:`tbmq.errors.RecordEncodingError`, and nothing else, whatever bytes it
-is fed.  A writer raises the same error for a value that is not the codec's
-type or whose fields do not fit.  ``None`` is a *tombstone* ("this key has
-no value any more") on the topics that allow it; it is never encoded (Kafka
-carries it as a null value).
+``unpackb(raw=False, strict_map_key=False, use_list=False)``).  The
+``tag`` names the record type and ``version`` its field list; a reader
+that meets another tag, an unknown version, a field count or a field type
+it does not expect raises :class:`tbmq.errors.RecordEncodingError`, and
+nothing else, whatever bytes it is fed.  A writer raises the same error
+for a value that is not the codec's type or whose fields do not fit.
+``None`` is a *tombstone* ("this key has no value any more") on the topics
+that allow it; it is never encoded (Kafka carries it as a null value).
 
 All records are version 1, but ``ses``, version 2; its reader reads
 version 1 too (a record an older node wrote, kept on
@@ -89,14 +89,23 @@ The fields of each array, after ``tag, version``:
 
 :class:`Record` is what a consumer's handler receives: the topic, key,
 decoded value, headers, partition and offset of one record.
+
+The codecs are :class:`~tbmq.cluster.record_codec.RecordCodec`,
+:class:`~tbmq.cluster.record_codec.RecordUnion` and
+:class:`~tbmq.cluster.record_codec.BytesCodec`.  Each record type has a
+writer and a reader per version that check field by field (and say which
+field is wrong); the records the bus carries per message (``msg``,
+``dlv``) or per CONNECT (``mrk``, ``ses``, ``sev``, ``ser``) also have a
+hot path that writes or reads a record whose fields all have their plain
+type in one go and leaves any other to the field checks.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from itertools import product
+from typing import Any
 
-import msgpack
-
+from tbmq.cluster.record_codec import ARRAY_TYPES, VERSION, BytesCodec, RecordCodec, RecordUnion
 from tbmq.cluster.record_types import (
     CLEAR_SESSION,
     CONNECTION_REQUEST,
@@ -157,9 +166,6 @@ __all__ = [
     "new_record",
 ]
 
-#: The version the writers of this module write, but :data:`SESSION`'s
-#: (:data:`SESSION_VERSION`).
-VERSION = 1
 #: The version :data:`SESSION` writes (it reads 1 too).
 SESSION_VERSION = 2
 
@@ -252,181 +258,28 @@ def _count(fields: list, n: int, what: str) -> list:
     return fields
 
 
-# -- codecs ----------------------------------------------------------------------
+# -- hot paths (RecordCodec's ``fast``) ----------------------------------------------
+#
+# A record whose fields all have their plain type and fit is written and read
+# in one go.  Message and Delivery check each field inline (they pass per
+# message); the per-CONNECT records compare the types of their whole array
+# with the rows of types they accept (one C-level pass), then the values.
+
+_N = type(None)
+#: :class:`ClientType` by its value (what ``ClientType(value)`` accepts
+#: from msgpack: a str).
+_CLIENT_TYPES = {t.value: t for t in ClientType}
 
 
-class RecordCodec:
-    """The encoding of one record type on one kind of topic.
-
-    :param name: the record type's name, for error messages.
-    :param cls: the record class.
-    :param tag: the type tag written first in the array.
-    :param write: ``write(value) -> list`` of the version-:data:`VERSION`
-        fields, checking them (raises :class:`RecordEncodingError`).
-    :param readers: version → ``read(fields) -> value`` (checks the fields).
-    :param tombstone: whether None (a tombstone) is a valid value.
-    :param version: the version :meth:`encode` writes (a key of
-        ``readers``).
-    :ivar version: the version :meth:`encode` writes.
-    """
-
-    __slots__ = ("name", "cls", "tag", "version", "tombstone", "_write", "_readers")
-
-    def __init__(self, name: str, cls: type, tag: str, write: Callable[[Any], list],
-                 readers: dict[int, Callable[[list], Any]], tombstone: bool = False,
-                 version: int = VERSION) -> None:
-        self.name = name
-        self.cls = cls
-        self.tag = tag
-        self.version = version
-        self.tombstone = tombstone
-        self._write = write
-        self._readers = readers
-
-    def with_tombstone(self) -> "RecordCodec":
-        """:returns: the same encoding, accepting None (a tombstone)."""
-        return RecordCodec(self.name, self.cls, self.tag, self._write, self._readers, True,
-                           self.version)
-
-    def encode(self, value: Any) -> bytes | None:
-        """:param value: an instance of :attr:`cls`, or None where tombstones
-            are allowed.
-        :returns: the encoded bytes (None for a tombstone).
-        :raises RecordEncodingError: when ``value`` does not fit.
-        """
-        if value is None:
-            if self.tombstone:
-                return None
-            raise RecordEncodingError(f"{self.name}: a tombstone (None) is not allowed here")
-        try:
-            return msgpack.packb(self.to_list(value), use_bin_type=True)
-        except RecordEncodingError:
-            raise
-        except Exception as e:
-            raise RecordEncodingError(f"{self.name}: cannot encode: {e}") from None
-
-    def to_list(self, value: Any) -> list:
-        """:returns: the ``[tag, version, fields...]`` array of ``value``
-            (used for nested records).
-        :raises RecordEncodingError: when ``value`` does not fit."""
-        if not isinstance(value, self.cls):
-            raise RecordEncodingError(
-                f"{self.name}: expected {self.cls.__name__}, got {type(value).__name__}")
-        try:
-            return [self.tag, self.version, *self._write(value)]
-        except RecordEncodingError:
-            raise
-        except Exception as e:
-            raise RecordEncodingError(f"{self.name}: cannot encode: {e}") from None
-
-    def decode(self, data: Any) -> Any:
-        """:param data: bytes from :meth:`encode`, or None (a tombstone).
-        :returns: the record, or None for a tombstone.
-        :raises RecordEncodingError: for anything that is not a record of
-            this type and a known version (and for a tombstone where none is
-            allowed).
-        """
-        if data is None:
-            if self.tombstone:
-                return None
-            raise RecordEncodingError(f"{self.name}: a tombstone (None) is not allowed here")
-        return self.from_list(_unpack(self.name, data))
-
-    def from_list(self, obj: Any) -> Any:
-        """Inverse of :meth:`to_list`.
-
-        :raises RecordEncodingError: as :meth:`decode`."""
-        if type(obj) is not list or len(obj) < 2:
-            raise RecordEncodingError(f"{self.name}: not a tagged record array")
-        tag, version = obj[0], obj[1]
-        if type(tag) is not str or tag != self.tag:
-            raise RecordEncodingError(f"{self.name}: expected tag {self.tag!r}, got {tag!r}")
-        reader = self._readers.get(version) if type(version) is int else None
-        if reader is None:
-            raise RecordEncodingError(f"{self.name}: unknown version {version!r}")
-        try:
-            return reader(obj[2:])
-        except RecordEncodingError:
-            raise
-        except Exception as e:  # a check this module forgot: still the one error type
-            raise RecordEncodingError(f"{self.name}: cannot decode: {e}") from None
+def _type_rows(*columns: type | tuple[type, ...]) -> frozenset:
+    """:returns: every tuple of types of an array whose item ``i`` may be
+        of the type(s) ``columns[i]``."""
+    return frozenset(product(*(c if isinstance(c, tuple) else (c,) for c in columns)))
 
 
-def _unpack(name: str, data: Any) -> Any:
-    """The msgpack object in ``data``.
-
-    :raises RecordEncodingError: when ``data`` is not bytes or not msgpack."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise RecordEncodingError(f"{name}: expected bytes, got {type(data).__name__}")
-    try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception as e:
-        raise RecordEncodingError(f"{name}: not msgpack: {e}") from None
-
-
-class RecordUnion:
-    """Several record types on one topic, told apart by their tag (no
-    tombstone): each value is written by the codec of its class and read
-    by the codec of its tag.
-
-    :param name: the union's name, for error messages.
-    :param codecs: the :class:`RecordCodec` of each record type (distinct
-        tags and classes).
-    """
-
-    __slots__ = ("name", "codecs", "_by_tag")
-    tombstone = False
-
-    def __init__(self, name: str, *codecs: RecordCodec) -> None:
-        self.name = name
-        self.codecs = codecs
-        self._by_tag = {codec.tag: codec for codec in codecs}
-
-    def encode(self, value: Any) -> bytes:
-        """:returns: ``value`` encoded by the codec of its class.
-        :raises RecordEncodingError: for a value of no member's class (None
-            included), or one whose fields do not fit."""
-        for codec in self.codecs:
-            if isinstance(value, codec.cls):
-                return codec.encode(value)
-        raise RecordEncodingError(f"{self.name}: expected one of "
-                                  f"{', '.join(c.cls.__name__ for c in self.codecs)}, "
-                                  f"got {type(value).__name__}")
-
-    def decode(self, data: Any) -> Any:
-        """:returns: the record ``data`` holds, read by the codec of its tag.
-        :raises RecordEncodingError: for anything else (a tombstone, another
-            tag, an unknown version, bad fields)."""
-        if data is None:
-            raise RecordEncodingError(f"{self.name}: a tombstone (None) is not allowed here")
-        obj = _unpack(self.name, data)
-        tag = obj[0] if type(obj) is list and obj else None
-        codec = self._by_tag.get(tag) if type(tag) is str else None
-        if codec is None:
-            raise RecordEncodingError(f"{self.name}: expected a tag of {sorted(self._by_tag)}, "
-                                      f"got {tag!r}")
-        return codec.from_list(obj)
-
-
-class BytesCodec:
-    """Raw bytes passed through (``tbmq.events``): no tag, no version.
-
-    :ivar tombstone: False; None is refused.
-    """
-
-    __slots__ = ()
-    name = "bytes"
-    tombstone = False
-
-    def encode(self, value: Any) -> bytes:
-        """:raises RecordEncodingError: unless ``value`` is bytes-like."""
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            return bytes(value)
-        raise RecordEncodingError(f"bytes: expected bytes, got {type(value).__name__}")
-
-    def decode(self, data: Any) -> bytes:
-        """:raises RecordEncodingError: unless ``data`` is bytes-like."""
-        return self.encode(data)
+def _types(array: Any) -> tuple:
+    """:returns: the exact types of the items of ``array``."""
+    return tuple(map(type, array))
 
 
 # Message ------------------------------------------------------------------------
@@ -447,8 +300,41 @@ def _read_message_v1(f: list) -> Message:
                    _opt_float(expires_at, "expires_at"))
 
 
+def _message_array(m: Message) -> list | None:
+    topic, payload, qos, retain, props, publisher, received_at, expires_at = (
+        m.topic, m.payload, m.qos, m.retain, m.properties, m.publisher, m.received_at,
+        m.expires_at)
+    if (type(topic) is str and type(payload) is bytes and type(qos) is int and 0 <= qos <= 2
+            and type(retain) is bool and type(props) is dict and type(publisher) is str
+            and type(received_at) is float and (expires_at is None or type(expires_at) is float)):
+        return ["msg", 1, topic, payload, qos, retain,
+                _props_out(props, "properties") if props else None, publisher, received_at,
+                expires_at]
+    return None
+
+
+def _message_from_array(obj: Any) -> Message | None:
+    if len(obj) == 10:
+        tag, version, topic, payload, qos, retain, props, publisher, received_at, expires_at = obj
+        if (tag == "msg" and version == 1 and type(version) is int and type(topic) is str
+                and type(payload) is bytes and type(qos) is int and 0 <= qos <= 2
+                and type(retain) is bool and type(publisher) is str
+                and type(received_at) is float
+                and (expires_at is None or type(expires_at) is float)):
+            if props is None:
+                props = {}
+            elif type(props) is bytes:
+                props = _props_in(props, "properties")
+            else:
+                return None
+            return Message(topic, payload, qos, retain, props, publisher, received_at,
+                           expires_at)
+    return None
+
+
 #: ``tbmq.msg.all``: :class:`tbmq.model.Message`, no tombstone.
-MESSAGE = RecordCodec("Message", Message, "msg", _write_message, {1: _read_message_v1})
+MESSAGE = RecordCodec("Message", Message, "msg", _write_message, {1: _read_message_v1},
+                      fast=(_message_array, _message_from_array))
 #: ``tbmq.msg.retained``: :class:`tbmq.model.Message` or a tombstone.
 RETAINED = MESSAGE.with_tombstone()
 
@@ -466,15 +352,49 @@ def _write_delivery(d: Delivery) -> list:
 
 def _read_delivery_v1(f: list) -> Delivery:
     client_id, message, qos, retain, ids, seq = _count(f, 6, "delivery")
-    if type(ids) is not list:
+    if type(ids) not in ARRAY_TYPES:
         raise _Bad("subscription_ids: expected an array")
     return Delivery(_str(client_id, "client_id"), MESSAGE.from_list(message), _qos(qos, "qos"),
                     _bool(retain, "retain"), tuple(_int(i, "subscription_ids") for i in ids),
                     _int(seq, "seq"))
 
 
+def _delivery_array(d: Delivery) -> list | None:
+    client_id, message, qos, retain, ids, seq = (
+        d.client_id, d.message, d.qos, d.retain, d.subscription_ids, d.seq)
+    if (type(client_id) is str and type(message) is Message and type(qos) is int
+            and 0 <= qos <= 2 and type(retain) is bool and type(ids) is tuple
+            and type(seq) is int and (not ids or _all_int(ids))):
+        m = _message_array(message)
+        if m is not None:
+            return ["dlv", 1, client_id, m, qos, retain, ids, seq]
+    return None
+
+
+def _delivery_from_array(obj: Any) -> Delivery | None:
+    if len(obj) == 8:
+        tag, version, client_id, message, qos, retain, ids, seq = obj
+        if (tag == "dlv" and version == 1 and type(version) is int and type(client_id) is str
+                and type(message) is tuple and type(qos) is int and 0 <= qos <= 2
+                and type(retain) is bool and type(ids) is tuple and type(seq) is int
+                and (not ids or _all_int(ids))):
+            m = _message_from_array(message)
+            if m is not None:
+                return Delivery(client_id, m, qos, retain, ids, seq)
+    return None
+
+
+def _all_int(values: tuple) -> bool:
+    """Whether every item of ``values`` is an ``int`` (not a bool)."""
+    for v in values:
+        if type(v) is not int:
+            return False
+    return True
+
+
 #: The downlink, persisted and application topics: :class:`Delivery`.
-DELIVERY = RecordCodec("Delivery", Delivery, "dlv", _write_delivery, {1: _read_delivery_v1})
+DELIVERY = RecordCodec("Delivery", Delivery, "dlv", _write_delivery, {1: _read_delivery_v1},
+                       fast=(_delivery_array, _delivery_from_array))
 
 
 def _write_marker(m: SessionMarker) -> list:
@@ -488,8 +408,23 @@ def _read_marker_v1(f: list) -> SessionMarker:
                          _str(session_id, "session_id"), _bool(attached, "attached"))
 
 
+_MARKER_IN = (str, int, str, str, str, bool)
+
+
+def _marker_array(m: SessionMarker) -> list | None:
+    array = ["mrk", 1, m.client_id, m.service_id, m.session_id, m.attached]
+    return array if _types(array) == _MARKER_IN else None
+
+
+def _marker_from_array(obj: Any) -> SessionMarker | None:
+    if _types(obj) == _MARKER_IN and obj[0] == "mrk" and obj[1] == 1:
+        return SessionMarker(*obj[2:])
+    return None
+
+
 #: :class:`SessionMarker` alone (nested in :data:`PERSISTED`).
-MARKER = RecordCodec("SessionMarker", SessionMarker, "mrk", _write_marker, {1: _read_marker_v1})
+MARKER = RecordCodec("SessionMarker", SessionMarker, "mrk", _write_marker, {1: _read_marker_v1},
+                     fast=(_marker_array, _marker_from_array))
 #: ``tbmq.msg.persisted`` and ``tbmq.msg.downlink.persisted.<serviceId>``:
 #: :class:`Delivery` or :class:`SessionMarker`.
 PERSISTED = RecordUnion("Persisted", DELIVERY, MARKER)
@@ -547,8 +482,38 @@ def _read_session_v1(f: list) -> SessionInfo:
         _float(updated_at, "updated_at"), None if will is None else WILL.from_list(will))
 
 
+_OPT_FLOAT, _OPT_STR = (float, _N), (str, _N)
+_SESSION_OUT = _type_rows(str, int, str, str, str, bool, bool, ClientType, int, int, _OPT_FLOAT,
+                          _OPT_FLOAT, float, (WillRecord, _N), _OPT_STR, _OPT_STR, _OPT_STR)
+_SESSION_IN = _type_rows(str, int, str, str, str, bool, bool, str, int, int, _OPT_FLOAT,
+                         _OPT_FLOAT, float, (tuple, _N), _OPT_STR, _OPT_STR, _OPT_STR)
+
+
+def _session_array(s: SessionInfo) -> list | None:
+    array = ["ses", 2, s.client_id, s.service_id, s.session_id, s.connected, s.persistent,
+             s.client_type, s.session_expiry_interval, s.protocol_level, s.connected_at,
+             s.disconnected_at, s.updated_at, s.will, s.address, s.username, s.credentials_name]
+    if _types(array) in _SESSION_OUT and array[8] >= 0 and 0 <= array[9] <= 255:
+        array[7] = array[7].value
+        if array[13] is not None:
+            array[13] = WILL.to_list(array[13])
+        return array
+    return None
+
+
+def _session_from_array(obj: Any) -> SessionInfo | None:
+    if (_types(obj) in _SESSION_IN and obj[0] == "ses" and obj[1] == 2 and obj[8] >= 0
+            and 0 <= obj[9] <= 255):
+        client_type, will = _CLIENT_TYPES.get(obj[7]), obj[13]
+        if client_type is not None:
+            return SessionInfo(*obj[2:7], client_type, *obj[8:13],
+                               None if will is None else WILL.from_list(will), *obj[14:])
+    return None
+
+
 _SESSION = RecordCodec("SessionInfo", SessionInfo, "ses", _write_session,
-                       {1: _read_session_v1, 2: _read_session_v2}, version=SESSION_VERSION)
+                       {1: _read_session_v1, 2: _read_session_v2}, version=SESSION_VERSION,
+                       fast=(_session_array, _session_from_array))
 #: ``tbmq.client.session``: :class:`SessionInfo` or a tombstone.
 SESSION = _SESSION.with_tombstone()
 
@@ -578,7 +543,7 @@ def _read_subscriptions_v1(f: list) -> SubscriptionsRecord:
         raise _Bad("subscriptions: expected a map")
     out = {}
     for topic_filter, o in subs.items():
-        if type(o) is not list:
+        if type(o) not in ARRAY_TYPES:
             raise _Bad("subscriptions: expected an options array")
         qos, no_local, rap, rh, sid = _count(o, 5, "subscription options")
         out[_str(topic_filter, "subscriptions")] = SubscriptionOptions(
@@ -621,9 +586,33 @@ def _read_event_v1(f: list) -> SessionEvent:
         _int(level, "protocol_level", 0, 255), _float(at, "at"))
 
 
+_EVENT_OUT = (str, int, str, str, str, str, str, bool, bool, ClientType, int, int, float)
+_EVENT_IN = (str, int, str, str, str, str, str, bool, bool, str, int, int, float)
+
+
+def _event_array(e: SessionEvent) -> list | None:
+    array = ["sev", 1, e.kind, e.client_id, e.service_id, e.session_id, e.request_id,
+             e.clean_start, e.persistent, e.client_type, e.session_expiry_interval,
+             e.protocol_level, e.at]
+    if (_types(array) == _EVENT_OUT and array[2] in SESSION_EVENT_KINDS and array[10] >= 0
+            and 0 <= array[11] <= 255):
+        array[9] = array[9].value
+        return array
+    return None
+
+
+def _event_from_array(obj: Any) -> SessionEvent | None:
+    if (_types(obj) == _EVENT_IN and obj[0] == "sev" and obj[1] == 1
+            and obj[2] in SESSION_EVENT_KINDS and obj[10] >= 0 and 0 <= obj[11] <= 255):
+        client_type = _CLIENT_TYPES.get(obj[9])
+        if client_type is not None:
+            return SessionEvent(*obj[2:9], client_type, *obj[10:])
+    return None
+
+
 #: ``tbmq.client.session.event.request``: :class:`SessionEvent`.
 SESSION_EVENT = RecordCodec("SessionEvent", SessionEvent, "sev", _write_event,
-                            {1: _read_event_v1})
+                            {1: _read_event_v1}, fast=(_event_array, _event_from_array))
 
 
 def _write_response(r: SessionEventResponse) -> list:
@@ -640,9 +629,33 @@ def _read_response_v1(f: list) -> SessionEventResponse:
         None if session is None else _SESSION.from_list(session), _str(reason, "reason"))
 
 
+_RESPONSE_OUT = _type_rows(str, int, str, str, bool, bool, (SessionInfo, _N), str)
+_RESPONSE_IN = _type_rows(str, int, str, str, bool, bool, (tuple, _N), str)
+
+
+def _response_array(r: SessionEventResponse) -> list | None:
+    array = ["ser", 1, r.client_id, r.request_id, r.success, r.session_present, r.session,
+             r.reason]
+    if _types(array) not in _RESPONSE_OUT:
+        return None
+    if array[6] is not None:
+        array[6] = _SESSION.to_list(array[6])
+    return array
+
+
+def _response_from_array(obj: Any) -> SessionEventResponse | None:
+    if _types(obj) in _RESPONSE_IN and obj[0] == "ser" and obj[1] == 1:
+        session = obj[6]
+        return SessionEventResponse(*obj[2:6],
+                                    None if session is None else _SESSION.from_list(session),
+                                    obj[7])
+    return None
+
+
 #: ``tbmq.client.session.event.response.<serviceId>``: :class:`SessionEventResponse`.
 SESSION_EVENT_RESPONSE = RecordCodec("SessionEventResponse", SessionEventResponse, "ser",
-                                     _write_response, {1: _read_response_v1})
+                                     _write_response, {1: _read_response_v1},
+                                     fast=(_response_array, _response_from_array))
 
 
 def _write_disconnect(c: DisconnectCommand) -> list:
@@ -671,7 +684,7 @@ def _write_node(n: NodeInfo) -> list:
 
 def _read_node_v1(f: list) -> NodeInfo:
     service_id, started_at, sent_at, stopping, listeners = _count(f, 5, "node")
-    if type(listeners) is not list:
+    if type(listeners) not in ARRAY_TYPES:
         raise _Bad("listeners: expected an array")
     return NodeInfo(_str(service_id, "service_id"), _float(started_at, "started_at"),
                     _float(sent_at, "sent_at"), _bool(stopping, "stopping"),

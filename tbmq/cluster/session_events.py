@@ -26,6 +26,7 @@ twice and none forgets them (:meth:`SessionEvents.on_registry_change`).
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections import OrderedDict
 from typing import Callable
@@ -91,7 +92,13 @@ class SessionEvents:
         #: member granted, until the registry shows it (at most
         #: :attr:`GRANT_MEMORY` seconds), oldest first
         self._granted: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        self._pending: dict[str, defer.Deferred] = {}
+        #: request id -> (its Deferred, the time its answer is due), oldest first
+        self._pending: dict[str, tuple[defer.Deferred, float]] = {}
+        self._sweep = None  # the timer of _time_out while requests wait
+        # request ids: unique per process (a counter after a random prefix),
+        # so an answer to an earlier process of this node matches nothing
+        self._request_prefix = os.urandom(6).hex() + "-"
+        self._requests = 0
         self.consumers: list = []
         self._deciding = None
 
@@ -135,40 +142,61 @@ class SessionEvents:
             with :class:`~tbmq.errors.BusPublishError` when no answer came in
             :attr:`timeout` seconds (or the bus refused the request).
         """
-        request_id = uuid.uuid4().hex
+        self._requests += 1
+        request_id = f"{self._request_prefix}{self._requests}"
         d = defer.Deferred()
-        self._pending[request_id] = d
-        timer = self.clock.callLater(self.timeout, self._timed_out, request_id)
-
-        def settled(result):
-            if timer.active():
-                timer.cancel()
-            return result
-
-        d.addBoth(settled)
+        now = self.clock.seconds()
+        self._pending[request_id] = (d, now + self.timeout)
         event = SessionEvent(CONNECTION_REQUEST, client_id, self.service_id, session_id,
                              request_id, clean_start, persistent, client_type,
-                             session_expiry_interval, protocol_level, self.clock.seconds())
+                             session_expiry_interval, protocol_level, now)
         sent = self.bus.publish(self.topics.session_event_request, client_id, event)
         if sent is not None:
             sent.addErrback(self._failed, request_id)
+        if self._sweep is None and self._pending:  # not answered during the call
+            self._sweep = self.clock.callLater(self.timeout, self._time_out)
         return d
 
-    def _failed(self, failure, request_id: str) -> None:
-        d = self._pending.pop(request_id, None)
-        if d is not None:
-            d.errback(failure)
+    #: one timer for all the requests waiting, none per request: it fires at
+    #: the oldest one's deadline, or :attr:`timeout` / SWEEPS seconds after
+    #: it last fired when that is later, so a request fails between
+    #: ``timeout`` and ``timeout`` × (1 + 1/SWEEPS) seconds after it was sent
+    SWEEPS = 10
 
-    def _timed_out(self, request_id: str) -> None:
-        d = self._pending.pop(request_id, None)
-        if d is not None:
+    def _failed(self, failure, request_id: str) -> None:
+        pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            pending[0].errback(failure)
+
+    def _time_out(self) -> None:
+        """Fail the requests whose answer is overdue (in the order they were
+        sent: :attr:`_pending` keeps it), and look again later while some
+        wait."""
+        self._sweep = None
+        now = self.clock.seconds()
+        pending = self._pending
+        overdue = []
+        for request_id, (d, deadline) in pending.items():
+            if deadline > now:
+                break
+            overdue.append(request_id)
+        for request_id in overdue:
+            d = pending.pop(request_id)[0]
             d.errback(BusPublishError("no answer to the connect request in time"))
+        if pending and self._sweep is None:
+            due = next(iter(pending.values()))[1]
+            self._sweep = self.clock.callLater(
+                max(due - self.clock.seconds(), self.timeout / self.SWEEPS), self._time_out)
 
     def _on_response(self, record: Record) -> None:
         response: SessionEventResponse = record.value
-        d = self._pending.pop(response.request_id, None)
-        if d is not None:
-            d.callback(response)
+        pending = self._pending.pop(response.request_id, None)
+        if pending is not None:
+            pending[0].callback(response)
+        else:
+            log.debug("the answer to the connect request {request} of {client_id} came after "
+                      "the CONNECT was refused", request=response.request_id,
+                      client_id=response.client_id)
 
     def request_takeover(self, info) -> None:
         """Ask the cluster to take over ``info`` (a

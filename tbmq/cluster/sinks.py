@@ -27,8 +27,10 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from tbmq.cluster.records import Delivery, Record, SessionMarker
+from tbmq.errors import BackendError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import StoredDelivery
 from tbmq.mqtt.topics import parse_shared_subscription
@@ -184,6 +186,11 @@ class PersistedWriter:
         the delivery is written again every few seconds (an add of the same
         ``seq`` replaces it), and the outage and the recovery are logged
         once each.  Nothing is skipped, so the order per client is kept.
+        An answer that is not the number of deliveries trimmed (a store
+        whose replies came out of step with its calls, after a reply
+        timeout) counts as a failure: the add is written again, never
+        taken as done (the record would be committed with the delivery
+        nowhere).
 
         :returns: a Deferred firing with the number of deliveries trimmed.
         """
@@ -195,6 +202,11 @@ class PersistedWriter:
             self.store.add(client_id, [stored]).addCallbacks(succeeded, failed)
 
         def succeeded(removed):
+            if not isinstance(removed, int):
+                # not what an add answers: the store's replies are out of
+                # step with its calls, so this add may not have been done
+                return failed(Failure(BackendError(
+                    f"the device store answered an add with {removed!r:.40}")))
             storing.discard(done)
             if not storing and self._storing.get(client_id) is storing:
                 del self._storing[client_id]
@@ -293,6 +305,10 @@ class PersistedWriter:
             return None
         self.attached[client_id] = (marker.service_id, marker.session_id)
         storing = self._storing.get(client_id)
+        log.debug("attach marker of {client_id}: connection {session_id} on {node}, after "
+                  "{storing} deliveries being stored", client_id=client_id,
+                  session_id=marker.session_id, node=marker.service_id,
+                  storing=len(storing) if storing else 0)
         if not storing:
             return self._pass_on(marker)
         # DeferredList leaves each store's result to its own chain

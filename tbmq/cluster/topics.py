@@ -101,6 +101,9 @@ _FAMILIES = (
 )
 _COMPACTED = frozenset((MSG_RETAINED, CLIENT_SESSION, CLIENT_SUBSCRIPTIONS))
 _DURABLE = frozenset((CLIENT_SESSION, CLIENT_SUBSCRIPTIONS))
+_PACKABLE = frozenset((MSG_ALL, MSG_PERSISTED, SESSION_EVENT_REQUEST))
+_PACKABLE_FAMILIES = (DOWNLINK_BASIC, DOWNLINK_PERSISTED, SESSION_EVENT_RESPONSE,
+                      CLIENT_DISCONNECT)
 
 
 def safe_name(part: str, room: int = MAX_TOPIC_LENGTH) -> str:
@@ -154,7 +157,11 @@ class TopicCatalogue:
     """
 
     __slots__ = ("prefix", "msg_all", "msg_retained", "msg_persisted", "client_session",
-                 "client_subscriptions", "session_event_request", "events", "nodes", "_room")
+                 "client_subscriptions", "session_event_request", "events", "nodes", "_room",
+                 "_names")
+
+    #: most per-id names remembered (a publish names its topic each time)
+    NAMES_CACHED = 65536
 
     def __init__(self, prefix: str = "") -> None:
         if not isinstance(prefix, str) or not _PREFIX.match(prefix):
@@ -164,6 +171,7 @@ class TopicCatalogue:
             raise ValueError(f"topic prefix {prefix!r}: too long")
         self.prefix = prefix
         self._room = room
+        self._names: dict[tuple[str, str], str] = {}
         self.msg_all = prefix + MSG_ALL
         self.msg_retained = prefix + MSG_RETAINED
         self.msg_persisted = prefix + MSG_PERSISTED
@@ -181,36 +189,51 @@ class TopicCatalogue:
 
     # -- the families --------------------------------------------------------------
 
+    def _named(self, base: str, part: str) -> str:
+        """``prefix + base + safe_name(part)``, remembered (the sinks name a
+        topic per delivery); at most :attr:`NAMES_CACHED` names, all
+        forgotten when full."""
+        names = self._names
+        name = names.get((base, part))
+        if name is None:
+            if len(names) >= self.NAMES_CACHED:
+                names.clear()
+            if base == APP and part.startswith("shared_"):
+                name = self.prefix + APP + hashed_name(part)
+            else:
+                name = self.prefix + base + safe_name(part, self._room)
+            names[(base, part)] = name
+        return name
+
     def downlink_basic(self, service_id: str) -> str:
         """:returns: ``tbmq.msg.downlink.basic.<serviceId>``: non-persistent
         deliveries for clients connected to node ``service_id``."""
-        return self.prefix + DOWNLINK_BASIC + safe_name(service_id, self._room)
+        return self._named(DOWNLINK_BASIC, service_id)
 
     def downlink_persisted(self, service_id: str) -> str:
         """:returns: ``tbmq.msg.downlink.persisted.<serviceId>``: persistent
         deliveries for clients connected to node ``service_id``."""
-        return self.prefix + DOWNLINK_PERSISTED + safe_name(service_id, self._room)
+        return self._named(DOWNLINK_PERSISTED, service_id)
 
     def app(self, client_id: str) -> str:
         """:returns: ``tbmq.msg.app.<clientId>``: the deliveries of a
-        persistent APPLICATION client."""
-        if client_id.startswith("shared_"):
-            return self.prefix + APP + hashed_name(client_id)
-        return self.prefix + APP + safe_name(client_id, self._room)
+        persistent APPLICATION client (a client id starting with
+        ``shared_`` is hashed: it would read as an ``app.shared`` name)."""
+        return self._named(APP, client_id)
 
     def app_shared(self, topic_filter: str) -> str:
         """:returns: ``tbmq.msg.app.shared.<filter>``: the deliveries of an
         APPLICATION shared subscription (``topic_filter`` without the
         ``$share/<group>/`` part)."""
-        return self.prefix + APP_SHARED + safe_name(topic_filter, self._room)
+        return self._named(APP_SHARED, topic_filter)
 
     def session_event_response(self, service_id: str) -> str:
         """:returns: ``tbmq.client.session.event.response.<serviceId>``."""
-        return self.prefix + SESSION_EVENT_RESPONSE + safe_name(service_id, self._room)
+        return self._named(SESSION_EVENT_RESPONSE, service_id)
 
     def client_disconnect(self, service_id: str) -> str:
         """:returns: ``tbmq.client.disconnect.<serviceId>``."""
-        return self.prefix + CLIENT_DISCONNECT + safe_name(service_id, self._room)
+        return self._named(CLIENT_DISCONNECT, service_id)
 
     # -- what a name carries ----------------------------------------------------------
 
@@ -244,6 +267,22 @@ class TopicCatalogue:
         ``tbmq.client.subscriptions`` and ``tbmq.msg.retained`` (the last
         value per key is what counts)."""
         return self._base(topic) in _COMPACTED
+
+    def packable(self, topic: str) -> bool:
+        """:returns: True for the traffic topics whose records a bus may
+        pack, several in one record of the partition (the Kafka bus,
+        ``docs/bus.md``): ``tbmq.msg.all``, ``tbmq.msg.persisted``, the
+        downlinks, and the session events, answers and disconnects.  Not the
+        compacted topics (a key's last value is a record of its own), an
+        APPLICATION client's topics (committed one acknowledgement at a
+        time) or ``tbmq.events`` (read by tools outside tbmq)."""
+        name = self._base(topic)
+        if name is None:
+            return False
+        if name in _PACKABLE:
+            return True
+        return any(name.startswith(base) and len(name) > len(base)
+                   for base in _PACKABLE_FAMILIES)
 
     def durable(self, topic: str) -> bool:
         """:returns: True for the topics the in-process bus keeps in its

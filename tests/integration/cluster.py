@@ -5,6 +5,7 @@ was acknowledged for.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass
@@ -100,8 +101,10 @@ class CountingPublisher:
         self.acked: set[int] = set()
         self.refused: int = 0
         self.sent = 0
-        self._mids: dict[int, int] = {}
-        self._early: dict[int, int] = {}
+        # (client generation, paho mid) -> payload number / early reason code
+        self._mids: dict[tuple[int, int], int] = {}
+        self._early: dict[tuple[int, int], int] = {}
+        self._generation = 0  # of the current client: each numbers its messages from 1
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -117,10 +120,19 @@ class CountingPublisher:
         while True:
             port = self.ports[0]
             client = PahoClient(port, self.version, client_id=f"pub-{uid()}")
-            client.client.on_publish = self._on_publish
+            # a new client numbers its messages from 1 again: an ack is
+            # matched with the message of the same client only
+            self._generation += 1
+            client.client.on_publish = functools.partial(self._on_publish, self._generation)
             try:
                 client.connect_and_wait(timeout=15)
-                self.client = client
+                with self._lock:
+                    # the old client's messages that are not acknowledged by
+                    # now never will be: they stay not acknowledged
+                    self._mids = {k: n for k, n in self._mids.items()
+                                  if k[0] == self._generation}
+                    self._early = {}
+                    self.client = client
                 return
             except (AssertionError, OSError):
                 client.close()
@@ -128,12 +140,13 @@ class CountingPublisher:
                 if self._stop.is_set():
                     return
 
-    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+    def _on_publish(self, generation, client, userdata, mid, reason_code, properties) -> None:
         code = getattr(reason_code, "value", reason_code)
+        key = (generation, mid)
         with self._lock:
-            n = self._mids.pop(mid, None)
+            n = self._mids.pop(key, None)
             if n is None:
-                self._early[mid] = code  # acknowledged before _run recorded it
+                self._early[key] = code  # acknowledged before _run recorded it
                 return
             self._record(n, code)
 
@@ -159,11 +172,12 @@ class CountingPublisher:
             # while holding paho's own lock, which publish() also takes
             info = client.client.publish(self.topic, str(n).encode(), 1)
             if info.rc == paho.MQTT_ERR_SUCCESS:
+                key = (self._generation, info.mid)
                 with self._lock:
                     self.sent += 1
-                    code = self._early.pop(info.mid, None)
+                    code = self._early.pop(key, None)
                     if code is None:
-                        self._mids[info.mid] = n
+                        self._mids[key] = n
                     else:
                         self._record(n, code)
                 n += 1

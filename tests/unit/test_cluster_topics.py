@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tbmq.cluster import records
-from tbmq.cluster.topics import MAX_TOPIC_LENGTH, TopicCatalogue, safe_name
+from tbmq.cluster.topics import MAX_TOPIC_LENGTH, TopicCatalogue, hashed_name, safe_name
 from tbmq.errors import RecordEncodingError
 
 KAFKA_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")
@@ -117,3 +117,15 @@ def test_compacted_and_durable():
     assert {t for t in every if c.durable(t)} == durable
     assert not c.durable("tbmq.client.session")  # another prefix
     assert not c.compacted("tbmq.client.session")
+
+
+def test_per_id_names_are_remembered_within_a_bound_and_stay_right_past_it(monkeypatch):
+    c = TopicCatalogue("p.")
+    monkeypatch.setattr(TopicCatalogue, "NAMES_CACHED", 3)
+    ids = ["node-1", "a/b", "shared_x", "node-2", "ünï"]
+    first = [(c.downlink_basic(i), c.app(i)) for i in ids]
+    assert len(c._names) <= 3  # forgotten when full, never more
+    assert [(c.downlink_basic(i), c.app(i)) for i in ids] == first
+    assert first[0] == ("p.tbmq.msg.downlink.basic.node-1", "p.tbmq.msg.app.node-1")
+    assert first[2][1] == "p.tbmq.msg.app." + hashed_name("shared_x")
+    assert first[1][0] == "p.tbmq.msg.downlink.basic." + hashed_name("a/b")

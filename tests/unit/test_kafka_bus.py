@@ -344,13 +344,15 @@ class FakeProducer:
         self.driver = driver
         self.acks = acks
 
-    def send(self, topic, key, value, headers, deferred) -> None:
+    def send(self, topic, key, value, headers, deferred, partition=None) -> None:
         if self.driver.refuse_send:
             raise BufferError("queue full")
         self.driver.sent.append((topic, key, value, headers, deferred))
+        self.driver.partitions.append(partition)
 
-    def prepare(self, topic) -> None:
+    def prepare(self, topic) -> int:
         self.driver.prepared.append(topic)
+        return 6
 
     def close(self, timeout) -> None:
         self.driver.closed.append("producer")
@@ -367,6 +369,7 @@ class FakeDriver:
         self.created: list = []
         self.prepared: list = []
         self.sent: list = []
+        self.partitions: list = []  # the partition of each record sent (None: the client's)
         self.closed: list = []
 
     def Admin(self, config):  # noqa: N802 (a driver module's class)
@@ -425,6 +428,7 @@ def test_a_per_id_topic_is_created_before_its_first_publish_which_waits_in_order
                                                                (("n", b"2"),)]
     assert driver.sent[0][1] == b"c" and r.DELIVERY.decode(driver.sent[0][2]) == delivery
     bus.publish(topic, "c", delivery)
+    reactor.advance(0)  # a downlink's records go at the end of the turn
     assert len(driver.sent) == 4  # created once, sent at once from now on
     assert len([s for s in driver.created if s.name == topic]) == 1
 

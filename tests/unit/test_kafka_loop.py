@@ -8,6 +8,8 @@ from __future__ import annotations
 import queue
 import time
 
+import pytest
+
 from tbmq_plugins.kafka.drivers import RawRecord, SharedClient
 from tbmq_plugins.kafka.loop import ConsumerLoop, SharedLoop
 from tests.unit.test_kafka_bus import QueueReactor
@@ -336,8 +338,6 @@ def test_a_joining_subscription_of_a_topic_the_client_holds_takes_its_partitions
 def test_a_nodes_bundle_is_one_client_and_one_kafka_group_over_its_topics():
     import dataclasses
 
-    import pytest
-
     from tests.unit.test_kafka_bus import CONFIG, FakeDriver, fired, started
 
     driver = FakeDriver()
@@ -388,3 +388,21 @@ def test_a_client_that_cannot_change_its_topics_in_place_joins_again_without_one
     reactor.wait(lambda: len(first_sink.assigned) == 2 and first_sink.batches)
     assert first_sink.batches[-1][0] == [(0, 4)]
     stop(first, first_sink, reactor)
+
+
+def test_an_offset_fetch_error_for_a_partition_is_not_read_as_no_offset():
+    """confluent: a partition whose committed offset came back with an error
+    (its coordinator loading, a rebalance) raises, so the loop asks again;
+    read as "no offset", the partition would start at its end and skip what
+    its last owner had not finished."""
+    from confluent_kafka import KafkaError, KafkaException
+    from tbmq_plugins.kafka.confluent import _committed
+
+    class Answer:  # what Consumer.committed returns per partition
+        def __init__(self, partition, offset, error=None):
+            self.topic, self.partition, self.offset, self.error = "t", partition, offset, error
+
+    assert [(tp.partition, o) for tp, o in _committed([Answer(0, 7), Answer(1, -1001)])] == \
+        [(0, 7), (1, None)]
+    with pytest.raises(KafkaException):
+        _committed([Answer(0, 7), Answer(1, -1001, KafkaError(KafkaError.REBALANCE_IN_PROGRESS))])

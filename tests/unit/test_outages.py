@@ -119,6 +119,11 @@ class UnreachableCredentials(MemoryCredentialStore):
             return defer.fail(BackendError("postgres: connection refused"))
         return super().find(credentials_type, credentials_id)
 
+    def changed_since(self, version):
+        if self.down:
+            return defer.fail(BackendError("postgres: connection refused"))
+        return super().changed_since(version)
+
 
 def test_a_connect_while_the_credential_store_is_out_gets_0x88_then_succeeds():
     store = UnreachableCredentials()

@@ -176,3 +176,23 @@ def test_the_downlink_reader_hands_a_marker_to_the_connected_session():
     reader.handle_persisted(Record("downlink.node-y", "dev",
                                    SessionMarker("dev", "node-y", "conn-1"), (), 0, 1))
     assert sessions["dev"].attached == ["conn-1"]
+
+
+def test_an_add_answered_out_of_step_is_written_again_not_taken_as_done():
+    """A Redis connection whose replies came out of step after a reply
+    timeout answers an add with another call's reply (bytes): the add may
+    not have been done, so it is written again (same seq: it replaces),
+    and the delivery is forwarded only once an add really succeeded."""
+    w = World()
+    w.registry["c"] = "node-x"
+    result: list = []
+    w.deliver("c", b"m").addBoth(result.append)
+    w.store.adds[0][2].callback(b"\x91\x00")  # a LOAD's reply, not a count
+    assert result == [] and len(w.store.adds) == 1
+    w.writer.clock.advance(w.writer.RETRY_FIRST)
+    assert len(w.store.adds) == 2  # the same delivery again, same seq
+    assert w.store.adds[1][1][0].seq == w.store.adds[0][1][0].seq
+    assert w.sent() == []
+    w.store.complete(1)
+    assert result == [None]
+    assert w.sent() == [("downlink.node-x", b"m")]

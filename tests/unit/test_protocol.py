@@ -571,7 +571,7 @@ def test_puback_order_follows_publish_order(h):
     store = h.broker.device_store
     gate = defer.Deferred()
     original = store.add
-    store.add = lambda client_id, deliveries: gate.addCallback(lambda _: None) if deliveries[0].message.payload == b"slow" else original(client_id, deliveries)
+    store.add = lambda client_id, deliveries: gate.addCallback(lambda _: 0) if deliveries[0].message.payload == b"slow" else original(client_id, deliveries)
     s = h.client("s", clean_start=False)
     sub(s, "slow")
     p = h.client("p")

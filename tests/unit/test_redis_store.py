@@ -18,7 +18,9 @@ import msgpack
 import pytest
 from tbmq_plugins.redis_connections import RedisConnection, parse_redis_url
 from tbmq_plugins.redis_store import RedisDeviceMessageStore, RedisPlugin
+from twisted.internet import defer
 from twisted.logger import globalLogPublisher
+from twisted.python.failure import Failure
 
 from tbmq.cluster.records import DELIVERY
 from tbmq.config import load_config
@@ -301,3 +303,108 @@ def test_load_reply_is_one_msgpack_array(open_store, raw, redis_url):
     items = msgpack.unpackb(reply, raw=True)
     assert items[0::4] == [b"%019d" % 1, b"%019d" % 2]
     assert items[1::4] == [b"4", b""] and items[2::4] == [b"1", b"0"]
+
+
+class _OutOfStepProtocol:
+    """A txredisapi protocol whose replies came out of step with its calls:
+    it answers each call with the reply queued for an earlier one."""
+
+    def __init__(self, replies: list) -> None:
+        self.replies = replies
+        self.transport = self
+        self.aborted = False
+
+    def evalsha(self, sha, keys, args):
+        return defer.succeed(self.replies.pop(0))
+
+    def abortConnection(self):
+        self.aborted = True
+
+
+@pytest.mark.parametrize("call, reply", [
+    (lambda s: s.add("c", [delivery(5)]), b"\x90"),
+    (lambda s: s.load("c"), 3),
+], ids=["add answered with bytes", "load answered with a count"])
+def test_a_reply_of_the_wrong_type_drops_the_connection_and_fails_the_call(call, reply):
+    """An add answered with bytes (another call's LOAD reply) or a load
+    answered with a count: the call fails (its caller retries) and the
+    connection, whose replies no longer match its calls, is dropped."""
+    from types import SimpleNamespace
+
+    store = RedisDeviceMessageStore("redis://127.0.0.1:1/0")
+    protocol = _OutOfStepProtocol([reply])
+    store._connections = [SimpleNamespace(protocol=protocol)]
+    store._running = True
+    out: list = []
+    call(store).addBoth(out.append)
+    assert len(out) == 1 and isinstance(out[0], Failure) and out[0].check(BackendError)
+    assert protocol.aborted
+
+
+class _Transport:
+    """A TCP transport as txredisapi sees it: what is written, and an
+    abort that closes it a reactor turn later."""
+
+    def __init__(self, clock, protocol) -> None:
+        self.clock, self.protocol = clock, protocol
+        self.written: list[bytes] = []
+        self.disconnecting = False
+        self._aborting = False
+
+    def write(self, data: bytes) -> None:
+        if not self._aborting:
+            self.written.append(data)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def abortConnection(self) -> None:
+        from twisted.internet import error
+
+        self._aborting = True
+        self.clock.callLater(0, self.protocol.connectionLost, Failure(error.ConnectionAborted()))
+
+
+def test_after_a_reply_timeout_no_call_takes_a_reply_meant_for_an_earlier_one():
+    """Redis answered late: one read brings a bulk reply and, behind it, the
+    reply of a call whose timeout fires before txredisapi reads that rest
+    (a reactor turn later).  The timeout fails the calls waiting and
+    aborts the connection; a call made before the close takes effect must
+    fail, not take the stale reply as its own (it was never sent)."""
+    from tbmq_plugins.redis_connections import _protocol_class
+    from twisted.internet import task
+
+    clock = task.Clock()
+    protocol = _protocol_class()(charset=None, replyTimeout=1.0, convertNumbers=False)
+    protocol.factory = type("F", (), {"reactor": clock})()
+    protocol.transport = _Transport(clock, protocol)
+    protocol.connected = 1
+    outcomes: dict = {}
+
+    def call(name):
+        d = protocol.evalsha("sha", ("k",), ())
+        d.addBoth(lambda r, name=name: outcomes.__setitem__(name, r))
+
+    call("load")
+    call("add")
+    clock.rightNow = 1.2  # the reactor was late: the read comes after the timeout was due
+    protocol.dataReceived(b"$3\r\nabc\r\n:0\r\n")  # the load's reply, then the add's
+    assert outcomes["load"] == b"abc"
+    clock.callLater(0, _later, protocol, outcomes)  # runs after txredisapi's read of the rest
+    clock.advance(0)
+    assert isinstance(outcomes["add"], Failure)  # timed out
+    later = outcomes["late add"]
+    assert isinstance(later, Failure), f"a call never sent got the reply {later!r}"
+    assert len(protocol.transport.written) == 2  # the late add was not written either
+
+
+def _later(protocol, outcomes) -> None:
+    try:
+        d = protocol.evalsha("sha", ("k",), ())
+    except Exception:
+        outcomes["late add"] = Failure()
+        return
+    d.addBoth(lambda r: outcomes.__setitem__("late add", r))

@@ -328,3 +328,50 @@ def test_a_resumed_session_reads_the_store_once_its_marker_is_back_or_after_a_wa
         == [b"first"]
     session.on_attached("conn-2")
     assert len(store.loads) == 1
+
+
+def test_an_older_delivery_the_store_reads_did_not_show_is_read_from_the_store_not_dropped():
+    """A partition of ``tbmq.msg.persisted`` moved between two live nodes:
+    the new writer hands the session here a delivery at once, and the old
+    writer's forward of an older one (lower seq, committed there, so never
+    handled again) comes after it.  No read of the store showed the older
+    one: it is read from the store, not dropped as already read."""
+    from tbmq.model import StoredDelivery
+    store = SlowLoads()
+    session, conn, clock, ctx = make_session(store, persistent=True)
+    session.session_id = "conn-1"
+    session.resume_outbox()
+    store.release()  # the first read: nothing stored yet
+    newer = StoredDelivery(200, Message("t", b"new writer", 1), 1, False, ())
+    store.add("s", [newer])
+    session.deliver_stored(newer)
+    older = StoredDelivery(150, Message("t", b"old writer", 1), 1, False, ())
+    store.add("s", [older])
+    session.deliver_stored(older)
+    while store.loads:
+        store.release()
+    sent = Decoder(protocol_level=4, server_side=False).feed(conn.out)
+    assert [p.payload for p in sent] == [b"new writer", b"old writer"]
+    assert not sent[1].dup
+
+
+def test_a_delivery_a_store_read_already_showed_is_not_sent_twice():
+    """The usual case of an older seq: the writer's forward of a delivery
+    the session's read already took (in flight, then acknowledged)."""
+    from tbmq.model import StoredDelivery
+    store = SlowLoads()
+    session, conn, clock, ctx = make_session(store, persistent=True)
+    session.session_id = "conn-1"
+    first = StoredDelivery(10, Message("t", b"read", 1), 1, False, ())
+    store.add("s", [first])
+    session.resume_outbox()
+    store.release()
+    session.deliver_stored(StoredDelivery(10, Message("t", b"read", 1), 1, False, ()))  # in flight
+    sent = Decoder(protocol_level=4, server_side=False).feed(conn.out)
+    session.on_puback(sent[0])
+    clock.advance(0)  # its removal from the store is written
+    session.deliver_stored(StoredDelivery(10, Message("t", b"read", 1), 1, False, ()))  # done
+    while store.loads:
+        store.release()
+    assert [p.payload for p in Decoder(protocol_level=4, server_side=False).feed(conn.out)] \
+        == [b"read"]

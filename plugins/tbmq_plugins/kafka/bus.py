@@ -19,7 +19,9 @@ libraries (:mod:`.drivers`).
   and hands the record to the producer from the reactor thread (the
   producer never blocks there).  The Deferred fires once the brokers
   acknowledged it (``kafka.acks``); acknowledgements come back to the
-  reactor in batches (:class:`~.bridge.AckBatcher`).
+  reactor in batches (:class:`~.bridge.AckBatcher`).  The records of one
+  reactor turn for one partition of a traffic topic go as one packed
+  record (:mod:`.packing`).
 * **Consumers**: the exclusive subscriptions of one group share one thread
   and one client over all their topics (:class:`~.loop.SharedLoop`), and so
   do the joining subscriptions of one bundle (one member of one Kafka group
@@ -52,6 +54,7 @@ from tbmq_plugins.kafka.bridge import AckBatcher, Worker
 from tbmq_plugins.kafka.consumer import KafkaConsumer
 from tbmq_plugins.kafka.drivers import TopicSpec, load_driver
 from tbmq_plugins.kafka.loop import ConsumerLoop, SharedLoop
+from tbmq_plugins.kafka.packing import Packer, partition_of
 
 __all__ = ["KafkaBus", "kafka_group", "topic_spec"]
 
@@ -158,6 +161,10 @@ class KafkaBus:
         self._expected: dict[KafkaConsumer, tuple] = {}  # (SharedLoop, loop) until its topic exists
         self._bundled: dict[tuple[str, str], str] = {}  # (Kafka group id, topic) -> group
         self._unacknowledged = False  # the last outcome was a failure
+        #: partition count of each ready topic the bus packs (and places) itself
+        self._placed: dict[str, int] = {}
+        self._round_robin = 0
+        self._packer = Packer(self._send_placed, lambda fn: clock.callLater(0, fn))
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -200,7 +207,13 @@ class KafkaBus:
         self._create(topics)
         self._producer = self.driver.Producer(self.config, self._acks)
         for topic in topics:
-            self._producer.prepare(topic)
+            self._note_partitions(topic, self._producer.prepare(topic))
+
+    def _note_partitions(self, topic: str, partitions: int) -> None:
+        """(worker thread) Remember the partition count of a topic whose
+        records the bus places itself."""
+        if self.catalogue.packable(topic):
+            self._placed[topic] = partitions
 
     def _create(self, topics: list[str]) -> None:
         """(worker thread) Create ``topics``."""
@@ -209,7 +222,7 @@ class KafkaBus:
     def _prepare(self, topic: str) -> None:
         """(worker thread) Create ``topic`` and warm its metadata."""
         self._create([topic])
-        self._producer.prepare(topic)
+        self._note_partitions(topic, self._producer.prepare(topic))
 
     def _close_clients(self, timeout: float) -> None:
         """(worker thread) Flush and close the producer, close the admin client."""
@@ -232,6 +245,7 @@ class KafkaBus:
         """
         if not self.running:
             return
+        self._packer.flush()  # what this turn published still goes
         self.running = False
         creating, self._creating = self._creating, {}
         for state in creating.values():
@@ -329,10 +343,25 @@ class KafkaBus:
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: tuple,
               d: defer.Deferred) -> None:
+        """One record of a ready topic: to the :class:`~.packing.Packer`
+        when the bus places the topic's records itself, else to the
+        producer, placed by its partitioner."""
+        partitions = self._placed.get(topic)
+        if partitions is None:
+            self._send_placed(topic, None, key, value, headers, d)
+            return
+        if key is None:
+            partition = self._round_robin = (self._round_robin + 1) % partitions
+        else:
+            partition = partition_of(key, partitions)
+        self._packer.add(topic, partition, key, value, headers, d)
+
+    def _send_placed(self, topic: str, partition: int | None, key: bytes | None,
+                     value: bytes | None, headers: tuple, outcome: Any) -> None:
         try:
-            self._producer.send(topic, key, value, headers, d)
+            self._producer.send(topic, key, value, headers, outcome, partition)
         except Exception as e:
-            d.errback(BusPublishError(f"{topic}: the producer refused the record: {e}"))
+            outcome.errback(BusPublishError(f"{topic}: the producer refused the record: {e}"))
 
     def _acknowledged(self, items: list) -> None:
         """(reactor thread) A batch of outcomes from the producer."""

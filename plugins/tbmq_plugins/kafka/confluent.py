@@ -105,6 +105,7 @@ class Producer(drivers.Producer):
 
     def __init__(self, config: Any, acks: Any) -> None:
         self._put = acks.put
+        self._timeout = config.request_timeout_ms / 1000.0
         self._producer = _Producer({
             **_common(config),
             "acks": config.acks,
@@ -126,23 +127,51 @@ class Producer(drivers.Producer):
             producer.poll(PRODUCER_POLL)
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, headers: tuple,
-             deferred: Any) -> None:
+             deferred: Any, partition: int | None = None) -> None:
         put = self._put
 
         def delivered(error, _message) -> None:
             put(deferred, error)
 
-        self._producer.produce(topic, value, key, headers=list(headers) if headers else None,
-                               on_delivery=delivered)
+        if partition is None:
+            self._producer.produce(topic, value, key,
+                                   headers=list(headers) if headers else None,
+                                   on_delivery=delivered)
+        else:
+            self._producer.produce(topic, value, key, partition,
+                                   headers=list(headers) if headers else None,
+                                   on_delivery=delivered)
 
-    def prepare(self, topic: str) -> None:
-        """Nothing to do: ``produce`` never blocks."""
+    def prepare(self, topic: str) -> int:
+        """``produce`` never blocks; the topic's partition count from its
+        metadata."""
+        found = self._producer.list_topics(topic, timeout=self._timeout).topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            raise KafkaException(found.error if found is not None else "no metadata")
+        return len(found.partitions)
 
     def close(self, timeout: float) -> None:
         self._producer.flush(timeout)
         self._running = False
         self._thread.join(PRODUCER_POLL * 10)
         self._producer.poll(0)
+
+
+def _committed(found: list) -> list:
+    """``(TopicPartition, offset or None)`` of what ``Consumer.committed``
+    returned: None where the group has no offset.
+
+    :raises KafkaException: when the answer for a partition is an error
+        (the group's coordinator loading or moving, a rebalance): "no
+        offset" would start the partition at its end and skip what its last
+        owner had not finished, so the caller asks again.
+    """
+    out = []
+    for tp in found:
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+        out.append((tp, tp.offset if tp.offset >= 0 else None))
+    return out
 
 
 class _Errors:
@@ -239,8 +268,7 @@ class SharedClient(_Errors, drivers.SharedClient):
 
     def committed(self, tps: list) -> dict:
         found = self._consumer.committed(self._tps(tps), timeout=self._timeout)
-        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None)
-                for tp in found}
+        return {(tp.topic, tp.partition): offset for tp, offset in _committed(found)}
 
     def _watermarks(self, tps: list, index: int) -> dict:
         return {tp: self._consumer.get_watermark_offsets(

@@ -3,6 +3,8 @@
 Its thread (:class:`~.loop.ConsumerLoop`) hands over each poll's records in
 one call; this side keeps them in a buffer and hands them to the handler:
 
+* a packed record (:mod:`.packing`) is handed as the records it lists, each
+  with its offset; that offset commits once all of them are done;
 * in the reactor thread, one at a time (never re-entered), in the order they
   came (so in offset order within a partition), at most
   :data:`SLICE` per reactor turn, and with at most ``max_uncommitted``
@@ -36,6 +38,7 @@ from zope.interface import implementer
 from tbmq.cluster.records import new_record
 from tbmq.interfaces import IConsumer
 from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq_plugins.kafka.packing import expand
 
 __all__ = ["SLICE", "Entry", "KafkaConsumer", "Track"]
 
@@ -49,14 +52,21 @@ WAITING, OK, FAILED = 0, 1, 2
 
 
 class Entry:
-    """One record of one :class:`Track`, from its arrival to its result."""
+    """One Kafka record of one :class:`Track`, from its arrival to the
+    results of the records it carries (one, or those of a packed record).
 
-    __slots__ = ("offset", "seq", "state")
+    :ivar parts: its records whose results have not fired.
+    :ivar state: :data:`WAITING`, :data:`OK` (every result fired with
+        success) or :data:`FAILED` (one failed).
+    """
 
-    def __init__(self, offset: int, seq: int) -> None:
+    __slots__ = ("offset", "seq", "state", "parts")
+
+    def __init__(self, offset: int, seq: int, parts: int) -> None:
         self.offset = offset
         self.seq = seq
         self.state = WAITING
+        self.parts = parts
 
 
 class Track:
@@ -80,16 +90,19 @@ class Track:
         self.blocked = False
         self.pending: deque[Entry] = deque()  # in arrival order, until committed
         self.arrived = 0
-        self.open = 0  # entries whose result has not fired
+        self.open = 0  # records whose result has not fired
         self.reached = False
         self.barrier: int | None = None  # entries that arrived before reached
-        self.barrier_open = 0
+        self.barrier_open = 0  # their records whose result has not fired
 
-    def arrive(self, offset: int) -> Entry:
-        """A record arrived from the thread."""
-        entry = Entry(offset, self.arrived)
+    def arrive(self, offset: int, parts: int = 1) -> Entry:
+        """A Kafka record arrived from the thread.
+
+        :param parts: the records it carries (more than one: a packed record).
+        """
+        entry = Entry(offset, self.arrived, parts)
         self.arrived += 1
-        self.open += 1
+        self.open += parts
         if not self.blocked:
             self.pending.append(entry)
         return entry
@@ -101,11 +114,15 @@ class Track:
         self.barrier_open = self.open
 
     def done(self, entry: Entry, ok: bool) -> bool:
-        """``entry``'s result fired.
+        """The result of one record of ``entry`` fired.
 
         :returns: True when :attr:`committed` moved.
         """
-        entry.state = OK if ok else FAILED
+        entry.parts -= 1
+        if not ok:
+            entry.state = FAILED
+        elif entry.parts == 0 and entry.state == WAITING:
+            entry.state = OK
         self.open -= 1
         if self.barrier is not None and entry.seq < self.barrier:
             self.barrier_open -= 1
@@ -256,7 +273,14 @@ class KafkaConsumer:
         buffer = self._buffer
         for raw in records:
             track = tracks.get(raw.partition)
-            if track is not None:
+            if track is None:
+                continue
+            if raw.headers:  # a packed record, maybe (:mod:`.packing`)
+                inner = expand(raw)
+                entry = track.arrive(raw.offset, len(inner))
+                for one in inner:
+                    buffer.append((track, entry, one))
+            else:
                 buffer.append((track, track.arrive(raw.offset), raw))
         for p in reached:
             track = tracks.get(p)

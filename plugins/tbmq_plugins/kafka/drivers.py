@@ -90,19 +90,26 @@ class Producer:
     """Sends records; see the module doc."""
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, headers: tuple,
-             deferred: Any) -> None:
+             deferred: Any, partition: int | None = None) -> None:
         """Queue one record; its outcome goes to the ack batcher as
         ``(deferred, None)`` or ``(deferred, error)`` once the brokers
         acknowledged it or gave up (``kafka.request_timeout_ms``).  Called in
         the reactor thread; never blocks.
 
+        :param deferred: what the outcome is for (a Deferred, or anything
+            with ``callback``/``errback``: the bus's business).
+        :param partition: the partition to write to; None: the client's
+            partitioner places it by its key (murmur2, Java's).
         :raises Exception: when the record cannot even be queued.
         """
         raise NotImplementedError
 
-    def prepare(self, topic: str) -> None:
+    def prepare(self, topic: str) -> int:
         """Block until :meth:`send` to ``topic`` no longer blocks (topic
-        metadata cached)."""
+        metadata cached).
+
+        :returns: the topic's partition count.
+        """
         raise NotImplementedError
 
     def close(self, timeout: float) -> None:

@@ -105,15 +105,16 @@ class Producer(drivers.Producer):
         )
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, headers: tuple,
-             deferred: Any) -> None:
+             deferred: Any, partition: int | None = None) -> None:
         future = self._producer.send(topic, value=value, key=key,
-                                     headers=list(headers) if headers else None)
+                                     headers=list(headers) if headers else None,
+                                     partition=partition)
         put = self._put
         future.add_callback(lambda _metadata: put(deferred, None))
         future.add_errback(lambda error: put(deferred, error))
 
-    def prepare(self, topic: str) -> None:
-        self._producer.partitions_for(topic)
+    def prepare(self, topic: str) -> int:
+        return len(self._producer.partitions_for(topic))
 
     def close(self, timeout: float) -> None:
         self._producer.close(timeout=timeout)

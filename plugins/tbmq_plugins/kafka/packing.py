@@ -1,0 +1,204 @@
+"""Packed records: the records a node publishes to one partition of a
+traffic topic in one reactor turn travel as **one** Kafka record
+(``docs/bus.md``, "Packed records").
+
+A cross-node message costs per Kafka record, not per byte: a produce call
+and its delivery report, a consumer's fetch entry, the bookkeeping of its
+offset.  So :class:`Packer` gathers, per ``(topic, partition)``, what
+:meth:`~.bus.KafkaBus.publish` is asked during one reactor turn, and sends
+it at the end of the turn: one record alone as it is, two or more as one
+packed record.  The consumer (:mod:`.consumer`) expands a packed record back
+into its records, which share its partition and offset; its offset is
+committed once every one of them was handled.
+
+**The format** (version 1).  A packed record has the header
+``tbmq.pack`` = ``b"1"``, no key, and a msgpack value
+``["pack", 1, [key, ...], [value, ...]]``: the records' keys (``bin``,
+or nil for a keyless record) and values (``bin``: each exactly the bytes the
+record would have alone, in its topic's encoding; nil for a tombstone), in
+publish order.  A consumer outside tbmq reads a record with that header as
+the records it lists, in order.
+
+**Placement.**  The producer places the records of these topics itself:
+partition ``crc32(key) % partitions`` (as the in-process bus does), a
+keyless record round robin, so that a key's records, packed or alone, are
+in one partition, in publish order.
+
+Only the traffic topics are packed
+(:meth:`~tbmq.cluster.topics.TopicCatalogue.packable`): never a compacted
+topic (each key's last value must be a record of its own), nor an
+APPLICATION client's topic (its offsets are committed as the client
+acknowledges, one message at a time), nor ``tbmq.events`` (read by tools
+outside tbmq).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import msgpack
+
+from tbmq_plugins.kafka.drivers import RawRecord
+
+__all__ = ["HEADER", "MAX_BYTES", "MAX_RECORDS", "Packer", "expand", "pack", "partition_of"]
+
+#: The header that marks a packed record, and its value (the format's version).
+HEADER = ("tbmq.pack", b"1")
+#: Most records in one packed record.
+MAX_RECORDS = 1000
+#: Most bytes of values in one packed record (Kafka's default
+#: ``message.max.bytes`` is about 1 MB); a record larger than this alone is
+#: sent alone.
+MAX_BYTES = 256 * 1024
+
+_TAG, _VERSION = "pack", 1
+_HEADERS = (HEADER,)
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """:returns: the partition of ``key`` among ``partitions``
+    (``crc32(key) % partitions``)."""
+    return zlib.crc32(key) % partitions
+
+
+def pack(keys: list, values: list) -> bytes:
+    """:returns: the value of the packed record of ``keys`` and ``values``
+    (``bytes | None`` each, in publish order)."""
+    return msgpack.packb([_TAG, _VERSION, keys, values], use_bin_type=True)
+
+
+def _unpacked(value: Any) -> tuple[list, list] | None:
+    """The keys and values of a packed record's value; None when it is not
+    a well-formed one."""
+    try:
+        data = msgpack.unpackb(value, raw=False, use_list=True, strict_map_key=True)
+    except Exception:
+        return None
+    if (type(data) is not list or len(data) != 4 or data[0] != _TAG or data[1] != _VERSION
+            or type(data[2]) is not list or type(data[3]) is not list
+            or len(data[2]) != len(data[3]) or not data[2]):
+        return None
+    for item in data[2]:
+        if item is not None and type(item) is not bytes:
+            return None
+    for item in data[3]:
+        if item is not None and type(item) is not bytes:
+            return None
+    return data[2], data[3]
+
+
+def expand(raw: RawRecord) -> list[RawRecord]:
+    """The records of ``raw``: itself when it is not packed; the records it
+    lists when it is, each with ``raw``'s partition and offset and no
+    headers.  A record marked packed that is not well-formed is returned as
+    it is: its topic's codec then refuses it, as any record it cannot read
+    (logged, left uncommitted).
+
+    :param raw: a :class:`~.drivers.RawRecord` as a consumer client read it.
+    """
+    if HEADER not in raw.headers:
+        return [raw]
+    found = _unpacked(raw.value)
+    if found is None:
+        return [raw]
+    p, o = raw.partition, raw.offset
+    return [RawRecord(p, o, k, v, ()) for k, v in zip(*found)]
+
+
+class Fanout:
+    """The outcome of one packed record, passed to the Deferreds of the
+    publishes it carries (the producer's ack batcher calls
+    ``callback``/``errback`` on it as on a Deferred).
+
+    :ivar deferreds: ``list[Deferred]``, in publish order.
+    """
+
+    __slots__ = ("deferreds",)
+
+    def __init__(self, deferreds: list) -> None:
+        self.deferreds = deferreds
+
+    def callback(self, result: Any) -> None:
+        for d in self.deferreds:
+            d.callback(result)
+
+    def errback(self, error: Any) -> None:
+        for d in self.deferreds:
+            d.errback(error)
+
+
+class _Pending:
+    """What waits for one ``(topic, partition)`` in this turn."""
+
+    __slots__ = ("keys", "values", "deferreds", "size")
+
+    def __init__(self) -> None:
+        self.keys: list = []
+        self.values: list = []
+        self.deferreds: list = []
+        self.size = 0
+
+
+class Packer:
+    """Gathers the records of one reactor turn per ``(topic, partition)``
+    (reactor thread only).
+
+    :param send: ``send(topic, partition, key, value, headers, outcome)``:
+        hands one Kafka record to the producer; ``outcome`` has
+        ``callback``/``errback`` (a Deferred, or a :class:`Fanout`).
+    :param later: ``later(fn)``: calls ``fn`` at the end of this reactor
+        turn (``reactor.callLater(0, fn)``).
+    """
+
+    __slots__ = ("_send", "_later", "_pending", "_scheduled")
+
+    def __init__(self, send, later) -> None:
+        self._send = send
+        self._later = later
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._scheduled = False
+
+    def add(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+            headers: tuple, deferred: Any) -> None:
+        """Queue one record for the end of the turn; a packed record that
+        would grow past :data:`MAX_RECORDS` or :data:`MAX_BYTES` is sent
+        first.  A record with headers is never packed (a packed record's
+        records have none): what waits for its partition is sent, then it."""
+        slot = (topic, partition)
+        if headers:
+            waiting = self._pending.pop(slot, None)
+            if waiting is not None:
+                self._out(topic, partition, waiting)
+            self._send(topic, partition, key, value, headers, deferred)
+            return
+        pending = self._pending.get(slot)
+        if pending is None:
+            pending = self._pending[slot] = _Pending()
+            if not self._scheduled:
+                self._scheduled = True
+                self._later(self.flush)
+        size = 0 if value is None else len(value)
+        if pending.keys and (len(pending.keys) >= MAX_RECORDS
+                             or pending.size + size > MAX_BYTES):
+            self._out(topic, partition, pending)
+            pending = self._pending[slot] = _Pending()
+        pending.keys.append(key)
+        pending.values.append(value)
+        pending.deferreds.append(deferred)
+        pending.size += size
+
+    def flush(self) -> None:
+        """Send everything queued (at the end of the turn, and before the
+        bus stops)."""
+        self._scheduled = False
+        pending, self._pending = self._pending, {}
+        for (topic, partition), p in pending.items():
+            self._out(topic, partition, p)
+
+    def _out(self, topic: str, partition: int, p: _Pending) -> None:
+        if len(p.keys) == 1:
+            self._send(topic, partition, p.keys[0], p.values[0], (), p.deferreds[0])
+        else:
+            self._send(topic, partition, None, pack(p.keys, p.values), _HEADERS,
+                       Fanout(p.deferreds))

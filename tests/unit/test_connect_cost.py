@@ -1,0 +1,164 @@
+"""What one CONNECT costs the node, kept from growing back: the basic
+provider asks the credential store one question for a burst of CONNECTs and
+looks up only keys that exist; the connect requests waiting for the cluster
+share one timer; a session keeps the id its request named; the debug line of
+a CONNECT is built only at debug level."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet import defer, task
+
+from tbmq import log
+from tbmq.auth import passwords
+from tbmq.auth.passwords import check_password
+from tbmq.backends.memory_credentials import MemoryCredentialStore
+from tbmq.model import Credentials, CredentialsType
+from tbmq.mqtt import Connect
+from tests.helpers import Harness
+
+
+@pytest.fixture(autouse=True)
+def inline_bcrypt(monkeypatch):
+    """bcrypt in the test's thread (the harness's clock is no reactor)."""
+    def inline(password, hashed, reactor=None, threadpool=None, cancelled=None):
+        return defer.succeed(check_password(password, hashed))
+
+    monkeypatch.setattr(passwords, "check_password_async", inline)
+
+
+class CountingStore(MemoryCredentialStore):
+    """The memory store, counting its reads; while :attr:`hold` is set,
+    ``changed_since`` answers only at :meth:`release` (a store that takes
+    its time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.finds: list[str] = []
+        self.questions = 0
+        self.hold = False
+        self._held: list = []
+
+    def find(self, credentials_type, credentials_id):
+        self.finds.append(credentials_id)
+        return super().find(credentials_type, credentials_id)
+
+    def changed_since(self, version):
+        self.questions += 1
+        if not self.hold:
+            return super().changed_since(version)
+        d = defer.Deferred()
+        self._held.append((d, version))
+        return d
+
+    def release(self) -> None:
+        held, self._held = self._held, []
+        for d, version in held:
+            super().changed_since(version).chainDeferred(d)
+
+
+def harness(store, **auth):
+    settings = {"allow_anonymous": True, **auth}
+    return Harness({"auth": settings}, entry_points=True, credential_store=store)
+
+
+def save(store, name, key, value):
+    d = store.save(Credentials(name, name, CredentialsType.MQTT_BASIC, key, value=value))
+    assert d.called
+
+
+def test_connects_that_arrive_together_share_one_question_to_the_store():
+    store = CountingStore()
+    h = harness(store)
+    store.questions = 0  # the credentials watcher's first question
+    store.hold = True
+    clients = []
+    for i in range(5):
+        c = h.raw(5)
+        c.send(Connect(protocol_level=5, client_id=f"c{i}"))
+        clients.append(c)
+    assert store.questions == 1  # the four later ones wait for the next question
+    store.release()
+    assert store.questions == 2
+    store.release()
+    assert store.questions == 2
+    assert [c.received()[0].reason_code for c in clients] == [0] * 5
+    assert store.finds == []  # no credentials: nothing looked up
+
+
+def test_only_a_key_that_exists_is_looked_up_and_a_change_is_seen_by_the_next_connect():
+    store = CountingStore()
+    h = harness(store, allow_anonymous=False)
+    assert h.client("dev", 5, username="user", password=b"pw").connack.reason_code == 0x86
+    assert store.finds == []
+    save(store, "dev", "username|user", {"userName": "user", "password": None})
+    assert h.client("dev", 5, username="user", password=b"pw").connack.reason_code == 0
+    assert store.finds == ["username|user"]  # not mixed|dev|user, not client_id|dev
+    d = store.delete("dev")
+    assert d.called
+    assert h.client("dev", 5, username="user", password=b"pw").connack.reason_code == 0x86
+
+
+def test_a_half_known_name_is_still_refused_anonymous_access():
+    store = CountingStore()
+    save(store, "both", "mixed|dev|user", {"clientId": "dev", "userName": "user",
+                                           "password": None})
+    h = harness(store)
+    assert h.client("other", 5, username="user").connack.reason_code == 0x86
+    assert h.client("dev", 5, username="user").connack.reason_code == 0
+    assert h.client("anon", 5).connack.reason_code == 0
+
+
+def test_a_session_keeps_the_id_its_connect_request_named():
+    h = Harness()
+    requests = []
+    events = h.broker.events
+    ask = events.request_connect
+
+    def spy(client_id, session_id, **kw):
+        requests.append(session_id)
+        return ask(client_id, session_id, **kw)
+
+    events.request_connect = spy
+    h.client("c", 5)
+    session = h.broker.sessions.sessions["c"]
+    assert requests == [session.session_id] == [h.broker.registry.get("c").session_id]
+    assert "c" not in events._granted  # the registry shows the grant: forgotten
+
+
+def test_connect_requests_without_an_answer_share_one_timer_and_fail_at_their_deadline():
+    clock = task.Clock()
+    clock.advance(1_000)
+    h = Harness(clock=clock)
+    events = h.broker.events
+    events.consumers[0].pause()  # nobody decides
+    waiting = []
+    for i in range(3):
+        waiting.append(h.raw(5))
+        waiting[-1].send(Connect(protocol_level=5, client_id=f"w{i}"))
+        clock.advance(0.5)
+    timers = [c for c in clock.getDelayedCalls() if c.func == events._time_out]
+    assert len(timers) == 1 and len(events._pending) == 3
+    answer = events.timeout  # the first request was sent 1.5 s ago
+    clock.advance(answer - 1.5 - 0.01)
+    assert [c.received() for c in waiting] == [[], [], []]
+    clock.advance(0.01)
+    assert [p.reason_code for p in waiting[0].received()] == [0x88]
+    assert waiting[1].received() == []
+    clock.advance(0.5)
+    assert [p.reason_code for p in waiting[1].received()] == [0x88]
+    assert waiting[2].received() == []
+    clock.advance(0.5)
+    assert [p.reason_code for p in waiting[2].received()] == [0x88]
+    assert not events._pending
+    assert not [c for c in clock.getDelayedCalls() if c.func == events._time_out]
+
+
+def test_the_debug_level_is_known_without_building_an_event():
+    try:
+        log.set_log_level("debug")
+        assert log.debug_enabled()
+        log.set_log_level("info")
+        assert not log.debug_enabled()
+    finally:
+        log.set_log_level("info")

@@ -1,0 +1,196 @@
+"""Packed records on the Kafka bus (``plugins/tbmq_plugins/kafka/packing.py``,
+``docs/bus.md`` "Packed records"): what one reactor turn publishes to one
+partition of a traffic topic is one Kafka record, and a consumer hands it
+back as the records it carries, committing its offset once all are done.
+On fakes (the driver and the consumer thread of test_kafka_bus); the
+contract suite checks the same on Tansu with both drivers."""
+
+from __future__ import annotations
+
+import zlib
+
+import msgpack
+from twisted.internet import defer
+
+from tbmq.cluster import records as r
+from tbmq.errors import BusPublishError
+from tbmq.model import Message
+from tbmq_plugins.kafka import packing
+from tbmq_plugins.kafka.consumer import KafkaConsumer
+from tbmq_plugins.kafka.drivers import RawRecord
+from tests.unit.test_kafka_bus import FakeBus, FakeDriver, FakeLoop, fired, started
+
+
+def _partition(key: bytes) -> int:
+    return zlib.crc32(key) % 6  # the fake driver's topics have 6 partitions
+
+
+def _same_partition_keys(n: int) -> list[str]:
+    keys, i = [], 0
+    while len(keys) < n:
+        k = f"t/{i}"
+        if _partition(k.encode()) == _partition(b"t/0"):
+            keys.append(k)
+        i += 1
+    return keys
+
+
+def test_the_records_of_one_turn_for_one_partition_go_as_one_packed_record():
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    topic = bus.catalogue.msg_all
+    keys = _same_partition_keys(3)
+    messages = [Message(k, b"%d" % i, 1) for i, k in enumerate(keys)]
+    pending = [bus.publish(topic, k, m) for k, m in zip(keys, messages)]
+    assert driver.sent == []  # at the end of the turn
+    reactor.advance(0)
+    assert len(driver.sent) == 1
+    sent_topic, key, value, headers, outcome = driver.sent[0]
+    assert (sent_topic, key, headers) == (topic, None, (packing.HEADER,))
+    assert driver.partitions == [_partition(keys[0].encode())]
+    tag, version, packed_keys, values = msgpack.unpackb(value)
+    assert (tag, version) == ("pack", 1)
+    assert packed_keys == [k.encode() for k in keys]
+    assert values == [r.MESSAGE.encode(m) for m in messages]  # each as it would be alone
+    bus._acks.put(outcome, None)
+    reactor.drain()
+    assert [fired(d) for d in pending] == [[None]] * 3
+
+
+def test_a_packed_record_that_fails_fails_every_publish_it_carries():
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    keys = _same_partition_keys(2)
+    pending = [bus.publish(bus.catalogue.msg_all, k, Message(k, b"x")) for k in keys]
+    reactor.advance(0)
+    bus._acks.put(driver.sent[0][4], "timed out")
+    reactor.drain()
+    for d in pending:
+        assert fired(d)[0].check(BusPublishError)
+
+
+def test_a_lone_record_goes_alone_on_the_partition_of_its_key():
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    d = bus.publish(bus.catalogue.downlink_basic("n1"), "client-1",
+                    r.Delivery("client-1", Message("a", b"x"), 1))
+    reactor.wait(lambda: reactor.advance(0) or driver.sent)  # created, then sent
+    assert [(s[1], s[3], s[4]) for s in driver.sent] == [(b"client-1", (), d)]
+    assert driver.partitions == [_partition(b"client-1")]
+
+
+def test_a_record_with_headers_is_sent_alone_after_what_waits_for_its_partition():
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    topic = bus.catalogue.msg_all
+    first, second = _same_partition_keys(2)
+    bus.publish(topic, first, Message(first, b"1"))
+    bus.publish(topic, second, Message(second, b"2"), (("h", b"v"),))
+    assert [(s[1], s[3]) for s in driver.sent] == [(first.encode(), ()),
+                                                   (second.encode(), (("h", b"v"),))]
+    assert driver.partitions == [_partition(first.encode())] * 2
+
+
+def test_topics_that_are_not_packed_go_at_once_placed_by_the_client():
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    c = bus.catalogue
+    bus.publish(c.events, "k", b"1")
+    bus.publish(c.client_session, "c", None)
+    bus.publish(c.app("app-1"), "app-1", r.Delivery("app-1", Message("a", b"x"), 1))
+    assert len(driver.sent) == 2  # the app topic is being created
+    assert driver.partitions == [None, None]
+    assert not any(c.packable(t) for t in (c.events, c.client_session, c.app("a"),
+                                           c.app_shared("a/b"), c.msg_retained, c.nodes))
+    assert all(c.packable(t) for t in (c.msg_all, c.msg_persisted, c.downlink_basic("n"),
+                                       c.downlink_persisted("n"), c.session_event_request,
+                                       c.session_event_response("n"), c.client_disconnect("n")))
+
+
+def test_a_packed_record_is_split_at_its_limits(monkeypatch):
+    monkeypatch.setattr(packing, "MAX_RECORDS", 2)
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    keys = _same_partition_keys(5)
+    for k in keys:
+        bus.publish(bus.catalogue.msg_all, k, Message(k, b"x"))
+    reactor.advance(0)
+    counts = [len(msgpack.unpackb(s[2])[2]) if s[3] else 1 for s in driver.sent]
+    assert counts == [2, 2, 1]
+    order = []
+    for s in driver.sent:
+        order += msgpack.unpackb(s[2])[2] if s[3] else [s[1]]
+    assert order == [k.encode() for k in keys]  # publish order kept
+
+
+def test_stop_sends_what_this_turn_published():
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    bus.publish(bus.catalogue.msg_all, "a", Message("a", b"x"))
+    stopping = bus.stop()
+    reactor.wait(lambda: stopping.called)
+    assert len(driver.sent) == 1
+
+
+# -- the consumer side ---------------------------------------------------------------------
+
+def _packed_raw(partition: int, offset: int, items: list) -> RawRecord:
+    value = packing.pack([k for k, _ in items], [v for _, v in items])
+    return RawRecord(partition, offset, None, value, (packing.HEADER,))
+
+
+def test_a_packed_record_is_handed_as_its_records_and_committed_once_all_are_done():
+    seen, results = [], []
+
+    def handler(record):
+        seen.append((record.key, record.value, record.partition, record.offset))
+        d = defer.Deferred()
+        results.append(d)
+        return d
+
+    consumer = KafkaConsumer(FakeBus(), "t", "g", handler, r.BYTES, 100, 1000)
+    consumer.loop = FakeLoop()
+    consumer._assigned([3])
+    consumer._batch([_packed_raw(3, 7, [(b"a", b"1"), (b"b", b"2"), (None, b"3")]),
+                     RawRecord(3, 8, b"c", b"4", ())], [])
+    assert seen == [("a", b"1", 3, 7), ("b", b"2", 3, 7), (None, b"3", 3, 7), ("c", b"4", 3, 8)]
+    results[0].callback(None)
+    results[1].callback(None)
+    assert consumer.loop.commits == []  # the third record of offset 7 is not done
+    results[3].callback(None)
+    assert consumer.loop.commits == []
+    results[2].callback(None)
+    assert consumer.loop.commits == [(3, 9)]
+
+
+def test_a_failed_record_of_a_packed_record_leaves_its_offset_uncommitted():
+    results = []
+
+    def handler(record):
+        d = defer.Deferred()
+        results.append(d)
+        return d
+
+    consumer = KafkaConsumer(FakeBus(), "t", "g", handler, r.BYTES, 100, 1000)
+    consumer.loop = FakeLoop()
+    consumer._assigned([0])
+    consumer._batch([_packed_raw(0, 0, [(b"a", b"1"), (b"b", b"2")])], [])
+    results[0].callback(None)
+    results[1].errback(RuntimeError("cannot store it"))
+    assert consumer.loop.commits == []  # the next owner gets both again
+
+
+def test_a_malformed_packed_record_is_refused_like_any_record_that_does_not_decode():
+    got = []
+    consumer = KafkaConsumer(FakeBus(), "t", "g", got.append, r.MESSAGE, 10, 10)
+    consumer.loop = FakeLoop()
+    consumer._assigned([0])
+    good = r.MESSAGE.encode(Message("a", b""))
+    bad = [RawRecord(0, 0, None, b"\xc1garbage", (packing.HEADER,)),
+           RawRecord(0, 1, None, msgpack.packb(["pack", 2, [b"k"], [good]]), (packing.HEADER,)),
+           RawRecord(0, 2, None, msgpack.packb(["pack", 1, [b"k"], []]), (packing.HEADER,)),
+           RawRecord(0, 3, None, msgpack.packb(["pack", 1, [7], [good]]), (packing.HEADER,))]
+    consumer._batch(bad + [RawRecord(0, 4, b"a", good, ())], [])
+    assert [rec.offset for rec in got] == [4]  # the member went on
+    assert consumer.loop.commits == []  # but nothing commits past a bad one
+    assert [len(packing.expand(b)) for b in bad] == [1, 1, 1, 1]

@@ -1,0 +1,197 @@
+"""The hot paths of the bus record encodings (tbmq/cluster/records.py,
+``RecordCodec(fast=...)``) accept, refuse and produce exactly what the
+field by field checks do, and the packer a thread keeps packs what
+``msgpack.packb`` packs."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tbmq.cluster import record_codec
+from tbmq.cluster import records as r
+from tbmq.errors import RecordEncodingError
+from tbmq.model import ClientType, Message
+from tbmq.mqtt.constants import Property
+
+from .test_records import deliveries, events, markers, messages, responses, sessions
+
+FAST = [(r.MESSAGE, messages), (r.DELIVERY, deliveries), (r.MARKER, markers),
+        (r.SESSION, sessions), (r.SESSION_EVENT, events), (r.SESSION_EVENT_RESPONSE, responses)]
+FAST_IDS = [codec.name for codec, _ in FAST]
+
+
+def field_by_field(codec: r.RecordCodec) -> r.RecordCodec:
+    """``codec`` without its hot path (what it was before it had one)."""
+    return r.RecordCodec(codec.name, codec.cls, codec.tag, codec._write, codec._readers,
+                         codec.tombstone, codec.version)
+
+
+def typed(value):
+    """``value`` with the exact type of each of its parts (``1 == 1.0 ==
+    True``, but a record read with an int time is not the same record)."""
+    if dataclasses.is_dataclass(value):
+        return type(value), tuple(typed(getattr(value, f.name))
+                                  for f in dataclasses.fields(value))
+    if isinstance(value, (list, tuple)):
+        return type(value), tuple(typed(v) for v in value)
+    if isinstance(value, dict):
+        return type(value), tuple((typed(k), typed(v)) for k, v in value.items())
+    return type(value), value
+
+
+def outcome(f, *args):
+    """:returns: ``("ok", typed(result))`` or ``("error", None)`` for a
+        RecordEncodingError (any other exception propagates)."""
+    try:
+        return "ok", typed(f(*args))
+    except RecordEncodingError:
+        return "error", None
+
+
+#: values of every msgpack kind, the near misses of each field's type
+#: among them: a bool for an int, an int for a float or a bool, a float
+#: that is whole, an out of range QoS, a nested array of the wrong tag
+ODD_WIRE = [True, False, 0, 1, 2, 3, -1, 2**63, 12.0, 0.5, "", "x", "DEVICE", "APPLICATION",
+            "CONNECTION_REQUEST", "msg", b"", b"\x00", None, [], [1, "x"], {}, {"a": [0]},
+            ["msg", 1, "t", b"", 0, False, None, "", 0.0, None], ["will", 1, "t", b"", 0, False,
+                                                                   None]]
+#: the same for an object's fields before encoding (a tuple, an IntEnum,
+#: a bytearray, a str enum, a dict of properties...)
+ODD_VALUES = ODD_WIRE[:-2] + [(), (1, 2), (True,), [3], bytearray(b"x"), ClientType.DEVICE,
+                              Property.CONTENT_TYPE, {Property.CONTENT_TYPE: "a"},
+                              {Property.CONTENT_TYPE: 1}, Message("t", b""),
+                              r.WillRecord("t", b"", 0, False, {}), "\ud800"]
+
+
+def mutate(array, path, value):
+    """``array`` (nested lists) with the item at ``path`` replaced."""
+    array = list(array)
+    if len(path) == 1:
+        array[path[0]] = value
+    else:
+        array[path[0]] = mutate(array[path[0]], path[1:], value)
+    return array
+
+
+def paths(array, prefix=()):
+    """Every index path into ``array`` and its nested arrays."""
+    for i, item in enumerate(array):
+        yield prefix + (i,)
+        if isinstance(item, (list, tuple)) and item and isinstance(item[0], str):
+            yield from paths(item, prefix + (i,))
+
+
+@pytest.mark.parametrize("codec,values", FAST, ids=FAST_IDS)
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_a_decoded_array_with_one_odd_field_reads_as_the_field_checks_read_it(codec, values,
+                                                                             data):
+    """Every item of the array (nested ones included) replaced by every
+    odd value in turn."""
+    slow = field_by_field(codec)
+    array = msgpack.unpackb(codec.encode(data.draw(values)), raw=False)
+    for path in paths(array):
+        for odd in ODD_WIRE:
+            raw = msgpack.packb(mutate(array, path, odd), use_bin_type=True)
+            assert outcome(codec.decode, raw) == outcome(slow.decode, raw), (path, odd)
+
+
+def replaced(value, name: str, odd):
+    """``value`` with its field ``name`` set to ``odd`` (no checks: a
+    record is checked when it is encoded)."""
+    value = dataclasses.replace(value)
+    object.__setattr__(value, name, odd)
+    return value
+
+
+@pytest.mark.parametrize("codec,values", FAST, ids=FAST_IDS)
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_a_value_with_one_odd_field_encodes_as_the_field_checks_encode_it(codec, values, data):
+    """Every field (a delivery's message's too) set to every odd value in
+    turn."""
+    slow = field_by_field(codec)
+    value = data.draw(values)
+    odd_values = [replaced(value, f.name, odd) for f in dataclasses.fields(value)
+                  for odd in ODD_VALUES]
+    if isinstance(value, r.Delivery):
+        odd_values += [replaced(value, "message", replaced(value.message, f.name, odd))
+                       for f in dataclasses.fields(Message) for odd in ODD_VALUES]
+    for odd in odd_values:
+        fast = outcome(codec.encode, odd)
+        assert fast == outcome(slow.encode, odd), odd
+        if fast[0] == "ok":
+            data = fast[1][1]
+            assert outcome(codec.decode, data) == outcome(slow.decode, data), odd
+
+
+@pytest.mark.parametrize("codec,values", FAST, ids=FAST_IDS)
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_the_hot_path_writes_the_bytes_of_the_field_checks(codec, values, data):
+    value = data.draw(values)
+    assert codec.encode(value) == field_by_field(codec).encode(value) == msgpack.packb(
+        codec.to_list(value), use_bin_type=True)
+
+
+def test_a_subclass_instance_takes_the_field_checks():
+    class Mine(Message):
+        __slots__ = ()
+
+    value = Mine("t", b"x", 1, False, {}, "p", 1.0, None)
+    assert r.MESSAGE.decode(r.MESSAGE.encode(value)) == Message("t", b"x", 1, False, {}, "p",
+                                                                1.0, None)
+
+
+def test_whole_floats_and_bytes_like_fields_are_still_converted():
+    """What the field checks convert (an int time, a bytearray payload, a
+    list of subscription ids) is written as before: the hot path leaves it
+    to them."""
+    odd = r.Delivery("c", Message("t", bytearray(b"x"), 1, False, {}, "p", 3, 4), 1, False, [7])
+    plain = r.Delivery("c", Message("t", b"x", 1, False, {}, "p", 3.0, 4.0), 1, False, (7,))
+    assert r.DELIVERY.encode(odd) == r.DELIVERY.encode(plain)
+    wire = ["dlv", 1, "c", ["msg", 1, "t", b"x", 1, False, None, "p", 3, 4], 1, False, [7], 0]
+    read = r.DELIVERY.decode(msgpack.packb(wire, use_bin_type=True))
+    assert read == plain and type(read.message.received_at) is float
+
+
+def test_a_failed_encoding_leaves_the_packer_of_the_thread_clean():
+    good = Message("t", b"x", 1, False, {}, "p", 1.0, None)
+    with pytest.raises(RecordEncodingError, match="cannot encode"):
+        r.MESSAGE.encode(Message("t", b"x" * 100, 1, False, {}, "\ud800", 1.0, None))
+    assert r.MESSAGE.encode(good) == msgpack.packb(r.MESSAGE.to_list(good), use_bin_type=True)
+
+
+def test_a_thread_keeps_its_own_packer_and_none_for_a_large_value():
+    good = Message("t", b"x", 1, False, {}, "p", 1.0, None)
+    expected = r.MESSAGE.encode(good)
+    mine = record_codec._packers.packer
+    seen = []
+
+    def other():
+        seen.append(r.MESSAGE.encode(good))
+        seen.append(record_codec._packers.packer)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen[0] == expected and seen[1] is not mine
+    big = Message("t", bytes(record_codec._PACKER_KEPT_BELOW), 1, False, {}, "p", 1.0, None)
+    assert r.MESSAGE.decode(r.MESSAGE.encode(big)) == big
+    assert not hasattr(record_codec._packers, "packer")  # its grown buffer let go
+    assert r.MESSAGE.encode(good) == expected
+
+
+def test_decoding_gives_arrays_as_tuples_and_accepts_lists_nested_by_hand():
+    d = r.Delivery("c", Message("t", b"x", 2, True, {Property.CONTENT_TYPE: "a"}, "p", 1.0,
+                                None), 2, False, (3, 4), 9)
+    read = r.DELIVERY.decode(r.DELIVERY.encode(d))
+    assert read == d and read.subscription_ids == (3, 4)
+    assert r.DELIVERY.from_list(r.DELIVERY.to_list(d)) == d
+    assert r.DELIVERY.from_list(list(msgpack.unpackb(r.DELIVERY.encode(d), raw=False))) == d
