@@ -108,11 +108,15 @@ class FakeLoop:
 
     def __init__(self) -> None:
         self.commits: list = []
+        self.seeks: list = []
         self.want_paused = False
         self.stopped = False
 
     def commit(self, partition: int, offset: int) -> None:
         self.commits.append((partition, offset))
+
+    def seek(self, partition: int, offset: int) -> None:
+        self.seeks.append((partition, offset))
 
     def stop(self) -> None:
         self.stopped = True
@@ -188,8 +192,10 @@ def test_a_record_that_does_not_decode_is_a_failed_result():
     consumer._assigned([0])
     good = r.MESSAGE.encode(Message("a", b""))
     consumer._batch([raw(0, 0, b"\x01not msgpack"), raw(0, 1, good)], [])
-    assert [rec.offset for rec in got] == [1]  # the member went on
-    assert consumer.loop.commits == []  # but nothing commits past the bad one
+    assert got == []  # the partition stops at the bad one
+    assert consumer.loop.commits == []  # nothing commits past it
+    consumer.bus.clock.advance(1.0)
+    assert consumer.loop.seeks == [(0, 0)]  # read again, not skipped
 
 
 def test_pause_keeps_what_was_handed_over_in_order_until_resume():
