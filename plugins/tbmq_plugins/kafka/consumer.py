@@ -395,11 +395,10 @@ class KafkaConsumer:
 
     def _read_again(self, track: Track) -> None:
         """``track`` failed at :attr:`Track.failed`, every record before it
-        committed: drop its records here and have the thread read the
-        partition again from the failed one, after the delay."""
+        committed: its records here are dropped (:meth:`_pump` skips them;
+        this may run inside it) and the thread reads the partition again
+        from the failed one, after the delay."""
         track.live = False
-        if self._buffer:
-            self._buffer = deque(item for item in self._buffer if item[0] is not track)
         failed = track.failed
         self._redelivery.failed(track.partition, failed.offset, failed.failure,
                                 lambda: self._seek(track, failed.offset))
