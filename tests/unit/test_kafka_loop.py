@@ -25,6 +25,7 @@ class ScriptedClient(ConsumerClient):
         self.calls: list = []
         self.high: dict = {}  # the high watermarks "fetched"
         self.on_assign = self.on_revoke = None
+        self.seek_fails = 0
 
     def partitions(self):
         return self._partitions
@@ -60,6 +61,12 @@ class ScriptedClient(ConsumerClient):
 
     def commit(self, offsets, wait):
         self.calls.append(("commit", dict(offsets), wait))
+
+    def seek(self, offsets):
+        self.calls.append(("seek", dict(offsets)))
+        if self.seek_fails:
+            self.seek_fails -= 1
+            raise RuntimeError("Local: Erroneous state")
 
     def pause(self, partitions):
         self.calls.append(("pause", sorted(partitions)))
@@ -186,6 +193,63 @@ def test_the_reactor_asks_and_the_thread_does_between_polls():
     done = client.calls[-2:]
     assert done in ([("commit", {1: 2}, True), ("close",)],
                     [("commit", {1: 2}, False), ("close",)])
+
+
+def test_a_partition_is_read_again_from_the_offset_the_reactor_asks():
+    client = ScriptedClient(committed={0: 0, 1: 0})
+    client.seek_fails = 1  # retried between the next polls
+    loop, sink, reactor = start(client)
+    reactor.wait(lambda: sink.assigned)
+    client.polls.put((records(0, [0, 1, 2]) + records(1, [0]), {0: 3, 1: 1}))
+    reactor.wait(lambda: sink.batches)
+    loop.commit(0, 1)
+    loop.seek(0, 1)  # the record at offset 1 failed
+    reactor.wait(lambda: len(sink.assigned) == 2)
+    assert sink.assigned == [[0, 1], [0]]  # a new track for partition 0 only
+    seeks = [call for call in client.calls if call[0] == "seek"]
+    assert seeks == [("seek", {0: 1})] * 2
+    done = client.calls.index(seeks[-1])
+    assert ("commit", {0: 1}, False) in client.calls[:done]  # commits go first
+    assert ("want", [0]) in client.calls[done:]  # its end is fetched again
+    client.polls.put((records(0, [1, 2]), {0: 3}))
+    reactor.wait(lambda: len(sink.batches) == 2)
+    assert sink.batches[1] == ([(0, 1), (0, 2)], [0])  # reached again
+    stop(loop, sink, reactor)
+
+
+def test_a_partition_revoked_before_its_seek_is_not_sought():
+    client = ScriptedClient(committed={0: 10, 1: 20})
+    loop, sink, reactor = start(client, exclusive=False)
+    reactor.wait(lambda: client.on_assign is not None)
+    client.polls.put(lambda: (client.on_assign([0, 1]), ([], {0: 10, 1: 20}))[1])
+    reactor.wait(lambda: sink.batches)
+
+    def rebalance():
+        loop.seek(0, 10)  # asked just before the partition went
+        client.on_revoke([0])
+        return [], {}
+
+    client.polls.put(rebalance)
+    reactor.wait(lambda: sink.revoked)
+    time.sleep(0.2)
+    assert not [call for call in client.calls if call[0] == "seek"]
+    assert sink.assigned == [[0, 1]]
+    stop(loop, sink, reactor)
+
+
+def test_a_topic_view_seeks_the_shared_client_on_its_topic():
+    from tbmq_plugins.kafka.loop import TopicView
+
+    class Shared:
+        def __init__(self):
+            self.sought = []
+
+        def seek(self, offsets):
+            self.sought.append(offsets)
+
+    shared = Shared()
+    TopicView(shared, "t1").seek({0: 4, 2: 9})
+    assert shared.sought == [{("t1", 0): 4, ("t1", 2): 9}]
 
 
 def test_a_rebalance_asks_the_reactor_and_commits_before_the_partitions_go():

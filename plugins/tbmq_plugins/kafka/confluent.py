@@ -234,6 +234,10 @@ class ConsumerClient(_Errors, drivers.ConsumerClient):
     def start_at(self, offsets: dict[int, int], assign: bool) -> None:
         self._consumer.assign([self._tp(p, o) for p, o in offsets.items()])
 
+    def seek(self, offsets: dict[int, int]) -> None:
+        for p, o in offsets.items():
+            self._consumer.seek(self._tp(p, o))
+
     def committed(self, partitions: list[int]) -> dict[int, int | None]:
         found = self._consumer.committed([self._tp(p) for p in partitions],
                                          timeout=self._timeout)
@@ -333,6 +337,10 @@ class ExclusiveClient(_Errors, drivers.ExclusiveClient):
     def remove(self, tps: list) -> None:
         if tps:
             self._consumer.incremental_unassign(self._tps(tps))
+
+    def seek(self, offsets: dict) -> None:
+        for tp in self._tps(offsets, offsets):
+            self._consumer.seek(tp)
 
     def committed(self, tps: list) -> dict:
         found = self._consumer.committed(self._tps(tps), timeout=self._timeout)

@@ -150,6 +150,11 @@ class ConsumerClient:
         ``assign``, take those partitions without the group (exclusive)."""
         raise NotImplementedError
 
+    def seek(self, offsets: dict[int, int]) -> None:
+        """Read each partition of ``offsets`` (assigned, maybe paused) from
+        its offset again; a record read before is not returned any more."""
+        raise NotImplementedError
+
     def committed(self, partitions: list[int]) -> dict[int, int | None]:
         """:returns: the group's committed offset of each partition (None
         when it has none)."""
@@ -232,6 +237,11 @@ class ExclusiveClient:
 
     def remove(self, tps: list[TP]) -> None:
         """Stop reading ``tps`` (nothing is committed)."""
+        raise NotImplementedError
+
+    def seek(self, offsets: dict[TP, int]) -> None:
+        """Read each partition of ``offsets`` (added, maybe paused) from its
+        offset again; a record read before is not returned any more."""
         raise NotImplementedError
 
     def committed(self, tps: list[TP]) -> dict[TP, int | None]:

@@ -182,6 +182,10 @@ class ConsumerClient(drivers.ConsumerClient):
             consumer.seek(tp, offsets[tp.partition])
         consumer.resume(*tps)
 
+    def seek(self, offsets: dict[int, int]) -> None:
+        for p, o in offsets.items():
+            self._consumer.seek(self._tp(p), o)
+
     def take_error(self) -> str | None:
         error, self.error = self.error, None
         return error
@@ -279,6 +283,10 @@ class ExclusiveClient(drivers.ExclusiveClient):
             self._consumer.assign(list(self._assigned))
         else:
             self._consumer.unsubscribe()
+
+    def seek(self, offsets: dict) -> None:
+        for tp, o in offsets.items():
+            self._consumer.seek(TopicPartition(*tp), o)
 
     def committed(self, tps: list) -> dict:
         return {tp: self._consumer.committed(TopicPartition(*tp)) for tp in tps}
