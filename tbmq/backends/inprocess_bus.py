@@ -16,9 +16,13 @@ broker nodes are tested in one process).
   ``from_beginning``.
 * **Commit after the handler.**  A group's committed offset on a partition
   moves over the contiguous records whose handler results fired with
-  success.  A failed result is logged and leaves the record uncommitted: the
-  next assignment of the partition (a rebalance, a restart) hands it again,
-  with what follows it (at least once).
+  success.  A failed result leaves the record uncommitted and stops the
+  member's partition there: after a delay
+  (:class:`~tbmq.cluster.redelivery.Redelivery`: 1 s, doubling to 30 s
+  while it keeps failing) the member reads the partition again from the
+  committed offset (a new cursor: results of the old one do not commit),
+  the failed record first, then what follows it (at least once, in order).
+  A rebalance or a restart meanwhile hands it to the partition's owner.
 * **Handing.**  A member's handler is never re-entered (a record published
   from inside it is handed right after it returns), gets the records of a
   partition in order, and has at most ``max_uncommitted`` results pending;
@@ -52,6 +56,7 @@ from zope.interface import implementer
 
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
 from tbmq.cluster.records import Record, new_record
+from tbmq.cluster.redelivery import Redelivery
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.errors import BusClosedError, ConsumerFailedError, RecordEncodingError
 from tbmq.interfaces import IConsumer, IMessageBus
@@ -85,7 +90,7 @@ class Consumer:
 
     __slots__ = ("bus", "topic", "group", "handler", "state", "group_state", "partitions",
                  "paused", "busy", "wanted", "stopped", "inflight", "cursor", "scheduled",
-                 "caught_up", "targets")
+                 "caught_up", "targets", "redelivery")
 
     def __init__(self, bus: "InProcessBus", state: TopicState, group: Group,
                  handler: Handler) -> None:
@@ -105,6 +110,8 @@ class Consumer:
         self.scheduled = None  # the DelayedCall of the next slice
         self.caught_up: defer.Deferred = defer.Deferred()
         self.targets: list[int] | None = None
+        self.redelivery = Redelivery(bus.clock,
+                                     f"consumer group {group.name} of {state.name}")
 
     def pause(self) -> None:
         """Stop handing records; they wait in the bus.  Idempotent."""
@@ -378,6 +385,7 @@ class InProcessBus:
 
     def _leave(self, member: Consumer) -> None:
         member.stopped = True
+        member.redelivery.forget()
         if member.scheduled is not None and member.scheduled.active():
             member.scheduled.cancel()
         member.scheduled = None
@@ -554,6 +562,8 @@ class InProcessBus:
         for i in range(n):
             p = owned[(member.cursor + i) % n]
             cursor, part = cursors[p], parts[p]
+            if cursor.failed:  # stopped there until it is read again
+                continue
             if cursor.position < part.first:
                 cursor.position = part.first
             entries = part.entries
@@ -612,13 +622,19 @@ class InProcessBus:
             member.inflight -= 1
             cursor.inflight.discard(o)
         if failure is not None:
-            self.log.failure("consumer group {group} of {topic} failed on partition "
-                             "{partition} offset {offset}; left uncommitted", failure,
-                             group=group.name, topic=state.name, partition=p, offset=o)
             if current:
-                cursor.failed.add(o)
+                cursor.failed[o] = failure
+                if cursor.committed == o:
+                    self._read_again(member, p, cursor)
+            else:
+                self.log.debug("consumer group {group} of {topic} failed on partition "
+                               "{partition} offset {offset}; it is read again",
+                               group=group.name, topic=state.name, partition=p, offset=o)
         elif current and cursor.advance():
             self._committed(state, group, p, cursor)
+            member.redelivery.passed(p, cursor.committed)
+            if cursor.committed in cursor.failed:
+                self._read_again(member, p, cursor)
         part = state.parts[p]
         waiter = part.waiters.get(o)
         if waiter is not None:
@@ -630,6 +646,22 @@ class InProcessBus:
                 self._schedule(member)
             self._check_group_caught_up(group)
 
+    def _read_again(self, member: Consumer, p: int, cursor) -> None:
+        """The record at ``cursor.committed`` failed (every one before it is
+        handled): partition ``p`` is read again from there after the
+        delay (:class:`~tbmq.cluster.redelivery.Redelivery`)."""
+        failure = cursor.failed[cursor.committed]
+        member.redelivery.failed(p, cursor.committed, failure,
+                                 lambda: self._again(member, p, cursor))
+
+    def _again(self, member: Consumer, p: int, cursor) -> None:
+        group = member.group_state
+        if member.stopped or group.cursors[p] is not cursor or group.owners[p] is not member:
+            return  # taken away meanwhile: its new cursor starts at the committed offset
+        group.cursors[p] = Cursor(cursor.committed)
+        self._refresh_fast(member.state)
+        self._schedule(member)
+
     def _check_group_caught_up(self, group: Group) -> None:
         for member in group.members:
             if member.targets is not None:
@@ -639,8 +671,9 @@ class InProcessBus:
         targets = member.targets
         cursors = member.group_state.cursors
         for p, target in enumerate(targets):
-            if not cursors[p].handled_below(target):
-                return
+            cursor = cursors[p]
+            if not cursor.handled_below(target) and cursor.committed not in cursor.failed:
+                return  # (stopped at a failed record: it has a result)
         member.targets = None
         member.caught_up.callback(None)
 

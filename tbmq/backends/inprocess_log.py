@@ -133,8 +133,9 @@ class Cursor:
     :ivar committed: every record below it is handled (the group's offset).
     :ivar position: the next offset to hand.
     :ivar inflight: offsets handed whose handler result has not fired.
-    :ivar failed: offsets whose handler result failed (they hold the commit
-        back until the next assignment hands them again).
+    :ivar failed: offset → the :class:`~twisted.python.failure.Failure` of
+        its handler result (they hold the commit back until the partition
+        is read again).
     """
 
     __slots__ = ("committed", "position", "inflight", "failed")
@@ -143,7 +144,7 @@ class Cursor:
         self.committed = committed
         self.position = committed
         self.inflight: set[int] = set()
-        self.failed: set[int] = set()
+        self.failed: dict[int, Any] = {}
 
     def advance(self) -> bool:
         """Move :attr:`committed` over the contiguous handled prefix.

@@ -201,7 +201,8 @@ class DropCounter:
         start (0), so a metric has its series before the first drop.
     """
 
-    __slots__ = ("counts", "_refused_logged_at", "_refused_since_log")
+    __slots__ = ("counts", "_refused_logged_at", "_refused_since_log", "_store_logged_at",
+                 "_store_since_log")
 
     #: seconds between two log lines about messages the bus refused
     REFUSED_LOG_INTERVAL = 10.0
@@ -212,6 +213,8 @@ class DropCounter:
         self.counts: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
         self._refused_logged_at = float("-inf")
         self._refused_since_log = 0
+        self._store_logged_at = float("-inf")
+        self._store_since_log = 0
 
     def add(self, reason: str, n: int = 1) -> None:
         self.counts[reason] = self.counts.get(reason, 0) + n
@@ -231,3 +234,22 @@ class DropCounter:
                           error=failure.getErrorMessage())
             self._refused_logged_at = now
             self._refused_since_log = 0
+
+    def store_failed(self, failure, operation: str) -> None:
+        """A session's write to the device store (``operation``: ``update``
+        of a delivery's state, ``remove`` of acknowledged ones) failed: the
+        delivery stays as the store had it, so it is sent again at the
+        client's next connection (a duplicate, never a loss).  Logged at
+        most once every :data:`REFUSED_LOG_INTERVAL` seconds with the count
+        since the last line (a store outage touches every session).
+
+        :returns: None (the failure is handled)."""
+        self._store_since_log += 1
+        now = time.monotonic()
+        if now - self._store_logged_at >= self.REFUSED_LOG_INTERVAL:
+            self.log.warn("{count} device store write(s) ({operation}) failed; those deliveries "
+                          "are sent again at the next connection: {error}",
+                          count=self._store_since_log, operation=operation,
+                          error=failure.getErrorMessage())
+            self._store_logged_at = now
+            self._store_since_log = 0

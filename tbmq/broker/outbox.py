@@ -417,8 +417,16 @@ class Outbox(StoreReads):
         self.inflight[pid] = delivery
         conn.write(data)
         if delivery.seq:  # in the device store
-            self.ctx.device_store.update(self.client_id, delivery.seq, pid, _SENT)
+            self._stored(self.ctx.device_store.update(self.client_id, delivery.seq, pid, _SENT),
+                         "update")
         return True
+
+    def _stored(self, result, operation: str) -> None:
+        """A write to the device store whose outcome nobody waits for: its
+        failure is counted and logged by the node (not an unhandled error
+        per delivery)."""
+        if result is not None:
+            result.addErrback(self.ctx.drops.store_failed, operation)
 
     def _encoded(self, message: Message, qos: int, retain: bool,
                  subscription_ids: tuple[int, ...], cache: dict | None, now: float,
@@ -620,7 +628,7 @@ class Outbox(StoreReads):
     def _remove_completed(self) -> None:
         completed, self._completed = self._completed, []
         if completed:
-            self.ctx.device_store.remove(self.client_id, completed)
+            self._stored(self.ctx.device_store.remove(self.client_id, completed), "remove")
 
     def on_puback(self, packet) -> None:
         """PUBACK from the client: the QoS 1 delivery is done [MQTT-4.3.2-2].
@@ -669,7 +677,8 @@ class Outbox(StoreReads):
         if delivery.state != _RELEASED:
             delivery.state = _RELEASED
             if delivery.seq:
-                self.ctx.device_store.update(self.client_id, delivery.seq, packet_id, _RELEASED)
+                self._stored(self.ctx.device_store.update(self.client_id, delivery.seq, packet_id,
+                                                          _RELEASED), "update")
         conn.send(Pubrel(packet_id))
 
     def on_pubcomp(self, packet) -> None:

@@ -283,3 +283,49 @@ def test_a_value_compacted_away_before_a_paused_group_got_it_does_not_hold_its_p
     clock.advance(0)
     assert [rec.value.payload for rec in got] == [b"2"]
     assert outcome(first) == [None] and outcome(second) == [None]
+
+
+def test_a_failed_record_stops_the_partition_and_the_member_hands_it_again():
+    bus, clock = make()
+    got = []
+    fail = {"left": 2}
+
+    def handler(record):
+        got.append(record.value)
+        if record.value == b"1" and fail["left"]:
+            fail["left"] -= 1
+            raise ValueError("store timed out")
+
+    bus.subscribe("tbmq.msg.all", "g", handler)
+    clock.advance(0)
+    outcomes = [outcome(bus.publish("tbmq.msg.all", None, b"%d" % i)) for i in range(4)]
+    assert got == [b"0", b"1"]  # the hot path; then the partition waits at 1
+    assert isinstance(outcomes[1][0].value, ConsumerFailedError)
+    assert outcomes[2:] == [[], []]  # not handed yet: not done
+    clock.advance(0.99)
+    assert got == [b"0", b"1"]
+    clock.advance(0.01)
+    assert got == [b"0", b"1", b"1"]  # failed again: 2 s now
+    clock.advance(1.99)
+    assert got == [b"0", b"1", b"1"]
+    clock.advance(0.01)
+    assert got == [b"0", b"1", b"1", b"1", b"2", b"3"]  # in order, at least once
+    assert outcomes[2:] == [[None], [None]]
+    assert bus.held("tbmq.msg.all") == 0  # all committed
+    assert clock.getDelayedCalls() == []
+    got.clear()
+    assert bus.publish("tbmq.msg.all", None, b"4") is None  # the hot path again
+    assert got == [b"4"]
+
+
+def test_a_stopped_member_does_not_hand_its_failed_record_again():
+    bus, clock = make()
+    got = []
+    member = bus.subscribe("tbmq.msg.all", "g", lambda record: got.append(record.value)
+                           or defer.fail(RuntimeError("no")))
+    clock.advance(0)
+    bus.publish("tbmq.msg.all", None, b"x")
+    member.stop()
+    assert clock.getDelayedCalls() == []
+    clock.advance(60)
+    assert got == [b"x"]

@@ -108,11 +108,15 @@ class FakeLoop:
 
     def __init__(self) -> None:
         self.commits: list = []
+        self.seeks: list = []
         self.want_paused = False
         self.stopped = False
 
     def commit(self, partition: int, offset: int) -> None:
         self.commits.append((partition, offset))
+
+    def seek(self, partition: int, offset: int) -> None:
+        self.seeks.append((partition, offset))
 
     def stop(self) -> None:
         self.stopped = True
@@ -188,8 +192,10 @@ def test_a_record_that_does_not_decode_is_a_failed_result():
     consumer._assigned([0])
     good = r.MESSAGE.encode(Message("a", b""))
     consumer._batch([raw(0, 0, b"\x01not msgpack"), raw(0, 1, good)], [])
-    assert [rec.offset for rec in got] == [1]  # the member went on
-    assert consumer.loop.commits == []  # but nothing commits past the bad one
+    assert got == []  # the partition stops at the bad one
+    assert consumer.loop.commits == []  # nothing commits past it
+    consumer.bus.clock.advance(1.0)
+    assert consumer.loop.seeks == [(0, 0)]  # read again, not skipped
 
 
 def test_pause_keeps_what_was_handed_over_in_order_until_resume():
@@ -262,6 +268,109 @@ def test_revoked_partitions_are_dropped_and_their_results_no_longer_commit():
     consumer._assigned([0])  # given again: from the committed offset
     consumer._batch([raw(0, 0)], [])
     assert handler.seen[-1] == (0, 0)
+
+
+def test_a_failed_record_is_read_again_by_the_same_member_in_order():
+    handler = Pending()
+    consumer, clock = consumer_of(handler, max_uncommitted=2)
+    consumer._assigned([0, 1])
+    consumer._batch([raw(0, 0), raw(0, 1), raw(0, 2), raw(1, 0)], [])
+    assert handler.seen == [(0, 0), (0, 1)]  # (0, 2) and (1, 0) wait
+    handler.results[(0, 0)].errback(RuntimeError("store timed out"))
+    handler.results[(0, 1)].callback(None)  # of the old reading: never commits
+    clock.advance(0)
+    assert handler.seen[2:] == [(1, 0)]  # partition 0 stopped, (0, 2) dropped
+    handler.results[(1, 0)].callback(None)  # the other partition goes on
+    assert consumer.loop.commits == [(1, 1)]
+    consumer._batch([raw(0, 3)], [])  # read before the seek: dropped
+    clock.advance(0.99)
+    assert consumer.loop.seeks == []  # the delay: 1 s, not blocking anything
+    clock.advance(0.01)
+    assert consumer.loop.seeks == [(0, 0)]  # from the failed record
+    consumer._assigned([0])  # the thread sought: a new track
+    consumer._batch([raw(0, 0), raw(0, 1)], [])
+    assert handler.seen[3:] == [(0, 0), (0, 1)]  # again, in order
+    handler.results[(0, 0)].callback(None)
+    handler.results[(0, 1)].callback(None)
+    assert consumer.loop.commits == [(1, 1), (0, 1), (0, 2)]
+
+
+def test_a_poison_record_is_handed_again_at_growing_delays_and_logged_once_per_30_s(
+        monkeypatch):
+    from tbmq.cluster import redelivery
+    events: list = []
+    monkeypatch.setattr(redelivery, "log", Logger(
+        observer=lambda e: events.append(dict(e, at=clock.seconds()))))
+    calls = []
+
+    def handler(record):
+        calls.append((clock.seconds(), record.offset))
+        raise ValueError("does not decode")
+
+    consumer, clock = consumer_of(handler)
+    consumer._assigned([0])
+    while clock.seconds() < 300:  # five minutes of a record that never decodes
+        consumer._batch([raw(0, 5), raw(0, 6)], [])
+        (call,) = clock.getDelayedCalls()  # one timer, nothing spins
+        clock.advance(call.getTime() - clock.seconds())
+        assert consumer.loop.seeks[-1] == (0, 5)
+        consumer._assigned([0])  # the thread sought
+    assert [o for _, o in calls] == [5] * len(calls)  # never skipped, never past it
+    assert [t for t, _ in calls][:8] == [0, 1, 3, 7, 15, 31, 61, 91]
+    assert consumer.loop.commits == []
+    assert all(e["log_level"].name == "warn" for e in events)
+    assert "log_failure" in events[0]  # the traceback, once
+    assert all(e["offset"] == 5 and e["partition"] == 0 for e in events)
+    logged = [e["at"] for e in events]
+    assert logged[0] == 0 and all(b - a >= 30 for a, b in zip(logged, logged[1:]))
+    assert len(events) < len(calls)
+
+
+def test_the_delays_are_1_2_4_to_30_s_and_start_over_after_a_success():
+    fail = {"on": True}
+
+    def handler(record):
+        if fail["on"]:
+            raise ValueError("store timed out")
+
+    consumer, clock = consumer_of(handler)
+    consumer._assigned([0])
+    delays = []
+    for _ in range(7):
+        consumer._batch([raw(0, 5)], [])
+        (call,) = clock.getDelayedCalls()
+        delays.append(call.getTime() - clock.seconds())
+        clock.advance(delays[-1])
+        consumer._assigned([0])
+    assert delays == [1, 2, 4, 8, 16, 30, 30]
+    fail["on"] = False
+    consumer._batch([raw(0, 5)], [])
+    assert consumer.loop.commits == [(0, 6)]
+    fail["on"] = True
+    consumer._batch([raw(0, 6)], [])
+    (call,) = clock.getDelayedCalls()
+    assert call.getTime() - clock.seconds() == 1  # a new outage
+
+
+def test_a_failed_partition_taken_away_or_a_stopped_member_is_not_sought():
+    consumer, clock = consumer_of(lambda record: defer.fail(RuntimeError("no")))
+    consumer._assigned([0, 1])
+    consumer._batch([raw(0, 0), raw(1, 0)], [])
+    consumer._revoke([0])
+    assert len(clock.getDelayedCalls()) == 1  # partition 1's only
+    consumer.stop()
+    assert clock.getDelayedCalls() == []
+    clock.advance(60)
+    assert consumer.loop.seeks == []
+
+
+def test_a_failed_partition_that_waits_counts_as_caught_up():
+    handler = Pending()
+    consumer, clock = consumer_of(handler)
+    consumer._assigned([0])
+    consumer._batch([raw(0, 0), raw(0, 1)], [0])
+    handler.results[(0, 0)].errback(RuntimeError("failed, but it has a result"))
+    assert fired(consumer.caught_up) == [None]
 
 
 def test_caught_up_fires_once_the_records_before_the_end_are_handled():
@@ -556,3 +665,20 @@ def test_the_entry_point_is_declared():
     setup = (pathlib.Path(__file__).parents[2] / "setup.py").read_text()
     assert '"kafka = tbmq_plugins.kafka:plugin"' in setup
 
+
+
+def test_a_failure_inside_a_slice_hands_the_other_partitions_records_once():
+    seen = []
+
+    def handler(record):
+        seen.append((record.partition, record.offset))
+        if (record.partition, record.offset) == (0, 0):
+            raise ValueError("store timed out")
+
+    consumer, clock = consumer_of(handler)
+    consumer._assigned([0, 1])
+    consumer._batch([raw(0, 0), raw(1, 0), raw(0, 1), raw(1, 1)], [])
+    consumer._batch([], [])  # the next poll's batch
+    clock.advance(0)
+    assert seen == [(0, 0), (1, 0), (1, 1)]
+    assert consumer.loop.commits == [(1, 1), (1, 2)]

@@ -34,6 +34,7 @@ class ScriptedClient(SharedClient):
         self.calls: list = []
         self.high: dict = {}  # the high watermarks "fetched"
         self.on_assign = self.on_revoke = None
+        self.seek_fails = 0
 
     @staticmethod
     def _plain(tps_):
@@ -57,7 +58,10 @@ class ScriptedClient(SharedClient):
         self.calls.append(("subscribe", list(topics)))
 
     def seek(self, offsets):
-        self.calls.append(("start_at", self._plain(offsets), False))
+        self.calls.append(("seek", self._plain(offsets)))
+        if self.seek_fails:
+            self.seek_fails -= 1
+            raise RuntimeError("Local: Erroneous state")
 
     def committed(self, tps_):
         return {(t, p): self._committed.get(p if t == T else (t, p)) for t, p in tps_}
@@ -223,6 +227,64 @@ def test_the_reactor_asks_and_the_thread_does_between_polls():
                     [("commit", {1: 2}, False), ("remove", [0, 1])])
 
 
+def test_a_partition_is_read_again_from_the_offset_the_reactor_asks():
+    client = ScriptedClient(committed={0: 0, 1: 0})
+    client.seek_fails = 1  # retried between the next polls
+    loop, sink, reactor = start(client)
+    reactor.wait(lambda: sink.assigned)
+    client.polls.put((records(0, [0, 1, 2]) + records(1, [0]), {0: 3, 1: 1}))
+    reactor.wait(lambda: sink.batches)
+    loop.commit(0, 1)
+    loop.seek(0, 1)  # the record at offset 1 failed
+    reactor.wait(lambda: len(sink.assigned) == 2)
+    assert sink.assigned == [[0, 1], [0]]  # a new track for partition 0 only
+    seeks = [call for call in client.calls if call[0] == "seek"]
+    assert seeks == [("seek", {0: 1})] * 2
+    done = client.calls.index(seeks[-1])
+    assert ("commit", {0: 1}, False) in client.calls[:done]  # commits go first
+    assert ("want", [0]) in client.calls[done:]  # its end is fetched again
+    client.polls.put((records(0, [1, 2]), {0: 3}))
+    reactor.wait(lambda: len(sink.batches) == 2)
+    assert sink.batches[1] == ([(0, 1), (0, 2)], [0])  # reached again
+    stop(loop, sink, reactor)
+
+
+def test_a_partition_revoked_before_its_seek_is_not_sought():
+    client = ScriptedClient(committed={0: 10, 1: 20})
+    loop, sink, reactor = start(client, exclusive=False)
+    reactor.wait(lambda: client.on_assign is not None)
+    client.polls.put(lambda: (client.on_assign([(T, 0), (T, 1)]), ([], {0: 10, 1: 20}))[1])
+    reactor.wait(lambda: sink.batches)
+    positioned = [call for call in client.calls if call[0] == "seek"]  # by the assignment
+
+    def rebalance():
+        loop.seek(0, 10)  # asked just before the partition went
+        client.on_revoke([(T, 0)])
+        return [], {}
+
+    client.polls.put(rebalance)
+    reactor.wait(lambda: sink.revoked)
+    time.sleep(0.2)
+    assert [call for call in client.calls if call[0] == "seek"] == positioned
+    assert sink.assigned == [[0, 1]]
+    stop(loop, sink, reactor)
+
+
+def test_a_topic_view_seeks_the_shared_client_on_its_topic():
+    from tbmq_plugins.kafka.loop import TopicView
+
+    class Shared:
+        def __init__(self):
+            self.sought = []
+
+        def seek(self, offsets):
+            self.sought.append(offsets)
+
+    shared = Shared()
+    TopicView(shared, "t1").seek({0: 4, 2: 9})
+    assert shared.sought == [{("t1", 0): 4, ("t1", 2): 9}]
+
+
 def test_a_rebalance_asks_the_reactor_and_commits_before_the_partitions_go():
     client = ScriptedClient(committed={0: 10, 1: 20})
     loop, sink, reactor = start(client, exclusive=False)
@@ -298,7 +360,7 @@ def test_joining_subscriptions_made_together_are_one_member_over_their_topics():
                               ({}, {0: 0, 1: 0, ("u", 0): 5}))[1])
     reactor.wait(lambda: first_sink.batches and second_sink.batches)
     assert first_sink.assigned == [[0, 1]] and second_sink.assigned == [[0]]
-    assert ("start_at", {("u", 0): 5}, False) in client.calls
+    assert ("seek", {("u", 0): 5}) in client.calls
     second.want_paused = True
     reactor.wait(lambda: ("pause", [("u", 0)]) in client.calls)
     assert not any(c[0] == "pause" and 0 in c[1] for c in client.calls)  # T reads on
@@ -332,7 +394,7 @@ def test_a_joining_subscription_of_a_topic_the_client_holds_takes_its_partitions
     loop.add(again, T)
     reactor.wait(lambda: again_sink.assigned)
     assert first_sink.closed and again_sink.assigned == [[0]]
-    assert client.calls.count(("start_at", {0: 3}, False)) == 2
+    assert client.calls.count(("seek", {0: 3})) == 2
 
 
 def test_a_nodes_bundle_is_one_client_and_one_kafka_group_over_its_topics():

@@ -177,7 +177,15 @@ def test_a_failed_record_of_a_packed_record_leaves_its_offset_uncommitted():
     consumer._batch([_packed_raw(0, 0, [(b"a", b"1"), (b"b", b"2")])], [])
     results[0].callback(None)
     results[1].errback(RuntimeError("cannot store it"))
-    assert consumer.loop.commits == []  # the next owner gets both again
+    assert consumer.loop.commits == []
+    consumer.bus.clock.advance(1.0)
+    assert consumer.loop.seeks == [(0, 0)]  # the whole Kafka record, read again
+    consumer._assigned([0])  # the thread sought it
+    consumer._batch([_packed_raw(0, 0, [(b"a", b"1"), (b"b", b"2")])], [])
+    assert len(results) == 4  # both records handed again
+    results[2].callback(None)
+    results[3].callback(None)
+    assert consumer.loop.commits == [(0, 1)]
 
 
 def test_a_malformed_packed_record_is_refused_like_any_record_that_does_not_decode():
@@ -191,6 +199,8 @@ def test_a_malformed_packed_record_is_refused_like_any_record_that_does_not_deco
            RawRecord(0, 2, None, msgpack.packb(["pack", 1, [b"k"], []]), (packing.HEADER,)),
            RawRecord(0, 3, None, msgpack.packb(["pack", 1, [7], [good]]), (packing.HEADER,))]
     consumer._batch(bad + [RawRecord(0, 4, b"a", good, ())], [])
-    assert [rec.offset for rec in got] == [4]  # the member went on
-    assert consumer.loop.commits == []  # but nothing commits past a bad one
+    assert got == []  # the partition stops at the first bad one
+    assert consumer.loop.commits == []  # nothing commits past it
+    consumer.bus.clock.advance(1.0)
+    assert consumer.loop.seeks == [(0, 0)]  # read again, not skipped
     assert [len(packing.expand(b)) for b in bad] == [1, 1, 1, 1]

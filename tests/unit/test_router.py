@@ -375,3 +375,45 @@ def test_a_delivery_a_store_read_already_showed_is_not_sent_twice():
         store.release()
     assert [p.payload for p in Decoder(protocol_level=4, server_side=False).feed(conn.out)] \
         == [b"read"]
+
+
+class FailingWrites(SlowLoads):
+    """A store whose writes of a session's state (update, remove) fail."""
+
+    def update(self, client_id, seq, packet_id, state):
+        return defer.fail(RuntimeError("Not received Redis response in 10.0 seconds"))
+
+    def remove(self, client_id, seqs):
+        return defer.fail(RuntimeError("Not received Redis response in 10.0 seconds"))
+
+
+def test_a_failed_store_write_of_a_session_is_logged_once_not_an_unhandled_error():
+    """Under a store outage every PUBLISH sent and every PUBACK makes a
+    write: their failures are one warning per interval with a count, not
+    an unhandled error per delivery (the delivery stays in the store and
+    comes again at the next connection)."""
+    import gc
+
+    from twisted.logger import globalLogPublisher
+    from tbmq.model import StoredDelivery
+    events = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        store = FailingWrites()
+        session, conn, clock, ctx = make_session(store, persistent=True)
+        session.resume_outbox()
+        store.release()
+        for seq in (1, 2, 3):
+            stored = StoredDelivery(seq, Message("t", b"%d" % seq, 1), 1, False, ())
+            store.store.add("s", [stored])
+            session.deliver_stored(stored)
+        for p in Decoder(protocol_level=4, server_side=False).feed(conn.out):
+            session.on_puback(p)
+        clock.advance(0)  # the removes of the acknowledged ones
+        gc.collect()
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    assert not [e for e in events if e.get("isError") or e.get("log_level") is not None
+                and e["log_level"].name == "critical"]
+    warned = [e for e in events if "device store write" in e.get("log_format", "")]
+    assert len(warned) == 1 and warned[0]["operation"] == "update"

@@ -10,9 +10,15 @@ one call; this side keeps them in a buffer and hands them to the handler:
   :data:`SLICE` per reactor turn, and with at most ``max_uncommitted``
   handler results pending;
 * **commits** per partition over the contiguous records whose results fired
-  with success (:class:`Track`), queued back to the thread; a failed result
-  stops the commit of its partition there, for this assignment, so that the
-  partition's next owner gets it again (at least once);
+  with success (:class:`Track`), queued back to the thread;
+* a **failed** result stops its partition there: once every record before
+  it is committed, the partition's records here are dropped and, after a
+  delay (:class:`~tbmq.cluster.redelivery.Redelivery`: 1 s, doubling to
+  30 s while it keeps failing), the thread seeks the partition back to the
+  failed Kafka record (all of it, for a packed record), which then starts
+  over as on a new assignment (a new :class:`Track`, so that results of the
+  old one do not commit): the failed record is handed again, then what
+  follows it (at least once, in order);
 * **pause** stops handing at once and has the thread pause the client's
   partitions; the records already handed over stay in the buffer, in order,
   for :meth:`KafkaConsumer.resume`.  A full buffer pauses the client too
@@ -22,7 +28,8 @@ one call; this side keeps them in a buffer and hands them to the handler:
   offset), their pending results no longer commit;
 * ``caught_up`` fires once every assigned partition was *reached* (the
   thread handed over everything below the end it fetched) and the handlers'
-  results of what came until then have fired.
+  results of what came until then have fired, or stopped at a failed record
+  (that waits to be read again).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from tbmq.cluster.records import new_record
+from tbmq.cluster.redelivery import Redelivery
 from tbmq.interfaces import IConsumer
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.packing import expand
@@ -58,15 +66,17 @@ class Entry:
     :ivar parts: its records whose results have not fired.
     :ivar state: :data:`WAITING`, :data:`OK` (every result fired with
         success) or :data:`FAILED` (one failed).
+    :ivar failure: the first failure of its records, or None.
     """
 
-    __slots__ = ("offset", "seq", "state", "parts")
+    __slots__ = ("offset", "seq", "state", "parts", "failure")
 
     def __init__(self, offset: int, seq: int, parts: int) -> None:
         self.offset = offset
         self.seq = seq
         self.state = WAITING
         self.parts = parts
+        self.failure: Failure | None = None
 
 
 class Track:
@@ -76,11 +86,14 @@ class Track:
     :ivar live: False once the partition was taken away (its results no
         longer commit).
     :ivar committed: the offset last queued for commit, or None.
-    :ivar blocked: a record failed: nothing more commits on this assignment.
+    :ivar blocked: a record failed, every one before it committed: nothing
+        more commits on this assignment (the partition is read again from
+        :attr:`failed`).
+    :ivar failed: the :class:`Entry` that blocked it, or None.
     :ivar reached: the thread handed over everything below the end.
     """
 
-    __slots__ = ("partition", "live", "committed", "blocked", "pending", "arrived",
+    __slots__ = ("partition", "live", "committed", "blocked", "failed", "pending", "arrived",
                  "open", "reached", "barrier", "barrier_open")
 
     def __init__(self, partition: int) -> None:
@@ -88,6 +101,7 @@ class Track:
         self.live = True
         self.committed: int | None = None
         self.blocked = False
+        self.failed: Entry | None = None
         self.pending: deque[Entry] = deque()  # in arrival order, until committed
         self.arrived = 0
         self.open = 0  # records whose result has not fired
@@ -133,6 +147,7 @@ class Track:
             moved = True
         if pending and pending[0].state == FAILED:
             self.blocked = True
+            self.failed = pending[0]
             pending.clear()
         return moved
 
@@ -178,6 +193,8 @@ class KafkaConsumer:
         self._scheduled = None
         self.stopped = False
         self._closed_d: defer.Deferred | None = None
+        self._redelivery = Redelivery(self._reactor,
+                                      f"Kafka consumer group {group} of {topic}")
 
     @property
     def positioned(self) -> bool:
@@ -227,6 +244,7 @@ class KafkaConsumer:
         self._scheduled = None
         for track in self._tracks.values():
             track.live = False
+        self._redelivery.forget()
         self.bus._forget(self)
         if self.loop is None:  # the thread never started
             self._closed_d.callback(None)
@@ -261,6 +279,7 @@ class KafkaConsumer:
             track = self._tracks.pop(p, None)
             if track is not None:
                 track.live = False
+            self._redelivery.forget(p)
         if self._buffer:
             self._buffer = deque(item for item in self._buffer
                                  if item[0].partition not in gone)
@@ -273,7 +292,7 @@ class KafkaConsumer:
         buffer = self._buffer
         for raw in records:
             track = tracks.get(raw.partition)
-            if track is None:
+            if track is None or not track.live:  # (read before a seek back)
                 continue
             if raw.headers:  # a packed record, maybe (:mod:`.packing`)
                 inner = expand(raw)
@@ -360,16 +379,35 @@ class KafkaConsumer:
     def _done(self, track: Track, entry: Entry, failure: Failure | None) -> None:
         """The handler's result for ``entry`` fired (``failure`` when it failed)."""
         if failure is not None:
-            log.failure("Kafka consumer group {group} of {topic} failed on partition "
-                        "{partition} offset {offset}; left uncommitted", failure,
-                        group=self.group, topic=self.topic, partition=track.partition,
-                        offset=entry.offset)
+            if entry.failure is None:
+                entry.failure = failure
+            if not track.live:
+                log.debug("Kafka consumer group {group} of {topic}: partition {partition} "
+                          "offset {offset} failed; it is read again", group=self.group,
+                          topic=self.topic, partition=track.partition, offset=entry.offset)
         if track.done(entry, failure is None) and track.live:
             self.loop.commit(track.partition, track.committed)
+            self._redelivery.passed(track.partition, track.committed)
+        if track.blocked and track.live:
+            self._read_again(track)
         if track.reached and not self.caught_up.called:
             self._check_caught_up()
 
+    def _read_again(self, track: Track) -> None:
+        """``track`` failed at :attr:`Track.failed`, every record before it
+        committed: its records here are dropped (:meth:`_pump` skips them;
+        this may run inside it) and the thread reads the partition again
+        from the failed one, after the delay."""
+        track.live = False
+        failed = track.failed
+        self._redelivery.failed(track.partition, failed.offset, failed.failure,
+                                lambda: self._seek(track, failed.offset))
+
+    def _seek(self, track: Track, offset: int) -> None:
+        if not self.stopped and self._tracks.get(track.partition) is track:
+            self.loop.seek(track.partition, offset)  # then _assigned: a new Track
+
     def _check_caught_up(self) -> None:
         if (not self.caught_up.called and self._has_assignment and not self.stopped
-                and all(t.caught_up for t in self._tracks.values())):
+                and all(t.caught_up or not t.live for t in self._tracks.values())):
             self.caught_up.callback(None)

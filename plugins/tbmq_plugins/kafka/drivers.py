@@ -169,8 +169,10 @@ class SharedClient:
         raise NotImplementedError
 
     def seek(self, offsets: dict[TP, int]) -> None:
-        """Read each partition of ``offsets`` (given by the group) from its
-        offset."""
+        """Read each partition of ``offsets`` from its offset, resumed: one
+        the group gave (during ``on_assign``), or one assigned or given
+        before, read again (a record read before is not returned any
+        more)."""
         raise NotImplementedError
 
     def committed(self, tps: list[TP]) -> dict[TP, int | None]:

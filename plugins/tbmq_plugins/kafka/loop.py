@@ -51,6 +51,12 @@ there before the group started.  A partition is *reached* once everything
 below its end was handed to the reactor, which then fires ``caught_up`` when
 the handlers' results of those records have fired.
 
+**Reading a partition again.**  When a handler's result failed, the
+reactor asks (:meth:`ConsumerLoop.seek`) for the partition from the failed
+record's offset: between two polls the thread seeks the client there and
+tells the reactor as for a new assignment of that partition (same thread,
+so every record read before the seek reaches the reactor before).
+
 **Outages.**  A client that cannot be built, or a poll that fails, is
 retried every :data:`RETRY_DELAY` seconds; the loop logs the first failure
 and the recovery, not each retry.
@@ -164,6 +170,7 @@ class ConsumerLoop(_Outage):
         self.name = name
         self._lock = threading.Lock()
         self._commits: dict[int, int] = {}
+        self._seeks: dict[int, int] = {}
         self.want_paused = False
         self._stopping = False
         self._client: TopicView | None = None
@@ -187,6 +194,14 @@ class ConsumerLoop(_Outage):
         """Have ``offset`` committed for ``partition`` before the next poll."""
         with self._lock:
             self._commits[partition] = offset
+
+    def seek(self, partition: int, offset: int) -> None:
+        """Have ``partition`` read again from ``offset`` before the next
+        poll (a record there failed); the sink's ``_assigned([partition])``
+        follows, as for a new assignment.  Nothing for a partition revoked
+        meanwhile."""
+        with self._lock:
+            self._seeks[partition] = offset
 
     def stop(self) -> None:
         """Have the thread commit what was asked, stop reading the topic
@@ -243,10 +258,32 @@ class ConsumerLoop(_Outage):
     def between_polls(self, client: "TopicView") -> None:
         """Commit, pause and resume what the reactor asked."""
         self._commit(client, wait=False)
+        if self._seeks:
+            self._seek(client)
         paused = self.want_paused
         if paused != self._paused and self._next:
             (client.pause if paused else client.resume)(list(self._next))
         self._paused = paused
+
+    def _seek(self, client: "TopicView") -> None:
+        """Seek what the reactor asked (:meth:`seek`); what fails is tried
+        again next time."""
+        with self._lock:
+            seeks, self._seeks = self._seeks, {}
+            seeks = {p: o for p, o in seeks.items() if p in self._next and p not in self._revoked}
+        if not seeks:
+            return
+        try:
+            client.seek(seeks)
+        except Exception as e:
+            self._trouble(e)
+            with self._lock:
+                for p, o in seeks.items():
+                    self._seeks.setdefault(p, o)
+            return
+        log.debug("Kafka consumer {name}: partitions read again from {seeks}", name=self.name,
+                  seeks=seeks)
+        self._track(list(seeks), seeks, set())
 
     def poll_once(self, client: "TopicView") -> None:
         """Take what the shared poll read for the topic; its records and
@@ -443,6 +480,9 @@ class TopicView:
             self._mine.update(offsets)
         else:
             self._client.seek(tps)
+
+    def seek(self, offsets: dict[int, int]) -> None:
+        self._client.seek({(self.topic, p): o for p, o in offsets.items()})
 
     def committed(self, partitions: list[int]) -> dict[int, int | None]:
         return self._by_partition(self._client.committed(self._tps(partitions)))
