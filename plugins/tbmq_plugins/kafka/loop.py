@@ -170,6 +170,7 @@ class ConsumerLoop(_Outage):
         self.name = name
         self._lock = threading.Lock()
         self._commits: dict[int, int] = {}
+        self._unconfirmed: dict[int, int] = {}  # committed without waiting
         self._seeks: dict[int, int] = {}
         self.want_paused = False
         self._stopping = False
@@ -236,16 +237,29 @@ class ConsumerLoop(_Outage):
             return False
         return self._assign(partitions, assign=True)
 
-    def _take_commits(self) -> dict[int, int]:
+    def _take_commits(self, unconfirmed: Any = ()) -> dict[int, int]:
+        """What the reactor asked to commit, and the offsets of
+        ``unconfirmed`` partitions last committed without waiting (an
+        asynchronous commit still under way when the group rebalances or
+        the member leaves may fail unseen: a partition that started at its
+        end and was never read would have no committed offset, and its next
+        owner would start past what came meanwhile)."""
         with self._lock:
             offsets, self._commits = self._commits, {}
+            for p in unconfirmed:
+                o = self._unconfirmed.pop(p, None)
+                if o is not None:
+                    offsets.setdefault(p, o)
         return offsets
 
     def _commit(self, client: "TopicView", wait: bool) -> None:
         """Commit what the reactor asked for; what fails without ``wait`` is
         tried again next time, unless newer offsets came meanwhile."""
-        offsets = self._take_commits()
+        offsets = self._take_commits(list(self._unconfirmed) if wait else ())
         if offsets:
+            if not wait:
+                with self._lock:
+                    self._unconfirmed.update(offsets)
             try:
                 client.commit(offsets, wait=wait)
             except Exception as e:
@@ -402,7 +416,7 @@ class ConsumerLoop(_Outage):
                             timeout=self._timeout)
             with self._lock:
                 self._revoked.update(partitions)
-        return self._take_commits()
+        return self._take_commits(partitions)
 
     def _drop_revoked(self) -> set[int]:
         """Forget the partitions revoked since the last call.
