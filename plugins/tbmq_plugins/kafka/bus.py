@@ -381,7 +381,8 @@ class KafkaBus:
         codec = self._codec(topic)
         config = self.config
         consumer = KafkaConsumer(self, topic, group, handler, codec, self.max_uncommitted,
-                                 buffer_limit=2 * config.max_poll_records)
+                                 buffer_limit=2 * config.max_poll_records,
+                                 group_wide=not exclusive)
         group_id = kafka_group(topic, group, exclusive)
         loop = ConsumerLoop(
             self.clock, lambda: self.driver.ConsumerClient(config, topic, group_id), consumer,
@@ -394,6 +395,23 @@ class KafkaBus:
         self._consumers.add(consumer)
         self._begin(consumer, loop, group_id if exclusive else None)
         return consumer
+
+    def group_positioned(self, consumer: KafkaConsumer) -> defer.Deferred:
+        """Whether every partition of ``consumer``'s topic has a committed
+        offset in its Kafka group (asked in the worker thread).
+
+        :returns: a Deferred firing with a bool (failing while Kafka fails).
+        """
+        if self._worker is None:
+            return defer.succeed(False)
+        group_id = kafka_group(consumer.topic, consumer.group)
+
+        def ask() -> bool:
+            partitions = self._producer.prepare(consumer.topic)
+            found = self._admin.committed(group_id, consumer.topic, list(range(partitions)))
+            return all(offset is not None for offset in found.values())
+
+        return self._worker.call(ask)
 
     def _share(self, group_id: str, loop: ConsumerLoop, topic: str) -> None:
         """Have the shared thread of ``group_id``'s exclusive subscriptions
