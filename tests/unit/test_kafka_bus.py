@@ -682,3 +682,35 @@ def test_a_failure_inside_a_slice_hands_the_other_partitions_records_once():
     clock.advance(0)
     assert seen == [(0, 0), (1, 0), (1, 1)]
     assert consumer.loop.commits == [(1, 1), (1, 2)]
+
+
+def test_a_member_of_a_joining_group_is_caught_up_once_the_whole_group_has_a_position():
+    """The cluster's groups get their first members one at a time: a member
+    whose own partitions are read is caught up (and its node accepts
+    clients) only once every partition of the topic has a committed offset
+    in the group, so that nothing is published where no member has a
+    position yet (it would start at the end and skip it)."""
+    bus = FakeBus()
+    answers = [False, False, True]
+    asked = []
+
+    def group_positioned(consumer):
+        asked.append(consumer.group)
+        return defer.succeed(answers.pop(0))
+
+    bus.group_positioned = group_positioned
+    consumer = KafkaConsumer(bus, "t", "g", lambda record: None, r.BYTES, 10, 10,
+                             group_wide=True)
+    consumer.loop = FakeLoop()
+    consumer._assigned([0])
+    consumer._batch([], [0])  # its own partition read to the end
+    assert asked == ["g"] and not consumer.caught_up.called
+    bus.clock.advance(KafkaConsumer.GROUP_CHECK_EVERY)
+    assert len(asked) == 2 and not consumer.caught_up.called
+    bus.clock.advance(KafkaConsumer.GROUP_CHECK_EVERY)
+    assert len(asked) == 3 and consumer.caught_up.called
+    exclusive = KafkaConsumer(bus, "t", "n", lambda record: None, r.BYTES, 10, 10)
+    exclusive.loop = FakeLoop()
+    exclusive._assigned([0])
+    exclusive._batch([], [0])
+    assert exclusive.caught_up.called and len(asked) == 3  # its group is itself

@@ -158,6 +158,7 @@ class KafkaBus:
         self._consumers: set[KafkaConsumer] = set()
         self._shared: dict[str, SharedLoop] = {}  # by Kafka group id (exclusive, bundles)
         self._keys: dict[KafkaConsumer, str | None] = {}  # its key in _shared
+        self._group_ids: dict[KafkaConsumer, str] = {}  # its Kafka group id
         self._expected: dict[KafkaConsumer, tuple] = {}  # (SharedLoop, loop) until its topic exists
         self._bundled: dict[tuple[str, str], str] = {}  # (Kafka group id, topic) -> group
         self._unacknowledged = False  # the last outcome was a failure
@@ -417,7 +418,8 @@ class KafkaBus:
                 raise ValueError(f"bundle {bundle!r}: {topic} is group {known!r}'s, "
                                  f"not {group!r}'s")
         consumer = KafkaConsumer(self, topic, group, handler, codec, self.max_uncommitted,
-                                 buffer_limit=2 * config.max_poll_records)
+                                 buffer_limit=2 * config.max_poll_records,
+                                 group_wide=not exclusive)
         loop = ConsumerLoop(
             self.clock, consumer, exclusive=exclusive, from_beginning=from_beginning,
             durable=self.catalogue.durable(topic), timeout=config.request_timeout_ms / 1000.0,
@@ -431,6 +433,7 @@ class KafkaBus:
         else:
             key = group_id
         self._keys[consumer] = key
+        self._group_ids[consumer] = group_id
         shared = self._shared_loop(key, group_id, not exclusive)
         shared.expect(loop)
         self._expected[consumer] = (shared, loop)
@@ -453,6 +456,23 @@ class KafkaBus:
             if key is not None:
                 self._shared[key] = shared
         return shared
+
+    def group_positioned(self, consumer: KafkaConsumer) -> defer.Deferred:
+        """Whether every partition of ``consumer``'s topic has a committed
+        offset in its Kafka group (asked in the worker thread).
+
+        :returns: a Deferred firing with a bool (failing while Kafka fails).
+        """
+        if self._worker is None:
+            return defer.succeed(False)
+        group_id = self._group_ids.get(consumer) or kafka_group(consumer.topic, consumer.group)
+
+        def ask() -> bool:
+            partitions = self._producer.prepare(consumer.topic)
+            found = self._admin.committed(group_id, consumer.topic, list(range(partitions)))
+            return all(offset is not None for offset in found.values())
+
+        return self._worker.call(ask)
 
     def _share(self, share: tuple, loop: ConsumerLoop, topic: str) -> None:
         """Have the shared thread of ``share`` (the :class:`SharedLoop`
@@ -488,6 +508,7 @@ class KafkaBus:
     def _forget(self, consumer: KafkaConsumer) -> None:
         self._consumers.discard(consumer)
         self._keys.pop(consumer, None)
+        self._group_ids.pop(consumer, None)
         expected = self._expected.pop(consumer, None)
         if expected is not None:  # stopped before its topic existed
             expected[0].forget(expected[1])

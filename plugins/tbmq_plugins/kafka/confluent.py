@@ -23,7 +23,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, KafkaError,
+                             KafkaException, TopicPartition)
 from confluent_kafka import Producer as _Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from twisted.logger import Logger
@@ -95,6 +96,14 @@ class Admin(drivers.Admin):
             except KafkaException as e:
                 if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
+
+    def committed(self, group: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
+        request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p)
+                                                       for p in partitions])
+        futures = self._client.list_consumer_group_offsets([request],
+                                                           request_timeout=self._timeout)
+        found = futures[group].result(timeout=self._timeout * 2)
+        return {tp.partition: offset for tp, offset in _committed(found.topic_partitions)}
 
     def close(self) -> None:
         self._client = None

@@ -171,8 +171,12 @@ class KafkaConsumer:
         published from then on reaches the group.
     """
 
+    #: seconds between two questions whether the whole group is positioned
+    GROUP_CHECK_EVERY = 0.2
+
     def __init__(self, bus: Any, topic: str, group: str, handler: Callable,
-                 codec: Any, max_uncommitted: int, buffer_limit: int) -> None:
+                 codec: Any, max_uncommitted: int, buffer_limit: int,
+                 group_wide: bool = False) -> None:
         self.bus = bus
         self.topic = topic
         self.group = group
@@ -195,6 +199,10 @@ class KafkaConsumer:
         self._closed_d: defer.Deferred | None = None
         self._redelivery = Redelivery(self._reactor,
                                       f"Kafka consumer group {group} of {topic}")
+        #: a group that joins: caught up only once the whole group has a
+        #: position (see :meth:`_check_caught_up`)
+        self._group_ready = not group_wide
+        self._group_asking = False
 
     @property
     def positioned(self) -> bool:
@@ -410,4 +418,34 @@ class KafkaConsumer:
     def _check_caught_up(self) -> None:
         if (not self.caught_up.called and self._has_assignment and not self.stopped
                 and all(t.caught_up or not t.live for t in self._tracks.values())):
-            self.caught_up.callback(None)
+            if self._group_ready:
+                self.caught_up.callback(None)
+            elif not self._group_asking:
+                self._ask_group()
+
+    def _ask_group(self) -> None:
+        """A group that joins is caught up once **every** partition of the
+        topic has a position in the group (a committed offset), not only
+        this member's: the cluster's groups get their first members one at
+        a time, and a member starts a partition the group never committed
+        at its end, so a record published to a partition no member holds
+        yet would be skipped.  The node accepts clients only once its
+        groups are caught up (``Broker.start``), so nothing it publishes
+        goes where no member has a position.  Asked every
+        :data:`GROUP_CHECK_EVERY` seconds (the bus's
+        :meth:`~.bus.KafkaBus.group_positioned`, in its worker thread)."""
+        self._group_asking = True
+
+        def answered(ready: bool) -> None:
+            self._group_asking = False
+            if ready:
+                self._group_ready = True
+                self._check_caught_up()
+            elif not self.stopped:
+                self._group_asking = True
+                self._reactor.callLater(self.GROUP_CHECK_EVERY, self._ask_group)
+
+        def failed(failure) -> None:
+            answered(False)
+
+        self.bus.group_positioned(self).addCallbacks(answered, failed)

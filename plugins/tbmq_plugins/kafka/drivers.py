@@ -82,6 +82,14 @@ class Admin:
         """
         raise NotImplementedError
 
+    def committed(self, group: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
+        """The offsets Kafka group ``group`` committed on ``topic``.
+
+        :returns: partition → offset, None where the group has none.
+        :raises Exception: the client's error (no answer, a partition's error).
+        """
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 

@@ -84,6 +84,15 @@ class Admin(drivers.Admin):
             except TopicAlreadyExistsError:
                 pass
 
+    def committed(self, group: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
+        found = self._client.list_group_offsets(
+            {group: [TopicPartition(topic, p) for p in partitions]})[group]
+        out: dict[int, int | None] = dict.fromkeys(partitions)
+        for tp, meta in found.items():
+            if tp.topic == topic and meta is not None and meta.offset >= 0:
+                out[tp.partition] = meta.offset
+        return out
+
     def close(self) -> None:
         self._client.close()
 
