@@ -91,7 +91,7 @@ class IMessageBus(IBackend):
             out).  A synchronous caller never sees these raised.
         """
 
-    def subscribe(topic, group, handler, from_beginning=False, exclusive=False):
+    def subscribe(topic, group, handler, from_beginning=False, exclusive=False, bundle=None):
         """Consume ``topic`` as one member of consumer group ``group``.
 
         The topic's partitions are shared among the group's live members;
@@ -118,6 +118,17 @@ class IMessageBus(IBackend):
             partitions assigned directly, reading from the group's committed
             offsets, which takes milliseconds where a join takes seconds);
             the in-process bus ignores it.
+        :param bundle: ``str`` or None: the name of a set of groups, one
+            per topic, that the nodes join together (TBMQ's cluster-wide
+            groups, :data:`tbmq.cluster.topics.CLUSTER_BUNDLE`).  A bus may
+            then read a node's subscriptions of one bundle with one client,
+            as one member of one group over their topics (Kafka: one
+            consumer, one fetch for all; the group is joined once for the
+            subscriptions made together, a later one costs a rebalance).
+            Each subscription keeps its own records, commits, pause,
+            ``caught_up`` and stop.  Another group may not take a topic of
+            the bundle (:class:`ValueError`, where the bus can tell).  The
+            in-process bus ignores it, and so does ``exclusive``.
         :returns: an :class:`IConsumer`.
         """
 

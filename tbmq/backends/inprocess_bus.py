@@ -356,11 +356,13 @@ class InProcessBus:
     # -- subscribe ------------------------------------------------------------------------
 
     def subscribe(self, topic: str, group: str, handler: Handler,
-                  from_beginning: bool = False, exclusive: bool = False) -> Consumer:
+                  from_beginning: bool = False, exclusive: bool = False,
+                  bundle: str | None = None) -> Consumer:
         """Join ``group`` on ``topic``; see
         :meth:`tbmq.interfaces.IMessageBus.subscribe`.  Records are handed
         from the next reactor turn on (never inside this call).
-        ``exclusive`` changes nothing here: joining a group costs nothing.
+        ``exclusive`` and ``bundle`` change nothing here: joining a group
+        costs nothing.
 
         :returns: the :class:`Consumer`.
         :raises RecordEncodingError: in the encoding mode, or for a durable

@@ -29,7 +29,7 @@ from tbmq.cluster.session_events import SessionEvents
 from tbmq.cluster.sinks import (
     ApplicationReader, DownlinkReader, PersistedWriter, Sinks, write_marker,
 )
-from tbmq.cluster.topics import TopicCatalogue, node_group
+from tbmq.cluster.topics import CLUSTER_BUNDLE, TopicCatalogue, node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.plugins import first_result, log_plugins
 
@@ -236,7 +236,10 @@ class Broker:
         bus = self.bus
         writer = self.persisted_writer
         writer.consumer = bus.subscribe(self.topics.msg_persisted, "tbmq-msg-persisted",
-                                        writer.handle)
+                                        writer.handle, bundle=CLUSTER_BUNDLE)
+        # the cluster bundle's groups are joined together (one Kafka join);
+        # the session events' member waits, paused, for the registry replay
+        self.events.join()
         reader = self.downlink_reader
         group = node_group(self.service_id)
         reader.basic = bus.subscribe(self.topics.downlink_basic(self.service_id), group,

@@ -17,7 +17,7 @@ from tbmq.broker.retained import RetainedTree
 from tbmq.broker.trie import SubscriptionTrie
 from tbmq.cluster.records import Delivery
 from tbmq.cluster.sinks import Sinks
-from tbmq.cluster.topics import node_group
+from tbmq.cluster.topics import CLUSTER_BUNDLE, node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, SubscriptionOptions
 
@@ -120,14 +120,16 @@ class Router:
 
     def start(self):
         """Join the consumer groups of ``tbmq.msg.all`` (one group for the
-        whole cluster) and ``tbmq.msg.retained`` (one group per node, read
-        from the beginning: on Kafka a node that joins learns every retained
-        message there).
+        whole cluster, in the cluster bundle: see
+        :data:`~tbmq.cluster.topics.CLUSTER_BUNDLE`) and
+        ``tbmq.msg.retained`` (one group per node, read from the beginning:
+        on Kafka a node that joins learns every retained message there).
 
         :returns: a Deferred that fires once ``tbmq.msg.retained`` is replayed.
         """
         bus = self.bus
-        self.consumer = bus.subscribe(self.topics.msg_all, "tbmq-msg-all", self._on_message)
+        self.consumer = bus.subscribe(self.topics.msg_all, "tbmq-msg-all", self._on_message,
+                                      bundle=CLUSTER_BUNDLE)
         self.retained_consumer = bus.subscribe(
             self.topics.msg_retained, node_group(self.service_id), self._on_retained,
             from_beginning=True, exclusive=True)

@@ -43,7 +43,7 @@ from tbmq.cluster.records import (
     SessionEvent,
     SessionEventResponse,
 )
-from tbmq.cluster.topics import node_group
+from tbmq.cluster.topics import CLUSTER_BUNDLE, node_group
 from tbmq.errors import BusPublishError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
@@ -100,19 +100,35 @@ class SessionEvents:
         self._request_prefix = os.urandom(6).hex() + "-"
         self._requests = 0
         self.consumers: list = []
+        self._deciding = None
+
+    def join(self) -> None:
+        """Join the deciding group (``tbmq-session-events``, in the cluster
+        bundle, :data:`~tbmq.cluster.topics.CLUSTER_BUNDLE`), paused: the
+        node joins its cluster groups together, but decides nothing before
+        :meth:`start` (after the registry replay: a decision reads the
+        registry).  Idempotent."""
+        if self._deciding is None:
+            self._deciding = self.bus.subscribe(
+                self.topics.session_event_request, "tbmq-session-events", self._decide,
+                bundle=CLUSTER_BUNDLE)
+            self._deciding.pause()
+            self.consumers = [self._deciding]
 
     def start(self) -> None:
-        """Join the deciding group and follow this node's answer and
-        disconnect topics."""
+        """Decide (the deciding group joined by :meth:`join` if it was not)
+        and follow this node's answer and disconnect topics."""
+        self.join()
         bus, topics, sid = self.bus, self.topics, self.service_id
         self.consumers = [
-            bus.subscribe(topics.session_event_request, "tbmq-session-events", self._decide),
+            self._deciding,
             bus.subscribe(topics.session_event_response(sid), node_group(sid),
                           self._on_response, exclusive=True),
             bus.subscribe(topics.client_disconnect(sid), node_group(sid),
                           self._on_disconnect, exclusive=True),
         ]
         self.registry.listeners.append(self.on_registry_change)
+        self._deciding.resume()
 
     # -- asking -----------------------------------------------------------------------
 

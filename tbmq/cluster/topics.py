@@ -53,7 +53,8 @@ import re
 from tbmq.cluster import records
 from tbmq.errors import RecordEncodingError
 
-__all__ = ["MAX_TOPIC_LENGTH", "TopicCatalogue", "hashed_name", "node_group", "safe_name"]
+__all__ = ["CLUSTER_BUNDLE", "MAX_TOPIC_LENGTH", "TopicCatalogue", "hashed_name", "node_group",
+           "safe_name"]
 
 #: Kafka's longest topic name.
 MAX_TOPIC_LENGTH = 249
@@ -116,6 +117,14 @@ def safe_name(part: str, room: int = MAX_TOPIC_LENGTH) -> str:
     if len(part) <= room and _SAFE.match(part) and not _HASHED.match(part):
         return part
     return hashed_name(part)
+
+
+#: The bundle (:meth:`tbmq.interfaces.IMessageBus.subscribe`) of the groups
+#: every node joins: ``tbmq-msg-all`` on ``tbmq.msg.all``,
+#: ``tbmq-msg-persisted`` on ``tbmq.msg.persisted`` and
+#: ``tbmq-session-events`` on ``tbmq.client.session.event.request``; a node
+#: subscribes them together at its start (the Kafka bus: one consumer).
+CLUSTER_BUNDLE = "tbmq-cluster"
 
 
 def node_group(service_id: str) -> str:

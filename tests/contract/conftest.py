@@ -83,10 +83,18 @@ class BusEnv:
         """Publish from the bus's thread; :returns: what publish returned."""
         return self.call(bus.publish, topic, key, value, headers)
 
-    def subscribe(self, bus, topic, group, handler, from_beginning=False, exclusive=False):
+    def subscribe(self, bus, topic, group, handler, from_beginning=False, exclusive=False,
+                  bundle=None):
         """Subscribe from the bus's thread.  ``exclusive`` is the test's
         promise that ``group`` never gets a second member."""
-        return self.call(bus.subscribe, topic, group, handler, from_beginning, exclusive)
+        return self.call(bus.subscribe, topic, group, handler, from_beginning, exclusive,
+                         bundle)
+
+    def another_node(self, bus, **options):
+        """:returns: the bus as another node of the cluster sees it: ``bus``
+        itself in process (one bus is the whole cluster), a new started bus
+        on the same brokers for Kafka (its own clients)."""
+        return bus
 
     def close(self) -> None:
         for bus in self.buses:
@@ -198,8 +206,13 @@ class KafkaEnv(BusEnv):
         config = dataclasses.replace(self.config, partitions=partitions)
         return KafkaBus(config, clock=self.rt.reactor, **options)
 
-    def subscribe(self, bus, topic, group, handler, from_beginning=False, exclusive=False):
-        consumer = super().subscribe(bus, topic, group, handler, from_beginning, exclusive)
+    def another_node(self, bus, **options):
+        return self.bus(**options)
+
+    def subscribe(self, bus, topic, group, handler, from_beginning=False, exclusive=False,
+                  bundle=None):
+        consumer = super().subscribe(bus, topic, group, handler, from_beginning, exclusive,
+                                     bundle)
         self.consumers.append(consumer)
         return consumer
 

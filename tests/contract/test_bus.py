@@ -9,6 +9,7 @@ join); the tests of groups with several members, and a few single members
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 
 import pytest
@@ -608,14 +609,91 @@ def test_exclusive_subscriptions_of_one_group_on_several_topics_are_independent(
     publish_all(env, bus, second, [("c1", command)])
     env.wait_until(lambda: len(got_first) == 4 and len(got_second) == 1)
     assert values(got_second) == [command]
-    env.run(env.call(one.stop))  # the other topic's member goes on
+    stop_one_the_other_goes_on(
+        env, bus, one, (first, second), (got_first, got_second),
+        lambda handler: env.subscribe(bus, first, "node", handler, exclusive=True))
+
+
+def stop_one_the_other_goes_on(env, bus, one, topics, got, subscribe_again) -> None:
+    """Stop ``one`` (of ``topics[0]``, which has handled ``b"0"``..``b"3"``
+    into ``got[0]``): the subscription of ``topics[1]`` reads on; the
+    stopped one, subscribed again (``subscribe_again(handler)``), reads from
+    its committed offsets."""
+    first, second = topics
+    got_first, got_second = got
+    env.run(env.call(one.stop))
     publish_all(env, bus, first, [("k9", b"after")])
     publish_all(env, bus, second, [("c3", r.DisconnectCommand("c3", "2" * 32, 0x8E))])
     env.wait_until(lambda: any(rec.key == "c3" for rec in got_second))
     env.settle()
     assert sorted(values(got_first)) == [b"0", b"1", b"2", b"3"]
-    again: list = []  # the stopped topic, subscribed again: from its committed offsets
-    env.subscribe(bus, first, "node", collector(again), exclusive=True)
+    again: list = []
+    subscribe_again(collector(again))
     env.wait_until(lambda: len(again) == 1)
     env.settle()
     assert values(again) == [b"after"]
+
+
+def bundle_threads() -> list:
+    """The Kafka bus's consumer threads (none in process)."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("tbmq-kafka-consumer")]
+
+
+def test_the_joining_groups_of_a_bundle_are_independent(env):
+    """The groups a node joins together (a bundle: the Kafka bus reads them
+    with one client, one member of one Kafka group over their topics) keep
+    their own records, commits, pause and stop."""
+    bus = env.bus(partitions=2)
+    c = env.catalogue
+    first, second = c.events, c.client_disconnect("node-b")
+    got_first: list = []
+    got_second: list = []
+    one = env.subscribe(bus, first, "ga", collector(got_first), bundle="bundle")
+    two = env.subscribe(bus, second, "gb", collector(got_second), bundle="bundle")
+    env.run(one.caught_up)
+    env.run(two.caught_up)
+    env.settle()
+    if env.name.startswith("kafka"):  # one client, one thread for both
+        threads = bundle_threads()
+        assert threads.count(f"tbmq-kafka-consumer {c.prefix}bundle") == 1
+        assert not [name for name in threads if f"@{first}" in name or f"@{second}" in name]
+    env.call(one.pause)
+    pending = [env.publish(bus, first, "k%d" % i, b"%d" % i) for i in range(4)]
+    command = r.DisconnectCommand("c1", "1" * 32, 0x8E)
+    publish_all(env, bus, second, [("c1", command)])
+    env.wait_until(lambda: len(got_second) == 1)
+    env.settle()
+    assert got_first == [] and values(got_second) == [command]  # the paused one waits
+    env.call(one.resume)
+    env.wait_until(lambda: len(got_first) == 4)
+    for d in pending:
+        env.run(d)
+    stop_one_the_other_goes_on(
+        env, bus, one, (first, second), (got_first, got_second),
+        lambda handler: env.subscribe(bus, first, "ga", handler, bundle="bundle"))
+
+
+def test_a_bundle_joined_later_on_another_node_shares_the_partitions_of_each_topic(env):
+    bus = env.bus(partitions=4)
+    c = env.catalogue
+    first, second = c.events, c.client_disconnect("node-b")
+    got = {(node, topic): [] for node in (1, 2) for topic in (first, second)}
+    for topic, group in ((first, "ga"), (second, "gb")):
+        env.subscribe(bus, topic, group, collector(got[1, topic]), bundle="bundle")
+    env.settle()
+    other = env.another_node(bus, partitions=4)
+    for topic, group in ((first, "ga"), (second, "gb")):
+        env.subscribe(other, topic, group, collector(got[2, topic]), bundle="bundle")
+    env.settle()
+    events = [(f"k{i}", b"%d" % i) for i in range(100)]
+    commands = [(f"c{i}", r.DisconnectCommand(f"c{i}", "1" * 32, 0x8E)) for i in range(100)]
+    publish_all(env, bus, first, events)
+    publish_all(env, other, second, commands)
+    for topic, items in ((first, events), (second, commands)):
+        env.wait_until(lambda: len(got[1, topic]) + len(got[2, topic]) >= len(items))
+    env.settle()
+    for topic, items in ((first, events), (second, commands)):
+        one, two = got[1, topic], got[2, topic]
+        assert sorted(rec.key for rec in one + two) == sorted(k for k, _ in items)
+        assert one and two, topic  # each node has partitions of each topic
+        assert not {rec.partition for rec in one} & {rec.partition for rec in two}

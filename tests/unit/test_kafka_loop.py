@@ -1,6 +1,7 @@
-"""The consumer thread of the Kafka bus (tbmq_plugins.kafka.loop) on a
+"""The consumer threads of the Kafka bus (tbmq_plugins.kafka.loop) on a
 scripted client: where partitions start, what is committed and when, the
-records below a fetched end skipped, pause and resume, rebalances, stop."""
+records below a fetched end skipped, pause and resume, rebalances, stop, and
+several subscriptions on one client."""
 
 from __future__ import annotations
 
@@ -9,13 +10,21 @@ import time
 
 import pytest
 
-from tbmq_plugins.kafka.drivers import ConsumerClient, RawRecord
-from tbmq_plugins.kafka.loop import ConsumerLoop
+from tbmq_plugins.kafka.drivers import RawRecord, SharedClient
+from tbmq_plugins.kafka.loop import ConsumerLoop, SharedLoop
 from tests.unit.test_kafka_bus import QueueReactor
 
+T = "t"
 
-class ScriptedClient(ConsumerClient):
-    """Answers polls from a queue the test fills; records every call."""
+
+def tps(partitions, topic=T) -> dict:
+    """``{p: value}`` as the client sees it: ``{(topic, p): value}``."""
+    return {(topic, p): v for p, v in partitions.items()}
+
+
+class ScriptedClient(SharedClient):
+    """Answers polls from a queue the test fills; records every call (with
+    the partitions of topic :data:`T` as ``int``, the others as tuples)."""
 
     def __init__(self, partitions=(0, 1), committed=None, reported_end=2) -> None:
         self._partitions = list(partitions)
@@ -27,52 +36,66 @@ class ScriptedClient(ConsumerClient):
         self.on_assign = self.on_revoke = None
         self.seek_fails = 0
 
-    def partitions(self):
+    @staticmethod
+    def _plain(tps_):
+        return {(p if t == T else (t, p)): v for (t, p), v in tps_.items()}
+
+    @staticmethod
+    def _list(tps_):
+        return sorted(p if t == T else (t, p) for t, p in tps_)
+
+    def partitions(self, topic):
         return self._partitions
 
-    def subscribe(self, on_assign, on_revoke):
+    def add(self, offsets):
+        self.calls.append(("start_at", self._plain(offsets), True))
+
+    def remove(self, tps_):
+        self.calls.append(("remove", self._list(tps_)))
+
+    def subscribe(self, topics, on_assign, on_revoke):
         self.on_assign, self.on_revoke = on_assign, on_revoke
-        self.calls.append(("subscribe",))
-
-    def start_at(self, offsets, assign):
-        self.calls.append(("start_at", dict(offsets), assign))
-
-    def committed(self, partitions):
-        return {p: self._committed.get(p) for p in partitions}
-
-    def first_offsets(self, partitions):
-        return {p: 0 for p in partitions}
-
-    def end_offsets(self, partitions):
-        return {p: self._reported_end for p in partitions}
-
-    def high_watermarks(self, partitions):
-        return {p: self.high[p] for p in partitions if p in self.high}
-
-    def poll(self, timeout, max_records, want_ends):
-        self.calls.append(("want", sorted(want_ends)))
-        try:
-            step = self.polls.get(timeout=timeout)
-        except queue.Empty:
-            return [], {}
-        if callable(step):
-            return step()
-        return step
-
-    def commit(self, offsets, wait):
-        self.calls.append(("commit", dict(offsets), wait))
+        self.calls.append(("subscribe", list(topics)))
 
     def seek(self, offsets):
-        self.calls.append(("seek", dict(offsets)))
+        self.calls.append(("seek", self._plain(offsets)))
         if self.seek_fails:
             self.seek_fails -= 1
             raise RuntimeError("Local: Erroneous state")
 
-    def pause(self, partitions):
-        self.calls.append(("pause", sorted(partitions)))
+    def committed(self, tps_):
+        return {(t, p): self._committed.get(p if t == T else (t, p)) for t, p in tps_}
 
-    def resume(self, partitions):
-        self.calls.append(("resume", sorted(partitions)))
+    def first_offsets(self, tps_):
+        return {tp: 0 for tp in tps_}
+
+    def end_offsets(self, tps_):
+        return {tp: self._reported_end for tp in tps_}
+
+    def high_watermarks(self, tps_):
+        return {(t, p): self.high[p] for t, p in tps_ if p in self.high}
+
+    def poll(self, timeout, max_records, want_ends):
+        self.calls.append(("want", self._list(want_ends)))
+        try:
+            step = self.polls.get(timeout=timeout)
+        except queue.Empty:
+            return {}, {}
+        if callable(step):
+            step = step()
+        records, ends = step
+        if isinstance(records, list):
+            records = {T: records} if records else {}
+        return records, {(k if isinstance(k, tuple) else (T, k)): v for k, v in ends.items()}
+
+    def commit(self, offsets, wait):
+        self.calls.append(("commit", self._plain(offsets), wait))
+
+    def pause(self, tps_):
+        self.calls.append(("pause", self._list(tps_)))
+
+    def resume(self, tps_):
+        self.calls.append(("resume", self._list(tps_)))
 
     def close(self):
         self.calls.append(("close",))
@@ -100,13 +123,22 @@ class Sink:
         self.closed = True
 
 
+def member(reactor, exclusive=True, from_beginning=False, durable=False):
+    sink = Sink()
+    loop = ConsumerLoop(reactor, sink, exclusive=exclusive, from_beginning=from_beginning,
+                        durable=durable, timeout=2.0, name="test")
+    return loop, sink
+
+
+def shared(client, reactor, exclusive=True, stuck=60.0) -> SharedLoop:
+    return SharedLoop(reactor, lambda: client, joining=not exclusive, max_records=100,
+                      timeout=2.0, grace=0.0, stuck=stuck, name="test")
+
+
 def start(client, exclusive=True, from_beginning=False, durable=False, stuck=60.0):
     reactor = QueueReactor()
-    sink = Sink()
-    loop = ConsumerLoop(reactor, lambda: client, sink, exclusive=exclusive,
-                        from_beginning=from_beginning, durable=durable, max_records=100,
-                        timeout=2.0, grace=0.0, stuck=stuck, name="test")
-    loop.start()
+    loop, sink = member(reactor, exclusive, from_beginning, durable)
+    shared(client, reactor, exclusive, stuck).add(loop, T)
     return loop, sink, reactor
 
 
@@ -139,7 +171,7 @@ def test_a_new_group_starts_at_the_fetched_end_and_skips_what_was_there():
     reactor.wait(lambda: len(sink.batches) == 2)
     assert sink.batches[1] == ([(0, 5), (0, 6)], [])
     stop(loop, sink, reactor)
-    assert client.calls[-1] == ("close",)
+    assert client.calls[-1] == ("remove", [0, 1])  # the client is closed once idle
 
 
 def test_a_new_group_of_a_durable_topic_starts_at_the_first_offsets_at_once_committed():
@@ -190,9 +222,8 @@ def test_the_reactor_asks_and_the_thread_does_between_polls():
     reactor.wait(lambda: ("resume", [0, 1]) in client.calls)
     loop.commit(1, 2)
     stop(loop, sink, reactor)
-    done = client.calls[-2:]
-    assert done in ([("commit", {1: 2}, True), ("close",)],
-                    [("commit", {1: 2}, False), ("close",)])
+    # the last commit waits, for what was committed without waiting too
+    assert client.calls[-2:] == [("commit", {0: 5, 1: 2}, True), ("remove", [0, 1])]
 
 
 def test_a_partition_is_read_again_from_the_offset_the_reactor_asks():
@@ -221,18 +252,19 @@ def test_a_partition_revoked_before_its_seek_is_not_sought():
     client = ScriptedClient(committed={0: 10, 1: 20})
     loop, sink, reactor = start(client, exclusive=False)
     reactor.wait(lambda: client.on_assign is not None)
-    client.polls.put(lambda: (client.on_assign([0, 1]), ([], {0: 10, 1: 20}))[1])
+    client.polls.put(lambda: (client.on_assign([(T, 0), (T, 1)]), ([], {0: 10, 1: 20}))[1])
     reactor.wait(lambda: sink.batches)
+    positioned = [call for call in client.calls if call[0] == "seek"]  # by the assignment
 
     def rebalance():
         loop.seek(0, 10)  # asked just before the partition went
-        client.on_revoke([0])
+        client.on_revoke([(T, 0)])
         return [], {}
 
     client.polls.put(rebalance)
     reactor.wait(lambda: sink.revoked)
     time.sleep(0.2)
-    assert not [call for call in client.calls if call[0] == "seek"]
+    assert [call for call in client.calls if call[0] == "seek"] == positioned
     assert sink.assigned == [[0, 1]]
     stop(loop, sink, reactor)
 
@@ -256,20 +288,20 @@ def test_a_rebalance_asks_the_reactor_and_commits_before_the_partitions_go():
     client = ScriptedClient(committed={0: 10, 1: 20})
     loop, sink, reactor = start(client, exclusive=False)
     reactor.wait(lambda: client.on_assign is not None)
-    client.polls.put(lambda: (client.on_assign([0, 1]), ([], {0: 10, 1: 20}))[1])
+    client.polls.put(lambda: (client.on_assign([(T, 0), (T, 1)]), ([], {0: 10, 1: 20}))[1])
     reactor.wait(lambda: sink.batches)
     assert sink.assigned == [[0, 1]] and sink.batches == [([], [0, 1])]
     taken: list = []
 
     def rebalance():
         loop.commit(0, 12)  # what the reactor finished just before
-        taken.append(client.on_revoke([0, 1]))  # asks the reactor, waits
-        client.on_assign([1])
+        taken.append(client.on_revoke([(T, 0), (T, 1)]))  # asks the reactor, waits
+        client.on_assign([(T, 1)])
         return records(0, [12]) + records(1, [20]), {1: 21}
 
     client.polls.put(rebalance)
     reactor.wait(lambda: len(sink.batches) == 2)
-    assert sink.revoked == [[0, 1]] and taken == [{0: 12}]  # for the driver to commit
+    assert sink.revoked == [[0, 1]] and taken == [{(T, 0): 12}]  # for the driver to commit
     assert sink.assigned[-1] == [1]
     # partition 0 went: its record read before the rebalance is not handed
     assert sink.batches[1] == ([(1, 20)], [1])
@@ -285,7 +317,7 @@ def test_a_member_stopping_finishes_a_rebalance_under_way_before_it_leaves():
     loop.stop()
     time.sleep(0.3)
     assert not sink.closed  # still in the rebalance: not leaving now
-    client.polls.put(lambda: (client.on_assign([0]), ([], {}))[1])
+    client.polls.put(lambda: (client.on_assign([(T, 0)]), ([], {}))[1])
     reactor.wait(lambda: sink.closed)
     assert client.calls[-1] == ("close",)
 
@@ -293,15 +325,130 @@ def test_a_member_stopping_finishes_a_rebalance_under_way_before_it_leaves():
 def test_a_member_without_an_assignment_for_too_long_joins_again():
     client = ScriptedClient()
     loop, sink, reactor = start(client, exclusive=False, stuck=0.3)
-    reactor.wait(lambda: client.calls.count(("subscribe",)) == 2)
-    first = client.calls.index(("subscribe",))
+    reactor.wait(lambda: client.calls.count(("subscribe", [T])) == 2)
+    first = client.calls.index(("subscribe", [T]))
     assert ("close",) in client.calls[first:]  # left, then joined as a new member
-    client.polls.put(lambda: (client.on_assign([0, 1]), ([], {0: 0, 1: 0}))[1])
+    client.polls.put(lambda: (client.on_assign([(T, 0), (T, 1)]), ([], {0: 0, 1: 0}))[1])
     reactor.wait(lambda: sink.batches)
     assert sink.assigned == [[0, 1]]
     time.sleep(0.5)
-    assert client.calls.count(("subscribe",)) == 2  # assigned: no more rejoining
+    assert client.calls.count(("subscribe", [T])) == 2  # assigned: no more rejoining
     stop(loop, sink, reactor)
+
+
+def joined_on_t_and_u(client):
+    """Two joining subscriptions, of topics T and ``u``, on one client,
+    joined.  :returns: the reactor, the SharedLoop and each ``(loop, sink)``."""
+    reactor = QueueReactor()
+    loop = shared(client, reactor, exclusive=False)
+    members = [member(reactor, exclusive=False) for _topic in (T, "u")]
+    for (one, _sink), topic in zip(members, (T, "u")):
+        loop.add(one, topic)
+    reactor.wait(lambda: client.on_assign is not None)
+    return reactor, loop, *members
+
+
+def test_joining_subscriptions_made_together_are_one_member_over_their_topics():
+    """A bundle's subscriptions: one subscribe for both topics (gathered),
+    each topic's partitions and records to its own subscription, pause and
+    stop of one leave the other reading."""
+    client = ScriptedClient(committed={0: 0, 1: 0, ("u", 0): 5})
+    reactor, loop, (first, first_sink), (second, second_sink) = joined_on_t_and_u(client)
+    assert [c for c in client.calls if c[0] == "subscribe"] == [("subscribe", [T, "u"])]
+    client.polls.put(lambda: (client.on_assign([(T, 0), (T, 1), ("u", 0)]),
+                              ({}, {0: 0, 1: 0, ("u", 0): 5}))[1])
+    reactor.wait(lambda: first_sink.batches and second_sink.batches)
+    assert first_sink.assigned == [[0, 1]] and second_sink.assigned == [[0]]
+    assert ("seek", {("u", 0): 5}) in client.calls
+    second.want_paused = True
+    reactor.wait(lambda: ("pause", [("u", 0)]) in client.calls)
+    assert not any(c[0] == "pause" and 0 in c[1] for c in client.calls)  # T reads on
+    client.polls.put(({T: records(0, [0, 1]), "u": []}, {}))
+    reactor.wait(lambda: len(first_sink.batches) == 2)
+    assert first_sink.batches[1] == ([(0, 0), (0, 1)], [])
+    second.commit(0, 6)
+    stop(second, second_sink, reactor)  # its commit, then the topic leaves the subscription
+    assert ({("u", 0): 6}, True) in commits(client)
+    reactor.wait(lambda: ("subscribe", [T]) in client.calls)
+    assert ("close",) not in client.calls
+    client.polls.put(lambda: (client.on_revoke([(T, 0), (T, 1), ("u", 0)]),
+                              client.on_assign([(T, 0), (T, 1)]),
+                              ({T: records(1, [0])}, {}))[2])
+    reactor.wait(lambda: len(first_sink.batches) == 3)
+    assert first_sink.batches[2] == ([(1, 0)], [])
+    assert second_sink.revoked == []  # stopped: not asked any more
+    stop(first, first_sink, reactor)  # the last one: the client leaves the group
+    assert client.calls[-1] == ("close",)
+
+
+def test_a_joining_subscription_of_a_topic_the_client_holds_takes_its_partitions():
+    """A topic stopped and subscribed again before the group rebalanced:
+    the new subscription positions what the client still holds."""
+    client = ScriptedClient(committed={0: 3, ("u", 0): 0})
+    reactor, loop, (first, first_sink), _other = joined_on_t_and_u(client)
+    client.polls.put(lambda: (client.on_assign([(T, 0), ("u", 0)]), ({}, {}))[1])
+    reactor.wait(lambda: first_sink.assigned)
+    again, again_sink = member(reactor, exclusive=False)
+    first.stop()
+    loop.add(again, T)
+    reactor.wait(lambda: again_sink.assigned)
+    assert first_sink.closed and again_sink.assigned == [[0]]
+    assert client.calls.count(("seek", {0: 3})) == 2
+
+
+def test_a_nodes_bundle_is_one_client_and_one_kafka_group_over_its_topics():
+    import dataclasses
+
+    from tests.unit.test_kafka_bus import CONFIG, FakeDriver, fired, started
+
+    driver = FakeDriver()
+    clients: list = []
+
+    def make(config, group):
+        clients.append((group, ScriptedClient()))
+        return clients[-1][1]
+
+    driver.SharedClient = make
+    bus, reactor = started(driver, dataclasses.replace(CONFIG, heartbeat_interval_ms=100))
+    c = bus.catalogue
+    consumers = [bus.subscribe(c.msg_all, "tbmq-msg-all", lambda r: None, bundle="cluster"),
+                 bus.subscribe(c.msg_persisted, "tbmq-msg-persisted", lambda r: None,
+                               bundle="cluster")]
+    reactor.wait(lambda: clients and clients[0][1].on_assign is not None)
+    time.sleep(0.2)
+    assert [group for group, _client in clients] == ["p.cluster"]  # CONFIG's prefix
+    assert [call for call in clients[0][1].calls if call[0] == "subscribe"] == [
+        ("subscribe", sorted([c.msg_all, c.msg_persisted]))]
+    with pytest.raises(ValueError):  # one group per topic in a bundle
+        bus.subscribe(c.msg_all, "another", lambda r: None, bundle="cluster")
+    assert CONFIG.topic_prefix == "p."
+    client = clients[0][1]
+    client.polls.put(lambda: (client.on_assign([(c.msg_all, 0), (c.msg_persisted, 0)]),
+                              ({}, {}))[1])
+    reactor.wait(lambda: all(consumer._has_assignment for consumer in consumers))
+    d = bus.stop()
+    reactor.wait(lambda: d.called)
+    assert fired(d) == [None] and all(consumer.stopped for consumer in consumers)
+    assert clients[0][1].calls[-1] == ("close",)
+
+
+def test_a_client_that_cannot_change_its_topics_in_place_joins_again_without_one():
+    """kafka-python's rejoin with changed topics gets no assignment from
+    Tansu: a stopped topic closes the client, and a new one joins with the
+    topics left (from the committed offsets)."""
+    client = ScriptedClient(committed={0: 4, ("u", 0): 0})
+    client.resubscribes = False
+    reactor, loop, (first, first_sink), (second, second_sink) = joined_on_t_and_u(client)
+    client.polls.put(lambda: (client.on_assign([(T, 0), ("u", 0)]), ({}, {}))[1])
+    reactor.wait(lambda: first_sink.assigned and second_sink.assigned)
+    second.stop()
+    reactor.wait(lambda: ("subscribe", [T]) in client.calls and second_sink.closed)
+    calls = client.calls[client.calls.index(("close",)):]
+    assert ("subscribe", [T]) in calls and not first_sink.closed
+    client.polls.put(lambda: (client.on_assign([(T, 0)]), ({T: records(0, [4])}, {}))[1])
+    reactor.wait(lambda: len(first_sink.assigned) == 2 and first_sink.batches)
+    assert first_sink.batches[-1][0] == [(0, 4)]
+    stop(first, first_sink, reactor)
 
 
 def test_an_offset_fetch_error_for_a_partition_is_not_read_as_no_offset():
@@ -320,3 +467,20 @@ def test_an_offset_fetch_error_for_a_partition_is_not_read_as_no_offset():
         [(0, 7), (1, None)]
     with pytest.raises(KafkaException):
         _committed([Answer(0, 7), Answer(1, -1001, KafkaError(KafkaError.REBALANCE_IN_PROGRESS))])
+
+
+def test_what_was_committed_without_waiting_is_committed_again_before_partitions_go():
+    """An asynchronous commit under way when the group rebalances may fail
+    unseen: the start of a new group at the end of a partition never read
+    would be lost, and the next owner would skip what came meanwhile."""
+    client = ScriptedClient(reported_end=2)  # no committed offsets: a new group
+    loop, sink, reactor = start(client, exclusive=False)
+    reactor.wait(lambda: client.on_assign is not None)
+    client.polls.put(lambda: (client.on_assign([(T, 0), (T, 1)]), ([], {0: 5, 1: 2}))[1])
+    reactor.wait(lambda: ("commit", {0: 5, 1: 2}, False) in client.calls)
+    taken: list = []
+    client.polls.put(lambda: (taken.append(client.on_revoke([(T, 0)])), ([], {}))[1])
+    reactor.wait(lambda: taken)
+    assert taken == [{(T, 0): 5}]  # for the driver to commit, waiting
+    stop(loop, sink, reactor)
+    assert ("commit", {1: 2}, True) in client.calls  # the one left, at the stop

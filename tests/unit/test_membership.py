@@ -122,3 +122,36 @@ def test_a_gone_nodes_session_is_not_taken_over_once_the_client_connected_again(
     w.bus.publish(w.topics.session_event_request, "dev", SessionEvent(
         NODE_GONE, "dev", "node-b", "s-new", "r3", at=w.clock.seconds()))
     assert [i.service_id for i in taken] == ["node-b"]
+
+
+def test_the_deciding_member_joins_with_the_cluster_bundle_but_decides_after_start():
+    """A node subscribes its session-event member with its other cluster
+    groups (one Kafka join), paused: a request that comes before the
+    registry replay is decided once the node starts deciding."""
+    from tbmq.cluster.records import CONNECTION_REQUEST, SessionEvent
+    from tbmq.cluster.session_events import SessionEvents
+    from tbmq.cluster.topics import CLUSTER_BUNDLE
+
+    w = World()
+    made = []
+    subscribe = w.bus.subscribe
+
+    def recording(topic, group, handler, from_beginning=False, exclusive=False, bundle=None):
+        made.append((topic, group, bundle))
+        return subscribe(topic, group, handler, from_beginning, exclusive, bundle)
+
+    w.bus.subscribe = recording
+    answers = []
+    events = SessionEvents(w.bus, w.topics, "me", w.registry, w.clock,
+                           drop_local=lambda *a: None, forget_local=lambda *a: None)
+    events.join()
+    assert made == [(w.topics.session_event_request, "tbmq-session-events", CLUSTER_BUNDLE)]
+    subscribe(w.topics.session_event_response("node-b"), "b", answers.append)
+    w.bus.publish(w.topics.session_event_request, "dev", SessionEvent(
+        CONNECTION_REQUEST, "dev", "node-b", "s-new", "r1", persistent=True))
+    w.run(1)
+    assert answers == []  # joined, not deciding yet
+    events.start()
+    w.run(0.1)
+    assert [a.value.request_id for a in answers] == ["r1"]
+    assert len(made) == 3 and len(events.consumers) == 3  # the member is not made twice

@@ -32,7 +32,8 @@ class FakeBus:
         self.published.append((topic, key, value))
         return None
 
-    def subscribe(self, topic, group, handler, from_beginning=False, exclusive=False):
+    def subscribe(self, topic, group, handler, from_beginning=False, exclusive=False,
+                  bundle=None):
         return SimpleNamespace(topic=topic, group=group, handler=handler,
                                caught_up=defer.succeed(None))
 

@@ -25,7 +25,8 @@ class AckFirstBus:
         self.written: list[Record] = []
         self.handler = None
 
-    def subscribe(self, topic, group, handler, from_beginning=False, exclusive=False):
+    def subscribe(self, topic, group, handler, from_beginning=False, exclusive=False,
+                  bundle=None):
         self.handler = handler
 
         class Consumer:

@@ -22,11 +22,13 @@ libraries (:mod:`.drivers`).
   reactor in batches (:class:`~.bridge.AckBatcher`).  The records of one
   reactor turn for one partition of a traffic topic go as one packed
   record (:mod:`.packing`).
-* **Consumers**: a group member has a thread and a client of its own; the
-  exclusive subscriptions of one group share one thread and one client
-  over all their topics (:class:`~.loop.SharedLoop`), so that a node's own
-  topics cost one fetch, not one per topic (:mod:`.loop`); the handing and
-  commit bookkeeping is in the reactor (:mod:`.consumer`).
+* **Consumers**: the exclusive subscriptions of one group share one thread
+  and one client over all their topics (:class:`~.loop.SharedLoop`), and so
+  do the joining subscriptions of one bundle (one member of one Kafka group
+  over their topics), so that a node's topics cost a few fetches, not one
+  per topic (:mod:`.loop`); another joining subscription has a thread and a
+  client of its own.  The handing and commit bookkeeping is in the reactor
+  (:mod:`.consumer`).
 * **Blocking calls** of the bus itself (topic creation, metadata, closing)
   run one at a time in the bus's worker thread (:class:`~.bridge.Worker`).
 * **Outages**: a publish that Kafka does not acknowledge within
@@ -77,7 +79,8 @@ def topic_spec(config: Any, catalogue: TopicCatalogue, topic: str) -> TopicSpec:
     return TopicSpec(topic, config.partitions, config.replication_factor, configs)
 
 
-def kafka_group(topic: str, group: str, exclusive: bool = False) -> str:
+def kafka_group(topic: str, group: str, exclusive: bool = False, bundle: str | None = None,
+                prefix: str = "") -> str:
     """The Kafka group id of the bus's group ``group`` on ``topic``.
 
     A bus group belongs to one topic (two topics' groups of the same name are
@@ -86,11 +89,24 @@ def kafka_group(topic: str, group: str, exclusive: bool = False) -> str:
     is part of the id of a group whose members join it.  An exclusive group
     never joins (its partitions are assigned) and its committed offsets are
     per topic and partition, so the exclusive groups of one name on several
-    topics are one Kafka group, read by one client.
+    topics are one Kafka group, read by one client.  The joining groups of
+    one bundle are one Kafka group over their topics: one topic has one
+    group in a bundle, and a Kafka group assigns each topic's partitions
+    among the members that subscribed to it, so each bus group keeps its own
+    partitions and offsets; they only rebalance together.
 
-    :returns: ``"<group>@<topic>"``, or ``group`` when ``exclusive``.
+    :param bundle: the bundle of a joining group (see
+        :meth:`KafkaBus.subscribe`).
+    :param prefix: ``kafka.topic_prefix``, which a bundle's id starts with
+        (several clusters on one Kafka keep their groups apart).
+    :returns: ``"<group>@<topic>"``, ``group`` when ``exclusive``, else
+        ``"<prefix><bundle>"`` with a bundle.
     """
-    return group if exclusive else f"{group}@{topic}"
+    if exclusive:
+        return group
+    if bundle is not None:
+        return prefix + bundle
+    return f"{group}@{topic}"
 
 
 class _Creating:
@@ -140,7 +156,11 @@ class KafkaBus:
         self._creating: dict[str, _Creating] = {}
         self._codecs: dict[str, Any] = {}
         self._consumers: set[KafkaConsumer] = set()
-        self._shared: dict[str, SharedLoop] = {}  # Kafka group id of exclusive subscriptions
+        self._shared: dict[str, SharedLoop] = {}  # by Kafka group id (exclusive, bundles)
+        self._keys: dict[KafkaConsumer, str | None] = {}  # its key in _shared
+        self._group_ids: dict[KafkaConsumer, str] = {}  # its Kafka group id
+        self._expected: dict[KafkaConsumer, tuple] = {}  # (SharedLoop, loop) until its topic exists
+        self._bundled: dict[tuple[str, str], str] = {}  # (Kafka group id, topic) -> group
         self._unacknowledged = False  # the last outcome was a failure
         #: partition count of each ready topic the bus packs (and places) itself
         self._placed: dict[str, int] = {}
@@ -362,39 +382,80 @@ class KafkaBus:
     # -- consumers -------------------------------------------------------------------------
 
     def subscribe(self, topic: str, group: str, handler: Callable,
-                  from_beginning: bool = False, exclusive: bool = False) -> KafkaConsumer:
+                  from_beginning: bool = False, exclusive: bool = False,
+                  bundle: str | None = None) -> KafkaConsumer:
         """Join ``group`` on ``topic``; see
-        :meth:`tbmq.interfaces.IMessageBus.subscribe`.  The consumer's thread
-        starts once the topic exists (it is created first when needed;
-        retried every second while Kafka fails).
+        :meth:`tbmq.interfaces.IMessageBus.subscribe`.  The consumer is read
+        once its topic exists (it is created first when needed; retried
+        every second while Kafka fails), by a client shared with other
+        subscriptions (:class:`~.loop.SharedLoop`).
 
         :param exclusive: the group never has another member: its partitions
             are assigned directly, read from the group's committed offsets,
             without a group join, by the one client and thread of the
-            group's exclusive subscriptions (:class:`~.loop.SharedLoop`).
+            group's exclusive subscriptions.
+        :param bundle: a joining subscription of a bundle is read by the one
+            client and thread of the bundle's subscriptions on this node, one
+            member of the Kafka group of the bundle over all their topics
+            (:func:`kafka_group`).  A second subscription of the bundle's
+            topic on this node is a second member of that group, with a
+            client of its own.  Ignored with ``exclusive``.
         :returns: the :class:`~.consumer.KafkaConsumer`.
         :raises RecordEncodingError: when ``topic`` is not in the catalogue.
         :raises BusClosedError: when the bus is not running.
+        :raises ValueError: when another group of ``bundle`` has ``topic``.
         """
         if not self.running:
             raise BusClosedError(f"{topic}: the Kafka bus is not running")
         codec = self._codec(topic)
         config = self.config
+        if exclusive:
+            bundle = None
+        group_id = kafka_group(topic, group, exclusive, bundle, self.catalogue.prefix)
+        if bundle is not None:
+            known = self._bundled.setdefault((group_id, topic), group)
+            if known != group:
+                raise ValueError(f"bundle {bundle!r}: {topic} is group {known!r}'s, "
+                                 f"not {group!r}'s")
         consumer = KafkaConsumer(self, topic, group, handler, codec, self.max_uncommitted,
                                  buffer_limit=2 * config.max_poll_records,
                                  group_wide=not exclusive)
-        group_id = kafka_group(topic, group, exclusive)
         loop = ConsumerLoop(
-            self.clock, lambda: self.driver.ConsumerClient(config, topic, group_id), consumer,
-            exclusive=exclusive, from_beginning=from_beginning,
-            durable=self.catalogue.durable(topic), max_records=config.max_poll_records,
-            timeout=config.request_timeout_ms / 1000.0,
-            grace=2 * config.heartbeat_interval_ms / 1000.0,
-            stuck=4 * config.session_timeout_ms / 1000.0,
-            name=f"tbmq-kafka-consumer {group_id}")
+            self.clock, consumer, exclusive=exclusive, from_beginning=from_beginning,
+            durable=self.catalogue.durable(topic), timeout=config.request_timeout_ms / 1000.0,
+            name=f"{group_id} {topic}")
         self._consumers.add(consumer)
-        self._begin(consumer, loop, group_id if exclusive else None)
+        if bundle is None and not exclusive:
+            key = None  # a client of its own
+        elif bundle is not None and any(c.topic == topic and self._keys.get(c) == group_id
+                                        for c in self._consumers):
+            key = None  # this node has the topic in the bundle: a second member
+        else:
+            key = group_id
+        self._keys[consumer] = key
+        self._group_ids[consumer] = group_id
+        shared = self._shared_loop(key, group_id, not exclusive)
+        shared.expect(loop)
+        self._expected[consumer] = (shared, loop)
+        self._begin(consumer, loop, (shared, key, group_id, not exclusive))
         return consumer
+
+    def _shared_loop(self, key: str | None, group_id: str, joining: bool) -> SharedLoop:
+        """The shared thread of ``key`` in :attr:`_shared` (a new one when
+        it has ended), or a thread of its own when ``key`` is None."""
+        shared = self._shared.get(key) if key is not None else None
+        if shared is None or shared.dead:
+            config = self.config
+            shared = SharedLoop(
+                self.clock, lambda: self.driver.SharedClient(config, group_id),
+                joining=joining, max_records=config.max_poll_records,
+                timeout=config.request_timeout_ms / 1000.0,
+                grace=2 * config.heartbeat_interval_ms / 1000.0,
+                stuck=4 * config.session_timeout_ms / 1000.0,
+                name=f"tbmq-kafka-consumer {group_id}")
+            if key is not None:
+                self._shared[key] = shared
+        return shared
 
     def group_positioned(self, consumer: KafkaConsumer) -> defer.Deferred:
         """Whether every partition of ``consumer``'s topic has a committed
@@ -404,7 +465,7 @@ class KafkaBus:
         """
         if self._worker is None:
             return defer.succeed(False)
-        group_id = kafka_group(consumer.topic, consumer.group)
+        group_id = self._group_ids.get(consumer) or kafka_group(consumer.topic, consumer.group)
 
         def ask() -> bool:
             partitions = self._producer.prepare(consumer.topic)
@@ -413,43 +474,41 @@ class KafkaBus:
 
         return self._worker.call(ask)
 
-    def _share(self, group_id: str, loop: ConsumerLoop, topic: str) -> None:
-        """Have the shared thread of ``group_id``'s exclusive subscriptions
-        read ``topic`` for ``loop`` (a new thread when it has ended)."""
-        while True:
-            shared = self._shared.get(group_id)
-            if shared is None or shared.dead:
-                shared = self._shared[group_id] = SharedLoop(
-                    self.clock, lambda: self.driver.ExclusiveClient(self.config, group_id),
-                    max_records=self.config.max_poll_records,
-                    name=f"tbmq-kafka-consumer {group_id}")
-            if shared.add(loop, topic):
-                return
+    def _share(self, share: tuple, loop: ConsumerLoop, topic: str) -> None:
+        """Have the shared thread of ``share`` (the :class:`SharedLoop`
+        picked at subscribe, its key, the Kafka group id, joining) read
+        ``topic`` for ``loop`` (a new thread when it has ended)."""
+        shared, key, group_id, joining = share
+        while not shared.add(loop, topic):
+            shared = self._shared_loop(key, group_id, joining)
 
-    def _begin(self, consumer: KafkaConsumer, loop: ConsumerLoop, shared: str | None,
+    def _begin(self, consumer: KafkaConsumer, loop: ConsumerLoop, share: tuple,
                attempt: int = 0) -> None:
-        """Start ``consumer``'s thread once its topic exists (or hand it to
-        the shared thread of the exclusive group ``shared``)."""
+        """Hand ``consumer``'s loop to its shared thread (:meth:`_share`)
+        once its topic exists."""
         def ready(_result: Any) -> None:
             if consumer in self._consumers:
                 if attempt:
                     log.info("Kafka consumer {name}: its topic exists now", name=loop.name)
                 consumer.loop = loop
                 loop.want_paused = consumer._paused
-                if shared is not None:
-                    self._share(shared, loop, consumer.topic)
-                else:
-                    loop.start()
+                self._expected.pop(consumer, None)
+                self._share(share, loop, consumer.topic)
 
         def failed(failure: Failure) -> None:
             if consumer in self._consumers and self.running:
                 if not attempt:
                     log.warn("Kafka consumer {name}: {error}; retrying every {delay} s",
                              name=loop.name, error=failure.value, delay=CREATE_RETRY_DELAY)
-                self.clock.callLater(CREATE_RETRY_DELAY, self._begin, consumer, loop, shared,
+                self.clock.callLater(CREATE_RETRY_DELAY, self._begin, consumer, loop, share,
                                      attempt + 1)
 
         self._when_ready(consumer.topic).addCallbacks(ready, failed)
 
     def _forget(self, consumer: KafkaConsumer) -> None:
         self._consumers.discard(consumer)
+        self._keys.pop(consumer, None)
+        self._group_ids.pop(consumer, None)
+        expected = self._expected.pop(consumer, None)
+        if expected is not None:  # stopped before its topic existed
+            expected[0].forget(expected[1])

@@ -10,10 +10,8 @@ times kafka-python's throughput.
   on the same partition.  Idempotence is off and one request is in flight
   per connection, as in the other driver.
 * A :class:`~confluent_kafka.Consumer` must not be polled from several
-  threads: one consumer thread owns each (:class:`~.loop.ConsumerLoop`, or
-  :class:`~.loop.SharedLoop` for an :class:`ExclusiveClient`, whose
-  partitions are assigned without a group join, so that it can read a
-  batch per call: no rebalance can come between two of its records).
+  threads: one consumer thread owns each (:class:`~.loop.SharedLoop`, for
+  a :class:`SharedClient` over several topics).
   ``enable.partition.eof`` tells when a partition is read to its end; the
   high watermark cached from the last fetch gives the end otherwise.
 * librdkafka's log lines go to the Twisted log at debug level; the bus
@@ -35,7 +33,7 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka import drivers
 from tbmq_plugins.kafka.drivers import RawRecord, TopicSpec
 
-__all__ = ["Admin", "ConsumerClient", "ExclusiveClient", "Producer"]
+__all__ = ["Admin", "Producer", "SharedClient"]
 
 log = Logger(observer=LOG_OBSERVER)
 
@@ -198,134 +196,26 @@ class _Errors:
         return error
 
 
-class ConsumerClient(_Errors, drivers.ConsumerClient):
-    """:class:`confluent_kafka.Consumer` of one topic and group."""
+class SharedClient(_Errors, drivers.SharedClient):
+    """:class:`confluent_kafka.Consumer` of one group over several topics
+    (:class:`~.drivers.SharedClient`).
 
-    def __init__(self, config: Any, topic: str, group: str) -> None:
-        self.topic = topic
-        self._timeout = config.request_timeout_ms / 1000.0
-        self._error: str | None = None
-        self._collected: list | None = None  # what poll read so far
-        self._consumer = Consumer(_consumer_config(config, group, self._on_error))
-
-
-    def _tp(self, partition: int, offset: int | None = None) -> TopicPartition:
-        if offset is None:
-            return TopicPartition(self.topic, partition)
-        return TopicPartition(self.topic, partition, offset)
-
-    def partitions(self) -> list[int]:
-        metadata = self._consumer.list_topics(self.topic, timeout=self._timeout)
-        topic = metadata.topics.get(self.topic)
-        if topic is None or topic.error is not None:
-            raise KafkaException(topic.error if topic is not None else "no metadata")
-        return sorted(topic.partitions)
-
-    def subscribe(self, on_assign: Callable, on_revoke: Callable) -> None:
-        def assigned(consumer, partitions) -> None:
-            on_assign(sorted(tp.partition for tp in partitions))
-
-        def revoked(consumer, partitions) -> None:
-            gone = sorted(tp.partition for tp in partitions)
-            offsets = on_revoke(gone)
-            if offsets:
-                try:
-                    self.commit(offsets, wait=True)
-                except KafkaException as e:
-                    self._error = f"commit before a rebalance failed: {e}"
-            consumer.unassign()
-            if self._collected:  # read before the rebalance: not ours any more
-                self._collected[:] = [r for r in self._collected if r.partition not in gone]
-
-        self._consumer.subscribe([self.topic], on_assign=assigned, on_revoke=revoked,
-                                 on_lost=revoked)
-
-    def start_at(self, offsets: dict[int, int], assign: bool) -> None:
-        self._consumer.assign([self._tp(p, o) for p, o in offsets.items()])
-
-    def seek(self, offsets: dict[int, int]) -> None:
-        for p, o in offsets.items():
-            self._consumer.seek(self._tp(p, o))
-
-    def committed(self, partitions: list[int]) -> dict[int, int | None]:
-        found = self._consumer.committed([self._tp(p) for p in partitions],
-                                         timeout=self._timeout)
-        return {tp.partition: offset for tp, offset in _committed(found)}
-
-    def _watermarks(self, partitions: list[int], index: int) -> dict[int, int]:
-        return {p: self._consumer.get_watermark_offsets(
-                    self._tp(p), timeout=self._timeout, cached=False)[index]
-                for p in partitions}
-
-    def first_offsets(self, partitions: list[int]) -> dict[int, int]:
-        return self._watermarks(partitions, 0)
-
-    def end_offsets(self, partitions: list[int]) -> dict[int, int]:
-        return self._watermarks(partitions, 1)
-
-    def high_watermarks(self, partitions: list[int]) -> dict[int, int]:
-        found = {}
-        for p in partitions:
-            high = self._consumer.get_watermark_offsets(self._tp(p), cached=True)[1]
-            if high >= 0:
-                found[p] = high
-        return found
-
-    def poll(self, timeout: float, max_records: int,
-             want_ends: set[int]) -> tuple[list[RawRecord], dict[int, int]]:
-        consumer = self._consumer
-        # one message per call, so that a rebalance callback served by a
-        # call can drop what was read before it (self._collected)
-        records = self._collected = []
-        ends: dict[int, int] = {}
-        m = consumer.poll(timeout)
-        while m is not None:
-            self._message(m, records, ends, want_ends)
-            if len(records) >= max_records:
-                break
-            m = consumer.poll(0)
-        self._collected = None
-        return records, ends
-
-    def _message(self, m, records: list, ends: dict, want_ends: set[int]) -> None:
-        error = m.error()
-        p = m.partition()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                ends[p] = m.offset()  # (the partition may be new since want_ends)
-            else:
-                self._error = str(error)
-            return
-        if p in want_ends and p not in ends:
-            high = self._consumer.get_watermark_offsets(self._tp(p), cached=True)[1]
-            if high >= 0:
-                ends[p] = high
-        records.append(RawRecord(p, m.offset(), m.key(), m.value(), tuple(m.headers() or ())))
-
-    def commit(self, offsets: dict[int, int], wait: bool) -> None:
-        self._consumer.commit(offsets=[self._tp(p, o) for p, o in offsets.items()],
-                              asynchronous=not wait)
-
-    def pause(self, partitions: list[int]) -> None:
-        self._consumer.pause([self._tp(p) for p in partitions])
-
-    def resume(self, partitions: list[int]) -> None:
-        self._consumer.resume([self._tp(p) for p in partitions])
-
-    def close(self) -> None:
-        self._consumer.close()
-
-
-
-class ExclusiveClient(_Errors, drivers.ExclusiveClient):
-    """:class:`confluent_kafka.Consumer` of one group over directly assigned
-    partitions of several topics (:class:`~.drivers.ExclusiveClient`)."""
+    Joined, it polls one message per call, so that a rebalance callback
+    served by a call can drop what was read before it; the partitions the
+    group gives are assigned once the callback positioned them all (an
+    eager rebalance assigns with ``assign``, offsets included), and those
+    paused meanwhile are paused then.  Assigned directly, it reads a batch
+    per call (no rebalance can come between two of its records).
+    """
 
     def __init__(self, config: Any, group: str) -> None:
         self._timeout = config.request_timeout_ms / 1000.0
         self._error: str | None = None
+        self._joined = False
+        self._collected: dict | None = None  # what a joined poll read so far
+        self._starts: dict | None = None  # positions given during an assignment
+        self._pausing: set | None = None  # paused during an assignment
         self._consumer = Consumer(_consumer_config(config, group, self._on_error))
-
 
     @staticmethod
     def _tps(tps, offsets: dict | None = None) -> list[TopicPartition]:
@@ -347,9 +237,43 @@ class ExclusiveClient(_Errors, drivers.ExclusiveClient):
         if tps:
             self._consumer.incremental_unassign(self._tps(tps))
 
+    def subscribe(self, topics: list, on_assign: Callable, on_revoke: Callable) -> None:
+        def assigned(consumer, partitions) -> None:
+            tps = sorted((tp.topic, tp.partition) for tp in partitions)
+            self._starts, self._pausing = {}, set()
+            try:
+                on_assign(tps)
+            finally:
+                starts, pausing = self._starts, self._pausing
+                self._starts = self._pausing = None
+                consumer.assign([TopicPartition(t, p, starts[(t, p)]) if (t, p) in starts
+                                 else TopicPartition(t, p) for t, p in tps])
+                if pausing:
+                    consumer.pause(self._tps(pausing))
+
+        def revoked(consumer, partitions) -> None:
+            gone = {(tp.topic, tp.partition) for tp in partitions}
+            offsets = on_revoke(sorted(gone))
+            if offsets:
+                try:
+                    self.commit(offsets, wait=True)
+                except KafkaException as e:
+                    self._error = f"commit before a rebalance failed: {e}"
+            consumer.unassign()
+            for topic, records in (self._collected or {}).items():
+                records[:] = [r for r in records if (topic, r.partition) not in gone]
+
+        self._joined = True
+        self._consumer.subscribe(list(topics), on_assign=assigned, on_revoke=revoked,
+                                 on_lost=revoked)
+
     def seek(self, offsets: dict) -> None:
-        for tp in self._tps(offsets, offsets):
-            self._consumer.seek(tp)
+        if self._starts is not None:  # assigned at the end of the callback
+            self._starts.update(offsets)
+        else:
+            for tp in self._tps(offsets, offsets):
+                self._consumer.seek(tp)
+            self._consumer.resume(self._tps(offsets))
 
     def committed(self, tps: list) -> dict:
         found = self._consumer.committed(self._tps(tps), timeout=self._timeout)
@@ -377,42 +301,63 @@ class ExclusiveClient(_Errors, drivers.ExclusiveClient):
     def poll(self, timeout: float, max_records: int, want_ends: set) -> tuple[dict, dict]:
         records: dict[str, list] = {}
         ends: dict = {}
-        watermark = self._consumer.get_watermark_offsets
         consumer = self._consumer
-        first = consumer.poll(timeout)  # waits for one, then takes what is there
-        if first is None:
+        m = consumer.poll(timeout)  # waits for one, then takes what is there
+        if m is None:
             return records, ends
-        batch = [first]
-        if max_records > 1:
-            batch += consumer.consume(max_records - 1, 0)
-        for m in batch:
-            error = m.error()
-            tp = (m.topic(), m.partition())
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    ends[tp] = m.offset()
-                else:
-                    self._error = str(error)
-                continue
-            if tp in want_ends and tp not in ends:
-                high = watermark(TopicPartition(*tp), cached=True)[1]
-                if high >= 0:
-                    ends[tp] = high
-            found = records.get(tp[0])
-            if found is None:
-                found = records[tp[0]] = []
-            found.append(RawRecord(tp[1], m.offset(), m.key(), m.value(),
-                                   tuple(m.headers() or ())))
+        if not self._joined:
+            batch = [m]
+            if max_records > 1:
+                batch += consumer.consume(max_records - 1, 0)
+            for m in batch:
+                self._message(m, records, ends, want_ends)
+            return records, ends
+        self._collected = records
+        count = 0
+        while m is not None:
+            count += self._message(m, records, ends, want_ends)
+            if count >= max_records:
+                break
+            m = consumer.poll(0)
+        self._collected = None
         return records, ends
+
+    def _message(self, m, records: dict, ends: dict, want_ends: set) -> int:
+        """Take message ``m`` into ``records`` or ``ends``.
+
+        :returns: 1 for a record, else 0."""
+        error = m.error()
+        tp = (m.topic(), m.partition())
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                ends[tp] = m.offset()  # (the partition may be new since want_ends)
+            else:
+                self._error = str(error)
+            return 0
+        if tp in want_ends and tp not in ends:
+            high = self._consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1]
+            if high >= 0:
+                ends[tp] = high
+        found = records.get(tp[0])
+        if found is None:
+            found = records[tp[0]] = []
+        found.append(RawRecord(tp[1], m.offset(), m.key(), m.value(), tuple(m.headers() or ())))
+        return 1
 
     def commit(self, offsets: dict, wait: bool) -> None:
         self._consumer.commit(offsets=self._tps(offsets, offsets), asynchronous=not wait)
 
     def pause(self, tps: list) -> None:
-        self._consumer.pause(self._tps(tps))
+        if self._pausing is not None:  # paused once assigned
+            self._pausing.update(tps)
+        else:
+            self._consumer.pause(self._tps(tps))
 
     def resume(self, tps: list) -> None:
-        self._consumer.resume(self._tps(tps))
+        if self._pausing is not None:
+            self._pausing.difference_update(tps)
+        else:
+            self._consumer.resume(self._tps(tps))
 
     def close(self) -> None:
         self._consumer.close()

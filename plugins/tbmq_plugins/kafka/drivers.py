@@ -7,12 +7,12 @@ objects; the bus and the consumer loop only ever talk to these:
 * :class:`Producer` sends records: :meth:`Producer.send` is called in the
   reactor thread and never blocks, its outcome is reported (from the
   client's own thread) to an :class:`~.bridge.AckBatcher`;
-* :class:`ConsumerClient` is owned by one consumer thread
-  (:class:`~.loop.ConsumerLoop`): every method is called from that thread
-  only, between polls, and may block;
-* :class:`ExclusiveClient` reads the partitions of several topics,
-  assigned without a group join, for the exclusive subscriptions of one
-  group (:class:`~.loop.SharedLoop`): one fetch covers all of them.
+* :class:`SharedClient` is one consumer client of one group over several
+  topics, owned by one consumer thread (:class:`~.loop.SharedLoop`): it
+  either has partitions assigned directly (the exclusive subscriptions of
+  one group) or joins its group over all its topics (the joining
+  subscriptions of one bundle); one fetch covers all of them.  Every method
+  is called from that thread only, between polls, and may block.
 
 Two drivers implement it: :mod:`.confluent` (``confluent``: confluent-kafka
 on librdkafka, the default) and :mod:`.kafka_python` (``kafka-python``).  :func:`load_driver` imports one lazily, so that a node that
@@ -27,8 +27,7 @@ from typing import Any, Callable, NamedTuple
 
 from tbmq.errors import ConfigError
 
-__all__ = ["Admin", "ConsumerClient", "ExclusiveClient", "Producer", "RawRecord", "TopicSpec",
-           "load_driver"]
+__all__ = ["Admin", "Producer", "RawRecord", "SharedClient", "TopicSpec", "load_driver"]
 
 #: driver name → (module of this package, what to install)
 DRIVERS = {
@@ -126,111 +125,24 @@ class Producer:
         raise NotImplementedError
 
 
-class ConsumerClient:
-    """One consumer of one topic for one group; one thread calls it.
-
-    Offsets are the next offset to read.  Partitions are ``int``.
-    """
-
-    def partitions(self) -> list[int]:
-        """:returns: the topic's partitions (metadata; blocks)."""
-        raise NotImplementedError
-
-    def subscribe(self, on_assign: Callable[[list[int]], None],
-                  on_revoke: Callable[[list[int]], dict[int, int]]) -> None:
-        """Join the group.
-
-        :param on_assign: called with the partitions the group gave, in the
-            consumer thread during :meth:`poll` (it may block; it calls
-            :meth:`start_at`).  No record of those partitions is returned
-            before.
-        :param on_revoke: called with the partitions the group takes away,
-            before they go, during :meth:`poll` or :meth:`close` (possibly
-            in the client's own thread: it must not call the client); it
-            returns offsets that the driver commits before the partitions
-            go.  Records of those partitions read before it was called are
-            not returned any more.
-        """
-        raise NotImplementedError
-
-    def start_at(self, offsets: dict[int, int], assign: bool) -> None:
-        """Read each partition of ``offsets`` from its offset; with
-        ``assign``, take those partitions without the group (exclusive)."""
-        raise NotImplementedError
-
-    def seek(self, offsets: dict[int, int]) -> None:
-        """Read each partition of ``offsets`` (assigned, maybe paused) from
-        its offset again; a record read before is not returned any more."""
-        raise NotImplementedError
-
-    def committed(self, partitions: list[int]) -> dict[int, int | None]:
-        """:returns: the group's committed offset of each partition (None
-        when it has none)."""
-        raise NotImplementedError
-
-    def first_offsets(self, partitions: list[int]) -> dict[int, int]:
-        """:returns: the first offset each partition holds."""
-        raise NotImplementedError
-
-    def end_offsets(self, partitions: list[int]) -> dict[int, int]:
-        """:returns: the end offsets the brokers report (Tansu reports the
-        base offset of the last batch + 1: too low; see the loop)."""
-        raise NotImplementedError
-
-    def high_watermarks(self, partitions: list[int]) -> dict[int, int]:
-        """:returns: partition → its high watermark as the last fetch of it
-        reported (no request; right on Tansu too), for those of
-        ``partitions`` fetched since they were assigned."""
-        raise NotImplementedError
-
-    def poll(self, timeout: float, max_records: int,
-             want_ends: set[int]) -> tuple[list[RawRecord], dict[int, int]]:
-        """Read what is there, waiting ``timeout`` seconds at most.
-
-        :param want_ends: partitions whose end the caller does not know yet
-            (the caller's own set: read it after the client's poll, as
-            ``on_assign`` may add partitions to it meanwhile).
-        :returns: ``(records, ends)``: the records in partition order, and
-            for partitions of ``want_ends`` that a fetch answered, the end
-            offset that answer reported (the high watermark of a fetch, which
-            is right on Tansu too).
-        """
-        raise NotImplementedError
-
-    def take_error(self) -> str | None:
-        """:returns: an error the client reported without raising since the
-        last call (librdkafka reports broker failures this way), or None."""
-        return None
-
-    def commit(self, offsets: dict[int, int], wait: bool) -> None:
-        """Commit ``offsets`` for the group; with ``wait``, block until done.
-
-        :raises Exception: with ``wait``, when the commit failed.
-        """
-        raise NotImplementedError
-
-    def pause(self, partitions: list[int]) -> None:
-        raise NotImplementedError
-
-    def resume(self, partitions: list[int]) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Leave the group and close (commits nothing)."""
-        raise NotImplementedError
-
-
-#: ``(topic, partition)``: a partition of an :class:`ExclusiveClient`.
+#: ``(topic, partition)``: a partition of a :class:`SharedClient`.
 TP = tuple
 
 
-class ExclusiveClient:
+class SharedClient:
     """One consumer client of one group over the partitions of several
-    topics, each assigned directly (no group join: the caller promises the
-    group has no other member).  One thread (:class:`~.loop.SharedLoop`)
-    calls it; every method may block.  Partitions are ``(topic, partition)``
-    tuples; offsets are the next offset to read.
+    topics.  One thread (:class:`~.loop.SharedLoop`) calls it; every method
+    may block.  Partitions are ``(topic, partition)`` tuples; offsets are
+    the next offset to read.  A client either has partitions assigned
+    directly (:meth:`add`, :meth:`remove`: the caller promises the group has
+    no other member) or joins its group (:meth:`subscribe`), never both.
+
+    :cvar resubscribes: a joined client changes its topics in place with
+        :meth:`subscribe` (a rebalance); False: the caller closes it and
+        joins with a new client instead.
     """
+
+    resubscribes = True
 
     def partitions(self, topic: str) -> list[int]:
         """:returns: ``topic``'s partitions (metadata).
@@ -247,9 +159,28 @@ class ExclusiveClient:
         """Stop reading ``tps`` (nothing is committed)."""
         raise NotImplementedError
 
+    def subscribe(self, topics: list[str], on_assign: Callable[[list[TP]], None],
+                  on_revoke: Callable[[list[TP]], dict[TP, int]]) -> None:
+        """Join the group over ``topics`` (again: the subscription is
+        replaced, which rebalances the group).
+
+        :param on_assign: called with the partitions the group gave, in the
+            consumer thread during :meth:`poll` (it may block; it calls
+            :meth:`seek`).  No record of those partitions is returned before.
+        :param on_revoke: called with the partitions the group takes away,
+            before they go, during :meth:`poll` or :meth:`close` (possibly
+            in the client's own thread: it must not call the client); it
+            returns offsets that the driver commits before the partitions
+            go.  Records of those partitions read before it was called are
+            not returned any more.
+        """
+        raise NotImplementedError
+
     def seek(self, offsets: dict[TP, int]) -> None:
-        """Read each partition of ``offsets`` (added, maybe paused) from its
-        offset again; a record read before is not returned any more."""
+        """Read each partition of ``offsets`` from its offset, resumed: one
+        the group gave (during ``on_assign``), or one assigned or given
+        before, read again (a record read before is not returned any
+        more)."""
         raise NotImplementedError
 
     def committed(self, tps: list[TP]) -> dict[TP, int | None]:
@@ -261,8 +192,8 @@ class ExclusiveClient:
         raise NotImplementedError
 
     def end_offsets(self, tps: list[TP]) -> dict[TP, int]:
-        """:returns: the end offsets the brokers report (too low on Tansu;
-        see :meth:`ConsumerClient.end_offsets`)."""
+        """:returns: the end offsets the brokers report (Tansu reports the
+        base offset of the last batch + 1: too low; see :mod:`.loop`)."""
         raise NotImplementedError
 
     def high_watermarks(self, tps: list[TP]) -> dict[TP, int]:
@@ -274,6 +205,9 @@ class ExclusiveClient:
              want_ends: set[TP]) -> tuple[dict[str, list[RawRecord]], dict[TP, int]]:
         """Read what is there, waiting ``timeout`` seconds at most.
 
+        :param want_ends: partitions whose end the caller does not know yet
+            (``in``, iteration and truth only; read it after the client's
+            poll, as ``on_assign`` may add partitions to it meanwhile).
         :returns: ``(records, ends)``: topic → its records in partition and
             offset order, and for partitions of ``want_ends`` that a fetch
             answered, the end offset (high watermark) it reported.
@@ -305,10 +239,9 @@ def load_driver(name: str) -> Any:
     """Import the driver ``name`` (a value of ``kafka.driver``).
 
     :returns: its module, whose classes ``Admin(config)``,
-        ``Producer(config, acks)``, ``ConsumerClient(config, topic, group)``
-        and ``ExclusiveClient(config, group)`` implement :class:`Admin`,
-        :class:`Producer`, :class:`ConsumerClient` and
-        :class:`ExclusiveClient` (building one may block: do it in a thread).
+        ``Producer(config, acks)`` and ``SharedClient(config, group)``
+        implement :class:`Admin`, :class:`Producer` and :class:`SharedClient`
+        (building one may block: do it in a thread).
     :raises ConfigError: for an unknown driver, or when its client library
         is not installed (the message says what to install).
     """

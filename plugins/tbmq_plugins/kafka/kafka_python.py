@@ -10,13 +10,13 @@
   broker that lost its producer ids (a restarted Tansu answers
   ``UnknownProducerId`` for ever to an idempotent producer).
 * A :class:`kafka.KafkaConsumer` is not thread-safe: one consumer thread
-  owns each (:class:`~.loop.ConsumerLoop`).  The high watermark of each
+  owns each (:class:`~.loop.SharedLoop`).  The high watermark of each
   fetch (:meth:`~kafka.KafkaConsumer.highwater`) gives the end of a
   partition; ``end_offsets`` is wrong on Tansu.
 * kafka-python 3 runs the rebalance listener in its I/O thread, where the
   consumer's blocking calls are refused.  So the listener only pauses the
   partitions it is given and notes them; the loop positions them in its own
-  thread at the start of the next :meth:`ConsumerClient.poll`, and resumes
+  thread at the start of the next :meth:`SharedClient.poll`, and resumes
   them.  Partitions taken away are handed to the loop's ``on_revoke`` at
   once (it asks the reactor), and what it returns is committed before the
   group moves on (the listener is a coroutine that awaits the commit).
@@ -35,7 +35,7 @@ from kafka.structs import OffsetAndMetadata
 from tbmq_plugins.kafka import drivers
 from tbmq_plugins.kafka.drivers import RawRecord, TopicSpec
 
-__all__ = ["Admin", "ConsumerClient", "ExclusiveClient", "Producer"]
+__all__ = ["Admin", "Producer", "SharedClient"]
 
 #: Most milliseconds between two reconnection attempts to a broker.
 RECONNECT_BACKOFF_MAX_MS = 1000
@@ -132,145 +132,51 @@ class Producer(drivers.Producer):
 class _Listener(AsyncConsumerRebalanceListener):
     """Runs in kafka-python's I/O thread (see the module doc)."""
 
-    def __init__(self, client: "ConsumerClient", on_revoke: Callable) -> None:
+    def __init__(self, client: "SharedClient", on_revoke: Callable) -> None:
         self._client = client
         self._on_revoke = on_revoke
 
     async def on_partitions_revoked(self, revoked) -> None:
-        offsets = self._on_revoke(sorted(tp.partition for tp in revoked))
+        offsets = self._on_revoke(sorted((tp.topic, tp.partition) for tp in revoked))
         if offsets:
-            data = self._client._offsets(offsets)
+            data = _offsets(offsets)
+            consumer = self._client._consumer
             # the coordinator's own coroutine: the commit is done before the
             # group moves on (the public commit() may not block here)
-            commit = getattr(self._client._consumer._coordinator,
-                             "_commit_offsets_sync_async", None)
+            commit = getattr(consumer._coordinator, "_commit_offsets_sync_async", None)
             try:
                 if commit is not None:
                     await commit(data)
                 else:
-                    self._client._consumer.commit_async(data)
+                    consumer.commit_async(data)
             except Exception as e:
                 self._client.error = f"commit before a rebalance failed: {e}"
 
     async def on_partitions_assigned(self, assigned) -> None:
         if assigned:
             self._client._consumer.pause(*assigned)
-        self._client._assigned.append(sorted(tp.partition for tp in assigned))
+        self._client._given.append(sorted((tp.topic, tp.partition) for tp in assigned))
 
 
-class ConsumerClient(drivers.ConsumerClient):
-    """:class:`kafka.KafkaConsumer` of one topic and group."""
-
-    def __init__(self, config: Any, topic: str, group: str) -> None:
-        self.topic = topic
-        self.error: str | None = None
-        self._tps: dict[int, TopicPartition] = {}
-        self._assigned: deque[list[int]] = deque()  # from the listener, not positioned yet
-        self._on_assign: Callable | None = None
-        self._consumer = _consumer(config, group)
-
-    def _tp(self, partition: int) -> TopicPartition:
-        tp = self._tps.get(partition)
-        if tp is None:
-            tp = self._tps[partition] = TopicPartition(self.topic, partition)
-        return tp
-
-    def partitions(self) -> list[int]:
-        return sorted(self._consumer.partitions_for_topic(self.topic))
-
-    def subscribe(self, on_assign: Callable, on_revoke: Callable) -> None:
-        self._on_assign = on_assign
-        self._consumer.subscribe([self.topic], listener=_Listener(self, on_revoke))
-
-    def start_at(self, offsets: dict[int, int], assign: bool) -> None:
-        consumer = self._consumer
-        tps = [self._tp(p) for p in offsets]
-        if assign:
-            consumer.assign(tps)
-        for tp in tps:
-            consumer.seek(tp, offsets[tp.partition])
-        consumer.resume(*tps)
-
-    def seek(self, offsets: dict[int, int]) -> None:
-        for p, o in offsets.items():
-            self._consumer.seek(self._tp(p), o)
-
-    def take_error(self) -> str | None:
-        error, self.error = self.error, None
-        return error
-
-    def committed(self, partitions: list[int]) -> dict[int, int | None]:
-        return {p: self._consumer.committed(self._tp(p)) for p in partitions}
-
-    def first_offsets(self, partitions: list[int]) -> dict[int, int]:
-        found = self._consumer.beginning_offsets([self._tp(p) for p in partitions])
-        return {tp.partition: offset for tp, offset in found.items()}
-
-    def end_offsets(self, partitions: list[int]) -> dict[int, int]:
-        found = self._consumer.end_offsets([self._tp(p) for p in partitions])
-        return {tp.partition: offset for tp, offset in found.items()}
-
-    def high_watermarks(self, partitions: list[int]) -> dict[int, int]:
-        found = {}
-        for p in partitions:
-            end = self._consumer.highwater(self._tp(p))
-            if end is not None:
-                found[p] = end
-        return found
-
-    def poll(self, timeout: float, max_records: int,
-             want_ends: set[int]) -> tuple[list[RawRecord], dict[int, int]]:
-        consumer = self._consumer
-        if self._assigned:  # position them here, out of the I/O thread
-            while self._assigned:  # the latest counts: earlier ones were revoked since
-                latest = self._assigned.popleft()
-            assigned = {tp.partition for tp in consumer.assignment()}
-            self._on_assign([p for p in latest if p in assigned])
-        batches = consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
-        records = []
-        for tp, batch in sorted(batches.items(), key=lambda item: item[0].partition):
-            p = tp.partition
-            records += [RawRecord(p, r.offset, r.key, r.value, tuple(r.headers or ()))
-                        for r in batch]
-        ends = {}
-        if want_ends:
-            assigned = consumer.assignment()
-            for p in want_ends:
-                tp = self._tp(p)
-                if tp in assigned:
-                    end = consumer.highwater(tp)
-                    if end is not None:
-                        ends[p] = end
-        return records, ends
-
-    def _offsets(self, offsets: dict[int, int]) -> dict:
-        return {self._tp(p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
-
-    def commit(self, offsets: dict[int, int], wait: bool) -> None:
-        data = self._offsets(offsets)
-        if wait:
-            self._consumer.commit(data)
-        else:
-            self._consumer.commit_async(data)
-
-    def pause(self, partitions: list[int]) -> None:
-        self._consumer.pause(*(self._tp(p) for p in partitions))
-
-    def resume(self, partitions: list[int]) -> None:
-        self._consumer.resume(*(self._tp(p) for p in partitions))
-
-    def close(self) -> None:
-        self._consumer.close(autocommit=False)
+def _offsets(offsets: dict) -> dict:
+    return {TopicPartition(*tp): OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()}
 
 
+class SharedClient(drivers.SharedClient):
+    """:class:`kafka.KafkaConsumer` of one group over several topics
+    (:class:`~.drivers.SharedClient`).  Its rejoin with changed topics gets
+    no assignment from Tansu (until the loop gives up on it), so a change
+    of topics is a new client (:attr:`resubscribes` False)."""
 
-class ExclusiveClient(drivers.ExclusiveClient):
-    """:class:`kafka.KafkaConsumer` of one group over directly assigned
-    partitions of several topics (:class:`~.drivers.ExclusiveClient`)."""
+    resubscribes = False
 
     def __init__(self, config: Any, group: str) -> None:
+        self.error: str | None = None
         self._consumer = _consumer(config, group)
-        self._assigned: set[TopicPartition] = set()
+        self._assigned: set[TopicPartition] = set()  # assigned directly
+        self._joined = False
+        self._given: deque[list] = deque()  # from the listener, not positioned yet
+        self._on_assign: Callable | None = None
 
     def partitions(self, topic: str) -> list[int]:
         found = self._consumer.partitions_for_topic(topic)
@@ -293,9 +199,21 @@ class ExclusiveClient(drivers.ExclusiveClient):
         else:
             self._consumer.unsubscribe()
 
+    def subscribe(self, topics: list, on_assign: Callable, on_revoke: Callable) -> None:
+        self._on_assign = on_assign
+        self._joined = True
+        self._consumer.subscribe(topics=list(topics), listener=_Listener(self, on_revoke))
+
     def seek(self, offsets: dict) -> None:
-        for tp, o in offsets.items():
-            self._consumer.seek(TopicPartition(*tp), o)
+        consumer = self._consumer
+        tps = [TopicPartition(*tp) for tp in offsets]
+        for tp in tps:
+            consumer.seek(tp, offsets[tuple(tp)])
+        consumer.resume(*tps)
+
+    def take_error(self) -> str | None:
+        error, self.error = self.error, None
+        return error
 
     def committed(self, tps: list) -> dict:
         return {tp: self._consumer.committed(TopicPartition(*tp)) for tp in tps}
@@ -318,8 +236,13 @@ class ExclusiveClient(drivers.ExclusiveClient):
 
     def poll(self, timeout: float, max_records: int, want_ends: set) -> tuple[dict, dict]:
         consumer = self._consumer
+        if self._given:  # position them here, out of the I/O thread
+            while self._given:  # the latest counts: earlier ones were revoked since
+                latest = self._given.popleft()
+            assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+            self._on_assign([tp for tp in latest if tp in assigned])
         records: dict[str, list] = {}
-        if self._assigned:
+        if self._assigned or self._joined:
             batches = consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
             for tp, batch in sorted(batches.items()):
                 p = tp.partition
@@ -327,16 +250,18 @@ class ExclusiveClient(drivers.ExclusiveClient):
                     RawRecord(p, r.offset, r.key, r.value, tuple(r.headers or ()))
                     for r in batch)
         ends = {}
-        for tp in want_ends:
-            ktp = TopicPartition(*tp)
-            if ktp in self._assigned:
-                end = consumer.highwater(ktp)
-                if end is not None:
-                    ends[tp] = end
+        if want_ends:
+            assigned = consumer.assignment()
+            for tp in want_ends:
+                ktp = TopicPartition(*tp)
+                if ktp in assigned:
+                    end = consumer.highwater(ktp)
+                    if end is not None:
+                        ends[tp] = end
         return records, ends
 
     def commit(self, offsets: dict, wait: bool) -> None:
-        data = {TopicPartition(*tp): OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()}
+        data = _offsets(offsets)
         if wait:
             self._consumer.commit(data)
         else:

@@ -1,11 +1,35 @@
-"""The consumer thread: one per consumer, owner of its Kafka client.
+"""The consumer threads: one per shared client, owner of that Kafka client.
 
 Kafka consumer clients are not thread-safe, so one thread
-(:class:`ConsumerLoop`) does everything with one: join the group (or assign
-the partitions, for an exclusive group), position the partitions, poll, and
-between two polls commit, pause and resume as the reactor asked.  Each poll's
-records go to the reactor with **one** ``callFromThread``; the reactor side
-(:class:`~.consumer.KafkaConsumer`) hands them to the handler.
+(:class:`SharedLoop`) does everything with one client
+(:class:`~.drivers.SharedClient`): assign the partitions (exclusive) or join
+the group, position the partitions, poll, and between two polls commit,
+pause and resume as the reactor asked.  A client reads the topics of
+several subscriptions, so that one fetch covers them all:
+
+* the **exclusive** subscriptions of one group (a node's own topics: its
+  downlinks, session answers and disconnects, and the replays of the
+  session, subscription, retained and node topics): every partition is
+  assigned directly, no group join; a subscription added later is assigned
+  its partitions on the next turn, one stopped has its partitions removed;
+* the **joining** subscriptions of one bundle (TBMQ's cluster-wide groups
+  of ``tbmq.msg.all``, ``tbmq.msg.persisted`` and the session events): one
+  member of one group over all their topics.  A group rebalances all its
+  topics together and a change of its topics is a rebalance (seconds on
+  Tansu), so the thread gathers the subscriptions made within
+  :data:`GATHER` seconds of each other, and those whose topic is being
+  created meanwhile (:meth:`SharedLoop.expect`), before it joins; one made
+  later joins the topic with another rebalance, one stopped leaves it with
+  another.  A joining subscription outside a bundle (a shared subscription
+  of an application) has a client of its own.
+
+Each subscription keeps its own :class:`ConsumerLoop` state (positions,
+ends, commits, pause) and sees its topic through a :class:`TopicView` of
+the shared client; each poll's records of a subscription go to the reactor
+with **one** ``callFromThread``; the reactor side
+(:class:`~.consumer.KafkaConsumer`) hands them to the handler.  A rebalance
+is split per topic: each subscription positions what it was given and
+answers for what is taken from it (commits before the partitions go).
 
 **Where a partition starts** when it is assigned: at the group's committed
 offset; with none, at the first offset the partition holds on a durable
@@ -36,32 +60,23 @@ so every record read before the seek reaches the reactor before).
 **Outages.**  A client that cannot be built, or a poll that fails, is
 retried every :data:`RETRY_DELAY` seconds; the loop logs the first failure
 and the recovery, not each retry.
-
-**Exclusive subscriptions share a thread and a client.**  The exclusive
-subscriptions of one group (a node's own topics: its downlinks, session
-answers and disconnects, and the replays of the session, subscription,
-retained and node topics) are read by one :class:`SharedLoop`: one thread,
-one :class:`~.drivers.ExclusiveClient` over the partitions of all their
-topics, so that one fetch covers them all (an idle node sends a few fetches
-per wait, not one per topic).  Each subscription keeps its own
-:class:`ConsumerLoop` state (positions, ends, commits, pause), driven by the
-shared thread through a :class:`TopicView` of the client.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import defaultdict
 from typing import Any, Callable
 
 from twisted.logger import Logger
 
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.bridge import ask_reactor
-from tbmq_plugins.kafka.drivers import ConsumerClient, ExclusiveClient, RawRecord
+from tbmq_plugins.kafka.drivers import RawRecord, SharedClient
 
-__all__ = ["BACKLOG_EVERY", "POLL_TIMEOUT", "RETRY_DELAY", "ConsumerLoop", "SharedLoop",
-           "TopicView"]
+__all__ = ["BACKLOG_EVERY", "GATHER", "POLL_TIMEOUT", "RETRY_DELAY", "ConsumerLoop",
+           "SharedLoop", "TopicView"]
 
 log = Logger(observer=LOG_OBSERVER)
 
@@ -71,6 +86,9 @@ POLL_TIMEOUT = 0.05
 RETRY_DELAY = 0.5
 #: Seconds between two readings of the backlog (:attr:`ConsumerLoop.backlog`).
 BACKLOG_EVERY = 1.0
+#: Seconds a joining client waits for more subscriptions before it joins
+#: (or changes its topics): those made within it cost one rebalance.
+GATHER = 0.2
 
 
 class _Outage:
@@ -92,52 +110,71 @@ class _Outage:
             self._failing = None
 
 
+def _by_topic(tps: list[tuple]) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = defaultdict(list)
+    for topic, p in tps:
+        found[topic].append(p)
+    return found
+
+
+class _Wanted:
+    """The partitions whose end the members do not know yet, as
+    ``(topic, partition)``: read when asked, so that those a rebalance
+    assigns during a poll are in it after (what a driver's poll reads)."""
+
+    __slots__ = ("_members",)
+
+    def __init__(self, members: dict) -> None:
+        self._members = {view.topic: member for member, view in members.items()}
+
+    def __contains__(self, tp: object) -> bool:
+        member = self._members.get(tp[0])
+        return member is not None and tp[1] in member.wanted
+
+    def __iter__(self):
+        return iter([(topic, p) for topic, member in self._members.items()
+                     for p in member.wanted])
+
+    def __bool__(self) -> bool:
+        return any(member.wanted for member in self._members.values())
+
+
 class ConsumerLoop(_Outage):
-    """The thread of one consumer (see the module doc).
+    """The state of one subscription, driven by the thread of a
+    :class:`SharedLoop` (see the module doc) through its public thread-side
+    steps; its topic is a :class:`TopicView`.
 
     :param reactor: the reactor of ``sink``.
-    :param make_client: ``make_client() -> ConsumerClient`` (may block).
     :param sink: the reactor side: ``_assigned(partitions)``,
         ``_batch(records, reached)``, ``_revoke(partitions)`` (asked, its
         result awaited), ``_closed()``; called in the reactor thread.
-    :param exclusive: assign every partition without joining the group.
+    :param exclusive: take every partition without joining the group.
     :param from_beginning: start the first assignment at the first offsets.
     :param durable: a new group starts at the first offsets, not at the end.
-    :param max_records: most records per poll.
     :param timeout: seconds a rebalance waits for the reactor at most.
-    :param grace: seconds a member leaving its group keeps polling to
-        notice a rebalance under way (two heartbeat intervals).
-    :param stuck: seconds without an assignment after which a member joins
-        its group again as a new member.
-    :param name: the thread's name (and the consumer's, in log lines).
-    A loop runs in a thread of its own (:meth:`start`), or is driven by a
-    :class:`SharedLoop` (:meth:`SharedLoop.add`; exclusive only,
-    ``make_client`` unused).
+    :param name: the consumer's name in log lines.
+    :ivar want_paused: what the reactor asks (``bool``).
     :ivar backlog: records the partitions of this member hold beyond what
         the thread handed to the reactor (high watermarks of the last
         fetches), read every :data:`BACKLOG_EVERY` seconds; ``int``.
     """
 
-    def __init__(self, reactor: Any, make_client: Callable[[], ConsumerClient], sink: Any, *,
-                 exclusive: bool, from_beginning: bool, durable: bool, max_records: int,
-                 timeout: float, grace: float, stuck: float, name: str) -> None:
+    def __init__(self, reactor: Any, sink: Any, *, exclusive: bool, from_beginning: bool,
+                 durable: bool, timeout: float, name: str) -> None:
         self._reactor = reactor
-        self._make_client = make_client
         self._sink = sink
         self._exclusive = exclusive
         self._from_beginning = from_beginning
         self._durable = durable
-        self._max_records = max_records
         self._timeout = timeout
-        self._grace = grace
-        self._stuck = stuck
         self.name = name
         self._lock = threading.Lock()
         self._commits: dict[int, int] = {}
+        self._unconfirmed: dict[int, int] = {}  # committed without waiting
         self._seeks: dict[int, int] = {}
         self.want_paused = False
         self._stopping = False
-        self._client: ConsumerClient | None = None
+        self._client: TopicView | None = None
         self._paused = False  # what the client was last told
         self._failing: str | None = None
         self._first_assignment = True
@@ -147,20 +184,12 @@ class ConsumerLoop(_Outage):
         self._at_end: set[int] = set()  # starts at the end, not known yet
         self._skip: dict[int, int] = {}  # records below are skipped
         self._reached: set[int] = set()
-        self._want: set[int] = set()  # partitions whose end is not known (given to poll)
+        self._want: set[int] = set()  # partitions whose end is not known
         self._revoked: set[int] = set()  # taken away, state not dropped yet
-        self._rebalancing = False  # partitions revoked (or none yet), none assigned since
-        self._closing = False
-        self._rebalance_deadline = 0.0
         self.backlog = 0
         self._backlog_at = 0.0
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # -- from the reactor (thread-safe) -------------------------------------------------
-
-    def start(self) -> None:
-        """Start its own thread (see :meth:`SharedLoop.add` for the other way)."""
-        self._thread.start()
 
     def commit(self, partition: int, offset: int) -> None:
         """Have ``offset`` committed for ``partition`` before the next poll."""
@@ -176,27 +205,31 @@ class ConsumerLoop(_Outage):
             self._seeks[partition] = offset
 
     def stop(self) -> None:
-        """Commit what was asked, close the client (leaving the group), then
-        call the sink's ``_closed``."""
+        """Have the thread commit what was asked, stop reading the topic
+        (leaving the group with the last subscription of a joining client),
+        then call the sink's ``_closed``."""
         self._stopping = True
 
-    # -- driven by a SharedLoop's thread ---------------------------------------------------
+    # -- thread side (a SharedLoop's thread) ---------------------------------------------
 
     @property
     def stopping(self) -> bool:
-        """:meth:`stop` was called (the thread closes the client next)."""
+        """:meth:`stop` was called (the thread lets the topic go next)."""
         return self._stopping
 
     @property
     def wanted(self) -> set[int]:
-        """Partitions whose end the loop does not know yet (thread side)."""
+        """Partitions whose end the loop does not know yet."""
         return self._want
 
     def attach(self, view: "TopicView") -> bool:
-        """Take every partition of the view's topic (exclusive).
+        """Read the view's topic: exclusive, take every partition; joining,
+        wait for the group's assignment (:meth:`on_assign`).
 
         :returns: False when Kafka failed (try again later)."""
         self._client = view
+        if not self._exclusive:
+            return True
         try:
             partitions = view.partitions()
         except Exception as e:
@@ -204,86 +237,29 @@ class ConsumerLoop(_Outage):
             return False
         return self._assign(partitions, assign=True)
 
-    # -- the thread ------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        client = None
-        try:
-            client = self._retry(self._make_client)
-            if client is None:
-                return
-            self._client = client
-            if self._exclusive:
-                partitions = self._retry(client.partitions)
-                while not self._stopping and not self._assign(partitions, assign=True):
-                    time.sleep(RETRY_DELAY)
-            else:
-                client.subscribe(self._on_assign, self._on_revoke)
-                self._rebalancing = True  # joining
-                self._rebalance_deadline = time.monotonic() + self._stuck
-            while not self._stopping:
-                self.between_polls(client)
-                self.poll_once(client)
-                if self._rebalancing and time.monotonic() > self._rebalance_deadline:
-                    client = self._client = self._rejoin(client)
-            if client is not None and not self._exclusive:
-                self._finish_rebalance(client)
-        finally:
-            self.close_client(client)
-
-    def _finish_rebalance(self, client: ConsumerClient) -> None:
-        """Before leaving the group: notice a rebalance under way (within
-        two heartbeats) and take part in it until the assignment.  Tansu
-        keeps a member that leaves between its join and its assignment as
-        the group's leader, and the group never gets an assignment again."""
-        now = time.monotonic()
-        grace, deadline = now + self._grace, now + self._grace + self._timeout
-        while now < deadline and (self._rebalancing or now < grace):
-            self.poll_once(client)
-            now = time.monotonic()
-
-    def _rejoin(self, client: ConsumerClient) -> ConsumerClient:
-        """The group gave no assignment for too long (see
-        :meth:`_finish_rebalance`): join again as a new member."""
-        log.warn("Kafka consumer {name}: no partitions assigned for {seconds:.0f} s; "
-                 "joining the group again", name=self.name, seconds=self._stuck)
-        self._closing = True
-        try:
-            client.close()
-        except Exception as e:
-            self._trouble(e)
-        self._closing = False
-        self._drop_revoked()
-        client = self._retry(self._make_client)
-        if client is not None:
-            client.subscribe(self._on_assign, self._on_revoke)
-        self._rebalance_deadline = time.monotonic() + self._stuck
-        return client
-
-    def _retry(self, f: Callable) -> Any:
-        """``f()``, retried until it works or the loop stops (then None)."""
-        while not self._stopping:
-            try:
-                result = f()
-            except Exception as e:
-                self._trouble(e)
-                time.sleep(RETRY_DELAY)
-                continue
-            self._recovered()
-            return result
-        return None
-
-
-    def _take_commits(self) -> dict[int, int]:
+    def _take_commits(self, unconfirmed: Any = ()) -> dict[int, int]:
+        """What the reactor asked to commit, and the offsets of
+        ``unconfirmed`` partitions last committed without waiting (an
+        asynchronous commit still under way when the group rebalances or
+        the member leaves may fail unseen: a partition that started at its
+        end and was never read would have no committed offset, and its next
+        owner would start past what came meanwhile)."""
         with self._lock:
             offsets, self._commits = self._commits, {}
+            for p in unconfirmed:
+                o = self._unconfirmed.pop(p, None)
+                if o is not None:
+                    offsets.setdefault(p, o)
         return offsets
 
-    def _commit(self, client: ConsumerClient, wait: bool) -> None:
+    def _commit(self, client: "TopicView", wait: bool) -> None:
         """Commit what the reactor asked for; what fails without ``wait`` is
         tried again next time, unless newer offsets came meanwhile."""
-        offsets = self._take_commits()
+        offsets = self._take_commits(list(self._unconfirmed) if wait else ())
         if offsets:
+            if not wait:
+                with self._lock:
+                    self._unconfirmed.update(offsets)
             try:
                 client.commit(offsets, wait=wait)
             except Exception as e:
@@ -293,8 +269,8 @@ class ConsumerLoop(_Outage):
                         for p, o in offsets.items():
                             self._commits.setdefault(p, o)
 
-    def between_polls(self, client: ConsumerClient) -> None:
-        """Commit, pause and resume what the reactor asked (thread side)."""
+    def between_polls(self, client: "TopicView") -> None:
+        """Commit, pause and resume what the reactor asked."""
         self._commit(client, wait=False)
         if self._seeks:
             self._seek(client)
@@ -303,7 +279,7 @@ class ConsumerLoop(_Outage):
             (client.pause if paused else client.resume)(list(self._next))
         self._paused = paused
 
-    def _seek(self, client: ConsumerClient) -> None:
+    def _seek(self, client: "TopicView") -> None:
         """Seek what the reactor asked (:meth:`seek`); what fails is tried
         again next time."""
         with self._lock:
@@ -323,24 +299,13 @@ class ConsumerLoop(_Outage):
                   seeks=seeks)
         self._track(list(seeks), seeks, set())
 
-    def poll_once(self, client: ConsumerClient) -> None:
-        """One poll of ``client``; its records and reached partitions to the
-        reactor in one call (thread side)."""
-        self._drop_revoked()
-        try:
-            records, ends = client.poll(POLL_TIMEOUT, self._max_records, self._want)
-        except Exception as e:
-            self._trouble(e)
-            time.sleep(RETRY_DELAY)
-            return
+    def poll_once(self, client: "TopicView") -> None:
+        """Take what the shared poll read for the topic; its records and
+        reached partitions to the reactor in one call."""
+        records, ends = client.poll()
         gone = self._drop_revoked()
         if gone:
             records = [r for r in records if r.partition not in gone]
-        error = client.take_error()
-        if error is not None:
-            self._trouble(error)
-        elif records or ends:
-            self._recovered()
         for p, end in ends.items():
             if p in self._ends and self._ends[p] is None:
                 self._ends[p] = end
@@ -365,7 +330,7 @@ class ConsumerLoop(_Outage):
             self._backlog_at = now + BACKLOG_EVERY
             self._read_backlog(client)
 
-    def _read_backlog(self, client: ConsumerClient) -> None:
+    def _read_backlog(self, client: "TopicView") -> None:
         nexts = self._next
         try:
             ends = client.high_watermarks(list(nexts))
@@ -375,12 +340,11 @@ class ConsumerLoop(_Outage):
 
     # -- assignments -----------------------------------------------------------------------
 
-    def _on_assign(self, partitions: list[int]) -> None:
-        """The group gave ``partitions`` (in this thread, during a poll).
+    def on_assign(self, partitions: list[int]) -> None:
+        """The group gave ``partitions`` (in the thread, during a poll).
         While Kafka fails, positioning is tried again for ``timeout``
         seconds; then the client reads them from the committed offsets (the
         first ones without), which never skips a record."""
-        self._rebalancing = False
         deadline = time.monotonic() + self._timeout
         while not self._assign(partitions, assign=False):
             if self._stopping or time.monotonic() > deadline:
@@ -437,16 +401,13 @@ class ConsumerLoop(_Outage):
             self._client.pause(partitions)
         self._reactor.callFromThread(self._sink._assigned, partitions)
 
-    def _on_revoke(self, partitions: list[int]) -> dict[int, int]:
+    def on_revoke(self, partitions: list[int]) -> dict[int, int]:
         """The group takes ``partitions`` back (during a poll or the close;
         possibly in the client's own thread, so only thread-safe work here):
         the reactor stops handing them and queues what it finished.
 
         :returns: the offsets to commit before they go (the driver does).
         """
-        if not self._closing and not self._rebalancing:
-            self._rebalancing = True
-            self._rebalance_deadline = time.monotonic() + self._stuck
         if partitions:
             log.debug("Kafka consumer {name}: partitions {partitions} revoked",
                       name=self.name, partitions=partitions)
@@ -455,7 +416,7 @@ class ConsumerLoop(_Outage):
                             timeout=self._timeout)
             with self._lock:
                 self._revoked.update(partitions)
-        return self._take_commits()
+        return self._take_commits(partitions)
 
     def _drop_revoked(self) -> set[int]:
         """Forget the partitions revoked since the last call.
@@ -472,37 +433,45 @@ class ConsumerLoop(_Outage):
             self._reached.discard(p)
         return gone
 
-    def close_client(self, client: ConsumerClient | None) -> None:
-        """Commit what was asked (waiting), close ``client`` and tell the
-        reactor (thread side)."""
+    def finish(self, client: "TopicView | None") -> None:
+        """Commit what was asked, waiting."""
+        if client is not None:
+            self._commit(client, wait=True)
+
+    def closed(self) -> None:
+        """Tell the reactor that the subscription let its topic go."""
+        self._reactor.callFromThread(self._sink._closed)
+
+    def close_client(self, client: "TopicView | None") -> None:
+        """Commit what was asked (waiting), let the topic go and tell the
+        reactor."""
         try:
             if client is not None:
-                self._commit(client, wait=True)
-                self._closing = True
+                self.finish(client)
                 try:
                     client.close()
                 except Exception as e:
                     self._trouble(e)
         finally:
-            self._reactor.callFromThread(self._sink._closed)
+            self.closed()
 
 
-class TopicView(ConsumerClient):
-    """One topic of a shared :class:`~.drivers.ExclusiveClient`, seen by a
-    :class:`ConsumerLoop` as a :class:`~.drivers.ConsumerClient` of ``int``
-    partitions.  Its :meth:`poll` returns what the shared thread's last poll
-    read for the topic (:attr:`records`, :attr:`ends`) without waiting.
+class TopicView:
+    """One topic of a :class:`~.drivers.SharedClient`, seen by a
+    :class:`ConsumerLoop` with ``int`` partitions.  Its :meth:`poll` returns
+    what the shared thread's last poll read for the topic (:attr:`records`,
+    :attr:`ends`).
 
-    :param client: the shared :class:`~.drivers.ExclusiveClient`.
+    :param client: the shared :class:`~.drivers.SharedClient`.
     :param topic: the topic name.
     """
 
-    def __init__(self, client: ExclusiveClient, topic: str) -> None:
+    def __init__(self, client: SharedClient, topic: str) -> None:
         self._client = client
         self.topic = topic
         self.records: list[RawRecord] = []
         self.ends: dict[int, int] = {}
-        self._mine: set[int] = set()
+        self._mine: set[int] = set()  # assigned directly
 
     def _tps(self, partitions: Any) -> list[tuple]:
         topic = self.topic
@@ -513,14 +482,18 @@ class TopicView(ConsumerClient):
         return {tp[1]: value for tp, value in found.items()}
 
     def partitions(self) -> list[int]:
+        """:returns: the topic's partitions (metadata; blocks)."""
         return self._client.partitions(self.topic)
 
-    def subscribe(self, on_assign: Callable, on_revoke: Callable) -> None:
-        raise TypeError("a TopicView is for exclusive subscriptions (no group join)")
-
     def start_at(self, offsets: dict[int, int], assign: bool) -> None:
-        self._client.add({(self.topic, p): o for p, o in offsets.items()})
-        self._mine.update(offsets)
+        """Read each partition of ``offsets`` from its offset; with
+        ``assign``, take those partitions without the group (exclusive)."""
+        tps = {(self.topic, p): o for p, o in offsets.items()}
+        if assign:
+            self._client.add(tps)
+            self._mine.update(offsets)
+        else:
+            self._client.seek(tps)
 
     def seek(self, offsets: dict[int, int]) -> None:
         self._client.seek({(self.topic, p): o for p, o in offsets.items()})
@@ -537,8 +510,8 @@ class TopicView(ConsumerClient):
     def high_watermarks(self, partitions: list[int]) -> dict[int, int]:
         return self._by_partition(self._client.high_watermarks(self._tps(partitions)))
 
-    def poll(self, timeout: float, max_records: int,
-             want_ends: set[int]) -> tuple[list[RawRecord], dict[int, int]]:
+    def poll(self) -> tuple[list[RawRecord], dict[int, int]]:
+        """:returns: ``(records, ends)`` of the last shared poll, once."""
         records, self.records = self.records, []
         ends, self.ends = self.ends, {}
         return records, ends
@@ -553,50 +526,86 @@ class TopicView(ConsumerClient):
         self._client.resume(self._tps(partitions))
 
     def close(self) -> None:
-        """Stop reading this topic's partitions; the client stays open."""
+        """Stop reading the partitions assigned directly; the client stays
+        open (a joining client drops the topic from its subscription)."""
         mine, self._mine = sorted(self._mine), set()
-        self._client.remove(self._tps(mine))
+        if mine:
+            self._client.remove(self._tps(mine))
 
 
 class SharedLoop(_Outage):
-    """The thread and the client of the exclusive subscriptions of one group
-    (see the module doc): every turn it commits, pauses and resumes what each
+    """The thread and the client of several subscriptions of one group (see
+    the module doc): every turn it commits, pauses and resumes what each
     subscription asked, polls the one client, and lets each subscription's
-    :class:`ConsumerLoop` take its topic's records.  A subscription added
-    later is assigned its partitions on the next turn (no group join); one
-    stopped has its commits done and its partitions removed.  When the last
-    one is gone the client is closed and the thread ends (:attr:`dead`).
+    :class:`ConsumerLoop` take its topic's records.  When the last one is
+    gone the client is closed (a joining one leaves the group) and the
+    thread ends (:attr:`dead`).
 
     :param reactor: the reactor of the subscriptions' sinks.
-    :param make_client: ``make_client() -> ExclusiveClient`` (may block).
+    :param make_client: ``make_client() -> SharedClient`` (may block).
+    :param joining: join the group over the topics; else every subscription
+        is exclusive (its partitions assigned directly).
     :param max_records: most records per poll.
+    :param timeout: seconds a rebalance waits for the reactor at most.
+    :param grace: seconds a joining client that leaves keeps polling to
+        notice a rebalance under way (two heartbeat intervals).
+    :param stuck: seconds without an assignment after which a joining
+        client joins its group again as a new member.
     :param name: the thread's name.
     :ivar dead: True once the thread ended; :meth:`add` refuses then.
     """
 
-    def __init__(self, reactor: Any, make_client: Callable[[], ExclusiveClient], *,
-                 max_records: int, name: str) -> None:
+    def __init__(self, reactor: Any, make_client: Callable[[], SharedClient], *,
+                 joining: bool = False, max_records: int, timeout: float = 10.0,
+                 grace: float = 0.0, stuck: float = 60.0, name: str) -> None:
         self._reactor = reactor
         self._make_client = make_client
+        self._joining = joining
         self._max_records = max_records
+        self._timeout = timeout
+        self._grace = grace
+        self._stuck = stuck
         self.name = name
         self._lock = threading.Lock()
         self._adding: list[tuple[ConsumerLoop, str]] = []
-        self._waiting: list[tuple[ConsumerLoop, str]] = []  # thread side: not assigned yet
+        self._added_at = 0.0
+        self._expected: dict[ConsumerLoop, float] = {}  # joining: added once its topic exists
+        self._waiting: list[tuple[ConsumerLoop, str]] = []  # thread side: not attached yet
         self._members: dict[ConsumerLoop, TopicView] = {}  # thread side
+        self._topics: dict[str, ConsumerLoop] = {}  # joining: the member of each topic
+        self._subscribed: list[str] = []  # joining: the client's subscription
+        self._assignment: set[tuple] = set()  # joining: what the group gave the client
+        self._rebalancing = False  # partitions revoked (or none yet), none assigned since
+        self._rebalance_deadline = 0.0
+        self._closing = False
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing: str | None = None
         self.dead = False
+
+    def expect(self, member: ConsumerLoop) -> None:
+        """``member`` will be added once its topic exists (thread-safe): a
+        joining client waits for it, ``timeout`` seconds at most, before it
+        joins, so that the subscriptions made together join together."""
+        with self._lock:
+            self._expected[member] = time.monotonic()
+
+    def forget(self, member: ConsumerLoop) -> None:
+        """``member`` will not be added after all (stopped before)."""
+        with self._lock:
+            self._expected.pop(member, None)
+        self._wake.set()
 
     def add(self, member: ConsumerLoop, topic: str) -> bool:
         """Have the thread read ``topic`` for ``member`` (thread-safe).
 
         :returns: False when the thread has ended (make another loop)."""
         with self._lock:
+            self._expected.pop(member, None)
             if self.dead:
                 return False
             self._adding.append((member, topic))
+            self._added_at = time.monotonic()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
@@ -613,13 +622,26 @@ class SharedLoop(_Outage):
                     if not self._waiting and not self._members:
                         self.dead = True
                         return
+                    gathered = self._added_at + GATHER
+                    if self._expected:
+                        gathered = max(gathered, min(self._expected.values()) + self._timeout)
                 self._wake.clear()
                 if client is None:
                     client = self._open()
                     if client is None:
                         continue
+                client = self._detach(client)
+                if client is None:
+                    continue
+                now = time.monotonic()
+                if self._joining and self._waiting and now < gathered:
+                    self._wake.wait(gathered - now)  # more may come: one join for all
+                    continue
                 self._attach(client)
-                self._detach()
+                if self._joining:
+                    client = self._keep_joined(client)
+                    if client is None:
+                        continue
                 if self._members:
                     self._turn(client)
                 else:
@@ -628,29 +650,46 @@ class SharedLoop(_Outage):
             for member, view in list(self._members.items()):
                 member.close_client(view)
             self._members.clear()
+            self._topics.clear()
             if client is not None:
-                try:
-                    client.close()
-                except Exception as e:
-                    self._trouble(e)
+                self._close(client)
 
-    def _open(self) -> ExclusiveClient | None:
+    def _open(self) -> SharedClient | None:
         """A client, or None (retried later) while Kafka fails; members that
-        stop meanwhile are closed."""
+        stop meanwhile are closed.  The members of a client closed before
+        (a joining client that joins again) read through the new one."""
         try:
             client = self._make_client()
         except Exception as e:
             self._trouble(e)
             stopped = [m for m, _topic in self._waiting if m.stopping]
             self._waiting = [w for w in self._waiting if not w[0].stopping]
+            for member in [m for m in self._members if m.stopping]:
+                self._topics.pop(self._members.pop(member).topic, None)
+                stopped.append(member)
             for member in stopped:
                 member.close_client(None)
             self._wake.wait(RETRY_DELAY)
             return None
         self._recovered()
+        self._subscribed = []
+        for member, view in self._members.items():
+            view = self._members[member] = TopicView(client, view.topic)
+            member.attach(view)
         return client
 
-    def _attach(self, client: ExclusiveClient) -> None:
+    def _close(self, client: SharedClient) -> None:
+        self._closing = True
+        try:
+            client.close()
+        except Exception as e:
+            self._trouble(e)
+        self._closing = False
+        self._rebalancing = False
+        with self._lock:
+            self._assignment.clear()
+
+    def _attach(self, client: SharedClient) -> None:
         still = []
         for member, topic in self._waiting:
             if member.stopping:
@@ -659,23 +698,110 @@ class SharedLoop(_Outage):
             view = TopicView(client, topic)
             if member.attach(view):
                 self._members[member] = view
+                if self._joining:
+                    self._topics[topic] = member
+                    with self._lock:  # the client holds some already: they are its
+                        held = sorted(p for t, p in self._assignment if t == topic)
+                    if held:
+                        member.on_assign(held)
             else:
                 still.append((member, topic))
         self._waiting = still
 
-    def _detach(self) -> None:
+    def _detach(self, client: SharedClient) -> SharedClient | None:
+        """Let the topics of stopped members go.  :returns: the client, or
+        None when the last member of a joining client left the group."""
         for member in [m for m in self._members if m.stopping]:
-            member.close_client(self._members.pop(member))
+            view = self._members.pop(member)
+            if not self._joining:
+                member.close_client(view)
+                continue
+            del self._topics[view.topic]
+            if self._members:
+                member.close_client(view)  # the topic leaves the subscription next
+                continue
+            member.finish(view)  # the last one: leave the group, then say so
+            self._leave(client)
+            member.closed()
+            return None
+        return client
 
-    def _turn(self, client: ExclusiveClient) -> None:
+    # -- joining ---------------------------------------------------------------------------
+
+    def _keep_joined(self, client: SharedClient) -> SharedClient:
+        """Subscribe to the members' topics when they changed (a client
+        that cannot change them in place leaves the group, and the next one
+        joins with them); join again when no assignment came for too long.
+
+        :returns: the client, or None when it was closed."""
+        if self._rebalancing and time.monotonic() > self._rebalance_deadline:
+            log.warn("Kafka consumer {name}: no partitions assigned for {seconds:.0f} s; "
+                     "joining the group again", name=self.name, seconds=self._stuck)
+            self._close(client)
+            return None
+        topics = sorted(self._topics)
+        if topics and topics != self._subscribed:
+            if self._subscribed and not client.resubscribes:
+                if self._rebalancing:
+                    return client  # the join under way first (see _leave)
+                self._leave(client)  # the next client joins with the topics
+                return None
+            try:
+                client.subscribe(topics, self._on_assign, self._on_revoke)
+            except Exception as e:
+                self._trouble(e)
+                return client
+            self._subscribed = topics
+            self._rebalancing = True  # joining
+            self._rebalance_deadline = time.monotonic() + self._stuck
+        return client
+
+    def _leave(self, client: SharedClient) -> None:
+        """Before leaving the group: notice a rebalance under way (within
+        two heartbeats) and take part in it until the assignment.  Tansu
+        keeps a member that leaves between its join and its assignment as
+        the group's leader, and the group never gets an assignment again."""
+        now = time.monotonic()
+        grace, deadline = now + self._grace, now + self._grace + self._timeout
+        while now < deadline and (self._rebalancing or now < grace):
+            self._turn(client)
+            now = time.monotonic()
+        self._close(client)
+
+    def _on_assign(self, tps: list[tuple]) -> None:
+        """The group gave ``tps`` (in this thread, during a poll): each
+        topic's member positions its partitions."""
+        self._rebalancing = False
+        with self._lock:
+            self._assignment.update(tps)
+        for topic, partitions in _by_topic(tps).items():
+            member = self._topics.get(topic)
+            if member is not None:
+                member.on_assign(partitions)
+
+    def _on_revoke(self, tps: list[tuple]) -> dict[tuple, int]:
+        """The group takes ``tps`` back (possibly in the client's own
+        thread).  :returns: the offsets to commit before they go."""
+        if not self._closing and not self._rebalancing:
+            self._rebalancing = True
+            self._rebalance_deadline = time.monotonic() + self._stuck
+        with self._lock:
+            self._assignment.difference_update(tps)
+        offsets = {}
+        for topic, partitions in _by_topic(tps).items():
+            member = self._topics.get(topic)
+            if member is not None:
+                offsets.update({(topic, p): o for p, o in member.on_revoke(partitions).items()})
+        return offsets
+
+    # -- polling ---------------------------------------------------------------------------
+
+    def _turn(self, client: SharedClient) -> None:
         members = self._members
-        want = set()
         for member, view in members.items():
             member.between_polls(view)
-            topic = view.topic
-            want.update((topic, p) for p in member.wanted)
         try:
-            records, ends = client.poll(POLL_TIMEOUT, self._max_records, want)
+            records, ends = client.poll(POLL_TIMEOUT, self._max_records, _Wanted(members))
         except Exception as e:
             self._trouble(e)
             time.sleep(RETRY_DELAY)
@@ -685,7 +811,7 @@ class SharedLoop(_Outage):
             self._trouble(error)
         elif records or ends:
             self._recovered()
-        for member, view in members.items():
+        for member, view in list(members.items()):
             topic = view.topic
             view.records = records.get(topic, [])
             view.ends = {tp[1]: end for tp, end in ends.items() if tp[0] == topic}
