@@ -381,7 +381,7 @@ class ConsumerLoop(_Outage):
         log.debug("Kafka consumer {name}: partitions {partitions} from {starts} "
                   "(at the end: {at_end})", name=self.name, partitions=partitions,
                   starts=starts, at_end=at_end)
-        if at_end:  # a group's first assignment of these: once in their life
+        if at_end and not self._exclusive:  # a joined group's first start: once in its life
             log.info("Kafka consumer {name}: partitions {at_end} have no committed offset: "
                      "starting at their end", name=self.name, at_end=at_end)
         self._track(partitions, starts, set(at_end))
