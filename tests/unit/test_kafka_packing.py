@@ -139,18 +139,25 @@ def _packed_raw(partition: int, offset: int, items: list) -> RawRecord:
     return RawRecord(partition, offset, None, value, (packing.HEADER,))
 
 
-def test_a_packed_record_is_handed_as_its_records_and_committed_once_all_are_done():
+def _pending_consumer(partition: int):
+    """A consumer of ``partition`` whose handler's results fire when the
+    test says: :returns: ``(consumer, results, seen)``."""
     seen, results = [], []
 
-    def handler(record):
+    def pending(record):
         seen.append((record.key, record.value, record.partition, record.offset))
         d = defer.Deferred()
         results.append(d)
         return d
 
-    consumer = KafkaConsumer(FakeBus(), "t", "g", handler, r.BYTES, 100, 1000)
+    consumer = KafkaConsumer(FakeBus(), "t", "g", pending, r.BYTES, 100, 1000)
     consumer.loop = FakeLoop()
-    consumer._assigned([3])
+    consumer._assigned([partition])
+    return consumer, results, seen
+
+
+def test_a_packed_record_is_handed_as_its_records_and_committed_once_all_are_done():
+    consumer, results, seen = _pending_consumer(3)
     consumer._batch([_packed_raw(3, 7, [(b"a", b"1"), (b"b", b"2"), (None, b"3")]),
                      RawRecord(3, 8, b"c", b"4", ())], [])
     assert seen == [("a", b"1", 3, 7), ("b", b"2", 3, 7), (None, b"3", 3, 7), ("c", b"4", 3, 8)]
@@ -164,16 +171,7 @@ def test_a_packed_record_is_handed_as_its_records_and_committed_once_all_are_don
 
 
 def test_a_failed_record_of_a_packed_record_leaves_its_offset_uncommitted():
-    results = []
-
-    def handler(record):
-        d = defer.Deferred()
-        results.append(d)
-        return d
-
-    consumer = KafkaConsumer(FakeBus(), "t", "g", handler, r.BYTES, 100, 1000)
-    consumer.loop = FakeLoop()
-    consumer._assigned([0])
+    consumer, results, _seen = _pending_consumer(0)
     consumer._batch([_packed_raw(0, 0, [(b"a", b"1"), (b"b", b"2")])], [])
     results[0].callback(None)
     results[1].errback(RuntimeError("cannot store it"))
