@@ -206,7 +206,13 @@ class SharedClient(_Errors, drivers.SharedClient):
     eager rebalance assigns with ``assign``, offsets included), and those
     paused meanwhile are paused then.  Assigned directly, it reads a batch
     per call (no rebalance can come between two of its records).
+
+    A joined client does not change its topics in place (:attr:`resubscribes`
+    False: a new client joins instead): on Tansu a rejoin with changed topics
+    is sometimes never answered, as with kafka-python.
     """
+
+    resubscribes = False
 
     def __init__(self, config: Any, group: str) -> None:
         self._timeout = config.request_timeout_ms / 1000.0
