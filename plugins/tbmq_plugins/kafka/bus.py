@@ -468,7 +468,8 @@ class KafkaBus:
         group_id = self._group_ids.get(consumer) or kafka_group(consumer.topic, consumer.group)
 
         def ask() -> bool:
-            partitions = self._producer.prepare(consumer.topic)
+            # a bundle's topics are packable: their partition counts are known
+            partitions = self._placed.get(consumer.topic) or self._producer.prepare(consumer.topic)
             found = self._admin.committed(group_id, consumer.topic, list(range(partitions)))
             return all(offset is not None for offset in found.values())
 
