@@ -123,10 +123,10 @@ class Sink:
         self.closed = True
 
 
-def member(reactor, exclusive=True, from_beginning=False, durable=False):
+def member(reactor, exclusive=True, from_beginning=False, durable=False, contiguous=False):
     sink = Sink()
     loop = ConsumerLoop(reactor, sink, exclusive=exclusive, from_beginning=from_beginning,
-                        durable=durable, timeout=2.0, name="test")
+                        durable=durable, timeout=2.0, name="test", contiguous=contiguous)
     return loop, sink
 
 
@@ -135,9 +135,10 @@ def shared(client, reactor, exclusive=True, stuck=60.0) -> SharedLoop:
                       timeout=2.0, grace=0.0, stuck=stuck, name="test")
 
 
-def start(client, exclusive=True, from_beginning=False, durable=False, stuck=60.0):
+def start(client, exclusive=True, from_beginning=False, durable=False, stuck=60.0,
+          contiguous=False):
     reactor = QueueReactor()
-    loop, sink = member(reactor, exclusive, from_beginning, durable)
+    loop, sink = member(reactor, exclusive, from_beginning, durable, contiguous)
     shared(client, reactor, exclusive, stuck).add(loop, T)
     return loop, sink, reactor
 
@@ -484,3 +485,38 @@ def test_what_was_committed_without_waiting_is_committed_again_before_partitions
     assert taken == [{(T, 0): 5}]  # for the driver to commit, waiting
     stop(loop, sink, reactor)
     assert ("commit", {1: 2}, True) in client.calls  # the one left, at the stop
+
+
+def test_a_fetch_that_skips_offsets_is_read_again_from_the_first_one_missing():
+    """Tansu can make a later batch of a partition readable before an
+    earlier one (two producers at once): records past the hole are not
+    handed, the partition is read again from the hole, and the records
+    come in order with none skipped (an acknowledged message was lost)."""
+    client = ScriptedClient(committed={0: 0, 1: 0})
+    loop, sink, reactor = start(client, contiguous=True)
+    reactor.wait(lambda: sink.assigned)
+    client.polls.put((records(0, [0, 1]), {0: 2, 1: 0}))
+    reactor.wait(lambda: sink.batches)
+    client.seek_fails = 1  # the first seek back fails: tried again at the next poll
+    client.polls.put((records(0, [4, 5]) + records(1, [0]), {}))  # 2 and 3 not readable yet
+    client.polls.put((records(0, [6]), {}))  # the client is still past the hole
+    client.polls.put((records(0, [2, 3, 4, 5, 6]), {}))  # read again from 2
+    reactor.wait(lambda: len(sink.batches) == 3)
+    handed = [o for batch, _ in sink.batches for p, o in batch if p == 0]
+    assert handed == [0, 1, 2, 3, 4, 5, 6]
+    assert (1, 0) in sink.batches[1][0]  # the other partition goes on
+    assert [c for c in client.calls if c[0] == "seek"] == [("seek", {0: 2})] * 2
+    assert loop.gaps.refetches == 1
+    stop(loop, sink, reactor)
+
+
+def test_without_contiguous_offsets_a_hole_is_passed_at_once():
+    """A compacted topic has holes by design: they are not read again."""
+    client = ScriptedClient(committed={0: 0, 1: 0})
+    loop, sink, reactor = start(client)
+    reactor.wait(lambda: sink.assigned)
+    client.polls.put((records(0, [0, 3]), {0: 4, 1: 0}))
+    reactor.wait(lambda: sink.batches)
+    assert sink.batches[0][0] == [(0, 0), (0, 3)]
+    assert not [c for c in client.calls if c[0] == "seek"]
+    stop(loop, sink, reactor)

@@ -423,7 +423,7 @@ class KafkaBus:
         loop = ConsumerLoop(
             self.clock, consumer, exclusive=exclusive, from_beginning=from_beginning,
             durable=self.catalogue.durable(topic), timeout=config.request_timeout_ms / 1000.0,
-            name=f"{group_id} {topic}")
+            name=f"{group_id} {topic}", contiguous=not self.catalogue.compacted(topic))
         self._consumers.add(consumer)
         if bundle is None and not exclusive:
             key = None  # a client of its own

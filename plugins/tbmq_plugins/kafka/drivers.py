@@ -27,7 +27,7 @@ from typing import Any, Callable, NamedTuple
 
 from tbmq.errors import ConfigError
 
-__all__ = ["Admin", "Producer", "RawRecord", "SharedClient", "TopicSpec", "load_driver"]
+__all__ = ["Admin", "Producer", "RawRecord", "SharedClient", "TopicSpec", "TopicView", "load_driver"]
 
 #: driver name → (module of this package, what to install)
 DRIVERS = {
@@ -254,3 +254,80 @@ def load_driver(name: str) -> Any:
     except ImportError as e:
         raise ConfigError(f"kafka.driver: {name} needs a library that is not installed "
                           f"({e}): {install}", "kafka.driver") from None
+
+
+class TopicView:
+    """One topic of a :class:`~.drivers.SharedClient`, seen by a
+    :class:`ConsumerLoop` with ``int`` partitions.  Its :meth:`poll` returns
+    what the shared thread's last poll read for the topic (:attr:`records`,
+    :attr:`ends`).
+
+    :param client: the shared :class:`~.drivers.SharedClient`.
+    :param topic: the topic name.
+    """
+
+    def __init__(self, client: SharedClient, topic: str) -> None:
+        self._client = client
+        self.topic = topic
+        self.records: list[RawRecord] = []
+        self.ends: dict[int, int] = {}
+        self._mine: set[int] = set()  # assigned directly
+
+    def _tps(self, partitions: Any) -> list[tuple]:
+        topic = self.topic
+        return [(topic, p) for p in partitions]
+
+    @staticmethod
+    def _by_partition(found: dict) -> dict:
+        return {tp[1]: value for tp, value in found.items()}
+
+    def partitions(self) -> list[int]:
+        """:returns: the topic's partitions (metadata; blocks)."""
+        return self._client.partitions(self.topic)
+
+    def start_at(self, offsets: dict[int, int], assign: bool) -> None:
+        """Read each partition of ``offsets`` from its offset; with
+        ``assign``, take those partitions without the group (exclusive)."""
+        tps = {(self.topic, p): o for p, o in offsets.items()}
+        if assign:
+            self._client.add(tps)
+            self._mine.update(offsets)
+        else:
+            self._client.seek(tps)
+
+    def seek(self, offsets: dict[int, int]) -> None:
+        self._client.seek({(self.topic, p): o for p, o in offsets.items()})
+
+    def committed(self, partitions: list[int]) -> dict[int, int | None]:
+        return self._by_partition(self._client.committed(self._tps(partitions)))
+
+    def first_offsets(self, partitions: list[int]) -> dict[int, int]:
+        return self._by_partition(self._client.first_offsets(self._tps(partitions)))
+
+    def end_offsets(self, partitions: list[int]) -> dict[int, int]:
+        return self._by_partition(self._client.end_offsets(self._tps(partitions)))
+
+    def high_watermarks(self, partitions: list[int]) -> dict[int, int]:
+        return self._by_partition(self._client.high_watermarks(self._tps(partitions)))
+
+    def poll(self) -> tuple[list[RawRecord], dict[int, int]]:
+        """:returns: ``(records, ends)`` of the last shared poll, once."""
+        records, self.records = self.records, []
+        ends, self.ends = self.ends, {}
+        return records, ends
+
+    def commit(self, offsets: dict[int, int], wait: bool) -> None:
+        self._client.commit({(self.topic, p): o for p, o in offsets.items()}, wait)
+
+    def pause(self, partitions: list[int]) -> None:
+        self._client.pause(self._tps(partitions))
+
+    def resume(self, partitions: list[int]) -> None:
+        self._client.resume(self._tps(partitions))
+
+    def close(self) -> None:
+        """Stop reading the partitions assigned directly; the client stays
+        open (a joining client drops the topic from its subscription)."""
+        mine, self._mine = sorted(self._mine), set()
+        if mine:
+            self._client.remove(self._tps(mine))

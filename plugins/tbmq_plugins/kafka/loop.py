@@ -73,7 +73,8 @@ from twisted.logger import Logger
 
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.bridge import ask_reactor
-from tbmq_plugins.kafka.drivers import RawRecord, SharedClient
+from tbmq_plugins.kafka.drivers import RawRecord, SharedClient, TopicView
+from tbmq_plugins.kafka.order import Gaps
 
 __all__ = ["BACKLOG_EVERY", "GATHER", "POLL_TIMEOUT", "RETRY_DELAY", "ConsumerLoop",
            "SharedLoop", "TopicView"]
@@ -153,6 +154,9 @@ class ConsumerLoop(_Outage):
     :param durable: a new group starts at the first offsets, not at the end.
     :param timeout: seconds a rebalance waits for the reactor at most.
     :param name: the consumer's name in log lines.
+    :param contiguous: every offset of the topic is a record (not
+        compacted, no transactions): a partition whose fetch skipped
+        offsets is read again from the first one missing (:mod:`.order`).
     :ivar want_paused: what the reactor asks (``bool``).
     :ivar backlog: records the partitions of this member hold beyond what
         the thread handed to the reactor (high watermarks of the last
@@ -160,7 +164,7 @@ class ConsumerLoop(_Outage):
     """
 
     def __init__(self, reactor: Any, sink: Any, *, exclusive: bool, from_beginning: bool,
-                 durable: bool, timeout: float, name: str) -> None:
+                 durable: bool, timeout: float, name: str, contiguous: bool = False) -> None:
         self._reactor = reactor
         self._sink = sink
         self._exclusive = exclusive
@@ -186,6 +190,8 @@ class ConsumerLoop(_Outage):
         self._reached: set[int] = set()
         self._want: set[int] = set()  # partitions whose end is not known
         self._revoked: set[int] = set()  # taken away, state not dropped yet
+        self.gaps = Gaps(name) if contiguous else None
+        self._refetch: dict[int, int] = {}  # read again from there: the seek failed
         self.backlog = 0
         self._backlog_at = 0.0
 
@@ -317,6 +323,8 @@ class ConsumerLoop(_Outage):
                     self.commit(p, end)
         if self._skip:
             records = [r for r in records if r.offset >= self._skip.get(r.partition, -1)]
+        if self.gaps is not None:
+            records = self._in_order(client, records)
         nexts = self._next
         for r in records:
             nexts[r.partition] = r.offset + 1
@@ -329,6 +337,27 @@ class ConsumerLoop(_Outage):
         if now >= self._backlog_at:
             self._backlog_at = now + BACKLOG_EVERY
             self._read_backlog(client)
+
+    def _in_order(self, client: "TopicView", records: list) -> list:
+        """The records that follow what was handed over; a partition whose
+        records skip offsets is read again from the first one missing
+        (:class:`~.order.Gaps`), its records from there dropped."""
+        retry = self._refetch
+        if retry:  # the client is still past the hole
+            records = [r for r in records if r.partition not in retry]
+        records, again = self.gaps.filter(records, self._next)
+        if again or retry:
+            seeks = {**retry, **again}
+            try:
+                client.seek(seeks)
+                if self._paused:  # a seek resumes the partition
+                    client.pause(list(seeks))
+            except Exception as e:
+                self._trouble(e)
+                self._refetch = seeks
+            else:
+                self._refetch = {}
+        return records
 
     def _read_backlog(self, client: "TopicView") -> None:
         nexts = self._next
@@ -390,6 +419,7 @@ class ConsumerLoop(_Outage):
     def _track(self, partitions: list[int], starts: dict[int, int], at_end: set[int]) -> None:
         with self._lock:  # given again within the same poll
             self._revoked.difference_update(partitions)
+        self._forget_gaps(partitions)
         for p in partitions:
             self._next[p] = starts[p]
             self._ends[p] = None
@@ -424,6 +454,7 @@ class ConsumerLoop(_Outage):
         :returns: them."""
         with self._lock:
             gone, self._revoked = self._revoked, set()
+        self._forget_gaps(gone)
         for p in gone:
             self._next.pop(p, None)
             self._ends.pop(p, None)
@@ -432,6 +463,12 @@ class ConsumerLoop(_Outage):
             self._at_end.discard(p)
             self._reached.discard(p)
         return gone
+
+    def _forget_gaps(self, partitions: Any) -> None:
+        if self.gaps is not None:
+            self.gaps.forget(partitions)
+            for p in partitions:
+                self._refetch.pop(p, None)
 
     def finish(self, client: "TopicView | None") -> None:
         """Commit what was asked, waiting."""
@@ -454,83 +491,6 @@ class ConsumerLoop(_Outage):
                     self._trouble(e)
         finally:
             self.closed()
-
-
-class TopicView:
-    """One topic of a :class:`~.drivers.SharedClient`, seen by a
-    :class:`ConsumerLoop` with ``int`` partitions.  Its :meth:`poll` returns
-    what the shared thread's last poll read for the topic (:attr:`records`,
-    :attr:`ends`).
-
-    :param client: the shared :class:`~.drivers.SharedClient`.
-    :param topic: the topic name.
-    """
-
-    def __init__(self, client: SharedClient, topic: str) -> None:
-        self._client = client
-        self.topic = topic
-        self.records: list[RawRecord] = []
-        self.ends: dict[int, int] = {}
-        self._mine: set[int] = set()  # assigned directly
-
-    def _tps(self, partitions: Any) -> list[tuple]:
-        topic = self.topic
-        return [(topic, p) for p in partitions]
-
-    @staticmethod
-    def _by_partition(found: dict) -> dict:
-        return {tp[1]: value for tp, value in found.items()}
-
-    def partitions(self) -> list[int]:
-        """:returns: the topic's partitions (metadata; blocks)."""
-        return self._client.partitions(self.topic)
-
-    def start_at(self, offsets: dict[int, int], assign: bool) -> None:
-        """Read each partition of ``offsets`` from its offset; with
-        ``assign``, take those partitions without the group (exclusive)."""
-        tps = {(self.topic, p): o for p, o in offsets.items()}
-        if assign:
-            self._client.add(tps)
-            self._mine.update(offsets)
-        else:
-            self._client.seek(tps)
-
-    def seek(self, offsets: dict[int, int]) -> None:
-        self._client.seek({(self.topic, p): o for p, o in offsets.items()})
-
-    def committed(self, partitions: list[int]) -> dict[int, int | None]:
-        return self._by_partition(self._client.committed(self._tps(partitions)))
-
-    def first_offsets(self, partitions: list[int]) -> dict[int, int]:
-        return self._by_partition(self._client.first_offsets(self._tps(partitions)))
-
-    def end_offsets(self, partitions: list[int]) -> dict[int, int]:
-        return self._by_partition(self._client.end_offsets(self._tps(partitions)))
-
-    def high_watermarks(self, partitions: list[int]) -> dict[int, int]:
-        return self._by_partition(self._client.high_watermarks(self._tps(partitions)))
-
-    def poll(self) -> tuple[list[RawRecord], dict[int, int]]:
-        """:returns: ``(records, ends)`` of the last shared poll, once."""
-        records, self.records = self.records, []
-        ends, self.ends = self.ends, {}
-        return records, ends
-
-    def commit(self, offsets: dict[int, int], wait: bool) -> None:
-        self._client.commit({(self.topic, p): o for p, o in offsets.items()}, wait)
-
-    def pause(self, partitions: list[int]) -> None:
-        self._client.pause(self._tps(partitions))
-
-    def resume(self, partitions: list[int]) -> None:
-        self._client.resume(self._tps(partitions))
-
-    def close(self) -> None:
-        """Stop reading the partitions assigned directly; the client stays
-        open (a joining client drops the topic from its subscription)."""
-        mine, self._mine = sorted(self._mine), set()
-        if mine:
-            self._client.remove(self._tps(mine))
 
 
 class SharedLoop(_Outage):
