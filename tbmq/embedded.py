@@ -9,6 +9,7 @@ from typing import Any
 
 from tbmq.auth import AuthResult
 from tbmq.hookspecs import hookimpl
+from tbmq.mqtt import ReasonCode
 
 
 class EmbeddedBackends:
@@ -130,12 +131,12 @@ class AnonymousAuth:
     were refused, as Mosquitto refuses a wrong password with a password file
     and ``allow_anonymous true``).  Otherwise a client that sent a user name
     or a password is refused exactly as a wrong password is, so a refusal
-    does not tell which user names exist: CONNACK 0x86 Bad User Name or
-    Password (v3: 0x04), after a bcrypt check of its password against
+    does not tell which user names exist: CONNACK BAD_USER_NAME_OR_PASSWORD
+    (0x86; v3: 4), after a bcrypt check of its password against
     :data:`~tbmq.auth.passwords.UNKNOWN_USER_HASH` (the time a wrong
     password takes; none when it sent no password, as for known
-    credentials).  A client without either passes, and is refused with 0x87
-    Not authorized (v3: 0x05).  A client that asked for a v5 authentication
+    credentials).  A client without either passes, and is refused with
+    NOT_AUTHORIZED (0x87; v3: 5).  A client that asked for a v5 authentication
     method is never accepted anonymously."""
 
     def __init__(self, allow: bool) -> None:
@@ -151,10 +152,11 @@ class AnonymousAuth:
             from tbmq.auth import passwords
 
             d = request.check_password(request.password, passwords.UNKNOWN_USER_HASH)
-            return d.addCallback(lambda _: AuthResult(False, reason_code=0x86,
-                                                      provider="anonymous"))
+            return d.addCallback(lambda _: AuthResult(
+                False, reason_code=ReasonCode.BAD_USER_NAME_OR_PASSWORD, provider="anonymous"))
         if request.username is not None:
-            return AuthResult(False, reason_code=0x86, provider="anonymous")
+            return AuthResult(False, reason_code=ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                              provider="anonymous")
         return None
 
 

@@ -98,10 +98,11 @@ def tbmq_authenticate(request):
         password, certificate chain, authentication method and data, a
         ``state`` dict kept across one exchange, the credential store).
     :returns: an :class:`tbmq.auth.AuthResult` (allowed, refused, or
-        ``continue_auth`` with data for an AUTH 0x18), or None to pass to the
-        next plugin.  When every plugin passes the client is refused with
-        0x87 NOT_AUTHORIZED (v3: 0x05), or 0x8C BAD_AUTHENTICATION_METHOD
-        when it asked for an authentication method nobody handled.
+        ``continue_auth`` with data for an AUTH CONTINUE_AUTHENTICATION), or
+        None to pass to the next plugin.  When every plugin passes the client
+        is refused with NOT_AUTHORIZED (0x87; v3: 5), or
+        BAD_AUTHENTICATION_METHOD (0x8C) when it asked for an authentication
+        method nobody handled.
     """
 
 
@@ -120,7 +121,7 @@ def tbmq_authorize_publish(session, auth, topic):
     :param auth: the :class:`tbmq.auth.AuthResult` of its connection (its
         ``rules`` are the credentials' authorization rules, kept current).
     :returns: True, False, or None to pass; all pass → denied (v5 PUBACK /
-        PUBREC 0x87, the message dropped).
+        PUBREC NOT_AUTHORIZED, the message dropped).
     """
 
 
@@ -130,8 +131,8 @@ def tbmq_authorize_subscribe(session, auth, topic_filter):
 
     Asked like :func:`tbmq_authorize_publish`.
 
-    :returns: True, False, or None to pass; all pass → denied (SUBACK 0x87
-        in v5, 0x80 in v3).
+    :returns: True, False, or None to pass; all pass → denied (SUBACK
+        NOT_AUTHORIZED in v5, FAILURE 0x80 in v3).
     """
 
 
@@ -186,7 +187,8 @@ def tbmq_client_subscribed(session, topic_filter, options, reason_code):
 
 @hookspec
 def tbmq_client_unsubscribed(session, topic_filter, reason_code):
-    """An UNSUBSCRIBE filter was handled (reason 0x00 or 0x11)."""
+    """An UNSUBSCRIBE filter was handled (reason code SUCCESS or
+    NO_SUBSCRIPTION_EXISTED)."""
 
 
 @hookspec

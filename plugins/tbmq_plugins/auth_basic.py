@@ -7,15 +7,15 @@ Credentials are looked up by TBMQ's keys, most specific first:
 match a client that presents both; credentials with a user name only match
 that user name whatever the client id; credentials with a client id only
 match that client id whatever the user name.  Credentials without a password
-accept any password.  A wrong password gives CONNACK 0x86
-BAD_USER_NAME_OR_PASSWORD (v3: 0x04).
+accept any password.  A wrong password gives CONNACK
+BAD_USER_NAME_OR_PASSWORD (0x86; v3: 4).
 
 No matching credentials passes to the next provider.  When anonymous access
 is on (``auth.allow_anonymous``), a client whose client id or user name is
 half of some credentials with both (the right user name with another client
 id, say) is marked as known (:attr:`tbmq.auth.AuthRequest.known_by`): it
 presented credentials that were refused, so the anonymous fallback refuses
-it (0x86) instead of letting it in, as Mosquitto refuses a wrong password
+it (BAD_USER_NAME_OR_PASSWORD) instead of letting it in, as Mosquitto refuses a wrong password
 with a password file and ``allow_anonymous true``; a later provider may
 still accept it.  Only a client that matches no credentials at all is
 anonymous.
@@ -36,6 +36,7 @@ from tbmq.auth import AuthResult
 from tbmq.auth.watch import bind_rules
 from tbmq.hookspecs import hookimpl
 from tbmq.model import CredentialsType
+from tbmq.mqtt import ReasonCode
 
 
 def credentials_ids(client_id: str, username: str | None) -> list[str]:
@@ -189,7 +190,8 @@ class BasicAuth:
         hashed = credentials.value.get("password")
         if hashed:
             if request.password is None or not await request.check_password(request.password, hashed):
-                return AuthResult(False, reason_code=0x86, provider="basic")
+                return AuthResult(False, reason_code=ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                                  provider="basic")
         return AuthResult(True, credentials.client_type, provider="basic",
                           rules=bind_rules(credentials, request), credentials=credentials.id,
                           credentials_name=credentials.name)

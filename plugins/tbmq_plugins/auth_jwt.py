@@ -6,7 +6,8 @@ configured, ``aud``, ``iss`` and a claim equal to the client id are
 checked.  The client type and the publish / subscribe topic regexes come
 from claims (``client_type_claim``, ``pub_claim``, ``sub_claim``).  A
 password that is not a JWT passes to the next provider; an invalid or
-expired token gives CONNACK 0x86 (v3: 0x04), a client id mismatch 0x87.
+expired token gives CONNACK BAD_USER_NAME_OR_PASSWORD (0x86; v3: 4), a
+client id mismatch NOT_AUTHORIZED (0x87; v3: 5).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tbmq.auth.rules import AuthorizationRules
 from tbmq.hookspecs import hookimpl
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType
+from tbmq.mqtt import ReasonCode
 
 
 def looks_like_jwt(password: bytes | None) -> bool:
@@ -63,13 +65,16 @@ class JwtAuth:
         try:
             header = jwt.get_unverified_header(token)
         except jwt.InvalidTokenError:
-            return AuthResult(False, reason_code=0x86, provider="jwt")
+            return AuthResult(False, reason_code=ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                              provider="jwt")
         algorithm = header.get("alg", "")
         if algorithm not in cfg.algorithms:
-            return AuthResult(False, reason_code=0x86, provider="jwt")
+            return AuthResult(False, reason_code=ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                              provider="jwt")
         key = next((k for kind, k in keys if (kind == "HS") == algorithm.startswith("HS")), None)
         if key is None:
-            return AuthResult(False, reason_code=0x86, provider="jwt")
+            return AuthResult(False, reason_code=ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                              provider="jwt")
         try:
             claims = jwt.decode(token, key, algorithms=[algorithm], audience=cfg.audience,
                                 issuer=cfg.issuer, leeway=cfg.leeway,
@@ -77,13 +82,14 @@ class JwtAuth:
         except jwt.InvalidTokenError as e:
             self.log.info("JWT of {client_id} refused: {error}", client_id=request.client_id,
                           error=str(e))
-            return AuthResult(False, reason_code=0x86, provider="jwt")
+            return AuthResult(False, reason_code=ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                              provider="jwt")
         if cfg.client_id_claim and claims.get(cfg.client_id_claim) != request.client_id:
-            return AuthResult(False, reason_code=0x87, provider="jwt")
+            return AuthResult(False, reason_code=ReasonCode.NOT_AUTHORIZED, provider="jwt")
         try:
             client_type = ClientType(claims.get(cfg.client_type_claim, "DEVICE"))
         except ValueError:
-            return AuthResult(False, reason_code=0x87, provider="jwt")
+            return AuthResult(False, reason_code=ReasonCode.NOT_AUTHORIZED, provider="jwt")
         pub = claims.get(cfg.pub_claim) if cfg.pub_claim else None
         sub = claims.get(cfg.sub_claim) if cfg.sub_claim else None
         rules = AuthorizationRules(tuple(pub) if pub is not None else None,

@@ -3,9 +3,10 @@
 
 The exchange [MQTT-4.12]: CONNECT carries the Authentication Method
 (``SCRAM-SHA-256`` or ``SCRAM-SHA-512``) and the client-first message; the
-broker answers AUTH 0x18 with the server-first message; the client's AUTH
-0x18 carries the client-final message; CONNACK 0x00 carries the
-server-final message, or CONNACK 0x86 ends a failed proof.  The stored
+broker answers AUTH CONTINUE_AUTHENTICATION (0x18) with the server-first
+message; the client's AUTH CONTINUE_AUTHENTICATION carries the
+client-final message; CONNACK SUCCESS carries the server-final message, or
+CONNACK BAD_USER_NAME_OR_PASSWORD (0x86) ends a failed proof.  The stored
 credentials hold only the salt, StoredKey and ServerKey.
 """
 
@@ -20,6 +21,7 @@ from tbmq.auth import AuthResult
 from tbmq.auth.watch import bind_rules
 from tbmq.hookspecs import hookimpl
 from tbmq.model import CredentialsType
+from tbmq.mqtt import ReasonCode
 
 #: authentication method → TBMQ's algorithm name
 METHODS = {"SCRAM-SHA-256": "SHA256", "SCRAM-SHA-512": "SHA512"}
@@ -52,7 +54,8 @@ class ScramAuth:
         return self._final(request)
 
     async def _first(self, request, algorithm):
-        refuse = AuthResult(False, reason_code=0x86, provider="scram")
+        refuse = AuthResult(False, reason_code=ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                            provider="scram")
         if not request.auth_data:
             return refuse
         username = client_first_username(request.auth_data)
@@ -82,7 +85,8 @@ class ScramAuth:
             server.set_client_final((request.auth_data or b"").decode("utf-8"))
             server_final = server.get_server_final()
         except (scramp.ScramException, UnicodeDecodeError):
-            return AuthResult(False, reason_code=0x86, provider="scram")
+            return AuthResult(False, reason_code=ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                              provider="scram")
         # the rules' ${username} is the SCRAM user name
         request.username = request.state.get("username", request.username)
         return AuthResult(True, credentials.client_type, provider="scram",

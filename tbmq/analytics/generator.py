@@ -25,6 +25,8 @@ import os
 import random
 from dataclasses import dataclass
 
+from tbmq.mqtt import ReasonCode
+
 __all__ = ["GeneratorParams", "generate", "generate_shard"]
 
 
@@ -55,7 +57,11 @@ class GeneratorParams:
         return self.devices if self.devices else max(20, self.events // 1000)
 
 
-_REASONS = ((0, 0.5), (None, 0.3), (0x8D, 0.15), (0x8E, 0.05))
+#: (DISCONNECT reason code, ``int``, or None for a connection lost, weight)
+_REASONS = ((int(ReasonCode.NORMAL_DISCONNECTION), 0.5), (None, 0.3),
+            (int(ReasonCode.KEEP_ALIVE_TIMEOUT), 0.15), (int(ReasonCode.SESSION_TAKEN_OVER), 0.05))
+#: the CONNACK reason code of an ``auth_fail`` record
+_AUTH_FAIL_CODE = int(ReasonCode.BAD_USER_NAME_OR_PASSWORD)
 _ATTACKERS = ("203.0.113.66", "198.51.100.23")
 
 
@@ -180,7 +186,7 @@ class _Shard:
             client = rng.choice(self.devices)
         self.emit(self.head("auth_fail", ts, rng.choice(self.nodes)) +
                   f',"client_id":"{client}","username":"{client}","address":"{addr}",'
-                  f'"port":{rng.randrange(1024, 65535)},"reason_code":134}}')
+                  f'"port":{rng.randrange(1024, 65535)},"reason_code":{_AUTH_FAIL_CODE}}}')
 
     # -- the simulation ----------------------------------------------------------
 

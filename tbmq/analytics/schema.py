@@ -20,6 +20,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from tbmq.mqtt import ReasonCode as _R
+
 __all__ = [
     "CORRUPT_COLUMN",
     "DISCONNECT_REASONS",
@@ -88,36 +90,37 @@ REQUIRED_FIELDS = {
     "auth_fail": (),
 }
 
-#: MQTT 5 DISCONNECT reason codes by value (null: connection lost without
-#: a DISCONNECT packet).
-DISCONNECT_REASONS = {
-    0x00: "normal disconnection",
-    0x04: "disconnect with will",
-    0x80: "unspecified error",
-    0x81: "malformed packet",
-    0x82: "protocol error",
-    0x83: "implementation specific error",
-    0x87: "not authorized",
-    0x89: "server busy",
-    0x8B: "server shutting down",
-    0x8D: "keep alive timeout",
-    0x8E: "session taken over",
-    0x8F: "topic filter invalid",
-    0x90: "topic name invalid",
-    0x93: "receive maximum exceeded",
-    0x94: "topic alias invalid",
-    0x95: "packet too large",
-    0x96: "message rate too high",
-    0x97: "quota exceeded",
-    0x98: "administrative action",
-    0x99: "payload format invalid",
-    0x9A: "retain not supported",
-    0x9B: "QoS not supported",
-    0x9C: "use another server",
-    0x9D: "server moved",
-    0x9E: "shared subscriptions not supported",
-    0x9F: "connection rate exceeded",
-    0xA0: "maximum connect time",
-    0xA1: "subscription identifiers not supported",
-    0xA2: "wildcard subscriptions not supported",
-}
+#: MQTT 5 DISCONNECT reason codes (section 3.14.2.1) by value, ``int``
+#: (a Spark integer column takes no ``IntEnum``), with the name a report
+#: shows (null: connection lost without a DISCONNECT packet).
+DISCONNECT_REASONS = {int(code): name for code, name in (
+    (_R.NORMAL_DISCONNECTION, "normal disconnection"),
+    (_R.DISCONNECT_WITH_WILL_MESSAGE, "disconnect with will"),
+    (_R.UNSPECIFIED_ERROR, "unspecified error"),
+    (_R.MALFORMED_PACKET, "malformed packet"),
+    (_R.PROTOCOL_ERROR, "protocol error"),
+    (_R.IMPLEMENTATION_SPECIFIC_ERROR, "implementation specific error"),
+    (_R.NOT_AUTHORIZED, "not authorized"),
+    (_R.SERVER_BUSY, "server busy"),
+    (_R.SERVER_SHUTTING_DOWN, "server shutting down"),
+    (_R.KEEP_ALIVE_TIMEOUT, "keep alive timeout"),
+    (_R.SESSION_TAKEN_OVER, "session taken over"),
+    (_R.TOPIC_FILTER_INVALID, "topic filter invalid"),
+    (_R.TOPIC_NAME_INVALID, "topic name invalid"),
+    (_R.RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded"),
+    (_R.TOPIC_ALIAS_INVALID, "topic alias invalid"),
+    (_R.PACKET_TOO_LARGE, "packet too large"),
+    (_R.MESSAGE_RATE_TOO_HIGH, "message rate too high"),
+    (_R.QUOTA_EXCEEDED, "quota exceeded"),
+    (_R.ADMINISTRATIVE_ACTION, "administrative action"),
+    (_R.PAYLOAD_FORMAT_INVALID, "payload format invalid"),
+    (_R.RETAIN_NOT_SUPPORTED, "retain not supported"),
+    (_R.QOS_NOT_SUPPORTED, "QoS not supported"),
+    (_R.USE_ANOTHER_SERVER, "use another server"),
+    (_R.SERVER_MOVED, "server moved"),
+    (_R.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, "shared subscriptions not supported"),
+    (_R.CONNECTION_RATE_EXCEEDED, "connection rate exceeded"),
+    (_R.MAXIMUM_CONNECT_TIME, "maximum connect time"),
+    (_R.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED, "subscription identifiers not supported"),
+    (_R.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED, "wildcard subscriptions not supported"),
+)}

@@ -19,7 +19,8 @@ from tbmq.mqtt.constants import ReasonCode
 #: without a result is NOT_AUTHORIZED, or BAD_AUTHENTICATION_METHOD for an
 #: enhanced authentication [MQTT-4.12.0-1]): the ``reason_code`` labels of
 #: ``tbmq_authentication_failures_total``, each there from the start.  A
-#: v3 client gets 0x04 for BAD_USER_NAME_OR_PASSWORD, else 0x05.
+#: v3 client gets their :func:`tbmq.mqtt.connack_return_code`: 4 Bad user
+#: name or password for BAD_USER_NAME_OR_PASSWORD, else 5 Not authorized.
 AUTH_FAILURE_CODES = (ReasonCode.BAD_USER_NAME_OR_PASSWORD, ReasonCode.NOT_AUTHORIZED,
                       ReasonCode.BAD_AUTHENTICATION_METHOD)
 
@@ -39,7 +40,8 @@ class AuthRequest:
         listener, leaf first (``cryptography.x509.Certificate``), or None.
     :ivar auth_method: the v5 Authentication Method, or None.
     :ivar auth_data: the v5 Authentication Data of this step, or None.
-    :ivar reauthenticate: True for an AUTH 0x19 after the connection is up.
+    :ivar reauthenticate: True for an AUTH RE_AUTHENTICATE (0x19) after the
+        connection is up.
     :ivar state: scratch space a provider keeps across the steps of one
         enhanced-authentication exchange.
     :ivar credentials: the :class:`tbmq.interfaces.ICredentialStore`.
@@ -52,8 +54,8 @@ class AuthRequest:
         client's client id or user name belongs to credentials it knows
         (the client presented credentials that were refused), or None.
         The built-in ``anonymous`` provider does not accept such a client:
-        CONNACK 0x86 BAD_USER_NAME_OR_PASSWORD (v3: 0x04) when it sent a
-        user name or a password, else 0x87 NOT_AUTHORIZED (v3: 0x05).
+        CONNACK BAD_USER_NAME_OR_PASSWORD (0x86; v3: 4) when it sent a
+        user name or a password, else NOT_AUTHORIZED (0x87; v3: 5).
     """
 
     client_id: str
@@ -102,9 +104,10 @@ class AuthResult:
 
     :ivar allowed: True to accept the client.
     :ivar client_type: DEVICE or APPLICATION, from the credentials (TBMQ).
-    :ivar reason_code: the v5 reason code when refused: 0x86
-        BAD_USER_NAME_OR_PASSWORD, 0x87 NOT_AUTHORIZED, 0x8C
-        BAD_AUTHENTICATION_METHOD (v3 clients get 0x04 / 0x05).
+    :ivar reason_code: the v5 CONNACK reason code when refused (a
+        :class:`~tbmq.mqtt.ReasonCode`): BAD_USER_NAME_OR_PASSWORD (0x86),
+        NOT_AUTHORIZED (0x87), BAD_AUTHENTICATION_METHOD (0x8C); v3 clients
+        get its :func:`~tbmq.mqtt.connack_return_code` (4 / 5).
     :ivar provider: the name of the provider that decided, for the log.
     :ivar rules: the client's bound authorization rules
         (:class:`tbmq.auth.rules.BoundRules`), or None for no restriction.
@@ -112,15 +115,16 @@ class AuthResult:
         authenticated the client, so changed rules can be applied to it.
     :ivar credentials_name: the name of that record, for operators (the
         session's ``credentials_name`` in the admin API and the console).
-    :ivar auth_data: v5 Authentication Data to send (in AUTH 0x18 when
-        ``continue_auth``, else in CONNACK / AUTH 0x00).
-    :ivar continue_auth: True to send AUTH 0x18 CONTINUE_AUTHENTICATION with
+    :ivar auth_data: v5 Authentication Data to send (in AUTH
+        CONTINUE_AUTHENTICATION when ``continue_auth``, else in CONNACK /
+        AUTH SUCCESS).
+    :ivar continue_auth: True to send AUTH CONTINUE_AUTHENTICATION (0x18) with
         ``auth_data`` and ask the same provider again with the client's answer.
     """
 
     allowed: bool
     client_type: ClientType = ClientType.DEVICE
-    reason_code: int = 0x87
+    reason_code: int = ReasonCode.NOT_AUTHORIZED
     provider: str = ""
     rules: Any = None
     credentials: str | None = None

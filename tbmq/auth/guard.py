@@ -10,11 +10,11 @@ answer at all within the connect timeout, before these limits).  The
 :class:`LoginGuard` is asked before the authentication providers run:
 
 1. a **banned client id** (``max_failures_per_client_id`` failed logins in
-   ``window``) gets CONNACK 0x8A Banned (v3: 0x05) at once, with no
-   password checked, for ``ban_time`` seconds, as EMQX's flapping
+   ``window``) gets CONNACK BANNED (0x8A; v3: 5 Not authorized) at once,
+   with no password checked, for ``ban_time`` seconds, as EMQX's flapping
    detection bans a client id;
 2. a **banned address** (``max_failures_per_address`` failed logins from
-   it in ``window``) gets 0x8A for the client ids and user names that
+   it in ``window``) gets BANNED for the client ids and user names that
    failed to log in within ``window`` (from anywhere); a client id and
    user name without failures is still checked (rule 3).  A flood that
    repeats its user name or client ids from an address is so answered
@@ -31,8 +31,8 @@ answer at all within the connect timeout, before these limits).  The
    fails, as OWASP's "device cookies" let known devices past a lockout);
 3. at most ``max_checks_per_address`` CONNECTs with a password (or a v5
    authentication method) from one address, and ``max_checks`` on the
-   node, are being authenticated at once; one more gets 0x89 Server busy
-   (v3: 0x03 Server unavailable) at once, so one address never holds more
+   node, are being authenticated at once; one more gets SERVER_BUSY (0x89;
+   v3: 3 Server unavailable) at once, so one address never holds more
    than that share of the ``check_threads`` threads and a good client's
    check waits behind at most that many of a flooding address.  Of those
    places, the last is kept for client ids and user names without a
@@ -58,14 +58,15 @@ from twisted.python.threadpool import ThreadPool
 
 from tbmq.auth import passwords
 from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.mqtt.constants import ReasonCode
 
 __all__ = ["Attempt", "LoginGuard", "PasswordChecks", "BANNED", "BUSY", "MAX_TRACKED",
            "SUMMARY_INTERVAL", "TRUSTED_FOR"]
 
-#: CONNACK 0x8A Banned (v5); v3 clients get 0x05 Not authorized
-BANNED = 0x8A
-#: CONNACK 0x89 Server busy (v5); v3 clients get 0x03 Server unavailable
-BUSY = 0x89
+#: CONNACK BANNED (v5); v3 clients get 5 Not authorized
+BANNED = ReasonCode.BANNED
+#: CONNACK SERVER_BUSY (v5); v3 clients get 3 Server unavailable
+BUSY = ReasonCode.SERVER_BUSY
 
 #: sources (addresses, client ids, user names) whose failures or bans are
 #: remembered at most

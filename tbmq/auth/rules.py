@@ -323,7 +323,7 @@ class BoundRules:
         TBMQ's ``isPubAuthorized``: True when there is no publish restriction
         or the whole topic name matches one of the patterns
         (:func:`re.fullmatch`); a client that may not gets PUBACK/PUBREC
-        0x87 NOT_AUTHORIZED (v5) or is disconnected (v3), the broker's call.
+        NOT_AUTHORIZED (0x87, v5) or is disconnected (v3), the broker's call.
 
         :param topic_name: the topic name, aliases resolved.
         :returns: the answer; remembered (bounded LRU).
@@ -336,8 +336,8 @@ class BoundRules:
 
         TBMQ's ``isSubAuthorized``: True when there is no subscribe
         restriction or the whole filter, wildcards taken literally, matches
-        one of the patterns; a refused filter gets SUBACK 0x87 NOT_AUTHORIZED
-        (v5) or 0x80 (v3.1.1) [MQTT-3.9.3].  A shared subscription is
+        one of the patterns; a refused filter gets SUBACK NOT_AUTHORIZED
+        (0x87, v5) or FAILURE (0x80, v3.1.1) [MQTT-3.9.3].  A shared subscription is
         checked as given (``$share/<group>/<filter>``) — the caller decides
         whether to pass the whole filter or the inner one.
 

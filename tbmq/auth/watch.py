@@ -5,7 +5,7 @@
 (:meth:`tbmq.interfaces.ICredentialStore.changed_since`); connections
 authenticated by changed credentials get their authorization rules rebound
 and lose the subscriptions the new rules no longer allow; connections whose
-credentials were deleted are disconnected with 0x87 NOT_AUTHORIZED.
+credentials were deleted are disconnected with NOT_AUTHORIZED (0x87).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from twisted.logger import Logger
 
 from tbmq.auth.rules import AuthorizationRules
 from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.mqtt.constants import ReasonCode
 
 
 def bind_rules(credentials, request):
@@ -99,7 +100,7 @@ class CredentialsWatcher:
             if auth.credentials in deleted:
                 self.log.info("credentials of {client_id} were removed; disconnecting",
                               client_id=conn.auth_request.client_id)
-                conn.disconnect(0x87)
+                conn.disconnect(ReasonCode.NOT_AUTHORIZED)
                 continue
             credentials = by_id.get(auth.credentials)
             if credentials is None:

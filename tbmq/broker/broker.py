@@ -31,6 +31,7 @@ from tbmq.cluster.sinks import (
 )
 from tbmq.cluster.topics import CLUSTER_BUNDLE, TopicCatalogue, node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.mqtt import ReasonCode
 from tbmq.plugins import first_result, log_plugins
 
 
@@ -90,10 +91,11 @@ class Broker:
 
     #: the share of ``mqtt.connect_timeout`` a connect waits for the
     #: cluster's answer (a session event response): past it the client gets
-    #: CONNACK 0x88 Server unavailable (v3: 0x03) and retries, instead of a
-    #: silent close when the connect timeout ends the connection first.  The
-    #: answer is late when the member deciding for the client id is gone and
-    #: its partitions have not moved yet (a consumer group's session timeout).
+    #: CONNACK SERVER_UNAVAILABLE (0x88; v3: 3 Server unavailable) and
+    #: retries, instead of a silent close when the connect timeout ends the
+    #: connection first.  The answer is late when the member deciding for the
+    #: client id is gone and its partitions have not moved yet (a consumer
+    #: group's session timeout).
     CONNECT_ANSWER_SHARE = 0.8
 
     def __init__(self, config, plugins: pluggy.PluginManager, clock=None, *,
@@ -287,7 +289,8 @@ class Broker:
 
     @defer.inlineCallbacks
     def stop(self):
-        """Close every connection (v5 clients get DISCONNECT 0x8B), then
+        """Close every connection (v5 clients get DISCONNECT
+        SERVER_SHUTTING_DOWN), then
         flush and stop the backends."""
         self.plugins.hook.tbmq_broker_stopping(broker=self)
         if self.watcher is not None:
@@ -295,7 +298,7 @@ class Broker:
         connections = list(self.connections)
         closed = [conn.when_closed() for conn in connections]
         for conn in connections:
-            conn.disconnect(0x8B)  # SERVER_SHUTTING_DOWN; aborted after 5 s if stuck
+            conn.disconnect(ReasonCode.SERVER_SHUTTING_DOWN)  # aborted after 5 s if stuck
         if closed:
             yield defer.DeferredList(closed)
         now = self.clock.seconds()

@@ -14,11 +14,13 @@ import uuid
 from twisted.logger import Logger
 
 from tbmq.auth import AuthRequest, AuthResult
-from tbmq.auth.guard import BANNED
 from tbmq.listeners import peer_certificate_chain
 from tbmq.log import OBSERVER as LOG_OBSERVER, debug_enabled
 from tbmq.model import ClientType
-from tbmq.mqtt import MQTT_5, Auth, Connack, Connect, MalformedPacket, Property, Will
+from tbmq.mqtt import (
+    MQTT_5, Auth, Connack, Connect, MalformedPacket, Property, ReasonCode, Will,
+    connack_return_code,
+)
 from tbmq.mqtt.topics import TopicError, validate_topic_name
 from tbmq.broker.session import valid_utf8
 from tbmq.broker.sessions import is_persistent
@@ -35,32 +37,34 @@ def will_fault(will: Will, cfg) -> tuple[int, str] | None:
     :param will: the :class:`tbmq.mqtt.Will`.
     :param cfg: the :class:`tbmq.config.MqttConfig`.
     :returns: None for an acceptable will, else ``(v5 reason code,
-        description)``: 0x90 Topic Name invalid for a topic that is empty,
+        description)``: TOPIC_NAME_INVALID (0x90) for a topic that is empty,
         holds a wildcard or U+0000 [MQTT-3.1.3-11, MQTT-4.7.3-1] or has more
-        than ``mqtt.max_topic_levels`` levels; 0x9B QoS not supported above
-        ``mqtt.max_qos`` [MQTT-3.2.2-12]; 0x9A Retain not supported
-        [MQTT-3.2.2-13]; 0x99 Payload format invalid for a payload that is
-        not UTF-8 with Payload Format Indicator 1 (§3.1.3.2.3); 0x82
-        Protocol Error for a Response Topic that is not a topic name
+        than ``mqtt.max_topic_levels`` levels; QOS_NOT_SUPPORTED (0x9B)
+        above ``mqtt.max_qos`` [MQTT-3.2.2-12]; RETAIN_NOT_SUPPORTED (0x9A)
+        [MQTT-3.2.2-13]; PAYLOAD_FORMAT_INVALID (0x99) for a payload that is
+        not UTF-8 with Payload Format Indicator 1 (§3.1.3.2.3);
+        PROTOCOL_ERROR (0x82) for a Response Topic that is not a topic name
         (§3.1.3.2.5, as for a PUBLISH).
     """
     try:
         validate_topic_name(will.topic, cfg.max_topic_levels)
     except TopicError as e:
-        return 0x90, f"will topic {will.topic[:100]!r} invalid: {e}"
+        return ReasonCode.TOPIC_NAME_INVALID, f"will topic {will.topic[:100]!r} invalid: {e}"
     if will.qos > cfg.max_qos:
-        return 0x9B, f"will QoS {will.qos} not supported (maximum {cfg.max_qos})"
+        return (ReasonCode.QOS_NOT_SUPPORTED,
+                f"will QoS {will.qos} not supported (maximum {cfg.max_qos})")
     if will.retain and not cfg.retain_available:
-        return 0x9A, "will retain not supported"
+        return ReasonCode.RETAIN_NOT_SUPPORTED, "will retain not supported"
     props = will.properties
     if props.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1 and not valid_utf8(will.payload):
-        return 0x99, "will payload is not UTF-8 but its payload format indicator is 1"
+        return (ReasonCode.PAYLOAD_FORMAT_INVALID,
+                "will payload is not UTF-8 but its payload format indicator is 1")
     response_topic = props.get(Property.RESPONSE_TOPIC)
     if response_topic is not None:
         try:
             validate_topic_name(response_topic)
         except TopicError as e:
-            return 0x82, f"will response topic invalid: {e}"
+            return ReasonCode.PROTOCOL_ERROR, f"will response topic invalid: {e}"
     return None
 
 
@@ -71,27 +75,29 @@ class ConnectFlow:
 
     # -- CONNECT -------------------------------------------------------------------
 
-    def _refuse(self, v5_code: int, v3_code: int, why: str) -> None:
+    def _refuse(self, code: int, why: str) -> None:
+        """Refuse a CONNECT: CONNACK with ``code`` (a v5 CONNACK reason
+        code; a v3 client gets its :func:`~tbmq.mqtt.connack_return_code`),
+        then the close [MQTT-3.2.2-5], with a log line saying why."""
         self._before_connect_log(self.log).info("CONNECT from {peer} refused: {why}",
                                                 peer=self._peer(), why=why)
-        code = v5_code if self.protocol_level >= MQTT_5 else v3_code
-        self.send(Connack(False, code))
-        self._close()
+        self._refuse_quietly(code)
 
-    def _refuse_quietly(self, v5_code: int, v3_code: int) -> None:
+    def _refuse_quietly(self, code: int) -> None:
         """Refuse a CONNECT without a line of its own (the
         :class:`~tbmq.auth.guard.LoginGuard` counts and summarises them)."""
-        self.send(Connack(False, v5_code if self.protocol_level >= MQTT_5 else v3_code))
+        v5 = self.protocol_level >= MQTT_5
+        self.send(Connack(False, code if v5 else connack_return_code(code)))
         self._close()
 
-    def _refuse_will(self, v5_code: int, why: str) -> None:
+    def _refuse_will(self, code: int, why: str) -> None:
         """A CONNECT whose will is not acceptable: v5 gets CONNACK with the
-        reason code naming the defect; 3.1.1 and 3.1 have no code for it, so
-        the connection is closed without a CONNACK [MQTT-3.1.4-1] (0x02
-        Identifier rejected would name the wrong field).  The log line says
-        what was wrong."""
+        reason code naming the defect; 3.1.1 and 3.1 have no return code
+        for it, so the connection is closed without a CONNACK
+        [MQTT-3.1.4-1, MQTT-3.2.2-6] (IDENTIFIER_REJECTED would name the
+        wrong field).  The log line says what was wrong."""
         if self.protocol_level >= MQTT_5:
-            self._refuse(v5_code, 0, why)
+            self._refuse(code, why)
             return
         self._before_connect_log(self.log).info(
             "CONNECT from {peer} refused, closed without CONNACK: {why}",
@@ -100,10 +106,10 @@ class ConnectFlow:
 
     def refuse_malformed_connect(self, error: MalformedPacket) -> None:
         """A CONNECT the decoder refused after reading its protocol level
-        (``error.connect_level``): malformed (0x81), or a protocol error
-        (0x82) such as a property given twice or a value it may not have
-        (Receive Maximum or Maximum Packet Size 0, Request Problem
-        Information 2...).  A v5 client gets CONNACK with the error's
+        (``error.connect_level``): MALFORMED_PACKET (0x81), or
+        PROTOCOL_ERROR (0x82) for a fault such as a property given twice or
+        a value it may not have (Receive Maximum or Maximum Packet Size 0,
+        Request Problem Information 2...).  A v5 client gets CONNACK with the error's
         reason code and a Reason String saying what was wrong, then the
         close [MQTT-4.13.1-1, MQTT-3.2.2-6, MQTT-3.2.2-7]; 3.1.1 and 3.1
         have no return code for it, so the connection is closed without
@@ -122,7 +128,8 @@ class ConnectFlow:
         if (connect.protocol_name, connect.protocol_level) not in SUPPORTED:
             if connect.protocol_name in ("MQTT", "MQIsdp"):
                 self.protocol_level = 5 if connect.protocol_level >= 5 else 4
-                self._refuse(0x84, 0x01, f"protocol level {connect.protocol_level}")
+                self._refuse(ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
+                             f"protocol level {connect.protocol_level}")
             else:
                 self._before_connect_log(self.log).info("unknown protocol name from {peer}",
                                                         peer=self._peer())
@@ -134,12 +141,14 @@ class ConnectFlow:
         v5 = level >= MQTT_5
         if len(connect.client_id.encode("utf-8")) > cfg.max_client_id_length or (
                 level == 3 and len(connect.client_id) > 23 and cfg.max_client_id_length <= 23):
-            return self._refuse(0x85, 0x02, "client identifier too long")
+            return self._refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                                "client identifier too long")
         self._assigned_id = None
         if not connect.client_id:
             if level == 3 or (level == 4 and not connect.clean_start) or not cfg.allow_empty_client_id:
                 # [MQTT-3.1.3-8]: empty id with a persistent session
-                return self._refuse(0x85, 0x02, "empty client identifier")
+                return self._refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                                    "empty client identifier")
             connect.client_id = self._assigned_id = "tbmq-" + uuid.uuid4().hex
         if v5:
             # (Receive Maximum and Maximum Packet Size 0 are refused with
@@ -159,9 +168,8 @@ class ConnectFlow:
                 v5 and props.get(Property.AUTHENTICATION_METHOD) is not None)
             attempt = guard.admit(self._peer(), connect.client_id, connect.username, costly)
             if attempt.refusal is not None:
-                # banned: 0x8A (v3 0x05); too many checks in flight: 0x89 (v3 0x03)
-                return self._refuse_quietly(
-                    attempt.refusal, 0x05 if attempt.refusal == BANNED else 0x03)
+                # banned: BANNED; too many checks in flight: SERVER_BUSY
+                return self._refuse_quietly(attempt.refusal)
             self._attempt = attempt
         self._hold()
         self.auth_request = AuthRequest(
@@ -199,9 +207,10 @@ class ConnectFlow:
         """A step of the connection failed.  A backend that is out (the
         credential store, the bus: :class:`~tbmq.errors.BackendError`,
         :class:`~tbmq.errors.BusError`) is logged in one line and refused
-        before CONNACK with 0x88 Server unavailable (v3: 0x03), so the
-        client retries; anything else is a bug, logged with its traceback
-        (0x80, v3 0x03); after CONNACK the connection ends with 0x83."""
+        before CONNACK with SERVER_UNAVAILABLE (0x88; v3: 3 Server
+        unavailable), so the client retries; anything else is a bug, logged
+        with its traceback (UNSPECIFIED_ERROR, v3: 3); after CONNACK the
+        connection ends with IMPLEMENTATION_SPECIFIC_ERROR (0x83)."""
         out = failure.check(BackendError, BusError)
         if out:
             self.log.warn("{client_id}: a backend is unavailable: {error}",
@@ -213,11 +222,11 @@ class ConnectFlow:
         self._auth_done(None)
         if not self._gone():
             if self._connacked:
-                self.disconnect(0x83)
+                self.disconnect(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
             elif out:
-                self._refuse(0x88, 0x03, "a backend is unavailable")
+                self._refuse(ReasonCode.SERVER_UNAVAILABLE, "a backend is unavailable")
             else:
-                self._refuse(0x80, 0x03, "internal error")
+                self._refuse(ReasonCode.UNSPECIFIED_ERROR, "internal error")
 
     # -- authentication (CONNECT, enhanced authentication, re-authentication) ----------
 
@@ -250,15 +259,17 @@ class ConnectFlow:
             return
         if continues:
             self._exchange = (request, provider)
-            self.send(Auth(0x18, {Property.AUTHENTICATION_METHOD: request.auth_method,
-                                  Property.AUTHENTICATION_DATA: result.auth_data or b""}))
+            self.send(Auth(ReasonCode.CONTINUE_AUTHENTICATION,
+                            {Property.AUTHENTICATION_METHOD: request.auth_method,
+                             Property.AUTHENTICATION_DATA: result.auth_data or b""}))
             self._release()
             return
         if result is None or not result.allowed:
             if result is not None:
                 code = result.reason_code
             else:
-                code = 0x8C if request.auth_method else 0x87
+                code = (ReasonCode.BAD_AUTHENTICATION_METHOD if request.auth_method
+                        else ReasonCode.NOT_AUTHORIZED)
             self._drop_held()
             log = self.log if request.reauthenticate else self._before_connect_log(self.log)
             log.info("authentication of {client_id} refused (0x{code:02X})",
@@ -267,14 +278,14 @@ class ConnectFlow:
                 self.disconnect(code)  # [MQTT-4.12.1-2]
                 return
             self.ctx.hooks.authentication_failed(self.connect_packet, request.address, code)
-            self._refuse(code, 0x04 if code == 0x86 else 0x05, "not authorized")
+            self._refuse(code, "not authorized")
             return
         if request.reauthenticate:
             self.auth = result
             props = {Property.AUTHENTICATION_METHOD: request.auth_method}
             if result.auth_data is not None:
                 props[Property.AUTHENTICATION_DATA] = result.auth_data
-            self.send(Auth(0x00, props))
+            self.send(Auth(ReasonCode.SUCCESS, props))
             self._release()
             return
         will = self.connect_packet.will
@@ -286,7 +297,8 @@ class ConnectFlow:
                 return
             if not allowed:
                 self._drop_held()
-                return self._refuse(0x87, 0x05, "will topic not authorized")
+                return self._refuse(ReasonCode.NOT_AUTHORIZED,
+                                    "will topic not authorized")
         self._open_session(result, request)
 
     def _will_decided(self, allowed: bool, result, request) -> None:
@@ -294,26 +306,31 @@ class ConnectFlow:
             return
         if not allowed:
             self._drop_held()
-            return self._refuse(0x87, 0x05, "will topic not authorized")
+            return self._refuse(ReasonCode.NOT_AUTHORIZED, "will topic not authorized")
         self._open_session(result, request)
 
     def handle_auth(self, packet: Auth) -> None:
-        """An AUTH packet: the client's next step of an exchange (0x18) or a
-        re-authentication (0x19) with the CONNECT's method [MQTT-4.12.1-1]."""
+        """An AUTH packet: the client's next step of an exchange
+        (CONTINUE_AUTHENTICATION) or a re-authentication (RE_AUTHENTICATE)
+        with the CONNECT's method [MQTT-4.12.1-1]."""
         method = packet.properties.get(Property.AUTHENTICATION_METHOD)
         if self._exchange is not None:
             request, provider = self._exchange
-            if packet.reason_code != 0x18 or method != request.auth_method:
-                raise ProtocolViolation(0x82, "unexpected AUTH in an exchange")
+            if (packet.reason_code != ReasonCode.CONTINUE_AUTHENTICATION
+                    or method != request.auth_method):
+                raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
+                                        "unexpected AUTH in an exchange")
             self._exchange = None
             request.auth_data = packet.properties.get(Property.AUTHENTICATION_DATA)
             self._hold()
             self._auth_step(request, provider)
             return
         first = self.auth_request
-        if (packet.reason_code != 0x19 or self.session is None or first is None
-                or first.auth_method is None or method != first.auth_method):
-            raise ProtocolViolation(0x82, "AUTH without an authentication exchange")
+        if (packet.reason_code != ReasonCode.RE_AUTHENTICATE or self.session is None
+                or first is None or first.auth_method is None
+                or method != first.auth_method):
+            raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
+                                    "AUTH without an authentication exchange")
         request = AuthRequest(
             first.client_id, first.username, first.password, self.protocol_level,
             address=first.address, listener=self.listener,
@@ -331,7 +348,7 @@ class ConnectFlow:
         ``anonymous`` provider accepted by ``auth.anonymous_max_session_expiry``
         when lower.  A CONNECT that would create one more persistent session
         than ``mqtt.max_persistent_sessions_per_address`` for its address
-        gets CONNACK 0x97 Quota exceeded (v3: 0x03 Server unavailable);
+        gets CONNACK QUOTA_EXCEEDED (0x97; v3: 3 Server unavailable);
         resuming or replacing an existing session of its client id does not
         count."""
         self.auth = result
@@ -348,16 +365,16 @@ class ConnectFlow:
             held = sessions.persistent_from(host)
             if held >= limit:
                 self._drop_held()
-                return self._refuse(0x97, 0x03, f"{held} persistent sessions from {host} "
-                                    f"already (mqtt.max_persistent_sessions_per_address)")
+                return self._refuse(ReasonCode.QUOTA_EXCEEDED, f"{held} persistent sessions from "
+                                    f"{host} already (mqtt.max_persistent_sessions_per_address)")
         d = sessions.connect(self, connect, result.client_type, expiry_cap=cap, address=host)
         d.addCallbacks(self._session_opened, self._session_refused,
                        callbackArgs=(result, request))
         d.addErrback(self._internal_error)
 
     def _session_refused(self, failure) -> None:
-        """No answer from the cluster: CONNACK 0x88 Server unavailable (v3:
-        0x03) and the client retries."""
+        """No answer from the cluster: CONNACK SERVER_UNAVAILABLE (0x88; v3:
+        3 Server unavailable) and the client retries."""
         if failure.check(BusError):
             self.log.warn("no session for {client_id}: {error}", client_id=self._client_id(),
                           error=failure.getErrorMessage())
@@ -365,7 +382,8 @@ class ConnectFlow:
             self.log.failure("no session for {client_id}", failure, client_id=self._client_id())
         if not self._gone():
             self._drop_held()
-            self._refuse(0x88, 0x03, "the cluster did not answer the connect request")
+            self._refuse(ReasonCode.SERVER_UNAVAILABLE,
+                         "the cluster did not answer the connect request")
 
     def _session_opened(self, opened, result: AuthResult, request: AuthRequest) -> None:
         session, present = opened
@@ -392,7 +410,8 @@ class ConnectFlow:
                 props[Property.AUTHENTICATION_METHOD] = request.auth_method
                 if result.auth_data is not None:
                     props[Property.AUTHENTICATION_DATA] = result.auth_data
-        self.send(Connack(present if self.protocol_level > 3 else False, 0, props))
+        self.send(Connack(present if self.protocol_level > 3 else False, ReasonCode.SUCCESS,
+                          props))
         self._connacked = True
         self.connected_at = self.ctx.clock.seconds()
         if debug_enabled():

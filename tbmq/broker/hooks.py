@@ -180,14 +180,14 @@ class Hooks:
 #: * ``slow_consumer``: QoS 0 for a client whose socket stays full past
 #:   ``mqtt.max_outbound_buffer``;
 #: * ``quota_exceeded``: the queue of a non-persistent session overflowed:
-#:   the client is disconnected (0x97 Quota exceeded), what it had queued or
+#:   the client is disconnected (QUOTA_EXCEEDED), what it had queued or
 #:   in flight is counted;
 #: * ``too_large_for_client``: larger than the client's Maximum Packet Size
 #:   [MQTT-3.1.2-25];
 #: * ``store_limit``: the oldest stored messages of a persistent DEVICE
 #:   session, removed at the device store's limit;
-#: * ``not_authorized``: a PUBLISH its client may not publish (0x87 for a v5
-#:   QoS 1/2 publisher);
+#: * ``not_authorized``: a PUBLISH its client may not publish (NOT_AUTHORIZED
+#:   for a v5 QoS 1/2 publisher);
 #: * ``bus_refused``: a PUBLISH the bus did not take (not acknowledged).
 DROP_REASONS = ("expired", "offline_qos0", "slow_consumer", "quota_exceeded",
                 "too_large_for_client", "store_limit", "not_authorized", "bus_refused")

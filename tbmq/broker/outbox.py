@@ -17,7 +17,7 @@ held for long"):
   to its pace for as long as it goes on reading.
   Past it the session is *slow*: it holds nobody; its QoS 0 messages are
   dropped (counted) while its socket is full; a non-persistent session whose
-  queue overflows is disconnected with 0x97 Quota exceeded and its losses
+  queue overflows is disconnected with QUOTA_EXCEEDED (0x97) and its losses
   counted — never a message acknowledged to its publisher and silently
   dropped while the subscriber believes it is subscribed.
 * A persistent session never holds anyone: its messages are in the device
@@ -41,7 +41,7 @@ from tbmq.broker.traffic import LATENCY_BOUNDS
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
-from tbmq.mqtt import MQTT_5, Property, Pubrel
+from tbmq.mqtt import MQTT_5, Property, Pubrel, ReasonCode, is_failure
 from tbmq.mqtt.codec import encode_publish_fields, publish_with_packet_id
 
 _SENT = DeliveryState.SENT
@@ -164,7 +164,8 @@ class Outbox(StoreReads):
         self._max_inflight = mqtt.max_inflight_messages
         self._completed: list[int] = []
         self.slow = False
-        #: disconnected with 0x97: what still comes before the close is lost, counted
+        #: disconnected with QUOTA_EXCEEDED: what still comes before the close is
+        #: lost, counted
         self.overflowed = False
         self._holding: set = set()
         self._hold_since: float | None = None
@@ -479,10 +480,11 @@ class Outbox(StoreReads):
 
     def _overflow(self, message: Message) -> None:
         """A slow non-persistent session's queue is full: disconnect it with
-        0x97 Quota exceeded; what it had queued or in flight is lost, counted."""
+        QUOTA_EXCEEDED (0x97); what it had queued or in flight is lost,
+        counted."""
         lost = len(self.queue) + len(self.inflight) + 1
         self.log.warn("{client_id} does not keep up and its queue is full ({queued} messages); "
-                      "disconnecting it (0x97), {lost} messages lost",
+                      "disconnecting it (quota exceeded), {lost} messages lost",
                       client_id=self.client_id, queued=len(self.queue), lost=lost)
         self.drop("quota_exceeded", message, lost)
         self.overflowed = True
@@ -492,7 +494,8 @@ class Outbox(StoreReads):
         self.queued_bytes = 0
         self.inflight.clear()
         if conn is not None:
-            conn.disconnect(0x97, "the client does not read its messages fast enough")
+            conn.disconnect(ReasonCode.QUOTA_EXCEEDED,
+                            "the client does not read its messages fast enough")
 
     # -- holding sources back ----------------------------------------------------------------
 
@@ -635,10 +638,11 @@ class Outbox(StoreReads):
         An unknown packet id is ignored (an acknowledgement repeated across
         a reconnect).
 
-        :raises ProtocolViolation: 0x82 for a PUBACK of a QoS 2 delivery
+        :raises ProtocolViolation: PROTOCOL_ERROR for a PUBACK of a QoS 2
+            delivery
             (sent or already answered with PUBREC): an acknowledgement of the
             wrong kind is a Protocol Error (§4.3.3, §4.13.1) and ends the
-            connection (DISCONNECT 0x82 in v5, a close in v3), so the
+            connection (DISCONNECT PROTOCOL_ERROR in v5, a close in v3), so the
             message never stays in flight, shrinking the window.
         """
         packet_id = packet.packet_id
@@ -648,7 +652,8 @@ class Outbox(StoreReads):
                            pid=packet_id, client_id=self.client_id)
             return
         if delivery.qos != 1:
-            raise ProtocolViolation(0x82, f"PUBACK for the QoS 2 delivery {packet_id}")
+            raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
+                                    f"PUBACK for the QoS 2 delivery {packet_id}")
         self._complete(packet_id)
         if self.ctx.hooks.wants_delivered:
             self.ctx.hooks.message_delivered(self, delivery.message, 1)
@@ -657,20 +662,25 @@ class Outbox(StoreReads):
 
     def on_pubrec(self, packet) -> None:
         """PUBREC from the client: answered with PUBREL [MQTT-4.3.3-3], or
-        with PUBREL 0x92 Packet identifier not found (v5) for an unknown
-        packet id; a refusal (reason >= 0x80) ends the flow.
+        with PUBREL PACKET_IDENTIFIER_NOT_FOUND (v5) for an unknown packet
+        id; a refusal (a failure reason code, 0x80 or more:
+        :func:`~tbmq.mqtt.is_failure`) ends the flow.
 
-        :raises ProtocolViolation: 0x82 for a PUBREC of a QoS 1 delivery.
+        :raises ProtocolViolation: PROTOCOL_ERROR for a PUBREC of a QoS 1
+            delivery.
         """
         packet_id = packet.packet_id
         conn = self.connection
         delivery = self.inflight.get(packet_id)
         if delivery is None:
-            conn.send(Pubrel(packet_id, 0x92 if conn.protocol_level >= MQTT_5 else 0))
+            v5 = conn.protocol_level >= MQTT_5
+            conn.send(Pubrel(packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if v5
+                             else ReasonCode.SUCCESS))
             return
         if delivery.qos != 2:
-            raise ProtocolViolation(0x82, f"PUBREC for the QoS 1 delivery {packet_id}")
-        if packet.reason_code >= 0x80:  # the receiver refused it: the flow ends here
+            raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
+                                    f"PUBREC for the QoS 1 delivery {packet_id}")
+        if is_failure(packet.reason_code):  # the receiver refused it: the flow ends here
             self._complete(packet_id)
             self.pump()
             return
@@ -685,7 +695,8 @@ class Outbox(StoreReads):
         """PUBCOMP from the client: the QoS 2 delivery is done
         [MQTT-4.3.3-5].  An unknown packet id is ignored.
 
-        :raises ProtocolViolation: 0x82 for a PUBCOMP of a QoS 1 delivery,
+        :raises ProtocolViolation: PROTOCOL_ERROR for a PUBCOMP of a QoS 1
+            delivery,
             or of a QoS 2 one not yet released (no PUBREC came before it).
         """
         packet_id = packet.packet_id
@@ -693,8 +704,9 @@ class Outbox(StoreReads):
         if delivery is None:
             return
         if delivery.state != _RELEASED:
-            raise ProtocolViolation(0x82, f"PUBCOMP for the QoS {delivery.qos} delivery "
-                                          f"{packet_id}, which has no PUBREL")
+            raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
+                                    f"PUBCOMP for the QoS {delivery.qos} delivery "
+                                    f"{packet_id}, which has no PUBREL")
         self._complete(packet_id)
         self.ctx.hooks.message_delivered(self, delivery.message, 2)
         self.pump()

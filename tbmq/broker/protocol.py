@@ -27,7 +27,8 @@ from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER, LogThrottle
 from tbmq.mqtt import (
     MQTT_5, Auth, Connect, Disconnect, MalformedPacket, Pingreq, Pingresp,
-    Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, Subscribe, Unsubscribe,
+    Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, ReasonCode, Subscribe,
+    Unsubscribe,
 )
 from tbmq.mqtt.codec import Decoder, encode
 
@@ -251,7 +252,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         self.log.info("packet from {client_id} not complete {timeout:g} s after it began "
                       "({pending} bytes of it read); closing", client_id=self._client_id(),
                       timeout=timeout, pending=self.decoder.pending)
-        self.disconnect(0x8D, "packet not complete in time")
+        self.disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "packet not complete in time")
 
     def connectionLost(self, reason=protocol.connectionDone) -> None:
         self._closing = True
@@ -307,7 +308,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
             self._close()
         else:
             self.log.info("keep alive of {client_id} expired", client_id=self._client_id())
-            self.disconnect(0x8D)  # KEEP_ALIVE_TIMEOUT
+            self.disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT)
 
     # -- output: the outbound queue ------------------------------------------------
 
@@ -378,7 +379,8 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
 
     # -- closing -----------------------------------------------------------------------
 
-    def disconnect(self, reason_code: int = 0, reason: str | None = None) -> None:
+    def disconnect(self, reason_code: int = ReasonCode.NORMAL_DISCONNECTION,
+                   reason: str | None = None) -> None:
         """Server-initiated close: DISCONNECT with ``reason_code`` for a v5
         client that completed CONNECT [MQTT-3.14.2], then close the connection.
         Safe to call more than once."""
@@ -422,7 +424,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
                 if type(packet) is Auth and self._exchange is not None:
                     self.handle_auth(packet)
                     return
-                raise ProtocolViolation(0x82, "packet before CONNACK")
+                raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR, "packet before CONNACK")
             if type(packet) is not Connect:
                 # the first packet must be CONNECT [MQTT-3.1.0-1]
                 self._before_connect_log(self.log).info(
@@ -434,7 +436,8 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
             return
         handler = self._handlers.get(type(packet))
         if handler is None:
-            raise ProtocolViolation(0x82, f"unexpected {type(packet).__name__}")
+            raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
+                                    f"unexpected {type(packet).__name__}")
         handler(self, packet)
 
     def recheck_subscriptions(self) -> None:
@@ -452,7 +455,8 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         self.send(Pingresp())
 
     def handle_disconnect(self, packet: Disconnect) -> None:
-        """DISCONNECT 0x00 discards the will [MQTT-3.14.4-3]; 0x04 keeps it.
+        """DISCONNECT NORMAL_DISCONNECTION discards the will [MQTT-3.14.4-3];
+        DISCONNECT_WITH_WILL_MESSAGE keeps it.
         A v5 client may change the session expiry interval, but not from 0
         [MQTT-3.14.2-2]."""
         session = self.session
@@ -461,9 +465,10 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
             if expiry is not None:
                 asked = self.connect_packet.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
                 if asked == 0 and expiry != 0:
-                    raise ProtocolViolation(0x82, "session expiry interval changed from 0")
+                    raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
+                                            "session expiry interval changed from 0")
                 session.expiry_interval = min(expiry, self.expiry_cap)
-        self._normal_disconnect = packet.reason_code != 0x04
+        self._normal_disconnect = packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE
         self._disconnect_reason = packet.reason_code
         self._closing = True
         self.setTimeout(None)

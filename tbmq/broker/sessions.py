@@ -15,7 +15,7 @@ from tbmq.cluster.records import UNCLAIMED, SessionInfo, WillRecord
 from tbmq.errors import BusClosedError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, SubscriptionOptions
-from tbmq.mqtt import MQTT_5, Property
+from tbmq.mqtt import MQTT_5, Property, ReasonCode
 
 
 def is_persistent(connect) -> bool:
@@ -176,8 +176,9 @@ class SessionManager:
         a new one when None.
 
         A session still connected here is taken over: its connection gets
-        DISCONNECT 0x8E in v5 and is closed [MQTT-3.1.4-3] (one connected on
-        another node was dropped there by the deciding node).  A clean start
+        DISCONNECT SESSION_TAKEN_OVER (0x8E) in v5 and is closed
+        [MQTT-3.1.4-3] (one connected on another node was dropped there by
+        the deciding node).  A clean start
         ends any existing session [MQTT-3.1.2-4]; otherwise an existing
         session resumes [MQTT-3.2.2-2], here or from what the cluster holds
         (its subscriptions, its deliveries in the device store).
@@ -208,7 +209,7 @@ class SessionManager:
                 existing.detach(now)
                 old.session = None
                 self._will_on_close(existing, publish=True)
-                old.disconnect(0x8E)
+                old.disconnect(ReasonCode.SESSION_TAKEN_OVER)
             # a new connection before the will delay passed: no will
             self._cancel_timers(existing)
             existing.will = None
@@ -277,9 +278,10 @@ class SessionManager:
         session = self.sessions.get(client_id)
         if session is None or session.session_id != session_id or session.connection is None:
             return
+        taken_over = reason_code == ReasonCode.SESSION_TAKEN_OVER
         self.log.info("session {client_id} closed for the cluster (0x{code:02X}: "
                       "{why})", client_id=client_id, code=reason_code,
-                      why="taken over by another node" if reason_code == 0x8E else
+                      why="taken over by another node" if taken_over else
                       "an administrator's request")
         session.connection.disconnect(reason_code)
 
@@ -290,7 +292,7 @@ class SessionManager:
         if session is None or session.session_id == info.session_id:
             return
         if session.connection is not None:
-            session.connection.disconnect(0x8E)
+            session.connection.disconnect(ReasonCode.SESSION_TAKEN_OVER)
             return
         self._cancel_timers(session)
         session.will = None
@@ -425,8 +427,9 @@ class SessionManager:
     def connection_lost(self, session: Session, conn, publish_will: bool) -> None:
         """The connection of ``session`` ended (DISCONNECT, error or loss).
 
-        :param publish_will: True unless the client sent DISCONNECT 0x00
-            [MQTT-3.14.4-3]; DISCONNECT 0x04 keeps the will (§3.14.2.1).
+        :param publish_will: True unless the client sent DISCONNECT
+            NORMAL_DISCONNECTION [MQTT-3.14.4-3]; DISCONNECT_WITH_WILL_MESSAGE
+            keeps the will (§3.14.2.1).
         """
         if session.connection is not conn:
             return  # already taken over

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 
 from tbmq.model import DeliveryState, StoredDelivery
+from tbmq.mqtt import ReasonCode
 
 __all__ = ["MESSAGE_OVERHEAD", "StoreReads", "delivery_size"]
 
@@ -90,7 +91,7 @@ class StoreReads:
             self.log.failure("reading the queued messages of {client_id} failed", failure,
                              client_id=self.client_id)
             if self.connection is conn and conn is not None:
-                conn.disconnect(0x80)
+                conn.disconnect(ReasonCode.UNSPECIFIED_ERROR)
 
         d.addCallbacks(loaded, failed)
 

@@ -267,8 +267,9 @@ class DisconnectCommand:
 
     :ivar client_id: the client id.
     :ivar session_id: the connection to drop (a newer one is kept).
-    :ivar reason_code: the MQTT 5.0 DISCONNECT reason code (0x8E session
-        taken over).
+    :ivar reason_code: the MQTT 5.0 DISCONNECT reason code
+        (SESSION_TAKEN_OVER, or ADMINISTRATIVE_ACTION for an administrator's
+        request).
     """
 
     client_id: str

@@ -6,8 +6,8 @@ client id), so the one member of the ``tbmq-session-events`` consumer group
 that owns the client's partition decides for that client, in order:
 
 * a session still connected on another node is dropped there through
-  ``tbmq.client.disconnect.<serviceId>`` (DISCONNECT 0x8E, session taken
-  over, [MQTT-3.1.4-3]);
+  ``tbmq.client.disconnect.<serviceId>`` (DISCONNECT SESSION_TAKEN_OVER,
+  [MQTT-3.1.4-3]);
 * the answer — whether a session is present [MQTT-3.2.2-2] and what the
   cluster knew of it — returns on
   ``tbmq.client.session.event.response.<serviceId>`` of the asking node.
@@ -46,6 +46,7 @@ from tbmq.cluster.records import (
 from tbmq.cluster.topics import CLUSTER_BUNDLE, node_group
 from tbmq.errors import BusPublishError
 from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.mqtt import ReasonCode
 
 log = Logger(observer=LOG_OBSERVER)
 
@@ -210,9 +211,10 @@ class SessionEvents:
                                                client_id=info.client_id,
                                                error=f.getErrorMessage()))
 
-    def disconnect_client(self, client_id: str, reason_code: int = 0x98) -> bool:
+    def disconnect_client(self, client_id: str,
+                          reason_code: int = ReasonCode.ADMINISTRATIVE_ACTION) -> bool:
         """Close the connection of ``client_id`` wherever it is (an
-        administrator's request, DISCONNECT 0x98 Administrative action by
+        administrator's request, DISCONNECT ADMINISTRATIVE_ACTION by
         default): the node holding it gets a
         :class:`~tbmq.cluster.records.DisconnectCommand`.
 
@@ -260,7 +262,8 @@ class SessionEvents:
                 and info.service_id != event.service_id):
             # connected on another node: drop it there (session taken over)
             self.bus.publish(self.topics.client_disconnect(info.service_id), event.client_id,
-                             DisconnectCommand(event.client_id, info.session_id, 0x8E))
+                             DisconnectCommand(event.client_id, info.session_id,
+                                               ReasonCode.SESSION_TAKEN_OVER))
         present = info is not None and info.persistent and not event.clean_start
         response = SessionEventResponse(event.client_id, event.request_id, True, present, info)
         self._grant(event.client_id, event.session_id)

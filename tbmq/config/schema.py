@@ -113,8 +113,8 @@ class MqttConfig:
     :ivar connect_timeout: seconds a connection may stay without CONNECT.
     :ivar incomplete_packet_timeout: seconds, > 0, a packet may take from
         its first byte to its last once CONNECT is accepted; a connection
-        whose packet is not complete by then is closed (v5: DISCONNECT 0x8D),
-        whatever its keep alive, 0 included.
+        whose packet is not complete by then is closed (v5: DISCONNECT 0x8D
+        Keep alive timeout), whatever its keep alive, 0 included.
     :ivar receive_maximum: QoS 1/2 PUBLISHes a v5 client may have
         unacknowledged towards the broker, 1..65535 [MQTT-3.2.2.3.3] (a v3
         client, never told, is held to the packet identifier space).
@@ -277,7 +277,8 @@ class LoginLimitsConfig:
         (v3: 0x03 Server unavailable) at once; the last place is kept for
         client ids and user names without failures in ``window``.
     :ivar max_checks: such CONNECTs being authenticated at once on the
-        node, >= 1; one more gets 0x89 (v3: 0x03).
+        node, >= 1; one more gets 0x89 Server busy (v3: 0x03 Server
+        unavailable).
     :ivar check_threads: threads of the password-check pool, >= 1 (bcrypt
         runs there, apart from the reactor's own pool).
     """

@@ -21,6 +21,9 @@ from .constants import (
     Property,
     PropertyType,
     ReasonCode,
+    SubackReturnCode,
+    connack_return_code,
+    is_failure,
 )
 from .packets import (
     Auth,
@@ -59,6 +62,9 @@ __all__ = [
     "MQTT_5",
     "ReasonCode",
     "ConnackReturnCode",
+    "SubackReturnCode",
+    "connack_return_code",
+    "is_failure",
     "Property",
     "PropertyType",
     "PROPERTY_TYPES",

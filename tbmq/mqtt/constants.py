@@ -1,7 +1,8 @@
 """MQTT constants: packet types, protocol levels, reason codes, property ids.
 
 Everything here is immutable data; nothing is computed at run time except the
-lookup tables built once at import.
+lookup tables built once at import; two one-line helpers read them
+(:func:`is_failure`, :func:`connack_return_code`).
 
 Spec references are to MQTT 5.0 (OASIS Standard, 7 March 2019) unless a
 statement names MQTT 3.1.1 (OASIS Standard, 29 October 2014) or MQTT 3.1
@@ -32,6 +33,9 @@ __all__ = [
     "PACKET_PROPERTIES",
     "REPEATABLE_PROPERTIES",
     "REASON_CODES",
+    "V3_CONNACK_RETURN_CODES",
+    "is_failure",
+    "connack_return_code",
     "MAX_PACKET_SIZE",
     "MAX_VARIABLE_BYTE_INTEGER",
 ]
@@ -133,7 +137,10 @@ class ReasonCode(IntEnum):
 
 
 class ConnackReturnCode(IntEnum):
-    """MQTT 3.1 / 3.1.1 CONNACK return codes (3.1.1 section 3.2.2.3)."""
+    """MQTT 3.1 / 3.1.1 CONNACK return codes (3.1.1 section 3.2.2.3, table
+    3.1): 0 accepts the connection, 1-5 refuse it and the server closes the
+    connection [MQTT-3.2.2-5]; a refusal none of them names is a close
+    without CONNACK [MQTT-3.2.2-6]."""
 
     ACCEPTED = 0
     UNACCEPTABLE_PROTOCOL_VERSION = 1
@@ -353,11 +360,61 @@ REASON_CODES = {
 REASON_CODES[_C.PUBREC] = REASON_CODES[_C.PUBACK]
 REASON_CODES[_C.PUBCOMP] = REASON_CODES[_C.PUBREL]
 
+_V3 = ConnackReturnCode
+
+#: The MQTT 3.1 / 3.1.1 CONNACK return code (3.1.1 section 3.2.2.3) a v3
+#: client gets where a v5 client gets the CONNACK reason code of the key
+#: (MQTT 5.0 section 3.2.2.2): the refusals the broker makes.  The will
+#: defects (TOPIC_NAME_INVALID, QOS_NOT_SUPPORTED, RETAIN_NOT_SUPPORTED,
+#: PAYLOAD_FORMAT_INVALID), MALFORMED_PACKET and PROTOCOL_ERROR have no
+#: return code: a v3 client is closed without CONNACK [MQTT-3.2.2-6].
+V3_CONNACK_RETURN_CODES = {
+    _R.SUCCESS: _V3.ACCEPTED,
+    _R.UNSUPPORTED_PROTOCOL_VERSION: _V3.UNACCEPTABLE_PROTOCOL_VERSION,
+    _R.CLIENT_IDENTIFIER_NOT_VALID: _V3.IDENTIFIER_REJECTED,
+    _R.BAD_USER_NAME_OR_PASSWORD: _V3.BAD_USERNAME_OR_PASSWORD,
+    _R.NOT_AUTHORIZED: _V3.NOT_AUTHORIZED,
+    _R.BAD_AUTHENTICATION_METHOD: _V3.NOT_AUTHORIZED,
+    _R.BANNED: _V3.NOT_AUTHORIZED,
+    _R.UNSPECIFIED_ERROR: _V3.SERVER_UNAVAILABLE,
+    _R.IMPLEMENTATION_SPECIFIC_ERROR: _V3.SERVER_UNAVAILABLE,
+    _R.SERVER_UNAVAILABLE: _V3.SERVER_UNAVAILABLE,
+    _R.SERVER_BUSY: _V3.SERVER_UNAVAILABLE,
+    _R.QUOTA_EXCEEDED: _V3.SERVER_UNAVAILABLE,
+    _R.CONNECTION_RATE_EXCEEDED: _V3.SERVER_UNAVAILABLE,
+    _R.USE_ANOTHER_SERVER: _V3.SERVER_UNAVAILABLE,
+    _R.SERVER_MOVED: _V3.SERVER_UNAVAILABLE,
+}
+
+
+def is_failure(reason_code: int) -> bool:
+    """Whether a reason code reports a failure: 0x80 (UNSPECIFIED_ERROR) or
+    greater (section 2.4); below it, success or a kind of success.
+
+    :param reason_code: an MQTT 5.0 reason code, ``int`` 0-255.
+    :returns: True for a failure.
+    """
+    return reason_code >= ReasonCode.UNSPECIFIED_ERROR
+
+
+def connack_return_code(reason_code: int) -> ConnackReturnCode:
+    """The MQTT 3.1 / 3.1.1 CONNACK return code for a refusal the broker
+    names with an MQTT 5.0 CONNACK reason code
+    (:data:`V3_CONNACK_RETURN_CODES`).
+
+    :param reason_code: an MQTT 5.0 CONNACK reason code, ``int``.
+    :returns: its :class:`ConnackReturnCode`; NOT_AUTHORIZED for a code the
+        table does not hold (one an authentication provider chose).
+    """
+    return V3_CONNACK_RETURN_CODES.get(reason_code, ConnackReturnCode.NOT_AUTHORIZED)
+
+
 # Read-only views: these tables are shared by every connection.
 PROPERTY_TYPES: Mapping[Property, PropertyType] = MappingProxyType(PROPERTY_TYPES)
 PROPERTY_PACKET_TYPES: Mapping[Property, frozenset[int]] = MappingProxyType(PROPERTY_PACKET_TYPES)
 PACKET_PROPERTIES: Mapping[int, frozenset[Property]] = MappingProxyType(PACKET_PROPERTIES)
 REPEATABLE_PROPERTIES: Mapping[int, frozenset[Property]] = MappingProxyType(REPEATABLE_PROPERTIES)
 REASON_CODES: Mapping[int, frozenset[int]] = MappingProxyType(REASON_CODES)
+V3_CONNACK_RETURN_CODES: Mapping[int, ConnackReturnCode] = MappingProxyType(V3_CONNACK_RETURN_CODES)
 
-del _P, _T, _C, _R, _ACKS
+del _P, _T, _C, _R, _V3, _ACKS

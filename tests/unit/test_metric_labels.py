@@ -39,8 +39,10 @@ def test_the_drop_counter_starts_with_every_reason_at_zero():
 
 
 def test_every_refusal_code_of_the_providers_is_listed():
-    refusals = r"AuthResult\(\s*False[^)]*reason_code=(0x[0-9A-Fa-f]+)"
-    codes = {int(c, 16) for c in re.findall(refusals, _sources("tbmq", "plugins"))}
+    refusals = r"AuthResult\(\s*False[^)]*reason_code=(?:ReasonCode\.(\w+)|(0x[0-9A-Fa-f]+))"
+    found = re.findall(refusals, _sources("tbmq", "plugins"))
+    assert len(found) > 5
+    codes = {ReasonCode[name] if name else int(raw, 16) for name, raw in found}
     codes.add(AuthResult(False).reason_code)
     codes.add(ReasonCode.BAD_AUTHENTICATION_METHOD)  # an enhanced authentication nobody took
     assert codes == set(AUTH_FAILURE_CODES)

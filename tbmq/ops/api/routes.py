@@ -62,7 +62,8 @@ ROUTES: tuple[Route, ...] = (
           "One session: its subscriptions, queued messages and node",
           response="SessionDetail", errors=(404,)),
     Route("POST", ("sessions", "{client_id}", "disconnect"), "disconnect_session", WRITE,
-          "Close the client's connection wherever it is (DISCONNECT 0x98 in MQTT 5)",
+          "Close the client's connection wherever it is "
+          "(DISCONNECT 0x98 Administrative action in MQTT 5)",
           response="Accepted", errors=(404, 409)),
     Route("DELETE", ("sessions", "{client_id}"), "remove_session", WRITE,
           "Remove an offline session: its subscriptions and stored messages",
