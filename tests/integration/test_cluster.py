@@ -184,11 +184,14 @@ def test_a_node_that_joins_serves_existing_subscriptions_and_retained_messages(n
     assert watcher.get().payload == b"retained"
     c = nodes["node"]("node-c")
     nodes["c"] = c.start()
-    late = _client(c)
+    # C's join rebalances the cluster's groups: while the partition of a
+    # client id's connect requests moves, a CONNECT may get 0x88 Server
+    # unavailable (node.connect_answer_timeout), and a client connects again
+    late = _connect_until_accepted(c, f"late-{uid()}")
     late.subscribe(topic + "/#", qos=1)
     got = late.get(timeout=30)
     assert (got.topic, got.payload, got.retain) == (topic + "/kept", b"retained", True)
-    pub = _client(c)
+    pub = _connect_until_accepted(c, f"pub-{uid()}")
     pub.publish(topic + "/new", b"from-c", qos=1)
     assert watcher.get_for(topic + "/new", timeout=30).payload == b"from-c"
     for x in (watcher, late, pub):
