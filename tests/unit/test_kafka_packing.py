@@ -72,10 +72,12 @@ def test_a_packed_record_that_fails_fails_every_publish_it_carries():
 def test_a_lone_record_goes_alone_on_the_partition_of_its_key():
     driver = FakeDriver()
     bus, reactor = started(driver)
-    d = bus.publish(bus.catalogue.downlink_basic("n1"), "client-1",
-                    r.Delivery("client-1", Message("a", b"x"), 1))
+    done = []
+    bus.publish(bus.catalogue.downlink_basic("n1"), "client-1",
+                r.Delivery("client-1", Message("a", b"x"), 1), (), done.append)
     reactor.wait(lambda: reactor.advance(0) or driver.sent)  # created, then sent
-    assert [(s[1], s[3], s[4]) for s in driver.sent] == [(b"client-1", (), d)]
+    # alone: the producer reports to the publish's own done
+    assert [(s[1], s[3], s[4]) for s in driver.sent] == [(b"client-1", (), done.append)]
     assert driver.partitions == [_partition(b"client-1")]
 
 

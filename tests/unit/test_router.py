@@ -28,8 +28,10 @@ class FakeBus:
     def __init__(self) -> None:
         self.published: list[tuple] = []
 
-    def publish(self, topic, key, value, headers=()):
+    def publish(self, topic, key, value, headers=(), done=None):
         self.published.append((topic, key, value))
+        if done is not None:
+            done(None)
         return None
 
     def subscribe(self, topic, group, handler, from_beginning=False, exclusive=False,
