@@ -288,7 +288,9 @@ class Waiter:
     def settle(self, done: Callable[[Failure | None], None]) -> None:
         """Call ``done`` once the publish is done (:attr:`done` is False
         now): with None, or a :class:`~twisted.python.failure.Failure` of
-        :meth:`_failure`."""
+        :class:`~tbmq.errors.ConsumerFailedError`,
+        :class:`~tbmq.errors.BusClosedError` or
+        :class:`~tbmq.errors.BusPublishError`; what it raises is logged."""
         self.notify = done
 
 
