@@ -46,8 +46,9 @@ class IMessageBus(IBackend):
     the same object type either way.
 
     Delivery is at least once: a consumer commits a record only after its
-    handler's result (None or a Deferred) has fired with success; records
-    of one key arrive in publish order (one partition per key).
+    handler's result (None, a Deferred or a
+    :class:`tbmq.cluster.completion.Completion`) has fired with success;
+    records of one key arrive in publish order (one partition per key).
     """
 
     encodes = Attribute(
@@ -61,7 +62,7 @@ class IMessageBus(IBackend):
         "topic through it."
     )
 
-    def publish(topic, key, value, headers=()):
+    def publish(topic, key, value, headers=(), done=None):
         """Append a record to ``topic``, partitioned by ``key``.
 
         :param topic: the bus topic name, ``str`` (prefix already applied).
@@ -71,24 +72,37 @@ class IMessageBus(IBackend):
             :meth:`tbmq.cluster.topics.TopicCatalogue.codec_for`), or None (a tombstone:
             "this key has no value any more").
         :param headers: ``tuple[tuple[str, bytes], ...]``.
-        :returns: a Deferred that fires with None once the bus holds the
-            record as durably as it promises: Kafka once the brokers
-            acknowledged it (``acks=all``); the in-process bus once every
-            consumer group of the topic has handled it (each handler's
-            Deferred fired), so a consumer that persists the record (the
-            device store) has stored it — except on a durable topic
-            (``tbmq.msg.app.*``, the session topics), which holds the
-            record itself once its topic log stored it, as Kafka does.  The in-process bus may return None
-            instead, meaning exactly that already happened during the call
-            (no Deferred on the hot path, ARCHITECTURE §3).
-            The Deferred fails with a :class:`tbmq.errors.BusError`:
-            :class:`~tbmq.errors.BusClosedError` (bus not started or
-            stopped), :class:`~tbmq.errors.RecordEncodingError` (the value
-            does not fit the topic's codec),
-            :class:`~tbmq.errors.ConsumerFailedError` (in-process: a
-            handler failed, the record is not committed for its group) or
-            :class:`~tbmq.errors.BusPublishError` (the bus refused or timed
-            out).  A synchronous caller never sees these raised.
+        :param done: ``done(outcome) -> None`` or None.  When given, the bus
+            calls it **exactly once**, in the reactor thread, possibly
+            synchronously during this call: with ``outcome`` None once the
+            bus holds the record as durably as it promises (below), or with
+            a :class:`twisted.python.failure.Failure` of the errors below.
+            No Deferred is made (the hot path of a cluster: one message,
+            one callable, :class:`tbmq.cluster.completion.Completion` for
+            several).  ``done`` should not raise: what it raises when called
+            later is logged by the bus, during the call it reaches the
+            caller.
+        :returns: None when ``done`` is given.  Otherwise a Deferred that
+            fires with None (or fails) as ``done`` would be called; the
+            in-process bus may return None instead, meaning the record was
+            held during the call (no Deferred on the hot path,
+            ARCHITECTURE §3).
+
+        "Durable": Kafka once the brokers acknowledged the record
+        (``acks=all``); the in-process bus once every consumer group of the
+        topic has handled it (each handler's result fired), so a consumer
+        that persists the record (the device store) has stored it — except
+        on a durable topic (``tbmq.msg.app.*``, the session topics), which
+        holds the record itself once its topic log stored it, as Kafka
+        does.
+
+        Failures, all :class:`tbmq.errors.BusError` (never raised by the
+        call): :class:`~tbmq.errors.BusClosedError` (bus not started or
+        stopped), :class:`~tbmq.errors.RecordEncodingError` (the value does
+        not fit the topic's codec), :class:`~tbmq.errors.ConsumerFailedError`
+        (in-process: a handler failed, the record is not committed for its
+        group) or :class:`~tbmq.errors.BusPublishError` (the bus refused or
+        timed out).
         """
 
     def subscribe(topic, group, handler, from_beginning=False, exclusive=False, bundle=None):
@@ -100,13 +114,17 @@ class IMessageBus(IBackend):
         subscription topics, ``tbmq.msg.app.*``) where it starts at the
         first record held: what waited for a client is its.
 
-        :param handler: ``handler(record) -> Deferred | None`` with
-            ``record`` a :class:`tbmq.cluster.records.Record` (``value``
-            decoded); called in the reactor thread, in partition order,
-            never re-entered for the same consumer.  The record is
-            committed once the result has fired with success; a failure
-            leaves it uncommitted (it comes again to the group's next
-            member after a rebalance or restart).
+        :param handler: ``handler(record) -> None | Deferred |
+            Completion`` with ``record`` a
+            :class:`tbmq.cluster.records.Record` (``value`` decoded);
+            called in the reactor thread, in partition order, never
+            re-entered for the same consumer.  The record is committed once
+            the result has fired with success (None: at once; a
+            :class:`tbmq.cluster.completion.Completion`, maybe complete
+            already: once its parts are all done); a failure, or a handler
+            that raises, leaves it uncommitted (it is handed again, to this
+            member after a delay or to the group's next member after a
+            rebalance or restart).
         :param from_beginning: start at the first record the bus holds
             instead of the group's committed offset (TBMQ replays the
             session topics from the beginning at every start; compaction

@@ -30,8 +30,10 @@ broker nodes are tested in one process).
   slices of :data:`SLICE` per reactor turn.
 * **The hot path.**  One group, its member idle and not paused, nothing
   waiting, direct mode, a non-durable topic: ``publish`` calls the handler
-  at once and, when it returns None, returns None; no Deferred, the record
-  not even stored.
+  at once and, when it returns None (or a
+  :class:`~tbmq.cluster.completion.Completion` that has succeeded), calls
+  ``done`` at once or returns None; no Deferred, the record not even
+  stored.
 * **Memory.**  A record goes once every group that ever subscribed has
   committed past it.  Records that no group with a live member needs (on a
   durable topic: no known group) are kept at most ``retention_records`` per
@@ -55,6 +57,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
+from tbmq.cluster.completion import Completion
 from tbmq.cluster.records import Record, new_record
 from tbmq.cluster.redelivery import Redelivery
 from tbmq.cluster.topics import TopicCatalogue
@@ -69,12 +72,38 @@ SLICE = 256
 #: Seconds between two log lines about records dropped by retention.
 DROP_LOG_INTERVAL = 10.0
 
-Handler = Callable[[Record], "defer.Deferred | None"]
+Handler = Callable[[Record], "defer.Deferred | Completion | None"]
 log = Logger(observer=LOG_OBSERVER)
 
 
 def _partition_of(key: str | None, n: int) -> int:
     return zlib.crc32(key.encode("utf-8", "surrogatepass")) % n
+
+
+def _answer(outcome, done):
+    """What ``publish`` does with the ``outcome`` of a record: None (it is
+    durable now), an exception (the publish failed now) or the record's
+    :class:`~.inprocess_log.Waiter` (it is not durable yet).
+
+    :param done: the publish's ``done``, or None.
+    :returns: what ``publish`` returns: None with ``done``; else None, a
+        failed Deferred, or a Deferred that fires once the record is durable.
+    """
+    if outcome is None:
+        if done is not None:
+            done(None)
+        return None
+    if type(outcome) is Waiter:
+        if done is None:
+            d = defer.Deferred()
+            outcome.settle(d.callback)  # a Failure: errback
+            return d
+        outcome.settle(done)
+        return None
+    if done is None:
+        return defer.fail(outcome)
+    done(Failure(outcome))
+    return None
 
 
 @implementer(IConsumer)
@@ -404,23 +433,32 @@ class InProcessBus:
 
     # -- publish ----------------------------------------------------------------------------
 
-    def publish(self, topic: str, key: str | None, value: Any,
-                headers: tuple = ()) -> defer.Deferred | None:
+    def publish(self, topic: str, key: str | None, value: Any, headers: tuple = (),
+                done: Callable[[Failure | None], None] | None = None) -> defer.Deferred | None:
         """Append a record; see :meth:`tbmq.interfaces.IMessageBus.publish`.
 
-        :returns: None when every group with a live member has handled the
-            record during the call (a non-durable topic), or a durable topic
-            without a topic log; otherwise a Deferred firing with None once
-            they have (a non-durable topic) or once the topic log stored it
-            (a durable topic: there the consumers' results only commit),
-            failing with
-            :class:`~tbmq.errors.ConsumerFailedError` when a handler failed
-            (the other groups still get the record),
-            :class:`~tbmq.errors.BusClosedError` (not started, stopped),
-            :class:`~tbmq.errors.RecordEncodingError` (the value does not fit
-            the topic's codec, or the topic is not in the catalogue in the
-            encoding mode) or :class:`~tbmq.errors.BusPublishError` (the topic
-            log failed).  Never raises.
+        The record is "durable" once every group with a live member has
+        handled it (its handler's result fired: None, a Deferred or a
+        :class:`~tbmq.cluster.completion.Completion`) on a non-durable
+        topic, or once the topic log stored it on a durable topic (at once
+        without a log: there the consumers' results only commit).
+
+        :param done: ``done(None | Failure)``, or None.  Called exactly
+            once: with None once the record is durable (during the call when
+            it already is: the hot path), or with a
+            :class:`~twisted.python.failure.Failure` of
+            :class:`~tbmq.errors.ConsumerFailedError` (a handler failed; the
+            other groups still get the record),
+            :class:`~tbmq.errors.BusClosedError` (not started; stopped
+            before every group handled it),
+            :class:`~tbmq.errors.RecordEncodingError` (during the call: the
+            value does not fit the topic's codec, or the topic is not in
+            the catalogue in the encoding mode) or
+            :class:`~tbmq.errors.BusPublishError` (the topic log failed).
+            An exception it raises when called later is logged.
+        :returns: None with ``done``; else None when the record was durable
+            during the call, or a Deferred that fires (or fails) as ``done``
+            would be called.  Never raises.
         """
         fast = self._fast.get(topic)
         if fast is not None:
@@ -435,28 +473,31 @@ class InProcessBus:
                     result = member.handler(new_record((topic, key, value, headers, 0, o)))
                 except Exception:
                     member.busy = False
-                    return self._hot_failed(self._topics[topic], member, cursor, part,
-                                            new_record((topic, key, value, headers, 0, o)),
-                                            Failure())
+                    return _answer(self._hot_failed(
+                        self._topics[topic], member, cursor, part,
+                        new_record((topic, key, value, headers, 0, o)), Failure()), done)
                 member.busy = False
-                if result is None:
+                if result is None or (type(result) is Completion and result.succeeded):
                     cursor.committed = n
                     if member.wanted:
                         self._pump(member)
+                    if done is not None:
+                        done(None)
                     return None
-                return self._hot_pending(self._topics[topic], member, cursor, part,
-                                         new_record((topic, key, value, headers, 0, o)), result)
-        return self._publish(self._topics.get(topic), topic, key, value, headers)
+                return _answer(self._hot_pending(
+                    self._topics[topic], member, cursor, part,
+                    new_record((topic, key, value, headers, 0, o)), result), done)
+        return _answer(self._publish(self._topics.get(topic), topic, key, value, headers), done)
 
-    def _hot_failed(self, state, member, cursor, part, record, failure) -> defer.Deferred:
+    def _hot_failed(self, state, member, cursor, part, record, failure) -> Exception:
         o = record.offset
         part.put(o, record.key, record.value, record.headers)
         self._handled(member, state, 0, cursor, o, failure, False)
         if member.wanted:
             self._pump(member)
-        return defer.fail(ConsumerFailedError(
+        return ConsumerFailedError(
             f"{state.name}: the handler of consumer group {member.group!r} failed; "
-            "the record is not committed for it", group=member.group))
+            "the record is not committed for it", group=member.group)
 
     def _hot_pending(self, state, member, cursor, part, record, result):
         o = record.offset
@@ -467,17 +508,22 @@ class InProcessBus:
             self._pump(member)
         if waiter.done:
             part.waiters.pop(o, None)
-        return waiter.result()
+        return waiter.outcome()
 
     def _publish(self, state: TopicState | None, topic: str, key, value, headers):
+        """The publish of a record off the hot path.
+
+        :returns: None (durable now), an exception (failed now) or the
+            record's :class:`~.inprocess_log.Waiter` (see :func:`_answer`).
+        """
         if not self.running:
-            return defer.fail(BusClosedError(f"{topic}: the bus is not running"))
+            return BusClosedError(f"{topic}: the bus is not running")
         try:
             if state is None:
                 state = self._topic(topic)
             stored = value if state.codec is None else state.codec.encode(value)
         except RecordEncodingError as e:
-            return defer.fail(e)
+            return e
         parts = state.parts
         n = len(parts)
         if n == 1:
@@ -510,7 +556,7 @@ class InProcessBus:
             return None
         if waiter.done:
             part.waiters.pop(o, None)
-        return waiter.result()
+        return waiter.outcome()
 
     # -- handing records ----------------------------------------------------------------------
 
@@ -600,6 +646,14 @@ class InProcessBus:
             self._track(member, state, p, cursor, o, result)
 
     def _track(self, member, state, p, cursor, o, result) -> None:
+        """Wait for a handler's result that is not None: a
+        :class:`~tbmq.cluster.completion.Completion` or a Deferred
+        (anything else counts as success)."""
+        if type(result) is Completion:
+            cursor.inflight.add(o)
+            member.inflight += 1
+            result.then(self._settled, member, state, p, cursor, o)
+            return
         if not isinstance(result, defer.Deferred):
             self._handled(member, state, p, cursor, o, None, False)
             return
@@ -611,6 +665,9 @@ class InProcessBus:
 
     def _fired(self, outcome, member, state, p, cursor, o, failed) -> None:
         self._handled(member, state, p, cursor, o, outcome if failed else None, True)
+
+    def _settled(self, failure, member, state, p, cursor, o) -> None:
+        self._handled(member, state, p, cursor, o, failure, True)
 
     def _handled(self, member: Consumer, state: TopicState, p: int, cursor, o: int,
                  failure: Failure | None, deferred: bool) -> None:

@@ -1,7 +1,7 @@
 """The state behind :class:`tbmq.backends.inprocess_bus.InProcessBus`: the
 partition logs of each topic, the consumer groups' offsets, and the waiters
-of ``publish`` calls.  Plain data and small operations; no Twisted, no
-handler calls (the bus does those).
+of ``publish`` calls.  Plain data and small operations; no handler calls
+(the bus does those; a waiter calls its publisher's ``done``).
 
 Offsets count from 0 in each partition.  A partition holds the records from
 :attr:`Partition.first` to :attr:`Partition.next` - 1, with holes where
@@ -11,13 +11,17 @@ records were compacted away or dropped; a reader skips holes.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
-from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from tbmq.errors import BusClosedError, BusPublishError, ConsumerFailedError
+from tbmq.log import OBSERVER as LOG_OBSERVER
 
 __all__ = ["Cursor", "Group", "Partition", "TopicState", "Waiter"]
+
+log = Logger(observer=LOG_OBSERVER)
 
 
 class Partition:
@@ -211,9 +215,11 @@ class Waiter:
     :ivar log_pending: the topic log's append has not fired yet.
     :ivar error: a failure that fails the publish outright (log error, bus
         stopped), or None.
+    :ivar notify: the publish's ``done(None | Failure)``, called once when
+        it is :attr:`done`, or None.
     """
 
-    __slots__ = ("pending", "failed_group", "log_pending", "error", "d", "topic")
+    __slots__ = ("pending", "failed_group", "log_pending", "error", "notify", "topic")
 
     def __init__(self, topic: str, pending: set[str], log_pending: bool = False) -> None:
         self.topic = topic
@@ -221,7 +227,7 @@ class Waiter:
         self.failed_group: str | None = None
         self.log_pending = log_pending
         self.error: Exception | None = None
-        self.d: defer.Deferred | None = None
+        self.notify: Callable[[Failure | None], None] | None = None
 
     @property
     def done(self) -> bool:
@@ -262,23 +268,30 @@ class Waiter:
         return None
 
     def _maybe_fire(self) -> None:
-        d = self.d
-        if d is not None and not d.called and self.done:
+        notify = self.notify
+        if notify is not None and self.done:
+            self.notify = None
             error = self._failure()
-            if error is None:
-                d.callback(None)
-            else:
-                d.errback(error)
+            try:
+                notify(None if error is None else Failure(error))
+            except Exception:
+                log.failure("in-process bus: the outcome of a publish to {topic} could not "
+                            "be reported", topic=self.topic)
 
-    def result(self) -> defer.Deferred | None:
-        """What ``publish`` returns: None when it is all done and well, a
-        failed Deferred when done and not well, else a Deferred that fires
-        when done."""
+    def outcome(self) -> "Waiter | Exception | None":
+        """What the publish has come to: None when it is done and well, its
+        error when done and not well, else this waiter (to :meth:`settle`)."""
         if self.done:
-            error = self._failure()
-            return None if error is None else defer.fail(error)
-        self.d = defer.Deferred()
-        return self.d
+            return self._failure()
+        return self
+
+    def settle(self, done: Callable[[Failure | None], None]) -> None:
+        """Call ``done`` once the publish is done (:attr:`done` is False
+        now): with None, or a :class:`~twisted.python.failure.Failure` of
+        :class:`~tbmq.errors.ConsumerFailedError`,
+        :class:`~tbmq.errors.BusClosedError` or
+        :class:`~tbmq.errors.BusPublishError`; what it raises is logged."""
+        self.notify = done
 
 
 class TopicState:

@@ -15,28 +15,13 @@ from twisted.logger import Logger
 
 from tbmq.broker.retained import RetainedTree
 from tbmq.broker.trie import SubscriptionTrie
+from tbmq.cluster.completion import Completion
 from tbmq.cluster.records import Delivery
 from tbmq.cluster.sinks import Sinks
 from tbmq.cluster.topics import CLUSTER_BUNDLE, node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, SubscriptionOptions
 
-
-
-def _add(pending: list | None, result) -> list:
-    if pending is None:
-        return [result]
-    pending.append(result)
-    return pending
-
-
-def _joined(pending: list):
-    """The one Deferred of ``pending``, or one for all of them (callers
-    return None themselves when nothing is pending: no call on the hot
-    path)."""
-    if len(pending) == 1:
-        return pending[0]
-    return defer.gatherResults(pending, consumeErrors=True)
 
 
 class SharedGroup:
@@ -137,26 +122,36 @@ class Router:
 
     # -- publish -------------------------------------------------------------
 
-    def publish(self, message: Message):
-        """Put ``message`` on the bus.
+    def publish(self, message: Message, done=None):
+        """Put ``message`` on the bus: ``tbmq.msg.all``, and
+        ``tbmq.msg.retained`` too when it is retained.
 
-        :returns: None when nothing needs waiting for, or a Deferred that fires
-            when the message is durable (the bus holds it and, on the
-            in-process bus, every persistent subscriber's store has it):
-            only then may a QoS 1/2 publisher be acknowledged.  It fails with
-            a :class:`tbmq.errors.BusError` when the message was not taken.
+        :param done: ``done(None | Failure)``, or None.  Called exactly
+            once (maybe during the call): with None once the message is
+            durable (the bus holds it and, on the in-process bus, every
+            persistent subscriber's store has it): only then may a QoS 1/2
+            publisher be acknowledged; or with the
+            :class:`~twisted.python.failure.Failure` of the first of its
+            publishes that failed, a :class:`tbmq.errors.BusError` (see
+            :meth:`tbmq.interfaces.IMessageBus.publish`).
+        :returns: None with ``done``; else None when the message was durable
+            during the call, or a Deferred that fires (or fails) as ``done``
+            would be called.
         """
+        if done is None:
+            d = defer.Deferred()
+            self.publish(message, d.callback)  # a Failure: errback
+            return None if d.called and d.result is None else d
         bus = self.bus
         if message.retain:
-            first = bus.publish(self.topics.msg_retained, message.topic,
-                                message if message.payload else None)
-            second = bus.publish(self.topics.msg_all, message.topic, message)
-            if first is None:
-                return second
-            if second is None:
-                return first
-            return defer.gatherResults([first, second], consumeErrors=True)
-        return bus.publish(self._msg_all, message.topic, message)
+            both = Completion()
+            bus.publish(self.topics.msg_retained, message.topic,
+                        message if message.payload else None, (), both.part())
+            bus.publish(self._msg_all, message.topic, message, (), both.part())
+            both.then(done)
+        else:
+            bus.publish(self._msg_all, message.topic, message, (), done)
+        return None
 
     def _on_retained(self, record):
         message = record.value
@@ -182,7 +177,10 @@ class Router:
         ``tbmq.msg.app.shared.<filter>``, which each share group reads in a
         consumer group of its own.
 
-        :returns: None, or a Deferred when persistent targets store it.
+        :returns: None, or a :class:`~tbmq.cluster.completion.Completion`
+            of the records sent to the sinks (maybe complete already): the
+            consumer commits the record once every one of them is durable,
+            and reads it again when one fails.
         """
         message = record.value
         topic = message.topic
@@ -196,11 +194,11 @@ class Router:
         targets, filters = self._targets(matches, groups, message)
         pending = None
         for topic_filter in filters:  # one record per filter
-            result = self.sinks.application_shared.send(
+            if pending is None:
+                pending = Completion()
+            self.sinks.application_shared.send(
                 topic_filter, topic, Delivery(topic_filter, message, message.qos,
-                                              message.retain))
-            if result is not None:
-                pending = _add(pending, result)
+                                              message.retain), pending.part())
         sessions = self.sessions
         # one target: encoded with its own packet id, nothing to share
         cache: dict | None = {} if len(targets) > 1 else None
@@ -215,7 +213,7 @@ class Router:
                 session.deliver(message, qos, flag, sids, cache, now, source)
             else:
                 pending = self._to_sink(client_id, session, message, qos, flag, sids, pending)
-        return None if pending is None else _joined(pending)
+        return pending
 
     def _dispatch_one(self, subs: dict, message: Message):
         """:meth:`_on_message` for the plain subscriptions of one filter (the
@@ -241,16 +239,18 @@ class Router:
             else:
                 pending = self._to_sink(client_id, session, message, qos, flag,
                                         options.subscription_ids, pending)
-        return None if pending is None else _joined(pending)
+        return pending
 
     def _to_sink(self, client_id: str, session, message: Message, qos: int, retain: bool,
-                 sids: tuple, pending: list | None) -> list | None:
+                 sids: tuple, pending: Completion | None) -> Completion | None:
         """A target that is not a live session here at its QoS, classified
         once (:meth:`classify`) and handed to its sink as a
         :class:`~tbmq.cluster.records.Delivery`.
 
         :param session: the local session of ``client_id``, or None.
-        :returns: ``pending`` with the sink's Deferred added, if any.
+        :param pending: the record's completion so far, or None.
+        :returns: ``pending`` (made when None) with the sink's publish as
+            one more part, or ``pending`` as it was when nothing is sent.
         """
         sink, where = self.classify(client_id, session, qos)
         if sink is None:
@@ -260,8 +260,11 @@ class Router:
                                "session registry does not know it", qos=qos,
                                topic=message.topic, client_id=client_id)
             return pending
-        result = sink.send(where, client_id, Delivery(client_id, message, qos, retain, sids))
-        return pending if result is None else _add(pending, result)
+        if pending is None:
+            pending = Completion()
+        sink.send(where, client_id, Delivery(client_id, message, qos, retain, sids),
+                  pending.part())
+        return pending
 
     def classify(self, client_id: str, session, qos: int) -> tuple:
         """Where a delivery at ``qos`` to ``client_id`` goes when it is not

@@ -106,8 +106,9 @@ class SessionContext:
     :ivar flusher: the :class:`tbmq.broker.outbound.TurnFlusher`.
     :ivar holds: the :class:`tbmq.broker.outbound.Holds`.
     :ivar device_store: the :class:`tbmq.interfaces.IDeviceMessageStore`.
-    :ivar publish: ``publish(message) -> Deferred | None``: the pipeline
-        (:meth:`tbmq.broker.router.Router.publish`).
+    :ivar publish: ``publish(message, done)``: the pipeline
+        (:meth:`tbmq.broker.router.Router.publish`); ``done(None |
+        Failure)`` is called once, maybe during the call.
     :ivar retained_for: ``retained_for(topic_filter) -> list[Message]``.
     :ivar subscriptions: ``subscribe(session, filter, options) -> bool`` and
         ``unsubscribe(session, filter) -> bool`` and ``save(session) ->
@@ -140,6 +141,57 @@ class SessionContext:
     applications: Any = None
     traffic: Traffic = field(default_factory=Traffic)
     mark: Callable | None = None
+
+
+#: :attr:`_Published.answer` until the bus calls it
+_WAITING = object()
+
+
+class _Published:
+    """The ``done`` of one publish of a :class:`Session` (see
+    :meth:`tbmq.interfaces.IMessageBus.publish`): its bound method
+    :attr:`call`, kept so that passing and calling it costs no allocation.
+    Called during the publish, it keeps the answer for the session to act
+    on at once, and the session reuses it for its next publish (nothing
+    allocated when the bus holds a message during the call: the embedded
+    hot path); called later, once :meth:`wait` said what for, it hands the
+    answer to the session.
+
+    :ivar call: ``call(failure=None)``: the ``done`` given to the bus.
+    :ivar answer: :data:`_WAITING`, or what the bus answered during the call
+        (None, or a :class:`~twisted.python.failure.Failure`).
+    """
+
+    __slots__ = ("session", "call", "answer", "waiting", "entry", "conn", "accepting")
+
+    def __init__(self, session: "Session") -> None:
+        self.session = session
+        self.call = self._answered
+        self.answer: Any = _WAITING
+        self.waiting = False
+        self.entry: list | None = None
+        self.conn = None
+        self.accepting = None
+
+    def wait(self, entry: list | None, conn, accepting) -> None:
+        """The answer is for ``Session._published``: the acknowledgement
+        ``entry`` (None at QoS 0) queued on ``conn`` for the publisher
+        connection ``accepting``."""
+        self.waiting = True
+        self.entry = entry
+        self.conn = conn
+        self.accepting = accepting
+
+    def _answered(self, failure=None) -> None:
+        """:param failure: None (the bus holds the message), or a
+            :class:`~twisted.python.failure.Failure` of a
+            :class:`tbmq.errors.BusError`."""
+        if self.waiting:
+            self.waiting = False
+            self.call = None  # (no cycle left behind)
+            self.session._published(failure, self.entry, self.conn, self.accepting)
+        else:
+            self.answer = failure
 
 
 class Session(Outbox):
@@ -182,6 +234,9 @@ class Session(Outbox):
         self._acks: deque[list] = deque()
         # publishes handed to the pipeline and not yet accepted by the bus
         self._unaccepted = 0
+        # the done of the next publish (_Published), reused while the bus
+        # answers during the call
+        self._spare: _Published | None = None
         # topic name → (allowed, until): the publish authorization cache,
         # valid for the AuthResult it was filled under
         self._allowed: dict[str, tuple[bool, float]] = {}
@@ -367,23 +422,37 @@ class Session(Outbox):
         hooks = self.ctx.hooks
         if hooks.wants_published:
             hooks.message_published(self, message)
-        result = self.ctx.publish(message)
-        if result is not None:
-            # a QoS 0 message waits for nothing but a held consumer: stop
-            # reading this publisher at once (QoS 1/2 also wait for stores)
-            self._unaccepted_one(conn, qos == 0)
-        if qos == 1:
-            if result is None and not self._acks:
-                # nothing to wait for: the PUBACK now
-                self.inbound_unacked -= 1
-                conn.write(encode_puback(packet.packet_id))
-            else:
-                self.ack_when(result, Puback(packet.packet_id), accepting=conn)
-        elif qos == 2:
-            self.ack_when(result, Pubrec(packet.packet_id), accepting=conn)
-        elif result is not None:
-            result.addCallbacks(self._accepted, self._qos0_refused, callbackArgs=(conn,),
-                                errbackArgs=(conn,))
+        done = self._spare
+        if done is None:
+            done = _Published(self)
+        else:
+            self._spare = None  # (a publish from inside this one takes another)
+        self.ctx.publish(message, done.call)
+        answer = done.answer
+        if answer is None:
+            # held during the call: acknowledged now, and the done is reused
+            done.answer = _WAITING
+            self._spare = done
+            if qos == 1:
+                if not self._acks:
+                    self.inbound_unacked -= 1
+                    conn.write(encode_puback(packet.packet_id))
+                else:
+                    self.ack_when(None, Puback(packet.packet_id))
+            elif qos == 2:
+                self.ack_when(None, Pubrec(packet.packet_id))
+            return
+        # the bus answers later (or refused it during the call): a QoS 0
+        # message waits for nothing but a held consumer, so this publisher
+        # stops being read at once (QoS 1/2 also wait for stores)
+        self._unaccepted_one(conn, qos == 0)
+        entry = None
+        if qos:
+            entry = [(Puback if qos == 1 else Pubrec)(packet.packet_id), False, False]
+            self._acks.append(entry)
+        done.wait(entry, self.connection, conn)
+        if answer is not _WAITING:
+            done.call(answer)
 
     def _unaccepted_one(self, conn, held: bool) -> None:
         """A publish the bus has not accepted yet: past
@@ -442,6 +511,20 @@ class Session(Outbox):
                                 errbackArgs=args)
         else:
             self._flush_acks(self.connection)
+
+    def _published(self, failure, entry: list | None, conn, accepting) -> None:
+        """The bus answered a publish of :meth:`_publish` that it did not
+        hold during the call (``failure``: None, or why it refused it);
+        ``entry`` is its queued acknowledgement (None at QoS 0)."""
+        if entry is None:
+            if failure is None:
+                self._accepted(None, accepting)
+            else:
+                self._qos0_refused(failure, accepting)
+        elif failure is None:
+            self._ack_ready(None, entry, conn, accepting)
+        else:
+            self._ack_refused(failure, entry, conn, accepting)
 
     def _ack_ready(self, _result, entry: list, conn, accepting) -> None:
         if accepting is not None:

@@ -68,15 +68,21 @@ class BusSink:
         self.bus = bus
         self.topic_of = topic_of
 
-    def send(self, where: str, key: str, value):
-        """Publish ``value`` (a record of the topic's type) with ``key``.
+    def send(self, where: str, key: str, value, done=None):
+        """Publish ``value`` (a record of the topic's type) with ``key`` to
+        ``topic_of(where)``.
 
-        :returns: the bus's publish result (None or a Deferred): on the
-            in-process bus, a delivery to ``tbmq.msg.persisted`` fires once
-            the device store has it, so the publisher's PUBACK waits for it;
-            a Kafka publish fires once the brokers hold it.
+        :param done: ``done(None | Failure)`` or None: the bus's publish
+            ``done`` (:meth:`tbmq.interfaces.IMessageBus.publish`), called
+            exactly once, maybe during the call: on the in-process bus, a
+            delivery to ``tbmq.msg.persisted`` is done once the device store
+            has it, so the publisher's PUBACK waits for it; a Kafka publish
+            once the brokers hold it.  A failure is a
+            :class:`tbmq.errors.BusError`.
+        :returns: None with ``done``; else the bus's publish result (None or
+            a Deferred, as ``done`` would be called).
         """
-        return self.bus.publish(self.topic_of(where), key, value)
+        return self.bus.publish(self.topic_of(where), key, value, (), done)
 
 
 class Sinks(NamedTuple):

@@ -12,7 +12,8 @@ own :class:`BusEnv` subclass and no change to the tests:
   thread) and returns its result; handlers run there too, so tests keep what
   handlers see in plain lists and read them after :meth:`BusEnv.wait_until`;
 * :meth:`BusEnv.run` waits for a Deferred (or passes None through) and
-  returns its result or raises its failure;
+  returns its result or raises its failure; :meth:`BusEnv.publish_done`
+  publishes with a ``done`` and gives the list of its outcomes;
 * :meth:`BusEnv.settle` lets whatever is under way happen, before a test
   checks that something did *not* happen;
 * :meth:`BusEnv.restart` stops a bus and makes a new one that finds what the
@@ -82,6 +83,15 @@ class BusEnv:
     def publish(self, bus, topic, key, value, headers=()):
         """Publish from the bus's thread; :returns: what publish returned."""
         return self.call(bus.publish, topic, key, value, headers)
+
+    def publish_done(self, bus, topic, key, value, headers=()):
+        """Publish with a ``done`` from the bus's thread.
+
+        :returns: ``(returned, outcomes)``: what publish returned, and the
+            list ``done`` appends each outcome to (None or a Failure)."""
+        outcomes: list = []
+        returned = self.call(bus.publish, topic, key, value, headers, outcomes.append)
+        return returned, outcomes
 
     def subscribe(self, bus, topic, group, handler, from_beginning=False, exclusive=False,
                   bundle=None):

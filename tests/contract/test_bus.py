@@ -18,6 +18,7 @@ from zope.interface.verify import verifyObject
 
 from tbmq.cluster import records as r
 from tbmq.cluster import redelivery
+from tbmq.cluster.completion import Completion
 from tbmq.errors import BusClosedError, ConsumerFailedError, RecordEncodingError
 from tbmq.interfaces import IConsumer, IMessageBus
 from tbmq.model import ClientType, Message, SubscriptionOptions
@@ -438,6 +439,169 @@ def test_publish_fails_with_consumer_failed_but_other_groups_get_the_record(env)
         assert env.run(d) is None
     env.wait_until(lambda: good)
     assert values(good) == [b"x"]
+
+
+def test_publish_with_done_calls_it_exactly_once_when_durable(env):
+    bus = env.bus()
+    c = env.catalogue
+    topic = c.events
+    results: list = []
+
+    def later(record):
+        d = defer.Deferred()
+        results.append(d)
+        return d
+
+    env.subscribe(bus, topic, "slow", later, exclusive=True)
+    env.subscribe(bus, topic, "fast", collector([]), exclusive=True)
+    env.settle()
+    returned, outcomes = env.publish_done(bus, topic, "k", b"x", (("trace", b"1"),))
+    assert returned is None  # no Deferred with done
+    env.wait_until(lambda: results)
+    if env.publish_waits_for_consumers:
+        # in process, "durable" means every group handled it
+        env.settle()
+        assert outcomes == []
+        env.call(results[0].callback, None)
+    env.wait_until(lambda: outcomes)
+    env.settle()
+    assert outcomes == [None]  # once
+    if not env.publish_waits_for_consumers:
+        assert not results[0].called  # the brokers have it; the handler is another matter
+    # many in one reactor turn (Kafka: packed records): each done once
+    many: list = []
+
+    def burst():
+        for i in range(40):
+            name = f"t/{i % 3}"
+            bus.publish(c.msg_all, name, Message(name, b"%d" % i), (),
+                        lambda outcome, i=i: many.append((i, outcome)))
+
+    env.call(burst)
+    env.wait_until(lambda: len(many) >= 40)
+    env.settle()
+    assert sorted(many) == [(i, None) for i in range(40)]
+
+
+def test_publish_with_done_reports_the_typed_failures_once(env):
+    c = env.catalogue
+    bus = env.unstarted_bus()
+    returned, closed = env.publish_done(bus, c.events, "k", b"x")
+    # during the call
+    assert returned is None and len(closed) == 1 and closed[0].check(BusClosedError)
+    env.run(env.call(bus.start))
+    _, wrong = env.publish_done(bus, c.client_session, "c", Message("t", b""))
+    assert len(wrong) == 1 and wrong[0].check(RecordEncodingError)
+    good: list = []
+    env.subscribe(bus, c.events, "bad", lambda record: defer.fail(OSError("disk full")),
+                  exclusive=True)
+    env.subscribe(bus, c.events, "good", collector(good), exclusive=True)
+    env.settle()
+    _, failed = env.publish_done(bus, c.events, "k", b"y")
+    env.wait_until(lambda: failed and good)
+    if env.consumer_failures_fail_publish:
+        assert failed[0].check(ConsumerFailedError) and failed[0].value.group == "bad"
+    else:
+        assert failed == [None]
+    pending: list = []
+    if env.publish_waits_for_consumers:
+        env.subscribe(bus, c.msg_retained, "held", lambda record: defer.Deferred(),
+                      exclusive=True)
+        env.settle()
+        _, pending = env.publish_done(bus, c.msg_retained, "a/b", Message("a/b", b"r"))
+        env.settle()
+        assert pending == []
+    env.run(env.call(bus.stop))
+    _, stopped = env.publish_done(bus, c.events, "k", b"z")
+    env.settle()
+    assert len(stopped) == 1 and stopped[0].check(BusClosedError)
+    if env.publish_waits_for_consumers:  # what was pending at the stop
+        assert len(pending) == 1 and pending[0].check(BusClosedError)
+    assert len(closed) == len(wrong) == len(failed) == 1
+
+
+def test_a_completion_result_commits_once_every_part_is_done(env):
+    bus = env.bus()
+    topic = env.catalogue.events
+    first, second = [], []
+    parts: dict = {}
+
+    def two_parts(record):
+        pending = Completion()
+        one, two = pending.part(), pending.part()
+        if record.value == b"3":  # complete when returned
+            one(None)
+            two(None)
+        elif record.value == b"1":  # one part done during the handler
+            one(None)
+            parts[record.value] = [two]
+        else:
+            parts[record.value] = [one, two]
+        return pending
+
+    a = env.subscribe(bus, topic, "g", collector(first, two_parts))
+    env.settle()
+    for i in range(4):
+        env.publish(bus, topic, "k", b"%d" % i)
+    env.wait_until(lambda: len(first) == 4)
+    # 0 and 1 done, 2 has a part open, 3 was done: the commit stops before 2
+    env.call(lambda: [done(None) for value in (b"0", b"1") for done in parts[value]])
+    env.call(parts[b"2"][1], None)
+    env.settle()
+    env.subscribe(bus, topic, "g", collector(second))
+    env.run(env.call(a.stop))
+    env.wait_until(lambda: len(second) >= 2)
+    env.settle()
+    assert values(second) == [b"2", b"3"]
+
+
+def test_a_completion_of_publishes_commits_once_they_are_durable_or_is_handed_again(
+        env, monkeypatch):
+    """The router's way: a record's handler publishes with ``done`` parts of
+    one completion and returns it."""
+    monkeypatch.setattr(redelivery, "FIRST_DELAY", 0.2)
+    bus = env.bus()
+    c = env.catalogue
+    source, target = c.events, c.client_disconnect("node-b")
+    seen, relayed, held = [], [], []
+    command = r.DisconnectCommand("c1", "1" * 32, 0x8E)
+
+    def slow(record):
+        if not held:  # the first one is held
+            held.append(defer.Deferred())
+            return held[0]
+        return None
+
+    def relay(record):
+        pending = Completion()
+        bus.publish(target, "c1", command, (), pending.part())
+        if record.value == b"bad" and seen.count(b"bad") < 3:
+            # refused by its codec: the record fails
+            bus.publish(c.client_session, "c1", Message("t", b""), (), pending.part())
+        return pending
+
+    env.subscribe(bus, target, "slow", collector(relayed, slow), exclusive=True)
+    consumer = env.subscribe(bus, source, "relay", lambda record: (
+        seen.append(record.value), relay(record))[1], exclusive=True)
+    env.settle()
+    _, outcome = env.publish_done(bus, source, "k", b"ok")
+    env.wait_until(lambda: len(relayed) == 1)
+    if env.publish_waits_for_consumers:
+        # in process the relayed record is durable once its consumer handled
+        # it: until then the relay's record is not committed
+        env.settle()
+        assert outcome == [] and env.call(consumer.lag) == 1
+        env.call(held[0].callback, None)
+    env.wait_until(lambda: outcome == [None] and env.call(consumer.lag) == 0)
+    _, bad = env.publish_done(bus, source, "k", b"bad")
+    env.wait_until(lambda: seen.count(b"bad") == 3 and env.call(consumer.lag) == 0)
+    env.settle()
+    assert seen == [b"ok", b"bad", b"bad", b"bad"]  # handed again until it passed
+    assert len(relayed) == 4  # at least once: the failed tries' relays too
+    if env.consumer_failures_fail_publish:
+        assert len(bad) == 1 and bad[0].check(ConsumerFailedError)
+    else:
+        assert bad == [None]
 
 
 def every_record(c):

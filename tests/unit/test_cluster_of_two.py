@@ -138,9 +138,9 @@ def test_publisher_on_a_subscribers_on_b(cluster, qos):
     class Counting(BusSink):
         __slots__ = ()
 
-        def send(self, service_id, client_id, value):
+        def send(self, service_id, client_id, value, done=None):
             crossed.append((service_id, client_id))
-            return BusSink.send(self, service_id, client_id, value)
+            return BusSink.send(self, service_id, client_id, value, done)
 
     router = cluster.a.broker.router
     sinks = router.sinks

@@ -11,9 +11,12 @@ import zlib
 
 import msgpack
 from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from tbmq.cluster import records as r
-from tbmq.errors import BusPublishError
+from tbmq.cluster.completion import Completion
+from tbmq.errors import BusClosedError, BusPublishError
 from tbmq.model import Message
 from tbmq_plugins.kafka import packing
 from tbmq_plugins.kafka.consumer import KafkaConsumer
@@ -69,13 +72,66 @@ def test_a_packed_record_that_fails_fails_every_publish_it_carries():
         assert fired(d)[0].check(BusPublishError)
 
 
+def test_publishes_with_done_are_packed_without_a_deferred_each_done_called_once(
+        monkeypatch):
+    events: list = []
+    monkeypatch.setattr(packing, "log", Logger(observer=events.append))
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    topic = bus.catalogue.msg_all
+    keys = _same_partition_keys(3)
+    outcomes: list = []
+
+    def raising(outcome):
+        raise RuntimeError("a done that raises")
+
+    dones = [lambda outcome: outcomes.append(("a", outcome)), raising,
+             lambda outcome: outcomes.append(("c", outcome))]
+    for k, done in zip(keys, dones):
+        assert bus.publish(topic, k, Message(k, b"x"), (), done) is None
+    reactor.advance(0)
+    (_topic, _key, _value, _headers, fanout), = driver.sent
+    assert type(fanout) is packing.Fanout and fanout.dones == dones  # no Deferred
+    bus._acks.put(fanout, None)
+    reactor.drain()
+    # one that raises is logged; the others are still told, once
+    assert outcomes == [("a", None), ("c", None)]
+    assert [e["log_level"].name for e in events] == ["critical"]
+
+
+def test_publishes_with_done_wait_for_their_topic_and_fail_at_stop_or_when_not_created():
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    delivery = r.Delivery("c", Message("a", b"x"), 1)
+    driver.refuse = True
+    refused: list = []
+    bus.publish(bus.catalogue.app("c1"), "c1", delivery, (), refused.append)
+    reactor.wait(lambda: refused)
+    assert len(refused) == 1 and refused[0].check(BusPublishError)
+    assert "cannot be created" in str(refused[0].value)
+    driver.refuse = False
+    driver.gate.clear()  # the next creation hangs
+    waiting: list = []
+    for i in range(2):
+        bus.publish(bus.catalogue.downlink_basic("n9"), "c", delivery, (), waiting.append)
+    reactor.drain()
+    assert waiting == []  # queued while the topic is created
+    stopping = bus.stop()
+    assert [o.check(BusClosedError) for o in waiting] == [BusClosedError] * 2
+    driver.gate.set()
+    reactor.wait(lambda: stopping.called)
+    assert len(waiting) == 2
+
+
 def test_a_lone_record_goes_alone_on_the_partition_of_its_key():
     driver = FakeDriver()
     bus, reactor = started(driver)
-    d = bus.publish(bus.catalogue.downlink_basic("n1"), "client-1",
-                    r.Delivery("client-1", Message("a", b"x"), 1))
+    done = []
+    bus.publish(bus.catalogue.downlink_basic("n1"), "client-1",
+                r.Delivery("client-1", Message("a", b"x"), 1), (), done.append)
     reactor.wait(lambda: reactor.advance(0) or driver.sent)  # created, then sent
-    assert [(s[1], s[3], s[4]) for s in driver.sent] == [(b"client-1", (), d)]
+    # alone: the producer reports to the publish's own done
+    assert [(s[1], s[3], s[4]) for s in driver.sent] == [(b"client-1", (), done.append)]
     assert driver.partitions == [_partition(b"client-1")]
 
 
@@ -184,6 +240,34 @@ def test_a_failed_record_of_a_packed_record_leaves_its_offset_uncommitted():
     results[2].callback(None)
     results[3].callback(None)
     assert consumer.loop.commits == [(0, 1)]
+
+
+def test_a_completion_result_commits_a_packed_record_once_its_parts_are_done():
+    seen, parts = [], []
+
+    def relayed(record):
+        seen.append(record.value)
+        pending = Completion()
+        parts.append(pending.part())
+        if record.value != b"2":
+            parts.append(pending.part())
+        else:
+            pending.part()(None)  # done during the handler
+        return pending
+
+    consumer = KafkaConsumer(FakeBus(), "t", "g", relayed, r.BYTES, 100, 1000)
+    consumer.loop = FakeLoop()
+    consumer._assigned([1])
+    consumer._batch([_packed_raw(1, 4, [(b"a", b"1"), (b"b", b"2")]),
+                     RawRecord(1, 5, b"c", b"3", ())], [])
+    assert seen == [b"1", b"2", b"3"] and len(parts) == 5
+    for done in parts[:4]:
+        done(None)
+    assert consumer.loop.commits == [(1, 5)]  # the packed record; 5 has a part open
+    parts[4](Failure(BusPublishError("not acknowledged")))
+    assert consumer.loop.commits == [(1, 5)]
+    consumer.bus.clock.advance(1.0)
+    assert consumer.loop.seeks == [(1, 5)]  # read again from the failed one
 
 
 def test_a_malformed_packed_record_is_refused_like_any_record_that_does_not_decode():

@@ -6,6 +6,7 @@ by itself once the bus takes records again."""
 from __future__ import annotations
 
 from twisted.internet import defer, task
+from twisted.python.failure import Failure
 
 from tbmq.backends.inprocess_bus import InProcessBus
 from tbmq.backends.memory import MemoryDeviceMessageStore
@@ -22,10 +23,14 @@ class FlakyBus(InProcessBus):
 
     down = False
 
-    def publish(self, topic, key, value, headers=()):
+    def publish(self, topic, key, value, headers=(), done=None):
         if self.down:
-            return defer.fail(BusPublishError(f"{topic}: no broker answered"))
-        return super().publish(topic, key, value, headers)
+            error = BusPublishError(f"{topic}: no broker answered")
+            if done is None:
+                return defer.fail(error)
+            done(Failure(error))
+            return None
+        return super().publish(topic, key, value, headers, done)
 
 
 def harness():

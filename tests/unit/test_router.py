@@ -8,14 +8,17 @@ from types import SimpleNamespace
 
 import pytest
 from twisted.internet import defer, task
+from twisted.python.failure import Failure
 
 from tbmq.broker.hooks import DropCounter
 from tbmq.broker.outbound import Holds, TurnFlusher
 from tbmq.broker.router import Router
 from tbmq.broker.session import Session, SessionContext, TopicNameCache
+from tbmq.cluster.completion import Completion
 from tbmq.cluster.records import Delivery, Record, SessionInfo
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.config import load_config
+from tbmq.errors import BusPublishError
 from tbmq.model import ClientType, Message, SubscriptionOptions
 from tbmq.mqtt.codec import Decoder
 
@@ -23,13 +26,24 @@ T = TopicCatalogue()
 
 
 class FakeBus:
-    """Records what is published; no consumer."""
+    """Records what is published; no consumer.
+
+    :ivar hold: when True, a publish's ``done`` is kept in :attr:`dones`
+        (the bus answers later, as Kafka does), else called at once.
+    """
 
     def __init__(self) -> None:
         self.published: list[tuple] = []
+        self.hold = False
+        self.dones: list = []
 
-    def publish(self, topic, key, value, headers=()):
+    def publish(self, topic, key, value, headers=(), done=None):
         self.published.append((topic, key, value))
+        if done is not None:
+            if self.hold:
+                self.dones.append(done)
+            else:
+                done(None)
         return None
 
     def subscribe(self, topic, group, handler, from_beginning=False, exclusive=False,
@@ -169,6 +183,85 @@ def test_no_local_skips_the_publisher(world):
     subscribe(world.router, "p", "a/b", no_local=True)
     dispatch(world, publisher="p")
     assert s.delivered == []
+
+
+def sink_targets(world) -> None:
+    """Subscribers of ``a/b`` that each cost one sink send: a client on
+    another node, a persistent device, a persistent application, an
+    application share group."""
+    world.registry["r"] = info("r", "node-x")
+    world.sessions["d"] = FakeSession("d", persistent=True)
+    world.registry["app"] = info("app", persistent=True, client_type=ClientType.APPLICATION)
+    for client_id in ("r", "d", "app"):
+        subscribe(world.router, client_id, "a/#")
+    world.registry["m"] = info("m", persistent=True, client_type=ClientType.APPLICATION)
+    subscribe(world.router, "m", "$share/g/a/b")
+
+
+def test_the_sink_sends_of_a_record_are_one_completion(world):
+    sink_targets(world)
+    world.bus.hold = True
+    result, _ = dispatch(world)
+    assert type(result) is Completion  # no Deferred per message
+    assert sorted(t for t, _, _ in world.bus.published) == sorted([
+        T.downlink_basic("node-x"), T.msg_persisted, T.app("app"), T.app_shared("a/b")])
+    assert len(world.bus.dones) == 4 and not result.complete
+    fired: list = []
+    result.then(fired.append)
+    for done in world.bus.dones[:3]:
+        done(None)
+    assert fired == [] and not result.complete  # committed only once every one is
+    world.bus.dones[3](None)
+    assert fired == [None]
+
+
+def test_a_failed_sink_send_fails_the_record_at_once(world):
+    sink_targets(world)
+    world.bus.hold = True
+    result, _ = dispatch(world)
+    fired: list = []
+    result.then(fired.append)
+    refused = Failure(BusPublishError("Kafka did not acknowledge the record"))
+    world.bus.dones[1](refused)
+    assert fired == [refused]  # left uncommitted: read again
+    for done in world.bus.dones[2:] + world.bus.dones[:1]:
+        done(None)
+    assert fired == [refused]
+
+
+def test_sink_sends_answered_during_the_call_give_a_complete_completion(world):
+    world.registry["r"] = info("r", "node-x")
+    subscribe(world.router, "r", "a/b")
+    result, _ = dispatch(world)
+    assert type(result) is Completion and result.succeeded
+    world.sessions["c"] = FakeSession("c")
+    subscribe(world.router, "c", "only/here")
+    assert dispatch(world, topic="only/here")[0] is None  # nothing sent: nothing made
+
+
+def test_publish_hands_done_to_the_bus_and_a_retained_message_waits_for_both(world):
+    bus, router = world.bus, world.router
+    bus.hold = True
+    outcomes: list = []
+    assert router.publish(Message("a/b", b"x", 1, False, {}, "p", 1.0), outcomes.append) is None
+    assert [t for t, _, _ in bus.published] == [T.msg_all]
+    bus.dones[0](None)
+    assert outcomes == [None]
+    retained: list = []
+    router.publish(Message("a/r", b"x", 1, True, {}, "p", 1.0), retained.append)
+    assert [t for t, _, _ in bus.published[1:]] == [T.msg_retained, T.msg_all]
+    refused = Failure(BusPublishError("not acknowledged"))
+    bus.dones[2](refused)
+    assert retained == [refused]  # the first failure, once
+    bus.dones[1](None)
+    assert retained == [refused]
+    # without done: a Deferred while the bus has not answered, None when it did
+    d = router.publish(Message("a/b", b"y", 1, False, {}, "p", 1.0))
+    assert isinstance(d, defer.Deferred) and not d.called
+    bus.dones[3](None)
+    assert d.called
+    bus.hold = False
+    assert router.publish(Message("a/b", b"z", 1, True, {}, "p", 1.0)) is None
 
 
 # -- a session without a broker ---------------------------------------------------------

@@ -7,7 +7,8 @@ with ``reactor.callFromThread``, in batches:
 * :class:`AckBatcher`: the producer's acknowledgements (called per record in
   the client's I/O thread) reach the reactor as one ``callFromThread`` per
   batch of acknowledgements, not one per record (a Deferred and a
-  ``callFromThread`` per record cost a third of the throughput);
+  ``callFromThread`` per record cost a third of the throughput), each to
+  its publish's ``done`` callable;
 * :class:`Worker`: one thread for the bus's own blocking calls (topic
   creation, metadata, flush, close), in the order they were submitted;
 * :func:`ask_reactor`: a client thread asks the reactor something and waits
@@ -29,12 +30,12 @@ __all__ = ["AckBatcher", "Worker", "ask_reactor"]
 
 
 class AckBatcher:
-    """Collects ``(deferred, error)`` outcomes from any thread and fires them
-    in the reactor thread, one ``callFromThread`` per batch.
+    """Collects ``(done, error)`` outcomes from any thread and hands them to
+    the reactor thread, one ``callFromThread`` per batch.
 
     :param reactor: the reactor (``callFromThread``).
     :param on_batch: ``on_batch(items)`` called in the reactor thread with
-        the list of ``(deferred, error)`` collected since the previous call,
+        the list of ``(done, error)`` collected since the previous call,
         in the order they were put; ``error`` is None for a success, else
         what the client reported (an exception or a string).
     :ivar batches: how many batches were handed to the reactor so far.
@@ -49,11 +50,12 @@ class AckBatcher:
         self._items: list = []
         self.batches = 0
 
-    def put(self, deferred: defer.Deferred, error: Any = None) -> None:
-        """Record the outcome of one publish (any thread)."""
+    def put(self, done: Any, error: Any = None) -> None:
+        """Record the outcome of one publish (any thread); ``done`` is what
+        the outcome is for (the bus's business)."""
         with self._lock:
             items = self._items
-            items.append((deferred, error))
+            items.append((done, error))
             first = len(items) == 1
         if first:
             self._reactor.callFromThread(self._drain)

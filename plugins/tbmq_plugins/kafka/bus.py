@@ -17,9 +17,11 @@ libraries (:mod:`.drivers`).
   being created wait for it, in order.
 * **Publish** encodes the value with its topic's codec, the key as UTF-8,
   and hands the record to the producer from the reactor thread (the
-  producer never blocks there).  The Deferred fires once the brokers
-  acknowledged it (``kafka.acks``); acknowledgements come back to the
-  reactor in batches (:class:`~.bridge.AckBatcher`).  The records of one
+  producer never blocks there).  Its ``done`` is called (or its Deferred
+  fires) once the brokers acknowledged it (``kafka.acks``);
+  acknowledgements come back to the reactor in batches
+  (:class:`~.bridge.AckBatcher`), and a publish given a ``done`` costs no
+  Deferred.  The records of one
   reactor turn for one partition of a traffic topic go as one packed
   record (:mod:`.packing`).
 * **Consumers**: the exclusive subscriptions of one group share one thread
@@ -62,6 +64,14 @@ log = Logger(observer=LOG_OBSERVER)
 
 #: Seconds between two attempts to create a topic a consumer waits for.
 CREATE_RETRY_DELAY = 1.0
+
+
+def _report(done: Callable, failure: Failure) -> None:
+    """Call a publish's ``done`` with ``failure``; what it raises is logged."""
+    try:
+        done(failure)
+    except Exception:
+        log.failure("Kafka bus: the outcome of a publish could not be reported")
 
 
 def topic_spec(config: Any, catalogue: TopicCatalogue, topic: str) -> TopicSpec:
@@ -115,7 +125,7 @@ class _Creating:
     __slots__ = ("sends", "waiters")
 
     def __init__(self) -> None:
-        self.sends: list = []  # (key, value, headers, deferred), in publish order
+        self.sends: list = []  # (key, value, headers, done), in publish order
         self.waiters: list[defer.Deferred] = []
 
 
@@ -250,8 +260,9 @@ class KafkaBus:
         self.running = False
         creating, self._creating = self._creating, {}
         for state in creating.values():
-            for _key, _value, _headers, d in state.sends:
-                d.errback(BusClosedError("the bus stopped before the topic was created"))
+            closed = Failure(BusClosedError("the bus stopped before the topic was created"))
+            for _key, _value, _headers, done in state.sends:
+                _report(done, closed)
             for d in state.waiters:
                 d.errback(BusClosedError("the bus stopped"))
         yield defer.DeferredList([c.stop() for c in list(self._consumers)])
@@ -286,8 +297,8 @@ class KafkaBus:
             return  # stopped meanwhile
         del self._creating[topic]
         self._ready.add(topic)
-        for key, value, headers, d in state.sends:
-            self._send(topic, key, value, headers, d)
+        for key, value, headers, done in state.sends:
+            self._send(topic, key, value, headers, done)
         for d in state.waiters:
             d.callback(None)
 
@@ -296,8 +307,9 @@ class KafkaBus:
             return
         del self._creating[topic]
         error = BusPublishError(f"{topic}: the topic cannot be created: {failure.value}")
-        for _key, _value, _headers, d in state.sends:
-            d.errback(error)
+        refused = Failure(error)
+        for _key, _value, _headers, done in state.sends:
+            _report(done, refused)
         for d in state.waiters:
             d.errback(error)
 
@@ -311,73 +323,93 @@ class KafkaBus:
 
     # -- publish ---------------------------------------------------------------------------
 
-    def publish(self, topic: str, key: str | None, value: Any,
-                headers: tuple = ()) -> defer.Deferred:
+    def publish(self, topic: str, key: str | None, value: Any, headers: tuple = (),
+                done: Callable[[Failure | None], None] | None = None) -> defer.Deferred | None:
         """Append a record; see :meth:`tbmq.interfaces.IMessageBus.publish`.
 
         :param topic: a topic of the catalogue.
         :param key: the partition key or None.
         :param value: the topic's record type, or None (a tombstone).
         :param headers: ``tuple[tuple[str, bytes], ...]``.
-        :returns: a Deferred firing with None once the brokers acknowledged
-            the record (``kafka.acks``), failing with
-            :class:`~tbmq.errors.BusClosedError` (not started, stopped),
-            :class:`~tbmq.errors.RecordEncodingError` (at once: the value
-            does not fit the topic's codec, or the topic is not in the
-            catalogue) or :class:`~tbmq.errors.BusPublishError` (refused, or
-            not acknowledged within ``kafka.request_timeout_ms``
-            milliseconds).  Never raises.
+        :param done: ``done(None | Failure)``, or None.  Called exactly
+            once: with None once the brokers acknowledged the record
+            (``kafka.acks``, in the reactor thread, from a batch of
+            acknowledgements), or with a
+            :class:`~twisted.python.failure.Failure` of
+            :class:`~tbmq.errors.BusClosedError` (not started, or stopped
+            before the record's topic was created; during the call when not
+            running), :class:`~tbmq.errors.RecordEncodingError` (during the
+            call: the value does not fit the topic's codec, or the topic is
+            not in the catalogue) or :class:`~tbmq.errors.BusPublishError`
+            (refused, the topic cannot be created, or not acknowledged
+            within ``kafka.request_timeout_ms`` milliseconds).  An exception
+            ``done`` raises when called later is logged.
+        :returns: None with ``done``; else a Deferred that fires (or fails)
+            as ``done`` would be called.  Never raises.
         """
+        if done is None:
+            d = defer.Deferred()
+            self.publish(topic, key, value, headers, d.callback)  # a Failure: errback
+            return d
         if not self.running:
-            return defer.fail(BusClosedError(f"{topic}: the Kafka bus is not running"))
+            done(Failure(BusClosedError(f"{topic}: the Kafka bus is not running")))
+            return None
         try:
             data = self._codec(topic).encode(value)
         except RecordEncodingError as e:
-            return defer.fail(e)
+            done(Failure(e))
+            return None
         key_bytes = None if key is None else key.encode("utf-8", "surrogatepass")
-        d = defer.Deferred()
         if topic in self._ready:
-            self._send(topic, key_bytes, data, headers, d)
+            self._send(topic, key_bytes, data, headers, done)
         else:
-            self._creation(topic).sends.append((key_bytes, data, headers, d))
-        return d
+            self._creation(topic).sends.append((key_bytes, data, headers, done))
+        return None
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: tuple,
-              d: defer.Deferred) -> None:
+              done: Callable) -> None:
         """One record of a ready topic: to the :class:`~.packing.Packer`
         when the bus places the topic's records itself, else to the
         producer, placed by its partitioner."""
         partitions = self._placed.get(topic)
         if partitions is None:
-            self._send_placed(topic, None, key, value, headers, d)
+            self._send_placed(topic, None, key, value, headers, done)
             return
         if key is None:
             partition = self._round_robin = (self._round_robin + 1) % partitions
         else:
             partition = partition_of(key, partitions)
-        self._packer.add(topic, partition, key, value, headers, d)
+        self._packer.add(topic, partition, key, value, headers, done)
 
     def _send_placed(self, topic: str, partition: int | None, key: bytes | None,
-                     value: bytes | None, headers: tuple, outcome: Any) -> None:
+                     value: bytes | None, headers: tuple, done: Callable) -> None:
+        """To the producer; ``done`` is a publish's own, or a
+        :class:`~.packing.Fanout`."""
         try:
-            self._producer.send(topic, key, value, headers, outcome, partition)
+            self._producer.send(topic, key, value, headers, done, partition)
         except Exception as e:
-            outcome.errback(BusPublishError(f"{topic}: the producer refused the record: {e}"))
+            _report(done, Failure(BusPublishError(
+                f"{topic}: the producer refused the record: {e}")))
 
     def _acknowledged(self, items: list) -> None:
-        """(reactor thread) A batch of outcomes from the producer."""
-        for d, error in items:
+        """(reactor thread) A batch of outcomes from the producer:
+        ``(done, error)``, ``error`` None for an acknowledged record."""
+        for done, error in items:
             if error is None:
                 if self._unacknowledged:
                     self._unacknowledged = False
                     log.info("Kafka bus: publishes are acknowledged again")
-                d.callback(None)
+                try:
+                    done(None)
+                except Exception:
+                    log.failure("Kafka bus: the outcome of a publish could not be reported")
             else:
                 if not self._unacknowledged:
                     self._unacknowledged = True
                     log.warn("Kafka bus: a publish was not acknowledged ({error}); "
                              "publishes fail until Kafka answers again", error=error)
-                d.errback(BusPublishError(f"Kafka did not acknowledge the record: {error}"))
+                _report(done, Failure(BusPublishError(
+                    f"Kafka did not acknowledge the record: {error}")))
 
     # -- consumers -------------------------------------------------------------------------
 

@@ -136,11 +136,11 @@ class Producer(drivers.Producer):
             producer.poll(PRODUCER_POLL)
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, headers: tuple,
-             deferred: Any, partition: int | None = None) -> None:
+             done: Any, partition: int | None = None) -> None:
         put = self._put
 
         def delivered(error, _message) -> None:
-            put(deferred, error)
+            put(done, error)
 
         if partition is None:
             self._producer.produce(topic, value, key,

@@ -8,7 +8,9 @@ one call; this side keeps them in a buffer and hands them to the handler:
 * in the reactor thread, one at a time (never re-entered), in the order they
   came (so in offset order within a partition), at most
   :data:`SLICE` per reactor turn, and with at most ``max_uncommitted``
-  handler results pending;
+  handler results pending (a result is None, a Deferred, or a
+  :class:`~tbmq.cluster.completion.Completion` of the publishes the record
+  caused);
 * **commits** per partition over the contiguous records whose results fired
   with success (:class:`Track`), queued back to the thread;
 * a **failed** result stops its partition there: once every record before
@@ -42,6 +44,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from tbmq.cluster.completion import Completion
 from tbmq.cluster.records import new_record
 from tbmq.cluster.redelivery import Redelivery
 from tbmq.interfaces import IConsumer
@@ -371,7 +374,12 @@ class KafkaConsumer:
         except Exception:
             self._done(track, entry, Failure())
             return
-        if isinstance(result, defer.Deferred):
+        if result is None:
+            self._done(track, entry, None)
+        elif type(result) is Completion:
+            self._inflight += 1
+            result.then(self._settled, track, entry)
+        elif isinstance(result, defer.Deferred):
             self._inflight += 1
             result.addCallbacks(self._fired, self._fired, callbackArgs=(track, entry, False),
                                 errbackArgs=(track, entry, True))
@@ -379,8 +387,15 @@ class KafkaConsumer:
             self._done(track, entry, None)
 
     def _fired(self, outcome: Any, track: Track, entry: Entry, failed: bool) -> None:
+        """A handler's Deferred fired (``failed``: with ``outcome``, a Failure)."""
+        self._settled(outcome if failed else None, track, entry)
+
+    def _settled(self, failure: Failure | None, track: Track, entry: Entry) -> None:
+        """A handler's pending result (a Deferred, or a
+        :class:`~tbmq.cluster.completion.Completion`) is done: with success
+        when ``failure`` is None."""
         self._inflight -= 1
-        self._done(track, entry, outcome if failed else None)
+        self._done(track, entry, failure)
         if not self._busy and self._inflight == self.max_uncommitted - 1:
             self._schedule()
 

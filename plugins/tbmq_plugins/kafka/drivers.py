@@ -98,14 +98,14 @@ class Producer:
     """Sends records; see the module doc."""
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, headers: tuple,
-             deferred: Any, partition: int | None = None) -> None:
+             done: Any, partition: int | None = None) -> None:
         """Queue one record; its outcome goes to the ack batcher as
-        ``(deferred, None)`` or ``(deferred, error)`` once the brokers
+        ``(done, None)`` or ``(done, error)`` once the brokers
         acknowledged it or gave up (``kafka.request_timeout_ms``).  Called in
         the reactor thread; never blocks.
 
-        :param deferred: what the outcome is for (a Deferred, or anything
-            with ``callback``/``errback``: the bus's business).
+        :param done: what the outcome is for (a publish's ``done`` callable,
+            or a :class:`~.packing.Fanout`: the bus's business).
         :param partition: the partition to write to; None: the client's
             partitioner places it by its key (murmur2, Java's).
         :raises Exception: when the record cannot even be queued.

@@ -114,13 +114,13 @@ class Producer(drivers.Producer):
         )
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, headers: tuple,
-             deferred: Any, partition: int | None = None) -> None:
+             done: Any, partition: int | None = None) -> None:
         future = self._producer.send(topic, value=value, key=key,
                                      headers=list(headers) if headers else None,
                                      partition=partition)
         put = self._put
-        future.add_callback(lambda _metadata: put(deferred, None))
-        future.add_errback(lambda error: put(deferred, error))
+        future.add_callback(lambda _metadata: put(done, None))
+        future.add_errback(lambda error: put(done, error))
 
     def prepare(self, topic: str) -> int:
         return len(self._producer.partitions_for(topic))

@@ -35,10 +35,13 @@ outside tbmq).
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 
+from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.drivers import RawRecord
 
 __all__ = ["HEADER", "MAX_BYTES", "MAX_RECORDS", "Packer", "expand", "pack", "partition_of"]
@@ -51,6 +54,8 @@ MAX_RECORDS = 1000
 #: ``message.max.bytes`` is about 1 MB); a record larger than this alone is
 #: sent alone.
 MAX_BYTES = 256 * 1024
+
+log = Logger(observer=LOG_OBSERVER)
 
 _TAG, _VERSION = "pack", 1
 _HEADERS = (HEADER,)
@@ -107,36 +112,40 @@ def expand(raw: RawRecord) -> list[RawRecord]:
 
 
 class Fanout:
-    """The outcome of one packed record, passed to the Deferreds of the
-    publishes it carries (the producer's ack batcher calls
-    ``callback``/``errback`` on it as on a Deferred).
+    """The ``done`` of one packed record: calls the ``done`` of each publish
+    it carries with the record's outcome (the producer's ack batcher calls
+    it as it calls a lone publish's ``done``).  An exception a ``done``
+    raises is logged; the others are still called.
 
-    :ivar deferreds: ``list[Deferred]``, in publish order.
+    :ivar dones: ``list`` of ``done(None | Failure)`` callables, in publish
+        order.
     """
 
-    __slots__ = ("deferreds",)
+    __slots__ = ("dones",)
 
-    def __init__(self, deferreds: list) -> None:
-        self.deferreds = deferreds
+    def __init__(self, dones: list) -> None:
+        self.dones = dones
 
-    def callback(self, result: Any) -> None:
-        for d in self.deferreds:
-            d.callback(result)
-
-    def errback(self, error: Any) -> None:
-        for d in self.deferreds:
-            d.errback(error)
+    def __call__(self, outcome: Failure | None) -> None:
+        """:param outcome: None (acknowledged) or a
+        :class:`~twisted.python.failure.Failure`."""
+        for done in self.dones:
+            try:
+                done(outcome)
+            except Exception:
+                log.failure("Kafka bus: the outcome of a packed record's publish could not "
+                            "be reported")
 
 
 class _Pending:
     """What waits for one ``(topic, partition)`` in this turn."""
 
-    __slots__ = ("keys", "values", "deferreds", "size")
+    __slots__ = ("keys", "values", "dones", "size")
 
     def __init__(self) -> None:
         self.keys: list = []
         self.values: list = []
-        self.deferreds: list = []
+        self.dones: list = []
         self.size = 0
 
 
@@ -144,9 +153,10 @@ class Packer:
     """Gathers the records of one reactor turn per ``(topic, partition)``
     (reactor thread only).
 
-    :param send: ``send(topic, partition, key, value, headers, outcome)``:
-        hands one Kafka record to the producer; ``outcome`` has
-        ``callback``/``errback`` (a Deferred, or a :class:`Fanout`).
+    :param send: ``send(topic, partition, key, value, headers, done)``:
+        hands one Kafka record to the producer; ``done(None | Failure)`` is
+        the publish's own ``done``, or a :class:`Fanout` of those of a
+        packed record.
     :param later: ``later(fn)``: calls ``fn`` at the end of this reactor
         turn (``reactor.callLater(0, fn)``).
     """
@@ -160,17 +170,21 @@ class Packer:
         self._scheduled = False
 
     def add(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
-            headers: tuple, deferred: Any) -> None:
+            headers: tuple, done: Callable[[Failure | None], None]) -> None:
         """Queue one record for the end of the turn; a packed record that
         would grow past :data:`MAX_RECORDS` or :data:`MAX_BYTES` is sent
         first.  A record with headers is never packed (a packed record's
-        records have none): what waits for its partition is sent, then it."""
+        records have none): what waits for its partition is sent, then it.
+
+        :param done: called once with the record's outcome (None, or a
+            :class:`~twisted.python.failure.Failure`), as
+            :meth:`tbmq.interfaces.IMessageBus.publish` says."""
         slot = (topic, partition)
         if headers:
             waiting = self._pending.pop(slot, None)
             if waiting is not None:
                 self._out(topic, partition, waiting)
-            self._send(topic, partition, key, value, headers, deferred)
+            self._send(topic, partition, key, value, headers, done)
             return
         pending = self._pending.get(slot)
         if pending is None:
@@ -185,7 +199,7 @@ class Packer:
             pending = self._pending[slot] = _Pending()
         pending.keys.append(key)
         pending.values.append(value)
-        pending.deferreds.append(deferred)
+        pending.dones.append(done)
         pending.size += size
 
     def flush(self) -> None:
@@ -198,7 +212,7 @@ class Packer:
 
     def _out(self, topic: str, partition: int, p: _Pending) -> None:
         if len(p.keys) == 1:
-            self._send(topic, partition, p.keys[0], p.values[0], (), p.deferreds[0])
+            self._send(topic, partition, p.keys[0], p.values[0], (), p.dones[0])
         else:
             self._send(topic, partition, None, pack(p.keys, p.values), _HEADERS,
-                       Fanout(p.deferreds))
+                       Fanout(p.dones))

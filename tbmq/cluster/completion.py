@@ -1,0 +1,110 @@
+"""A light completion of several publishes, for the hot path of a cluster
+(``docs/bus.md``, "Handlers and commits").
+
+A bus reports the outcome of a publish to a ``done`` callable
+(:meth:`tbmq.interfaces.IMessageBus.publish`), without a Deferred per
+message.  A consumer's handler whose record caused several publishes (the
+router of ``tbmq.msg.all`` sending deliveries to downlink and persisted
+topics) returns a :class:`Completion` of them instead of a Deferred: the
+record is committed once every publish was acknowledged, and left
+uncommitted (read again) when one failed.  The consumers of every bus take a
+handler result of None, a Deferred or a :class:`Completion`.
+
+Usage::
+
+    pending = Completion()
+    bus.publish(topic, key, value, (), pending.part())
+    bus.publish(other, key, value, (), pending.part())
+    pending.then(callback, *args)  # callback(None or Failure, *args), once
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from twisted.python.failure import Failure
+
+__all__ = ["Completion"]
+
+
+class Completion:
+    """The outcome of a number of parts (publishes), each reported once to
+    the ``done`` callable that :meth:`part` gave for it.
+
+    It is **complete** once every part is done with success, or as soon as
+    one fails (the first failure wins; the parts still open are then
+    ignored).  Parts are taken before :meth:`then` is called; a part may be
+    done at once (during the publish that takes it), so a completion may
+    already be complete when it is handed over.  Reactor thread only.
+
+    :ivar failure: the first :class:`~twisted.python.failure.Failure` a part
+        reported, or None.
+    """
+
+    __slots__ = ("_open", "failure", "_callback", "_args", "_fired")
+
+    def __init__(self) -> None:
+        self._open = 0
+        self.failure: Failure | None = None
+        self._callback: Callable | None = None
+        self._args: tuple = ()
+        self._fired = False
+
+    def part(self) -> Callable[[Failure | None], None]:
+        """One more part.
+
+        :returns: its ``done``: a callable to call exactly once, with None
+            when the part succeeded or a :class:`~twisted.python.failure.Failure`
+            when it failed (the ``done`` of
+            :meth:`tbmq.interfaces.IMessageBus.publish`).
+        """
+        self._open += 1
+        return self._done
+
+    def _done(self, failure: Failure | None = None) -> None:
+        self._open -= 1
+        if failure is not None:
+            if self.failure is not None:
+                return  # the first failure decided
+            self.failure = failure
+        elif self._open or self.failure is not None:
+            return
+        if self._callback is not None and not self._fired:
+            self._fire()
+
+    @property
+    def complete(self) -> bool:
+        """True once every part is done, or one failed."""
+        return self.failure is not None or self._open == 0
+
+    @property
+    def succeeded(self) -> bool:
+        """True once every part is done with success."""
+        return self._open == 0 and self.failure is None
+
+    def then(self, callback: Callable[..., Any], *args: Any) -> None:
+        """Register the one callback: ``callback(failure, *args)`` is called
+        exactly once, with None once every part succeeded or with the first
+        :class:`~twisted.python.failure.Failure`; at once when the
+        completion is complete already.  Every part must have been taken
+        (:meth:`part`) before.
+
+        :raises RuntimeError: when a callback was registered already.
+        """
+        if self._callback is not None:
+            raise RuntimeError("a Completion has one callback")
+        self._callback = callback
+        self._args = args
+        if self.failure is not None or self._open == 0:
+            self._fire()
+
+    def _fire(self) -> None:
+        self._fired = True
+        callback, args = self._callback, self._args
+        self._args = ()
+        callback(self.failure, *args)
+
+    def __repr__(self) -> str:
+        state = ("failed" if self.failure is not None
+                 else "succeeded" if self._open == 0 else f"{self._open} open")
+        return f"<Completion {state}>"

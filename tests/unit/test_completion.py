@@ -1,0 +1,92 @@
+"""The light completion of several publishes (:mod:`tbmq.cluster.completion`)."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.python.failure import Failure
+
+from tbmq.cluster.completion import Completion
+from tbmq.errors import BusClosedError, BusPublishError
+
+
+def watched(completion: Completion, *args) -> list:
+    """:returns: the list of ``(failure, *args)`` its callback was called with."""
+    calls: list = []
+    completion.then(lambda failure, *rest: calls.append((failure, *rest)), *args)
+    return calls
+
+
+def test_it_fires_once_every_part_is_done_with_success():
+    c = Completion()
+    parts = [c.part() for _ in range(3)]
+    calls = watched(c, "track", 7)
+    assert calls == [] and not c.complete
+    parts[2](None)
+    parts[0]()  # done() without an argument is a success too
+    assert calls == [] and not c.complete and not c.succeeded
+    parts[1](None)
+    assert calls == [(None, "track", 7)]  # the callback's own arguments follow
+    assert c.complete and c.succeeded and c.failure is None
+
+
+def test_the_first_failure_fires_it_at_once_and_wins():
+    c = Completion()
+    parts = [c.part() for _ in range(3)]
+    calls = watched(c)
+    first = Failure(BusPublishError("not acknowledged"))
+    parts[1](first)
+    assert calls == [(first,)]  # not waiting for the parts still open
+    assert c.complete and not c.succeeded and c.failure is first
+    parts[0](Failure(BusClosedError("stopped")))
+    parts[2](None)
+    assert calls == [(first,)] and c.failure is first
+
+
+def test_parts_done_before_the_callback_is_registered():
+    c = Completion()
+    done = c.part()
+    done(None)  # during the publish that took it: the in-process hot path
+    assert c.complete and c.succeeded
+    calls = watched(c, "x")
+    assert calls == [(None, "x")]  # at once: it was complete when handed over
+
+    failed = Completion()
+    one, two = failed.part(), failed.part()
+    error = Failure(BusClosedError("the bus is not running"))
+    one(error)
+    assert failed.complete and not failed.succeeded
+    assert watched(failed) == [(error,)]
+    two(None)
+
+
+def test_a_completion_without_parts_is_complete():
+    c = Completion()
+    assert c.complete and c.succeeded
+    assert watched(c) == [(None,)]
+
+
+def test_the_callback_is_called_exactly_once_and_only_one_may_be_registered():
+    c = Completion()
+    parts = [c.part(), c.part(), c.part()]
+    calls = watched(c)
+    parts[0](None)
+    parts[1](Failure(BusPublishError("first")))
+    parts[2](Failure(BusPublishError("second")))  # after a failure nothing more
+    assert len(calls) == 1 and calls[0][0].check(BusPublishError)
+    assert str(calls[0][0].value) == "first"
+    with pytest.raises(RuntimeError):
+        c.then(lambda failure: None)
+    ok = Completion()
+    done = ok.part()
+    calls = watched(ok)
+    done(None)
+    assert calls == [(None,)]
+    with pytest.raises(RuntimeError):
+        ok.then(lambda failure: None)
+    assert calls == [(None,)]
+
+
+def test_it_has_slots():
+    c = Completion()
+    with pytest.raises(AttributeError):
+        c.anything = 1
