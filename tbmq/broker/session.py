@@ -24,8 +24,8 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, StoredDelivery, SubscriptionOptions
 from tbmq.views import SessionView
 from tbmq.mqtt import (
-    MQTT_5, Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe,
-    Unsuback, Unsubscribe,
+    MQTT_5, Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, ReasonCode, Suback,
+    SubackReturnCode, Subscribe, Unsuback, Unsubscribe, is_failure,
 )
 from tbmq.mqtt.codec import encode_puback, encode_pubrec
 from tbmq.mqtt.topics import (
@@ -36,6 +36,10 @@ from tbmq.mqtt.topics import (
     validate_topic_filter,
     validate_topic_name,
 )
+
+#: ``ReasonCode.SUCCESS``, read once (a class attribute of an enum is a slow
+#: lookup on the path of every acknowledgement)
+_SUCCESS = ReasonCode.SUCCESS
 
 #: the session expiry interval that means "never expires" (§3.1.2.11.2)
 EXPIRY_NEVER = 0xFFFFFFFF
@@ -282,21 +286,23 @@ class Session(Outbox):
             alias = props.get(Property.TOPIC_ALIAS)
             if alias is not None:
                 if alias == 0 or alias > mqtt.topic_alias_maximum:
-                    raise ProtocolViolation(0x94, "topic alias out of range")
+                    raise ProtocolViolation(ReasonCode.TOPIC_ALIAS_INVALID,
+                                            "topic alias out of range")
                 if topic:
                     self.aliases[alias] = topic
                 else:
                     topic = self.aliases.get(alias)
                     if topic is None:
-                        raise ProtocolViolation(0x82, "unknown topic alias")
+                        raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR, "unknown topic alias")
             if Property.SUBSCRIPTION_IDENTIFIER in props:
-                raise ProtocolViolation(0x82, "subscription identifier in PUBLISH")
+                raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
+                                        "subscription identifier in PUBLISH")
             response_topic = props.get(Property.RESPONSE_TOPIC)
             if response_topic is not None:
                 try:
                     validate_topic_name(response_topic)
                 except TopicError:
-                    raise ProtocolViolation(0x82, "invalid response topic")
+                    raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR, "invalid response topic")
         topics = self.ctx.topics
         too_deep = None
         if topic not in topics:
@@ -304,14 +310,14 @@ class Session(Outbox):
                 topics.check(topic, mqtt.max_topic_levels)
             except TooManyLevels as e:
                 if qos == 0 or not v5:
-                    raise ProtocolViolation(0x90, str(e))
+                    raise ProtocolViolation(ReasonCode.TOPIC_NAME_INVALID, str(e))
                 too_deep = str(e)  # refused in its acknowledgement, below
             except TopicError as e:
-                raise ProtocolViolation(0x90, f"invalid topic name: {e}")
+                raise ProtocolViolation(ReasonCode.TOPIC_NAME_INVALID, f"invalid topic name: {e}")
         if qos > mqtt.max_qos:
-            raise ProtocolViolation(0x9B, "QoS not supported")
+            raise ProtocolViolation(ReasonCode.QOS_NOT_SUPPORTED, "QoS not supported")
         if packet.retain and not mqtt.retain_available:
-            raise ProtocolViolation(0x9A, "retain not supported")
+            raise ProtocolViolation(ReasonCode.RETAIN_NOT_SUPPORTED, "retain not supported")
         pid = packet.packet_id
         if qos:
             if qos == 2 and pid in self.inbound_qos2:
@@ -322,7 +328,8 @@ class Session(Outbox):
             # a v3 client is never told the receive maximum
             if self.inbound_unacked + len(self.inbound_qos2) >= (
                     mqtt.receive_maximum if v5 else V3_RECEIVE_MAXIMUM):
-                raise ProtocolViolation(0x93, "receive maximum exceeded")  # [MQTT-3.3.4-9]
+                raise ProtocolViolation(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                                        "receive maximum exceeded")  # [MQTT-3.3.4-9]
             if qos == 1:
                 self.inbound_unacked += 1
             else:
@@ -332,13 +339,15 @@ class Session(Outbox):
                 # connection goes on (§3.4.2.1)
                 self.log.info("PUBLISH of {client_id} refused (0x90): {error}",
                               client_id=self.client_id, error=too_deep)
-                self.ack_when(None, (Puback if qos == 1 else Pubrec)(pid, 0x90))
+                self.ack_when(None, (Puback if qos == 1 else Pubrec)(
+                    pid, ReasonCode.TOPIC_NAME_INVALID))
                 return None
         if v5 and props.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1 and not valid_utf8(packet.payload):
             # payload format 1 must be UTF-8 [MQTT-3.3.2-4]: refused with 0x99
             if qos == 0:
-                raise ProtocolViolation(0x99, "payload is not UTF-8")
-            self.ack_when(None, (Puback if qos == 1 else Pubrec)(pid, 0x99))
+                raise ProtocolViolation(ReasonCode.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8")
+            self.ack_when(None, (Puback if qos == 1 else Pubrec)(
+                pid, ReasonCode.PAYLOAD_FORMAT_INVALID))
             return None
         now = self.ctx.clock.seconds()
         hit = self._allowed.get(topic) if conn.auth is self._allowed_for else None
@@ -394,7 +403,8 @@ class Session(Outbox):
         self.log.debug("{client_id} may not publish to {topic}",
                        client_id=self.client_id, topic=topic)
         self.ctx.drops.add("not_authorized")
-        code = 0x87 if conn.protocol_level >= MQTT_5 else 0
+        code = (ReasonCode.NOT_AUTHORIZED if conn.protocol_level >= MQTT_5
+                else ReasonCode.SUCCESS)
         if packet.qos == 1:
             self.ack_when(None, Puback(packet.packet_id, code))
         elif packet.qos == 2:
@@ -538,12 +548,12 @@ class Session(Outbox):
         self.ctx.drops.refused(failure)
         if conn is not None and conn.protocol_level >= MQTT_5:
             packet = entry[0]
-            entry[0] = type(packet)(packet.packet_id, 0x83)
+            entry[0] = type(packet)(packet.packet_id, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
             entry[1] = True
             self._flush_acks(conn)
             return
         if self.connection is conn and conn is not None:
-            conn.disconnect(0x80)
+            conn.disconnect(ReasonCode.UNSPECIFIED_ERROR)
         self._acks.clear()
 
     def _flush_acks(self, conn) -> None:
@@ -560,10 +570,10 @@ class Session(Outbox):
         is_puback = type(packet) is Puback
         if is_puback:  # PUBACK ends an inbound QoS 1 flow
             self.inbound_unacked -= 1
-        elif packet.reason_code >= 0x80 and not duplicate:
+        elif is_failure(packet.reason_code) and not duplicate:
             # a refused QoS 2 PUBLISH ends its flow with the PUBREC [MQTT-4.3.3-9]
             self.inbound_qos2.discard(packet.packet_id)
-        if packet.reason_code == 0 and not packet.properties:
+        if packet.reason_code == _SUCCESS and not packet.properties:
             conn.write(encode_puback(packet.packet_id) if is_puback
                        else encode_pubrec(packet.packet_id))
         else:
@@ -577,7 +587,8 @@ class Session(Outbox):
             self.inbound_qos2.discard(packet.packet_id)
             conn.send(Pubcomp(packet.packet_id))
         else:
-            conn.send(Pubcomp(packet.packet_id, 0x92 if conn.protocol_level >= MQTT_5 else 0))
+            conn.send(Pubcomp(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+                               if conn.protocol_level >= MQTT_5 else ReasonCode.SUCCESS))
 
     # -- SUBSCRIBE / UNSUBSCRIBE -------------------------------------------------------
 
@@ -599,9 +610,10 @@ class Session(Outbox):
         if sub_ids:
             sub_id = sub_ids[0]
             if not mqtt.subscription_identifier_available:
-                raise ProtocolViolation(0xA1, "subscription identifiers not supported")
+                raise ProtocolViolation(ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
+                                        "subscription identifiers not supported")
             if sub_id == 0:
-                raise ProtocolViolation(0x82, "subscription identifier 0")
+                raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR, "subscription identifier 0")
         # 1. validity, per filter: None (valid so far) or the reason code
         entries = []
         for request in packet.subscriptions:
@@ -615,16 +627,19 @@ class Session(Outbox):
             except TopicError as e:
                 self.log.debug("{client_id} may not subscribe to {filter}: {error}",
                                client_id=self.client_id, filter=topic_filter[:200], error=str(e))
-                code = 0x8F if v5 else 0x80
+                code = ReasonCode.TOPIC_FILTER_INVALID if v5 else SubackReturnCode.FAILURE
             if code is None and share is not None:
                 if not mqtt.shared_subscription_available:
-                    code = 0x9E if v5 else 0x80
+                    code = (ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5
+                            else SubackReturnCode.FAILURE)
                 elif request.no_local:
-                    raise ProtocolViolation(0x82, "no local on a shared subscription")  # [MQTT-3.8.3-4]
+                    raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
+                                            "no local on a shared subscription")  # [MQTT-3.8.3-4]
             real_filter = share[1] if share else topic_filter
             if code is None and not mqtt.wildcard_subscription_available and (
                     "+" in real_filter or "#" in real_filter):
-                code = 0xA2 if v5 else 0x80
+                code = (ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED if v5
+                        else SubackReturnCode.FAILURE)
             entries.append((request, share, real_filter, code))
         # 2. authorization of the valid ones, possibly asynchronous
         authorize = self.ctx.hooks.authorize
@@ -654,13 +669,13 @@ class Session(Outbox):
         for (request, share, real_filter, code), allowed in zip(entries, decisions):
             topic_filter = request.topic_filter
             if code is None and not allowed:
-                code = 0x87 if v5 else 0x80  # NOT_AUTHORIZED
+                code = ReasonCode.NOT_AUTHORIZED if v5 else SubackReturnCode.FAILURE
             if (code is None and limit and len(self.subscriptions) >= limit
                     and topic_filter not in self.subscriptions):
                 self.log.info("{client_id} has {limit} subscriptions, the most allowed: "
                               "{filter} refused", client_id=self.client_id, limit=limit,
                               filter=topic_filter[:200])
-                code = 0x97 if v5 else 0x80  # QUOTA_EXCEEDED
+                code = ReasonCode.QUOTA_EXCEEDED if v5 else SubackReturnCode.FAILURE
             if code is not None:
                 codes.append(code)
                 hooks.client_subscribed(self, topic_filter, None, code)
@@ -711,7 +726,7 @@ class Session(Outbox):
             self.log.failure("storing the subscriptions of {client_id} failed", failure,
                              client_id=self.client_id)
             if self.connection is conn and conn is not None:
-                conn.disconnect(0x80)
+                conn.disconnect(ReasonCode.UNSPECIFIED_ERROR)
 
         result.addCallbacks(then, failed)
 
@@ -726,10 +741,10 @@ class Session(Outbox):
                 validate_topic_filter(topic_filter)
                 parse_shared_subscription(topic_filter)
             except TopicError:
-                codes.append(0x8F)
+                codes.append(ReasonCode.TOPIC_FILTER_INVALID)
                 continue
             existed = book.unsubscribe(self, topic_filter)
-            codes.append(0x00 if existed else 0x11)
+            codes.append(ReasonCode.SUCCESS if existed else ReasonCode.NO_SUBSCRIPTION_EXISTED)
             self.ctx.hooks.client_unsubscribed(self, topic_filter, codes[-1])
         unsuback = Unsuback(packet.packet_id, codes if v5 else [])
         self._after_save(lambda _=None: self.connection is conn and conn.send(unsuback), conn)
