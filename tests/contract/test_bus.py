@@ -361,9 +361,11 @@ def test_from_beginning_and_caught_up(env):
     assert values(late) == [b"new"]
 
 
-def test_publish_and_the_handlers_results(env):
-    bus = env.bus()
-    topic = env.catalogue.events
+
+def _slow_and_fast(env, bus, topic) -> list:
+    """Two exclusive groups on ``topic``: "slow", whose handler returns a
+    Deferred per record (appended to the list returned, for the test to
+    fire), and "fast", which handles at once; settled."""
     results: list = []
 
     def later(record):
@@ -374,6 +376,12 @@ def test_publish_and_the_handlers_results(env):
     env.subscribe(bus, topic, "slow", later, exclusive=True)
     env.subscribe(bus, topic, "fast", collector([]), exclusive=True)
     env.settle()
+    return results
+
+def test_publish_and_the_handlers_results(env):
+    bus = env.bus()
+    topic = env.catalogue.events
+    results = _slow_and_fast(env, bus, topic)
     d = env.publish(bus, topic, "k", b"x")
     env.wait_until(lambda: results)
     env.settle()
@@ -445,16 +453,7 @@ def test_publish_with_done_calls_it_exactly_once_when_durable(env):
     bus = env.bus()
     c = env.catalogue
     topic = c.events
-    results: list = []
-
-    def later(record):
-        d = defer.Deferred()
-        results.append(d)
-        return d
-
-    env.subscribe(bus, topic, "slow", later, exclusive=True)
-    env.subscribe(bus, topic, "fast", collector([]), exclusive=True)
-    env.settle()
+    results = _slow_and_fast(env, bus, topic)
     returned, outcomes = env.publish_done(bus, topic, "k", b"x", (("trace", b"1"),))
     assert returned is None  # no Deferred with done
     env.wait_until(lambda: results)
