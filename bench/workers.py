@@ -270,10 +270,16 @@ def latency_worker(ctl, role: dict) -> None:
         interval = 1.0 / rate
         i = 0
         pkt = bytearray(template)
+        # a client keeps at most the server's Receive Maximum of QoS 1/2
+        # PUBLISHes unacknowledged [MQTT-4.9.0-1]: when acknowledgements are
+        # late the publisher waits (each message is stamped when sent)
+        room = receive_maximum(pub, 65535)
         while i < n_total:
             t = now()
             due = min(n_total, int((t - t0) / interval) + 1)
             while i < due:
+                if qos and i - pub.stream.acks >= room:
+                    break
                 if qos:
                     pid = i % 65535 + 1
                     pkt[pid_at] = pid >> 8
@@ -282,7 +288,7 @@ def latency_worker(ctl, role: dict) -> None:
                 pub.send(bytes(pkt))
                 i += 1
             nxt = t0 + i * interval
-            loop.run_once(max(0.0, nxt - now()))
+            loop.run_once(max(0.001, nxt - now()))
             if pub.closed or sub.closed:
                 break
         loop.run_until(lambda: seen[0] >= i and pub.stream.acks >= (i if qos else 0), 10)
