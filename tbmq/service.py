@@ -133,8 +133,12 @@ class BrokerService(service.Service):
         if self._listening is None:  # not started by twistd: no privileged step
             self._bind()
         await self.broker.start()
+        if not self.running:
+            return  # stopped while the broker started: nothing to open
         for listener, listening in zip(self.config.listeners, self._listening):
             port = await listening
+            if not self.running:
+                return
             start_reading = getattr(port, "startReading", None)
             if start_reading is not None:
                 start_reading()
@@ -162,6 +166,12 @@ class BrokerService(service.Service):
             self.log.critical("tbmq could not start: {problem}", problem=problem)
 
     def _failed(self, failure: Failure) -> None:
+        if not self.running:
+            # stopped (SIGTERM) while it started: what failed is the start
+            # that the stop cut short, not a problem of the node
+            self.log.info("tbmq stopped while it was starting ({error})",
+                          error=failure.getErrorMessage())
+            return
         self._report(failure)
         if not self.started.called:
             self.started.errback(failure)

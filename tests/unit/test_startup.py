@@ -139,6 +139,28 @@ def test_a_listener_failing_after_the_start_fails_started_with_the_line(log):
             "(listeners[0].endpoint)") in log
 
 
+def test_a_stop_while_the_broker_starts_is_no_failure(log):
+    """SIGTERM during the start: the start cut short is not reported as a
+    failure (no traceback, ``started`` does not fail, so the process exits
+    as after any stop), and no listener is opened afterwards."""
+    from twisted.internet import defer  # noqa: PLC0415
+
+    reactor = Reactor()
+    node = BrokerService(config_of(listeners=listeners("tcp:1883")), reactor=reactor)
+    starting = defer.Deferred()
+    node.broker.start = lambda: starting
+    node.broker.stop = lambda: _succeed()
+    outcomes = []
+    node.started.addBoth(outcomes.append)
+    node.startService()
+    node.stopService()
+    starting.errback(RuntimeError("the device store was closed"))
+    assert outcomes == []
+    assert ("start reading", 1883) not in reactor.calls
+    assert not [line for line in log if "could not start" in line]
+    assert "tbmq stopped while it was starting (the device store was closed)" in log
+
+
 def _succeed():
     from twisted.internet import defer  # noqa: PLC0415
 
