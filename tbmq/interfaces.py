@@ -105,7 +105,8 @@ class IMessageBus(IBackend):
         timed out).
         """
 
-    def subscribe(topic, group, handler, from_beginning=False, exclusive=False, bundle=None):
+    def subscribe(topic, group, handler, from_beginning=False, exclusive=False, bundle=None,
+                  batch_handler=None):
         """Consume ``topic`` as one member of consumer group ``group``.
 
         The topic's partitions are shared among the group's live members;
@@ -147,6 +148,13 @@ class IMessageBus(IBackend):
             ``caught_up`` and stop.  Another group may not take a topic of
             the bundle (:class:`ValueError`, where the bus can tell).  The
             in-process bus ignores it, and so does ``exclusive``.
+        :param batch_handler: ``batch_handler(values) -> None | Deferred |
+            Completion``, or None.  A bus that carries several records in
+            one (Kafka's packed records, ``docs/bus.md``) may hand their
+            decoded values (a ``list``, in partition order) in one call
+            instead of one by one to ``handler``: the same rules, with the
+            one result committing (or failing: all of them are handed
+            again) the whole batch.  The in-process bus never calls it.
         :returns: an :class:`IConsumer`.
         """
 

@@ -386,12 +386,12 @@ class InProcessBus:
 
     def subscribe(self, topic: str, group: str, handler: Handler,
                   from_beginning: bool = False, exclusive: bool = False,
-                  bundle: str | None = None) -> Consumer:
+                  bundle: str | None = None, batch_handler: Handler | None = None) -> Consumer:
         """Join ``group`` on ``topic``; see
         :meth:`tbmq.interfaces.IMessageBus.subscribe`.  Records are handed
         from the next reactor turn on (never inside this call).
         ``exclusive`` and ``bundle`` change nothing here: joining a group
-        costs nothing.
+        costs nothing; nor does ``batch_handler`` (a record is handed alone).
 
         :returns: the :class:`Consumer`.
         :raises RecordEncodingError: in the encoding mode, or for a durable

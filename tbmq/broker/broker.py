@@ -245,7 +245,8 @@ class Broker:
         reader = self.downlink_reader
         group = node_group(self.service_id)
         reader.basic = bus.subscribe(self.topics.downlink_basic(self.service_id), group,
-                                     reader.handle_basic, exclusive=True)
+                                     reader.handle_basic, exclusive=True,
+                                     batch_handler=reader.handle_basic_batch)
         reader.persisted = bus.subscribe(self.topics.downlink_persisted(self.service_id),
                                          group, reader.handle_persisted, exclusive=True)
         self.watcher = CredentialsWatcher(self.credential_store, self.connections, self.clock,

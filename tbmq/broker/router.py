@@ -114,7 +114,7 @@ class Router:
         """
         bus = self.bus
         self.consumer = bus.subscribe(self.topics.msg_all, "tbmq-msg-all", self._on_message,
-                                      bundle=CLUSTER_BUNDLE)
+                                      bundle=CLUSTER_BUNDLE, batch_handler=self._on_messages)
         self.retained_consumer = bus.subscribe(
             self.topics.msg_retained, node_group(self.service_id), self._on_retained,
             from_beginning=True, exclusive=True)
@@ -168,7 +168,30 @@ class Router:
         return None
 
     def _on_message(self, record):
-        """The consumer of ``tbmq.msg.all``: match once, then one target per
+        """The consumer of ``tbmq.msg.all``: :meth:`route` its message.
+
+        :returns: None, or a :class:`~tbmq.cluster.completion.Completion`
+            (see :meth:`route`).
+        """
+        return self.route(record.value, None)
+
+    def _on_messages(self, messages: list):
+        """The consumer of ``tbmq.msg.all``, a batch of records (a packed
+        record's): :meth:`route` each of ``messages`` in order, their
+        publishes under one completion.
+
+        :returns: None, or a :class:`~tbmq.cluster.completion.Completion`
+            of every record sent for them: the batch commits once all are
+            durable, and is read again when one fails.
+        """
+        pending = None
+        route = self.route
+        for message in messages:
+            pending = route(message, pending)
+        return pending
+
+    def route(self, message: Message, pending: Completion | None):
+        """Deliver one message of ``tbmq.msg.all``: match once, then one target per
         client (at the highest QoS of its matching subscriptions, with all
         their identifiers [MQTT-3.3.4-2, -3, -4]), each to its sink.  A
         live session here is its own sink: written now.  A shared
@@ -177,22 +200,23 @@ class Router:
         ``tbmq.msg.app.shared.<filter>``, which each share group reads in a
         consumer group of its own.
 
-        :returns: None, or a :class:`~tbmq.cluster.completion.Completion`
-            of the records sent to the sinks (maybe complete already): the
-            consumer commits the record once every one of them is durable,
-            and reads it again when one fails.
+        :param pending: the completion of the records sent so far for the
+            same batch, or None.
+        :returns: ``pending``, or a new
+            :class:`~tbmq.cluster.completion.Completion` when it was None
+            and a record was sent: the records sent to the sinks (maybe
+            complete already); the consumer commits the record once every
+            one of them is durable, and reads it again when one fails.
         """
-        message = record.value
         topic = message.topic
         matches = self.trie.match(topic)
         groups = self.shared.match(topic) if len(self.shared) else None
         if not groups:
             if not matches:
-                return None
+                return pending
             if len(matches) == 1:
-                return self._dispatch_one(matches[0], message)
+                return self._dispatch_one(matches[0], message, pending)
         targets, filters = self._targets(matches, groups, message)
-        pending = None
         for topic_filter in filters:  # one record per filter
             if pending is None:
                 pending = Completion()
@@ -215,8 +239,8 @@ class Router:
                 pending = self._to_sink(client_id, session, message, qos, flag, sids, pending)
         return pending
 
-    def _dispatch_one(self, subs: dict, message: Message):
-        """:meth:`_on_message` for the plain subscriptions of one filter (the
+    def _dispatch_one(self, subs: dict, message: Message, pending: Completion | None):
+        """:meth:`route` for the plain subscriptions of one filter (the
         usual case: each client appears once), classified and handed over in
         one pass."""
         sessions = self.sessions
@@ -226,7 +250,6 @@ class Router:
         cache: dict | None = {} if len(subs) > 1 else None
         now = self._seconds()
         source = self.consumer
-        pending = None
         for client_id, options in subs.items():  # nothing below changes subs
             if options.no_local and client_id == publisher:
                 continue  # [MQTT-3.8.3-3]

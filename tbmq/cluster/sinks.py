@@ -345,12 +345,21 @@ class DownlinkReader:
         self.persisted = None
 
     def handle_basic(self, record: Record) -> None:
-        d: Delivery = record.value
-        session = self.sessions.get(d.client_id)
-        if session is None or session.connection is None:
-            return  # gone meanwhile: a non-persistent delivery ends here
-        session.deliver(d.message, d.qos, d.retain, d.subscription_ids, None,
-                        self.clock.seconds(), self.basic)
+        """One record of ``tbmq.msg.downlink.basic.<serviceId>``: the
+        delivery to its session, when it is still connected here."""
+        self.handle_basic_batch((record.value,))
+
+    def handle_basic_batch(self, deliveries) -> None:
+        """Several :class:`~tbmq.cluster.records.Delivery` of the basic
+        downlink (a packed record's), in order: as :meth:`handle_basic`."""
+        sessions = self.sessions
+        now = self.clock.seconds()
+        source = self.basic
+        for d in deliveries:
+            session = sessions.get(d.client_id)
+            if session is None or session.connection is None:
+                continue  # gone meanwhile: a non-persistent delivery ends here
+            session.deliver(d.message, d.qos, d.retain, d.subscription_ids, None, now, source)
 
     def handle_persisted(self, record: Record) -> None:
         d = record.value

@@ -22,7 +22,9 @@ own :class:`BusEnv` subclass and no change to the tests:
 The flags say what a bus promises beyond the common contract:
 ``publish_waits_for_consumers`` (in-process: publish fires after the
 handlers), ``compacts`` (old values of a key are really gone),
-``consumer_failures_fail_publish`` (ConsumerFailedError).
+``consumer_failures_fail_publish`` (ConsumerFailedError), ``batches``
+(what one reactor turn published to a partition of a traffic topic goes to
+a ``batch_handler`` in one call).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class BusEnv:
     publish_waits_for_consumers = False
     compacts = False
     consumer_failures_fail_publish = False
+    batches = False
 
     def __init__(self) -> None:
         self.catalogue = TopicCatalogue(f"t{next(_prefixes)}.")
@@ -94,11 +97,11 @@ class BusEnv:
         return returned, outcomes
 
     def subscribe(self, bus, topic, group, handler, from_beginning=False, exclusive=False,
-                  bundle=None):
+                  bundle=None, batch_handler=None):
         """Subscribe from the bus's thread.  ``exclusive`` is the test's
         promise that ``group`` never gets a second member."""
         return self.call(bus.subscribe, topic, group, handler, from_beginning, exclusive,
-                         bundle)
+                         bundle, batch_handler)
 
     def another_node(self, bus, **options):
         """:returns: the bus as another node of the cluster sees it: ``bus``
@@ -196,6 +199,7 @@ class KafkaEnv(BusEnv):
     publish_waits_for_consumers = False
     compacts = False
     consumer_failures_fail_publish = False
+    batches = True  # packed records
 
     #: Seconds :meth:`settle` waits after the consumers are positioned.
     SETTLE = 0.3
@@ -220,9 +224,9 @@ class KafkaEnv(BusEnv):
         return self.bus(**options)
 
     def subscribe(self, bus, topic, group, handler, from_beginning=False, exclusive=False,
-                  bundle=None):
+                  bundle=None, batch_handler=None):
         consumer = super().subscribe(bus, topic, group, handler, from_beginning, exclusive,
-                                     bundle)
+                                     bundle, batch_handler)
         self.consumers.append(consumer)
         return consumer
 

@@ -603,6 +603,52 @@ def test_a_completion_of_publishes_commits_once_they_are_durable_or_is_handed_ag
         assert bad == [None]
 
 
+def test_a_batch_handler_gets_a_turns_records_in_one_call_and_a_failed_batch_again(
+        env, monkeypatch):
+    """``batch_handler``: the records one reactor turn published to one
+    partition of a traffic topic come in one call where the bus carries them
+    together (Kafka's packed records), one by one to ``handler`` elsewhere;
+    either way each in order, and a failed result hands the records it
+    covered again."""
+    monkeypatch.setattr(redelivery, "FIRST_DELAY", 0.2)
+    bus = env.bus()
+    topic = env.catalogue.msg_all
+    singles, batches, failed = [], [], []
+
+    def batch(messages):
+        batches.append([m.payload for m in messages])
+        if not failed and b"5" in batches[-1]:  # the batch with 5 fails once
+            failed.append(True)
+            return defer.fail(RuntimeError("the first try fails"))
+        return None
+
+    def single(record):
+        singles.append(record.value.payload)
+        if not failed and record.value.payload == b"5":
+            failed.append(True)
+            return defer.fail(RuntimeError("the first try fails"))
+        return None
+
+    env.subscribe(bus, topic, "g", single, exclusive=True, batch_handler=batch)
+    env.settle()
+    outcomes: list = []
+    env.call(lambda: [bus.publish(topic, "k", Message("k", b"%d" % i), (), outcomes.append)
+                      for i in range(10)])
+    every = [b"%d" % i for i in range(10)]
+    env.wait_until(lambda: len(outcomes) == 10)
+    env.wait_until(lambda: [v for b in batches for v in b][-10:] == every
+                   or singles[-5:] == every[5:])
+    env.settle()
+    # the failed result fails the publish only where a bus says so
+    assert (outcomes[5] is not None) == env.consumer_failures_fail_publish
+    if env.batches:
+        assert singles == []
+        assert batches == [every, every]  # one call; handed again whole
+    else:
+        assert batches == []
+        assert singles == every[:6] + every[5:]  # from the failed one on
+
+
 def every_record(c):
     message = Message("a/b", b"\x00payload", 1, True,
                       {Property.USER_PROPERTY: [("k", "v")], Property.CONTENT_TYPE: "text/plain",

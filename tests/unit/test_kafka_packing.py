@@ -286,3 +286,78 @@ def test_a_malformed_packed_record_is_refused_like_any_record_that_does_not_deco
     consumer.bus.clock.advance(1.0)
     assert consumer.loop.seeks == [(0, 0)]  # read again, not skipped
     assert [len(packing.expand(b)) for b in bad] == [1, 1, 1, 1]
+
+
+# -- the batch handler ---------------------------------------------------------------------
+
+def _batch_consumer(handler, batch_handler, buffer_limit: int = 1000):
+    consumer = KafkaConsumer(FakeBus(), "t", "g", handler, r.BYTES, 100, buffer_limit,
+                             batch_handler=batch_handler)
+    consumer.loop = FakeLoop()
+    consumer._assigned([2])
+    return consumer
+
+
+def test_a_batch_handler_gets_a_packed_records_values_in_one_call_one_result_one_commit():
+    singles, batches, results = [], [], []
+
+    def batch(values):
+        batches.append(values)
+        results.append(defer.Deferred())
+        return results[-1]
+
+    consumer = _batch_consumer(lambda record: singles.append(record.value), batch)
+    consumer._batch([_packed_raw(2, 7, [(b"a", b"1"), (b"b", b"2"), (None, b"3")]),
+                     RawRecord(2, 8, b"c", b"4", ())], [])
+    assert batches == [[b"1", b"2", b"3"]]
+    assert singles == [b"4"]  # a lone record: to the handler
+    assert consumer.loop.commits == []  # offset 7's one result is open
+    results[0].callback(None)
+    assert consumer.loop.commits == [(2, 9)]
+
+
+def test_a_failed_batch_is_read_again_whole():
+    batches, failing = [], [True]
+
+    def batch(values):
+        batches.append(values)
+        if failing:
+            failing.clear()
+            raise RuntimeError("cannot deliver")
+        return None
+
+    consumer = _batch_consumer(lambda record: None, batch)
+    packed = _packed_raw(2, 0, [(b"a", b"1"), (b"b", b"2")])
+    consumer._batch([packed], [])
+    assert consumer.loop.commits == []
+    consumer.bus.clock.advance(1.0)
+    assert consumer.loop.seeks == [(2, 0)]
+    consumer._assigned([2])  # the thread sought it
+    consumer._batch([packed], [])
+    assert batches == [[b"1", b"2"], [b"1", b"2"]]
+    assert consumer.loop.commits == [(2, 1)]
+
+
+def test_the_buffer_and_the_slice_count_a_packed_records_records(monkeypatch):
+    """A packed record counts as the records it carries: the buffer limit
+    pauses the client at that many records (not Kafka records), and one
+    reactor turn hands at most ``SLICE`` records."""
+    from tbmq_plugins.kafka import consumer as consumer_module
+    monkeypatch.setattr(consumer_module, "SLICE", 4)
+    batches = []
+    consumer = _batch_consumer(lambda record: None, batches.append, buffer_limit=6)
+    consumer.pause()
+    consumer.loop.want_paused = False
+    consumer._batch([_packed_raw(2, 0, [(b"k", b"%d" % i) for i in range(3)])], [])
+    assert consumer.loop.want_paused is False  # 3 records held, under 6
+    consumer._batch([_packed_raw(2, 1, [(b"k", b"%d" % i) for i in range(3, 6)])], [])
+    assert consumer.loop.want_paused is True  # 6 records held
+    consumer._paused = False  # as resume, without the thread's pause
+    consumer._pump()
+    assert batches == [[b"0", b"1", b"2"], [b"3", b"4", b"5"]]
+    assert consumer._held == 0 and consumer.loop.want_paused is False
+    consumer._batch([_packed_raw(2, 2, [(b"k", b"x")] * 5), _packed_raw(2, 3, [(b"k", b"y")])],
+                    [])
+    assert len(batches) == 3  # 5 records: the turn's slice is spent
+    consumer.bus.clock.advance(0)
+    assert len(batches) == 4

@@ -47,9 +47,9 @@ class FakeBus:
         return None
 
     def subscribe(self, topic, group, handler, from_beginning=False, exclusive=False,
-                  bundle=None):
+                  bundle=None, batch_handler=None):
         return SimpleNamespace(topic=topic, group=group, handler=handler,
-                               caught_up=defer.succeed(None))
+                               batch_handler=batch_handler, caught_up=defer.succeed(None))
 
 
 class FakeSession:
@@ -237,6 +237,30 @@ def test_sink_sends_answered_during_the_call_give_a_complete_completion(world):
     world.sessions["c"] = FakeSession("c")
     subscribe(world.router, "c", "only/here")
     assert dispatch(world, topic="only/here")[0] is None  # nothing sent: nothing made
+
+
+def test_a_batch_of_records_is_routed_in_order_under_one_completion(world):
+    """The batch handler of ``tbmq.msg.all`` (a packed record's messages):
+    each routed as alone, in order; the sends of all of them are one
+    completion, done once every one is."""
+    assert world.router.consumer.batch_handler == world.router._on_messages
+    s = world.sessions["c"] = FakeSession("c")
+    subscribe(world.router, "c", "here/+")
+    world.registry["r"] = info("r", "node-x")
+    subscribe(world.router, "r", "there/+")
+    world.bus.hold = True
+    batch = [Message(t, b"x", 1, False, {}, "p", 1.0)
+             for t in ("here/1", "there/1", "nobody", "here/2", "there/2")]
+    result = world.router._on_messages(batch)
+    assert [d[0] for d in s.delivered] == ["here/1", "here/2"]
+    assert [v.message.topic for _, _, v in world.bus.published] == ["there/1", "there/2"]
+    fired: list = []
+    result.then(fired.append)
+    world.bus.dones[0](None)
+    assert fired == []
+    world.bus.dones[1](None)
+    assert fired == [None]
+    assert world.router._on_messages(batch[:1] + batch[2:3]) is None  # nothing sent
 
 
 def test_publish_hands_done_to_the_bus_and_a_retained_message_waits_for_both(world):

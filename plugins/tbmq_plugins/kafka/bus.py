@@ -415,7 +415,8 @@ class KafkaBus:
 
     def subscribe(self, topic: str, group: str, handler: Callable,
                   from_beginning: bool = False, exclusive: bool = False,
-                  bundle: str | None = None) -> KafkaConsumer:
+                  bundle: str | None = None,
+                  batch_handler: Callable | None = None) -> KafkaConsumer:
         """Join ``group`` on ``topic``; see
         :meth:`tbmq.interfaces.IMessageBus.subscribe`.  The consumer is read
         once its topic exists (it is created first when needed; retried
@@ -451,7 +452,7 @@ class KafkaBus:
                                  f"not {group!r}'s")
         consumer = KafkaConsumer(self, topic, group, handler, codec, self.max_uncommitted,
                                  buffer_limit=2 * config.max_poll_records,
-                                 group_wide=not exclusive)
+                                 group_wide=not exclusive, batch_handler=batch_handler)
         loop = ConsumerLoop(
             self.clock, consumer, exclusive=exclusive, from_beginning=from_beginning,
             durable=self.catalogue.durable(topic), timeout=config.request_timeout_ms / 1000.0,

@@ -4,7 +4,10 @@ Its thread (:class:`~.loop.ConsumerLoop`) hands over each poll's records in
 one call; this side keeps them in a buffer and hands them to the handler:
 
 * a packed record (:mod:`.packing`) is handed as the records it lists, each
-  with its offset; that offset commits once all of them are done;
+  with its offset; that offset commits once all of them are done.  With a
+  ``batch_handler`` its records' values are handed in **one** call, and
+  their one result commits (or fails) the Kafka record: one call, one
+  result, one commit for up to :data:`~.packing.MAX_RECORDS` records;
 * in the reactor thread, one at a time (never re-entered), in the order they
   came (so in offset order within a partition), at most
   :data:`SLICE` per reactor turn, and with at most ``max_uncommitted``
@@ -49,7 +52,7 @@ from tbmq.cluster.records import new_record
 from tbmq.cluster.redelivery import Redelivery
 from tbmq.interfaces import IConsumer
 from tbmq.log import OBSERVER as LOG_OBSERVER
-from tbmq_plugins.kafka.packing import expand
+from tbmq_plugins.kafka.packing import expand, unpacked
 
 __all__ = ["SLICE", "Entry", "KafkaConsumer", "Track"]
 
@@ -80,6 +83,11 @@ class Entry:
         self.state = WAITING
         self.parts = parts
         self.failure: Failure | None = None
+
+
+def _count(item: Any) -> int:
+    """The records a buffered item holds (a list: a packed record's values)."""
+    return len(item) if type(item) is list else 1
 
 
 class Track:
@@ -179,11 +187,12 @@ class KafkaConsumer:
 
     def __init__(self, bus: Any, topic: str, group: str, handler: Callable,
                  codec: Any, max_uncommitted: int, buffer_limit: int,
-                 group_wide: bool = False) -> None:
+                 group_wide: bool = False, batch_handler: Callable | None = None) -> None:
         self.bus = bus
         self.topic = topic
         self.group = group
         self.handler = handler
+        self.batch_handler = batch_handler
         self.codec = codec
         self.max_uncommitted = max_uncommitted
         self.buffer_limit = buffer_limit
@@ -192,7 +201,9 @@ class KafkaConsumer:
         self._reactor = bus.clock
         self._tracks: dict[int, Track] = {}
         self._has_assignment = False
-        self._buffer: deque = deque()  # (track, entry, raw record)
+        #: (track, entry, raw record, or the values of a packed one for the batch handler)
+        self._buffer: deque = deque()
+        self._held = 0  # records in the buffer, those of packed ones counted one by one
         self._inflight = 0
         self._paused = False
         self._throttled = False
@@ -250,6 +261,7 @@ class KafkaConsumer:
         self.stopped = True
         self._closed_d = defer.Deferred()
         self._buffer.clear()
+        self._held = 0
         if self._scheduled is not None and self._scheduled.active():
             self._scheduled.cancel()
         self._scheduled = None
@@ -294,6 +306,7 @@ class KafkaConsumer:
         if self._buffer:
             self._buffer = deque(item for item in self._buffer
                                  if item[0].partition not in gone)
+            self._held = sum(_count(item[2]) for item in self._buffer)
         self._has_assignment = False  # until the group gives partitions again
 
     def _batch(self, records: list, reached: list[int]) -> None:
@@ -301,22 +314,35 @@ class KafkaConsumer:
             return
         tracks = self._tracks
         buffer = self._buffer
+        batches = self.batch_handler is not None
+        held = self._held
         for raw in records:
             track = tracks.get(raw.partition)
             if track is None or not track.live:  # (read before a seek back)
                 continue
             if raw.headers:  # a packed record, maybe (:mod:`.packing`)
-                inner = expand(raw)
-                entry = track.arrive(raw.offset, len(inner))
-                for one in inner:
-                    buffer.append((track, entry, one))
-            else:
-                buffer.append((track, track.arrive(raw.offset), raw))
+                if batches:
+                    found = unpacked(raw)
+                    if found is not None:
+                        values = found[1]
+                        buffer.append((track, track.arrive(raw.offset), values))
+                        held += len(values)
+                        continue
+                else:
+                    inner = expand(raw)
+                    entry = track.arrive(raw.offset, len(inner))
+                    for one in inner:
+                        buffer.append((track, entry, one))
+                    held += len(inner)
+                    continue
+            buffer.append((track, track.arrive(raw.offset), raw))
+            held += 1
+        self._held = held
         for p in reached:
             track = tracks.get(p)
             if track is not None:
                 track.reach()
-        if len(buffer) >= self.buffer_limit and not self._throttled:
+        if held >= self.buffer_limit and not self._throttled:
             self._throttled = True
             self._want_paused()
         self._pump()
@@ -350,27 +376,35 @@ class KafkaConsumer:
         self._busy = True
         try:
             while buffer and self._inflight < self.max_uncommitted and not self._paused:
-                if budget == 0:
+                if budget <= 0:
                     self._schedule()
                     break
-                budget -= 1
                 track, entry, raw = buffer.popleft()
+                count = _count(raw)
+                self._held -= count
+                budget -= count
                 if track.live:
                     self._hand(track, entry, raw)
         finally:
             self._busy = False
-        if self._throttled and len(buffer) <= self.buffer_limit // 2:
+        if self._throttled and self._held <= self.buffer_limit // 2:
             self._throttled = False
             self._want_paused()
 
     def _hand(self, track: Track, entry: Entry, raw: Any) -> None:
+        """Hand one Kafka record to the handler, or the values of a packed
+        one (a list of their bytes) decoded to the ``batch_handler``."""
         try:
-            key = raw.key
-            record = new_record((self.topic,
-                                 None if key is None else key.decode("utf-8", "surrogatepass"),
-                                 self.codec.decode(raw.value), raw.headers, raw.partition,
-                                 raw.offset))
-            result = self.handler(record)
+            if type(raw) is list:
+                decode = self.codec.decode
+                result = self.batch_handler([decode(value) for value in raw])
+            else:
+                key = raw.key
+                record = new_record((self.topic,
+                                     None if key is None else key.decode("utf-8", "surrogatepass"),
+                                     self.codec.decode(raw.value), raw.headers, raw.partition,
+                                     raw.offset))
+                result = self.handler(record)
         except Exception:
             self._done(track, entry, Failure())
             return

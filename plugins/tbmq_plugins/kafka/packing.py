@@ -44,7 +44,8 @@ from twisted.python.failure import Failure
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.drivers import RawRecord
 
-__all__ = ["HEADER", "MAX_BYTES", "MAX_RECORDS", "Packer", "expand", "pack", "partition_of"]
+__all__ = ["HEADER", "MAX_BYTES", "MAX_RECORDS", "Packer", "expand", "pack", "partition_of",
+           "unpacked"]
 
 #: The header that marks a packed record, and its value (the format's version).
 HEADER = ("tbmq.pack", b"1")
@@ -71,6 +72,15 @@ def pack(keys: list, values: list) -> bytes:
     """:returns: the value of the packed record of ``keys`` and ``values``
     (``bytes | None`` each, in publish order)."""
     return msgpack.packb([_TAG, _VERSION, keys, values], use_bin_type=True)
+
+
+def unpacked(raw: RawRecord) -> tuple[list, list] | None:
+    """The keys and values (``bytes | None`` each, in publish order) of
+    ``raw`` when it is a well-formed packed record; None when it is not one
+    (no :data:`HEADER`, or not well-formed: see :func:`expand`)."""
+    if HEADER not in raw.headers:
+        return None
+    return _unpacked(raw.value)
 
 
 def _unpacked(value: Any) -> tuple[list, list] | None:
@@ -102,9 +112,7 @@ def expand(raw: RawRecord) -> list[RawRecord]:
 
     :param raw: a :class:`~.drivers.RawRecord` as a consumer client read it.
     """
-    if HEADER not in raw.headers:
-        return [raw]
-    found = _unpacked(raw.value)
+    found = unpacked(raw)
     if found is None:
         return [raw]
     p, o = raw.partition, raw.offset
