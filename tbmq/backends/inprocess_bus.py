@@ -57,7 +57,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
-from tbmq.cluster.completion import Completion
+from tbmq.cluster.completion import Completion, deferred_done
 from tbmq.cluster.records import Record, new_record
 from tbmq.cluster.redelivery import Redelivery
 from tbmq.cluster.topics import TopicCatalogue
@@ -95,9 +95,7 @@ def _answer(outcome, done):
         return None
     if type(outcome) is Waiter:
         if done is None:
-            d = defer.Deferred()
-            outcome.settle(d.callback)  # a Failure: errback
-            return d
+            return deferred_done(outcome.settle)
         outcome.settle(done)
         return None
     if done is None:

@@ -10,7 +10,6 @@ only the bus differs.
 
 from __future__ import annotations
 
-from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.broker.retained import RetainedTree
@@ -122,26 +121,21 @@ class Router:
 
     # -- publish -------------------------------------------------------------
 
-    def publish(self, message: Message, done=None):
+    def publish(self, message: Message, done) -> None:
         """Put ``message`` on the bus: ``tbmq.msg.all``, and
         ``tbmq.msg.retained`` too when it is retained.
 
-        :param done: ``done(None | Failure)``, or None.  Called exactly
-            once (maybe during the call): with None once the message is
-            durable (the bus holds it and, on the in-process bus, every
-            persistent subscriber's store has it): only then may a QoS 1/2
-            publisher be acknowledged; or with the
+        :param done: ``done(None | Failure)``, called exactly once (maybe
+            during the call): with None once the message is durable (the bus
+            holds it and, on the in-process bus, every persistent
+            subscriber's store has it): only then may a QoS 1/2 publisher be
+            acknowledged; or with the
             :class:`~twisted.python.failure.Failure` of the first of its
             publishes that failed, a :class:`tbmq.errors.BusError` (see
             :meth:`tbmq.interfaces.IMessageBus.publish`).
-        :returns: None with ``done``; else None when the message was durable
-            during the call, or a Deferred that fires (or fails) as ``done``
-            would be called.
+            :func:`tbmq.cluster.completion.deferred_done` makes a Deferred
+            of it.
         """
-        if done is None:
-            d = defer.Deferred()
-            self.publish(message, d.callback)  # a Failure: errback
-            return None if d.called and d.result is None else d
         bus = self.bus
         if message.retain:
             both = Completion()
@@ -151,7 +145,6 @@ class Router:
             both.then(done)
         else:
             bus.publish(self._msg_all, message.topic, message, (), done)
-        return None
 
     def _on_retained(self, record):
         message = record.value

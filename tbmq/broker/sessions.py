@@ -478,10 +478,13 @@ class SessionManager:
         self.log.info("publishing will of {client_id} to {topic}",
                       client_id=client_id, topic=will.topic)
         self.hooks.message_published(None, message)
-        result = self.router.publish(message)
-        if result is not None:
-            result.addErrback(lambda f: self.log.failure("will of {client_id} not published",
-                                                         f, client_id=client_id))
+
+        def done(failure) -> None:
+            if failure is not None:
+                self.log.failure("will of {client_id} not published", failure,
+                                 client_id=client_id)
+
+        self.router.publish(message, done)
 
     def _schedule_expiry(self, session: Session, delay: float) -> None:
         if session.expiry_interval == EXPIRY_NEVER:

@@ -22,9 +22,25 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from twisted.internet import defer
 from twisted.python.failure import Failure
 
-__all__ = ["Completion"]
+__all__ = ["Completion", "deferred_done"]
+
+
+def deferred_done(start: Callable[[Callable[[Any], None]], Any]) -> defer.Deferred:
+    """A Deferred for an operation that reports to a ``done`` callable (a
+    bus publish, :meth:`tbmq.interfaces.IMessageBus.publish`): for callers
+    that want one.
+
+    :param start: ``start(done)`` begins the operation; ``done(None |
+        Failure)`` is called exactly once, maybe during the call.
+    :returns: a Deferred that fires with None, or fails with the
+        :class:`~twisted.python.failure.Failure`, as ``done`` is called.
+    """
+    d = defer.Deferred()
+    start(d.callback)  # a Failure: errback
+    return d
 
 
 class Completion:

@@ -14,7 +14,7 @@ from tbmq.broker.hooks import DropCounter
 from tbmq.broker.outbound import Holds, TurnFlusher
 from tbmq.broker.router import Router
 from tbmq.broker.session import Session, SessionContext, TopicNameCache
-from tbmq.cluster.completion import Completion
+from tbmq.cluster.completion import Completion, deferred_done
 from tbmq.cluster.records import Delivery, Record, SessionInfo
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.config import load_config
@@ -279,13 +279,12 @@ def test_publish_hands_done_to_the_bus_and_a_retained_message_waits_for_both(wor
     assert retained == [refused]  # the first failure, once
     bus.dones[1](None)
     assert retained == [refused]
-    # without done: a Deferred while the bus has not answered, None when it did
-    d = router.publish(Message("a/b", b"y", 1, False, {}, "p", 1.0))
+    # a Deferred, for a caller that wants one
+    d = deferred_done(lambda done: router.publish(Message("a/b", b"y", 1, False, {}, "p", 1.0),
+                                                  done))
     assert isinstance(d, defer.Deferred) and not d.called
     bus.dones[3](None)
-    assert d.called
-    bus.hold = False
-    assert router.publish(Message("a/b", b"z", 1, True, {}, "p", 1.0)) is None
+    assert d.called and d.result is None
 
 
 # -- a session without a broker ---------------------------------------------------------

@@ -48,6 +48,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from tbmq.cluster.completion import deferred_done
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.errors import BusClosedError, BusError, BusPublishError, RecordEncodingError
 from tbmq.interfaces import IMessageBus
@@ -348,9 +349,7 @@ class KafkaBus:
             as ``done`` would be called.  Never raises.
         """
         if done is None:
-            d = defer.Deferred()
-            self.publish(topic, key, value, headers, d.callback)  # a Failure: errback
-            return d
+            return deferred_done(lambda done: self.publish(topic, key, value, headers, done))
         if not self.running:
             done(Failure(BusClosedError(f"{topic}: the Kafka bus is not running")))
             return None
