@@ -238,7 +238,8 @@ class Broker:
         bus = self.bus
         writer = self.persisted_writer
         writer.consumer = bus.subscribe(self.topics.msg_persisted, "tbmq-msg-persisted",
-                                        writer.handle, bundle=CLUSTER_BUNDLE)
+                                        writer.handle, bundle=CLUSTER_BUNDLE,
+                                        batch_handler=writer.handle_batch)
         # the cluster bundle's groups are joined together (one Kafka join);
         # the session events' member waits, paused, for the registry replay
         self.events.join()
@@ -248,7 +249,8 @@ class Broker:
                                      reader.handle_basic, exclusive=True,
                                      batch_handler=reader.handle_basic_batch)
         reader.persisted = bus.subscribe(self.topics.downlink_persisted(self.service_id),
-                                         group, reader.handle_persisted, exclusive=True)
+                                         group, reader.handle_persisted, exclusive=True,
+                                         batch_handler=reader.handle_persisted_batch)
         self.watcher = CredentialsWatcher(self.credential_store, self.connections, self.clock,
                                           self.config.auth.refresh_interval)
         yield self.watcher.start()

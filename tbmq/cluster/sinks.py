@@ -29,6 +29,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from tbmq.cluster.completion import Completion, deferred_done
 from tbmq.cluster.records import Delivery, Record, SessionMarker
 from tbmq.errors import BackendError
 from tbmq.log import OBSERVER as LOG_OBSERVER
@@ -123,6 +124,14 @@ def write_marker(sink: BusSink, service_id: str, client_id: str, session_id: str
                      SessionMarker(client_id, service_id, session_id, attached))
 
 
+def _settle(result, pending: Completion) -> None:
+    """Make ``result`` (None or a Deferred) a part of ``pending``."""
+    if result is None:
+        return
+    part = pending.part()
+    result.addCallbacks(lambda _: part(None), part)
+
+
 class PersistedWriter:
     """The consumer of ``tbmq.msg.persisted``: stores each delivery in the
     device message store, then hands it to the session when it is connected
@@ -186,17 +195,17 @@ class PersistedWriter:
     #: seconds between attempts while the store fails: from the first, doubling
     RETRY_FIRST, RETRY_MAX = 0.5, 5.0
 
-    def _store(self, client_id: str, stored: StoredDelivery) -> defer.Deferred:
-        """``store.add`` until it succeeds: while the store is out (Redis or
-        PostgreSQL gone) the consumer of ``tbmq.msg.persisted`` is paused,
-        the delivery is written again every few seconds (an add of the same
-        ``seq`` replaces it), and the outage and the recovery are logged
-        once each.  Nothing is skipped, so the order per client is kept.
-        An answer that is not the number of deliveries trimmed (a store
-        whose replies came out of step with its calls, after a reply
-        timeout) counts as a failure: the add is written again, never
-        taken as done (the record would be committed with the delivery
-        nowhere).
+    def _store(self, client_id: str, stored: list) -> defer.Deferred:
+        """``store.add`` of ``stored`` (:class:`~tbmq.model.StoredDelivery`
+        of one client, in order) until it succeeds: while the store is out
+        (Redis or PostgreSQL gone) the consumer of ``tbmq.msg.persisted`` is
+        paused, the deliveries are written again every few seconds (an add
+        of the same ``seq`` replaces it), and the outage and the recovery
+        are logged once each.  Nothing is skipped, so the order per client
+        is kept.  An answer that is not the number of deliveries trimmed (a
+        store whose replies came out of step with its calls, after a reply
+        timeout) counts as a failure: the add is written again, never taken
+        as done (the record would be committed with the deliveries nowhere).
 
         :returns: a Deferred firing with the number of deliveries trimmed.
         """
@@ -205,7 +214,7 @@ class PersistedWriter:
         storing.add(done)
 
         def attempt():
-            self.store.add(client_id, [stored]).addCallbacks(succeeded, failed)
+            self.store.add(client_id, stored).addCallbacks(succeeded, failed)
 
         def succeeded(removed):
             if not isinstance(removed, int):
@@ -243,39 +252,83 @@ class PersistedWriter:
             log.warn("device store limit: {removed} oldest messages of {client_id} removed",
                      removed=removed, client_id=client_id)
 
-    def handle(self, record: Record):
-        """Store the delivery (or follow the marker, :meth:`_marker`).
+    def handle(self, record: Record) -> Completion:
+        """One record: as :meth:`handle_batch`."""
+        return self.handle_batch((record.value,))
 
-        :returns: the store's Deferred (the record is committed, and on the
-            in-process bus the publisher acknowledged, once it is durable).
+    def handle_batch(self, values) -> Completion:
+        """Records of ``tbmq.msg.persisted`` in order (a packed record's):
+        the deliveries of each client stored with **one** store write (in
+        their order, each with a new ``seq``), and a marker followed
+        (:meth:`_marker`) after its client's deliveries before it.  A
+        client's deliveries are written to its session at once when it is
+        connected here; else, once stored, sent where it is connected.
+
+        :param values: :class:`~tbmq.cluster.records.Delivery` and
+            :class:`~tbmq.cluster.records.SessionMarker`, in order.
+        :returns: a :class:`~tbmq.cluster.completion.Completion` of the
+            writes and of what they sent on (the records are committed,
+            and on the in-process bus the publishers acknowledged, once
+            every delivery is durable).
         """
-        d = record.value
-        if type(d) is SessionMarker:
-            return self._marker(d)
+        pending = Completion()
+        groups: dict[str, list] = {}
+        for d in values:
+            if type(d) is SessionMarker:
+                group = groups.pop(d.client_id, None)
+                if group is not None:
+                    self._write(d.client_id, group, pending)
+                _settle(self._marker(d), pending)
+                continue
+            group = groups.get(d.client_id)
+            if group is None:
+                groups[d.client_id] = [d]
+            else:
+                group.append(d)
+        for client_id, group in groups.items():
+            self._write(client_id, group, pending)
+        return pending
+
+    def _write(self, client_id: str, group: list, pending: Completion) -> None:
+        """Store ``group`` (deliveries to ``client_id``, in order) as one
+        write, a part of ``pending``."""
         now = self.clock.seconds()
-        stored = StoredDelivery(self.next_seq(int(now * 1e9)), d.message, d.qos, d.retain,
-                                d.subscription_ids)
-        result = self._store(d.client_id, stored)
-        result.addCallback(self._trimmed, d.client_id)
-        session = self.sessions.get(d.client_id)
+        now_ns = int(now * 1e9)
+        next_seq = self.next_seq
+        stored = [StoredDelivery(next_seq(now_ns), d.message, d.qos, d.retain,
+                                 d.subscription_ids) for d in group]
+        result = self._store(client_id, stored)
+        result.addCallback(self._trimmed, client_id)
+        session = self.sessions.get(client_id)
         if session is not None and session.connection is not None:
-            session.deliver_stored(stored, None, now, self.consumer)
-            return result
-        d.seq = stored.seq
-
-        def forward(_):
+            for one in stored:
+                session.deliver_stored(one, None, now, self.consumer)
+        else:
+            for d, one in zip(group, stored):
+                d.seq = one.seq
             # located once stored: a session that connects later reads it there
-            where = self.where(d.client_id)
-            if where is not None and where != self.service_id:
-                return self.bus.publish(self.downlink_topic(where), d.client_id, d)
-            if where == self.service_id:
-                here = self.sessions.get(d.client_id)
-                if here is not None and here.connection is not None:
-                    here.deliver_stored(stored, None, self.clock.seconds(), self.consumer)
-            return None
+            result.addCallback(self._forward, client_id, group, stored)
+        _settle(result, pending)
 
-        result.addCallback(forward)
-        return result
+    def _forward(self, _trimmed: Any, client_id: str, group: list, stored: list):
+        """``group`` is stored: to the node where ``client_id`` is
+        connected (its persisted downlink), or to its session here.
+
+        :returns: None, or a Deferred of the downlink publishes."""
+        where = self.where(client_id)
+        if where is not None and where != self.service_id:
+            sent = Completion()
+            topic = self.downlink_topic(where)
+            for d in group:
+                self.bus.publish(topic, client_id, d, (), sent.part())
+            return deferred_done(sent.then)
+        if where == self.service_id:
+            here = self.sessions.get(client_id)
+            if here is not None and here.connection is not None:
+                now = self.clock.seconds()
+                for one in stored:
+                    here.deliver_stored(one, None, now, self.consumer)
+        return None
 
     def where(self, client_id: str) -> str | None:
         """:returns: the service id of the node ``client_id`` is connected
@@ -362,15 +415,25 @@ class DownlinkReader:
             session.deliver(d.message, d.qos, d.retain, d.subscription_ids, None, now, source)
 
     def handle_persisted(self, record: Record) -> None:
-        d = record.value
-        session = self.sessions.get(d.client_id)
-        if session is None or session.connection is None:
-            return  # it is in the store; the client finds it when it connects
-        if type(d) is SessionMarker:
-            session.on_attached(d.session_id)
-            return
-        stored = StoredDelivery(d.seq, d.message, d.qos, d.retain, d.subscription_ids)
-        session.deliver_stored(stored, None, self.clock.seconds(), self.persisted)
+        """One record of ``tbmq.msg.downlink.persisted.<serviceId>``: a
+        stored delivery, or a session marker, to its session here."""
+        self.handle_persisted_batch((record.value,))
+
+    def handle_persisted_batch(self, values) -> None:
+        """Several records of the persisted downlink (a packed record's), in
+        order: as :meth:`handle_persisted`."""
+        sessions = self.sessions
+        now = self.clock.seconds()
+        source = self.persisted
+        for d in values:
+            session = sessions.get(d.client_id)
+            if session is None or session.connection is None:
+                continue  # it is in the store; the client finds it when it connects
+            if type(d) is SessionMarker:
+                session.on_attached(d.session_id)
+                continue
+            stored = StoredDelivery(d.seq, d.message, d.qos, d.retain, d.subscription_ids)
+            session.deliver_stored(stored, None, now, source)
 
 
 class ApplicationReader:

@@ -31,8 +31,10 @@ class Bus:
     def __init__(self) -> None:
         self.published: list[tuple[str, str, object]] = []
 
-    def publish(self, topic, key, value):
+    def publish(self, topic, key, value, headers=(), done=None):
         self.published.append((topic, key, value))
+        if done is not None:
+            done(None)
         return None
 
 
@@ -113,14 +115,14 @@ def test_the_marker_is_passed_on_after_the_deliveries_before_it_are_stored_and_s
     w.deliver("other", b"3")  # another client's store does not hold the marker
     done = w.mark("dev", "node-y", "conn-1")
     w.deliver("dev", b"4")
-    assert not done.called and w.sent() == []
+    assert not done.complete and w.sent() == []
     # stores may complete out of order (a retried write); a delivery is
     # located once stored, so those still being stored go where the marker says
     w.store.complete(1)
     assert w.sent() == [("downlink.node-y", b"2")]
-    assert not done.called
+    assert not done.complete
     w.store.complete(0)
-    assert done.called
+    assert done.succeeded
     assert w.sent() == [("downlink.node-y", b"2"), ("downlink.node-y", b"1"),
                         ("downlink.node-y", "conn-1")]
     w.store.complete(3)
@@ -186,7 +188,7 @@ def test_an_add_answered_out_of_step_is_written_again_not_taken_as_done():
     w = World()
     w.registry["c"] = "node-x"
     result: list = []
-    w.deliver("c", b"m").addBoth(result.append)
+    w.deliver("c", b"m").then(result.append)
     w.store.adds[0][2].callback(b"\x91\x00")  # a LOAD's reply, not a count
     assert result == [] and len(w.store.adds) == 1
     w.writer.clock.advance(w.writer.RETRY_FIRST)
@@ -196,3 +198,31 @@ def test_an_add_answered_out_of_step_is_written_again_not_taken_as_done():
     w.store.complete(1)
     assert result == [None]
     assert w.sent() == [("downlink.node-x", b"m")]
+
+
+def test_a_batch_stores_each_clients_deliveries_in_one_write_a_marker_after_those_before_it():
+    """The batch handler (a packed record's records): one store write per
+    client and run of deliveries, in order with new seqs; a marker splits
+    its client's run, so that it is passed on after the deliveries before
+    it are stored; the batch is done once every write and send is."""
+    w = World()
+    w.registry["a"] = "node-x"
+    w.registry["b"] = None  # offline: it waits in the store
+    batch = [Delivery("a", Message("t", b"a1", 1), 1), Delivery("b", Message("t", b"b1", 1), 1),
+             Delivery("a", Message("t", b"a2", 1), 1),
+             SessionMarker("a", "node-y", "conn-1", True),
+             Delivery("a", Message("t", b"a3", 1), 1), Delivery("b", Message("t", b"b2", 1), 1)]
+    done = w.writer.handle_batch(batch)
+    assert [(c, [d.message.payload for d in ds]) for c, ds, _ in w.store.adds] == [
+        ("a", [b"a1", b"a2"]), ("b", [b"b1", b"b2"]), ("a", [b"a3"])]
+    seqs = [d.seq for _, ds, _ in w.store.adds for d in ds]
+    assert len(set(seqs)) == 5
+    assert [d.seq for d in w.store.adds[0][1]] == sorted(d.seq for d in w.store.adds[0][1])
+    w.store.complete(2)  # a3 stored: located by the marker
+    assert w.sent() == [("downlink.node-y", b"a3")]
+    w.store.complete(1)
+    assert not done.complete
+    w.store.complete(0)  # a1, a2 stored, located by the marker too; then the marker
+    assert w.sent() == [("downlink.node-y", b"a3"), ("downlink.node-y", b"a1"),
+                        ("downlink.node-y", b"a2"), ("downlink.node-y", "conn-1")]
+    assert done.succeeded
