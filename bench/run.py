@@ -138,6 +138,9 @@ def run_one(name: str, broker_name: str, level: int, args, profile: str | None) 
     small = broker_name == "amqtt"
     if name.startswith("connections"):
         kw["count"] = args.amqtt_connections if small else args.connections
+        if kw.get("persistent") and kind(broker_name) == "tbmq":
+            # all the clients come from 127.0.0.x (default 1,000 persistent sessions per address)
+            env["TBMQ_MQTT__MAX_PERSISTENT_SESSIONS_PER_ADDRESS"] = "0"
     elif name == "persistent":
         kw["count"] = args.amqtt_persistent if small else args.persistent
         if kind(broker_name) == "tbmq":
