@@ -112,17 +112,35 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol):
 
     log = Logger(observer=LOG_OBSERVER)
 
-    #: the connect timeout or the keep alive's end, seconds of the clock, or
-    #: None; kept with :meth:`setTimeout` (see :class:`~tbmq.broker.deadlines.Deadlines`)
-    deadline: float | None = None
-    #: the bucket of the node's :class:`~tbmq.broker.deadlines.Deadlines` this connection is in
-    deadline_slot: int | None = None
-    #: seconds :meth:`resetTimeout` moves the deadline to, or None
-    timeOut: float | None = None
+    # one per connection: its attributes in slots, not in a dict of its own
+    # (CPython shares the keys of instance dicts only up to 30 attributes:
+    # past that each connection had a 1.6 KB dict); an attribute not named
+    # here still works (Protocol gives instances a __dict__)
+    __slots__ = (
+        "transport", "connected", "factory",  # Twisted's (class defaults in Protocol)
+        "ctx", "_deadlines", "deadline", "deadline_slot", "timeOut", "_traffic", "listener",
+        "callLater", "decoder", "server_max_packet_size", "session", "connect_packet",
+        "protocol_level", "send_quota", "max_packet_size", "topic_alias_maximum", "paused",
+        "paused_bytes", "_out", "_closing", "_connacked", "connected_at", "_normal_disconnect",
+        "_disconnect_reason", "_gate", "_waiting", "_abort_call", "_exchange", "auth",
+        "auth_request", "_closed_waiters", "_attempt", "expiry_cap", "_partial_since",
+        "_packet_timer", "_read_pauses", "_peer_address", "_assigned_id",
+    )
 
     def __init__(self, ctx: ConnectionContext, listener, max_packet_size: int) -> None:
+        self.transport = None
+        self.connected = 0
+        self.factory = None
         self.ctx = ctx
         self._deadlines = deadlines_for(ctx.clock)
+        #: the connect timeout or the keep alive's end, seconds of the clock,
+        #: or None; kept with :meth:`setTimeout` (see :class:`~tbmq.broker.deadlines.Deadlines`)
+        self.deadline: float | None = None
+        #: the bucket of the node's :class:`~tbmq.broker.deadlines.Deadlines` this connection is in
+        self.deadline_slot: int | None = None
+        #: seconds :meth:`resetTimeout` moves the deadline to, or None
+        self.timeOut: float | None = None
+        self._assigned_id: str | None = None
         self._traffic = ctx.traffic
         self.listener = listener
         self.callLater = ctx.clock.callLater
