@@ -56,12 +56,25 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def raise_nofile() -> int:
-    """Raise the soft open-files limit to the hard limit; return it."""
+def raise_nofile(want: int = 1 << 18) -> int:
+    """Raise the open-files limit to ``want`` (the hard limit too, which
+    needs CAP_SYS_RESOURCE, and at most ``fs.nr_open``), else the soft limit
+    to the hard one; return the soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            want = min(want, int(f.read()))
+    except (OSError, ValueError):
+        pass
+    if hard < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+            return want
+        except (ValueError, OSError):
+            pass
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return hard
+    return max(soft, hard)
 
 
 # --------------------------------------------------------------------------

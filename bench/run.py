@@ -44,6 +44,7 @@ def _tbmq_rev_from_argv(argv) -> str | None:
 if "BENCH_TBMQ_SRC" not in os.environ:
     os.environ["BENCH_TBMQ_SRC"] = tbmq_source(_tbmq_rev_from_argv(sys.argv[1:]))
 
+from bench import connections as conns  # noqa: E402
 from bench import scenarios as sc  # noqa: E402
 from bench.mqttgen import raise_nofile  # noqa: E402
 
@@ -55,7 +56,9 @@ SCENARIOS = {
     "p2p_qos1": ("point-to-point 100 pairs, QoS 1", sc.p2p, {"qos": 1}, "delivered", "msg/s", True),
     "latency_qos0": ("latency 1 pair @1000/s, QoS 0", sc.latency, {"qos": 0}, "p50", "ms", False),
     "latency_qos1": ("latency 1 pair @1000/s, QoS 1", sc.latency, {"qos": 1}, "p50", "ms", False),
-    "connections": ("idle connections", sc.connections, {}, "connect rate", "conn/s", True),
+    "connections": ("idle connections, clean sessions", conns.connections, {}, "connect rate", "CONNECT/s", True),
+    "connections_persistent": ("idle connections, persistent sessions", conns.connections, {"persistent": True},
+                               "connect rate", "CONNECT/s", True),
     "persistent": ("persistent session drain, QoS 1", sc.persistent, {}, "drain rate", "msg/s", True),
     # flow control (see "Flow control" in RESULTS.md); fanin_qos1_loss_<size> for each --payload-sizes
     "slow_subscribers": ("4 subscribers beside a stuck and a drip-reading #, QoS 1", sc.slow_subscribers,
@@ -102,7 +105,8 @@ ONLY_LEVELS = {"persistent_slow_reader": (5,)}
 EXTRA = {
     "latency_qos0": [("p99_ms", "p99", "ms", False), ("max_ms", "max", "ms", False)],
     "latency_qos1": [("p99_ms", "p99", "ms", False), ("max_ms", "max", "ms", False)],
-    "connections": [("kb_per_conn", "RSS per connection", "KB", False)],
+    "connections": conns.EXTRA,
+    "connections_persistent": conns.EXTRA,
     "persistent": [("drain_s", "time to drain", "s", False),
                    ("publish_rate", "queueing (publish) rate", "msg/s", True)],
     "slow_subscribers": [("pub_pct", "publishers' rate with ÷ without them", "%", True),
@@ -121,7 +125,7 @@ EXTRA = {
 #: the figures printed per run as it ends
 SHOWN = ("value", "lost", "gen_cpu_pct", "broker_cpu_pct", "kb_per_conn", "p99_ms", "drain_s", "error", "errors",
          "seconds", "offered_rate", "other_cpu_pct", "acked", "received", "loss_pct", "delivered_rate",
-         "broker_peak_rss_mb", "sub_pct", "pub_pct", "max_gap_alone_s", "max_gap_s", "stuck", "drip",
+         "broker_peak_rss_mb", "idle_cpu_pct", "sub_pct", "pub_pct", "max_gap_alone_s", "max_gap_s", "stuck", "drip",
          "drip_received", "duplicates", "max_unacked")
 
 THROUGHPUT = {"fanin_qos0", "fanin_qos1", "fanout_qos0", "p2p_qos1"}
@@ -132,8 +136,11 @@ def run_one(name: str, broker_name: str, level: int, args, profile: str | None) 
     env = {}
     kw = dict(kw)
     small = broker_name == "amqtt"
-    if name == "connections":
+    if name.startswith("connections"):
         kw["count"] = args.amqtt_connections if small else args.connections
+        if kw.get("persistent") and kind(broker_name) == "tbmq":
+            # all the clients come from 127.0.0.x (default 1,000 persistent sessions per address)
+            env["TBMQ_MQTT__MAX_PERSISTENT_SESSIONS_PER_ADDRESS"] = "0"
     elif name == "persistent":
         kw["count"] = args.amqtt_persistent if small else args.persistent
         if kind(broker_name) == "tbmq":

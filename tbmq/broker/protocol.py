@@ -2,8 +2,9 @@
 session, and packets → bytes.
 
 It owns the connect timeout and the keepalive (1.5 × the keep alive,
-[MQTT-3.1.2-24]) through :class:`~twisted.protocols.policies.TimeoutMixin`
-with the broker's clock, validates packets against the negotiated
+[MQTT-3.1.2-24]) as a deadline in the node's
+:class:`~tbmq.broker.deadlines.Deadlines` (one timer for all connections,
+on the broker's clock), validates packets against the negotiated
 capabilities and answers bad input with the MQTT reason code; it never routes.
 """
 
@@ -16,12 +17,12 @@ from typing import Any
 
 from twisted.internet import defer, interfaces, protocol
 from twisted.logger import Logger
-from twisted.protocols.policies import TimeoutMixin
 from zope.interface import implementer
 
 from tbmq.auth import AuthRequest, AuthResult
 from tbmq.auth.guard import LoginGuard, PasswordChecks
 from tbmq.broker.connect import ConnectFlow
+from tbmq.broker.deadlines import deadlines_for
 from tbmq.broker.session import Session
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER, LogThrottle
@@ -89,7 +90,7 @@ def guarded_context(broker) -> ConnectionContext:
 
 
 @implementer(interfaces.IPushProducer)
-class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
+class MQTTProtocol(ConnectFlow, protocol.Protocol):
     """One client connection: bytes in, packets to the session; bytes out
     through its own outbound queue, written once per reactor turn.
 
@@ -111,8 +112,35 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
 
     log = Logger(observer=LOG_OBSERVER)
 
+    # one per connection: its attributes in slots, not in a dict of its own
+    # (CPython shares the keys of instance dicts only up to 30 attributes:
+    # past that each connection had a 1.6 KB dict); an attribute not named
+    # here still works (Protocol gives instances a __dict__)
+    __slots__ = (
+        "transport", "connected", "factory",  # Twisted's (class defaults in Protocol)
+        "ctx", "_deadlines", "deadline", "deadline_slot", "timeOut", "_traffic", "listener",
+        "callLater", "decoder", "server_max_packet_size", "session", "connect_packet",
+        "protocol_level", "send_quota", "max_packet_size", "topic_alias_maximum", "paused",
+        "paused_bytes", "_out", "_closing", "_connacked", "connected_at", "_normal_disconnect",
+        "_disconnect_reason", "_gate", "_waiting", "_abort_call", "_exchange", "auth",
+        "auth_request", "_closed_waiters", "_attempt", "expiry_cap", "_partial_since",
+        "_packet_timer", "_read_pauses", "_peer_address", "_assigned_id",
+    )
+
     def __init__(self, ctx: ConnectionContext, listener, max_packet_size: int) -> None:
+        self.transport = None
+        self.connected = 0
+        self.factory = None
         self.ctx = ctx
+        self._deadlines = deadlines_for(ctx.clock)
+        #: the connect timeout or the keep alive's end, seconds of the clock,
+        #: or None; kept with :meth:`setTimeout` (see :class:`~tbmq.broker.deadlines.Deadlines`)
+        self.deadline: float | None = None
+        #: the bucket of the node's :class:`~tbmq.broker.deadlines.Deadlines` this connection is in
+        self.deadline_slot: int | None = None
+        #: seconds :meth:`resetTimeout` moves the deadline to, or None
+        self.timeOut: float | None = None
+        self._assigned_id: str | None = None
         self._traffic = ctx.traffic
         self.listener = listener
         self.callLater = ctx.clock.callLater
@@ -146,6 +174,25 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol, TimeoutMixin):
         self._packet_timer = None
         self._read_pauses = 0
         self._peer_address = None  # the transport's getPeer(), once asked
+
+    # -- the connect timeout and the keep alive ------------------------------------------
+
+    def setTimeout(self, period: float | None) -> None:
+        """Close the connection (:meth:`timeoutConnection`) ``period``
+        seconds from now unless :meth:`resetTimeout` moves it; None for no
+        timeout."""
+        self.timeOut = period
+        self._deadlines.set(self, None if period is None else self.ctx.clock.seconds() + period)
+
+    def resetTimeout(self) -> None:
+        """The client sent a packet: the timeout restarts [MQTT-3.1.2-24]."""
+        if self.timeOut is not None:
+            self._deadlines.touch(self, self.ctx.clock.seconds() + self.timeOut)
+
+    def deadline_passed(self) -> None:
+        """Called by the node's :class:`~tbmq.broker.deadlines.Deadlines`."""
+        self.timeOut = None
+        self.timeoutConnection()
 
     # -- Twisted --------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.broker.outbox import Outbox
+from tbmq.broker.publish_done import WAITING, PublishDone
 from tbmq.broker.traffic import Traffic
 from tbmq.errors import BusClosedError, ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
@@ -48,6 +49,9 @@ EXPIRY_NEVER = 0xFFFFFFFF
 #: it is never told ``mqtt.receive_maximum``, so it is held to the packet
 #: identifier space
 V3_RECEIVE_MAXIMUM = 65535
+
+#: a session's inbound QoS 2 packet ids while it has none
+_NO_IDS: frozenset = frozenset()
 
 _SEQ = [0]
 
@@ -147,57 +151,6 @@ class SessionContext:
     mark: Callable | None = None
 
 
-#: :attr:`_Published.answer` until the bus calls it
-_WAITING = object()
-
-
-class _Published:
-    """The ``done`` of one publish of a :class:`Session` (see
-    :meth:`tbmq.interfaces.IMessageBus.publish`): its bound method
-    :attr:`call`, kept so that passing and calling it costs no allocation.
-    Called during the publish, it keeps the answer for the session to act
-    on at once, and the session reuses it for its next publish (nothing
-    allocated when the bus holds a message during the call: the embedded
-    hot path); called later, once :meth:`wait` said what for, it hands the
-    answer to the session.
-
-    :ivar call: ``call(failure=None)``: the ``done`` given to the bus.
-    :ivar answer: :data:`_WAITING`, or what the bus answered during the call
-        (None, or a :class:`~twisted.python.failure.Failure`).
-    """
-
-    __slots__ = ("session", "call", "answer", "waiting", "entry", "conn", "accepting")
-
-    def __init__(self, session: "Session") -> None:
-        self.session = session
-        self.call = self._answered
-        self.answer: Any = _WAITING
-        self.waiting = False
-        self.entry: list | None = None
-        self.conn = None
-        self.accepting = None
-
-    def wait(self, entry: list | None, conn, accepting) -> None:
-        """The answer is for ``Session._published``: the acknowledgement
-        ``entry`` (None at QoS 0) queued on ``conn`` for the publisher
-        connection ``accepting``."""
-        self.waiting = True
-        self.entry = entry
-        self.conn = conn
-        self.accepting = accepting
-
-    def _answered(self, failure=None) -> None:
-        """:param failure: None (the bus holds the message), or a
-            :class:`~twisted.python.failure.Failure` of a
-            :class:`tbmq.errors.BusError`."""
-        if self.waiting:
-            self.waiting = False
-            self.call = None  # (no cycle left behind)
-            self.session._published(failure, self.entry, self.conn, self.accepting)
-        else:
-            self.answer = failure
-
-
 class Session(Outbox):
     """The state of one client id.
 
@@ -217,6 +170,17 @@ class Session(Outbox):
 
     log = Logger(observer=LOG_OBSERVER)
 
+    # attributes in slots, not in a dict per session (CPython shares instance
+    # dicts' keys up to 30 attributes only: past that, 1.6 KB each), the
+    # outbox's and store reader's (Outbox._init_outbox) too; others go to __dict__
+    __slots__ = tuple("""ctx client_id persistent expiry_interval protocol_level client_type subscriptions
+        connection disconnected_at inbound_qos2 inbound_unacked aliases _acks _unaccepted _spare _allowed
+        _allowed_for _reading_paused will will_timer expiry_timer session_id connected_at address username
+        credentials_name view inflight queue queued_bytes _next_packet_id _max_inflight _completed slow
+        overflowed _holding _hold_since _hold_timer _credit paged_out _loading _last_seq _arrived _reread
+        _marker_wait _finished_in_read _app_done app_consumers dropped _drop_logged_at _drops_logged
+        sent_aliases _traffic _latency _sent _sent_bytes _received _received_bytes""".split())
+
     def __init__(self, ctx: SessionContext, client_id: str, *, persistent: bool,
                  expiry_interval: int = 0, protocol_level: int = 4,
                  client_type: ClientType = ClientType.DEVICE) -> None:
@@ -230,17 +194,17 @@ class Session(Outbox):
         self.connection: Any = None
         self.disconnected_at: float | None = None
         # inbound QoS 2 packet ids from the PUBLISH to the PUBREL [MQTT-4.3.3-10]
-        self.inbound_qos2: set[int] = set()
+        self.inbound_qos2: set[int] | frozenset = _NO_IDS  # a set from the first QoS 2 PUBLISH
         self.inbound_unacked = 0
         # topic aliases of the current connection [MQTT-3.3.2-7]
         self.aliases: dict[int, str] = {}
         # acks waiting for earlier acks, to keep PUBACK/PUBREC in order [MQTT-4.6.0-2]
-        self._acks: deque[list] = deque()
+        self._acks: deque[list] | tuple = ()  # a deque (760 bytes) from the first: _waiting_acks
         # publishes handed to the pipeline and not yet accepted by the bus
         self._unaccepted = 0
-        # the done of the next publish (_Published), reused while the bus
+        # the done of the next publish (PublishDone), reused while the bus
         # answers during the call
-        self._spare: _Published | None = None
+        self._spare: PublishDone | None = None
         # topic name → (allowed, until): the publish authorization cache,
         # valid for the AuthResult it was filled under
         self._allowed: dict[str, tuple[bool, float]] = {}
@@ -333,6 +297,8 @@ class Session(Outbox):
             if qos == 1:
                 self.inbound_unacked += 1
             else:
+                if not self.inbound_qos2:
+                    self.inbound_qos2 = set()
                 self.inbound_qos2.add(pid)  # until PUBREL [MQTT-4.3.3-10]
             if too_deep is not None:
                 # well formed but not accepted: 0x90 Topic Name invalid, the
@@ -434,14 +400,14 @@ class Session(Outbox):
             hooks.message_published(self, message)
         done = self._spare
         if done is None:
-            done = _Published(self)
+            done = PublishDone(self)
         else:
             self._spare = None  # (a publish from inside this one takes another)
         self.ctx.publish(message, done.call)
         answer = done.answer
         if answer is None:
             # held during the call: acknowledged now, and the done is reused
-            done.answer = _WAITING
+            done.answer = WAITING
             self._spare = done
             if qos == 1:
                 if not self._acks:
@@ -459,9 +425,9 @@ class Session(Outbox):
         entry = None
         if qos:
             entry = [(Puback if qos == 1 else Pubrec)(packet.packet_id), False, False]
-            self._acks.append(entry)
+            self._waiting_acks().append(entry)
         done.wait(entry, self.connection, conn)
-        if answer is not _WAITING:
+        if answer is not WAITING:
             done.call(answer)
 
     def _unaccepted_one(self, conn, held: bool) -> None:
@@ -514,7 +480,7 @@ class Session(Outbox):
             self._send_ack(packet, duplicate)
             return
         entry = [packet, result is None, duplicate]
-        acks.append(entry)
+        self._waiting_acks().append(entry)
         if result is not None:
             args = (entry, self.connection, accepting)
             result.addCallbacks(self._ack_ready, self._ack_refused, callbackArgs=args,
@@ -554,7 +520,15 @@ class Session(Outbox):
             return
         if self.connection is conn and conn is not None:
             conn.disconnect(ReasonCode.UNSPECIFIED_ERROR)
-        self._acks.clear()
+        self._acks = ()
+
+    def _waiting_acks(self) -> deque:
+        """:returns: the queue of acknowledgements waiting for earlier ones,
+        made at the first (an idle session holds an empty tuple)."""
+        acks = self._acks
+        if not isinstance(acks, deque):
+            acks = self._acks = deque()
+        return acks
 
     def _flush_acks(self, conn) -> None:
         acks = self._acks
@@ -572,7 +546,8 @@ class Session(Outbox):
             self.inbound_unacked -= 1
         elif is_failure(packet.reason_code) and not duplicate:
             # a refused QoS 2 PUBLISH ends its flow with the PUBREC [MQTT-4.3.3-9]
-            self.inbound_qos2.discard(packet.packet_id)
+            if packet.packet_id in self.inbound_qos2:
+                self.inbound_qos2.discard(packet.packet_id)
         if packet.reason_code == _SUCCESS and not packet.properties:
             conn.write(encode_puback(packet.packet_id) if is_puback
                        else encode_pubrec(packet.packet_id))
@@ -773,7 +748,7 @@ class Session(Outbox):
         self.connection = connection
         self.protocol_level = connection.protocol_level
         self.disconnected_at = None
-        self._acks.clear()
+        self._acks = ()
         self.inbound_unacked = 0
         self.aliases = {}
         self.attach_outbox(connection)
@@ -789,7 +764,7 @@ class Session(Outbox):
             self._mark(False)
         self.connection = None
         self.disconnected_at = now
-        self._acks.clear()
+        self._acks = ()
         self.inbound_unacked = 0
         self.aliases = {}
         self.detach_outbox()
@@ -840,4 +815,4 @@ class Session(Outbox):
         if self.app_consumers:
             self.ctx.applications.detach(self)
         self.discard_outbox()
-        self.inbound_qos2.clear()
+        self.inbound_qos2 = _NO_IDS
