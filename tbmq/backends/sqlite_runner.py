@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -163,19 +162,6 @@ def apply_schemas(conn: sqlite3.Connection, path: str, schemas: list[Schema]) ->
         conn.execute(f"PRAGMA user_version={int(highest)}")
 
 
-#: Seconds: the interpreter's switch interval (``sys.setswitchinterval``)
-#: while a :class:`DatabaseThread` runs its own pool, when it was longer
-#: (CPython's default is 0.005).  The sqlite3 module lets go of the GIL
-#: around every statement it steps, and a thread that wants the GIL back
-#: while another one runs Python code waits for that one to yield it, which
-#: it does only after the switch interval.  With a busy reactor thread a
-#: transaction (BEGIN, the statements, COMMIT) waited 5 ms and more for the
-#: GIL, and every PUBACK of a persistent session waits for its commit: a
-#: publisher with 100 messages in flight got about 100 ÷ 5 ms = 20,000
-#: acknowledgements a second whatever the disk did.
-SWITCH_INTERVAL = 0.0005
-
-
 def fire_batch(outcome: list[tuple[bool, Any]] | Failure, waiters: list[defer.Deferred]) -> None:
     """In the reactor thread: fire the Deferreds of a batch of operations
     run in the database thread.
@@ -218,8 +204,6 @@ class DatabaseThread:
         #: The pool while some runner uses it (always the given one), else None.
         self.pool: Any = threadpool
         self._users = 0
-        #: the interpreter's switch interval before our pool started
-        self._switch_interval: float | None = None
 
     @property
     def owned(self) -> bool:
@@ -227,14 +211,9 @@ class DatabaseThread:
         return self._given is None
 
     def acquire(self) -> None:
-        """A runner starts: start our pool if it is the first, and shorten
-        the interpreter's switch interval to :data:`SWITCH_INTERVAL` while
-        it runs (see there)."""
+        """A runner starts: start our pool if it is the first."""
         self._users += 1
         if self.pool is None:
-            self._switch_interval = sys.getswitchinterval()
-            if self._switch_interval > SWITCH_INTERVAL:
-                sys.setswitchinterval(SWITCH_INTERVAL)
             self.pool = ThreadPool(1, 1, name=self.name)
             self.pool.start()
 
@@ -246,10 +225,6 @@ class DatabaseThread:
         if self._users == 0 and self.owned and self.pool is not None:
             pool, self.pool = self.pool, None
             pool.stop()
-            if self._switch_interval is not None:
-                if sys.getswitchinterval() == SWITCH_INTERVAL:
-                    sys.setswitchinterval(self._switch_interval)
-                self._switch_interval = None
 
     def run(self, f: Callable, *args: Any) -> defer.Deferred:
         """:returns: a Deferred firing in the reactor thread with
