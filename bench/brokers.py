@@ -281,6 +281,23 @@ class Tbmq(Broker):
         env["PYTHONPATH"] = tree_pythonpath(src, env.get("PYTHONPATH"))
         return env
 
+    @property
+    def data_dir(self) -> str:
+        return os.path.join(self.tmp, "data")
+
+    def add_credentials(self, client_id: str, client_type: str) -> None:
+        """``tbmq credentials add`` (of the tree) in the broker's credential
+        store (SQLite in its data dir), before it starts: basic credentials
+        of ``client_id``, no password (any is accepted), of ``client_type``
+        (``DEVICE`` or ``APPLICATION``).
+
+        :raises subprocess.CalledProcessError: when the command fails."""
+        os.makedirs(self.data_dir, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "tbmq.cli", "credentials", "add", "--data-dir", self.data_dir,
+                        "--type", "basic", "--name", client_id, "--client-id", client_id,
+                        "--client-type", client_type],
+                       env=self.env(), cwd=self.tmp, check=True, capture_output=True)
+
 
 class Mosquitto(Broker):
     name = "mosquitto"
@@ -325,23 +342,6 @@ class TreeTbmq(Tbmq):
         env["PYTHONPATH"] = tree_pythonpath(self.src, env.get("PYTHONPATH"))
         env["BENCH_TBMQ_SRC"] = self.src  # tbmq_launch.py: only that tree's entry points
         return env
-
-    @property
-    def data_dir(self) -> str:
-        return os.path.join(self.tmp, "data")
-
-    def add_credentials(self, client_id: str, client_type: str) -> None:
-        """``tbmq credentials add`` (of the tree) in the broker's credential
-        store (SQLite in its data dir), before it starts: basic credentials
-        of ``client_id``, no password (any is accepted), of ``client_type``
-        (``DEVICE`` or ``APPLICATION``).
-
-        :raises subprocess.CalledProcessError: when the command fails."""
-        os.makedirs(self.data_dir, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "tbmq.cli", "credentials", "add", "--data-dir", self.data_dir,
-                        "--type", "basic", "--name", client_id, "--client-id", client_id,
-                        "--client-type", client_type],
-                       env=self.env(), cwd=self.tmp, check=True, capture_output=True)
 
 
 class TbmqAt(TreeTbmq):

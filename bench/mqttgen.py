@@ -139,7 +139,8 @@ class Stream:
     """Counts the packets of one incoming byte stream.
 
     :ivar publishes: PUBLISH packets received.
-    :ivar acks: PUBACK packets received.
+    :ivar acks: PUBACK packets received (and PUBCOMP, and PUBREC refusing
+        its PUBLISH: the end of a QoS 2 exchange).
     :ivar out: bytes to send back (PUBACKs owed for QoS 1 PUBLISH).
     :ivar on_publish: if set, called as ``on_publish(payload: bytes)`` for
         every PUBLISH and the bulk path is off (latency, persistent runs).
@@ -285,8 +286,16 @@ class Stream:
                 self._fl, self._fh, self._frl, self._fpid = total, first, rl, 0
         elif ptype == 13:
             self.pingresps += 1
-        elif ptype == 5:  # PUBREC (unused here): answer PUBREL
-            self.out += b"\x62\x02" + bytes(buf[i:i + 2])
+        elif ptype == 5:  # PUBREC: answer PUBREL, unless it refused the PUBLISH (v5, >= 0x80: done)
+            if rl >= 3 and buf[i + 2] >= 0x80:
+                self.acks += 1
+                self.refused += 1
+            else:
+                self.out += b"\x62\x02" + bytes(buf[i:i + 2])
+        elif ptype == 6:  # PUBREL of a QoS 2 delivery: answer PUBCOMP
+            self.out += b"\x70\x02" + bytes(buf[i:i + 2])
+        elif ptype == 7:  # PUBCOMP: a QoS 2 PUBLISH is acknowledged
+            self.acks += 1
         else:
             self.other += 1
             dec = Decoder(protocol_level=self.level, server_side=False)

@@ -60,6 +60,15 @@ SCENARIOS = {
     "connections_persistent": ("idle connections, persistent sessions", conns.connections, {"persistent": True},
                                "connect rate", "CONNECT/s", True),
     "persistent": ("persistent session drain, QoS 1", sc.persistent, {}, "drain rate", "msg/s", True),
+    # issue 21: the persistent APPLICATION client (tbmq: credentials of that client type; Mosquitto: the
+    # same persistent client) beside the DEVICE, and QoS 2
+    "persistent_qos2": ("persistent session drain, QoS 2", sc.persistent, {"qos": 2}, "drain rate", "msg/s", True),
+    "persistent_app": ("persistent APPLICATION drain, QoS 1", sc.persistent, {"app_client": sc.APP_CLIENT_ID},
+                       "drain rate", "msg/s", True),
+    "persistent_app_qos2": ("persistent APPLICATION drain, QoS 2", sc.persistent,
+                            {"qos": 2, "app_client": sc.APP_CLIENT_ID}, "drain rate", "msg/s", True),
+    "fanin_app_qos1": ("fan-in 10→1 to a live persistent APPLICATION, QoS 1", sc.fanin,
+                       {"qos": 1, "app_client": sc.APP_CLIENT_ID}, "delivered", "msg/s", True),
     # flow control (see "Flow control" in RESULTS.md); fanin_qos1_loss_<size> for each --payload-sizes
     "slow_subscribers": ("4 subscribers beside a stuck and a drip-reading #, QoS 1", sc.slow_subscribers,
                          {"qos": 1}, "worst subscriber's rate with ÷ without them", "%", True),
@@ -97,6 +106,8 @@ def _known(name: str) -> bool:
 #: 100,000 ÷ 500 acks/s = 200 s per broker)
 FLOW = [LOSS, "slow_subscribers", "slow_subscribers_qos0", "persistent_slow_reader"]
 BASIC = list(SCENARIOS)[:list(SCENARIOS).index("slow_subscribers")]
+#: the drain scenarios of a persistent subscriber (``persistent`` and its variants)
+PERSISTENT = {n for n, v in SCENARIOS.items() if v[1] is sc.persistent}
 
 #: scenarios that exist in some MQTT versions only
 ONLY_LEVELS = {"persistent_slow_reader": (5,)}
@@ -107,8 +118,8 @@ EXTRA = {
     "latency_qos1": [("p99_ms", "p99", "ms", False), ("max_ms", "max", "ms", False)],
     "connections": conns.EXTRA,
     "connections_persistent": conns.EXTRA,
-    "persistent": [("drain_s", "time to drain", "s", False),
-                   ("publish_rate", "queueing (publish) rate", "msg/s", True)],
+    **{n: [("drain_s", "time to drain", "s", False), ("publish_rate", "queueing (publish) rate", "msg/s", True)]
+       for n in PERSISTENT},
     "slow_subscribers": [("pub_pct", "publishers' rate with ÷ without them", "%", True),
                          ("max_gap_s", "longest a subscriber got nothing", "s", False),
                          ("sub_rate_alone", "subscribers' rate without them", "msg/s", True)],
@@ -128,7 +139,7 @@ SHOWN = ("value", "lost", "gen_cpu_pct", "broker_cpu_pct", "kb_per_conn", "p99_m
          "broker_peak_rss_mb", "idle_cpu_pct", "sub_pct", "pub_pct", "max_gap_alone_s", "max_gap_s", "stuck", "drip",
          "drip_received", "duplicates", "max_unacked")
 
-THROUGHPUT = {"fanin_qos0", "fanin_qos1", "fanout_qos0", "p2p_qos1"}
+THROUGHPUT = {"fanin_qos0", "fanin_qos1", "fanout_qos0", "p2p_qos1", "fanin_app_qos1"}
 
 
 def run_one(name: str, broker_name: str, level: int, args, profile: str | None) -> dict:
@@ -141,7 +152,7 @@ def run_one(name: str, broker_name: str, level: int, args, profile: str | None) 
         if kw.get("persistent") and kind(broker_name) == "tbmq":
             # all the clients come from 127.0.0.x (default 1,000 persistent sessions per address)
             env["TBMQ_MQTT__MAX_PERSISTENT_SESSIONS_PER_ADDRESS"] = "0"
-    elif name == "persistent":
+    elif name in PERSISTENT:
         kw["count"] = args.amqtt_persistent if small else args.persistent
         if kind(broker_name) == "tbmq":
             # the queue of one persistent session must hold them all (default 10,000),
@@ -161,12 +172,14 @@ def run_one(name: str, broker_name: str, level: int, args, profile: str | None) 
         kw["ack_rate"] = args.slow_reader_rate
     else:
         kw["duration"] = args.duration
-    if profile and name in THROUGHPUT:
+    if profile and (name in THROUGHPUT or name in PERSISTENT):
         kw["profile"] = profile
     waited, others_before = wait_for_quiet(args.quiet_wait, args.quiet_level)
     broker = make_broker(broker_name, env)
     t = time.monotonic()
     try:
+        if kw.get("app_client") and kind(broker_name) == "tbmq":
+            broker.add_credentials(kw["app_client"], "APPLICATION")
         broker.start()
         busy0, gen0, bro0, t0 = machine_busy_s(), children_cpu_s(), broker.cpu_s(), time.monotonic()
         res = fn(broker, level, **kw)
@@ -382,7 +395,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mosquitto-conf", default="",
                     help="extra Mosquitto config lines, ';'-separated, e.g. 'max_inflight_messages 1000'")
     ap.add_argument("--profile", action="store_true",
-                    help="py-spy tbmq during the throughput scenarios (first repeat) into bench/out/")
+                    help="py-spy tbmq during the throughput scenarios and the queueing of the persistent ones "
+                         "(first repeat) into bench/out/")
     ap.add_argument("--json", default=None, help="raw results file (default bench/out/results-DATE.json)")
     ap.add_argument("--markdown", default=None, help="also write the table to this file")
     ap.add_argument("--table-from", nargs="+", metavar="JSON", default=None,
@@ -429,8 +443,8 @@ def main(argv=None) -> int:
                     if level not in levels_of(b) or level not in ONLY_LEVELS.get(name, (level,)):
                         continue
                     prof = None
-                    if args.profile and b == "tbmq" and rep == 0 and name in THROUGHPUT:
-                        prof = os.path.join(OUT, f"profile-{name}-v{level}.raw")
+                    if args.profile and kind(b) == "tbmq" and rep == 0 and (name in THROUGHPUT or name in PERSISTENT):
+                        prof = os.path.join(OUT, f"profile-{name}-v{level}-{b.replace('@', '-')}.raw")
                     res = run_one(name, b, level, args, prof)
                     results.append({"repeat": rep, "scenario": name, "level": level, "broker": b, "result": res})
                     short = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()

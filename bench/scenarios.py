@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import subprocess
+import sys
 import time
 
 from . import flow_workers as fgen
@@ -90,9 +91,13 @@ class Profiler:
     def __init__(self, pid: int, path: str | None, duration: float) -> None:
         self.proc = None
         if path:
-            ensure_venv()
+            # the py-spy beside this Python (the project's venv has it), else the private venv's
+            spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+            if not os.path.exists(spy):
+                ensure_venv()
+                spy = os.path.join(VENV, "bin", "py-spy")
             self.proc = subprocess.Popen(
-                [os.path.join(VENV, "bin", "py-spy"), "record", "-p", str(pid), "-r", "200",
+                [spy, "record", "-p", str(pid), "-r", "200",
                  "-d", str(max(1, int(duration))), "--format", "raw", "-o", path],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -156,12 +161,23 @@ def _throughput(broker: Broker, level: int, roles: list[dict], duration: float,
     }
 
 
-def fanin(broker, level, qos, duration, profile=None, window=100):
-    """10 publishers → 1 subscriber on ``bench/fanin/+``."""
+#: the client id of the APPLICATION subscriber of the ``*_app`` scenarios:
+#: bench/run.py gives tbmq credentials of client type APPLICATION for it
+#: (Mosquitto has no client types: there it is an ordinary persistent client)
+APP_CLIENT_ID = "bench-app"
+
+
+def fanin(broker, level, qos, duration, profile=None, window=100, app_client=None):
+    """10 publishers → 1 subscriber on ``bench/fanin/+``.
+
+    :param app_client: None, or the client id of a persistent subscriber
+        (v5 Session Expiry 3600, v3.1.1 Clean Session 0) online throughout:
+        a persistent APPLICATION client when the broker has its credentials."""
     pubs = [(f"fi-pub{i:02d}", f"bench/fanin/{i:02d}") for i in range(10)]
+    persistent = {"sub_expiry": 3600, "sub_clean": level == 5} if app_client else {}
     roles = [
-        {"subs": [("fi-sub", "bench/fanin/+")], "pubs": [], "sub_qos": qos, "qos": qos,
-         "window": window, "expect": "all"},
+        {"subs": [(app_client or "fi-sub", "bench/fanin/+")], "pubs": [], "sub_qos": qos, "qos": qos,
+         "window": window, "expect": "all", **persistent},
         {"subs": [], "pubs": pubs, "sub_qos": qos, "qos": qos, "window": window, "expect": "all"},
     ]
     return _throughput(broker, level, roles, duration, profile)
@@ -250,22 +266,32 @@ def connections(broker, level, count=10000, workers=2, hold=2.0):
             "errors": [e for g in got for e in g["errors"] if e]}
 
 
-def persistent(broker, level, count=100000, window=100, username="bench"):
-    """A persistent QoS 1 subscriber offline while ``count`` messages are
-    queued, then reconnecting: time to drain, nothing lost.
+def persistent(broker, level, count=100000, window=100, username="bench", qos=1, app_client=None,
+               profile=None, profile_s=4.0):
+    """A persistent subscriber (QoS ``qos``, 1 or 2) offline while ``count``
+    messages are queued at that QoS, then reconnecting: time to drain,
+    nothing lost.
 
     The clients send a user name (no password): amqtt keeps no offline
-    messages for a client it authenticated as anonymous."""
+    messages for a client it authenticated as anonymous.
+
+    :param app_client: None (the subscriber is ``ps<level>-psub``, a DEVICE
+        in tbmq), or the subscriber's client id (an APPLICATION client when
+        the broker has its credentials).
+    :param profile: None, or the file of a py-spy profile (raw) of the
+        first ``profile_s`` seconds of the queueing phase."""
     role = {"host": broker.host, "port": broker.port, "level": level, "count": count,
             "payload_size": PAYLOAD, "topic": "bench/persist", "prefix": f"ps{level}",
             "window": window, "publish_timeout": 600, "drain_timeout": 600, "idle_timeout": 10,
-            "username": username}
+            "username": username, "qos": qos, "client_id": app_client}
     w = Workers(gen.persistent_worker, [role])
     try:
         w.gather(("ready",), 60)
         cpu0 = broker.cpu_s()
         w.send_all(("go", now()))
+        prof = Profiler(broker.pid, profile, profile_s)
         d = w.gather(("done",), 1300)[0]
+        prof.wait()
         cpu1 = broker.cpu_s()
         rss, hwm = broker.rss_kb()
     finally:

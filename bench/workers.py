@@ -143,7 +143,7 @@ def clients_worker(ctl, role: dict) -> None:
     sub_qos, receive_maximum; ``sub_port``/``pub_port`` put the subscribers
     or the publishers on another node of a cluster; ``sub_expiry`` (v5
     Session Expiry Interval, seconds, default 0) makes the subscribers
-    persistent sessions.
+    persistent sessions in v5, ``sub_clean`` False (default True) in v3.1.1.
 
     Protocol with the parent: → ("ready", info) ← ("go", t0) → ("published",
     info) ← ("drain", expected_total_for_this_worker, timeout) → ("done", info).
@@ -153,7 +153,7 @@ def clients_worker(ctl, role: dict) -> None:
         loop = Loop(ctl, role.get("coalesce", 0.0))
         level = role["level"]
         specs = [{"id": cid, "sub": flt, "qos": role["sub_qos"], "port": role.get("sub_port"),
-                  "receive_maximum": role.get("receive_maximum"), "tag": "sub",
+                  "receive_maximum": role.get("receive_maximum"), "tag": "sub", "clean": role.get("sub_clean", True),
                   "expiry": role.get("sub_expiry", 0)} for cid, flt in role["subs"]]
         specs += [{"id": cid, "tag": "pub", "topic": topic, "port": role.get("pub_port")}
                   for cid, topic in role["pubs"]]
@@ -346,18 +346,21 @@ def idle_worker(ctl, role: dict) -> None:
 
 
 def persistent_worker(ctl, role: dict) -> None:
-    """Persistent session: subscribe, go offline, publish ``count`` QoS 1
-    messages (payload = sequence number), reconnect and drain."""
+    """Persistent session: subscribe, go offline, publish ``count`` messages
+    at QoS ``role["qos"]`` (1 or 2, default 1; payload = sequence number),
+    reconnect and drain. ``role["client_id"]`` names the subscriber
+    (default ``<prefix>-psub``)."""
     try:
         loop = Loop(ctl)
         level = role["level"]
         count = role["count"]
         host, port = role["host"], role["port"]
-        sub_id = role["prefix"] + "-psub"
+        sub_id = role.get("client_id") or role["prefix"] + "-psub"
+        qos = role.get("qos", 1)
         expiry = 3600 if level == 5 else 0
         # 1. a fresh persistent session with a QoS 1 subscription, then offline
         user = role.get("username")
-        first = open_clients(loop, host, port, [{"id": sub_id, "sub": role["topic"] + "/#", "qos": 1, "username": user,
+        first = open_clients(loop, host, port, [{"id": sub_id, "sub": role["topic"] + "/#", "qos": qos, "username": user,
                                                  "clean": True if level == 5 else False, "expiry": expiry}], level)[0]
         first.send(disconnect_packet(level))
         loop.run_until(lambda: not first.outbuf, 5)
@@ -368,7 +371,7 @@ def persistent_worker(ctl, role: dict) -> None:
         # 2. publish
         pub = open_clients(loop, host, port, [{"id": role["prefix"] + "-ppub", "username": user}], level)[0]
         window = receive_maximum(pub, role["window"])
-        one = publish_packet(role["topic"] + "/t", b"\0" * role["payload_size"], 1, level)
+        one = publish_packet(role["topic"] + "/t", b"\0" * role["payload_size"], qos, level)
         pid_at = pid_offset(one)
         pay_at = len(one) - role["payload_size"]
         cpu0 = cpu_seconds()

@@ -29,6 +29,10 @@ from tbmq.model import DeliveryState, StoredDelivery
 
 __all__ = ["CoalescedWrites", "SQLiteDeviceMessageStore"]
 
+#: the column ``state`` → its :class:`~tbmq.model.DeliveryState` (the
+#: values are 0, 1, 2: a tuple look-up, not the enum's call, per row read)
+_STATES = tuple(DeliveryState(value) for value in range(max(DeliveryState) + 1))
+
 
 class CoalescedWrites(DeliveryWrites):
     """Writes to the ``deliveries`` table accepted while the database thread
@@ -119,11 +123,12 @@ class SQLiteDeviceMessageStore(RunnerView):
         """
         try:
             rows = [
-                [client_id, int(d.seq)]
-                + list(message_columns(d.message))
-                + [
+                [
+                    client_id,
+                    int(d.seq),
+                    *message_columns(d.message),
                     int(d.qos),
-                    int(bool(d.retain)),
+                    1 if d.retain else 0,
                     ids_json(d.subscription_ids),
                     d.packet_id,
                     int(d.state),
@@ -199,15 +204,16 @@ class SQLiteDeviceMessageStore(RunnerView):
                 f"WHERE {where} ORDER BY seq LIMIT ?",
                 params,
             ).fetchall()
+            states = _STATES
             return [
                 StoredDelivery(
-                    seq=row[0],
-                    message=message_from(row[1:9]),
-                    qos=row[9],
-                    retain=bool(row[10]),
-                    subscription_ids=tuple(json.loads(row[11])),
-                    packet_id=row[12],
-                    state=DeliveryState(row[13]),
+                    row[0],
+                    message_from(row[1:9]),
+                    row[9],
+                    bool(row[10]),
+                    () if row[11] == "[]" else tuple(json.loads(row[11])),
+                    row[12],
+                    states[row[13]],
                 )
                 for row in rows
             ]

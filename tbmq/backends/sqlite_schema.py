@@ -7,7 +7,10 @@ deliveries, the topic log of the in-process bus, which keeps the sessions
 and subscriptions); :data:`SCHEMA_VERSION` is its version.  A file of
 version 1 gains the topic log's tables; one of version 2 has the rows of
 its tables ``sessions`` and ``subscriptions`` moved to the topic log, and
-those tables dropped (:mod:`tbmq.backends.sqlite_session_migration`).
+those tables dropped (:mod:`tbmq.backends.sqlite_session_migration`); one
+of version 3 loses the index ``deliveries_client_id_seq``, which repeated
+the primary key's (every delivery written, deleted or read cost one more
+B-tree).
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ __all__ = [
 
 #: The version of :data:`EMBEDDED_SCHEMA`: 1 sessions, retained messages
 #: and deliveries; 2 adds the topic log of the in-process bus; 3 moves the
-#: sessions and subscriptions to the topic log.
-SCHEMA_VERSION = 3
+#: sessions and subscriptions to the topic log; 4 drops the index of
+#: ``deliveries`` that repeated its primary key.
+SCHEMA_VERSION = 4
 
 # Every version: retained messages and deliveries.  (Versions 1 and 2 also
 # had the tables sessions and subscriptions, which version 3 moves to the
@@ -65,9 +69,11 @@ CREATE TABLE IF NOT EXISTS deliveries (
     state INTEGER NOT NULL,
     PRIMARY KEY (client_id, seq)
 );
-CREATE INDEX IF NOT EXISTS deliveries_client_id_seq
-    ON deliveries (client_id, seq);
 """
+
+# Version 4: the primary key's index serves every query of ``deliveries``
+# (by client id, in seq order); the same index again only cost writes.
+_DROP_DELIVERIES_INDEX_V4 = "DROP INDEX IF EXISTS deliveries_client_id_seq"
 
 # Version 2: the records of the in-process bus's durable topics (one row
 # per record; in a compacted topic one per key, found by the partial index)
@@ -100,18 +106,8 @@ EMBEDDED_SCHEMA = Schema(
     version=SCHEMA_VERSION,
     marker="retained",
     create=_STORE_TABLES + _TOPIC_LOG_V2,
-    migrations={1: _TOPIC_LOG_V2, 2: move_sessions_to_topic_log},
+    migrations={1: _TOPIC_LOG_V2, 2: move_sessions_to_topic_log, 3: _DROP_DELIVERIES_INDEX_V4},
 )
-
-
-def _pack(properties: dict) -> bytes | None:
-    """:returns: the serialised properties, or None when there are none."""
-    return pack_properties(properties) if properties else None
-
-
-def _unpack(data: bytes | None) -> dict:
-    """:returns: the properties dict of :func:`_pack`'s output."""
-    return unpack_properties(bytes(data)) if data else {}
 
 
 def ids_json(subscription_ids: tuple[int, ...]) -> str:
@@ -125,12 +121,14 @@ def message_columns(message: Message) -> tuple:
     """:returns: the columns topic .. expires_at of a message (properties
         serialised as MQTT v5 properties).
     :raises Exception: when a property cannot be serialised."""
+    payload = message.payload
+    properties = message.properties
     return (
         message.topic,
-        bytes(message.payload),
+        payload if type(payload) is bytes else bytes(payload),
         int(message.qos),
-        int(bool(message.retain)),
-        _pack(message.properties),
+        1 if message.retain else 0,
+        pack_properties(properties) if properties else None,
         message.publisher,
         float(message.received_at),
         message.expires_at,
@@ -142,12 +140,12 @@ def message_from(row: tuple | sqlite3.Row) -> Message:
     :returns: the :class:`~tbmq.model.Message` they describe."""
     topic, payload, qos, retain, props, publisher, received_at, expires_at = row
     return Message(
-        topic=topic,
-        payload=bytes(payload),
-        qos=qos,
-        retain=bool(retain),
-        properties=_unpack(props),
-        publisher=publisher,
-        received_at=received_at,
-        expires_at=expires_at,
+        topic,
+        payload if type(payload) is bytes else bytes(payload),
+        qos,
+        bool(retain),
+        unpack_properties(bytes(props)) if props else {},
+        publisher,
+        received_at,
+        expires_at,
     )

@@ -1,5 +1,6 @@
 """SIGKILL of the broker under QoS 1 load, at three points, for an online
-and an offline persistent subscriber: every message whose PUBACK the
+and an offline persistent subscriber (and at two for an offline persistent
+APPLICATION client): every message whose PUBACK the
 publisher received arrives after the restarts (duplicates allowed, counted
 and printed).  The broker runs with its defaults: SQLite with
 ``synchronous: FULL``.  (``tests/integration/test_restart.py`` covers a
@@ -17,12 +18,16 @@ The kill points:
 
 from __future__ import annotations
 
+import sqlite3
+import subprocess
+import sys
 import time
 
 import pytest
 
 from tests.faults.helpers import assert_clean_log
-from tests.integration.helpers import PahoClient, uid
+from tests.integration.conftest import _LIVE, _finish
+from tests.integration.helpers import REPO_ROOT, Broker, PahoClient, uid
 from tests.integration.test_flow_control import RawPublisher, Tags, describe_loss, drain_paho
 
 pytestmark = pytest.mark.timeout(180)
@@ -137,3 +142,111 @@ def test_sigkill_under_qos1_load_loses_no_acknowledged_message(broker_factory):
     assert len(acked) >= 200 + 3000 + 2000
     broker.stop()
     assert_clean_log(broker)
+
+
+def add_application_credentials(broker, client_id: str) -> None:
+    """Basic credentials of client type APPLICATION for ``client_id`` (no
+    password) in the credential store of ``broker``'s data dir, with the
+    ``tbmq`` command, the broker stopped."""
+    broker.data_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "tbmq.cli", "credentials", "add", "--data-dir", str(broker.data_dir),
+                    "--type", "basic", "--name", client_id, "--client-id", client_id,
+                    "--client-type", "APPLICATION"], check=True, cwd=REPO_ROOT, capture_output=True)
+
+
+def test_sigkill_loses_nothing_acknowledged_for_an_offline_application_client(tmp_path):
+    """An offline persistent APPLICATION client (TBMQ: its messages in its
+    own topic log, ``tbmq.msg.app.<clientId>``, not the device store) loses
+    no acknowledged message to a SIGKILL in a stream published while it is
+    offline, nor to one while it receives its backlog."""
+    app_id = f"app-{uid()}"
+    topic = f"killapp/{uid()}"
+    broker = Broker(tmp_path / "broker")
+    add_application_credentials(broker, app_id)
+    _LIVE.append(broker)
+    publishers: list[RawPublisher] = []
+    tags = Tags()
+    app = None
+
+    def connect_app(clean_start: bool) -> PahoClient:
+        client = PahoClient(broker.port, 5, app_id)
+        client.client.username_pw_set("app")
+        return client.connect_and_wait(clean_start=clean_start, session_expiry=SESSION_EXPIRY)
+
+    def publish(count: int) -> RawPublisher:
+        p = RawPublisher(broker.port, 4, f"{topic}/t", len(publishers), count, PAYLOAD,
+                         window=WINDOW, timeout=30)
+        publishers.append(p)
+        p.start()
+        return p
+
+    def kill_and_restart() -> None:
+        broker.kill()  # SIGKILL
+        for p in publishers:
+            p.join(30)
+            assert not p.is_alive(), f"publisher {p.index} still running after the kill"
+        broker.start()
+
+    try:
+        broker.start()
+        app = connect_app(True)
+        assert app.subscribe(f"{topic}/#", 1) == [1]
+        app.disconnect()
+        # 1. in the middle of a stream, the APPLICATION client offline
+        wait_acked(publish(1_000_000), 3000)
+        kill_and_restart()
+        # 2. a burst, every PUBACK received, then the client back and
+        # killed halfway through its backlog
+        burst = publish(2000)
+        burst.join(60)
+        assert not burst.is_alive() and len(burst.acked) == 2000, (burst.error, len(burst.acked))
+        app = connect_app(False)
+        assert app.session_present is True
+        deadline = time.monotonic() + 30
+        while len(tags) < 1000 and time.monotonic() < deadline:
+            take_received(app, tags)
+            time.sleep(0.001)
+        assert len(tags) >= 1000, f"{len(tags)} of the backlog received in 30 s"
+        kill_and_restart()
+        take_received(app, tags)
+        app.close()
+        acked = {(p.index, seq) for p in publishers for seq in p.acked}
+        app = connect_app(False)
+        assert app.session_present is True
+        drain_paho(app, tags, lambda: acked <= tags.seen)
+    finally:
+        if app is not None:
+            app.close()
+        _finish(broker)
+    for p in publishers:
+        assert p.error is None or p.error.split(":")[0] in KILLED, p.error
+    print(f"{len(acked):,} messages acknowledged; the APPLICATION client received {len(tags):,} "
+          f"of them and {tags.duplicates:,} duplicates")
+    assert acked <= tags.seen, describe_loss("the APPLICATION client", acked, tags.seen)
+    assert len(acked) >= 3000 + 2000
+    # its messages went through its own topic log, as an APPLICATION client's, not the device store
+    offsets, deliveries = app_topic_and_deliveries(broker.data_dir, app_id)
+    assert offsets >= len(acked), offsets
+    assert deliveries == 0
+
+
+def app_topic_and_deliveries(data_dir, client_id: str) -> tuple[int, int]:
+    """:returns: (the highest committed offset of the topic
+        ``tbmq.msg.app.<client_id>`` in the store files of ``data_dir``, the
+        rows of ``client_id`` in the device store's table), the broker
+        stopped."""
+    offsets = deliveries = 0
+    for path in data_dir.glob("*.sqlite3"):
+        conn = sqlite3.connect(path)
+        try:
+            tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "topic_log_offsets" in tables:
+                (n,) = conn.execute("SELECT coalesce(max(next_offset), 0) FROM topic_log_offsets WHERE topic = ?",
+                                    (f"tbmq.msg.app.{client_id}",)).fetchone()
+                offsets = max(offsets, n)
+            if "deliveries" in tables:
+                (n,) = conn.execute("SELECT count(*) FROM deliveries WHERE client_id = ?", (client_id,)).fetchone()
+                deliveries += n
+        finally:
+            conn.close()
+    return offsets, deliveries

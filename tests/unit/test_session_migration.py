@@ -17,7 +17,7 @@ from typing import Any
 
 from twisted.internet import task
 
-from tbmq.backends.sqlite import FILE_NAME, SQLiteStore
+from tbmq.backends.sqlite import FILE_NAME, SCHEMA_VERSION, SQLiteStore
 from tbmq.cluster.records import UNCLAIMED, SessionInfo, SubscriptionsRecord
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.embedded import EmbeddedBackends
@@ -93,8 +93,8 @@ def test_sessions_and_subscriptions_become_records_in_client_id_order(tmp_path):
     assert query(path, "SELECT DISTINCT compacted, headers FROM topic_log") == [(1, None)]
     assert query(path, "SELECT name FROM sqlite_master WHERE name IN "
                        "('sessions', 'subscriptions', 'subscriptions_client_id')") == []
-    assert query(path, "SELECT name, version FROM tbmq_schema") == [("embedded", 3)]
-    assert query(path, "PRAGMA user_version") == [(3,)]
+    assert query(path, "SELECT name, version FROM tbmq_schema") == [("embedded", SCHEMA_VERSION)]
+    assert query(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
     assert opened(path)[1] == records  # opened again: nothing moves twice
 
 

@@ -396,8 +396,9 @@ def test_the_embedded_store_has_its_topic_log_on_its_file(tmp_path):
 
 
 def test_a_database_of_schema_1_gains_the_topic_log_with_its_sessions(tmp_path):
-    """Versions 1 → 2 → 3 in one open: the topic log's tables are made, then
-    the session and its subscriptions move there and their tables go."""
+    """Versions 1 → 2 → 3 → 4 in one open: the topic log's tables are made,
+    then the session and its subscriptions move there and their tables go
+    (then the index that repeated the deliveries' primary key goes)."""
     path = str(tmp_path / "tbmq.sqlite3")
     conn = sqlite3.connect(path)
     conn.executescript(TABLES_V1 + "INSERT INTO sessions VALUES "
@@ -425,8 +426,8 @@ def test_a_database_of_schema_1_gains_the_topic_log_with_its_sessions(tmp_path):
     fired(store.stop())
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
-        assert dict(conn.execute("SELECT name, version FROM tbmq_schema")) == {"embedded": 3}
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert dict(conn.execute("SELECT name, version FROM tbmq_schema")) == {"embedded": 4}
         assert not conn.execute("SELECT name FROM sqlite_master WHERE name IN "
                                 "('sessions', 'subscriptions')").fetchall()
     finally:
