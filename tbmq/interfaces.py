@@ -154,7 +154,8 @@ class IMessageBus(IBackend):
             decoded values (a ``list``, in partition order) in one call
             instead of one by one to ``handler``: the same rules, with the
             one result committing (or failing: all of them are handed
-            again) the whole batch.  The in-process bus never calls it.
+            again) the whole batch.  The in-process bus hands it the
+            records that waited for the member in one partition.
         :returns: an :class:`IConsumer`.
         """
 

@@ -115,16 +115,17 @@ class Consumer:
     :ivar partitions: the partitions it owns now.
     """
 
-    __slots__ = ("bus", "topic", "group", "handler", "state", "group_state", "partitions",
-                 "paused", "busy", "wanted", "stopped", "inflight", "cursor", "scheduled",
-                 "caught_up", "targets", "redelivery")
+    __slots__ = ("bus", "topic", "group", "handler", "batch_handler", "state", "group_state",
+                 "partitions", "paused", "busy", "wanted", "stopped", "inflight", "cursor",
+                 "scheduled", "caught_up", "targets", "redelivery")
 
     def __init__(self, bus: "InProcessBus", state: TopicState, group: Group,
-                 handler: Handler) -> None:
+                 handler: Handler, batch_handler: Handler | None = None) -> None:
         self.bus = bus
         self.topic = state.name
         self.group = group.name
         self.handler = handler
+        self.batch_handler = batch_handler
         self.state = state
         self.group_state = group
         self.partitions: list[int] = []
@@ -389,7 +390,11 @@ class InProcessBus:
         :meth:`tbmq.interfaces.IMessageBus.subscribe`.  Records are handed
         from the next reactor turn on (never inside this call).
         ``exclusive`` and ``bundle`` change nothing here: joining a group
-        costs nothing; nor does ``batch_handler`` (a record is handed alone).
+        costs nothing.  With a ``batch_handler``, the records that waited
+        for the member in one partition (a publish finds the member still
+        busy with earlier ones: the device store's write under way) are
+        handed to it together, up to the slice; a record published while
+        nothing waits goes to ``handler`` during the publish.
 
         :returns: the :class:`Consumer`.
         :raises RecordEncodingError: in the encoding mode, or for a durable
@@ -397,7 +402,7 @@ class InProcessBus:
         """
         state = self._topic(topic)
         g = self._group(state, group)
-        member = Consumer(self, state, g, handler)
+        member = Consumer(self, state, g, handler, batch_handler)
         g.members.append(member)
         if from_beginning:
             for part, cursor in zip(state.parts, g.cursors):
@@ -547,8 +552,12 @@ class InProcessBus:
             part.waiters[o] = waiter
             if log_d is not None:
                 log_d.addCallbacks(lambda _: waiter.logged(), waiter.logged)
-        for g in groups:
-            self._pump(g.owners[p])
+        for g in groups:  # a batch handler gets what the turn publishes together
+            member = g.owners[p]
+            if member.batch_handler is None:
+                self._pump(member)
+            else:
+                self._schedule(member)
         self._retain(state, part)
         if waiter is None:
             return None
@@ -586,11 +595,15 @@ class InProcessBus:
                 found = self._next(member, state)
                 if found is None:
                     break
-                if budget == 0:
+                if budget <= 0:
                     self._schedule(member)
                     break
-                budget -= 1
-                self._hand(member, state, *found)
+                if member.batch_handler is None:
+                    budget -= 1
+                    self._hand(member, state, *found)
+                else:
+                    budget -= self._hand_batch(member, state, min(budget, limit - member.inflight),
+                                               *found)
         finally:
             member.busy = False
             member.wanted = False  # the loop above took what came meanwhile
@@ -642,6 +655,54 @@ class InProcessBus:
             self._handled(member, state, p, cursor, o, None, False)
         else:
             self._track(member, state, p, cursor, o, result)
+
+    def _hand_batch(self, member: Consumer, state: TopicState, most: int, p: int, cursor,
+                    part: Partition, o: int, entry: tuple) -> int:
+        """Hand ``member.batch_handler`` the records of partition ``p`` that
+        wait in a row from ``o`` (at most ``most``); their one result settles
+        each (:meth:`_handled`).  :returns: how many were handed."""
+        codec = state.codec
+        offsets, values = [], []
+        x, nxt = o, entry
+        while nxt is not None:
+            value = nxt[1]
+            if codec is not None:
+                try:
+                    value = codec.decode(value)
+                except Exception:  # it alone fails, once those before it are handed
+                    if not offsets:
+                        self._hand(member, state, p, cursor, part, o, entry)
+                        return 1
+                    break
+            offsets.append(x)
+            values.append(value)
+            x += 1
+            nxt = part.entries.get(x) if len(offsets) < most and x < part.next else None
+        cursor.position = x
+        try:
+            result = member.batch_handler(values)
+        except Exception:
+            self._settled_batch(Failure(), member, state, p, cursor, offsets, False)
+            return len(offsets)
+        if type(result) is not Completion and not isinstance(result, defer.Deferred):
+            self._settled_batch(None, member, state, p, cursor, offsets, False)
+            return len(offsets)
+        cursor.inflight.update(offsets)
+        member.inflight += len(offsets)
+        if type(result) is Completion:
+            result.then(self._settled_batch, member, state, p, cursor, offsets, True)
+        else:
+            result.addCallbacks(self._settled_batch, self._settled_batch,
+                                callbackArgs=(member, state, p, cursor, offsets, True),
+                                errbackArgs=(member, state, p, cursor, offsets, True))
+        return len(offsets)
+
+    def _settled_batch(self, outcome, member, state, p, cursor, offsets: list,
+                       deferred: bool) -> None:
+        """A batch's result fired (a Failure fails each of its records)."""
+        failure = outcome if isinstance(outcome, Failure) else None
+        for o in offsets:
+            self._handled(member, state, p, cursor, o, failure, deferred)
 
     def _track(self, member, state, p, cursor, o, result) -> None:
         """Wait for a handler's result that is not None: a

@@ -24,7 +24,7 @@ The flags say what a bus promises beyond the common contract:
 handlers), ``compacts`` (old values of a key are really gone),
 ``consumer_failures_fail_publish`` (ConsumerFailedError), ``batches``
 (what one reactor turn published to a partition of a traffic topic goes to
-a ``batch_handler`` in one call).
+a ``batch_handler`` in one call, rather than only what waited).
 """
 
 from __future__ import annotations
