@@ -1,10 +1,18 @@
 """Holes in a partition's offsets (tbmq_plugins.kafka.order): found, read
-again, and passed once they stayed for the wait."""
+again, and passed once they stayed for the wait; on compacted topics only
+after a young record.  The last test runs on the run's Tansu."""
 
 from __future__ import annotations
 
-from tbmq_plugins.kafka.drivers import RawRecord
+import time
+
+import pytest
+
+from tbmq.cluster.topics import TopicCatalogue
+from tbmq.config import KafkaConfig
 from tbmq_plugins.kafka import order
+from tbmq_plugins.kafka.bus import topic_spec
+from tbmq_plugins.kafka.drivers import RawRecord, load_driver
 from tbmq_plugins.kafka.order import Gaps
 
 
@@ -139,3 +147,45 @@ def test_a_compacted_partitions_first_hole_and_one_after_no_timestamp_are_passed
     gaps.forget([2])  # read from elsewhere: its last record is not known any more
     assert gaps.filter(stamped(2, [5], young), {2: 2})[1] == {}
     assert gaps.refetches == 0 and log.lines == []
+
+
+# -- on Tansu: what the check needs from the broker and the drivers --------------------
+
+@pytest.mark.parametrize("driver", ["confluent", "kafka-python"])
+def test_on_tansu_a_compacted_topic_keeps_its_lag_and_records_carry_their_timestamp(
+        driver, kafka_bootstrap):
+    """The topic is created as the bus creates it (``topic_spec``) and Tansu
+    keeps its ``min.compaction.lag.ms``; each driver gives the records read
+    their timestamp (ms), which the check of compacted topics reads."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    config = KafkaConfig(bootstrap_servers=kafka_bootstrap, driver=driver,
+                         topic_prefix=f"order-{driver}.", partitions=1)
+    catalogue = TopicCatalogue(config.topic_prefix)
+    topic = catalogue.client_session
+    module = load_driver(driver)
+    admin = module.Admin(config)
+    try:
+        admin.create_topics([topic_spec(config, catalogue, topic)])
+    finally:
+        admin.close()
+    describer = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    described = describer.describe_configs([ConfigResource("topic", topic)])
+    found = {n: e.value for n, e in next(iter(described.values())).result(10).items()}
+    assert (found["cleanup.policy"], found["min.compaction.lag.ms"]) == ("compact", "60000")
+    before = time.time() * 1000
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(topic, b"v", b"k", partition=0)
+    assert producer.flush(10) == 0
+    client = module.SharedClient(config, f"order-{driver}")
+    try:
+        client.add({(topic, 0): 0})
+        got: list = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            got = client.poll(0.2, 10, set())[0].get(topic, [])
+    finally:
+        client.close()
+    assert [(r.offset, r.value) for r in got] == [(0, b"v")]
+    assert before - 5000 <= got[0].timestamp <= time.time() * 1000 + 5000
