@@ -140,6 +140,7 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "partitions": _range(1),
         "replication_factor": _range(1),
         "retention_ms": _range(1),
+        "min_compaction_lag_ms": _range(0),
         "acks": _one_of(*KAFKA_ACKS),
         "linger_ms": _range(0),
         "fetch_max_wait_ms": _range(1),

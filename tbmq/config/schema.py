@@ -380,6 +380,11 @@ class KafkaConfig:
     :ivar replication_factor: replicas of each topic created, >= 1.
     :ivar retention_ms: ``retention.ms`` of the topics created that are not
         compacted, >= 1 (milliseconds).
+    :ivar min_compaction_lag_ms: ``min.compaction.lag.ms`` of the compacted
+        topics created, >= 0 (milliseconds): Kafka keeps every record
+        younger than that, so a consumer reads a hole right after a younger
+        record again instead of taking it for compaction (Tansu's holes);
+        0: not set, and holes in compacted topics are never read again.
     :ivar acks: the producer's ``acks``: ``all`` (the default: a PUBACK
         waits until every in-sync replica has the message), ``1`` or ``0``.
     :ivar linger_ms: milliseconds the producer waits to fill a batch, >= 0.
@@ -399,6 +404,7 @@ class KafkaConfig:
     partitions: int = 12
     replication_factor: int = 1
     retention_ms: int = 604800000
+    min_compaction_lag_ms: int = 60000
     acks: str = "all"
     linger_ms: int = 5
     fetch_max_wait_ms: int = 20

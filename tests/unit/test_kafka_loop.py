@@ -123,10 +123,12 @@ class Sink:
         self.closed = True
 
 
-def member(reactor, exclusive=True, from_beginning=False, durable=False, contiguous=False):
+def member(reactor, exclusive=True, from_beginning=False, durable=False, contiguous=False,
+           compaction_lag_ms=None):
     sink = Sink()
     loop = ConsumerLoop(reactor, sink, exclusive=exclusive, from_beginning=from_beginning,
-                        durable=durable, timeout=2.0, name="test", contiguous=contiguous)
+                        durable=durable, timeout=2.0, name="test", contiguous=contiguous,
+                        compaction_lag_ms=compaction_lag_ms)
     return loop, sink
 
 
@@ -136,9 +138,10 @@ def shared(client, reactor, exclusive=True, stuck=60.0) -> SharedLoop:
 
 
 def start(client, exclusive=True, from_beginning=False, durable=False, stuck=60.0,
-          contiguous=False):
+          contiguous=False, compaction_lag_ms=None):
     reactor = QueueReactor()
-    loop, sink = member(reactor, exclusive, from_beginning, durable, contiguous)
+    loop, sink = member(reactor, exclusive, from_beginning, durable, contiguous,
+                        compaction_lag_ms)
     shared(client, reactor, exclusive, stuck).add(loop, T)
     return loop, sink, reactor
 
@@ -519,4 +522,29 @@ def test_without_contiguous_offsets_a_hole_is_passed_at_once():
     reactor.wait(lambda: sink.batches)
     assert sink.batches[0][0] == [(0, 0), (0, 3)]
     assert not [c for c in client.calls if c[0] == "seek"]
+    stop(loop, sink, reactor)
+
+
+def test_a_compacted_topic_reads_a_hole_after_a_young_record_again_and_passes_an_old_one():
+    """With min.compaction.lag.ms, a hole right after a record written 1 s
+    ago is Tansu's (nothing that young is compacted): read again; one
+    after a record of 10 minutes ago may be compaction: passed at once."""
+    client = ScriptedClient(committed={0: 0, 1: 0})
+    loop, sink, reactor = start(client, compaction_lag_ms=60000)
+    reactor.wait(lambda: sink.assigned)
+    now = int(time.time() * 1000)
+
+    def at(p, offsets, stamp):
+        return [RawRecord(p, o, None, b"v", (), stamp) for o in offsets]
+
+    client.polls.put((at(0, [0, 1], now - 1000) + at(1, [0], now - 600000), {0: 2, 1: 1}))
+    reactor.wait(lambda: sink.batches)
+    client.polls.put((at(0, [4], now) + at(1, [5, 6], now), {}))  # 0: 2, 3 not yet; 1: compacted
+    client.polls.put((at(0, [2, 3, 4], now), {}))  # 0 read again from 2
+    reactor.wait(lambda: len(sink.batches) == 3)
+    handed = [(p, o) for batch, _ in sink.batches for p, o in batch]
+    assert [o for p, o in handed if p == 0] == [0, 1, 2, 3, 4]
+    assert [o for p, o in handed if p == 1] == [0, 5, 6]
+    assert [c for c in client.calls if c[0] == "seek"] == [("seek", {0: 2})]
+    assert loop.gaps.refetches == 1
     stop(loop, sink, reactor)

@@ -9,7 +9,8 @@ libraries (:mod:`.drivers`).
   ``kafka.replication_factor`` and, unless compacted,
   ``retention.ms = kafka.retention_ms``; the compacted ones
   (:meth:`~tbmq.cluster.topics.TopicCatalogue.compacted`) get
-  ``cleanup.policy=compact``.  The fixed topics are created by
+  ``cleanup.policy=compact`` and ``min.compaction.lag.ms =
+  kafka.min_compaction_lag_ms`` (:mod:`.order`).  The fixed topics are created by
   :meth:`KafkaBus.start`, the per-id ones (a node's downlinks, responses
   and disconnects, ``tbmq.msg.app.<clientId>``,
   ``tbmq.msg.app.shared.<filter>``) before their first publish or
@@ -80,11 +81,15 @@ def topic_spec(config: Any, catalogue: TopicCatalogue, topic: str) -> TopicSpec:
 
     :param config: the :class:`tbmq.config.KafkaConfig`.
     :returns: its :class:`~.drivers.TopicSpec`: ``kafka.partitions``,
-        ``kafka.replication_factor``, ``cleanup.policy=compact`` when
-        compacted, else ``cleanup.policy=delete`` and ``retention.ms``.
+        ``kafka.replication_factor``, ``cleanup.policy=compact`` and
+        ``min.compaction.lag.ms`` (unless ``kafka.min_compaction_lag_ms`` is
+        0) when compacted, else ``cleanup.policy=delete`` and
+        ``retention.ms``.
     """
     if catalogue.compacted(topic):
         configs = {"cleanup.policy": "compact"}
+        if config.min_compaction_lag_ms:  # what order.Gaps relies on
+            configs["min.compaction.lag.ms"] = str(config.min_compaction_lag_ms)
     else:
         configs = {"cleanup.policy": "delete", "retention.ms": str(config.retention_ms)}
     return TopicSpec(topic, config.partitions, config.replication_factor, configs)
@@ -455,7 +460,8 @@ class KafkaBus:
         loop = ConsumerLoop(
             self.clock, consumer, exclusive=exclusive, from_beginning=from_beginning,
             durable=self.catalogue.durable(topic), timeout=config.request_timeout_ms / 1000.0,
-            name=f"{group_id} {topic}", contiguous=not self.catalogue.compacted(topic))
+            name=f"{group_id} {topic}", contiguous=not self.catalogue.compacted(topic),
+            compaction_lag_ms=config.min_compaction_lag_ms)
         self._consumers.add(consumer)
         if bundle is None and not exclusive:
             key = None  # a client of its own

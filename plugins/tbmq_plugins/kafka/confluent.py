@@ -347,7 +347,9 @@ class SharedClient(_Errors, drivers.SharedClient):
         found = records.get(tp[0])
         if found is None:
             found = records[tp[0]] = []
-        found.append(RawRecord(tp[1], m.offset(), m.key(), m.value(), tuple(m.headers() or ())))
+        stamp = m.timestamp()  # (type, ms); type 0: TIMESTAMP_NOT_AVAILABLE
+        found.append(RawRecord(tp[1], m.offset(), m.key(), m.value(), tuple(m.headers() or ()),
+                               stamp[1] if stamp[0] else None))
         return 1
 
     def commit(self, offsets: dict, wait: bool) -> None:

@@ -62,6 +62,10 @@ class RawRecord(NamedTuple):
     :ivar key: ``bytes`` or None.
     :ivar value: ``bytes`` or None (a tombstone).
     :ivar headers: ``tuple[tuple[str, bytes], ...]``.
+    :ivar timestamp: the record's timestamp (``int`` milliseconds since the
+        epoch: the producer's CreateTime, or the broker's LogAppendTime), or
+        None when the broker gave none; :class:`~.order.Gaps` reads it on
+        compacted topics.
     """
 
     partition: int
@@ -69,6 +73,7 @@ class RawRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: tuple
+    timestamp: int | None = None
 
 
 class Admin:

@@ -247,7 +247,8 @@ class SharedClient(drivers.SharedClient):
             for tp, batch in sorted(batches.items()):
                 p = tp.partition
                 records.setdefault(tp.topic, []).extend(
-                    RawRecord(p, r.offset, r.key, r.value, tuple(r.headers or ()))
+                    RawRecord(p, r.offset, r.key, r.value, tuple(r.headers or ()),
+                              r.timestamp if (r.timestamp or -1) >= 0 else None)
                     for r in batch)
         ends = {}
         if want_ends:

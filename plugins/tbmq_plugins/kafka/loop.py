@@ -157,6 +157,10 @@ class ConsumerLoop(_Outage):
     :param contiguous: every offset of the topic is a record (not
         compacted, no transactions): a partition whose fetch skipped
         offsets is read again from the first one missing (:mod:`.order`).
+    :param compaction_lag_ms: the topic is compacted with this
+        ``min.compaction.lag.ms`` (``int`` ms, > 0): a hole right after a
+        record younger than half of it is read again, the others are passed
+        (:mod:`.order`); None or 0: not checked (unless ``contiguous``).
     :ivar want_paused: what the reactor asks (``bool``).
     :ivar backlog: records the partitions of this member hold beyond what
         the thread handed to the reactor (high watermarks of the last
@@ -164,7 +168,8 @@ class ConsumerLoop(_Outage):
     """
 
     def __init__(self, reactor: Any, sink: Any, *, exclusive: bool, from_beginning: bool,
-                 durable: bool, timeout: float, name: str, contiguous: bool = False) -> None:
+                 durable: bool, timeout: float, name: str, contiguous: bool = False,
+                 compaction_lag_ms: int | None = None) -> None:
         self._reactor = reactor
         self._sink = sink
         self._exclusive = exclusive
@@ -190,7 +195,12 @@ class ConsumerLoop(_Outage):
         self._reached: set[int] = set()
         self._want: set[int] = set()  # partitions whose end is not known
         self._revoked: set[int] = set()  # taken away, state not dropped yet
-        self.gaps = Gaps(name) if contiguous else None
+        if contiguous:
+            self.gaps: Gaps | None = Gaps(name)
+        elif compaction_lag_ms:
+            self.gaps = Gaps(name, compaction_lag_ms=compaction_lag_ms)
+        else:
+            self.gaps = None
         self._refetch: dict[int, int] = {}  # read again from there: the seek failed
         self.backlog = 0
         self._backlog_at = 0.0
