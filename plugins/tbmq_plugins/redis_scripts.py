@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-__all__ = ["ADD", "CLEAR", "COUNT", "LOAD", "REMOVE", "SCRIPTS", "UPDATE", "Script"]
+__all__ = ["ADD", "ADD_BATCH", "CLEAR", "COUNT", "LOAD", "REMOVE", "SCRIPTS", "UPDATE", "Script"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,31 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source).hexdigest())
 
 
+# The body of an add, shared by ADD and ADD_BATCH: writes ``items`` into
+# ``queue`` and returns how many of the trimmed members still had their message.
+_ADD_FUNCTION = b"""
+local function add(queue, limit, ttl, items)
+    for i = 1, #items, 5 do
+        local key = queue .. '_' .. items[i]
+        redis.call('HSET', key, 'd', items[i + 2], 'p', items[i + 3], 's', items[i + 4])
+        if ttl > 0 then redis.call('EXPIRE', key, ttl) else redis.call('PERSIST', key) end
+        redis.call('ZADD', queue, items[i + 1], items[i])
+    end
+    if ttl > 0 then redis.call('EXPIRE', queue, ttl) else redis.call('PERSIST', queue) end
+    local removed = 0
+    if limit > 0 then
+        local excess = redis.call('ZCARD', queue) - limit
+        if excess > 0 then
+            for _, member in ipairs(redis.call('ZRANGE', queue, 0, excess - 1)) do
+                removed = removed + redis.call('DEL', queue .. '_' .. member)
+            end
+            redis.call('ZREMRANGEBYRANK', queue, 0, excess - 1)
+        end
+    end
+    return removed
+end
+"""
+
 #: KEYS[1] the sorted set; ARGV[1] the per-client limit (0: none), ARGV[2]
 #: the TTL in seconds (0: none), ARGV[3] one msgpack array of five strings
 #: per delivery: member, score, record, packet id, state (msgpack's str type
@@ -56,29 +81,26 @@ class Script:
 #: per delivery keeps the client's encoding work small).  Writes them (a
 #: member already there is replaced), trims the lowest members beyond the
 #: limit and returns how many of them still had their message.
-ADD = Script("add", b"""
-local queue = KEYS[1]
-local limit = tonumber(ARGV[1])
-local ttl = tonumber(ARGV[2])
-local items = cmsgpack.unpack(ARGV[3])
-for i = 1, #items, 5 do
-    local key = queue .. '_' .. items[i]
-    redis.call('HSET', key, 'd', items[i + 2], 'p', items[i + 3], 's', items[i + 4])
-    if ttl > 0 then redis.call('EXPIRE', key, ttl) else redis.call('PERSIST', key) end
-    redis.call('ZADD', queue, items[i + 1], items[i])
+ADD = Script("add", _ADD_FUNCTION + b"""
+return add(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), cmsgpack.unpack(ARGV[3]))
+""")
+
+#: KEYS the sorted sets of several adds (a client's may come more than
+#: once), ARGV[1] and ARGV[2] as for :data:`ADD`, ARGV[3] one msgpack array
+#: holding, per key, the array :data:`ADD` takes as its ARGV[3].  Runs the
+#: adds in KEYS order (so each client's adds stay in call order) and returns
+#: the array of their trim counts.  One call for the adds a connection got
+#: in one reactor turn: Redis then runs one script instead of one per add.
+#: Its keys are those of many clients: it suits one Redis server, not a
+#: Redis Cluster (CROSSSLOT).
+ADD_BATCH = Script("add_batch", _ADD_FUNCTION + b"""
+local limit, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+local batches = cmsgpack.unpack(ARGV[3])
+local out = {}
+for k = 1, #KEYS do
+    out[k] = add(KEYS[k], limit, ttl, batches[k])
 end
-if ttl > 0 then redis.call('EXPIRE', queue, ttl) else redis.call('PERSIST', queue) end
-local removed = 0
-if limit > 0 then
-    local excess = redis.call('ZCARD', queue) - limit
-    if excess > 0 then
-        for _, member in ipairs(redis.call('ZRANGE', queue, 0, excess - 1)) do
-            removed = removed + redis.call('DEL', queue .. '_' .. member)
-        end
-        redis.call('ZREMRANGEBYRANK', queue, 0, excess - 1)
-    end
-end
-return removed
+return out
 """)
 
 #: KEYS[1] the sorted set; ARGV member, packet id, state.  Changes a stored
@@ -166,4 +188,4 @@ return cmsgpack.pack(out)
 """)
 
 #: Every script, loaded on each connection before it is used.
-SCRIPTS = (ADD, UPDATE, REMOVE, CLEAR, COUNT, LOAD)
+SCRIPTS = (ADD, ADD_BATCH, UPDATE, REMOVE, CLEAR, COUNT, LOAD)

@@ -18,7 +18,7 @@ import msgpack
 import pytest
 from tbmq_plugins.redis_connections import RedisConnection, parse_redis_url
 from tbmq_plugins.redis_store import RedisDeviceMessageStore, RedisPlugin
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 
@@ -331,12 +331,14 @@ def test_a_reply_of_the_wrong_type_drops_the_connection_and_fails_the_call(call,
     connection, whose replies no longer match its calls, is dropped."""
     from types import SimpleNamespace
 
-    store = RedisDeviceMessageStore("redis://127.0.0.1:1/0")
+    clock = task.Clock()
+    store = RedisDeviceMessageStore("redis://127.0.0.1:1/0", reactor=clock)
     protocol = _OutOfStepProtocol([reply])
     store._connections = [SimpleNamespace(protocol=protocol)]
     store._running = True
     out: list = []
     call(store).addBoth(out.append)
+    clock.advance(0)  # the end of the reactor turn: the adds go
     assert len(out) == 1 and isinstance(out[0], Failure) and out[0].check(BackendError)
     assert protocol.aborted
 
