@@ -125,6 +125,8 @@ class RedisDeviceMessageStore:
         self._pending: set[defer.Deferred] = set()
         #: connection index -> the adds not sent yet: [(key, items, waiter)]
         self._batches: dict[int, list] = {}
+        #: the connection indexes with a batch of adds in flight
+        self._busy: set[int] = set()
         self._flush_call: Any = None
 
     # -- life cycle ---------------------------------------------------------
@@ -245,37 +247,42 @@ class RedisDeviceMessageStore:
 
     def _add(self, client_id: str, items: list) -> defer.Deferred:
         """Queue an add of ``items`` (see :data:`~tbmq_plugins.redis_scripts.ADD`)
-        into its connection's batch, sent at the end of this reactor turn.
+        into its connection's batch, sent at the end of this reactor turn,
+        or when the connection's batch in flight is answered.
 
         :returns: a Deferred firing with the add's trim count once Redis
             ran the batch, or failing as :meth:`_run`'s."""
         if not self._running:
             return defer.fail(BackendError("Redis device store is not running"))
         waiter: defer.Deferred = defer.Deferred()
-        self._batches.setdefault(self._index(client_id), []).append(
-            (self._queue_key(client_id), items, waiter))
-        if self._flush_call is None:
-            self._flush_call = self._reactor.callLater(0, self._flush_batches)
+        index = self._index(client_id)
+        self._batches.setdefault(index, []).append((self._queue_key(client_id), items, waiter))
+        if self._flush_call is None and index not in self._busy:
+            self._flush_call = self._reactor.callLater(0, self._flush_batches, False)
         return waiter
 
-    def _flush_batches(self) -> None:
-        """Send every connection's batch of adds."""
+    def _flush_batches(self, everything: bool = True) -> None:
+        """Send the connections' batches of adds: all of them, or (at the end
+        of a reactor turn) those of the connections with no batch in flight,
+        the others going when their batch in flight is answered."""
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None
-        batches, self._batches = self._batches, {}
-        for index, batch in batches.items():
-            self._send_batch(index, batch)
+        for index in list(self._batches):
+            if everything or index not in self._busy:
+                self._send_batch(index, self._batches.pop(index))
 
     def _send_batch(self, index: int, batch: list) -> None:
         """Send the adds of ``batch`` (``[(key, items, waiter)]``) on
         connection ``index`` as one script call, and fire each waiter with
         its trim count, or all of them with the batch's failure."""
         head = [self.max_messages_per_client or 0, self.message_ttl or 0]
+        self._busy.add(index)
         if len(batch) == 1:
             key, items, waiter = batch[0]
-            self._send(index, scripts.ADD, (key,),
-                       head + [msgpack.packb(items, use_bin_type=False)]).chainDeferred(waiter)
+            d = self._send(index, scripts.ADD, (key,),
+                           head + [msgpack.packb(items, use_bin_type=False)])
+            d.addBoth(self._answered, index).chainDeferred(waiter)
             return
         d = self._send(index, scripts.ADD_BATCH, tuple(key for key, _, _ in batch),
                        head + [msgpack.packb([items for _, items, _ in batch],
@@ -289,7 +296,19 @@ class RedisDeviceMessageStore:
             for _, _, waiter in batch:
                 waiter.errback(failure)
 
-        d.addCallbacks(replied, failed)
+        d.addBoth(self._answered, index).addCallbacks(replied, failed)
+
+    def _answered(self, result: Any, index: int) -> Any:
+        """A batch of connection ``index`` is answered: send the adds that
+        waited for it (before its callers run: what they add next goes in a
+        later batch).
+
+        :returns: ``result``."""
+        self._busy.discard(index)
+        batch = self._batches.pop(index, None)
+        if batch:
+            self._send_batch(index, batch)
+        return result
 
     def _in_step(self, reply: Any, protocol: Any, script: scripts.Script) -> Any:
         """Check the type of ``script``'s reply: LOAD answers bytes (one
