@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-__all__ = ["ADD", "ADD_BATCH", "CLEAR", "COUNT", "LOAD", "REMOVE", "SCRIPTS", "UPDATE", "Script"]
+__all__ = ["ADD", "CLEAR", "COUNT", "LOAD", "REMOVE", "SCRIPTS", "UPDATE", "WRITE_BATCH", "Script"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source).hexdigest())
 
 
-# The body of an add, shared by ADD and ADD_BATCH: writes ``items`` into
+# The body of an add, shared by ADD and WRITE_BATCH: writes ``items`` into
 # ``queue`` and returns how many of the trimmed members still had their message.
 _ADD_FUNCTION = b"""
 local function add(queue, limit, ttl, items)
@@ -85,20 +85,36 @@ ADD = Script("add", _ADD_FUNCTION + b"""
 return add(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), cmsgpack.unpack(ARGV[3]))
 """)
 
-#: KEYS the sorted sets of several adds (a client's may come more than
+#: KEYS the sorted sets of several writes (a client's may come more than
 #: once), ARGV[1] and ARGV[2] as for :data:`ADD`, ARGV[3] one msgpack array
-#: holding, per key, the array :data:`ADD` takes as its ARGV[3].  Runs the
-#: adds in KEYS order (so each client's adds stay in call order) and returns
-#: the array of their trim counts.  One call for the adds a connection got
-#: in one reactor turn: Redis then runs one script instead of one per add.
-#: Its keys are those of many clients: it suits one Redis server, not a
-#: Redis Cluster (CROSSSLOT).
-ADD_BATCH = Script("add_batch", _ADD_FUNCTION + b"""
+#: holding, per key, a write: ``["a", items]`` an add (``items`` as
+#: :data:`ADD`'s ARGV[3]), ``["u", member, packet id, state]`` an update as
+#: :data:`UPDATE`, ``["r", members]`` a removal as :data:`REMOVE`.  Runs
+#: them in KEYS order (so each client's writes stay in call order) and
+#: returns the array of their results (an add's trim count, 0 otherwise).
+#: One call for the writes a connection got in one reactor turn: Redis then
+#: runs one script instead of one per write.  Its keys are those of many
+#: clients: it suits one Redis server, not a Redis Cluster (CROSSSLOT).
+WRITE_BATCH = Script("write_batch", _ADD_FUNCTION + b"""
 local limit, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
-local batches = cmsgpack.unpack(ARGV[3])
+local writes = cmsgpack.unpack(ARGV[3])
 local out = {}
 for k = 1, #KEYS do
-    out[k] = add(KEYS[k], limit, ttl, batches[k])
+    local queue, write = KEYS[k], writes[k]
+    out[k] = 0
+    if write[1] == 'a' then
+        out[k] = add(queue, limit, ttl, write[2])
+    elseif write[1] == 'u' then
+        local key = queue .. '_' .. write[2]
+        if redis.call('EXISTS', key) == 1 then
+            redis.call('HSET', key, 'p', write[3], 's', write[4])
+        end
+    else
+        for _, member in ipairs(write[2]) do
+            redis.call('DEL', queue .. '_' .. member)
+            redis.call('ZREM', queue, member)
+        end
+    end
 end
 return out
 """)
@@ -188,4 +204,4 @@ return cmsgpack.pack(out)
 """)
 
 #: Every script, loaded on each connection before it is used.
-SCRIPTS = (ADD, ADD_BATCH, UPDATE, REMOVE, CLEAR, COUNT, LOAD)
+SCRIPTS = (ADD, WRITE_BATCH, UPDATE, REMOVE, CLEAR, COUNT, LOAD)

@@ -445,7 +445,7 @@ def _held_store():
 
 def test_adds_of_one_turn_go_as_one_call_and_each_fires_after_the_reply():
     """Three adds in one reactor turn: nothing is sent during the turn, one
-    ADD_BATCH at its end with the keys in call order (a client's twice, in
+    WRITE_BATCH at its end with the keys in call order (a client's twice, in
     order); no caller fires before the reply, then each gets its own count."""
     store, protocol, clock = _held_store()
     out: list = []
@@ -454,9 +454,9 @@ def test_adds_of_one_turn_go_as_one_call_and_each_fires_after_the_reply():
     assert protocol.calls == []
     clock.advance(0)
     [(name, keys, args, d)] = protocol.calls
-    assert name == "add_batch" and keys == ("p:{a}_messages", "p:{b}_messages",
+    assert name == "write_batch" and keys == ("p:{a}_messages", "p:{b}_messages",
                                             "p:{a}_messages")
-    assert [items[0] for items in msgpack.unpackb(args[2], raw=True)] == [
+    assert [write[1][0] for write in msgpack.unpackb(args[2], raw=True)] == [
         b"%019d" % 1, b"%019d" % 2, b"%019d" % 3]
     assert out == []
     d.callback([0, 4, 1])
@@ -464,8 +464,8 @@ def test_adds_of_one_turn_go_as_one_call_and_each_fires_after_the_reply():
 
 
 def test_adds_wait_for_the_batch_in_flight_and_other_calls_keep_their_order():
-    """While a batch is in flight, later adds wait and go together when it
-    is answered; an update called after an add waiting in a batch sends
+    """While a batch is in flight, later writes wait and go together when
+    it is answered; a load called after writes waiting in a batch sends
     that batch first, so Redis runs them in call order."""
     store, protocol, clock = _held_store()
     store.add("a", [delivery(1)])
@@ -475,11 +475,13 @@ def test_adds_wait_for_the_batch_in_flight_and_other_calls_keep_their_order():
     clock.advance(0)
     assert [c[0] for c in protocol.calls] == ["add"]  # waiting for the first one
     protocol.calls[0][3].callback(0)
-    assert [c[0] for c in protocol.calls] == ["add", "add_batch"]
+    assert [c[0] for c in protocol.calls] == ["add", "write_batch"]
     assert protocol.calls[1][1] == ("p:{b}_messages", "p:{c}_messages")
     store.add("d", [delivery(4)])
     store.update("d", 4, 9, DeliveryState.SENT)
-    assert [c[0] for c in protocol.calls] == ["add", "add_batch", "add", "update"]
+    store.load("d")
+    assert [c[0] for c in protocol.calls] == ["add", "write_batch", "write_batch", "load"]
+    assert [w[0] for w in msgpack.unpackb(protocol.calls[2][2][2], raw=True)] == [b"a", b"u"]
     protocol.calls[1][3].callback([0, 0])
     assert [d.called for d in later] == [True, True]
 
@@ -505,18 +507,19 @@ def test_a_failed_batch_fails_every_add_in_it_and_only_them():
 
 
 def test_batched_adds_keep_each_clients_order_in_redis(open_store, redis_url, reactor_thread):
-    """Adds of many clients in one reactor turn, one seq written twice and
-    updated and trimmed in the same turn: Redis has them as if called one
+    """Adds of many clients in one reactor turn, updated, removed and
+    trimmed in the same turn: Redis has them as if called one
     by one (the later write of a seq wins, the trim counts per add)."""
     store = open_store(redis_url, max_messages_per_client=2, pool_size=2)
 
     def turn():
         calls = [store.target.add(c, [delivery(s)]) for c in ("x", "y") for s in (1, 2, 3)]
         calls.append(store.target.update("x", 3, 7, DeliveryState.SENT))
+        calls.append(store.target.remove("y", [2]))
         return defer.gatherResults(calls)
 
-    assert reactor_thread.call(turn) == [0, 0, 1, 0, 0, 1, None]
+    assert reactor_thread.call(turn) == [0, 0, 1, 0, 0, 1, None, None]
     loaded = store.load("x")
     assert [(d.seq, d.packet_id, d.state) for d in loaded] == [
         (2, None, DeliveryState.QUEUED), (3, 7, DeliveryState.SENT)]
-    assert [d.seq for d in store.load("y")] == [2, 3]
+    assert [d.seq for d in store.load("y")] == [3]
