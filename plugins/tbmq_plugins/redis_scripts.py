@@ -49,9 +49,10 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source).hexdigest())
 
 
-# The body of an add, shared by ADD and WRITE_BATCH: writes ``items`` into
-# ``queue`` and returns how many of the trimmed members still had their message.
-_ADD_FUNCTION = b"""
+# The writes, shared by ADD, UPDATE, REMOVE and WRITE_BATCH.  add writes
+# ``items`` into ``queue`` and returns how many of the trimmed members
+# still had their message.
+_WRITES = b"""
 local function add(queue, limit, ttl, items)
     for i = 1, #items, 5 do
         local key = queue .. '_' .. items[i]
@@ -72,6 +73,20 @@ local function add(queue, limit, ttl, items)
     end
     return removed
 end
+
+local function update(queue, member, packet_id, state)
+    local key = queue .. '_' .. member
+    if redis.call('EXISTS', key) == 1 then
+        redis.call('HSET', key, 'p', packet_id, 's', state)
+    end
+end
+
+local function remove(queue, members)
+    for _, member in ipairs(members) do
+        redis.call('DEL', queue .. '_' .. member)
+        redis.call('ZREM', queue, member)
+    end
+end
 """
 
 #: KEYS[1] the sorted set; ARGV[1] the per-client limit (0: none), ARGV[2]
@@ -81,7 +96,7 @@ end
 #: per delivery keeps the client's encoding work small).  Writes them (a
 #: member already there is replaced), trims the lowest members beyond the
 #: limit and returns how many of them still had their message.
-ADD = Script("add", _ADD_FUNCTION + b"""
+ADD = Script("add", _WRITES + b"""
 return add(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), cmsgpack.unpack(ARGV[3]))
 """)
 
@@ -95,7 +110,7 @@ return add(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), cmsgpack.unpack(ARGV[3
 #: One call for the writes a connection got in one reactor turn: Redis then
 #: runs one script instead of one per write.  Its keys are those of many
 #: clients: it suits one Redis server, not a Redis Cluster (CROSSSLOT).
-WRITE_BATCH = Script("write_batch", _ADD_FUNCTION + b"""
+WRITE_BATCH = Script("write_batch", _WRITES + b"""
 local limit, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 local writes = cmsgpack.unpack(ARGV[3])
 local out = {}
@@ -105,15 +120,9 @@ for k = 1, #KEYS do
     if write[1] == 'a' then
         out[k] = add(queue, limit, ttl, write[2])
     elseif write[1] == 'u' then
-        local key = queue .. '_' .. write[2]
-        if redis.call('EXISTS', key) == 1 then
-            redis.call('HSET', key, 'p', write[3], 's', write[4])
-        end
+        update(queue, write[2], write[3], write[4])
     else
-        for _, member in ipairs(write[2]) do
-            redis.call('DEL', queue .. '_' .. member)
-            redis.call('ZREM', queue, member)
-        end
+        remove(queue, write[2])
     end
 end
 return out
@@ -121,21 +130,14 @@ return out
 
 #: KEYS[1] the sorted set; ARGV member, packet id, state.  Changes a stored
 #: delivery's packet id and state (its TTL stays); ignores an unknown one.
-UPDATE = Script("update", b"""
-local key = KEYS[1] .. '_' .. ARGV[1]
-if redis.call('EXISTS', key) == 1 then
-    redis.call('HSET', key, 'p', ARGV[2], 's', ARGV[3])
-end
+UPDATE = Script("update", _WRITES + b"""
+update(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
 return 0
 """)
 
 #: KEYS[1] the sorted set; ARGV the members to remove.
-REMOVE = Script("remove", b"""
-local queue = KEYS[1]
-for _, member in ipairs(ARGV) do
-    redis.call('DEL', queue .. '_' .. member)
-    redis.call('ZREM', queue, member)
-end
+REMOVE = Script("remove", _WRITES + b"""
+remove(KEYS[1], ARGV)
 return 0
 """)
 
