@@ -1,7 +1,8 @@
 """Throughput of the cluster's device stores (Redis, PostgreSQL): deliveries
 of 1 KB added in calls of 100 (a catch-up batch) and one by one (the
 persisted sink: one ``add`` per message, many clients), then read back in
-pages of 100.
+pages of 100, and the deliveries added one by one are sent and
+acknowledged (an ``update`` then a ``remove`` each, as a drain does).
 
 Run from the repository root against servers of your own::
 
@@ -67,6 +68,12 @@ async def bench(store: Any, name: str, total: int) -> None:
         took = time.perf_counter() - started
         print(f"{name:9} load, pages of 100, one client at a time: "
               f"{loaded / took:9.0f} deliveries/s")
+        acks = [lambda c=c, s=s: store.update(c, s, 1, 1).addCallback(
+                    lambda _, c=c, s=s: store.remove(c, [s]))
+                for c, batch in singles for s in [batch[0].seq]]
+        took = await run_calls(acks, 200)
+        print(f"{name:9} update then remove, one delivery a call, 1000 clients, "
+              f"200 in flight: {total / took:9.0f} deliveries/s")
         for client in clients + many:
             store.clear(client)
     finally:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-__all__ = ["ADD", "CLEAR", "COUNT", "LOAD", "REMOVE", "SCRIPTS", "UPDATE", "Script"]
+__all__ = ["ADD", "CLEAR", "COUNT", "LOAD", "REMOVE", "SCRIPTS", "UPDATE", "WRITE_BATCH", "Script"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,46 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source).hexdigest())
 
 
+# The writes, shared by ADD, UPDATE, REMOVE and WRITE_BATCH.  add writes
+# ``items`` into ``queue`` and returns how many of the trimmed members
+# still had their message.
+_WRITES = b"""
+local function add(queue, limit, ttl, items)
+    for i = 1, #items, 5 do
+        local key = queue .. '_' .. items[i]
+        redis.call('HSET', key, 'd', items[i + 2], 'p', items[i + 3], 's', items[i + 4])
+        if ttl > 0 then redis.call('EXPIRE', key, ttl) else redis.call('PERSIST', key) end
+        redis.call('ZADD', queue, items[i + 1], items[i])
+    end
+    if ttl > 0 then redis.call('EXPIRE', queue, ttl) else redis.call('PERSIST', queue) end
+    local removed = 0
+    if limit > 0 then
+        local excess = redis.call('ZCARD', queue) - limit
+        if excess > 0 then
+            for _, member in ipairs(redis.call('ZRANGE', queue, 0, excess - 1)) do
+                removed = removed + redis.call('DEL', queue .. '_' .. member)
+            end
+            redis.call('ZREMRANGEBYRANK', queue, 0, excess - 1)
+        end
+    end
+    return removed
+end
+
+local function update(queue, member, packet_id, state)
+    local key = queue .. '_' .. member
+    if redis.call('EXISTS', key) == 1 then
+        redis.call('HSET', key, 'p', packet_id, 's', state)
+    end
+end
+
+local function remove(queue, members)
+    for _, member in ipairs(members) do
+        redis.call('DEL', queue .. '_' .. member)
+        redis.call('ZREM', queue, member)
+    end
+end
+"""
+
 #: KEYS[1] the sorted set; ARGV[1] the per-client limit (0: none), ARGV[2]
 #: the TTL in seconds (0: none), ARGV[3] one msgpack array of five strings
 #: per delivery: member, score, record, packet id, state (msgpack's str type
@@ -56,48 +96,48 @@ class Script:
 #: per delivery keeps the client's encoding work small).  Writes them (a
 #: member already there is replaced), trims the lowest members beyond the
 #: limit and returns how many of them still had their message.
-ADD = Script("add", b"""
-local queue = KEYS[1]
-local limit = tonumber(ARGV[1])
-local ttl = tonumber(ARGV[2])
-local items = cmsgpack.unpack(ARGV[3])
-for i = 1, #items, 5 do
-    local key = queue .. '_' .. items[i]
-    redis.call('HSET', key, 'd', items[i + 2], 'p', items[i + 3], 's', items[i + 4])
-    if ttl > 0 then redis.call('EXPIRE', key, ttl) else redis.call('PERSIST', key) end
-    redis.call('ZADD', queue, items[i + 1], items[i])
-end
-if ttl > 0 then redis.call('EXPIRE', queue, ttl) else redis.call('PERSIST', queue) end
-local removed = 0
-if limit > 0 then
-    local excess = redis.call('ZCARD', queue) - limit
-    if excess > 0 then
-        for _, member in ipairs(redis.call('ZRANGE', queue, 0, excess - 1)) do
-            removed = removed + redis.call('DEL', queue .. '_' .. member)
-        end
-        redis.call('ZREMRANGEBYRANK', queue, 0, excess - 1)
+ADD = Script("add", _WRITES + b"""
+return add(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), cmsgpack.unpack(ARGV[3]))
+""")
+
+#: KEYS the sorted sets of several writes (a client's may come more than
+#: once), ARGV[1] and ARGV[2] as for :data:`ADD`, ARGV[3] one msgpack array
+#: holding, per key, a write: ``["a", items]`` an add (``items`` as
+#: :data:`ADD`'s ARGV[3]), ``["u", member, packet id, state]`` an update as
+#: :data:`UPDATE`, ``["r", members]`` a removal as :data:`REMOVE`.  Runs
+#: them in KEYS order (so each client's writes stay in call order) and
+#: returns the array of their results (an add's trim count, 0 otherwise).
+#: One call for the writes a connection got in one reactor turn: Redis then
+#: runs one script instead of one per write.  Its keys are those of many
+#: clients: it suits one Redis server, not a Redis Cluster (CROSSSLOT).
+WRITE_BATCH = Script("write_batch", _WRITES + b"""
+local limit, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+local writes = cmsgpack.unpack(ARGV[3])
+local out = {}
+for k = 1, #KEYS do
+    local queue, write = KEYS[k], writes[k]
+    out[k] = 0
+    if write[1] == 'a' then
+        out[k] = add(queue, limit, ttl, write[2])
+    elseif write[1] == 'u' then
+        update(queue, write[2], write[3], write[4])
+    else
+        remove(queue, write[2])
     end
 end
-return removed
+return out
 """)
 
 #: KEYS[1] the sorted set; ARGV member, packet id, state.  Changes a stored
 #: delivery's packet id and state (its TTL stays); ignores an unknown one.
-UPDATE = Script("update", b"""
-local key = KEYS[1] .. '_' .. ARGV[1]
-if redis.call('EXISTS', key) == 1 then
-    redis.call('HSET', key, 'p', ARGV[2], 's', ARGV[3])
-end
+UPDATE = Script("update", _WRITES + b"""
+update(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
 return 0
 """)
 
 #: KEYS[1] the sorted set; ARGV the members to remove.
-REMOVE = Script("remove", b"""
-local queue = KEYS[1]
-for _, member in ipairs(ARGV) do
-    redis.call('DEL', queue .. '_' .. member)
-    redis.call('ZREM', queue, member)
-end
+REMOVE = Script("remove", _WRITES + b"""
+remove(KEYS[1], ARGV)
 return 0
 """)
 
@@ -166,4 +206,4 @@ return cmsgpack.pack(out)
 """)
 
 #: Every script, loaded on each connection before it is used.
-SCRIPTS = (ADD, UPDATE, REMOVE, CLEAR, COUNT, LOAD)
+SCRIPTS = (ADD, WRITE_BATCH, UPDATE, REMOVE, CLEAR, COUNT, LOAD)

@@ -13,7 +13,15 @@ Order: every call for one client id goes to one of the ``pool_size``
 connections (a CRC-32 of the client id), where Redis runs the commands in
 the order they were sent; calls do not wait for each other, so calls of
 many clients travel together (Twisted writes what a reactor turn sent in
-one go).  Each ``add`` is one command whatever its number of deliveries.
+one go).  The writes (``add``, ``update``, ``remove``) a connection gets
+in one reactor turn, or while its previous batch is in flight, go as one
+script call (:data:`~tbmq_plugins.redis_scripts.WRITE_BATCH`; a lone one
+as its own script), sent at the end of the turn, when the batch in flight
+is answered, or before the next read (``load``, ``count``) or ``clear`` on
+that connection, so that the connection keeps the call order; each
+write's Deferred fires when Redis has run the script.  A batch is atomic:
+when its script fails, every write in it fails (a Redis error, a lost
+connection), none of them half-written.
 
 Outages: a call made while its connection is down fails at once with
 :class:`~tbmq.errors.BackendError`, as do the calls in flight when it
@@ -117,6 +125,12 @@ class RedisDeviceMessageStore:
         self._running = False
         self._healthy = True
         self._pending: set[defer.Deferred] = set()
+        #: connection index -> the writes not sent yet: [(key, write, waiter)],
+        #: a write as :data:`~tbmq_plugins.redis_scripts.WRITE_BATCH` takes it
+        self._batches: dict[int, list] = {}
+        #: the connection indexes with a batch of writes in flight
+        self._busy: set[int] = set()
+        self._flush_call: Any = None
 
     # -- life cycle ---------------------------------------------------------
 
@@ -163,6 +177,7 @@ class RedisDeviceMessageStore:
 
         :returns: a Deferred firing with None when closed.
         """
+        self._flush_batches()
         self._running = False
         pending = list(self._pending)
         d = defer.DeferredList(pending, consumeErrors=True) if pending else defer.succeed(None)
@@ -191,26 +206,38 @@ class RedisDeviceMessageStore:
         ``ClientIdMessagesCacheKey``)."""
         return f"{self.key_prefix}{{{client_id}}}_messages"
 
+    def _index(self, client_id: str) -> int:
+        """:returns: the index of ``client_id``'s connection."""
+        return zlib.crc32(client_id.encode("utf-8", "surrogatepass")) % len(self._connections)
+
     def _run(self, client_id: str, script: scripts.Script, args: list) -> defer.Deferred:
-        """Run ``script`` for ``client_id`` on the client's connection.
+        """Run ``script`` for ``client_id`` on the client's connection, after
+        the writes of this reactor turn that went to it.
 
         :returns: a Deferred firing with the script's reply, or failing
             with :class:`~tbmq.errors.BackendError` (not running, not
             connected, connection lost, a Redis error)."""
         if not self._running:
             return defer.fail(BackendError("Redis device store is not running"))
-        connection = self._connections[
-            zlib.crc32(client_id.encode("utf-8", "surrogatepass")) % len(self._connections)]
-        protocol = connection.protocol
+        index = self._index(client_id)
+        if index in self._batches:
+            self._send_batch(index, self._batches.pop(index))
+        return self._send(index, script, (self._queue_key(client_id),), args)
+
+    def _send(self, index: int, script: scripts.Script, keys: tuple,
+              args: list) -> defer.Deferred:
+        """Send ``EVALSHA script keys args`` on connection ``index`` now.
+
+        :returns: a Deferred as :meth:`_run`'s."""
+        protocol = self._connections[index].protocol
         if protocol is None:
             return defer.fail(BackendError(
                 f"Redis device store: not connected to {self.target}"))
-        key = self._queue_key(client_id)
         try:
-            d = protocol.evalsha(script.sha, (key,), args)
+            d = protocol.evalsha(script.sha, keys, args)
         except Exception:
             d = defer.fail()
-        d.addErrback(self._reload, protocol, script, key, args)
+        d.addErrback(self._reload, protocol, script, keys, args)
         d.addCallback(self._in_step, protocol, script)
         d.addErrback(self._translate)
         self._pending.add(d)
@@ -220,6 +247,77 @@ class RedisDeviceMessageStore:
             return result
 
         return d.addBoth(finished)
+
+    def _write(self, client_id: str, write: list) -> defer.Deferred:
+        """Queue ``write`` (see :data:`~tbmq_plugins.redis_scripts.WRITE_BATCH`)
+        into its connection's batch, sent at the end of this reactor turn,
+        or when the connection's batch in flight is answered.
+
+        :returns: a Deferred firing with the write's result (an add's trim
+            count, else 0) once Redis ran the batch, or failing as
+            :meth:`_run`'s."""
+        if not self._running:
+            return defer.fail(BackendError("Redis device store is not running"))
+        waiter: defer.Deferred = defer.Deferred()
+        index = self._index(client_id)
+        self._batches.setdefault(index, []).append((self._queue_key(client_id), write, waiter))
+        if self._flush_call is None and index not in self._busy:
+            self._flush_call = self._reactor.callLater(0, self._flush_batches, False)
+        return waiter
+
+    def _flush_batches(self, everything: bool = True) -> None:
+        """Send the connections' batches of writes: all of them, or (at the end
+        of a reactor turn) those of the connections with no batch in flight,
+        the others going when their batch in flight is answered."""
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        for index in list(self._batches):
+            if everything or index not in self._busy:
+                self._send_batch(index, self._batches.pop(index))
+
+    def _send_batch(self, index: int, batch: list) -> None:
+        """Send the writes of ``batch`` (``[(key, write, waiter)]``) on
+        connection ``index`` as one script call, and fire each waiter with
+        its result, or all of them with the batch's failure."""
+        head = [self.max_messages_per_client or 0, self.message_ttl or 0]
+        self._busy.add(index)
+        if len(batch) == 1:
+            key, write, waiter = batch[0]
+            if write[0] == "a":
+                script, args = scripts.ADD, head + [msgpack.packb(write[1], use_bin_type=False)]
+            elif write[0] == "u":
+                script, args = scripts.UPDATE, write[1:]
+            else:
+                script, args = scripts.REMOVE, write[1]
+            d = self._send(index, script, (key,), args)
+            d.addBoth(self._answered, index).chainDeferred(waiter)
+            return
+        d = self._send(index, scripts.WRITE_BATCH, tuple(key for key, _, _ in batch),
+                       head + [msgpack.packb([write for _, write, _ in batch],
+                                             use_bin_type=False)])
+
+        def replied(counts: list) -> None:
+            for (_, _, waiter), count in zip(batch, counts):
+                waiter.callback(count)
+
+        def failed(failure: Failure) -> None:
+            for _, _, waiter in batch:
+                waiter.errback(failure)
+
+        d.addBoth(self._answered, index).addCallbacks(replied, failed)
+
+    def _answered(self, result: Any, index: int) -> Any:
+        """A batch of connection ``index`` is answered: send the writes that
+        waited for it (before its callers run: what they write next goes in
+        a later batch).
+
+        :returns: ``result``."""
+        self._busy.discard(index)
+        batch = self._batches.pop(index, None)
+        if batch:
+            self._send_batch(index, batch)
+        return result
 
     def _in_step(self, reply: Any, protocol: Any, script: scripts.Script) -> Any:
         """Check the type of ``script``'s reply: LOAD answers bytes (one
@@ -231,7 +329,7 @@ class RedisDeviceMessageStore:
         call fails with :class:`~tbmq.errors.BackendError`.
 
         :returns: ``reply``."""
-        expected = bytes if script is scripts.LOAD else int
+        expected = {scripts.LOAD: bytes, scripts.WRITE_BATCH: list}.get(script, int)
         if isinstance(reply, expected):
             return reply
         log.warn("Redis device store: {target} answered the {name} script with {reply!r:.40}: "
@@ -243,7 +341,7 @@ class RedisDeviceMessageStore:
         raise BackendError(f"Redis device store ({self.target}): a reply out of step with "
                            f"its call ({script.name})")
 
-    def _reload(self, failure: Failure, protocol: Any, script: scripts.Script, key: str,
+    def _reload(self, failure: Failure, protocol: Any, script: scripts.Script, keys: tuple,
                 args: list) -> defer.Deferred:
         """On NOSCRIPT (the server's script cache was flushed): load the
         script again and run the call once more, both sent at once, so the
@@ -254,7 +352,7 @@ class RedisDeviceMessageStore:
         log.info("Redis device store: {target} lost the script {name}; loading it again",
                  target=str(self.target), name=script.name)
         protocol.script_load(script.source).addErrback(lambda _: None)  # the retry reports it
-        return protocol.evalsha(script.sha, (key,), args)
+        return protocol.evalsha(script.sha, keys, args)
 
     def _translate(self, failure: Failure) -> Failure:
         import txredisapi  # noqa: PLC0415
@@ -290,9 +388,7 @@ class RedisDeviceMessageStore:
             return defer.fail()
         if not items and self._running:
             return defer.succeed(0)
-        return self._run(client_id, scripts.ADD, [
-            self.max_messages_per_client or 0, self.message_ttl or 0,
-            msgpack.packb(items, use_bin_type=False)])
+        return self._write(client_id, ["a", items])
 
     def update(self, client_id: str, seq: int, packet_id: int | None,
                state: int) -> defer.Deferred:
@@ -305,10 +401,11 @@ class RedisDeviceMessageStore:
             with :class:`~tbmq.errors.BackendError`.
         """
         try:
-            args = [_member(seq), "" if packet_id is None else int(packet_id), int(state)]
+            write = ["u", _member(seq), "" if packet_id is None else str(int(packet_id)),
+                     str(int(state))]
         except Exception:
             return defer.fail()
-        return self._run(client_id, scripts.UPDATE, args).addCallback(lambda _: None)
+        return self._write(client_id, write).addCallback(lambda _: None)
 
     def remove(self, client_id: str, seqs: Iterable[int]) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.remove`.
@@ -323,7 +420,7 @@ class RedisDeviceMessageStore:
             return defer.fail()
         if not members and self._running:
             return defer.succeed(None)
-        return self._run(client_id, scripts.REMOVE, members).addCallback(lambda _: None)
+        return self._write(client_id, ["r", members]).addCallback(lambda _: None)
 
     def load(self, client_id: str, after_seq: int | None = None,
              limit: int | None = None) -> defer.Deferred:

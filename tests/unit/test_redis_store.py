@@ -18,7 +18,7 @@ import msgpack
 import pytest
 from tbmq_plugins.redis_connections import RedisConnection, parse_redis_url
 from tbmq_plugins.redis_store import RedisDeviceMessageStore, RedisPlugin
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 
@@ -331,12 +331,14 @@ def test_a_reply_of_the_wrong_type_drops_the_connection_and_fails_the_call(call,
     connection, whose replies no longer match its calls, is dropped."""
     from types import SimpleNamespace
 
-    store = RedisDeviceMessageStore("redis://127.0.0.1:1/0")
+    clock = task.Clock()
+    store = RedisDeviceMessageStore("redis://127.0.0.1:1/0", reactor=clock)
     protocol = _OutOfStepProtocol([reply])
     store._connections = [SimpleNamespace(protocol=protocol)]
     store._running = True
     out: list = []
     call(store).addBoth(out.append)
+    clock.advance(0)  # the end of the reactor turn: the adds go
     assert len(out) == 1 and isinstance(out[0], Failure) and out[0].check(BackendError)
     assert protocol.aborted
 
@@ -408,3 +410,116 @@ def _later(protocol, outcomes) -> None:
         outcomes["late add"] = Failure()
         return
     d.addBoth(lambda r: outcomes.__setitem__("late add", r))
+
+
+# -- adds batched per reactor turn ----------------------------------------------------
+
+
+class _HeldProtocol:
+    """A txredisapi protocol that keeps every call's Deferred for the test
+    to fire: ``calls`` is ``[(script name, keys, args, Deferred)]``."""
+
+    def __init__(self) -> None:
+        from tbmq_plugins.redis_scripts import SCRIPTS
+
+        self.names = {script.sha: script.name for script in SCRIPTS}
+        self.calls: list = []
+
+    def evalsha(self, sha, keys, args):
+        d = defer.Deferred()
+        self.calls.append((self.names[sha], tuple(keys), args, d))
+        return d
+
+
+def _held_store():
+    from types import SimpleNamespace
+
+    clock = task.Clock()
+    store = RedisDeviceMessageStore("redis://127.0.0.1:1/0", pool_size=1, reactor=clock,
+                                    key_prefix="p:")
+    protocol = _HeldProtocol()
+    store._connections = [SimpleNamespace(protocol=protocol)]
+    store._running = True
+    return store, protocol, clock
+
+
+def test_adds_of_one_turn_go_as_one_call_and_each_fires_after_the_reply():
+    """Three adds in one reactor turn: nothing is sent during the turn, one
+    WRITE_BATCH at its end with the keys in call order (a client's twice, in
+    order); no caller fires before the reply, then each gets its own count."""
+    store, protocol, clock = _held_store()
+    out: list = []
+    for client, seq in [("a", 1), ("b", 2), ("a", 3)]:
+        store.add(client, [delivery(seq)]).addBoth(lambda r, c=client: out.append((c, r)))
+    assert protocol.calls == []
+    clock.advance(0)
+    [(name, keys, args, d)] = protocol.calls
+    assert name == "write_batch" and keys == ("p:{a}_messages", "p:{b}_messages",
+                                            "p:{a}_messages")
+    assert [write[1][0] for write in msgpack.unpackb(args[2], raw=True)] == [
+        b"%019d" % 1, b"%019d" % 2, b"%019d" % 3]
+    assert out == []
+    d.callback([0, 4, 1])
+    assert out == [("a", 0), ("b", 4), ("a", 1)]
+
+
+def test_adds_wait_for_the_batch_in_flight_and_other_calls_keep_their_order():
+    """While a batch is in flight, later writes wait and go together when
+    it is answered; a load called after writes waiting in a batch sends
+    that batch first, so Redis runs them in call order."""
+    store, protocol, clock = _held_store()
+    store.add("a", [delivery(1)])
+    clock.advance(0)
+    assert [c[0] for c in protocol.calls] == ["add"]
+    later = [store.add("b", [delivery(2)]), store.add("c", [delivery(3)])]
+    clock.advance(0)
+    assert [c[0] for c in protocol.calls] == ["add"]  # waiting for the first one
+    protocol.calls[0][3].callback(0)
+    assert [c[0] for c in protocol.calls] == ["add", "write_batch"]
+    assert protocol.calls[1][1] == ("p:{b}_messages", "p:{c}_messages")
+    store.add("d", [delivery(4)])
+    store.update("d", 4, 9, DeliveryState.SENT)
+    store.load("d")
+    assert [c[0] for c in protocol.calls] == ["add", "write_batch", "write_batch", "load"]
+    assert [w[0] for w in msgpack.unpackb(protocol.calls[2][2][2], raw=True)] == [b"a", b"u"]
+    protocol.calls[1][3].callback([0, 0])
+    assert [d.called for d in later] == [True, True]
+
+
+def test_a_failed_batch_fails_every_add_in_it_and_only_them():
+    """A batch's script failing (it is atomic: nothing of it is written)
+    fails each of its adds with BackendError; the next batch is not
+    affected."""
+    import txredisapi
+
+    store, protocol, clock = _held_store()
+    first = [store.add("a", [delivery(1)]), store.add("b", [delivery(2)])]
+    clock.advance(0)
+    out: list = []
+    for d in first:
+        d.addBoth(out.append)
+    protocol.calls[0][3].errback(txredisapi.ResponseError("OOM command not allowed"))
+    assert len(out) == 2 and all(isinstance(r, Failure) and r.check(BackendError) for r in out)
+    second = store.add("c", [delivery(3)])
+    clock.advance(0)
+    protocol.calls[1][3].callback(0)
+    assert second.result == 0
+
+
+def test_batched_adds_keep_each_clients_order_in_redis(open_store, redis_url, reactor_thread):
+    """Adds of many clients in one reactor turn, updated, removed and
+    trimmed in the same turn: Redis has them as if called one
+    by one (the later write of a seq wins, the trim counts per add)."""
+    store = open_store(redis_url, max_messages_per_client=2, pool_size=2)
+
+    def turn():
+        calls = [store.target.add(c, [delivery(s)]) for c in ("x", "y") for s in (1, 2, 3)]
+        calls.append(store.target.update("x", 3, 7, DeliveryState.SENT))
+        calls.append(store.target.remove("y", [2]))
+        return defer.gatherResults(calls)
+
+    assert reactor_thread.call(turn) == [0, 0, 1, 0, 0, 1, None, None]
+    loaded = store.load("x")
+    assert [(d.seq, d.packet_id, d.state) for d in loaded] == [
+        (2, None, DeliveryState.QUEUED), (3, 7, DeliveryState.SENT)]
+    assert [d.seq for d in store.load("y")] == [3]
