@@ -57,6 +57,16 @@ def wait_acked(publisher: RawPublisher, count: int, timeout: float = 60.0) -> No
         time.sleep(0.005)
 
 
+
+def start_publisher(broker, topic: str, publishers: list, count: int) -> RawPublisher:
+    """Start publisher number ``len(publishers)`` of ``count`` QoS 1
+    messages to ``<topic>/t`` (added to ``publishers``)."""
+    p = RawPublisher(broker.port, 4, f"{topic}/t", len(publishers), count, PAYLOAD,
+                     window=WINDOW, timeout=30)
+    publishers.append(p)
+    p.start()
+    return p
+
 def test_sigkill_under_qos1_load_loses_no_acknowledged_message(broker_factory):
     broker = broker_factory()
     topic = f"kill/{uid()}"
@@ -79,11 +89,7 @@ def test_sigkill_under_qos1_load_loses_no_acknowledged_message(broker_factory):
     publishers: list[RawPublisher] = []
 
     def publish(count: int) -> RawPublisher:
-        p = RawPublisher(broker.port, 4, f"{topic}/t", len(publishers), count, PAYLOAD,
-                         window=WINDOW, timeout=30)
-        publishers.append(p)
-        p.start()
-        return p
+        return start_publisher(broker, topic, publishers, count)
 
     def kill_and_restart(point: str) -> None:
         acked = sum(len(p.acked) for p in publishers)
@@ -174,11 +180,7 @@ def test_sigkill_loses_nothing_acknowledged_for_an_offline_application_client(tm
         return client.connect_and_wait(clean_start=clean_start, session_expiry=SESSION_EXPIRY)
 
     def publish(count: int) -> RawPublisher:
-        p = RawPublisher(broker.port, 4, f"{topic}/t", len(publishers), count, PAYLOAD,
-                         window=WINDOW, timeout=30)
-        publishers.append(p)
-        p.start()
-        return p
+        return start_publisher(broker, topic, publishers, count)
 
     def kill_and_restart() -> None:
         broker.kill()  # SIGKILL
