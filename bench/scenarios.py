@@ -231,41 +231,6 @@ def latency(broker, level, qos, duration, rate=1000, profile=None):
             "broker_cpu_pct": 100.0 * (cpu1 - cpu0) / wall, "errors": [e for e in d["errors"] if e]}
 
 
-def connections(broker, level, count=10000, workers=2, hold=2.0):
-    """``count`` idle clients: connect rate and broker RSS per connection."""
-    time.sleep(1.0)
-    rss0, _ = broker.rss_kb()
-    per = count // workers
-    roles = [{"host": broker.host, "port": broker.port, "level": level, "count": per,
-              "prefix": f"idle{k}", "timeout": 180, "window": 100} for k in range(workers)]
-    w = Workers(gen.idle_worker, roles)
-    try:
-        w.gather(("ready",), 60)
-        cpu0 = broker.cpu_s()
-        t0 = now() + 0.2
-        w.send_all(("go", t0))
-        got = w.gather(("connected",), 240)
-        t1 = max(g["t_done"] for g in got)
-        cpu1 = broker.cpu_s()
-        time.sleep(hold)
-        rss1, hwm = broker.rss_kb()
-        w.send_all(("close",))
-        ends = w.gather(("done",), 60)
-    finally:
-        w.close()
-    n = sum(g["connected"] for g in got)
-    wall = max(1e-6, t1 - t0)
-    gen_cpu = sum(g["cpu"] for g in got)
-    return {"value": n / wall, "connected": n, "expected": count, "lost": count - n,
-            "loss_pct": 100.0 * (count - n) / count,
-            "alive_at_end": sum(e["alive_at_end"] for e in ends),
-            "rss_before_mb": rss0 / 1024, "rss_after_mb": rss1 / 1024,
-            "kb_per_conn": (rss1 - rss0) / n if n else None,
-            "wall_s": wall, "gen_cpu_s": gen_cpu, "gen_cpu_pct": 100.0 * gen_cpu / wall,
-            "broker_cpu_pct": 100.0 * (cpu1 - cpu0) / wall,
-            "errors": [e for g in got for e in g["errors"] if e]}
-
-
 def persistent(broker, level, count=100000, window=100, username="bench", qos=1, app_client=None,
                profile=None, profile_s=4.0):
     """A persistent subscriber (QoS ``qos``, 1 or 2) offline while ``count``

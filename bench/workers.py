@@ -309,42 +309,6 @@ def latency_worker(ctl, role: dict) -> None:
         ctl.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"))
 
 
-def idle_worker(ctl, role: dict) -> None:
-    """Open ``count`` idle connections; → ("connected", info) ← ("close")."""
-    try:
-        raise_nofile()
-        loop = Loop(ctl)
-        level = role["level"]
-        _await_go(loop, ctl)
-        cpu0 = cpu_seconds()
-        specs = [{"id": f"{role['prefix']}-{i}", "keep_alive": 0} for i in range(role["count"])]
-        err = None
-        try:
-            clients = open_clients(loop, role["host"], role["port"], specs, level,
-                                   timeout=role.get("timeout", 120), window=role.get("window", 100))
-        except Exception as e:
-            err = f"{type(e).__name__}: {e}"
-            clients = []
-        t1 = now()
-        ctl.send(("connected", {"t_done": t1, "connected": len(clients), "cpu": cpu_seconds() - cpu0,
-                                "errors": [err] if err else []}))
-        # stay connected (and answer nothing: keep alive 0) until told to close
-        while True:
-            try:
-                m = loop.ctl_wait(300)
-            except TimeoutError:
-                break
-            if m[0] == "close":
-                break
-        alive = sum(1 for c in clients if not c.closed)
-        for c in clients:
-            c.close()
-        ctl.send(("done", {"alive_at_end": alive}))
-    except Exception as e:
-        import traceback
-        ctl.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"))
-
-
 def persistent_worker(ctl, role: dict) -> None:
     """Persistent session: subscribe, go offline, publish ``count`` messages
     at QoS ``role["qos"]`` (1 or 2, default 1; payload = sequence number),
