@@ -12,6 +12,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Callable
 
+import re
+
 import yaml
 from twisted.logger import Logger
 
@@ -28,6 +30,8 @@ from tbmq.config.schema import (
     KafkaConfig,
     LISTENER_TYPES,
     ListenerConfig,
+    ClientRateLimitConfig,
+    ClusterRateLimitConfig,
     LoginLimitsConfig,
     MAX_PACKET_SIZE,
     MqttConfig,
@@ -41,6 +45,7 @@ from tbmq.config.schema import (
     TLS_LISTENER_TYPES,
 )
 from tbmq.errors import ConfigError
+from tbmq.ratelimit import parse_limits
 from tbmq.log import LEVELS as LOG_LEVELS, OBSERVER as LOG_OBSERVER
 
 log = Logger(observer=LOG_OBSERVER)
@@ -87,7 +92,17 @@ def _http_path(value: Any) -> str | None:
     return None
 
 
+def _limit_pairs(value: Any) -> str | None:
+    try:
+        parse_limits(value)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 _CHECKS: dict[type, dict[str, Check]] = {
+    ClientRateLimitConfig: {"client_config": _limit_pairs},
+    ClusterRateLimitConfig: {"config": _limit_pairs},
     ListenerConfig: {
         "name": _not_empty,
         "type": _one_of(*LISTENER_TYPES),
@@ -122,6 +137,8 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "max_inflight_messages": _range(1, 65535),
         "max_outbound_buffer": _range(65536),
         "outbound_pause_timeout": _positive,
+        "sessions_limit": _range(0),
+        "application_clients_limit": _range(0),
     },
     StorageConfig: {
         "backend": _one_of(*STORAGE_BACKENDS),
@@ -376,10 +393,40 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     return where + " ".join(str(problem).split())
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader without YAML 1.1's base 60 numbers: ``10:1``
+    (a ``limit:seconds`` pair of ``mqtt.rate_limits``) stays the string it
+    is in YAML 1.2 instead of becoming the integer 601."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers
+            if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"""^(?:[-+]?0b[0-1_]+
+    |[-+]?0[0-7_]+
+    |[-+]?(?:0|[1-9][0-9_]*)
+    |[-+]?0x[0-9a-fA-F_]+)$""", re.X),
+    list("-+0123456789"))
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+    |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def _yaml_load(stream) -> Any:
+    return yaml.load(stream, Loader=_Loader)
+
+
 def _read_file(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = _yaml_load(f)
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from e
     except yaml.YAMLError as e:
@@ -397,7 +444,7 @@ def _parse_env_value(text: str) -> Any:
     if text == "":
         return ""
     try:
-        return yaml.safe_load(text)
+        return _yaml_load(text)
     except yaml.YAMLError:
         return text
 

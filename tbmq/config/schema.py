@@ -100,6 +100,56 @@ class ListenerConfig:
 
 
 @dataclass(frozen=True)
+class ClientRateLimitConfig:
+    """A limit per client (TBMQ's ``mqtt.rate-limits.incoming-publish`` and
+    ``outgoing-publish``; see :mod:`tbmq.broker.limits`).
+
+    :ivar enabled: whether the limit applies.
+    :ivar client_config: ``limit:seconds`` pairs, comma separated
+        (``10:1,300:60``: at most 10 messages in any second and 300 in any
+        minute; every pair holds); TBMQ's default ``10:1,300:60``.
+    """
+
+    enabled: bool = False
+    client_config: str = "10:1,300:60"
+
+
+@dataclass(frozen=True)
+class ClusterRateLimitConfig:
+    """A limit for the whole cluster (TBMQ's ``mqtt.rate-limits.total`` and
+    ``device-persisted-messages``), shared out among the live nodes (see
+    :mod:`tbmq.broker.limits`).
+
+    :ivar enabled: whether the limit applies.
+    :ivar config: ``limit:seconds`` pairs, comma separated, as
+        :attr:`ClientRateLimitConfig.client_config`.
+    """
+
+    enabled: bool = False
+    config: str = "1000:1,50000:60"
+
+
+@dataclass(frozen=True)
+class RateLimitsConfig:
+    """TBMQ's ``mqtt.rate-limits``, each off by default with TBMQ's default
+    pairs.
+
+    :ivar incoming_publish: PUBLISH packets per publishing client.
+    :ivar outgoing_publish: QoS 0 PUBLISH packets per non-persistent
+        subscriber.
+    :ivar total: incoming and outgoing messages of the whole cluster.
+    :ivar device_persisted_messages: messages stored for persistent DEVICE
+        clients, the whole cluster.
+    """
+
+    incoming_publish: ClientRateLimitConfig = field(default_factory=ClientRateLimitConfig)
+    outgoing_publish: ClientRateLimitConfig = field(default_factory=ClientRateLimitConfig)
+    total: ClusterRateLimitConfig = field(default_factory=ClusterRateLimitConfig)
+    device_persisted_messages: ClusterRateLimitConfig = field(
+        default_factory=lambda: ClusterRateLimitConfig(config="100:1,1000:60"))
+
+
+@dataclass(frozen=True)
 class MqttConfig:
     """Protocol limits and the capabilities announced in CONNACK.
 
@@ -163,6 +213,15 @@ class MqttConfig:
         its client counts as slow, >= 65536.
     :ivar outbound_pause_timeout: seconds a congested session may hold the
         sources that feed it: a credit refilled over ten times as long, > 0.
+    :ivar rate_limits: see :class:`RateLimitsConfig`.
+    :ivar sessions_limit: sessions in the cluster (persistent ones and
+        connected clean ones, as the session registry knows them), >= 0 (0:
+        no limit); a CONNECT that would make one more gets CONNACK 0x97
+        Quota exceeded (v3: 0x03 Server unavailable).  TBMQ's
+        ``mqtt.sessions-limit``; a soft limit (two nodes may admit the
+        last place at once).
+    :ivar application_clients_limit: persistent APPLICATION sessions in the
+        cluster, >= 0 (0: no limit), refused as ``sessions_limit``.
     """
 
     max_packet_size: int = 1048576
@@ -191,6 +250,9 @@ class MqttConfig:
     response_information: str = ""
     max_outbound_buffer: int = 4194304
     outbound_pause_timeout: float = 1.0
+    rate_limits: RateLimitsConfig = field(default_factory=RateLimitsConfig)
+    sessions_limit: int = 0
+    application_clients_limit: int = 0
 
 
 @dataclass(frozen=True)
