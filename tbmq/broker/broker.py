@@ -17,6 +17,7 @@ from twisted.logger import Logger
 
 from tbmq.auth.watch import CredentialsWatcher
 from tbmq.broker.hooks import DropCounter, Hooks
+from tbmq.broker.limits import NodeLimits
 from tbmq.broker.outbound import Holds, TurnFlusher
 from tbmq.broker.protocol import ConnectionContext
 from tbmq.broker.router import Router
@@ -164,6 +165,7 @@ class Broker:
         self.sinks = Sinks.build(bus, self.topics)
         self.router = Router(bus, self.topics, self.service_id, clock, retained_store,
                              self.sessions_by_id, self.registry.get, self.sinks)
+        self.limits = self._limits(config.mqtt, clock)
         self.applications = ApplicationReader(bus, self.topics.app, self.topics.app_shared)
         self.book = SubscriptionBook(bus, self.topics.client_subscriptions, self.service_id,
                                      self.router, clock)
@@ -191,6 +193,21 @@ class Broker:
         self.downlink_reader = DownlinkReader(self.sessions_by_id, clock)
         self.watcher: CredentialsWatcher | None = None
 
+    def _limits(self, mqtt, clock) -> NodeLimits | None:
+        """The node's :class:`~tbmq.broker.limits.NodeLimits`, wired where
+        its limits apply, or None when every limit is off (nothing is
+        checked then)."""
+        limits = NodeLimits(mqtt, clock, self.drops,
+                            nodes=lambda: len(self.membership.alive()))
+        if limits.device_persisted is not None:
+            self.router.persisted_limit = limits
+        if limits.application_clients_limit:
+            self.registry.listeners.append(limits.session_changed)
+        if not (limits.checks_incoming or limits.checks_outgoing or limits.checks_sessions
+                or limits.device_persisted is not None):
+            return None
+        return limits
+
     def _session_context(self, manager) -> SessionContext:
         return SessionContext(
             clock=self.clock, mqtt=self.config.mqtt, hooks=self.hooks, drops=self.drops,
@@ -198,14 +215,21 @@ class Broker:
             publish=self.router.publish, retained_for=self.router.retained_for,
             subscriptions=manager, topics=TopicNameCache(), auth=self.config.auth,
             applications=self.applications, traffic=self.traffic,
-            mark=partial(write_marker, self.sinks.persisted, self.service_id))
+            mark=partial(write_marker, self.sinks.persisted, self.service_id),
+            limits_in=self._limits_if("checks_incoming"),
+            limits_out=self._limits_if("checks_outgoing"))
+
+    def _limits_if(self, which: str) -> NodeLimits | None:
+        limits = self.limits
+        return limits if limits is not None and getattr(limits, which) else None
 
     def connection_context(self) -> ConnectionContext:
         """What the connections of a listener use of this node."""
         return ConnectionContext(
             clock=self.clock, config=self.config, hooks=self.hooks, sessions=self.sessions,
             connections=self.connections, flusher=self.flusher,
-            credentials=self.credential_store, traffic=self.traffic)
+            credentials=self.credential_store, traffic=self.traffic,
+            limits=self._limits_if("checks_sessions"))
 
     @property
     def dropped(self) -> dict[str, int]:

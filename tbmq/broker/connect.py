@@ -367,10 +367,36 @@ class ConnectFlow:
                 self._drop_held()
                 return self._refuse(ReasonCode.QUOTA_EXCEEDED, f"{held} persistent sessions from "
                                     f"{host} already (mqtt.max_persistent_sessions_per_address)")
+        limits = self.ctx.limits
+        if limits is not None and self._over_session_limit(limits, connect, result):
+            return
         d = sessions.connect(self, connect, result.client_type, expiry_cap=cap, address=host)
         d.addCallbacks(self._session_opened, self._session_refused,
                        callbackArgs=(result, request))
         d.addErrback(self._internal_error)
+
+    def _over_session_limit(self, limits, connect, result: AuthResult) -> bool:
+        """``mqtt.sessions_limit`` and ``mqtt.application_clients_limit``
+        (TBMQ's): a CONNECT that would create a session past one of them
+        gets CONNACK QUOTA_EXCEEDED (0x97; v3: 3 Server unavailable, the
+        closest return code [MQTT-3.2.2.3]), counted and logged by
+        :class:`~tbmq.broker.limits.NodeLimits`.
+
+        :returns: True when refused."""
+        sessions = self.ctx.sessions
+        client_id = connect.client_id
+        registry = sessions.registry
+        refused = limits.admit_session(len(registry.sessions), is_persistent(connect),
+                                       result.client_type, sessions.known(client_id),
+                                       registry.get(client_id))
+        if refused is None:
+            return False
+        limits.note(refused, "CONNECT of {client_id} from {peer} refused (0x97): over "
+                    "mqtt.{limit} ({count})", client_id=client_id, peer=self._peer(),
+                    count=getattr(limits, refused))
+        self._drop_held()
+        self._refuse_quietly(ReasonCode.QUOTA_EXCEEDED)
+        return True
 
     def _session_refused(self, failure) -> None:
         """No answer from the cluster: CONNACK SERVER_UNAVAILABLE (0x88; v3:

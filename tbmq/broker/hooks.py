@@ -169,7 +169,8 @@ class Hooks:
 
 #: Every reason the node counts a message as not delivered (the keys of
 #: :attr:`DropCounter.counts`, the ``reason`` labels of
-#: ``tbmq_messages_dropped_total``; the first five also reach the
+#: ``tbmq_messages_dropped_total``; the first five, and a delivery's
+#: ``outgoing_rate_limited`` and ``total_rate_limited``, also reach the
 #: ``tbmq_message_dropped`` hook, from :meth:`tbmq.broker.outbox.Outbox.drop`,
 #: which also hears of ``session_ended``, not counted here):
 #:
@@ -188,9 +189,20 @@ class Hooks:
 #:   session, removed at the device store's limit;
 #: * ``not_authorized``: a PUBLISH its client may not publish (NOT_AUTHORIZED
 #:   for a v5 QoS 1/2 publisher);
-#: * ``bus_refused``: a PUBLISH the bus did not take (not acknowledged).
+#: * ``bus_refused``: a PUBLISH the bus did not take (not acknowledged);
+#: * ``incoming_rate_limited``: a PUBLISH over its client's
+#:   ``mqtt.rate_limits.incoming_publish`` (see :mod:`tbmq.broker.limits`);
+#: * ``outgoing_rate_limited``: a QoS 0 delivery over its non-persistent
+#:   subscriber's ``mqtt.rate_limits.outgoing_publish``;
+#: * ``total_rate_limited``: a PUBLISH or a delivery over this node's share
+#:   of ``mqtt.rate_limits.total``;
+#: * ``device_persisted_rate_limited``: a message not stored for a
+#:   persistent DEVICE, over this node's share of
+#:   ``mqtt.rate_limits.device_persisted_messages``.
 DROP_REASONS = ("expired", "offline_qos0", "slow_consumer", "quota_exceeded",
-                "too_large_for_client", "store_limit", "not_authorized", "bus_refused")
+                "too_large_for_client", "store_limit", "not_authorized", "bus_refused",
+                "incoming_rate_limited", "outgoing_rate_limited", "total_rate_limited",
+                "device_persisted_rate_limited")
 
 
 class DropCounter:

@@ -54,6 +54,9 @@ class ConnectionContext:
         or None (every line written).
     :ivar traffic: the node's :class:`tbmq.broker.traffic.Traffic`, where
         connections count the bytes they read and write.
+    :ivar limits: the node's :class:`tbmq.broker.limits.NodeLimits` when
+        ``mqtt.sessions_limit`` or ``mqtt.application_clients_limit`` is
+        set, else None.
     """
 
     clock: Any
@@ -66,6 +69,7 @@ class ConnectionContext:
     guard: Any = None
     before_connect_log: Any = None
     traffic: Any = None
+    limits: Any = None
 
 
 #: broker → (its LoginGuard, its LogThrottle of lines before CONNECT): one

@@ -81,6 +81,10 @@ class Router:
     :ivar shared: topic filter → ``{share name: SharedGroup}``: the shared
         subscriptions, kept apart so that nothing tests what a value is.
     :ivar retained: the retained tree.
+    :ivar persisted_limit: the node's :class:`tbmq.broker.limits.NodeLimits`
+        when ``mqtt.rate_limits.device_persisted_messages`` is enabled, else
+        None: a delivery for a persistent DEVICE's store over it is not
+        stored (TBMQ's).
     """
 
     log = Logger(observer=LOG_OBSERVER)
@@ -98,6 +102,7 @@ class Router:
         self.shared = SubscriptionTrie()
         self.retained = RetainedTree()
         self.sinks = sinks if sinks is not None else Sinks.build(bus, topics)
+        self.persisted_limit = None
         self.consumer = None
         self._msg_all = topics.msg_all
         self._seconds = clock.seconds
@@ -275,6 +280,10 @@ class Router:
                 self.log.debug("QoS {qos} delivery on {topic} to {client_id} dropped: the "
                                "session registry does not know it", qos=qos,
                                topic=message.topic, client_id=client_id)
+            return pending
+        limit = self.persisted_limit
+        if limit is not None and sink is self.sinks.persisted \
+                and not limit.admit_persisted(client_id):
             return pending
         if pending is None:
             pending = Completion()

@@ -132,6 +132,10 @@ class SessionContext:
         session's connection (:func:`tbmq.cluster.sinks.write_marker` on
         the node's ``persisted`` sink, with this node's service id);
         returns None or a Deferred.  None: no markers (the session's first read of the store is its only one).
+    :ivar limits_in: the node's :class:`tbmq.broker.limits.NodeLimits` when
+        a limit applies to PUBLISH packets from clients, else None.
+    :ivar limits_out: the same when a limit applies to deliveries to live
+        sessions, else None.
     """
 
     clock: Any
@@ -149,6 +153,8 @@ class SessionContext:
     applications: Any = None
     traffic: Traffic = field(default_factory=Traffic)
     mark: Callable | None = None
+    limits_in: Any = None
+    limits_out: Any = None
 
 
 class Session(Outbox):
@@ -179,7 +185,7 @@ class Session(Outbox):
         credentials_name view inflight queue queued_bytes _next_packet_id _max_inflight _completed slow
         overflowed _holding _hold_since _hold_timer _credit paged_out _loading _last_seq _arrived _reread
         _marker_wait _finished_in_read _app_done app_consumers dropped _drop_logged_at _drops_logged
-        sent_aliases _traffic _latency _sent _sent_bytes _received _received_bytes""".split())
+        sent_aliases _traffic _latency _sent _sent_bytes _received _received_bytes rate_in rate_out""".split())
 
     def __init__(self, ctx: SessionContext, client_id: str, *, persistent: bool,
                  expiry_interval: int = 0, protocol_level: int = 4,
@@ -196,6 +202,8 @@ class Session(Outbox):
         # inbound QoS 2 packet ids from the PUBLISH to the PUBREL [MQTT-4.3.3-10]
         self.inbound_qos2: set[int] | frozenset = _NO_IDS  # a set from the first QoS 2 PUBLISH
         self.inbound_unacked = 0
+        # the client's buckets of mqtt.rate_limits, made at first use when enabled
+        self.rate_in = self.rate_out = None
         # topic aliases of the current connection [MQTT-3.3.2-7]
         self.aliases: dict[int, str] = {}
         # acks waiting for earlier acks, to keep PUBACK/PUBREC in order [MQTT-4.6.0-2]
@@ -308,6 +316,10 @@ class Session(Outbox):
                 self.ack_when(None, (Puback if qos == 1 else Pubrec)(
                     pid, ReasonCode.TOPIC_NAME_INVALID))
                 return None
+        limits = self.ctx.limits_in
+        if limits is not None and limits.admit_incoming(self) is not None:
+            self._over_rate(packet, conn, v5)
+            return None
         if v5 and props.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1 and not valid_utf8(packet.payload):
             # payload format 1 must be UTF-8 [MQTT-3.3.2-4]: refused with 0x99
             if qos == 0:
@@ -362,6 +374,21 @@ class Session(Outbox):
                 del cache[next(iter(cache))]  # the oldest
             cache[topic] = (allowed, now + settings.cache_ttl)
         return allowed
+
+    def _over_rate(self, packet: Publish, conn, v5: bool) -> None:
+        """A PUBLISH over ``mqtt.rate_limits.incoming_publish`` or
+        ``total`` (counted and logged by
+        :class:`~tbmq.broker.limits.NodeLimits`), not routed: a v5 QoS 1/2
+        one gets PUBACK / PUBREC QUOTA_EXCEEDED (0x97, as TBMQ: 0x96 Message
+        rate too high is a DISCONNECT reason code only, not one of PUBACK's
+        [MQTT-3.4.2.1] or PUBREC's [MQTT-3.5.2.1]), a v5 QoS 0 one is
+        dropped (as TBMQ), and a v3 client, which has no negative
+        acknowledgement [MQTT-3.3.5-2], is disconnected (as TBMQ)."""
+        if not v5:
+            conn.disconnect(ReasonCode.MESSAGE_RATE_TOO_HIGH)
+        elif packet.qos:
+            self.ack_when(None, (Puback if packet.qos == 1 else Pubrec)(
+                packet.packet_id, ReasonCode.QUOTA_EXCEEDED))
 
     def _publish_denied(self, packet: Publish, topic: str, conn) -> None:
         """Not authorized: the message is dropped; v5 QoS 1/2 get 0x87, v3
