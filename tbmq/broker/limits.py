@@ -54,7 +54,10 @@ from tbmq.log import OBSERVER as LOG_OBSERVER, LogThrottle
 from tbmq.model import ClientType
 from tbmq.ratelimit import Bands, TokenBucket, parse_limits
 
-__all__ = ["NodeLimits", "RESPLIT_INTERVAL", "LOG_INTERVAL"]
+__all__ = ["NodeLimits", "RESPLIT_INTERVAL", "LOG_INTERVAL", "SESSION_LIMITS"]
+
+#: the keys of :attr:`NodeLimits.refused` (config keys of ``mqtt``)
+SESSION_LIMITS = ("sessions_limit", "application_clients_limit")
 
 #: seconds between two looks at the number of live nodes
 RESPLIT_INTERVAL = 1.0
@@ -99,7 +102,7 @@ class NodeLimits:
         self.sessions_limit = mqtt.sessions_limit
         self.application_clients_limit = mqtt.application_clients_limit
         self.applications = 0
-        self.refused = {"sessions_limit": 0, "application_clients_limit": 0}
+        self.refused = dict.fromkeys(SESSION_LIMITS, 0)
         self.incoming = (Bands(parse_limits(limits.incoming_publish.client_config))
                          if limits.incoming_publish.enabled else None)
         self.outgoing = (Bands(parse_limits(limits.outgoing_publish.client_config))

@@ -36,6 +36,8 @@ name                                        type       labels / meaning
 ``backend_call_seconds``                    histogram  ``backend``, ``method``: bus and stores
 ``consumer_lag_records``                    gauge      ``group``, ``topic``: not yet committed
 ``authentication_failures_total``           counter    ``reason_code``: refused CONNECTs
+``sessions_refused_total``                  counter    ``limit``: CONNECTs over ``mqtt.sessions_limit``
+                                                       or ``mqtt.application_clients_limit``
 ==========================================  =========  ==========================================
 
 Every labelled counter has its series from the start, at 0: each QoS, each
@@ -55,6 +57,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from tbmq.broker.limits import SESSION_LIMITS
 from tbmq.broker.traffic import LATENCY_BOUNDS
 
 __all__ = ["CONTENT_TYPE", "NodeCollector", "make_registry", "render"]
@@ -174,6 +177,14 @@ class NodeCollector(Collector):
         for code, n in sorted(stats.auth_failures.items()):
             failures.add_metric([f"0x{code:02X}"], n)
         yield failures
+        refused = CounterMetricFamily("tbmq_sessions_refused",
+                                      "CONNECTs refused by a session limit of mqtt.",
+                                      labels=["limit"])
+        limits = getattr(broker, "limits", None)
+        counts = limits.refused if limits is not None else dict.fromkeys(SESSION_LIMITS, 0)
+        for limit, n in sorted(counts.items()):
+            refused.add_metric([limit], n)
+        yield refused
 
 
 def make_registry(stats) -> CollectorRegistry:

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tbmq.mqtt import Puback, Pubcomp, Publish, Pubrec, Pubrel, ReasonCode
 from tests.integration.conftest import _finish
-from tests.integration.helpers import HOST, PahoClient, uid, wait_for
-from tests.integration.ops import start_ops_broker
+from tests.integration.helpers import HOST, PahoClient, RawClient, uid, wait_for
+from tests.integration.ops import start_ops_broker, tbmq_cli
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -170,3 +170,95 @@ def test_device_persisted_over_limit_not_stored(node, mqtt):
     wait_for(lambda: "over rate_limits.device_persisted_messages" in node.log(),
              what="the log line")
     back.assert_empty()
+
+
+def metric(node, name: str, **labels) -> float:
+    with urllib.request.urlopen(f"http://{HOST}:{node.http_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    raise AssertionError(f"no {name}{labels}")
+
+
+APP_USER, APP_PASSWORD = "app-user", "app-secret"
+
+
+@pytest.fixture
+def session_node(tmp_path):
+    """sessions_limit 3, application_clients_limit 1, and an APPLICATION
+    user."""
+    workdir = tmp_path / "sessions"
+    workdir.mkdir()
+    tbmq_cli(workdir / "data", "credentials", "add", "--type", "basic", "--name", "app",
+             "--client-type", "APPLICATION", "--username", APP_USER, "--password",
+             APP_PASSWORD, "--rounds", "4")
+    broker = start_ops_broker(workdir, env={"TBMQ_MQTT__SESSIONS_LIMIT": "3",
+                                            "TBMQ_MQTT__APPLICATION_CLIENTS_LIMIT": "1"})
+    yield broker
+    _finish(broker)
+
+
+def connect(port: int, version: int, client_id: str | None = None, app: bool = False,
+            persistent: bool = False, expect_rc: int | None = 0) -> PahoClient:
+    c = PahoClient(port, version, client_id, clean_session=not persistent)
+    if app:
+        c.client.username_pw_set(APP_USER, APP_PASSWORD)
+    if version == 5:
+        c.connect_and_wait(clean_start=not persistent, expect_rc=expect_rc,
+                           session_expiry=300 if persistent else None)
+    else:
+        c.connect_and_wait(expect_rc=expect_rc)
+    return c
+
+
+def v3_connack(port: int, client_id: str, app: bool = False) -> int:
+    """The CONNACK return code a 3.1.1 client gets (paho shows return code
+    3 as 0x88: a raw client reads the byte itself)."""
+    c = RawClient(port, 4)
+    try:
+        credentials = {"username": APP_USER, "password": APP_PASSWORD.encode()} if app else {}
+        ack = c.connect(client_id, clean_start=not app, **credentials)
+        return ack.reason_code
+    finally:
+        c.close()
+
+
+def test_session_limits_on_one_node(session_node):
+    port = session_node.port
+    clients = []
+    try:
+        app = connect(port, 5, f"app-{uid()}", app=True, persistent=True)
+        clients.append(app)
+        # a second persistent APPLICATION session: over application_clients_limit
+        clients.append(connect(port, 5, f"app2-{uid()}", app=True, persistent=True,
+                               expect_rc=ReasonCode.QUOTA_EXCEEDED))
+        assert v3_connack(port, f"app3-{uid()}", app=True) == 3  # v3: Server unavailable
+        # the APPLICATION client's own session comes back
+        app.disconnect()
+        app = connect(port, 5, app.client_id, app=True, persistent=True)
+        clients.append(app)
+        assert app.session_present
+        devices = [connect(port, v, f"dev-{uid()}") for v in (4, 5)]
+        clients.extend(devices)
+        # 3 sessions: one more is refused, v5 and v3.1.1
+        clients.append(connect(port, 5, f"dev-{uid()}", expect_rc=ReasonCode.QUOTA_EXCEEDED))
+        assert v3_connack(port, f"dev-{uid()}") == 3
+        # a client that has a session is never refused
+        app.disconnect()
+        app = connect(port, 5, app.client_id, app=True, persistent=True)
+        clients.append(app)
+        # a clean session that ends makes room
+        devices[0].disconnect()
+        wait_for(lambda: (lambda c: clients.append(c) or c.connack_code == 0)(
+            connect(port, 5, f"dev-{uid()}", expect_rc=None)), what="a place freed")
+        assert metric(session_node, "tbmq_sessions_refused_total",
+                      limit="application_clients_limit") == 2
+        assert metric(session_node, "tbmq_sessions_refused_total",
+                      limit="sessions_limit") >= 2
+        log = session_node.log()
+        assert log.count("over mqtt.application_clients_limit") == 1, log[-3000:]
+    finally:
+        for c in clients:
+            c.close()
