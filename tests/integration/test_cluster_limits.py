@@ -5,8 +5,6 @@ other; and ``mqtt.rate_limits.total`` split between the live nodes."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import urllib.request
 
 import pytest
@@ -15,12 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from tbmq.mqtt import ReasonCode
 from tests.integration.cluster import ClusterNode, Services
 from tests.integration.conftest import _LIVE
-from tests.integration.helpers import HOST, REPO_ROOT, PahoClient, free_port, uid, wait_for
+from tests.integration.helpers import HOST, PahoClient, free_port, uid, wait_for
+from tests.integration.test_cluster import APP_PASSWORD, APP_USER, _add_application_credentials
 from tests.postgres import new_database
 
 pytestmark = pytest.mark.timeout(300)
-
-APP_USER, APP_PASSWORD = "app-user", "app-secret"
 
 LIMITS = {
     "TBMQ_MQTT__SESSIONS_LIMIT": "3",
@@ -34,13 +31,7 @@ LIMITS = {
 def nodes(kafka_bootstrap, redis_url, postgres_dsn, tmp_path_factory):
     services = Services(kafka_bootstrap, redis_url, new_database(postgres_dsn), f"l{uid()[:8]}")
     workdir = tmp_path_factory.mktemp("cluster-limits")
-    config = workdir / "cli.yml"
-    config.write_text(f"auth:\n  credentials: postgres\npostgres:\n  dsn: \"{services.dsn}\"\n")
-    subprocess.run(
-        [sys.executable, "-m", "tbmq.cli", "credentials", "add", "--config", str(config),
-         "--type", "basic", "--name", "app", "--client-type", "APPLICATION",
-         "--username", APP_USER, "--password", APP_PASSWORD, "--rounds", "4"],
-        check=True, cwd=REPO_ROOT, capture_output=True)
+    _add_application_credentials(services, workdir)
     started = []
     for sid in ("node-a", "node-b"):
         http_port = free_port()

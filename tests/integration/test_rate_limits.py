@@ -37,14 +37,18 @@ def node(tmp_path_factory):
 
 def dropped(node, reason: str) -> float:
     """``tbmq_messages_dropped_total{reason=...}`` of ``/metrics``."""
+    return metric(node, "tbmq_messages_dropped_total", reason=reason)
+
+
+def metric(node, name: str, **labels) -> float:
+    """One sample of the node's ``/metrics``."""
     with urllib.request.urlopen(f"http://{HOST}:{node.http_port}/metrics", timeout=10) as r:
         text = r.read().decode()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "tbmq_messages_dropped_total" \
-                    and sample.labels.get("reason") == reason:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
-    raise AssertionError(f"no tbmq_messages_dropped_total{{reason={reason}}}")
+    raise AssertionError(f"no {name}{labels}")
 
 
 class Acks:
@@ -170,16 +174,6 @@ def test_device_persisted_over_limit_not_stored(node, mqtt):
     wait_for(lambda: "over rate_limits.device_persisted_messages" in node.log(),
              what="the log line")
     back.assert_empty()
-
-
-def metric(node, name: str, **labels) -> float:
-    with urllib.request.urlopen(f"http://{HOST}:{node.http_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    raise AssertionError(f"no {name}{labels}")
 
 
 APP_USER, APP_PASSWORD = "app-user", "app-secret"
