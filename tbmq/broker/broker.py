@@ -32,6 +32,7 @@ from tbmq.cluster.sinks import (
 from tbmq.cluster.topics import CLUSTER_BUNDLE, TopicCatalogue, node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.mqtt import ReasonCode
+from tbmq.node_view import NodeView
 from tbmq.plugins import first_result, log_plugins
 
 
@@ -139,11 +140,11 @@ class Broker:
             raise ConfigError(
                 f"auth.credentials: no plugin provides {config.auth.credentials!r}")
         log_plugins(plugins, provided)
-        #: the latencies of backend calls (:class:`tbmq.ops.timing.CallTimes`),
+        #: the latencies of backend calls (:class:`tbmq.timing.CallTimes`),
         #: measured only while the HTTP listener (and so ``/metrics``) is on
         self.call_times = None
         if config.http.endpoint is not None:
-            from tbmq.ops.timing import instrument
+            from tbmq.timing import instrument
 
             self.call_times, (bus, retained_store, device_store, credential_store) = \
                 instrument(bus, retained_store, device_store, credential_store)
@@ -190,6 +191,9 @@ class Broker:
         self.registry.listeners.append(self.persisted_writer.session_changed)
         self.downlink_reader = DownlinkReader(self.sessions_by_id, clock)
         self.watcher: CredentialsWatcher | None = None
+        #: what operations and plugins see of this node (one view, handed to
+        #: the ops service and to the ``tbmq_broker_started``/``stopping`` hooks)
+        self.view = NodeView(self)
 
     def _session_context(self, manager) -> SessionContext:
         return SessionContext(
@@ -268,7 +272,7 @@ class Broker:
         self.log.info("broker {service_id} started: {sessions} persistent sessions, "
                       "{retained} retained messages", service_id=self.service_id,
                       sessions=restored, retained=len(self.router.retained))
-        self.plugins.hook.tbmq_broker_started(broker=self)
+        self.plugins.hook.tbmq_broker_started(broker=self.view)
 
     def consumers(self) -> list:
         """:returns: every bus consumer of this node (``IConsumer``), its
@@ -295,7 +299,7 @@ class Broker:
         """Close every connection (v5 clients get DISCONNECT
         SERVER_SHUTTING_DOWN), then
         flush and stop the backends."""
-        self.plugins.hook.tbmq_broker_stopping(broker=self)
+        self.plugins.hook.tbmq_broker_stopping(broker=self.view)
         if self.watcher is not None:
             self.watcher.stop()
         connections = list(self.connections)

@@ -93,7 +93,7 @@ class NodeCollector(Collector):
 
     def collect(self):
         stats = self.stats
-        broker = stats.broker
+        node = stats.node
         traffic = stats.traffic()
         info = GaugeMetricFamily("tbmq_info", "The node's service id and version.",
                                  labels=["service_id", "version"])
@@ -105,7 +105,7 @@ class NodeCollector(Collector):
                                         "Open MQTT connections, by listener.",
                                         labels=["listener"])
         by_listener = stats.connections()
-        for lc in broker.config.listeners:
+        for lc in node.config.listeners:
             by_listener.setdefault(lc.name, 0)
         for name, n in sorted(by_listener.items()):
             connections.add_metric([name], n)
@@ -120,7 +120,7 @@ class NodeCollector(Collector):
                                 "Subscriptions of the whole cluster.",
                                 value=stats.cluster_subscriptions())
         yield GaugeMetricFamily("tbmq_cluster_nodes", "Nodes alive, this one included.",
-                                value=len(broker.membership.alive()))
+                                value=len(node.alive_nodes()))
         yield GaugeMetricFamily("tbmq_retained_messages", "Retained messages.",
                                 value=stats.retained_messages())
         for name, doc, values in (
@@ -157,7 +157,7 @@ class NodeCollector(Collector):
             "tbmq_backend_call_seconds",
             "Seconds of the node's calls to its bus and stores, until their result.",
             labels=["backend", "method"])
-        times = broker.call_times
+        times = node.call_times
         if times is not None:
             for (role, method), buckets in sorted(times.series.items()):
                 _histogram(calls, [role, method], buckets.bounds, buckets.counts, buckets.total)
