@@ -117,7 +117,7 @@ def tbmq_authorize_publish(session, auth, topic):
 
     Called for every PUBLISH (and a will message at CONNECT).
 
-    :param session: the :class:`tbmq.broker.session.Session`.
+    :param session: the :class:`tbmq.views.SessionView` of the session.
     :param auth: the :class:`tbmq.auth.AuthResult` of its connection (its
         ``rules`` are the credentials' authorization rules, kept current).
     :returns: True, False, or None to pass; all pass → denied (v5 PUBACK /
