@@ -97,6 +97,16 @@ class Admin(drivers.Admin):
                 if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
 
+    def delete_topics(self, names: list[str]) -> None:
+        futures = self._client.delete_topics(names, request_timeout=self._timeout,
+                                             operation_timeout=self._timeout)
+        for future in futures.values():
+            try:
+                future.result(timeout=self._timeout * 2)
+            except KafkaException as e:
+                if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise
+
     def committed(self, group: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
         request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p)
                                                        for p in partitions])
