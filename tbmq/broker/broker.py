@@ -165,7 +165,8 @@ class Broker:
         self.sinks = Sinks.build(bus, self.topics)
         self.router = Router(bus, self.topics, self.service_id, clock, retained_store,
                              self.sessions_by_id, self.registry.get, self.sinks)
-        self.applications = ApplicationReader(bus, self.topics.app, self.topics.app_shared)
+        self.applications = ApplicationReader(bus, self.topics.app, self.topics.app_shared,
+                                              config.kafka.enable_topic_deletion)
         self.book = SubscriptionBook(bus, self.topics.client_subscriptions, self.service_id,
                                      self.router, clock)
         self.sessions = SessionManager(self._session_context, self.router, self.registry,

@@ -396,6 +396,12 @@ class KafkaConfig:
         >= 100.
     :ivar request_timeout_ms: milliseconds a produce or admin request may
         take before it fails, >= 1000.
+    :ivar enable_topic_deletion: TBMQ's ``queue.kafka.enable-topic-deletion``:
+        when the session of a persistent APPLICATION client ends (expired,
+        or removed), the node that ends it deletes its
+        ``tbmq.msg.app.<clientId>`` topic and what waited there (on any bus,
+        the embedded in-process one included); false keeps the topics
+        (Kafka's ``delete.topic.enable`` off, or topics managed by hand).
     """
 
     bootstrap_servers: str = "127.0.0.1:9092"
@@ -412,6 +418,7 @@ class KafkaConfig:
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000
     request_timeout_ms: int = 30000
+    enable_topic_deletion: bool = True
 
 
 @dataclass(frozen=True)
