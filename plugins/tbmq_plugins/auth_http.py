@@ -47,9 +47,9 @@ import types
 import urllib.parse
 from typing import Any
 
-from twisted.internet import defer, error
+from twisted.internet import defer, error, protocol
 from twisted.logger import Logger
-from twisted.web import client as web_client
+from twisted.web import client as web_client, http as web_http
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
@@ -369,8 +369,10 @@ class HttpService:
         return decide(status, content, self.cfg)
 
     @staticmethod
-    def _read(response):
-        return web_client.readBody(response).addCallback(lambda body: (response.code, body))
+    def _read(response) -> defer.Deferred:
+        collector = _Collector()
+        response.deliverBody(collector)
+        return collector.done.addCallback(lambda body: (response.code, body))
 
     def _warn(self, kind: str, fmt: str, request, **kwargs: Any) -> None:
         url = self.cfg.url.split("?", 1)[0]  # the query may hold placeholders' values
@@ -379,6 +381,27 @@ class HttpService:
     def close(self) -> defer.Deferred:
         """Close the kept-alive connections."""
         return self.pool.closeCachedConnections()
+
+
+class _Collector(protocol.Protocol):
+    """Reads an answer's body (:func:`twisted.web.client.readBody`, whose
+    cancel warns on a pooled connection); cancelled, it stops reading (the
+    connection is closed)."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.done = defer.Deferred(lambda d: self.transport.stopProducing())
+
+    def dataReceived(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def connectionLost(self, reason) -> None:
+        if self.done.called:
+            return
+        if reason.check(web_client.ResponseDone, web_http.PotentialDataLoss):
+            self.done.callback(b"".join(self.parts))
+        else:
+            self.done.errback(reason)
 
 
 class HttpAuth:
