@@ -214,3 +214,13 @@ def test_cached_answers_are_not_asked_again_within_the_ttl(reactor_thread, servi
         reactor_thread.call(made.close)
     assert first is second and other is not first
     assert len(service.seen) == 2
+
+
+def test_get_puts_the_fields_in_the_query_the_service_receives(reactor_thread, service):
+    service.reset(lambda seen: (200, {"result": "deny"}, 0))
+    _, decision = ask(reactor_thread, http_config(url=service.url + "?v=1", method="GET",
+                                                  body={"u": "${username}", "p": "${password}"}))
+    assert decision.result == "deny"
+    (seen,) = service.seen
+    assert seen.method == "GET" and seen.body == b""
+    assert seen.query == {"v": "1", "u": "alice", "p": 'p"w&=1'}
