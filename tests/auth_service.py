@@ -5,6 +5,7 @@ port, recording every request and answering what the test sets."""
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 import urllib.parse
@@ -38,13 +39,14 @@ class Seen:
 class AuthService:
     """The service; ``with AuthService() as s:`` starts and stops it.
 
-    :ivar url: ``http://127.0.0.1:<port>/auth``.
+    :param tls: ``(certificate chain file, key file)`` to serve HTTPS, or None.
+    :ivar url: ``http://127.0.0.1:<port>/auth``, or ``https://localhost:<port>/auth``.
     :ivar seen: the requests received, in order.
     :ivar answer: ``answer(seen) -> (status, body, delay)``: what to send
         (the body a dict is JSON-encoded; ``delay`` seconds waited first).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tls: tuple[str, str] | None = None) -> None:
         self.seen: list[Seen] = []
         self.answer: Callable = lambda seen: (200, {"result": "allow"}, 0)
         self._lock = threading.Lock()
@@ -82,7 +84,13 @@ class AuthService:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/auth"
+        port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{port}/auth"
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            self.url = f"https://localhost:{port}/auth"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> "AuthService":

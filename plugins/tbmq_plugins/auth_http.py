@@ -32,8 +32,9 @@ Answers ``allow`` and ``deny`` are kept ``auth.http.cache_ttl`` seconds
 uses (the password as a keyed hash), at most :data:`CACHE_SIZE` of them.
 
 The requests go through :class:`twisted.web.client.Agent` with a persistent
-connection pool (HTTPS verified against the system's CA certificates), so
-the reactor never waits; the password is never logged.
+connection pool (HTTPS verified against the system's CA certificates, or
+those of ``auth.http.tls_ca``), so the reactor never waits; the password
+is never logged.
 """
 
 from __future__ import annotations
@@ -47,16 +48,16 @@ import types
 import urllib.parse
 from typing import Any
 
-from twisted.internet import defer, error, protocol
+from twisted.internet import defer, error, protocol, ssl
 from twisted.logger import Logger
 from twisted.web import client as web_client, http as web_http
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer
+from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS
 from zope.interface import implementer
 
 from tbmq.auth import AuthResult
 from tbmq.auth.rules import AuthorizationRules
-from tbmq.errors import CredentialsError
+from tbmq.errors import ConfigError, CredentialsError
 from tbmq.hookspecs import hookimpl
 from tbmq.log import LogThrottle, OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType
@@ -293,20 +294,57 @@ class _Warnings:
         self.info = logger.warn
 
 
+@implementer(IPolicyForHTTPS)
+class TrustedCAs:
+    """Verify an HTTPS service against the CA certificates of a PEM file
+    (``auth.http.tls_ca``) instead of the system's.
+
+    :param path: the PEM file, read here.
+    :raises ConfigError: naming ``auth.http.tls_ca`` when it cannot be read
+        or holds no certificate.
+    """
+
+    def __init__(self, path: str) -> None:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            blocks = re.findall(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----",
+                                data, re.S)
+            certificates = [ssl.Certificate.loadPEM(block) for block in blocks]
+        except OSError as e:
+            raise ConfigError(f"auth.http.tls_ca: cannot read {path}: {e.strerror}",
+                              key="auth.http.tls_ca") from None
+        except Exception as e:  # noqa: BLE001 (pyOpenSSL's errors)
+            raise ConfigError(f"auth.http.tls_ca: {path}: not a PEM certificate: {e}",
+                              key="auth.http.tls_ca") from None
+        if not certificates:
+            raise ConfigError(f"auth.http.tls_ca: {path} holds no PEM certificate",
+                              key="auth.http.tls_ca")
+        self.trust = ssl.trustRootFromCertificates(certificates)
+
+    def creatorForNetloc(self, hostname: bytes, port: int):
+        return ssl.optionsForClientTLS(hostname.decode("ascii"), trustRoot=self.trust)
+
+
 class HttpService:
     """The HTTP service of one ``auth.http`` config.
 
     :param cfg: the :class:`tbmq.config.HttpAuthConfig`.
     :param reactor: the reactor; the global one when None.
+    :param tls: the :class:`TrustedCAs` of ``cfg.tls_ca``, or None for the
+        system's CA certificates (Twisted's ``BrowserLikePolicyForHTTPS``).
     """
 
-    def __init__(self, cfg, reactor=None) -> None:
+    def __init__(self, cfg, reactor=None, tls: TrustedCAs | None = None) -> None:
         if reactor is None:
             from twisted.internet import reactor  # noqa: PLC0415
         self.cfg = cfg
         self.reactor = reactor
         self.pool = web_client.HTTPConnectionPool(reactor, persistent=True)
-        self.agent = web_client.Agent(reactor, pool=self.pool, connectTimeout=cfg.timeout)
+        self.pool._factory = _QuietFactory  # no log line per new connection
+        policy = tls if tls is not None else web_client.BrowserLikePolicyForHTTPS()
+        self.agent = web_client.Agent(reactor, contextFactory=policy, pool=self.pool,
+                                      connectTimeout=cfg.timeout)
         self.names = used_placeholders(cfg)
         self.cache = AnswerCache(reactor, cfg.cache_ttl) if cfg.cache_ttl > 0 else None
         self.warnings = {kind: LogThrottle(reactor, _Warnings(log), f"HTTP authentication {kind}",
@@ -383,6 +421,10 @@ class HttpService:
         return self.pool.closeCachedConnections()
 
 
+class _QuietFactory(web_client._HTTP11ClientFactory):
+    noisy = False
+
+
 class _Collector(protocol.Protocol):
     """Reads an answer's body (:func:`twisted.web.client.readBody`, whose
     cancel warns on a pooled connection); cancelled, it stops reading (the
@@ -410,12 +452,27 @@ class HttpAuth:
 
     def __init__(self) -> None:
         self.services: dict = {}
+        self.trusted: dict[str, TrustedCAs] = {}
+
+    @hookimpl
+    def tbmq_configure(self, config):
+        """Read ``auth.http.tls_ca`` now, so that a bad file stops the start.
+
+        :raises ConfigError: see :class:`TrustedCAs`.
+        """
+        path = config.auth.http.tls_ca
+        if path is not None and path not in self.trusted:
+            self.trusted[path] = TrustedCAs(path)
 
     def service(self, cfg) -> HttpService:
         """:returns: the service of ``cfg`` (made on first use)."""
         service = self.services.get(cfg)
         if service is None:
-            service = self.services[cfg] = HttpService(cfg)
+            tls = None
+            if cfg.tls_ca is not None:
+                tls = self.trusted.get(cfg.tls_ca) or self.trusted.setdefault(
+                    cfg.tls_ca, TrustedCAs(cfg.tls_ca))
+            service = self.services[cfg] = HttpService(cfg, tls=tls)
         return service
 
     @hookimpl

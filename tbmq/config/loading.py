@@ -223,6 +223,7 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "body": lambda value: None if value is None else _templates(value),
         "timeout": _positive,
         "cache_ttl": _range(0),
+        "tls_ca": _not_empty,
         "default_client_type": _one_of(*CLIENT_TYPES),
         "default_pub": _regexes,
         "default_sub": _regexes,

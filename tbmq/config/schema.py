@@ -291,6 +291,9 @@ class HttpAuthConfig:
     :ivar cache_ttl: seconds an answer (allow or deny) is reused for the
         same values of the placeholders the request uses, >= 0; 0 caches
         nothing.
+    :ivar tls_ca: a PEM file of the CA certificates an ``https://``
+        service's certificate must chain to; None: the system's CA
+        certificates.
     :ivar default_client_type: ``DEVICE`` or ``APPLICATION``: the client
         type of an accepted client whose answer names none.
     :ivar default_pub: topic-name regexes for an answer without ``pub``
@@ -305,6 +308,7 @@ class HttpAuthConfig:
     body: Mapping | None = field(default=None, hash=False)
     timeout: float = 5.0
     cache_ttl: float = 0.0
+    tls_ca: str | None = None
     default_client_type: str = "DEVICE"
     default_pub: tuple[str, ...] | None = None
     default_sub: tuple[str, ...] | None = None

@@ -210,3 +210,30 @@ def test_answers_are_cached_for_the_same_client(broker, service, clients, versio
     # another password is another question
     paho(broker, clients, version, "allowed", password="other", client_id=cid)
     assert len(requests_for(service, cid)) == 2
+
+
+def test_an_https_service_verified_with_tls_ca(tmp_path, pki, clients):
+    server = pki.ca.issue("auth-server", "localhost", server=True, dns_names=("localhost",))
+    with AuthService(tls=(str(server.chain_path), str(server.key_path))) as https:
+        https.answer = answer
+        port = free_port()
+        config = {
+            "listeners": [{"name": "tcp", "type": "tcp",
+                           "endpoint": f"tcp:{port}:interface={HOST}"}],
+            "storage": {"backend": "memory"},
+            "auth": {"providers": ["http"],
+                     "http": {"url": https.url, "tls_ca": str(pki.ca.cert_path)}},
+        }
+        path = tmp_path / "tbmq.yml"
+        path.write_text(yaml.safe_dump(config))
+        with ListenersBroker(tmp_path / "ca", path, {"tcp": port}) as b:
+            paho(b, clients, 5, "allowed")
+            paho(b, clients, 5, "denied", expect_rc=ReasonCode.NOT_AUTHORIZED)
+        assert [s.json["username"] for s in https.seen] == ["allowed", "denied"]
+        # without tls_ca the system's CA certificates do not know the test CA
+        del config["auth"]["http"]["tls_ca"]
+        path.write_text(yaml.safe_dump(config))
+        with ListenersBroker(tmp_path / "system", path, {"tcp": port}) as b:
+            paho(b, clients, 5, "allowed", expect_rc=ReasonCode.NOT_AUTHORIZED)
+            assert "certificate verify failed" in b.wait_log("HTTP authentication of")
+        assert len(https.seen) == 2

@@ -17,8 +17,8 @@ from tbmq.config import load_config
 from tbmq.errors import ConfigError
 from tbmq.model import ClientType
 from tbmq_plugins.auth_http import (
-    AnswerCache, Decision, HttpService, Unreadable, build_request, decide, placeholder_values,
-    used_placeholders,
+    AnswerCache, Decision, HttpAuth, HttpService, TrustedCAs, Unreadable, build_request, decide,
+    placeholder_values, used_placeholders,
 )
 from tests.auth_service import AuthService
 
@@ -224,3 +224,13 @@ def test_get_puts_the_fields_in_the_query_the_service_receives(reactor_thread, s
     (seen,) = service.seen
     assert seen.method == "GET" and seen.body == b""
     assert seen.query == {"v": "1", "u": "alice", "p": 'p"w&=1'}
+
+
+def test_an_unusable_tls_ca_is_a_config_error(tmp_path):
+    cfg = load_config(environ={}, overrides={"auth": {"providers": ["http"], "http": {
+        "url": "https://a/", "tls_ca": str(tmp_path / "none.pem")}}})
+    with pytest.raises(ConfigError, match=r"^auth\.http\.tls_ca: cannot read .*none\.pem"):
+        HttpAuth().tbmq_configure(cfg)
+    (tmp_path / "empty.pem").write_text("nothing here\n")
+    with pytest.raises(ConfigError, match=r"^auth\.http\.tls_ca: .*holds no PEM certificate"):
+        TrustedCAs(str(tmp_path / "empty.pem"))
