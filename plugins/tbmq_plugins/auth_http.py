@@ -230,8 +230,7 @@ def decide(status: int, body: bytes, cfg) -> Decision:
         client_type = ClientType(str(client_type).upper())
     except ValueError:
         raise Unreadable(f"client_type {client_type!r} is not DEVICE or APPLICATION") from None
-    pub = answer.get("pub", cfg.default_pub)
-    sub = answer.get("sub", cfg.default_sub)
+    pub, sub = answer.get("pub"), answer.get("sub")  # absent or null: the defaults
     try:
         rules = AuthorizationRules(pub if pub is not None else cfg.default_pub,
                                    sub if sub is not None else cfg.default_sub)
@@ -413,8 +412,8 @@ class HttpService:
         return collector.done.addCallback(lambda body: (response.code, body))
 
     def _warn(self, kind: str, fmt: str, request, **kwargs: Any) -> None:
-        url = self.cfg.url.split("?", 1)[0]  # the query may hold placeholders' values
-        self.warnings[kind].info(fmt, client_id=request.client_id, url=url, **kwargs)
+        # the URL template: no client's values (passwords) in the log
+        self.warnings[kind].info(fmt, client_id=request.client_id, url=self.cfg.url, **kwargs)
 
     def close(self) -> defer.Deferred:
         """Close the kept-alive connections."""
