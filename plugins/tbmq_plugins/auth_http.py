@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import io
 import json
 import os
 import re
@@ -48,11 +49,11 @@ import types
 import urllib.parse
 from typing import Any
 
-from twisted.internet import defer, error, protocol, ssl
+from twisted.internet import defer, error, protocol, ssl, task
 from twisted.logger import Logger
 from twisted.web import client as web_client, http as web_http
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS
+from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
 from tbmq.auth import AuthResult
@@ -147,28 +148,6 @@ def build_request(cfg, values: dict[str, str]) -> tuple[bytes, bytes, Headers, b
         if content_type is None:
             headers.addRawHeader("Content-Type", "application/json")
     return cfg.method.encode(), url.encode(), headers, body
-
-
-@implementer(IBodyProducer)
-class _Body:
-    """A request body written at once."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.length = len(data)
-
-    def startProducing(self, consumer):
-        consumer.write(self.data)
-        return defer.succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
 
 
 # -- the answer ----------------------------------------------------------------------
@@ -341,6 +320,8 @@ class HttpService:
         self.reactor = reactor
         self.pool = web_client.HTTPConnectionPool(reactor, persistent=True)
         self.pool._factory = _QuietFactory  # no log line per new connection
+        # request bodies are written by turns of this reactor
+        self.cooperator = task.Cooperator(scheduler=lambda step: reactor.callLater(0, step))
         policy = tls if tls is not None else web_client.BrowserLikePolicyForHTTPS()
         self.agent = web_client.Agent(reactor, contextFactory=policy, pool=self.pool,
                                       connectTimeout=cfg.timeout)
@@ -399,7 +380,9 @@ class HttpService:
     async def _call(self, values: dict[str, str]) -> Decision:
         method, url, headers, body = build_request(self.cfg, values)
         self.requests += 1
-        d = self.agent.request(method, url, headers, None if body is None else _Body(body))
+        producer = None if body is None else web_client.FileBodyProducer(
+            io.BytesIO(body), cooperator=self.cooperator)
+        d = self.agent.request(method, url, headers, producer)
         d.addCallback(self._read)
         d.addTimeout(self.cfg.timeout, self.reactor)
         status, content = await d

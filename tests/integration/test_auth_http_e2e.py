@@ -7,10 +7,7 @@ node made of each client."""
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.parse
-import urllib.request
 
 import pytest
 import yaml
@@ -18,7 +15,7 @@ import yaml
 from tbmq.mqtt import Connack, Puback, Publish, ReasonCode, Suback, Subscribe, SubscriptionRequest
 from tests.auth_service import AuthService
 from tests.integration.helpers import HOST, ListenersBroker, PahoClient, RawClient, free_port, uid
-from tests.integration.ops import add_admin, tbmq_cli, wait_http
+from tests.integration.ops import add_admin, api_session, tbmq_cli, wait_http
 
 #: auth.http.timeout of the broker under test, seconds
 TIMEOUT_S = 1.0
@@ -100,23 +97,6 @@ def requests_for(service, client_id):
     return [s for s in service.seen if s.json["clientid"] == client_id]
 
 
-def api_session(broker, client_id):
-    """The node's session of ``client_id`` in ``GET /api/sessions``."""
-    login = urllib.request.Request(
-        broker.api + "/api/auth/login", method="POST",
-        data=json.dumps({"username": ADMIN[0], "password": ADMIN[1]}).encode(),
-        headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(login, timeout=10) as r:
-        token = json.load(r)["token"]
-    query = urllib.parse.urlencode({"q": client_id})
-    listing = urllib.request.Request(broker.api + "/api/sessions?" + query,
-                                     headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(listing, timeout=10) as r:
-        items = [s for s in json.load(r)["items"] if s["client_id"] == client_id]
-    assert len(items) == 1, items
-    return items[0]
-
-
 @pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
 def test_allow_and_deny(broker, service, clients, version):
     paho(broker, clients, version, "allowed")
@@ -172,10 +152,10 @@ def test_5xx_timeout_and_garbage_let_the_next_provider_decide(broker, service, c
 def test_client_type_application_from_the_answer(broker, clients):
     cid = f"app-{uid()}"
     paho(broker, clients, 5, "app", client_id=cid, clean_start=False, session_expiry=600)
-    assert api_session(broker, cid)["client_type"] == "APPLICATION"
+    assert api_session(broker.api, cid, ADMIN)["client_type"] == "APPLICATION"
     cid = f"dev-{uid()}"
     paho(broker, clients, 5, "allowed", client_id=cid, clean_start=False, session_expiry=600)
-    assert api_session(broker, cid)["client_type"] == "DEVICE"
+    assert api_session(broker.api, cid, ADMIN)["client_type"] == "DEVICE"
 
 
 def test_publish_and_subscribe_rules_from_the_answer(broker, clients):

@@ -7,10 +7,6 @@ authentication provider's ``${peerhost}`` see."""
 
 from __future__ import annotations
 
-import json
-import urllib.parse
-import urllib.request
-
 import paho.mqtt.client as paho
 import pytest
 import yaml
@@ -18,7 +14,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.auth_service import AuthService
 from tests.integration.helpers import HOST, TIMEOUT, ListenersBroker, free_port, uid, wait_for
-from tests.integration.ops import add_admin, wait_http
+from tests.integration.ops import add_admin, api_session, wait_http
 
 ADMIN = ("root", "root-password-1")
 
@@ -87,18 +83,7 @@ def connect(broker):
 
 def session_address(broker, client_id: str) -> str:
     """The address ``GET /api/sessions`` shows for ``client_id``."""
-    login = urllib.request.Request(
-        broker.api + "/api/auth/login", method="POST",
-        data=json.dumps({"username": ADMIN[0], "password": ADMIN[1]}).encode(),
-        headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(login, timeout=10) as r:
-        token = json.load(r)["token"]
-    listing = urllib.request.Request(
-        broker.api + "/api/sessions?" + urllib.parse.urlencode({"q": client_id}),
-        headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(listing, timeout=10) as r:
-        (item,) = [s for s in json.load(r)["items"] if s["client_id"] == client_id]
-    return item["address"]
+    return api_session(broker.api, client_id, ADMIN)["address"]
 
 
 def peer_sent(service, client_id: str) -> str:
