@@ -161,10 +161,10 @@ class UnauthorizedLog:
                      count=self.unpublished, error=error)
 
     def listing(self) -> list[UnauthorizedAttempt]:
-        """:returns: the attempts younger than ``ttl``, newest first."""
+        """:returns: the attempts younger than ``ttl``, the last arrived
+        first."""
         oldest = self.clock.seconds() - self.ttl
-        return sorted((a for a in self.attempts.values() if a.at > oldest),
-                      key=lambda a: a.at, reverse=True)
+        return [a for a in reversed(self.attempts.values()) if a.at > oldest]
 
     def clear(self) -> defer.Deferred:
         """Forget every attempt on every node: a tombstone (key client id)
