@@ -124,7 +124,10 @@ class ConnectFlow:
         self._close()
 
     def handle_connect(self, connect: Connect) -> None:
-        """Validate CONNECT, authenticate, bind the session, send CONNACK."""
+        """Validate CONNECT, refuse a blocked client (CONNACK BANNED, v3: 5
+        Not authorized; :mod:`tbmq.cluster.blocked`), authenticate, bind the
+        session, send CONNACK.  A refusal by authentication is recorded in
+        the unauthorized-client log (:mod:`tbmq.cluster.unauthorized`)."""
         self.connect_packet = connect
         if (connect.protocol_name, connect.protocol_level) not in SUPPORTED:
             if connect.protocol_name in ("MQTT", "MQIsdp"):

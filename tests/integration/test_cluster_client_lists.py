@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.integration.cluster import ClusterNode, Services
-from tests.integration.conftest import _LIVE
+from tests.integration.conftest import _LIVE, _finish
 from tests.integration.helpers import HOST, REPO_ROOT, PahoClient, free_port, uid, wait_for
 from tests.integration.ops import Http, wait_http
 from tests.postgres import new_database
@@ -55,13 +55,7 @@ def cluster(kafka_bootstrap, redis_url, postgres_dsn, tmp_path_factory, reactor_
         nodes[name + "_api"] = http
     yield nodes
     for key in ("a", "b"):
-        node = nodes[key]
-        try:
-            node.stop()
-        finally:
-            node.kill()
-            if node in _LIVE:
-                _LIVE.remove(node)
+        _finish(nodes[key])
 
 
 def _connack(node: ClusterNode, client_id: str, username=None, password=None) -> int:
