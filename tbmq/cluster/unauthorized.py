@@ -64,10 +64,16 @@ class UnauthorizedLog:
     :ivar attempts: client id → attempt, the oldest first.
     :ivar evicted: attempts dropped because ``max_entries`` was reached.
     :ivar unpublished: attempts this node could not hand to the bus.
+    :ivar local_only: attempts past :data:`MAX_PUBLISHED_PER_SECOND`, kept
+        on this node only.
     """
 
     #: seconds between two sweeps of the attempts past ``ttl`` at most
     SWEEP_INTERVAL = 60.0
+    #: attempts a node publishes in one second at most; past it (a flood of
+    #: refused CONNECTs) they are kept on the refusing node only, so the
+    #: bus carries at most this many records per second and node
+    MAX_PUBLISHED_PER_SECOND = 200
 
     def __init__(self, bus, topic: str, service_id: str, clock, ttl: float,
                  max_entries: int) -> None:
@@ -80,6 +86,9 @@ class UnauthorizedLog:
         self.attempts: OrderedDict[str, UnauthorizedAttempt] = OrderedDict()
         self.evicted = 0
         self.unpublished = 0
+        self.local_only = 0
+        self._second = 0  # the second of the last publish, and the count in it
+        self._published = 0
         self.consumer = None
         self._sweeper = None
 
@@ -128,6 +137,9 @@ class UnauthorizedLog:
         if attempt is None:  # cleared by an operator
             self.attempts.pop(record.key, None)
             return
+        self._file(attempt)
+
+    def _file(self, attempt: UnauthorizedAttempt) -> None:
         if attempt.at <= self.clock.seconds() - self.ttl:
             return
         attempts = self.attempts
@@ -140,12 +152,21 @@ class UnauthorizedLog:
     def refused(self, client_id: str, address: str | None, username: str | None, reason: str,
                 password_provided: bool, certificate_provided: bool) -> None:
         """Record a refused CONNECT on every node (published; this node's
-        own consumer files it as the others' do).  Never raises: a bus
-        that refuses the record is counted in :attr:`unpublished` and
-        logged."""
-        attempt = UnauthorizedAttempt(client_id, address, username, reason,
-                                      self.clock.seconds(), password_provided,
-                                      certificate_provided, self.service_id)
+        own consumer files it as the others' do), or on this node only
+        past :data:`MAX_PUBLISHED_PER_SECOND` (counted in
+        :attr:`local_only`).  Never raises: a bus that refuses the record
+        is counted in :attr:`unpublished` and logged."""
+        now = self.clock.seconds()
+        attempt = UnauthorizedAttempt(client_id, address, username, reason, now,
+                                      password_provided, certificate_provided, self.service_id)
+        second = int(now)
+        if second != self._second:
+            self._second, self._published = second, 0
+        if self._published >= self.MAX_PUBLISHED_PER_SECOND:
+            self.local_only += 1
+            self._file(attempt)
+            return
+        self._published += 1
         try:
             published = self.bus.publish(self.topic, client_id, attempt)
         except Exception as e:

@@ -177,3 +177,20 @@ def test_the_unauthorized_log_is_shared_kept_for_its_ttl_and_bounded():
     assert cleared == [1] and b.listing() == []
     a.stop()
     b.stop()
+
+
+def test_a_flood_of_refusals_is_published_at_a_bounded_rate():
+    bus, clock = bus_and_clock()
+    a = UnauthorizedLog(bus, C.client_unauthorized, "a", clock, ttl=100, max_entries=1000)
+    b = UnauthorizedLog(bus, C.client_unauthorized, "b", clock, ttl=100, max_entries=1000)
+    a.start()
+    b.start()
+    clock.advance(0)
+    limit = UnauthorizedLog.MAX_PUBLISHED_PER_SECOND
+    for n in range(limit + 50):
+        a.refused(f"f{n}", None, None, "r", False, False)
+    assert len(b.attempts) == limit and len(a.attempts) == limit + 50
+    assert a.local_only == 50
+    clock.advance(1)  # the next second publishes again
+    a.refused("next", None, None, "r", False, False)
+    assert "next" in b.attempts and a.local_only == 50
