@@ -151,13 +151,20 @@ def test_the_list_is_read_back_after_a_restart_and_an_expired_entry_dropped():
     assert node(bus3, clock3, "n").entries == {kept.id: kept}
 
 
-def test_the_unauthorized_log_is_shared_kept_for_its_ttl_and_bounded():
+def two_logs(max_entries: int):
+    """:returns: the unauthorized-client logs of nodes a and b on one bus
+    (ttl 100 s), and the clock."""
     bus, clock = bus_and_clock()
-    a = UnauthorizedLog(bus, C.client_unauthorized, "a", clock, ttl=100, max_entries=3)
-    b = UnauthorizedLog(bus, C.client_unauthorized, "b", clock, ttl=100, max_entries=3)
-    a.start()
-    b.start()
+    logs = [UnauthorizedLog(bus, C.client_unauthorized, name, clock, ttl=100,
+                            max_entries=max_entries) for name in ("a", "b")]
+    for log in logs:
+        log.start()
     clock.advance(0)
+    return logs[0], logs[1], clock
+
+
+def test_the_unauthorized_log_is_shared_kept_for_its_ttl_and_bounded():
+    a, b, clock = two_logs(max_entries=3)
     reason = refusal_reason(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "basic")
     assert reason == "BAD_USER_NAME_OR_PASSWORD (0x86) by basic"
     b.refused("c1", "10.0.0.1", "u", reason, True, False)
@@ -180,12 +187,7 @@ def test_the_unauthorized_log_is_shared_kept_for_its_ttl_and_bounded():
 
 
 def test_a_flood_of_refusals_is_published_at_a_bounded_rate():
-    bus, clock = bus_and_clock()
-    a = UnauthorizedLog(bus, C.client_unauthorized, "a", clock, ttl=100, max_entries=1000)
-    b = UnauthorizedLog(bus, C.client_unauthorized, "b", clock, ttl=100, max_entries=1000)
-    a.start()
-    b.start()
-    clock.advance(0)
+    a, b, clock = two_logs(max_entries=1000)
     limit = UnauthorizedLog.MAX_PUBLISHED_PER_SECOND
     for n in range(limit + 50):
         a.refused(f"f{n}", None, None, "r", False, False)
