@@ -34,6 +34,7 @@ from tbmq.config.schema import (
     LISTENER_TYPES,
     ListenerConfig,
     LoginLimitsConfig,
+    UnauthorizedClientsConfig,
     MAX_PACKET_SIZE,
     MqttConfig,
     NodeConfig,
@@ -206,6 +207,7 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "cache_ttl": _positive,
         "anonymous_max_session_expiry": _range(0, 4294967295),
     },
+    UnauthorizedClientsConfig: {"ttl": _positive, "max_entries": _range(1)},
     LoginLimitsConfig: {
         "window": _positive,
         "ban_time": _positive,

@@ -106,6 +106,23 @@ class ListenerConfig:
 
 
 @dataclass(frozen=True)
+class UnauthorizedClientsConfig:
+    """The unauthorized-client log (TBMQ's unauthorized clients,
+    :mod:`tbmq.cluster.unauthorized`): the last refused connection attempt
+    per client id, listed by ``/api/unauthorized-clients``.
+
+    :ivar ttl: seconds an attempt is kept, > 0 (TBMQ's
+        ``sql.ttl.unauthorized_client.ttl``: three days).
+    :ivar max_entries: client ids kept at most on each node, >= 1; past it
+        the oldest attempt is evicted (and counted), so a flood of random
+        client ids cannot grow memory without bound.
+    """
+
+    ttl: float = 259200.0
+    max_entries: int = 10000
+
+
+@dataclass(frozen=True)
 class MqttConfig:
     """Protocol limits and the capabilities announced in CONNACK.
 
@@ -169,6 +186,7 @@ class MqttConfig:
         its client counts as slow, >= 65536.
     :ivar outbound_pause_timeout: seconds a congested session may hold the
         sources that feed it: a credit refilled over ten times as long, > 0.
+    :ivar unauthorized_clients: see :class:`UnauthorizedClientsConfig`.
     """
 
     max_packet_size: int = 1048576
@@ -197,6 +215,8 @@ class MqttConfig:
     response_information: str = ""
     max_outbound_buffer: int = 4194304
     outbound_pause_timeout: float = 1.0
+    unauthorized_clients: UnauthorizedClientsConfig = field(
+        default_factory=UnauthorizedClientsConfig)
 
 
 @dataclass(frozen=True)
