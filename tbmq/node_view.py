@@ -216,6 +216,52 @@ class NodeView:
         catalogue's prefix applied)."""
         return self._broker.bus_topic(name)
 
+    # -- blocked clients and refused attempts ----------------------------------------------------
+
+    def blocked_clients(self) -> list:
+        """:returns: the cluster's blocked-client entries in force
+        (:class:`tbmq.cluster.client_records.BlockedClient`), as
+        :meth:`tbmq.cluster.blocked.BlockedClients.listing` orders them."""
+        return self._broker.blocked.listing()
+
+    def blocked_client(self, entry_id: str):
+        """:returns: the blocked-client entry ``entry_id``, or None."""
+        return self._broker.blocked.entries.get(entry_id)
+
+    def block_client(self, entry):
+        """Add ``entry`` (a :class:`~tbmq.cluster.client_records.BlockedClient`)
+        on every node; the connections it matches are closed.
+
+        :returns: a Deferred firing once the bus has it.
+        """
+        return self._broker.blocked.add(entry)
+
+    def unblock_client(self, entry_id: str):
+        """Remove the entry ``entry_id`` on every node.
+
+        :returns: a Deferred firing once the bus has it, or None when there
+            is no such entry.
+        """
+        return self._broker.blocked.remove(entry_id)
+
+    def unauthorized_attempts(self) -> list:
+        """:returns: the last refused attempt per client id, newest first
+        (:class:`tbmq.cluster.client_records.UnauthorizedAttempt`)."""
+        return self._broker.unauthorized.listing()
+
+    @property
+    def unauthorized_evicted(self) -> int:
+        """Refused attempts this node dropped at
+        ``mqtt.unauthorized_clients.max_entries``."""
+        return self._broker.unauthorized.evicted
+
+    def clear_unauthorized(self):
+        """Forget the refused attempts on every node.
+
+        :returns: a Deferred firing with how many there were.
+        """
+        return self._broker.unauthorized.clear()
+
     # -- operations -----------------------------------------------------------------------------
 
     def disconnect_client(self, client_id: str) -> bool:

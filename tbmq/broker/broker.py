@@ -24,7 +24,9 @@ from tbmq.broker.session import SessionContext, TopicNameCache, next_seq
 from tbmq.broker.traffic import Traffic
 from tbmq.broker.sessions import SessionManager
 from tbmq.cluster.membership import Membership
+from tbmq.cluster.blocked import BlockedClients
 from tbmq.cluster.registry import SessionRegistry, SubscriptionBook
+from tbmq.cluster.unauthorized import UnauthorizedLog
 from tbmq.cluster.session_events import SessionEvents
 from tbmq.cluster.sinks import (
     ApplicationReader, DownlinkReader, PersistedWriter, Sinks, write_marker,
@@ -192,6 +194,13 @@ class Broker:
         self.registry.listeners.append(self.persisted_writer.session_changed)
         self.downlink_reader = DownlinkReader(self.sessions_by_id, clock)
         self.watcher: CredentialsWatcher | None = None
+        #: the blocked clients and the unauthorized-client log of the cluster
+        self.blocked = BlockedClients(bus, self.topics.client_blocked, self.service_id, clock,
+                                      self.connections)
+        unauthorized = config.mqtt.unauthorized_clients
+        self.unauthorized = UnauthorizedLog(bus, self.topics.client_unauthorized,
+                                            self.service_id, clock, unauthorized.ttl,
+                                            unauthorized.max_entries)
         #: what operations and plugins see of this node (one view, handed to
         #: the ops service and to the ``tbmq_broker_started``/``stopping`` hooks)
         self.view = NodeView(self)
@@ -210,7 +219,8 @@ class Broker:
         return ConnectionContext(
             clock=self.clock, config=self.config, hooks=self.hooks, sessions=self.sessions,
             connections=self.connections, flusher=self.flusher,
-            credentials=self.credential_store, traffic=self.traffic)
+            credentials=self.credential_store, traffic=self.traffic, blocked=self.blocked,
+            unauthorized=self.unauthorized)
 
     @property
     def dropped(self) -> dict[str, int]:
@@ -261,7 +271,8 @@ class Broker:
         yield self.watcher.start()
         for message in (yield self.retained_store.load_all()):
             self.router.retained.set(message)
-        yield defer.gatherResults([self.registry.start(), self.book.start(), retained_replayed],
+        yield defer.gatherResults([self.registry.start(), self.book.start(), retained_replayed,
+                                   self.blocked.start(), self.unauthorized.start()],
                                   consumeErrors=True)
         self.events.start()
         self.membership.start()
@@ -281,7 +292,8 @@ class Broker:
         found = [self.router.consumer, self.router.retained_consumer,
                  self.persisted_writer.consumer, self.downlink_reader.basic,
                  self.downlink_reader.persisted, self.registry.consumer, self.book.consumer,
-                 self.membership.consumer, *self.events.consumers]
+                 self.membership.consumer, *self.events.consumers, self.blocked.consumer,
+                 self.unauthorized.consumer]
         for session in self.sessions.sessions.values():
             found.extend(session.app_consumers.values())
         return [c for c in found if c is not None]
@@ -303,6 +315,8 @@ class Broker:
         self.plugins.hook.tbmq_broker_stopping(broker=self.view)
         if self.watcher is not None:
             self.watcher.stop()
+        self.blocked.stop()
+        self.unauthorized.stop()
         connections = list(self.connections)
         closed = [conn.when_closed() for conn in connections]
         for conn in connections:

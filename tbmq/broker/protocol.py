@@ -54,6 +54,9 @@ class ConnectionContext:
         or None (every line written).
     :ivar traffic: the node's :class:`tbmq.broker.traffic.Traffic`, where
         connections count the bytes they read and write.
+    :ivar blocked: the :class:`tbmq.cluster.blocked.BlockedClients`, or None.
+    :ivar unauthorized: the :class:`tbmq.cluster.unauthorized.UnauthorizedLog`,
+        or None.
     """
 
     clock: Any
@@ -66,6 +69,8 @@ class ConnectionContext:
     guard: Any = None
     before_connect_log: Any = None
     traffic: Any = None
+    blocked: Any = None
+    unauthorized: Any = None
 
 
 #: broker → (its LoginGuard, its LogThrottle of lines before CONNECT): one

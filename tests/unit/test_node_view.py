@@ -137,6 +137,26 @@ class FakeNode:
     def publish_local(self, message):
         self.published.append(message)
 
+    def blocked_clients(self):
+        return []
+
+    def blocked_client(self, entry_id):
+        return None
+
+    def block_client(self, entry):
+        return defer.succeed(None)
+
+    def unblock_client(self, entry_id):
+        return None
+
+    def unauthorized_attempts(self):
+        return []
+
+    unauthorized_evicted = 3
+
+    def clear_unauthorized(self):
+        return defer.succeed(0)
+
     def register_plugin(self, plugin, name=None):
         self.registered.append(name)
 
@@ -190,6 +210,9 @@ def test_ops_runs_on_a_view_alone():
     assert done["status"] == "disconnected" and fake.disconnected == ["dev-1"]
     done = run(node, api.remove_session(request(), ADMIN, None, "app-2"))
     assert done["status"] == "removed" and fake.cleared == ["app-2"]
+    assert run(node, api.list_unauthorized(request(), ADMIN, None)) == {
+        "items": [], "total": 0, "evicted": 3}
+    assert run(node, api.list_blocked(request(), ADMIN, None)) == {"items": [], "total": 0}
     defer.ensureDeferred(ops.stop())
 
 

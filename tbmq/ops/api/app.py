@@ -36,6 +36,7 @@ from tbmq.mqtt.topics import TopicError, parse_shared_subscription, validate_top
 from tbmq.mqtt.topics import validate_topic_name
 from tbmq.ops.admins import TokenError
 from tbmq.ops.api import credentials as creds
+from tbmq.ops.api.blocked import ClientListsApi
 from tbmq.ops.api.openapi import document
 from tbmq.ops.api.routes import PUBLIC, WRITE, match
 from tbmq.ops.api.schemas import BodyError, parse_body
@@ -144,7 +145,7 @@ def _retained(message) -> dict:
             "publisher": message.publisher or None, "expires_at": message.expires_at}
 
 
-class AdminApi(resource.Resource):
+class AdminApi(ClientListsApi, resource.Resource):
     """``/api/``: dispatches each request to its route's handler.
 
     :param node: the node's :class:`tbmq.node_view.NodeView`.
