@@ -174,6 +174,7 @@ class KafkaBus:
         self._consumers: set[KafkaConsumer] = set()
         self._shared: dict[str, SharedLoop] = {}  # by Kafka group id (exclusive, bundles)
         self._read_by: dict[str, set[SharedLoop]] = {}  # topic -> the clients that read it
+        self._read_by_limit = 64
         self._keys: dict[KafkaConsumer, str | None] = {}  # its key in _shared
         self._group_ids: dict[KafkaConsumer, str] = {}  # its Kafka group id
         self._expected: dict[KafkaConsumer, tuple] = {}  # (SharedLoop, loop) until its topic exists
@@ -564,7 +565,15 @@ class KafkaBus:
         shared, key, group_id, joining = share
         while not shared.add(loop, topic):
             shared = self._shared_loop(key, group_id, joining)
-        self._read_by.setdefault(topic, set()).add(shared)
+        read_by = self._read_by
+        if len(read_by) >= self._read_by_limit:
+            # forget the clients closed since (amortized: when it doubled)
+            for name, loops in list(read_by.items()):
+                loops.difference_update([done for done in list(loops) if done.finished])
+                if not loops:
+                    del read_by[name]
+            self._read_by_limit = max(64, 2 * len(read_by))
+        read_by.setdefault(topic, set()).add(shared)
 
     def _begin(self, consumer: KafkaConsumer, loop: ConsumerLoop, share: tuple,
                attempt: int = 0) -> None:
