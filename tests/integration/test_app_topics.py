@@ -15,7 +15,7 @@ from kafka.admin import KafkaAdminClient
 
 from tbmq.cluster.topics import TopicCatalogue
 from tests.integration.cluster import ClusterNode, Services
-from tests.integration.conftest import _LIVE
+from tests.integration.conftest import _LIVE, _finish
 from tests.integration.helpers import REPO_ROOT, PahoClient, uid
 from tests.postgres import new_database
 
@@ -56,13 +56,9 @@ def _cluster(tmp_path_factory, kafka_bootstrap, redis_url, postgres, driver, env
 
 
 def _stop(nodes) -> None:
+    """Stop the nodes (a node that died fails the test)."""
     for node in nodes:
-        try:
-            node.stop()
-        finally:
-            node.kill()
-            if node in _LIVE:
-                _LIVE.remove(node)
+        _finish(node)
 
 
 def _topics(bootstrap: str) -> set[str]:
