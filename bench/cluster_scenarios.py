@@ -145,6 +145,22 @@ def app_fanin(ctx: Context, cluster, publishers: int = 10) -> dict:
     return scenarios._throughput(cluster, 5, roles, ctx.duration)
 
 
+def queue(ctx: Context, cluster, app: bool) -> dict:
+    """An offline persistent subscriber (v5, Session Expiry 3600, QoS 1) of
+    node B while a publisher on node A sends ``--queue-count`` QoS 1
+    messages (:func:`bench.scenarios.persistent`), then its reconnect to B
+    and drain. A DEVICE's messages are queued in the device store (Redis or
+    PostgreSQL in the cluster, SQLite on the embedded node), an
+    APPLICATION client's (``app``, :data:`APP_CLIENT_ID`) in
+    ``tbmq.msg.app.<clientId>``. ``value`` is the drain rate,
+    ``publish_rate`` the queueing rate (acknowledged messages per second)."""
+    res = scenarios.persistent(cluster, 5, count=ctx.options.queue_count,
+                               app_client=APP_CLIENT_ID if app else None,
+                               sub_port=cluster.other_port, settle=2.0)
+    res["queue_rate"] = res.get("publish_rate")
+    return res
+
+
 def kill(ctx: Context, cluster) -> dict:
     """SIGKILL node B while node A serves; a new client CONNECTs to node A
     every 100 ms (its own client id each time: some belong to the

@@ -11,6 +11,11 @@ TABLES = {
         ("lost", "lost", "d"), ("CPU % per node", "node_cpu_pct", "list"),
         ("CPU s / 1,000 msg", "cpu_s_per_1000", ".3f"), ("node CPU µs / msg", "cpu_us_per_msg", ".0f"),
         ("× embedded", "cpu_ratio", ".2f")]),
+    "queue": ("Offline persistent subscriber: queueing, then drain", [
+        ("queueing msg/s", "queue_rate", ",.0f"), ("drain msg/s", "value", ",.0f"),
+        ("lost", "lost", "d"), ("duplicates", "duplicates", "d"),
+        ("CPU % per node", "node_cpu_pct", "list"), ("node CPU µs / msg", "cpu_us_per_msg", ".0f"),
+        ("× embedded", "cpu_ratio", ".2f")]),
     "idle": ("Idle (no client)", [
         ("CPU % per node", "node_cpu_pct", "list"), ("Tansu CPU %", "tansu_cpu_pct", ".1f"),
         ("Redis CPU %", "redis_cpu_pct", ".1f")]),

@@ -232,7 +232,7 @@ def latency(broker, level, qos, duration, rate=1000, profile=None):
 
 
 def persistent(broker, level, count=100000, window=100, username="bench", qos=1, app_client=None,
-               profile=None, profile_s=4.0):
+               profile=None, profile_s=4.0, sub_port=None, settle=0.2):
     """A persistent subscriber (QoS ``qos``, 1 or 2) offline while ``count``
     messages are queued at that QoS, then reconnecting: time to drain,
     nothing lost.
@@ -244,8 +244,12 @@ def persistent(broker, level, count=100000, window=100, username="bench", qos=1,
         in tbmq), or the subscriber's client id (an APPLICATION client when
         the broker has its credentials).
     :param profile: None, or the file of a py-spy profile (raw) of the
-        first ``profile_s`` seconds of the queueing phase."""
-    role = {"host": broker.host, "port": broker.port, "level": level, "count": count,
+        first ``profile_s`` seconds of the queueing phase.
+    :param sub_port: None, or the port the subscriber uses (a cluster's
+        other node); the publisher uses ``broker.port``.
+    :param settle: seconds between the subscription and the first publish."""
+    role = {"host": broker.host, "port": sub_port or broker.port, "pub_port": broker.port,
+            "settle": settle, "level": level, "count": count,
             "payload_size": PAYLOAD, "topic": "bench/persist", "prefix": f"ps{level}",
             "window": window, "publish_timeout": 600, "drain_timeout": 600, "idle_timeout": 10,
             "username": username, "qos": qos, "client_id": app_client}

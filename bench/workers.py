@@ -313,7 +313,10 @@ def persistent_worker(ctl, role: dict) -> None:
     """Persistent session: subscribe, go offline, publish ``count`` messages
     at QoS ``role["qos"]`` (1 or 2, default 1; payload = sequence number),
     reconnect and drain. ``role["client_id"]`` names the subscriber
-    (default ``<prefix>-psub``)."""
+    (default ``<prefix>-psub``); the publisher connects to
+    ``role["pub_port"]`` (default: the subscriber's ``port``), after
+    ``role["settle"]`` seconds (default 0.2) for the broker to learn the
+    subscription (a cluster's other node reads it from the bus)."""
     try:
         loop = Loop(ctl)
         level = role["level"]
@@ -329,11 +332,12 @@ def persistent_worker(ctl, role: dict) -> None:
         first.send(disconnect_packet(level))
         loop.run_until(lambda: not first.outbuf, 5)
         first.close()
-        time.sleep(0.2)
+        time.sleep(role.get("settle", 0.2))
         ctl.send(("ready", {"pid": os.getpid()}))
         loop.ctl_wait(120)  # ("go", t0)
         # 2. publish
-        pub = open_clients(loop, host, port, [{"id": role["prefix"] + "-ppub", "username": user}], level)[0]
+        pub = open_clients(loop, host, role.get("pub_port", port),
+                           [{"id": role["prefix"] + "-ppub", "username": user}], level)[0]
         window = receive_maximum(pub, role["window"])
         one = publish_packet(role["topic"] + "/t", b"\0" * role["payload_size"], qos, level)
         pid_at = pid_offset(one)

@@ -137,15 +137,17 @@ class AnonymousAuth:
     password takes; none when it sent no password, as for known
     credentials).  A client without either passes, and is refused with
     NOT_AUTHORIZED (0x87; v3: 5).  A client that asked for a v5 authentication
-    method is never accepted anonymously."""
+    method, or that a provider could not decide on
+    (:attr:`tbmq.auth.AuthRequest.undecided`), is never accepted
+    anonymously."""
 
     def __init__(self, allow: bool) -> None:
         self.allow = allow
 
     @hookimpl(trylast=True)
     def tbmq_authenticate(self, request):
-        if request.auth_method is not None:
-            return None
+        if request.auth_method is not None or request.undecided is not None:
+            return None  # an authentication service that failed: refused, not anonymous
         if self.allow and request.known_by is None:
             return AuthResult(True, provider="anonymous")
         if request.password is not None:

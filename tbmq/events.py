@@ -351,8 +351,8 @@ class EventExporter:
     """The per-broker exporter: the notification hooks append tuples to a
     bounded buffer, a writer thread drains it into the sink.
 
-    :param broker: the :class:`tbmq.broker.broker.Broker` (its ``config``,
-        ``clock``, ``service_id`` and ``bus``).
+    :param broker: the node's :class:`tbmq.node_view.NodeView` (its
+        ``config``, ``clock``, ``service_id``, ``bus`` and ``bus_topic``).
     :param now: the writer's wall clock for rotation, seconds.
     :param call_from_thread: runs a callable in the reactor thread (``sink:
         bus``); the reactor's ``callFromThread`` when None.
@@ -485,7 +485,7 @@ class EventExporter:
         def wait_for_connections():
             if self.closed:
                 return
-            if broker.connections and clock.seconds() < deadline:
+            if broker.connection_count() and clock.seconds() < deadline:
                 clock.callLater(0.05, wait_for_connections)
             else:
                 self.close()
@@ -571,12 +571,9 @@ class EventsPlugin:
 
     def _start(self, broker) -> None:
         exporter = EventExporter(broker)
-        name = f"events-exporter-{id(broker):x}"
-        broker.plugins.register(exporter, name=name)
         # the broker looks up which notification hooks have implementations
-        # once; tell it there are new ones
-        refresh = broker.refresh_hooks
-        refresh()
+        # once: register_plugin tells it there are new ones
+        broker.register_plugin(exporter, name=f"events-exporter-{id(broker):x}")
         exporter.start()
         self.exporters[broker] = exporter
         add_trigger = getattr(broker.clock, "addSystemEventTrigger", None)

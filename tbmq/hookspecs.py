@@ -117,7 +117,7 @@ def tbmq_authorize_publish(session, auth, topic):
 
     Called for every PUBLISH (and a will message at CONNECT).
 
-    :param session: the :class:`tbmq.broker.session.Session`.
+    :param session: the :class:`tbmq.views.SessionView` of the session.
     :param auth: the :class:`tbmq.auth.AuthResult` of its connection (its
         ``rules`` are the credentials' authorization rules, kept current).
     :returns: True, False, or None to pass; all pass → denied (v5 PUBACK /
@@ -140,12 +140,27 @@ def tbmq_authorize_subscribe(session, auth, topic_filter):
 
 @hookspec
 def tbmq_broker_started(broker):
-    """The broker has loaded its state and listens."""
+    """The broker has loaded its state and listens.
+
+    :param broker: the node's :class:`tbmq.node_view.NodeView` (not the
+        ``Broker``, whose internals are no plugin's business): its service
+        id, config and clock, its sessions as
+        :class:`~tbmq.views.SessionView`, the cluster's session registry and
+        subscriptions, the retained messages, its counters, the live nodes,
+        the credential store, the bus, and the operations a plugin may ask
+        (:meth:`~tbmq.node_view.NodeView.register_plugin`,
+        ``disconnect_client``, ``clear_session``).  The same object for every
+        hook call of one node (compare with ``is``).
+    """
 
 
 @hookspec
 def tbmq_broker_stopping(broker):
-    """The broker is about to close its listeners and backends."""
+    """The broker is about to close its listeners and backends.
+
+    :param broker: the node's :class:`tbmq.node_view.NodeView`, the object
+        :func:`tbmq_broker_started` got.
+    """
 
 
 @hookspec

@@ -159,6 +159,24 @@ class IMessageBus(IBackend):
         :returns: an :class:`IConsumer`.
         """
 
+    def delete_topic(topic):
+        """Delete ``topic`` with its records and every group's offsets on it
+        (TBMQ's ``TbQueueAdmin.deleteTopic``: the ``tbmq.msg.app.<clientId>``
+        topic of a persistent APPLICATION session that ended, when
+        ``kafka.enable_topic_deletion`` is on).  A topic that does not
+        exist is deleted already.  The caller makes sure nobody consumes it
+        any more; a later ``publish`` or ``subscribe`` creates it again,
+        empty.
+
+        :param topic: the bus topic name (the catalogue's prefix applied).
+        :returns: a Deferred firing with None once the topic is gone (Kafka:
+            the DeleteTopics request answered, run in a thread); failing
+            with :class:`ValueError` (in-process: a member of this bus still
+            consumes it), :class:`~tbmq.errors.BusClosedError` (Kafka: the
+            bus is not running) or :class:`~tbmq.errors.BusError` (the request
+            failed or timed out).
+        """
+
 
 class IConsumer(Interface):
     """One member of a consumer group (see :meth:`IMessageBus.subscribe`)."""

@@ -36,6 +36,7 @@ and the client's address of a connection through all these layers.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any
 
@@ -48,13 +49,17 @@ from autobahn.websocket.types import ConnectionDeny
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL, crypto
-from twisted.internet import defer, endpoints, error, interfaces, ssl
+from twisted.internet import address, defer, endpoints, error, interfaces, ssl
+from twisted.logger import Logger
 from twisted.protocols.haproxy._wrapper import HAProxyProtocolWrapper, HAProxyWrappingFactory
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 
 from tbmq.config import TLS_LISTENER_TYPES
 from tbmq.errors import ConfigError, StartupError
+from tbmq.log import LogThrottle, OBSERVER as LOG_OBSERVER
+
+log = Logger(observer=LOG_OBSERVER)
 
 __all__ = [
     "WS_SUBPROTOCOLS",
@@ -68,6 +73,7 @@ __all__ = [
     "tls_options",
     "peer_certificate_chain",
     "peer_address",
+    "forwarded_address",
     "ProxyProtocolFactory",
     "TLSFactory",
     "MQTTWebSocketFactory",
@@ -289,6 +295,51 @@ def _certificate_options(chain: list[x509.Certificate], key, cas: list[x509.Cert
 # -- WebSocket -----------------------------------------------------------------
 
 
+def _forwarded_host(headers: dict[str, str]) -> str | None:
+    """The client's address as a proxy gave it: the first address of
+    ``X-Forwarded-For`` (several headers are joined with commas), else
+    ``X-Real-IP``; a port (``203.0.113.9:5000``, ``[2001:db8::1]:5000``)
+    left out."""
+    value = headers.get("x-forwarded-for", "").split(",")[0].strip()
+    if not value:
+        value = headers.get("x-real-ip", "").strip()
+    if not value:
+        return None
+    if value.startswith("["):
+        return value[1:].split("]", 1)[0]
+    if value.count(":") == 1:  # IPv4 with a port; IPv6 has several colons
+        return value.split(":", 1)[0]
+    return value
+
+
+def forwarded_address(headers: dict[str, str], warnings=None) -> interfaces.IAddress | None:
+    """The client's address that a trusted HTTP proxy put in a WebSocket
+    upgrade request (TBMQ 2.4; ``listeners[].trust_proxy``).
+
+    :param headers: the request's headers, names in lower case (autobahn's
+        ``ConnectionRequest.headers``).
+    :param warnings: a :class:`~tbmq.log.LogThrottle` for headers that hold
+        no IP address, or None.
+    :returns: an :class:`~twisted.internet.address.IPv4Address` or
+        ``IPv6Address`` without a port (``port`` None: the header gives
+        none), or None when neither header holds an IP address (the TCP
+        peer is the client's address then).
+    """
+    host = _forwarded_host(headers)
+    if host is None:
+        return None
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        if warnings is not None:
+            warnings.info("ignored a forwarded client address that is no IP address: "
+                          "{value!r}", value=host[:100])
+        return None
+    if ip.version == 6:
+        return address.IPv6Address("TCP", str(ip), None)
+    return address.IPv4Address("TCP", str(ip), None)
+
+
 class MQTTWebSocketProtocol(WrappingWebSocketServerProtocol):
     """One WebSocket connection carrying one MQTT connection (MQTT section 6).
 
@@ -302,6 +353,8 @@ class MQTTWebSocketProtocol(WrappingWebSocketServerProtocol):
 
     #: the MQTT protocol, from the accepted upgrade until the connection ends
     _mqtt = None
+    #: the client's address a trusted proxy gave (``trust_proxy``), or None
+    _forwarded = None
     _mqtt_connected = False
     _handshake_timer = None
 
@@ -334,7 +387,9 @@ class MQTTWebSocketProtocol(WrappingWebSocketServerProtocol):
         else:
             raise ConnectionDeny(ConnectionDeny.NOT_ACCEPTABLE,
                                  "the WebSocket subprotocol must be mqtt or mqttv3.1")
-        mqtt = factory.wrapped_factory.buildProtocol(self.transport.getPeer())
+        if factory.trust_proxy:
+            self._forwarded = forwarded_address(request.headers, factory.bad_headers)
+        mqtt = factory.wrapped_factory.buildProtocol(self.getPeer())
         if mqtt is None:
             raise ConnectionDeny(ConnectionDeny.SERVICE_UNAVAILABLE, "connection limit reached")
         self._mqtt = mqtt
@@ -382,6 +437,13 @@ class MQTTWebSocketProtocol(WrappingWebSocketServerProtocol):
         super().connectionLost(reason)
 
     # -- the MQTT protocol's transport ----------------------------------------
+
+    def getPeer(self):
+        """The client's address: on a ``trust_proxy`` listener the one its
+        proxy forwarded in the upgrade request (:func:`forwarded_address`),
+        else the TCP peer (behind the PROXY protocol, the header's)."""
+        forwarded = self._forwarded
+        return forwarded if forwarded is not None else self.transport.getPeer()
 
     def write(self, data: bytes) -> None:
         """Send ``data`` as one binary message; dropped once the WebSocket is
@@ -432,13 +494,17 @@ class MQTTWebSocketFactory(WrappingWebSocketServerFactory):
     :param reactor: the reactor (autobahn's own timers).
     :param clock: an :class:`~twisted.internet.interfaces.IReactorTime` for
         the opening handshake timeout; ``reactor`` when None.
+    :param trust_proxy: take the client's address from the upgrade
+        request's ``X-Forwarded-For`` / ``X-Real-IP`` headers
+        (``listeners[].trust_proxy``).
     """
 
     protocol = MQTTWebSocketProtocol
     noisy = False
 
     def __init__(self, factory, path: str = "/mqtt", open_handshake_timeout: float = 10.0,
-                 secure: bool = False, reactor=None, clock=None) -> None:
+                 secure: bool = False, reactor=None, clock=None,
+                 trust_proxy: bool = False) -> None:
         url = f"{'wss' if secure else 'ws'}://localhost{path}"
         super().__init__(factory, url, reactor=reactor, enableCompression=False,
                          autoFragmentSize=0)
@@ -446,6 +512,8 @@ class MQTTWebSocketFactory(WrappingWebSocketServerFactory):
         self.path = path
         self.open_handshake_timeout = open_handshake_timeout
         self.clock = clock if clock is not None else self.reactor
+        self.trust_proxy = trust_proxy
+        self.bad_headers = LogThrottle(self.clock, log, "unusable forwarded addresses")
         self.server = WS_SERVER_HEADER
         self.protocols = list(WS_SUBPROTOCOLS)
         self.setProtocolOptions(
@@ -484,7 +552,8 @@ def build_factory(broker, listener, reactor=None) -> interfaces.IProtocolFactory
     if listener.type in ("ws", "wss"):
         factory = MQTTWebSocketFactory(
             factory, listener.ws_path, broker.config.mqtt.connect_timeout,
-            secure=listener.type == "wss", reactor=reactor, clock=broker.clock)
+            secure=listener.type == "wss", reactor=reactor, clock=broker.clock,
+            trust_proxy=listener.trust_proxy)
     if listener.type in TLS_LISTENER_TYPES:
         factory = TLSFactory(tls_options(listener, broker), False, factory, clock=broker.clock)
     if listener.proxy_protocol:

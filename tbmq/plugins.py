@@ -19,7 +19,7 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 log = Logger(observer=LOG_OBSERVER)
 
 #: the names of the authentication provider plugins ``auth.providers`` selects
-AUTH_PROVIDERS = ("basic", "x509", "scram", "jwt")
+AUTH_PROVIDERS = ("basic", "x509", "scram", "jwt", "http")
 
 #: the factory hooks (:mod:`tbmq.hookspecs`): a plugin that implements them
 #: serves a config only when one of them gave it a backend

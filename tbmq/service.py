@@ -83,7 +83,7 @@ class BrokerService(service.Service):
         self.broker = Broker(config, self.plugins, clock=reactor)
         for listener in config.listeners:
             listeners.check(self.broker, listener, reactor)
-        self.ops = OpsService(self.broker, reactor)
+        self.ops = OpsService(self.broker.view, reactor)
         self.ports: list = []
         self.started: defer.Deferred = defer.Deferred()
         self._listening: list[defer.Deferred] | None = None

@@ -48,6 +48,7 @@ __all__ = [
     "Proxy",
     "TcpProxy",
     "InReactorThread",
+    "PostgresServer",
     "ReactorThread",
     "failure_of",
     "find_bindir",
@@ -63,7 +64,7 @@ START_TIMEOUT = 60.0
 
 def find_bindir() -> str:
     """:returns: the directory of ``initdb`` and ``postgres``.
-    :raises pytest.fail.Exception: when PostgreSQL is not installed."""
+    :raises RuntimeError: when PostgreSQL is not installed."""
     candidates = []
     if os.environ.get("TBMQ_PG_BINDIR"):
         candidates.append(os.environ["TBMQ_PG_BINDIR"])
@@ -81,7 +82,7 @@ def find_bindir() -> str:
             os.path.join(directory, "postgres")
         ):
             return directory
-    pytest.fail(
+    raise RuntimeError(
         "PostgreSQL server binaries not found: install Debian's package "
         "'postgresql' (apt-get install -y postgresql) or set TBMQ_PG_BINDIR"
     )
@@ -119,63 +120,78 @@ def new_database(dsn: str, name: str | None = None) -> str:
     return make_dsn(dsn, dbname=name)
 
 
-@pytest.fixture(scope="session")
-def postgres_dsn() -> Iterator[str]:
-    """A PostgreSQL server for the whole test run.
+class PostgresServer:
+    """Debian's PostgreSQL server binaries run on a free loopback port:
+    ``initdb`` into a fresh temporary directory with trust authentication,
+    durability off (a server for tests and benchmarks, never for data).
 
-    :returns: (yields) a libpq DSN, ``host=127.0.0.1 port=... user=postgres
-        dbname=tbmq_test``, of an empty database.
+    :ivar admin_dsn: the DSN of its ``postgres`` database, ``str``.
+    :raises RuntimeError: from :meth:`start`, when PostgreSQL is not
+        installed, ``initdb`` fails, the server exits or does not accept
+        connections within :data:`START_TIMEOUT` seconds (the message has
+        the server's log).
     """
-    bindir = find_bindir()
-    root = tempfile.mkdtemp(prefix="tbmq-pg-")
-    data = os.path.join(root, "data")
-    log_path = os.path.join(root, "server.log")
-    kwargs: dict = {}
-    if os.geteuid() == 0:
+
+    def __init__(self) -> None:
+        self.root = tempfile.mkdtemp(prefix="tbmq-pg-")
+        self.proc: subprocess.Popen | None = None
+        self.admin_dsn = ""
+
+    def start(self) -> "PostgresServer":
+        """Start the server and wait until it accepts connections.
+
+        :returns: self."""
+        bindir = find_bindir()
+        root = self.root
+        data = os.path.join(root, "data")
+        log_path = os.path.join(root, "server.log")
+        kwargs: dict = {}
+        if os.geteuid() == 0:
+            try:
+                account = pwd.getpwnam("postgres")
+            except KeyError:
+                raise RuntimeError("running as root but there is no 'postgres' user: "
+                                   "install 'postgresql'") from None
+            os.chown(root, account.pw_uid, account.pw_gid)
+            kwargs = dict(user=account.pw_uid, group=account.pw_gid, extra_groups=[])
+        env = dict(os.environ, LC_ALL="C", HOME=root)
         try:
-            account = pwd.getpwnam("postgres")
-        except KeyError:
-            shutil.rmtree(root, ignore_errors=True)
-            pytest.fail("running as root but there is no 'postgres' user: install 'postgresql'")
-        os.chown(root, account.pw_uid, account.pw_gid)
-        kwargs = dict(user=account.pw_uid, group=account.pw_gid, extra_groups=[])
-    env = dict(os.environ, LC_ALL="C", HOME=root)
-    proc = None
-    try:
-        subprocess.run(
-            [os.path.join(bindir, "initdb"), "-D", data, "-A", "trust", "-U", "postgres",
-             "-E", "UTF8", "--locale=C", "--no-sync"],
-            check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=root,
-            **kwargs,
-        )
+            subprocess.run(
+                [os.path.join(bindir, "initdb"), "-D", data, "-A", "trust", "-U", "postgres",
+                 "-E", "UTF8", "--locale=C", "--no-sync"],
+                check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=root,
+                **kwargs,
+            )
+        except subprocess.CalledProcessError as e:
+            raise RuntimeError(f"initdb failed: {e.stdout.decode(errors='replace')}") from None
         port = _free_port()
         with open(log_path, "ab") as log:
             if kwargs:
                 os.chown(log_path, kwargs["user"], kwargs["group"])
-            proc = subprocess.Popen(
+            self.proc = subprocess.Popen(
                 [os.path.join(bindir, "postgres"), "-D", data, "-k", root,
                  "-c", "listen_addresses=127.0.0.1", "-p", str(port),
                  "-c", "fsync=off", "-c", "synchronous_commit=off",
                  "-c", "full_page_writes=off", "-c", "max_connections=200"],
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root, **kwargs,
             )
-        admin = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+        self.admin_dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
         deadline = time.monotonic() + START_TIMEOUT
         while True:
-            if proc.poll() is not None:
+            if self.proc.poll() is not None:
                 with open(log_path, errors="replace") as f:
-                    pytest.fail(f"PostgreSQL exited with {proc.returncode}:\n{f.read()}")
+                    raise RuntimeError(f"PostgreSQL exited with {self.proc.returncode}:\n{f.read()}")
             try:
-                _connect(admin).close()
-                break
+                _connect(self.admin_dsn).close()
+                return self
             except Exception:
                 if time.monotonic() > deadline:
-                    pytest.fail(f"PostgreSQL did not start in {START_TIMEOUT:.0f} s")
+                    raise RuntimeError(f"PostgreSQL did not start in {START_TIMEOUT:.0f} s") from None
                 time.sleep(0.1)
-        yield new_database(admin, "tbmq_test")
-    except subprocess.CalledProcessError as e:
-        pytest.fail(f"initdb failed: {e.stdout.decode(errors='replace')}")
-    finally:
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown) and remove its directory."""
+        proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # fast shutdown
             try:
@@ -183,7 +199,25 @@ def postgres_dsn() -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    """A PostgreSQL server (:class:`PostgresServer`) for the whole test run.
+
+    :returns: (yields) a libpq DSN, ``host=127.0.0.1 port=... user=postgres
+        dbname=tbmq_test``, of an empty database.
+    """
+    server = PostgresServer()
+    try:
+        try:
+            server.start()
+        except RuntimeError as e:
+            pytest.fail(str(e))
+        yield new_database(server.admin_dsn, "tbmq_test")
+    finally:
+        server.stop()
 
 
 class ReactorThread:

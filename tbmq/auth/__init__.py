@@ -56,6 +56,11 @@ class AuthRequest:
         The built-in ``anonymous`` provider does not accept such a client:
         CONNACK BAD_USER_NAME_OR_PASSWORD (0x86; v3: 4) when it sent a
         user name or a password, else NOT_AUTHORIZED (0x87; v3: 5).
+    :ivar undecided: the name of a provider that passed because it could not
+        decide (its service failed: the ``http`` provider's 5xx answers,
+        timeouts), or None.  The built-in ``anonymous`` provider does not
+        accept such a client: NOT_AUTHORIZED (0x87; v3: 5) unless a later
+        provider accepts it.
     """
 
     client_id: str
@@ -73,6 +78,7 @@ class AuthRequest:
     config: Any = None
     checker: Any = None
     known_by: str | None = None
+    undecided: str | None = None
 
     def check_password(self, password: bytes | str, hashed: str | bytes | None):
         """Check a password against a bcrypt hash without blocking the

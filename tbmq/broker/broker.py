@@ -25,7 +25,9 @@ from tbmq.broker.session import SessionContext, TopicNameCache, next_seq
 from tbmq.broker.traffic import Traffic
 from tbmq.broker.sessions import SessionManager
 from tbmq.cluster.membership import Membership
+from tbmq.cluster.blocked import BlockedClients
 from tbmq.cluster.registry import SessionRegistry, SubscriptionBook
+from tbmq.cluster.unauthorized import UnauthorizedLog
 from tbmq.cluster.session_events import SessionEvents
 from tbmq.cluster.sinks import (
     ApplicationReader, DownlinkReader, PersistedWriter, Sinks, write_marker,
@@ -33,6 +35,7 @@ from tbmq.cluster.sinks import (
 from tbmq.cluster.topics import CLUSTER_BUNDLE, TopicCatalogue, node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.mqtt import ReasonCode
+from tbmq.node_view import NodeView
 from tbmq.plugins import first_result, log_plugins
 
 
@@ -140,11 +143,11 @@ class Broker:
             raise ConfigError(
                 f"auth.credentials: no plugin provides {config.auth.credentials!r}")
         log_plugins(plugins, provided)
-        #: the latencies of backend calls (:class:`tbmq.ops.timing.CallTimes`),
+        #: the latencies of backend calls (:class:`tbmq.timing.CallTimes`),
         #: measured only while the HTTP listener (and so ``/metrics``) is on
         self.call_times = None
         if config.http.endpoint is not None:
-            from tbmq.ops.timing import instrument
+            from tbmq.timing import instrument
 
             self.call_times, (bus, retained_store, device_store, credential_store) = \
                 instrument(bus, retained_store, device_store, credential_store)
@@ -166,7 +169,8 @@ class Broker:
         self.router = Router(bus, self.topics, self.service_id, clock, retained_store,
                              self.sessions_by_id, self.registry.get, self.sinks)
         self.limits = self._limits(config.mqtt, clock)
-        self.applications = ApplicationReader(bus, self.topics.app, self.topics.app_shared)
+        self.applications = ApplicationReader(bus, self.topics.app, self.topics.app_shared,
+                                              config.kafka.enable_topic_deletion)
         self.book = SubscriptionBook(bus, self.topics.client_subscriptions, self.service_id,
                                      self.router, clock)
         self.sessions = SessionManager(self._session_context, self.router, self.registry,
@@ -192,6 +196,16 @@ class Broker:
         self.registry.listeners.append(self.persisted_writer.session_changed)
         self.downlink_reader = DownlinkReader(self.sessions_by_id, clock)
         self.watcher: CredentialsWatcher | None = None
+        #: the blocked clients and the unauthorized-client log of the cluster
+        self.blocked = BlockedClients(bus, self.topics.client_blocked, self.service_id, clock,
+                                      self.connections)
+        unauthorized = config.mqtt.unauthorized_clients
+        self.unauthorized = UnauthorizedLog(bus, self.topics.client_unauthorized,
+                                            self.service_id, clock, unauthorized.ttl,
+                                            unauthorized.max_entries)
+        #: what operations and plugins see of this node (one view, handed to
+        #: the ops service and to the ``tbmq_broker_started``/``stopping`` hooks)
+        self.view = NodeView(self)
 
     def _limits(self, mqtt, clock) -> NodeLimits | None:
         """The node's :class:`~tbmq.broker.limits.NodeLimits`, wired where
@@ -228,8 +242,8 @@ class Broker:
         return ConnectionContext(
             clock=self.clock, config=self.config, hooks=self.hooks, sessions=self.sessions,
             connections=self.connections, flusher=self.flusher,
-            credentials=self.credential_store, traffic=self.traffic,
-            limits=self._limits_if("checks_sessions"))
+            credentials=self.credential_store, traffic=self.traffic, blocked=self.blocked,
+            unauthorized=self.unauthorized, limits=self._limits_if("checks_sessions"))
 
     @property
     def dropped(self) -> dict[str, int]:
@@ -280,7 +294,8 @@ class Broker:
         yield self.watcher.start()
         for message in (yield self.retained_store.load_all()):
             self.router.retained.set(message)
-        yield defer.gatherResults([self.registry.start(), self.book.start(), retained_replayed],
+        yield defer.gatherResults([self.registry.start(), self.book.start(), retained_replayed,
+                                   self.blocked.start(), self.unauthorized.start()],
                                   consumeErrors=True)
         self.events.start()
         self.membership.start()
@@ -292,7 +307,7 @@ class Broker:
         self.log.info("broker {service_id} started: {sessions} persistent sessions, "
                       "{retained} retained messages", service_id=self.service_id,
                       sessions=restored, retained=len(self.router.retained))
-        self.plugins.hook.tbmq_broker_started(broker=self)
+        self.plugins.hook.tbmq_broker_started(broker=self.view)
 
     def consumers(self) -> list:
         """:returns: every bus consumer of this node (``IConsumer``), its
@@ -300,7 +315,8 @@ class Broker:
         found = [self.router.consumer, self.router.retained_consumer,
                  self.persisted_writer.consumer, self.downlink_reader.basic,
                  self.downlink_reader.persisted, self.registry.consumer, self.book.consumer,
-                 self.membership.consumer, *self.events.consumers]
+                 self.membership.consumer, *self.events.consumers, self.blocked.consumer,
+                 self.unauthorized.consumer]
         for session in self.sessions.sessions.values():
             found.extend(session.app_consumers.values())
         return [c for c in found if c is not None]
@@ -319,9 +335,11 @@ class Broker:
         """Close every connection (v5 clients get DISCONNECT
         SERVER_SHUTTING_DOWN), then
         flush and stop the backends."""
-        self.plugins.hook.tbmq_broker_stopping(broker=self)
+        self.plugins.hook.tbmq_broker_stopping(broker=self.view)
         if self.watcher is not None:
             self.watcher.stop()
+        self.blocked.stop()
+        self.unauthorized.stop()
         connections = list(self.connections)
         closed = [conn.when_closed() for conn in connections]
         for conn in connections:

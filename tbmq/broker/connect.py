@@ -24,6 +24,7 @@ from tbmq.mqtt import (
 from tbmq.mqtt.topics import TopicError, validate_topic_name
 from tbmq.broker.session import valid_utf8
 from tbmq.broker.sessions import is_persistent
+from tbmq.cluster.unauthorized import refusal_reason
 from tbmq.errors import BackendError, BusError, ProtocolViolation  # noqa: F401  (ProtocolViolation: raised by handle_auth)
 
 #: (protocol name, level) pairs this broker speaks [MQTT-3.1.2-1, -2]
@@ -123,7 +124,10 @@ class ConnectFlow:
         self._close()
 
     def handle_connect(self, connect: Connect) -> None:
-        """Validate CONNECT, authenticate, bind the session, send CONNACK."""
+        """Validate CONNECT, refuse a blocked client (CONNACK BANNED, v3: 5
+        Not authorized; :mod:`tbmq.cluster.blocked`), authenticate, bind the
+        session, send CONNACK.  A refusal by authentication is recorded in
+        the unauthorized-client log (:mod:`tbmq.cluster.unauthorized`)."""
         self.connect_packet = connect
         if (connect.protocol_name, connect.protocol_level) not in SUPPORTED:
             if connect.protocol_name in ("MQTT", "MQIsdp"):
@@ -162,6 +166,13 @@ class ConnectFlow:
             fault = will_fault(connect.will, cfg)
             if fault is not None:
                 return self._refuse_will(*fault)
+        blocked = self.ctx.blocked
+        if blocked is not None and blocked.entries:
+            entry = blocked.match(connect.client_id, connect.username, self._peer())
+            if entry is not None:  # TBMQ's blocked clients, before authentication
+                blocked.refused += 1
+                return self._refuse(ReasonCode.BANNED, f"blocked client ({entry.type} "
+                                                       f"{entry.value!r}, entry {entry.id})")
         guard = self.ctx.guard
         if guard is not None:
             costly = connect.password is not None or (
@@ -278,6 +289,11 @@ class ConnectFlow:
                 self.disconnect(code)  # [MQTT-4.12.1-2]
                 return
             self.ctx.hooks.authentication_failed(self.connect_packet, request.address, code)
+            if self.ctx.unauthorized is not None:
+                self.ctx.unauthorized.refused(
+                    request.client_id, self._peer(), request.username,
+                    refusal_reason(code, result.provider if result is not None else None),
+                    request.password is not None, bool(request.certificate_chain))
             self._refuse(code, "not authorized")
             return
         if request.reauthenticate:

@@ -57,6 +57,9 @@ class ConnectionContext:
     :ivar limits: the node's :class:`tbmq.broker.limits.NodeLimits` when
         ``mqtt.sessions_limit`` or ``mqtt.application_clients_limit`` is
         set, else None.
+    :ivar blocked: the :class:`tbmq.cluster.blocked.BlockedClients`, or None.
+    :ivar unauthorized: the :class:`tbmq.cluster.unauthorized.UnauthorizedLog`,
+        or None.
     """
 
     clock: Any
@@ -70,6 +73,8 @@ class ConnectionContext:
     before_connect_log: Any = None
     traffic: Any = None
     limits: Any = None
+    blocked: Any = None
+    unauthorized: Any = None
 
 
 #: broker → (its LoginGuard, its LogThrottle of lines before CONNECT): one

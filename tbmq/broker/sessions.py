@@ -214,10 +214,11 @@ class SessionManager:
             self._cancel_timers(existing)
             existing.will = None
             if connect.clean_start or not existing.persistent:
-                self.end_session(existing, expired=False)
+                self.end_session(existing, expired=False,
+                                 keep_topic=self._application(connect, client_type))
                 existing = None
         elif response.session is not None:
-            existing = self._adopt(response)
+            existing = self._adopt(response, self._application(connect, client_type))
         persistent = is_persistent(connect)
         expiry = self.expiry_for(connect, expiry_cap)
         present = existing is not None
@@ -243,11 +244,28 @@ class SessionManager:
         self.publish_info(session)
         return session, present
 
-    def _adopt(self, response) -> Session | None:
+    @staticmethod
+    def _application(connect, client_type: ClientType) -> bool:
+        """Whether ``connect`` makes a persistent APPLICATION session (which
+        keeps the client's ``tbmq.msg.app`` topic)."""
+        return is_persistent(connect) and ClientType(client_type) is ClientType.APPLICATION
+
+    def _app_topic_gone(self, info, keep_topic: bool = False) -> None:
+        """The persistent APPLICATION session ``info`` (a
+        :class:`~tbmq.cluster.records.SessionInfo`) that this node does not
+        hold ended here: its topic goes (:meth:`ApplicationReader.remove
+        <tbmq.cluster.sinks.ApplicationReader.remove>`)."""
+        applications = self.ctx.applications
+        if (not keep_topic and info.persistent and applications is not None
+                and ClientType(info.client_type) is ClientType.APPLICATION):
+            applications.remove(info.client_id)
+
+    def _adopt(self, response, keep_topic: bool = False) -> Session | None:
         """The cluster knows a session of this client that another node held
         (or this node before a restart): resume it here when it is present,
         else clear what is left of it (its subscriptions, its stored
-        deliveries)."""
+        deliveries, the topic of a persistent APPLICATION unless
+        ``keep_topic``: the new session is one too)."""
         info = response.session
         client_id = info.client_id
         if not response.session_present:
@@ -255,6 +273,7 @@ class SessionManager:
                 self._put_subscriptions(client_id, {})
             if info.persistent:
                 self.device_store.clear(client_id)
+            self._app_topic_gone(info, keep_topic)
             return None
         return self._rebuilt(info)
 
@@ -323,6 +342,7 @@ class SessionManager:
             if self.book.of(client_id):
                 self._put_subscriptions(client_id, {})
             self._remove_info(client_id)
+            self._app_topic_gone(info)
             self.hooks.session_expired(client_id)
             return
         session = self._rebuilt(info)
@@ -507,9 +527,13 @@ class SessionManager:
                 timer.cancel()
             setattr(session, name, None)
 
-    def end_session(self, session: Session, expired: bool) -> None:
+    def end_session(self, session: Session, expired: bool, keep_topic: bool = False) -> None:
         """End ``session``: publish a delayed will now, drop its
-        subscriptions, queued messages and stored state."""
+        subscriptions, queued messages and stored state; the topic of a
+        persistent APPLICATION session is deleted
+        (:meth:`tbmq.cluster.sinks.ApplicationReader.remove`) unless
+        ``keep_topic`` (a clean start of a persistent APPLICATION session
+        replaces it)."""
         if session.will_timer is not None:
             if session.will_timer.active():
                 session.will_timer.cancel()
@@ -522,6 +546,9 @@ class SessionManager:
         session.subscriptions.clear()
         if had:
             self._put_subscriptions(session.client_id, {})
+        if session.reads_application_topics() and not keep_topic:
+            self.ctx.applications.remove(session.client_id,
+                                         self.ctx.applications.detach(session))
         session.discard()
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]

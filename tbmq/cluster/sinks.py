@@ -449,13 +449,16 @@ class ApplicationReader:
     :param bus: the :class:`tbmq.interfaces.IMessageBus`.
     :param topic_of: ``client_id -> bus topic`` (the catalogue's ``app``).
     :param shared_topic_of: ``topic_filter -> bus topic`` (``app_shared``).
+    :param delete_topics: ``kafka.enable_topic_deletion``: :meth:`remove`
+        deletes the topic of an ended session.
     """
 
     def __init__(self, bus, topic_of: Callable[[str], str],
-                 shared_topic_of: Callable[[str], str]) -> None:
+                 shared_topic_of: Callable[[str], str], delete_topics: bool = True) -> None:
         self.bus = bus
         self.topic_of = topic_of
         self.shared_topic_of = shared_topic_of
+        self.delete_topics = delete_topics
 
     def attach(self, session) -> None:
         """Start reading the client's topic and its shared subscriptions'."""
@@ -502,8 +505,43 @@ class ApplicationReader:
         if consumer is not None:
             consumer.stop()
 
-    def detach(self, session) -> None:
-        """Stop reading: what is not acknowledged stays uncommitted."""
+    def detach(self, session) -> list:
+        """Stop reading: what is not acknowledged stays uncommitted.
+
+        :returns: the stops' Deferreds (or None each), one per consumer."""
         consumers, session.app_consumers = session.app_consumers, {}
-        for consumer in consumers.values():
-            consumer.stop()
+        return [consumer.stop() for consumer in consumers.values()]
+
+    def remove(self, client_id: str, stops: list = ()) -> defer.Deferred | None:
+        """The persistent APPLICATION session of ``client_id`` ended (expired, or
+        removed by an administrator or by a clean start of a client that is
+        no persistent APPLICATION any more): delete its
+        topic ``tbmq.msg.app.<clientId>`` with what waited there (TBMQ's
+        ``tbmq.sys.app.removed`` and ``TbQueueAdmin.deleteTopic``), unless
+        ``kafka.enable_topic_deletion`` is false.  Called on the one node
+        that ends the session.  A failure is logged, never raised: the
+        topic then stays, as with the setting off.
+
+        :param stops: what :meth:`detach` returned for the session (held
+            here): the topic is deleted once its consumers stopped.
+        :returns: a Deferred firing with None once the topic is deleted (or
+            the deletion failed), or None when topics are kept.
+        """
+        stops = [d for d in stops if d is not None]
+        if not self.delete_topics:
+            return None
+        topic = self.topic_of(client_id)
+
+        def delete(_result):
+            return self.bus.delete_topic(topic)
+
+        def deleted(_result) -> None:
+            log.info("APPLICATION client {client_id}: its session ended, topic {topic} "
+                     "deleted", client_id=client_id, topic=topic)
+
+        def failed(failure: Failure) -> None:
+            log.warn("APPLICATION client {client_id}: topic {topic} not deleted: {error}",
+                     client_id=client_id, topic=topic, error=failure.getErrorMessage())
+
+        d = defer.DeferredList(stops, consumeErrors=True) if stops else defer.succeed(None)
+        return d.addCallback(delete).addCallbacks(deleted, failed)

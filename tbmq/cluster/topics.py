@@ -13,6 +13,8 @@ name (after the prefix)                        codec (:mod:`.records`)      comp
 ``tbmq.msg.app.shared.<filter>``               ``DELIVERY``                 no        yes
 ``tbmq.client.session``                        ``SESSION`` (tombstones)     yes       yes
 ``tbmq.client.subscriptions``                  ``SUBSCRIPTIONS`` (tomb.)    yes       yes
+``tbmq.client.blocked``                        ``BLOCKED`` (tombstones)     yes       yes
+``tbmq.client.unauthorized``                   ``UNAUTHORIZED``             no        no
 ``tbmq.client.session.event.request``          ``SESSION_EVENT``            no        no
 ``tbmq.client.session.event.response.<sid>``   ``SESSION_EVENT_RESPONSE``   no        no
 ``tbmq.client.disconnect.<serviceId>``         ``DISCONNECT``               no        no
@@ -50,7 +52,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from tbmq.cluster import records
+from tbmq.cluster import client_records, records
 from tbmq.errors import RecordEncodingError
 
 __all__ = ["CLUSTER_BUNDLE", "MAX_TOPIC_LENGTH", "TopicCatalogue", "hashed_name", "node_group",
@@ -72,6 +74,8 @@ APP = "tbmq.msg.app."
 APP_SHARED = "tbmq.msg.app.shared."
 CLIENT_SESSION = "tbmq.client.session"
 CLIENT_SUBSCRIPTIONS = "tbmq.client.subscriptions"
+CLIENT_BLOCKED = "tbmq.client.blocked"
+CLIENT_UNAUTHORIZED = "tbmq.client.unauthorized"
 SESSION_EVENT_REQUEST = "tbmq.client.session.event.request"
 SESSION_EVENT_RESPONSE = "tbmq.client.session.event.response."
 CLIENT_DISCONNECT = "tbmq.client.disconnect."
@@ -90,6 +94,8 @@ _EXACT = {
     SESSION_EVENT_REQUEST: records.SESSION_EVENT,
     EVENTS: records.BYTES,
     NODES: records.NODE,
+    CLIENT_BLOCKED: client_records.BLOCKED,
+    CLIENT_UNAUTHORIZED: client_records.UNAUTHORIZED,
 }
 # (base, codec): the topics named base + <part>; longest bases first
 _FAMILIES = (
@@ -99,8 +105,8 @@ _FAMILIES = (
     (SESSION_EVENT_RESPONSE, records.SESSION_EVENT_RESPONSE),
     (CLIENT_DISCONNECT, records.DISCONNECT),
 )
-_COMPACTED = frozenset((MSG_RETAINED, CLIENT_SESSION, CLIENT_SUBSCRIPTIONS))
-_DURABLE = frozenset((CLIENT_SESSION, CLIENT_SUBSCRIPTIONS))
+_COMPACTED = frozenset((MSG_RETAINED, CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, CLIENT_BLOCKED))
+_DURABLE = frozenset((CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, CLIENT_BLOCKED))
 _PACKABLE = frozenset((MSG_ALL, MSG_PERSISTED, SESSION_EVENT_REQUEST))
 _PACKABLE_FAMILIES = (DOWNLINK_BASIC, DOWNLINK_PERSISTED, SESSION_EVENT_RESPONSE,
                       CLIENT_DISCONNECT)
@@ -152,13 +158,13 @@ class TopicCatalogue:
         characters.
     :raises ValueError: for a prefix that is not.
     :ivar msg_all, msg_retained, msg_persisted, client_session,
-        client_subscriptions, session_event_request, events, nodes: the
-        fixed names.
+        client_subscriptions, session_event_request, events, nodes,
+        client_blocked, client_unauthorized: the fixed names.
     """
 
     __slots__ = ("prefix", "msg_all", "msg_retained", "msg_persisted", "client_session",
                  "client_subscriptions", "session_event_request", "events", "nodes", "_room",
-                 "_names")
+                 "_names", "client_blocked", "client_unauthorized")
 
     #: most per-id names remembered (a publish names its topic each time)
     NAMES_CACHED = 65536
@@ -180,6 +186,8 @@ class TopicCatalogue:
         self.session_event_request = prefix + SESSION_EVENT_REQUEST
         self.events = prefix + EVENTS
         self.nodes = prefix + NODES
+        self.client_blocked = prefix + CLIENT_BLOCKED
+        self.client_unauthorized = prefix + CLIENT_UNAUTHORIZED
 
     def fixed(self) -> tuple[str, ...]:
         """:returns: every fixed topic name (prefix applied): the topics a
@@ -264,8 +272,8 @@ class TopicCatalogue:
 
     def compacted(self, topic: str) -> bool:
         """:returns: True for ``tbmq.client.session``,
-        ``tbmq.client.subscriptions`` and ``tbmq.msg.retained`` (the last
-        value per key is what counts)."""
+        ``tbmq.client.subscriptions``, ``tbmq.client.blocked`` and
+        ``tbmq.msg.retained`` (the last value per key is what counts)."""
         return self._base(topic) in _COMPACTED
 
     def packable(self, topic: str) -> bool:
@@ -287,7 +295,7 @@ class TopicCatalogue:
     def durable(self, topic: str) -> bool:
         """:returns: True for the topics the in-process bus keeps in its
         topic log: ``tbmq.client.session``, ``tbmq.client.subscriptions``,
-        ``tbmq.msg.app.<clientId>`` and ``tbmq.msg.app.shared.<filter>``."""
+        ``tbmq.client.blocked``, ``tbmq.msg.app.<clientId>`` and ``tbmq.msg.app.shared.<filter>``."""
         name = self._base(topic)
         if name is None:
             return False

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, Callable
-
-import re
 
 import yaml
 from twisted.logger import Logger
@@ -23,6 +22,10 @@ from tbmq.config.schema import (
     ENV_PREFIX,
     EVENT_SINKS,
     EventsConfig,
+    CLIENT_TYPES,
+    HTTP_AUTH_METHODS,
+    HTTP_AUTH_PLACEHOLDERS,
+    HttpAuthConfig,
     HttpConfig,
     JwtConfig,
     KAFKA_ACKS,
@@ -33,6 +36,7 @@ from tbmq.config.schema import (
     ClientRateLimitConfig,
     ClusterRateLimitConfig,
     LoginLimitsConfig,
+    UnauthorizedClientsConfig,
     MAX_PACKET_SIZE,
     MqttConfig,
     NodeConfig,
@@ -97,6 +101,51 @@ def _limit_pairs(value: Any) -> str | None:
         parse_limits(value)
     except ValueError as e:
         return str(e)
+    return None
+
+
+_PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+
+
+def _templates(value: Any) -> str | None:
+    """A string, or every value of a mapping, may name only the placeholders
+    of :data:`HTTP_AUTH_PLACEHOLDERS`."""
+    items = value.items() if isinstance(value, Mapping) else [(None, value)]
+    for key, text in items:
+        where = "" if key is None else f"{key}: "
+        if not isinstance(text, str):
+            return f"{where}expected a string, got {_describe(text)}"
+        for name in _PLACEHOLDER.findall(text):
+            if name not in HTTP_AUTH_PLACEHOLDERS:
+                return (f"{where}unknown placeholder ${{{name}}} (known: "
+                        + ", ".join(f"${{{p}}}" for p in HTTP_AUTH_PLACEHOLDERS) + ")")
+    return None
+
+
+def _http_url(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not re.match(r"https?://[^/?#\s]+", value):
+        return "must be an http:// or https:// URL"
+    return _templates(value)
+
+
+def _header_values(value: Any) -> str | None:
+    for name, text in value.items():
+        if not isinstance(text, str) or any(c in text for c in "\r\n"):
+            return f"{name}: expected a string on one line"
+    return None
+
+
+def _regexes(value: Any) -> str | None:
+    from tbmq.auth.rules import AuthorizationRules  # noqa: PLC0415 (loaded only when used)
+    from tbmq.errors import CredentialsError  # noqa: PLC0415
+
+    for i, pattern in enumerate(value or ()):
+        try:
+            AuthorizationRules((pattern,))
+        except CredentialsError:
+            return f"[{i}]: invalid regex {pattern!r}"
     return None
 
 
@@ -173,6 +222,7 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "cache_ttl": _positive,
         "anonymous_max_session_expiry": _range(0, 4294967295),
     },
+    UnauthorizedClientsConfig: {"ttl": _positive, "max_entries": _range(1)},
     LoginLimitsConfig: {
         "window": _positive,
         "ban_time": _positive,
@@ -183,6 +233,18 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "check_threads": _range(1),
     },
     JwtConfig: {"leeway": _range(0)},
+    HttpAuthConfig: {
+        "url": _http_url,
+        "method": _one_of(*HTTP_AUTH_METHODS),
+        "headers": _header_values,
+        "body": lambda value: None if value is None else _templates(value),
+        "timeout": _positive,
+        "cache_ttl": _range(0),
+        "tls_ca": _not_empty,
+        "default_client_type": _one_of(*CLIENT_TYPES),
+        "default_pub": _regexes,
+        "default_sub": _regexes,
+    },
     PostgresConfig: {"dsn": _not_empty, "min_connections": _range(1), "max_connections": _range(1)},
     Config: {"data_dir": _not_empty, "bus": _not_empty, "sys_interval": _range(0)},
     HttpConfig: {"endpoint": _not_empty, "token_ttl": _range(60)},
@@ -198,7 +260,8 @@ _CHECKS: dict[type, dict[str, Check]] = {
 }
 
 #: Fields whose string value is normalised to upper case before the checks.
-_UPPER = {(StorageConfig, "sqlite_synchronous")}
+_UPPER = {(StorageConfig, "sqlite_synchronous"), (HttpAuthConfig, "method"),
+          (HttpAuthConfig, "default_client_type")}
 
 
 # -- building -----------------------------------------------------------------
@@ -327,6 +390,8 @@ def _validate(config: Config) -> None:
             )
         seen[listener.name] = i
         _validate_listener(f"listeners[{i}]", listener)
+    if "http" in config.auth.providers and config.auth.http.url is None:
+        _fail("auth.http.url", "required when http is in auth.providers")
 
 
 def _validate_listener(path: str, listener: ListenerConfig) -> None:
@@ -350,6 +415,8 @@ def _validate_listener(path: str, listener: ListenerConfig) -> None:
     if tls and prefix in ("ssl", "tls"):
         _fail(f"{path}.endpoint", f"give the TCP endpoint (tcp:...): type {listener.type} "
                                   "adds TLS from tls_cert and tls_key")
+    if listener.trust_proxy and listener.type not in ("ws", "wss"):
+        _fail(f"{path}.trust_proxy", f"only used by types ws and wss, not {listener.type}")
     if listener.proxy_protocol and prefix == "haproxy":
         _fail(f"{path}.endpoint", "give the inner endpoint: proxy_protocol adds haproxy:")
 

@@ -77,6 +77,11 @@ class ListenerConfig:
     :ivar proxy_protocol: expect a PROXY protocol v1/v2 header (HAProxy,
         load balancers) first on each connection; the client's address is
         then the one in the header.
+    :ivar trust_proxy: ``ws``/``wss``: the HTTP proxy in front of the
+        listener is trusted to say who the client is: the client's address
+        is the first address of the upgrade request's ``X-Forwarded-For``
+        header, else its ``X-Real-IP`` header (TBMQ 2.4).  Off (the
+        default), both headers are ignored, since any client can send them.
     """
 
     name: str = "tcp"
@@ -91,6 +96,7 @@ class ListenerConfig:
     tls_client_auth: str = "none"
     ws_path: str = "/mqtt"
     proxy_protocol: bool = False
+    trust_proxy: bool = False
 
     @property
     def label(self) -> str:
@@ -147,6 +153,23 @@ class RateLimitsConfig:
     total: ClusterRateLimitConfig = field(default_factory=ClusterRateLimitConfig)
     device_persisted_messages: ClusterRateLimitConfig = field(
         default_factory=lambda: ClusterRateLimitConfig(config="100:1,1000:60"))
+
+
+@dataclass(frozen=True)
+class UnauthorizedClientsConfig:
+    """The unauthorized-client log (TBMQ's unauthorized clients,
+    :mod:`tbmq.cluster.unauthorized`): the last refused connection attempt
+    per client id, listed by ``/api/unauthorized-clients``.
+
+    :ivar ttl: seconds an attempt is kept, > 0 (TBMQ's
+        ``sql.ttl.unauthorized_client.ttl``: three days).
+    :ivar max_entries: client ids kept at most on each node, >= 1; past it
+        the oldest attempt is evicted (and counted), so a flood of random
+        client ids cannot grow memory without bound.
+    """
+
+    ttl: float = 259200.0
+    max_entries: int = 10000
 
 
 @dataclass(frozen=True)
@@ -222,6 +245,7 @@ class MqttConfig:
         last place at once).
     :ivar application_clients_limit: persistent APPLICATION sessions in the
         cluster, >= 0 (0: no limit), refused as ``sessions_limit``.
+    :ivar unauthorized_clients: see :class:`UnauthorizedClientsConfig`.
     """
 
     max_packet_size: int = 1048576
@@ -253,6 +277,8 @@ class MqttConfig:
     rate_limits: RateLimitsConfig = field(default_factory=RateLimitsConfig)
     sessions_limit: int = 0
     application_clients_limit: int = 0
+    unauthorized_clients: UnauthorizedClientsConfig = field(
+        default_factory=UnauthorizedClientsConfig)
 
 
 @dataclass(frozen=True)
@@ -314,6 +340,62 @@ class JwtConfig:
     sub_claim: str | None = "sub_rules"
 
 
+#: The placeholders of ``auth.http.url`` and ``auth.http.body`` (each
+#: written ``${name}``).
+HTTP_AUTH_PLACEHOLDERS = ("clientId", "username", "password", "certificateCn", "peerhost")
+
+#: Values of ``auth.http.method``.
+HTTP_AUTH_METHODS = ("GET", "POST")
+
+#: Values of ``auth.http.default_client_type`` (TBMQ's client types).
+CLIENT_TYPES = ("DEVICE", "APPLICATION")
+
+
+@dataclass(frozen=True)
+class HttpAuthConfig:
+    """The ``http`` authentication provider (TBMQ 2.3's HTTP provider,
+    EMQX's HTTP authenticator): each CONNECT is decided by an HTTP service
+    (:mod:`tbmq_plugins.auth_http`).
+
+    :ivar url: the service's ``http://`` or ``https://`` URL; required when
+        ``http`` is in ``auth.providers``.  May hold placeholders (each
+        value URL-quoted).
+    :ivar method: ``GET`` (the ``body`` fields as URL query parameters) or
+        ``POST`` (the ``body`` fields as a JSON object, or form-encoded when
+        ``headers`` give ``Content-Type: application/x-www-form-urlencoded``).
+    :ivar headers: HTTP header name → value, sent with each request.
+    :ivar body: field name → template, with the placeholders ``${clientId}``,
+        ``${username}``, ``${password}``, ``${certificateCn}`` and
+        ``${peerhost}`` (the client's address); a value the client did not
+        give is the empty string.  None: ``clientId``, ``username`` and
+        ``password``.
+    :ivar timeout: seconds to wait for the whole answer, > 0.
+    :ivar cache_ttl: seconds an answer (allow or deny) is reused for the
+        same values of the placeholders the request uses, >= 0; 0 caches
+        nothing.
+    :ivar tls_ca: a PEM file of the CA certificates an ``https://``
+        service's certificate must chain to; None: the system's CA
+        certificates.
+    :ivar default_client_type: ``DEVICE`` or ``APPLICATION``: the client
+        type of an accepted client whose answer names none.
+    :ivar default_pub: topic-name regexes for an answer without ``pub``
+        (:mod:`tbmq.auth.rules`); None: no restriction.
+    :ivar default_sub: topic-filter regexes for an answer without ``sub``;
+        None: no restriction.
+    """
+
+    url: str | None = None
+    method: str = "POST"
+    headers: Mapping = field(default_factory=lambda: types.MappingProxyType({}), hash=False)
+    body: Mapping | None = field(default=None, hash=False)
+    timeout: float = 5.0
+    cache_ttl: float = 0.0
+    tls_ca: str | None = None
+    default_client_type: str = "DEVICE"
+    default_pub: tuple[str, ...] | None = None
+    default_sub: tuple[str, ...] | None = None
+
+
 @dataclass(frozen=True)
 class LoginLimitsConfig:
     """What one network address or client id may cost the broker before it
@@ -363,7 +445,8 @@ class AuthConfig:
     :ivar providers: the authentication providers to run, in order: any of
         ``basic`` (client id / username and bcrypt password), ``x509`` (client
         certificate on a TLS listener), ``scram`` (MQTT 5 enhanced
-        authentication, SCRAM-SHA-256/512), ``jwt`` (a token as the password).
+        authentication, SCRAM-SHA-256/512), ``jwt`` (a token as the password),
+        ``http`` (an HTTP service decides, see :class:`HttpAuthConfig`).
     :ivar credentials: the credential store: ``sqlite`` (in ``data_dir``),
         ``postgres`` (see :class:`PostgresConfig`) or ``memory``.
     :ivar cache_size: topic names whose publish authorization each
@@ -379,6 +462,7 @@ class AuthConfig:
         ``mqtt.max_session_expiry_interval``.
     :ivar login_limits: see :class:`LoginLimitsConfig`.
     :ivar jwt: see :class:`JwtConfig`.
+    :ivar http: see :class:`HttpAuthConfig`.
     """
 
     allow_anonymous: bool = True
@@ -390,6 +474,7 @@ class AuthConfig:
     cache_ttl: float = 60.0
     login_limits: LoginLimitsConfig = field(default_factory=LoginLimitsConfig)
     jwt: JwtConfig = field(default_factory=JwtConfig)
+    http: HttpAuthConfig = field(default_factory=HttpAuthConfig)
 
 
 @dataclass(frozen=True)
@@ -458,6 +543,12 @@ class KafkaConfig:
         >= 100.
     :ivar request_timeout_ms: milliseconds a produce or admin request may
         take before it fails, >= 1000.
+    :ivar enable_topic_deletion: TBMQ's ``queue.kafka.enable-topic-deletion``:
+        when the session of a persistent APPLICATION client ends (expired,
+        or removed), the node that ends it deletes its
+        ``tbmq.msg.app.<clientId>`` topic and what waited there (on any bus,
+        the embedded in-process one included); false keeps the topics
+        (Kafka's ``delete.topic.enable`` off, or topics managed by hand).
     """
 
     bootstrap_servers: str = "127.0.0.1:9092"
@@ -474,6 +565,7 @@ class KafkaConfig:
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000
     request_timeout_ms: int = 30000
+    enable_topic_deletion: bool = True
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@
     tbmq sessions remove CLIENT_ID
     tbmq retained list [--filter FILTER] [--json]
     tbmq retained delete TOPIC
+    tbmq blocked add|list|remove ...   (tbmq.ops.blocked_cli)
 
 ``admin`` writes the admin users' store directly (:mod:`tbmq.ops.admins`,
 found from the same config as the broker's): a user must be added before
@@ -46,9 +47,10 @@ import urllib.request
 from typing import Any
 
 from tbmq.errors import ConfigError
+from tbmq.ops import blocked_cli
 
 #: the commands this module adds to ``tbmq``
-COMMANDS = ("admin", "sessions", "retained")
+COMMANDS = ("admin", "sessions", "retained", blocked_cli.COMMAND)
 
 
 class CommandError(Exception):
@@ -123,6 +125,7 @@ def add_commands(commands, store_options) -> None:
     delete = actions.add_parser("delete", help="delete the retained message of a topic")
     client_options(delete)
     delete.add_argument("topic")
+    blocked_cli.add_command(commands, client_options)
 
 
 def _config(args):
@@ -342,7 +345,8 @@ def execute(args, out=None, err=None) -> int:
     """
     out = out or sys.stdout
     err = err or sys.stderr
-    runner = {"admin": run_admin, "sessions": run_sessions, "retained": run_retained}
+    runner = {"admin": run_admin, "sessions": run_sessions, "retained": run_retained,
+              blocked_cli.COMMAND: blocked_cli.run}
     try:
         return runner[args.command](args, out)
     except ConfigError as e:

@@ -57,7 +57,6 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from tbmq.broker.limits import SESSION_LIMITS
 from tbmq.broker.traffic import LATENCY_BOUNDS
 
 __all__ = ["CONTENT_TYPE", "NodeCollector", "make_registry", "render"]
@@ -96,7 +95,7 @@ class NodeCollector(Collector):
 
     def collect(self):
         stats = self.stats
-        broker = stats.broker
+        node = stats.node
         traffic = stats.traffic()
         info = GaugeMetricFamily("tbmq_info", "The node's service id and version.",
                                  labels=["service_id", "version"])
@@ -108,7 +107,7 @@ class NodeCollector(Collector):
                                         "Open MQTT connections, by listener.",
                                         labels=["listener"])
         by_listener = stats.connections()
-        for lc in broker.config.listeners:
+        for lc in node.config.listeners:
             by_listener.setdefault(lc.name, 0)
         for name, n in sorted(by_listener.items()):
             connections.add_metric([name], n)
@@ -123,7 +122,7 @@ class NodeCollector(Collector):
                                 "Subscriptions of the whole cluster.",
                                 value=stats.cluster_subscriptions())
         yield GaugeMetricFamily("tbmq_cluster_nodes", "Nodes alive, this one included.",
-                                value=len(broker.membership.alive()))
+                                value=len(node.alive_nodes()))
         yield GaugeMetricFamily("tbmq_retained_messages", "Retained messages.",
                                 value=stats.retained_messages())
         for name, doc, values in (
@@ -160,7 +159,7 @@ class NodeCollector(Collector):
             "tbmq_backend_call_seconds",
             "Seconds of the node's calls to its bus and stores, until their result.",
             labels=["backend", "method"])
-        times = broker.call_times
+        times = node.call_times
         if times is not None:
             for (role, method), buckets in sorted(times.series.items()):
                 _histogram(calls, [role, method], buckets.bounds, buckets.counts, buckets.total)
@@ -180,9 +179,7 @@ class NodeCollector(Collector):
         refused = CounterMetricFamily("tbmq_sessions_refused",
                                       "CONNECTs refused by a session limit of mqtt.",
                                       labels=["limit"])
-        limits = getattr(broker, "limits", None)
-        counts = limits.refused if limits is not None else dict.fromkeys(SESSION_LIMITS, 0)
-        for limit, n in sorted(counts.items()):
+        for limit, n in sorted(node.sessions_refused().items()):
             refused.add_metric([limit], n)
         yield refused
 

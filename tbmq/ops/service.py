@@ -27,7 +27,8 @@ def endpoint_string(endpoint: str) -> str:
 class OpsService:
     """The ``$SYS`` topics, the metrics and the admin API of a broker.
 
-    :param broker: the :class:`tbmq.broker.broker.Broker`.
+    :param node: the node's :class:`tbmq.node_view.NodeView` (never the
+        ``Broker``: ops reads the node through its view).
     :param reactor: the reactor.
     :ivar stats: the :class:`~tbmq.ops.stats.NodeStats`, registered as the
         plugin ``ops`` (it counts authentication failures).
@@ -36,13 +37,12 @@ class OpsService:
         string Twisted reads.
     """
 
-    def __init__(self, broker, reactor) -> None:
-        self.broker = broker
+    def __init__(self, node, reactor) -> None:
+        self.node = node
         self.reactor = reactor
-        self.config = broker.config
-        self.stats = NodeStats(broker)
-        broker.plugins.register(self.stats, name="ops")
-        broker.refresh_hooks()
+        self.config = node.config
+        self.stats = NodeStats(node)
+        node.register_plugin(self.stats, name="ops")
         self.sys_topics = None
         self.history = None
         self.port = None
@@ -64,8 +64,7 @@ class OpsService:
         if config.sys_interval > 0:
             from tbmq.ops.sys_topics import SysTopics
 
-            self.sys_topics = SysTopics(self.stats, self.broker.router,
-                                        self.broker.sessions_by_id, self.reactor,
+            self.sys_topics = SysTopics(self.stats, self.node, self.reactor,
                                         config.sys_interval)
             self.sys_topics.start()
         if config.http.endpoint is None:
@@ -78,7 +77,7 @@ class OpsService:
         self.history = History(self.stats, self.reactor)
         self.history.start()
         auth = AdminAuth(open_admin_store(config), config.http.token_ttl)
-        api = AdminApi(self.broker, self.stats, self.history, auth, self.reactor)
+        api = AdminApi(self.node, self.stats, self.history, auth, self.reactor)
         site = make_site(make_registry(self.stats), api, auth, config.http.metrics_auth)
         self.port = await listen_on(self.endpoint, site, config.http.endpoint, "http.endpoint")
         host = self.port.getHost()

@@ -1,6 +1,6 @@
 """What the metrics, the ``$SYS`` topics and the admin API read of a node:
-one read-only view over the broker's counters and the cluster's registries,
-computed when asked (never on the message path).
+figures computed when asked (never on the message path) from the node's
+:class:`tbmq.node_view.NodeView`.
 
 Figures come in two scopes:
 
@@ -66,14 +66,14 @@ class SessionCounts:
 class NodeStats:
     """A read-only view of one node for operators.
 
-    :param broker: the :class:`tbmq.broker.broker.Broker`.
+    :param node: the node's :class:`tbmq.node_view.NodeView`.
     :param wall: ``wall() -> float``, seconds since the epoch.
     :ivar started_at: seconds since the epoch when this view was made (the
         node's start).
     """
 
-    def __init__(self, broker, wall=time.time) -> None:
-        self.broker = broker
+    def __init__(self, node, wall=time.time) -> None:
+        self.node = node
         self.wall = wall
         self.started_at = wall()
         #: ``reason code → count`` of refused CONNECTs (the metrics plugin
@@ -95,7 +95,7 @@ class NodeStats:
 
     @property
     def service_id(self) -> str:
-        return self.broker.service_id
+        return self.node.service_id
 
     @property
     def version(self) -> str:
@@ -108,39 +108,36 @@ class NodeStats:
     def connections(self) -> dict[str, int]:
         """:returns: listener name → MQTT connections open on it now
         (those still before CONNECT included)."""
-        counts: Counter = Counter()
-        for conn in list(self.broker.connections):
-            listener = getattr(conn, "listener", None)
-            counts[getattr(listener, "name", "?")] += 1
+        counts = self.node.connections_by_listener()
         total = sum(counts.values())
         if total > self.max_connections:
             self.max_connections = total
-        return dict(counts)
+        return counts
 
     def local_sessions(self) -> SessionCounts:
         """:returns: the sessions this node holds, counted."""
         counts = SessionCounts()
-        for session in list(self.broker.sessions_by_id.values()):
-            counts.add(session.persistent, session.client_type, session.connection is not None)
+        for session in self.node.sessions().values():
+            counts.add(session.persistent, session.client_type, session.connected)
         return counts
 
     def local_subscriptions(self) -> int:
         """:returns: subscriptions of the sessions this node holds."""
-        return sum(len(s.subscriptions) for s in list(self.broker.sessions_by_id.values()))
+        return sum(len(s.subscriptions) for s in self.node.sessions().values())
 
     def traffic(self):
         """:returns: the node's :class:`tbmq.broker.traffic.Traffic`."""
-        return self.broker.traffic
+        return self.node.traffic
 
     def dropped(self) -> dict[str, int]:
         """:returns: reason → messages not delivered on this node."""
-        return dict(self.broker.drops.counts)
+        return self.node.dropped()
 
     def consumer_lag(self) -> dict[tuple[str, str], int]:
         """:returns: ``(group, topic)`` → records not yet committed, for the
         bus consumers that report it (a ``lag()`` method)."""
         lags: Counter = Counter()
-        for consumer in self.broker.consumers():
+        for consumer in self.node.consumers():
             lag = getattr(consumer, "lag", None)
             if callable(lag):
                 try:
@@ -155,42 +152,43 @@ class NodeStats:
         """:returns: every session in the cluster (the session registry),
         counted."""
         counts = SessionCounts()
-        for info in list(self.broker.registry.sessions.values()):
+        for info in list(self.node.cluster_sessions().values()):
             counts.add(info.persistent, info.client_type, info.connected)
         return counts
 
     def cluster_subscriptions(self) -> int:
         """:returns: subscriptions of every session in the cluster."""
-        return sum(len(subs) for subs in list(self.broker.book.subscriptions.values()))
+        return sum(len(subs) for subs in list(self.node.subscriptions().values()))
 
     def retained_messages(self) -> int:
         """:returns: retained messages (every node holds them all; this
         node's own ``$SYS`` topics not counted)."""
-        return max(0, len(self.broker.router.retained) - self.sys_retained)
+        return max(0, self.node.retained_count() - self.sys_retained)
 
     def nodes(self) -> list[dict]:
         """:returns: every node known, this one first: ``{service_id, alive,
         this, started_at, last_seen, stopping, listeners, sessions}``
         (``last_seen`` in seconds since the epoch, ``sessions`` the number
         the registry shows held there)."""
-        broker = self.broker
-        membership = broker.membership
-        alive = set(membership.alive())
-        by_node = broker.registry.by_node
+        node = self.node
+        alive = set(node.alive_nodes())
+        known = node.known_nodes()
+        heard = node.last_heard()
+        by_node = node.sessions_by_node()
         now = self.wall()
-        clock_now = broker.clock.seconds()
+        clock_now = node.clock.seconds()
         out = [{
-            "service_id": broker.service_id, "alive": True, "this": True,
-            "started_at": membership.started_at or self.started_at, "last_seen": now,
+            "service_id": node.service_id, "alive": True, "this": True,
+            "started_at": node.started_at or self.started_at, "last_seen": now,
             "stopping": False,
-            "listeners": [lc.label for lc in broker.config.listeners],
-            "sessions": len(by_node.get(broker.service_id, ())),
+            "listeners": [lc.label for lc in node.config.listeners],
+            "sessions": by_node.get(node.service_id, 0),
         }]
-        for sid in sorted(set(membership.nodes) | set(by_node)):
-            if sid == broker.service_id or not sid:
+        for sid in sorted(set(known) | set(by_node)):
+            if sid == node.service_id or not sid:
                 continue
-            info = membership.nodes.get(sid)
-            seen = membership.last_seen.get(sid)
+            info = known.get(sid)
+            seen = heard.get(sid)
             out.append({
                 "service_id": sid, "alive": sid in alive, "this": False,
                 "started_at": info.started_at if info else None,
@@ -198,7 +196,7 @@ class NodeStats:
                 (info.sent_at if info else None),
                 "stopping": bool(info and info.stopping),
                 "listeners": list(info.listeners) if info else [],
-                "sessions": len(by_node.get(sid, ())),
+                "sessions": by_node.get(sid, 0),
             })
         return out
 
@@ -236,7 +234,7 @@ class NodeStats:
                 "authentication_failures": sum(self.auth_failures.values()),
             },
             "cluster": {
-                "nodes": len(self.broker.membership.alive()),
+                "nodes": len(self.node.alive_nodes()),
                 "sessions": self.cluster_sessions().as_json(),
                 "subscriptions": self.cluster_subscriptions(),
                 "retained_messages": self.retained_messages(),
@@ -295,9 +293,9 @@ class History(Periodic):
 
     def tick(self) -> None:
         """Take one point (and start a sample of the bus's call latency,
-        :mod:`tbmq.ops.timing`)."""
+        :mod:`tbmq.timing`)."""
         stats = self.stats
-        times = stats.broker.call_times
+        times = stats.node.call_times
         if times is not None:
             times.sample()
         traffic = stats.traffic()
@@ -316,5 +314,5 @@ class History(Periodic):
             "auth_failures": (totals[4] - last[4]) / elapsed,
             "connections": sum(stats.connections().values()),
             "sessions": stats.local_sessions().total,
-            "cluster_sessions": len(stats.broker.registry.sessions),
+            "cluster_sessions": len(stats.node.cluster_sessions()),
         })

@@ -50,18 +50,16 @@ class SysTopics(Periodic):
     """Publishes the ``$SYS/broker/...`` topics of one node.
 
     :param stats: the node's :class:`tbmq.ops.stats.NodeStats`.
-    :param router: the :class:`tbmq.broker.router.Router` (its trie and
-        retained tree).
-    :param sessions: client id → the sessions of this node.
+    :param node: the node's :class:`tbmq.node_view.NodeView` (it keeps and
+        delivers the node's own ``$SYS`` messages, :meth:`~tbmq.node_view.NodeView.publish_local`).
     :param clock: ``IReactorTime``.
     :param interval: seconds between two publications, > 0.
     :ivar published: topic → the payload last published.
     """
 
-    def __init__(self, stats, router, sessions: dict, clock, interval: float) -> None:
+    def __init__(self, stats, node, clock, interval: float) -> None:
         self.stats = stats
-        self.router = router
-        self.sessions = sessions
+        self.node = node
         self.clock = clock
         self.interval = interval
         self.published: dict[str, bytes] = {}
@@ -99,7 +97,7 @@ class SysTopics(Periodic):
             "bytes/sent": traffic.bytes_written,
             "subscriptions/count": stats.cluster_subscriptions(),
             "retained messages/count": stats.retained_messages(),
-            "cluster/nodes": len(stats.broker.membership.alive()),
+            "cluster/nodes": len(self.node.alive_nodes()),
         }
         totals = {"messages/received": received, "messages/sent": sent,
                   "publish/dropped": dropped, "bytes/received": traffic.bytes_read,
@@ -135,21 +133,5 @@ class SysTopics(Periodic):
     def publish(self, topic: str, payload: bytes) -> None:
         """Keep ``payload`` as this node's retained message of ``topic`` and
         deliver it at QoS 0 to this node's connected subscribers."""
-        now = self.clock.seconds()
-        message = Message(topic, payload, 0, True, {}, "", now, None)
-        self.router.retained.set(message)
-        sessions = self.sessions
-        router = self.router
-        targets = [target for subs in router.trie.match(topic) for target in subs.items()]
-        for groups in router.shared.match(topic):
-            for group in groups.values():
-                picked = group.pick(lambda c: c in sessions)
-                if picked is not None:
-                    targets.append(picked)
-        for client_id, options in targets:
-            session = sessions.get(client_id)
-            if session is None or session.connection is None:
-                continue
-            sid = options.subscription_id
-            session.deliver(message, 0, options.retain_as_published,
-                            () if sid is None else (sid,), None, now)
+        message = Message(topic, payload, 0, True, {}, "", self.clock.seconds(), None)
+        self.node.publish_local(message)

@@ -99,7 +99,7 @@ def test_off_by_default_and_costs_nothing(tmp_path):
 
 def test_every_kind_of_record(tmp_path):
     broker, clock, launcher = make_broker(tmp_path, enabled=True)
-    exporter = launcher.exporters[broker]
+    exporter = launcher.exporters[broker.view]
     msg = emit_one_of_each(broker, clock)
     stop(broker, clock)
     assert exporter.closed and exporter.lost == 0 and exporter.exported == 11
@@ -151,7 +151,7 @@ def test_message_id_is_stable():
 def test_rotation_by_size_plain_files(tmp_path):
     broker, clock, launcher = make_broker(tmp_path, enabled=True, max_file_bytes=2048,
                                           compress=False, flush_interval=0.01)
-    exporter = launcher.exporters[broker]
+    exporter = launcher.exporters[broker.view]
     dev = session("dev-1")
     for i in range(300):
         broker.hooks.message_published(dev, Message(f"t/{i}", b"x" * i, publisher="dev-1",

@@ -143,7 +143,7 @@ def test_report_over_a_running_exporter(spark, tmp_path):
     """The exporter is writing its first file (no rotation yet): the report
     reads what it holds."""
     broker, clock, launcher = make_broker(tmp_path, enabled=True, flush_interval=0.02)
-    exporter = launcher.exporters[broker]
+    exporter = launcher.exporters[broker.view]
     dev, app = session("dev-1"), session("app-1", ClientType.APPLICATION)
     try:
         for i in range(60):

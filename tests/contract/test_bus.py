@@ -908,3 +908,34 @@ def test_a_bundle_joined_later_on_another_node_shares_the_partitions_of_each_top
         assert sorted(rec.key for rec in one + two) == sorted(k for k, _ in items)
         assert one and two, topic  # each node has partitions of each topic
         assert not {rec.partition for rec in one} & {rec.partition for rec in two}
+
+
+def test_a_deleted_topic_is_gone_with_its_records_and_offsets(env):
+    """``delete_topic`` (TBMQ's removal of an ended APPLICATION session's
+    ``tbmq.msg.app.<clientId>``): refused while a member of the bus reads
+    the topic; then its records and its groups' offsets are gone, the same
+    group reads only what is published after, and deleting a topic that
+    does not exist succeeds."""
+    c = env.catalogue
+    bus = env.bus()
+    topic = c.app("gone-app")
+    message = Message("a/b", b"x", 1)
+    publish_all(env, bus, topic, [("gone-app", r.Delivery("gone-app", message, 1, seq=i))
+                                  for i in range(3)])
+    got: list = []
+    consumer = env.subscribe(bus, topic, "gone-app", collector(got), exclusive=True)
+    env.run(consumer.caught_up)
+    env.wait_until(lambda: len(got) == 3)
+    with pytest.raises(ValueError):
+        env.run(env.call(bus.delete_topic, topic))
+    env.run(env.call(consumer.stop))
+    assert env.run(env.call(bus.delete_topic, topic)) is None
+    assert env.run(env.call(bus.delete_topic, topic)) is None  # gone already
+    assert env.run(env.call(bus.delete_topic, c.app("never-was"))) is None
+    env.run(env.publish(bus, topic, "gone-app", r.Delivery("gone-app", message, 1, seq=9)))
+    again: list = []
+    consumer = env.subscribe(bus, topic, "gone-app", collector(again), exclusive=True)
+    env.run(consumer.caught_up)
+    env.wait_until(lambda: again)
+    env.settle()
+    assert [rec.value.seq for rec in again] == [9]

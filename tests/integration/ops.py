@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +198,25 @@ def scrape(http: Http) -> dict:
 def value(samples: dict, name: str, **labels) -> float:
     """One sample of :func:`scrape` (0 when absent)."""
     return samples.get((name, frozenset((k, str(v)) for k, v in labels.items())), 0.0)
+
+
+def api_session(api: str, client_id: str, admin: tuple[str, str]) -> dict:
+    """The session of ``client_id`` as ``GET /api/sessions`` lists it, read
+    with the standard library (no reactor thread needed).
+
+    :param api: the node's base URL (``http://127.0.0.1:<port>``).
+    :param admin: ``(name, password)`` of an admin user.
+    """
+    login = urllib.request.Request(
+        api + "/api/auth/login", method="POST",
+        data=json.dumps({"username": admin[0], "password": admin[1]}).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(login, timeout=TIMEOUT) as r:
+        token = json.load(r)["token"]
+    listing = urllib.request.Request(
+        api + "/api/sessions?" + urllib.parse.urlencode({"q": client_id}),
+        headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(listing, timeout=TIMEOUT) as r:
+        items = [s for s in json.load(r)["items"] if s["client_id"] == client_id]
+    assert len(items) == 1, items
+    return items[0]

@@ -93,6 +93,8 @@ STEPS = {
     ("Cluster", 5): "run: the nodes stopped, then Tansu and Redis",
     ("Operations", 1): "server: an admin user, a node with the HTTP endpoint",
     ("Operations", 2): "run: the console page fetched; the admin logs in to the API",
+    ("Blocked clients and unauthorized clients", 1): "run: on the Operations node, three "
+                                                     "entries added, listed, one removed",
     ("Analytics", 1): "server: a node with the event log, Run it's clients, Ctrl-C",
     ("Analytics", 2): "installs verified, then the report made from the node's events",
 }
@@ -584,7 +586,8 @@ def test_cluster(checkout, postgres_dsn):
 
 def test_operations(reader):
     """Operations: ``tbmq admin add`` asks for the password (given on its
-    standard input), the node serves the console, and the admin logs in."""
+    standard input), the node serves the console, and the admin logs in;
+    then "Blocked clients" adds, lists and removes entries through it."""
     node = reader.serve(("Operations", 1), 1883, 8083, stdin="pw-alice\npw-alice\n")
     printed = reader.run(("Operations", 2))
     assert printed.startswith("200 text/html"), printed
@@ -594,6 +597,11 @@ def test_operations(reader):
         headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=10) as answer:
         assert answer.status == 200 and json.loads(answer.read())["token"]
+    printed = reader.run(("Blocked clients and unauthorized clients", 1))
+    assert "blocked client_id evil-device (ed3776c39efd8182)" in printed, printed
+    listed = [line.split()[:3] for line in printed.splitlines() if line.startswith("ed37")]
+    assert listed == [["ed3776c39efd8182", "client_id", "evil-device"]], printed
+    assert printed.rstrip().endswith("removed ed3776c39efd8182"), printed
     node.interrupt()
 
 

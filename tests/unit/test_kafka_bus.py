@@ -6,6 +6,7 @@ consumer thread, a reactor whose ``callFromThread`` queues calls."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -444,6 +445,9 @@ class FakeAdmin:
             raise RuntimeError("no broker")
         self.driver.created.extend(specs)
 
+    def delete_topics(self, names) -> None:
+        self.driver.deleted.extend(names)
+
     def close(self) -> None:
         self.driver.closed.append("admin")
 
@@ -480,6 +484,7 @@ class FakeDriver:
         self.sent: list = []
         self.partitions: list = []  # the partition of each record sent (None: the client's)
         self.closed: list = []
+        self.deleted: list = []
 
     def Admin(self, config):  # noqa: N802 (a driver module's class)
         return FakeAdmin(self)
@@ -717,3 +722,59 @@ def test_a_member_of_a_joining_group_is_caught_up_once_the_whole_group_has_a_pos
     exclusive._assigned([0])
     exclusive._batch([], [0])
     assert exclusive.caught_up.called and len(asked) == 3  # its group is itself
+
+
+class Reader:
+    """A client (:class:`~tbmq_plugins.kafka.loop.SharedLoop`) that read a topic."""
+
+    def __init__(self, finished: bool) -> None:
+        self.finished = finished
+
+
+def test_a_topic_is_deleted_once_the_clients_that_read_it_closed():
+    """librdkafka crashes a client that read a topic deleted since: the
+    deletion waits for them (``kafka.request_timeout_ms`` at most), then a
+    publish creates the topic again."""
+    driver = FakeDriver()
+    bus, reactor = started(driver, dataclasses.replace(CONFIG, request_timeout_ms=1000))
+    topic = bus.catalogue.app("c1")
+    delivery = r.Delivery("c1", Message("a", b""), 1)
+    bus.publish(topic, "c1", delivery)
+    reactor.wait(lambda: driver.sent)
+    reader = Reader(finished=False)
+    bus._read_by[topic] = {reader}
+    outcome = fired(bus.delete_topic(topic))
+    reactor.advance(0.2)
+    reactor.drain()
+    assert driver.deleted == [] and outcome == []  # the client still runs
+    reader.finished = True
+    reactor.advance(0.05)
+    reactor.wait(lambda: outcome)
+    assert outcome == [None] and driver.deleted == [topic] and topic not in bus._read_by
+    bus.publish(topic, "c1", delivery)
+    reactor.wait(lambda: len(driver.sent) == 2)
+    assert [s.name for s in driver.created].count(topic) == 2  # created again
+    # a client that goes on reading other topics: the deletion gives up
+    bus._read_by[topic] = {Reader(finished=False)}
+    late = fired(bus.delete_topic(topic))
+    for _ in range(25):
+        reactor.advance(0.05)
+    failure = late[0]
+    assert failure.check(bus_module.BusError) and "still reads" in str(failure.value)
+    assert driver.deleted == [topic]
+
+
+class Reading:
+    """A consumer of the bus on ``topic``."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+
+
+def test_a_topic_a_consumer_of_the_bus_reads_is_not_deleted():
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    topic = bus.catalogue.app("c2")
+    bus._consumers.add(Reading(topic))
+    assert fired(bus.delete_topic(topic))[0].check(ValueError)
+    assert driver.deleted == []

@@ -49,7 +49,7 @@ def test_every_refusal_code_of_the_providers_is_listed():
 
 
 def test_the_node_starts_with_every_refusal_code_at_zero():
-    stats = NodeStats(Harness().broker)
+    stats = NodeStats(Harness().broker.view)
     assert dict(stats.auth_failures) == {int(code): 0 for code in AUTH_FAILURE_CODES}
     assert stats.snapshot()["node"]["authentication_failures"] == 0
     assert set(stats.dropped()) == set(DROP_REASONS)

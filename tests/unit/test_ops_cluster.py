@@ -14,15 +14,15 @@ from tbmq.ops.api.app import AdminApi, ApiError
 from tbmq.ops.api.schemas import validate
 from tbmq.ops.stats import History, NodeStats
 from tbmq.ops.sys_topics import SysTopics
-from tbmq.ops.timing import SAMPLE_CALLS, instrument
+from tbmq.timing import SAMPLE_CALLS, instrument
 from tests.unit.test_cluster_of_two import Cluster, sub
 
 ADMIN = AdminUser("root", "admin", 0.0, 0.0)
 
 
 def api_of(node) -> AdminApi:
-    stats = NodeStats(node.broker, wall=node.clock.seconds)
-    return AdminApi(node.broker, stats, History(stats, node.clock), auth=None, clock=node.clock)
+    stats = NodeStats(node.broker.view, wall=node.clock.seconds)
+    return AdminApi(node.broker.view, stats, History(stats, node.clock), auth=None, clock=node.clock)
 
 
 def request(**args) -> types.SimpleNamespace:
@@ -155,9 +155,8 @@ def test_sys_topics_reach_local_subscribers_only_and_not_hash():
     watcher.received()
     remote = cluster.b.client("r")
     sub(remote, "$SYS/#", 0)
-    stats = NodeStats(cluster.a.broker, wall=cluster.a.clock.seconds)
-    sys_topics = SysTopics(stats, cluster.a.broker.router, cluster.a.broker.sessions_by_id,
-                           cluster.a.clock, 10.0)
+    stats = NodeStats(cluster.a.broker.view, wall=cluster.a.clock.seconds)
+    sys_topics = SysTopics(stats, cluster.a.broker.view, cluster.a.clock, 10.0)
     sys_topics.tick()
     got = {m.topic: m.payload for m in watcher.received()}
     assert got["$SYS/broker/clients/connected"] == b"2"

@@ -203,6 +203,7 @@ def test_the_embedded_node_logs_cluster_backends_as_unused(log):
         "plugin active: embedded (bus memory; retained store memory; device store memory; "
         "credentials memory)",
         "plugin active: rules (authorization)",
+        "plugin disabled: http (not in auth.providers)",
         "plugin loaded, unused: kafka (provides nothing this config uses)",
         "plugin loaded, unused: postgres (provides nothing this config uses)",
         "plugin loaded, unused: redis (provides nothing this config uses)",

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -173,6 +173,8 @@ class KafkaBus:
         self._codecs: dict[str, Any] = {}
         self._consumers: set[KafkaConsumer] = set()
         self._shared: dict[str, SharedLoop] = {}  # by Kafka group id (exclusive, bundles)
+        self._read_by: dict[str, set[SharedLoop]] = {}  # topic -> the clients that read it
+        self._read_by_limit = 64
         self._keys: dict[KafkaConsumer, str | None] = {}  # its key in _shared
         self._group_ids: dict[KafkaConsumer, str] = {}  # its Kafka group id
         self._expected: dict[KafkaConsumer, tuple] = {}  # (SharedLoop, loop) until its topic exists
@@ -326,6 +328,49 @@ class KafkaBus:
         d = defer.Deferred()
         self._creation(topic).waiters.append(d)
         return d
+
+    # -- delete ----------------------------------------------------------------------------
+
+    def delete_topic(self, topic: str) -> defer.Deferred:
+        """Delete ``topic`` (DeleteTopics, with the admin client in the worker
+        thread); see :meth:`tbmq.interfaces.IMessageBus.delete_topic`.  A
+        later publish creates it again, as the catalogue says.
+
+        :returns: a Deferred firing with None once Kafka answered; failing
+            with :class:`ValueError` (a consumer of this bus still reads
+            it), :class:`~tbmq.errors.BusClosedError` (not running) or
+            :class:`~tbmq.errors.BusError` (Kafka refused, or no answer
+            within ``kafka.request_timeout_ms``).
+        """
+        if not self.running:
+            return defer.fail(BusClosedError(f"{topic}: the Kafka bus is not running"))
+        if any(consumer.topic == topic for consumer in self._consumers):
+            return defer.fail(ValueError(f"{topic}: still consumed"))
+        # a librdkafka client that read the topic crashes the process
+        # (SIGSEGV, confluent-kafka 2.16 on Tansu) once it is deleted: wait
+        # until the clients that read it are closed (a client of an
+        # exclusive group closes once its last subscription stopped)
+        readers = self._read_by.get(topic, set())
+        deadline = self.clock.seconds() + self.config.request_timeout_ms / 1000.0
+
+        def closed() -> defer.Deferred:
+            readers.difference_update([loop for loop in list(readers) if loop.finished])
+            if not readers:
+                self._read_by.pop(topic, None)
+                return self._worker.call(self._admin.delete_topics, [topic])
+            if self.clock.seconds() >= deadline:
+                return defer.fail(BusError(f"{topic}: a client of this bus that read it "
+                                           f"still reads other topics"))
+            return task.deferLater(self.clock, 0.05, closed)
+
+        def deleted(_result: Any) -> None:
+            self._ready.discard(topic)
+            self._placed.pop(topic, None)
+
+        def failed(failure: Failure) -> None:
+            raise BusError(f"{topic}: the topic cannot be deleted: {failure.value}")
+
+        return closed().addCallbacks(deleted, failed)
 
     # -- publish ---------------------------------------------------------------------------
 
@@ -520,6 +565,15 @@ class KafkaBus:
         shared, key, group_id, joining = share
         while not shared.add(loop, topic):
             shared = self._shared_loop(key, group_id, joining)
+        read_by = self._read_by
+        if len(read_by) >= self._read_by_limit:
+            # forget the clients closed since (amortized: when it doubled)
+            for name, loops in list(read_by.items()):
+                loops.difference_update([done for done in list(loops) if done.finished])
+                if not loops:
+                    del read_by[name]
+            self._read_by_limit = max(64, 2 * len(read_by))
+        read_by.setdefault(topic, set()).add(shared)
 
     def _begin(self, consumer: KafkaConsumer, loop: ConsumerLoop, share: tuple,
                attempt: int = 0) -> None:

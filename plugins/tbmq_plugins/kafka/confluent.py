@@ -88,14 +88,27 @@ class Admin(drivers.Admin):
     def create_topics(self, specs: list[TopicSpec]) -> None:
         topics = [NewTopic(s.name, s.partitions, s.replication_factor, config=dict(s.config))
                   for s in specs]
-        futures = self._client.create_topics(topics, request_timeout=self._timeout,
-                                             operation_timeout=self._timeout)
+        self._wait(self._client.create_topics(topics, request_timeout=self._timeout,
+                                              operation_timeout=self._timeout),
+                   KafkaError.TOPIC_ALREADY_EXISTS)
+
+    def _wait(self, futures: dict, fine: int) -> None:
+        """Wait for the admin request's ``futures``; an error of code
+        ``fine`` is no error.
+
+        :raises KafkaException: any other error of a topic.
+        """
         for future in futures.values():
             try:
                 future.result(timeout=self._timeout * 2)
             except KafkaException as e:
-                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                if e.args[0].code() != fine:
                     raise
+
+    def delete_topics(self, names: list[str]) -> None:
+        self._wait(self._client.delete_topics(names, request_timeout=self._timeout,
+                                              operation_timeout=self._timeout),
+                   KafkaError.UNKNOWN_TOPIC_OR_PART)
 
     def committed(self, group: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
         request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p)

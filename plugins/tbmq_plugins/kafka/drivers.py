@@ -77,13 +77,22 @@ class RawRecord(NamedTuple):
 
 
 class Admin:
-    """Creates topics.  Every method blocks."""
+    """Creates and deletes topics.  Every method blocks."""
 
     def create_topics(self, specs: list[TopicSpec]) -> None:
         """Create ``specs``; a topic that already exists is fine.
 
         :raises Exception: the client's error when a topic cannot be
             created (or no broker answered within the request timeout).
+        """
+        raise NotImplementedError
+
+    def delete_topics(self, names: list[str]) -> None:
+        """Delete the topics ``names`` (DeleteTopics); one that does not
+        exist is fine.
+
+        :raises Exception: the client's error when a topic cannot be
+            deleted (or no broker answered within the request timeout).
         """
         raise NotImplementedError
 

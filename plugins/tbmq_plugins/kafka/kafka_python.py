@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from kafka.structs import OffsetAndMetadata
 
 from tbmq_plugins.kafka import drivers
@@ -82,6 +82,13 @@ class Admin(drivers.Admin):
             try:
                 self._client.create_topics([topic], timeout_ms=self._timeout)
             except TopicAlreadyExistsError:
+                pass
+
+    def delete_topics(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                self._client.delete_topics([name], timeout_ms=self._timeout)
+            except UnknownTopicOrPartitionError:
                 pass
 
     def committed(self, group: str, topic: str, partitions: list[int]) -> dict[int, int | None]:

@@ -553,6 +553,11 @@ class SharedLoop(_Outage):
         self._failing: str | None = None
         self.dead = False
 
+    @property
+    def finished(self) -> bool:
+        """True once the thread ended and closed its client (or never ran)."""
+        return self.dead and (self._thread is None or not self._thread.is_alive())
+
     def expect(self, member: ConsumerLoop) -> None:
         """``member`` will be added once its topic exists (thread-safe): a
         joining client waits for it, ``timeout`` seconds at most, before it

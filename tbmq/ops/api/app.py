@@ -36,6 +36,7 @@ from tbmq.mqtt.topics import TopicError, parse_shared_subscription, validate_top
 from tbmq.mqtt.topics import validate_topic_name
 from tbmq.ops.admins import TokenError
 from tbmq.ops.api import credentials as creds
+from tbmq.ops.api.blocked import ClientListsApi
 from tbmq.ops.api.openapi import document
 from tbmq.ops.api.routes import PUBLIC, WRITE, match
 from tbmq.ops.api.schemas import BodyError, parse_body
@@ -144,10 +145,10 @@ def _retained(message) -> dict:
             "publisher": message.publisher or None, "expires_at": message.expires_at}
 
 
-class AdminApi(resource.Resource):
+class AdminApi(ClientListsApi, resource.Resource):
     """``/api/``: dispatches each request to its route's handler.
 
-    :param broker: the :class:`tbmq.broker.broker.Broker`.
+    :param node: the node's :class:`tbmq.node_view.NodeView`.
     :param stats: the :class:`tbmq.ops.stats.NodeStats`.
     :param history: the :class:`tbmq.ops.stats.History`.
     :param auth: the :class:`tbmq.ops.admins.AdminAuth`.
@@ -157,9 +158,9 @@ class AdminApi(resource.Resource):
 
     isLeaf = True
 
-    def __init__(self, broker, stats, history, auth, clock) -> None:
+    def __init__(self, node, stats, history, auth, clock) -> None:
         super().__init__()
-        self.broker = broker
+        self.node = node
         self.stats = stats
         self.history = history
         self.auth = auth
@@ -259,7 +260,7 @@ class AdminApi(resource.Resource):
     # -- sessions ------------------------------------------------------------------------------
 
     def _info(self, client_id: str):
-        info = self.broker.registry.get(client_id)
+        info = self.node.cluster_session(client_id)
         if info is None:
             raise ApiError(404, f"no session of client {client_id!r}")
         return info
@@ -273,10 +274,11 @@ class AdminApi(resource.Resource):
         if client_type is not None and client_type.upper() not in ("DEVICE", "APPLICATION"):
             raise ApiError(400, "query parameter client_type must be DEVICE or APPLICATION")
         offset, limit = _paging(request)
-        book = self.broker.book.subscriptions
+        book = self.node.subscriptions()
+        sessions = self.node.cluster_sessions()
         found = []
-        for client_id in sorted(self.broker.registry.sessions):
-            info = self.broker.registry.sessions[client_id]
+        for client_id in sorted(sessions):
+            info = sessions[client_id]
             if ((q and not _matches(info, q))
                     or (node and info.service_id != node)
                     or (connected is not None and info.connected != connected)
@@ -290,15 +292,15 @@ class AdminApi(resource.Resource):
 
     async def show_session(self, request, user, body, client_id):
         info = self._info(client_id)
-        subs = self.broker.book.of(client_id)
-        local = self.broker.sessions_by_id.get(client_id)
+        subs = self.node.subscriptions_of(client_id)
+        backlog = self.node.backlog(client_id)
         queued = inflight = None
         if info.persistent and ClientType(info.client_type) is ClientType.DEVICE:
-            queued = int(await self.broker.device_store.count(client_id))
-        elif local is not None:
-            queued = len(local.queue)
-        if local is not None:
-            inflight = len(local.inflight)
+            queued = await self.node.stored_messages(client_id)
+        elif backlog is not None:
+            queued = backlog[0]
+        if backlog is not None:
+            inflight = backlog[1]
         return {"session": _session(info, len(subs)),
                 "subscriptions": [_subscription(f, o) for f, o in sorted(subs.items())],
                 "queued": queued, "inflight": inflight,
@@ -306,7 +308,7 @@ class AdminApi(resource.Resource):
 
     async def session_subscriptions(self, request, user, body, client_id):
         self._info(client_id)
-        subs = self.broker.book.of(client_id)
+        subs = self.node.subscriptions_of(client_id)
         return {"client_id": client_id,
                 "items": [_subscription(f, o) for f, o in sorted(subs.items())]}
 
@@ -323,12 +325,12 @@ class AdminApi(resource.Resource):
         info = self._info(client_id)
         if not info.connected:
             raise ApiError(409, f"client {client_id!r} is not connected")
-        self.broker.events.disconnect_client(client_id)
+        self.node.disconnect_client(client_id)
         self._changed(user, "disconnected", f"session {client_id} (on {info.service_id})")
-        registry = self.broker.registry
+        node = self.node
 
         def gone():
-            now = registry.get(client_id)
+            now = node.cluster_session(client_id)
             return now is None or not now.connected or now.session_id != info.session_id
 
         done = await self._settle(gone)
@@ -338,10 +340,10 @@ class AdminApi(resource.Resource):
         info = self._info(client_id)
         if info.connected:
             raise ApiError(409, f"client {client_id!r} is connected: disconnect it first")
-        self.broker.events.clear_session(client_id)
+        self.node.clear_session(client_id)
         self._changed(user, "removed", f"session {client_id} (on {info.service_id})")
-        registry = self.broker.registry
-        done = await self._settle(lambda: registry.get(client_id) is None)
+        node = self.node
+        done = await self._settle(lambda: node.cluster_session(client_id) is None)
         return {"status": "removed" if done else "removing", "target": client_id}
 
     # -- retained messages -------------------------------------------------------------------
@@ -355,7 +357,7 @@ class AdminApi(resource.Resource):
         if parse_shared_subscription(topic_filter):
             raise ApiError(400, "a shared subscription is not a retained-message filter")
         offset, limit = _paging(request)
-        messages = sorted(self.broker.router.retained_for(topic_filter), key=lambda m: m.topic)
+        messages = sorted(self.node.retained_for(topic_filter), key=lambda m: m.topic)
         return _page(messages, offset, limit, _retained)
 
     async def delete_retained(self, request, user, body):
@@ -366,22 +368,22 @@ class AdminApi(resource.Resource):
             validate_topic_name(topic)
         except TopicError as e:
             raise ApiError(400, f"invalid topic name {topic!r}: {e}") from None
-        router = self.broker.router
-        if router.retained.get(topic) is None:
+        node = self.node
+        if node.retained(topic) is None:
             raise ApiError(404, f"no retained message on {topic!r}")
         # a tombstone on tbmq.msg.retained: every node's tree and store
         # forget it; subscribers get nothing (no empty message is routed)
-        result = router.bus.publish(router.topics.msg_retained, topic, None)
+        result = node.delete_retained(topic)
         if result is not None:
             await result
         self._changed(user, "deleted", f"retained message {topic}")
-        await self._settle(lambda: router.retained.get(topic) is None)
+        await self._settle(lambda: node.retained(topic) is None)
         return {"status": "deleted", "target": topic}
 
     # -- credentials ------------------------------------------------------------------------------
 
     async def _record(self, ref: str):
-        store = self.broker.credential_store
+        store = self.node.credential_store
         record = await store.get(ref)
         if record is None:
             for candidate in await store.list():
@@ -391,7 +393,7 @@ class AdminApi(resource.Resource):
         return record
 
     async def list_credentials(self, request, user, body):
-        records = await self.broker.credential_store.list()
+        records = await self.node.credential_store.list()
         return {"items": [creds.as_json(r) for r in records]}
 
     async def show_credentials(self, request, user, body, id):
@@ -399,7 +401,7 @@ class AdminApi(resource.Resource):
 
     async def _save(self, record):
         try:
-            return await self.broker.credential_store.save(record)
+            return await self.node.credential_store.save(record)
         except CredentialsError as e:
             status = 409 if "belongs to another record" in str(e) else 422
             raise ApiError(status, str(e)) from None
@@ -427,7 +429,7 @@ class AdminApi(resource.Resource):
 
     async def remove_credentials(self, request, user, body, id):
         record = await self._record(id)
-        await self.broker.credential_store.delete(record.id)
+        await self.node.credential_store.delete(record.id)
         self._changed(user, "removed", f"credentials {record.name} ({record.id})")
         return {"status": "removed", "target": record.id}
 

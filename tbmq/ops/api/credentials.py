@@ -1,6 +1,6 @@
 """The credentials resource of the admin API: the records of the broker's
 credential store, built and validated by the same code as ``tbmq
-credentials`` (:func:`tbmq.cli.credentials_value`, then the store's own
+credentials`` (:func:`tbmq.auth.records.credentials_value`, then the store's own
 ``prepare_for_save``).
 
 JSON in (``CredentialsInput``, ``CredentialsChange``): ``pub``/``sub``
@@ -18,7 +18,7 @@ import types
 import uuid
 from typing import Any
 
-from tbmq.cli import UsageError, credentials_value
+from tbmq.auth.records import UsageError, credentials_value
 from tbmq.errors import CredentialsError
 from tbmq.model import ClientType, Credentials, CredentialsType
 

@@ -97,6 +97,21 @@ ROUTES: tuple[Route, ...] = (
           "Per-second rates of this node over the last minutes", response="MetricsHistory"),
     Route("GET", ("audit",), "audit", READ, "The last changes made through the API, newest first",
           response="AuditList"),
+    # the client lists (tbmq.ops.api.blocked)
+    Route("GET", ("blocked-clients",), "list_blocked", READ,
+          "The blocked clients of the cluster (CONNACK 0x8A Banned)",
+          response="BlockedClientList"),
+    Route("POST", ("blocked-clients",), "add_blocked", WRITE,
+          "Block clients by client id, user name, IP address or regex, on every node; "
+          "connected ones are disconnected (0x98)", body="BlockedClientInput",
+          response="BlockedClient", status=201, errors=(400, 422)),
+    Route("DELETE", ("blocked-clients", "{id}"), "remove_blocked", WRITE,
+          "Remove a blocked client entry on every node", response="Accepted", errors=(404,)),
+    Route("GET", ("unauthorized-clients",), "list_unauthorized", READ,
+          "The last refused connection attempt per client id, on every node",
+          response="UnauthorizedClientList"),
+    Route("DELETE", ("unauthorized-clients",), "clear_unauthorized", WRITE,
+          "Forget the refused connection attempts on every node", response="Accepted"),
 )
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from tbmq.ops.api.blocked import SCHEMAS as CLIENT_LIST_SCHEMAS
+
 _NUM = {"type": "number"}
 _INT = {"type": "integer", "minimum": 0}
 _STR = {"type": "string"}
@@ -130,6 +132,7 @@ SCHEMAS: dict[str, dict] = {
     "AuditEntry": _object({"time": _NUM, "user": _STR, "action": _STR, "target": _STR}),
     "AuditList": _object({"items": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEntry"}}}),
 }
+SCHEMAS.update(CLIENT_LIST_SCHEMAS)
 
 
 def resolved(name: str) -> dict:

@@ -35,7 +35,8 @@ document.addEventListener("alpine:init", () => {
     user: JSON.parse(sessionStorage.getItem(USER_KEY) || '{"name":"","role":""}'),
     view: "dashboard",
     titles: {dashboard: "Dashboard", sessions: "Sessions", credentials: "Credentials",
-             retained: "Retained messages", nodes: "Nodes"},
+             retained: "Retained messages", nodes: "Nodes",
+             blocked: "Blocked clients", unauthorized: "Unauthorized clients"},
     loginForm: {username: "", password: ""},
     loginError: "",
     error: "",
@@ -90,6 +91,10 @@ document.addEventListener("alpine:init", () => {
       } else if (this.view === "nodes") {
         this.loadNodes();
         this.timer = setInterval(() => this.loadNodes(), 5000);
+      } else if (this.view === "blocked") {
+        this.loadBlocked();
+      } else if (this.view === "unauthorized") {
+        this.loadUnauthorized();
       }
     },
 
@@ -430,5 +435,7 @@ document.addEventListener("alpine:init", () => {
       if (!patterns.length) return "nothing";
       return patterns.join(", ");
     },
+
+    ...clientListsPart(),  // client-lists.js
   }));
 });
