@@ -60,12 +60,16 @@ class Bands:
     :ivar rate: tokens per second added to each bucket.
     """
 
-    __slots__ = ("pairs", "capacity", "rate")
+    __slots__ = ("pairs", "capacity", "rate", "single", "capacity0", "rate0")
 
     def __init__(self, pairs: tuple[tuple[int, float], ...], share: float = 1.0) -> None:
         self.pairs = pairs
         self.capacity = tuple(max(1.0, limit * share) for limit, _ in pairs)
         self.rate = tuple(max(1.0, limit * share) / seconds for limit, seconds in pairs)
+        #: one pair (the usual case): :meth:`TokenBucket.take` takes a shorter way
+        self.single = len(pairs) == 1
+        self.capacity0 = self.capacity[0]
+        self.rate0 = self.rate[0]
 
 
 class TokenBucket:
@@ -93,6 +97,17 @@ class TokenBucket:
         tokens = self.tokens
         elapsed = now - self.stamp
         self.stamp = now
+        if bands.single:
+            level = tokens[0]
+            if elapsed > 0:
+                level += elapsed * bands.rate0
+                if level > bands.capacity0:
+                    level = bands.capacity0
+            if level < count:
+                tokens[0] = level
+                return False
+            tokens[0] = level - count
+            return True
         allowed = True
         for i, capacity in enumerate(bands.capacity):
             level = tokens[i]

@@ -189,7 +189,11 @@ class NodeLimits:
                           client_id=session.client_id)
                 return "incoming_rate_limited"
         total = self.total
-        if total is not None and not self._cluster_take(total, now):
+        if total is None:
+            return None
+        if now - self._looked_at >= RESPLIT_INTERVAL:
+            self._resplit(now)
+        if not total.take(now):
             self.drops.add("total_rate_limited")
             self.note("rate_limits.total", "PUBLISH of {client_id} refused: over {limit}",
                       client_id=session.client_id)
@@ -220,8 +224,11 @@ class NodeLimits:
                           client_id=session.client_id)
                 return "outgoing_rate_limited"
         total = self.total
-        if total is not None and (qos == 0 or not session.persistent) \
-                and not self._cluster_take(total, now):
+        if total is None or (qos and session.persistent):
+            return None
+        if now - self._looked_at >= RESPLIT_INTERVAL:
+            self._resplit(now)
+        if not total.take(now):
             self.note("rate_limits.total", "message to {client_id} dropped: over {limit}",
                       client_id=session.client_id)
             return "total_rate_limited"
