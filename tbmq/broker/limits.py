@@ -200,17 +200,18 @@ class NodeLimits:
             return "total_rate_limited"
         return None
 
-    def admit_outgoing(self, session, qos: int) -> str | None:
-        """A delivery at ``qos`` to ``session``'s live connection.
+    def admit_outgoing(self, session, qos: int, message) -> bool:
+        """A delivery of ``message`` at ``qos`` to ``session``'s live
+        connection.
 
         ``outgoing_publish`` applies to QoS 0 deliveries to a non-persistent
         session (TBMQ's); ``total`` to every delivery that can be dropped:
         QoS 0 ones and those to non-persistent sessions (a persistent
         session's QoS 1/2 messages are never dropped here).
 
-        :returns: None when admitted, else the drop reason
-            (``outgoing_rate_limited`` or ``total_rate_limited``), for
-            :meth:`tbmq.broker.outbox.Outbox.drop` to count.
+        :returns: True when admitted; False when dropped (counted by
+            :meth:`tbmq.broker.outbox.Outbox.drop` as
+            ``outgoing_rate_limited`` or ``total_rate_limited``, logged).
         """
         now = self.now()
         bands = self.outgoing
@@ -219,20 +220,22 @@ class NodeLimits:
             if bucket is None:
                 bucket = session.rate_out = TokenBucket(bands, now)
             if not bucket.take(now):
+                session.drop("outgoing_rate_limited", message)
                 self.note("rate_limits.outgoing_publish",
                           "message to {client_id} dropped: over {limit}",
                           client_id=session.client_id)
-                return "outgoing_rate_limited"
+                return False
         total = self.total
         if total is None or (qos and session.persistent):
-            return None
+            return True
         if now - self._looked_at >= RESPLIT_INTERVAL:
             self._resplit(now)
         if not total.take(now):
+            session.drop("total_rate_limited", message)
             self.note("rate_limits.total", "message to {client_id} dropped: over {limit}",
                       client_id=session.client_id)
-            return "total_rate_limited"
-        return None
+            return False
+        return True
 
     def admit_persisted(self, client_id: str) -> bool:
         """A delivery to be stored for the persistent DEVICE ``client_id``

@@ -298,11 +298,8 @@ class Outbox(StoreReads):
                 self.drop("offline_qos0", message)
             return
         limits = self.ctx.limits_out
-        if limits is not None:
-            over = limits.admit_outgoing(self, qos)
-            if over is not None:
-                self.drop(over, message)
-                return
+        if limits is not None and not limits.admit_outgoing(self, qos, message):
+            return
         if qos == 0:
             paused = conn.paused
             if paused and (self.slow or conn.paused_bytes > self.ctx.mqtt.max_outbound_buffer):

@@ -74,12 +74,16 @@ def test_share_and_rebase():
 # -- the node's limits --------------------------------------------------------------------
 
 class FakeSession:
-    __slots__ = ("client_id", "persistent", "rate_in", "rate_out")
+    __slots__ = ("client_id", "persistent", "rate_in", "rate_out", "dropped")
 
     def __init__(self, persistent: bool = False) -> None:
         self.client_id = "c"
         self.persistent = persistent
         self.rate_in = self.rate_out = None
+        self.dropped: list = []
+
+    def drop(self, reason: str, message=None) -> None:
+        self.dropped.append(reason)
 
 
 def limits_of(env: dict, nodes=None, now=None) -> tuple[NodeLimits, DropCounter, list]:
@@ -112,13 +116,14 @@ def test_incoming_per_client():
 
 
 def test_outgoing_only_qos0_to_non_persistent():
-    limits, drops, _ = limits_of(env(rate_limits__outgoing_publish__enabled="true",
+    limits, _, _ = limits_of(env(rate_limits__outgoing_publish__enabled="true",
                                      rate_limits__outgoing_publish__client_config="1:60"))
     live, persistent = FakeSession(), FakeSession(persistent=True)
-    assert limits.admit_outgoing(live, 0) is None
-    assert limits.admit_outgoing(live, 0) == "outgoing_rate_limited"
-    assert limits.admit_outgoing(live, 1) is None
-    assert all(limits.admit_outgoing(persistent, 0) is None for _ in range(5))
+    assert limits.admit_outgoing(live, 0, None) is True
+    assert limits.admit_outgoing(live, 0, None) is False
+    assert live.dropped == ["outgoing_rate_limited"]
+    assert limits.admit_outgoing(live, 1, None) is True
+    assert all(limits.admit_outgoing(persistent, 0, None) for _ in range(5))
     assert persistent.rate_out is None  # no bucket made where the limit does not apply
 
 
@@ -133,8 +138,9 @@ def test_cluster_limit_split_among_live_nodes():
         None, None, "total_rate_limited"]
     assert drops.counts["total_rate_limited"] == 1
     # persistent QoS 1 deliveries are never dropped by total
-    assert limits.admit_outgoing(FakeSession(persistent=True), 1) is None
-    assert limits.admit_outgoing(session, 0) == "total_rate_limited"
+    assert limits.admit_outgoing(FakeSession(persistent=True), 1, None) is True
+    assert limits.admit_outgoing(session, 0, None) is False
+    assert session.dropped == ["total_rate_limited"]
 
 
 def test_device_persisted():
