@@ -106,6 +106,9 @@ class FakeNode:
     def dropped(self):
         return {"queue_full": 2}
 
+    def sessions_refused(self):
+        return {"sessions_limit": 1, "application_clients_limit": 0}
+
     def consumers(self):
         return []
 
