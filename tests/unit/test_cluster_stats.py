@@ -175,7 +175,7 @@ DESCRIBED = {
 def test_the_overview_gives_the_lag_per_partition_topic_and_group():
     answer = overview(DESCRIBED, 5.0)
     validate("KafkaOverview", answer)
-    assert [t["messages"] for t in answer["topics"]] == [10, None]
+    assert [t["records"] for t in answer["topics"]] == [10, None]
     cluster_group, node_group = answer["consumer_groups"]
     assert cluster_group["topics"][0]["partitions"] == [
         {"partition": 0, "committed": 7, "latest": 10, "lag": 3},
@@ -223,7 +223,7 @@ def test_the_in_process_bus_describes_its_topics_and_groups():
     validate("KafkaOverview", answer)
     assert answer["bus"] == "in-process" and answer["driver"] is None
     topics = {t["name"]: t for t in answer["topics"]}
-    assert topics["tbmq.msg.all"]["messages"] == 3
+    assert topics["tbmq.msg.all"]["records"] == 3
     groups = {g["group"]: g for g in answer["consumer_groups"]}
     msg_all = {t["topic"]: t for t in groups["tbmq-msg-all"]["topics"]}["tbmq.msg.all"]
     assert msg_all["lag"] == 0 and msg_all["partitions"][0]["committed"] == 3

@@ -37,18 +37,19 @@ def overview(described: dict, now: float) -> dict:
         gave.
     :param now: seconds since the epoch.
     :returns: ``{bus, driver, time, topics: [{name, partitions,
-        latest_offsets, messages}], consumer_groups: [{group, state,
+        latest_offsets, records}], consumer_groups: [{group, state,
         members, total_lag, topics: [{topic, lag, partitions: [{partition,
-        committed, latest, lag}]}]}], errors}``: ``messages`` the sum of a
-        topic's latest offsets (records written to it since it was
-        created); a lag is ``latest - committed`` (never below 0), None
+        committed, latest, lag}]}]}], errors}``: ``records`` the sum of a
+        topic's latest offsets (Kafka records written to it since it was
+        created: on Kafka the bus packs the messages of one reactor turn
+        for one partition into one record, so this is no message count); a lag is ``latest - committed`` (never below 0), None
         where either is not known; a topic's and a group's lag the sum of
         the lags known (None when none is).
     """
     latest = {t["name"]: t["latest_offsets"] for t in described["topics"]}
     topics = [{"name": t["name"], "partitions": t["partitions"],
                "latest_offsets": list(t["latest_offsets"]),
-               "messages": sum(o for o in t["latest_offsets"] if o is not None)
+               "records": sum(o for o in t["latest_offsets"] if o is not None)
                if any(o is not None for o in t["latest_offsets"]) else None}
               for t in described["topics"]]
     groups = []

@@ -157,8 +157,9 @@ SCHEMAS: dict[str, dict] = {
             "latest_offsets": {"type": "array", "items": {"type": ["integer", "null"]},
                                "description": "per partition, the offset of the next record "
                                               "(Tansu: too low, see the README)"},
-            "messages": {"type": ["integer", "null"],
-                         "description": "the latest offsets summed"}})},
+            "records": {"type": ["integer", "null"],
+                         "description": "the latest offsets summed: the records written "
+                                       "(the Kafka bus packs several messages per record)"}})},
         "consumer_groups": {"type": "array", "items": _object({
             "group": _STR, "state": _OPT_STR,
             "members": {"type": ["integer", "null"], "description": "null: not known"},
