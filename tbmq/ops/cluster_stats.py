@@ -127,16 +127,16 @@ class ClusterStats(Periodic):
         """:returns: one row per node heard from, this one first:
             ``{service_id, this, alive, sent_at, counters, rates}``
             (``sent_at`` the time of the heartbeat the figures come from,
-            seconds since the epoch; this node's are now; ``counters`` as
+            seconds since the epoch; this node's counters are read now, its
+            rates are those of the last ``interval``; ``counters`` as
             :attr:`~tbmq.cluster.records.NodeInfo.counters`, ``rates``
             :data:`TOTALS` name → per second, ``{}`` until two heartbeats
             were heard)."""
         membership = self.membership
         alive = set(membership.alive())
-        own = self._last[1] if self._last is not None else self._counters()
         rows = [{"service_id": membership.service_id, "this": True, "alive": True,
-                 "sent_at": self._last[0] if self._last is not None else self.wall(),
-                 "counters": own, "rates": dict(self._own)}]
+                 "sent_at": self.wall(), "counters": self._counters(),
+                 "rates": dict(self._own)}]
         for sid in sorted(membership.nodes):
             if sid == membership.service_id:
                 continue

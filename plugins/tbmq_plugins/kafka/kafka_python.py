@@ -97,7 +97,7 @@ class Admin(drivers.Admin):
     def describe(self, topic_prefix: str, known_groups: list[str]) -> dict:
         client, errors = self._client, []
         names = client.list_topics()
-        topics = {t["topic"]: sorted(p["partition_index"] for p in t["partitions"])
+        topics = {t["name"]: sorted(p["partition_index"] for p in t["partitions"])
                   for t in client.describe_topics(
                       [n for n in names if n.startswith(topic_prefix)])} if names else {}
         latest: dict = {}
