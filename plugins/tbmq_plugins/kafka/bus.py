@@ -294,7 +294,7 @@ class KafkaBus:
         """
         if not self.running:
             return defer.fail(BusClosedError("the bus is not running"))
-        d = describe_bus(self.driver, self.config, self.catalogue.prefix + "tbmq.",
+        d = describe_bus(self.clock, self.driver, self.config, self.catalogue.prefix + "tbmq.",
                          sorted(set(self._group_ids.values())))
         d.addCallback(lambda found: {"bus": "kafka", "driver": self.config.driver, **found})
         return d

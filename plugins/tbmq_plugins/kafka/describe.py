@@ -78,8 +78,9 @@ def assemble(topic_prefix: str, known_groups: list[str], topics: dict[str, list[
     return {"topics": out_topics, "groups": out_groups, "errors": list(errors)}
 
 
-def describe_bus(driver: Any, config: Any, topic_prefix: str, known_groups: list[str]):
-    """Describe the bus in a pool thread.
+def describe_bus(reactor: Any, driver: Any, config: Any, topic_prefix: str,
+                 known_groups: list[str]):
+    """Describe the bus in a thread of ``reactor``'s pool.
 
     :param driver: the driver module (:func:`~.drivers.load_driver`).
     :param config: the ``kafka`` config.
@@ -95,4 +96,4 @@ def describe_bus(driver: Any, config: Any, topic_prefix: str, known_groups: list
         finally:
             admin.close()
 
-    return threads.deferToThread(run)
+    return threads.deferToThreadPool(reactor, reactor.getThreadPool(), run)
