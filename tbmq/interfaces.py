@@ -178,6 +178,32 @@ class IMessageBus(IBackend):
         """
 
 
+class IDescribableBus(Interface):
+    """An optional method of an :class:`IMessageBus` (both Kafka drivers and
+    the in-process bus have it; the admin API's ``/api/kafka`` answers 501
+    for a bus without it)."""
+
+    def describe():
+        """What the bus holds, for operators.
+
+        Runs no blocking call in the reactor thread (Kafka: admin requests
+        in a pool thread, with an admin client of their own).
+
+        :returns: a Deferred firing with ``{"bus": "kafka" | "in-process",
+            "driver": str | None, "topics": [{"name", "partitions",
+            "latest_offsets"}], "groups": [{"group", "state", "members",
+            "committed": [{"topic", "partition", "offset"}]}], "errors":
+            [str]}``: the cluster's topics (prefix included) with the offset
+            the next record of each partition gets (None where not known);
+            the consumer groups that read them, their state (lower-case,
+            ``"stable"``, ``"empty"``..., or None), live members (None where
+            the bus cannot tell) and committed offsets; what could not be
+            read, one line each.  Fails with
+            :class:`~tbmq.errors.BusClosedError` when the bus is not
+            running, or the client's error when nothing could be read.
+        """
+
+
 class IConsumer(Interface):
     """One member of a consumer group (see :meth:`IMessageBus.subscribe`)."""
 

@@ -206,6 +206,19 @@ class NodeView:
         last heard."""
         return dict(self._broker.membership.last_seen)
 
+    def previous_heartbeats(self) -> dict[str, Any]:
+        """:returns: service id → the :class:`tbmq.cluster.records.NodeInfo`
+        heartbeat heard before the last one of that node (a node's rates are
+        the difference of the two)."""
+        return dict(self._broker.membership.previous)
+
+    def heartbeat_counters(self) -> dict[str, int]:
+        """:returns: this node's totals as its next heartbeat sends them
+        (:attr:`tbmq.cluster.records.NodeInfo.counters`; ``{}`` when the
+        node sends none), read now."""
+        counters = self._broker.membership.counters
+        return dict(counters()) if counters is not None else {}
+
     # -- backends ------------------------------------------------------------------------------
 
     @property

@@ -25,9 +25,8 @@ broker nodes are tested in one process).
   A rebalance or a restart meanwhile hands it to the partition's owner.
 * **Handing.**  A member's handler is never re-entered (a record published
   from inside it is handed right after it returns), gets the records of a
-  partition in order, and has at most ``max_uncommitted`` results pending;
-  a paused member gets nothing.  Records waiting for a member are handed in
-  slices of :data:`SLICE` per reactor turn.
+  partition in order, has at most ``max_uncommitted`` results pending, and
+  nothing while paused; waiting records go :data:`SLICE` per reactor turn.
 * **The hot path.**  One group, its member idle and not paused, nothing
   waiting, direct mode, a non-durable topic: ``publish`` calls the handler
   at once and, when it returns None (or a
@@ -56,13 +55,14 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from tbmq.backends.inprocess_describe import Describable
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
 from tbmq.cluster.completion import Completion, deferred_done
 from tbmq.cluster.records import Record, new_record
 from tbmq.cluster.redelivery import Redelivery
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.errors import BusClosedError, ConsumerFailedError, RecordEncodingError
-from tbmq.interfaces import IConsumer, IMessageBus
+from tbmq.interfaces import IConsumer, IDescribableBus, IMessageBus
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
 __all__ = ["DROP_LOG_INTERVAL", "SLICE", "Consumer", "InProcessBus"]
@@ -175,8 +175,8 @@ class Consumer:
         return defer.succeed(None)
 
 
-@implementer(IMessageBus)
-class InProcessBus:
+@implementer(IMessageBus, IDescribableBus)
+class InProcessBus(Describable):
     """The in-process bus; see the module doc and ``docs/bus.md``.
 
     :param partitions: partitions per topic (``int`` ≥ 1).

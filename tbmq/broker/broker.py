@@ -22,7 +22,7 @@ from tbmq.broker.outbound import Holds, TurnFlusher
 from tbmq.broker.protocol import ConnectionContext
 from tbmq.broker.router import Router
 from tbmq.broker.session import SessionContext, TopicNameCache, next_seq
-from tbmq.broker.traffic import Traffic
+from tbmq.broker.traffic import Traffic, heartbeat_counters
 from tbmq.broker.sessions import SessionManager
 from tbmq.cluster.membership import Membership
 from tbmq.cluster.blocked import BlockedClients
@@ -188,7 +188,9 @@ class Broker:
             bus, self.topics.nodes, self.service_id, clock, self.registry,
             self.events.request_takeover, config.node.heartbeat_interval,
             config.node.node_timeout,
-            tuple(lc.label for lc in config.listeners))
+            tuple(lc.label for lc in config.listeners),
+            counters=partial(heartbeat_counters, self.traffic, self.drops.counts,
+                             self.connections, self.sessions_by_id))
         self.persisted_writer = PersistedWriter(
             device_store, self.sessions_by_id, self.registry.locate, self.service_id, bus,
             self.topics.downlink_persisted, clock, next_seq, self.drops,

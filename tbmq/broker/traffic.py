@@ -67,3 +67,25 @@ class Traffic:
         """:returns: the totals as plain data (lists copied)."""
         return {name: (list(value) if isinstance(value, list) else value)
                 for name in self.TOTALS for value in (getattr(self, name),)}
+
+
+def heartbeat_counters(traffic: Traffic, drops: dict, connections, sessions) -> dict:
+    """What a node puts in its heartbeat
+    (:attr:`tbmq.cluster.records.NodeInfo.counters`): its totals since it
+    started, read once per heartbeat (a few sums, nothing per message or
+    per session).
+
+    :param traffic: the node's :class:`Traffic`.
+    :param drops: reason → messages not delivered
+        (:attr:`tbmq.broker.hooks.DropCounter.counts`).
+    :param connections: the node's open MQTT connections (a sized
+        collection).
+    :param sessions: the sessions it holds (a sized collection).
+    :returns: ``dict[str, int]`` with the names of
+        :data:`tbmq.cluster.records.HEARTBEAT_COUNTERS`.
+    """
+    return {"received": sum(traffic.received), "sent": sum(traffic.sent),
+            "received_bytes": sum(traffic.received_bytes), "sent_bytes": sum(traffic.sent_bytes),
+            "bytes_read": traffic.bytes_read, "bytes_written": traffic.bytes_written,
+            "dropped": sum(drops.values()), "connections": len(connections),
+            "sessions": len(sessions)}

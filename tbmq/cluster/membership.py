@@ -49,15 +49,21 @@ class Membership:
     :param node_timeout: seconds of silence after which a node is gone,
         > ``heartbeat_interval``.
     :param listeners: ``tuple[str, ...]`` sent in the heartbeats.
-    :ivar nodes: service id → the last :class:`NodeInfo` heard (this node's
-        own included once its first heartbeat came back).
+    :param counters: ``counters() -> dict[str, int]``, this node's totals
+        sent in each heartbeat (:attr:`NodeInfo.counters`), or None (none
+        sent).  Called once per heartbeat.
+    :ivar nodes: service id → the last :class:`NodeInfo` heard from another
+        node.
+    :ivar previous: service id → the heartbeat heard before that one (the
+        two give another node's rates, :mod:`tbmq.ops.cluster_stats`).
     :ivar last_seen: service id → seconds (this node's clock) when it was
         last heard.
     """
 
     def __init__(self, bus, topic: str, service_id: str, clock, registry,
                  request_takeover: Callable, heartbeat_interval: float = 5.0,
-                 node_timeout: float = 30.0, listeners: tuple = ()) -> None:
+                 node_timeout: float = 30.0, listeners: tuple = (),
+                 counters: Callable[[], dict] | None = None) -> None:
         self.bus = bus
         self.topic = topic
         self.service_id = service_id
@@ -67,7 +73,9 @@ class Membership:
         self.heartbeat_interval = heartbeat_interval
         self.node_timeout = node_timeout
         self.listeners = tuple(listeners)
+        self.counters = counters
         self.nodes: dict[str, NodeInfo] = {}
+        self.previous: dict[str, NodeInfo] = {}
         self.last_seen: dict[str, float] = {}
         self.started_at: float | None = None
         self._gone: set[str] = set()
@@ -100,7 +108,9 @@ class Membership:
 
     def _send(self, stopping: bool = False):
         now = self.clock.seconds()
-        info = NodeInfo(self.service_id, self.started_at or now, now, stopping, self.listeners)
+        counters = self.counters() if self.counters is not None else {}
+        info = NodeInfo(self.service_id, self.started_at or now, now, stopping, self.listeners,
+                        counters)
         result = self.bus.publish(self.topic, self.service_id, info)
         if result is not None:
             result.addErrback(lambda f: log.warn("heartbeat not sent: {error}",
@@ -114,7 +124,10 @@ class Membership:
         now = self.clock.seconds()
         if not info.stopping and info.sent_at < now - self.node_timeout:
             return  # an old heartbeat read again (a replay): says nothing of now
-        known = info.service_id in self.nodes
+        last = self.nodes.get(info.service_id)
+        known = last is not None
+        if known and last.sent_at < info.sent_at:
+            self.previous[info.service_id] = last
         self.nodes[info.service_id] = info
         if info.stopping:
             self.last_seen.pop(info.service_id, None)

@@ -252,6 +252,12 @@ class NodeInfo:
     :ivar listeners: ``tuple[str, ...]``, the node's listeners as
         ``name=endpoint``, or ``endpoint`` for one named by its endpoint
         (:attr:`tbmq.config.ListenerConfig.label`; for operators).
+    :ivar counters: ``dict[str, int]``, the node's totals since it started
+        as of ``sent_at`` (:data:`HEARTBEAT_COUNTERS` names them; a reader
+        ignores a name it does not know, and a name missing counts as
+        absent, not 0); empty in a record of version 1.  The admin API sums
+        the live nodes' counters into the cluster's figures and rates
+        (:mod:`tbmq.ops.cluster_stats`).
     """
 
     service_id: str
@@ -259,6 +265,18 @@ class NodeInfo:
     sent_at: float
     stopping: bool = False
     listeners: tuple = ()
+    counters: dict = field(default_factory=dict)
+
+
+#: The :attr:`NodeInfo.counters` a node sends, all ``int`` >= 0:
+#: ``received``/``sent`` MQTT PUBLISH packets from/to clients,
+#: ``received_bytes``/``sent_bytes`` their payload bytes,
+#: ``bytes_read``/``bytes_written`` bytes of every MQTT packet,
+#: ``dropped`` messages not delivered (every reason) — totals since the
+#: node started; ``connections`` MQTT connections open and ``sessions``
+#: sessions held, now (:func:`tbmq.broker.traffic.heartbeat_counters`).
+HEARTBEAT_COUNTERS = ("received", "sent", "received_bytes", "sent_bytes", "bytes_read",
+                      "bytes_written", "dropped", "connections", "sessions")
 
 
 @dataclass(slots=True)

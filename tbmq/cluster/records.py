@@ -12,11 +12,11 @@ for a value that is not the codec's type or whose fields do not fit.
 ``None`` is a *tombstone* ("this key has no value any more") on the topics
 that allow it; it is never encoded (Kafka carries it as a null value).
 
-All records are version 1, but ``ses``, version 2; its reader reads
-version 1 too (a record an older node wrote, kept on
-``tbmq.client.session`` or nested in a ``ser``).  A node that knows only
-version 1 refuses a version 2 record: run one version on every node of a
-cluster.  Times are seconds since the epoch (msgpack float 64); intervals
+All records are version 1, but ``ses`` and ``node``, version 2; their
+readers read version 1 too (a record an older node wrote, kept on
+``tbmq.client.session`` or nested in a ``ser``; an older node's
+heartbeat).  A node that knows only version 1 refuses a version 2 record:
+run one version on every node of a cluster.  Times are seconds since the epoch (msgpack float 64); intervals
 are whole seconds; properties are the MQTT 5.0 properties of
 :mod:`tbmq.mqtt.properties` packed with
 :func:`~tbmq.mqtt.properties.pack_properties` into a bin field, or nil when
@@ -86,6 +86,11 @@ The fields of each array, after ``tag, version``:
 ``dis`` DisconnectCommand
     client_id (str), session_id (str), reason_code (int 0-255, an MQTT 5.0
     reason code).
+``node`` NodeInfo, version 2 (``tbmq.cluster.nodes``, key service id)
+    service_id (str), started_at (float s), sent_at (float s), stopping
+    (bool), listeners (array of str), counters (map str → int >= 0,
+    :data:`HEARTBEAT_COUNTERS`).  Version 1: the first five fields; read
+    with counters ``{}``.
 
 :class:`Record` is what a consumer's handler receives: the topic, key,
 decoded value, headers, partition and offset of one record.
@@ -110,6 +115,7 @@ from tbmq.cluster.record_types import (
     CLEAR_SESSION,
     CONNECTION_REQUEST,
     DISCONNECTED,
+    HEARTBEAT_COUNTERS,
     NODE_GONE,
     SESSION_EVENT_KINDS,
     UNCLAIMED,
@@ -138,8 +144,10 @@ __all__ = [
     "DISCONNECTED",
     "MARKER",
     "MESSAGE",
+    "HEARTBEAT_COUNTERS",
     "NODE",
     "NODE_GONE",
+    "NODE_VERSION",
     "PERSISTED",
     "RETAINED",
     "SESSION",
@@ -679,20 +687,39 @@ def _write_node(n: NodeInfo) -> list:
         raise _Bad(f"listeners: expected a tuple, got {type(listeners).__name__}")
     return [_str(n.service_id, "service_id"), _float(n.started_at, "started_at"),
             _float(n.sent_at, "sent_at"), _bool(n.stopping, "stopping"),
-            [_str(x, "listeners") for x in listeners]]
+            [_str(x, "listeners") for x in listeners], _counters(n.counters)]
+
+
+def _counters(v: Any) -> dict:
+    """The counters map of a heartbeat: ``str`` → ``int`` >= 0."""
+    if not isinstance(v, dict):
+        raise _Bad(f"counters: expected a map, got {type(v).__name__}")
+    return {_str(k, "counters"): _int(n, f"counters.{k}", 0) for k, n in v.items()}
 
 
 def _read_node_v1(f: list) -> NodeInfo:
-    service_id, started_at, sent_at, stopping, listeners = _count(f, 5, "node")
+    return _read_node(_count(f, 5, "node"), {})
+
+
+def _read_node_v2(f: list) -> NodeInfo:
+    fields = _count(f, 6, "node")
+    return _read_node(fields[:5], _counters(fields[5]))
+
+
+def _read_node(f: list, counters: dict) -> NodeInfo:
+    service_id, started_at, sent_at, stopping, listeners = f
     if type(listeners) not in ARRAY_TYPES:
         raise _Bad("listeners: expected an array")
     return NodeInfo(_str(service_id, "service_id"), _float(started_at, "started_at"),
                     _float(sent_at, "sent_at"), _bool(stopping, "stopping"),
-                    tuple(_str(x, "listeners") for x in listeners))
+                    tuple(_str(x, "listeners") for x in listeners), counters)
 
 
+#: The version :data:`NODE` writes (it reads 1 too).
+NODE_VERSION = 2
 #: ``tbmq.cluster.nodes``: :class:`NodeInfo`.
-NODE = RecordCodec("NodeInfo", NodeInfo, "node", _write_node, {1: _read_node_v1})
+NODE = RecordCodec("NodeInfo", NodeInfo, "node", _write_node,
+                   {1: _read_node_v1, 2: _read_node_v2}, version=NODE_VERSION)
 
 #: ``tbmq.events``: raw bytes.
 BYTES = BytesCodec()

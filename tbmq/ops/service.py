@@ -45,6 +45,9 @@ class OpsService:
         node.register_plugin(self.stats, name="ops")
         self.sys_topics = None
         self.history = None
+        #: the :class:`~tbmq.ops.cluster_stats.ClusterStats` (with the HTTP
+        #: listener), or None
+        self.cluster = None
         self.port = None
         #: the HTTP endpoint, read now so that a bad string stops the node
         #: when it is made
@@ -71,13 +74,18 @@ class OpsService:
             return
         from tbmq.ops.admins import AdminAuth, open_admin_store
         from tbmq.ops.api.app import AdminApi
+        from tbmq.ops.api.kafka import BusOverview
+        from tbmq.ops.cluster_stats import ClusterStats
         from tbmq.ops.http import make_site
         from tbmq.ops.metrics import make_registry
 
         self.history = History(self.stats, self.reactor)
         self.history.start()
+        self.cluster = ClusterStats(self.node, self.reactor)
+        self.cluster.start()
         auth = AdminAuth(open_admin_store(config), config.http.token_ttl)
-        api = AdminApi(self.node, self.stats, self.history, auth, self.reactor)
+        api = AdminApi(self.node, self.stats, self.history, auth, self.reactor,
+                       cluster=self.cluster, bus=BusOverview(self.node.bus, self.reactor))
         site = make_site(make_registry(self.stats), api, auth, config.http.metrics_auth)
         self.port = await listen_on(self.endpoint, site, config.http.endpoint, "http.endpoint")
         host = self.port.getHost()
@@ -92,6 +100,6 @@ class OpsService:
         if self.port is not None:
             await self.port.stopListening()
             self.port = None
-        for part in (self.sys_topics, self.history):
+        for part in (self.sys_topics, self.history, self.cluster):
             if part is not None:
                 part.stop()

@@ -20,7 +20,7 @@ from tbmq.cluster import records as r
 from tbmq.cluster import redelivery
 from tbmq.cluster.completion import Completion
 from tbmq.errors import BusClosedError, ConsumerFailedError, RecordEncodingError
-from tbmq.interfaces import IConsumer, IMessageBus
+from tbmq.interfaces import IConsumer, IDescribableBus, IMessageBus
 from tbmq.model import ClientType, Message, SubscriptionOptions
 from tbmq.mqtt.constants import Property
 
@@ -939,3 +939,35 @@ def test_a_deleted_topic_is_gone_with_its_records_and_offsets(env):
     env.wait_until(lambda: again)
     env.settle()
     assert [rec.value.seq for rec in again] == [9]
+
+
+def _committed(described: dict, group: str, topic: str) -> int:
+    """The offsets ``group`` committed on ``topic``, summed over the
+    partitions (what ``describe`` says)."""
+    for g in described["groups"]:
+        if g["group"] == group:
+            return sum(c["offset"] for c in g["committed"] if c["topic"] == topic)
+    return -1
+
+
+def test_describe_lists_the_topics_and_the_offsets_a_group_committed(env):
+    """The optional ``describe`` (the admin API's ``/api/kafka``): the
+    catalogue's topics with their latest offsets, and a group's committed
+    offsets once its handlers are done."""
+    bus = env.bus(partitions=2)
+    assert verifyObject(IDescribableBus, bus)
+    topic = env.catalogue.events
+    got: list = []
+    env.subscribe(bus, topic, "g-described", collector(got), exclusive=True)
+    env.settle()
+    publish_all(env, bus, topic, [(f"k{i}", b"%d" % i) for i in range(9)])
+    env.wait_until(lambda: len(got) == 9)
+    env.wait_until(lambda: _committed(env.run(env.call(bus.describe)), "g-described",
+                                      topic) == 9)
+    described = env.run(env.call(bus.describe))
+    assert described["bus"] in ("kafka", "in-process")
+    topics = {t["name"]: t for t in described["topics"]}
+    assert set(topics) <= {name for name in topics if name.startswith(env.catalogue.prefix)}
+    assert topics[topic]["partitions"] == 2 and len(topics[topic]["latest_offsets"]) == 2
+    assert all(isinstance(o, int) and o >= 0 for o in topics[topic]["latest_offsets"])
+    assert isinstance(described["errors"], list)

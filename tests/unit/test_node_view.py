@@ -121,6 +121,12 @@ class FakeNode:
     def last_heard(self):
         return {"fake-2": self.clock.seconds()}
 
+    def previous_heartbeats(self):
+        return {}
+
+    def heartbeat_counters(self):
+        return {"received": 0, "sent": 0}
+
     def bus_topic(self, name):
         return name
 

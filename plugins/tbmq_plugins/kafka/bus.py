@@ -52,10 +52,11 @@ from zope.interface import implementer
 from tbmq.cluster.completion import deferred_done
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.errors import BusClosedError, BusError, BusPublishError, RecordEncodingError
-from tbmq.interfaces import IMessageBus
+from tbmq.interfaces import IDescribableBus, IMessageBus
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.bridge import AckBatcher, Worker
 from tbmq_plugins.kafka.consumer import KafkaConsumer
+from tbmq_plugins.kafka.describe import describe_bus
 from tbmq_plugins.kafka.drivers import TopicSpec, load_driver
 from tbmq_plugins.kafka.loop import ConsumerLoop, SharedLoop
 from tbmq_plugins.kafka.packing import Packer, partition_of
@@ -135,7 +136,7 @@ class _Creating:
         self.waiters: list[defer.Deferred] = []
 
 
-@implementer(IMessageBus)
+@implementer(IMessageBus, IDescribableBus)
 class KafkaBus:
     """The bus on Kafka; see the module doc and ``docs/bus.md``.
 
@@ -281,6 +282,24 @@ class KafkaBus:
         self._worker.stop()
         self._worker = None
         self._ready.clear()
+
+    def describe(self) -> defer.Deferred:
+        """The cluster's topics, their latest offsets and the consumer groups
+        with their committed offsets (:meth:`tbmq.interfaces.IMessageBus.describe`;
+        :mod:`.describe`), asked in a pool thread with an admin client of
+        its own.
+
+        :returns: a Deferred firing with ``{bus, driver, topics, groups,
+            errors}``; failing with :class:`~tbmq.errors.BusClosedError`
+            when the bus is not running, or the client's error when no
+            broker answered.
+        """
+        if not self.running:
+            return defer.fail(BusClosedError("the bus is not running"))
+        d = describe_bus(self.clock, self.driver, self.config, self.catalogue.prefix + "tbmq.",
+                         sorted(set(self._group_ids.values())))
+        d.addCallback(lambda found: {"bus": "kafka", "driver": self.config.driver, **found})
+        return d
 
     # -- topics ----------------------------------------------------------------------------
 

@@ -26,11 +26,12 @@ from typing import Any, Callable
 from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, KafkaError,
                              KafkaException, TopicPartition)
 from confluent_kafka import Producer as _Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from twisted.logger import Logger
 
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka import drivers
+from tbmq_plugins.kafka.describe import assemble, state_name
 from tbmq_plugins.kafka.drivers import RawRecord, TopicSpec
 
 __all__ = ["Admin", "Producer", "SharedClient"]
@@ -117,6 +118,51 @@ class Admin(drivers.Admin):
                                                            request_timeout=self._timeout)
         found = futures[group].result(timeout=self._timeout * 2)
         return {tp.partition: offset for tp, offset in _committed(found.topic_partitions)}
+
+    def describe(self, topic_prefix: str, known_groups: list[str]) -> dict:
+        client, timeout, errors = self._client, self._timeout, []
+        topics = {name: sorted(t.partitions)
+                  for name, t in client.list_topics(timeout=timeout).topics.items()}
+        latest: dict = {}
+        wanted = {TopicPartition(name, p): OffsetSpec.latest()
+                  for name, parts in topics.items() if name.startswith(topic_prefix)
+                  for p in parts}
+        if wanted:
+            futures = client.list_offsets(wanted, request_timeout=timeout)
+            for tp, future in futures.items():
+                try:
+                    latest[(tp.topic, tp.partition)] = future.result(timeout=timeout * 2).offset
+                except Exception as e:
+                    errors.append(f"latest offset of {tp.topic}[{tp.partition}]: {e}")
+        groups: dict = {g: {"state": None, "members": None} for g in known_groups}
+        try:
+            listed = client.list_consumer_groups(request_timeout=timeout).result(
+                timeout=timeout * 2)
+            for g in listed.valid:
+                groups[g.group_id] = {"state": state_name(g.state), "members": None}
+        except Exception as e:
+            errors.append(f"consumer groups not listed: {e}")
+        committed: dict = {}
+        futures = {g: client.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(g)], request_timeout=timeout)[g] for g in groups}
+        for g, future in futures.items():
+            try:
+                found = future.result(timeout=timeout * 2).topic_partitions or []
+            except Exception as e:
+                errors.append(f"offsets of group {g}: {e}")
+                continue
+            committed[g] = {(tp.topic, tp.partition): tp.offset for tp in found}
+        if groups:
+            try:
+                described = client.describe_consumer_groups(list(groups),
+                                                            request_timeout=timeout)
+                for g, future in described.items():
+                    d = future.result(timeout=timeout * 2)
+                    groups[g] = {"state": state_name(d.state) or groups[g]["state"],
+                                 "members": len(d.members)}
+            except Exception as e:
+                errors.append(f"consumer groups not described: {e}")
+        return assemble(topic_prefix, known_groups, topics, latest, groups, committed, errors)
 
     def close(self) -> None:
         self._client = None

@@ -104,6 +104,20 @@ class Admin:
         """
         raise NotImplementedError
 
+    def describe(self, topic_prefix: str, known_groups: list[str]) -> dict:
+        """The topics whose names start with ``topic_prefix``, their latest
+        offsets, and the consumer groups with their committed offsets on
+        them (:func:`.describe.assemble` says which and gives the shape).
+        A part Kafka does not answer (a request the broker does not support,
+        as Tansu's DescribeGroups) is left out and named in ``errors``.
+
+        :param known_groups: group ids the node uses (described even when
+            Kafka does not list them).
+        :raises Exception: the client's error when not even the topics
+            can be listed.
+        """
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 

@@ -28,11 +28,12 @@ from collections import deque
 from typing import Any, Callable
 
 from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.admin import KafkaAdminClient, NewTopic, OffsetSpec
 from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from kafka.structs import OffsetAndMetadata
 
 from tbmq_plugins.kafka import drivers
+from tbmq_plugins.kafka.describe import assemble, state_name
 from tbmq_plugins.kafka.drivers import RawRecord, TopicSpec
 
 __all__ = ["Admin", "Producer", "SharedClient"]
@@ -99,6 +100,46 @@ class Admin(drivers.Admin):
             if tp.topic == topic and meta is not None and meta.offset >= 0:
                 out[tp.partition] = meta.offset
         return out
+
+    def describe(self, topic_prefix: str, known_groups: list[str]) -> dict:
+        client, errors = self._client, []
+        names = client.list_topics()
+        topics = {t["name"]: sorted(p["partition_index"] for p in t["partitions"])
+                  for t in client.describe_topics(
+                      [n for n in names if n.startswith(topic_prefix)])} if names else {}
+        latest: dict = {}
+        wanted = {TopicPartition(name, p): OffsetSpec.LATEST
+                  for name, parts in topics.items() for p in parts}
+        if wanted:
+            try:
+                for tp, found in client.list_partition_offsets(wanted).items():
+                    latest[(tp.topic, tp.partition)] = found.offset
+            except Exception as e:
+                errors.append(f"latest offsets: {e}")
+        groups: dict = {g: {"state": None, "members": None} for g in known_groups}
+        try:
+            for g in client.list_groups():
+                groups[g["group_id"]] = {"state": state_name(g.get("group_state")),
+                                         "members": None}
+        except Exception as e:
+            errors.append(f"consumer groups not listed: {e}")
+        committed: dict = {}
+        for g in groups:  # one at a time: older brokers take one group per request
+            try:
+                found = client.list_group_offsets({g: None})[g]
+            except Exception as e:
+                errors.append(f"offsets of group {g}: {e}")
+                continue
+            committed[g] = {(tp.topic, tp.partition): meta.offset
+                            for tp, meta in found.items() if meta is not None}
+        if groups:
+            try:
+                for g, d in client.describe_groups(list(groups)).items():
+                    groups[g] = {"state": state_name(d.get("group_state"))
+                                 or groups[g]["state"], "members": len(d.get("members") or ())}
+            except Exception as e:
+                errors.append(f"consumer groups not described: {e}")
+        return assemble(topic_prefix, known_groups, topics, latest, groups, committed, errors)
 
     def close(self) -> None:
         self._client.close()

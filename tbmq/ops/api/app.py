@@ -37,6 +37,7 @@ from tbmq.mqtt.topics import validate_topic_name
 from tbmq.ops.admins import TokenError
 from tbmq.ops.api import credentials as creds
 from tbmq.ops.api.blocked import ClientListsApi
+from tbmq.ops.api.kafka import BusNotDescribed
 from tbmq.ops.api.openapi import document
 from tbmq.ops.api.routes import PUBLIC, WRITE, match
 from tbmq.ops.api.schemas import BodyError, parse_body
@@ -153,14 +154,20 @@ class AdminApi(ClientListsApi, resource.Resource):
     :param history: the :class:`tbmq.ops.stats.History`.
     :param auth: the :class:`tbmq.ops.admins.AdminAuth`.
     :param clock: ``IReactorTime``.
+    :param cluster: the :class:`tbmq.ops.cluster_stats.ClusterStats`
+        (``/api/metrics/cluster``), or None (404).
+    :param bus: the :class:`tbmq.ops.api.kafka.BusOverview` (``/api/kafka``),
+        or None (404).
     :ivar audit_log: the last changes, newest last.
     """
 
     isLeaf = True
 
-    def __init__(self, node, stats, history, auth, clock) -> None:
+    def __init__(self, node, stats, history, auth, clock, cluster=None, bus=None) -> None:
         super().__init__()
         self.node = node
+        self.cluster = cluster
+        self.bus = bus
         self.stats = stats
         self.history = history
         self.auth = auth
@@ -443,6 +450,22 @@ class AdminApi(ClientListsApi, resource.Resource):
 
     async def metrics_history(self, request, user, body):
         return {"interval": self.history.interval, "points": list(self.history.points)}
+
+    async def cluster_metrics(self, request, user, body):
+        if self.cluster is None:
+            raise ApiError(404, "no cluster figures on this node")
+        return self.cluster.snapshot()
+
+    async def kafka(self, request, user, body):
+        if self.bus is None:
+            raise ApiError(404, "no bus overview on this node")
+        try:
+            return await self.bus.overview()
+        except BusNotDescribed as e:
+            raise ApiError(501, str(e)) from None
+        except Exception as e:  # noqa: BLE001 - Kafka did not answer: said, not a 500
+            log.warn("admin API: the bus could not be described: {error}", error=e)
+            raise ApiError(503, f"the bus could not be described: {e}") from None
 
     async def audit(self, request, user, body):
         return {"items": list(reversed(self.audit_log))}

@@ -14,7 +14,9 @@ from tbmq.ops.api.schemas import SCHEMAS
 _STATUS_TEXT = {400: "Bad request (not JSON, bad query parameter)",
                 401: "No valid login token", 403: "Not allowed (viewer, or no admin user)",
                 404: "Unknown resource or id", 405: "Method not allowed",
-                409: "Conflict", 422: "The body does not fit its schema"}
+                409: "Conflict", 422: "The body does not fit its schema",
+                501: "Not implemented by this node's bus",
+                503: "An outside service (Kafka) did not answer"}
 
 
 def _error(status: int) -> dict:

@@ -95,6 +95,12 @@ ROUTES: tuple[Route, ...] = (
           response="MetricsSnapshot"),
     Route("GET", ("metrics", "history"), "metrics_history", READ,
           "Per-second rates of this node over the last minutes", response="MetricsHistory"),
+    Route("GET", ("metrics", "cluster"), "cluster_metrics", READ,
+          "The cluster's message totals and rates, summed over the live nodes' heartbeats, "
+          "per node, and over the last minutes", response="ClusterMetrics", errors=(404,)),
+    Route("GET", ("kafka",), "kafka", READ,
+          "The bus's topics (partitions, latest offsets) and consumer groups (lag per "
+          "topic and partition)", response="KafkaOverview", errors=(404, 501, 503)),
     Route("GET", ("audit",), "audit", READ, "The last changes made through the API, newest first",
           response="AuditList"),
     # the client lists (tbmq.ops.api.blocked)

@@ -129,6 +129,51 @@ SCHEMAS: dict[str, dict] = {
         "t": _NUM, "received": _NUM, "sent": _NUM, "dropped": _NUM, "auth_failures": _NUM,
         "connections": _INT,
         "sessions": _INT, "cluster_sessions": _INT})}}),
+    "ClusterMetrics": _object({
+        "time": _NUM, "interval": _NUM,
+        "nodes": {"type": "integer", "minimum": 1, "description": "live nodes summed"},
+        "totals": {"type": "object", "additionalProperties": _INT,
+                   "description": "the live nodes' heartbeat counters summed: received, sent, "
+                                  "received_bytes, sent_bytes, bytes_read, bytes_written, "
+                                  "dropped (since each node started), connections, sessions "
+                                  "(now)"},
+        "rates": {"type": "object", "additionalProperties": _NUM,
+                  "description": "per second, summed over the live nodes: received, sent, "
+                                 "dropped, received_bytes, sent_bytes, bytes_read, "
+                                 "bytes_written"},
+        "by_node": {"type": "array", "items": _object({
+            "service_id": _STR, "this": {"type": "boolean"}, "alive": {"type": "boolean"},
+            "sent_at": {"type": "number", "description": "when the figures were read "
+                                                         "(the node's last heartbeat)"},
+            "counters": {"type": "object", "additionalProperties": _INT},
+            "rates": {"type": "object", "additionalProperties": _NUM,
+                      "description": "over the node's last two heartbeats; empty until "
+                                     "two were heard"}})},
+        "points": {"type": "array", "items": _object({
+            "t": _NUM, "received": _NUM, "sent": _NUM, "dropped": _NUM, "connections": _INT,
+            "sessions": _INT, "nodes": _INT})}}),
+    "KafkaOverview": _object({
+        "bus": {"enum": ["kafka", "in-process"]}, "driver": _OPT_STR, "time": _NUM,
+        "topics": {"type": "array", "items": _object({
+            "name": _STR, "partitions": _INT,
+            "latest_offsets": {"type": "array", "items": {"type": ["integer", "null"]},
+                               "description": "per partition, the offset of the next record "
+                                              "(Tansu: too low, see the README)"},
+            "records": {"type": ["integer", "null"],
+                         "description": "the latest offsets summed: the records written "
+                                       "(the Kafka bus packs several messages per record)"}})},
+        "consumer_groups": {"type": "array", "items": _object({
+            "group": _STR, "state": _OPT_STR,
+            "members": {"type": ["integer", "null"], "description": "null: not known"},
+            "total_lag": {"type": ["integer", "null"]},
+            "topics": {"type": "array", "items": _object({
+                "topic": _STR, "lag": {"type": ["integer", "null"]},
+                "partitions": {"type": "array", "items": _object({
+                    "partition": _INT, "committed": {"type": ["integer", "null"]},
+                    "latest": {"type": ["integer", "null"]},
+                    "lag": {"type": ["integer", "null"]}})}})}})},
+        "errors": {"type": "array", "items": _STR,
+                   "description": "what the bus could not read (e.g. Tansu's DescribeGroups)"}}),
     "AuditEntry": _object({"time": _NUM, "user": _STR, "action": _STR, "target": _STR}),
     "AuditList": _object({"items": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEntry"}}}),
 }

@@ -35,7 +35,7 @@ document.addEventListener("alpine:init", () => {
     user: JSON.parse(sessionStorage.getItem(USER_KEY) || '{"name":"","role":""}'),
     view: "dashboard",
     titles: {dashboard: "Dashboard", sessions: "Sessions", credentials: "Credentials",
-             retained: "Retained messages", nodes: "Nodes",
+             retained: "Retained messages", nodes: "Nodes", kafka: "Kafka",
              blocked: "Blocked clients", unauthorized: "Unauthorized clients"},
     loginForm: {username: "", password: ""},
     loginError: "",
@@ -44,6 +44,8 @@ document.addEventListener("alpine:init", () => {
     busy: false,
     loading: false,
     snapshot: null,
+    cluster: null,
+    kafka: null,
     history: [],
     rates: {received: null, sent: null, dropped: null},
     failedLogins: {lastMinute: 0},
@@ -95,6 +97,9 @@ document.addEventListener("alpine:init", () => {
         this.loadBlocked();
       } else if (this.view === "unauthorized") {
         this.loadUnauthorized();
+      } else if (this.view === "kafka") {
+        this.loadKafka();
+        this.timer = setInterval(() => this.loadKafka(), 5000);
       }
     },
 
@@ -193,13 +198,15 @@ document.addEventListener("alpine:init", () => {
 
     async loadDashboard() {
       try {
-        const [snapshot, history] = await Promise.all([
-          this.api("GET", "/api/metrics"), this.api("GET", "/api/metrics/history")]);
+        const [snapshot, history, cluster] = await Promise.all([
+          this.api("GET", "/api/metrics"), this.api("GET", "/api/metrics/history"),
+          this.api("GET", "/api/metrics/cluster")]);
         this.snapshot = snapshot;
         this.history = history.points;
-        const last = history.points[history.points.length - 1];
-        this.rates = last ? {received: last.received, sent: last.sent, dropped: last.dropped}
-                          : {received: 0, sent: 0, dropped: 0};
+        // the cluster's rates: the live nodes' heartbeat counters summed
+        this.cluster = cluster;
+        this.rates = {received: cluster.rates.received, sent: cluster.rates.sent,
+                      dropped: cluster.rates.dropped};
         // refused CONNECTs over the last minute, from the per-second rates
         const recent = history.points.filter(p => p.t > snapshot.time - 60);
         this.failedLogins = {lastMinute: Math.round(
@@ -213,7 +220,8 @@ document.addEventListener("alpine:init", () => {
     drawCharts() {
       const points = this.history;
       const t = points.map(p => p.t);
-      const messages = [t, points.map(p => p.received), points.map(p => p.sent), points.map(p => p.dropped)];
+      const cp = this.cluster ? this.cluster.points : [];
+      const messages = [cp.map(p => p.t), cp.map(p => p.received), cp.map(p => p.sent), cp.map(p => p.dropped)];
       const clients = [t, points.map(p => p.connections), points.map(p => p.cluster_sessions)];
       this.chart("messages", [["in", "#2563eb"], ["out", "#16a34a"], ["dropped", "#dc2626"]], messages);
       this.chart("clients", [["connections (this node)", "#7c3aed"], ["sessions (cluster)", "#ea580c"]], clients);
@@ -382,6 +390,37 @@ document.addEventListener("alpine:init", () => {
       });
     },
 
+    // -- kafka ---------------------------------------------------------------------------
+
+    loadKafka() {
+      return this.loadWith(async () => {
+        this.kafka = await this.api("GET", "/api/kafka");
+      });
+    },
+
+    // one row per consumer group and topic (a group without offsets: one row)
+    groupRows() {
+      if (!this.kafka) return [];
+      const rows = [];
+      for (const g of this.kafka.consumer_groups) {
+        const topics = g.topics.length ? g.topics : [null];
+        topics.forEach((t, i) => rows.push({key: g.group + "\u0000" + (t ? t.topic : ""),
+                                             group: g, topic: t, first: i === 0}));
+      }
+      return rows;
+    },
+
+    partitionLags(partitions) {
+      const known = n => n === null ? "?" : n;
+      return partitions.map(p => p.partition + ": " + known(p.committed) + " / " + known(p.latest)
+                                 + " → " + known(p.lag)).join(", ");
+    },
+
+    offsets(list) {
+      const shown = list.slice(0, 12).map(o => o === null ? "?" : o).join(", ");
+      return list.length > 12 ? shown + ", …" : shown;
+    },
+
     // -- helpers ---------------------------------------------------------------------
 
     confirmThen(title, text, run) { this.confirm = {title, text, run}; },
@@ -389,6 +428,10 @@ document.addEventListener("alpine:init", () => {
     fmt(value) {
       if (value === null || value === undefined) return "–";
       return value >= 100 ? Math.round(value).toLocaleString() : value.toFixed(1);
+    },
+
+    count(n) {
+      return n === null || n === undefined ? "–" : Number(n).toLocaleString();
     },
 
     bytes(n) {
