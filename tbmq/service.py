@@ -80,6 +80,12 @@ class BrokerService(service.Service):
         self.config = config
         self.reactor = reactor
         self.plugins = plugins if plugins is not None else make_plugin_manager(config)
+        #: the outbound integrations (a plugin), or None without any
+        self.integrations = None
+        if config.integrations:
+            from tbmq.integrations.plugin import Integrations
+            self.integrations = Integrations(config, reactor)
+            self.plugins.register(self.integrations, name="integrations")
         self.broker = Broker(config, self.plugins, clock=reactor)
         for listener in config.listeners:
             listeners.check(self.broker, listener, reactor)
@@ -135,6 +141,8 @@ class BrokerService(service.Service):
         await self.broker.start()
         if not self.running:
             return  # stopped while the broker started: nothing to open
+        if self.integrations is not None:
+            self.integrations.start()
         for listener, listening in zip(self.config.listeners, self._listening):
             port = await listening
             if not self.running:
@@ -186,3 +194,5 @@ class BrokerService(service.Service):
             yield port.stopListening()
         self.ports = []
         yield self.broker.stop()
+        if self.integrations is not None:
+            yield defer.ensureDeferred(self.integrations.stop())

@@ -41,6 +41,7 @@ from tbmq.config.schema import (
     TLS_LISTENER_TYPES,
 )
 from tbmq.errors import ConfigError
+from tbmq.integrations.settings import problems as integration_problems
 from tbmq.log import LEVELS as LOG_LEVELS, OBSERVER as LOG_OBSERVER
 
 log = Logger(observer=LOG_OBSERVER)
@@ -310,6 +311,14 @@ def _validate(config: Config) -> None:
             )
         seen[listener.name] = i
         _validate_listener(f"listeners[{i}]", listener)
+    names: dict[str, int] = {}
+    for i, integration in enumerate(config.integrations):
+        for key, message in integration_problems(integration):
+            _fail(f"integrations[{i}].{key}", message)
+        if integration.name in names:
+            _fail(f"integrations[{i}].name", f"duplicate integration name {integration.name!r} "
+                                             f"(also integrations[{names[integration.name]}])")
+        names[integration.name] = i
 
 
 def _validate_listener(path: str, listener: ListenerConfig) -> None:
