@@ -107,6 +107,12 @@ class Integrations:
                     seen.add(name)
                     integration.offer(message)
 
+    def collector(self):
+        """:returns: the :class:`~tbmq.integrations.metrics.IntegrationsCollector`
+        of the integrations, for ``/metrics``."""
+        from tbmq.integrations.metrics import IntegrationsCollector
+        return IntegrationsCollector(self)
+
     def snapshot(self) -> list[dict]:
         """:returns: :meth:`Integration.snapshot` of each integration."""
         return [i.snapshot() for i in self.integrations.values()]

@@ -79,7 +79,11 @@ class OpsService:
         self.history.start()
         auth = AdminAuth(open_admin_store(config), config.http.token_ttl)
         api = AdminApi(self.broker, self.stats, self.history, auth, self.reactor)
-        site = make_site(make_registry(self.stats), api, auth, config.http.metrics_auth)
+        registry = make_registry(self.stats)
+        integrations = self.broker.plugins.get_plugin("integrations")
+        if integrations is not None:
+            registry.register(integrations.collector())
+        site = make_site(registry, api, auth, config.http.metrics_auth)
         self.port = await listen_on(self.endpoint, site, config.http.endpoint, "http.endpoint")
         host = self.port.getHost()
         users = await auth.store.list()

@@ -1,0 +1,96 @@
+"""Integrations end to end: a real ``twistd -n tbmq`` node, paho
+publishers, and the outside systems the messages go to (an HTTP server of
+the test, a second broker, Tansu); what arrived is counted against what
+was published, also after the target was down for a while."""
+
+from __future__ import annotations
+
+import yaml
+
+from tests.integration.helpers import HOST, free_port, props, uid
+from tests.integration.integrations import Sink, integration_metrics, wait_for
+
+
+def write_config(path, integrations: list[dict], http_port: int):
+    config = {"http": {"endpoint": f"tcp:{http_port}:interface={HOST}"},
+              "integrations": integrations}
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_http_integration_counts_retries_and_drops(broker_factory, mqtt, tmp_path):
+    sink = Sink().start()
+    http_port = free_port()
+    prefix = uid()
+    config = write_config(tmp_path / "tbmq.yml", [
+        {"name": "web", "type": "http", "url": sink.url, "topic_filters": [f"{prefix}/s/#"],
+         "headers": {"X-Token": "t1"}, "concurrency": 1, "retry_initial": 0.1,
+         "retry_max": 0.4, "timeout": 3},
+        {"name": "nowhere", "type": "http", "url": f"http://{HOST}:{free_port()}/",
+         "topic_filters": [f"{prefix}/dead/#"], "buffer_messages": 5, "retry_initial": 0.1,
+         "retry_max": 0.2},
+    ], http_port)
+    try:
+        node = broker_factory(config=config)
+        publisher = mqtt.connect(5, port=node.port)
+        user = props(UserProperty=[("site", "a"), ("site", "b")])
+
+        def publish(first: int, n: int) -> list[str]:
+            sent = [f"m{i}" for i in range(first, first + n)]
+            for payload in sent:
+                publisher.publish(f"{prefix}/s/{payload}", payload, qos=1, properties=user)
+            return sent
+
+        # 1. the target is up: every message, as one JSON object each
+        expected = publish(0, 10)
+        publisher.publish(f"{prefix}/other", b"not matched", qos=1)
+        publisher.publish(f"{prefix}/s/bin", b"\xff\x00", qos=0)
+        wait_for(lambda: len(sink.bodies) == 11, "the first 11 messages")
+        assert sink.payloads()[:10] == expected
+        first = sink.bodies[0]
+        assert first["topic"] == f"{prefix}/s/m0" and first["qos"] == 1
+        assert first["retain"] is False and first["client_id"] == publisher.client_id
+        assert first["user_properties"] == [["site", "a"], ["site", "b"]]
+        assert isinstance(first["timestamp"], int) and "payload_encoding" not in first
+        assert sink.bodies[10]["payload"] == "/wA=" and sink.bodies[10]["qos"] == 0
+        assert sink.bodies[10]["payload_encoding"] == "base64"
+        assert sink.headers[0]["X-Token"] == "t1"
+        assert sink.headers[0]["Content-Type"] == "application/json"
+
+        # 2. the target answers 500 for a while: the messages wait, then arrive in order
+        sink.status = 500
+        expected += publish(10, 10)
+        wait_for(lambda: sink.refused >= 3, "three refused requests")
+        sink.status = 200
+        wait_for(lambda: len(sink.bodies) == 21, "the messages held during the 500s")
+
+        # 3. the target is stopped (connection refused), then started again
+        sink.stop()
+        expected += publish(20, 10)
+        wait_for(lambda: integration_metrics(http_port)[
+            ("tbmq_integration_buffer_messages", "web")] == 10, "10 messages in the buffer")
+        sink.start()
+        wait_for(lambda: len(sink.bodies) == 31, "the messages held while it was down")
+        assert [p for p in sink.payloads() if p != "/wA="] == expected  # once each, in order
+
+        # 4. a 4xx refuses a message for good: counted as failed, not sent again
+        sink.status = 400
+        publish(30, 1)
+        wait_for(lambda: integration_metrics(http_port).get(
+            ("tbmq_integration_messages_failed_total", "web")) == 1, "one failed message")
+        refused = sink.refused
+
+        # 5. a target that never answers: 5 messages wait, the next 3 are dropped
+        for i in range(8):
+            publisher.publish(f"{prefix}/dead/{i}", b"x", qos=1)
+        metrics = wait_for(lambda: (m := integration_metrics(http_port)) and m[
+            ("tbmq_integration_messages_dropped_total", "nowhere")] == 3 and m, "3 drops")
+        assert metrics[("tbmq_integration_buffer_messages", "nowhere")] == 5
+        assert metrics[("tbmq_integration_messages_sent_total", "nowhere")] == 0
+        assert metrics[("tbmq_integration_messages_sent_total", "web")] == 31
+        assert metrics[("tbmq_integration_messages_retried_total", "web")] >= 4
+        assert metrics[("tbmq_integration_messages_dropped_total", "web")] == 0
+        assert metrics[("tbmq_integration_buffer_messages", "web")] == 0
+        assert sink.refused == refused  # the message answered 400 was not sent again
+    finally:
+        sink.stop()
