@@ -39,6 +39,9 @@ class Target:
     def __init__(self, config, reactor) -> None:
         self.config = config
         self.reactor = reactor
+        #: called by the target when it can take messages again (a
+        #: connection is back): the integration's back-off ends at once
+        self.ready = lambda: None
 
     def start(self) -> None:
         """Open what the target needs (connections, threads); must not block."""
@@ -115,6 +118,7 @@ class Integration:
         self._timer = None
         self._drained: list[defer.Deferred] = []
         self._throttle = LogThrottle(clock, self.log, f"integration {config.name}")
+        target.ready = self._retry_now
 
     # -- life cycle --------------------------------------------------------------
 
@@ -241,6 +245,12 @@ class Integration:
         self.retried += len(retrying)
         self._waiting.extendleft(reversed(retrying))
         self._pump()
+
+    def _retry_now(self) -> None:
+        """The target is back: end the back-off now."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+            self._retry()
 
     def snapshot(self) -> dict:
         """:returns: the integration's state, for the API: ``{"name",

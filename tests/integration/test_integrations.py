@@ -94,3 +94,45 @@ def test_http_integration_counts_retries_and_drops(broker_factory, mqtt, tmp_pat
         assert sink.refused == refused  # the message answered 400 was not sent again
     finally:
         sink.stop()
+
+
+def test_mqtt_bridge_to_a_second_broker_survives_its_restart(broker_factory, mqtt, tmp_path):
+    remote = broker_factory()
+    http_port = free_port()
+    prefix = uid()
+    config = write_config(tmp_path / "tbmq.yml", [
+        {"name": "bridge", "type": "mqtt", "host": HOST, "port": remote.port,
+         "topic_filters": [f"{prefix}/#"], "topic_prefix": "bridged/", "qos": 1,
+         "retry_initial": 0.1, "retry_max": 0.5, "concurrency": 8}], http_port)
+    node = broker_factory(config=config)
+    subscriber_id = f"sub-{prefix}"
+    subscriber = mqtt.connect(5, client_id=subscriber_id, port=remote.port, session_expiry=600)
+    subscriber.subscribe(f"bridged/{prefix}/#", qos=1)
+    publisher = mqtt.connect(5, port=node.port)
+    user = props(UserProperty=[("site", "a")])
+
+    # 1. both up: each message once, on the prefixed topic, with its user property
+    for i in range(10):
+        publisher.publish(f"{prefix}/t/{i}", f"m{i}", qos=1, properties=user)
+    got = subscriber.get_many(10)
+    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(10)]
+    assert got[0].topic == f"bridged/{prefix}/t/0" and got[0].qos == 1
+    assert got[0].prop("UserProperty") == [("site", "a")]
+    subscriber.disconnect()
+
+    # 2. the second broker is down: the messages wait in the buffer, then go on
+    remote.stop()
+    for i in range(10, 20):
+        publisher.publish(f"{prefix}/t/{i}", f"m{i}", qos=1)
+    wait_for(lambda: integration_metrics(http_port)[
+        ("tbmq_integration_buffer_messages", "bridge")] == 10, "10 messages in the buffer")
+    remote.start()
+    metrics = wait_for(lambda: (m := integration_metrics(http_port))[
+        ("tbmq_integration_messages_sent_total", "bridge")] == 20 and m, "20 messages sent")
+    assert metrics[("tbmq_integration_buffer_messages", "bridge")] == 0
+    assert metrics[("tbmq_integration_messages_dropped_total", "bridge")] == 0
+    assert metrics[("tbmq_integration_messages_retried_total", "bridge")] >= 1
+    again = mqtt(5, client_id=subscriber_id, port=remote.port)
+    again.connect_and_wait(clean_start=False, session_expiry=600)
+    got = again.get_many(10)
+    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(10, 20)]
