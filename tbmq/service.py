@@ -84,7 +84,7 @@ class BrokerService(service.Service):
         self.integrations = None
         if config.integrations:
             from tbmq.integrations.plugin import Integrations
-            self.integrations = Integrations(config, reactor)
+            self.integrations = Integrations(config, reactor, self.plugins)
             self.plugins.register(self.integrations, name="integrations")
         self.broker = Broker(config, self.plugins, clock=reactor)
         for listener in config.listeners:

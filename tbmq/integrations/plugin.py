@@ -14,6 +14,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.broker.trie import SubscriptionTrie
+from tbmq.errors import ConfigError
 from tbmq.hookspecs import hookimpl
 from tbmq.integrations.core import Integration
 from tbmq.log import OBSERVER as LOG_OBSERVER
@@ -24,13 +25,17 @@ __all__ = ["Integrations", "make_target"]
 STOP_GRACE = 5.0
 
 
-def make_target(config, node_config, reactor):
-    """The target of one integration.
+def make_target(config, node_config, reactor, plugins=None):
+    """The target of one integration: ``http`` and ``mqtt`` built in, any
+    other type from the plugins' ``tbmq_integration_target`` hook (the
+    ``kafka`` plugin's ``kafka``).
 
     :param config: the :class:`~tbmq.integrations.settings.IntegrationConfig`.
     :param node_config: the node's :class:`tbmq.config.Config` (the
         ``kafka`` section gives a ``kafka`` integration's defaults).
+    :param plugins: the plugin manager, or None.
     :returns: a :class:`~tbmq.integrations.core.Target`.
+    :raises ConfigError: no plugin provides the type.
     """
     if config.type == "http":
         from tbmq.integrations.http import HttpTarget
@@ -38,8 +43,15 @@ def make_target(config, node_config, reactor):
     if config.type == "mqtt":
         from tbmq.integrations.mqtt import MqttTarget
         return MqttTarget(config, reactor)
-    from tbmq.integrations.kafka import KafkaTarget
-    return KafkaTarget(config, reactor, node_config.kafka)
+    target = None
+    if plugins is not None:
+        target = plugins.hook.tbmq_integration_target(config=config, node_config=node_config,
+                                                      reactor=reactor)
+    if target is None:
+        raise ConfigError(f"integrations[{config.name!r}].type: no plugin provides type "
+                          f"{config.type} (the first-party plugin 'kafka' provides kafka)",
+                          "integrations")
+    return target
 
 
 class Integrations:
@@ -47,15 +59,19 @@ class Integrations:
 
     :param config: the node's :class:`tbmq.config.Config`.
     :param reactor: the reactor.
+    :param plugins: the plugin manager (targets of other types than
+        ``http`` and ``mqtt``), or None.
+    :raises ConfigError: an integration's type that no plugin provides.
     :ivar integrations: name → :class:`~tbmq.integrations.core.Integration`,
         in the order of the config.
     """
 
     log = Logger(observer=LOG_OBSERVER)
 
-    def __init__(self, config, reactor) -> None:
+    def __init__(self, config, reactor, plugins=None) -> None:
         self.config = config
         self.reactor = reactor
+        self.plugins = plugins
         self.integrations: dict[str, Integration] = {}
         self.trie = SubscriptionTrie()
         for settings in config.integrations:
@@ -66,7 +82,8 @@ class Integrations:
 
         :param settings: its :class:`~tbmq.integrations.settings.IntegrationConfig`.
         """
-        integration = Integration(settings, make_target(settings, self.config, self.reactor),
+        integration = Integration(settings, make_target(settings, self.config, self.reactor,
+                                              self.plugins),
                                   self.reactor)
         self.integrations[settings.name] = integration
         if settings.enabled:

@@ -136,3 +136,57 @@ def test_mqtt_bridge_to_a_second_broker_survives_its_restart(broker_factory, mqt
     again.connect_and_wait(clean_start=False, session_expiry=600)
     got = again.get_many(10)
     assert [m.payload for m in got] == [f"m{i}".encode() for i in range(10, 20)]
+
+
+def read_records(bootstrap: str, topic: str, n: int) -> list:
+    """The first ``n`` records of partition 0 of ``topic``."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uid()}",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    records = []
+    try:
+        def more():
+            m = consumer.poll(0.2)
+            if m is not None and m.error() is None:
+                records.append(m)
+            return len(records) >= n
+        wait_for(more, f"{n} records on {topic}", timeout=30)
+    finally:
+        consumer.close()
+    return records
+
+
+def test_kafka_integration_keys_and_headers(broker_factory, mqtt, tmp_path, kafka_bootstrap):
+    http_port = free_port()
+    prefix = uid()
+    by_topic, by_client = f"mqtt-{prefix}-t", f"mqtt-{prefix}-c"
+    config = write_config(tmp_path / "tbmq.yml", [
+        {"name": "k-topic", "type": "kafka", "bootstrap_servers": kafka_bootstrap,
+         "topic": by_topic, "key": "topic", "topic_filters": [f"{prefix}/t/#"],
+         "retry_initial": 0.2, "retry_max": 1.0},
+        {"name": "k-client", "type": "kafka", "topic": by_client, "key": "client_id",
+         "topic_filters": [f"{prefix}/c/#"], "retry_initial": 0.2, "retry_max": 1.0},
+    ], http_port)
+    # the second integration takes the node's own kafka.bootstrap_servers
+    text = config.read_text()
+    config.write_text(text + yaml.safe_dump({"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                                       "partitions": 1}}))
+    node = broker_factory(config=config)
+    publisher = mqtt.connect(5, port=node.port)
+    user = props(UserProperty=[("site", "a"), ("unit", "°C")])
+    for i in range(10):
+        publisher.publish(f"{prefix}/t/{i}", f"m{i}", qos=1, properties=user)
+        publisher.publish(f"{prefix}/c/{i}", f"c{i}", qos=0)
+    records = read_records(kafka_bootstrap, by_topic, 10)
+    assert [r.value() for r in records] == [f"m{i}".encode() for i in range(10)]
+    assert [r.key() for r in records] == [f"{prefix}/t/{i}".encode() for i in range(10)]
+    assert records[0].headers() == [("site", b"a"), ("unit", "°C".encode())]
+    records = read_records(kafka_bootstrap, by_client, 10)
+    assert [r.value() for r in records] == [f"c{i}".encode() for i in range(10)]
+    assert {r.key() for r in records} == {publisher.client_id.encode()}
+    metrics = wait_for(lambda: (m := integration_metrics(http_port))[
+        ("tbmq_integration_messages_sent_total", "k-client")] == 10 and m, "10 sent")
+    assert metrics[("tbmq_integration_messages_sent_total", "k-topic")] == 10
+    assert metrics[("tbmq_integration_messages_dropped_total", "k-topic")] == 0
