@@ -160,3 +160,17 @@ def test_duplicate_names_are_refused():
     entry = {"name": "h", "type": "http", "url": "http://x/", "topic_filters": ["a"]}
     with pytest.raises(ConfigError, match=r"integrations\[1\].name: duplicate"):
         load_config(environ={}, overrides={"integrations": [entry, entry]})
+
+
+def test_the_commented_example_of_etc_tbmq_yml_is_a_valid_config():
+    import pathlib
+
+    import yaml
+
+    text = (pathlib.Path(__file__).parents[2] / "etc" / "tbmq.yml").read_text()
+    block = text[text.index("# integrations:"):text.index("\nintegrations: []")]
+    example = yaml.safe_load("\n".join(line[2:] for line in block.splitlines()))
+    config = load_config(environ={}, overrides=example)
+    assert [(i.name, i.type) for i in config.integrations] == [
+        ("web", "http"), ("to-kafka", "kafka"), ("upstream", "mqtt")]
+    assert config.integrations[2].topic_prefix == "site-1/"
