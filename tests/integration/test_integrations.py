@@ -5,9 +5,13 @@ was published, also after the target was down for a while."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import yaml
 
 from tests.integration.helpers import HOST, free_port, props, uid
+from tests.integration.ops import add_admin
 from tests.integration.integrations import Sink, integration_metrics, wait_for
 
 
@@ -16,6 +20,21 @@ def write_config(path, integrations: list[dict], http_port: int):
               "integrations": integrations}
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def api_integrations(http_port: int, user: str, password: str) -> dict:
+    """``GET /api/integrations`` after a login: ``{name: item}``."""
+    base = f"http://{HOST}:{http_port}/api"
+    login = urllib.request.Request(f"{base}/auth/login", method="POST",
+                                   data=json.dumps({"username": user,
+                                                    "password": password}).encode(),
+                                   headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(login, timeout=5) as answer:
+        token = json.load(answer)["token"]
+    listing = urllib.request.Request(f"{base}/integrations",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(listing, timeout=5) as answer:
+        return {item["name"]: item for item in json.load(answer)["items"]}
 
 
 def test_http_integration_counts_retries_and_drops(broker_factory, mqtt, tmp_path):
@@ -30,6 +49,7 @@ def test_http_integration_counts_retries_and_drops(broker_factory, mqtt, tmp_pat
          "topic_filters": [f"{prefix}/dead/#"], "buffer_messages": 5, "retry_initial": 0.1,
          "retry_max": 0.2},
     ], http_port)
+    add_admin(tmp_path / "broker0" / "data", "root", "root-password-1")
     try:
         node = broker_factory(config=config)
         publisher = mqtt.connect(5, port=node.port)
@@ -92,6 +112,11 @@ def test_http_integration_counts_retries_and_drops(broker_factory, mqtt, tmp_pat
         assert metrics[("tbmq_integration_messages_dropped_total", "web")] == 0
         assert metrics[("tbmq_integration_buffer_messages", "web")] == 0
         assert sink.refused == refused  # the message answered 400 was not sent again
+        listed = api_integrations(http_port, "root", "root-password-1")
+        assert listed["web"]["sent"] == 31 and listed["web"]["failed"] == 1
+        assert listed["web"]["last_error"] == "HTTP 400" and listed["web"]["type"] == "http"
+        assert listed["nowhere"]["dropped"] == 3 and listed["nowhere"]["buffer_messages"] == 5
+        assert listed["nowhere"]["topic_filters"] == [f"{prefix}/dead/#"]
     finally:
         sink.stop()
 

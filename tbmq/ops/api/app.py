@@ -442,5 +442,9 @@ class AdminApi(resource.Resource):
     async def metrics_history(self, request, user, body):
         return {"interval": self.history.interval, "points": list(self.history.points)}
 
+    async def list_integrations(self, request, user, body):
+        integrations = self.broker.plugins.get_plugin("integrations")
+        return {"items": integrations.snapshot() if integrations is not None else []}
+
     async def audit(self, request, user, body):
         return {"items": list(reversed(self.audit_log))}

@@ -95,6 +95,9 @@ ROUTES: tuple[Route, ...] = (
           response="MetricsSnapshot"),
     Route("GET", ("metrics", "history"), "metrics_history", READ,
           "Per-second rates of this node over the last minutes", response="MetricsHistory"),
+    Route("GET", ("integrations",), "list_integrations", READ,
+          "This node's integrations (config integrations) with their counters and buffer",
+          response="IntegrationList"),
     Route("GET", ("audit",), "audit", READ, "The last changes made through the API, newest first",
           response="AuditList"),
 )

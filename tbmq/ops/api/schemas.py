@@ -127,6 +127,14 @@ SCHEMAS: dict[str, dict] = {
         "t": _NUM, "received": _NUM, "sent": _NUM, "dropped": _NUM, "auth_failures": _NUM,
         "connections": _INT,
         "sessions": _INT, "cluster_sessions": _INT})}}),
+    "Integration": _object({
+        "name": _STR, "type": {"enum": ["http", "kafka", "mqtt"]},
+        "topic_filters": {"type": "array", "items": _STR}, "enabled": {"type": "boolean"},
+        "sent": _INT, "failed": _INT, "retried": _INT, "dropped": _INT,
+        "buffer_messages": _INT, "buffer_bytes": _INT, "in_flight": _INT,
+        "retrying": {"type": "boolean"}, "last_error": _OPT_STR}),
+    "IntegrationList": _object({"items": {"type": "array",
+                                          "items": {"$ref": "#/components/schemas/Integration"}}}),
     "AuditEntry": _object({"time": _NUM, "user": _STR, "action": _STR, "target": _STR}),
     "AuditList": _object({"items": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEntry"}}}),
 }
