@@ -6,6 +6,7 @@ was published, also after the target was down for a while."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 
 import yaml
@@ -215,3 +216,43 @@ def test_kafka_integration_keys_and_headers(broker_factory, mqtt, tmp_path, kafk
         ("tbmq_integration_messages_sent_total", "k-client")] == 10 and m, "10 sent")
     assert metrics[("tbmq_integration_messages_sent_total", "k-topic")] == 10
     assert metrics[("tbmq_integration_messages_dropped_total", "k-topic")] == 0
+
+
+def test_two_nodes_on_kafka_send_each_message_once(tmp_path, mqtt, kafka_bootstrap):
+    """The same integration on two nodes of one cluster: each message goes
+    out once, from the node that accepted it, not once per node."""
+    from tests.integration.cluster import ClusterNode, Services
+
+    sink = Sink().start()
+    prefix = uid()
+    services = Services(kafka_bootstrap, "redis://127.0.0.1:1/0", "dbname=unused",
+                        f"c{prefix[:8]}")  # neither is used: memory stores
+    env = {"TBMQ_AUTH__CREDENTIALS": "memory", "TBMQ_STORAGE__DEVICE_STORE": "memory",
+           "TBMQ_INTEGRATIONS__0__NAME": "web", "TBMQ_INTEGRATIONS__0__TYPE": "http",
+           "TBMQ_INTEGRATIONS__0__URL": sink.url,
+           "TBMQ_INTEGRATIONS__0__TOPIC_FILTERS": f'["{prefix}/#"]'}
+    nodes = []
+    try:
+        for name in ("n1", "n2"):
+            nodes.append(ClusterNode(tmp_path, services, f"{prefix}-{name}", env=env).start())
+        for node in nodes:
+            node.wait_log("integration web (http)")
+        publishers = [mqtt.connect(5, port=node.port) for node in nodes]
+        subscriber = mqtt.connect(5, port=nodes[1].port)
+        subscriber.subscribe(f"{prefix}/#", qos=1)
+        expected = []
+        for i in range(20):
+            for n, publisher in enumerate(publishers):
+                payload = f"n{n}-{i}"
+                publisher.publish(f"{prefix}/s/{payload}", payload, qos=1)
+                expected.append(payload)
+        assert len(subscriber.get_many(40)) == 40  # the cluster routed them all
+        wait_for(lambda: len(sink.bodies) >= 40, "40 requests")
+        time.sleep(1.0)  # a copy sent by the other node too would come now
+        assert sorted(sink.payloads()) == sorted(expected)
+        by_node = {n: [p for p in sink.payloads() if p.startswith(f"n{n}-")] for n in (0, 1)}
+        assert by_node == {n: [f"n{n}-{i}" for i in range(20)] for n in (0, 1)}
+    finally:
+        for node in nodes:
+            node.stop()
+        sink.stop()
