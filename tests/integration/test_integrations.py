@@ -16,9 +16,9 @@ from tests.integration.ops import add_admin
 from tests.integration.integrations import Sink, integration_metrics, wait_for
 
 
-def write_config(path, integrations: list[dict], http_port: int):
+def write_config(path, integrations: list[dict], http_port: int, **sections):
     config = {"http": {"endpoint": f"tcp:{http_port}:interface={HOST}"},
-              "integrations": integrations}
+              "integrations": integrations, **sections}
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -165,12 +165,14 @@ def test_mqtt_bridge_to_a_second_broker_survives_its_restart(broker_factory, mqt
 
 
 def read_records(bootstrap: str, topic: str, n: int) -> list:
-    """The first ``n`` records of partition 0 of ``topic``."""
+    """``n`` records of ``topic``, read from the start of each partition
+    (in order within a partition)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uid()}",
                          "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     records = []
     try:
         def more():
@@ -194,11 +196,8 @@ def test_kafka_integration_keys_and_headers(broker_factory, mqtt, tmp_path, kafk
          "retry_initial": 0.2, "retry_max": 1.0},
         {"name": "k-client", "type": "kafka", "topic": by_client, "key": "client_id",
          "topic_filters": [f"{prefix}/c/#"], "retry_initial": 0.2, "retry_max": 1.0},
-    ], http_port)
-    # the second integration takes the node's own kafka.bootstrap_servers
-    text = config.read_text()
-    config.write_text(text + yaml.safe_dump({"kafka": {"bootstrap_servers": kafka_bootstrap,
-                                                       "partitions": 1}}))
+    ], http_port, kafka={"bootstrap_servers": kafka_bootstrap, "partitions": 1})
+    # (the second integration takes the node's own kafka.bootstrap_servers)
     node = broker_factory(config=config)
     publisher = mqtt.connect(5, port=node.port)
     user = props(UserProperty=[("site", "a"), ("unit", "°C")])
@@ -256,3 +255,38 @@ def test_two_nodes_on_kafka_send_each_message_once(tmp_path, mqtt, kafka_bootstr
         for node in nodes:
             node.stop()
         sink.stop()
+
+
+def test_kafka_integration_after_kafka_was_down(broker_factory, mqtt, tmp_path):
+    from tests.kafka import Tansu
+
+    tansu = Tansu()
+    tansu.start()
+    http_port = free_port()
+    prefix = uid()
+    topic = f"mqtt-{prefix}"
+    config = write_config(tmp_path / "tbmq.yml", [
+        {"name": "k", "type": "kafka", "bootstrap_servers": tansu.bootstrap, "topic": topic,
+         "topic_filters": [f"{prefix}/#"], "concurrency": 1, "timeout": 3,
+         "retry_initial": 0.2, "retry_max": 1.0}], http_port, kafka={"partitions": 1})
+    try:
+        node = broker_factory(config=config)
+        publisher = mqtt.connect(5, port=node.port)
+        for i in range(5):
+            publisher.publish(f"{prefix}/{i}", f"m{i}", qos=1)
+        assert [r.value() for r in read_records(tansu.bootstrap, topic, 5)] == [
+            f"m{i}".encode() for i in range(5)]
+        tansu.stop()
+        for i in range(5, 10):
+            publisher.publish(f"{prefix}/{i}", f"m{i}", qos=1)
+        wait_for(lambda: integration_metrics(http_port)[
+            ("tbmq_integration_messages_retried_total", "k")] >= 1, "a retry")
+        tansu.start()  # empty: Tansu forgets its topics when it stops
+        metrics = wait_for(lambda: (m := integration_metrics(http_port))[
+            ("tbmq_integration_messages_sent_total", "k")] == 10 and m, "10 sent", timeout=60)
+        assert metrics[("tbmq_integration_buffer_messages", "k")] == 0
+        # the held messages reached the empty Tansu (its topic made again)
+        values = sorted(r.value() for r in read_records(tansu.bootstrap, topic, 5))
+        assert values == [f"m{i}".encode() for i in range(5, 10)]
+    finally:
+        tansu.close()

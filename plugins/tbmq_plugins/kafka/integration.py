@@ -85,8 +85,12 @@ class KafkaTarget(Target):
 
     def __init__(self, config, reactor, kafka) -> None:
         super().__init__(config, reactor)
+        # the producer gives a record up (and reports it failed) a little
+        # before the integration's timeout abandons it, so a record is not
+        # both sent again and still queued in the client
         self.kafka = dataclasses.replace(
-            kafka, bootstrap_servers=config.bootstrap_servers or kafka.bootstrap_servers)
+            kafka, bootstrap_servers=config.bootstrap_servers or kafka.bootstrap_servers,
+            request_timeout_ms=max(1000, int(config.timeout * 800) - kafka.linger_ms))
         self.driver = load_driver(self.kafka.driver)
         self.producer = None
         self._starting = None
