@@ -18,6 +18,7 @@ name (after the prefix)                        codec (:mod:`.records`)      comp
 ``tbmq.client.disconnect.<serviceId>``         ``DISCONNECT``               no        no
 ``tbmq.cluster.nodes``                         ``NODE``                     no        no
 ``tbmq.events``                                ``BYTES``                    no        no
+``tbmq.integrations``                          ``BYTES`` (JSON; b"": gone) yes       yes
 ============================================== ============================ ========= =======
 
 *Compacted* topics keep the last value per key (Kafka's
@@ -77,6 +78,7 @@ SESSION_EVENT_RESPONSE = "tbmq.client.session.event.response."
 CLIENT_DISCONNECT = "tbmq.client.disconnect."
 EVENTS = "tbmq.events"
 NODES = "tbmq.cluster.nodes"
+INTEGRATIONS = "tbmq.integrations"
 
 #: the longest fixed part a variable name is appended to
 _LONGEST_BASE = max(len(DOWNLINK_PERSISTED), len(SESSION_EVENT_RESPONSE), len(APP_SHARED))
@@ -90,6 +92,7 @@ _EXACT = {
     SESSION_EVENT_REQUEST: records.SESSION_EVENT,
     EVENTS: records.BYTES,
     NODES: records.NODE,
+    INTEGRATIONS: records.BYTES,
 }
 # (base, codec): the topics named base + <part>; longest bases first
 _FAMILIES = (
@@ -99,8 +102,8 @@ _FAMILIES = (
     (SESSION_EVENT_RESPONSE, records.SESSION_EVENT_RESPONSE),
     (CLIENT_DISCONNECT, records.DISCONNECT),
 )
-_COMPACTED = frozenset((MSG_RETAINED, CLIENT_SESSION, CLIENT_SUBSCRIPTIONS))
-_DURABLE = frozenset((CLIENT_SESSION, CLIENT_SUBSCRIPTIONS))
+_COMPACTED = frozenset((MSG_RETAINED, CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, INTEGRATIONS))
+_DURABLE = frozenset((CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, INTEGRATIONS))
 _PACKABLE = frozenset((MSG_ALL, MSG_PERSISTED, SESSION_EVENT_REQUEST))
 _PACKABLE_FAMILIES = (DOWNLINK_BASIC, DOWNLINK_PERSISTED, SESSION_EVENT_RESPONSE,
                       CLIENT_DISCONNECT)
@@ -152,12 +155,14 @@ class TopicCatalogue:
         characters.
     :raises ValueError: for a prefix that is not.
     :ivar msg_all, msg_retained, msg_persisted, client_session,
-        client_subscriptions, session_event_request, events, nodes: the
-        fixed names.
+        client_subscriptions, session_event_request, events, nodes,
+        integrations: the fixed names (``integrations``: the integrations
+        added through the API, :mod:`tbmq.integrations.plugin`).
     """
 
     __slots__ = ("prefix", "msg_all", "msg_retained", "msg_persisted", "client_session",
-                 "client_subscriptions", "session_event_request", "events", "nodes", "_room",
+                 "client_subscriptions", "session_event_request", "events", "nodes", "integrations",
+                 "_room",
                  "_names")
 
     #: most per-id names remembered (a publish names its topic each time)
@@ -180,6 +185,7 @@ class TopicCatalogue:
         self.session_event_request = prefix + SESSION_EVENT_REQUEST
         self.events = prefix + EVENTS
         self.nodes = prefix + NODES
+        self.integrations = prefix + INTEGRATIONS
 
     def fixed(self) -> tuple[str, ...]:
         """:returns: every fixed topic name (prefix applied): the topics a

@@ -119,9 +119,8 @@ def test_plugin_offers_each_matching_integration_once():
     plugin = Integrations(config, Clock())
     for integration in plugin.integrations.values():
         integration.target = HandTarget()
-    plugin.tbmq_message_published(None, msg("s/1/t"))
-    plugin.tbmq_message_published(None, msg("x/y"))
-    plugin.tbmq_message_published(None, msg("other"))
+    for topic in ("s/1/t", "x/y", "other"):
+        plugin.hook.tbmq_message_published(None, msg(topic))
     depths = {i["name"]: i["buffer_messages"] for i in plugin.snapshot()}
     assert depths == {"a": 1, "b": 1, "off": 0}
 
@@ -174,3 +173,41 @@ def test_the_commented_example_of_etc_tbmq_yml_is_a_valid_config():
     assert [(i.name, i.type) for i in config.integrations] == [
         ("web", "http"), ("to-kafka", "kafka"), ("upstream", "mqtt")]
     assert config.integrations[2].topic_prefix == "site-1/"
+
+
+class Record:
+    def __init__(self, key, value) -> None:
+        self.key, self.value = key, value
+
+
+def test_records_of_the_api_topic_add_replace_and_remove_and_the_hook_comes_with_the_first():
+    from tbmq.plugins import make_plugin_manager
+
+    config = load_config(environ={}, overrides={"integrations": [
+        {"name": "file", "type": "http", "url": "http://127.0.0.1:1/", "topic_filters": ["f/#"],
+         "enabled": False}]})
+    plugins = make_plugin_manager(config)
+    plugin = Integrations(config, Clock(), plugins)
+    refreshed = []
+    plugin.refresh_hooks = lambda: refreshed.append(1)
+    # a disabled integration alone: nobody implements tbmq_message_published
+    assert not plugins.hook.tbmq_message_published.get_hookimpls()
+    entry = {"name": "api", "type": "http", "url": "http://127.0.0.1:1/", "topic_filters": ["a/#"]}
+    plugin._on_record(Record("api", json.dumps(entry).encode()))
+    assert plugins.hook.tbmq_message_published.get_hookimpls() and refreshed == [1]
+    plugin.integrations["api"].target = HandTarget()
+    plugin.offer(msg("a/1"))
+    assert plugin.integrations["api"].depth == 1
+    entry["topic_filters"] = ["b/#"]  # replaced: the old filters no longer match
+    plugin._on_record(Record("api", json.dumps(entry).encode()))
+    plugin.integrations["api"].target = HandTarget()
+    plugin.offer(msg("a/2"))
+    plugin.offer(msg("b/1"))
+    assert plugin.integrations["api"].depth == 1
+    plugin._on_record(Record("file", json.dumps(entry | {"name": "file"}).encode()))
+    assert plugin.integrations["file"].config.topic_filters == ("f/#",)  # the file wins
+    plugin._on_record(Record("bad", b'{"name": "bad", "type": "http"}'))
+    assert "bad" not in plugin.integrations  # logged, not applied
+    plugin._on_record(Record("api", b""))
+    assert sorted(plugin.integrations) == ["file"]
+    assert [item["source"] for item in plugin.snapshot()] == ["config"]

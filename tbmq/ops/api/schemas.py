@@ -132,7 +132,15 @@ SCHEMAS: dict[str, dict] = {
         "topic_filters": {"type": "array", "items": _STR}, "enabled": {"type": "boolean"},
         "sent": _INT, "failed": _INT, "retried": _INT, "dropped": _INT,
         "buffer_messages": _INT, "buffer_bytes": _INT, "in_flight": _INT,
-        "retrying": {"type": "boolean"}, "last_error": _OPT_STR}),
+        "retrying": {"type": "boolean"}, "last_error": _OPT_STR,
+        "source": {"enum": ["config", "api"]}}),
+    "IntegrationInput": {
+        "type": "object", "required": ["name", "type", "topic_filters"],
+        "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 200},
+                       "type": {"enum": ["http", "kafka", "mqtt"]},
+                       "topic_filters": {"type": "array", "items": _STR, "minItems": 1}},
+        "description": "the keys of an entry of the config file's integrations "
+                       "(checked as the config file is)"},
     "IntegrationList": _object({"items": {"type": "array",
                                           "items": {"$ref": "#/components/schemas/Integration"}}}),
     "AuditEntry": _object({"time": _NUM, "user": _STR, "action": _STR, "target": _STR}),
