@@ -82,6 +82,20 @@ def tbmq_credential_store(config, reactor):
     """
 
 
+@hookspec(firstresult=True)
+def tbmq_integration_target(config, node_config, reactor):
+    """Build the target of an integration whose ``type`` this plugin
+    provides (``http`` and ``mqtt`` are built in; the ``kafka`` plugin
+    provides ``kafka``).
+
+    :param config: the integration's
+        :class:`tbmq.integrations.settings.IntegrationConfig`.
+    :param node_config: the node's :class:`tbmq.config.Config`.
+    :param reactor: the reactor.
+    :returns: a :class:`tbmq.integrations.core.Target`, or None.
+    """
+
+
 # -- decisions -----------------------------------------------------------------
 
 @hookspec

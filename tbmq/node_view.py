@@ -219,6 +219,14 @@ class NodeView:
         counters = self._broker.membership.counters
         return dict(counters()) if counters is not None else {}
 
+    @property
+    def integrations(self):
+        """The node's outbound integrations
+        (:class:`tbmq.integrations.plugin.Integrations`: ``snapshot()``,
+        ``put(body)``, ``delete(name)``, ``collector()``), or None on a node
+        built without them."""
+        return self._broker.plugins.get_plugin("integrations")
+
     # -- backends ------------------------------------------------------------------------------
 
     @property

@@ -11,6 +11,7 @@ from twisted.python.failure import Failure
 from tbmq import listeners
 from tbmq.broker.broker import Broker
 from tbmq.errors import TbmqError
+from tbmq.integrations.plugin import Integrations
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.ops.service import OpsService
 from tbmq.plugins import make_plugin_manager
@@ -80,7 +81,11 @@ class BrokerService(service.Service):
         self.config = config
         self.reactor = reactor
         self.plugins = plugins if plugins is not None else make_plugin_manager(config)
+        #: the outbound integrations (the plugin ``integrations``)
+        self.integrations = Integrations(config, reactor, self.plugins)
+        self.plugins.register(self.integrations, name="integrations")
         self.broker = Broker(config, self.plugins, clock=reactor)
+        self.integrations.refresh_hooks = self.broker.refresh_hooks
         for listener in config.listeners:
             listeners.check(self.broker, listener, reactor)
         self.ops = OpsService(self.broker.view, reactor)
@@ -135,6 +140,8 @@ class BrokerService(service.Service):
         await self.broker.start()
         if not self.running:
             return  # stopped while the broker started: nothing to open
+        await self.integrations.start(self.broker.bus, self.broker.topics,
+                                      self.broker.service_id)
         for listener, listening in zip(self.config.listeners, self._listening):
             port = await listening
             if not self.running:
@@ -186,3 +193,4 @@ class BrokerService(service.Service):
             yield port.stopListening()
         self.ports = []
         yield self.broker.stop()
+        yield defer.ensureDeferred(self.integrations.stop())

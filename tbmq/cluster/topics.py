@@ -20,6 +20,7 @@ name (after the prefix)                        codec (:mod:`.records`)      comp
 ``tbmq.client.disconnect.<serviceId>``         ``DISCONNECT``               no        no
 ``tbmq.cluster.nodes``                         ``NODE``                     no        no
 ``tbmq.events``                                ``BYTES``                    no        no
+``tbmq.integrations``                          ``BYTES`` (JSON; b"": gone) yes       yes
 ============================================== ============================ ========= =======
 
 *Compacted* topics keep the last value per key (Kafka's
@@ -81,6 +82,7 @@ SESSION_EVENT_RESPONSE = "tbmq.client.session.event.response."
 CLIENT_DISCONNECT = "tbmq.client.disconnect."
 EVENTS = "tbmq.events"
 NODES = "tbmq.cluster.nodes"
+INTEGRATIONS = "tbmq.integrations"
 
 #: the longest fixed part a variable name is appended to
 _LONGEST_BASE = max(len(DOWNLINK_PERSISTED), len(SESSION_EVENT_RESPONSE), len(APP_SHARED))
@@ -96,6 +98,7 @@ _EXACT = {
     NODES: records.NODE,
     CLIENT_BLOCKED: client_records.BLOCKED,
     CLIENT_UNAUTHORIZED: client_records.UNAUTHORIZED,
+    INTEGRATIONS: records.BYTES,
 }
 # (base, codec): the topics named base + <part>; longest bases first
 _FAMILIES = (
@@ -105,8 +108,9 @@ _FAMILIES = (
     (SESSION_EVENT_RESPONSE, records.SESSION_EVENT_RESPONSE),
     (CLIENT_DISCONNECT, records.DISCONNECT),
 )
-_COMPACTED = frozenset((MSG_RETAINED, CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, CLIENT_BLOCKED))
-_DURABLE = frozenset((CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, CLIENT_BLOCKED))
+_COMPACTED = frozenset((MSG_RETAINED, CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, CLIENT_BLOCKED,
+                        INTEGRATIONS))
+_DURABLE = frozenset((CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, CLIENT_BLOCKED, INTEGRATIONS))
 _PACKABLE = frozenset((MSG_ALL, MSG_PERSISTED, SESSION_EVENT_REQUEST))
 _PACKABLE_FAMILIES = (DOWNLINK_BASIC, DOWNLINK_PERSISTED, SESSION_EVENT_RESPONSE,
                       CLIENT_DISCONNECT)
@@ -159,12 +163,14 @@ class TopicCatalogue:
     :raises ValueError: for a prefix that is not.
     :ivar msg_all, msg_retained, msg_persisted, client_session,
         client_subscriptions, session_event_request, events, nodes,
-        client_blocked, client_unauthorized: the fixed names.
+        client_blocked, client_unauthorized, integrations: the fixed names
+        (``integrations``: the integrations added through the API,
+        :mod:`tbmq.integrations.plugin`).
     """
 
     __slots__ = ("prefix", "msg_all", "msg_retained", "msg_persisted", "client_session",
                  "client_subscriptions", "session_event_request", "events", "nodes", "_room",
-                 "_names", "client_blocked", "client_unauthorized")
+                 "_names", "client_blocked", "client_unauthorized", "integrations")
 
     #: most per-id names remembered (a publish names its topic each time)
     NAMES_CACHED = 65536
@@ -188,6 +194,7 @@ class TopicCatalogue:
         self.nodes = prefix + NODES
         self.client_blocked = prefix + CLIENT_BLOCKED
         self.client_unauthorized = prefix + CLIENT_UNAUTHORIZED
+        self.integrations = prefix + INTEGRATIONS
 
     def fixed(self) -> tuple[str, ...]:
         """:returns: every fixed topic name (prefix applied): the topics a

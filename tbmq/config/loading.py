@@ -50,6 +50,7 @@ from tbmq.config.schema import (
 )
 from tbmq.errors import ConfigError
 from tbmq.ratelimit import parse_limits
+from tbmq.integrations.settings import problems as integration_problems
 from tbmq.log import LEVELS as LOG_LEVELS, OBSERVER as LOG_OBSERVER
 
 log = Logger(observer=LOG_OBSERVER)
@@ -392,6 +393,14 @@ def _validate(config: Config) -> None:
         _validate_listener(f"listeners[{i}]", listener)
     if "http" in config.auth.providers and config.auth.http.url is None:
         _fail("auth.http.url", "required when http is in auth.providers")
+    names: dict[str, int] = {}
+    for i, integration in enumerate(config.integrations):
+        for key, message in integration_problems(integration):
+            _fail(f"integrations[{i}].{key}", message)
+        if integration.name in names:
+            _fail(f"integrations[{i}].name", f"duplicate integration name {integration.name!r} "
+                                             f"(also integrations[{names[integration.name]}])")
+        names[integration.name] = i
 
 
 def _validate_listener(path: str, listener: ListenerConfig) -> None:

@@ -10,6 +10,8 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tbmq.integrations.settings import IntegrationConfig
+
 #: The prefix of environment variables read by :func:`load_config`.
 ENV_PREFIX = "TBMQ_"
 
@@ -676,6 +678,8 @@ class Config:
     :ivar http: see :class:`HttpConfig`.
     :ivar sys_interval: seconds between two publications of the
         ``$SYS/broker/...`` topics, >= 0; 0 publishes none.
+    :ivar integrations: the outbound integrations, each a
+        :class:`tbmq.integrations.settings.IntegrationConfig` (unique names).
     """
 
     data_dir: str = "./data"
@@ -692,3 +696,4 @@ class Config:
     events: EventsConfig = field(default_factory=EventsConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     sys_interval: float = 10.0
+    integrations: tuple[IntegrationConfig, ...] = ()

@@ -86,7 +86,11 @@ class OpsService:
         auth = AdminAuth(open_admin_store(config), config.http.token_ttl)
         api = AdminApi(self.node, self.stats, self.history, auth, self.reactor,
                        cluster=self.cluster, bus=BusOverview(self.node.bus, self.reactor))
-        site = make_site(make_registry(self.stats), api, auth, config.http.metrics_auth)
+        registry = make_registry(self.stats)
+        integrations = self.node.integrations
+        if integrations is not None:
+            registry.register(integrations.collector())
+        site = make_site(registry, api, auth, config.http.metrics_auth)
         self.port = await listen_on(self.endpoint, site, config.http.endpoint, "http.endpoint")
         host = self.port.getHost()
         users = await auth.store.list()

@@ -124,6 +124,8 @@ class FakeNode:
     def previous_heartbeats(self):
         return {}
 
+    integrations = None
+
     def heartbeat_counters(self):
         return {"received": 0, "sent": 0}
 

@@ -24,7 +24,8 @@ __all__ = ["KafkaPlugin", "plugin"]
 
 
 class KafkaPlugin:
-    """Provides ``bus: kafka`` (:func:`tbmq.hookspecs.tbmq_message_bus`)."""
+    """Provides ``bus: kafka`` (:func:`tbmq.hookspecs.tbmq_message_bus`) and
+    the ``kafka`` integrations (:func:`tbmq.hookspecs.tbmq_integration_target`)."""
 
     @hookimpl
     def tbmq_message_bus(self, config: Any, clock: Any) -> Any:
@@ -40,6 +41,18 @@ class KafkaPlugin:
         from tbmq_plugins.kafka.bus import KafkaBus
 
         return KafkaBus(config.kafka, clock=clock)
+
+    @hookimpl
+    def tbmq_integration_target(self, config: Any, node_config: Any, reactor: Any) -> Any:
+        """:returns: a :class:`~tbmq_plugins.kafka.integration.KafkaTarget`
+        for an integration of type ``kafka``, else None.
+        :raises ConfigError: when the library of ``kafka.driver`` is not
+            installed."""
+        if config.type != "kafka":
+            return None
+        from tbmq_plugins.kafka.integration import KafkaTarget
+
+        return KafkaTarget(config, reactor, node_config.kafka)
 
 
 #: The plugin object of the ``tbmq`` entry point ``kafka``.

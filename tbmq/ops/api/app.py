@@ -29,7 +29,8 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 from twisted.web import resource, server
 
-from tbmq.errors import CredentialsError
+from tbmq.errors import ConfigError, CredentialsError
+from tbmq.integrations.plugin import IntegrationConflict
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType
 from tbmq.mqtt.topics import TopicError, parse_shared_subscription, validate_topic_filter
@@ -466,6 +467,35 @@ class AdminApi(ClientListsApi, resource.Resource):
         except Exception as e:  # noqa: BLE001 - Kafka did not answer: said, not a 500
             log.warn("admin API: the bus could not be described: {error}", error=e)
             raise ApiError(503, f"the bus could not be described: {e}") from None
+
+    def _integrations(self):
+        integrations = self.node.integrations
+        if integrations is None:
+            raise ApiError(404, "this node has no integrations")
+        return integrations
+
+    async def list_integrations(self, request, user, body):
+        return {"items": self._integrations().snapshot()}
+
+    async def put_integration(self, request, user, body):
+        try:
+            name = await self._integrations().put(body)
+        except ConfigError as e:
+            raise ApiError(422, str(e)) from None
+        except IntegrationConflict as e:
+            raise ApiError(409, str(e)) from None
+        self._changed(user, "set", f"integration {name}")
+        return {"status": "accepted", "target": name}
+
+    async def remove_integration(self, request, user, body, name):
+        try:
+            await self._integrations().delete(name)
+        except KeyError:
+            raise ApiError(404, f"no integration {name}") from None
+        except IntegrationConflict as e:
+            raise ApiError(409, str(e)) from None
+        self._changed(user, "removed", f"integration {name}")
+        return {"status": "accepted", "target": name}
 
     async def audit(self, request, user, body):
         return {"items": list(reversed(self.audit_log))}

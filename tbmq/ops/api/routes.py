@@ -101,6 +101,16 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", ("kafka",), "kafka", READ,
           "The bus's topics (partitions, latest offsets) and consumer groups (lag per "
           "topic and partition)", response="KafkaOverview", errors=(404, 501, 503)),
+    Route("GET", ("integrations",), "list_integrations", READ,
+          "This node's integrations (config integrations) with their counters and buffer",
+          response="IntegrationList"),
+    Route("POST", ("integrations",), "put_integration", WRITE,
+          "Add or replace an integration on every node (through the bus topic "
+          "tbmq.integrations); the keys are those of the config file's integrations",
+          body="IntegrationInput", response="Accepted", status=202, errors=(400, 409, 422)),
+    Route("DELETE", ("integrations", "{name}"), "remove_integration", WRITE,
+          "Remove an integration added through the API, on every node",
+          response="Accepted", status=202, errors=(404, 409)),
     Route("GET", ("audit",), "audit", READ, "The last changes made through the API, newest first",
           response="AuditList"),
     # the client lists (tbmq.ops.api.blocked)

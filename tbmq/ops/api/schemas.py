@@ -174,6 +174,22 @@ SCHEMAS: dict[str, dict] = {
                     "lag": {"type": ["integer", "null"]}})}})}})},
         "errors": {"type": "array", "items": _STR,
                    "description": "what the bus could not read (e.g. Tansu's DescribeGroups)"}}),
+    "Integration": _object({
+        "name": _STR, "type": {"enum": ["http", "kafka", "mqtt"]},
+        "topic_filters": {"type": "array", "items": _STR}, "enabled": {"type": "boolean"},
+        "sent": _INT, "failed": _INT, "retried": _INT, "dropped": _INT,
+        "buffer_messages": _INT, "buffer_bytes": _INT, "in_flight": _INT,
+        "retrying": {"type": "boolean"}, "last_error": _OPT_STR,
+        "source": {"enum": ["config", "api"]}}),
+    "IntegrationInput": {
+        "type": "object", "required": ["name", "type", "topic_filters"],
+        "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 200},
+                       "type": {"enum": ["http", "kafka", "mqtt"]},
+                       "topic_filters": {"type": "array", "items": _STR, "minItems": 1}},
+        "description": "the keys of an entry of the config file's integrations "
+                       "(checked as the config file is)"},
+    "IntegrationList": _object({"items": {"type": "array",
+                                          "items": {"$ref": "#/components/schemas/Integration"}}}),
     "AuditEntry": _object({"time": _NUM, "user": _STR, "action": _STR, "target": _STR}),
     "AuditList": _object({"items": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEntry"}}}),
 }
