@@ -24,6 +24,8 @@ after a restart (the topic is durable).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import fields
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -91,11 +93,14 @@ def settings_of(data) -> object:
 
 
 def _as_json(settings) -> dict:
-    from dataclasses import asdict
-
-    data = asdict(settings)
+    """The settings of an integration as the JSON of its bus record (a
+    field each; ``dataclasses.asdict`` cannot copy the read-only maps)."""
+    data = {f.name: getattr(settings, f.name) for f in fields(settings)}
     data["headers"] = dict(settings.headers)
     data["topic_filters"] = list(settings.topic_filters)
+    for name, value in data.items():
+        if isinstance(value, Mapping):
+            data[name] = dict(value)
     return data
 
 

@@ -78,12 +78,7 @@ def nodes(request, kafka_bootstrap, tmp_path_factory):
     made["driver"] = request.param
     yield made
     for node in (made["node-a"], made["node-b"]):
-        try:
-            node.stop()
-        finally:
-            node.kill()
-            if node in _LIVE:
-                _LIVE.remove(node)
+        _finish(node)
 
 
 def _row(cluster: dict, sid: str) -> dict:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 
 import yaml
 
 from tests.integration.helpers import HOST, free_port, props, uid
-from tests.integration.ops import add_admin
+from tests.integration.ops import add_admin, wait_http
 from tests.integration.integrations import Sink, integration_metrics, wait_for
 
 
@@ -290,3 +291,79 @@ def test_kafka_integration_after_kafka_was_down(broker_factory, mqtt, tmp_path):
         assert values == [f"m{i}".encode() for i in range(5, 10)]
     finally:
         tansu.close()
+
+
+def api_call(http_port: int, method: str, path: str, body=None,
+             admin=("root", "root-password-1")) -> tuple[int, dict]:
+    """One admin API call after a login: ``(status, JSON answer)``."""
+    base = f"http://{HOST}:{http_port}/api"
+    login = urllib.request.Request(f"{base}/auth/login", method="POST",
+                                   data=json.dumps({"username": admin[0],
+                                                    "password": admin[1]}).encode(),
+                                   headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(login, timeout=5) as answer:
+        token = json.load(answer)["token"]
+    request = urllib.request.Request(
+        f"{base}/{path}", method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def test_an_integration_added_and_removed_through_the_api_survives_a_restart(
+        broker_factory, mqtt, tmp_path):
+    """``POST /api/integrations`` adds an integration on the node (through
+    the bus topic ``tbmq.integrations``, kept across a restart of the
+    embedded node); one from the config file cannot be replaced (409); a bad
+    entry is refused (422); ``DELETE`` removes it, and nothing more is sent."""
+    sink = Sink().start()
+    http_port = free_port()
+    prefix = uid()
+    config = write_config(tmp_path / "tbmq.yml", [
+        {"name": "from-file", "type": "http", "url": sink.url,
+         "topic_filters": [f"{prefix}/file/#"]}], http_port)
+    add_admin(tmp_path / "broker0" / "data", "root", "root-password-1")
+    try:
+        node = broker_factory(config=config)
+        wait_http(http_port)
+        entry = {"name": "from-api", "type": "http", "url": sink.url,
+                 "topic_filters": [f"{prefix}/api/#"], "retry_initial": 0.1}
+        assert api_call(http_port, "POST", "integrations", entry) == (
+            202, {"status": "accepted", "target": "from-api"})
+        status, _ = api_call(http_port, "POST", "integrations",
+                             {**entry, "name": "from-file"})
+        assert status == 409
+        status, _ = api_call(http_port, "POST", "integrations",
+                             {**entry, "name": "bad", "url": "ftp://x"})
+        assert status == 422
+        listed = wait_for(lambda: (m := api_integrations(http_port, "root", "root-password-1"))
+                          and "from-api" in m and m, "the integration listed")
+        assert listed["from-api"]["source"] == "api" and listed["from-file"]["source"] == "config"
+        assert "bad" not in listed
+        publisher = mqtt.connect(5, port=node.port)
+        publisher.publish(f"{prefix}/api/1", b"one", qos=1)
+        wait_for(lambda: sink.payloads() == ["one"], "the message of the API's integration")
+
+        node.restart()
+        wait_http(http_port)
+        publisher = mqtt.connect(5, port=node.port)
+        wait_for(lambda: "from-api" in api_integrations(http_port, "root", "root-password-1"),
+                 "the integration back after the restart")
+        publisher.publish(f"{prefix}/api/2", b"two", qos=1)
+        wait_for(lambda: sink.payloads() == ["one", "two"], "a message after the restart")
+
+        assert api_call(http_port, "DELETE", "integrations/from-api")[0] == 202
+        assert api_call(http_port, "DELETE", "integrations/from-file")[0] == 409
+        assert api_call(http_port, "DELETE", "integrations/never-was")[0] == 404
+        wait_for(lambda: "from-api" not in api_integrations(http_port, "root", "root-password-1"),
+                 "the integration removed")
+        publisher.publish(f"{prefix}/api/3", b"three", qos=1)
+        publisher.publish(f"{prefix}/file/4", b"four", qos=1)
+        wait_for(lambda: "four" in sink.payloads(), "the config file's integration still sends")
+        assert sink.payloads() == ["one", "two", "four"]
+    finally:
+        sink.stop()
