@@ -218,13 +218,13 @@ document.addEventListener("alpine:init", () => {
     },
 
     drawCharts() {
-      const points = this.history;
-      const t = points.map(p => p.t);
+      // both charts are the cluster's: the live nodes' heartbeat figures summed
       const cp = this.cluster ? this.cluster.points : [];
-      const messages = [cp.map(p => p.t), cp.map(p => p.received), cp.map(p => p.sent), cp.map(p => p.dropped)];
-      const clients = [t, points.map(p => p.connections), points.map(p => p.cluster_sessions)];
+      const t = cp.map(p => p.t);
+      const messages = [t, cp.map(p => p.received), cp.map(p => p.sent), cp.map(p => p.dropped)];
+      const clients = [t, cp.map(p => p.connections), cp.map(p => p.sessions)];
       this.chart("messages", [["in", "#2563eb"], ["out", "#16a34a"], ["dropped", "#dc2626"]], messages);
-      this.chart("clients", [["connections (this node)", "#7c3aed"], ["sessions (cluster)", "#ea580c"]], clients);
+      this.chart("clients", [["connections (cluster)", "#7c3aed"], ["sessions (cluster)", "#ea580c"]], clients);
     },
 
     chart(name, series, data) {
