@@ -22,9 +22,11 @@ log = Logger(observer=LOG_OBSERVER)
 AUTH_PROVIDERS = ("basic", "x509", "scram", "jwt", "http")
 
 #: the factory hooks (:mod:`tbmq.hookspecs`): a plugin that implements them
-#: serves a config only when one of them gave it a backend
+#: serves a config only when one of them gave it a backend (an
+#: integration's target, ``tbmq_integration_target``, is built after the
+#: broker and logged by :mod:`tbmq.integrations`)
 FACTORY_HOOKS = ("tbmq_message_bus", "tbmq_retained_store", "tbmq_device_message_store",
-                 "tbmq_credential_store")
+                 "tbmq_credential_store", "tbmq_integration_target")
 
 #: what a decision hook makes a plugin do, for the log
 _DECISIONS = {"tbmq_authenticate": "authentication",
