@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration import helpers
 from tests.integration.helpers import HOST, TIMEOUT, free_port
 
 
@@ -90,15 +90,9 @@ class Sink:
 
 
 def wait_for(check, what: str, timeout: float = TIMEOUT * 2):
-    """Poll ``check()`` until it returns something true; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    """:func:`tests.integration.helpers.wait_for`, ``what`` second and a
+    longer default ``timeout``."""
+    return helpers.wait_for(check, timeout, interval=0.05, what=what)
 
 
 def integration_metrics(http_port: int) -> dict[tuple[str, str], float]:
