@@ -42,7 +42,8 @@ broker nodes are tested in one process).
 * **Encoding mode** (``encode=True``): every value is encoded with its
   topic's codec at publish and decoded for each consumer.  Durable topics
   are always held encoded and written to the topic log
-  (:class:`tbmq.interfaces.ITopicLog`), which ``start`` reads back.
+  (:class:`tbmq.interfaces.ITopicLog`), which ``start`` reads back; not a
+  record marked transient (:func:`tbmq.cluster.topics.transient`).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Wa
 from tbmq.cluster.completion import Completion, deferred_done
 from tbmq.cluster.records import Record, new_record
 from tbmq.cluster.redelivery import Redelivery
-from tbmq.cluster.topics import TopicCatalogue
+from tbmq.cluster.topics import TopicCatalogue, transient
 from tbmq.errors import BusClosedError, ConsumerFailedError, RecordEncodingError
 from tbmq.interfaces import IConsumer, IDescribableBus, IMessageBus
 from tbmq.log import OBSERVER as LOG_OBSERVER
@@ -544,7 +545,7 @@ class InProcessBus(Describable):
         groups = [g for g in state.groups.values() if g.members]
         awaited = [] if state.durable else groups
         log_d = None
-        if state.durable and self.topic_log is not None:
+        if state.durable and self.topic_log is not None and not (headers and transient(headers)):
             log_d = self.topic_log.append([(topic, p, o, key, stored, headers, state.compacted)])
         waiter = None
         if awaited or log_d is not None:
