@@ -344,12 +344,12 @@ class SQLiteCredentialStore(RunnerView):
     #: same tick of the file system's clock may leave it as it was)
     SETTLE_NS = 1_000_000_000
 
-    def _signature(self) -> tuple | None:
-        """The inode, size and modification time of the file and its
+    def _stat(self) -> tuple | None:
+        """The inode, size and modification time (ns) of the file and of its
         write-ahead log (None for a log that does not exist), or None when
-        they cannot tell every change: an in-memory database, the file
-        missing, or a modification time less than :data:`SETTLE_NS` old.
-        One ``stat`` per file, in the calling thread (no database access)."""
+        they cannot tell every change (an in-memory database, the file
+        missing, the store not running).  One ``stat`` per file, in the
+        calling thread; no database access."""
         path = self.path
         if path == ":memory:" or not self.running:
             return None
@@ -360,12 +360,20 @@ class SQLiteCredentialStore(RunnerView):
         try:
             wal = os.stat(path + "-wal")
         except OSError:
-            wal = None
-        newest = main.st_mtime_ns if wal is None else max(main.st_mtime_ns, wal.st_mtime_ns)
+            return ((main.st_ino, main.st_size, main.st_mtime_ns), None)
+        return ((main.st_ino, main.st_size, main.st_mtime_ns),
+                (wal.st_ino, wal.st_size, wal.st_mtime_ns))
+
+    def _signature(self) -> tuple | None:
+        """:meth:`_stat`, or None when a modification time is less than
+        :data:`SETTLE_NS` old (a later write might leave it as it is)."""
+        stat = self._stat()
+        if stat is None:
+            return None
+        newest = max(part[2] for part in stat if part is not None)
         if newest > time.time_ns() - self.SETTLE_NS:
             return None
-        return ((main.st_ino, main.st_size, main.st_mtime_ns),
-                None if wal is None else (wal.st_ino, wal.st_size, wal.st_mtime_ns))
+        return stat
 
     def _remember(self, answer: tuple, signature: tuple) -> tuple:
         self._known = (answer[2], signature)
@@ -384,10 +392,7 @@ class SQLiteCredentialStore(RunnerView):
             when it cannot tell (then ask :meth:`changed_since`).
         """
         known = self._known
-        if known is None or known[0] != version:
-            return False
-        signature = self._signature()
-        return signature is not None and signature == known[1]
+        return known is not None and known[0] == version and self._stat() == known[1]
 
 
 def make_sqlite_credential_store(
