@@ -11,9 +11,9 @@ through :meth:`SQLiteCredentialStore.changed_since`: every save stamps the
 record with the next value of a counter kept in the same file, every delete
 leaves the id and its version in ``deleted_credentials``.
 :meth:`SQLiteCredentialStore.unchanged_since` answers "nothing changed"
-without a database round trip while the file and its write-ahead log keep
-the size and modification time they had when the store last read its
-version (a write of either process changes them).
+without a database round trip while the file's write-ahead log keeps the
+inode, size and modification time it had when the store last read its
+version (a commit of either process changes them).
 
 The store runs on a :class:`~tbmq.backends.sqlite_runner.SQLiteRunner`
 (its own, or the one of its file shared with other stores, on a shared
@@ -171,6 +171,7 @@ class SQLiteCredentialStore(RunnerView):
         #: (version, file signature) of the last changed_since answer whose
         #: signature was settled, or None
         self._known: tuple[int, tuple] | None = None
+        self._wal = None if self.path == ":memory:" else self.path + "-wal"
 
     @property
     def busy_timeout(self) -> float:
@@ -345,33 +346,24 @@ class SQLiteCredentialStore(RunnerView):
     SETTLE_NS = 1_000_000_000
 
     def _stat(self) -> tuple | None:
-        """The inode, size and modification time (ns) of the file and of its
-        write-ahead log (None for a log that does not exist), or None when
-        they cannot tell every change (an in-memory database, the file
-        missing, the store not running).  One ``stat`` per file, in the
-        calling thread; no database access."""
-        path = self.path
-        if path == ":memory:" or not self.running:
-            return None
+        """The inode, size and modification time (ns) of the file's
+        write-ahead log, which every commit of a file in WAL mode writes
+        (this store's and the CLI's: the mode is kept in the file), or None
+        when it cannot tell every change (an in-memory database, no log).
+        One ``stat``, in the calling thread; no database access."""
         try:
-            main = os.stat(path)
-        except OSError:
+            wal = os.stat(self._wal)
+        except (OSError, TypeError):
             return None
-        try:
-            wal = os.stat(path + "-wal")
-        except OSError:
-            return ((main.st_ino, main.st_size, main.st_mtime_ns), None)
-        return ((main.st_ino, main.st_size, main.st_mtime_ns),
-                (wal.st_ino, wal.st_size, wal.st_mtime_ns))
+        return wal.st_ino, wal.st_size, wal.st_mtime_ns
 
     def _signature(self) -> tuple | None:
         """:meth:`_stat`, or None when a modification time is less than
         :data:`SETTLE_NS` old (a later write might leave it as it is)."""
-        stat = self._stat()
-        if stat is None:
+        if not self.running:
             return None
-        newest = max(part[2] for part in stat if part is not None)
-        if newest > time.time_ns() - self.SETTLE_NS:
+        stat = self._stat()
+        if stat is None or stat[2] > time.time_ns() - self.SETTLE_NS:
             return None
         return stat
 
@@ -392,7 +384,8 @@ class SQLiteCredentialStore(RunnerView):
             when it cannot tell (then ask :meth:`changed_since`).
         """
         known = self._known
-        return known is not None and known[0] == version and self._stat() == known[1]
+        return (known is not None and known[0] == version and self._stat() == known[1]
+                and self.running)
 
 
 def make_sqlite_credential_store(

@@ -73,7 +73,12 @@ TRANSIENT = ((TRANSIENT_HEADER, b"1"),)
 def transient(headers) -> bool:
     """:param headers: a record's ``(name, value)`` pairs.
     :returns: True when they hold :data:`TRANSIENT_HEADER`."""
-    return any(name == TRANSIENT_HEADER for name, _ in headers)
+    if headers is TRANSIENT:
+        return True
+    for name, _ in headers:
+        if name == TRANSIENT_HEADER:
+            return True
+    return False
 
 #: Kafka's longest topic name.
 MAX_TOPIC_LENGTH = 249

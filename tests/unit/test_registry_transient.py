@@ -97,3 +97,8 @@ def test_a_persistent_session_replayed_from_the_log_is_replaced_durably(tmp_path
     assert third.registry.get("x").session_id == "new"  # not the persistent one
     assert not third.registry.get("x").persistent
     third.stop()
+
+
+def test_transient_finds_the_header_among_others():
+    assert transient((("x", b""), ("tbmq-transient", b"1")))
+    assert not transient((("x", b""),)) and not transient(())
