@@ -42,8 +42,7 @@ broker nodes are tested in one process).
 * **Encoding mode** (``encode=True``): every value is encoded with its
   topic's codec at publish and decoded for each consumer.  Durable topics
   are always held encoded and written to the topic log
-  (:class:`tbmq.interfaces.ITopicLog`), which ``start`` reads back; not a
-  record marked transient (:func:`tbmq.cluster.topics.transient`).
+  (:class:`tbmq.interfaces.ITopicLog`; not a ``transient`` record), which ``start`` reads back.
 """
 
 from __future__ import annotations
