@@ -42,7 +42,11 @@ broker nodes are tested in one process).
 * **Encoding mode** (``encode=True``): every value is encoded with its
   topic's codec at publish and decoded for each consumer.  Durable topics
   are always held encoded and written to the topic log
-  (:class:`tbmq.interfaces.ITopicLog`), which ``start`` reads back.
+  (:class:`tbmq.interfaces.ITopicLog`), which ``start`` reads back; in
+  direct mode a group live at publish gets the object itself.
+* **Group commit.**  What a reactor turn publishes to durable topics goes
+  to the log in one append at the start of the next turn, then the turn's
+  commits (:mod:`tbmq.backends.inprocess_writes`).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from zope.interface import implementer
 
 from tbmq.backends.inprocess_describe import Describable
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
+from tbmq.backends.inprocess_writes import LogWrites
 from tbmq.cluster.completion import Completion, deferred_done
 from tbmq.cluster.records import Record, new_record
 from tbmq.cluster.redelivery import Redelivery
@@ -220,9 +225,8 @@ class InProcessBus(Describable):
         #: topic name → ``(member, cursor, partition)`` of the topics whose
         #: publish may call the one member's handler at once (the hot path)
         self._fast: dict[str, tuple] = {}
-        self._commits: dict[tuple, int] = {}  # (group, topic, p) → offset, for the log
-        self._truncates: dict[tuple, int] = {}  # (topic, p) → before, for the log
-        self._flush_call = None
+        #: what waits to be written to the topic log (one flush per turn)
+        self._writes = LogWrites(log, clock) if log is not None else None
 
     # -- life cycle ---------------------------------------------------------------
 
@@ -240,6 +244,9 @@ class InProcessBus(Describable):
             records, offsets = yield self.topic_log.load()
             self._restore(records, offsets)
         self.running = True
+        if self._writes is not None:
+            self._writes.active = True
+            self._writes.soon()  # what groups made before the start wrote
         for state in self._topics.values():
             self._refresh_fast(state)
             for group in state.groups.values():
@@ -269,7 +276,8 @@ class InProcessBus(Describable):
                     waiter.close()
         if self.topic_log is None:
             return defer.succeed(None)
-        flushed = self._flush()
+        self._writes.active = False
+        flushed = self._writes.flush()
         return flushed.addCallback(lambda _: self.topic_log.stop())
 
     def _restore(self, records: list, offsets: dict) -> None:
@@ -331,10 +339,9 @@ class InProcessBus(Describable):
             else:
                 starts = [part.next for part in state.parts]
             group = state.groups[name] = Group(name, starts)
-            if state.durable and not restoring and self.topic_log is not None:
+            if state.durable and not restoring and self._writes is not None:
                 for p, offset in enumerate(starts):
-                    self._commits[(name, state.name, p)] = offset
-                self._flush_soon()
+                    self._writes.commit(name, state.name, p, offset)
         return group
 
     def _refresh_fast(self, state: TopicState) -> None:
@@ -373,10 +380,8 @@ class InProcessBus(Describable):
         for part in state.parts:
             for waiter in part.waiters.values():
                 waiter.close()
-        for key in [k for k in self._commits if k[1] == topic]:
-            del self._commits[key]
-        for key in [k for k in self._truncates if k[0] == topic]:
-            del self._truncates[key]
+        if self._writes is not None:
+            self._writes.forget(topic)
         if state.durable and self.topic_log is not None:
             return self.topic_log.delete_topic(topic)
         return defer.succeed(None)
@@ -537,21 +542,22 @@ class InProcessBus(Describable):
         else:
             p = _partition_of(key, n)
         part = parts[p]
-        o = part.append(key, stored, headers)
-        # a durable topic holds the record as Kafka would once it is logged:
-        # its publisher does not wait for the consumers (a persistent
-        # APPLICATION commits when its client acknowledges)
         groups = [g for g in state.groups.values() if g.members]
-        awaited = [] if state.durable else groups
-        log_d = None
-        if state.durable and self.topic_log is not None:
-            log_d = self.topic_log.append([(topic, p, o, key, stored, headers, state.compacted)])
         waiter = None
-        if awaited or log_d is not None:
-            waiter = Waiter(topic, {g.name for g in awaited}, log_d is not None)
-            part.waiters[o] = waiter
-            if log_d is not None:
-                log_d.addCallbacks(lambda _: waiter.logged(), waiter.logged)
+        if state.durable:
+            # held as Kafka would once it is logged: its publisher does not
+            # wait for the consumers (a persistent APPLICATION commits when
+            # its client acknowledges); a live group gets the object itself
+            # (encoded once, for the log), unless in the encoding mode
+            o = part.append(key, stored, headers,
+                            value if groups and not self.encodes else None)
+            if self._writes is not None:
+                waiter = Waiter(topic, set(), True)
+                self._writes.append((topic, p, o, key, stored, headers, state.compacted), waiter)
+        else:
+            o = part.append(key, stored, headers)
+            if groups:
+                waiter = part.waiters[o] = Waiter(topic, {g.name for g in groups})
         for g in groups:  # a batch handler gets what the turn publishes together
             member = g.owners[p]
             if member.batch_handler is None:
@@ -643,9 +649,11 @@ class InProcessBus(Describable):
     def _hand(self, member: Consumer, state: TopicState, p: int, cursor, part: Partition,
               o: int, entry: tuple) -> None:
         cursor.position = o + 1
-        key, value, headers = entry
+        key, value, headers, decoded = entry
         try:
-            if state.codec is not None:
+            if decoded is not None:
+                value = decoded
+            elif state.codec is not None:
                 value = state.codec.decode(value)
             result = member.handler(new_record((state.name, key, value, headers, p, o)))
         except Exception:
@@ -665,15 +673,17 @@ class InProcessBus(Describable):
         offsets, values = [], []
         x, nxt = o, entry
         while nxt is not None:
-            value = nxt[1]
-            if codec is not None:
-                try:
-                    value = codec.decode(value)
-                except Exception:  # it alone fails, once those before it are handed
-                    if not offsets:
-                        self._hand(member, state, p, cursor, part, o, entry)
-                        return 1
-                    break
+            value = nxt[3]
+            if value is None:
+                value = nxt[1]
+                if codec is not None:
+                    try:
+                        value = codec.decode(value)
+                    except Exception:  # it alone fails, once those before it are handed
+                        if not offsets:
+                            self._hand(member, state, p, cursor, part, o, entry)
+                            return 1
+                        break
             offsets.append(x)
             values.append(value)
             x += 1
@@ -797,16 +807,15 @@ class InProcessBus(Describable):
 
     def _committed(self, state: TopicState, group: Group, p: int, cursor) -> None:
         """``group``'s committed offset on partition ``p`` moved."""
-        if state.durable and self.topic_log is not None:
-            self._commits[(group.name, state.name, p)] = cursor.committed
-            self._flush_soon()
+        writes = self._writes
+        if state.durable and writes is not None:
+            writes.commit(group.name, state.name, p, cursor.committed)
         part = state.parts[p]
         before = min(g.cursors[p].committed for g in state.groups.values())
         if before > part.first or part.tombstones:
             if part.release(before) and state.durable and not state.compacted \
-                    and self.topic_log is not None:
-                self._truncates[(state.name, p)] = before
-                self._flush_soon()
+                    and writes is not None:
+                writes.truncate(state.name, p, before)
 
     def _retain(self, state: TopicState, part: Partition) -> None:
         """Keep at most ``retention_records`` records that no group needs
@@ -829,22 +838,3 @@ class InProcessBus(Describable):
                           total=self.dropped, topic=state.name)
             self._drop_logged_at = now
             self._dropped_logged = self.dropped
-
-    def _flush_soon(self) -> None:
-        if self._flush_call is None and self.running:
-            self._flush_call = self.clock.callLater(0, self._flush)
-
-    def _flush(self) -> defer.Deferred:
-        """Write the pending commits and truncations to the topic log."""
-        if self._flush_call is not None and self._flush_call.active():
-            self._flush_call.cancel()
-        self._flush_call = None
-        commits, self._commits = self._commits, {}
-        truncates, self._truncates = self._truncates, {}
-        topic_log = self.topic_log
-        calls = [topic_log.commit(g, t, p, o) for (g, t, p), o in commits.items()]
-        calls += [topic_log.truncate(t, p, o) for (t, p), o in truncates.items()]
-        for d in calls:
-            d.addErrback(lambda f: self.log.failure("in-process bus: topic log write failed", f))
-        return defer.gatherResults(calls).addCallback(lambda _: None)
-

@@ -28,9 +28,11 @@ class Partition:
     """One append log.
 
     :ivar index: the partition number.
-    :ivar entries: offset → ``(key, value, headers)``, in offset order
-        (``value`` as stored: the object in direct mode, the encoded bytes
-        or None on an encoded topic).
+    :ivar entries: offset → ``(key, value, headers, decoded)``, in offset
+        order (``value`` as stored: the object in direct mode, the encoded
+        bytes or None on an encoded topic; ``decoded`` the object a record
+        of a durable topic was published with, kept while a live group is
+        to get it so that it is not decoded again, else None).
     :ivar first: no record below it is held (a lower bound of the first
         held offset).
     :ivar next: the offset the next record gets.
@@ -50,7 +52,7 @@ class Partition:
         self.tombstones: deque | None = deque() if compacted else None
         self.waiters: dict[int, Waiter] = {}
 
-    def append(self, key: str | None, value: Any, headers: tuple) -> int:
+    def append(self, key: str | None, value: Any, headers: tuple, decoded: Any = None) -> int:
         """Hold a record at the next offset; on a compacted partition the
         key's previous record goes.
 
@@ -58,15 +60,17 @@ class Partition:
         """
         o = self.next
         self.next = o + 1
-        self.put(o, key, value, headers)
+        self.put(o, key, value, headers, decoded)
         return o
 
-    def put(self, o: int, key: str | None, value: Any, headers: tuple) -> None:
-        """Hold a record at offset ``o`` (appending, or restoring a log)."""
+    def put(self, o: int, key: str | None, value: Any, headers: tuple,
+            decoded: Any = None) -> None:
+        """Hold a record at offset ``o`` (appending, or restoring a log);
+        see :attr:`entries`."""
         entries = self.entries
         if not entries:
             self.first = o
-        entries[o] = (key, value, headers)
+        entries[o] = (key, value, headers, decoded)
         keys = self.keys
         if keys is not None and key is not None:
             previous = keys.get(key)
