@@ -59,15 +59,15 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from tbmq.backends.inprocess_consumer import Consumer, Handler
 from tbmq.backends.inprocess_describe import Describable
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
 from tbmq.backends.inprocess_writes import LogWrites
 from tbmq.cluster.completion import Completion, deferred_done
-from tbmq.cluster.records import Record, new_record
-from tbmq.cluster.redelivery import Redelivery
+from tbmq.cluster.records import new_record
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.errors import BusClosedError, ConsumerFailedError, RecordEncodingError
-from tbmq.interfaces import IConsumer, IDescribableBus, IMessageBus
+from tbmq.interfaces import IDescribableBus, IMessageBus
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
 __all__ = ["DROP_LOG_INTERVAL", "SLICE", "Consumer", "InProcessBus"]
@@ -77,7 +77,6 @@ SLICE = 256
 #: Seconds between two log lines about records dropped by retention.
 DROP_LOG_INTERVAL = 10.0
 
-Handler = Callable[[Record], "defer.Deferred | Completion | None"]
 log = Logger(observer=LOG_OBSERVER)
 
 
@@ -107,77 +106,6 @@ def _answer(outcome, done):
         return defer.fail(outcome)
     done(Failure(outcome))
     return None
-
-
-@implementer(IConsumer)
-class Consumer:
-    """One member of a consumer group of an :class:`InProcessBus` (made by
-    :meth:`InProcessBus.subscribe`).
-
-    :ivar topic: the topic name.
-    :ivar group: the group name.
-    :ivar caught_up: see :class:`tbmq.interfaces.IConsumer`.
-    :ivar partitions: the partitions it owns now.
-    """
-
-    __slots__ = ("bus", "topic", "group", "handler", "batch_handler", "state", "group_state",
-                 "partitions", "paused", "busy", "wanted", "stopped", "inflight", "cursor",
-                 "scheduled", "caught_up", "targets", "redelivery")
-
-    def __init__(self, bus: "InProcessBus", state: TopicState, group: Group,
-                 handler: Handler, batch_handler: Handler | None = None) -> None:
-        self.bus = bus
-        self.topic = state.name
-        self.group = group.name
-        self.handler = handler
-        self.batch_handler = batch_handler
-        self.state = state
-        self.group_state = group
-        self.partitions: list[int] = []
-        self.paused = False
-        self.busy = False  # in its handler: never re-entered
-        self.wanted = False  # records arrived while busy
-        self.stopped = False
-        self.inflight = 0  # handler results not fired
-        self.cursor = 0  # round robin over its partitions
-        self.scheduled = None  # the DelayedCall of the next slice
-        self.caught_up: defer.Deferred = defer.Deferred()
-        self.targets: list[int] | None = None
-        self.redelivery = Redelivery(bus.clock,
-                                     f"consumer group {group.name} of {state.name}")
-
-    def pause(self) -> None:
-        """Stop handing records; they wait in the bus.  Idempotent."""
-        if not self.paused:
-            self.paused = True
-            self.bus._refresh_fast(self.state)
-
-    def resume(self) -> None:
-        """Hand records again, those that waited first (in slices of
-        :data:`SLICE` per reactor turn).  Idempotent."""
-        if self.paused:
-            self.paused = False
-            self.bus._refresh_fast(self.state)
-            self.bus._schedule(self)
-
-    def lag(self) -> int:
-        """:returns: records of this member's partitions that its group has
-        not committed yet (handed and pending, or waiting)."""
-        parts = self.state.parts
-        cursors = self.group_state.cursors
-        return sum(max(0, parts[p].next - cursors[p].committed) for p in self.partitions
-                   if p < len(parts) and p < len(cursors))
-
-    def stop(self) -> defer.Deferred:
-        """Leave the group; its partitions go to the other members from the
-        committed offsets (records whose results have not fired are handed
-        again).
-
-        :returns: a Deferred that has fired with None.
-        """
-        if not self.stopped:
-            self.bus._leave(self)
-        return defer.succeed(None)
 
 
 @implementer(IMessageBus, IDescribableBus)
@@ -709,10 +637,35 @@ class InProcessBus(Describable):
 
     def _settled_batch(self, outcome, member, state, p, cursor, offsets: list,
                        deferred: bool) -> None:
-        """A batch's result fired (a Failure fails each of its records)."""
-        failure = outcome if isinstance(outcome, Failure) else None
-        for o in offsets:
-            self._handled(member, state, p, cursor, o, failure, deferred)
+        """A batch's result fired (a Failure fails each of its records);
+        a success settles them together: one commit for the range."""
+        if isinstance(outcome, Failure):
+            for o in offsets:
+                self._handled(member, state, p, cursor, o, outcome, deferred)
+            return
+        group = member.group_state
+        n = len(offsets)
+        if deferred:
+            member.inflight -= n
+            cursor.inflight.difference_update(offsets)
+        if group.cursors[p] is cursor and cursor.advance():
+            self._committed(state, group, p, cursor)
+            member.redelivery.passed(p, cursor.committed)
+            if cursor.committed in cursor.failed:
+                self._read_again(member, p, cursor)
+        waiters = state.parts[p].waiters
+        if waiters:
+            for o in offsets:
+                waiter = waiters.get(o)
+                if waiter is not None:
+                    waiter.complete(group.name, True)
+                    if waiter.done:
+                        del waiters[o]
+        if deferred:
+            limit = self.max_uncommitted
+            if not member.busy and member.inflight < limit <= member.inflight + n:
+                self._schedule(member)
+            self._check_group_caught_up(group)
 
     def _track(self, member, state, p, cursor, o, result) -> None:
         """Wait for a handler's result that is not None: a
