@@ -84,10 +84,16 @@ def _partition_of(key: str | None, n: int) -> int:
     return zlib.crc32(key.encode("utf-8", "surrogatepass")) % n
 
 
+#: what ``_publish`` returns when the topic log's flush calls the
+#: publish's ``done`` (:class:`~tbmq.backends.inprocess_writes.LogWrites`)
+_LOGGING = object()
+
+
 def _answer(outcome, done):
     """What ``publish`` does with the ``outcome`` of a record: None (it is
-    durable now), an exception (the publish failed now) or the record's
-    :class:`~.inprocess_log.Waiter` (it is not durable yet).
+    durable now), an exception (the publish failed now), the record's
+    :class:`~.inprocess_log.Waiter` (it is not durable yet), or what waits
+    for the topic log: :data:`_LOGGING` (it took ``done``) or a Deferred.
 
     :param done: the publish's ``done``, or None.
     :returns: what ``publish`` returns: None with ``done``; else None, a
@@ -102,6 +108,10 @@ def _answer(outcome, done):
             return deferred_done(outcome.settle)
         outcome.settle(done)
         return None
+    if outcome is _LOGGING:
+        return None
+    if type(outcome) is defer.Deferred:
+        return outcome
     if done is None:
         return defer.fail(outcome)
     done(Failure(outcome))
@@ -423,7 +433,8 @@ class InProcessBus(Describable):
                 return _answer(self._hot_pending(
                     self._topics[topic], member, cursor, part,
                     new_record((topic, key, value, headers, 0, o)), result), done)
-        return _answer(self._publish(self._topics.get(topic), topic, key, value, headers), done)
+        return _answer(self._publish(self._topics.get(topic), topic, key, value, headers, done),
+                       done)
 
     def _hot_failed(self, state, member, cursor, part, record, failure) -> Exception:
         o = record.offset
@@ -446,11 +457,15 @@ class InProcessBus(Describable):
             part.waiters.pop(o, None)
         return waiter.outcome()
 
-    def _publish(self, state: TopicState | None, topic: str, key, value, headers):
+    def _publish(self, state: TopicState | None, topic: str, key, value, headers, done):
         """The publish of a record off the hot path.
 
-        :returns: None (durable now), an exception (failed now) or the
-            record's :class:`~.inprocess_log.Waiter` (see :func:`_answer`).
+        :param done: the publish's ``done`` or None; on a durable topic
+            with a log it is called once the log has the record.
+        :returns: None (durable now), an exception (failed now), the
+            record's :class:`~.inprocess_log.Waiter`, :data:`_LOGGING` (the
+            log calls ``done``) or a Deferred (of the log; ``done`` None):
+            see :func:`_answer`.
         """
         if not self.running:
             return BusClosedError(f"{topic}: the bus is not running")
@@ -471,7 +486,7 @@ class InProcessBus(Describable):
             p = _partition_of(key, n)
         part = parts[p]
         groups = [g for g in state.groups.values() if g.members]
-        waiter = None
+        waiter = result = None
         if state.durable:
             # held as Kafka would once it is logged: its publisher does not
             # wait for the consumers (a persistent APPLICATION commits when
@@ -480,8 +495,12 @@ class InProcessBus(Describable):
             o = part.append(key, stored, headers,
                             value if groups and not self.encodes else None)
             if self._writes is not None:
-                waiter = Waiter(topic, set(), True)
-                self._writes.append((topic, p, o, key, stored, headers, state.compacted), waiter)
+                if done is None:
+                    result = defer.Deferred()
+                    done = result.callback  # a Failure: errback
+                else:
+                    result = _LOGGING
+                self._writes.append((topic, p, o, key, stored, headers, state.compacted), done)
         else:
             o = part.append(key, stored, headers)
             if groups:
@@ -494,7 +513,7 @@ class InProcessBus(Describable):
                 self._schedule(member)
         self._retain(state, part)
         if waiter is None:
-            return None
+            return result
         if waiter.done:
             part.waiters.pop(o, None)
         return waiter.outcome()

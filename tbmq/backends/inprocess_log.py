@@ -16,7 +16,7 @@ from typing import Any, Callable
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from tbmq.errors import BusClosedError, BusPublishError, ConsumerFailedError
+from tbmq.errors import BusClosedError, ConsumerFailedError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
 __all__ = ["Cursor", "Group", "Partition", "TopicState", "Waiter"]
@@ -211,31 +211,30 @@ class Group:
 
 
 class Waiter:
-    """The outcome of one publish: which groups still have to handle the
-    record, and whether the topic log has it.
+    """The outcome of one publish to a non-durable topic: which groups
+    still have to handle the record (a durable topic's publish waits for
+    the topic log only: :mod:`tbmq.backends.inprocess_writes`).
 
     :ivar pending: names of the groups that have not handled it yet.
     :ivar failed_group: the first group whose handler failed, or None.
-    :ivar log_pending: the topic log's append has not fired yet.
-    :ivar error: a failure that fails the publish outright (log error, bus
-        stopped), or None.
+    :ivar error: a failure that fails the publish outright (bus stopped),
+        or None.
     :ivar notify: the publish's ``done(None | Failure)``, called once when
         it is :attr:`done`, or None.
     """
 
-    __slots__ = ("pending", "failed_group", "log_pending", "error", "notify", "topic")
+    __slots__ = ("pending", "failed_group", "error", "notify", "topic")
 
-    def __init__(self, topic: str, pending: set[str], log_pending: bool = False) -> None:
+    def __init__(self, topic: str, pending: set[str]) -> None:
         self.topic = topic
         self.pending = pending
         self.failed_group: str | None = None
-        self.log_pending = log_pending
         self.error: Exception | None = None
         self.notify: Callable[[Failure | None], None] | None = None
 
     @property
     def done(self) -> bool:
-        return self.error is not None or (not self.pending and not self.log_pending)
+        return self.error is not None or not self.pending
 
     def complete(self, group: str, ok: bool) -> None:
         """Group ``group`` handled the record (its result fired ``ok``)."""
@@ -244,15 +243,6 @@ class Waiter:
         self.pending.discard(group)
         if not ok and self.failed_group is None:
             self.failed_group = group
-        self._maybe_fire()
-
-    def logged(self, failure=None) -> None:
-        """The topic log's append fired (``failure`` when it failed)."""
-        self.log_pending = False
-        if failure is not None and self.error is None:
-            self.error = BusPublishError(
-                f"{self.topic}: the topic log did not store the record: "
-                f"{failure.getErrorMessage()}")
         self._maybe_fire()
 
     def close(self) -> None:
@@ -292,9 +282,8 @@ class Waiter:
     def settle(self, done: Callable[[Failure | None], None]) -> None:
         """Call ``done`` once the publish is done (:attr:`done` is False
         now): with None, or a :class:`~twisted.python.failure.Failure` of
-        :class:`~tbmq.errors.ConsumerFailedError`,
-        :class:`~tbmq.errors.BusClosedError` or
-        :class:`~tbmq.errors.BusPublishError`; what it raises is logged."""
+        :class:`~tbmq.errors.ConsumerFailedError` or
+        :class:`~tbmq.errors.BusClosedError`; what it raises is logged."""
         self.notify = done
 
 

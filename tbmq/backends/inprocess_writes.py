@@ -8,18 +8,20 @@ The records a turn publishes to durable topics go to the log in one
 ``append`` call (one transaction of the SQLite topic log, however many
 publishes and topics), before that turn's commits and truncations (so a
 truncation never precedes the append of a record below it).  Each
-record's :class:`~tbmq.backends.inprocess_log.Waiter` is told once that
-call's Deferred fired: the publisher's ``done`` is called after the COMMIT
-that made its record durable, as before, with one Deferred per turn
-instead of one per record.
+record's publisher is told (its ``done`` called) once that call's Deferred
+fired: after the COMMIT that made its record durable, as before, with one
+Deferred per turn instead of one per record (and no waiter object).
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
-from tbmq.backends.inprocess_log import Waiter
+from tbmq.errors import BusClosedError, BusPublishError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
 __all__ = ["LogWrites"]
@@ -35,13 +37,13 @@ class LogWrites:
     :ivar active: flushes are scheduled only while True (the bus runs).
     :ivar records: ``(topic, partition, offset, key, value, headers,
         compacted)`` appended this turn, in publish order.
-    :ivar waiters: their :class:`~tbmq.backends.inprocess_log.Waiter`, in
-        the same order.
+    :ivar dones: their publishes' ``done(None | Failure)``, in the same
+        order.
     :ivar commits: ``(group, topic, partition) → offset`` to write.
     :ivar truncates: ``(topic, partition) → before`` to write.
     """
 
-    __slots__ = ("topic_log", "clock", "active", "records", "waiters", "commits", "truncates",
+    __slots__ = ("topic_log", "clock", "active", "records", "dones", "commits", "truncates",
                  "call")
 
     def __init__(self, topic_log, clock) -> None:
@@ -49,17 +51,22 @@ class LogWrites:
         self.clock = clock
         self.active = False
         self.records: list[tuple] = []
-        self.waiters: list[Waiter] = []
+        self.dones: list[Callable] = []
         self.commits: dict[tuple, int] = {}
         self.truncates: dict[tuple, int] = {}
         self.call = None
 
-    def append(self, record: tuple, waiter: Waiter) -> None:
+    def append(self, record: tuple, done: Callable) -> None:
         """Write ``record`` (an encoded one, for
-        :meth:`~tbmq.interfaces.ITopicLog.append`) with the next flush;
-        ``waiter.logged`` is called once the log has it."""
+        :meth:`~tbmq.interfaces.ITopicLog.append`) with the next flush.
+
+        :param done: called once: ``done(None)`` once the log has it, or
+            with a :class:`~twisted.python.failure.Failure` of
+            :class:`~tbmq.errors.BusPublishError` (the log failed) or
+            :class:`~tbmq.errors.BusClosedError` (its topic was deleted
+            first); what it raises is logged."""
         self.records.append(record)
-        self.waiters.append(waiter)
+        self.dones.append(done)
         if self.call is None and self.active:
             self.call = self.clock.callLater(0, self.flush)
 
@@ -82,19 +89,20 @@ class LogWrites:
     def forget(self, topic: str) -> None:
         """``topic`` is deleted: nothing of it is written any more; its
         records not written yet fail their publish
-        (:meth:`~tbmq.backends.inprocess_log.Waiter.close`)."""
+        (:class:`~tbmq.errors.BusClosedError`)."""
         for key in [k for k in self.commits if k[1] == topic]:
             del self.commits[key]
         for key in [k for k in self.truncates if k[0] == topic]:
             del self.truncates[key]
-        records, waiters = self.records, self.waiters
-        self.records, self.waiters = [], []
-        for record, waiter in zip(records, waiters):
+        records, dones = self.records, self.dones
+        self.records, self.dones = [], []
+        for record, done in zip(records, dones):
             if record[0] == topic:
-                waiter.close()
+                _tell(done, Failure(BusClosedError(
+                    f"{topic}: the topic was deleted before the record was stored")))
             else:
                 self.records.append(record)
-                self.waiters.append(waiter)
+                self.dones.append(done)
 
     def flush(self) -> defer.Deferred:
         """Write what waits: the records in one ``append``, then the commits
@@ -111,10 +119,10 @@ class LogWrites:
         calls = []
         if self.records:
             records, self.records = self.records, []
-            waiters, self.waiters = self.waiters, []
+            dones, self.dones = self.dones, []
             d = topic_log.append(records)
-            d.addCallbacks(_logged, _not_logged, callbackArgs=(waiters,),
-                           errbackArgs=(waiters,))
+            d.addCallbacks(_logged, _not_logged, callbackArgs=(dones,),
+                           errbackArgs=(records, dones))
             calls.append(d)
         if self.commits:
             commits, self.commits = self.commits, {}
@@ -127,15 +135,27 @@ class LogWrites:
         return defer.gatherResults(calls).addCallback(lambda _: None)
 
 
-def _logged(_result, waiters: list) -> None:
-    """The append of ``waiters``' records is committed: tell each."""
-    for waiter in waiters:
-        waiter.logged()
+def _tell(done: Callable, outcome) -> None:
+    try:
+        done(outcome)
+    except Exception:
+        log.failure("in-process bus: the outcome of a publish could not be reported")
 
 
-def _not_logged(failure, waiters: list):
-    """The append of ``waiters``' records failed: nothing of it is stored,
-    every one of their publishes fails.  :returns: ``failure`` (logged)."""
-    for waiter in waiters:
-        waiter.logged(failure)
+def _logged(_result, dones: list) -> None:
+    """The append of ``dones``' records is committed: tell each."""
+    for done in dones:
+        try:
+            done(None)
+        except Exception:
+            log.failure("in-process bus: the outcome of a publish could not be reported")
+
+
+def _not_logged(failure: Failure, records: list, dones: list) -> Failure:
+    """The append of ``records`` failed: nothing of it is stored, every one
+    of their publishes fails.  :returns: ``failure`` (logged)."""
+    message = failure.getErrorMessage()
+    for record, done in zip(records, dones):
+        _tell(done, Failure(BusPublishError(
+            f"{record[0]}: the topic log did not store the record: {message}")))
     return failure

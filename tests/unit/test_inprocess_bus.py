@@ -296,6 +296,20 @@ def test_delete_topic():
     assert "delete_topic" in log.calls
 
 
+def test_deleting_a_topic_fails_its_publishes_not_yet_written_and_writes_nothing_of_it():
+    log = MemoryTopicLog()
+    bus, clock = make(log=log)
+    gone, kept = C.app("gone"), C.app("kept")
+    lost = bus.publish(gone, "gone", r.Delivery("gone", Message("t", b""), 1))
+    calls = []
+    assert bus.publish(kept, "kept", r.Delivery("kept", Message("t", b""), 1),
+                       done=calls.append) is None
+    assert outcome(bus.delete_topic(gone)) == [None]
+    assert outcome(lost)[0].check(BusClosedError)
+    clock.advance(0)
+    assert calls == [None] and log.held_count(kept) == 1 and log.held_count(gone) == 0
+
+
 def test_a_value_compacted_away_before_a_paused_group_got_it_does_not_hold_its_publish():
     bus, clock = make()
     topic = C.msg_retained
