@@ -504,7 +504,8 @@ class InProcessBus(Describable):
         else:
             o = part.append(key, stored, headers)
             if groups:
-                waiter = part.waiters[o] = Waiter(topic, {g.name for g in groups})
+                waiter = part.waiters[o] = Waiter(topic, {groups[0].name} if len(groups) == 1
+                                                  else {g.name for g in groups})
         for g in groups:  # a batch handler gets what the turn publishes together
             member = g.owners[p]
             if member.batch_handler is None:
@@ -674,12 +675,11 @@ class InProcessBus(Describable):
                 self._read_again(member, p, cursor)
         waiters = state.parts[p].waiters
         if waiters:
+            name, pop = group.name, waiters.pop
             for o in offsets:
-                waiter = waiters.get(o)
-                if waiter is not None:
-                    waiter.complete(group.name, True)
-                    if waiter.done:
-                        del waiters[o]
+                waiter = pop(o, None)
+                if waiter is not None and not waiter.complete(name, True):
+                    waiters[o] = waiter  # other groups still to handle it
         if deferred:
             limit = self.max_uncommitted
             if not member.busy and member.inflight < limit <= member.inflight + n:

@@ -236,14 +236,18 @@ class Waiter:
     def done(self) -> bool:
         return self.error is not None or not self.pending
 
-    def complete(self, group: str, ok: bool) -> None:
-        """Group ``group`` handled the record (its result fired ``ok``)."""
-        if group not in self.pending:
-            return
-        self.pending.discard(group)
-        if not ok and self.failed_group is None:
-            self.failed_group = group
-        self._maybe_fire()
+    def complete(self, group: str, ok: bool) -> bool:
+        """Group ``group`` handled the record (its result fired ``ok``).
+
+        :returns: :attr:`done`."""
+        pending = self.pending
+        if group in pending:
+            pending.discard(group)
+            if not ok and self.failed_group is None:
+                self.failed_group = group
+            if not pending and self.notify is not None:
+                self._maybe_fire()
+        return self.error is not None or not pending
 
     def close(self) -> None:
         """The bus stopped before the record was handled."""
