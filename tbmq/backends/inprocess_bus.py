@@ -63,10 +63,11 @@ from tbmq.backends.inprocess_consumer import Consumer, Handler
 from tbmq.backends.inprocess_describe import Describable
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
 from tbmq.backends.inprocess_writes import LogWrites
+from tbmq.backends.topic_records import check_record
 from tbmq.cluster.completion import Completion, deferred_done
 from tbmq.cluster.records import new_record
 from tbmq.cluster.topics import TopicCatalogue
-from tbmq.errors import BusClosedError, ConsumerFailedError, RecordEncodingError
+from tbmq.errors import BusClosedError, BusPublishError, ConsumerFailedError, RecordEncodingError
 from tbmq.interfaces import IDescribableBus, IMessageBus
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
@@ -475,6 +476,11 @@ class InProcessBus(Describable):
             stored = value if state.codec is None else state.codec.encode(value)
         except RecordEncodingError as e:
             return e
+        if headers and state.durable and self._writes is not None:
+            try:  # alone: it would fail the whole turn's append
+                check_record((topic, 0, 0, key, stored, headers, False))
+            except (TypeError, ValueError) as e:
+                return BusPublishError(f"{topic}: the topic log did not store the record: {e}")
         parts = state.parts
         n = len(parts)
         if n == 1:

@@ -200,6 +200,17 @@ def test_a_failing_topic_log_fails_the_publish():
     assert outcome(d)[0].check(BusPublishError) and outcome(other)[0].check(BusPublishError)
 
 
+def test_a_record_the_log_cannot_take_fails_alone_not_its_turn():
+    log = MemoryTopicLog()
+    bus, clock = make(log=log)
+    good = bus.publish(C.app("a"), "a", r.Delivery("a", Message("t", b""), 1))
+    bad = bus.publish(C.app("a"), "a", r.Delivery("a", Message("t", b""), 1),
+                      headers=(("h", "not bytes"),))
+    assert outcome(bad)[0].check(BusPublishError)  # at once
+    clock.advance(0)
+    assert outcome(good) == [None] and log.held_count(C.app("a")) == 1
+
+
 def test_the_appends_of_a_turn_are_one_append_of_the_log():
     """Group commit: what one reactor turn publishes to durable topics goes
     to the log in one call, and no publish of it is done before that call
