@@ -95,9 +95,8 @@ class Partition:
                     del entries[held]
             else:
                 pop = entries.pop
-                while o < before:
-                    pop(o, None)
-                    o += 1
+                for held in range(o, before):
+                    pop(held, None)
             if before > self.first:
                 self.first = before
         else:
