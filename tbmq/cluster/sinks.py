@@ -442,9 +442,12 @@ class ApplicationReader:
     group ``tbmq-app-<clientId>``, and for each of its shared subscriptions
     ``$share/<group>/<filter>`` the topic ``tbmq.msg.app.shared.<filter>``
     in the consumer group ``tbmq-app-shared-<group>`` (shared with the
-    group's other members, wherever they are connected).  A record is
-    committed once the client acknowledged it (PUBACK, PUBCOMP), so what was
-    not acknowledged when the connection ended comes again.
+    group's other members, wherever they are connected).  What one reactor
+    turn published reaches the session in one call
+    (:meth:`~tbmq.broker.outbox.Outbox.deliver_app_batch`); a record is
+    committed once the client acknowledged it (PUBACK, PUBCOMP) and every
+    record before it, so what was not acknowledged when the connection
+    ended comes again.
 
     :param bus: the :class:`tbmq.interfaces.IMessageBus`.
     :param topic_of: ``client_id -> bus topic`` (the catalogue's ``app``).
