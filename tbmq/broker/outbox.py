@@ -38,6 +38,7 @@ from twisted.logger import Logger
 
 from tbmq.broker.store_reads import StoreReads, delivery_size
 from tbmq.broker.traffic import LATENCY_BOUNDS
+from tbmq.cluster.completion import Completion
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
@@ -89,6 +90,18 @@ def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple
                     topic = ""
     return encode_publish_fields(topic, message.payload, qos, retain, dup,
                                  packet_id if qos else None, props, level)
+
+
+class _AppAcks:
+    """What the deliveries of one :meth:`Outbox.deliver_app_batch` wait
+    for, in place of a Deferred each (``callback(None)`` as each is
+    finished: one part of the batch's
+    :class:`~tbmq.cluster.completion.Completion`)."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self, done) -> None:
+        self.callback = done
 
 
 class TopicAliases:
@@ -374,6 +387,39 @@ class Outbox(StoreReads):
         done = self._app_done[id(delivery)] = defer.Deferred()
         self._offer(delivery, None, now, source, conn)
         return done
+
+    def deliver_app_batch(self, deliveries, source) -> Completion | defer.Deferred:
+        """Deliver several records of ``tbmq.msg.app.<clientId>`` (or of a
+        shared application topic) in order, as :meth:`deliver_app` each,
+        with one outcome for all of them.
+
+        :param deliveries: :class:`tbmq.cluster.records.Delivery` objects.
+        :param source: as for :meth:`deliver_app`.
+        :returns: a :class:`~tbmq.cluster.completion.Completion` that
+            succeeds once the client acknowledged every one of them that
+            needs it (the records are then committed), or a Deferred that
+            never fires when the session has no connection (they stay
+            uncommitted).
+        """
+        conn = self.connection
+        if conn is None:
+            return defer.Deferred()  # never fires: the records stay uncommitted
+        now = self.ctx.clock.seconds()
+        pending = Completion()
+        acks = None
+        app_done = self._app_done
+        for d in deliveries:
+            if d.qos == 0:
+                self.deliver(d.message, 0, d.retain, d.subscription_ids, None, now, source)
+                continue
+            if acks is None:
+                acks = _AppAcks(pending.part())
+            else:
+                pending.part()
+            delivery = StoredDelivery(0, d.message, d.qos, d.retain, d.subscription_ids)
+            app_done[id(delivery)] = acks
+            self._offer(delivery, None, now, source, conn)
+        return pending
 
     def _offer(self, delivery: StoredDelivery, cache, now: float, source, conn) -> None:
         if self.overflowed:
