@@ -54,6 +54,11 @@ HOLD_WINDOW_FACTOR = 10.0
 #: that is only the bottleneck drains quickly, again and again, and holds its
 #: publishers to its pace for as long as it reads
 FREE_HOLD_SHARE = 0.1
+#: an empty queue before the first delivery that waits (a deque is 760
+#: bytes; an idle session keeps none): see :meth:`Outbox._queue_to_fill`
+NO_QUEUE: tuple = ()
+#: no sources held (a set is made at the first hold)
+NO_SOURCES: frozenset = frozenset()
 
 
 def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...],
@@ -158,7 +163,7 @@ class Outbox(StoreReads):
 
         mqtt = self.ctx.mqtt
         self.inflight: dict[int, StoredDelivery] = {}
-        self.queue: deque[StoredDelivery] = deque()
+        self.queue: deque[StoredDelivery] | tuple = NO_QUEUE  # a deque from the first wait
         self.queued_bytes = 0
         self._next_packet_id = 1
         self._max_inflight = mqtt.max_inflight_messages
@@ -167,7 +172,7 @@ class Outbox(StoreReads):
         #: disconnected with QUOTA_EXCEEDED: what still comes before the close is
         #: lost, counted
         self.overflowed = False
-        self._holding: set = set()
+        self._holding: set | frozenset = NO_SOURCES  # a set from the first hold
         self._hold_since: float | None = None
         self._hold_timer = None
         self._credit = HoldCredit(mqtt.outbound_pause_timeout,
@@ -184,7 +189,7 @@ class Outbox(StoreReads):
         self._marker_wait = None
         #: seqs of the deliveries finished while the store was being read:
         #: the read may still hold them (sent, so they would be sent again)
-        self._finished_in_read: set[int] = set()
+        self._finished_in_read: set[int] | frozenset = NO_SOURCES  # a set per read
         #: id(delivery) → the Deferred its ``tbmq.msg.app`` record commits on
         self._app_done: dict[int, defer.Deferred] = {}
         #: the consumers of a persistent APPLICATION's topics while it is
@@ -223,6 +228,30 @@ class Outbox(StoreReads):
         """At or below the low-water mark: half the high-water mark."""
         return (len(self.queue) <= self.queue_limit // 2
                 and self.queued_bytes <= self.ctx.mqtt.max_pending_bytes // 2)
+
+    def _queue_to_fill(self) -> deque:
+        """:returns: :attr:`queue`, a deque made at the first delivery that
+        waits (an idle session holds an empty tuple)."""
+        queue = self.queue
+        if type(queue) is not deque:
+            queue = self.queue = deque()
+        return queue
+
+    def _clear_queue(self) -> None:
+        """Empty :attr:`queue` (a loop that holds it stops) and give its
+        memory back."""
+        queue = self.queue
+        if queue:
+            queue.clear()
+        self.queue = NO_QUEUE
+
+    def _hold_source(self, source) -> None:
+        """Hold ``source`` (see :class:`tbmq.broker.outbound.Holds`)."""
+        holding = self._holding
+        if type(holding) is not set:
+            holding = self._holding = set()
+        holding.add(source)
+        self.ctx.holds.hold(source, self)
 
     def _window(self) -> int:
         conn = self.connection
@@ -389,8 +418,7 @@ class Outbox(StoreReads):
             return
         if self._full():
             if id(delivery) in self._app_done:
-                self._holding.add(source)  # its own topic keeps what waits
-                self.ctx.holds.hold(source, self)
+                self._hold_source(source)  # its own topic keeps what waits
             elif self.persistent:
                 self.paged_out = True  # it waits in the store
                 return
@@ -399,6 +427,8 @@ class Outbox(StoreReads):
                 return
         if delivery.seq > self._last_seq:
             self._last_seq = delivery.seq
+        if type(queue) is not deque:
+            queue = self._queue_to_fill()
         queue.append(delivery)
         self.queued_bytes += delivery_size(delivery)
         if not self.persistent and source is not None and self._full():
@@ -493,7 +523,7 @@ class Outbox(StoreReads):
         self.overflowed = True
         conn = self.connection
         self._release_holds(self.ctx.clock.seconds())
-        self.queue.clear()
+        self._clear_queue()
         self.queued_bytes = 0
         self.inflight.clear()
         if conn is not None:
@@ -513,8 +543,7 @@ class Outbox(StoreReads):
         if source is None:
             return True
         if source not in self._holding:
-            self._holding.add(source)
-            self.ctx.holds.hold(source, self)
+            self._hold_source(source)
         if self._hold_timer is None:
             # a short hold is always allowed: a subscriber that is merely the
             # bottleneck drains to its low-water mark quickly and often
@@ -548,7 +577,7 @@ class Outbox(StoreReads):
                 self._credit.spend(held, now)  # only long holds use the credit up
             self._hold_since = None
         if self._holding:
-            holding, self._holding = self._holding, set()
+            holding, self._holding = self._holding, NO_SOURCES
             self.ctx.holds.release(holding, self)
 
     def _relieved(self) -> None:
@@ -724,7 +753,7 @@ class Outbox(StoreReads):
         after :data:`MARKER_WAIT` seconds at the latest; else now."""
         if self.persistent:
             self.inflight.clear()
-            self.queue.clear()
+            self._clear_queue()
             self.queued_bytes = 0
             self._last_seq = 0
             self._reread = False
@@ -757,7 +786,7 @@ class Outbox(StoreReads):
         self._app_done = {}  # never fired: the records stay uncommitted
         if self.persistent:
             self.inflight.clear()
-            self.queue.clear()
+            self._clear_queue()
             self.queued_bytes = 0
             self.paged_out = True
             self._arrived = []
@@ -770,7 +799,7 @@ class Outbox(StoreReads):
                 hooks.message_dropped(self, delivery.message, "session_ended")
         self._release_holds(self.ctx.clock.seconds())
         self.inflight.clear()
-        self.queue.clear()
+        self._clear_queue()
         self.queued_bytes = 0
         self._completed = []
         if self.persistent:

@@ -519,11 +519,8 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol):
         if self.protocol_level >= MQTT_5:
             expiry = packet.properties.get(Property.SESSION_EXPIRY_INTERVAL)
             if expiry is not None:
-                asked = self.connect_packet.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
-                if asked == 0 and expiry != 0:
-                    raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
-                                            "session expiry interval changed from 0")
-                session.expiry_interval = min(expiry, self.expiry_cap)
+                session.expiry_on_disconnect(expiry, self.connect_packet.properties.get(
+                    Property.SESSION_EXPIRY_INTERVAL, 0), self.expiry_cap)
         self._normal_disconnect = packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE
         self._disconnect_reason = packet.reason_code
         self._closing = True

@@ -11,7 +11,6 @@ only moves bytes.  A session gets its few collaborators in one
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from twisted.internet import defer
@@ -19,7 +18,9 @@ from twisted.logger import Logger
 
 from tbmq.broker.outbox import Outbox
 from tbmq.broker.publish_done import WAITING, PublishDone
-from tbmq.broker.traffic import Traffic
+from tbmq.broker.session_context import (  # noqa: F401 - the session's context, re-exported
+    SessionContext, TopicNameCache, next_seq, valid_utf8,
+)
 from tbmq.errors import BusClosedError, ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, StoredDelivery, SubscriptionOptions
@@ -52,110 +53,6 @@ V3_RECEIVE_MAXIMUM = 65535
 
 #: a session's inbound QoS 2 packet ids while it has none
 _NO_IDS: frozenset = frozenset()
-
-_SEQ = [0]
-
-
-def next_seq(now_ns: int) -> int:
-    """A process-wide increasing order key for persistent deliveries.
-
-    :param now_ns: the wall clock in nanoseconds, so keys also increase across
-        restarts.
-    """
-    seq = _SEQ[0] + 1
-    if now_ns > seq:
-        seq = now_ns
-    _SEQ[0] = seq
-    return seq
-
-
-def valid_utf8(data: bytes) -> bool:
-    """True when ``data`` is well-formed UTF-8 [MQTT-1.5.4-1]."""
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-class TopicNameCache(set):
-    """Topic names already found valid: a bounded cache of
-    :func:`tbmq.mqtt.topics.validate_topic_name` (``name in cache`` is the
-    fast check, :meth:`check` the full one).
-
-    :param size: names kept at most; the cache is emptied when full.
-    """
-
-    def __init__(self, size: int = 10000) -> None:
-        super().__init__()
-        self.size = size
-
-    def check(self, topic: str, max_levels: int | None = None) -> None:
-        """Validate ``topic`` and remember it.
-
-        :param max_levels: the most levels accepted (``mqtt.max_topic_levels``).
-        :raises tbmq.mqtt.topics.TopicError: for an invalid topic name.
-        :raises tbmq.mqtt.topics.TooManyLevels: for a deeper one.
-        """
-        validate_topic_name(topic, max_levels)
-        if len(self) >= self.size:
-            self.clear()
-        self.add(topic)
-
-
-@dataclass(frozen=True, slots=True)
-class SessionContext:
-    """What a session uses of its node.
-
-    :ivar clock: ``IReactorTime``; ``seconds()`` is the wall clock.
-    :ivar mqtt: the :class:`tbmq.config.MqttConfig`.
-    :ivar hooks: the :class:`tbmq.broker.hooks.Hooks`.
-    :ivar drops: the node's :class:`tbmq.broker.hooks.DropCounter`.
-    :ivar flusher: the :class:`tbmq.broker.outbound.TurnFlusher`.
-    :ivar holds: the :class:`tbmq.broker.outbound.Holds`.
-    :ivar device_store: the :class:`tbmq.interfaces.IDeviceMessageStore`.
-    :ivar publish: ``publish(message, done)``: the pipeline
-        (:meth:`tbmq.broker.router.Router.publish`); ``done(None |
-        Failure)`` is called once, maybe during the call.
-    :ivar retained_for: ``retained_for(topic_filter) -> list[Message]``.
-    :ivar subscriptions: ``subscribe(session, filter, options) -> bool`` and
-        ``unsubscribe(session, filter) -> bool`` and ``save(session) ->
-        Deferred`` (the :class:`tbmq.broker.sessions.SessionManager`).
-    :ivar topics: the node's :class:`TopicNameCache`.
-    :ivar auth: the :class:`tbmq.config.AuthConfig` (``cache_size``,
-        ``cache_ttl`` of the publish authorization cache).
-    :ivar applications: the :class:`tbmq.cluster.sinks.ApplicationReader`
-        (``attach(session)``/``detach(session)``) of persistent APPLICATION
-        sessions.
-    :ivar mark: ``mark(client_id, session_id, attached)``: write the
-        :class:`~tbmq.cluster.records.SessionMarker` of a persistent DEVICE
-        session's connection (:func:`tbmq.cluster.sinks.write_marker` on
-        the node's ``persisted`` sink, with this node's service id);
-        returns None or a Deferred.  None: no markers (the session's first read of the store is its only one).
-    :ivar limits_in: the node's :class:`tbmq.broker.limits.NodeLimits` when
-        a limit applies to PUBLISH packets from clients, else None.
-    :ivar limits_out: the same when a limit applies to deliveries to live
-        sessions, else None.
-    """
-
-    clock: Any
-    mqtt: Any
-    hooks: Any
-    drops: Any
-    flusher: Any
-    holds: Any
-    device_store: Any
-    publish: Callable
-    retained_for: Callable
-    subscriptions: Any
-    topics: TopicNameCache
-    auth: Any = None
-    applications: Any = None
-    traffic: Traffic = field(default_factory=Traffic)
-    mark: Callable | None = None
-    limits_in: Any = None
-    limits_out: Any = None
-
 
 class Session(Outbox):
     """The state of one client id.
@@ -795,6 +692,23 @@ class Session(Outbox):
         self.inbound_unacked = 0
         self.aliases = {}
         self.detach_outbox()
+
+    def expiry_on_disconnect(self, expiry: int, asked: int, cap: int) -> None:
+        """Apply the Session Expiry Interval of a v5 DISCONNECT
+        (§3.14.2.2.2): it replaces the session's, up to ``cap``, but may not
+        turn a session that was to end with its connection into one that
+        outlives it [MQTT-3.14.2-2].
+
+        :param expiry: the DISCONNECT's Session Expiry Interval, seconds.
+        :param asked: the one the CONNECT asked for (0 when absent), seconds.
+        :param cap: the longest interval granted to this client, seconds.
+        :raises ProtocolViolation: PROTOCOL_ERROR for a non-zero ``expiry``
+            after a CONNECT that asked for 0.
+        """
+        if asked == 0 and expiry != 0:
+            raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
+                                    "session expiry interval changed from 0")
+        self.expiry_interval = min(expiry, cap)
 
     def resume(self) -> None:
         """After CONNACK: resend in-flight deliveries and send the queue; a

@@ -80,7 +80,7 @@ class StoreReads:
                 for delivery in arrived:
                     if delivery.seq > self._last_seq:
                         self._last_seq = delivery.seq
-                        self.queue.append(delivery)
+                        self._queue_to_fill().append(delivery)
                         self.queued_bytes += delivery_size(delivery)
             else:
                 self._arrived = []
@@ -186,5 +186,5 @@ class StoreReads:
             return
         delivery.packet_id = None
         delivery.state = DeliveryState.QUEUED
-        self.queue.append(delivery)
+        self._queue_to_fill().append(delivery)
         self.queued_bytes += delivery_size(delivery)
