@@ -36,6 +36,7 @@ from collections import OrderedDict, deque
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from tbmq.broker.outbound import HoldCredit
 from tbmq.broker.store_reads import StoreReads, delivery_size
 from tbmq.broker.traffic import LATENCY_BOUNDS
 from tbmq.errors import ProtocolViolation
@@ -59,6 +60,10 @@ FREE_HOLD_SHARE = 0.1
 NO_QUEUE: tuple = ()
 #: no sources held (a set is made at the first hold)
 NO_SOURCES: frozenset = frozenset()
+#: an empty mapping shared by the outboxes that have none of their own yet
+#: (``dropped``, ``_app_done``): never written, a dict is made at the first
+#: entry (an empty dict is 64 bytes)
+NO_ENTRIES: dict = {}
 
 
 def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...],
@@ -138,9 +143,13 @@ class TopicAliases:
 
 
 class Outbox(StoreReads):
-    """The outbound state of :class:`tbmq.broker.session.Session` (a mixin;
-    the session sets ``ctx``, ``client_id``, ``persistent`` and
-    ``connection``).
+    """The outbound part of a :class:`tbmq.broker.session.Session`, which
+    owns it: the inflight window, packet identifiers, the queue, holds of
+    the sources that feed it, drops.
+
+    :param session: the owner (its ``ctx``, ``client_id``, ``persistent``,
+        ``session_id``); passed to the hooks and the node's limits.
+    :param now: seconds since the epoch (the hold credit starts full).
 
     :ivar inflight: packet id → delivery sent and not yet acknowledged, in
         send order.
@@ -155,19 +164,31 @@ class Outbox(StoreReads):
 
     log = Logger(observer=LOG_OBSERVER)
 
+    # one per session: attributes in slots (the store reads' too)
+    __slots__ = tuple("""session ctx client_id persistent connection inflight queue queued_bytes
+        _next_packet_id _max_inflight _completed slow overflowed _holding _hold_since _hold_timer
+        _credit paged_out _loading _last_seq _arrived _reread _marker_wait _finished_in_read
+        _app_done dropped _drop_logged_at _drops_logged sent_aliases _traffic _latency _sent
+        _sent_bytes""".split())
+
     #: seconds between two log lines about drops for one session
     DROP_LOG_INTERVAL = 10.0
 
-    def _init_outbox(self, now: float) -> None:
-        from tbmq.broker.outbound import HoldCredit
-
-        mqtt = self.ctx.mqtt
+    def __init__(self, session, now: float) -> None:
+        #: the owner, passed to the hooks and limits
+        self.session = session
+        ctx = self.ctx = session.ctx
+        self.client_id = session.client_id
+        self.persistent = session.persistent
+        #: the live connection, or None while the session is offline
+        self.connection = None
+        mqtt = ctx.mqtt
         self.inflight: dict[int, StoredDelivery] = {}
         self.queue: deque[StoredDelivery] | tuple = NO_QUEUE  # a deque from the first wait
         self.queued_bytes = 0
         self._next_packet_id = 1
         self._max_inflight = mqtt.max_inflight_messages
-        self._completed: list[int] = []
+        self._completed: list[int] | tuple = ()  # a list from the first
         self.slow = False
         #: disconnected with QUOTA_EXCEEDED: what still comes before the close is
         #: lost, counted
@@ -175,12 +196,12 @@ class Outbox(StoreReads):
         self._holding: set | frozenset = NO_SOURCES  # a set from the first hold
         self._hold_since: float | None = None
         self._hold_timer = None
-        self._credit = HoldCredit(mqtt.outbound_pause_timeout,
-                                  mqtt.outbound_pause_timeout * HOLD_WINDOW_FACTOR, now)
+        #: the :class:`~tbmq.broker.outbound.HoldCredit`, made (full) at the first hold
+        self._credit: HoldCredit | None = None
         self.paged_out = False
         self._loading = False
         self._last_seq = 0
-        self._arrived: list[StoredDelivery] = []
+        self._arrived: list[StoredDelivery] | tuple = ()  # a list from the first
         #: the connection's attach marker came while the store was being
         #: read: read it again once that read is done
         self._reread = False
@@ -191,26 +212,20 @@ class Outbox(StoreReads):
         #: the read may still hold them (sent, so they would be sent again)
         self._finished_in_read: set[int] | frozenset = NO_SOURCES  # a set per read
         #: id(delivery) → the Deferred its ``tbmq.msg.app`` record commits on
-        self._app_done: dict[int, defer.Deferred] = {}
-        #: the consumers of a persistent APPLICATION's topics while it is
-        #: connected here: None → ``tbmq.msg.app.<clientId>``, a shared
-        #: subscription's filter → ``tbmq.msg.app.shared.<filter>``
-        self.app_consumers: dict = {}
-        self.dropped: dict[str, int] = {}
+        self._app_done: dict[int, defer.Deferred] = NO_ENTRIES
+        self.dropped: dict[str, int] = NO_ENTRIES
         self._drop_logged_at = float("-inf")
-        self._drops_logged: dict[str, int] = {}
+        self._drops_logged: dict[str, int] = NO_ENTRIES
         #: the topic aliases given on the current connection, or None when
         #: it takes none (``mqtt.outbound_topic_aliases``)
         self.sent_aliases: TopicAliases | None = None
         # the node's counters (tbmq.broker.traffic), held here: one list
         # index and one add per PUBLISH
-        traffic = self._traffic = self.ctx.traffic
+        traffic = self._traffic = ctx.traffic
         #: the latency histogram, or None when nothing reads it
         self._latency = traffic.latency if traffic.observe_latency else None
         self._sent = traffic.sent
         self._sent_bytes = traffic.sent_bytes
-        self._received = traffic.received
-        self._received_bytes = traffic.received_bytes
 
     # -- limits ------------------------------------------------------------------
 
@@ -267,13 +282,16 @@ class Outbox(StoreReads):
         """Count ``count`` messages not delivered to this session.  The first
         drop is logged at once, then the totals at most every
         :attr:`DROP_LOG_INTERVAL` seconds while drops go on."""
-        self.dropped[reason] = self.dropped.get(reason, 0) + count
+        dropped = self.dropped
+        if dropped is NO_ENTRIES:
+            dropped = self.dropped = {}
+        dropped[reason] = dropped.get(reason, 0) + count
         self.ctx.drops.add(reason, count)
         now = self.ctx.clock.seconds()
         if now >= self._drop_logged_at + self.DROP_LOG_INTERVAL:
             self._log_drops(now)
         if self.ctx.hooks.wants_dropped and message is not None:
-            self.ctx.hooks.message_dropped(self, message, reason)
+            self.ctx.hooks.message_dropped(self.session, message, reason)
 
     def _log_drops(self, now: float) -> None:
         new = {reason: n - self._drops_logged.get(reason, 0)
@@ -327,7 +345,7 @@ class Outbox(StoreReads):
                 self.drop("offline_qos0", message)
             return
         limits = self.ctx.limits_out
-        if limits is not None and not limits.admit_outgoing(self, qos, message):
+        if limits is not None and not limits.admit_outgoing(self.session, qos, message):
             return
         if qos == 0:
             paused = conn.paused
@@ -345,7 +363,7 @@ class Outbox(StoreReads):
                     # (a shorter burst is only buffered)
                     self._hold(source, now)
                 if self.ctx.hooks.wants_delivered:
-                    self.ctx.hooks.message_delivered(self, message, 0)
+                    self.ctx.hooks.message_delivered(self.session, message, 0)
             return
         delivery = StoredDelivery(0, message, qos, retain, subscription_ids)
         if not self.queue and not conn.paused and not self.overflowed:
@@ -371,7 +389,10 @@ class Outbox(StoreReads):
             now = self.ctx.clock.seconds()
         if self.paged_out:
             if self._loading:
-                self._arrived.append(delivery)
+                arrived = self._arrived
+                if not arrived:
+                    arrived = self._arrived = []
+                arrived.append(delivery)
             elif self._drained():
                 self._page_in()
             return
@@ -400,7 +421,10 @@ class Outbox(StoreReads):
             self.deliver(d.message, 0, d.retain, d.subscription_ids, None, now, source)
             return None
         delivery = StoredDelivery(0, d.message, d.qos, d.retain, d.subscription_ids)
-        done = self._app_done[id(delivery)] = defer.Deferred()
+        app_done = self._app_done
+        if app_done is NO_ENTRIES:
+            app_done = self._app_done = {}
+        done = app_done[id(delivery)] = defer.Deferred()
         self._offer(delivery, None, now, source, conn)
         return done
 
@@ -547,8 +571,14 @@ class Outbox(StoreReads):
         if self._hold_timer is None:
             # a short hold is always allowed: a subscriber that is merely the
             # bottleneck drains to its low-water mark quickly and often
-            free = self._credit.capacity * FREE_HOLD_SHARE
-            left = max(self._credit.available(now), free)
+            credit = self._credit
+            if credit is None:
+                mqtt = self.ctx.mqtt
+                credit = self._credit = HoldCredit(
+                    mqtt.outbound_pause_timeout,
+                    mqtt.outbound_pause_timeout * HOLD_WINDOW_FACTOR, now)
+            free = credit.capacity * FREE_HOLD_SHARE
+            left = max(credit.available(now), free)
             self._hold_since = now
             self._hold_timer = self.ctx.clock.callLater(left, self._hold_expired)
         return True
@@ -648,11 +678,13 @@ class Outbox(StoreReads):
                 done.callback(None)
                 return
         if delivery.seq:
-            self._completed.append(delivery.seq)
+            completed = self._completed
+            if not completed:
+                completed = self._completed = []
+                self.ctx.flusher.later(self._remove_completed)
+            completed.append(delivery.seq)
             if self._loading:
                 self._finished_in_read.add(delivery.seq)
-            if len(self._completed) == 1:
-                self.ctx.flusher.later(self._remove_completed)
 
     def _complete(self, packet_id: int) -> StoredDelivery | None:
         delivery = self.inflight.pop(packet_id, None)
@@ -661,7 +693,7 @@ class Outbox(StoreReads):
         return delivery
 
     def _remove_completed(self) -> None:
-        completed, self._completed = self._completed, []
+        completed, self._completed = self._completed, ()
         if completed:
             self._stored(self.ctx.device_store.remove(self.client_id, completed), "remove")
 
@@ -688,7 +720,7 @@ class Outbox(StoreReads):
                                     f"PUBACK for the QoS 2 delivery {packet_id}")
         self._complete(packet_id)
         if self.ctx.hooks.wants_delivered:
-            self.ctx.hooks.message_delivered(self, delivery.message, 1)
+            self.ctx.hooks.message_delivered(self.session, delivery.message, 1)
         if self.queue or self.paged_out or self._holding:
             self.pump()
 
@@ -740,12 +772,12 @@ class Outbox(StoreReads):
                                     f"PUBCOMP for the QoS {delivery.qos} delivery "
                                     f"{packet_id}, which has no PUBREL")
         self._complete(packet_id)
-        self.ctx.hooks.message_delivered(self, delivery.message, 2)
+        self.ctx.hooks.message_delivered(self.session, delivery.message, 2)
         self.pump()
 
     # -- life cycle ------------------------------------------------------------------------------
 
-    def resume_outbox(self, marker: bool = False) -> None:
+    def resume(self, marker: bool = False) -> None:
         """After CONNACK: resend what is in flight with DUP set, in order
         [MQTT-4.4.0-1], then send the queue.  A persistent session reads its
         deliveries from the store first: with ``marker`` (its node writes an
@@ -769,38 +801,40 @@ class Outbox(StoreReads):
             self._resend(delivery)
         self.pump()
 
-    def attach_outbox(self, conn) -> None:
+    def attach(self, conn) -> None:
         """A new connection: the topic aliases it takes start empty
         [MQTT-3.3.2-7]; none when ``conn.topic_alias_maximum`` is 0."""
+        self.connection = conn
         maximum = conn.topic_alias_maximum
         self.sent_aliases = TopicAliases(maximum) if maximum else None
 
-    def detach_outbox(self) -> None:
+    def detach(self) -> None:
         """The connection is gone: a persistent session gives its memory back
         (everything is in the store); holds are let go."""
+        self.connection = None
         self._release_holds(self.ctx.clock.seconds())
         self._stop_marker_wait()
         self.slow = False
         self.overflowed = False
         self.sent_aliases = None
-        self._app_done = {}  # never fired: the records stay uncommitted
+        self._app_done = NO_ENTRIES  # never fired: the records stay uncommitted
         if self.persistent:
             self.inflight.clear()
             self._clear_queue()
             self.queued_bytes = 0
             self.paged_out = True
-            self._arrived = []
+            self._arrived = ()
 
-    def discard_outbox(self) -> None:
+    def discard(self) -> None:
         """The session ends: forget what it holds (and its stored deliveries)."""
         hooks = self.ctx.hooks
         if hooks.wants_dropped:
             for delivery in list(self.inflight.values()) + list(self.queue):
-                hooks.message_dropped(self, delivery.message, "session_ended")
+                hooks.message_dropped(self.session, delivery.message, "session_ended")
         self._release_holds(self.ctx.clock.seconds())
         self.inflight.clear()
         self._clear_queue()
         self.queued_bytes = 0
-        self._completed = []
+        self._completed = ()
         if self.persistent:
             self.ctx.device_store.clear(self.client_id)

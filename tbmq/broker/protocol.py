@@ -403,7 +403,7 @@ class MQTTProtocol(protocol.Protocol):
             return
         self.paused = False
         if self.session is not None:
-            self.session.on_writable()
+            self.session.outbox.on_writable()
 
     def stopProducing(self) -> None:
         self.paused = True
@@ -563,10 +563,10 @@ class MQTTProtocol(protocol.Protocol):
     #: packets after this one until it fires)
     _session_handlers = {
         Publish: Session.on_publish,
-        Puback: Session.on_puback,
-        Pubrec: Session.on_pubrec,
+        Puback: lambda session, packet: session.outbox.on_puback(packet),
+        Pubrec: lambda session, packet: session.outbox.on_pubrec(packet),
         Pubrel: Session.on_pubrel,
-        Pubcomp: Session.on_pubcomp,
+        Pubcomp: lambda session, packet: session.outbox.on_pubcomp(packet),
         Subscribe: Session.on_subscribe,
         Unsubscribe: Session.on_unsubscribe,
     }

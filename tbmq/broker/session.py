@@ -54,7 +54,7 @@ V3_RECEIVE_MAXIMUM = 65535
 #: a session's inbound QoS 2 packet ids while it has none
 _NO_IDS: frozenset = frozenset()
 
-class Session(Outbox):
+class Session:
     """The state of one client id.
 
     :ivar client_id: the client identifier.
@@ -74,15 +74,12 @@ class Session(Outbox):
     log = Logger(observer=LOG_OBSERVER)
 
     # attributes in slots, not in a dict per session (CPython shares instance
-    # dicts' keys up to 30 attributes only: past that, 1.6 KB each), the
-    # outbox's and store reader's (Outbox._init_outbox) too; others go to __dict__
+    # dicts' keys up to 30 attributes only: past that, 1.6 KB each)
     __slots__ = tuple("""ctx client_id persistent expiry_interval protocol_level client_type subscriptions
         connection disconnected_at inbound_qos2 inbound_unacked aliases _acks _unaccepted _spare _allowed
         _allowed_for _reading_paused will will_timer expiry_timer session_id connected_at address username
-        credentials_name view inflight queue queued_bytes _next_packet_id _max_inflight _completed slow
-        overflowed _holding _hold_since _hold_timer _credit paged_out _loading _last_seq _arrived _reread
-        _marker_wait _finished_in_read _app_done app_consumers dropped _drop_logged_at _drops_logged
-        sent_aliases _traffic _latency _sent _sent_bytes _received _received_bytes rate_in rate_out""".split())
+        credentials_name view outbox deliver app_consumers _received _received_bytes rate_in
+        rate_out""".split())
 
     def __init__(self, ctx: SessionContext, client_id: str, *, persistent: bool,
                  expiry_interval: int = 0, protocol_level: int = 4,
@@ -127,7 +124,18 @@ class Session(Outbox):
         self.credentials_name: str | None = None
         #: what plugins see of this session
         self.view = SessionView(self)
-        self._init_outbox(ctx.clock.seconds())
+        #: the consumers of a persistent APPLICATION's topics while it is
+        #: connected here: None → ``tbmq.msg.app.<clientId>``, a shared
+        #: subscription's filter → ``tbmq.msg.app.shared.<filter>``
+        self.app_consumers: dict = {}
+        # the node's counters of PUBLISH packets received (one add each)
+        self._received = ctx.traffic.received
+        self._received_bytes = ctx.traffic.received_bytes
+        #: the outbound part: :class:`~tbmq.broker.outbox.Outbox`
+        self.outbox = outbox = Outbox(self, ctx.clock.seconds())
+        #: :meth:`tbmq.broker.outbox.Outbox.deliver` (the router's call, per
+        #: delivery: no frame of the session's on the way)
+        self.deliver = outbox.deliver
 
     # -- PUBLISH from the client ------------------------------------------------------
 
@@ -607,7 +615,7 @@ class Session(Outbox):
         if qos and self.persistent:
             delivery = StoredDelivery(next_seq(int(now * 1e9)), message, qos, True, sids)
             self.ctx.device_store.add(self.client_id, [delivery])
-            self.deliver_stored(delivery, None, now)
+            self.outbox.deliver_stored(delivery, None, now)
         else:
             self.deliver(message, qos, True, sids, None, now)
 
@@ -675,7 +683,7 @@ class Session(Outbox):
         self._acks = ()
         self.inbound_unacked = 0
         self.aliases = {}
-        self.attach_outbox(connection)
+        self.outbox.attach(connection)
         self._unaccepted = 0
         self._reading_paused = False
 
@@ -691,7 +699,7 @@ class Session(Outbox):
         self._acks = ()
         self.inbound_unacked = 0
         self.aliases = {}
-        self.detach_outbox()
+        self.outbox.detach()
 
     def expiry_on_disconnect(self, expiry: int, asked: int, cap: int) -> None:
         """Apply the Session Expiry Interval of a v5 DISCONNECT
@@ -715,7 +723,7 @@ class Session(Outbox):
         persistent APPLICATION session reads its own topic again, a
         persistent DEVICE session writes its attach marker."""
         marker = self._uses_device_store()
-        self.resume_outbox(marker)
+        self.outbox.resume(marker)
         if self.reads_application_topics() and not self.app_consumers:
             self.ctx.applications.attach(self)
         elif marker:
@@ -741,7 +749,7 @@ class Session(Outbox):
                               what="attach" if attached else "detach",
                               client_id=self.client_id, error=failure.getErrorMessage())
             if attached:
-                self.marker_failed()
+                self.outbox.marker_failed()
 
         result.addErrback(failed)
 
@@ -751,9 +759,34 @@ class Session(Outbox):
         return (self.persistent and self.client_type == ClientType.APPLICATION
                 and self.ctx.applications is not None)
 
+    # -- what others call of the outbox ------------------------------------------------
+
+    inflight = property(lambda self: self.outbox.inflight,
+                        doc="packet id → delivery sent and not yet acknowledged")
+    queue = property(lambda self: self.outbox.queue, doc="deliveries waiting for the window")
+    dropped = property(lambda self: self.outbox.dropped,
+                       doc="reason → messages not delivered to this session")
+
+    def deliver_stored(self, delivery: StoredDelivery, cache: dict | None = None,
+                       now: float | None = None, source=None) -> None:
+        """See :meth:`tbmq.broker.outbox.Outbox.deliver_stored`."""
+        self.outbox.deliver_stored(delivery, cache, now, source)
+
+    def deliver_app(self, d, source) -> defer.Deferred | None:
+        """See :meth:`tbmq.broker.outbox.Outbox.deliver_app`."""
+        return self.outbox.deliver_app(d, source)
+
+    def on_attached(self, session_id: str) -> None:
+        """See :meth:`tbmq.broker.store_reads.StoreReads.on_attached`."""
+        self.outbox.on_attached(session_id)
+
+    def drop(self, reason: str, message: Message | None = None, count: int = 1) -> None:
+        """See :meth:`tbmq.broker.outbox.Outbox.drop`."""
+        self.outbox.drop(reason, message, count)
+
     def discard(self) -> None:
         """The session ends: forget everything it holds."""
         if self.app_consumers:
             self.ctx.applications.detach(self)
-        self.discard_outbox()
+        self.outbox.discard()
         self.inbound_qos2 = _NO_IDS

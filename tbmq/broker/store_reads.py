@@ -39,6 +39,8 @@ class StoreReads:
     ``inflight``, ``paged_out``, ``_last_seq``, ``_loading``, ``_arrived``,
     ``_reread``, ``_marker_wait``, ``_finished_in_read``)."""
 
+    __slots__ = ()
+
     #: seconds a resumed persistent DEVICE session waits for its attach
     #: marker before it reads the store anyway (and again when it comes)
     MARKER_WAIT = 5.0
@@ -58,7 +60,7 @@ class StoreReads:
         def loaded(deliveries):
             self._loading = False
             if self.connection is not conn:
-                self._arrived = []
+                self._arrived = ()
                 return
             if self._reread:
                 self._read_again()
@@ -76,14 +78,14 @@ class StoreReads:
                 self._take(delivery)
             if len(deliveries) < limit:
                 self.paged_out = False
-                arrived, self._arrived = self._arrived, []
+                arrived, self._arrived = self._arrived, ()
                 for delivery in arrived:
                     if delivery.seq > self._last_seq:
                         self._last_seq = delivery.seq
                         self._queue_to_fill().append(delivery)
                         self.queued_bytes += delivery_size(delivery)
             else:
-                self._arrived = []
+                self._arrived = ()
             self.pump()
 
         def failed(failure):
@@ -105,12 +107,12 @@ class StoreReads:
         elsewhere (its registry did not know of this connection yet).
 
         A session that waits for its marker before its first read
-        (:meth:`resume_outbox`) reads the store now, once.  Otherwise what
+        (:meth:`~tbmq.broker.outbox.Outbox.resume`) reads the store now, once.  Otherwise what
         is in flight stays there and the queue is read again from the store,
         in ``seq`` order.  A marker of an older connection, or one that
         comes again (the writer's partition moved before it was committed),
         changes nothing or reads the store once more."""
-        if self.connection is None or session_id != self.session_id:
+        if self.connection is None or session_id != self.session.session_id:
             return
         if self._marker_wait is not None:  # the first read: the only one
             self._stop_marker_wait()
@@ -171,7 +173,7 @@ class StoreReads:
             self.queue = kept
             self.queued_bytes = sum(delivery_size(d) for d in kept)
         self._last_seq = 0
-        self._arrived = []
+        self._arrived = ()
         self.paged_out = True
         self._page_in()
 
