@@ -165,7 +165,7 @@ class Outbox(StoreReads):
     log = Logger(observer=LOG_OBSERVER)
 
     # one per session: attributes in slots (the store reads' too)
-    __slots__ = tuple("""session ctx client_id persistent connection inflight queue queued_bytes
+    __slots__ = tuple("""session ctx client_id persistent link inflight queue queued_bytes
         _next_packet_id _max_inflight _completed slow overflowed _holding _hold_since _hold_timer
         _credit paged_out _loading _last_seq _arrived _reread _marker_wait _finished_in_read
         _app_done dropped _drop_logged_at _drops_logged sent_aliases _traffic _latency _sent
@@ -180,8 +180,9 @@ class Outbox(StoreReads):
         ctx = self.ctx = session.ctx
         self.client_id = session.client_id
         self.persistent = session.persistent
-        #: the live connection, or None while the session is offline
-        self.connection = None
+        #: the :class:`~tbmq.broker.link.Link` of the live connection, or
+        #: None while the session is offline
+        self.link = None
         mqtt = ctx.mqtt
         self.inflight: dict[int, StoredDelivery] = {}
         self.queue: deque[StoredDelivery] | tuple = NO_QUEUE  # a deque from the first wait
@@ -269,7 +270,7 @@ class Outbox(StoreReads):
         self.ctx.holds.hold(source, self)
 
     def _window(self) -> int:
-        conn = self.connection
+        conn = self.link
         if conn is None:
             return 0
         quota = conn.send_quota
@@ -339,7 +340,7 @@ class Outbox(StoreReads):
         if message.expires_at is not None and message.expires_at <= now:
             self.drop("expired", message)
             return
-        conn = self.connection
+        conn = self.link
         if conn is None:
             if self.persistent and qos == 0:
                 self.drop("offline_qos0", message)
@@ -382,7 +383,7 @@ class Outbox(StoreReads):
         store (paged out) until the queue drains.  One older than what
         this connection took already is left to the store
         (:meth:`~tbmq.broker.store_reads.StoreReads._behind`)."""
-        conn = self.connection
+        conn = self.link
         if conn is None:
             return
         if now is None:
@@ -413,7 +414,7 @@ class Outbox(StoreReads):
             record is then committed), or None when it needs no
             acknowledgement (QoS 0, expired, too large for the client).
         """
-        conn = self.connection
+        conn = self.link
         if conn is None:
             return defer.Deferred()  # never fires: the record stays uncommitted
         now = self.ctx.clock.seconds()
@@ -545,7 +546,7 @@ class Outbox(StoreReads):
                       client_id=self.client_id, queued=len(self.queue), lost=lost)
         self.drop("quota_exceeded", message, lost)
         self.overflowed = True
-        conn = self.connection
+        conn = self.link
         self._release_holds(self.ctx.clock.seconds())
         self._clear_queue()
         self.queued_bytes = 0
@@ -613,7 +614,7 @@ class Outbox(StoreReads):
     def _relieved(self) -> None:
         """The socket is writable and the queue at its low-water mark: let the
         sources go; a slow session is not slow any more."""
-        conn = self.connection
+        conn = self.link
         if (conn is not None and conn.paused) or not self._drained():
             return
         if self._holding or self._hold_since is not None:
@@ -626,7 +627,7 @@ class Outbox(StoreReads):
         """Send queued deliveries while the inflight window has room and the
         socket is writable; read the next page of a paged-out persistent
         session when the queue is drained."""
-        conn = self.connection
+        conn = self.link
         if conn is None:
             return
         queue = self.queue
@@ -647,13 +648,13 @@ class Outbox(StoreReads):
     def on_writable(self) -> None:
         """The connection's socket drained (Twisted resumed its producer)."""
         self.pump()
-        if self.connection is not None:
+        if self.link is not None:
             self._relieved()
 
     def _resend(self, delivery: StoredDelivery) -> None:
         """Send again, after a reconnect, a delivery that was in flight: the
         PUBLISH with DUP set, or the PUBREL [MQTT-4.4.0-1]."""
-        conn = self.connection
+        conn = self.link
         pid = delivery.packet_id
         if delivery.state == _RELEASED:
             conn.send(Pubrel(pid))
@@ -734,7 +735,7 @@ class Outbox(StoreReads):
             delivery.
         """
         packet_id = packet.packet_id
-        conn = self.connection
+        conn = self.link
         delivery = self.inflight.get(packet_id)
         if delivery is None:
             v5 = conn.protocol_level >= MQTT_5
@@ -793,7 +794,7 @@ class Outbox(StoreReads):
             self._stop_marker_wait()
             if marker:
                 self._marker_wait = self.ctx.clock.callLater(
-                    self.MARKER_WAIT, self._marker_late, self.connection)
+                    self.MARKER_WAIT, self._marker_late, self.link)
             else:
                 self._page_in()
             return
@@ -802,16 +803,17 @@ class Outbox(StoreReads):
         self.pump()
 
     def attach(self, conn) -> None:
-        """A new connection: the topic aliases it takes start empty
-        [MQTT-3.3.2-7]; none when ``conn.topic_alias_maximum`` is 0."""
-        self.connection = conn
+        """A new connection (its :class:`~tbmq.broker.link.Link`): the topic
+        aliases it takes start empty [MQTT-3.3.2-7]; none when
+        ``conn.topic_alias_maximum`` is 0."""
+        self.link = conn
         maximum = conn.topic_alias_maximum
         self.sent_aliases = TopicAliases(maximum) if maximum else None
 
     def detach(self) -> None:
         """The connection is gone: a persistent session gives its memory back
         (everything is in the store); holds are let go."""
-        self.connection = None
+        self.link = None
         self._release_holds(self.ctx.clock.seconds())
         self._stop_marker_wait()
         self.slow = False

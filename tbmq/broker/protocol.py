@@ -22,6 +22,7 @@ from zope.interface import implementer
 from tbmq.auth import AuthRequest, AuthResult
 from tbmq.auth.guard import LoginGuard, PasswordChecks
 from tbmq.broker.connect import ConnectHandler
+from tbmq.broker.link import Link
 from tbmq.broker.deadlines import deadlines_for
 from tbmq.broker.session import Session
 from tbmq.errors import ProtocolViolation
@@ -131,7 +132,7 @@ class MQTTProtocol(protocol.Protocol):
         "callLater", "decoder", "server_max_packet_size", "session", "connect_packet",
         "protocol_level", "send_quota", "max_packet_size", "topic_alias_maximum", "paused",
         "paused_bytes", "_out", "_closing", "_connacked", "connected_at", "_normal_disconnect",
-        "_disconnect_reason", "_gate", "_waiting", "_abort_call", "handshake", "auth",
+        "_disconnect_reason", "_gate", "_waiting", "_abort_call", "handshake", "auth", "link",
         "auth_request", "_closed_waiters", "expiry_cap", "_partial_since",
         "_packet_timer", "_read_pauses", "_peer_address",
     )
@@ -175,6 +176,9 @@ class MQTTProtocol(protocol.Protocol):
         #: the :class:`~tbmq.broker.connect.ConnectHandler` from the CONNECT
         #: to the CONNACK (and during a re-authentication), else None
         self.handshake: ConnectHandler | None = None
+        #: what the session sees of this connection, once it attached: a
+        #: :class:`~tbmq.broker.link.Link` (its ``paused`` kept with this one's)
+        self.link: Link | None = None
         self.auth: AuthResult | None = None
         self.auth_request: AuthRequest | None = None
         self._closed_waiters: list | None = None
@@ -319,7 +323,7 @@ class MQTTProtocol(protocol.Protocol):
         if self.handshake is not None:
             self.handshake.lost()
         self._out = []
-        self.paused = True
+        self._set_paused(True)
         if self._abort_call is not None and self._abort_call.active():
             self._abort_call.cancel()
         self.ctx.connections.discard(self)
@@ -395,18 +399,31 @@ class MQTTProtocol(protocol.Protocol):
 
     def pauseProducing(self) -> None:
         if not self.paused:
-            self.paused = True
+            self._set_paused(True)
             self.paused_bytes = 0
 
     def resumeProducing(self) -> None:
         if not self.paused or self._closing:
             return
-        self.paused = False
+        self._set_paused(False)
         if self.session is not None:
             self.session.outbox.on_writable()
 
     def stopProducing(self) -> None:
-        self.paused = True
+        self._set_paused(True)
+
+    def _set_paused(self, paused: bool) -> None:
+        """The socket is full (True) or writable: here and in the link."""
+        self.paused = paused
+        link = self.link
+        if link is not None:
+            link.paused = paused
+
+    def make_link(self) -> Link:
+        """:returns: a new :class:`~tbmq.broker.link.Link` of this connection
+        for the session that attaches to it (kept up to date by this one)."""
+        link = self.link = Link(self)
+        return link
 
     # -- input: back-pressure on a publisher ------------------------------------------
 

@@ -78,7 +78,7 @@ class Session:
     __slots__ = tuple("""ctx client_id persistent expiry_interval protocol_level client_type subscriptions
         connection disconnected_at inbound_qos2 inbound_unacked aliases _acks _unaccepted _spare _allowed
         _allowed_for _reading_paused will will_timer expiry_timer session_id connected_at address username
-        credentials_name view outbox deliver app_consumers _received _received_bytes rate_in
+        credentials_name view link outbox deliver app_consumers _received _received_bytes rate_in
         rate_out""".split())
 
     def __init__(self, ctx: SessionContext, client_id: str, *, persistent: bool,
@@ -92,6 +92,9 @@ class Session:
         self.client_type = client_type
         self.subscriptions: dict[str, SubscriptionOptions] = {}
         self.connection: Any = None
+        #: what the session sees of its connection: its
+        #: :class:`~tbmq.broker.link.Link`, or None while offline
+        self.link: Any = None
         self.disconnected_at: float | None = None
         # inbound QoS 2 packet ids from the PUBLISH to the PUBREL [MQTT-4.3.3-10]
         self.inbound_qos2: set[int] | frozenset = _NO_IDS  # a set from the first QoS 2 PUBLISH
@@ -153,7 +156,7 @@ class Session:
             decided (the connection holds the packets after this one).
         :raises ProtocolViolation: with the reason code of the rule broken.
         """
-        conn = self.connection
+        conn = self.link
         mqtt = self.ctx.mqtt
         v5 = conn.protocol_level >= MQTT_5
         qos = packet.qos
@@ -246,7 +249,7 @@ class Session:
             return None
 
         def decided(allowed: bool) -> None:
-            if self.connection is not conn:
+            if self.link is not conn:
                 return
             if allowed:
                 self._publish(packet, topic, conn, self.ctx.clock.seconds(), v5)
@@ -358,7 +361,7 @@ class Session:
         if qos:
             entry = [(Puback if qos == 1 else Pubrec)(packet.packet_id), False, False]
             self._waiting_acks().append(entry)
-        done.wait(entry, self.connection, conn)
+        done.wait(entry, self.link, conn)
         if answer is not WAITING:
             done.call(answer)
 
@@ -383,7 +386,7 @@ class Session:
             self._reading_paused = False
             # not from inside the consumer that accepted it: the packets
             # read meanwhile are handled when this turn ends
-            self.ctx.flusher.later(lambda: self.connection is conn and conn.resume_reading())
+            self.ctx.flusher.later(lambda: self.link is conn and conn.resume_reading())
         return value
 
     def _qos0_refused(self, failure, conn) -> None:
@@ -414,11 +417,11 @@ class Session:
         entry = [packet, result is None, duplicate]
         self._waiting_acks().append(entry)
         if result is not None:
-            args = (entry, self.connection, accepting)
+            args = (entry, self.link, accepting)
             result.addCallbacks(self._ack_ready, self._ack_refused, callbackArgs=args,
                                 errbackArgs=args)
         else:
-            self._flush_acks(self.connection)
+            self._flush_acks(self.link)
 
     def _published(self, failure, entry: list | None, conn, accepting) -> None:
         """The bus answered a publish of :meth:`_publish` that it did not
@@ -450,7 +453,7 @@ class Session:
             entry[1] = True
             self._flush_acks(conn)
             return
-        if self.connection is conn and conn is not None:
+        if self.link is conn and conn is not None:
             conn.disconnect(ReasonCode.UNSPECIFIED_ERROR)
         self._acks = ()
 
@@ -466,11 +469,11 @@ class Session:
         acks = self._acks
         while acks and acks[0][1]:
             packet, _, duplicate = acks.popleft()
-            if self.connection is conn and conn is not None:
+            if self.link is conn and conn is not None:
                 self._send_ack(packet, duplicate)
 
     def _send_ack(self, packet, duplicate: bool = False) -> None:
-        conn = self.connection
+        conn = self.link
         if conn is None:
             return
         is_puback = type(packet) is Puback
@@ -489,7 +492,7 @@ class Session:
     def on_pubrel(self, packet: Pubrel) -> None:
         """PUBREL from the client ends an inbound QoS 2 flow with PUBCOMP;
         an unknown packet id gets 0x92 in v5 [MQTT-4.3.3-11]."""
-        conn = self.connection
+        conn = self.link
         if packet.packet_id in self.inbound_qos2:
             self.inbound_qos2.discard(packet.packet_id)
             conn.send(Pubcomp(packet.packet_id))
@@ -509,7 +512,7 @@ class Session:
         :returns: None, or a Deferred while authorizations are decided.
         :raises ProtocolViolation: for a malformed request.
         """
-        conn = self.connection
+        conn = self.link
         mqtt = self.ctx.mqtt
         v5 = conn.protocol_level >= MQTT_5
         sub_ids = packet.properties.get(Property.SUBSCRIPTION_IDENTIFIER) if v5 else None
@@ -558,7 +561,7 @@ class Session:
             return None
         d = defer.gatherResults([defer.maybeDeferred(lambda x=x: x) for x in decisions],
                                 consumeErrors=True)
-        return d.addCallback(lambda answers: self.connection is conn and self._subscribe(
+        return d.addCallback(lambda answers: self.link is conn and self._subscribe(
             packet, entries, answers, sub_id, conn))
 
     def _subscribe(self, packet: Subscribe, entries: list, decisions: list,
@@ -599,7 +602,7 @@ class Session:
         suback = Suback(packet.packet_id, codes)
 
         def send_suback(_=None):
-            if self.connection is not conn:
+            if self.link is not conn:
                 return
             conn.send(suback)
             now = self.ctx.clock.seconds()
@@ -632,14 +635,14 @@ class Session:
         def failed(failure):
             self.log.failure("storing the subscriptions of {client_id} failed", failure,
                              client_id=self.client_id)
-            if self.connection is conn and conn is not None:
+            if self.link is conn and conn is not None:
                 conn.disconnect(ReasonCode.UNSPECIFIED_ERROR)
 
         result.addCallbacks(then, failed)
 
     def on_unsubscribe(self, packet: Unsubscribe) -> None:
         """UNSUBACK with a reason code per filter (v5) [MQTT-3.10.4]."""
-        conn = self.connection
+        conn = self.link
         v5 = conn.protocol_level >= MQTT_5
         book = self.ctx.subscriptions
         codes = []
@@ -654,7 +657,7 @@ class Session:
             codes.append(ReasonCode.SUCCESS if existed else ReasonCode.NO_SUBSCRIPTION_EXISTED)
             self.ctx.hooks.client_unsubscribed(self, topic_filter, codes[-1])
         unsuback = Unsuback(packet.packet_id, codes if v5 else [])
-        self._after_save(lambda _=None: self.connection is conn and conn.send(unsuback), conn)
+        self._after_save(lambda _=None: self.link is conn and conn.send(unsuback), conn)
 
     def recheck_subscriptions(self, rules) -> list[str]:
         """After the client's authorization rules changed: drop the
@@ -678,12 +681,13 @@ class Session:
         """Bind a new connection; acks pending for the old one are void,
         topic aliases both ways start empty [MQTT-3.3.2-7]."""
         self.connection = connection
+        link = self.link = connection.make_link()
         self.protocol_level = connection.protocol_level
         self.disconnected_at = None
         self._acks = ()
         self.inbound_unacked = 0
         self.aliases = {}
-        self.outbox.attach(connection)
+        self.outbox.attach(link)
         self._unaccepted = 0
         self._reading_paused = False
 
@@ -694,7 +698,7 @@ class Session:
             self.ctx.applications.detach(self)
         if self.connection is not None and self._uses_device_store():
             self._mark(False)
-        self.connection = None
+        self.connection = self.link = None
         self.disconnected_at = now
         self._acks = ()
         self.inbound_unacked = 0

@@ -54,12 +54,12 @@ class StoreReads:
         self._loading = True
         self._finished_in_read = set()
         limit = max(1, self.queue_limit // 2)
-        conn = self.connection
+        conn = self.link
         d = self.ctx.device_store.load(self.client_id, after_seq=self._last_seq, limit=limit)
 
         def loaded(deliveries):
             self._loading = False
-            if self.connection is not conn:
+            if self.link is not conn:
                 self._arrived = ()
                 return
             if self._reread:
@@ -92,7 +92,7 @@ class StoreReads:
             self._loading = False
             self.log.failure("reading the queued messages of {client_id} failed", failure,
                              client_id=self.client_id)
-            if self.connection is conn and conn is not None:
+            if self.link is conn and conn is not None:
                 conn.disconnect(ReasonCode.UNSPECIFIED_ERROR)
 
         d.addCallbacks(loaded, failed)
@@ -112,7 +112,7 @@ class StoreReads:
         in ``seq`` order.  A marker of an older connection, or one that
         comes again (the writer's partition moved before it was committed),
         changes nothing or reads the store once more."""
-        if self.connection is None or session_id != self.session.session_id:
+        if self.link is None or session_id != self.session.session_id:
             return
         if self._marker_wait is not None:  # the first read: the only one
             self._stop_marker_wait()
@@ -152,7 +152,7 @@ class StoreReads:
         (the writer of the client's partition is gone, and its partition
         has not moved yet): read the store now, and again when it comes."""
         self._marker_wait = None
-        if self.connection is conn and conn is not None:
+        if self.link is conn and conn is not None:
             self._read_again()
 
     def marker_failed(self) -> None:

@@ -50,6 +50,9 @@ class FakeConnection:
     def disconnect(self, code, reason=None) -> None:
         self.closed_with = code
 
+    def make_link(self):
+        return self  # what the session sees of it: the same values
+
     def packets(self) -> list:
         """What was written, decoded as the client reads it."""
         decoder = Decoder(protocol_level=self.protocol_level, server_side=False)

@@ -312,6 +312,9 @@ class FakeConnection:
     def disconnect(self, code, reason=None) -> None:
         self.closed_with = code
 
+    def make_link(self):
+        return self  # what the session sees of it: the same values
+
 
 class Source:
     def __init__(self) -> None:
