@@ -37,7 +37,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.broker.outbound import HoldCredit
-from tbmq.broker.store_reads import StoreReads, delivery_size
+from tbmq.broker.store_reads import StoreReader, delivery_size
 from tbmq.broker.traffic import LATENCY_BOUNDS
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
@@ -142,7 +142,7 @@ class TopicAliases:
         by_topic[topic] = alias
 
 
-class Outbox(StoreReads):
+class Outbox:
     """The outbound part of a :class:`tbmq.broker.session.Session`, which
     owns it: the inflight window, packet identifiers, the queue, holds of
     the sources that feed it, drops.
@@ -167,7 +167,7 @@ class Outbox(StoreReads):
     # one per session: attributes in slots (the store reads' too)
     __slots__ = tuple("""session ctx client_id persistent link inflight queue queued_bytes
         _next_packet_id _max_inflight _completed slow overflowed _holding _hold_since _hold_timer
-        _credit paged_out _loading _last_seq _arrived _reread _marker_wait _finished_in_read
+        _credit paged_out _last_seq reader
         _app_done dropped _drop_logged_at _drops_logged sent_aliases _traffic _latency _sent
         _sent_bytes""".split())
 
@@ -200,18 +200,10 @@ class Outbox(StoreReads):
         #: the :class:`~tbmq.broker.outbound.HoldCredit`, made (full) at the first hold
         self._credit: HoldCredit | None = None
         self.paged_out = False
-        self._loading = False
         self._last_seq = 0
-        self._arrived: list[StoredDelivery] | tuple = ()  # a list from the first
-        #: the connection's attach marker came while the store was being
-        #: read: read it again once that read is done
-        self._reread = False
-        #: waiting for the connection's attach marker before the first read
-        #: of the store: the timer of :data:`MARKER_WAIT`, else None
-        self._marker_wait = None
-        #: seqs of the deliveries finished while the store was being read:
-        #: the read may still hold them (sent, so they would be sent again)
-        self._finished_in_read: set[int] | frozenset = NO_SOURCES  # a set per read
+        #: a persistent session's :class:`~tbmq.broker.store_reads.StoreReader`,
+        #: made at its first read (:meth:`store_reader`), else None
+        self.reader: StoreReader | None = None
         #: id(delivery) → the Deferred its ``tbmq.msg.app`` record commits on
         self._app_done: dict[int, defer.Deferred] = NO_ENTRIES
         self.dropped: dict[str, int] = NO_ENTRIES
@@ -382,23 +374,25 @@ class Outbox(StoreReads):
         else queued in memory up to :attr:`queue_limit`, else left in the
         store (paged out) until the queue drains.  One older than what
         this connection took already is left to the store
-        (:meth:`~tbmq.broker.store_reads.StoreReads._behind`)."""
+        (:meth:`~tbmq.broker.store_reads.StoreReader.behind`)."""
         conn = self.link
         if conn is None:
             return
         if now is None:
             now = self.ctx.clock.seconds()
         if self.paged_out:
-            if self._loading:
-                arrived = self._arrived
+            reader = self.store_reader()
+            if reader.loading:
+                arrived = reader.arrived
                 if not arrived:
-                    arrived = self._arrived = []
+                    arrived = reader.arrived = []
                 arrived.append(delivery)
             elif self._drained():
-                self._page_in()
+                reader.page_in()
             return
         if delivery.seq <= self._last_seq:
-            self._behind(delivery)  # read from the store already, or not shown by it
+            # read from the store already, or not shown by it
+            self.store_reader().behind(delivery)
             return
         self._offer(delivery, cache, now, source, conn)
 
@@ -640,8 +634,10 @@ class Outbox(StoreReads):
                 self.queued_bytes -= delivery_size(delivery)
                 if not self._send(delivery, None, now, conn, False):
                     self._finished(delivery)
-        if self.paged_out and not self._loading and self._drained():
-            self._page_in()
+        if self.paged_out:
+            reader = self.store_reader()
+            if not reader.loading and self._drained():
+                reader.page_in()
         if self._holding or self.slow:
             self._relieved()
 
@@ -684,8 +680,9 @@ class Outbox(StoreReads):
                 completed = self._completed = []
                 self.ctx.flusher.later(self._remove_completed)
             completed.append(delivery.seq)
-            if self._loading:
-                self._finished_in_read.add(delivery.seq)
+            reader = self.reader
+            if reader is not None and reader.loading:
+                reader.finished_in_read.add(delivery.seq)
 
     def _complete(self, packet_id: int) -> StoredDelivery | None:
         delivery = self.inflight.pop(packet_id, None)
@@ -781,26 +778,27 @@ class Outbox(StoreReads):
     def resume(self, marker: bool = False) -> None:
         """After CONNACK: resend what is in flight with DUP set, in order
         [MQTT-4.4.0-1], then send the queue.  A persistent session reads its
-        deliveries from the store first: with ``marker`` (its node writes an
-        attach marker, :meth:`on_attached`) once the marker comes back, or
-        after :data:`MARKER_WAIT` seconds at the latest; else now."""
+        deliveries from the store first (:meth:`StoreReader.start
+        <tbmq.broker.store_reads.StoreReader.start>`)."""
         if self.persistent:
             self.inflight.clear()
             self._clear_queue()
             self.queued_bytes = 0
             self._last_seq = 0
-            self._reread = False
             self.paged_out = True
-            self._stop_marker_wait()
-            if marker:
-                self._marker_wait = self.ctx.clock.callLater(
-                    self.MARKER_WAIT, self._marker_late, self.link)
-            else:
-                self._page_in()
+            self.store_reader().start(marker)
             return
         for delivery in list(self.inflight.values()):
             self._resend(delivery)
         self.pump()
+
+    def store_reader(self) -> StoreReader:
+        """:returns: the :class:`~tbmq.broker.store_reads.StoreReader` of a
+        persistent session, made at first use."""
+        reader = self.reader
+        if reader is None:
+            reader = self.reader = StoreReader(self)
+        return reader
 
     def attach(self, conn) -> None:
         """A new connection (its :class:`~tbmq.broker.link.Link`): the topic
@@ -815,7 +813,9 @@ class Outbox(StoreReads):
         (everything is in the store); holds are let go."""
         self.link = None
         self._release_holds(self.ctx.clock.seconds())
-        self._stop_marker_wait()
+        reader = self.reader
+        if reader is not None:
+            reader.stop_marker_wait()
         self.slow = False
         self.overflowed = False
         self.sent_aliases = None
@@ -825,7 +825,8 @@ class Outbox(StoreReads):
             self._clear_queue()
             self.queued_bytes = 0
             self.paged_out = True
-            self._arrived = ()
+            if reader is not None:
+                reader.arrived = ()
 
     def discard(self) -> None:
         """The session ends: forget what it holds (and its stored deliveries)."""

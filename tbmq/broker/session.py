@@ -753,7 +753,9 @@ class Session:
                               what="attach" if attached else "detach",
                               client_id=self.client_id, error=failure.getErrorMessage())
             if attached:
-                self.outbox.marker_failed()
+                reader = self.outbox.reader
+                if reader is not None:
+                    reader.marker_failed()
 
         result.addErrback(failed)
 
@@ -781,8 +783,8 @@ class Session:
         return self.outbox.deliver_app(d, source)
 
     def on_attached(self, session_id: str) -> None:
-        """See :meth:`tbmq.broker.store_reads.StoreReads.on_attached`."""
-        self.outbox.on_attached(session_id)
+        """See :meth:`tbmq.broker.store_reads.StoreReader.on_attached`."""
+        self.outbox.store_reader().on_attached(session_id)
 
     def drop(self, reason: str, message: Message | None = None, count: int = 1) -> None:
         """See :meth:`tbmq.broker.outbox.Outbox.drop`."""

@@ -382,7 +382,7 @@ def test_a_resumed_session_reads_again_what_the_writer_stored_before_its_marker(
     session = cluster.b.broker.sessions.sessions["late-dev"]
     # the marker does not come back (the writers are paused): the session
     # reads the store after a wait, and finds nothing
-    _wait(cluster, int(session.outbox.MARKER_WAIT) + 1)
+    _wait(cluster, int(session.outbox.reader.MARKER_WAIT) + 1)
     assert again.pending + again.received() == []
     # what the writer of the client's partition stored after that read, but
     # sent to node A's downlink or nowhere (its registry did not know of the

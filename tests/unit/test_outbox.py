@@ -104,10 +104,10 @@ def test_an_idle_outbox_holds_no_queue_and_no_held_sources():
     # an idle connection keeps no deque (760 bytes) and no sets (216 each)
     outbox, conn, clock = make_outbox()
     assert outbox.queue == () and type(outbox._holding) is frozenset
-    assert type(outbox._finished_in_read) is frozenset
+    assert outbox.reader is None  # the store reader: a persistent session's, at its first read
     # nor dicts, lists or a hold credit of its own (64 bytes each)
     assert outbox.dropped is NO_ENTRIES and outbox._app_done is NO_ENTRIES
-    assert outbox._completed == () and outbox._arrived == () and outbox._credit is None
+    assert outbox._completed == () and outbox._credit is None
 
 
 def test_the_first_drop_makes_the_outboxs_own_counts():
@@ -194,15 +194,26 @@ def test_holding_a_source_makes_a_set_and_letting_go_gives_it_back():
     assert not source.paused and type(outbox._holding) is frozenset
 
 
-def test_a_persistent_session_gives_its_queue_back_when_offline():
+def test_a_persistent_session_gives_its_queue_back_when_offline_and_reads_the_store_again():
+    store = MemoryDeviceMessageStore()
     outbox, conn, clock = make_outbox(FakeConnection(send_quota=1), persistent=True,
-                                       device_store=MemoryDeviceMessageStore())
+                                       device_store=store)
     outbox.paged_out = False
-    for i in range(3):
-        outbox.deliver_stored(_stored(i + 1), None, clock.seconds())
+    assert outbox.reader is None
+    deliveries = [_stored(i + 1) for i in range(3)]
+    store.add("c", deliveries)
+    for delivery in deliveries:
+        outbox.deliver_stored(delivery, None, clock.seconds())
     assert len(outbox.queue) == 2
     outbox.detach()
     assert outbox.queue == () and outbox.inflight == {} and outbox.paged_out
+    again = FakeConnection(send_quota=1)
+    outbox.attach(again)
+    outbox.resume()  # the store reader's first read: what was in flight again, with DUP
+    clock.advance(0)
+    assert outbox.reader is not None and not outbox.reader.loading
+    sent = again.packets()
+    assert [(p.payload, p.dup) for p in sent] == [(b"1", True)] and len(outbox.queue) == 2
 
 
 def _stored(seq):

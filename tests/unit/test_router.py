@@ -429,7 +429,7 @@ def test_a_resumed_session_reads_the_store_once_its_marker_is_back_or_after_a_wa
     store.release()
     assert [p.payload for p in Decoder(protocol_level=4, server_side=False).feed(conn.out)] \
         == [b"first"]
-    clock.advance(session.outbox.MARKER_WAIT)
+    clock.advance(session.outbox.reader.MARKER_WAIT)
     assert store.loads == []  # the marker came: no read after the wait
     # a marker that does not come back (the writer's partition has not
     # moved yet): the store is read after the wait, and again when it comes
@@ -438,7 +438,7 @@ def test_a_resumed_session_reads_the_store_once_its_marker_is_back_or_after_a_wa
     session.attach(conn2)
     session.session_id = "conn-2"
     session.outbox.resume(marker=True)
-    clock.advance(session.outbox.MARKER_WAIT - 0.1)
+    clock.advance(session.outbox.reader.MARKER_WAIT - 0.1)
     assert store.loads == []
     clock.advance(0.1)
     assert len(store.loads) == 1
