@@ -21,53 +21,24 @@ from tbmq.errors import ProtocolViolation
 from tbmq.model import Message
 from tbmq.mqtt import Puback, Publish, ReasonCode
 from tbmq.mqtt.decoder import Decoder
+from tests.unit.test_router import FakeConnection as RouterFakeConnection, Source
 
 
-class FakeConnection:
-    """What a session sees of its connection."""
+class FakeConnection(RouterFakeConnection):
+    """What an outbox sees of its connection (its link), with the client's
+    values of a CONNECT."""
 
     def __init__(self, *, protocol_level=4, send_quota=65535, max_packet_size=None,
                  topic_alias_maximum=0) -> None:
+        super().__init__()
         self.protocol_level = protocol_level
         self.send_quota = send_quota
         self.max_packet_size = max_packet_size
         self.topic_alias_maximum = topic_alias_maximum
-        self.paused = False
-        self.paused_bytes = 0
-        self.auth = None
-        self.written: list[bytes] = []
-        self.closed_with = None
-
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
-        if self.paused:
-            self.paused_bytes += len(data)
-
-    def send(self, packet) -> None:
-        from tbmq.mqtt.codec import encode
-        self.write(encode(packet, self.protocol_level))
-
-    def disconnect(self, code, reason=None) -> None:
-        self.closed_with = code
-
-    def make_link(self):
-        return self  # what the session sees of it: the same values
 
     def packets(self) -> list:
         """What was written, decoded as the client reads it."""
-        decoder = Decoder(protocol_level=self.protocol_level, server_side=False)
-        return decoder.feed(b"".join(self.written))
-
-
-class Source:
-    def __init__(self) -> None:
-        self.paused = False
-
-    def pause(self) -> None:
-        self.paused = True
-
-    def resume(self) -> None:
-        self.paused = False
+        return Decoder(protocol_level=self.protocol_level, server_side=False).feed(self.out)
 
 
 def make_outbox(conn=None, *, persistent=False, device_store=None, **mqtt):
@@ -135,7 +106,7 @@ def test_a_paused_connection_queues_and_writable_sends_in_order():
     conn.paused = True
     deliver(outbox, clock, payload=b"a")
     deliver(outbox, clock, payload=b"b")
-    assert conn.written == [] and len(outbox.queue) == 2
+    assert conn.out == b"" and len(outbox.queue) == 2
     conn.paused = False
     outbox.on_writable()
     assert [p.payload for p in conn.packets()] == [b"a", b"b"]
