@@ -36,7 +36,7 @@ from collections import OrderedDict, deque
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from tbmq.broker.outbound import HoldCredit
+from tbmq.broker.holding import NO_SOURCES, SourceHolds
 from tbmq.broker.store_reads import StoreReader, delivery_size
 from tbmq.broker.traffic import LATENCY_BOUNDS
 from tbmq.errors import ProtocolViolation
@@ -49,17 +49,9 @@ _SENT = DeliveryState.SENT
 _RELEASED = DeliveryState.RELEASED
 #: most deliveries fall in the first latency bucket: one comparison
 FIRST_LATENCY_BOUND = LATENCY_BOUNDS[0]
-#: a hold credit refills over this many times its capacity
-HOLD_WINDOW_FACTOR = 10.0
-#: holds shorter than this share of the credit cost nothing: a subscriber
-#: that is only the bottleneck drains quickly, again and again, and holds its
-#: publishers to its pace for as long as it reads
-FREE_HOLD_SHARE = 0.1
 #: an empty queue before the first delivery that waits (a deque is 760
 #: bytes; an idle session keeps none): see :meth:`Outbox._queue_to_fill`
 NO_QUEUE: tuple = ()
-#: no sources held (a set is made at the first hold)
-NO_SOURCES: frozenset = frozenset()
 #: an empty mapping shared by the outboxes that have none of their own yet
 #: (``dropped``, ``_app_done``): never written, a dict is made at the first
 #: entry (an empty dict is 64 bytes)
@@ -166,8 +158,7 @@ class Outbox:
 
     # one per session: attributes in slots (the store reads' too)
     __slots__ = tuple("""session ctx client_id persistent link inflight queue queued_bytes
-        _next_packet_id _max_inflight _completed slow overflowed _holding _hold_since _hold_timer
-        _credit paged_out _last_seq reader
+        _next_packet_id _max_inflight _completed slow overflowed holder paged_out _last_seq reader
         _app_done dropped _drop_logged_at _drops_logged sent_aliases _traffic _latency _sent
         _sent_bytes""".split())
 
@@ -194,11 +185,8 @@ class Outbox:
         #: disconnected with QUOTA_EXCEEDED: what still comes before the close is
         #: lost, counted
         self.overflowed = False
-        self._holding: set | frozenset = NO_SOURCES  # a set from the first hold
-        self._hold_since: float | None = None
-        self._hold_timer = None
-        #: the :class:`~tbmq.broker.outbound.HoldCredit`, made (full) at the first hold
-        self._credit: HoldCredit | None = None
+        #: the :class:`~tbmq.broker.holding.SourceHolds`, made at the first hold
+        self.holder: SourceHolds | None = None
         self.paged_out = False
         self._last_seq = 0
         #: a persistent session's :class:`~tbmq.broker.store_reads.StoreReader`,
@@ -252,14 +240,6 @@ class Outbox:
         if queue:
             queue.clear()
         self.queue = NO_QUEUE
-
-    def _hold_source(self, source) -> None:
-        """Hold ``source`` (see :class:`tbmq.broker.outbound.Holds`)."""
-        holding = self._holding
-        if type(holding) is not set:
-            holding = self._holding = set()
-        holding.add(source)
-        self.ctx.holds.hold(source, self)
 
     def _window(self) -> int:
         conn = self.link
@@ -344,14 +324,15 @@ class Outbox:
             paused = conn.paused
             if paused and (self.slow or conn.paused_bytes > self.ctx.mqtt.max_outbound_buffer):
                 if not self.slow:
-                    self._became_slow()  # past max_outbound_buffer on a full socket
+                    self.became_slow()  # past max_outbound_buffer on a full socket
                 self.drop("slow_consumer", message)
                 return
             data = self._encoded(message, 0, retain, subscription_ids, cache, now, conn, False, 0)
             if data is not None:
                 conn.write(data)
-                if (paused and source not in self._holding and conn.paused_bytes
-                        >= self.ctx.mqtt.max_outbound_buffer // 4):
+                if paused and source not in (
+                        NO_SOURCES if self.holder is None else self.holder.holding) \
+                        and conn.paused_bytes >= self.ctx.mqtt.max_outbound_buffer // 4:
                     # a full socket past a quarter of the buffer: hold the source
                     # (a shorter burst is only buffered)
                     self._hold(source, now)
@@ -437,7 +418,7 @@ class Outbox:
             return
         if self._full():
             if id(delivery) in self._app_done:
-                self._hold_source(source)  # its own topic keeps what waits
+                self._holder(now).add(source)  # its own topic keeps what waits
             elif self.persistent:
                 self.paged_out = True  # it waits in the store
                 return
@@ -541,7 +522,8 @@ class Outbox:
         self.drop("quota_exceeded", message, lost)
         self.overflowed = True
         conn = self.link
-        self._release_holds(self.ctx.clock.seconds())
+        if self.holder is not None:
+            self.holder.release(self.ctx.clock.seconds())
         self._clear_queue()
         self.queued_bytes = 0
         self.inflight.clear()
@@ -561,49 +543,27 @@ class Outbox:
             return False
         if source is None:
             return True
-        if source not in self._holding:
-            self._hold_source(source)
-        if self._hold_timer is None:
-            # a short hold is always allowed: a subscriber that is merely the
-            # bottleneck drains to its low-water mark quickly and often
-            credit = self._credit
-            if credit is None:
-                mqtt = self.ctx.mqtt
-                credit = self._credit = HoldCredit(
-                    mqtt.outbound_pause_timeout,
-                    mqtt.outbound_pause_timeout * HOLD_WINDOW_FACTOR, now)
-            free = credit.capacity * FREE_HOLD_SHARE
-            left = max(credit.available(now), free)
-            self._hold_since = now
-            self._hold_timer = self.ctx.clock.callLater(left, self._hold_expired)
+        self._holder(now).hold(source, now)
         return True
 
-    def _hold_expired(self) -> None:
-        self._hold_timer = None
-        self._became_slow()
+    def _holder(self, now: float) -> SourceHolds:
+        """:returns: the :class:`~tbmq.broker.holding.SourceHolds`, made at
+        first use."""
+        holder = self.holder
+        if holder is None:
+            holder = self.holder = SourceHolds(self, now)
+        return holder
 
-    def _became_slow(self) -> None:
+    def became_slow(self) -> None:
+        """The session used up its hold credit, or its socket stayed full
+        past ``mqtt.max_outbound_buffer``: it holds nobody from now on."""
         now = self.ctx.clock.seconds()
         self.log.info("{client_id} is slow: it held its publishers for its whole credit; "
                       "its QoS 0 messages are dropped while it is congested",
                       client_id=self.client_id)
-        self._release_holds(now)
+        if self.holder is not None:
+            self.holder.release(now)
         self.slow = True
-
-    def _release_holds(self, now: float) -> None:
-        timer = self._hold_timer
-        if timer is not None:
-            self._hold_timer = None
-            if timer.active():
-                timer.cancel()
-        if self._hold_since is not None:
-            held = now - self._hold_since
-            if held > self._credit.capacity * FREE_HOLD_SHARE:
-                self._credit.spend(held, now)  # only long holds use the credit up
-            self._hold_since = None
-        if self._holding:
-            holding, self._holding = self._holding, NO_SOURCES
-            self.ctx.holds.release(holding, self)
 
     def _relieved(self) -> None:
         """The socket is writable and the queue at its low-water mark: let the
@@ -611,8 +571,9 @@ class Outbox:
         conn = self.link
         if (conn is not None and conn.paused) or not self._drained():
             return
-        if self._holding or self._hold_since is not None:
-            self._release_holds(self.ctx.clock.seconds())
+        holder = self.holder
+        if holder is not None and (holder.holding or holder.since is not None):
+            holder.release(self.ctx.clock.seconds())
         self.slow = False
 
     # -- draining --------------------------------------------------------------------------
@@ -638,7 +599,7 @@ class Outbox:
             reader = self.store_reader()
             if not reader.loading and self._drained():
                 reader.page_in()
-        if self._holding or self.slow:
+        if self.slow or (self.holder is not None and self.holder.holding):
             self._relieved()
 
     def on_writable(self) -> None:
@@ -719,7 +680,7 @@ class Outbox:
         self._complete(packet_id)
         if self.ctx.hooks.wants_delivered:
             self.ctx.hooks.message_delivered(self.session, delivery.message, 1)
-        if self.queue or self.paged_out or self._holding:
+        if self.queue or self.paged_out or (self.holder is not None and self.holder.holding):
             self.pump()
 
     def on_pubrec(self, packet) -> None:
@@ -812,7 +773,8 @@ class Outbox:
         """The connection is gone: a persistent session gives its memory back
         (everything is in the store); holds are let go."""
         self.link = None
-        self._release_holds(self.ctx.clock.seconds())
+        if self.holder is not None:
+            self.holder.release(self.ctx.clock.seconds())
         reader = self.reader
         if reader is not None:
             reader.stop_marker_wait()
@@ -834,7 +796,8 @@ class Outbox:
         if hooks.wants_dropped:
             for delivery in list(self.inflight.values()) + list(self.queue):
                 hooks.message_dropped(self.session, delivery.message, "session_ended")
-        self._release_holds(self.ctx.clock.seconds())
+        if self.holder is not None:
+            self.holder.release(self.ctx.clock.seconds())
         self.inflight.clear()
         self._clear_queue()
         self.queued_bytes = 0

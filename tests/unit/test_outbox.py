@@ -74,11 +74,11 @@ def deliver(outbox, clock, topic="t", payload=b"x", qos=1, source=None, **kw):
 def test_an_idle_outbox_holds_no_queue_and_no_held_sources():
     # an idle connection keeps no deque (760 bytes) and no sets (216 each)
     outbox, conn, clock = make_outbox()
-    assert outbox.queue == () and type(outbox._holding) is frozenset
+    assert outbox.queue == () and outbox.holder is None  # the held sources: at the first hold
     assert outbox.reader is None  # the store reader: a persistent session's, at its first read
     # nor dicts, lists or a hold credit of its own (64 bytes each)
     assert outbox.dropped is NO_ENTRIES and outbox._app_done is NO_ENTRIES
-    assert outbox._completed == () and outbox._credit is None
+    assert outbox._completed == ()
 
 
 def test_the_first_drop_makes_the_outboxs_own_counts():
@@ -160,9 +160,10 @@ def test_holding_a_source_makes_a_set_and_letting_go_gives_it_back():
     source = Source()
     for i in range(3):  # one in flight, two queued: the high-water mark
         deliver(outbox, clock, payload=b"%d" % i, source=source)
-    assert source.paused and outbox._holding == {source}
+    assert source.paused and outbox.holder.holding == {source}
     outbox.on_puback(Puback(1))  # one queued: the low-water mark
-    assert not source.paused and type(outbox._holding) is frozenset
+    assert not source.paused and outbox.holder.holding == frozenset()
+    assert outbox.holder.timer is None and outbox.holder.since is None
 
 
 def test_a_persistent_session_gives_its_queue_back_when_offline_and_reads_the_store_again():
