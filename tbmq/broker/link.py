@@ -1,6 +1,7 @@
 """What a session and its parts see of their connection: a :class:`Link`,
 built by the connection (:meth:`tbmq.broker.protocol.MQTTProtocol.make_link`)
-when a session attaches to it, not the connection itself.
+when a session attaches to it, not the connection itself.  The connection
+keeps its ``paused`` and ``auth`` up to date.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ __all__ = ["Link"]
 
 class Link:
     """One connection as its session sees it.  The values are the client's
-    (from its CONNECT, fixed for the connection); ``paused`` is kept by the
-    connection.
+    (from its CONNECT, fixed for the connection); ``paused`` and ``auth``
+    are kept by the connection.
 
     :param conn: the :class:`tbmq.broker.protocol.MQTTProtocol` (used for
         the rare calls: :meth:`send`, :meth:`disconnect`, reading back-pressure).
@@ -25,11 +26,13 @@ class Link:
     :ivar topic_alias_maximum: topic aliases the broker may give towards the
         client, 0 for none [MQTT-3.1.2-26].
     :ivar paused: True while the connection's socket is full.
+    :ivar auth: the :class:`tbmq.auth.AuthResult` the client is connected
+        under (a re-authentication replaces it here too).
     :ivar write: ``write(data: bytes) -> None``: queue bytes for the client.
     """
 
     __slots__ = ("protocol_level", "send_quota", "max_packet_size", "topic_alias_maximum",
-                 "paused", "write", "_conn")
+                 "paused", "auth", "write", "_conn")
 
     def __init__(self, conn) -> None:
         self._conn = conn
@@ -38,18 +41,13 @@ class Link:
         self.max_packet_size: int | None = conn.max_packet_size
         self.topic_alias_maximum: int = conn.topic_alias_maximum
         self.paused: bool = conn.paused
+        self.auth = conn.auth
         self.write: Callable[[bytes], None] = conn.write
 
     @property
     def paused_bytes(self) -> int:
         """Bytes written since the socket became full."""
         return self._conn.paused_bytes
-
-    @property
-    def auth(self):
-        """The :class:`tbmq.auth.AuthResult` the client is connected under
-        (a re-authentication replaces it)."""
-        return self._conn.auth
 
     def send(self, packet) -> None:
         """Encode ``packet`` for the client's protocol level and write it."""

@@ -56,6 +56,8 @@ NO_QUEUE: tuple = ()
 #: (``dropped``, ``_app_done``): never written, a dict is made at the first
 #: entry (an empty dict is 64 bytes)
 NO_ENTRIES: dict = {}
+#: the time of the last log line about drops before the first
+NEVER = float("-inf")
 
 
 def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...],
@@ -195,7 +197,7 @@ class Outbox:
         #: id(delivery) → the Deferred its ``tbmq.msg.app`` record commits on
         self._app_done: dict[int, defer.Deferred] = NO_ENTRIES
         self.dropped: dict[str, int] = NO_ENTRIES
-        self._drop_logged_at = float("-inf")
+        self._drop_logged_at = NEVER
         self._drops_logged: dict[str, int] = NO_ENTRIES
         #: the topic aliases given on the current connection, or None when
         #: it takes none (``mqtt.outbound_topic_aliases``)

@@ -132,7 +132,7 @@ class MQTTProtocol(protocol.Protocol):
         "callLater", "decoder", "server_max_packet_size", "session", "connect_packet",
         "protocol_level", "send_quota", "max_packet_size", "topic_alias_maximum", "paused",
         "paused_bytes", "_out", "_closing", "_connacked", "connected_at", "_normal_disconnect",
-        "_disconnect_reason", "_gate", "_waiting", "_abort_call", "handshake", "auth", "link",
+        "_disconnect_reason", "_gate", "_waiting", "_abort_call", "handshake", "_auth", "link",
         "auth_request", "_closed_waiters", "expiry_cap", "_partial_since",
         "_packet_timer", "_read_pauses", "_peer_address",
     )
@@ -179,7 +179,7 @@ class MQTTProtocol(protocol.Protocol):
         #: what the session sees of this connection, once it attached: a
         #: :class:`~tbmq.broker.link.Link` (its ``paused`` kept with this one's)
         self.link: Link | None = None
-        self.auth: AuthResult | None = None
+        self._auth: AuthResult | None = None
         self.auth_request: AuthRequest | None = None
         self._closed_waiters: list | None = None
         self.expiry_cap = ctx.config.mqtt.max_session_expiry_interval
@@ -530,10 +530,19 @@ class MQTTProtocol(protocol.Protocol):
             handshake = self.handshake = ConnectHandler(self)
         return handshake
 
-    def handle_auth(self, packet: Auth) -> None:
-        """AUTH (an exchange or a re-authentication): see
-        :meth:`tbmq.broker.connect.ConnectHandler.handle_auth`."""
-        self._handshake().handle_auth(packet)
+    @property
+    def auth(self) -> AuthResult | None:
+        """The :class:`~tbmq.auth.AuthResult` the client is connected under,
+        None before; set again by a re-authentication or a change of its
+        credentials, here and in the session's :class:`~tbmq.broker.link.Link`."""
+        return self._auth
+
+    @auth.setter
+    def auth(self, result: AuthResult | None) -> None:
+        self._auth = result
+        link = self.link
+        if link is not None:
+            link.auth = result
 
     def _internal_error(self, failure) -> None:
         """A step of the connection failed: see
@@ -591,7 +600,8 @@ class MQTTProtocol(protocol.Protocol):
     _handlers = {
         Pingreq: handle_pingreq,
         Disconnect: handle_disconnect,
-        Auth: handle_auth,
+        # AUTH (an exchange or a re-authentication): the ConnectHandler's
+        Auth: lambda self, packet: self._handshake().handle_auth(packet),
     }
 
 

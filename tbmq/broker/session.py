@@ -53,6 +53,10 @@ V3_RECEIVE_MAXIMUM = 65535
 
 #: a session's inbound QoS 2 packet ids while it has none
 _NO_IDS: frozenset = frozenset()
+#: an empty mapping shared by the sessions that have no topic aliases or
+#: cached authorizations yet: never written (a dict is made at the first
+#: entry; an empty one is 64 bytes)
+_NO_ENTRIES: dict = {}
 
 class Session:
     """The state of one client id.
@@ -102,7 +106,7 @@ class Session:
         # the client's buckets of mqtt.rate_limits, made at first use when enabled
         self.rate_in = self.rate_out = None
         # topic aliases of the current connection [MQTT-3.3.2-7]
-        self.aliases: dict[int, str] = {}
+        self.aliases: dict[int, str] = _NO_ENTRIES  # a dict from the first alias
         # acks waiting for earlier acks, to keep PUBACK/PUBREC in order [MQTT-4.6.0-2]
         self._acks: deque[list] | tuple = ()  # a deque (760 bytes) from the first: _waiting_acks
         # publishes handed to the pipeline and not yet accepted by the bus
@@ -112,7 +116,7 @@ class Session:
         self._spare: PublishDone | None = None
         # topic name → (allowed, until): the publish authorization cache,
         # valid for the AuthResult it was filled under
-        self._allowed: dict[str, tuple[bool, float]] = {}
+        self._allowed: dict[str, tuple[bool, float]] = _NO_ENTRIES  # a dict from the first
         self._allowed_for = None
         self._reading_paused = False
         self.will = None
@@ -169,7 +173,10 @@ class Session:
                     raise ProtocolViolation(ReasonCode.TOPIC_ALIAS_INVALID,
                                             "topic alias out of range")
                 if topic:
-                    self.aliases[alias] = topic
+                    aliases = self.aliases
+                    if aliases is _NO_ENTRIES:
+                        aliases = self.aliases = {}
+                    aliases[alias] = topic
                 else:
                     topic = self.aliases.get(alias)
                     if topic is None:
@@ -270,7 +277,8 @@ class Session:
         cache = self._allowed
         auth = conn.auth
         if auth is not self._allowed_for:
-            cache.clear()
+            if cache:
+                cache.clear()
             self._allowed_for = auth
         hit = cache.get(topic)
         if hit is not None and hit[1] > now:
@@ -278,7 +286,9 @@ class Session:
         allowed = self.ctx.hooks.authorize("publish", self, auth, topic)
         settings = self.ctx.auth
         if type(allowed) is bool and settings is not None and settings.cache_size:
-            if len(cache) >= settings.cache_size:
+            if cache is _NO_ENTRIES:
+                cache = self._allowed = {}
+            elif len(cache) >= settings.cache_size:
                 del cache[next(iter(cache))]  # the oldest
             cache[topic] = (allowed, now + settings.cache_ttl)
         return allowed
@@ -686,7 +696,7 @@ class Session:
         self.disconnected_at = None
         self._acks = ()
         self.inbound_unacked = 0
-        self.aliases = {}
+        self.aliases = _NO_ENTRIES
         self.outbox.attach(link)
         self._unaccepted = 0
         self._reading_paused = False
@@ -702,7 +712,7 @@ class Session:
         self.disconnected_at = now
         self._acks = ()
         self.inbound_unacked = 0
-        self.aliases = {}
+        self.aliases = _NO_ENTRIES
         self.outbox.detach()
 
     def expiry_on_disconnect(self, expiry: int, asked: int, cap: int) -> None:

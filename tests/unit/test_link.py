@@ -3,6 +3,8 @@ built by the connection at attach, not the connection itself."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from tbmq.broker.link import Link
 from tbmq.mqtt import Property
 from tests.helpers import Harness
@@ -19,6 +21,11 @@ def test_a_session_sees_its_connection_through_a_link_with_the_connects_values()
     assert (link.protocol_level, link.send_quota, link.max_packet_size,
             link.topic_alias_maximum) == (5, 7, 5000, 2)
     assert link.auth is c.protocol.auth and not link.paused
+    # a re-authentication or a change of the client's credentials
+    # (tbmq.auth.watch) replaces the connection's auth: the link's too
+    changed = dataclasses.replace(c.protocol.auth, rules=None)
+    c.protocol.auth = changed
+    assert link.auth is changed
 
 
 def test_the_connection_keeps_the_links_paused_and_a_new_connection_gets_a_new_link():
