@@ -4,8 +4,14 @@ both ways, its packet identifiers and topic aliases (MQTT 5.0 §4.1, §4.3,
 
 The session decides; the connection (:class:`tbmq.broker.protocol.MQTTProtocol`)
 only moves bytes.  A session gets its few collaborators in one
-:class:`SessionContext`, never the node.  The outbound half lives in
-:class:`tbmq.broker.outbox.Outbox`.
+:class:`SessionContext`, never the node, and sees its connection through a
+:class:`~tbmq.broker.link.Link` (protocol level, send quota, maximum packet
+size, topic alias maximum, paused, auth, write).  It keeps the client's
+identity, inbound QoS state and subscriptions, and owns its parts: the
+:class:`~tbmq.broker.outbox.Outbox` (outbound window, packet identifiers,
+queue), which owns a :class:`~tbmq.broker.holding.SourceHolds` from its
+first hold and a persistent session's
+:class:`~tbmq.broker.store_reads.StoreReader` from its first read.
 """
 
 from __future__ import annotations
