@@ -48,6 +48,10 @@ class Node:
         self.read: list = []
         self.bus.subscribe(self.topics.client_session, "other", self.read.append)
 
+    def turn(self) -> None:
+        """The next reactor turn: the last one's group commit to the log."""
+        self.clock.advance(0)
+
     def stop(self) -> None:
         fired(self.bus.stop())
 
@@ -58,10 +62,12 @@ def test_a_clean_session_record_and_its_tombstone_are_not_logged_but_are_read(tm
     assert node.registry.get("c") is not None
     node.registry.remove("c")
     assert node.registry.get("c") is None
+    node.turn()
     assert node.appended == []
     assert [r.key for r in node.read] == ["c", "c"]  # another group still reads both
     assert all(transient(r.headers) for r in node.read)
     node.registry.put(info("p", True))
+    node.turn()
     assert node.appended == [("p", True)]
     node.stop()
 
@@ -75,6 +81,7 @@ def test_a_clean_session_replacing_a_persistent_one_is_logged_and_a_restart_keep
     node.registry.remove("x")  # its tombstone: logged too
     node.registry.put(info("x", False, "newer"))  # the log ends with a tombstone now
     node.registry.remove("x")
+    node.turn()
     assert [key for key, _ in node.appended] == ["x", "x", "x"]
     node.stop()
     again = Node(path)
@@ -91,6 +98,7 @@ def test_a_persistent_session_replayed_from_the_log_is_replaced_durably(tmp_path
     again = Node(path)
     assert again.registry.get("x").session_id == "old"
     again.registry.put(info("x", False, "new"))
+    again.turn()
     assert again.appended == [("x", True)]
     again.stop()
     third = Node(path)
