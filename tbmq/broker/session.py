@@ -798,6 +798,10 @@ class Session:
         """See :meth:`tbmq.broker.outbox.Outbox.deliver_app`."""
         return self.outbox.deliver_app(d, source)
 
+    def deliver_app_batch(self, deliveries, source):
+        """See :meth:`tbmq.broker.outbox.Outbox.deliver_app_batch`."""
+        return self.outbox.deliver_app_batch(deliveries, source)
+
     def on_attached(self, session_id: str) -> None:
         """See :meth:`tbmq.broker.store_reads.StoreReader.on_attached`."""
         self.outbox.store_reader().on_attached(session_id)

@@ -147,7 +147,7 @@ class PersistedWriter:
     An attach marker is passed on to the session, here or on its node, once
     every delivery this writer handled before it is in the store; the
     session then reads the store again
-    (:meth:`~tbmq.broker.store_reads.StoreReads.on_attached`), and finds what this writer located elsewhere before it
+    (:meth:`~tbmq.broker.store_reads.StoreReader.on_attached`), and finds what this writer located elsewhere before it
     knew of the connection.
 
     :param store: the :class:`tbmq.interfaces.IDeviceMessageStore`.
