@@ -61,7 +61,10 @@ class BasicIndex:
     :meth:`current` asks the store what changed at most once at a time:
     the CONNECTs that arrive while a question is under way share the next
     one, so that a burst costs a few questions, not one per CONNECT, and
-    each still sees every change committed before it arrived.
+    each still sees every change committed before it arrived.  A store
+    that can tell at once that nothing changed (an ``unchanged_since(version)
+    -> bool`` method: the embedded stores) is not asked at all then
+    (:meth:`current_now`).
 
     :param store: the :class:`tbmq.interfaces.ICredentialStore`.
     :ivar version: the store's version the index is current with.
@@ -77,6 +80,13 @@ class BasicIndex:
         self._usernames: collections.Counter = collections.Counter()
         self._asking = False
         self._next: list[defer.Deferred] = []  # waiting for a question not asked yet
+
+    def current_now(self) -> bool:
+        """:returns: True when the store tells at once that the index holds
+        every change it committed (then :meth:`current` need not be
+        asked); False when it cannot tell."""
+        unchanged = getattr(self.store, "unchanged_since", None)
+        return unchanged is not None and unchanged(self.version)
 
     def current(self) -> defer.Deferred:
         """:returns: a Deferred firing with None once the index holds every
@@ -165,28 +175,55 @@ class BasicAuth:
 
     @hookimpl
     def tbmq_authenticate(self, request):
+        """:returns: None at once when the index is known current and no
+        credentials match the client (it passes: the next provider is
+        asked at once); else a Deferred firing with the
+        :class:`~tbmq.auth.AuthResult` or None."""
         if request.auth_method is not None or request.reauthenticate:
             return None
-        return defer.ensureDeferred(self._authenticate(request))
-
-    async def _authenticate(self, request):
         store = request.credentials
         index = self._indexes.get(store)
         if index is None:
             index = self._indexes[store] = BasicIndex(store)
-        await index.current()
+        if index.current_now():
+            keys = self._keys(index, request)
+            if not keys:
+                return self._unknown(index, request)
+            return defer.ensureDeferred(self._authenticate(request, index, keys))
+        return index.current().addCallback(self._indexed, index, request)
+
+    @staticmethod
+    def _keys(index: BasicIndex, request) -> list[str]:
+        """The lookup keys of ``request``'s client that some credentials
+        have, most specific first (only those are looked up)."""
+        return [key for key in credentials_ids(request.client_id, request.username)
+                if index.has(key)]
+
+    def _indexed(self, _, index: BasicIndex, request):
+        keys = self._keys(index, request)
+        if not keys:
+            return self._unknown(index, request)
+        return defer.ensureDeferred(self._authenticate(request, index, keys))
+
+    @staticmethod
+    def _unknown(index: BasicIndex, request) -> None:
+        """No credentials match: pass, marking a half-known client (see the
+        module's docstring)."""
+        config = request.config
+        if config is None or config.auth.allow_anonymous:  # else refused anyway
+            if index.knows(request.client_id, request.username):
+                request.known_by = "basic"
+        return None
+
+    async def _authenticate(self, request, index: BasicIndex, keys: list[str]):
+        store = request.credentials
         credentials = None
-        for key in credentials_ids(request.client_id, request.username):
-            if index.has(key):  # else none as of this CONNECT: no lookup
-                credentials = await store.find(CredentialsType.MQTT_BASIC, key)
-                if credentials is not None:
-                    break
-        if credentials is None:
-            config = request.config
-            if config is None or config.auth.allow_anonymous:  # else refused anyway
-                if index.knows(request.client_id, request.username):
-                    request.known_by = "basic"
-            return None
+        for key in keys:
+            credentials = await store.find(CredentialsType.MQTT_BASIC, key)
+            if credentials is not None:
+                break
+        if credentials is None:  # removed since the index saw it
+            return self._unknown(index, request)
         hashed = credentials.value.get("password")
         if hashed:
             if request.password is None or not await request.check_password(request.password, hashed):
@@ -195,6 +232,5 @@ class BasicAuth:
         return AuthResult(True, credentials.client_type, provider="basic",
                           rules=bind_rules(credentials, request), credentials=credentials.id,
                           credentials_name=credentials.name)
-
 
 plugin = BasicAuth()

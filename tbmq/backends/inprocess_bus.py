@@ -42,7 +42,8 @@ broker nodes are tested in one process).
 * **Encoding mode** (``encode=True``): every value is encoded with its
   topic's codec at publish and decoded for each consumer.  Durable topics
   are always held encoded and written to the topic log
-  (:class:`tbmq.interfaces.ITopicLog`), which ``start`` reads back; in
+  (:class:`tbmq.interfaces.ITopicLog`; not a record marked
+  :func:`~tbmq.cluster.topics.transient`), which ``start`` reads back; in
   direct mode a group live at publish gets the object itself.
 * **Group commit.**  What a reactor turn publishes to durable topics goes
   to the log in one append at the start of the next turn, then the turn's
@@ -66,7 +67,7 @@ from tbmq.backends.inprocess_writes import LogWrites
 from tbmq.backends.topic_records import check_record
 from tbmq.cluster.completion import Completion, deferred_done
 from tbmq.cluster.records import new_record
-from tbmq.cluster.topics import TopicCatalogue
+from tbmq.cluster.topics import TopicCatalogue, transient
 from tbmq.errors import BusClosedError, BusPublishError, ConsumerFailedError, RecordEncodingError
 from tbmq.interfaces import IDescribableBus, IMessageBus
 from tbmq.log import OBSERVER as LOG_OBSERVER
@@ -476,7 +477,9 @@ class InProcessBus(Describable):
             stored = value if state.codec is None else state.codec.encode(value)
         except RecordEncodingError as e:
             return e
-        if headers and state.durable and self._writes is not None:
+        logged = state.durable and self._writes is not None and not (
+            headers and transient(headers))
+        if headers and logged:
             try:  # alone: it would fail the whole turn's append
                 check_record((topic, 0, 0, key, stored, headers, False))
             except (TypeError, ValueError) as e:
@@ -500,7 +503,7 @@ class InProcessBus(Describable):
             # (encoded once, for the log), unless in the encoding mode
             o = part.append(key, stored, headers,
                             value if groups and not self.encodes else None)
-            if self._writes is not None:
+            if logged:
                 if done is None:
                     result = defer.Deferred()
                     done = result.callback  # a Failure: errback

@@ -184,6 +184,14 @@ class MemoryCredentialStore:
         self._deleted[id] = self._version
         return defer.succeed(True)
 
+    def unchanged_since(self, version: int) -> bool:
+        """Know at once that nothing changed after ``version`` (every write
+        goes through this store).
+
+        :returns: True when :meth:`changed_since` would answer ``([], [],
+            version)``."""
+        return version == self._version
+
     def changed_since(self, version: int) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ICredentialStore.changed_since`.
 

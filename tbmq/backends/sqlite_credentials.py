@@ -10,6 +10,10 @@ wait for the other instead of failing.  The broker sees the CLI's changes
 through :meth:`SQLiteCredentialStore.changed_since`: every save stamps the
 record with the next value of a counter kept in the same file, every delete
 leaves the id and its version in ``deleted_credentials``.
+:meth:`SQLiteCredentialStore.unchanged_since` answers "nothing changed"
+without a database round trip while the file's write-ahead log keeps the
+inode, size and modification time it had when the store last read its
+version (a commit of either process changes them).
 
 The store runs on a :class:`~tbmq.backends.sqlite_runner.SQLiteRunner`
 (its own, or the one of its file shared with other stores, on a shared
@@ -164,6 +168,10 @@ class SQLiteCredentialStore(RunnerView):
             runner.private = True
         super().__init__(runner, CREDENTIALS_SCHEMA)
         self._clock = clock
+        #: (version, file signature) of the last changed_since answer whose
+        #: signature was settled, or None
+        self._known: tuple[int, tuple] | None = None
+        self._wal = None if self.path == ":memory:" else self.path + "-wal"
 
     @property
     def busy_timeout(self) -> float:
@@ -308,6 +316,7 @@ class SQLiteCredentialStore(RunnerView):
             deleted after it (sorted), and the counter's value.
         """
         since = int(version)
+        signature = self._signature()
 
         def changed_since(conn: sqlite3.Connection) -> tuple:
             (current,) = conn.execute("SELECT value FROM credentials_version").fetchone()
@@ -326,7 +335,57 @@ class SQLiteCredentialStore(RunnerView):
             ]
             return [_record(row) for row in rows], deleted, current
 
-        return self._run(changed_since, write=False)
+        d = self._run(changed_since, write=False)
+        if signature is not None:
+            d.addCallback(self._remember, signature)
+        return d
+
+    #: nanoseconds a file's modification time must be older than its
+    #: signature for :meth:`unchanged_since` to trust it (a write in the
+    #: same tick of the file system's clock may leave it as it was)
+    SETTLE_NS = 1_000_000_000
+
+    def _stat(self) -> tuple | None:
+        """The inode, size and modification time (ns) of the file's
+        write-ahead log, which every commit of a file in WAL mode writes
+        (this store's and the CLI's: the mode is kept in the file), or None
+        when it cannot tell every change (an in-memory database, no log).
+        One ``stat``, in the calling thread; no database access."""
+        try:
+            wal = os.stat(self._wal)
+        except (OSError, TypeError):
+            return None
+        return wal.st_ino, wal.st_size, wal.st_mtime_ns
+
+    def _signature(self) -> tuple | None:
+        """:meth:`_stat`, or None when a modification time is less than
+        :data:`SETTLE_NS` old (a later write might leave it as it is)."""
+        if not self.running:
+            return None
+        stat = self._stat()
+        if stat is None or stat[2] > time.time_ns() - self.SETTLE_NS:
+            return None
+        return stat
+
+    def _remember(self, answer: tuple, signature: tuple) -> tuple:
+        self._known = (answer[2], signature)
+        return answer
+
+    def unchanged_since(self, version: int) -> bool:
+        """Know without a database round trip that nothing changed after
+        ``version`` (what :meth:`changed_since` would answer ``([], [],
+        version)``).
+
+        :param version: the ``new_version`` of an earlier answer.
+        :returns: True when ``version`` is the version of the store's last
+            :meth:`changed_since` answer and neither the file nor its
+            write-ahead log changed since that question was asked (a save or
+            a delete by this store or by another process: the CLI); False
+            when it cannot tell (then ask :meth:`changed_since`).
+        """
+        known = self._known
+        return (known is not None and known[0] == version and self._stat() == known[1]
+                and self.running)
 
 
 def make_sqlite_credential_store(

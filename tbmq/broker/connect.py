@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import uuid
 
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
 from tbmq.auth import AuthRequest, AuthResult
 from tbmq.listeners import peer_certificate_chain
 from tbmq.log import debug_enabled
@@ -262,8 +265,14 @@ class ConnectHandler:
         if self._attempt is not None and not request.reauthenticate:
             request.checker = self._attempt.check_password
         d = self.ctx.hooks.authenticate(request, provider)
-        d.addCallback(self._auth_answer, request)
-        d.addErrback(self._internal_error)
+        if isinstance(d, Deferred):
+            d.addCallback(self._auth_answer, request)
+            d.addErrback(self._internal_error)
+            return
+        try:  # answered at once
+            self._auth_answer(d, request)
+        except Exception:
+            self._internal_error(Failure())
 
     def _auth_done(self, failed: bool | None) -> None:
         """Tell the login guard how the CONNECT's authentication ended (see

@@ -1,11 +1,18 @@
 """The node's calls into the plugin hooks (:mod:`tbmq.hookspecs`), all
 through pluggy.
 
-Decision hooks are asked through pluggy hook callers: authentication one
-provider at a time in the order of ``auth.providers`` (a subset caller per
-plugin, so a provider that passes hands over to the next one, even after a
-Deferred), authorization with pluggy's ``firstresult`` (the first answer
-that is not None wins; every plugin passing means no, ARCHITECTURE §3).
+Decision hooks: authentication asks one provider at a time in the order of
+``auth.providers``, so a provider that passes hands over to the next one,
+even after a Deferred.  pluggy stays the registry: the providers and their
+implementations are read from it once per change of the plugin set
+(:meth:`Hooks.refresh`), and each plain implementation is then called as
+pluggy's own loop would call it (its arguments by name, in its plugin's
+order) without pluggy's per-call machinery, which a CONNECT would otherwise
+pay once per provider; a provider with a wrapper implementation goes
+through a pluggy subset caller of its own.  A provider's answer given at
+once is passed on at once (no Deferred).  Authorization uses pluggy's
+``firstresult`` (the first answer that is not None wins; every plugin
+passing means no, ARCHITECTURE §3).
 Notification hooks on the message path cost nothing while no plugin
 implements them.  The core names no plugin.
 """
@@ -28,6 +35,38 @@ NOTIFICATIONS = (
     "tbmq_client_connected", "tbmq_client_disconnected", "tbmq_session_expired",
     "tbmq_client_subscribed", "tbmq_client_unsubscribed", "tbmq_authentication_failed",
 )
+
+
+def _direct_call(impls: list):
+    """:param impls: one plugin's plain ``tbmq_authenticate``
+        :class:`pluggy.HookImpl` objects, in pluggy's call order.
+    :returns: ``call(request)`` giving the first answer that is not None,
+        or None: what pluggy's loop would do with them."""
+    if len(impls) == 1 and tuple(impls[0].argnames) == ("request",):
+        return impls[0].function
+    # pluggy checked at registration that an implementation takes
+    # ``request`` or nothing
+    calls = [(impl.function, bool(impl.argnames)) for impl in impls]
+
+    def call(request):
+        for function, takes_request in calls:
+            result = function(request) if takes_request else function()
+            if result is not None:
+                return result
+        return None
+
+    return call
+
+
+def _subset_call(caller):
+    """:param caller: a pluggy subset hook caller of one plugin.
+    :returns: ``call(request)`` giving its first result, or None."""
+
+    def call(request):
+        results = caller(request=request)
+        return results[0] if results else None
+
+    return call
 
 
 class Hooks:
@@ -55,45 +94,61 @@ class Hooks:
         self.wants_published = self._has["tbmq_message_published"]
         self.wants_delivered = self._has["tbmq_message_delivered"]
         self.wants_dropped = self._has["tbmq_message_dropped"]
-        names = [impl.plugin_name
-                 for impl in ordered_impls(hook.tbmq_authenticate, self.providers)]
+        impls = ordered_impls(hook.tbmq_authenticate, self.providers)
+        names = list(dict.fromkeys(impl.plugin_name for impl in impls))
         everyone = [plugin for _, plugin in self.plugins.list_name_plugin()]
         self._auth_callers = []
         for name in names:
             mine = self.plugins.get_plugin(name)
-            self._auth_callers.append((name, self.plugins.subset_hook_caller(
-                "tbmq_authenticate", remove_plugins=[p for p in everyone if p is not mine])))
+            own = [impl for impl in reversed(hook.tbmq_authenticate.get_hookimpls())
+                   if impl.plugin is mine]
+            if any(impl.hookwrapper or impl.wrapper for impl in own):
+                self._auth_callers.append((name, _subset_call(self.plugins.subset_hook_caller(
+                    "tbmq_authenticate", remove_plugins=[p for p in everyone if p is not mine]))))
+            else:
+                self._auth_callers.append((name, _direct_call(own)))
 
     # -- decisions -------------------------------------------------------------------
 
-    def authenticate(self, request, provider: str | None = None) -> defer.Deferred:
+    def authenticate(self, request, provider: str | None = None):
         """Ask the ``tbmq_authenticate`` hooks, one provider at a time.
 
         :param request: the :class:`tbmq.auth.AuthRequest`.
         :param provider: ask only this plugin (the next step of an enhanced
             authentication exchange it continued).
-        :returns: Deferred firing with ``(AuthResult or None, plugin name)``;
-            ``(None, None)`` when every plugin passed.
+        :returns: ``(AuthResult or None, plugin name)`` when every provider
+            asked answered at once, else a Deferred firing with it;
+            ``(None, None)`` when every plugin passed.  A provider raising
+            gives a failed Deferred.
         """
         callers = self._auth_callers
         if provider is not None:
             callers = [c for c in callers if c[0] == provider]
+        try:
+            return self._ask(request, callers, 0)
+        except Exception:
+            return defer.fail()
 
-        def ask(index: int):
-            while index < len(callers):
-                name, caller = callers[index]
-                index += 1
-                results = caller(request=request)
-                result = results[0] if results else None
-                if isinstance(result, defer.Deferred):
-                    return result.addCallback(
-                        lambda answer, i=index, n=name:
-                        (answer, n) if answer is not None else ask(i))
-                if result is not None:
-                    return result, name
-            return None, None
+    def _ask(self, request, callers: list, index: int):
+        """Ask ``callers[index:]`` in turn until one answers (see
+        :meth:`authenticate`)."""
+        while index < len(callers):
+            name, call = callers[index]
+            index += 1
+            result = call(request)
+            if result is None:
+                continue
+            if isinstance(result, defer.Deferred):
+                return result.addCallback(self._asked, request, callers, index, name)
+            return result, name
+        return None, None
 
-        return defer.maybeDeferred(ask, 0)
+    def _asked(self, answer, request, callers: list, index: int, name: str):
+        """A provider's Deferred fired with ``answer``: its answer, or the
+        next providers' when it passed (None)."""
+        if answer is not None:
+            return answer, name
+        return self._ask(request, callers, index)
 
     def authorize(self, action: str, session, auth, topic: str):
         """May ``session`` publish to / subscribe to ``topic``?

@@ -14,7 +14,10 @@ group of their own node, and keep the last value per key (a tombstone
 removes it): neither compaction nor ``latest`` offsets are relied upon.
 The node does not accept clients before both have caught up.  In the
 embedded default the in-process bus keeps these topics in the SQLite topic
-log, so a restart replays them.
+log, so a restart replays them; a non-persistent session's record need not
+survive a restart (the node ends such sessions at its start), so
+:class:`SessionRegistry` marks it transient (not written to the log, not
+waited for) unless it replaces a record the log may hold.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from tbmq.cluster.records import Record, SessionInfo, SubscriptionsRecord
-from tbmq.cluster.topics import node_group
+from tbmq.cluster.topics import TRANSIENT, node_group, transient
 from tbmq.errors import BusPublishError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import SubscriptionOptions
@@ -63,6 +66,9 @@ class SessionRegistry:
         self.stale_listeners: list[Callable] = []
         #: client id -> the session id its current session replaced
         self._replaced: dict[str, str] = {}
+        #: client ids whose last record in a durable topic log may be a
+        #: session (not a tombstone): their next record is durable too
+        self._logged: set[str] = set()
         self.consumer = None
 
     def start(self) -> defer.Deferred:
@@ -82,6 +88,8 @@ class SessionRegistry:
         takeover) and is ignored, the same way on every node."""
         client_id = record.key
         new = record.value
+        if new is not None and not (record.headers and transient(record.headers)):
+            self._logged.add(client_id)
         if new is None:
             old = self.sessions.pop(client_id, None)
             self._replaced.pop(client_id, None)
@@ -124,13 +132,29 @@ class SessionRegistry:
     def put(self, info: SessionInfo):
         """Publish ``info`` as the session of ``info.client_id``.
 
+        The record of a non-persistent session is transient (the in-process
+        bus does not write it to its topic log: :data:`~tbmq.cluster.topics.TRANSIENT`;
+        other nodes still read it) unless the log may hold a record of that
+        client id from this node or a replay (a persistent session's, which
+        a restart must not bring back): then it is durable, as every
+        persistent session's record.
+
         :returns: the bus's publish result (None or a Deferred).
         """
-        return self.bus.publish(self.topic, info.client_id, info)
+        client_id = info.client_id
+        if info.persistent or client_id in self._logged:
+            self._logged.add(client_id)
+            return self.bus.publish(self.topic, client_id, info)
+        return self.bus.publish(self.topic, client_id, info, TRANSIENT)
 
     def remove(self, client_id: str):
-        """Publish a tombstone: the session of ``client_id`` ended."""
-        return self.bus.publish(self.topic, client_id, None)
+        """Publish a tombstone: the session of ``client_id`` ended.  It is
+        durable when the log may hold a record of ``client_id`` (see
+        :meth:`put`), else transient."""
+        if client_id in self._logged:
+            self._logged.discard(client_id)
+            return self.bus.publish(self.topic, client_id, None)
+        return self.bus.publish(self.topic, client_id, None, TRANSIENT)
 
 
 class SubscriptionBook:

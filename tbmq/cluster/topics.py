@@ -28,6 +28,10 @@ name (after the prefix)                        codec (:mod:`.records`)      comp
 themselves, compaction is never relied upon).  *Durable* topics are the ones
 the in-process bus writes to its topic log so that a restarted embedded node
 replays them (:class:`tbmq.interfaces.ITopicLog`); on Kafka every topic is.
+A record of a durable topic that carries the :data:`TRANSIENT_HEADER` need
+not survive a restart (a clean session's ``tbmq.client.session`` record):
+the in-process bus hands it to every consumer but does not write it to its
+topic log (:func:`transient`).
 
 **Names that are not safe are hashed.**  Kafka allows ``[a-zA-Z0-9._-]``
 and at most 249 characters in a topic name, and refuses a topic whose name
@@ -56,8 +60,25 @@ import re
 from tbmq.cluster import client_records, records
 from tbmq.errors import RecordEncodingError
 
-__all__ = ["CLUSTER_BUNDLE", "MAX_TOPIC_LENGTH", "TopicCatalogue", "hashed_name", "node_group",
-           "safe_name"]
+__all__ = ["CLUSTER_BUNDLE", "MAX_TOPIC_LENGTH", "TRANSIENT", "TRANSIENT_HEADER",
+           "TopicCatalogue", "hashed_name", "node_group", "safe_name", "transient"]
+
+#: The header of a record of a durable topic that need not survive a
+#: restart (its value is not read).
+TRANSIENT_HEADER = "tbmq-transient"
+#: The headers of a record that carries only :data:`TRANSIENT_HEADER`.
+TRANSIENT = ((TRANSIENT_HEADER, b"1"),)
+
+
+def transient(headers) -> bool:
+    """:param headers: a record's ``(name, value)`` pairs.
+    :returns: True when they hold :data:`TRANSIENT_HEADER`."""
+    if headers is TRANSIENT:
+        return True
+    for name, _ in headers:
+        if name == TRANSIENT_HEADER:
+            return True
+    return False
 
 #: Kafka's longest topic name.
 MAX_TOPIC_LENGTH = 249

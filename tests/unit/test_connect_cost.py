@@ -30,14 +30,19 @@ def inline_bcrypt(monkeypatch):
 class CountingStore(MemoryCredentialStore):
     """The memory store, counting its reads; while :attr:`hold` is set,
     ``changed_since`` answers only at :meth:`release` (a store that takes
-    its time)."""
+    its time); while :attr:`tells` is False it cannot tell at once that
+    nothing changed (a store without ``unchanged_since``)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.finds: list[str] = []
         self.questions = 0
         self.hold = False
+        self.tells = True
         self._held: list = []
+
+    def unchanged_since(self, version):
+        return self.tells and super().unchanged_since(version)
 
     def find(self, credentials_type, credentials_id):
         self.finds.append(credentials_id)
@@ -72,6 +77,7 @@ def test_connects_that_arrive_together_share_one_question_to_the_store():
     h = harness(store)
     store.questions = 0  # the credentials watcher's first question
     store.hold = True
+    store.tells = False
     clients = []
     for i in range(5):
         c = h.raw(5)
@@ -84,6 +90,27 @@ def test_connects_that_arrive_together_share_one_question_to_the_store():
     assert store.questions == 2
     assert [c.received()[0].reason_code for c in clients] == [0] * 5
     assert store.finds == []  # no credentials: nothing looked up
+
+
+def test_a_store_that_tells_nothing_changed_is_not_asked_and_connack_is_sent_at_once():
+    store = CountingStore()
+    h = harness(store)
+    store.hold = True  # a question would never be answered
+    store.questions = 0
+    clients = []
+    for i in range(3):
+        c = h.raw(5)
+        c.send(Connect(protocol_level=5, client_id=f"c{i}"))
+        clients.append(c)
+    assert store.questions == 0
+    assert [c.received()[0].reason_code for c in clients] == [0] * 3
+    save(store, "dev", "client_id|c9", {"clientId": "c9", "password": None})
+    c = h.raw(5)
+    c.send(Connect(protocol_level=5, client_id="c9"))
+    assert store.questions == 1  # changed: asked, and the answer waits
+    assert c.received() == []
+    store.release()
+    assert c.received()[0].reason_code == 0 and store.finds == ["client_id|c9"]
 
 
 def test_only_a_key_that_exists_is_looked_up_and_a_change_is_seen_by_the_next_connect():

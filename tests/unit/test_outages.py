@@ -129,6 +129,9 @@ class UnreachableCredentials(MemoryCredentialStore):
             return defer.fail(BackendError("postgres: connection refused"))
         return super().changed_since(version)
 
+    def unchanged_since(self, version):
+        return False  # as a remote store: it cannot tell without asking
+
 
 def test_a_connect_while_the_credential_store_is_out_gets_0x88_then_succeeds():
     store = UnreachableCredentials()

@@ -1,0 +1,128 @@
+"""``Hooks.authenticate``: providers asked in order, their implementations
+read from pluggy once per change of the plugin set and called without
+pluggy's per-call machinery, answers given at once passed on at once."""
+
+from __future__ import annotations
+
+import pluggy
+from twisted.internet import defer
+
+from tbmq import hookspecs
+from tbmq.auth import AuthRequest, AuthResult
+from tbmq.broker.hooks import Hooks
+from tbmq.hookspecs import hookimpl
+
+
+class Provider:
+    def __init__(self, answer):
+        self.answer = answer
+        self.asked = 0
+
+    @hookimpl
+    def tbmq_authenticate(self, request):
+        self.asked += 1
+        return self.answer
+
+
+def manager(**plugins) -> pluggy.PluginManager:
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    for name, plugin in plugins.items():
+        pm.register(plugin, name=name)
+    return pm
+
+
+def request() -> AuthRequest:
+    return AuthRequest(client_id="c", username=None, password=None, protocol_level=4)
+
+
+def test_an_answer_given_at_once_is_passed_on_at_once():
+    yes = AuthResult(True, provider="b")
+    hooks = Hooks(manager(a=Provider(None), b=Provider(yes)), providers=("a", "b"))
+    assert hooks.authenticate(request()) == (yes, "b")
+    assert Hooks(manager(a=Provider(None)), ("a",)).authenticate(request()) == (None, None)
+
+
+def test_a_deferred_answer_hands_over_to_the_next_provider_in_order():
+    later = defer.Deferred()
+    yes = AuthResult(True, provider="c")
+    first, third = Provider(later), Provider(yes)
+    hooks = Hooks(manager(c=third, a=first, b=Provider(None)), providers=("a", "b", "c"))
+    answers = []
+    d = hooks.authenticate(request())
+    assert isinstance(d, defer.Deferred)
+    d.addCallback(answers.append)
+    assert answers == [] and third.asked == 0
+    later.callback(None)  # a passed: b passes at once, c answers
+    assert answers == [(yes, "c")] and third.asked == 1
+    only = hooks.authenticate(request(), provider="a")
+    assert only == (None, None) or isinstance(only, defer.Deferred)
+
+
+def test_provider_asks_only_that_plugin():
+    a, b = Provider(AuthResult(True, provider="a")), Provider(AuthResult(True, provider="b"))
+    hooks = Hooks(manager(a=a, b=b), providers=("a", "b"))
+    assert hooks.authenticate(request(), provider="b")[1] == "b"
+    assert (a.asked, b.asked) == (0, 1)
+
+
+def test_a_failing_provider_gives_a_failed_deferred():
+    class Broken:
+        @hookimpl
+        def tbmq_authenticate(self, request):
+            raise ValueError("boom")
+
+    d = Hooks(manager(x=Broken()), ("x",)).authenticate(request())
+    failures = []
+    d.addErrback(failures.append)
+    assert failures and failures[0].check(ValueError)
+
+
+def test_plain_providers_do_not_go_through_pluggy_per_call(monkeypatch):
+    hooks = Hooks(manager(a=Provider(None), b=Provider(AuthResult(True))), ("a", "b"))
+    calls = []
+    real = pluggy.PluginManager._hookexec
+
+    def counting(self, *args, **kwargs):
+        calls.append(args[0])
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pluggy.PluginManager, "_hookexec", counting)
+    assert hooks.authenticate(request())[1] == "b"
+    assert calls == []
+
+
+def test_a_provider_with_a_wrapper_still_goes_through_pluggy():
+    seen = []
+
+    class Wrapped:
+        @hookimpl(wrapper=True)
+        def tbmq_authenticate(self, request):
+            seen.append("before")
+            result = yield
+            seen.append("after")
+            return result
+
+    pm = manager(w=Wrapped(), p=Provider(AuthResult(True, provider="p")))
+    hooks = Hooks(pm, ("w", "p"))
+    assert hooks.authenticate(request())[1] == "p"
+    assert seen == ["before", "after"]
+
+
+def test_refresh_takes_a_plugin_registered_at_run_time():
+    pm = manager(a=Provider(None))
+    hooks = Hooks(pm, ("a", "late"))
+    assert hooks.authenticate(request()) == (None, None)
+    pm.register(Provider(AuthResult(True, provider="late")), name="late")
+    hooks.refresh()
+    assert hooks.authenticate(request())[1] == "late"
+
+
+def test_an_implementation_without_the_argument_is_called_without_it():
+    class NoArgs:
+        @hookimpl
+        def tbmq_authenticate(self):
+            return AuthResult(True, provider="n")
+
+    hooks = Hooks(manager(n=NoArgs()), ("n",))
+    assert hooks.authenticate(request()) == (AuthResult(True, provider="n"), "n")
