@@ -32,7 +32,7 @@ from twisted.python.failure import Failure
 from tbmq.cluster.completion import Completion, deferred_done
 from tbmq.cluster.records import Delivery, Record, SessionMarker
 from tbmq.errors import BackendError
-from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq.log import OBSERVER as LOG_OBSERVER, debug_enabled
 from tbmq.model import StoredDelivery
 from tbmq.mqtt.topics import parse_shared_subscription
 
@@ -364,10 +364,11 @@ class PersistedWriter:
             return None
         self.attached[client_id] = (marker.service_id, marker.session_id)
         storing = self._storing.get(client_id)
-        log.debug("attach marker of {client_id}: connection {session_id} on {node}, after "
-                  "{storing} deliveries being stored", client_id=client_id,
-                  session_id=marker.session_id, node=marker.service_id,
-                  storing=len(storing) if storing else 0)
+        if debug_enabled():  # one per persistent CONNECT: not built at info
+            log.debug("attach marker of {client_id}: connection {session_id} on {node}, after "
+                      "{storing} deliveries being stored", client_id=client_id,
+                      session_id=marker.session_id, node=marker.service_id,
+                      storing=len(storing) if storing else 0)
         if not storing:
             return self._pass_on(marker)
         # DeferredList leaves each store's result to its own chain

@@ -226,3 +226,24 @@ def test_a_batch_stores_each_clients_deliveries_in_one_write_a_marker_after_thos
     assert w.sent() == [("downlink.node-y", b"a3"), ("downlink.node-y", b"a1"),
                         ("downlink.node-y", b"a2"), ("downlink.node-y", "conn-1")]
     assert done.succeeded
+
+
+def test_an_attach_marker_builds_no_log_event_below_debug(monkeypatch):
+    """One marker per persistent CONNECT: its debug line is not even built
+    at info (an event and its fields per CONNECT)."""
+    from tbmq import log
+    from tbmq.cluster import sinks
+
+    events = []
+    monkeypatch.setattr(sinks.log, "debug", lambda *a, **kw: events.append(kw))
+    w = World()
+    w.sessions["dev"] = Session("conn-1")
+    log.set_log_level("info")
+    w.mark("dev", "node-w", "conn-1")
+    assert events == []
+    try:
+        log.set_log_level("debug")
+        w.mark("dev", "node-w", "conn-2")
+        assert [e["session_id"] for e in events] == ["conn-2"]
+    finally:
+        log.set_log_level("info")
