@@ -24,6 +24,8 @@ def check_record(record: Any) -> tuple:
     if (not headers and type(topic) is str and type(partition) is int and type(offset) is int
             and (key is None or type(key) is str) and (value is None or type(value) is bytes)):
         # the record a bus appends: exact types and no headers, nothing to convert
+        if headers == () and type(compacted) is bool and type(record) is tuple:
+            return record
         return (topic, partition, offset, key, value, (), bool(compacted))
     if not isinstance(topic, str):
         raise TypeError(f"topic must be a str, not {topic!r}")

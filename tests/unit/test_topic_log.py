@@ -502,3 +502,31 @@ def test_merged_writes_equal_the_calls_one_by_one(before, during):
     stopped = log.stop()
     pool.run_all()
     fired(stopped)
+
+
+def test_plain_rows_and_full_rows_in_one_write(tmp_path):
+    """A record without headers in a topic that is not compacted is merged
+    as five columns (the common row, bound as five); one with headers and
+    a compacted one as seven; one transaction stores both kinds, and a
+    plain record written over a full one at the same position replaces it
+    (and the reverse)."""
+    log, pool = manual_log(tmp_path)
+    first = log.append([rec("t", 0, 0)])
+    headers = (("h", b"\x01"),)
+    log.append([rec("t", 0, 1), rec("t", 0, 2, headers=headers),
+                rec("c", 0, 0, "a", b"kept", compacted=True)])
+    log.append([rec("t", 0, 1, value=b"again", headers=headers), rec("t", 0, 2, value=b"plain")])
+    writes = log.runner._pending[0][0]
+    assert {position: len(row) for position, row in writes.rows.items()} == {
+        ("t", 0, 1): 7, ("t", 0, 2): 5, ("c", 0, 0): 7}
+    pool.run_one()
+    pool.run_one()
+    assert fired(first) is None
+    loaded = log.load()
+    pool.run_one()
+    assert fired(loaded)[0] == [
+        stored(rec("c", 0, 0, "a", b"kept", compacted=True)),
+        stored(rec("t", 0, 0)),
+        stored(rec("t", 0, 1, value=b"again", headers=headers)),
+        stored(rec("t", 0, 2, value=b"plain")),
+    ]
