@@ -231,15 +231,16 @@ class InProcessBus(Describable):
             part = self._part(state, p)
             part.put(o, key, value, tuple(headers or ()))
             if o >= part.next:
-                part.next = o + 1
+                part.next = part.logged_next = o + 1
         for (group_name, topic, p), offset in offsets.items():
             if not catalogue.durable(topic):
                 continue
             state = self._topic(topic)
             part = self._part(state, p)
-            part.next = max(part.next, offset)
+            part.next = part.logged_next = max(part.next, offset)
             group = self._group(state, group_name, restoring=True)
-            group.cursors[p].committed = group.cursors[p].position = offset
+            cursor = group.cursors[p]
+            cursor.committed = cursor.position = cursor.logged = offset
         for state in self._topics.values():
             for group in state.groups.values():
                 group.assign(reset=True)
@@ -281,6 +282,7 @@ class InProcessBus(Describable):
             group = state.groups[name] = Group(name, starts)
             if state.durable and not restoring and self._writes is not None:
                 for p, offset in enumerate(starts):
+                    group.cursors[p].logged = offset
                     self._writes.commit(name, state.name, p, offset)
         return group
 
@@ -510,6 +512,7 @@ class InProcessBus(Describable):
                 else:
                     result = _LOGGING
                 self._writes.append((topic, p, o, key, stored, headers, state.compacted), done)
+                part.logged_next = o + 1
         else:
             o = part.append(key, stored, headers)
             if groups:
@@ -789,9 +792,17 @@ class InProcessBus(Describable):
     def _committed(self, state: TopicState, group: Group, p: int, cursor) -> None:
         """``group``'s committed offset on partition ``p`` moved."""
         writes = self._writes
-        if state.durable and writes is not None:
-            writes.commit(group.name, state.name, p, cursor.committed)
         part = state.parts[p]
+        if state.durable and writes is not None:
+            # past the last logged record only transient ones were read: the
+            # log holds none of them, so their commit need not be written
+            # (a restart starts at the end of what the log holds anyway)
+            offset = cursor.committed
+            if offset > part.logged_next:
+                offset = part.logged_next
+            if offset != cursor.logged:
+                cursor.logged = offset
+                writes.commit(group.name, state.name, p, offset)
         before = min(g.cursors[p].committed for g in state.groups.values())
         if before > part.first or part.tombstones:
             if part.release(before) and state.durable and not state.compacted \

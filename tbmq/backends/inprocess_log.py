@@ -39,9 +39,13 @@ class Partition:
     :ivar keys: compacted topics: key → offset of its last record; else None.
     :ivar tombstones: compacted topics: offsets of held tombstones, in order.
     :ivar waiters: offset → :class:`Waiter` of a publish not finished yet.
+    :ivar logged_next: the offset after the last record given to the topic
+        log (or read back from it): a group's commit beyond it covers only
+        records the log never had (transient ones), and is not written.
     """
 
-    __slots__ = ("index", "entries", "first", "next", "keys", "tombstones", "waiters")
+    __slots__ = ("index", "entries", "first", "next", "keys", "tombstones", "waiters",
+                 "logged_next")
 
     def __init__(self, index: int, compacted: bool = False) -> None:
         self.index = index
@@ -51,6 +55,7 @@ class Partition:
         self.keys: dict | None = {} if compacted else None
         self.tombstones: deque | None = deque() if compacted else None
         self.waiters: dict[int, Waiter] = {}
+        self.logged_next = 0
 
     def append(self, key: str | None, value: Any, headers: tuple, decoded: Any = None) -> int:
         """Hold a record at the next offset; on a compacted partition the
@@ -143,11 +148,13 @@ class Cursor:
     :ivar failed: offset → the :class:`~twisted.python.failure.Failure` of
         its handler result (they hold the commit back until the partition
         is read again).
+    :ivar logged: the committed offset last given to the topic log, or None.
     """
 
-    __slots__ = ("committed", "position", "inflight", "failed")
+    __slots__ = ("committed", "position", "inflight", "failed", "logged")
 
     def __init__(self, committed: int) -> None:
+        self.logged = None
         self.committed = committed
         self.position = committed
         self.inflight: set[int] = set()

@@ -38,6 +38,14 @@ class Node:
             return append(entries)
 
         self.log.append = counting
+        self.commits: list = []
+        commit = self.log.commit
+
+        def counting_commits(group, topic, partition, offset):
+            self.commits.append((group, offset))
+            return commit(group, topic, partition, offset)
+
+        self.log.commit = counting_commits
         self.clock = task.Clock()
         self.bus = InProcessBus(clock=self.clock, catalogue=self.topics, log=self.log)
         fired(self.bus.start())
@@ -110,3 +118,38 @@ def test_a_persistent_session_replayed_from_the_log_is_replaced_durably(tmp_path
 def test_transient_finds_the_header_among_others():
     assert transient((("x", b""), ("tbmq-transient", b"1")))
     assert not transient((("x", b""),)) and not transient(())
+
+
+def test_reading_only_clean_session_records_writes_no_commit_and_a_restart_reads_on(tmp_path):
+    """The groups' commits over transient records only are not written (a
+    SQLite write per burst of CONNECTs); a commit over a logged record is,
+    capped at the end of what the log holds, and after a restart the next
+    record is read."""
+    path = str(tmp_path / "db")
+    node = Node(path)
+    node.registry.put(info("first", False))  # makes the partition: each group's
+    node.turn()                               # offset 0 is written once
+    node.turn()
+    node.commits.clear()
+    for i in range(3):
+        node.registry.put(info(f"c{i}", False))
+    node.turn()
+    node.turn()
+    assert node.commits == []
+    node.registry.put(info("p", True))  # logged at offset 4
+    node.turn()
+    node.turn()
+    assert sorted(set(o for _, o in node.commits)) == [5]
+    node.commits.clear()
+    node.registry.put(info("c9", False))
+    node.turn()
+    node.turn()
+    assert node.commits == []
+    node.stop()
+    again = Node(path)
+    assert again.registry.get("p") is not None and again.registry.get("c9") is None
+    again.registry.put(info("q", True))
+    again.turn()
+    assert [r.key for r in again.read][-1] == "q"
+    assert again.registry.get("q") is not None
+    again.stop()
