@@ -419,3 +419,44 @@ def test_a_version_2_value_that_is_not_a_record_fails_its_batch():
         pass
     else:
         raise AssertionError("a tombstone was read")
+
+
+def test_publish_many_sends_the_records_packed_per_partition_with_one_done():
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    topic = bus.catalogue.downlink_basic("n1")
+    keys = _same_partition_keys(3) + ["other"]
+    assert _partition(b"other") != _partition(keys[0].encode())
+    deliveries = [r.Delivery(k, Message("t", b"%d" % i), 1) for i, k in enumerate(keys)]
+    outcomes: list = []
+    ready = bus._when_ready(topic)
+    reactor.wait(lambda: ready.called)
+    bus.publish_many(topic, keys, deliveries, outcomes.append)
+    assert driver.sent == []  # at the end of the turn
+    reactor.advance(0)
+    assert sorted(len(msgpack.unpackb(s[2])[2]) if s[3] else 1 for s in driver.sent) == [1, 3]
+    for s in driver.sent:
+        assert outcomes == []  # one done, once both Kafka records are acknowledged
+        bus._acks.put(s[4], None)
+        reactor.drain()
+    assert outcomes == [None]
+    bad: list = []
+    bus.publish_many(topic, ["a"], [Message("t", b"")], bad.append)  # not a Delivery
+    assert len(bad) == 1 and bad[0].check(r.RecordEncodingError)
+
+
+def test_records_added_together_spread_over_packed_records_report_once_all_are_acked():
+    sent = []
+    packer = packing.Packer(lambda *record: sent.append(record), lambda fn: None)
+    outcomes: list = []
+    packer.add("t", 0, b"first", b"\x01", (), outcomes.append)
+    n = packing.MAX_RECORDS + 5
+    packer.add_many("t", 0, [b"k"] * n, [b"\x02"] * n, outcomes.append)
+    packer.flush()
+    assert [len(msgpack.unpackb(s[3])[2]) for s in sent] == [packing.MAX_RECORDS, 6]
+    first, second = sent[0][5], sent[1][5]
+    second(None)
+    assert outcomes == []  # the first Kafka record carries some of them too
+    first(Failure(BusPublishError("not acknowledged")))
+    assert outcomes[0].check(BusPublishError) and outcomes[1].check(BusPublishError)
+    assert len(outcomes) == 2  # the lone publish's, and the group's once

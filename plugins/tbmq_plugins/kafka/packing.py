@@ -44,6 +44,7 @@ import msgpack
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from tbmq.cluster.completion import Completion
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.drivers import RawRecord
 
@@ -246,6 +247,48 @@ class Packer:
         pending.dones.append(done)
         pending.size += size
 
+    def add_many(self, topic: str, partition: int, keys: list, values: list,
+                 done: Callable[[Failure | None], None]) -> None:
+        """Queue several records (no headers) for the end of the turn, with
+        **one** ``done`` for all of them: called once every Kafka record
+        that carries some of them was acknowledged, or with the first
+        failure (:class:`~tbmq.cluster.completion.Completion` parts when
+        :data:`MAX_RECORDS` or :data:`MAX_BYTES` spread them over several).
+
+        :param keys: ``bytes | None`` each.
+        :param values: ``bytes | None`` each, as :meth:`add`'s."""
+        if not keys:
+            done(None)
+            return
+        slot = (topic, partition)
+        pending = self._pending.get(slot)
+        if pending is None:
+            pending = self._pending[slot] = _Pending()
+            if not self._scheduled:
+                self._scheduled = True
+                self._later(self.flush)
+        spread = None
+        carries = False  # ``pending`` holds some of these records
+        for key, value in zip(keys, values):
+            size = 0 if value is None else len(value)
+            if pending.keys and (len(pending.keys) >= MAX_RECORDS
+                                 or pending.size + size > MAX_BYTES):
+                if carries:
+                    if spread is None:
+                        spread = Completion()
+                    pending.dones.append(spread.part())
+                self._out(topic, partition, pending)
+                pending = self._pending[slot] = _Pending()
+            pending.keys.append(key)
+            pending.values.append(value)
+            pending.size += size
+            carries = True
+        if spread is None:
+            pending.dones.append(done)
+        else:
+            pending.dones.append(spread.part())
+            spread.then(done)
+
     def flush(self) -> None:
         """Send everything queued (at the end of the turn, and before the
         bus stops)."""
@@ -255,7 +298,7 @@ class Packer:
             self._out(topic, partition, p)
 
     def _out(self, topic: str, partition: int, p: _Pending) -> None:
-        if len(p.keys) == 1:
+        if len(p.keys) == 1 and len(p.dones) == 1:
             self._send(topic, partition, p.keys[0], p.values[0], (), p.dones[0])
         else:
             self._send(topic, partition, None, pack(p.keys, p.values), _HEADERS,
