@@ -43,6 +43,7 @@ libraries (:mod:`.drivers`).
 from __future__ import annotations
 
 from typing import Any, Callable
+from zlib import crc32
 
 from twisted.internet import defer, task
 from twisted.logger import Logger
@@ -422,14 +423,20 @@ class KafkaBus:
         if not self.running:
             done(Failure(BusClosedError(f"{topic}: the Kafka bus is not running")))
             return None
+        codec = self._codecs.get(topic)
         try:
-            data = self._codec(topic).encode(value)
+            data = (codec or self._codec(topic)).encode(value)
         except RecordEncodingError as e:
             done(Failure(e))
             return None
         key_bytes = None if key is None else key.encode("utf-8", "surrogatepass")
         if topic in self._ready:
-            self._send(topic, key_bytes, data, headers, done)
+            partitions = self._placed.get(topic)
+            if partitions is not None and key_bytes is not None and not headers:
+                # the hot path (a message, a delivery): as _send, in one call
+                self._packer.add(topic, crc32(key_bytes) % partitions, key_bytes, data, (), done)
+            else:
+                self._send(topic, key_bytes, data, headers, done)
         else:
             self._creation(topic).sends.append((key_bytes, data, headers, done))
         return None

@@ -238,11 +238,12 @@ class Packer:
                 self._scheduled = True
                 self._later(self.flush)
         size = 0 if value is None else len(value)
-        if pending.keys and (len(pending.keys) >= MAX_RECORDS
-                             or pending.size + size > MAX_BYTES):
+        keys = pending.keys
+        if keys and (pending.size + size > MAX_BYTES or len(keys) >= MAX_RECORDS):
             self._out(topic, partition, pending)
             pending = self._pending[slot] = _Pending()
-        pending.keys.append(key)
+            keys = pending.keys
+        keys.append(key)
         pending.values.append(value)
         pending.dones.append(done)
         pending.size += size
