@@ -181,10 +181,12 @@ class Router:
         record's): :meth:`route` each of ``messages`` in order, their
         publishes under one completion.
 
-        The deliveries to one sink and place (a node's downlink, the
-        persisted topic) are gathered while the batch is routed and sent
-        with one :meth:`~tbmq.cluster.sinks.BusSink.send_many` each, in
-        order: on Kafka one call and one outcome for all of them.
+        On a bus with ``publish_many`` (Kafka:
+        :attr:`~tbmq.cluster.sinks.BusSink.sends_many`), the deliveries to
+        one sink and place (a node's downlink, the persisted topic) are
+        gathered while the batch is routed and sent with one
+        :meth:`~tbmq.cluster.sinks.BusSink.send_many` each, in order: one
+        call and one outcome for all of them.
 
         :returns: None, or a :class:`~tbmq.cluster.completion.Completion`
             of every record sent for them: the batch commits once all are
@@ -192,6 +194,11 @@ class Router:
         """
         pending = None
         route = self.route
+        if len(messages) == 1 or not self.sinks.downlink.sends_many:
+            # nothing to gather: one message, or a bus that publishes one by one
+            for message in messages:
+                pending = route(message, pending)
+            return pending
         gathered = self._gathered = {}
         try:
             for message in messages:

@@ -71,6 +71,13 @@ class BusSink:
         #: the bus's ``publish_many(topic, keys, values, done)``, when it has one
         self._publish_many = getattr(bus, "publish_many", None)
 
+    @property
+    def sends_many(self) -> bool:
+        """True when the bus publishes several records with one ``done``
+        (``publish_many``: the Kafka bus), so that :meth:`send_many` is
+        cheaper than a :meth:`send` each."""
+        return self._publish_many is not None
+
     def send(self, where: str, key: str, value, done=None):
         """Publish ``value`` (a record of the topic's type) with ``key`` to
         ``topic_of(where)``.
