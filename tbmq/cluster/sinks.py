@@ -63,20 +63,17 @@ class BusSink:
     :param topic_of: ``where -> bus topic`` (``str -> str``).
     """
 
-    __slots__ = ("bus", "topic_of", "_publish_many")
+    __slots__ = ("bus", "topic_of", "_publish_many", "sends_many")
 
     def __init__(self, bus, topic_of: Callable[[str], str]) -> None:
         self.bus = bus
         self.topic_of = topic_of
         #: the bus's ``publish_many(topic, keys, values, done)``, when it has one
         self._publish_many = getattr(bus, "publish_many", None)
-
-    @property
-    def sends_many(self) -> bool:
-        """True when the bus publishes several records with one ``done``
-        (``publish_many``: the Kafka bus), so that :meth:`send_many` is
-        cheaper than a :meth:`send` each."""
-        return self._publish_many is not None
+        #: True when the bus publishes several records with one ``done``
+        #: (``publish_many``: the Kafka bus), so that :meth:`send_many` is
+        #: cheaper than a :meth:`send` each
+        self.sends_many = self._publish_many is not None
 
     def send(self, where: str, key: str, value, done=None):
         """Publish ``value`` (a record of the topic's type) with ``key`` to
