@@ -233,10 +233,7 @@ class Packer:
             return
         pending = self._pending.get(slot)
         if pending is None:
-            pending = self._pending[slot] = _Pending()
-            if not self._scheduled:
-                self._scheduled = True
-                self._later(self.flush)
+            pending = self._open(slot)
         size = 0 if value is None else len(value)
         keys = pending.keys
         if keys and (pending.size + size > MAX_BYTES or len(keys) >= MAX_RECORDS):
@@ -264,10 +261,7 @@ class Packer:
         slot = (topic, partition)
         pending = self._pending.get(slot)
         if pending is None:
-            pending = self._pending[slot] = _Pending()
-            if not self._scheduled:
-                self._scheduled = True
-                self._later(self.flush)
+            pending = self._open(slot)
         spread = None
         carries = False  # ``pending`` holds some of these records
         for key, value in zip(keys, values):
@@ -289,6 +283,14 @@ class Packer:
         else:
             pending.dones.append(spread.part())
             spread.then(done)
+
+    def _open(self, slot: tuple[str, int]) -> _Pending:
+        """A new :class:`_Pending` for ``slot``, the flush scheduled."""
+        pending = self._pending[slot] = _Pending()
+        if not self._scheduled:
+            self._scheduled = True
+            self._later(self.flush)
+        return pending
 
     def flush(self) -> None:
         """Send everything queued (at the end of the turn, and before the
