@@ -42,7 +42,11 @@ broker nodes are tested in one process).
 * **Encoding mode** (``encode=True``): every value is encoded with its
   topic's codec at publish and decoded for each consumer.  Durable topics
   are always held encoded and written to the topic log
-  (:class:`tbmq.interfaces.ITopicLog`), which ``start`` reads back.
+  (:class:`tbmq.interfaces.ITopicLog`), which ``start`` reads back; in
+  direct mode a group live at publish gets the object itself.
+* **Group commit.**  What a reactor turn publishes to durable topics goes
+  to the log in one append at the start of the next turn, then the turn's
+  commits (:mod:`tbmq.backends.inprocess_writes`).
 """
 
 from __future__ import annotations
@@ -55,14 +59,16 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from tbmq.backends.inprocess_consumer import Consumer, Handler
 from tbmq.backends.inprocess_describe import Describable
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
+from tbmq.backends.inprocess_writes import LogWrites
+from tbmq.backends.topic_records import check_record
 from tbmq.cluster.completion import Completion, deferred_done
-from tbmq.cluster.records import Record, new_record
-from tbmq.cluster.redelivery import Redelivery
+from tbmq.cluster.records import new_record
 from tbmq.cluster.topics import TopicCatalogue
-from tbmq.errors import BusClosedError, ConsumerFailedError, RecordEncodingError
-from tbmq.interfaces import IConsumer, IDescribableBus, IMessageBus
+from tbmq.errors import BusClosedError, BusPublishError, ConsumerFailedError, RecordEncodingError
+from tbmq.interfaces import IDescribableBus, IMessageBus
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
 __all__ = ["DROP_LOG_INTERVAL", "SLICE", "Consumer", "InProcessBus"]
@@ -72,7 +78,6 @@ SLICE = 256
 #: Seconds between two log lines about records dropped by retention.
 DROP_LOG_INTERVAL = 10.0
 
-Handler = Callable[[Record], "defer.Deferred | Completion | None"]
 log = Logger(observer=LOG_OBSERVER)
 
 
@@ -80,10 +85,16 @@ def _partition_of(key: str | None, n: int) -> int:
     return zlib.crc32(key.encode("utf-8", "surrogatepass")) % n
 
 
+#: what ``_publish`` returns when the topic log's flush calls the
+#: publish's ``done`` (:class:`~tbmq.backends.inprocess_writes.LogWrites`)
+_LOGGING = object()
+
+
 def _answer(outcome, done):
     """What ``publish`` does with the ``outcome`` of a record: None (it is
-    durable now), an exception (the publish failed now) or the record's
-    :class:`~.inprocess_log.Waiter` (it is not durable yet).
+    durable now), an exception (the publish failed now), the record's
+    :class:`~.inprocess_log.Waiter` (it is not durable yet), or what waits
+    for the topic log: :data:`_LOGGING` (it took ``done``) or a Deferred.
 
     :param done: the publish's ``done``, or None.
     :returns: what ``publish`` returns: None with ``done``; else None, a
@@ -98,81 +109,14 @@ def _answer(outcome, done):
             return deferred_done(outcome.settle)
         outcome.settle(done)
         return None
+    if outcome is _LOGGING:
+        return None
+    if type(outcome) is defer.Deferred:
+        return outcome
     if done is None:
         return defer.fail(outcome)
     done(Failure(outcome))
     return None
-
-
-@implementer(IConsumer)
-class Consumer:
-    """One member of a consumer group of an :class:`InProcessBus` (made by
-    :meth:`InProcessBus.subscribe`).
-
-    :ivar topic: the topic name.
-    :ivar group: the group name.
-    :ivar caught_up: see :class:`tbmq.interfaces.IConsumer`.
-    :ivar partitions: the partitions it owns now.
-    """
-
-    __slots__ = ("bus", "topic", "group", "handler", "batch_handler", "state", "group_state",
-                 "partitions", "paused", "busy", "wanted", "stopped", "inflight", "cursor",
-                 "scheduled", "caught_up", "targets", "redelivery")
-
-    def __init__(self, bus: "InProcessBus", state: TopicState, group: Group,
-                 handler: Handler, batch_handler: Handler | None = None) -> None:
-        self.bus = bus
-        self.topic = state.name
-        self.group = group.name
-        self.handler = handler
-        self.batch_handler = batch_handler
-        self.state = state
-        self.group_state = group
-        self.partitions: list[int] = []
-        self.paused = False
-        self.busy = False  # in its handler: never re-entered
-        self.wanted = False  # records arrived while busy
-        self.stopped = False
-        self.inflight = 0  # handler results not fired
-        self.cursor = 0  # round robin over its partitions
-        self.scheduled = None  # the DelayedCall of the next slice
-        self.caught_up: defer.Deferred = defer.Deferred()
-        self.targets: list[int] | None = None
-        self.redelivery = Redelivery(bus.clock,
-                                     f"consumer group {group.name} of {state.name}")
-
-    def pause(self) -> None:
-        """Stop handing records; they wait in the bus.  Idempotent."""
-        if not self.paused:
-            self.paused = True
-            self.bus._refresh_fast(self.state)
-
-    def resume(self) -> None:
-        """Hand records again, those that waited first (in slices of
-        :data:`SLICE` per reactor turn).  Idempotent."""
-        if self.paused:
-            self.paused = False
-            self.bus._refresh_fast(self.state)
-            self.bus._schedule(self)
-
-    def lag(self) -> int:
-        """:returns: records of this member's partitions that its group has
-        not committed yet (handed and pending, or waiting)."""
-        parts = self.state.parts
-        cursors = self.group_state.cursors
-        return sum(max(0, parts[p].next - cursors[p].committed) for p in self.partitions
-                   if p < len(parts) and p < len(cursors))
-
-    def stop(self) -> defer.Deferred:
-        """Leave the group; its partitions go to the other members from the
-        committed offsets (records whose results have not fired are handed
-        again).
-
-        :returns: a Deferred that has fired with None.
-        """
-        if not self.stopped:
-            self.bus._leave(self)
-        return defer.succeed(None)
 
 
 @implementer(IMessageBus, IDescribableBus)
@@ -220,9 +164,8 @@ class InProcessBus(Describable):
         #: topic name → ``(member, cursor, partition)`` of the topics whose
         #: publish may call the one member's handler at once (the hot path)
         self._fast: dict[str, tuple] = {}
-        self._commits: dict[tuple, int] = {}  # (group, topic, p) → offset, for the log
-        self._truncates: dict[tuple, int] = {}  # (topic, p) → before, for the log
-        self._flush_call = None
+        #: what waits to be written to the topic log (one flush per turn)
+        self._writes = LogWrites(log, clock) if log is not None else None
 
     # -- life cycle ---------------------------------------------------------------
 
@@ -240,6 +183,9 @@ class InProcessBus(Describable):
             records, offsets = yield self.topic_log.load()
             self._restore(records, offsets)
         self.running = True
+        if self._writes is not None:
+            self._writes.active = True
+            self._writes.soon()  # what groups made before the start wrote
         for state in self._topics.values():
             self._refresh_fast(state)
             for group in state.groups.values():
@@ -269,7 +215,8 @@ class InProcessBus(Describable):
                     waiter.close()
         if self.topic_log is None:
             return defer.succeed(None)
-        flushed = self._flush()
+        self._writes.active = False
+        flushed = self._writes.flush()
         return flushed.addCallback(lambda _: self.topic_log.stop())
 
     def _restore(self, records: list, offsets: dict) -> None:
@@ -331,10 +278,9 @@ class InProcessBus(Describable):
             else:
                 starts = [part.next for part in state.parts]
             group = state.groups[name] = Group(name, starts)
-            if state.durable and not restoring and self.topic_log is not None:
+            if state.durable and not restoring and self._writes is not None:
                 for p, offset in enumerate(starts):
-                    self._commits[(name, state.name, p)] = offset
-                self._flush_soon()
+                    self._writes.commit(name, state.name, p, offset)
         return group
 
     def _refresh_fast(self, state: TopicState) -> None:
@@ -373,10 +319,8 @@ class InProcessBus(Describable):
         for part in state.parts:
             for waiter in part.waiters.values():
                 waiter.close()
-        for key in [k for k in self._commits if k[1] == topic]:
-            del self._commits[key]
-        for key in [k for k in self._truncates if k[0] == topic]:
-            del self._truncates[key]
+        if self._writes is not None:
+            self._writes.forget(topic)
         if state.durable and self.topic_log is not None:
             return self.topic_log.delete_topic(topic)
         return defer.succeed(None)
@@ -490,7 +434,8 @@ class InProcessBus(Describable):
                 return _answer(self._hot_pending(
                     self._topics[topic], member, cursor, part,
                     new_record((topic, key, value, headers, 0, o)), result), done)
-        return _answer(self._publish(self._topics.get(topic), topic, key, value, headers), done)
+        return _answer(self._publish(self._topics.get(topic), topic, key, value, headers, done),
+                       done)
 
     def _hot_failed(self, state, member, cursor, part, record, failure) -> Exception:
         o = record.offset
@@ -513,11 +458,15 @@ class InProcessBus(Describable):
             part.waiters.pop(o, None)
         return waiter.outcome()
 
-    def _publish(self, state: TopicState | None, topic: str, key, value, headers):
+    def _publish(self, state: TopicState | None, topic: str, key, value, headers, done):
         """The publish of a record off the hot path.
 
-        :returns: None (durable now), an exception (failed now) or the
-            record's :class:`~.inprocess_log.Waiter` (see :func:`_answer`).
+        :param done: the publish's ``done`` or None; on a durable topic
+            with a log it is called once the log has the record.
+        :returns: None (durable now), an exception (failed now), the
+            record's :class:`~.inprocess_log.Waiter`, :data:`_LOGGING` (the
+            log calls ``done``) or a Deferred (of the log; ``done`` None):
+            see :func:`_answer`.
         """
         if not self.running:
             return BusClosedError(f"{topic}: the bus is not running")
@@ -527,6 +476,11 @@ class InProcessBus(Describable):
             stored = value if state.codec is None else state.codec.encode(value)
         except RecordEncodingError as e:
             return e
+        if headers and state.durable and self._writes is not None:
+            try:  # alone: it would fail the whole turn's append
+                check_record((topic, 0, 0, key, stored, headers, False))
+            except (TypeError, ValueError) as e:
+                return BusPublishError(f"{topic}: the topic log did not store the record: {e}")
         parts = state.parts
         n = len(parts)
         if n == 1:
@@ -537,21 +491,27 @@ class InProcessBus(Describable):
         else:
             p = _partition_of(key, n)
         part = parts[p]
-        o = part.append(key, stored, headers)
-        # a durable topic holds the record as Kafka would once it is logged:
-        # its publisher does not wait for the consumers (a persistent
-        # APPLICATION commits when its client acknowledges)
         groups = [g for g in state.groups.values() if g.members]
-        awaited = [] if state.durable else groups
-        log_d = None
-        if state.durable and self.topic_log is not None:
-            log_d = self.topic_log.append([(topic, p, o, key, stored, headers, state.compacted)])
-        waiter = None
-        if awaited or log_d is not None:
-            waiter = Waiter(topic, {g.name for g in awaited}, log_d is not None)
-            part.waiters[o] = waiter
-            if log_d is not None:
-                log_d.addCallbacks(lambda _: waiter.logged(), waiter.logged)
+        waiter = result = None
+        if state.durable:
+            # held as Kafka would once it is logged: its publisher does not
+            # wait for the consumers (a persistent APPLICATION commits when
+            # its client acknowledges); a live group gets the object itself
+            # (encoded once, for the log), unless in the encoding mode
+            o = part.append(key, stored, headers,
+                            value if groups and not self.encodes else None)
+            if self._writes is not None:
+                if done is None:
+                    result = defer.Deferred()
+                    done = result.callback  # a Failure: errback
+                else:
+                    result = _LOGGING
+                self._writes.append((topic, p, o, key, stored, headers, state.compacted), done)
+        else:
+            o = part.append(key, stored, headers)
+            if groups:
+                waiter = part.waiters[o] = Waiter(topic, {groups[0].name} if len(groups) == 1
+                                                  else {g.name for g in groups})
         for g in groups:  # a batch handler gets what the turn publishes together
             member = g.owners[p]
             if member.batch_handler is None:
@@ -560,7 +520,7 @@ class InProcessBus(Describable):
                 self._schedule(member)
         self._retain(state, part)
         if waiter is None:
-            return None
+            return result
         if waiter.done:
             part.waiters.pop(o, None)
         return waiter.outcome()
@@ -643,9 +603,11 @@ class InProcessBus(Describable):
     def _hand(self, member: Consumer, state: TopicState, p: int, cursor, part: Partition,
               o: int, entry: tuple) -> None:
         cursor.position = o + 1
-        key, value, headers = entry
+        key, value, headers, decoded = entry
         try:
-            if state.codec is not None:
+            if decoded is not None:
+                value = decoded
+            elif state.codec is not None:
                 value = state.codec.decode(value)
             result = member.handler(new_record((state.name, key, value, headers, p, o)))
         except Exception:
@@ -665,15 +627,17 @@ class InProcessBus(Describable):
         offsets, values = [], []
         x, nxt = o, entry
         while nxt is not None:
-            value = nxt[1]
-            if codec is not None:
-                try:
-                    value = codec.decode(value)
-                except Exception:  # it alone fails, once those before it are handed
-                    if not offsets:
-                        self._hand(member, state, p, cursor, part, o, entry)
-                        return 1
-                    break
+            value = nxt[3]
+            if value is None:
+                value = nxt[1]
+                if codec is not None:
+                    try:
+                        value = codec.decode(value)
+                    except Exception:  # it alone fails, once those before it are handed
+                        if not offsets:
+                            self._hand(member, state, p, cursor, part, o, entry)
+                            return 1
+                        break
             offsets.append(x)
             values.append(value)
             x += 1
@@ -699,10 +663,34 @@ class InProcessBus(Describable):
 
     def _settled_batch(self, outcome, member, state, p, cursor, offsets: list,
                        deferred: bool) -> None:
-        """A batch's result fired (a Failure fails each of its records)."""
-        failure = outcome if isinstance(outcome, Failure) else None
-        for o in offsets:
-            self._handled(member, state, p, cursor, o, failure, deferred)
+        """A batch's result fired (a Failure fails each of its records);
+        a success settles them together: one commit for the range."""
+        if isinstance(outcome, Failure):
+            for o in offsets:
+                self._handled(member, state, p, cursor, o, outcome, deferred)
+            return
+        group = member.group_state
+        n = len(offsets)
+        if deferred:
+            member.inflight -= n
+            cursor.inflight.difference_update(offsets)
+        if group.cursors[p] is cursor and cursor.advance():
+            self._committed(state, group, p, cursor)
+            member.redelivery.passed(p, cursor.committed)
+            if cursor.committed in cursor.failed:
+                self._read_again(member, p, cursor)
+        waiters = state.parts[p].waiters
+        if waiters:
+            name, pop = group.name, waiters.pop
+            for o in offsets:
+                waiter = pop(o, None)
+                if waiter is not None and not waiter.complete(name, True):
+                    waiters[o] = waiter  # other groups still to handle it
+        if deferred:
+            limit = self.max_uncommitted
+            if not member.busy and member.inflight < limit <= member.inflight + n:
+                self._schedule(member)
+            self._check_group_caught_up(group)
 
     def _track(self, member, state, p, cursor, o, result) -> None:
         """Wait for a handler's result that is not None: a
@@ -797,16 +785,15 @@ class InProcessBus(Describable):
 
     def _committed(self, state: TopicState, group: Group, p: int, cursor) -> None:
         """``group``'s committed offset on partition ``p`` moved."""
-        if state.durable and self.topic_log is not None:
-            self._commits[(group.name, state.name, p)] = cursor.committed
-            self._flush_soon()
+        writes = self._writes
+        if state.durable and writes is not None:
+            writes.commit(group.name, state.name, p, cursor.committed)
         part = state.parts[p]
         before = min(g.cursors[p].committed for g in state.groups.values())
         if before > part.first or part.tombstones:
             if part.release(before) and state.durable and not state.compacted \
-                    and self.topic_log is not None:
-                self._truncates[(state.name, p)] = before
-                self._flush_soon()
+                    and writes is not None:
+                writes.truncate(state.name, p, before)
 
     def _retain(self, state: TopicState, part: Partition) -> None:
         """Keep at most ``retention_records`` records that no group needs
@@ -829,22 +816,3 @@ class InProcessBus(Describable):
                           total=self.dropped, topic=state.name)
             self._drop_logged_at = now
             self._dropped_logged = self.dropped
-
-    def _flush_soon(self) -> None:
-        if self._flush_call is None and self.running:
-            self._flush_call = self.clock.callLater(0, self._flush)
-
-    def _flush(self) -> defer.Deferred:
-        """Write the pending commits and truncations to the topic log."""
-        if self._flush_call is not None and self._flush_call.active():
-            self._flush_call.cancel()
-        self._flush_call = None
-        commits, self._commits = self._commits, {}
-        truncates, self._truncates = self._truncates, {}
-        topic_log = self.topic_log
-        calls = [topic_log.commit(g, t, p, o) for (g, t, p), o in commits.items()]
-        calls += [topic_log.truncate(t, p, o) for (t, p), o in truncates.items()]
-        for d in calls:
-            d.addErrback(lambda f: self.log.failure("in-process bus: topic log write failed", f))
-        return defer.gatherResults(calls).addCallback(lambda _: None)
-

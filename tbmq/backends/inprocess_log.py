@@ -16,7 +16,7 @@ from typing import Any, Callable
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from tbmq.errors import BusClosedError, BusPublishError, ConsumerFailedError
+from tbmq.errors import BusClosedError, ConsumerFailedError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
 __all__ = ["Cursor", "Group", "Partition", "TopicState", "Waiter"]
@@ -28,9 +28,11 @@ class Partition:
     """One append log.
 
     :ivar index: the partition number.
-    :ivar entries: offset → ``(key, value, headers)``, in offset order
-        (``value`` as stored: the object in direct mode, the encoded bytes
-        or None on an encoded topic).
+    :ivar entries: offset → ``(key, value, headers, decoded)``, in offset
+        order (``value`` as stored: the object in direct mode, the encoded
+        bytes or None on an encoded topic; ``decoded`` the object a record
+        of a durable topic was published with, kept while a live group is
+        to get it so that it is not decoded again, else None).
     :ivar first: no record below it is held (a lower bound of the first
         held offset).
     :ivar next: the offset the next record gets.
@@ -50,7 +52,7 @@ class Partition:
         self.tombstones: deque | None = deque() if compacted else None
         self.waiters: dict[int, Waiter] = {}
 
-    def append(self, key: str | None, value: Any, headers: tuple) -> int:
+    def append(self, key: str | None, value: Any, headers: tuple, decoded: Any = None) -> int:
         """Hold a record at the next offset; on a compacted partition the
         key's previous record goes.
 
@@ -58,15 +60,17 @@ class Partition:
         """
         o = self.next
         self.next = o + 1
-        self.put(o, key, value, headers)
+        self.put(o, key, value, headers, decoded)
         return o
 
-    def put(self, o: int, key: str | None, value: Any, headers: tuple) -> None:
-        """Hold a record at offset ``o`` (appending, or restoring a log)."""
+    def put(self, o: int, key: str | None, value: Any, headers: tuple,
+            decoded: Any = None) -> None:
+        """Hold a record at offset ``o`` (appending, or restoring a log);
+        see :attr:`entries`."""
         entries = self.entries
         if not entries:
             self.first = o
-        entries[o] = (key, value, headers)
+        entries[o] = (key, value, headers, decoded)
         keys = self.keys
         if keys is not None and key is not None:
             previous = keys.get(key)
@@ -91,9 +95,8 @@ class Partition:
                     del entries[held]
             else:
                 pop = entries.pop
-                while o < before:
-                    pop(o, None)
-                    o += 1
+                for held in range(o, before):
+                    pop(held, None)
             if before > self.first:
                 self.first = before
         else:
@@ -207,49 +210,43 @@ class Group:
 
 
 class Waiter:
-    """The outcome of one publish: which groups still have to handle the
-    record, and whether the topic log has it.
+    """The outcome of one publish to a non-durable topic: which groups
+    still have to handle the record (a durable topic's publish waits for
+    the topic log only: :mod:`tbmq.backends.inprocess_writes`).
 
     :ivar pending: names of the groups that have not handled it yet.
     :ivar failed_group: the first group whose handler failed, or None.
-    :ivar log_pending: the topic log's append has not fired yet.
-    :ivar error: a failure that fails the publish outright (log error, bus
-        stopped), or None.
+    :ivar error: a failure that fails the publish outright (bus stopped),
+        or None.
     :ivar notify: the publish's ``done(None | Failure)``, called once when
         it is :attr:`done`, or None.
     """
 
-    __slots__ = ("pending", "failed_group", "log_pending", "error", "notify", "topic")
+    __slots__ = ("pending", "failed_group", "error", "notify", "topic")
 
-    def __init__(self, topic: str, pending: set[str], log_pending: bool = False) -> None:
+    def __init__(self, topic: str, pending: set[str]) -> None:
         self.topic = topic
         self.pending = pending
         self.failed_group: str | None = None
-        self.log_pending = log_pending
         self.error: Exception | None = None
         self.notify: Callable[[Failure | None], None] | None = None
 
     @property
     def done(self) -> bool:
-        return self.error is not None or (not self.pending and not self.log_pending)
+        return self.error is not None or not self.pending
 
-    def complete(self, group: str, ok: bool) -> None:
-        """Group ``group`` handled the record (its result fired ``ok``)."""
-        if group not in self.pending:
-            return
-        self.pending.discard(group)
-        if not ok and self.failed_group is None:
-            self.failed_group = group
-        self._maybe_fire()
+    def complete(self, group: str, ok: bool) -> bool:
+        """Group ``group`` handled the record (its result fired ``ok``).
 
-    def logged(self, failure=None) -> None:
-        """The topic log's append fired (``failure`` when it failed)."""
-        self.log_pending = False
-        if failure is not None and self.error is None:
-            self.error = BusPublishError(
-                f"{self.topic}: the topic log did not store the record: "
-                f"{failure.getErrorMessage()}")
-        self._maybe_fire()
+        :returns: :attr:`done`."""
+        pending = self.pending
+        if group in pending:
+            pending.discard(group)
+            if not ok and self.failed_group is None:
+                self.failed_group = group
+            if not pending and self.notify is not None:
+                self._maybe_fire()
+        return self.error is not None or not pending
 
     def close(self) -> None:
         """The bus stopped before the record was handled."""
@@ -288,9 +285,8 @@ class Waiter:
     def settle(self, done: Callable[[Failure | None], None]) -> None:
         """Call ``done`` once the publish is done (:attr:`done` is False
         now): with None, or a :class:`~twisted.python.failure.Failure` of
-        :class:`~tbmq.errors.ConsumerFailedError`,
-        :class:`~tbmq.errors.BusClosedError` or
-        :class:`~tbmq.errors.BusPublishError`; what it raises is logged."""
+        :class:`~tbmq.errors.ConsumerFailedError` or
+        :class:`~tbmq.errors.BusClosedError`; what it raises is logged."""
         self.notify = done
 
 

@@ -95,7 +95,8 @@ class TopicLogWrites(MergedWrites):
         (:func:`~tbmq.backends.topic_records.check_record`)."""
         topic, partition, offset, key, value, headers, compacted = record
         position = (topic, partition, offset)
-        self._forget_row(position)
+        if position in self.rows:
+            self._forget_row(position)
         if compacted and key is not None:
             earlier = self.keys.pop((topic, key), None)
             if earlier is not None:
@@ -105,8 +106,8 @@ class TopicLogWrites(MergedWrites):
                 self.dropped_positions.add(position)
                 return
             self.keys[(topic, key)] = position
-        self.rows[position] = (topic, partition, offset, key, value, pack_headers(headers),
-                               int(compacted))
+        self.rows[position] = (topic, partition, offset, key, value,
+                               pack_headers(headers) if headers else None, 1 if compacted else 0)
 
     def truncate(self, topic: str, partition: int, before: int) -> None:
         """Merge a truncation of ``(topic, partition)`` below ``before``."""

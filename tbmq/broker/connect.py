@@ -3,26 +3,24 @@ through the ``tbmq_authenticate`` hooks (MQTT 5 enhanced authentication and
 re-authentication included, [MQTT-4.12]), the session binding and CONNACK
 with the server's capabilities [MQTT-3.2.2.3].
 
-A mixin of :class:`tbmq.broker.protocol.MQTTProtocol`: it uses the
-protocol's ``send``, ``disconnect`` and ``packet_received``.
+:class:`ConnectHandler` is an object the connection
+(:class:`tbmq.broker.protocol.MQTTProtocol`) holds while it needs one.
 """
 
 from __future__ import annotations
 
 import uuid
 
-from twisted.logger import Logger
-
 from tbmq.auth import AuthRequest, AuthResult
 from tbmq.listeners import peer_certificate_chain
-from tbmq.log import OBSERVER as LOG_OBSERVER, debug_enabled
+from tbmq.log import debug_enabled
 from tbmq.model import ClientType
 from tbmq.mqtt import (
     MQTT_5, Auth, Connack, Connect, MalformedPacket, Property, ReasonCode, Will,
     connack_return_code,
 )
 from tbmq.mqtt.topics import TopicError, validate_topic_name
-from tbmq.broker.session import valid_utf8
+from tbmq.broker.session_context import valid_utf8
 from tbmq.broker.sessions import is_persistent
 from tbmq.cluster.unauthorized import refusal_reason
 from tbmq.errors import BackendError, BusError, ProtocolViolation  # noqa: F401  (ProtocolViolation: raised by handle_auth)
@@ -69,10 +67,40 @@ def will_fault(will: Will, cfg) -> tuple[int, str] | None:
     return None
 
 
-class ConnectFlow:
-    """The CONNECT / AUTH half of a connection."""
+class ConnectHandler:
+    """The CONNECT / AUTH handling of one connection, held by its
+    :class:`~tbmq.broker.protocol.MQTTProtocol` (``conn``) from the CONNECT
+    to the CONNACK, and again for an AUTH after it (re-authentication).  It
+    sets the connection's ``protocol_level``, ``send_quota``,
+    ``max_packet_size``, ``topic_alias_maximum``, ``auth``,
+    ``auth_request``, ``expiry_cap`` and ``session``, and uses its ``send``,
+    ``disconnect``, ``_close`` and ``_hold``/``_release`` (the gate of the
+    packets read meanwhile).
 
-    log = Logger(observer=LOG_OBSERVER)
+    :param conn: the :class:`~tbmq.broker.protocol.MQTTProtocol`.
+    """
+
+    __slots__ = ("conn", "ctx", "exchange", "_attempt", "_assigned_id")
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+        self.ctx = conn.ctx
+        #: (AuthRequest, provider) while an AUTH exchange continues
+        self.exchange = None
+        #: the LoginGuard's Attempt while authenticating
+        self._attempt = None
+        #: the client identifier the broker assigned (an empty one in CONNECT)
+        self._assigned_id: str | None = None
+
+    def lost(self) -> None:
+        """The connection is gone: a password check not started is skipped,
+        and an exchange waiting for the client ends for the login guard."""
+        attempt = self._attempt
+        if attempt is not None:
+            attempt.cancelled = True
+            if self.exchange is not None:  # no answer pending: waiting for the client
+                self._attempt = None
+                self.ctx.guard.done(attempt, None)
 
     # -- CONNECT -------------------------------------------------------------------
 
@@ -80,16 +108,16 @@ class ConnectFlow:
         """Refuse a CONNECT: CONNACK with ``code`` (a v5 CONNACK reason
         code; a v3 client gets its :func:`~tbmq.mqtt.connack_return_code`),
         then the close [MQTT-3.2.2-5], with a log line saying why."""
-        self._before_connect_log(self.log).info("CONNECT from {peer} refused: {why}",
-                                                peer=self._peer(), why=why)
+        self.conn._before_connect_log(self.conn.log).info("CONNECT from {peer} refused: {why}",
+                                                peer=self.conn._peer(), why=why)
         self._refuse_quietly(code)
 
     def _refuse_quietly(self, code: int) -> None:
         """Refuse a CONNECT without a line of its own (the
         :class:`~tbmq.auth.guard.LoginGuard` counts and summarises them)."""
-        v5 = self.protocol_level >= MQTT_5
-        self.send(Connack(False, code if v5 else connack_return_code(code)))
-        self._close()
+        v5 = self.conn.protocol_level >= MQTT_5
+        self.conn.send(Connack(False, code if v5 else connack_return_code(code)))
+        self.conn._close()
 
     def _refuse_will(self, code: int, why: str) -> None:
         """A CONNECT whose will is not acceptable: v5 gets CONNACK with the
@@ -97,13 +125,13 @@ class ConnectFlow:
         for it, so the connection is closed without a CONNACK
         [MQTT-3.1.4-1, MQTT-3.2.2-6] (IDENTIFIER_REJECTED would name the
         wrong field).  The log line says what was wrong."""
-        if self.protocol_level >= MQTT_5:
+        if self.conn.protocol_level >= MQTT_5:
             self._refuse(code, why)
             return
-        self._before_connect_log(self.log).info(
+        self.conn._before_connect_log(self.conn.log).info(
             "CONNECT from {peer} refused, closed without CONNACK: {why}",
-            peer=self._peer(), why=why)
-        self._close()
+            peer=self.conn._peer(), why=why)
+        self.conn._close()
 
     def refuse_malformed_connect(self, error: MalformedPacket) -> None:
         """A CONNECT the decoder refused after reading its protocol level
@@ -118,28 +146,28 @@ class ConnectFlow:
 
         :param error: the decoder's :class:`~tbmq.mqtt.MalformedPacket`.
         """
-        self.protocol_level = error.connect_level
+        self.conn.protocol_level = error.connect_level
         if error.connect_level >= MQTT_5:
-            self.send(Connack(False, error.reason_code, {Property.REASON_STRING: str(error)}))
-        self._close()
+            self.conn.send(Connack(False, error.reason_code, {Property.REASON_STRING: str(error)}))
+        self.conn._close()
 
     def handle_connect(self, connect: Connect) -> None:
         """Validate CONNECT, refuse a blocked client (CONNACK BANNED, v3: 5
         Not authorized; :mod:`tbmq.cluster.blocked`), authenticate, bind the
         session, send CONNACK.  A refusal by authentication is recorded in
         the unauthorized-client log (:mod:`tbmq.cluster.unauthorized`)."""
-        self.connect_packet = connect
+        self.conn.connect_packet = connect
         if (connect.protocol_name, connect.protocol_level) not in SUPPORTED:
             if connect.protocol_name in ("MQTT", "MQIsdp"):
-                self.protocol_level = 5 if connect.protocol_level >= 5 else 4
+                self.conn.protocol_level = 5 if connect.protocol_level >= 5 else 4
                 self._refuse(ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
                              f"protocol level {connect.protocol_level}")
             else:
-                self._before_connect_log(self.log).info("unknown protocol name from {peer}",
-                                                        peer=self._peer())
-                self._close()
+                self.conn._before_connect_log(self.conn.log).info("unknown protocol name from {peer}",
+                                                        peer=self.conn._peer())
+                self.conn._close()
             return
-        self.protocol_level = level = connect.protocol_level
+        self.conn.protocol_level = level = connect.protocol_level
         cfg = self.ctx.config.mqtt
         props = connect.properties
         v5 = level >= MQTT_5
@@ -157,10 +185,10 @@ class ConnectFlow:
         if v5:
             # (Receive Maximum and Maximum Packet Size 0 are refused with
             # the decoder's errors: refuse_malformed_connect)
-            self.send_quota = props.get(Property.RECEIVE_MAXIMUM, 65535)
-            self.max_packet_size = props.get(Property.MAXIMUM_PACKET_SIZE)
+            self.conn.send_quota = props.get(Property.RECEIVE_MAXIMUM, 65535)
+            self.conn.max_packet_size = props.get(Property.MAXIMUM_PACKET_SIZE)
             # none unless the client accepts them [MQTT-3.1.2-27, MQTT-3.3.2-11]
-            self.topic_alias_maximum = min(props.get(Property.TOPIC_ALIAS_MAXIMUM, 0),
+            self.conn.topic_alias_maximum = min(props.get(Property.TOPIC_ALIAS_MAXIMUM, 0),
                                            cfg.outbound_topic_aliases)
         if connect.will is not None:
             fault = will_fault(connect.will, cfg)
@@ -168,7 +196,7 @@ class ConnectFlow:
                 return self._refuse_will(*fault)
         blocked = self.ctx.blocked
         if blocked is not None and blocked.entries:
-            entry = blocked.match(connect.client_id, connect.username, self._peer())
+            entry = blocked.match(connect.client_id, connect.username, self.conn._peer())
             if entry is not None:  # TBMQ's blocked clients, before authentication
                 blocked.refused += 1
                 return self._refuse(ReasonCode.BANNED, f"blocked client ({entry.type} "
@@ -177,42 +205,29 @@ class ConnectFlow:
         if guard is not None:
             costly = connect.password is not None or (
                 v5 and props.get(Property.AUTHENTICATION_METHOD) is not None)
-            attempt = guard.admit(self._peer(), connect.client_id, connect.username, costly)
+            attempt = guard.admit(self.conn._peer(), connect.client_id, connect.username, costly)
             if attempt.refusal is not None:
                 # banned: BANNED; too many checks in flight: SERVER_BUSY
                 return self._refuse_quietly(attempt.refusal)
             self._attempt = attempt
-        self._hold()
-        self.auth_request = AuthRequest(
+        self.conn._hold()
+        self.conn.auth_request = AuthRequest(
             connect.client_id, connect.username, connect.password, level,
-            address=self._address(), listener=self.listener,
-            certificate_chain=peer_certificate_chain(self.transport),
+            address=self.conn._address(), listener=self.conn.listener,
+            certificate_chain=peer_certificate_chain(self.conn.transport),
             auth_method=props.get(Property.AUTHENTICATION_METHOD) if v5 else None,
             auth_data=props.get(Property.AUTHENTICATION_DATA) if v5 else None)
-        self._auth_step(self.auth_request, None)
+        self._auth_step(self.conn.auth_request, None)
 
-    # -- holding packets while something asynchronous is decided --------------------
-
-    def _hold(self) -> None:
-        """Keep incoming packets aside until :meth:`_release` (CONNECT being
-        authenticated, a PUBLISH or SUBSCRIBE being authorized, a backlog), so
-        packets are handled in order."""
-        self._gate += 1
-
-    def _release(self) -> None:
-        if self._gate:
-            self._gate -= 1
-        if not self._gate and self._waiting:
-            waiting, self._waiting = self._waiting, []
-            self.handle_packets(waiting)
+    # -- the connection's packets while something is decided ----------------------
 
     def _drop_held(self) -> None:
         """The connection is refused: what waits is never handled."""
-        self._gate = 0
-        self._waiting = []
+        self.conn._gate = 0
+        self.conn._waiting = []
 
     def _gone(self) -> bool:
-        return self._closing or self.transport is None or not self.transport.connected
+        return self.conn._closing or self.conn.transport is None or not self.conn.transport.connected
 
     def _internal_error(self, failure) -> None:
         """A step of the connection failed.  A backend that is out (the
@@ -224,16 +239,16 @@ class ConnectFlow:
         connection ends with IMPLEMENTATION_SPECIFIC_ERROR (0x83)."""
         out = failure.check(BackendError, BusError)
         if out:
-            self.log.warn("{client_id}: a backend is unavailable: {error}",
-                          client_id=self._client_id(), error=failure.getErrorMessage())
+            self.conn.log.warn("{client_id}: a backend is unavailable: {error}",
+                          client_id=self.conn._client_id(), error=failure.getErrorMessage())
         else:
-            self.log.failure("internal error on the connection of {client_id}", failure,
-                             client_id=self._client_id())
+            self.conn.log.failure("internal error on the connection of {client_id}", failure,
+                             client_id=self.conn._client_id())
         self._drop_held()
         self._auth_done(None)
         if not self._gone():
-            if self._connacked:
-                self.disconnect(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+            if self.conn._connacked:
+                self.conn.disconnect(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
             elif out:
                 self._refuse(ReasonCode.SERVER_UNAVAILABLE, "a backend is unavailable")
             else:
@@ -260,7 +275,7 @@ class ConnectFlow:
     def _auth_answer(self, answer, request: AuthRequest) -> None:
         """Apply an authentication answer [MQTT-4.12]."""
         result, provider = answer
-        v5 = self.protocol_level >= MQTT_5
+        v5 = self.conn.protocol_level >= MQTT_5
         continues = result is not None and result.continue_auth and v5 and request.auth_method
         if not continues and not request.reauthenticate:
             # a failure counts against the source even when the client left
@@ -269,11 +284,11 @@ class ConnectFlow:
             self._drop_held()
             return
         if continues:
-            self._exchange = (request, provider)
-            self.send(Auth(ReasonCode.CONTINUE_AUTHENTICATION,
+            self.exchange = (request, provider)
+            self.conn.send(Auth(ReasonCode.CONTINUE_AUTHENTICATION,
                             {Property.AUTHENTICATION_METHOD: request.auth_method,
                              Property.AUTHENTICATION_DATA: result.auth_data or b""}))
-            self._release()
+            self.conn._release()
             return
         if result is None or not result.allowed:
             if result is not None:
@@ -282,29 +297,29 @@ class ConnectFlow:
                 code = (ReasonCode.BAD_AUTHENTICATION_METHOD if request.auth_method
                         else ReasonCode.NOT_AUTHORIZED)
             self._drop_held()
-            log = self.log if request.reauthenticate else self._before_connect_log(self.log)
+            log = self.conn.log if request.reauthenticate else self.conn._before_connect_log(self.conn.log)
             log.info("authentication of {client_id} refused (0x{code:02X})",
                      client_id=request.client_id, code=code)
             if request.reauthenticate:
-                self.disconnect(code)  # [MQTT-4.12.1-2]
+                self.conn.disconnect(code)  # [MQTT-4.12.1-2]
                 return
-            self.ctx.hooks.authentication_failed(self.connect_packet, request.address, code)
+            self.ctx.hooks.authentication_failed(self.conn.connect_packet, request.address, code)
             if self.ctx.unauthorized is not None:
                 self.ctx.unauthorized.refused(
-                    request.client_id, self._peer(), request.username,
+                    request.client_id, self.conn._peer(), request.username,
                     refusal_reason(code, result.provider if result is not None else None),
                     request.password is not None, bool(request.certificate_chain))
             self._refuse(code, "not authorized")
             return
         if request.reauthenticate:
-            self.auth = result
+            self.conn.auth = result
             props = {Property.AUTHENTICATION_METHOD: request.auth_method}
             if result.auth_data is not None:
                 props[Property.AUTHENTICATION_DATA] = result.auth_data
-            self.send(Auth(ReasonCode.SUCCESS, props))
-            self._release()
+            self.conn.send(Auth(ReasonCode.SUCCESS, props))
+            self.conn._release()
             return
-        will = self.connect_packet.will
+        will = self.conn.connect_packet.will
         if will is not None:
             allowed = self.ctx.hooks.authorize("publish", None, result, will.topic)
             if not isinstance(allowed, bool):
@@ -330,29 +345,29 @@ class ConnectFlow:
         (CONTINUE_AUTHENTICATION) or a re-authentication (RE_AUTHENTICATE)
         with the CONNECT's method [MQTT-4.12.1-1]."""
         method = packet.properties.get(Property.AUTHENTICATION_METHOD)
-        if self._exchange is not None:
-            request, provider = self._exchange
+        if self.exchange is not None:
+            request, provider = self.exchange
             if (packet.reason_code != ReasonCode.CONTINUE_AUTHENTICATION
                     or method != request.auth_method):
                 raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
                                         "unexpected AUTH in an exchange")
-            self._exchange = None
+            self.exchange = None
             request.auth_data = packet.properties.get(Property.AUTHENTICATION_DATA)
-            self._hold()
+            self.conn._hold()
             self._auth_step(request, provider)
             return
-        first = self.auth_request
-        if (packet.reason_code != ReasonCode.RE_AUTHENTICATE or self.session is None
+        first = self.conn.auth_request
+        if (packet.reason_code != ReasonCode.RE_AUTHENTICATE or self.conn.session is None
                 or first is None or first.auth_method is None
                 or method != first.auth_method):
             raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
                                     "AUTH without an authentication exchange")
         request = AuthRequest(
-            first.client_id, first.username, first.password, self.protocol_level,
-            address=first.address, listener=self.listener,
+            first.client_id, first.username, first.password, self.conn.protocol_level,
+            address=first.address, listener=self.conn.listener,
             certificate_chain=first.certificate_chain, auth_method=method,
             auth_data=packet.properties.get(Property.AUTHENTICATION_DATA), reauthenticate=True)
-        self._hold()
+        self.conn._hold()
         self._auth_step(request, None)
 
     def _open_session(self, result: AuthResult, request: AuthRequest) -> None:
@@ -367,15 +382,15 @@ class ConnectFlow:
         gets CONNACK QUOTA_EXCEEDED (0x97; v3: 3 Server unavailable);
         resuming or replacing an existing session of its client id does not
         count."""
-        self.auth = result
+        self.conn.auth = result
         config = self.ctx.config
-        connect = self.connect_packet
+        connect = self.conn.connect_packet
         cap = config.mqtt.max_session_expiry_interval
         if result.provider == "anonymous":
             cap = min(cap, config.auth.anonymous_max_session_expiry)
-        self.expiry_cap = cap
+        self.conn.expiry_cap = cap
         sessions = self.ctx.sessions
-        host = self._peer()
+        host = self.conn._peer()
         limit = config.mqtt.max_persistent_sessions_per_address
         if limit and is_persistent(connect) and not sessions.known(connect.client_id):
             held = sessions.persistent_from(host)
@@ -386,7 +401,7 @@ class ConnectFlow:
         limits = self.ctx.limits
         if limits is not None and self._over_session_limit(limits, connect, result):
             return
-        d = sessions.connect(self, connect, result.client_type, expiry_cap=cap, address=host)
+        d = sessions.connect(self.conn, connect, result.client_type, expiry_cap=cap, address=host)
         d.addCallbacks(self._session_opened, self._session_refused,
                        callbackArgs=(result, request))
         d.addErrback(self._internal_error)
@@ -408,7 +423,7 @@ class ConnectFlow:
         if refused is None:
             return False
         limits.note(refused, "CONNECT of {client_id} from {peer} refused (0x97): over "
-                    "mqtt.{limit} ({count})", client_id=client_id, peer=self._peer(),
+                    "mqtt.{limit} ({count})", client_id=client_id, peer=self.conn._peer(),
                     count=getattr(limits, refused))
         self._drop_held()
         self._refuse_quietly(ReasonCode.QUOTA_EXCEEDED)
@@ -418,10 +433,10 @@ class ConnectFlow:
         """No answer from the cluster: CONNACK SERVER_UNAVAILABLE (0x88; v3:
         3 Server unavailable) and the client retries."""
         if failure.check(BusError):
-            self.log.warn("no session for {client_id}: {error}", client_id=self._client_id(),
+            self.conn.log.warn("no session for {client_id}: {error}", client_id=self.conn._client_id(),
                           error=failure.getErrorMessage())
         else:
-            self.log.failure("no session for {client_id}", failure, client_id=self._client_id())
+            self.conn.log.failure("no session for {client_id}", failure, client_id=self.conn._client_id())
         if not self._gone():
             self._drop_held()
             self._refuse(ReasonCode.SERVER_UNAVAILABLE,
@@ -429,43 +444,44 @@ class ConnectFlow:
 
     def _session_opened(self, opened, result: AuthResult, request: AuthRequest) -> None:
         session, present = opened
-        connect = self.connect_packet
+        connect = self.conn.connect_packet
         cfg = self.ctx.config.mqtt
         if self._gone():
-            self.ctx.sessions.connection_lost(session, self, publish_will=False)
+            self.ctx.sessions.connection_lost(session, self.conn, publish_will=False)
             return
         if not session.persistent:
             session.client_type = ClientType.DEVICE  # TBMQ: non-persistent is a DEVICE
-        self.session = session
+        self.conn.session = session
         keep_alive = connect.keep_alive
         if cfg.max_keep_alive and (keep_alive == 0 or keep_alive > cfg.max_keep_alive):
-            keep_alive = cfg.max_keep_alive if self.protocol_level >= MQTT_5 else keep_alive
+            keep_alive = cfg.max_keep_alive if self.conn.protocol_level >= MQTT_5 else keep_alive
         # the connect timeout's call is cancelled and a new one made: moved
         # sooner, Twisted would look for it through all the reactor's timed
         # calls (a keep alive shorter than the connect timeout)
-        self.setTimeout(None)
-        self.setTimeout(keep_alive * 1.5 if keep_alive else None)
+        self.conn.setTimeout(None)
+        self.conn.setTimeout(keep_alive * 1.5 if keep_alive else None)
         props = {}
-        if self.protocol_level >= MQTT_5:
+        if self.conn.protocol_level >= MQTT_5:
             props = self._connack_properties(connect, session, keep_alive)
             if request.auth_method:
                 props[Property.AUTHENTICATION_METHOD] = request.auth_method
                 if result.auth_data is not None:
                     props[Property.AUTHENTICATION_DATA] = result.auth_data
-        self.send(Connack(present if self.protocol_level > 3 else False, ReasonCode.SUCCESS,
+        self.conn.send(Connack(present if self.conn.protocol_level > 3 else False, ReasonCode.SUCCESS,
                           props))
-        self._connacked = True
-        self.connected_at = self.ctx.clock.seconds()
+        self.conn._connacked = True
+        self.conn.handshake = None  # made again for an AUTH (re-authentication)
+        self.conn.connected_at = self.ctx.clock.seconds()
         if debug_enabled():
-            self.log.debug("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
+            self.conn.log.debug("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
                            "persistent={persistent}, session present={present}, "
                            "authenticated by {provider})",
-                           client_id=connect.client_id, peer=self._peer(),
-                           mqtt_level=self.protocol_level, persistent=session.persistent,
+                           client_id=connect.client_id, peer=self.conn._peer(),
+                           mqtt_level=self.conn.protocol_level, persistent=session.persistent,
                            present=present, provider=result.provider)
-        self.ctx.hooks.client_connected(session, connect, self._address())
+        self.ctx.hooks.client_connected(session, connect, self.conn._address())
         session.resume()
-        self._release()
+        self.conn._release()
 
     def _connack_properties(self, connect: Connect, session, keep_alive: int) -> dict:
         """The server's capabilities [MQTT-3.2.2.3]."""
@@ -473,7 +489,7 @@ class ConnectFlow:
         props = {
             Property.RECEIVE_MAXIMUM: cfg.receive_maximum,
             Property.RETAIN_AVAILABLE: int(cfg.retain_available),
-            Property.MAXIMUM_PACKET_SIZE: self.server_max_packet_size,
+            Property.MAXIMUM_PACKET_SIZE: self.conn.server_max_packet_size,
             Property.TOPIC_ALIAS_MAXIMUM: cfg.topic_alias_maximum,
             Property.WILDCARD_SUBSCRIPTION_AVAILABLE: int(cfg.wildcard_subscription_available),
             Property.SUBSCRIPTION_IDENTIFIER_AVAILABLE: int(cfg.subscription_identifier_available),

@@ -31,13 +31,16 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections import OrderedDict, deque
+from collections import deque
 
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from tbmq.broker.store_reads import StoreReads, delivery_size
+from tbmq.broker.holding import NO_SOURCES, SourceHolds
+from tbmq.broker.store_reads import StoreReader, delivery_size
+from tbmq.broker.topic_aliases import TopicAliases
 from tbmq.broker.traffic import LATENCY_BOUNDS
+from tbmq.cluster.completion import Completion
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
@@ -48,12 +51,15 @@ _SENT = DeliveryState.SENT
 _RELEASED = DeliveryState.RELEASED
 #: most deliveries fall in the first latency bucket: one comparison
 FIRST_LATENCY_BOUND = LATENCY_BOUNDS[0]
-#: a hold credit refills over this many times its capacity
-HOLD_WINDOW_FACTOR = 10.0
-#: holds shorter than this share of the credit cost nothing: a subscriber
-#: that is only the bottleneck drains quickly, again and again, and holds its
-#: publishers to its pace for as long as it reads
-FREE_HOLD_SHARE = 0.1
+#: an empty queue before the first delivery that waits (a deque is 760
+#: bytes; an idle session keeps none): see :meth:`Outbox._queue_to_fill`
+NO_QUEUE: tuple = ()
+#: an empty mapping shared by the outboxes that have none of their own yet
+#: (``dropped``, ``_app_done``): never written, a dict is made at the first
+#: entry (an empty dict is 64 bytes)
+NO_ENTRIES: dict = {}
+#: the time of the last log line about drops before the first
+NEVER = float("-inf")
 
 
 def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...],
@@ -91,51 +97,26 @@ def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple
                                  packet_id if qos else None, props, level)
 
 
-class TopicAliases:
-    """The topic aliases the broker gave on one connection (outbound, MQTT
-    5.0 §3.3.2.3.4): topic → alias, least recently used first.  Aliases
-    1..``maximum`` go to new topics in turn [MQTT-3.3.2-8, MQTT-3.3.2-11];
-    once all are taken, the least recently used one is given to the next new
-    topic (its PUBLISH carries the topic name and the alias, which changes
-    the client's mapping).  Mappings last as long as the connection
-    [MQTT-3.3.2-7].
+class _AppAcks:
+    """What the deliveries of one :meth:`Outbox.deliver_app_batch` wait
+    for, in place of a Deferred each (``callback(None)`` as each is
+    finished: one part of the batch's
+    :class:`~tbmq.cluster.completion.Completion`)."""
 
-    :param maximum: aliases to give at most, >= 1.
-    """
+    __slots__ = ("callback",)
 
-    __slots__ = ("maximum", "_by_topic")
-
-    def __init__(self, maximum: int) -> None:
-        self.maximum = maximum
-        self._by_topic: OrderedDict[str, int] = OrderedDict()
-
-    def choose(self, topic: str) -> tuple[int, bool]:
-        """:returns: ``(alias, known)``: the alias to send ``topic`` with, and
-        whether the client already maps it (then the topic name is left out).
-        Nothing changes until :meth:`sent`."""
-        by_topic = self._by_topic
-        alias = by_topic.get(topic)
-        if alias is not None:
-            return alias, True
-        if len(by_topic) < self.maximum:
-            return len(by_topic) + 1, False
-        return next(iter(by_topic.values())), False
-
-    def sent(self, topic: str, alias: int, known: bool) -> None:
-        """A PUBLISH chosen by :meth:`choose` was written to the client."""
-        by_topic = self._by_topic
-        if known:
-            by_topic.move_to_end(topic)
-            return
-        if len(by_topic) >= self.maximum:
-            by_topic.popitem(last=False)  # its alias now names ``topic``
-        by_topic[topic] = alias
+    def __init__(self, done) -> None:
+        self.callback = done
 
 
-class Outbox(StoreReads):
-    """The outbound state of :class:`tbmq.broker.session.Session` (a mixin;
-    the session sets ``ctx``, ``client_id``, ``persistent`` and
-    ``connection``).
+class Outbox:
+    """The outbound part of a :class:`tbmq.broker.session.Session`, which
+    owns it: the inflight window, packet identifiers, the queue, holds of
+    the sources that feed it, drops.
+
+    :param session: the owner (its ``ctx``, ``client_id``, ``persistent``,
+        ``session_id``); passed to the hooks and the node's limits.
+    :param now: seconds since the epoch (the hold credit starts full).
 
     :ivar inflight: packet id → delivery sent and not yet acknowledged, in
         send order.
@@ -150,62 +131,57 @@ class Outbox(StoreReads):
 
     log = Logger(observer=LOG_OBSERVER)
 
+    # one per session: attributes in slots (the store reads' too)
+    __slots__ = tuple("""session ctx client_id persistent link inflight queue queued_bytes
+        _next_packet_id _max_inflight _completed slow overflowed holder paged_out _last_seq reader
+        _app_done dropped _drop_logged_at _drops_logged sent_aliases _traffic _latency _sent
+        _sent_bytes""".split())
+
     #: seconds between two log lines about drops for one session
     DROP_LOG_INTERVAL = 10.0
 
-    def _init_outbox(self, now: float) -> None:
-        from tbmq.broker.outbound import HoldCredit
-
-        mqtt = self.ctx.mqtt
+    def __init__(self, session, now: float) -> None:
+        #: the owner, passed to the hooks and limits
+        self.session = session
+        ctx = self.ctx = session.ctx
+        self.client_id = session.client_id
+        self.persistent = session.persistent
+        #: the :class:`~tbmq.broker.link.Link` of the live connection, or
+        #: None while the session is offline
+        self.link = None
+        mqtt = ctx.mqtt
         self.inflight: dict[int, StoredDelivery] = {}
-        self.queue: deque[StoredDelivery] = deque()
+        self.queue: deque[StoredDelivery] | tuple = NO_QUEUE  # a deque from the first wait
         self.queued_bytes = 0
         self._next_packet_id = 1
         self._max_inflight = mqtt.max_inflight_messages
-        self._completed: list[int] = []
+        self._completed: list[int] | tuple = ()  # a list from the first
         self.slow = False
         #: disconnected with QUOTA_EXCEEDED: what still comes before the close is
         #: lost, counted
         self.overflowed = False
-        self._holding: set = set()
-        self._hold_since: float | None = None
-        self._hold_timer = None
-        self._credit = HoldCredit(mqtt.outbound_pause_timeout,
-                                  mqtt.outbound_pause_timeout * HOLD_WINDOW_FACTOR, now)
+        #: the :class:`~tbmq.broker.holding.SourceHolds`, made at the first hold
+        self.holder: SourceHolds | None = None
         self.paged_out = False
-        self._loading = False
         self._last_seq = 0
-        self._arrived: list[StoredDelivery] = []
-        #: the connection's attach marker came while the store was being
-        #: read: read it again once that read is done
-        self._reread = False
-        #: waiting for the connection's attach marker before the first read
-        #: of the store: the timer of :data:`MARKER_WAIT`, else None
-        self._marker_wait = None
-        #: seqs of the deliveries finished while the store was being read:
-        #: the read may still hold them (sent, so they would be sent again)
-        self._finished_in_read: set[int] = set()
+        #: a persistent session's :class:`~tbmq.broker.store_reads.StoreReader`,
+        #: made at its first read (:meth:`store_reader`), else None
+        self.reader: StoreReader | None = None
         #: id(delivery) → the Deferred its ``tbmq.msg.app`` record commits on
-        self._app_done: dict[int, defer.Deferred] = {}
-        #: the consumers of a persistent APPLICATION's topics while it is
-        #: connected here: None → ``tbmq.msg.app.<clientId>``, a shared
-        #: subscription's filter → ``tbmq.msg.app.shared.<filter>``
-        self.app_consumers: dict = {}
-        self.dropped: dict[str, int] = {}
-        self._drop_logged_at = float("-inf")
-        self._drops_logged: dict[str, int] = {}
+        self._app_done: dict[int, defer.Deferred] = NO_ENTRIES
+        self.dropped: dict[str, int] = NO_ENTRIES
+        self._drop_logged_at = NEVER
+        self._drops_logged: dict[str, int] = NO_ENTRIES
         #: the topic aliases given on the current connection, or None when
         #: it takes none (``mqtt.outbound_topic_aliases``)
         self.sent_aliases: TopicAliases | None = None
         # the node's counters (tbmq.broker.traffic), held here: one list
         # index and one add per PUBLISH
-        traffic = self._traffic = self.ctx.traffic
+        traffic = self._traffic = ctx.traffic
         #: the latency histogram, or None when nothing reads it
         self._latency = traffic.latency if traffic.observe_latency else None
         self._sent = traffic.sent
         self._sent_bytes = traffic.sent_bytes
-        self._received = traffic.received
-        self._received_bytes = traffic.received_bytes
 
     # -- limits ------------------------------------------------------------------
 
@@ -224,8 +200,24 @@ class Outbox(StoreReads):
         return (len(self.queue) <= self.queue_limit // 2
                 and self.queued_bytes <= self.ctx.mqtt.max_pending_bytes // 2)
 
+    def _queue_to_fill(self) -> deque:
+        """:returns: :attr:`queue`, a deque made at the first delivery that
+        waits (an idle session holds an empty tuple)."""
+        queue = self.queue
+        if type(queue) is not deque:
+            queue = self.queue = deque()
+        return queue
+
+    def _clear_queue(self) -> None:
+        """Empty :attr:`queue` (a loop that holds it stops) and give its
+        memory back."""
+        queue = self.queue
+        if queue:
+            queue.clear()
+        self.queue = NO_QUEUE
+
     def _window(self) -> int:
-        conn = self.connection
+        conn = self.link
         if conn is None:
             return 0
         quota = conn.send_quota
@@ -238,13 +230,16 @@ class Outbox(StoreReads):
         """Count ``count`` messages not delivered to this session.  The first
         drop is logged at once, then the totals at most every
         :attr:`DROP_LOG_INTERVAL` seconds while drops go on."""
-        self.dropped[reason] = self.dropped.get(reason, 0) + count
+        dropped = self.dropped
+        if dropped is NO_ENTRIES:
+            dropped = self.dropped = {}
+        dropped[reason] = dropped.get(reason, 0) + count
         self.ctx.drops.add(reason, count)
         now = self.ctx.clock.seconds()
         if now >= self._drop_logged_at + self.DROP_LOG_INTERVAL:
             self._log_drops(now)
         if self.ctx.hooks.wants_dropped and message is not None:
-            self.ctx.hooks.message_dropped(self, message, reason)
+            self.ctx.hooks.message_dropped(self.session, message, reason)
 
     def _log_drops(self, now: float) -> None:
         new = {reason: n - self._drops_logged.get(reason, 0)
@@ -292,31 +287,32 @@ class Outbox(StoreReads):
         if message.expires_at is not None and message.expires_at <= now:
             self.drop("expired", message)
             return
-        conn = self.connection
+        conn = self.link
         if conn is None:
             if self.persistent and qos == 0:
                 self.drop("offline_qos0", message)
             return
         limits = self.ctx.limits_out
-        if limits is not None and not limits.admit_outgoing(self, qos, message):
+        if limits is not None and not limits.admit_outgoing(self.session, qos, message):
             return
         if qos == 0:
             paused = conn.paused
             if paused and (self.slow or conn.paused_bytes > self.ctx.mqtt.max_outbound_buffer):
                 if not self.slow:
-                    self._became_slow()  # past max_outbound_buffer on a full socket
+                    self.became_slow()  # past max_outbound_buffer on a full socket
                 self.drop("slow_consumer", message)
                 return
             data = self._encoded(message, 0, retain, subscription_ids, cache, now, conn, False, 0)
             if data is not None:
                 conn.write(data)
-                if (paused and source not in self._holding and conn.paused_bytes
-                        >= self.ctx.mqtt.max_outbound_buffer // 4):
+                if paused and source not in (
+                        NO_SOURCES if self.holder is None else self.holder.holding) \
+                        and conn.paused_bytes >= self.ctx.mqtt.max_outbound_buffer // 4:
                     # a full socket past a quarter of the buffer: hold the source
                     # (a shorter burst is only buffered)
                     self._hold(source, now)
                 if self.ctx.hooks.wants_delivered:
-                    self.ctx.hooks.message_delivered(self, message, 0)
+                    self.ctx.hooks.message_delivered(self.session, message, 0)
             return
         delivery = StoredDelivery(0, message, qos, retain, subscription_ids)
         if not self.queue and not conn.paused and not self.overflowed:
@@ -334,20 +330,25 @@ class Outbox(StoreReads):
         else queued in memory up to :attr:`queue_limit`, else left in the
         store (paged out) until the queue drains.  One older than what
         this connection took already is left to the store
-        (:meth:`~tbmq.broker.store_reads.StoreReads._behind`)."""
-        conn = self.connection
+        (:meth:`~tbmq.broker.store_reads.StoreReader.behind`)."""
+        conn = self.link
         if conn is None:
             return
         if now is None:
             now = self.ctx.clock.seconds()
         if self.paged_out:
-            if self._loading:
-                self._arrived.append(delivery)
+            reader = self.store_reader()
+            if reader.loading:
+                arrived = reader.arrived
+                if not arrived:
+                    arrived = reader.arrived = []
+                arrived.append(delivery)
             elif self._drained():
-                self._page_in()
+                reader.page_in()
             return
         if delivery.seq <= self._last_seq:
-            self._behind(delivery)  # read from the store already, or not shown by it
+            # read from the store already, or not shown by it
+            self.store_reader().behind(delivery)
             return
         self._offer(delivery, cache, now, source, conn)
 
@@ -363,7 +364,7 @@ class Outbox(StoreReads):
             record is then committed), or None when it needs no
             acknowledgement (QoS 0, expired, too large for the client).
         """
-        conn = self.connection
+        conn = self.link
         if conn is None:
             return defer.Deferred()  # never fires: the record stays uncommitted
         now = self.ctx.clock.seconds()
@@ -371,9 +372,47 @@ class Outbox(StoreReads):
             self.deliver(d.message, 0, d.retain, d.subscription_ids, None, now, source)
             return None
         delivery = StoredDelivery(0, d.message, d.qos, d.retain, d.subscription_ids)
-        done = self._app_done[id(delivery)] = defer.Deferred()
+        app_done = self._app_done
+        if app_done is NO_ENTRIES:
+            app_done = self._app_done = {}
+        done = app_done[id(delivery)] = defer.Deferred()
         self._offer(delivery, None, now, source, conn)
         return done
+
+    def deliver_app_batch(self, deliveries, source) -> Completion | defer.Deferred:
+        """Deliver several records of ``tbmq.msg.app.<clientId>`` (or of a
+        shared application topic) in order, as :meth:`deliver_app` each,
+        with one outcome for all of them.
+
+        :param deliveries: :class:`tbmq.cluster.records.Delivery` objects.
+        :param source: as for :meth:`deliver_app`.
+        :returns: a :class:`~tbmq.cluster.completion.Completion` that
+            succeeds once the client acknowledged every one of them that
+            needs it (the records are then committed), or a Deferred that
+            never fires when the session has no connection (they stay
+            uncommitted).
+        """
+        conn = self.link
+        if conn is None:
+            return defer.Deferred()  # never fires: the records stay uncommitted
+        now = self.ctx.clock.seconds()
+        pending = Completion()
+        acks = None
+        app_done = self._app_done
+        if app_done is NO_ENTRIES:
+            app_done = self._app_done = {}
+        for d in deliveries:
+            if d.qos == 0:
+                self.deliver(d.message, 0, d.retain, d.subscription_ids, None, now, source)
+                continue
+            if acks is None:
+                acks = _AppAcks(pending.part())
+            else:
+                pending.part()
+            delivery = StoredDelivery(0, d.message, d.qos, d.retain, d.subscription_ids)
+            app_done[id(delivery)] = acks
+            self._offer(delivery, None, now, source, conn)
+        return pending
 
     def _offer(self, delivery: StoredDelivery, cache, now: float, source, conn) -> None:
         if self.overflowed:
@@ -389,8 +428,7 @@ class Outbox(StoreReads):
             return
         if self._full():
             if id(delivery) in self._app_done:
-                self._holding.add(source)  # its own topic keeps what waits
-                self.ctx.holds.hold(source, self)
+                self._holder(now).add(source)  # its own topic keeps what waits
             elif self.persistent:
                 self.paged_out = True  # it waits in the store
                 return
@@ -399,6 +437,8 @@ class Outbox(StoreReads):
                 return
         if delivery.seq > self._last_seq:
             self._last_seq = delivery.seq
+        if type(queue) is not deque:
+            queue = self._queue_to_fill()
         queue.append(delivery)
         self.queued_bytes += delivery_size(delivery)
         if not self.persistent and source is not None and self._full():
@@ -491,9 +531,10 @@ class Outbox(StoreReads):
                       client_id=self.client_id, queued=len(self.queue), lost=lost)
         self.drop("quota_exceeded", message, lost)
         self.overflowed = True
-        conn = self.connection
-        self._release_holds(self.ctx.clock.seconds())
-        self.queue.clear()
+        conn = self.link
+        if self.holder is not None:
+            self.holder.release(self.ctx.clock.seconds())
+        self._clear_queue()
         self.queued_bytes = 0
         self.inflight.clear()
         if conn is not None:
@@ -512,53 +553,37 @@ class Outbox(StoreReads):
             return False
         if source is None:
             return True
-        if source not in self._holding:
-            self._holding.add(source)
-            self.ctx.holds.hold(source, self)
-        if self._hold_timer is None:
-            # a short hold is always allowed: a subscriber that is merely the
-            # bottleneck drains to its low-water mark quickly and often
-            free = self._credit.capacity * FREE_HOLD_SHARE
-            left = max(self._credit.available(now), free)
-            self._hold_since = now
-            self._hold_timer = self.ctx.clock.callLater(left, self._hold_expired)
+        self._holder(now).hold(source, now)
         return True
 
-    def _hold_expired(self) -> None:
-        self._hold_timer = None
-        self._became_slow()
+    def _holder(self, now: float) -> SourceHolds:
+        """:returns: the :class:`~tbmq.broker.holding.SourceHolds`, made at
+        first use."""
+        holder = self.holder
+        if holder is None:
+            holder = self.holder = SourceHolds(self, now)
+        return holder
 
-    def _became_slow(self) -> None:
+    def became_slow(self) -> None:
+        """The session used up its hold credit, or its socket stayed full
+        past ``mqtt.max_outbound_buffer``: it holds nobody from now on."""
         now = self.ctx.clock.seconds()
         self.log.info("{client_id} is slow: it held its publishers for its whole credit; "
                       "its QoS 0 messages are dropped while it is congested",
                       client_id=self.client_id)
-        self._release_holds(now)
+        if self.holder is not None:
+            self.holder.release(now)
         self.slow = True
-
-    def _release_holds(self, now: float) -> None:
-        timer = self._hold_timer
-        if timer is not None:
-            self._hold_timer = None
-            if timer.active():
-                timer.cancel()
-        if self._hold_since is not None:
-            held = now - self._hold_since
-            if held > self._credit.capacity * FREE_HOLD_SHARE:
-                self._credit.spend(held, now)  # only long holds use the credit up
-            self._hold_since = None
-        if self._holding:
-            holding, self._holding = self._holding, set()
-            self.ctx.holds.release(holding, self)
 
     def _relieved(self) -> None:
         """The socket is writable and the queue at its low-water mark: let the
         sources go; a slow session is not slow any more."""
-        conn = self.connection
+        conn = self.link
         if (conn is not None and conn.paused) or not self._drained():
             return
-        if self._holding or self._hold_since is not None:
-            self._release_holds(self.ctx.clock.seconds())
+        holder = self.holder
+        if holder is not None and (holder.holding or holder.since is not None):
+            holder.release(self.ctx.clock.seconds())
         self.slow = False
 
     # -- draining --------------------------------------------------------------------------
@@ -567,7 +592,7 @@ class Outbox(StoreReads):
         """Send queued deliveries while the inflight window has room and the
         socket is writable; read the next page of a paged-out persistent
         session when the queue is drained."""
-        conn = self.connection
+        conn = self.link
         if conn is None:
             return
         queue = self.queue
@@ -580,21 +605,23 @@ class Outbox(StoreReads):
                 self.queued_bytes -= delivery_size(delivery)
                 if not self._send(delivery, None, now, conn, False):
                     self._finished(delivery)
-        if self.paged_out and not self._loading and self._drained():
-            self._page_in()
-        if self._holding or self.slow:
+        if self.paged_out:
+            reader = self.store_reader()
+            if not reader.loading and self._drained():
+                reader.page_in()
+        if self.slow or (self.holder is not None and self.holder.holding):
             self._relieved()
 
     def on_writable(self) -> None:
         """The connection's socket drained (Twisted resumed its producer)."""
         self.pump()
-        if self.connection is not None:
+        if self.link is not None:
             self._relieved()
 
     def _resend(self, delivery: StoredDelivery) -> None:
         """Send again, after a reconnect, a delivery that was in flight: the
         PUBLISH with DUP set, or the PUBREL [MQTT-4.4.0-1]."""
-        conn = self.connection
+        conn = self.link
         pid = delivery.packet_id
         if delivery.state == _RELEASED:
             conn.send(Pubrel(pid))
@@ -619,11 +646,14 @@ class Outbox(StoreReads):
                 done.callback(None)
                 return
         if delivery.seq:
-            self._completed.append(delivery.seq)
-            if self._loading:
-                self._finished_in_read.add(delivery.seq)
-            if len(self._completed) == 1:
+            completed = self._completed
+            if not completed:
+                completed = self._completed = []
                 self.ctx.flusher.later(self._remove_completed)
+            completed.append(delivery.seq)
+            reader = self.reader
+            if reader is not None and reader.loading:
+                reader.finished_in_read.add(delivery.seq)
 
     def _complete(self, packet_id: int) -> StoredDelivery | None:
         delivery = self.inflight.pop(packet_id, None)
@@ -632,7 +662,7 @@ class Outbox(StoreReads):
         return delivery
 
     def _remove_completed(self) -> None:
-        completed, self._completed = self._completed, []
+        completed, self._completed = self._completed, ()
         if completed:
             self._stored(self.ctx.device_store.remove(self.client_id, completed), "remove")
 
@@ -659,8 +689,8 @@ class Outbox(StoreReads):
                                     f"PUBACK for the QoS 2 delivery {packet_id}")
         self._complete(packet_id)
         if self.ctx.hooks.wants_delivered:
-            self.ctx.hooks.message_delivered(self, delivery.message, 1)
-        if self.queue or self.paged_out or self._holding:
+            self.ctx.hooks.message_delivered(self.session, delivery.message, 1)
+        if self.queue or self.paged_out or (self.holder is not None and self.holder.holding):
             self.pump()
 
     def on_pubrec(self, packet) -> None:
@@ -673,7 +703,7 @@ class Outbox(StoreReads):
             delivery.
         """
         packet_id = packet.packet_id
-        conn = self.connection
+        conn = self.link
         delivery = self.inflight.get(packet_id)
         if delivery is None:
             v5 = conn.protocol_level >= MQTT_5
@@ -711,67 +741,76 @@ class Outbox(StoreReads):
                                     f"PUBCOMP for the QoS {delivery.qos} delivery "
                                     f"{packet_id}, which has no PUBREL")
         self._complete(packet_id)
-        self.ctx.hooks.message_delivered(self, delivery.message, 2)
+        self.ctx.hooks.message_delivered(self.session, delivery.message, 2)
         self.pump()
 
     # -- life cycle ------------------------------------------------------------------------------
 
-    def resume_outbox(self, marker: bool = False) -> None:
+    def resume(self, marker: bool = False) -> None:
         """After CONNACK: resend what is in flight with DUP set, in order
         [MQTT-4.4.0-1], then send the queue.  A persistent session reads its
-        deliveries from the store first: with ``marker`` (its node writes an
-        attach marker, :meth:`on_attached`) once the marker comes back, or
-        after :data:`MARKER_WAIT` seconds at the latest; else now."""
+        deliveries from the store first (:meth:`StoreReader.start
+        <tbmq.broker.store_reads.StoreReader.start>`)."""
         if self.persistent:
             self.inflight.clear()
-            self.queue.clear()
+            self._clear_queue()
             self.queued_bytes = 0
             self._last_seq = 0
-            self._reread = False
             self.paged_out = True
-            self._stop_marker_wait()
-            if marker:
-                self._marker_wait = self.ctx.clock.callLater(
-                    self.MARKER_WAIT, self._marker_late, self.connection)
-            else:
-                self._page_in()
+            self.store_reader().start(marker)
             return
         for delivery in list(self.inflight.values()):
             self._resend(delivery)
         self.pump()
 
-    def attach_outbox(self, conn) -> None:
-        """A new connection: the topic aliases it takes start empty
-        [MQTT-3.3.2-7]; none when ``conn.topic_alias_maximum`` is 0."""
+    def store_reader(self) -> StoreReader:
+        """:returns: the :class:`~tbmq.broker.store_reads.StoreReader` of a
+        persistent session, made at first use."""
+        reader = self.reader
+        if reader is None:
+            reader = self.reader = StoreReader(self)
+        return reader
+
+    def attach(self, conn) -> None:
+        """A new connection (its :class:`~tbmq.broker.link.Link`): the topic
+        aliases it takes start empty [MQTT-3.3.2-7]; none when
+        ``conn.topic_alias_maximum`` is 0."""
+        self.link = conn
         maximum = conn.topic_alias_maximum
         self.sent_aliases = TopicAliases(maximum) if maximum else None
 
-    def detach_outbox(self) -> None:
+    def detach(self) -> None:
         """The connection is gone: a persistent session gives its memory back
         (everything is in the store); holds are let go."""
-        self._release_holds(self.ctx.clock.seconds())
-        self._stop_marker_wait()
+        self.link = None
+        if self.holder is not None:
+            self.holder.release(self.ctx.clock.seconds())
+        reader = self.reader
+        if reader is not None:
+            reader.stop_marker_wait()
         self.slow = False
         self.overflowed = False
         self.sent_aliases = None
-        self._app_done = {}  # never fired: the records stay uncommitted
+        self._app_done = NO_ENTRIES  # never fired: the records stay uncommitted
         if self.persistent:
             self.inflight.clear()
-            self.queue.clear()
+            self._clear_queue()
             self.queued_bytes = 0
             self.paged_out = True
-            self._arrived = []
+            if reader is not None:
+                reader.arrived = ()
 
-    def discard_outbox(self) -> None:
+    def discard(self) -> None:
         """The session ends: forget what it holds (and its stored deliveries)."""
         hooks = self.ctx.hooks
         if hooks.wants_dropped:
             for delivery in list(self.inflight.values()) + list(self.queue):
-                hooks.message_dropped(self, delivery.message, "session_ended")
-        self._release_holds(self.ctx.clock.seconds())
+                hooks.message_dropped(self.session, delivery.message, "session_ended")
+        if self.holder is not None:
+            self.holder.release(self.ctx.clock.seconds())
         self.inflight.clear()
-        self.queue.clear()
+        self._clear_queue()
         self.queued_bytes = 0
-        self._completed = []
+        self._completed = ()
         if self.persistent:
             self.ctx.device_store.clear(self.client_id)

@@ -21,7 +21,8 @@ from zope.interface import implementer
 
 from tbmq.auth import AuthRequest, AuthResult
 from tbmq.auth.guard import LoginGuard, PasswordChecks
-from tbmq.broker.connect import ConnectFlow
+from tbmq.broker.connect import ConnectHandler
+from tbmq.broker.link import Link
 from tbmq.broker.deadlines import deadlines_for
 from tbmq.broker.session import Session
 from tbmq.errors import ProtocolViolation
@@ -99,7 +100,7 @@ def guarded_context(broker) -> ConnectionContext:
 
 
 @implementer(interfaces.IPushProducer)
-class MQTTProtocol(ConnectFlow, protocol.Protocol):
+class MQTTProtocol(protocol.Protocol):
     """One client connection: bytes in, packets to the session; bytes out
     through its own outbound queue, written once per reactor turn.
 
@@ -131,9 +132,9 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol):
         "callLater", "decoder", "server_max_packet_size", "session", "connect_packet",
         "protocol_level", "send_quota", "max_packet_size", "topic_alias_maximum", "paused",
         "paused_bytes", "_out", "_closing", "_connacked", "connected_at", "_normal_disconnect",
-        "_disconnect_reason", "_gate", "_waiting", "_abort_call", "_exchange", "auth",
-        "auth_request", "_closed_waiters", "_attempt", "expiry_cap", "_partial_since",
-        "_packet_timer", "_read_pauses", "_peer_address", "_assigned_id",
+        "_disconnect_reason", "_gate", "_waiting", "_abort_call", "handshake", "_auth", "link",
+        "auth_request", "_closed_waiters", "expiry_cap", "_partial_since",
+        "_packet_timer", "_read_pauses", "_peer_address",
     )
 
     def __init__(self, ctx: ConnectionContext, listener, max_packet_size: int) -> None:
@@ -149,7 +150,6 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol):
         self.deadline_slot: int | None = None
         #: seconds :meth:`resetTimeout` moves the deadline to, or None
         self.timeOut: float | None = None
-        self._assigned_id: str | None = None
         self._traffic = ctx.traffic
         self.listener = listener
         self.callLater = ctx.clock.callLater
@@ -173,11 +173,15 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol):
         self._gate = 0  # reasons packets wait: a decision being made, a backlog
         self._waiting: list = []  # packets read while the gate was closed
         self._abort_call = None
-        self._exchange = None  # (AuthRequest, provider) while an AUTH exchange continues
-        self.auth: AuthResult | None = None
+        #: the :class:`~tbmq.broker.connect.ConnectHandler` from the CONNECT
+        #: to the CONNACK (and during a re-authentication), else None
+        self.handshake: ConnectHandler | None = None
+        #: what the session sees of this connection, once it attached: a
+        #: :class:`~tbmq.broker.link.Link` (its ``paused`` kept with this one's)
+        self.link: Link | None = None
+        self._auth: AuthResult | None = None
         self.auth_request: AuthRequest | None = None
         self._closed_waiters: list | None = None
-        self._attempt = None  # the LoginGuard's Attempt while authenticating
         self.expiry_cap = ctx.config.mqtt.max_session_expiry_interval
         self._partial_since: float | None = None  # when the incomplete packet began
         self._packet_timer = None
@@ -223,7 +227,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol):
                 "malformed packet from {peer}: {error} (0x{code:02X})",
                 peer=self._peer(), error=str(e), code=e.reason_code)
             if e.connect_level is not None:
-                self.refuse_malformed_connect(e)
+                self._handshake().refuse_malformed_connect(e)
             else:
                 self.disconnect(e.reason_code)
             return
@@ -316,14 +320,10 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol):
         if self._packet_timer is not None and self._packet_timer.active():
             self._packet_timer.cancel()
         self._packet_timer = None
-        attempt = self._attempt
-        if attempt is not None:
-            attempt.cancelled = True  # a password check not started is skipped
-            if self._exchange is not None:  # no answer pending: waiting for the client
-                self._attempt = None
-                self.ctx.guard.done(attempt, None)
+        if self.handshake is not None:
+            self.handshake.lost()
         self._out = []
-        self.paused = True
+        self._set_paused(True)
         if self._abort_call is not None and self._abort_call.active():
             self._abort_call.cancel()
         self.ctx.connections.discard(self)
@@ -399,18 +399,31 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol):
 
     def pauseProducing(self) -> None:
         if not self.paused:
-            self.paused = True
+            self._set_paused(True)
             self.paused_bytes = 0
 
     def resumeProducing(self) -> None:
         if not self.paused or self._closing:
             return
-        self.paused = False
+        self._set_paused(False)
         if self.session is not None:
-            self.session.on_writable()
+            self.session.outbox.on_writable()
 
     def stopProducing(self) -> None:
-        self.paused = True
+        self._set_paused(True)
+
+    def _set_paused(self, paused: bool) -> None:
+        """The socket is full (True) or writable: here and in the link."""
+        self.paused = paused
+        link = self.link
+        if link is not None:
+            link.paused = paused
+
+    def make_link(self) -> Link:
+        """:returns: a new :class:`~tbmq.broker.link.Link` of this connection
+        for the session that attaches to it (kept up to date by this one)."""
+        link = self.link = Link(self)
+        return link
 
     # -- input: back-pressure on a publisher ------------------------------------------
 
@@ -477,8 +490,10 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol):
     def packet_received(self, packet) -> None:
         if self.session is None:
             if self.connect_packet is not None:
-                if type(packet) is Auth and self._exchange is not None:
-                    self.handle_auth(packet)
+                handshake = self.handshake
+                if type(packet) is Auth and handshake is not None \
+                        and handshake.exchange is not None:
+                    handshake.handle_auth(packet)
                     return
                 raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR, "packet before CONNACK")
             if type(packet) is not Connect:
@@ -488,7 +503,7 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol):
                     type=type(packet).__name__, peer=self._peer())
                 self._close()
                 return
-            self.handle_connect(packet)
+            self._handshake().handle_connect(packet)
             return
         handler = self._handlers.get(type(packet))
         if handler is None:
@@ -507,6 +522,47 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol):
             self.log.info("subscriptions of {client_id} no longer authorized, removed: {filters}",
                           client_id=session.client_id, filters=dropped)
 
+    def _handshake(self) -> ConnectHandler:
+        """:returns: the connection's :class:`~tbmq.broker.connect.ConnectHandler`,
+        made at first use (a connected client holds none)."""
+        handshake = self.handshake
+        if handshake is None:
+            handshake = self.handshake = ConnectHandler(self)
+        return handshake
+
+    @property
+    def auth(self) -> AuthResult | None:
+        """The :class:`~tbmq.auth.AuthResult` the client is connected under,
+        None before; set again by a re-authentication or a change of its
+        credentials, here and in the session's :class:`~tbmq.broker.link.Link`."""
+        return self._auth
+
+    @auth.setter
+    def auth(self, result: AuthResult | None) -> None:
+        self._auth = result
+        link = self.link
+        if link is not None:
+            link.auth = result
+
+    def _internal_error(self, failure) -> None:
+        """A step of the connection failed: see
+        :meth:`tbmq.broker.connect.ConnectHandler._internal_error`."""
+        self._handshake()._internal_error(failure)
+
+    def _hold(self) -> None:
+        """Keep incoming packets aside until :meth:`_release` (CONNECT being
+        authenticated, a PUBLISH or SUBSCRIBE being authorized, a backlog), so
+        packets are handled in order."""
+        self._gate += 1
+
+    def _release(self) -> None:
+        if self._gate:
+            self._gate -= 1
+        if not self._gate and self._waiting:
+            waiting, self._waiting = self._waiting, []
+            self.handle_packets(waiting)
+
+
     def handle_pingreq(self, packet: Pingreq) -> None:
         self.send(Pingresp())
 
@@ -519,11 +575,8 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol):
         if self.protocol_level >= MQTT_5:
             expiry = packet.properties.get(Property.SESSION_EXPIRY_INTERVAL)
             if expiry is not None:
-                asked = self.connect_packet.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
-                if asked == 0 and expiry != 0:
-                    raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
-                                            "session expiry interval changed from 0")
-                session.expiry_interval = min(expiry, self.expiry_cap)
+                session.expiry_on_disconnect(expiry, self.connect_packet.properties.get(
+                    Property.SESSION_EXPIRY_INTERVAL, 0), self.expiry_cap)
         self._normal_disconnect = packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE
         self._disconnect_reason = packet.reason_code
         self._closing = True
@@ -536,10 +589,10 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol):
     #: packets after this one until it fires)
     _session_handlers = {
         Publish: Session.on_publish,
-        Puback: Session.on_puback,
-        Pubrec: Session.on_pubrec,
+        Puback: lambda session, packet: session.outbox.on_puback(packet),
+        Pubrec: lambda session, packet: session.outbox.on_pubrec(packet),
         Pubrel: Session.on_pubrel,
-        Pubcomp: Session.on_pubcomp,
+        Pubcomp: lambda session, packet: session.outbox.on_pubcomp(packet),
         Subscribe: Session.on_subscribe,
         Unsubscribe: Session.on_unsubscribe,
     }
@@ -547,7 +600,8 @@ class MQTTProtocol(ConnectFlow, protocol.Protocol):
     _handlers = {
         Pingreq: handle_pingreq,
         Disconnect: handle_disconnect,
-        Auth: ConnectFlow.handle_auth,
+        # AUTH (an exchange or a re-authentication): the ConnectHandler's
+        Auth: lambda self, packet: self._handshake().handle_auth(packet),
     }
 
 

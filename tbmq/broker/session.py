@@ -4,14 +4,19 @@ both ways, its packet identifiers and topic aliases (MQTT 5.0 §4.1, §4.3,
 
 The session decides; the connection (:class:`tbmq.broker.protocol.MQTTProtocol`)
 only moves bytes.  A session gets its few collaborators in one
-:class:`SessionContext`, never the node.  The outbound half lives in
-:class:`tbmq.broker.outbox.Outbox`.
+:class:`SessionContext`, never the node, and sees its connection through a
+:class:`~tbmq.broker.link.Link` (protocol level, send quota, maximum packet
+size, topic alias maximum, paused, auth, write).  It keeps the client's
+identity, inbound QoS state and subscriptions, and owns its parts: the
+:class:`~tbmq.broker.outbox.Outbox` (outbound window, packet identifiers,
+queue), which owns a :class:`~tbmq.broker.holding.SourceHolds` from its
+first hold and a persistent session's
+:class:`~tbmq.broker.store_reads.StoreReader` from its first read.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from twisted.internet import defer
@@ -19,7 +24,9 @@ from twisted.logger import Logger
 
 from tbmq.broker.outbox import Outbox
 from tbmq.broker.publish_done import WAITING, PublishDone
-from tbmq.broker.traffic import Traffic
+from tbmq.broker.session_context import (  # noqa: F401 - the session's context, re-exported
+    SessionContext, TopicNameCache, next_seq, valid_utf8,
+)
 from tbmq.errors import BusClosedError, ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, StoredDelivery, SubscriptionOptions
@@ -52,112 +59,12 @@ V3_RECEIVE_MAXIMUM = 65535
 
 #: a session's inbound QoS 2 packet ids while it has none
 _NO_IDS: frozenset = frozenset()
+#: an empty mapping shared by the sessions that have no topic aliases or
+#: cached authorizations yet: never written (a dict is made at the first
+#: entry; an empty one is 64 bytes)
+_NO_ENTRIES: dict = {}
 
-_SEQ = [0]
-
-
-def next_seq(now_ns: int) -> int:
-    """A process-wide increasing order key for persistent deliveries.
-
-    :param now_ns: the wall clock in nanoseconds, so keys also increase across
-        restarts.
-    """
-    seq = _SEQ[0] + 1
-    if now_ns > seq:
-        seq = now_ns
-    _SEQ[0] = seq
-    return seq
-
-
-def valid_utf8(data: bytes) -> bool:
-    """True when ``data`` is well-formed UTF-8 [MQTT-1.5.4-1]."""
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-class TopicNameCache(set):
-    """Topic names already found valid: a bounded cache of
-    :func:`tbmq.mqtt.topics.validate_topic_name` (``name in cache`` is the
-    fast check, :meth:`check` the full one).
-
-    :param size: names kept at most; the cache is emptied when full.
-    """
-
-    def __init__(self, size: int = 10000) -> None:
-        super().__init__()
-        self.size = size
-
-    def check(self, topic: str, max_levels: int | None = None) -> None:
-        """Validate ``topic`` and remember it.
-
-        :param max_levels: the most levels accepted (``mqtt.max_topic_levels``).
-        :raises tbmq.mqtt.topics.TopicError: for an invalid topic name.
-        :raises tbmq.mqtt.topics.TooManyLevels: for a deeper one.
-        """
-        validate_topic_name(topic, max_levels)
-        if len(self) >= self.size:
-            self.clear()
-        self.add(topic)
-
-
-@dataclass(frozen=True, slots=True)
-class SessionContext:
-    """What a session uses of its node.
-
-    :ivar clock: ``IReactorTime``; ``seconds()`` is the wall clock.
-    :ivar mqtt: the :class:`tbmq.config.MqttConfig`.
-    :ivar hooks: the :class:`tbmq.broker.hooks.Hooks`.
-    :ivar drops: the node's :class:`tbmq.broker.hooks.DropCounter`.
-    :ivar flusher: the :class:`tbmq.broker.outbound.TurnFlusher`.
-    :ivar holds: the :class:`tbmq.broker.outbound.Holds`.
-    :ivar device_store: the :class:`tbmq.interfaces.IDeviceMessageStore`.
-    :ivar publish: ``publish(message, done)``: the pipeline
-        (:meth:`tbmq.broker.router.Router.publish`); ``done(None |
-        Failure)`` is called once, maybe during the call.
-    :ivar retained_for: ``retained_for(topic_filter) -> list[Message]``.
-    :ivar subscriptions: ``subscribe(session, filter, options) -> bool`` and
-        ``unsubscribe(session, filter) -> bool`` and ``save(session) ->
-        Deferred`` (the :class:`tbmq.broker.sessions.SessionManager`).
-    :ivar topics: the node's :class:`TopicNameCache`.
-    :ivar auth: the :class:`tbmq.config.AuthConfig` (``cache_size``,
-        ``cache_ttl`` of the publish authorization cache).
-    :ivar applications: the :class:`tbmq.cluster.sinks.ApplicationReader`
-        (``attach(session)``/``detach(session)``) of persistent APPLICATION
-        sessions.
-    :ivar mark: ``mark(client_id, session_id, attached)``: write the
-        :class:`~tbmq.cluster.records.SessionMarker` of a persistent DEVICE
-        session's connection (:func:`tbmq.cluster.sinks.write_marker` on
-        the node's ``persisted`` sink, with this node's service id);
-        returns None or a Deferred.  None: no markers (the session's first read of the store is its only one).
-    :ivar limits_in: the node's :class:`tbmq.broker.limits.NodeLimits` when
-        a limit applies to PUBLISH packets from clients, else None.
-    :ivar limits_out: the same when a limit applies to deliveries to live
-        sessions, else None.
-    """
-
-    clock: Any
-    mqtt: Any
-    hooks: Any
-    drops: Any
-    flusher: Any
-    holds: Any
-    device_store: Any
-    publish: Callable
-    retained_for: Callable
-    subscriptions: Any
-    topics: TopicNameCache
-    auth: Any = None
-    applications: Any = None
-    traffic: Traffic = field(default_factory=Traffic)
-    mark: Callable | None = None
-    limits_in: Any = None
-    limits_out: Any = None
-
-
-class Session(Outbox):
+class Session:
     """The state of one client id.
 
     :ivar client_id: the client identifier.
@@ -177,15 +84,12 @@ class Session(Outbox):
     log = Logger(observer=LOG_OBSERVER)
 
     # attributes in slots, not in a dict per session (CPython shares instance
-    # dicts' keys up to 30 attributes only: past that, 1.6 KB each), the
-    # outbox's and store reader's (Outbox._init_outbox) too; others go to __dict__
+    # dicts' keys up to 30 attributes only: past that, 1.6 KB each)
     __slots__ = tuple("""ctx client_id persistent expiry_interval protocol_level client_type subscriptions
         connection disconnected_at inbound_qos2 inbound_unacked aliases _acks _unaccepted _spare _allowed
         _allowed_for _reading_paused will will_timer expiry_timer session_id connected_at address username
-        credentials_name view inflight queue queued_bytes _next_packet_id _max_inflight _completed slow
-        overflowed _holding _hold_since _hold_timer _credit paged_out _loading _last_seq _arrived _reread
-        _marker_wait _finished_in_read _app_done app_consumers dropped _drop_logged_at _drops_logged
-        sent_aliases _traffic _latency _sent _sent_bytes _received _received_bytes rate_in rate_out""".split())
+        credentials_name view link outbox deliver app_consumers _received _received_bytes rate_in
+        rate_out""".split())
 
     def __init__(self, ctx: SessionContext, client_id: str, *, persistent: bool,
                  expiry_interval: int = 0, protocol_level: int = 4,
@@ -198,6 +102,9 @@ class Session(Outbox):
         self.client_type = client_type
         self.subscriptions: dict[str, SubscriptionOptions] = {}
         self.connection: Any = None
+        #: what the session sees of its connection: its
+        #: :class:`~tbmq.broker.link.Link`, or None while offline
+        self.link: Any = None
         self.disconnected_at: float | None = None
         # inbound QoS 2 packet ids from the PUBLISH to the PUBREL [MQTT-4.3.3-10]
         self.inbound_qos2: set[int] | frozenset = _NO_IDS  # a set from the first QoS 2 PUBLISH
@@ -205,7 +112,7 @@ class Session(Outbox):
         # the client's buckets of mqtt.rate_limits, made at first use when enabled
         self.rate_in = self.rate_out = None
         # topic aliases of the current connection [MQTT-3.3.2-7]
-        self.aliases: dict[int, str] = {}
+        self.aliases: dict[int, str] = _NO_ENTRIES  # a dict from the first alias
         # acks waiting for earlier acks, to keep PUBACK/PUBREC in order [MQTT-4.6.0-2]
         self._acks: deque[list] | tuple = ()  # a deque (760 bytes) from the first: _waiting_acks
         # publishes handed to the pipeline and not yet accepted by the bus
@@ -215,7 +122,7 @@ class Session(Outbox):
         self._spare: PublishDone | None = None
         # topic name → (allowed, until): the publish authorization cache,
         # valid for the AuthResult it was filled under
-        self._allowed: dict[str, tuple[bool, float]] = {}
+        self._allowed: dict[str, tuple[bool, float]] = _NO_ENTRIES  # a dict from the first
         self._allowed_for = None
         self._reading_paused = False
         self.will = None
@@ -230,7 +137,18 @@ class Session(Outbox):
         self.credentials_name: str | None = None
         #: what plugins see of this session
         self.view = SessionView(self)
-        self._init_outbox(ctx.clock.seconds())
+        #: the consumers of a persistent APPLICATION's topics while it is
+        #: connected here: None → ``tbmq.msg.app.<clientId>``, a shared
+        #: subscription's filter → ``tbmq.msg.app.shared.<filter>``
+        self.app_consumers: dict = {}
+        # the node's counters of PUBLISH packets received (one add each)
+        self._received = ctx.traffic.received
+        self._received_bytes = ctx.traffic.received_bytes
+        #: the outbound part: :class:`~tbmq.broker.outbox.Outbox`
+        self.outbox = outbox = Outbox(self, ctx.clock.seconds())
+        #: :meth:`tbmq.broker.outbox.Outbox.deliver` (the router's call, per
+        #: delivery: no frame of the session's on the way)
+        self.deliver = outbox.deliver
 
     # -- PUBLISH from the client ------------------------------------------------------
 
@@ -248,7 +166,7 @@ class Session(Outbox):
             decided (the connection holds the packets after this one).
         :raises ProtocolViolation: with the reason code of the rule broken.
         """
-        conn = self.connection
+        conn = self.link
         mqtt = self.ctx.mqtt
         v5 = conn.protocol_level >= MQTT_5
         qos = packet.qos
@@ -261,7 +179,10 @@ class Session(Outbox):
                     raise ProtocolViolation(ReasonCode.TOPIC_ALIAS_INVALID,
                                             "topic alias out of range")
                 if topic:
-                    self.aliases[alias] = topic
+                    aliases = self.aliases
+                    if aliases is _NO_ENTRIES:
+                        aliases = self.aliases = {}
+                    aliases[alias] = topic
                 else:
                     topic = self.aliases.get(alias)
                     if topic is None:
@@ -341,7 +262,7 @@ class Session(Outbox):
             return None
 
         def decided(allowed: bool) -> None:
-            if self.connection is not conn:
+            if self.link is not conn:
                 return
             if allowed:
                 self._publish(packet, topic, conn, self.ctx.clock.seconds(), v5)
@@ -362,7 +283,8 @@ class Session(Outbox):
         cache = self._allowed
         auth = conn.auth
         if auth is not self._allowed_for:
-            cache.clear()
+            if cache:
+                cache.clear()
             self._allowed_for = auth
         hit = cache.get(topic)
         if hit is not None and hit[1] > now:
@@ -370,7 +292,9 @@ class Session(Outbox):
         allowed = self.ctx.hooks.authorize("publish", self, auth, topic)
         settings = self.ctx.auth
         if type(allowed) is bool and settings is not None and settings.cache_size:
-            if len(cache) >= settings.cache_size:
+            if cache is _NO_ENTRIES:
+                cache = self._allowed = {}
+            elif len(cache) >= settings.cache_size:
                 del cache[next(iter(cache))]  # the oldest
             cache[topic] = (allowed, now + settings.cache_ttl)
         return allowed
@@ -453,7 +377,7 @@ class Session(Outbox):
         if qos:
             entry = [(Puback if qos == 1 else Pubrec)(packet.packet_id), False, False]
             self._waiting_acks().append(entry)
-        done.wait(entry, self.connection, conn)
+        done.wait(entry, self.link, conn)
         if answer is not WAITING:
             done.call(answer)
 
@@ -478,7 +402,7 @@ class Session(Outbox):
             self._reading_paused = False
             # not from inside the consumer that accepted it: the packets
             # read meanwhile are handled when this turn ends
-            self.ctx.flusher.later(lambda: self.connection is conn and conn.resume_reading())
+            self.ctx.flusher.later(lambda: self.link is conn and conn.resume_reading())
         return value
 
     def _qos0_refused(self, failure, conn) -> None:
@@ -509,11 +433,11 @@ class Session(Outbox):
         entry = [packet, result is None, duplicate]
         self._waiting_acks().append(entry)
         if result is not None:
-            args = (entry, self.connection, accepting)
+            args = (entry, self.link, accepting)
             result.addCallbacks(self._ack_ready, self._ack_refused, callbackArgs=args,
                                 errbackArgs=args)
         else:
-            self._flush_acks(self.connection)
+            self._flush_acks(self.link)
 
     def _published(self, failure, entry: list | None, conn, accepting) -> None:
         """The bus answered a publish of :meth:`_publish` that it did not
@@ -545,7 +469,7 @@ class Session(Outbox):
             entry[1] = True
             self._flush_acks(conn)
             return
-        if self.connection is conn and conn is not None:
+        if self.link is conn and conn is not None:
             conn.disconnect(ReasonCode.UNSPECIFIED_ERROR)
         self._acks = ()
 
@@ -561,11 +485,11 @@ class Session(Outbox):
         acks = self._acks
         while acks and acks[0][1]:
             packet, _, duplicate = acks.popleft()
-            if self.connection is conn and conn is not None:
+            if self.link is conn and conn is not None:
                 self._send_ack(packet, duplicate)
 
     def _send_ack(self, packet, duplicate: bool = False) -> None:
-        conn = self.connection
+        conn = self.link
         if conn is None:
             return
         is_puback = type(packet) is Puback
@@ -584,7 +508,7 @@ class Session(Outbox):
     def on_pubrel(self, packet: Pubrel) -> None:
         """PUBREL from the client ends an inbound QoS 2 flow with PUBCOMP;
         an unknown packet id gets 0x92 in v5 [MQTT-4.3.3-11]."""
-        conn = self.connection
+        conn = self.link
         if packet.packet_id in self.inbound_qos2:
             self.inbound_qos2.discard(packet.packet_id)
             conn.send(Pubcomp(packet.packet_id))
@@ -604,7 +528,7 @@ class Session(Outbox):
         :returns: None, or a Deferred while authorizations are decided.
         :raises ProtocolViolation: for a malformed request.
         """
-        conn = self.connection
+        conn = self.link
         mqtt = self.ctx.mqtt
         v5 = conn.protocol_level >= MQTT_5
         sub_ids = packet.properties.get(Property.SUBSCRIPTION_IDENTIFIER) if v5 else None
@@ -653,7 +577,7 @@ class Session(Outbox):
             return None
         d = defer.gatherResults([defer.maybeDeferred(lambda x=x: x) for x in decisions],
                                 consumeErrors=True)
-        return d.addCallback(lambda answers: self.connection is conn and self._subscribe(
+        return d.addCallback(lambda answers: self.link is conn and self._subscribe(
             packet, entries, answers, sub_id, conn))
 
     def _subscribe(self, packet: Subscribe, entries: list, decisions: list,
@@ -694,7 +618,7 @@ class Session(Outbox):
         suback = Suback(packet.packet_id, codes)
 
         def send_suback(_=None):
-            if self.connection is not conn:
+            if self.link is not conn:
                 return
             conn.send(suback)
             now = self.ctx.clock.seconds()
@@ -710,7 +634,7 @@ class Session(Outbox):
         if qos and self.persistent:
             delivery = StoredDelivery(next_seq(int(now * 1e9)), message, qos, True, sids)
             self.ctx.device_store.add(self.client_id, [delivery])
-            self.deliver_stored(delivery, None, now)
+            self.outbox.deliver_stored(delivery, None, now)
         else:
             self.deliver(message, qos, True, sids, None, now)
 
@@ -727,14 +651,14 @@ class Session(Outbox):
         def failed(failure):
             self.log.failure("storing the subscriptions of {client_id} failed", failure,
                              client_id=self.client_id)
-            if self.connection is conn and conn is not None:
+            if self.link is conn and conn is not None:
                 conn.disconnect(ReasonCode.UNSPECIFIED_ERROR)
 
         result.addCallbacks(then, failed)
 
     def on_unsubscribe(self, packet: Unsubscribe) -> None:
         """UNSUBACK with a reason code per filter (v5) [MQTT-3.10.4]."""
-        conn = self.connection
+        conn = self.link
         v5 = conn.protocol_level >= MQTT_5
         book = self.ctx.subscriptions
         codes = []
@@ -749,7 +673,7 @@ class Session(Outbox):
             codes.append(ReasonCode.SUCCESS if existed else ReasonCode.NO_SUBSCRIPTION_EXISTED)
             self.ctx.hooks.client_unsubscribed(self, topic_filter, codes[-1])
         unsuback = Unsuback(packet.packet_id, codes if v5 else [])
-        self._after_save(lambda _=None: self.connection is conn and conn.send(unsuback), conn)
+        self._after_save(lambda _=None: self.link is conn and conn.send(unsuback), conn)
 
     def recheck_subscriptions(self, rules) -> list[str]:
         """After the client's authorization rules changed: drop the
@@ -773,12 +697,13 @@ class Session(Outbox):
         """Bind a new connection; acks pending for the old one are void,
         topic aliases both ways start empty [MQTT-3.3.2-7]."""
         self.connection = connection
+        link = self.link = connection.make_link()
         self.protocol_level = connection.protocol_level
         self.disconnected_at = None
         self._acks = ()
         self.inbound_unacked = 0
-        self.aliases = {}
-        self.attach_outbox(connection)
+        self.aliases = _NO_ENTRIES
+        self.outbox.attach(link)
         self._unaccepted = 0
         self._reading_paused = False
 
@@ -789,19 +714,36 @@ class Session(Outbox):
             self.ctx.applications.detach(self)
         if self.connection is not None and self._uses_device_store():
             self._mark(False)
-        self.connection = None
+        self.connection = self.link = None
         self.disconnected_at = now
         self._acks = ()
         self.inbound_unacked = 0
-        self.aliases = {}
-        self.detach_outbox()
+        self.aliases = _NO_ENTRIES
+        self.outbox.detach()
+
+    def expiry_on_disconnect(self, expiry: int, asked: int, cap: int) -> None:
+        """Apply the Session Expiry Interval of a v5 DISCONNECT
+        (§3.14.2.2.2): it replaces the session's, up to ``cap``, but may not
+        turn a session that was to end with its connection into one that
+        outlives it [MQTT-3.14.2-2].
+
+        :param expiry: the DISCONNECT's Session Expiry Interval, seconds.
+        :param asked: the one the CONNECT asked for (0 when absent), seconds.
+        :param cap: the longest interval granted to this client, seconds.
+        :raises ProtocolViolation: PROTOCOL_ERROR for a non-zero ``expiry``
+            after a CONNECT that asked for 0.
+        """
+        if asked == 0 and expiry != 0:
+            raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
+                                    "session expiry interval changed from 0")
+        self.expiry_interval = min(expiry, cap)
 
     def resume(self) -> None:
         """After CONNACK: resend in-flight deliveries and send the queue; a
         persistent APPLICATION session reads its own topic again, a
         persistent DEVICE session writes its attach marker."""
         marker = self._uses_device_store()
-        self.resume_outbox(marker)
+        self.outbox.resume(marker)
         if self.reads_application_topics() and not self.app_consumers:
             self.ctx.applications.attach(self)
         elif marker:
@@ -827,7 +769,9 @@ class Session(Outbox):
                               what="attach" if attached else "detach",
                               client_id=self.client_id, error=failure.getErrorMessage())
             if attached:
-                self.marker_failed()
+                reader = self.outbox.reader
+                if reader is not None:
+                    reader.marker_failed()
 
         result.addErrback(failed)
 
@@ -837,9 +781,38 @@ class Session(Outbox):
         return (self.persistent and self.client_type == ClientType.APPLICATION
                 and self.ctx.applications is not None)
 
+    # -- what others call of the outbox ------------------------------------------------
+
+    inflight = property(lambda self: self.outbox.inflight,
+                        doc="packet id → delivery sent and not yet acknowledged")
+    queue = property(lambda self: self.outbox.queue, doc="deliveries waiting for the window")
+    dropped = property(lambda self: self.outbox.dropped,
+                       doc="reason → messages not delivered to this session")
+
+    def deliver_stored(self, delivery: StoredDelivery, cache: dict | None = None,
+                       now: float | None = None, source=None) -> None:
+        """See :meth:`tbmq.broker.outbox.Outbox.deliver_stored`."""
+        self.outbox.deliver_stored(delivery, cache, now, source)
+
+    def deliver_app(self, d, source) -> defer.Deferred | None:
+        """See :meth:`tbmq.broker.outbox.Outbox.deliver_app`."""
+        return self.outbox.deliver_app(d, source)
+
+    def deliver_app_batch(self, deliveries, source):
+        """See :meth:`tbmq.broker.outbox.Outbox.deliver_app_batch`."""
+        return self.outbox.deliver_app_batch(deliveries, source)
+
+    def on_attached(self, session_id: str) -> None:
+        """See :meth:`tbmq.broker.store_reads.StoreReader.on_attached`."""
+        self.outbox.store_reader().on_attached(session_id)
+
+    def drop(self, reason: str, message: Message | None = None, count: int = 1) -> None:
+        """See :meth:`tbmq.broker.outbox.Outbox.drop`."""
+        self.outbox.drop(reason, message, count)
+
     def discard(self) -> None:
         """The session ends: forget everything it holds."""
         if self.app_consumers:
             self.ctx.applications.detach(self)
-        self.discard_outbox()
+        self.outbox.discard()
         self.inbound_qos2 = _NO_IDS

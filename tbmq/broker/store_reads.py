@@ -1,13 +1,13 @@
 """How a persistent session reads its deliveries from the device store (a
-mixin of :class:`tbmq.broker.outbox.Outbox`): a page at a time while it is
+:class:`StoreReader`, a part of its :class:`tbmq.broker.outbox.Outbox`): a page at a time while it is
 *paged out*, and from its start again when the connection's attach marker
 comes back from the writer of ``tbmq.msg.persisted``
 (:class:`tbmq.cluster.sinks.PersistedWriter`).
 
 A resumed persistent DEVICE session reads the store once its marker is
 back, so the read sees every delivery the writer handled before the
-marker, and everything after it comes to this node (:meth:`StoreReads.
-on_attached`).  A marker that does not come back within :data:`StoreReads.
+marker, and everything after it comes to this node (:meth:`StoreReader.
+on_attached`).  A marker that does not come back within :data:`StoreReader.
 MARKER_WAIT` seconds (the writer of the client's partition is gone and its
 partition has not moved yet) does not hold the stored deliveries back: the
 store is read then, and again when the marker comes.
@@ -20,7 +20,7 @@ from collections import deque
 from tbmq.model import DeliveryState, StoredDelivery
 from tbmq.mqtt import ReasonCode
 
-__all__ = ["MESSAGE_OVERHEAD", "StoreReads", "delivery_size"]
+__all__ = ["MESSAGE_OVERHEAD", "StoreReader", "delivery_size"]
 
 #: fixed cost counted per queued message on top of its payload, bytes
 MESSAGE_OVERHEAD = 200
@@ -33,64 +33,96 @@ def delivery_size(delivery: StoredDelivery) -> int:
     return len(message.payload) + len(message.topic) + MESSAGE_OVERHEAD
 
 
-class StoreReads:
-    """The device store reads of a persistent session (a mixin of
-    :class:`~tbmq.broker.outbox.Outbox`, whose state it uses: ``queue``,
-    ``inflight``, ``paged_out``, ``_last_seq``, ``_loading``, ``_arrived``,
-    ``_reread``, ``_marker_wait``, ``_finished_in_read``)."""
+class StoreReader:
+    """The device store reads of a persistent session: a part of its
+    :class:`~tbmq.broker.outbox.Outbox` (``outbox``), made at its first read
+    (a non-persistent session has none).  It fills the outbox's ``queue``
+    and ``inflight`` and moves its ``paged_out`` and ``_last_seq``.
+
+    :ivar loading: a read of the store is under way.
+    :ivar arrived: deliveries handed over live during that read.
+    :ivar reread: the attach marker came during that read: read again after it.
+    :ivar marker_wait: the timer of :data:`MARKER_WAIT` while the session
+        waits for its attach marker before its first read, else None.
+    :ivar finished_in_read: seqs of the deliveries finished during the read
+        (the read may still hold them: sent, they would be sent again).
+    """
+
+    __slots__ = ("outbox", "loading", "arrived", "reread", "marker_wait", "finished_in_read")
+
+    def __init__(self, outbox) -> None:
+        self.outbox = outbox
+        self.loading = False
+        self.arrived: list[StoredDelivery] | tuple = ()  # a list from the first
+        self.reread = False
+        self.marker_wait = None
+        self.finished_in_read: set[int] | frozenset = frozenset()  # a set per read
+
+    def start(self, marker: bool) -> None:
+        """The session resumed (:meth:`~tbmq.broker.outbox.Outbox.resume`):
+        read the store now, or with ``marker`` once the attach marker comes
+        back (:meth:`on_attached`), after :data:`MARKER_WAIT` seconds at the
+        latest."""
+        self.reread = False
+        self.stop_marker_wait()
+        if marker:
+            self.marker_wait = self.outbox.ctx.clock.callLater(
+                self.MARKER_WAIT, self._marker_late, self.outbox.link)
+        else:
+            self.page_in()
 
     #: seconds a resumed persistent DEVICE session waits for its attach
     #: marker before it reads the store anyway (and again when it comes)
     MARKER_WAIT = 5.0
 
-    def _page_in(self) -> None:
+    def page_in(self) -> None:
         """Read the next deliveries of a paged-out persistent session (none
         while the session waits for its attach marker: the marker's read
         is the first)."""
-        if self._marker_wait is not None:
+        if self.marker_wait is not None:
             return
-        self._loading = True
-        self._finished_in_read = set()
-        limit = max(1, self.queue_limit // 2)
-        conn = self.connection
-        d = self.ctx.device_store.load(self.client_id, after_seq=self._last_seq, limit=limit)
+        self.loading = True
+        self.finished_in_read = set()
+        limit = max(1, self.outbox.queue_limit // 2)
+        conn = self.outbox.link
+        d = self.outbox.ctx.device_store.load(self.outbox.client_id, after_seq=self.outbox._last_seq, limit=limit)
 
         def loaded(deliveries):
-            self._loading = False
-            if self.connection is not conn:
-                self._arrived = []
+            self.loading = False
+            if self.outbox.link is not conn:
+                self.arrived = ()
                 return
-            if self._reread:
-                self._read_again()
+            if self.reread:
+                self.read_again()
                 return
             # sent on this connection: still in flight, or finished while
             # the store was read (its removal was called after the read)
-            seen = self._finished_in_read  # a new set at the next read
-            if self.inflight:
-                seen.update(d.seq for d in self.inflight.values())
+            seen = self.finished_in_read  # a new set at the next read
+            if self.outbox.inflight:
+                seen.update(d.seq for d in self.outbox.inflight.values())
             for delivery in deliveries:
                 if delivery.seq in seen:
-                    if delivery.seq > self._last_seq:
-                        self._last_seq = delivery.seq
+                    if delivery.seq > self.outbox._last_seq:
+                        self.outbox._last_seq = delivery.seq
                     continue
                 self._take(delivery)
             if len(deliveries) < limit:
-                self.paged_out = False
-                arrived, self._arrived = self._arrived, []
+                self.outbox.paged_out = False
+                arrived, self.arrived = self.arrived, ()
                 for delivery in arrived:
-                    if delivery.seq > self._last_seq:
-                        self._last_seq = delivery.seq
-                        self.queue.append(delivery)
-                        self.queued_bytes += delivery_size(delivery)
+                    if delivery.seq > self.outbox._last_seq:
+                        self.outbox._last_seq = delivery.seq
+                        self.outbox._queue_to_fill().append(delivery)
+                        self.outbox.queued_bytes += delivery_size(delivery)
             else:
-                self._arrived = []
-            self.pump()
+                self.arrived = ()
+            self.outbox.pump()
 
         def failed(failure):
-            self._loading = False
-            self.log.failure("reading the queued messages of {client_id} failed", failure,
-                             client_id=self.client_id)
-            if self.connection is conn and conn is not None:
+            self.loading = False
+            self.outbox.log.failure("reading the queued messages of {client_id} failed", failure,
+                             client_id=self.outbox.client_id)
+            if self.outbox.link is conn and conn is not None:
                 conn.disconnect(ReasonCode.UNSPECIFIED_ERROR)
 
         d.addCallbacks(loaded, failed)
@@ -105,21 +137,21 @@ class StoreReads:
         elsewhere (its registry did not know of this connection yet).
 
         A session that waits for its marker before its first read
-        (:meth:`resume_outbox`) reads the store now, once.  Otherwise what
+        (:meth:`~tbmq.broker.outbox.Outbox.resume`) reads the store now, once.  Otherwise what
         is in flight stays there and the queue is read again from the store,
         in ``seq`` order.  A marker of an older connection, or one that
         comes again (the writer's partition moved before it was committed),
         changes nothing or reads the store once more."""
-        if self.connection is None or session_id != self.session_id:
+        if self.outbox.link is None or session_id != self.outbox.session.session_id:
             return
-        if self._marker_wait is not None:  # the first read: the only one
-            self._stop_marker_wait()
-        elif self._loading:
-            self._reread = True  # once the read under way is done
+        if self.marker_wait is not None:  # the first read: the only one
+            self.stop_marker_wait()
+        elif self.loading:
+            self.reread = True  # once the read under way is done
             return
-        self._read_again()
+        self.read_again()
 
-    def _behind(self, delivery: StoredDelivery) -> None:
+    def behind(self, delivery: StoredDelivery) -> None:
         """A delivery handed over live whose ``seq`` is not above the
         highest this connection took (from a read of the store, or live).
         Usually a read of the store already showed it: it is queued, in
@@ -128,20 +160,20 @@ class StoreReads:
         the client's partition of ``tbmq.msg.persisted`` changed while both
         nodes were up, and the old writer's forward of an older delivery
         came after the new writer's newer ones.  Then the store is read
-        again from its start (:meth:`_read_again`), so that an
+        again from its start (:meth:`read_again`), so that an
         acknowledged message is not left there while the client is
         connected; what was taken already is not sent twice."""
         seq = delivery.seq
-        if not seq or any(d.seq == seq for d in self.inflight.values()) \
-                or any(d.seq == seq for d in self.queue):
+        if not seq or any(d.seq == seq for d in self.outbox.inflight.values()) \
+                or any(d.seq == seq for d in self.outbox.queue):
             return
-        if self._loading:
-            self._reread = True
+        if self.loading:
+            self.reread = True
         else:
-            self._read_again()
+            self.read_again()
 
-    def _stop_marker_wait(self) -> None:
-        timer, self._marker_wait = self._marker_wait, None
+    def stop_marker_wait(self) -> None:
+        timer, self.marker_wait = self.marker_wait, None
         if timer is not None and timer.active():
             timer.cancel()
 
@@ -149,42 +181,42 @@ class StoreReads:
         """The attach marker did not come back within :data:`MARKER_WAIT`
         (the writer of the client's partition is gone, and its partition
         has not moved yet): read the store now, and again when it comes."""
-        self._marker_wait = None
-        if self.connection is conn and conn is not None:
-            self._read_again()
+        self.marker_wait = None
+        if self.outbox.link is conn and conn is not None:
+            self.read_again()
 
     def marker_failed(self) -> None:
         """The attach marker could not be written: read the store now (once;
         what a lagging writer sent elsewhere waits for the next connect)."""
-        if self._marker_wait is not None:
-            self._stop_marker_wait()
-            self._read_again()
+        if self.marker_wait is not None:
+            self.stop_marker_wait()
+            self.read_again()
 
-    def _read_again(self) -> None:
+    def read_again(self) -> None:
         """Read the store from its start (see :meth:`on_attached`); the
         removals of completed deliveries go first, and the store runs a
         client's calls in order, so they are not read back."""
-        self._reread = False
-        self._remove_completed()
-        if self.queue:
-            kept = deque(d for d in self.queue if not d.seq)  # QoS 0: not in the store
-            self.queue = kept
-            self.queued_bytes = sum(delivery_size(d) for d in kept)
-        self._last_seq = 0
-        self._arrived = []
-        self.paged_out = True
-        self._page_in()
+        self.reread = False
+        self.outbox._remove_completed()
+        if self.outbox.queue:
+            kept = deque(d for d in self.outbox.queue if not d.seq)  # QoS 0: not in the store
+            self.outbox.queue = kept
+            self.outbox.queued_bytes = sum(delivery_size(d) for d in kept)
+        self.outbox._last_seq = 0
+        self.arrived = ()
+        self.outbox.paged_out = True
+        self.page_in()
 
     def _take(self, delivery: StoredDelivery) -> None:
         """Put a delivery read from the store where its state says."""
-        if delivery.seq > self._last_seq:
-            self._last_seq = delivery.seq
+        if delivery.seq > self.outbox._last_seq:
+            self.outbox._last_seq = delivery.seq
         if (delivery.state != DeliveryState.QUEUED and delivery.packet_id is not None
-                and delivery.packet_id not in self.inflight):
-            self.inflight[delivery.packet_id] = delivery
-            self._resend(delivery)
+                and delivery.packet_id not in self.outbox.inflight):
+            self.outbox.inflight[delivery.packet_id] = delivery
+            self.outbox._resend(delivery)
             return
         delivery.packet_id = None
         delivery.state = DeliveryState.QUEUED
-        self.queue.append(delivery)
-        self.queued_bytes += delivery_size(delivery)
+        self.outbox._queue_to_fill().append(delivery)
+        self.outbox.queued_bytes += delivery_size(delivery)

@@ -176,7 +176,7 @@ class PersistedWriter:
     An attach marker is passed on to the session, here or on its node, once
     every delivery this writer handled before it is in the store; the
     session then reads the store again
-    (:meth:`~tbmq.broker.store_reads.StoreReads.on_attached`), and finds what this writer located elsewhere before it
+    (:meth:`~tbmq.broker.store_reads.StoreReader.on_attached`), and finds what this writer located elsewhere before it
     knew of the connection.
 
     :param store: the :class:`tbmq.interfaces.IDeviceMessageStore`.
@@ -471,9 +471,12 @@ class ApplicationReader:
     group ``tbmq-app-<clientId>``, and for each of its shared subscriptions
     ``$share/<group>/<filter>`` the topic ``tbmq.msg.app.shared.<filter>``
     in the consumer group ``tbmq-app-shared-<group>`` (shared with the
-    group's other members, wherever they are connected).  A record is
-    committed once the client acknowledged it (PUBACK, PUBCOMP), so what was
-    not acknowledged when the connection ended comes again.
+    group's other members, wherever they are connected).  What one reactor
+    turn published reaches the session in one call
+    (:meth:`~tbmq.broker.outbox.Outbox.deliver_app_batch`); a record is
+    committed once the client acknowledged it (PUBACK, PUBCOMP) and every
+    record before it, so what was not acknowledged when the connection
+    ended comes again.
 
     :param bus: the :class:`tbmq.interfaces.IMessageBus`.
     :param topic_of: ``client_id -> bus topic`` (the catalogue's ``app``).
@@ -492,7 +495,7 @@ class ApplicationReader:
     def attach(self, session) -> None:
         """Start reading the client's topic and its shared subscriptions'."""
         self._follow(session, None, self.topic_of(session.client_id),
-                     "tbmq-app-" + session.client_id, lambda record: record.value)
+                     "tbmq-app-" + session.client_id, None)
         for topic_filter in list(session.subscriptions):
             self.follow(session, topic_filter)
 
@@ -504,8 +507,7 @@ class ApplicationReader:
             return
         group, real_filter = share
 
-        def member_delivery(record: Record) -> Delivery:
-            d = record.value
+        def member_delivery(d: Delivery) -> Delivery:
             options = session.subscriptions.get(topic_filter)
             if options is None:
                 return Delivery(session.client_id, d.message, 0)  # unsubscribed meanwhile
@@ -517,14 +519,31 @@ class ApplicationReader:
         self._follow(session, topic_filter, self.shared_topic_of(real_filter),
                      "tbmq-app-shared-" + group, member_delivery, exclusive=False)
 
-    def _follow(self, session, key, topic: str, group: str, delivery_of,
+    def _follow(self, session, key, topic: str, group: str,
+                delivery_of: Callable[[Delivery], Delivery] | None,
                 exclusive: bool = True) -> None:
+        """Consume ``topic`` in ``group`` for ``session``: what a reactor
+        turn published reaches it in one call
+        (:meth:`~tbmq.broker.outbox.Outbox.deliver_app_batch`, one
+        completion for the batch, committed once the client acknowledged
+        all of it).
+
+        :param delivery_of: what the session gets for a record's
+            :class:`Delivery` (None: the delivery itself)."""
         holder: list = []
 
         def handle(record: Record):
-            return session.deliver_app(delivery_of(record), holder[0] if holder else None)
+            d = record.value
+            return session.deliver_app(d if delivery_of is None else delivery_of(d),
+                                       holder[0] if holder else None)
 
-        consumer = self.bus.subscribe(topic, group, handle, exclusive=exclusive)
+        def handle_batch(values):
+            if delivery_of is not None:
+                values = [delivery_of(d) for d in values]
+            return session.deliver_app_batch(values, holder[0] if holder else None)
+
+        consumer = self.bus.subscribe(topic, group, handle, exclusive=exclusive,
+                                      batch_handler=handle_batch)
         holder.append(consumer)
         session.app_consumers[key] = consumer
 

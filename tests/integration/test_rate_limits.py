@@ -116,17 +116,22 @@ def test_v5_qos2_over_limit_gets_pubrec_0x97(node, raw, mqtt):
     sub.assert_empty()
 
 
-def test_v311_incoming_over_limit_is_disconnected(node, mqtt):
+def test_v311_incoming_over_limit_is_disconnected(node, raw, mqtt):
+    """A raw client: paho writes from the caller's thread and reports the
+    close that the over-limit PUBLISH causes as that publish's own failure
+    when its network thread sees the close first."""
     topic = f"in3/{uid()}"
     sub = mqtt.connect(4, port=node.port)
     sub.subscribe(topic, qos=1)
-    pub = mqtt.connect(4, port=node.port)
+    pub = raw(4, port=node.port)
+    assert pub.connect().reason_code == 0
     before = dropped(node, "incoming_rate_limited")
-    for i in range(3):
-        pub.publish(topic, f"m{i}", qos=1)
-    pub.publish(topic, "over", qos=1, wait=False)
+    for pid in (1, 2, 3):
+        pub.send(Publish(topic, f"m{pid - 1}".encode(), qos=1, packet_id=pid))
+        assert pub.expect() == Puback(pid)
+    pub.send(Publish(topic, b"over", qos=1, packet_id=4))
     # no negative PUBACK in 3.1.1 [MQTT-3.3.5-2]: the connection is closed
-    pub.wait_disconnected()
+    assert pub.wait_closed() == []
     assert [m.payload for m in sub.get_many(3)] == [b"m0", b"m1", b"m2"]
     wait_for(lambda: dropped(node, "incoming_rate_limited") - before == 1,
              what="the refusal counted")

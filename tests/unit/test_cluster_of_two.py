@@ -386,12 +386,12 @@ def test_a_resumed_session_reads_again_what_the_writer_stored_before_its_marker(
     session = cluster.b.broker.sessions.sessions["late-dev"]
     # the marker does not come back (the writers are paused): the session
     # reads the store after a wait, and finds nothing
-    _wait(cluster, int(session.MARKER_WAIT) + 1)
+    _wait(cluster, int(session.outbox.reader.MARKER_WAIT) + 1)
     assert again.pending + again.received() == []
     # what the writer of the client's partition stored after that read, but
     # sent to node A's downlink or nowhere (its registry did not know of the
     # connection on node B yet): the delivery is ahead of the marker
-    seq = session._last_seq
+    seq = session.outbox._last_seq
     cluster.device_store.add("late-dev", [StoredDelivery(
         seq + n, Message("cmd/late", b"stale %d" % n, 1), 1, False, ()) for n in (1, 2)])
     _wait(cluster, 60)
@@ -457,10 +457,10 @@ def test_a_backlogged_session_gets_what_was_stored_behind_its_read_cursor(encode
     # stored after the session's first read, and sent elsewhere: the newer
     # deliveries that come here move the session's read cursor past it
     cluster.device_store.add("behind", [StoredDelivery(
-        session._last_seq + 1, Message("cmd/behind", b"behind", 1), 1, False, ())])
+        session.outbox._last_seq + 1, Message("cmd/behind", b"behind", 1), 1, False, ())])
     _writers(cluster, "resume")
     publisher = cluster.a.client("pub-behind")
-    burst = session.queue_limit * 2
+    burst = session.outbox.queue_limit * 2
     for n in range(burst):
         publisher.send(Publish("cmd/behind", b"%d" % n, qos=1, packet_id=n % 60000 + 1))
     publisher.received()

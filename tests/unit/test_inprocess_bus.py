@@ -177,13 +177,15 @@ def test_durable_publish_waits_for_the_topic_log():
     bus.subscribe(topic, "registry", got.append)
     info = r.SessionInfo("c", "n", "s", True, True, ClientType.DEVICE, 10, 5, 1.0, None, 1.0)
     d = bus.publish(topic, "c", info)
-    assert len(got) == 1 and got[0].value == info and got[0].value is not info
-    assert not d.called  # handled, not yet on disk
+    # the live group gets the object itself: encoded once, for the log only
+    assert len(got) == 1 and got[0].value is info
+    assert not d.called and log.calls == []  # handled; written in the next turn
+    clock.advance(0)
+    assert log.calls == ["append", "commit"]  # compacted: never truncated
+    assert not d.called  # not yet on disk
     log.release()
     assert outcome(d) == [None]
-    clock.advance(0)  # commits are written in the next turn
     assert log.offsets == {("registry", topic, 0): 1}
-    assert log.calls == ["append", "commit"]  # compacted: never truncated
 
 
 def test_a_failing_topic_log_fails_the_publish():
@@ -193,7 +195,41 @@ def test_a_failing_topic_log_fails_the_publish():
 
     bus, clock = make(log=BrokenLog())
     d = bus.publish(C.app("a"), "a", r.Delivery("a", Message("t", b""), 0))
-    assert outcome(d)[0].check(BusPublishError)
+    other = bus.publish(C.app("b"), "b", r.Delivery("b", Message("t", b""), 0))
+    clock.advance(0)  # the turn's appends fail together
+    assert outcome(d)[0].check(BusPublishError) and outcome(other)[0].check(BusPublishError)
+
+
+def test_a_record_the_log_cannot_take_fails_alone_not_its_turn():
+    log = MemoryTopicLog()
+    bus, clock = make(log=log)
+    good = bus.publish(C.app("a"), "a", r.Delivery("a", Message("t", b""), 1))
+    bad = bus.publish(C.app("a"), "a", r.Delivery("a", Message("t", b""), 1),
+                      headers=(("h", "not bytes"),))
+    assert outcome(bad)[0].check(BusPublishError)  # at once
+    clock.advance(0)
+    assert outcome(good) == [None] and log.held_count(C.app("a")) == 1
+
+
+def test_the_appends_of_a_turn_are_one_append_of_the_log():
+    """Group commit: what one reactor turn publishes to durable topics goes
+    to the log in one call, and no publish of it is done before that call
+    fired (an acknowledged record is on disk)."""
+    log = MemoryTopicLog()
+    log.hold = True
+    bus, clock = make(log=log, partitions=2)
+    published = [bus.publish(C.app(c), c, r.Delivery(c, Message("t", b"%d" % i), 1, seq=i))
+                 for i in range(5) for c in ("a", "b")]
+    assert log.calls == [] and not any(d.called for d in published)
+    clock.advance(0)
+    assert log.calls == ["append"] and len(log.held) == 1
+    assert sum(log.held_count(C.app(c)) for c in ("a", "b")) == 10
+    assert not any(d.called for d in published)
+    log.release()
+    assert all(outcome(d) == [None] for d in published)
+    later = bus.publish(C.app("a"), "a", r.Delivery("a", Message("t", b""), 1))
+    clock.advance(0)
+    assert log.calls == ["append", "append"] and not later.called
 
 
 def test_application_topics_are_truncated_in_the_log_once_handled():
@@ -201,10 +237,10 @@ def test_application_topics_are_truncated_in_the_log_once_handled():
     bus, clock = make(log=log)
     topic = C.app("app")
     bus.subscribe(topic, "app", lambda rec: None)
-    for i in range(3):
-        d = bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 0, seq=i))
-        assert outcome(d) == [None]
+    published = [bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 0, seq=i))
+                 for i in range(3)]
     clock.advance(0)
+    assert all(outcome(d) == [None] for d in published)
     assert log.held_count(topic) == 0 and log.offsets[("app", topic, 0)] == 3
     assert "truncate" in log.calls
 
@@ -217,13 +253,15 @@ def test_stop_fails_what_is_pending_and_writes_the_commits():
     bus.subscribe(topic, "app", lambda rec: results.append(defer.Deferred()) or results[-1])
     done = bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 0, seq=0))
     pending = bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 0, seq=1))
+    clock.advance(0)
     results[0].callback(None)
-    assert outcome(done) == [None]
-    assert outcome(bus.stop()) == [None]
-    assert log.offsets[("app", topic, 0)] == 1  # written by stop, no reactor turn needed
     # a durable topic's publish fires once the log has it, not when its
     # consumer is done (that only commits)
-    assert outcome(pending) == [None]
+    assert outcome(done) == [None] and outcome(pending) == [None]
+    assert outcome(bus.stop()) == [None]
+    assert log.offsets[("app", topic, 0)] == 1  # written by stop, no reactor turn needed
+    unlogged = bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 0, seq=2))
+    assert outcome(unlogged)[0].check(BusClosedError)
 
 
 def test_restart_replays_from_the_committed_offset():
@@ -267,6 +305,20 @@ def test_delete_topic():
     assert outcome(bus.delete_topic(topic)) == [None]
     assert topic not in bus.topics() and log.held_count(topic) == 0
     assert "delete_topic" in log.calls
+
+
+def test_deleting_a_topic_fails_its_publishes_not_yet_written_and_writes_nothing_of_it():
+    log = MemoryTopicLog()
+    bus, clock = make(log=log)
+    gone, kept = C.app("gone"), C.app("kept")
+    lost = bus.publish(gone, "gone", r.Delivery("gone", Message("t", b""), 1))
+    calls = []
+    assert bus.publish(kept, "kept", r.Delivery("kept", Message("t", b""), 1),
+                       done=calls.append) is None
+    assert outcome(bus.delete_topic(gone)) == [None]
+    assert outcome(lost)[0].check(BusClosedError)
+    clock.advance(0)
+    assert calls == [None] and log.held_count(kept) == 1 and log.held_count(gone) == 0
 
 
 def test_a_value_compacted_away_before_a_paused_group_got_it_does_not_hold_its_publish():

@@ -38,7 +38,7 @@ def test_off_by_default_even_when_the_client_takes_aliases():
     s = subscriber(h, maximum=10)
     publish(h, "a/b", "a/b")
     assert seen(s) == [("a/b", None, b"a/b"), ("a/b", None, b"a/b")]
-    assert h.broker.sessions.sessions["s"].sent_aliases is None
+    assert h.broker.sessions.sessions["s"].outbox.sent_aliases is None
 
 
 def test_aliases_are_given_and_the_least_recently_used_is_reassigned():

@@ -315,7 +315,7 @@ def test_a_persistent_session_pages_its_queue_from_the_store():
     for i in range(20):
         p.send(Publish("t", b"%d" % i, qos=1, packet_id=i + 1))
     session = h.broker.sessions.sessions["s"]
-    assert len(session.inflight) == 2 and len(session.queue) <= 4 and session.paged_out
+    assert len(session.inflight) == 2 and len(session.queue) <= 4 and session.outbox.paged_out
     got = []
     for _ in range(40):
         batch = s.received()
@@ -325,7 +325,7 @@ def test_a_persistent_session_pages_its_queue_from_the_store():
         for m in batch:
             s.send(Puback(m.packet_id))
     assert [m.payload for m in got] == [b"%d" % i for i in range(20)]
-    assert session.dropped == {} and not session.paged_out and len(session.queue) == 0
+    assert session.dropped == {} and not session.outbox.paged_out and len(session.queue) == 0
 
 
 def test_clean_start_discards_the_old_session(h):
@@ -620,14 +620,14 @@ def test_a_slow_subscriber_loses_qos0_and_holds_nobody_back():
     h.clock.advance(h.config.mqtt.outbound_pause_timeout)
     assert not consumer.paused  # its hold credit is spent: it is slow
     session = h.broker.sessions.sessions["s"]
-    assert session.slow
+    assert session.outbox.slow
     s.received()
     p.send(Publish("t", b"b"), Publish("t", b"c", qos=1, packet_id=1))
     assert s.received() == [] and not consumer.paused
     assert p.received() == [Puback(1)]
     assert session.dropped == {"slow_consumer": 1} and len(session.queue) == 1
     s.protocol.resumeProducing()
-    assert [m.payload for m in s.received()] == [b"c"] and not session.slow
+    assert [m.payload for m in s.received()] == [b"c"] and not session.outbox.slow
 
 
 def test_a_slow_non_persistent_subscriber_that_overflows_is_disconnected_with_0x97():

@@ -42,7 +42,7 @@ NOT_REASON_CODES: frozenset[tuple[str, int]] = frozenset({
 REASON_CODE_ARGUMENT = {
     "disconnect": 0,          # MQTTProtocol.disconnect(reason_code, reason)
     "ProtocolViolation": 0,   # ProtocolViolation(reason_code, message)
-    "_refuse": 0,             # ConnectFlow._refuse(code, why)
+    "_refuse": 0,             # ConnectHandler._refuse(code, why)
     "_refuse_quietly": 0,
     "_refuse_will": 0,
     "Disconnect": 0,          # packets: Disconnect(reason_code, properties)

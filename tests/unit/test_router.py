@@ -313,6 +313,9 @@ class FakeConnection:
     def disconnect(self, code, reason=None) -> None:
         self.closed_with = code
 
+    def make_link(self):
+        return self  # what the session sees of it: the same values
+
 
 class Source:
     def __init__(self) -> None:
@@ -347,7 +350,7 @@ def test_a_session_holds_its_source_at_the_high_water_mark_and_lets_go_when_drai
     assert len(session.inflight) == 2 and len(session.queue) == 4 and source.paused
     sent = Decoder(protocol_level=4, server_side=False).feed(conn.out)
     for p in sent:
-        session.on_puback(p)
+        session.outbox.on_puback(p)
     assert len(session.queue) == 2 and not source.paused  # at the low-water mark
     assert not any(ctx.drops.counts.values())
 
@@ -359,7 +362,7 @@ def test_a_slow_session_past_its_credit_overflows_with_0x97_and_counts_the_loss(
         session.deliver(Message("t", b"%d" % i, 1), 1, False, (), None, clock.seconds(), source)
     assert source.paused
     clock.advance(1)
-    assert session.slow and not source.paused
+    assert session.outbox.slow and not source.paused
     session.deliver(Message("t", b"over", 1), 1, False, (), None, clock.seconds(), source)
     assert conn.closed_with == 0x97
     assert {k: n for k, n in ctx.drops.counts.items() if n} == {"quota_exceeded": 5}
@@ -395,7 +398,7 @@ def test_an_attach_marker_during_the_first_read_has_the_session_read_the_store_a
     session, conn, clock, ctx = make_session(store, persistent=True)
     session.session_id = "conn-1"
     store.add("s", [StoredDelivery(10, Message("t", b"first", 1), 1, False, ())])
-    session.resume_outbox()  # the first read, under way
+    session.outbox.resume()  # the first read, under way
     # the writer stored one more after that read began, then passed the marker on
     store.add("s", [StoredDelivery(20, Message("t", b"stored after", 1), 1, False, ())])
     session.on_attached("an-older-connection")  # ignored
@@ -408,7 +411,7 @@ def test_an_attach_marker_during_the_first_read_has_the_session_read_the_store_a
     # a marker that comes again reads again, and sends nothing twice: not
     # what is in flight, nor what was acknowledged while the store was read
     session.on_attached("conn-1")
-    session.on_puback(sent[0])
+    session.outbox.on_puback(sent[0])
     store.release()
     assert Decoder(protocol_level=4, server_side=False).feed(conn.out) == sent
     assert list(session.inflight) == [sent[1].packet_id]
@@ -420,14 +423,14 @@ def test_a_resumed_session_reads_the_store_once_its_marker_is_back_or_after_a_wa
     session, conn, clock, ctx = make_session(store, persistent=True)
     session.session_id = "conn-1"
     store.add("s", [StoredDelivery(10, Message("t", b"first", 1), 1, False, ())])
-    session.resume_outbox(marker=True)
+    session.outbox.resume(marker=True)
     assert store.loads == []  # not before the marker is back
     session.on_attached("conn-1")
     assert len(store.loads) == 1
     store.release()
     assert [p.payload for p in Decoder(protocol_level=4, server_side=False).feed(conn.out)] \
         == [b"first"]
-    clock.advance(session.MARKER_WAIT)
+    clock.advance(session.outbox.reader.MARKER_WAIT)
     assert store.loads == []  # the marker came: no read after the wait
     # a marker that does not come back (the writer's partition has not
     # moved yet): the store is read after the wait, and again when it comes
@@ -435,8 +438,8 @@ def test_a_resumed_session_reads_the_store_once_its_marker_is_back_or_after_a_wa
     session.detach(clock.seconds())
     session.attach(conn2)
     session.session_id = "conn-2"
-    session.resume_outbox(marker=True)
-    clock.advance(session.MARKER_WAIT - 0.1)
+    session.outbox.resume(marker=True)
+    clock.advance(session.outbox.reader.MARKER_WAIT - 0.1)
     assert store.loads == []
     clock.advance(0.1)
     assert len(store.loads) == 1
@@ -457,7 +460,7 @@ def test_an_older_delivery_the_store_reads_did_not_show_is_read_from_the_store_n
     store = SlowLoads()
     session, conn, clock, ctx = make_session(store, persistent=True)
     session.session_id = "conn-1"
-    session.resume_outbox()
+    session.outbox.resume()
     store.release()  # the first read: nothing stored yet
     newer = StoredDelivery(200, Message("t", b"new writer", 1), 1, False, ())
     store.add("s", [newer])
@@ -481,11 +484,11 @@ def test_a_delivery_a_store_read_already_showed_is_not_sent_twice():
     session.session_id = "conn-1"
     first = StoredDelivery(10, Message("t", b"read", 1), 1, False, ())
     store.add("s", [first])
-    session.resume_outbox()
+    session.outbox.resume()
     store.release()
     session.deliver_stored(StoredDelivery(10, Message("t", b"read", 1), 1, False, ()))  # in flight
     sent = Decoder(protocol_level=4, server_side=False).feed(conn.out)
-    session.on_puback(sent[0])
+    session.outbox.on_puback(sent[0])
     clock.advance(0)  # its removal from the store is written
     session.deliver_stored(StoredDelivery(10, Message("t", b"read", 1), 1, False, ()))  # done
     while store.loads:
@@ -518,14 +521,14 @@ def test_a_failed_store_write_of_a_session_is_logged_once_not_an_unhandled_error
     try:
         store = FailingWrites()
         session, conn, clock, ctx = make_session(store, persistent=True)
-        session.resume_outbox()
+        session.outbox.resume()
         store.release()
         for seq in (1, 2, 3):
             stored = StoredDelivery(seq, Message("t", b"%d" % seq, 1), 1, False, ())
             store.store.add("s", [stored])
             session.deliver_stored(stored)
         for p in Decoder(protocol_level=4, server_side=False).feed(conn.out):
-            session.on_puback(p)
+            session.outbox.on_puback(p)
         clock.advance(0)  # the removes of the acknowledged ones
         gc.collect()
     finally:

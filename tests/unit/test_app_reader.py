@@ -1,0 +1,83 @@
+"""The reader of a live persistent APPLICATION session
+(:class:`tbmq.cluster.sinks.ApplicationReader`): what a reactor turn
+published to ``tbmq.msg.app.<clientId>`` reaches the session in one call
+(:meth:`tbmq.broker.outbox.Outbox.deliver_app_batch`), and a record is
+committed only once it and every record before it were acknowledged."""
+
+from __future__ import annotations
+
+from tbmq.broker.outbox import Outbox
+from tbmq.mqtt import Property, Puback, Publish
+from tests.unit.test_cluster_of_two import cluster, sub  # noqa: F401 (a fixture)
+
+EXPIRY = {Property.SESSION_EXPIRY_INTERVAL: 600}
+
+
+def online_application(cluster):
+    app = cluster.a.client("app-1", level=5, clean_start=False, properties=dict(EXPIRY))
+    sub(app, "telemetry/#")
+    session = cluster.a.broker.sessions.sessions["app-1"]
+    return app, session.app_consumers[None]
+
+
+def publish(p, first: int, n: int) -> None:
+    """``n`` QoS 1 messages in one reactor turn."""
+    p.send(*[Publish("telemetry/1", b"%d" % i, qos=1, packet_id=i + 1)
+             for i in range(first, first + n)])
+
+
+def test_a_turns_records_reach_the_session_in_one_call(cluster, monkeypatch):
+    batches = []
+    deliver = Outbox.deliver_app_batch
+
+    def counted(self, deliveries, source):
+        batches.append(len(deliveries))
+        return deliver(self, deliveries, source)
+
+    monkeypatch.setattr(Outbox, "deliver_app_batch", counted)
+    app, consumer = online_application(cluster)
+    p = cluster.b.client("p")
+    publish(p, 0, 5)
+    got = app.received()
+    assert [m.payload for m in got] == [b"%d" % i for i in range(5)]
+    assert batches == [5]
+    assert consumer.lag() == 5  # nothing acknowledged yet
+    for m in got:
+        app.send(Puback(m.packet_id))
+    assert consumer.lag() == 0
+
+
+def test_a_record_is_committed_once_it_and_every_one_before_it_were_acknowledged(cluster):
+    app, consumer = online_application(cluster)
+    p = cluster.b.client("p")
+    publish(p, 0, 3)
+    first = app.received()
+    publish(p, 3, 3)
+    second = app.received()
+    assert [m.payload for m in first + second] == [b"%d" % i for i in range(6)]
+    for m in second + first[1:]:
+        app.send(Puback(m.packet_id))
+    assert consumer.lag() == 6  # the first record holds every later one back
+    app.lose()
+    again = cluster.b.client("app-1", level=5, clean_start=False, properties=dict(EXPIRY))
+    got = again.pending + again.received()
+    # at least once: what followed the unacknowledged record comes again
+    assert [m.payload for m in got] == [b"%d" % i for i in range(6)]
+    for m in got:
+        again.send(Puback(m.packet_id))
+    again.lose()
+    third = cluster.a.client("app-1", level=5, clean_start=False, properties=dict(EXPIRY))
+    assert third.pending + third.received() == []  # all committed
+
+
+def test_a_batch_is_committed_once_all_of_it_was_acknowledged(cluster):
+    app, consumer = online_application(cluster)
+    p = cluster.b.client("p")
+    publish(p, 0, 4)
+    got = app.received()
+    assert len(got) == 4
+    for m in got[:3]:
+        app.send(Puback(m.packet_id))
+    assert consumer.lag() == 4  # a batch commits as one: its last record is pending
+    app.send(Puback(got[3].packet_id))
+    assert consumer.lag() == 0
