@@ -104,6 +104,9 @@ class Router:
         self.sinks = sinks if sinks is not None else Sinks.build(bus, topics)
         self.persisted_limit = None
         self.consumer = None
+        #: while :meth:`_on_messages` routes a batch: ``(sink, where)`` →
+        #: ``(client ids, deliveries)`` sent when the batch is routed
+        self._gathered: dict | None = None
         self._msg_all = topics.msg_all
         self._seconds = clock.seconds
 
@@ -178,14 +181,32 @@ class Router:
         record's): :meth:`route` each of ``messages`` in order, their
         publishes under one completion.
 
+        On a bus with ``publish_many`` (Kafka:
+        :attr:`~tbmq.cluster.sinks.BusSink.sends_many`), the deliveries to
+        one sink and place (a node's downlink, the persisted topic) are
+        gathered while the batch is routed and sent with one
+        :meth:`~tbmq.cluster.sinks.BusSink.send_many` each, in order: one
+        call and one outcome for all of them.
+
         :returns: None, or a :class:`~tbmq.cluster.completion.Completion`
             of every record sent for them: the batch commits once all are
             durable, and is read again when one fails.
         """
         pending = None
         route = self.route
-        for message in messages:
-            pending = route(message, pending)
+        if len(messages) == 1 or not self.sinks.downlink.sends_many:
+            # nothing to gather: one message, or a bus that publishes one by one
+            for message in messages:
+                pending = route(message, pending)
+            return pending
+        gathered = self._gathered = {}
+        try:
+            for message in messages:
+                pending = route(message, pending)
+        finally:
+            self._gathered = None
+        for (sink, where), (keys, values) in gathered.items():
+            sink.send_many(where, keys, values, pending.part())
         return pending
 
     def route(self, message: Message, pending: Completion | None):
@@ -287,8 +308,17 @@ class Router:
             return pending
         if pending is None:
             pending = Completion()
-        sink.send(where, client_id, Delivery(client_id, message, qos, retain, sids),
-                  pending.part())
+        delivery = Delivery(client_id, message, qos, retain, sids)
+        gathered = self._gathered
+        if gathered is None:
+            sink.send(where, client_id, delivery, pending.part())
+            return pending
+        group = gathered.get((sink, where))
+        if group is None:
+            gathered[(sink, where)] = ([client_id], [delivery])
+        else:
+            group[0].append(client_id)
+            group[1].append(delivery)
         return pending
 
     def classify(self, client_id: str, session, qos: int) -> tuple:

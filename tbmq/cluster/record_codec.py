@@ -142,6 +142,38 @@ class RecordCodec:
             obj = _unpack(self.name, data)
         return self.from_list(obj)
 
+    def decode_arrays(self, objs: Any) -> list:
+        """The records of several values already unpacked from msgpack (the
+        values of a packed record, version 2: one unpacking for all).
+
+        :param objs: each a record's array (a tuple or a list) or None (a
+            tombstone).
+        :returns: the records (None for a tombstone), in order.
+        :raises RecordEncodingError: as :meth:`decode`, for the first value
+            that is not a record of this type.
+        """
+        read = self._read_array
+        out = []
+        append = out.append
+        for obj in objs:
+            value = None
+            if type(obj) is tuple:
+                try:
+                    value = read(obj)
+                except RecordEncodingError:
+                    raise
+                except Exception as e:  # as in from_list
+                    raise RecordEncodingError(f"{self.name}: cannot decode: {e}") from None
+            if value is None:
+                if obj is None:
+                    if not self.tombstone:
+                        raise RecordEncodingError(
+                            f"{self.name}: a tombstone (None) is not allowed here")
+                else:
+                    value = self.from_list(obj)
+            append(value)
+        return out
+
     def from_list(self, obj: Any) -> Any:
         """Inverse of :meth:`to_list` (arrays as lists or tuples).
 
@@ -254,6 +286,23 @@ class RecordUnion:
         return codec.from_list(obj)
 
 
+    def decode_arrays(self, objs: Any) -> list:
+        """As :meth:`RecordCodec.decode_arrays`: each value read by the codec
+        of its tag (no tombstone).
+
+        :raises RecordEncodingError: for the first value that is not a
+            record of a member's type."""
+        out = []
+        for obj in objs:
+            tag = obj[0] if type(obj) in ARRAY_TYPES and obj else None
+            codec = self._by_tag.get(tag) if type(tag) is str else None
+            if codec is None:
+                raise RecordEncodingError(f"{self.name}: expected a tag of "
+                                          f"{sorted(self._by_tag)}, got {tag!r}")
+            out.append(codec.from_list(obj))
+        return out
+
+
 class BytesCodec:
     """Raw bytes passed through (``tbmq.events``): no tag, no version.
 
@@ -273,3 +322,9 @@ class BytesCodec:
     def decode(self, data: Any) -> bytes:
         """:raises RecordEncodingError: unless ``data`` is bytes-like."""
         return self.encode(data)
+
+    def decode_arrays(self, objs: Any) -> list:
+        """Raw bytes are never in a record that unpacks its values.
+
+        :raises RecordEncodingError: always."""
+        raise RecordEncodingError("bytes: raw bytes are not msgpack values")

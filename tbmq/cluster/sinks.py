@@ -63,11 +63,17 @@ class BusSink:
     :param topic_of: ``where -> bus topic`` (``str -> str``).
     """
 
-    __slots__ = ("bus", "topic_of")
+    __slots__ = ("bus", "topic_of", "_publish_many", "sends_many")
 
     def __init__(self, bus, topic_of: Callable[[str], str]) -> None:
         self.bus = bus
         self.topic_of = topic_of
+        #: the bus's ``publish_many(topic, keys, values, done)``, when it has one
+        self._publish_many = getattr(bus, "publish_many", None)
+        #: True when the bus publishes several records with one ``done``
+        #: (``publish_many``: the Kafka bus), so that :meth:`send_many` is
+        #: cheaper than a :meth:`send` each
+        self.sends_many = self._publish_many is not None
 
     def send(self, where: str, key: str, value, done=None):
         """Publish ``value`` (a record of the topic's type) with ``key`` to
@@ -84,6 +90,29 @@ class BusSink:
             a Deferred, as ``done`` would be called).
         """
         return self.bus.publish(self.topic_of(where), key, value, (), done)
+
+    def send_many(self, where: str, keys: list, values: list, done) -> None:
+        """Publish ``values`` (records of the topic's type) with ``keys``
+        (``str`` each) to ``topic_of(where)``, in order, with one ``done``
+        for all: the bus's ``publish_many`` when it has one (the Kafka bus:
+        one call and one outcome for the router's deliveries of a packed
+        record to one node), else one publish each under a
+        :class:`~tbmq.cluster.completion.Completion`.
+
+        :param done: ``done(None | Failure)``, called exactly once, maybe
+            during the call: None once every record is durable (as
+            :meth:`send`'s), else the first failure, a
+            :class:`tbmq.errors.BusError`.
+        """
+        topic = self.topic_of(where)
+        if self._publish_many is not None:
+            self._publish_many(topic, keys, values, done)
+            return
+        sent = Completion()
+        publish = self.bus.publish
+        for key, value in zip(keys, values):
+            publish(topic, key, value, (), sent.part())
+        sent.then(done)
 
 
 class Sinks(NamedTuple):

@@ -142,6 +142,10 @@ def test_publisher_on_a_subscribers_on_b(cluster, qos):
             crossed.append((service_id, client_id))
             return BusSink.send(self, service_id, client_id, value, done)
 
+        def send_many(self, service_id, client_ids, values, done):
+            crossed.extend((service_id, c) for c in client_ids)
+            return BusSink.send_many(self, service_id, client_ids, values, done)
+
     router = cluster.a.broker.router
     sinks = router.sinks
     router.sinks = sinks._replace(downlink=Counting(sinks.downlink.bus, sinks.downlink.topic_of))

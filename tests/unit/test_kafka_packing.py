@@ -16,7 +16,7 @@ from twisted.python.failure import Failure
 
 from tbmq.cluster import records as r
 from tbmq.cluster.completion import Completion
-from tbmq.errors import BusClosedError, BusPublishError
+from tbmq.errors import BusClosedError, BusPublishError, RecordEncodingError
 from tbmq.model import Message
 from tbmq_plugins.kafka import packing
 from tbmq_plugins.kafka.consumer import KafkaConsumer
@@ -52,9 +52,11 @@ def test_the_records_of_one_turn_for_one_partition_go_as_one_packed_record():
     assert (sent_topic, key, headers) == (topic, None, (packing.HEADER,))
     assert driver.partitions == [_partition(keys[0].encode())]
     tag, version, packed_keys, values = msgpack.unpackb(value)
-    assert (tag, version) == ("pack", 1)
+    assert (tag, version) == ("pack", 2)
     assert packed_keys == [k.encode() for k in keys]
-    assert values == [r.MESSAGE.encode(m) for m in messages]  # each as it would be alone
+    # each inline: the msgpack object it would be alone, read by one unpacking
+    assert values == [msgpack.unpackb(r.MESSAGE.encode(m)) for m in messages]
+    assert value.endswith(b"".join(r.MESSAGE.encode(m) for m in messages))
     bus._acks.put(outcome, None)
     reactor.drain()
     assert [fired(d) for d in pending] == [[None]] * 3
@@ -191,8 +193,11 @@ def test_stop_sends_what_this_turn_published():
 # -- the consumer side ---------------------------------------------------------------------
 
 def _packed_raw(partition: int, offset: int, items: list) -> RawRecord:
-    value = packing.pack([k for k, _ in items], [v for _, v in items])
-    return RawRecord(partition, offset, None, value, (packing.HEADER,))
+    """A packed record of version 1 (each value a ``bin``: these tests' raw
+    bytes are no msgpack values), which consumers still read."""
+    value = msgpack.packb(["pack", 1, [k for k, _ in items], [v for _, v in items]],
+                          use_bin_type=True)
+    return RawRecord(partition, offset, None, value, (packing.HEADER_V1,))
 
 
 def _pending_consumer(partition: int):
@@ -276,16 +281,21 @@ def test_a_malformed_packed_record_is_refused_like_any_record_that_does_not_deco
     consumer.loop = FakeLoop()
     consumer._assigned([0])
     good = r.MESSAGE.encode(Message("a", b""))
+    v1 = (packing.HEADER_V1,)
     bad = [RawRecord(0, 0, None, b"\xc1garbage", (packing.HEADER,)),
-           RawRecord(0, 1, None, msgpack.packb(["pack", 2, [b"k"], [good]]), (packing.HEADER,)),
-           RawRecord(0, 2, None, msgpack.packb(["pack", 1, [b"k"], []]), (packing.HEADER,)),
-           RawRecord(0, 3, None, msgpack.packb(["pack", 1, [7], [good]]), (packing.HEADER,))]
-    consumer._batch(bad + [RawRecord(0, 4, b"a", good, ())], [])
+           RawRecord(0, 1, None, msgpack.packb(["pack", 2, [b"k"], [good]]), v1),
+           RawRecord(0, 2, None, msgpack.packb(["pack", 1, [b"k"], []]), v1),
+           RawRecord(0, 3, None, msgpack.packb(["pack", 1, [7], [good]]), v1),
+           RawRecord(0, 4, None, msgpack.packb(["pack", 1, [b"k"], [good]]),
+                     (packing.HEADER,)),
+           RawRecord(0, 5, None, msgpack.packb(["pack", 2, [b"k", b"l"], [None]]),
+                     (packing.HEADER,))]
+    consumer._batch(bad + [RawRecord(0, 6, b"a", good, ())], [])
     assert got == []  # the partition stops at the first bad one
     assert consumer.loop.commits == []  # nothing commits past it
     consumer.bus.clock.advance(1.0)
     assert consumer.loop.seeks == [(0, 0)]  # read again, not skipped
-    assert [len(packing.expand(b)) for b in bad] == [1, 1, 1, 1]
+    assert [len(packing.expand(b)) for b in bad] == [1] * 6
 
 
 # -- the batch handler ---------------------------------------------------------------------
@@ -361,3 +371,92 @@ def test_the_buffer_and_the_slice_count_a_packed_records_records(monkeypatch):
     assert len(batches) == 3  # 5 records: the turn's slice is spent
     consumer.bus.clock.advance(0)
     assert len(batches) == 4
+
+
+def test_a_packed_record_of_version_2_is_read_with_one_unpacking_by_both_handlers():
+    messages = [Message(f"t/{i}", b"%d" % i, 1, properties={}) for i in range(3)]
+    value = packing.pack([m.topic.encode() for m in messages],
+                         [r.MESSAGE.encode(m) for m in messages])
+    raw = RawRecord(2, 7, None, value, (packing.HEADER,))
+    batches, singles = [], []
+    consumer = KafkaConsumer(FakeBus(), "t", "g", singles.append, r.MESSAGE, 100, 1000,
+                             batch_handler=batches.append)
+    consumer.loop = FakeLoop()
+    consumer._assigned([2])
+    consumer._batch([raw], [])
+    assert batches == [messages] and singles == []
+    assert consumer.loop.commits == [(2, 8)]
+    plain = KafkaConsumer(FakeBus(), "t", "g", singles.append, r.MESSAGE, 100, 1000)
+    plain.loop = FakeLoop()
+    plain._assigned([2])
+    plain._batch([raw], [])
+    assert [(s.key, s.value, s.offset) for s in singles] == [
+        (m.topic, m, 7) for m in messages]
+    # a tombstone is nil inline; each expanded value is its record's bytes
+    tomb = packing.expand(RawRecord(0, 1, None, packing.pack([b"k", b"l"], [None, value]),
+                                    (packing.HEADER,)))
+    assert [(t.key, t.value) for t in tomb] == [(b"k", None), (b"l", msgpack.packb(
+        msgpack.unpackb(value)))]
+
+
+def test_a_version_2_value_that_is_not_a_record_fails_its_batch():
+    good = msgpack.unpackb(r.MESSAGE.encode(Message("a", b"x")), use_list=False)
+    assert r.MESSAGE.decode_arrays((good,)) == [Message("a", b"x")]
+    for bad in [(good, ("msg", 9)), (good, None), (b"bytes",), (("dlv", 1),)]:
+        try:
+            r.MESSAGE.decode_arrays(bad)
+        except RecordEncodingError:
+            continue
+        raise AssertionError(f"{bad!r} was read")
+    delivery = r.Delivery("c", Message("a", b"x"), 1)
+    marker = r.SessionMarker("c", "n", "s")
+    arrays = tuple(msgpack.unpackb(r.PERSISTED.encode(v), use_list=False)
+                   for v in (delivery, marker))
+    assert r.PERSISTED.decode_arrays(arrays) == [delivery, marker]
+    try:
+        r.PERSISTED.decode_arrays((None,))
+    except RecordEncodingError:
+        pass
+    else:
+        raise AssertionError("a tombstone was read")
+
+
+def test_publish_many_sends_the_records_packed_per_partition_with_one_done():
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    topic = bus.catalogue.downlink_basic("n1")
+    keys = _same_partition_keys(3) + ["other"]
+    assert _partition(b"other") != _partition(keys[0].encode())
+    deliveries = [r.Delivery(k, Message("t", b"%d" % i), 1) for i, k in enumerate(keys)]
+    outcomes: list = []
+    ready = bus._when_ready(topic)
+    reactor.wait(lambda: ready.called)
+    bus.publish_many(topic, keys, deliveries, outcomes.append)
+    assert driver.sent == []  # at the end of the turn
+    reactor.advance(0)
+    assert sorted(len(msgpack.unpackb(s[2])[2]) if s[3] else 1 for s in driver.sent) == [1, 3]
+    for s in driver.sent:
+        assert outcomes == []  # one done, once both Kafka records are acknowledged
+        bus._acks.put(s[4], None)
+        reactor.drain()
+    assert outcomes == [None]
+    bad: list = []
+    bus.publish_many(topic, ["a"], [Message("t", b"")], bad.append)  # not a Delivery
+    assert len(bad) == 1 and bad[0].check(r.RecordEncodingError)
+
+
+def test_records_added_together_spread_over_packed_records_report_once_all_are_acked():
+    sent = []
+    packer = packing.Packer(lambda *record: sent.append(record), lambda fn: None)
+    outcomes: list = []
+    packer.add("t", 0, b"first", b"\x01", (), outcomes.append)
+    n = packing.MAX_RECORDS + 5
+    packer.add_many("t", 0, [b"k"] * n, [b"\x02"] * n, outcomes.append)
+    packer.flush()
+    assert [len(msgpack.unpackb(s[3])[2]) for s in sent] == [packing.MAX_RECORDS, 6]
+    first, second = sent[0][5], sent[1][5]
+    second(None)
+    assert outcomes == []  # the first Kafka record carries some of them too
+    first(Failure(BusPublishError("not acknowledged")))
+    assert outcomes[0].check(BusPublishError) and outcomes[1].check(BusPublishError)
+    assert len(outcomes) == 2  # the lone publish's, and the group's once

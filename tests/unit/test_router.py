@@ -16,6 +16,7 @@ from tbmq.broker.router import Router
 from tbmq.broker.session import Session, SessionContext, TopicNameCache
 from tbmq.cluster.completion import Completion, deferred_done
 from tbmq.cluster.records import Delivery, Record, SessionInfo
+from tbmq.cluster.sinks import Sinks
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.config import load_config
 from tbmq.errors import BusPublishError
@@ -536,3 +537,31 @@ def test_a_failed_store_write_of_a_session_is_logged_once_not_an_unhandled_error
                 and e["log_level"].name == "critical"]
     warned = [e for e in events if "device store write" in e.get("log_format", "")]
     assert len(warned) == 1 and warned[0]["operation"] == "update"
+
+
+def test_a_batchs_deliveries_to_one_node_go_in_one_send_in_order(world):
+    """A bus with ``publish_many`` (Kafka) gets a batch's deliveries to one
+    node's downlink in one call with one ``done``; the batch's completion
+    waits for it, and a failure of it fails the batch."""
+    many: list = []
+    world.bus.publish_many = lambda topic, keys, values, done: many.append(
+        (topic, keys, values, done))
+    world.router.sinks = Sinks.build(world.bus, T)
+    world.registry["r"] = info("r", "node-x")
+    world.registry["q"] = info("q", "node-y")
+    subscribe(world.router, "r", "there/+")
+    subscribe(world.router, "q", "there/2")
+    batch = [Message(t, b"x", 1, False, {}, "p", 1.0) for t in ("there/1", "there/2", "there/3")]
+    result = world.router._on_messages(batch)
+    assert world.bus.published == []  # nothing one by one
+    assert [(topic, keys, [d.message.topic for d in values])
+            for topic, keys, values, _ in many] == [
+        (T.downlink_basic("node-x"), ["r", "r", "r"], ["there/1", "there/2", "there/3"]),
+        (T.downlink_basic("node-y"), ["q"], ["there/2"])]
+    fired: list = []
+    result.then(fired.append)
+    many[0][3](None)
+    assert fired == []
+    failed = Failure(BusPublishError("not acknowledged"))
+    many[1][3](failed)
+    assert fired == [failed]  # read again

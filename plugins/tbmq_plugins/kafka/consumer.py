@@ -86,8 +86,9 @@ class Entry:
 
 
 def _count(item: Any) -> int:
-    """The records a buffered item holds (a list: a packed record's values)."""
-    return len(item) if type(item) is list else 1
+    """The records a buffered item holds (a list or a tuple: a packed
+    record's values, see :meth:`KafkaConsumer._hand`)."""
+    return len(item) if type(item) is list or type(item) is tuple else 1
 
 
 class Track:
@@ -324,7 +325,9 @@ class KafkaConsumer:
                 if batches:
                     found = unpacked(raw)
                     if found is not None:
-                        values = found[1]
+                        values = found[1]  # inline (version 2): a tuple of arrays
+                        if not found[2]:
+                            values = list(values)  # version 1: a list of bytes
                         buffer.append((track, track.arrive(raw.offset), values))
                         held += len(values)
                         continue
@@ -393,9 +396,13 @@ class KafkaConsumer:
 
     def _hand(self, track: Track, entry: Entry, raw: Any) -> None:
         """Hand one Kafka record to the handler, or the values of a packed
-        one (a list of their bytes) decoded to the ``batch_handler``."""
+        one decoded to the ``batch_handler``: a tuple of the records' arrays
+        (version 2, unpacked with the packed record: read with the codec's
+        ``decode_arrays``) or a list of their bytes (version 1)."""
         try:
-            if type(raw) is list:
+            if type(raw) is tuple:
+                result = self.batch_handler(self.codec.decode_arrays(raw))
+            elif type(raw) is list:
                 decode = self.codec.decode
                 result = self.batch_handler([decode(value) for value in raw])
             else:

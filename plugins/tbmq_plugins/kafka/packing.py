@@ -11,13 +11,16 @@ packed record.  The consumer (:mod:`.consumer`) expands a packed record back
 into its records, which share its partition and offset; its offset is
 committed once every one of them was handled.
 
-**The format** (version 1).  A packed record has the header
-``tbmq.pack`` = ``b"1"``, no key, and a msgpack value
-``["pack", 1, [key, ...], [value, ...]]``: the records' keys (``bin``,
-or nil for a keyless record) and values (``bin``: each exactly the bytes the
-record would have alone, in its topic's encoding; nil for a tombstone), in
-publish order.  A consumer outside tbmq reads a record with that header as
-the records it lists, in order.
+**The format** (version 2, written; version 1 is still read).  A packed
+record has the header ``tbmq.pack`` = ``b"2"``, no key, and a msgpack
+value ``["pack", 2, [key, ...], [value, ...]]``: the records' keys
+(``bin``, or nil for a keyless record) and values, in publish order, each
+value **inline**: the msgpack object the record would be alone (its topic's
+encoding is one msgpack array; nil for a tombstone), so that one unpacking
+reads every record's fields, and the writer joins the records' bytes
+without copying them into ``bin`` fields.  Version 1 (header ``b"1"``) had
+each value as a ``bin`` of those bytes.  A consumer outside tbmq reads a
+record with that header as the records it lists, in order.
 
 **Placement.**  The producer places the records of these topics itself:
 partition ``crc32(key) % partitions`` (as the in-process bus does), a
@@ -41,14 +44,18 @@ import msgpack
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from tbmq.cluster.completion import Completion
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.drivers import RawRecord
 
-__all__ = ["HEADER", "MAX_BYTES", "MAX_RECORDS", "Packer", "expand", "pack", "partition_of",
-           "unpacked"]
+__all__ = ["HEADER", "HEADER_V1", "MAX_BYTES", "MAX_RECORDS", "Packer", "expand", "pack",
+           "partition_of", "unpacked"]
 
-#: The header that marks a packed record, and its value (the format's version).
-HEADER = ("tbmq.pack", b"1")
+#: The header that marks a packed record, and its value (the format's
+#: version): what :func:`pack` writes.
+HEADER = ("tbmq.pack", b"2")
+#: The header of a packed record of version 1 (each value a ``bin``), still read.
+HEADER_V1 = ("tbmq.pack", b"1")
 #: Most records in one packed record.
 MAX_RECORDS = 1000
 #: Most bytes of values in one packed record (Kafka's default
@@ -58,8 +65,11 @@ MAX_BYTES = 256 * 1024
 
 log = Logger(observer=LOG_OBSERVER)
 
-_TAG, _VERSION = "pack", 1
+_TAG = "pack"
 _HEADERS = (HEADER,)
+#: ``["pack", 2, `` of a version 2 value: a 4-item array, the tag, the version
+_V2_START = b"\x94\xa4pack\x02"
+_NIL = b"\xc0"
 
 
 def partition_of(key: bytes, partitions: int) -> int:
@@ -68,55 +78,82 @@ def partition_of(key: bytes, partitions: int) -> int:
     return zlib.crc32(key) % partitions
 
 
+def _array_header(n: int) -> bytes:
+    """The msgpack header of an array of ``n`` items."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 0x10000:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
 def pack(keys: list, values: list) -> bytes:
-    """:returns: the value of the packed record of ``keys`` and ``values``
-    (``bytes | None`` each, in publish order)."""
-    return msgpack.packb([_TAG, _VERSION, keys, values], use_bin_type=True)
+    """:param keys: ``bytes | None`` each, in publish order.
+    :param values: ``bytes | None`` each: one msgpack object each (its
+        topic's encoding), or None for a tombstone.
+    :returns: the value of the packed record (version 2: the values joined
+        inline, not copied into ``bin`` fields)."""
+    return b"".join((_V2_START, msgpack.packb(keys, use_bin_type=True),
+                     _array_header(len(values)),
+                     *[_NIL if v is None else v for v in values]))
 
 
-def unpacked(raw: RawRecord) -> tuple[list, list] | None:
-    """The keys and values (``bytes | None`` each, in publish order) of
-    ``raw`` when it is a well-formed packed record; None when it is not one
-    (no :data:`HEADER`, or not well-formed: see :func:`expand`)."""
-    if HEADER not in raw.headers:
-        return None
-    return _unpacked(raw.value)
+def unpacked(raw: RawRecord) -> tuple[tuple, tuple, bool] | None:
+    """The keys and values of ``raw`` when it is a well-formed packed
+    record; None when it is not one (no header, or not well-formed: see
+    :func:`expand`).
+
+    :returns: ``(keys, values, inline)``: ``keys`` ``bytes | None`` each
+        (not checked: :func:`expand` checks them); ``values`` the decoded
+        msgpack objects of version 2 (``inline`` True: each record's array,
+        or None for a tombstone) or the ``bytes | None`` of version 1."""
+    headers = raw.headers
+    if HEADER in headers:
+        return _unpacked(raw.value, 2)
+    if HEADER_V1 in headers:
+        return _unpacked(raw.value, 1)
+    return None
 
 
-def _unpacked(value: Any) -> tuple[list, list] | None:
-    """The keys and values of a packed record's value; None when it is not
-    a well-formed one."""
+def _unpacked(value: Any, version: int) -> tuple[tuple, tuple, bool] | None:
+    """The keys and values of a packed record's value of ``version``; None
+    when it is not a well-formed one."""
     try:
-        data = msgpack.unpackb(value, raw=False, use_list=True, strict_map_key=True)
+        data = msgpack.unpackb(value, raw=False, use_list=False, strict_map_key=True)
     except Exception:
         return None
-    if (type(data) is not list or len(data) != 4 or data[0] != _TAG or data[1] != _VERSION
-            or type(data[2]) is not list or type(data[3]) is not list
-            or len(data[2]) != len(data[3]) or not data[2]):
+    if (type(data) is not tuple or len(data) != 4 or data[0] != _TAG or data[1] != version
+            or type(data[1]) is not int or type(data[2]) is not tuple
+            or type(data[3]) is not tuple or len(data[2]) != len(data[3]) or not data[2]):
         return None
-    for item in data[2]:
-        if item is not None and type(item) is not bytes:
-            return None
-    for item in data[3]:
-        if item is not None and type(item) is not bytes:
-            return None
-    return data[2], data[3]
+    if version == 1:
+        for item in data[3]:
+            if item is not None and type(item) is not bytes:
+                return None
+    return data[2], data[3], version != 1
 
 
 def expand(raw: RawRecord) -> list[RawRecord]:
     """The records of ``raw``: itself when it is not packed; the records it
-    lists when it is, each with ``raw``'s partition and offset and no
-    headers.  A record marked packed that is not well-formed is returned as
-    it is: its topic's codec then refuses it, as any record it cannot read
-    (logged, left uncommitted).
+    lists when it is, each with ``raw``'s partition and offset, no headers
+    and its value as bytes (of version 2, packed again alone: the codec
+    reads it as it would the original).  A record marked packed that is not
+    well-formed is returned as it is: its topic's codec then refuses it, as
+    any record it cannot read (logged, left uncommitted).
 
     :param raw: a :class:`~.drivers.RawRecord` as a consumer client read it.
     """
     found = unpacked(raw)
     if found is None:
         return [raw]
+    keys, values, inline = found
+    for key in keys:
+        if key is not None and type(key) is not bytes:
+            return [raw]
+    if inline:
+        values = [None if v is None else msgpack.packb(v, use_bin_type=True) for v in values]
     p, o = raw.partition, raw.offset
-    return [RawRecord(p, o, k, v, ()) for k, v in zip(*found)]
+    return [RawRecord(p, o, k, v, ()) for k, v in zip(keys, values)]
 
 
 class Fanout:
@@ -196,19 +233,64 @@ class Packer:
             return
         pending = self._pending.get(slot)
         if pending is None:
-            pending = self._pending[slot] = _Pending()
-            if not self._scheduled:
-                self._scheduled = True
-                self._later(self.flush)
+            pending = self._open(slot)
         size = 0 if value is None else len(value)
-        if pending.keys and (len(pending.keys) >= MAX_RECORDS
-                             or pending.size + size > MAX_BYTES):
+        keys = pending.keys
+        if keys and (pending.size + size > MAX_BYTES or len(keys) >= MAX_RECORDS):
             self._out(topic, partition, pending)
             pending = self._pending[slot] = _Pending()
-        pending.keys.append(key)
+            keys = pending.keys
+        keys.append(key)
         pending.values.append(value)
         pending.dones.append(done)
         pending.size += size
+
+    def add_many(self, topic: str, partition: int, keys: list, values: list,
+                 done: Callable[[Failure | None], None]) -> None:
+        """Queue several records (no headers) for the end of the turn, with
+        **one** ``done`` for all of them: called once every Kafka record
+        that carries some of them was acknowledged, or with the first
+        failure (:class:`~tbmq.cluster.completion.Completion` parts when
+        :data:`MAX_RECORDS` or :data:`MAX_BYTES` spread them over several).
+
+        :param keys: ``bytes | None`` each.
+        :param values: ``bytes | None`` each, as :meth:`add`'s."""
+        if not keys:
+            done(None)
+            return
+        slot = (topic, partition)
+        pending = self._pending.get(slot)
+        if pending is None:
+            pending = self._open(slot)
+        spread = None
+        carries = False  # ``pending`` holds some of these records
+        for key, value in zip(keys, values):
+            size = 0 if value is None else len(value)
+            if pending.keys and (len(pending.keys) >= MAX_RECORDS
+                                 or pending.size + size > MAX_BYTES):
+                if carries:
+                    if spread is None:
+                        spread = Completion()
+                    pending.dones.append(spread.part())
+                self._out(topic, partition, pending)
+                pending = self._pending[slot] = _Pending()
+            pending.keys.append(key)
+            pending.values.append(value)
+            pending.size += size
+            carries = True
+        if spread is None:
+            pending.dones.append(done)
+        else:
+            pending.dones.append(spread.part())
+            spread.then(done)
+
+    def _open(self, slot: tuple[str, int]) -> _Pending:
+        """A new :class:`_Pending` for ``slot``, the flush scheduled."""
+        pending = self._pending[slot] = _Pending()
+        if not self._scheduled:
+            self._scheduled = True
+            self._later(self.flush)
+        return pending
 
     def flush(self) -> None:
         """Send everything queued (at the end of the turn, and before the
@@ -219,7 +301,7 @@ class Packer:
             self._out(topic, partition, p)
 
     def _out(self, topic: str, partition: int, p: _Pending) -> None:
-        if len(p.keys) == 1:
+        if len(p.keys) == 1 and len(p.dones) == 1:
             self._send(topic, partition, p.keys[0], p.values[0], (), p.dones[0])
         else:
             self._send(topic, partition, None, pack(p.keys, p.values), _HEADERS,
