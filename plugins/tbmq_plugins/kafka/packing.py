@@ -82,7 +82,7 @@ def _array_header(n: int) -> bytes:
     """The msgpack header of an array of ``n`` items."""
     if n < 16:
         return bytes((0x90 | n,))
-    if n < 0x10000:
+    if n < 1 << 16:  # array 16
         return b"\xdc" + n.to_bytes(2, "big")
     return b"\xdd" + n.to_bytes(4, "big")
 
