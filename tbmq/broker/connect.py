@@ -224,7 +224,7 @@ class ConnectHandler:
     def _drop_held(self) -> None:
         """The connection is refused: what waits is never handled."""
         self.conn._gate = 0
-        self.conn._waiting = []
+        self.conn._waiting = ()
 
     def _gone(self) -> bool:
         return self.conn._closing or self.conn.transport is None or not self.conn.transport.connected
@@ -489,7 +489,7 @@ class ConnectHandler:
         props = {
             Property.RECEIVE_MAXIMUM: cfg.receive_maximum,
             Property.RETAIN_AVAILABLE: int(cfg.retain_available),
-            Property.MAXIMUM_PACKET_SIZE: self.conn.server_max_packet_size,
+            Property.MAXIMUM_PACKET_SIZE: self.conn.decoder.max_packet_size,
             Property.TOPIC_ALIAS_MAXIMUM: cfg.topic_alias_maximum,
             Property.WILDCARD_SUBSCRIPTION_AVAILABLE: int(cfg.wildcard_subscription_available),
             Property.SUBSCRIPTION_IDENTIFIER_AVAILABLE: int(cfg.subscription_identifier_available),
