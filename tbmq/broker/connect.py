@@ -471,6 +471,11 @@ class ConnectHandler:
                           props))
         self.conn._connacked = True
         self.conn.handshake = None  # made again for an AUTH (re-authentication)
+        if result.credentials is None and request.auth_method is None:
+            # kept only for what reads it later: a re-authentication (AUTH
+            # 0x19 of the same method) and the rules of credentials records
+            # bound again when they change (tbmq.auth.watch)
+            self.conn.auth_request = None
         self.conn.connected_at = self.ctx.clock.seconds()
         if debug_enabled():
             self.conn.log.debug("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "

@@ -181,6 +181,8 @@ class MQTTProtocol(protocol.Protocol):
         #: :class:`~tbmq.broker.link.Link` (its ``paused`` kept with this one's)
         self.link: Link | None = None
         self._auth: AuthResult | None = None
+        #: the CONNECT's :class:`~tbmq.auth.AuthRequest`, kept after CONNACK only for a
+        #: re-authentication or a client of a credentials record (its rules bound again)
         self.auth_request: AuthRequest | None = None
         self._closed_waiters: list | None = None
         self.expiry_cap = ctx.config.mqtt.max_session_expiry_interval
