@@ -227,7 +227,7 @@ class ConnectHandler:
     def _drop_held(self) -> None:
         """The connection is refused: what waits is never handled."""
         self.conn._gate = 0
-        self.conn._waiting = []
+        self.conn._waiting = ()
 
     def _gone(self) -> bool:
         return self.conn._closing or self.conn.transport is None or not self.conn.transport.connected
@@ -480,6 +480,11 @@ class ConnectHandler:
                           props))
         self.conn._connacked = True
         self.conn.handshake = None  # made again for an AUTH (re-authentication)
+        if result.credentials is None and request.auth_method is None:
+            # kept only for what reads it later: a re-authentication (AUTH
+            # 0x19 of the same method) and the rules of credentials records
+            # bound again when they change (tbmq.auth.watch)
+            self.conn.auth_request = None
         self.conn.connected_at = self.ctx.clock.seconds()
         if debug_enabled():
             self.conn.log.debug("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
@@ -498,7 +503,7 @@ class ConnectHandler:
         props = {
             Property.RECEIVE_MAXIMUM: cfg.receive_maximum,
             Property.RETAIN_AVAILABLE: int(cfg.retain_available),
-            Property.MAXIMUM_PACKET_SIZE: self.conn.server_max_packet_size,
+            Property.MAXIMUM_PACKET_SIZE: self.conn.decoder.max_packet_size,
             Property.TOPIC_ALIAS_MAXIMUM: cfg.topic_alias_maximum,
             Property.WILDCARD_SUBSCRIPTION_AVAILABLE: int(cfg.wildcard_subscription_available),
             Property.SUBSCRIPTION_IDENTIFIER_AVAILABLE: int(cfg.subscription_identifier_available),

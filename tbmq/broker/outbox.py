@@ -630,7 +630,7 @@ class Outbox:
                              delivery.subscription_ids, None, self.ctx.clock.seconds(), conn,
                              True, pid)
         if data is None:
-            self._complete(pid)
+            self.complete(pid)
         else:
             conn.write(data)
 
@@ -655,7 +655,12 @@ class Outbox:
             if reader is not None and reader.loading:
                 reader.finished_in_read.add(delivery.seq)
 
-    def _complete(self, packet_id: int) -> StoredDelivery | None:
+    def complete(self, packet_id: int) -> StoredDelivery | None:
+        """The delivery in flight under ``packet_id`` is done (acknowledged,
+        refused, or not to be sent again): out of the window, then
+        :meth:`_finished`.
+
+        :returns: the delivery, or None for an unknown packet id."""
         delivery = self.inflight.pop(packet_id, None)
         if delivery is not None:
             self._finished(delivery)
@@ -665,84 +670,6 @@ class Outbox:
         completed, self._completed = self._completed, ()
         if completed:
             self._stored(self.ctx.device_store.remove(self.client_id, completed), "remove")
-
-    def on_puback(self, packet) -> None:
-        """PUBACK from the client: the QoS 1 delivery is done [MQTT-4.3.2-2].
-        An unknown packet id is ignored (an acknowledgement repeated across
-        a reconnect).
-
-        :raises ProtocolViolation: PROTOCOL_ERROR for a PUBACK of a QoS 2
-            delivery
-            (sent or already answered with PUBREC): an acknowledgement of the
-            wrong kind is a Protocol Error (§4.3.3, §4.13.1) and ends the
-            connection (DISCONNECT PROTOCOL_ERROR in v5, a close in v3), so the
-            message never stays in flight, shrinking the window.
-        """
-        packet_id = packet.packet_id
-        delivery = self.inflight.get(packet_id)
-        if delivery is None:
-            self.log.debug("PUBACK for unknown packet id {pid} from {client_id}",
-                           pid=packet_id, client_id=self.client_id)
-            return
-        if delivery.qos != 1:
-            raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
-                                    f"PUBACK for the QoS 2 delivery {packet_id}")
-        self._complete(packet_id)
-        if self.ctx.hooks.wants_delivered:
-            self.ctx.hooks.message_delivered(self.session, delivery.message, 1)
-        if self.queue or self.paged_out or (self.holder is not None and self.holder.holding):
-            self.pump()
-
-    def on_pubrec(self, packet) -> None:
-        """PUBREC from the client: answered with PUBREL [MQTT-4.3.3-3], or
-        with PUBREL PACKET_IDENTIFIER_NOT_FOUND (v5) for an unknown packet
-        id; a refusal (a failure reason code, 0x80 or more:
-        :func:`~tbmq.mqtt.is_failure`) ends the flow.
-
-        :raises ProtocolViolation: PROTOCOL_ERROR for a PUBREC of a QoS 1
-            delivery.
-        """
-        packet_id = packet.packet_id
-        conn = self.link
-        delivery = self.inflight.get(packet_id)
-        if delivery is None:
-            v5 = conn.protocol_level >= MQTT_5
-            conn.send(Pubrel(packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if v5
-                             else ReasonCode.SUCCESS))
-            return
-        if delivery.qos != 2:
-            raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
-                                    f"PUBREC for the QoS 1 delivery {packet_id}")
-        if is_failure(packet.reason_code):  # the receiver refused it: the flow ends here
-            self._complete(packet_id)
-            self.pump()
-            return
-        if delivery.state != _RELEASED:
-            delivery.state = _RELEASED
-            if delivery.seq:
-                self._stored(self.ctx.device_store.update(self.client_id, delivery.seq, packet_id,
-                                                          _RELEASED), "update")
-        conn.send(Pubrel(packet_id))
-
-    def on_pubcomp(self, packet) -> None:
-        """PUBCOMP from the client: the QoS 2 delivery is done
-        [MQTT-4.3.3-5].  An unknown packet id is ignored.
-
-        :raises ProtocolViolation: PROTOCOL_ERROR for a PUBCOMP of a QoS 1
-            delivery,
-            or of a QoS 2 one not yet released (no PUBREC came before it).
-        """
-        packet_id = packet.packet_id
-        delivery = self.inflight.get(packet_id)
-        if delivery is None:
-            return
-        if delivery.state != _RELEASED:
-            raise ProtocolViolation(ReasonCode.PROTOCOL_ERROR,
-                                    f"PUBCOMP for the QoS {delivery.qos} delivery "
-                                    f"{packet_id}, which has no PUBREL")
-        self._complete(packet_id)
-        self.ctx.hooks.message_delivered(self.session, delivery.message, 2)
-        self.pump()
 
     # -- life cycle ------------------------------------------------------------------------------
 

@@ -21,9 +21,11 @@ from zope.interface import implementer
 
 from tbmq.auth import AuthRequest, AuthResult
 from tbmq.auth.guard import LoginGuard, PasswordChecks
+from tbmq.broker import acknowledgements
 from tbmq.broker.connect import ConnectHandler
 from tbmq.broker.link import Link
 from tbmq.broker.deadlines import deadlines_for
+from tbmq.broker.incomplete_packet import IncompletePacket
 from tbmq.broker.session import Session
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER, LogThrottle
@@ -129,12 +131,12 @@ class MQTTProtocol(protocol.Protocol):
     __slots__ = (
         "transport", "connected", "factory",  # Twisted's (class defaults in Protocol)
         "ctx", "_deadlines", "deadline", "deadline_slot", "timeOut", "_traffic", "listener",
-        "callLater", "decoder", "server_max_packet_size", "session", "connect_packet",
+        "decoder", "session", "connect_packet",
         "protocol_level", "send_quota", "max_packet_size", "topic_alias_maximum", "paused",
         "paused_bytes", "_out", "_closing", "_connacked", "connected_at", "_normal_disconnect",
         "_disconnect_reason", "_gate", "_waiting", "_abort_call", "handshake", "_auth", "link",
-        "auth_request", "_closed_waiters", "expiry_cap", "_partial_since",
-        "_packet_timer", "_read_pauses", "_peer_address",
+        "auth_request", "_closed_waiters", "expiry_cap", "_incomplete",
+        "_read_pauses", "_peer_address",
     )
 
     def __init__(self, ctx: ConnectionContext, listener, max_packet_size: int) -> None:
@@ -152,10 +154,8 @@ class MQTTProtocol(protocol.Protocol):
         self.timeOut: float | None = None
         self._traffic = ctx.traffic
         self.listener = listener
-        self.callLater = ctx.clock.callLater
         self.decoder = Decoder(max_packet_size=max_packet_size,
                                max_connect_size=ctx.config.mqtt.max_connect_packet_size)
-        self.server_max_packet_size = max_packet_size
         self.session = None
         self.connect_packet: Connect | None = None
         self.protocol_level = 4
@@ -164,14 +164,15 @@ class MQTTProtocol(protocol.Protocol):
         self.topic_alias_maximum = 0
         self.paused = False
         self.paused_bytes = 0
-        self._out: list[bytes] = []
+        # the outbound queue: a list from the first write of a turn
+        self._out: list[bytes] | tuple = ()
         self._closing = False
         self._connacked = False
         self.connected_at: float | None = None
         self._normal_disconnect = False
         self._disconnect_reason: int | None = None
         self._gate = 0  # reasons packets wait: a decision being made, a backlog
-        self._waiting: list = []  # packets read while the gate was closed
+        self._waiting: list | tuple = ()  # packets read while the gate was closed
         self._abort_call = None
         #: the :class:`~tbmq.broker.connect.ConnectHandler` from the CONNECT
         #: to the CONNACK (and during a re-authentication), else None
@@ -180,11 +181,14 @@ class MQTTProtocol(protocol.Protocol):
         #: :class:`~tbmq.broker.link.Link` (its ``paused`` kept with this one's)
         self.link: Link | None = None
         self._auth: AuthResult | None = None
+        #: the CONNECT's :class:`~tbmq.auth.AuthRequest`, kept after CONNACK only for a
+        #: re-authentication or a client of a credentials record (its rules bound again)
         self.auth_request: AuthRequest | None = None
         self._closed_waiters: list | None = None
         self.expiry_cap = ctx.config.mqtt.max_session_expiry_interval
-        self._partial_since: float | None = None  # when the incomplete packet began
-        self._packet_timer = None
+        #: the :class:`~tbmq.broker.incomplete_packet.IncompletePacket`, made
+        #: when a read first ends inside a packet
+        self._incomplete: IncompletePacket | None = None
         self._read_pauses = 0
         self._peer_address = None  # the transport's getPeer(), once asked
 
@@ -232,12 +236,17 @@ class MQTTProtocol(protocol.Protocol):
                 self.disconnect(e.reason_code)
             return
         if self._connacked:
+            incomplete = self._incomplete
             if not decoder.partial:
-                self._partial_since = None
-            elif packets or self._partial_since is None:
-                self._packet_started()
-        if self._gate:
-            self._waiting.extend(packets)
+                if incomplete is not None:
+                    incomplete.since = None
+            elif incomplete is None:
+                incomplete = self._incomplete = IncompletePacket(self)
+                incomplete.started()
+            elif packets or incomplete.since is None:
+                incomplete.started()
+        if self._gate:  # kept for _release (a list from the first)
+            self._waiting = [*self._waiting, *packets]
             return
         if packets and self.session is not None:
             self.resetTimeout()
@@ -267,7 +276,7 @@ class MQTTProtocol(protocol.Protocol):
                 self.disconnect(e.reason_code)
                 return
             if self._gate:  # something is being decided: hold the rest
-                self._waiting.extend(packets[index + 1:])
+                self._waiting = [*self._waiting, *packets[index + 1:]]
                 return
 
     def _wait_for(self, d: defer.Deferred) -> None:
@@ -286,43 +295,14 @@ class MQTTProtocol(protocol.Protocol):
         throttle = self.ctx.before_connect_log
         return log if self._connacked or throttle is None else throttle
 
-    # -- a packet that does not end ----------------------------------------------------
-
-    def _packet_started(self) -> None:
-        """An incomplete packet began in this read: it has
-        ``mqtt.incomplete_packet_timeout`` to be completed."""
-        self._partial_since = self.ctx.clock.seconds()
-        if self._packet_timer is None:
-            self._packet_timer = self.callLater(
-                self.ctx.config.mqtt.incomplete_packet_timeout, self._packet_overdue)
-
-    def _packet_overdue(self) -> None:
-        self._packet_timer = None
-        since = self._partial_since
-        if since is None or self._closing:
-            return
-        timeout = self.ctx.config.mqtt.incomplete_packet_timeout
-        if self._read_pauses:  # not read meanwhile: the client is not to blame
-            self._packet_started()
-            return
-        left = since + timeout - self.ctx.clock.seconds()
-        if left > 0:
-            self._packet_timer = self.callLater(left, self._packet_overdue)
-            return
-        self.log.info("packet from {client_id} not complete {timeout:g} s after it began "
-                      "({pending} bytes of it read); closing", client_id=self._client_id(),
-                      timeout=timeout, pending=self.decoder.pending)
-        self.disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "packet not complete in time")
-
     def connectionLost(self, reason=protocol.connectionDone) -> None:
         self._closing = True
         self.setTimeout(None)
-        if self._packet_timer is not None and self._packet_timer.active():
-            self._packet_timer.cancel()
-        self._packet_timer = None
+        if self._incomplete is not None:
+            self._incomplete.cancel()
         if self.handshake is not None:
             self.handshake.lost()
-        self._out = []
+        self._out = ()
         self._set_paused(True)
         if self._abort_call is not None and self._abort_call.active():
             self._abort_call.cancel()
@@ -377,6 +357,7 @@ class MQTTProtocol(protocol.Protocol):
         out = self._out
         if not out:
             self.ctx.flusher.mark(self)
+            out = self._out = []
         out.append(data)
 
     def flush(self) -> None:
@@ -384,7 +365,7 @@ class MQTTProtocol(protocol.Protocol):
         out = self._out
         if not out:
             return
-        self._out = []
+        self._out = ()
         transport = self.transport
         if transport is not None and transport.connected:
             data = out[0] if len(out) == 1 else b"".join(out)
@@ -440,8 +421,9 @@ class MQTTProtocol(protocol.Protocol):
             return
         if self._read_pauses:
             self._read_pauses -= 1
-        if self._partial_since is not None:  # the rest could not arrive meanwhile
-            self._partial_since = self.ctx.clock.seconds()
+        incomplete = self._incomplete
+        if incomplete is not None and incomplete.since is not None:
+            incomplete.since = self.ctx.clock.seconds()  # the rest could not arrive meanwhile
         if self.transport is not None:
             self.transport.resumeProducing()
         self._release()
@@ -467,7 +449,7 @@ class MQTTProtocol(protocol.Protocol):
         self.setTimeout(None)
         self.transport.loseConnection()
         # a peer that never reads would keep the connection open: abort it
-        self._abort_call = self.callLater(5, self.transport.abortConnection)
+        self._abort_call = self.ctx.clock.callLater(5, self.transport.abortConnection)
 
     def _address(self):
         """:returns: the client's ``IAddress`` (behind the PROXY protocol,
@@ -559,12 +541,8 @@ class MQTTProtocol(protocol.Protocol):
         if self._gate:
             self._gate -= 1
         if not self._gate and self._waiting:
-            waiting, self._waiting = self._waiting, []
+            waiting, self._waiting = self._waiting, ()
             self.handle_packets(waiting)
-
-
-    def handle_pingreq(self, packet: Pingreq) -> None:
-        self.send(Pingresp())
 
     def handle_disconnect(self, packet: Disconnect) -> None:
         """DISCONNECT NORMAL_DISCONNECTION discards the will [MQTT-3.14.4-3];
@@ -589,16 +567,16 @@ class MQTTProtocol(protocol.Protocol):
     #: packets after this one until it fires)
     _session_handlers = {
         Publish: Session.on_publish,
-        Puback: lambda session, packet: session.outbox.on_puback(packet),
-        Pubrec: lambda session, packet: session.outbox.on_pubrec(packet),
+        Puback: acknowledgements.on_puback,
+        Pubrec: acknowledgements.on_pubrec,
         Pubrel: Session.on_pubrel,
-        Pubcomp: lambda session, packet: session.outbox.on_pubcomp(packet),
+        Pubcomp: acknowledgements.on_pubcomp,
         Subscribe: Session.on_subscribe,
         Unsubscribe: Session.on_unsubscribe,
     }
     #: packets the connection itself handles: ``handler(self, packet)``
     _handlers = {
-        Pingreq: handle_pingreq,
+        Pingreq: lambda self, packet: self.send(Pingresp()),  # [MQTT-3.12.4-1]
         Disconnect: handle_disconnect,
         # AUTH (an exchange or a re-authentication): the ConnectHandler's
         Auth: lambda self, packet: self._handshake().handle_auth(packet),

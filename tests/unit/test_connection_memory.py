@@ -5,7 +5,13 @@ and keep alive of every connection share one timer of the node."""
 
 from __future__ import annotations
 
-from tbmq.mqtt import Publish, Pubrec, Pubrel, Pubcomp
+import gc
+import tracemalloc
+
+from tbmq.broker import acknowledgements
+from tbmq.broker.outbox import Outbox
+from tbmq.broker.protocol import MQTTProtocol
+from tbmq.mqtt import Pingreq, Pingresp, Puback, Publish, Pubrec, Pubrel, Pubcomp
 from tests.helpers import Harness
 
 
@@ -41,3 +47,63 @@ def test_many_connections_share_one_timer():
     for i in range(50):
         h.client(f"c{i}", keep_alive=60)
     assert len(h.clock.getDelayedCalls()) == calls
+
+
+def _bytes_per_connection(count: int, **kw) -> float:
+    """tracemalloc's bytes held per idle connection (the harness's own
+    StringTransport and client objects included, as in bench/conn_memory.py)."""
+    h = Harness()
+    h.client("warm-up", keep_alive=60, **kw)
+    gc.collect()
+    tracemalloc.start(1)
+    try:
+        before = tracemalloc.take_snapshot()
+        clients = [h.client(f"idle-{i}", keep_alive=60, **kw) for i in range(count)]
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    assert len(clients) == count
+    return sum(d.size_diff for d in after.compare_to(before, "lineno")) / count
+
+
+def test_an_idle_clean_connection_holds_under_4_kilobytes():
+    # 4,463 B before the connection kept its CONNECT's AuthRequest, two empty
+    # lists and the incomplete-packet fields; 3,855 B after (2,000 clients)
+    assert _bytes_per_connection(400) < 4000
+
+
+def test_an_anonymous_client_keeps_no_auth_request_after_connack():
+    h = Harness()
+    h.client("anon", level=5, keep_alive=60)
+    conn = h.broker.sessions.sessions["anon"].connection
+    # nothing reads it again: no re-authentication method, no credentials record
+    assert conn.auth is not None and conn.auth_request is None
+
+
+def test_an_idle_connection_holds_no_outbound_list_nor_packet_deadline():
+    h = Harness()
+    c = h.client("quiet", level=4, keep_alive=60)
+    conn = h.broker.sessions.sessions["quiet"].connection
+    assert conn._out == () and conn._waiting == () and conn._incomplete is None
+    c.send(Pingreq())
+    assert any(isinstance(p, Pingresp) for p in c.received())
+    assert conn._out == ()  # written at the end of the turn, the list let go
+
+
+def test_acknowledgements_go_from_the_protocol_to_their_handler_in_one_call():
+    handlers = MQTTProtocol._session_handlers
+    assert handlers[Puback] is acknowledgements.on_puback
+    assert handlers[Pubrec] is acknowledgements.on_pubrec
+    assert handlers[Pubcomp] is acknowledgements.on_pubcomp
+
+
+def test_the_connection_and_the_outbox_have_at_most_35_methods():
+    import ast
+    import inspect
+    from bench.class_sizes import own
+    for cls in (MQTTProtocol, Outbox):
+        node = ast.parse(inspect.getsource(inspect.getmodule(cls)))
+        [cdef] = [n for n in node.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
+        methods, _ = own(cdef)
+        assert len(methods) <= 35, (cls.__name__, len(methods))

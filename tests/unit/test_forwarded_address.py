@@ -69,7 +69,7 @@ def test_the_headers_count_only_on_a_listener_that_trusts_its_proxy(trust, expec
     assert frames == [(2, encode(Connack(False, 0)))]
     mqtt = mqtt_of(ws.protocol)
     assert peer_address(mqtt.transport) == expected
-    assert mqtt.auth_request.address == expected
+    assert mqtt._address() == expected
     assert h.broker.sessions.sessions["proxied"].address == (
         "203.0.113.7" if trust else "192.0.2.10:40000")
 

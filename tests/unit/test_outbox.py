@@ -13,6 +13,7 @@ from twisted.internet import task
 
 from tbmq.backends.memory import MemoryDeviceMessageStore
 from tbmq.broker.hooks import DropCounter
+from tbmq.broker.acknowledgements import on_puback
 from tbmq.broker.outbound import Holds, TurnFlusher
 from tbmq.broker.outbox import NO_ENTRIES, Outbox
 from tbmq.broker.session import Session, SessionContext, TopicNameCache
@@ -52,7 +53,7 @@ def make_outbox(conn=None, *, persistent=False, device_store=None, **mqtt):
                          publish=lambda m, done: None, retained_for=lambda f: [],
                          subscriptions=None, topics=TopicNameCache())
     owner = SimpleNamespace(ctx=ctx, client_id="c", persistent=persistent, session_id="s1")
-    outbox = Outbox(owner, clock.seconds())
+    outbox = owner.outbox = Outbox(owner, clock.seconds())
     conn = conn or FakeConnection()
     outbox.attach(conn)
     return outbox, conn, clock
@@ -96,7 +97,7 @@ def test_the_window_is_the_lower_of_the_send_quota_and_max_inflight():
     sent = conn.packets()
     assert [p.packet_id for p in sent] == [1, 2]
     assert type(outbox.queue) is deque and len(outbox.queue) == 2
-    outbox.on_puback(Puback(1))
+    on_puback(outbox.session, Puback(1))
     assert [p.payload for p in conn.packets()] == [b"0", b"1", b"2"]
     assert sorted(outbox.inflight) == [2, 3] and len(outbox.queue) == 1
 
@@ -137,7 +138,7 @@ def test_a_puback_for_a_qos2_delivery_is_a_protocol_error():
     outbox, conn, clock = make_outbox()
     deliver(outbox, clock, qos=2)
     with pytest.raises(ProtocolViolation) as e:
-        outbox.on_puback(Puback(1))
+        on_puback(outbox.session, Puback(1))
     assert e.value.reason_code == ReasonCode.PROTOCOL_ERROR
 
 
@@ -161,7 +162,7 @@ def test_holding_a_source_makes_a_set_and_letting_go_gives_it_back():
     for i in range(3):  # one in flight, two queued: the high-water mark
         deliver(outbox, clock, payload=b"%d" % i, source=source)
     assert source.paused and outbox.holder.holding == {source}
-    outbox.on_puback(Puback(1))  # one queued: the low-water mark
+    on_puback(outbox.session, Puback(1))  # one queued: the low-water mark
     assert not source.paused and outbox.holder.holding == frozenset()
     assert outbox.holder.timer is None and outbox.holder.since is None
 

@@ -11,6 +11,7 @@ from twisted.internet import defer, task
 from twisted.python.failure import Failure
 
 from tbmq.broker.hooks import DropCounter
+from tbmq.broker.acknowledgements import on_puback
 from tbmq.broker.outbound import Holds, TurnFlusher
 from tbmq.broker.router import Router
 from tbmq.broker.session import Session, SessionContext, TopicNameCache
@@ -350,7 +351,7 @@ def test_a_session_holds_its_source_at_the_high_water_mark_and_lets_go_when_drai
     assert len(session.inflight) == 2 and len(session.queue) == 4 and source.paused
     sent = Decoder(protocol_level=4, server_side=False).feed(conn.out)
     for p in sent:
-        session.outbox.on_puback(p)
+        on_puback(session, p)
     assert len(session.queue) == 2 and not source.paused  # at the low-water mark
     assert not any(ctx.drops.counts.values())
 
@@ -411,7 +412,7 @@ def test_an_attach_marker_during_the_first_read_has_the_session_read_the_store_a
     # a marker that comes again reads again, and sends nothing twice: not
     # what is in flight, nor what was acknowledged while the store was read
     session.on_attached("conn-1")
-    session.outbox.on_puback(sent[0])
+    on_puback(session, sent[0])
     store.release()
     assert Decoder(protocol_level=4, server_side=False).feed(conn.out) == sent
     assert list(session.inflight) == [sent[1].packet_id]
@@ -488,7 +489,7 @@ def test_a_delivery_a_store_read_already_showed_is_not_sent_twice():
     store.release()
     session.deliver_stored(StoredDelivery(10, Message("t", b"read", 1), 1, False, ()))  # in flight
     sent = Decoder(protocol_level=4, server_side=False).feed(conn.out)
-    session.outbox.on_puback(sent[0])
+    on_puback(session, sent[0])
     clock.advance(0)  # its removal from the store is written
     session.deliver_stored(StoredDelivery(10, Message("t", b"read", 1), 1, False, ()))  # done
     while store.loads:
@@ -528,7 +529,7 @@ def test_a_failed_store_write_of_a_session_is_logged_once_not_an_unhandled_error
             store.store.add("s", [stored])
             session.deliver_stored(stored)
         for p in Decoder(protocol_level=4, server_side=False).feed(conn.out):
-            session.outbox.on_puback(p)
+            on_puback(session, p)
         clock.advance(0)  # the removes of the acknowledged ones
         gc.collect()
     finally:
