@@ -104,9 +104,6 @@ class Router:
         self.sinks = sinks if sinks is not None else Sinks.build(bus, topics)
         self.persisted_limit = None
         self.consumer = None
-        #: while :meth:`_on_messages` routes a batch: ``(sink, where)`` →
-        #: ``(client ids, deliveries)`` sent when the batch is routed
-        self._gathered: dict | None = None
         self._msg_all = topics.msg_all
         self._seconds = clock.seconds
 
@@ -199,17 +196,15 @@ class Router:
             for message in messages:
                 pending = route(message, pending)
             return pending
-        gathered = self._gathered = {}
-        try:
-            for message in messages:
-                pending = route(message, pending)
-        finally:
-            self._gathered = None
+        gathered: dict = {}
+        for message in messages:
+            pending = route(message, pending, gathered)
         for (sink, where), (keys, values) in gathered.items():
             sink.send_many(where, keys, values, pending.part())
         return pending
 
-    def route(self, message: Message, pending: Completion | None):
+    def route(self, message: Message, pending: Completion | None,
+              gathered: dict | None = None):
         """Deliver one message of ``tbmq.msg.all``: match once, then one target per
         client (at the highest QoS of its matching subscriptions, with all
         their identifiers [MQTT-3.3.4-2, -3, -4]), each to its sink.  A
@@ -221,6 +216,9 @@ class Router:
 
         :param pending: the completion of the records sent so far for the
             same batch, or None.
+        :param gathered: None to send each delivery at once; or, for a batch
+            (:meth:`_on_messages`), a dict ``(sink, where)`` → ``(client ids,
+            deliveries)`` that this call appends to, sent by the caller.
         :returns: ``pending``, or a new
             :class:`~tbmq.cluster.completion.Completion` when it was None
             and a record was sent: the records sent to the sinks (maybe
@@ -234,7 +232,7 @@ class Router:
             if not matches:
                 return pending
             if len(matches) == 1:
-                return self._dispatch_one(matches[0], message, pending)
+                return self._dispatch_one(matches[0], message, pending, gathered)
         targets, filters = self._targets(matches, groups, message)
         for topic_filter in filters:  # one record per filter
             if pending is None:
@@ -255,10 +253,12 @@ class Router:
             if session is not None and (qos == 0 or not session.persistent):
                 session.deliver(message, qos, flag, sids, cache, now, source)
             else:
-                pending = self._to_sink(client_id, session, message, qos, flag, sids, pending)
+                pending = self._to_sink(client_id, session, message, qos, flag, sids, pending,
+                                        gathered)
         return pending
 
-    def _dispatch_one(self, subs: dict, message: Message, pending: Completion | None):
+    def _dispatch_one(self, subs: dict, message: Message, pending: Completion | None,
+                      gathered: dict | None):
         """:meth:`route` for the plain subscriptions of one filter (the
         usual case: each client appears once), classified and handed over in
         one pass."""
@@ -280,17 +280,20 @@ class Router:
                 session.deliver(message, qos, flag, options.subscription_ids, cache, now, source)
             else:
                 pending = self._to_sink(client_id, session, message, qos, flag,
-                                        options.subscription_ids, pending)
+                                        options.subscription_ids, pending, gathered)
         return pending
 
     def _to_sink(self, client_id: str, session, message: Message, qos: int, retain: bool,
-                 sids: tuple, pending: Completion | None) -> Completion | None:
+                 sids: tuple, pending: Completion | None,
+                 gathered: dict | None) -> Completion | None:
         """A target that is not a live session here at its QoS, classified
         once (:meth:`classify`) and handed to its sink as a
         :class:`~tbmq.cluster.records.Delivery`.
 
         :param session: the local session of ``client_id``, or None.
         :param pending: the record's completion so far, or None.
+        :param gathered: None, or the batch's deliveries per ``(sink, where)``
+            (see :meth:`route`): the delivery is appended there, not sent.
         :returns: ``pending`` (made when None) with the sink's publish as
             one more part, or ``pending`` as it was when nothing is sent.
         """
@@ -309,7 +312,6 @@ class Router:
         if pending is None:
             pending = Completion()
         delivery = Delivery(client_id, message, qos, retain, sids)
-        gathered = self._gathered
         if gathered is None:
             sink.send(where, client_id, delivery, pending.part())
             return pending
