@@ -122,6 +122,11 @@ class EmbeddedBackends:
         return None
 
 
+#: the answer to every client admitted anonymously: one frozen object for all
+#: of them, not one per connection
+_ANONYMOUS = AuthResult(True, provider="anonymous")
+
+
 class AnonymousAuth:
     """The last provider: decides on a client that no provider recognised.
 
@@ -149,7 +154,7 @@ class AnonymousAuth:
         if request.auth_method is not None or request.undecided is not None:
             return None  # an authentication service that failed: refused, not anonymous
         if self.allow and request.known_by is None:
-            return AuthResult(True, provider="anonymous")
+            return _ANONYMOUS
         if request.password is not None:
             from tbmq.auth import passwords
 

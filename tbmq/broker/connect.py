@@ -217,7 +217,8 @@ class ConnectHandler:
         self.conn.auth_request = AuthRequest(
             connect.client_id, connect.username, connect.password, level,
             address=self.conn._address(), listener=self.conn.listener,
-            certificate_chain=peer_certificate_chain(self.conn.transport),
+            certificate_chain=peer_certificate_chain(self.conn.transport)
+            if getattr(self.conn.listener, "tls_client_auth", "none") != "none" else None,
             auth_method=props.get(Property.AUTHENTICATION_METHOD) if v5 else None,
             auth_data=props.get(Property.AUTHENTICATION_DATA) if v5 else None)
         self._auth_step(self.conn.auth_request, None)

@@ -88,7 +88,7 @@ class Session:
     __slots__ = tuple("""ctx client_id persistent expiry_interval protocol_level client_type subscriptions
         connection disconnected_at inbound_qos2 inbound_unacked aliases _acks _unaccepted _spare _allowed
         _allowed_for _reading_paused will will_timer expiry_timer session_id connected_at address username
-        credentials_name view link outbox deliver app_consumers _received _received_bytes rate_in
+        credentials_name _view link outbox deliver app_consumers _received _received_bytes rate_in
         rate_out""".split())
 
     def __init__(self, ctx: SessionContext, client_id: str, *, persistent: bool,
@@ -135,8 +135,7 @@ class Session:
         self.address: str | None = None
         self.username: str | None = None
         self.credentials_name: str | None = None
-        #: what plugins see of this session
-        self.view = SessionView(self)
+        self._view: SessionView | None = None  # made when a plugin is first shown the session
         #: the consumers of a persistent APPLICATION's topics while it is
         #: connected here: None → ``tbmq.msg.app.<clientId>``, a shared
         #: subscription's filter → ``tbmq.msg.app.shared.<filter>``
@@ -149,6 +148,15 @@ class Session:
         #: :meth:`tbmq.broker.outbox.Outbox.deliver` (the router's call, per
         #: delivery: no frame of the session's on the way)
         self.deliver = outbox.deliver
+
+    @property
+    def view(self) -> SessionView:
+        """What plugins see of this session: its :class:`~tbmq.views.SessionView`,
+        made at the first call (most sessions are never shown to a plugin)."""
+        view = self._view
+        if view is None:
+            view = self._view = SessionView(self)
+        return view
 
     # -- PUBLISH from the client ------------------------------------------------------
 

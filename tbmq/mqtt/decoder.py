@@ -64,6 +64,17 @@ _PACKET_TYPES = (None,) + tuple(PacketType(i) for i in range(1, 16))
 #: distinct topic names a decoder, and :func:`encode_publish`, remember (emptied when full)
 _TOPIC_CACHE_SIZE = 1024
 
+#: what a decoder holds between packets: no buffer (a ``bytearray`` is made
+#: when a read ends inside a packet, and let go once the packet is complete)
+_NO_BYTES = b""
+#: the topic table of a decoder that has decoded no PUBLISH yet: never
+#: written (a dict is made at the first topic name; an empty one is 64 bytes)
+_NO_TOPICS: dict = {}
+#: the properties of every CONNECT before 5.0, which has none: never written
+_NO_PROPERTIES: dict = {}
+#: the protocol names decoded, one string each for all connections
+_PROTOCOL_NAMES = {name: name for name, _level in SUPPORTED_PROTOCOLS}
+
 class Decoder:
     """Incremental decoder: bytes in, complete packets out.
 
@@ -79,8 +90,9 @@ class Decoder:
         decoder sets it from the CONNECT it decodes; a client-side decoder is
         told it by the caller (None is read as 4).
     :param server_side: True when decoding what a client sends to a server.
-    :ivar partial: the bytes of a packet not complete yet (``bytearray``,
-        empty between packets); read only.
+    :ivar partial: the bytes of a packet not complete yet: a ``bytearray``
+        while a packet is incomplete, an empty ``bytes`` between packets;
+        read only.
 
     Once :meth:`feed` has raised, the decoder stays failed: every later call
     raises again (the connection is to be closed, section 4.13).
@@ -100,11 +112,11 @@ class Decoder:
         self.max_connect_size = max_connect_size
         self.server_side = server_side
         self.protocol_level = protocol_level
-        self.partial = bytearray()
+        self.partial: bytearray | bytes = _NO_BYTES
         self._need = 0
         self._connect_seen = False
         self._error: MalformedPacket | None = None
-        self._topics: dict[bytes, str] = {}
+        self._topics: dict[bytes, str] = _NO_TOPICS  # a dict from the first topic name
 
     @property
     def protocol_level(self) -> int | None:
@@ -136,14 +148,14 @@ class Decoder:
             if len(buf) < self._need:
                 return []
             data = bytes(buf)
-            buf.clear()
+            self.partial = _NO_BYTES
         elif not data:
             return []
         try:
             return self._parse(data)
         except MalformedPacket as exc:
             self._error = exc
-            buf.clear()
+            self.partial = _NO_BYTES
             raise
 
     @property
@@ -216,7 +228,7 @@ class Decoder:
             exc.packets = packets
             raise
         if pos < n:
-            self.partial += memoryview(data)[pos:]
+            self.partial = bytearray(memoryview(data)[pos:])
             self._need = need
         return packets
 
@@ -311,7 +323,9 @@ class Decoder:
                 raise MalformedPacket("topic name is not well-formed UTF-8 [MQTT-1.5.4-1]") from None
             if "\x00" in topic:
                 raise MalformedPacket("topic name contains U+0000 [MQTT-1.5.4-2]")
-            if len(topics) >= _TOPIC_CACHE_SIZE:
+            if topics is _NO_TOPICS:
+                topics = self._topics = {}
+            elif len(topics) >= _TOPIC_CACHE_SIZE:
                 topics.clear()
             topics[raw_topic] = topic
         if qos:
@@ -359,6 +373,7 @@ class Decoder:
             _need(not header_flags, "CONNECT fixed header flags must be 0 [MQTT-2.1.3-1]")
             # The broker answers CONNACK 0x01 / 0x84 [MQTT-3.1.2-2].
             return Connect(protocol_name=name, protocol_level=level)
+        name = _PROTOCOL_NAMES[name]  # the shared string, not this packet's copy
         try:
             return self._connect_fields(name, level, data, p, end, header_flags)
         except MalformedPacket as exc:
@@ -388,7 +403,7 @@ class Decoder:
         has_username = flags & 0x80
         if not v5:
             _need(has_username or not has_password, "password without user name [MQTT-3.1.2-22]")
-        props: dict = {}
+        props: dict = _NO_PROPERTIES
         if v5:
             props, p = decode_properties(data, p, PacketType.CONNECT, end)
         client_id, p = decode_string(data, p, end)
