@@ -70,20 +70,35 @@ def will_fault(will: Will, cfg) -> tuple[int, str] | None:
     return None
 
 
+def expiry_cap(config, result: AuthResult | None) -> int:
+    """:param config: the node's :class:`tbmq.config.Config`.
+    :param result: the :class:`~tbmq.auth.AuthResult` the client connected under.
+    :returns: the longest session expiry interval granted to the client,
+        seconds: ``mqtt.max_session_expiry_interval``, or
+        ``auth.anonymous_max_session_expiry`` when lower for a client the
+        ``anonymous`` provider accepted."""
+    cap = config.mqtt.max_session_expiry_interval
+    if result is not None and result.provider == "anonymous":
+        cap = min(cap, config.auth.anonymous_max_session_expiry)
+    return cap
+
+
 class ConnectHandler:
     """The CONNECT / AUTH handling of one connection, held by its
     :class:`~tbmq.broker.protocol.MQTTProtocol` (``conn``) from the CONNECT
     to the CONNACK, and again for an AUTH after it (re-authentication).  It
-    sets the connection's ``protocol_level``, ``send_quota``,
-    ``max_packet_size``, ``topic_alias_maximum``, ``auth``,
-    ``auth_request``, ``expiry_cap`` and ``session``, and uses its ``send``,
+    sets the connection's ``protocol_level``, ``auth``, ``auth_request``
+    and ``session``, and keeps the client's ``send_quota``,
+    ``max_packet_size`` and ``topic_alias_maximum`` for the session's
+    :class:`~tbmq.broker.link.Link`; it uses the connection's ``send``,
     ``disconnect``, ``_close`` and ``_hold``/``_release`` (the gate of the
     packets read meanwhile).
 
     :param conn: the :class:`~tbmq.broker.protocol.MQTTProtocol`.
     """
 
-    __slots__ = ("conn", "ctx", "exchange", "_attempt", "_assigned_id")
+    __slots__ = ("conn", "ctx", "exchange", "_attempt", "_assigned_id", "send_quota",
+                 "max_packet_size", "topic_alias_maximum")
 
     def __init__(self, conn) -> None:
         self.conn = conn
@@ -94,6 +109,13 @@ class ConnectHandler:
         self._attempt = None
         #: the client identifier the broker assigned (an empty one in CONNECT)
         self._assigned_id: str | None = None
+        #: the client's Receive Maximum (65535 before v5) [MQTT-3.3.4-7]
+        self.send_quota = 65535
+        #: the client's Maximum Packet Size, bytes, or None [MQTT-3.1.2-24]
+        self.max_packet_size: int | None = None
+        #: topic aliases the broker may give towards the client: the lower of
+        #: its Topic Alias Maximum and ``mqtt.outbound_topic_aliases``, 0 for none
+        self.topic_alias_maximum = 0
 
     def lost(self) -> None:
         """The connection is gone: a password check not started is skipped,
@@ -188,10 +210,10 @@ class ConnectHandler:
         if v5:
             # (Receive Maximum and Maximum Packet Size 0 are refused with
             # the decoder's errors: refuse_malformed_connect)
-            self.conn.send_quota = props.get(Property.RECEIVE_MAXIMUM, 65535)
-            self.conn.max_packet_size = props.get(Property.MAXIMUM_PACKET_SIZE)
+            self.send_quota = props.get(Property.RECEIVE_MAXIMUM, 65535)
+            self.max_packet_size = props.get(Property.MAXIMUM_PACKET_SIZE)
             # none unless the client accepts them [MQTT-3.1.2-27, MQTT-3.3.2-11]
-            self.conn.topic_alias_maximum = min(props.get(Property.TOPIC_ALIAS_MAXIMUM, 0),
+            self.topic_alias_maximum = min(props.get(Property.TOPIC_ALIAS_MAXIMUM, 0),
                                            cfg.outbound_topic_aliases)
         if connect.will is not None:
             fault = will_fault(connect.will, cfg)
@@ -395,10 +417,7 @@ class ConnectHandler:
         self.conn.auth = result
         config = self.ctx.config
         connect = self.conn.connect_packet
-        cap = config.mqtt.max_session_expiry_interval
-        if result.provider == "anonymous":
-            cap = min(cap, config.auth.anonymous_max_session_expiry)
-        self.conn.expiry_cap = cap
+        cap = expiry_cap(config, result)
         sessions = self.ctx.sessions
         host = self.conn._peer()
         limit = config.mqtt.max_persistent_sessions_per_address
@@ -486,7 +505,6 @@ class ConnectHandler:
             # 0x19 of the same method) and the rules of credentials records
             # bound again when they change (tbmq.auth.watch)
             self.conn.auth_request = None
-        self.conn.connected_at = self.ctx.clock.seconds()
         if debug_enabled():
             self.conn.log.debug("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
                            "persistent={persistent}, session present={present}, "
@@ -495,6 +513,7 @@ class ConnectHandler:
                            mqtt_level=self.conn.protocol_level, persistent=session.persistent,
                            present=present, provider=result.provider)
         self.ctx.hooks.client_connected(session, connect, self.conn._address())
+        self.conn._peer_address = None  # asked of the transport again when needed
         session.resume()
         self.conn._release()
 

@@ -18,6 +18,9 @@ class Link:
 
     :param conn: the :class:`tbmq.broker.protocol.MQTTProtocol` (used for
         the rare calls: :meth:`send`, :meth:`disconnect`, reading back-pressure).
+    :param send_quota: see :attr:`send_quota`.
+    :param max_packet_size: see :attr:`max_packet_size`.
+    :param topic_alias_maximum: see :attr:`topic_alias_maximum`.
     :ivar protocol_level: 3, 4 or 5.
     :ivar send_quota: the client's Receive Maximum: QoS 1/2 PUBLISHes it
         takes unacknowledged (65535 before v5) [MQTT-3.3.4-7].
@@ -34,12 +37,13 @@ class Link:
     __slots__ = ("protocol_level", "send_quota", "max_packet_size", "topic_alias_maximum",
                  "paused", "auth", "write", "_conn")
 
-    def __init__(self, conn) -> None:
+    def __init__(self, conn, send_quota: int = 65535, max_packet_size: int | None = None,
+                 topic_alias_maximum: int = 0) -> None:
         self._conn = conn
         self.protocol_level: int = conn.protocol_level
-        self.send_quota: int = conn.send_quota
-        self.max_packet_size: int | None = conn.max_packet_size
-        self.topic_alias_maximum: int = conn.topic_alias_maximum
+        self.send_quota = send_quota
+        self.max_packet_size = max_packet_size
+        self.topic_alias_maximum = topic_alias_maximum
         self.paused: bool = conn.paused
         self.auth = conn.auth
         self.write: Callable[[bytes], None] = conn.write

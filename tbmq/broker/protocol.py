@@ -22,7 +22,7 @@ from zope.interface import implementer
 from tbmq.auth import AuthRequest, AuthResult
 from tbmq.auth.guard import LoginGuard, PasswordChecks
 from tbmq.broker import acknowledgements
-from tbmq.broker.connect import ConnectHandler
+from tbmq.broker.connect import ConnectHandler, expiry_cap
 from tbmq.broker.link import Link
 from tbmq.broker.deadlines import deadlines_for
 from tbmq.broker.incomplete_packet import IncompletePacket
@@ -109,17 +109,8 @@ class MQTTProtocol(protocol.Protocol):
     :ivar session: the :class:`tbmq.broker.session.Session` once CONNECT is
         accepted, else None.
     :ivar protocol_level: 3, 4 or 5 once CONNECT arrived.
-    :ivar send_quota: the client's receive maximum (outbound window).
-    :ivar max_packet_size: the client's maximum packet size, bytes, or None.
-    :ivar topic_alias_maximum: topic aliases the broker may assign towards
-        the client: the lower of its Topic Alias Maximum and
-        ``mqtt.outbound_topic_aliases``; 0 for none.
     :ivar paused: True while the transport's write buffer is full.
     :ivar paused_bytes: bytes written since the transport became full.
-    :ivar expiry_cap: the longest session expiry interval granted, seconds
-        (``mqtt.max_session_expiry_interval``, or
-        ``auth.anonymous_max_session_expiry`` for an anonymous client when
-        lower), once authenticated.
     """
 
     log = Logger(observer=LOG_OBSERVER)
@@ -132,10 +123,10 @@ class MQTTProtocol(protocol.Protocol):
         "transport", "connected", "factory",  # Twisted's (class defaults in Protocol)
         "ctx", "_deadlines", "deadline", "deadline_slot", "timeOut", "_traffic", "listener",
         "decoder", "session", "connect_packet",
-        "protocol_level", "send_quota", "max_packet_size", "topic_alias_maximum", "paused",
-        "paused_bytes", "_out", "_closing", "_connacked", "connected_at", "_normal_disconnect",
+        "protocol_level", "paused",
+        "paused_bytes", "_out", "_closing", "_connacked", "_normal_disconnect",
         "_disconnect_reason", "_gate", "_waiting", "_abort_call", "handshake", "_auth", "link",
-        "auth_request", "_closed_waiters", "expiry_cap", "_incomplete",
+        "auth_request", "_closed_waiters", "_incomplete",
         "_read_pauses", "_peer_address",
     )
 
@@ -159,16 +150,12 @@ class MQTTProtocol(protocol.Protocol):
         self.session = None
         self.connect_packet: Connect | None = None
         self.protocol_level = 4
-        self.send_quota = 65535
-        self.max_packet_size: int | None = None
-        self.topic_alias_maximum = 0
         self.paused = False
         self.paused_bytes = 0
         # the outbound queue: a list from the first write of a turn
         self._out: list[bytes] | tuple = ()
         self._closing = False
         self._connacked = False
-        self.connected_at: float | None = None
         self._normal_disconnect = False
         self._disconnect_reason: int | None = None
         self._gate = 0  # reasons packets wait: a decision being made, a backlog
@@ -185,12 +172,12 @@ class MQTTProtocol(protocol.Protocol):
         #: re-authentication or a client of a credentials record (its rules bound again)
         self.auth_request: AuthRequest | None = None
         self._closed_waiters: list | None = None
-        self.expiry_cap = ctx.config.mqtt.max_session_expiry_interval
         #: the :class:`~tbmq.broker.incomplete_packet.IncompletePacket`, made
         #: when a read first ends inside a packet
         self._incomplete: IncompletePacket | None = None
         self._read_pauses = 0
-        self._peer_address = None  # the transport's getPeer(), once asked
+        # the transport's getPeer(), from the first call to the CONNACK
+        self._peer_address = None
 
     # -- the connect timeout and the keep alive ------------------------------------------
 
@@ -402,8 +389,11 @@ class MQTTProtocol(protocol.Protocol):
 
     def make_link(self) -> Link:
         """:returns: a new :class:`~tbmq.broker.link.Link` of this connection
-        for the session that attaches to it (kept up to date by this one)."""
-        link = self.link = Link(self)
+        for the session that attaches to it (kept up to date by this one),
+        with the client's capabilities its CONNECT's handler read."""
+        handshake = self.handshake
+        link = self.link = Link(self) if handshake is None else Link(
+            self, handshake.send_quota, handshake.max_packet_size, handshake.topic_alias_maximum)
         return link
 
     # -- input: back-pressure on a publisher ------------------------------------------
@@ -453,8 +443,9 @@ class MQTTProtocol(protocol.Protocol):
 
     def _address(self):
         """:returns: the client's ``IAddress`` (behind the PROXY protocol,
-        the proxied one), asked of the transport once, or None without a
-        transport."""
+        the proxied one), asked of the transport once until the CONNACK
+        (then at each call: a connected client keeps no address object), or
+        None without a transport."""
         address = self._peer_address
         if address is None and self.transport is not None:
             address = self._peer_address = self.transport.getPeer()
@@ -554,7 +545,7 @@ class MQTTProtocol(protocol.Protocol):
             expiry = packet.properties.get(Property.SESSION_EXPIRY_INTERVAL)
             if expiry is not None:
                 session.expiry_on_disconnect(expiry, self.connect_packet.properties.get(
-                    Property.SESSION_EXPIRY_INTERVAL, 0), self.expiry_cap)
+                    Property.SESSION_EXPIRY_INTERVAL, 0), expiry_cap(self.ctx.config, self._auth))
         self._normal_disconnect = packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE
         self._disconnect_reason = packet.reason_code
         self._closing = True

@@ -59,9 +59,9 @@ V3_RECEIVE_MAXIMUM = 65535
 
 #: a session's inbound QoS 2 packet ids while it has none
 _NO_IDS: frozenset = frozenset()
-#: an empty mapping shared by the sessions that have no topic aliases or
-#: cached authorizations yet: never written (a dict is made at the first
-#: entry; an empty one is 64 bytes)
+#: an empty mapping shared by the sessions that have no subscriptions, topic
+#: aliases, cached authorizations or APPLICATION consumers yet: never
+#: written (a dict is made at the first entry; an empty one is 64 bytes)
 _NO_ENTRIES: dict = {}
 
 class Session:
@@ -72,7 +72,9 @@ class Session:
         persistent client; v3 ``cleanSession=0``, v5 session expiry > 0).
     :ivar expiry_interval: session expiry interval, seconds.
     :ivar client_type: DEVICE or APPLICATION.
-    :ivar subscriptions: topic filter → :class:`SubscriptionOptions`.
+    :ivar subscriptions: topic filter → :class:`SubscriptionOptions` (a
+        shared empty mapping, never written, until the first subscription:
+        :meth:`tbmq.broker.sessions.SessionManager.subscribe` makes the dict).
     :ivar connection: the live connection, or None while offline.
     :ivar dropped: messages dropped for this session, by reason.
     :ivar address: ``host:port`` of the client's last connection, or None.
@@ -100,7 +102,8 @@ class Session:
         self.expiry_interval = expiry_interval
         self.protocol_level = protocol_level
         self.client_type = client_type
-        self.subscriptions: dict[str, SubscriptionOptions] = {}
+        # a dict from the first subscription (SessionManager.subscribe)
+        self.subscriptions: dict[str, SubscriptionOptions] = _NO_ENTRIES
         self.connection: Any = None
         #: what the session sees of its connection: its
         #: :class:`~tbmq.broker.link.Link`, or None while offline
@@ -139,7 +142,7 @@ class Session:
         #: the consumers of a persistent APPLICATION's topics while it is
         #: connected here: None → ``tbmq.msg.app.<clientId>``, a shared
         #: subscription's filter → ``tbmq.msg.app.shared.<filter>``
-        self.app_consumers: dict = {}
+        self.app_consumers: dict = _NO_ENTRIES  # a dict from the first (ApplicationReader.follow)
         # the node's counters of PUBLISH packets received (one add each)
         self._received = ctx.traffic.received
         self._received_bytes = ctx.traffic.received_bytes

@@ -603,8 +603,11 @@ class SessionManager:
 
         :returns: True when it is new (for retain handling 1).
         """
-        is_new = topic_filter not in session.subscriptions
-        session.subscriptions[topic_filter] = options
+        subscriptions = session.subscriptions
+        is_new = topic_filter not in subscriptions
+        if is_new and not subscriptions:  # the session's own dict from the first
+            subscriptions = session.subscriptions = {}
+        subscriptions[topic_filter] = options
         if session.connection is not None and session.reads_application_topics():
             self.ctx.applications.follow(session, topic_filter)
         return is_new

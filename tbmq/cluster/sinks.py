@@ -546,7 +546,7 @@ class ApplicationReader:
         consumer = self.bus.subscribe(topic, group, handle, exclusive=exclusive,
                                       batch_handler=handle_batch)
         holder.append(consumer)
-        session.app_consumers[key] = consumer
+        session.app_consumers = {**session.app_consumers, key: consumer}  # (an idle session's is shared)
 
     def unfollow(self, session, topic_filter: str) -> None:
         """Stop reading the shared topic of an unsubscribed filter."""
