@@ -473,14 +473,17 @@ class InProcessBus(Describable):
         """
         if not self.running:
             return BusClosedError(f"{topic}: the bus is not running")
+        # a transient record never reaches the topic log: held as the object
+        # it was published with, never encoded (unless in the encoding mode)
+        short = headers and transient(headers)
         try:
             if state is None:
                 state = self._topic(topic)
-            stored = value if state.codec is None else state.codec.encode(value)
+            stored = value if state.codec is None or (short and not self.encodes) \
+                else state.codec.encode(value)
         except RecordEncodingError as e:
             return e
-        logged = state.durable and self._writes is not None and not (
-            headers and transient(headers))
+        logged = state.durable and self._writes is not None and not short
         if headers and logged:
             try:  # alone: it would fail the whole turn's append
                 check_record((topic, 0, 0, key, stored, headers, False))
@@ -504,7 +507,7 @@ class InProcessBus(Describable):
             # its client acknowledges); a live group gets the object itself
             # (encoded once, for the log), unless in the encoding mode
             o = part.append(key, stored, headers,
-                            value if groups and not self.encodes else None)
+                            value if (groups or stored is value) and not self.encodes else None)
             if logged:
                 if done is None:
                     result = defer.Deferred()

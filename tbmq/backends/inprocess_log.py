@@ -32,7 +32,8 @@ class Partition:
         order (``value`` as stored: the object in direct mode, the encoded
         bytes or None on an encoded topic; ``decoded`` the object a record
         of a durable topic was published with, kept while a live group is
-        to get it so that it is not decoded again, else None).
+        to get it so that it is not decoded again, and for a transient record,
+        which is then held unencoded, else None).
     :ivar first: no record below it is held (a lower bound of the first
         held offset).
     :ivar next: the offset the next record gets.

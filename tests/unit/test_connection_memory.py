@@ -188,3 +188,17 @@ def test_no_certificate_chain_is_looked_for_on_a_listener_without_client_certifi
     h = Harness()
     assert h.config.listeners[0].tls_client_auth == "none"
     assert h.client("plain", keep_alive=60).connack.reason_code == 0
+
+
+def test_a_clean_session_record_is_held_by_the_bus_unencoded():
+    # transient (never in the topic log): the bus keeps the SessionInfo it was
+    # given, not its packed bytes (140 B per connection)
+    from tbmq.cluster.records import SessionInfo
+    h = Harness()
+    h.client("clean", keep_alive=60)
+    h.client("kept", keep_alive=60, clean_start=False)
+    [state] = [s for name, s in h.broker.bus._topics.items() if name.endswith("client.session")]
+    held = {entry[0]: entry for part in state.parts for entry in part.entries.values()}
+    key, value, headers, decoded = held["clean"]
+    assert isinstance(value, SessionInfo) and value is decoded and not value.persistent
+    assert isinstance(held["kept"][1], bytes)  # a persistent one's goes to the log: encoded
