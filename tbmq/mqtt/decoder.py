@@ -70,7 +70,7 @@ _NO_BYTES = b""
 #: the topic table of a decoder that has decoded no PUBLISH yet: never
 #: written (a dict is made at the first topic name; an empty one is 64 bytes)
 _NO_TOPICS: dict = {}
-#: the properties of every CONNECT before 5.0, which has none: never written
+#: the properties of every CONNECT that has none (all before 5.0): never written
 _NO_PROPERTIES: dict = {}
 #: the protocol names decoded, one string each for all connections
 _PROTOCOL_NAMES = {name: name for name, _level in SUPPORTED_PROTOCOLS}
@@ -406,6 +406,8 @@ class Decoder:
         props: dict = _NO_PROPERTIES
         if v5:
             props, p = decode_properties(data, p, PacketType.CONNECT, end)
+            if not props:
+                props = _NO_PROPERTIES
         client_id, p = decode_string(data, p, end)
         will = None
         if will_flag:
