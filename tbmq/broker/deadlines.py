@@ -61,7 +61,9 @@ class Deadlines:
         self.clock = clock
         self.tick = tick
         self.count = 0
-        self._buckets: dict[int, set] = {}
+        # key → (the key, its owners): the owners in a bucket share its one key
+        # object as their deadline_slot (an int past 256 is 32 bytes each)
+        self._buckets: dict[int, tuple[int, set]] = {}
         self._keys: list[int] = []  # heap of the keys of _buckets
         self._call = None
         self._call_key: int | None = None
@@ -93,19 +95,20 @@ class Deadlines:
             owner.deadline = at
 
     def _add(self, owner, key: int) -> None:
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = set()
+        held = self._buckets.get(key)
+        if held is None:
+            held = self._buckets[key] = (key, set())
             heapq.heappush(self._keys, key)
             if self._call_key is None or key < self._call_key:
                 self._arm(key)
-        bucket.add(owner)
-        owner.deadline_slot = key
+        held[1].add(owner)
+        owner.deadline_slot = held[0]
         self.count += 1
 
     def _remove(self, owner, slot: int) -> None:
         owner.deadline_slot = None
-        bucket = self._buckets.get(slot)
+        held = self._buckets.get(slot)
+        bucket = None if held is None else held[1]
         if bucket is not None and owner in bucket:
             bucket.discard(owner)
             self.count -= 1
@@ -127,7 +130,7 @@ class Deadlines:
         keys, buckets = self._keys, self._buckets
         while keys and keys[0] * self.tick <= limit:
             key = heapq.heappop(keys)
-            bucket = buckets.pop(key, ())
+            _key, bucket = buckets.pop(key, (key, ()))
             for owner in bucket:
                 self.count -= 1
                 owner.deadline_slot = None
@@ -147,10 +150,10 @@ class Deadlines:
 
     def _add_quietly(self, owner, key: int) -> None:
         """:meth:`_add` without arming (``_due`` arms once at its end)."""
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = set()
+        held = self._buckets.get(key)
+        if held is None:
+            held = self._buckets[key] = (key, set())
             heapq.heappush(self._keys, key)
-        bucket.add(owner)
-        owner.deadline_slot = key
+        held[1].add(owner)
+        owner.deadline_slot = held[0]
         self.count += 1

@@ -208,3 +208,12 @@ def test_a_clean_session_record_is_held_by_the_bus_unencoded():
     key, value, headers, decoded = held["clean"]
     assert isinstance(value, SessionInfo) and value is decoded and not value.persistent
     assert isinstance(held["kept"][1], bytes)  # a persistent one's goes to the log: encoded
+
+
+def test_connections_whose_deadlines_share_a_bucket_share_its_key():
+    h = Harness()
+    h.client("k0", keep_alive=60)
+    h.client("k1", keep_alive=60)  # the same clock: the same 0.1 s bucket
+    sessions = h.broker.sessions.sessions
+    first, second = sessions["k0"].connection, sessions["k1"].connection
+    assert first.deadline_slot > 256 and first.deadline_slot is second.deadline_slot
