@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Instructions per clean CONNECT (valgrind's callgrind, so the machine's
+load does not move the count), on the Harness broker of one or more source
+trees: the difference of a run of ``--connects`` CONNECTs and one of
+``--base``, divided by the extra ones.  The count includes the Harness
+client's side (encoding CONNECT, decoding CONNACK), the same in every tree.
+
+    PYTHONPATH=. .venv/bin/python bench/icount_connect.py --trees worktree,main --level 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.brokers import tbmq_source  # noqa: E402
+
+#: ``python - COUNT LEVEL`` with the tree on PYTHONPATH: prints the CONNACKs
+#: with reason code 0, and the CONNECTs sent
+CHILD = r"""
+import sys
+from twisted.internet import reactor, task
+
+
+class ReactorClock:  # the reactor's heap of timed calls, as bench/icount.py
+    seconds = staticmethod(reactor.seconds)
+    callLater = staticmethod(reactor.callLater)
+    getDelayedCalls = staticmethod(reactor.getDelayedCalls)
+
+    def advance(self, amount):
+        reactor.runUntilCurrent()
+
+
+task.Clock = ReactorClock
+from tests.helpers import Harness
+
+n, level = int(sys.argv[1]), int(sys.argv[2])
+h = Harness()
+h.client("warm-up", level=level, keep_alive=60)
+ok = 0
+for i in range(n):
+    c = h.client(f"conn-{i}", level=level, keep_alive=60)
+    ok += c.connack is not None and c.connack.reason_code == 0
+print(ok, n)
+"""
+
+
+def count(tree: str, n: int, level: int) -> int:
+    """:returns: the instructions of one run of ``n`` CONNECTs on ``tree``.
+    :raises SystemExit: when the run failed or a CONNECT was refused."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "PYTHONPATH": f"{tree}:{tree}/plugins", "PYTHONHASHSEED": "0"}
+        run = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
+             sys.executable, "-", str(n), str(level)],
+            input=CHILD, capture_output=True, text=True, cwd=tree, env=env)
+        if run.returncode != 0:
+            raise SystemExit(f"{tree}: the run failed:\n{run.stderr[-3000:]}")
+        ok, sent = map(int, run.stdout.split()[-2:])
+        if ok < sent:
+            raise SystemExit(f"{tree}: {ok} of {sent} CONNECTs accepted")
+        found = re.search(r"Collected\s*:\s*(\d+)", run.stderr)
+        if found is None:
+            raise SystemExit(f"{tree}: no instruction count in valgrind's output")
+        return int(found.group(1))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trees", default="worktree",
+                        help="comma-separated: worktree, or a git revision")
+    parser.add_argument("--level", type=int, default=4, help="MQTT level: 3, 4 or 5")
+    parser.add_argument("--connects", type=int, default=1100)
+    parser.add_argument("--base", type=int, default=100)
+    args = parser.parse_args(argv)
+    trees = args.trees.split(",")
+    figures = []
+    for tree in trees:
+        src = tbmq_source(tree)
+        figures.append((count(src, args.connects, args.level) - count(src, args.base, args.level))
+                       / (args.connects - args.base))
+    print("| tree | instructions per clean CONNECT |\n|---|---|")
+    for tree, figure in zip(trees, figures):
+        print(f"| {tree} | {figure:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
