@@ -459,8 +459,7 @@ class KafkaBus:
             done(Failure(BusClosedError(f"{topic}: the Kafka bus is not running")))
             return
         try:
-            encode = self._codec(topic).encode
-            data = [encode(value) for value in values]
+            data = self._codec(topic).encode_many(values)
         except RecordEncodingError as e:
             done(Failure(e))
             return
