@@ -460,3 +460,57 @@ def test_records_added_together_spread_over_packed_records_report_once_all_are_a
     first(Failure(BusPublishError("not acknowledged")))
     assert outcomes[0].check(BusPublishError) and outcomes[1].check(BusPublishError)
     assert len(outcomes) == 2  # the lone publish's, and the group's once
+
+
+def test_records_added_together_that_fit_join_what_waits_in_order():
+    """Records added together that fit what waits for their partition join
+    it as they are (keys, values and tombstones in order, one done); those
+    that would pass MAX_BYTES spread as when added one by one."""
+    sent = []
+    packer = packing.Packer(lambda *record: sent.append(record), lambda fn: None)
+    outcomes: list = []
+    packer.add("t", 0, b"first", b"\x01", (), outcomes.append)
+    packer.add_many("t", 0, [b"a", b"b", b"c"], [b"\x02", None, b"\x03"], outcomes.append)
+    packer.flush()
+    assert len(sent) == 1
+    keys, values = packing._unpacked(sent[0][3], 2)[:2]
+    assert keys == (b"first", b"a", b"b", b"c") and values == (1, 2, None, 3)
+    sent[0][5](None)
+    assert outcomes == [None, None]
+    sent.clear()
+    half = b"\xc5\x07\xd0" + b"x" * 2000  # a bin of 2,000 bytes: 2,003 bytes of msgpack
+    n = packing.MAX_BYTES // len(half)  # with the first, one too many for a packed record
+    packer.add("t", 0, b"first", half, (), outcomes.append)
+    packer.add_many("t", 0, [b"k"] * n, [half] * n, outcomes.append)
+    packer.flush()
+    assert [len(packing._unpacked(s[3], 2)[0]) if s[4] else 1 for s in sent] == [n, 1]
+    assert sum(len(v) for v in packing._unpacked(sent[0][3], 2)[1]) <= packing.MAX_BYTES
+
+
+def test_publish_many_to_one_partition_or_several_places_each_key_as_publish_does():
+    """Every key to one partition (a fan-in to one client) goes as one
+    group; keys over several partitions, each to its key's partition: where
+    a publish of the same key would go."""
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    topic = bus.catalogue.downlink_basic("n1")
+    ready = bus._when_ready(topic)
+    reactor.wait(lambda: ready.called)
+    for keys in (["c"] * 5, [f"c{i}" for i in range(20)]):
+        driver.sent.clear()
+        driver.partitions.clear()
+        deliveries = [r.Delivery(k, Message("t", b"%d" % i), 1) for i, k in enumerate(keys)]
+        outcomes: list = []
+        bus.publish_many(topic, keys, deliveries, outcomes.append)
+        reactor.advance(0)
+        placed = {}
+        for s, partition in zip(driver.sent, driver.partitions):
+            found = packing._unpacked(s[2], 2) if s[3] else None
+            for key in (found[0] if found else (s[1],)):
+                placed[key.decode()] = partition
+        assert sorted(placed) == sorted(set(keys))
+        assert all(p == _partition(k.encode()) for k, p in placed.items())
+        for s in driver.sent:
+            bus._acks.put(s[4], None)
+            reactor.drain()
+        assert outcomes == [None]

@@ -195,3 +195,55 @@ def test_decoding_gives_arrays_as_tuples_and_accepts_lists_nested_by_hand():
     assert read == d and read.subscription_ids == (3, 4)
     assert r.DELIVERY.from_list(r.DELIVERY.to_list(d)) == d
     assert r.DELIVERY.from_list(list(msgpack.unpackb(r.DELIVERY.encode(d), raw=False))) == d
+
+
+def one_by_one(f, values):
+    """``[f(value) for value in values]`` as :func:`outcome` gives it."""
+    return outcome(lambda: [f(value) for value in values])
+
+
+@pytest.mark.parametrize("codec,values", FAST, ids=FAST_IDS)
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_encode_many_gives_what_encode_gives_each_value(codec, values, data):
+    """The batch encoding (``KafkaBus.publish_many``) writes the bytes
+    ``encode`` writes for every value, and refuses a batch exactly when
+    ``encode`` refuses one of its values (odd fields included)."""
+    value = data.draw(values)
+    odd_values = [replaced(value, f.name, odd) for f in dataclasses.fields(value)
+                  for odd in ODD_VALUES]
+    batch = [value, data.draw(values), value]
+    assert codec.encode_many(batch) == [codec.encode(v) for v in batch]
+    for odd in odd_values:
+        assert outcome(codec.encode_many, [value, odd]) == one_by_one(codec.encode, [value, odd])
+    assert codec.encode_many([]) == []
+
+
+@pytest.mark.parametrize("codec,values", FAST, ids=FAST_IDS)
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_decode_arrays_reads_each_array_as_decode_reads_its_bytes(codec, values, data):
+    """A packed record's arrays (one unpacking for all) read as each
+    value's own bytes would, odd fields and tombstones included: the same
+    records, or an error for the batch when one of them is refused."""
+    array = msgpack.unpackb(codec.encode(data.draw(values)), raw=False)
+    good = msgpack.unpackb(msgpack.packb(array, use_bin_type=True), use_list=False)
+    assert codec.decode_arrays((good, good)) == [codec.decode(msgpack.packb(good))] * 2
+    for path in list(paths(array))[:6]:
+        for odd in ODD_WIRE:
+            raw = msgpack.packb(mutate(array, path, odd), use_bin_type=True)
+            obj = msgpack.unpackb(raw, raw=False, use_list=False, strict_map_key=False)
+            assert outcome(codec.decode_arrays, (good, obj)) == \
+                one_by_one(codec.decode, [msgpack.packb(good), raw]), (path, odd)
+    assert outcome(codec.decode_arrays, (None,)) == one_by_one(codec.decode, [None])
+
+
+def test_encode_many_lets_a_grown_packer_go():
+    """A batch with a value past the kept size leaves the thread without
+    its packer (the next one starts with a small buffer), as ``encode``."""
+    big = Message("t", b"x" * record_codec._PACKER_KEPT_BELOW)
+    r.MESSAGE.encode_many([Message("t", b"")])
+    assert hasattr(record_codec._packers, "packer")
+    assert r.MESSAGE.encode_many([big]) == [r.MESSAGE.encode(big)]
+    r.MESSAGE.encode_many([big])
+    assert not hasattr(record_codec._packers, "packer")

@@ -60,7 +60,7 @@ from tbmq_plugins.kafka.consumer import KafkaConsumer
 from tbmq_plugins.kafka.describe import describe_bus
 from tbmq_plugins.kafka.drivers import TopicSpec, load_driver
 from tbmq_plugins.kafka.loop import ConsumerLoop, SharedLoop
-from tbmq_plugins.kafka.packing import Packer, partition_of
+from tbmq_plugins.kafka.packing import Packer
 
 __all__ = ["KafkaBus", "kafka_group", "topic_spec"]
 
@@ -459,8 +459,7 @@ class KafkaBus:
             done(Failure(BusClosedError(f"{topic}: the Kafka bus is not running")))
             return
         try:
-            encode = self._codec(topic).encode
-            data = [encode(value) for value in values]
+            data = self._codec(topic).encode_many(values)
         except RecordEncodingError as e:
             done(Failure(e))
             return
@@ -476,19 +475,23 @@ class KafkaBus:
                     self._creation(topic).sends.append((key, value, (), sent.part()))
             sent.then(done)
             return
+        add_many = self._packer.add_many
+        if key_bytes and None not in key_bytes:
+            places = [crc32(key) % partitions for key in key_bytes]
+            first = places[0]
+            if places.count(first) == len(places):  # one partition: the lists as they are
+                add_many(topic, first, key_bytes, data, done)
+                return
+        else:
+            places = [self._place(key, partitions) for key in key_bytes]
         groups: dict[int, tuple[list, list]] = {}
-        for key, value in zip(key_bytes, data):
-            if key is None:
-                partition = self._round_robin = (self._round_robin + 1) % partitions
-            else:
-                partition = partition_of(key, partitions)
+        for partition, key, value in zip(places, key_bytes, data):
             group = groups.get(partition)
             if group is None:
                 groups[partition] = ([key], [value])
             else:
                 group[0].append(key)
                 group[1].append(value)
-        add_many = self._packer.add_many
         if len(groups) == 1:
             ((partition, (ks, vs)),) = groups.items()
             add_many(topic, partition, ks, vs, done)
@@ -497,6 +500,14 @@ class KafkaBus:
         for partition, (ks, vs) in groups.items():
             add_many(topic, partition, ks, vs, sent.part())
         sent.then(done)
+
+    def _place(self, key: bytes | None, partitions: int) -> int:
+        """The partition of a record this bus places (:mod:`.packing`):
+        ``crc32(key) % partitions``, a keyless one round robin."""
+        if key is None:
+            partition = self._round_robin = (self._round_robin + 1) % partitions
+            return partition
+        return crc32(key) % partitions
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: tuple,
               done: Callable) -> None:
@@ -507,11 +518,7 @@ class KafkaBus:
         if partitions is None:
             self._send_placed(topic, None, key, value, headers, done)
             return
-        if key is None:
-            partition = self._round_robin = (self._round_robin + 1) % partitions
-        else:
-            partition = partition_of(key, partitions)
-        self._packer.add(topic, partition, key, value, headers, done)
+        self._packer.add(topic, self._place(key, partitions), key, value, headers, done)
 
     def _send_placed(self, topic: str, partition: int | None, key: bytes | None,
                      value: bytes | None, headers: tuple, done: Callable) -> None:

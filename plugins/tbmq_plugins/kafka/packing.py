@@ -262,6 +262,18 @@ class Packer:
         pending = self._pending.get(slot)
         if pending is None:
             pending = self._open(slot)
+        if len(pending.keys) + len(keys) <= MAX_RECORDS:
+            size = pending.size
+            if None in values:
+                size += sum([0 if v is None else len(v) for v in values])
+            else:
+                size += sum(map(len, values))
+            if size <= MAX_BYTES:  # all of them fit: one extend, not an append each
+                pending.keys.extend(keys)
+                pending.values.extend(values)
+                pending.size = size
+                pending.dones.append(done)
+                return
         spread = None
         carries = False  # ``pending`` holds some of these records
         for key, value in zip(keys, values):
