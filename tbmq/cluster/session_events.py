@@ -29,11 +29,14 @@ from __future__ import annotations
 import os
 import uuid
 from collections import OrderedDict
+from functools import partial
 from typing import Callable
 
 from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
+from tbmq.cluster.completion import Completion
 from tbmq.cluster.records import (
     CLEAR_SESSION,
     CONNECTION_REQUEST,
@@ -49,6 +52,13 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.mqtt import ReasonCode
 
 log = Logger(observer=LOG_OBSERVER)
+
+
+def _not_sent(what: str, client_id: str, failure: Failure | None) -> None:
+    """The ``done`` of a publish nobody waits for: log its failure."""
+    if failure is not None:
+        log.warn("{what} of {client_id} was not sent: {error}", what=what,
+                 client_id=client_id, error=failure.getErrorMessage())
 
 
 class SessionEvents:
@@ -100,8 +110,18 @@ class SessionEvents:
         # so an answer to an earlier process of this node matches nothing
         self._request_prefix = os.urandom(6).hex() + "-"
         self._requests = 0
+        #: the bus's ``publish_many(topic, keys, values, done)``, when it has one
+        self._publish_many = getattr(bus, "publish_many", None)
         self.consumers: list = []
         self._deciding = None
+
+    def _batches(self, handler: Callable) -> Callable | None:
+        """``handler`` as a consumer's ``batch_handler`` on a bus that packs
+        several records in one (it has ``publish_many``: Kafka, whose packed
+        records of requests and answers are then read in one call), else
+        None: the in-process bus hands each record at once, in the
+        publisher's call, as an embedded node's CONNECT expects."""
+        return handler if self._publish_many is not None else None
 
     def join(self) -> None:
         """Join the deciding group (``tbmq-session-events``, in the cluster
@@ -112,7 +132,7 @@ class SessionEvents:
         if self._deciding is None:
             self._deciding = self.bus.subscribe(
                 self.topics.session_event_request, "tbmq-session-events", self._decide,
-                bundle=CLUSTER_BUNDLE)
+                bundle=CLUSTER_BUNDLE, batch_handler=self._batches(self._decide_many))
             self._deciding.pause()
             self.consumers = [self._deciding]
 
@@ -124,7 +144,8 @@ class SessionEvents:
         self.consumers = [
             self._deciding,
             bus.subscribe(topics.session_event_response(sid), node_group(sid),
-                          self._on_response, exclusive=True),
+                          self._on_response, exclusive=True,
+                          batch_handler=self._batches(self._on_responses)),
             bus.subscribe(topics.client_disconnect(sid), node_group(sid),
                           self._on_disconnect, exclusive=True),
         ]
@@ -151,9 +172,8 @@ class SessionEvents:
         event = SessionEvent(CONNECTION_REQUEST, client_id, self.service_id, session_id,
                              request_id, clean_start, persistent, client_type,
                              session_expiry_interval, protocol_level, now)
-        sent = self.bus.publish(self.topics.session_event_request, client_id, event)
-        if sent is not None:
-            sent.addErrback(self._failed, request_id)
+        self.bus.publish(self.topics.session_event_request, client_id, event, (),
+                         partial(self._sent, request_id))
         if self._sweep is None and self._pending:  # not answered during the call
             self._sweep = self.clock.callLater(self.timeout, self._time_out)
         return d
@@ -164,10 +184,14 @@ class SessionEvents:
     #: ``timeout`` and ``timeout`` × (1 + 1/SWEEPS) seconds after it was sent
     SWEEPS = 10
 
-    def _failed(self, failure, request_id: str) -> None:
-        pending = self._pending.pop(request_id, None)
-        if pending is not None:
-            pending[0].errback(failure)
+    def _sent(self, request_id: str, failure: Failure | None) -> None:
+        """The bus's outcome of the request ``request_id`` (the ``done`` of
+        its publish, no Deferred per request): a refused request fails its
+        connect at once."""
+        if failure is not None:
+            pending = self._pending.pop(request_id, None)
+            if pending is not None:
+                pending[0].errback(failure)
 
     def _time_out(self) -> None:
         """Fail the requests whose answer is overdue (in the order they were
@@ -190,14 +214,24 @@ class SessionEvents:
                 max(due - self.clock.seconds(), self.timeout / self.SWEEPS), self._time_out)
 
     def _on_response(self, record: Record) -> None:
-        response: SessionEventResponse = record.value
-        pending = self._pending.pop(response.request_id, None)
-        if pending is not None:
-            pending[0].callback(response)
-        else:
-            log.debug("the answer to the connect request {request} of {client_id} came after "
-                      "the CONNECT was refused", request=response.request_id,
-                      client_id=response.client_id)
+        self._on_responses((record.value,))
+
+    def _on_responses(self, responses) -> None:
+        """The answers to this node's connect requests, in the order they
+        were read (one call for the answers of a packed record: the
+        consumer's ``batch_handler``).
+
+        :param responses: :class:`~tbmq.cluster.records.SessionEventResponse` each.
+        """
+        pending = self._pending
+        for response in responses:
+            waiting = pending.pop(response.request_id, None)
+            if waiting is not None:
+                waiting[0].callback(response)
+            else:
+                log.debug("the answer to the connect request {request} of {client_id} came "
+                          "after the CONNECT was refused", request=response.request_id,
+                          client_id=response.client_id)
 
     def request_takeover(self, info) -> None:
         """Ask the cluster to take over ``info`` (a
@@ -247,28 +281,76 @@ class SessionEvents:
     # -- deciding (one member per client id) ----------------------------------------------
 
     def _decide(self, record: Record):
-        event: SessionEvent = record.value
-        if event.kind == NODE_GONE:
-            return self._take_over(event)
-        if event.kind == CLEAR_SESSION:
-            info = self.registry.get(event.client_id)
-            if info is not None and not info.connected and info.session_id == event.session_id:
-                self.clear(info)
+        return self._decide_many((record.value,))
+
+    def _decide_many(self, events) -> Completion | None:
+        """Decide the requests of one read, in order (one call for the
+        requests of a packed record: the consumer's ``batch_handler``), and
+        send the answers of each asking node together (``publish_many``
+        where the bus has it: one packed record per node and partition, one
+        outcome).
+
+        A connection still held on another node is dropped there first
+        ([MQTT-3.1.4-3]: a :class:`~tbmq.cluster.records.DisconnectCommand`
+        on ``tbmq.client.disconnect.<serviceId>``).  Read again (a failed
+        answer fails the batch), a request is decided again: the asking
+        node takes the first answer it gets.
+
+        :param events: :class:`~tbmq.cluster.records.SessionEvent` each.
+        :returns: None when nothing was answered, else a
+            :class:`~tbmq.cluster.completion.Completion` of the answers'
+            publishes (the records are committed once all were
+            acknowledged).
+        """
+        answers: dict[str, tuple[list, list]] = {}
+        for event in events:
+            kind = event.kind
+            if kind == CONNECTION_REQUEST:
+                response = self._connect_decision(event)
+                to = answers.get(event.service_id)
+                if to is None:
+                    answers[event.service_id] = ([event.client_id], [response])
+                else:
+                    to[0].append(event.client_id)
+                    to[1].append(response)
+            elif kind == NODE_GONE:
+                self._take_over(event)
+            elif kind == CLEAR_SESSION:
+                info = self.registry.get(event.client_id)
+                if (info is not None and not info.connected
+                        and info.session_id == event.session_id):
+                    self.clear(info)
+        if not answers:
             return None
-        if event.kind != CONNECTION_REQUEST:
-            return None
-        info = self.registry.get(event.client_id)
+        sent = Completion()
+        publish_many = self._publish_many
+        for service_id, (keys, responses) in answers.items():
+            topic = self.topics.session_event_response(service_id)
+            if publish_many is not None:
+                publish_many(topic, keys, responses, sent.part())
+            else:
+                for key, response in zip(keys, responses):
+                    self.bus.publish(topic, key, response, (), sent.part())
+        return sent
+
+    def _connect_decision(self, event: SessionEvent) -> SessionEventResponse:
+        """Decide one CONNECTION_REQUEST: drop a connection of the client id
+        held on another node, remember the grant.
+
+        :returns: the answer for the asking node."""
+        client_id = event.client_id
+        info = self.registry.get(client_id)
         if (info is not None and info.connected and info.session_id != event.session_id
                 and info.service_id != event.service_id):
             # connected on another node: drop it there (session taken over)
-            self.bus.publish(self.topics.client_disconnect(info.service_id), event.client_id,
-                             DisconnectCommand(event.client_id, info.session_id,
-                                               ReasonCode.SESSION_TAKEN_OVER))
-        present = info is not None and info.persistent and not event.clean_start
-        response = SessionEventResponse(event.client_id, event.request_id, True, present, info)
-        self._grant(event.client_id, event.session_id)
-        return self.bus.publish(self.topics.session_event_response(event.service_id),
-                                event.client_id, response)
+            self.bus.publish(self.topics.client_disconnect(info.service_id), client_id,
+                             DisconnectCommand(client_id, info.session_id,
+                                               ReasonCode.SESSION_TAKEN_OVER),
+                             (), partial(_not_sent, "the takeover's disconnect", client_id))
+        self._grant(client_id, event.session_id)
+        return SessionEventResponse(client_id, event.request_id, True,
+                                    info is not None and info.persistent
+                                    and not event.clean_start, info)
 
     #: seconds a granted connection is remembered while the registry has
     #: not shown it yet (the lag of ``tbmq.client.session`` behind the

@@ -1,0 +1,247 @@
+"""The connect path of a cluster in batches (:mod:`tbmq.cluster.session_events`,
+:mod:`tbmq.cluster.registry`): the requests of one packed record decided in
+one call with one answer per asking node, the answers of one read handed in
+one call, and no Deferred per request or registry record."""
+
+from __future__ import annotations
+
+from twisted.internet import defer, task
+from twisted.python.failure import Failure
+
+from tbmq.backends.inprocess_bus import InProcessBus
+from tbmq.broker.sessions import new_session_id
+from tbmq.cluster.completion import Completion
+from tbmq.cluster.records import (
+    CLEAR_SESSION,
+    CONNECTION_REQUEST,
+    DisconnectCommand,
+    SessionEvent,
+    SessionEventResponse,
+    SessionInfo,
+)
+from tbmq.cluster.registry import SessionRegistry
+from tbmq.cluster.session_events import SessionEvents
+from tbmq.cluster.topics import TopicCatalogue
+from tbmq.errors import BusPublishError
+from tbmq.model import ClientType
+from tbmq.mqtt import ReasonCode
+
+
+def info(client_id, service_id, session_id, connected=True, persistent=True):
+    return SessionInfo(client_id, service_id, session_id, connected, persistent,
+                       ClientType.DEVICE, 60, 5, 0.0, None, 0.0)
+
+
+def request(client_id, node, session_id, request_id, clean_start=False):
+    return SessionEvent(CONNECTION_REQUEST, client_id, node, session_id, request_id,
+                        clean_start, True)
+
+
+class PackingBus:
+    """A bus that packs (it has ``publish_many``): records what is
+    published, each ``done`` kept for the test to call."""
+
+    def __init__(self) -> None:
+        self.published: list = []  # (topic, key, value, done)
+        self.many: list = []  # (topic, keys, values, done)
+        self.subscribed: dict = {}  # topic -> (handler, batch_handler)
+
+    def publish(self, topic, key, value, headers=(), done=None):
+        self.published.append((topic, key, value, done))
+        return None if done is not None else defer.Deferred()
+
+    def publish_many(self, topic, keys, values, done):
+        self.many.append((topic, list(keys), list(values), done))
+
+    def subscribe(self, topic, group, handler, from_beginning=False, exclusive=False,
+                  bundle=None, batch_handler=None):
+        self.subscribed[topic] = (handler, batch_handler)
+
+        class Member:
+            def pause(self):
+                pass
+
+            def resume(self):
+                pass
+
+        return Member()
+
+
+class Registry:
+    def __init__(self, sessions=None) -> None:
+        self.sessions = dict(sessions or {})
+        self.listeners: list = []
+
+    def get(self, client_id):
+        return self.sessions.get(client_id)
+
+
+def make(bus, registry=None, cleared=None):
+    clock = task.Clock()
+    events = SessionEvents(bus, TopicCatalogue(), "me", registry or Registry(), clock,
+                           drop_local=lambda *a: None, forget_local=lambda *a: None,
+                           clear=(cleared.append if cleared is not None else lambda i: None))
+    return events, clock
+
+
+def test_the_requests_of_a_batch_are_decided_in_order_with_one_answer_publish_per_node():
+    """Three requests of one packed record, from two nodes: the answers go
+    out in one ``publish_many`` per asking node, in the requests' order;
+    the batch is committed (its Completion) once both were acknowledged.
+    A client connected on another node is dropped there first
+    [MQTT-3.1.4-3], and an offline persistent session is present for a
+    Clean Start 0 request [MQTT-3.2.2-2]."""
+    bus = PackingBus()
+    registry = Registry({"held": info("held", "node-c", "s-old"),
+                         "off": info("off", "node-c", "s-off", connected=False)})
+    events, _ = make(bus, registry)
+    events.start()
+    topics = events.topics
+    handler, batch = bus.subscribed[topics.session_event_request]
+    assert batch == events._decide_many
+    result = batch((request("held", "node-a", "s1", "r1"),
+                    request("off", "node-b", "s2", "r2"),
+                    request("new", "node-a", "s3", "r3", clean_start=True)))
+    assert type(result) is Completion and not result.complete
+    assert [(t, k) for t, k, *_ in bus.many] == [
+        (topics.session_event_response("node-a"), ["held", "new"]),
+        (topics.session_event_response("node-b"), ["off"])]
+    to_a, to_b = bus.many[0][2], bus.many[1][2]
+    assert [r.request_id for r in to_a] == ["r1", "r3"]
+    assert [r.session_present for r in to_a] == [True, False]  # held: persistent, not clean
+    assert to_b[0].session_present is True and to_b[0].session == registry.sessions["off"]
+    # the connection on node-c is dropped there, once
+    drops = [(t, v) for t, _, v, _ in bus.published]
+    assert drops == [(topics.client_disconnect("node-c"),
+                      DisconnectCommand("held", "s-old", ReasonCode.SESSION_TAKEN_OVER))]
+    bus.many[0][3](None)
+    assert not result.complete
+    bus.many[1][3](None)
+    assert result.succeeded
+    assert set(events._granted) == {"held", "off", "new"}
+
+
+def test_a_batch_fails_when_an_answer_is_not_sent():
+    """A refused answer fails the batch's Completion: the records stay
+    uncommitted and are read again (the asking node takes the first answer)."""
+    bus = PackingBus()
+    events, _ = make(bus)
+    result = events._decide_many((request("a", "node-a", "s1", "r1"),))
+    seen = []
+    result.then(seen.append)
+    bus.many[0][3](Failure(BusPublishError("down")))
+    assert len(seen) == 1 and seen[0].check(BusPublishError)
+
+
+def test_a_batch_without_a_connect_request_commits_at_once():
+    """CLEAR_SESSION of an offline session is carried out; nothing is
+    answered, so the batch needs no Completion."""
+    bus = PackingBus()
+    offline = info("c", "node-b", "s-c", connected=False)
+    cleared = []
+    events, _ = make(bus, Registry({"c": offline}), cleared)
+    event = SessionEvent(CLEAR_SESSION, "c", "node-b", "s-c", "x")
+    assert events._decide_many((event,)) is None
+    assert cleared == [offline] and bus.many == []
+
+
+def test_one_record_is_decided_as_a_batch_of_one():
+    bus = PackingBus()
+    events, _ = make(bus)
+    events.start()
+
+    class Rec:
+        value = request("a", "node-a", "s1", "r1")
+
+    handler, _ = bus.subscribed[events.topics.session_event_request]
+    assert type(handler(Rec)) is Completion
+    assert [k for _, k, *_ in bus.many] == [["a"]]
+
+
+def test_the_answers_of_a_read_fire_their_connects_in_one_call():
+    """The answers of a packed record go to the response topic's
+    ``batch_handler``: each pending connect fires with its answer; an
+    answer to nothing pending (timed out) is ignored."""
+    bus = PackingBus()
+    events, _ = make(bus)
+    events.start()
+    d1 = events.request_connect("a", "s1", clean_start=True, persistent=False,
+                                client_type=ClientType.DEVICE, session_expiry_interval=0,
+                                protocol_level=5)
+    d2 = events.request_connect("b", "s2", clean_start=True, persistent=False,
+                                client_type=ClientType.DEVICE, session_expiry_interval=0,
+                                protocol_level=5)
+    ids = [v.request_id for _, _, v, _ in bus.published]
+    _, batch = bus.subscribed[events.topics.session_event_response("me")]
+    got = []
+    d1.addCallback(got.append)
+    d2.addCallback(got.append)
+    answers = [SessionEventResponse(c, r, True, False, None) for c, r in zip("ab", ids)]
+    assert batch(answers + [SessionEventResponse("z", "gone", True, False, None)]) is None
+    assert got == answers
+
+
+def test_a_refused_request_fails_its_connect_through_done_without_a_deferred():
+    """The request is published with a ``done`` (no Deferred per
+    request); a refusal fails the connect at once, and a later answer is
+    ignored."""
+    bus = PackingBus()
+    events, _ = make(bus)
+    d = events.request_connect("a", "s1", clean_start=True, persistent=False,
+                               client_type=ClientType.DEVICE, session_expiry_interval=0,
+                               protocol_level=5)
+    topic, key, event, done = bus.published[0]
+    assert callable(done) and key == "a"
+    failures = []
+    d.addErrback(failures.append)
+    done(Failure(BusPublishError("refused")))
+    assert len(failures) == 1 and failures[0].check(BusPublishError)
+    assert events._pending == {}
+    events._on_responses((SessionEventResponse("a", event.request_id, True, False, None),))
+    # an acknowledged request stays pending until its answer
+    d2 = events.request_connect("b", "s2", clean_start=True, persistent=False,
+                                client_type=ClientType.DEVICE, session_expiry_interval=0,
+                                protocol_level=5)
+    bus.published[-1][3](None)
+    assert not d2.called and len(events._pending) == 1
+
+
+def test_the_in_process_bus_keeps_handing_records_one_by_one():
+    """Without ``publish_many`` (the in-process bus hands each record in
+    the publisher's call) no batch handler is given: an embedded CONNECT
+    is answered during its request."""
+    clock = task.Clock()
+    topics = TopicCatalogue()
+    bus = InProcessBus(clock=clock, catalogue=topics, encode=True)
+    bus.start()
+    registry = SessionRegistry(bus, topics.client_session, "me")
+    registry.start()
+    events = SessionEvents(bus, topics, "me", registry, clock, drop_local=lambda *a: None,
+                           forget_local=lambda *a: None)
+    events.start()
+    d = events.request_connect("a", "s1", clean_start=True, persistent=False,
+                               client_type=ClientType.DEVICE, session_expiry_interval=0,
+                               protocol_level=5)
+    assert d.called and d.result.request_id.endswith("-1")
+
+
+def test_registry_records_report_to_done_without_a_deferred():
+    """:meth:`SessionRegistry.put` and :meth:`~SessionRegistry.remove` with
+    a ``done``: the bus's outcome goes there, nothing is returned."""
+    clock = task.Clock()
+    topics = TopicCatalogue()
+    bus = InProcessBus(clock=clock, catalogue=topics, encode=True)
+    bus.start()
+    registry = SessionRegistry(bus, topics.client_session, "me")
+    registry.start()
+    outcomes = []
+    assert registry.put(info("c", "me", "s1", persistent=False), outcomes.append) is None
+    assert registry.get("c").session_id == "s1"
+    assert registry.remove("c", outcomes.append) is None
+    assert registry.get("c") is None and outcomes == [None, None]
+
+
+def test_session_ids_are_uuid_shaped_and_unique():
+    ids = [new_session_id() for _ in range(1000)]
+    assert len(set(ids)) == 1000
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
