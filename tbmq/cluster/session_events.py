@@ -288,7 +288,12 @@ class SessionEvents:
         requests of a packed record: the consumer's ``batch_handler``), and
         send the answers of each asking node together (``publish_many``
         where the bus has it: one packed record per node and partition, one
-        outcome).
+        outcome).  The answer to a request of this node is handed to its
+        waiting connect at once (:meth:`_on_responses`), not sent: the
+        decision is the same, made in the request's partition order; only
+        the hop back through ``tbmq.client.session.event.response.<serviceId>``
+        is saved (a request of an earlier process of this node finds no
+        connect waiting, as its answer would).
 
         A connection still held on another node is dropped there first
         ([MQTT-3.1.4-3]: a :class:`~tbmq.cluster.records.DisconnectCommand`
@@ -303,10 +308,16 @@ class SessionEvents:
             acknowledged).
         """
         answers: dict[str, tuple[list, list]] = {}
+        here = self.service_id
         for event in events:
             kind = event.kind
             if kind == CONNECTION_REQUEST:
                 response = self._connect_decision(event)
+                if event.service_id == here:
+                    # this node's own request: answered in process, without
+                    # a publish and a read of its answer topic (one bus hop)
+                    self._on_responses((response,))
+                    continue
                 to = answers.get(event.service_id)
                 if to is None:
                     answers[event.service_id] = ([event.client_id], [response])

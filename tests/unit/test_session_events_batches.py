@@ -245,3 +245,27 @@ def test_session_ids_are_uuid_shaped_and_unique():
     ids = [new_session_id() for _ in range(1000)]
     assert len(set(ids)) == 1000
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_a_request_of_this_node_is_answered_in_process_in_order():
+    """The deciding node's own requests get their answers without a
+    publish (one bus hop saved); another node's answer is still sent, and
+    the decisions keep the batch's order."""
+    bus = PackingBus()
+    events, _ = make(bus)
+    events.start()
+    mine = events.request_connect("a", "s1", clean_start=True, persistent=False,
+                                  client_type=ClientType.DEVICE, session_expiry_interval=0,
+                                  protocol_level=5)
+    event = bus.published[0][2]
+    assert event.service_id == "me"
+    got = []
+    mine.addCallback(got.append)
+    result = events._decide_many((event, request("b", "node-b", "s2", "r2")))
+    assert [r.request_id for r in got] == [event.request_id]
+    assert [(t, k) for t, k, *_ in bus.many] == [
+        (events.topics.session_event_response("node-b"), ["b"])]
+    assert events._pending == {} and list(events._granted) == ["a", "b"]
+    assert not result.complete  # node-b's answer not acknowledged yet
+    # only this node's requests: nothing to wait for
+    assert events._decide_many((request("c", "me", "s3", "r-old"),)) is None
