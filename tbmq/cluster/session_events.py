@@ -36,7 +36,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from tbmq.cluster.completion import Completion
+from tbmq.cluster.completion import Completion, Located
 from tbmq.cluster.records import (
     CLEAR_SESSION,
     CONNECTION_REQUEST,
@@ -114,6 +114,12 @@ class SessionEvents:
         self._publish_many = getattr(bus, "publish_many", None)
         self.consumers: list = []
         self._deciding = None
+        #: the deciding member's ``handed(partition)``, where the bus has it
+        self._handed = None
+        #: partition -> offset of the last request decided on its acknowledgement
+        self._ahead_at: dict[int, int] = {}
+        #: request id -> seconds: decided on its acknowledgement, not read yet
+        self._ahead: OrderedDict[str, float] = OrderedDict()
 
     def _batches(self, handler: Callable) -> Callable | None:
         """``handler`` as a consumer's ``batch_handler`` on a bus that packs
@@ -134,6 +140,7 @@ class SessionEvents:
                 self.topics.session_event_request, "tbmq-session-events", self._decide,
                 bundle=CLUSTER_BUNDLE, batch_handler=self._batches(self._decide_many))
             self._deciding.pause()
+            self._handed = getattr(self._deciding, "handed", None)
             self.consumers = [self._deciding]
 
     def start(self) -> None:
@@ -172,8 +179,7 @@ class SessionEvents:
         event = SessionEvent(CONNECTION_REQUEST, client_id, self.service_id, session_id,
                              request_id, clean_start, persistent, client_type,
                              session_expiry_interval, protocol_level, now)
-        self.bus.publish(self.topics.session_event_request, client_id, event, (),
-                         partial(self._sent, request_id))
+        self._request(event, partial(self._sent, request_id))
         if self._sweep is None and self._pending:  # not answered during the call
             self._sweep = self.clock.callLater(self.timeout, self._time_out)
         return d
@@ -239,11 +245,7 @@ class SessionEvents:
         gone); whichever node decides for the client id does it, once."""
         event = SessionEvent(NODE_GONE, info.client_id, info.service_id, info.session_id,
                              uuid.uuid4().hex, at=self.clock.seconds())
-        sent = self.bus.publish(self.topics.session_event_request, info.client_id, event)
-        if sent is not None:
-            sent.addErrback(lambda f: log.warn("takeover of {client_id} not asked: {error}",
-                                               client_id=info.client_id,
-                                               error=f.getErrorMessage()))
+        self._request(event, partial(_not_sent, "the takeover request", info.client_id))
 
     def disconnect_client(self, client_id: str,
                           reason_code: int = ReasonCode.ADMINISTRATIVE_ACTION) -> bool:
@@ -275,8 +277,56 @@ class SessionEvents:
             return False
         event = SessionEvent(CLEAR_SESSION, client_id, self.service_id, info.session_id,
                              uuid.uuid4().hex, at=self.clock.seconds())
-        self.bus.publish(self.topics.session_event_request, client_id, event)
+        self._request(event, partial(_not_sent, "the removal request", client_id))
         return True
+
+    # -- deciding a request of this node when it is acknowledged ---------------------------------
+
+    def _request(self, event: SessionEvent, done: Callable) -> None:
+        """Publish ``event`` on ``tbmq.client.session.event.request`` (key:
+        its client id); ``done(None | Failure)`` gets the bus's outcome, and
+        :meth:`_placed` where it landed, where the bus tells."""
+        self.bus.publish(self.topics.session_event_request, event.client_id, event, (),
+                         Located(done, partial(self._placed, event)))
+
+    def _placed(self, event: SessionEvent, partition: int, offset: int) -> None:
+        """This node's request ``event`` was acknowledged at ``offset`` of
+        ``partition``: decide it now, without waiting to read it back, when
+        that keeps the partition's order, i.e. when this node decides the
+        partition (its member hands it: assigned, not paused) and every
+        record before ``offset`` was decided already: its member handed
+        them all (it handed up to ``offset``), or the record before was
+        itself decided here on its acknowledgement (or ``offset`` is that
+        record: a packed record carries several requests).  Otherwise the
+        request is decided when it is read, as any other.
+
+        A request decided here is remembered until it is read, and then
+        skipped (:meth:`_decide_many`).  Should the partition move before
+        that, its next member decides it again, as it does a request read
+        twice: the first answer is taken, the second finds no connect
+        waiting.
+        """
+        handed = self._handed(partition) if self._handed is not None else None
+        ahead_at = self._ahead_at
+        if handed is None:
+            ahead_at.pop(partition, None)
+            return
+        if handed > offset:
+            return  # read and decided already
+        if handed != offset:
+            last = ahead_at.get(partition)
+            if last is None or (last != offset and last != offset - 1):
+                return  # records before it not decided yet: read it back
+        ahead_at[partition] = offset
+        self._decide_many((event,))
+        ahead = self._ahead
+        now = self.clock.seconds()
+        ahead[event.request_id] = now
+        while ahead:
+            oldest = next(iter(ahead.values()))
+            if oldest + self.GRANT_MEMORY >= now:
+                break
+            ahead.popitem(last=False)
 
     # -- deciding (one member per client id) ----------------------------------------------
 
@@ -309,7 +359,11 @@ class SessionEvents:
         """
         answers: dict[str, tuple[list, list]] = {}
         here = self.service_id
+        ahead = self._ahead
         for event in events:
+            if ahead and event.request_id in ahead:
+                del ahead[event.request_id]  # decided when it was acknowledged
+                continue
             kind = event.kind
             if kind == CONNECTION_REQUEST:
                 response = self._connect_decision(event)
