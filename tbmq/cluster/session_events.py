@@ -118,6 +118,9 @@ class SessionEvents:
         self._handed = None
         #: partition -> offset of the last request decided on its acknowledgement
         self._ahead_at: dict[int, int] = {}
+        #: partition -> offset -> this node's requests acknowledged there,
+        #: waiting for the records before them to be decided
+        self._acked: dict[int, dict[int, list]] = {}
         #: request id -> seconds: decided on its acknowledgement, not read yet
         self._ahead: OrderedDict[str, float] = OrderedDict()
 
@@ -138,7 +141,7 @@ class SessionEvents:
         if self._deciding is None:
             self._deciding = self.bus.subscribe(
                 self.topics.session_event_request, "tbmq-session-events", self._decide,
-                bundle=CLUSTER_BUNDLE, batch_handler=self._batches(self._decide_many))
+                bundle=CLUSTER_BUNDLE, batch_handler=self._batches(self._read))
             self._deciding.pause()
             self._handed = getattr(self._deciding, "handed", None)
             self.consumers = [self._deciding]
@@ -291,47 +294,87 @@ class SessionEvents:
 
     def _placed(self, event: SessionEvent, partition: int, offset: int) -> None:
         """This node's request ``event`` was acknowledged at ``offset`` of
-        ``partition``: decide it now, without waiting to read it back, when
-        that keeps the partition's order, i.e. when this node decides the
+        ``partition``: decide it without waiting to read it back, as soon as
+        that keeps the partition's order, i.e. once this node decides the
         partition (its member hands it: assigned, not paused) and every
-        record before ``offset`` was decided already: its member handed
-        them all (it handed up to ``offset``), or the record before was
-        itself decided here on its acknowledgement (or ``offset`` is that
-        record: a packed record carries several requests).  Otherwise the
-        request is decided when it is read, as any other.
+        record before ``offset`` was decided (:meth:`_frontier`).  Until
+        then it waits here (:meth:`_advance`, after each read); read back
+        first, it is decided as any other request.
 
-        A request decided here is remembered until it is read, and then
+        A request decided ahead is remembered until it is read, and then
         skipped (:meth:`_decide_many`).  Should the partition move before
         that, its next member decides it again, as it does a request read
         twice: the first answer is taken, the second finds no connect
         waiting.
         """
+        frontier = self._frontier(partition)
+        if frontier is None:
+            return  # not this node's partition now
+        if offset == frontier or offset == self._ahead_at.get(partition):
+            # (the second: the rest of a packed record, in the same outcome call)
+            self._decide_ahead(partition, offset, (event,))
+        elif offset > frontier:
+            self._acked.setdefault(partition, {}).setdefault(offset, []).append(event)
+
+    def _frontier(self, partition: int) -> int | None:
+        """:returns: the offset of ``partition`` up to which every record
+        was decided here: the one after the last record the member handed,
+        or after the last record decided ahead when that is later; None
+        when the member does not hand the partition now (what was known of
+        it is forgotten)."""
         handed = self._handed(partition) if self._handed is not None else None
-        ahead_at = self._ahead_at
         if handed is None:
-            ahead_at.pop(partition, None)
-            return
-        if handed > offset:
-            return  # read and decided already
-        if handed != offset:
-            last = ahead_at.get(partition)
-            if last is None or (last != offset and last != offset - 1):
-                return  # records before it not decided yet: read it back
-        ahead_at[partition] = offset
-        self._decide_many((event,))
+            self._ahead_at.pop(partition, None)
+            self._acked.pop(partition, None)
+            return None
+        last = self._ahead_at.get(partition)
+        return handed if last is None or last < handed else last + 1
+
+    def _decide_ahead(self, partition: int, offset: int, events) -> None:
+        """Decide ``events``, this node's requests at ``offset`` of
+        ``partition``, every record before them decided."""
+        self._ahead_at[partition] = offset
+        self._decide_many(events)
         ahead = self._ahead
         now = self.clock.seconds()
-        ahead[event.request_id] = now
+        for event in events:
+            ahead[event.request_id] = now
         while ahead:
             oldest = next(iter(ahead.values()))
             if oldest + self.GRANT_MEMORY >= now:
                 break
             ahead.popitem(last=False)
 
+    def _advance(self) -> None:
+        """After a read: decide the acknowledged requests of this node that
+        now follow every decided record of their partition, in offset order
+        (those read meanwhile are dropped: decided as read)."""
+        for partition in list(self._acked):
+            frontier = self._frontier(partition)
+            waiting = self._acked.get(partition)
+            if frontier is None or waiting is None:
+                continue
+            for offset in [o for o in waiting if o < frontier]:
+                del waiting[offset]
+            while frontier in waiting:
+                self._decide_ahead(partition, frontier, waiting.pop(frontier))
+                frontier += 1
+            if not waiting:
+                del self._acked[partition]
+
     # -- deciding (one member per client id) ----------------------------------------------
 
     def _decide(self, record: Record):
-        return self._decide_many((record.value,))
+        return self._read((record.value,))
+
+    def _read(self, events) -> Completion | None:
+        """The deciding member's handler: :meth:`_decide_many`, then
+        :meth:`_advance` (the records before this node's acknowledged
+        requests may all be decided now)."""
+        result = self._decide_many(events)
+        if self._acked:
+            self._advance()
+        return result
 
     def _decide_many(self, events) -> Completion | None:
         """Decide the requests of one read, in order (one call for the

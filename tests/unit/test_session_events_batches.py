@@ -98,7 +98,7 @@ def test_the_requests_of_a_batch_are_decided_in_order_with_one_answer_publish_pe
     events.start()
     topics = events.topics
     handler, batch = bus.subscribed[topics.session_event_request]
-    assert batch == events._decide_many
+    assert batch == events._read
     result = batch((request("held", "node-a", "s1", "r1"),
                     request("off", "node-b", "s2", "r2"),
                     request("new", "node-a", "s3", "r3", clean_start=True)))
@@ -352,9 +352,10 @@ def test_requests_acknowledged_in_a_row_are_decided_in_a_row():
 
 def test_a_request_after_records_not_yet_decided_waits_to_be_read():
     """The member handed up to 5 only: offset 7 may follow another node's
-    request for the same client id at 5 or 6, so it is decided when read,
-    in order; a request read before its acknowledgement is not decided
-    twice; a paused member (before the registry replay) decides nothing."""
+    request for the same client id at 5 or 6, so it waits (here it is read
+    back first, and decided then, once); a request read before its
+    acknowledgement is not decided twice; a paused member (before the
+    registry replay) decides nothing."""
     bus = PlacingBus()
     events, _ = make(bus)
     events.start()
@@ -400,3 +401,28 @@ def test_a_packed_record_passes_its_place_to_the_located_publishes_it_carries():
     packer.add("t", 1, b"k3", b"v3", (), outcomes.append)
     later[1]()
     assert getattr(sent[1][5], "located", False) is False
+
+
+def test_acknowledged_requests_are_decided_once_the_records_before_them_are_read():
+    """Offsets 6 and 7 (this node's) are acknowledged while the member has
+    handed up to 5; offset 5 is another node's request for the same client
+    id.  Once it is read and decided, 6 and 7 follow at once, in order,
+    without waiting to be read themselves; read later, they are skipped."""
+    bus = PlacingBus()
+    events, _ = make(bus)
+    events.start()
+    bus.member.at = 5
+    a, b = connect(events, "x", "s-a"), connect(events, "x", "s-b")
+    acknowledge(bus, 0, 2, 6)
+    acknowledge(bus, 1, 2, 7)
+    assert a == [] and b == [] and list(events._acked[2]) == [6, 7]
+    bus.member.at = 6  # the consumer hands offset 5
+    other = request("x", "node-b", "s-other", "r-b")
+    result = events._read((other,))
+    assert [k for _, k, *_ in bus.many] == [["x"]]  # node-b answered first
+    assert type(result) is Completion
+    assert len(a) == 1 and len(b) == 1 and events._acked == {}
+    assert events._granted["x"][0] == "s-b"  # the last one granted is the last request
+    bus.member.at = 8
+    assert events._read((bus.published[0][2], bus.published[1][2])) is None
+    assert events._ahead == {}
