@@ -18,6 +18,14 @@ for its client id, once: a :data:`~tbmq.cluster.records.NODE_GONE` event
 names the gone node and the session seen there, and only a registry that
 still shows that session there is acted upon.
 
+On a bus that packs records (Kafka), the requests of one packed record are
+decided in one call and each asking node's answers sent in one
+``publish_many``; a request of the deciding node itself is answered in
+process; and a request of the node that decides its partition is decided
+when its publish is acknowledged rather than when it is read back, once
+every record before it in the partition was decided (``docs/bus.md``, "The
+CONNECT path in batches").
+
 A node that sees, in the session registry, one of its sessions now held by
 another connection elsewhere forgets it: the will and the session expiry of
 a session belong to the one node that last held it, so no node fires them
