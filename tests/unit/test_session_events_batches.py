@@ -76,6 +76,13 @@ class Registry:
         return self.sessions.get(client_id)
 
 
+def ask(events, client_id, session_id="s"):
+    """A clean v5 connect of ``client_id`` asked of the cluster."""
+    return events.request_connect(client_id, session_id, clean_start=True, persistent=False,
+                                  client_type=ClientType.DEVICE, session_expiry_interval=0,
+                                  protocol_level=5)
+
+
 def make(bus, registry=None, cleared=None):
     clock = task.Clock()
     events = SessionEvents(bus, TopicCatalogue(), "me", registry or Registry(), clock,
@@ -165,12 +172,8 @@ def test_the_answers_of_a_read_fire_their_connects_in_one_call():
     bus = PackingBus()
     events, _ = make(bus)
     events.start()
-    d1 = events.request_connect("a", "s1", clean_start=True, persistent=False,
-                                client_type=ClientType.DEVICE, session_expiry_interval=0,
-                                protocol_level=5)
-    d2 = events.request_connect("b", "s2", clean_start=True, persistent=False,
-                                client_type=ClientType.DEVICE, session_expiry_interval=0,
-                                protocol_level=5)
+    d1 = ask(events, "a", "s1")
+    d2 = ask(events, "b", "s2")
     ids = [v.request_id for _, _, v, _ in bus.published]
     _, batch = bus.subscribed[events.topics.session_event_response("me")]
     got = []
@@ -187,9 +190,7 @@ def test_a_refused_request_fails_its_connect_through_done_without_a_deferred():
     ignored."""
     bus = PackingBus()
     events, _ = make(bus)
-    d = events.request_connect("a", "s1", clean_start=True, persistent=False,
-                               client_type=ClientType.DEVICE, session_expiry_interval=0,
-                               protocol_level=5)
+    d = ask(events, "a", "s1")
     topic, key, event, done = bus.published[0]
     assert callable(done) and key == "a"
     failures = []
@@ -199,41 +200,38 @@ def test_a_refused_request_fails_its_connect_through_done_without_a_deferred():
     assert events._pending == {}
     events._on_responses((SessionEventResponse("a", event.request_id, True, False, None),))
     # an acknowledged request stays pending until its answer
-    d2 = events.request_connect("b", "s2", clean_start=True, persistent=False,
-                                client_type=ClientType.DEVICE, session_expiry_interval=0,
-                                protocol_level=5)
+    d2 = ask(events, "b", "s2")
     bus.published[-1][3](None)
     assert not d2.called and len(events._pending) == 1
+
+
+def in_process():
+    """A started in-process bus (encoding) and session registry."""
+    clock = task.Clock()
+    topics = TopicCatalogue()
+    bus = InProcessBus(clock=clock, catalogue=topics, encode=True)
+    bus.start()
+    registry = SessionRegistry(bus, topics.client_session, "me")
+    registry.start()
+    return clock, topics, bus, registry
 
 
 def test_the_in_process_bus_keeps_handing_records_one_by_one():
     """Without ``publish_many`` (the in-process bus hands each record in
     the publisher's call) no batch handler is given: an embedded CONNECT
     is answered during its request."""
-    clock = task.Clock()
-    topics = TopicCatalogue()
-    bus = InProcessBus(clock=clock, catalogue=topics, encode=True)
-    bus.start()
-    registry = SessionRegistry(bus, topics.client_session, "me")
-    registry.start()
+    clock, topics, bus, registry = in_process()
     events = SessionEvents(bus, topics, "me", registry, clock, drop_local=lambda *a: None,
                            forget_local=lambda *a: None)
     events.start()
-    d = events.request_connect("a", "s1", clean_start=True, persistent=False,
-                               client_type=ClientType.DEVICE, session_expiry_interval=0,
-                               protocol_level=5)
+    d = ask(events, "a", "s1")
     assert d.called and d.result.request_id.endswith("-1")
 
 
 def test_registry_records_report_to_done_without_a_deferred():
     """:meth:`SessionRegistry.put` and :meth:`~SessionRegistry.remove` with
     a ``done``: the bus's outcome goes there, nothing is returned."""
-    clock = task.Clock()
-    topics = TopicCatalogue()
-    bus = InProcessBus(clock=clock, catalogue=topics, encode=True)
-    bus.start()
-    registry = SessionRegistry(bus, topics.client_session, "me")
-    registry.start()
+    clock, topics, bus, registry = in_process()
     outcomes = []
     assert registry.put(info("c", "me", "s1", persistent=False), outcomes.append) is None
     assert registry.get("c").session_id == "s1"
@@ -254,9 +252,7 @@ def test_a_request_of_this_node_is_answered_in_process_in_order():
     bus = PackingBus()
     events, _ = make(bus)
     events.start()
-    mine = events.request_connect("a", "s1", clean_start=True, persistent=False,
-                                  client_type=ClientType.DEVICE, session_expiry_interval=0,
-                                  protocol_level=5)
+    mine = ask(events, "a", "s1")
     event = bus.published[0][2]
     assert event.service_id == "me"
     got = []
@@ -300,9 +296,7 @@ class PlacingBus(PackingBus):
 
 
 def connect(events, client_id, session_id="s"):
-    d = events.request_connect(client_id, session_id, clean_start=True, persistent=False,
-                               client_type=ClientType.DEVICE, session_expiry_interval=0,
-                               protocol_level=5)
+    d = ask(events, client_id, session_id)
     got = []
     d.addCallback(got.append)
     return got
