@@ -129,7 +129,7 @@ class SessionRegistry:
             return None
         return info.service_id
 
-    def put(self, info: SessionInfo):
+    def put(self, info: SessionInfo, done: Callable | None = None):
         """Publish ``info`` as the session of ``info.client_id``.
 
         The record of a non-persistent session is transient (the in-process
@@ -139,22 +139,27 @@ class SessionRegistry:
         a restart must not bring back): then it is durable, as every
         persistent session's record.
 
-        :returns: the bus's publish result (None or a Deferred).
+        :param done: ``done(None | Failure)``, the bus's outcome of the
+            record (:meth:`tbmq.interfaces.IMessageBus.publish`), or None
+            for a Deferred.
+        :returns: the bus's publish result (None with ``done``, else a Deferred).
         """
         client_id = info.client_id
         if info.persistent or client_id in self._logged:
             self._logged.add(client_id)
-            return self.bus.publish(self.topic, client_id, info)
-        return self.bus.publish(self.topic, client_id, info, TRANSIENT)
+            return self.bus.publish(self.topic, client_id, info, (), done)
+        return self.bus.publish(self.topic, client_id, info, TRANSIENT, done)
 
-    def remove(self, client_id: str):
+    def remove(self, client_id: str, done: Callable | None = None):
         """Publish a tombstone: the session of ``client_id`` ended.  It is
         durable when the log may hold a record of ``client_id`` (see
-        :meth:`put`), else transient."""
+        :meth:`put`), else transient.
+
+        :param done: as :meth:`put`'s."""
         if client_id in self._logged:
             self._logged.discard(client_id)
-            return self.bus.publish(self.topic, client_id, None)
-        return self.bus.publish(self.topic, client_id, None, TRANSIENT)
+            return self.bus.publish(self.topic, client_id, None, (), done)
+        return self.bus.publish(self.topic, client_id, None, TRANSIENT, done)
 
 
 class SubscriptionBook:

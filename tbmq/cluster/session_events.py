@@ -18,6 +18,14 @@ for its client id, once: a :data:`~tbmq.cluster.records.NODE_GONE` event
 names the gone node and the session seen there, and only a registry that
 still shows that session there is acted upon.
 
+On a bus that packs records (Kafka), the requests of one packed record are
+decided in one call and each asking node's answers sent in one
+``publish_many``; a request of the deciding node itself is answered in
+process; and a request of the node that decides its partition is decided
+when its publish is acknowledged rather than when it is read back, once
+every record before it in the partition was decided (``docs/bus.md``, "The
+CONNECT path in batches").
+
 A node that sees, in the session registry, one of its sessions now held by
 another connection elsewhere forgets it: the will and the session expiry of
 a session belong to the one node that last held it, so no node fires them
@@ -29,11 +37,14 @@ from __future__ import annotations
 import os
 import uuid
 from collections import OrderedDict
+from functools import partial
 from typing import Callable
 
 from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
+from tbmq.cluster.completion import Completion, Located
 from tbmq.cluster.records import (
     CLEAR_SESSION,
     CONNECTION_REQUEST,
@@ -49,6 +60,13 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.mqtt import ReasonCode
 
 log = Logger(observer=LOG_OBSERVER)
+
+
+def _not_sent(what: str, client_id: str, failure: Failure | None) -> None:
+    """The ``done`` of a publish nobody waits for: log its failure."""
+    if failure is not None:
+        log.warn("{what} of {client_id} was not sent: {error}", what=what,
+                 client_id=client_id, error=failure.getErrorMessage())
 
 
 class SessionEvents:
@@ -100,8 +118,27 @@ class SessionEvents:
         # so an answer to an earlier process of this node matches nothing
         self._request_prefix = os.urandom(6).hex() + "-"
         self._requests = 0
+        #: the bus's ``publish_many(topic, keys, values, done)``, when it has one
+        self._publish_many = getattr(bus, "publish_many", None)
         self.consumers: list = []
         self._deciding = None
+        #: the deciding member's ``handed(partition)``, where the bus has it
+        self._handed = None
+        #: partition -> offset of the last request decided on its acknowledgement
+        self._ahead_at: dict[int, int] = {}
+        #: partition -> offset -> this node's requests acknowledged there,
+        #: waiting for the records before them to be decided
+        self._acked: dict[int, dict[int, list]] = {}
+        #: request id -> seconds: decided on its acknowledgement, not read yet
+        self._ahead: OrderedDict[str, float] = OrderedDict()
+
+    def _batches(self, handler: Callable) -> Callable | None:
+        """``handler`` as a consumer's ``batch_handler`` on a bus that packs
+        several records in one (it has ``publish_many``: Kafka, whose packed
+        records of requests and answers are then read in one call), else
+        None: the in-process bus hands each record at once, in the
+        publisher's call, as an embedded node's CONNECT expects."""
+        return handler if self._publish_many is not None else None
 
     def join(self) -> None:
         """Join the deciding group (``tbmq-session-events``, in the cluster
@@ -112,8 +149,9 @@ class SessionEvents:
         if self._deciding is None:
             self._deciding = self.bus.subscribe(
                 self.topics.session_event_request, "tbmq-session-events", self._decide,
-                bundle=CLUSTER_BUNDLE)
+                bundle=CLUSTER_BUNDLE, batch_handler=self._batches(self._read))
             self._deciding.pause()
+            self._handed = getattr(self._deciding, "handed", None)
             self.consumers = [self._deciding]
 
     def start(self) -> None:
@@ -124,7 +162,8 @@ class SessionEvents:
         self.consumers = [
             self._deciding,
             bus.subscribe(topics.session_event_response(sid), node_group(sid),
-                          self._on_response, exclusive=True),
+                          self._on_response, exclusive=True,
+                          batch_handler=self._batches(self._on_responses)),
             bus.subscribe(topics.client_disconnect(sid), node_group(sid),
                           self._on_disconnect, exclusive=True),
         ]
@@ -151,9 +190,7 @@ class SessionEvents:
         event = SessionEvent(CONNECTION_REQUEST, client_id, self.service_id, session_id,
                              request_id, clean_start, persistent, client_type,
                              session_expiry_interval, protocol_level, now)
-        sent = self.bus.publish(self.topics.session_event_request, client_id, event)
-        if sent is not None:
-            sent.addErrback(self._failed, request_id)
+        self._request(event, partial(self._sent, request_id))
         if self._sweep is None and self._pending:  # not answered during the call
             self._sweep = self.clock.callLater(self.timeout, self._time_out)
         return d
@@ -164,10 +201,14 @@ class SessionEvents:
     #: ``timeout`` and ``timeout`` × (1 + 1/SWEEPS) seconds after it was sent
     SWEEPS = 10
 
-    def _failed(self, failure, request_id: str) -> None:
-        pending = self._pending.pop(request_id, None)
-        if pending is not None:
-            pending[0].errback(failure)
+    def _sent(self, request_id: str, failure: Failure | None) -> None:
+        """The bus's outcome of the request ``request_id`` (the ``done`` of
+        its publish, no Deferred per request): a refused request fails its
+        connect at once."""
+        if failure is not None:
+            pending = self._pending.pop(request_id, None)
+            if pending is not None:
+                pending[0].errback(failure)
 
     def _time_out(self) -> None:
         """Fail the requests whose answer is overdue (in the order they were
@@ -190,14 +231,24 @@ class SessionEvents:
                 max(due - self.clock.seconds(), self.timeout / self.SWEEPS), self._time_out)
 
     def _on_response(self, record: Record) -> None:
-        response: SessionEventResponse = record.value
-        pending = self._pending.pop(response.request_id, None)
-        if pending is not None:
-            pending[0].callback(response)
-        else:
-            log.debug("the answer to the connect request {request} of {client_id} came after "
-                      "the CONNECT was refused", request=response.request_id,
-                      client_id=response.client_id)
+        self._on_responses((record.value,))
+
+    def _on_responses(self, responses) -> None:
+        """The answers to this node's connect requests, in the order they
+        were read (one call for the answers of a packed record: the
+        consumer's ``batch_handler``).
+
+        :param responses: :class:`~tbmq.cluster.records.SessionEventResponse` each.
+        """
+        pending = self._pending
+        for response in responses:
+            waiting = pending.pop(response.request_id, None)
+            if waiting is not None:
+                waiting[0].callback(response)
+            else:
+                log.debug("the answer to the connect request {request} of {client_id} came "
+                          "after the CONNECT was refused", request=response.request_id,
+                          client_id=response.client_id)
 
     def request_takeover(self, info) -> None:
         """Ask the cluster to take over ``info`` (a
@@ -205,11 +256,7 @@ class SessionEvents:
         gone); whichever node decides for the client id does it, once."""
         event = SessionEvent(NODE_GONE, info.client_id, info.service_id, info.session_id,
                              uuid.uuid4().hex, at=self.clock.seconds())
-        sent = self.bus.publish(self.topics.session_event_request, info.client_id, event)
-        if sent is not None:
-            sent.addErrback(lambda f: log.warn("takeover of {client_id} not asked: {error}",
-                                               client_id=info.client_id,
-                                               error=f.getErrorMessage()))
+        self._request(event, partial(_not_sent, "the takeover request", info.client_id))
 
     def disconnect_client(self, client_id: str,
                           reason_code: int = ReasonCode.ADMINISTRATIVE_ACTION) -> bool:
@@ -241,34 +288,185 @@ class SessionEvents:
             return False
         event = SessionEvent(CLEAR_SESSION, client_id, self.service_id, info.session_id,
                              uuid.uuid4().hex, at=self.clock.seconds())
-        self.bus.publish(self.topics.session_event_request, client_id, event)
+        self._request(event, partial(_not_sent, "the removal request", client_id))
         return True
+
+    # -- deciding a request of this node when it is acknowledged ---------------------------------
+
+    def _request(self, event: SessionEvent, done: Callable) -> None:
+        """Publish ``event`` on ``tbmq.client.session.event.request`` (key:
+        its client id); ``done(None | Failure)`` gets the bus's outcome, and
+        :meth:`_placed` where it landed, where the bus tells."""
+        self.bus.publish(self.topics.session_event_request, event.client_id, event, (),
+                         Located(done, partial(self._placed, event)))
+
+    def _placed(self, event: SessionEvent, partition: int, offset: int) -> None:
+        """This node's request ``event`` was acknowledged at ``offset`` of
+        ``partition``: decide it without waiting to read it back, as soon as
+        that keeps the partition's order, i.e. once this node decides the
+        partition (its member hands it: assigned, not paused) and every
+        record before ``offset`` was decided (:meth:`_frontier`).  Until
+        then it waits here (:meth:`_advance`, after each read); read back
+        first, it is decided as any other request.
+
+        A request decided ahead is remembered until it is read, and then
+        skipped (:meth:`_decide_many`).  Should the partition move before
+        that, its next member decides it again, as it does a request read
+        twice: the first answer is taken, the second finds no connect
+        waiting.
+        """
+        frontier = self._frontier(partition)
+        if frontier is None:
+            return  # not this node's partition now
+        if offset == frontier or offset == self._ahead_at.get(partition):
+            # (the second: the rest of a packed record, in the same outcome call)
+            self._decide_ahead(partition, offset, (event,))
+        elif offset > frontier:
+            self._acked.setdefault(partition, {}).setdefault(offset, []).append(event)
+
+    def _frontier(self, partition: int) -> int | None:
+        """:returns: the offset of ``partition`` up to which every record
+        was decided here: the one after the last record the member handed,
+        or after the last record decided ahead when that is later; None
+        when the member does not hand the partition now (what was known of
+        it is forgotten)."""
+        handed = self._handed(partition) if self._handed is not None else None
+        if handed is None:
+            self._ahead_at.pop(partition, None)
+            self._acked.pop(partition, None)
+            return None
+        last = self._ahead_at.get(partition)
+        return handed if last is None or last < handed else last + 1
+
+    def _decide_ahead(self, partition: int, offset: int, events) -> None:
+        """Decide ``events``, this node's requests at ``offset`` of
+        ``partition``, every record before them decided."""
+        self._ahead_at[partition] = offset
+        self._decide_many(events)
+        ahead = self._ahead
+        now = self.clock.seconds()
+        for event in events:
+            ahead[event.request_id] = now
+        while ahead:
+            oldest = next(iter(ahead.values()))
+            if oldest + self.GRANT_MEMORY >= now:
+                break
+            ahead.popitem(last=False)
+
+    def _advance(self) -> None:
+        """After a read: decide the acknowledged requests of this node that
+        now follow every decided record of their partition, in offset order
+        (those read meanwhile are dropped: decided as read)."""
+        for partition in list(self._acked):
+            frontier = self._frontier(partition)
+            waiting = self._acked.get(partition)
+            if frontier is None or waiting is None:
+                continue
+            for offset in [o for o in waiting if o < frontier]:
+                del waiting[offset]
+            while frontier in waiting:
+                self._decide_ahead(partition, frontier, waiting.pop(frontier))
+                frontier += 1
+            if not waiting:
+                del self._acked[partition]
 
     # -- deciding (one member per client id) ----------------------------------------------
 
     def _decide(self, record: Record):
-        event: SessionEvent = record.value
-        if event.kind == NODE_GONE:
-            return self._take_over(event)
-        if event.kind == CLEAR_SESSION:
-            info = self.registry.get(event.client_id)
-            if info is not None and not info.connected and info.session_id == event.session_id:
-                self.clear(info)
+        return self._read((record.value,))
+
+    def _read(self, events) -> Completion | None:
+        """The deciding member's handler: :meth:`_decide_many`, then
+        :meth:`_advance` (the records before this node's acknowledged
+        requests may all be decided now)."""
+        result = self._decide_many(events)
+        if self._acked:
+            self._advance()
+        return result
+
+    def _decide_many(self, events) -> Completion | None:
+        """Decide the requests of one read, in order (one call for the
+        requests of a packed record: the consumer's ``batch_handler``), and
+        send the answers of each asking node together (``publish_many``
+        where the bus has it: one packed record per node and partition, one
+        outcome).  The answer to a request of this node is handed to its
+        waiting connect at once (:meth:`_on_responses`), not sent: the
+        decision is the same, made in the request's partition order; only
+        the hop back through ``tbmq.client.session.event.response.<serviceId>``
+        is saved (a request of an earlier process of this node finds no
+        connect waiting, as its answer would).
+
+        A connection still held on another node is dropped there first
+        ([MQTT-3.1.4-3]: a :class:`~tbmq.cluster.records.DisconnectCommand`
+        on ``tbmq.client.disconnect.<serviceId>``).  Read again (a failed
+        answer fails the batch), a request is decided again: the asking
+        node takes the first answer it gets.
+
+        :param events: :class:`~tbmq.cluster.records.SessionEvent` each.
+        :returns: None when nothing was answered, else a
+            :class:`~tbmq.cluster.completion.Completion` of the answers'
+            publishes (the records are committed once all were
+            acknowledged).
+        """
+        answers: dict[str, tuple[list, list]] = {}
+        here = self.service_id
+        ahead = self._ahead
+        for event in events:
+            if ahead and event.request_id in ahead:
+                del ahead[event.request_id]  # decided when it was acknowledged
+                continue
+            kind = event.kind
+            if kind == CONNECTION_REQUEST:
+                response = self._connect_decision(event)
+                if event.service_id == here:
+                    # this node's own request: answered in process, without
+                    # a publish and a read of its answer topic (one bus hop)
+                    self._on_responses((response,))
+                    continue
+                to = answers.get(event.service_id)
+                if to is None:
+                    answers[event.service_id] = ([event.client_id], [response])
+                else:
+                    to[0].append(event.client_id)
+                    to[1].append(response)
+            elif kind == NODE_GONE:
+                self._take_over(event)
+            elif kind == CLEAR_SESSION:
+                info = self.registry.get(event.client_id)
+                if (info is not None and not info.connected
+                        and info.session_id == event.session_id):
+                    self.clear(info)
+        if not answers:
             return None
-        if event.kind != CONNECTION_REQUEST:
-            return None
-        info = self.registry.get(event.client_id)
+        sent = Completion()
+        publish_many = self._publish_many
+        for service_id, (keys, responses) in answers.items():
+            topic = self.topics.session_event_response(service_id)
+            if publish_many is not None:
+                publish_many(topic, keys, responses, sent.part())
+            else:
+                for key, response in zip(keys, responses):
+                    self.bus.publish(topic, key, response, (), sent.part())
+        return sent
+
+    def _connect_decision(self, event: SessionEvent) -> SessionEventResponse:
+        """Decide one CONNECTION_REQUEST: drop a connection of the client id
+        held on another node, remember the grant.
+
+        :returns: the answer for the asking node."""
+        client_id = event.client_id
+        info = self.registry.get(client_id)
         if (info is not None and info.connected and info.session_id != event.session_id
                 and info.service_id != event.service_id):
             # connected on another node: drop it there (session taken over)
-            self.bus.publish(self.topics.client_disconnect(info.service_id), event.client_id,
-                             DisconnectCommand(event.client_id, info.session_id,
-                                               ReasonCode.SESSION_TAKEN_OVER))
-        present = info is not None and info.persistent and not event.clean_start
-        response = SessionEventResponse(event.client_id, event.request_id, True, present, info)
-        self._grant(event.client_id, event.session_id)
-        return self.bus.publish(self.topics.session_event_response(event.service_id),
-                                event.client_id, response)
+            self.bus.publish(self.topics.client_disconnect(info.service_id), client_id,
+                             DisconnectCommand(client_id, info.session_id,
+                                               ReasonCode.SESSION_TAKEN_OVER),
+                             (), partial(_not_sent, "the takeover's disconnect", client_id))
+        self._grant(client_id, event.session_id)
+        return SessionEventResponse(client_id, event.request_id, True,
+                                    info is not None and info.persistent
+                                    and not event.clean_start, info)
 
     #: seconds a granted connection is remembered while the registry has
     #: not shown it yet (the lag of ``tbmq.client.session`` behind the

@@ -136,9 +136,11 @@ def test_the_deciding_member_joins_with_the_cluster_bundle_but_decides_after_sta
     made = []
     subscribe = w.bus.subscribe
 
-    def recording(topic, group, handler, from_beginning=False, exclusive=False, bundle=None):
+    def recording(topic, group, handler, from_beginning=False, exclusive=False, bundle=None,
+                  batch_handler=None):
         made.append((topic, group, bundle))
-        return subscribe(topic, group, handler, from_beginning, exclusive, bundle)
+        return subscribe(topic, group, handler, from_beginning, exclusive, bundle,
+                         batch_handler)
 
     w.bus.subscribe = recording
     answers = []

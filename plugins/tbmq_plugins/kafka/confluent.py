@@ -198,7 +198,9 @@ class Producer(drivers.Producer):
              done: Any, partition: int | None = None) -> None:
         put = self._put
 
-        def delivered(error, _message) -> None:
+        def delivered(error, message) -> None:
+            if error is None and getattr(done, "located", False):
+                done.where = (message.partition(), message.offset())  # .packing.Located
             put(done, error)
 
         if partition is None:

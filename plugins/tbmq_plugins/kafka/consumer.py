@@ -106,11 +106,13 @@ class Track:
     """
 
     __slots__ = ("partition", "live", "committed", "blocked", "failed", "pending", "arrived",
-                 "open", "reached", "barrier", "barrier_open")
+                 "open", "reached", "barrier", "barrier_open", "handed")
 
     def __init__(self, partition: int) -> None:
         self.partition = partition
         self.live = True
+        #: the offset after the last record handed on this assignment, or None
+        self.handed: int | None = None
         self.committed: int | None = None
         self.blocked = False
         self.failed: Entry | None = None
@@ -239,6 +241,17 @@ class KafkaConsumer:
             self._paused = False
             self._want_paused()
             self._schedule()
+
+    def handed(self, partition: int) -> int | None:
+        """:returns: the offset after the last record of ``partition`` this
+        member handed to its handler (every record before it was handed,
+        in order), or None when it does not hand that partition now (not
+        assigned, read again, paused, stopped, or nothing handed yet on
+        this assignment)."""
+        track = self._tracks.get(partition)
+        if track is None or not track.live or self._paused or self.stopped:
+            return None
+        return track.handed
 
     def lag(self) -> int:
         """:returns: records of this member's partitions that its group has
@@ -387,6 +400,7 @@ class KafkaConsumer:
                 self._held -= count
                 budget -= count
                 if track.live:
+                    track.handed = entry.offset + 1
                     self._hand(track, entry, raw)
         finally:
             self._busy = False

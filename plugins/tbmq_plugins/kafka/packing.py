@@ -44,12 +44,12 @@ import msgpack
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from tbmq.cluster.completion import Completion
+from tbmq.cluster.completion import Completion, Located
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.drivers import RawRecord
 
-__all__ = ["HEADER", "HEADER_V1", "MAX_BYTES", "MAX_RECORDS", "Packer", "expand", "pack",
-           "partition_of", "unpacked"]
+__all__ = ["HEADER", "HEADER_V1", "MAX_BYTES", "MAX_RECORDS", "Located", "Packer", "expand",
+           "pack", "partition_of", "unpacked"]
 
 #: The header that marks a packed record, and its value (the format's
 #: version): what :func:`pack` writes.
@@ -164,17 +164,24 @@ class Fanout:
 
     :ivar dones: ``list`` of ``done(None | Failure)`` callables, in publish
         order.
+    :ivar located: True when one of them is a :class:`Located`: the driver
+        then sets :attr:`where`, passed on to them.
     """
 
-    __slots__ = ("dones",)
+    __slots__ = ("dones", "located", "where")
 
-    def __init__(self, dones: list) -> None:
+    def __init__(self, dones: list, located: bool = False) -> None:
         self.dones = dones
+        self.located = located
+        self.where: tuple[int, int] | None = None
 
     def __call__(self, outcome: Failure | None) -> None:
         """:param outcome: None (acknowledged) or a
         :class:`~twisted.python.failure.Failure`."""
+        where = self.where
         for done in self.dones:
+            if where is not None and type(done) is Located:
+                done.where = where
             try:
                 done(outcome)
             except Exception:
@@ -185,13 +192,14 @@ class Fanout:
 class _Pending:
     """What waits for one ``(topic, partition)`` in this turn."""
 
-    __slots__ = ("keys", "values", "dones", "size")
+    __slots__ = ("keys", "values", "dones", "size", "located")
 
     def __init__(self) -> None:
         self.keys: list = []
         self.values: list = []
         self.dones: list = []
         self.size = 0
+        self.located = False  # a done is a Located
 
 
 class Packer:
@@ -244,6 +252,8 @@ class Packer:
         pending.values.append(value)
         pending.dones.append(done)
         pending.size += size
+        if type(done) is Located:
+            pending.located = True
 
     def add_many(self, topic: str, partition: int, keys: list, values: list,
                  done: Callable[[Failure | None], None]) -> None:
@@ -317,4 +327,4 @@ class Packer:
             self._send(topic, partition, p.keys[0], p.values[0], (), p.dones[0])
         else:
             self._send(topic, partition, None, pack(p.keys, p.values), _HEADERS,
-                       Fanout(p.dones))
+                       Fanout(p.dones, p.located))
