@@ -16,6 +16,7 @@ from twisted.internet import defer
 from zope.interface import implementer
 
 from tbmq.backends.deliveries import DeliveryWrites, check_limit, check_page
+from tbmq.backends.sqlite_bulk import delete_seqs, insert_rows, update_states
 from tbmq.backends.sqlite_runner import SQLiteRunner
 from tbmq.backends.sqlite_view import RunnerView
 from tbmq.backends.sqlite_schema import (
@@ -47,22 +48,14 @@ class CoalescedWrites(DeliveryWrites):
         """In the database thread: write the merged rows, then trim.
 
         :returns: client id → deliveries removed by the trim."""
+        # one statement per up to CHUNK_ROWS rows, not one step per row
+        # (tbmq.backends.sqlite_bulk: each step waits for the GIL again)
         if self.deletes:
-            conn.executemany(
-                "DELETE FROM deliveries WHERE client_id = ? AND seq = ?", self.deletes
-            )
+            delete_seqs(conn, self.deletes)
         if self.updates:
-            conn.executemany(
-                "UPDATE deliveries SET packet_id = ?, state = ? "
-                "WHERE client_id = ? AND seq = ?",
-                [(pid, state, c, s) for (c, s), (pid, state) in self.updates.items()],
-            )
+            update_states(conn, self.updates.items())
         if self.puts:
-            conn.executemany(
-                "INSERT OR REPLACE INTO deliveries VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                self.puts.values(),
-            )
+            insert_rows(conn, "deliveries", list(self.puts.values()), 15)
         removed: dict[str, int] = {}
         if self.limit is not None:
             for client_id in self.added_clients():
