@@ -150,6 +150,26 @@ class SQLiteDeviceMessageStore(RunnerView):
         key, state = (client_id, int(seq)), int(state)
         return self._merge(self._new_writes, lambda w: w.update(key, packet_id, state))
 
+    def update_many(self, client_id: str,
+                    updates: Iterable[tuple[int, int | None, int]]) -> defer.Deferred:
+        """Several :meth:`update` calls as one merged write, with one
+        Deferred (:func:`tbmq.backends.deliveries.update_many`: the outbox
+        sends them once per reactor turn).
+
+        :param client_id: the persistent session's client id.
+        :param updates: ``(seq, packet_id, state)`` each, in order;
+            unknown seqs are ignored.
+        :returns: a Deferred firing with None when committed.
+        """
+        rows = [((client_id, int(seq)), pid, int(state)) for seq, pid, state in updates]
+
+        def merge(writes: CoalescedWrites) -> None:
+            update = writes.update
+            for key, pid, state in rows:
+                update(key, pid, state)
+
+        return self._merge(self._new_writes, merge)
+
     def remove(self, client_id: str, seqs: Iterable[int]) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.remove`.
 
