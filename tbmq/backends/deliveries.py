@@ -139,6 +139,19 @@ class DeliveryWrites(MergedWrites):
         self.updates.pop(key, None)
         self.puts[key] = row
 
+    def put_all(self, client_id: str, rows: list) -> None:
+        """:meth:`put` of each of ``rows`` (their second item is the seq):
+        new keys of an ``add`` go straight in when nothing of this
+        operation is to be updated or deleted."""
+        puts = self.puts
+        if self.deletes or self.updates:
+            put = self.put
+            for row in rows:
+                put((client_id, row[1]), row)
+            return
+        for row in rows:
+            puts[(client_id, row[1])] = row
+
     def update(self, key: tuple[str, int], packet_id: int | None, state: int) -> None:
         row = self.puts.get(key)
         if row is not None:

@@ -115,26 +115,22 @@ class SQLiteDeviceMessageStore(RunnerView):
             the last one reports them, the others 0).
         """
         try:
-            rows = [
-                [
-                    client_id,
-                    int(d.seq),
-                    *message_columns(d.message),
-                    int(d.qos),
-                    1 if d.retain else 0,
-                    ids_json(d.subscription_ids),
-                    d.packet_id,
-                    int(d.state),
-                ]
-                for d in deliveries
-            ]
+            # a message's columns are made once for the deliveries that share it
+            columns: dict[int, tuple] = {}
+            rows = []
+            for d in deliveries:
+                message = d.message
+                these = columns.get(id(message))
+                if these is None:
+                    these = columns[id(message)] = message_columns(message)
+                rows.append([client_id, int(d.seq), *these, int(d.qos),
+                             1 if d.retain else 0,
+                             "[]" if not d.subscription_ids else ids_json(d.subscription_ids),
+                             d.packet_id, int(d.state)])
         except Exception:
             return defer.fail()
-        def merge(writes: CoalescedWrites) -> None:
-            for row in rows:
-                writes.put((client_id, row[1]), row)
-
-        return self._merge(self._new_writes, merge, client_id)
+        return self._merge(self._new_writes, lambda writes: writes.put_all(client_id, rows),
+                           client_id)
 
     def update(
         self, client_id: str, seq: int, packet_id: int | None, state: int
