@@ -19,14 +19,10 @@ from tbmq.backends.deliveries import DeliveryWrites, check_limit, check_page
 from tbmq.backends.sqlite_bulk import delete_seqs, insert_rows, update_states
 from tbmq.backends.sqlite_runner import SQLiteRunner
 from tbmq.backends.sqlite_view import RunnerView
-from tbmq.backends.sqlite_schema import (
-    EMBEDDED_SCHEMA,
-    ids_json,
-    message_columns,
-    message_from,
-)
+from tbmq.backends.sqlite_schema import EMBEDDED_SCHEMA, ids_json, message_columns
 from tbmq.interfaces import IDeviceMessageStore
-from tbmq.model import DeliveryState, StoredDelivery
+from tbmq.model import DeliveryState, Message, StoredDelivery
+from tbmq.mqtt.properties import unpack_properties
 
 __all__ = ["CoalescedWrites", "SQLiteDeviceMessageStore"]
 
@@ -213,18 +209,24 @@ class SQLiteDeviceMessageStore(RunnerView):
                 f"WHERE {where} ORDER BY seq LIMIT ?",
                 params,
             ).fetchall()
-            states = _STATES
+            states, unpack, loads = _STATES, unpack_properties, json.loads
+            # message_from inlined: this runs for every row of a drain, and
+            # holds the GIL the reactor thread waits for
             return [
                 StoredDelivery(
-                    row[0],
-                    message_from(row[1:9]),
-                    row[9],
-                    bool(row[10]),
-                    () if row[11] == "[]" else tuple(json.loads(row[11])),
-                    row[12],
-                    states[row[13]],
+                    seq,
+                    Message(topic, payload if type(payload) is bytes else bytes(payload),
+                            message_qos, message_retain == 1,
+                            unpack(bytes(props)) if props else {}, publisher, received_at,
+                            expires_at),
+                    qos,
+                    retain == 1,
+                    () if ids == "[]" else tuple(loads(ids)),
+                    packet_id,
+                    states[state],
                 )
-                for row in rows
+                for (seq, topic, payload, message_qos, message_retain, props, publisher,
+                     received_at, expires_at, qos, retain, ids, packet_id, state) in rows
             ]
 
         return self._submit(load, write=False)
