@@ -210,3 +210,26 @@ def test_the_sends_of_a_turn_are_one_store_update_written_when_the_turn_ends():
     loaded = []
     store.load("c").addCallback(loaded.extend)
     assert {d.state for d in loaded} == {DeliveryState.SENT}
+
+
+def test_publish_many_to_a_durable_topic_is_one_log_append_and_one_outcome():
+    from tests.helpers import MemoryTopicLog  # noqa: PLC0415
+
+    log = MemoryTopicLog()
+    clock = Clock()
+    bus = InProcessBus(clock=clock, log=log)
+    assert bus.start().called
+    topic = "tbmq.msg.app.app1"
+    got = []
+    # the client has not acknowledged them: the group does not commit
+    bus.subscribe(topic, "tbmq-app-app1", lambda record: None,
+                  batch_handler=lambda values: got.append(values) or defer.Deferred())
+    values = [Delivery("app1", Message("a/b", str(i).encode()), 1) for i in range(4)]
+    outcome = []
+    log.calls.clear()
+    bus.publish_many(topic, ["app1"] * 4, values, outcome.append)
+    assert outcome == []  # not durable before the log has it
+    clock.advance(0)
+    assert log.calls.count("append") == 1 and outcome == [None]
+    assert got == [values]  # the live group got the objects themselves
+    assert sorted(log.records[(topic, 0)]) == [0, 1, 2, 3]  # each record, encoded
