@@ -71,11 +71,6 @@ class StoreReader:
         else:
             self.page_in()
 
-    #: most deliveries one read takes (and at most half the queue limit): the
-    #: first ones are sent while the next page is read, not after the whole
-    #: store was (a read of 100,000 rows held the first PUBLISH back ~1 s)
-    PAGE = 1000
-
     #: seconds a resumed persistent DEVICE session waits for its attach
     #: marker before it reads the store anyway (and again when it comes)
     MARKER_WAIT = 5.0
@@ -91,7 +86,7 @@ class StoreReader:
         self.outbox._remove_completed()
         self.loading = True
         self.finished_in_read = set()
-        limit = max(1, min(self.outbox.queue_limit // 2, self.PAGE))
+        limit = max(1, self.outbox.queue_limit // 2)
         conn = self.outbox.link
         d = self.outbox.ctx.device_store.load(self.outbox.client_id, after_seq=self.outbox._last_seq, limit=limit)
 
