@@ -1,7 +1,7 @@
 """The embedded node's persistent path in batches: the device store's rows
 in few statements (:mod:`tbmq.backends.sqlite_bulk`), a batch's deliveries
-to one sink with one waiter (:meth:`InProcessBus.publish_many`), a turn's
-device store updates in one call, and the store read in pages."""
+to one sink with one waiter (:meth:`InProcessBus.publish_many`), and a
+turn's device store updates in one call."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from tbmq.backends.sqlite_runner import apply_schemas
 from tbmq.cluster.records import Delivery
 from tbmq.errors import ConsumerFailedError
 from tbmq.model import DeliveryState, Message, StoredDelivery
-from tbmq.broker.store_reads import StoreReader
 
 PERSISTED = "tbmq.msg.persisted"
 
@@ -163,34 +162,6 @@ def test_update_many_uses_the_store_s_own_call_or_one_update_each():
     plain.load("c").addCallback(loaded.extend)
     assert [(d.packet_id, d.state) for d in loaded] == [(5, DeliveryState.SENT)] * 1 + [
         (6, DeliveryState.SENT)]
-
-
-def test_a_store_read_takes_a_page_of_at_most_store_reader_page_deliveries():
-    limits = []
-
-    class Store:
-        def load(self, client_id, after_seq=None, limit=None):
-            limits.append(limit)
-            return defer.Deferred()
-
-    class Ctx:
-        device_store = Store()
-
-    class Outbox:
-        queue_limit = 200000
-        client_id = "c"
-        _last_seq = 0
-        link = object()
-        ctx = Ctx()
-
-        def _remove_completed(self):
-            pass
-
-    StoreReader(Outbox()).page_in()
-    assert limits == [StoreReader.PAGE]
-    Outbox.queue_limit = 10
-    StoreReader(Outbox()).page_in()
-    assert limits[-1] == 5  # half the queue limit when that is less
 
 
 def test_the_sends_of_a_turn_are_one_store_update_written_when_the_turn_ends():
