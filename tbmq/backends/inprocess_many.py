@@ -68,13 +68,7 @@ class ManyPublishes:
             for o in range(first, part.next):
                 waiters[o] = waiter
             waiter.settle(done)
-        for g in groups:  # a batch handler gets what the turn publishes together
-            member = g.owners[0]
-            if member.batch_handler is None:
-                self._pump(member)
-            else:
-                self._schedule(member)
-        self._retain(state, part)
+        self._hand_on(state, part, groups)
         if not groups:
             done(None)
 
@@ -114,6 +108,12 @@ class ManyPublishes:
             o = append(key, data, (), value if direct else None)
             log((topic, 0, o, key, data, (), compacted), done if i == last else _nothing)
         part.logged_next = part.next
+        self._hand_on(state, part, groups)
+
+    def _hand_on(self, state, part, groups: list) -> None:
+        """The records just appended to ``part`` go to each live group's
+        owner of it (a batch handler gets what the turn publishes together,
+        from the next turn), then retention."""
         for g in groups:
             member = g.owners[0]
             if member.batch_handler is None:
