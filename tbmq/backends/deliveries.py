@@ -9,6 +9,8 @@ versioned encoding of ``tbmq.msg.persisted``.
 
 from __future__ import annotations
 
+from twisted.internet import defer
+
 from tbmq.backends.merged_writes import MergedWrites
 from tbmq.cluster.records import DELIVERY, Delivery
 from tbmq.model import DeliveryState, StoredDelivery
@@ -19,6 +21,7 @@ __all__ = [
     "check_page",
     "decode_delivery",
     "encode_delivery",
+    "update_many",
 ]
 
 
@@ -43,6 +46,28 @@ def check_limit(max_messages_per_client: int | None) -> int | None:
         raise ValueError(
             f"max_messages_per_client must be >= 1 or None, not {max_messages_per_client}")
     return max_messages_per_client
+
+
+def update_many(store, client_id: str, updates: list[tuple[int, int | None, int]]):
+    """Record several updates of ``client_id``'s deliveries in ``store``
+    (an :class:`~tbmq.interfaces.IDeviceMessageStore`): with one call of
+    its ``update_many`` when it has one (the embedded SQLite store: one
+    merged write and one Deferred), else one
+    :meth:`~tbmq.interfaces.IDeviceMessageStore.update` each.
+
+    :param updates: ``(seq, packet_id, state)`` each, in order.
+    :returns: a Deferred firing with None once all are committed, or
+        failing with the first failure.
+    """
+    many = getattr(store, "update_many", None)
+    if many is not None:
+        return many(client_id, updates)
+    if len(updates) == 1:
+        return store.update(client_id, *updates[0])
+    return defer.DeferredList(
+        [store.update(client_id, seq, pid, state) for seq, pid, state in updates],
+        fireOnOneErrback=True, consumeErrors=True,
+    ).addCallbacks(lambda _: None, lambda failure: failure.value.subFailure)
 
 
 def encode_delivery(client_id: str, delivery: StoredDelivery) -> bytes:
@@ -113,6 +138,19 @@ class DeliveryWrites(MergedWrites):
         self.deletes.discard(key)
         self.updates.pop(key, None)
         self.puts[key] = row
+
+    def put_all(self, client_id: str, rows: list) -> None:
+        """:meth:`put` of each of ``rows`` (their second item is the seq):
+        new keys of an ``add`` go straight in when nothing of this
+        operation is to be updated or deleted."""
+        puts = self.puts
+        if self.deletes or self.updates:
+            put = self.put
+            for row in rows:
+                put((client_id, row[1]), row)
+            return
+        for row in rows:
+            puts[(client_id, row[1])] = row
 
     def update(self, key: tuple[str, int], packet_id: int | None, state: int) -> None:
         row = self.puts.get(key)

@@ -63,6 +63,7 @@ from zope.interface import implementer
 from tbmq.backends.inprocess_consumer import Consumer, Handler
 from tbmq.backends.inprocess_describe import Describable
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
+from tbmq.backends.inprocess_many import ManyPublishes
 from tbmq.backends.inprocess_writes import LogWrites
 from tbmq.backends.topic_records import check_record
 from tbmq.cluster.completion import Completion, deferred_done
@@ -121,7 +122,7 @@ def _answer(outcome, done):
 
 
 @implementer(IMessageBus, IDescribableBus)
-class InProcessBus(Describable):
+class InProcessBus(Describable, ManyPublishes):
     """The in-process bus; see the module doc and ``docs/bus.md``.
 
     :param partitions: partitions per topic (``int`` ≥ 1).
@@ -375,8 +376,7 @@ class InProcessBus(Describable):
         if not group.members:  # nobody handles it for this group now: not awaited
             for part in state.parts:
                 for o, waiter in list(part.waiters.items()):
-                    waiter.complete(group.name, True)
-                    if waiter.done:
+                    if waiter.complete(group.name, True, o):
                         del part.waiters[o]
         for other in group.members:
             self._schedule(other)
@@ -601,10 +601,9 @@ class InProcessBus(Describable):
                     return p, cursor, part, o, entry
                 cursor.position = o + 1  # a hole: compacted away or dropped
                 waiter = part.waiters.get(o)
-                if waiter is not None:  # superseded before this group got it
-                    waiter.complete(member.group, True)
-                    if waiter.done:
-                        del part.waiters[o]
+                # superseded before this group got it
+                if waiter is not None and waiter.complete(member.group, True, o):
+                    del part.waiters[o]
             if cursor.advance():
                 self._committed(state, member.group_state, p, cursor)
         return None
@@ -693,7 +692,7 @@ class InProcessBus(Describable):
             name, pop = group.name, waiters.pop
             for o in offsets:
                 waiter = pop(o, None)
-                if waiter is not None and not waiter.complete(name, True):
+                if waiter is not None and not waiter.complete(name, True, o):
                     waiters[o] = waiter  # other groups still to handle it
         if deferred:
             limit = self.max_uncommitted
@@ -750,10 +749,8 @@ class InProcessBus(Describable):
                 self._read_again(member, p, cursor)
         part = state.parts[p]
         waiter = part.waiters.get(o)
-        if waiter is not None:
-            waiter.complete(group.name, failure is None)
-            if waiter.done:
-                del part.waiters[o]
+        if waiter is not None and waiter.complete(group.name, failure is None, o):
+            del part.waiters[o]
         if deferred:
             if not member.busy and member.inflight == self.max_uncommitted - 1:
                 self._schedule(member)

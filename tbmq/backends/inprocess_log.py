@@ -19,7 +19,7 @@ from twisted.python.failure import Failure
 from tbmq.errors import BusClosedError, ConsumerFailedError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
-__all__ = ["Cursor", "Group", "Partition", "TopicState", "Waiter"]
+__all__ = ["Cursor", "Group", "Partition", "RangeWaiter", "TopicState", "Waiter"]
 
 log = Logger(observer=LOG_OBSERVER)
 
@@ -243,10 +243,14 @@ class Waiter:
     def done(self) -> bool:
         return self.error is not None or not self.pending
 
-    def complete(self, group: str, ok: bool) -> bool:
+    def complete(self, group: str, ok: bool, offset: int | None = None) -> bool:
         """Group ``group`` handled the record (its result fired ``ok``).
 
-        :returns: :attr:`done`."""
+        :param offset: the record's offset (a :class:`RangeWaiter` waits
+            for several).
+        :returns: True when no group waits for the record at ``offset``
+            any more (its entry in :attr:`Partition.waiters` may go): here
+            :attr:`done`."""
         pending = self.pending
         if group in pending:
             pending.discard(group)
@@ -296,6 +300,54 @@ class Waiter:
         :class:`~tbmq.errors.ConsumerFailedError` or
         :class:`~tbmq.errors.BusClosedError`; what it raises is logged."""
         self.notify = done
+
+
+class RangeWaiter(Waiter):
+    """The outcome of one ``publish_many`` to a non-durable topic: records
+    at the offsets ``first`` .. ``first + count - 1`` of one partition, one
+    ``done`` for them all (:meth:`InProcessBus.publish_many
+    <tbmq.backends.inprocess_bus.InProcessBus.publish_many>`).  It is
+    registered at each of their offsets in :attr:`Partition.waiters`, and
+    done once every group handled every one of them, or one failed (the
+    first failure decides, as a publish of each under a
+    :class:`~tbmq.cluster.completion.Completion` would).
+
+    :ivar left: group name → the offsets it has not handled yet.
+    """
+
+    __slots__ = ("left",)
+
+    def __init__(self, topic: str, groups: list[str], first: int, count: int) -> None:
+        super().__init__(topic, set(groups))
+        self.left = {group: set(range(first, first + count)) for group in groups}
+
+    def complete(self, group: str, ok: bool, offset: int | None = None) -> bool:
+        """Group ``group`` handled the record at ``offset`` (its result
+        fired ``ok``; a failure fails the publish, and the group waits for
+        none of its records any more).
+
+        :returns: True when no group waits for the record at ``offset``
+            (or the waiter is closed)."""
+        left = self.left
+        offsets = left.get(group)
+        if offsets is not None and offset in offsets:
+            if ok:
+                offsets.discard(offset)
+            else:
+                offsets.clear()
+                if self.failed_group is None:
+                    self.failed_group = group
+            if not offsets:
+                del left[group]
+                self.pending.discard(group)
+                if not self.pending and self.notify is not None:
+                    self._maybe_fire()
+        if self.error is not None or not left:
+            return True
+        for offsets in left.values():
+            if offset in offsets:
+                return False
+        return True
 
 
 class TopicState:

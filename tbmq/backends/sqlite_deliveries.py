@@ -16,16 +16,13 @@ from twisted.internet import defer
 from zope.interface import implementer
 
 from tbmq.backends.deliveries import DeliveryWrites, check_limit, check_page
+from tbmq.backends.sqlite_bulk import delete_seqs, insert_rows, update_states
 from tbmq.backends.sqlite_runner import SQLiteRunner
 from tbmq.backends.sqlite_view import RunnerView
-from tbmq.backends.sqlite_schema import (
-    EMBEDDED_SCHEMA,
-    ids_json,
-    message_columns,
-    message_from,
-)
+from tbmq.backends.sqlite_schema import EMBEDDED_SCHEMA, ids_json, message_columns
 from tbmq.interfaces import IDeviceMessageStore
-from tbmq.model import DeliveryState, StoredDelivery
+from tbmq.model import DeliveryState, Message, StoredDelivery
+from tbmq.mqtt.properties import unpack_properties
 
 __all__ = ["CoalescedWrites", "SQLiteDeviceMessageStore"]
 
@@ -47,22 +44,14 @@ class CoalescedWrites(DeliveryWrites):
         """In the database thread: write the merged rows, then trim.
 
         :returns: client id → deliveries removed by the trim."""
+        # one statement per up to CHUNK_ROWS rows, not one step per row
+        # (tbmq.backends.sqlite_bulk: each step waits for the GIL again)
         if self.deletes:
-            conn.executemany(
-                "DELETE FROM deliveries WHERE client_id = ? AND seq = ?", self.deletes
-            )
+            delete_seqs(conn, self.deletes)
         if self.updates:
-            conn.executemany(
-                "UPDATE deliveries SET packet_id = ?, state = ? "
-                "WHERE client_id = ? AND seq = ?",
-                [(pid, state, c, s) for (c, s), (pid, state) in self.updates.items()],
-            )
+            update_states(conn, self.updates.items())
         if self.puts:
-            conn.executemany(
-                "INSERT OR REPLACE INTO deliveries VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                self.puts.values(),
-            )
+            insert_rows(conn, "deliveries", list(self.puts.values()), 15)
         removed: dict[str, int] = {}
         if self.limit is not None:
             for client_id in self.added_clients():
@@ -122,26 +111,22 @@ class SQLiteDeviceMessageStore(RunnerView):
             the last one reports them, the others 0).
         """
         try:
-            rows = [
-                [
-                    client_id,
-                    int(d.seq),
-                    *message_columns(d.message),
-                    int(d.qos),
-                    1 if d.retain else 0,
-                    ids_json(d.subscription_ids),
-                    d.packet_id,
-                    int(d.state),
-                ]
-                for d in deliveries
-            ]
+            # a message's columns are made once for the deliveries that share it
+            columns: dict[int, tuple] = {}
+            rows = []
+            for d in deliveries:
+                message = d.message
+                these = columns.get(id(message))
+                if these is None:
+                    these = columns[id(message)] = message_columns(message)
+                rows.append([client_id, int(d.seq), *these, int(d.qos),
+                             1 if d.retain else 0,
+                             "[]" if not d.subscription_ids else ids_json(d.subscription_ids),
+                             d.packet_id, int(d.state)])
         except Exception:
             return defer.fail()
-        def merge(writes: CoalescedWrites) -> None:
-            for row in rows:
-                writes.put((client_id, row[1]), row)
-
-        return self._merge(self._new_writes, merge, client_id)
+        return self._merge(self._new_writes, lambda writes: writes.put_all(client_id, rows),
+                           client_id)
 
     def update(
         self, client_id: str, seq: int, packet_id: int | None, state: int
@@ -156,6 +141,26 @@ class SQLiteDeviceMessageStore(RunnerView):
         """
         key, state = (client_id, int(seq)), int(state)
         return self._merge(self._new_writes, lambda w: w.update(key, packet_id, state))
+
+    def update_many(self, client_id: str,
+                    updates: Iterable[tuple[int, int | None, int]]) -> defer.Deferred:
+        """Several :meth:`update` calls as one merged write, with one
+        Deferred (:func:`tbmq.backends.deliveries.update_many`: the outbox
+        sends them once per reactor turn).
+
+        :param client_id: the persistent session's client id.
+        :param updates: ``(seq, packet_id, state)`` each, in order;
+            unknown seqs are ignored.
+        :returns: a Deferred firing with None when committed.
+        """
+        rows = [((client_id, int(seq)), pid, int(state)) for seq, pid, state in updates]
+
+        def merge(writes: CoalescedWrites) -> None:
+            update = writes.update
+            for key, pid, state in rows:
+                update(key, pid, state)
+
+        return self._merge(self._new_writes, merge)
 
     def remove(self, client_id: str, seqs: Iterable[int]) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.remove`.
@@ -204,18 +209,24 @@ class SQLiteDeviceMessageStore(RunnerView):
                 f"WHERE {where} ORDER BY seq LIMIT ?",
                 params,
             ).fetchall()
-            states = _STATES
+            states, unpack, loads = _STATES, unpack_properties, json.loads
+            # message_from inlined: this runs for every row of a drain, and
+            # holds the GIL the reactor thread waits for
             return [
                 StoredDelivery(
-                    row[0],
-                    message_from(row[1:9]),
-                    row[9],
-                    bool(row[10]),
-                    () if row[11] == "[]" else tuple(json.loads(row[11])),
-                    row[12],
-                    states[row[13]],
+                    seq,
+                    Message(topic, payload if type(payload) is bytes else bytes(payload),
+                            message_qos, message_retain == 1,
+                            unpack(bytes(props)) if props else {}, publisher, received_at,
+                            expires_at),
+                    qos,
+                    retain == 1,
+                    () if ids == "[]" else tuple(loads(ids)),
+                    packet_id,
+                    states[state],
                 )
-                for row in rows
+                for (seq, topic, payload, message_qos, message_retain, props, publisher,
+                     received_at, expires_at, qos, retain, ids, packet_id, state) in rows
             ]
 
         return self._submit(load, write=False)

@@ -10,6 +10,7 @@ per acknowledgement, no frame in between).
 
 from __future__ import annotations
 
+from tbmq.broker.outbox import store_update
 from tbmq.errors import ProtocolViolation
 from tbmq.model import DeliveryState
 from tbmq.mqtt import MQTT_5, Pubrel, ReasonCode, is_failure
@@ -76,8 +77,7 @@ def on_pubrec(session, packet) -> None:
     if delivery.state != _RELEASED:
         delivery.state = _RELEASED
         if delivery.seq:
-            outbox._stored(outbox.ctx.device_store.update(outbox.client_id, delivery.seq, packet_id,
-                                                      _RELEASED), "update")
+            store_update(outbox, delivery.seq, packet_id, _RELEASED)
     conn.send(Pubrel(packet_id))
 
 

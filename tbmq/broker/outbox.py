@@ -36,6 +36,7 @@ from collections import deque
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from tbmq.backends.deliveries import update_many
 from tbmq.broker.holding import NO_SOURCES, SourceHolds
 from tbmq.broker.store_reads import StoreReader, delivery_size
 from tbmq.broker.topic_aliases import TopicAliases
@@ -109,6 +110,19 @@ class _AppAcks:
         self.callback = done
 
 
+def store_update(outbox: "Outbox", seq: int, packet_id: int, state: int) -> None:
+    """Record in the device store, with the other writes of ``outbox`` in
+    this turn (one ``update_many`` when the turn ends,
+    :meth:`Outbox._remove_completed`), that delivery ``seq`` was sent with
+    ``packet_id`` and is in ``state`` (:class:`~tbmq.model.DeliveryState`)."""
+    updates = outbox._updates
+    if not updates:
+        updates = outbox._updates = []
+        if not outbox._completed:  # else asked already
+            outbox.ctx.flusher.later(outbox._remove_completed)
+    updates.append((seq, packet_id, state))
+
+
 class Outbox:
     """The outbound part of a :class:`tbmq.broker.session.Session`, which
     owns it: the inflight window, packet identifiers, the queue, holds of
@@ -133,7 +147,7 @@ class Outbox:
 
     # one per session: attributes in slots (the store reads' too)
     __slots__ = tuple("""session ctx client_id persistent link inflight queue queued_bytes
-        _next_packet_id _max_inflight _completed slow overflowed holder paged_out _last_seq reader
+        _next_packet_id _max_inflight _completed _updates slow overflowed holder paged_out _last_seq reader
         _app_done dropped _drop_logged_at _drops_logged sent_aliases _traffic _latency _sent
         _sent_bytes""".split())
 
@@ -156,6 +170,7 @@ class Outbox:
         self._next_packet_id = 1
         self._max_inflight = mqtt.max_inflight_messages
         self._completed: list[int] | tuple = ()  # a list from the first
+        self._updates: list[tuple] | tuple = ()  # (seq, packet id, state): a list from the first
         self.slow = False
         #: disconnected with QUOTA_EXCEEDED: what still comes before the close is
         #: lost, counted
@@ -460,9 +475,8 @@ class Outbox:
         delivery.state = _SENT
         self.inflight[pid] = delivery
         conn.write(data)
-        if delivery.seq:  # in the device store
-            self._stored(self.ctx.device_store.update(self.client_id, delivery.seq, pid, _SENT),
-                         "update")
+        if delivery.seq:  # in the device store: one write per turn for all
+            store_update(self, delivery.seq, pid, _SENT)
         return True
 
     def _stored(self, result, operation: str) -> None:
@@ -649,7 +663,8 @@ class Outbox:
             completed = self._completed
             if not completed:
                 completed = self._completed = []
-                self.ctx.flusher.later(self._remove_completed)
+                if not self._updates:  # else asked already
+                    self.ctx.flusher.later(self._remove_completed)
             completed.append(delivery.seq)
             reader = self.reader
             if reader is not None and reader.loading:
@@ -667,6 +682,12 @@ class Outbox:
         return delivery
 
     def _remove_completed(self) -> None:
+        """The device store writes of this turn: the updates
+        (:func:`store_update`) in one call, then the removal of the
+        completed deliveries in one."""
+        updates, self._updates = self._updates, ()
+        if updates:
+            self._stored(update_many(self.ctx.device_store, self.client_id, updates), "update")
         completed, self._completed = self._completed, ()
         if completed:
             self._stored(self.ctx.device_store.remove(self.client_id, completed), "remove")
@@ -738,6 +759,6 @@ class Outbox:
         self.inflight.clear()
         self._clear_queue()
         self.queued_bytes = 0
-        self._completed = ()
+        self._completed = self._updates = ()
         if self.persistent:
             self.ctx.device_store.clear(self.client_id)

@@ -178,7 +178,7 @@ class Router:
         record's): :meth:`route` each of ``messages`` in order, their
         publishes under one completion.
 
-        On a bus with ``publish_many`` (Kafka:
+        On a bus with ``publish_many`` (Kafka, the in-process bus:
         :attr:`~tbmq.cluster.sinks.BusSink.sends_many`), the deliveries to
         one sink and place (a node's downlink, the persisted topic) are
         gathered while the batch is routed and sent with one

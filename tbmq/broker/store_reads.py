@@ -81,6 +81,9 @@ class StoreReader:
         is the first)."""
         if self.marker_wait is not None:
             return
+        # the writes of this turn go first (the store runs them in order): the
+        # read sees what was sent (DUP on a resend) and not what was completed
+        self.outbox._remove_completed()
         self.loading = True
         self.finished_in_read = set()
         limit = max(1, self.outbox.queue_limit // 2)

@@ -71,8 +71,8 @@ class BusSink:
         #: the bus's ``publish_many(topic, keys, values, done)``, when it has one
         self._publish_many = getattr(bus, "publish_many", None)
         #: True when the bus publishes several records with one ``done``
-        #: (``publish_many``: the Kafka bus), so that :meth:`send_many` is
-        #: cheaper than a :meth:`send` each
+        #: (``publish_many``: the Kafka bus, the in-process bus), so that
+        #: :meth:`send_many` is cheaper than a :meth:`send` each
         self.sends_many = self._publish_many is not None
 
     def send(self, where: str, key: str, value, done=None):
@@ -94,9 +94,9 @@ class BusSink:
     def send_many(self, where: str, keys: list, values: list, done) -> None:
         """Publish ``values`` (records of the topic's type) with ``keys``
         (``str`` each) to ``topic_of(where)``, in order, with one ``done``
-        for all: the bus's ``publish_many`` when it has one (the Kafka bus:
-        one call and one outcome for the router's deliveries of a packed
-        record to one node), else one publish each under a
+        for all: the bus's ``publish_many`` when it has one (the Kafka bus,
+        the in-process bus: one call and one outcome for the router's
+        deliveries of a batch to one place), else one publish each under a
         :class:`~tbmq.cluster.completion.Completion`.
 
         :param done: ``done(None | Failure)``, called exactly once, maybe

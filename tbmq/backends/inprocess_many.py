@@ -1,0 +1,128 @@
+"""Several records to one topic of the in-process bus with one outcome
+(:class:`ManyPublishes`, a part of
+:class:`tbmq.backends.inprocess_bus.InProcessBus`): the router's deliveries
+of a batch of ``tbmq.msg.all`` to one sink
+(:meth:`tbmq.cluster.sinks.BusSink.send_many`) take one waiter and one
+``done``, not one each (ARCHITECTURE §4, group commit of the embedded node).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from twisted.python.failure import Failure
+
+from tbmq.backends.inprocess_log import RangeWaiter
+from tbmq.cluster.completion import Completion
+from tbmq.errors import RecordEncodingError
+
+__all__ = ["ManyPublishes"]
+
+
+class ManyPublishes:
+    """``publish_many`` of :class:`~tbmq.backends.inprocess_bus.InProcessBus`
+    (which has the ``_topics``, ``_writes``, ``encodes``, ``running``,
+    ``publish``, ``_pump``, ``_schedule`` and ``_retain`` used here)."""
+
+    def publish_many(self, topic: str, keys: list, values: list,
+                     done: Callable[[Failure | None], None]) -> None:
+        """Append several records to ``topic``, in order, with **one**
+        ``done`` for all of them (the router's deliveries of a batch to one
+        sink: :meth:`tbmq.cluster.sinks.BusSink.send_many`).  On a
+        non-durable topic of one partition held as objects (the device
+        store's ``tbmq.msg.persisted`` in the embedded node) they take one
+        :class:`~.inprocess_log.RangeWaiter`, and a batch handler gets them
+        together; on a durable topic of one partition (an APPLICATION
+        client's ``tbmq.msg.app.<clientId>``) they go to the topic log's
+        next append with one ``done``; elsewhere each is published as by
+        :meth:`publish`, under one
+        :class:`~tbmq.cluster.completion.Completion`.
+
+        :param keys: ``str | None`` each.
+        :param values: the topic's record type each.
+        :param done: ``done(None | Failure)``, called exactly once, maybe
+            during the call: None once every record is durable (as
+            :meth:`publish` says for each), else the first failure
+            (:class:`~tbmq.errors.ConsumerFailedError`,
+            :class:`~tbmq.errors.BusClosedError`, ...).
+        """
+        state = self._topics.get(topic)
+        if state is None or not self.running or len(state.parts) != 1 or not values:
+            self._each(topic, keys, values, done)
+            return
+        if state.durable:
+            self._logged_many(state, keys, values, done)
+            return
+        if state.codec is not None:
+            self._each(topic, keys, values, done)
+            return
+        part = state.parts[0]
+        first = part.next
+        append = part.append
+        for key, value in zip(keys, values):
+            append(key, value, ())
+        groups = [g for g in state.groups.values() if g.members]
+        if groups:
+            waiter = RangeWaiter(topic, [g.name for g in groups], first, len(values))
+            waiters = part.waiters
+            for o in range(first, part.next):
+                waiters[o] = waiter
+            waiter.settle(done)
+        self._hand_on(state, part, groups)
+        if not groups:
+            done(None)
+
+    def _each(self, topic: str, keys: list, values: list, done: Callable) -> None:
+        """One :meth:`publish` each, under one
+        :class:`~tbmq.cluster.completion.Completion`."""
+        sent = Completion()
+        publish = self.publish
+        for key, value in zip(keys, values):
+            publish(topic, key, value, (), sent.part())
+        sent.then(done)
+
+    def _logged_many(self, state, keys: list, values: list, done: Callable) -> None:
+        """``publish_many`` to a durable topic of one partition: the values
+        encoded first (one that does not fit: :meth:`_each`, which fails
+        it alone), then appended and given to the topic log's next flush,
+        ``done`` with the last record.  The flush writes them in one
+        ``append`` (:class:`~tbmq.backends.inprocess_writes.LogWrites`),
+        so they are stored, or fail, together."""
+        writes = self._writes
+        if writes is None:  # held in memory only: durable at once
+            self._each(state.name, keys, values, done)
+            return
+        try:
+            encode = state.codec.encode
+            stored = [encode(value) for value in values]
+        except RecordEncodingError:
+            self._each(state.name, keys, values, done)
+            return
+        topic, part, compacted = state.name, state.parts[0], state.compacted
+        groups = [g for g in state.groups.values() if g.members]
+        # a live group gets the object itself (encoded once, for the log)
+        direct = bool(groups) and not self.encodes
+        append, log = part.append, writes.append
+        last = len(values) - 1
+        for i, (key, data, value) in enumerate(zip(keys, stored, values)):
+            o = append(key, data, (), value if direct else None)
+            log((topic, 0, o, key, data, (), compacted), done if i == last else _nothing)
+        part.logged_next = part.next
+        self._hand_on(state, part, groups)
+
+    def _hand_on(self, state, part, groups: list) -> None:
+        """The records just appended to ``part`` go to each live group's
+        owner of it (a batch handler gets what the turn publishes together,
+        from the next turn), then retention."""
+        for g in groups:
+            member = g.owners[0]
+            if member.batch_handler is None:
+                self._pump(member)
+            else:
+                self._schedule(member)
+        self._retain(state, part)
+
+
+def _nothing(_outcome) -> None:
+    """The ``done`` of a record of :meth:`ManyPublishes._logged_many` but
+    the last: the last one's tells the outcome of all."""

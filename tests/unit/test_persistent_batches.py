@@ -1,0 +1,206 @@
+"""The embedded node's persistent path in batches: the device store's rows
+in few statements (:mod:`tbmq.backends.sqlite_bulk`), a batch's deliveries
+to one sink with one waiter (:meth:`InProcessBus.publish_many`), and a
+turn's device store updates in one call."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from twisted.internet import defer
+from twisted.internet.task import Clock
+
+from tbmq.backends import sqlite_bulk
+from tbmq.backends.deliveries import update_many
+from tbmq.backends.inprocess_bus import InProcessBus
+from tbmq.backends.memory import MemoryDeviceMessageStore
+from tbmq.backends.sqlite_deliveries import CoalescedWrites
+from tbmq.backends.sqlite_schema import EMBEDDED_SCHEMA
+from tbmq.backends.sqlite_runner import apply_schemas
+from tbmq.cluster.records import Delivery
+from tbmq.errors import ConsumerFailedError
+from tbmq.model import DeliveryState, Message, StoredDelivery
+
+PERSISTED = "tbmq.msg.persisted"
+
+
+def _db() -> tuple[sqlite3.Connection, list[str]]:
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    apply_schemas(conn, ":memory:", [EMBEDDED_SCHEMA])
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    return conn, statements
+
+
+def _row(client_id: str, seq: int) -> list:
+    return [client_id, seq, "a/b", b"x", 1, 0, None, "pub", 1.0, None, 1, 0, "[]", None, 0]
+
+
+def test_a_batch_of_150_rows_is_three_insert_statements_and_every_row_is_written():
+    conn, statements = _db()
+    writes = CoalescedWrites()
+    for seq in range(1, 151):
+        writes.put(("c", seq), _row("c", seq))
+    writes(conn)
+    inserts = [s for s in statements if s.startswith("INSERT")]
+    # executemany would step (and trace) once per row: 150
+    assert len(inserts) == 3 == -(-150 // sqlite_bulk.CHUNK_ROWS)
+    assert conn.execute("SELECT count(*), min(seq), max(seq) FROM deliveries").fetchone() == (
+        150, 1, 150)
+
+
+def test_updates_and_deletes_of_a_batch_are_a_few_statements_and_hit_only_their_rows():
+    conn, statements = _db()
+    writes = CoalescedWrites()
+    for client_id in ("c", "d"):
+        for seq in range(1, 101):
+            writes.put((client_id, seq), _row(client_id, seq))
+    writes(conn)
+    statements.clear()
+    later = CoalescedWrites()
+    for seq in range(1, 71):  # sent: packet id and state
+        later.update(("c", seq), seq + 1000, int(DeliveryState.SENT))
+    for seq in range(1, 81):  # acknowledged
+        later.delete(("d", seq))
+    later(conn)
+    assert len(statements) == 2 + 2  # 70 updates in 2, 80 deletes in 2
+    assert conn.execute("SELECT count(*) FROM deliveries WHERE client_id = 'd'").fetchone() == (20,)
+    assert conn.execute("SELECT min(seq) FROM deliveries WHERE client_id = 'd'").fetchone() == (81,)
+    sent = conn.execute("SELECT seq, packet_id, state FROM deliveries WHERE client_id = 'c' "
+                        "AND state = ? ORDER BY seq", (int(DeliveryState.SENT),)).fetchall()
+    assert sent == [(seq, seq + 1000, int(DeliveryState.SENT)) for seq in range(1, 71)]
+    assert conn.execute("SELECT count(*) FROM deliveries WHERE client_id = 'c' "
+                        "AND packet_id IS NULL").fetchone() == (30,)
+
+
+def test_the_row_by_row_update_of_an_old_sqlite_gives_the_same_rows(monkeypatch):
+    monkeypatch.setattr(sqlite_bulk, "_UPDATE_FROM", False)
+    conn, _ = _db()
+    sqlite_bulk.insert_rows(conn, "deliveries", [_row("c", 1), _row("c", 2)], 15)
+    sqlite_bulk.update_states(conn, [(("c", 2), (7, 1)), (("c", 9), (8, 1))])
+    assert conn.execute("SELECT seq, packet_id, state FROM deliveries ORDER BY seq").fetchall() == [
+        (1, None, 0), (2, 7, 1)]
+
+
+def _bus() -> tuple[InProcessBus, Clock]:
+    clock = Clock()
+    bus = InProcessBus(clock=clock)
+    assert bus.start().called
+    return bus, clock
+
+
+def _deliveries(n: int) -> list[Delivery]:
+    return [Delivery("c", Message("a/b", str(i).encode()), 1) for i in range(n)]
+
+
+def test_publish_many_hands_a_batch_handler_the_records_together_with_one_outcome():
+    bus, clock = _bus()
+    batches, results = [], []
+
+    def batch(values):
+        batches.append(values)
+        results.append(defer.Deferred())
+        return results[-1]
+
+    bus.subscribe(PERSISTED, "w", lambda record: None, batch_handler=batch)
+    outcome = []
+    values = _deliveries(5)
+    bus.publish_many(PERSISTED, ["c"] * 5, values, outcome.append)
+    state = bus._topics[PERSISTED]
+    waiters = state.parts[0].waiters
+    assert len(set(map(id, waiters.values()))) == 1 and len(waiters) == 5  # one waiter
+    clock.advance(0)
+    assert batches == [values] and outcome == []  # handled, not yet durable
+    results[0].callback(None)
+    assert outcome == [None] and waiters == {}
+    assert state.groups["w"].cursors[0].committed == 5
+
+
+def test_publish_many_waits_for_every_group_and_fails_with_the_first_failure():
+    bus, clock = _bus()
+    held = []
+    bus.subscribe(PERSISTED, "a", lambda record: None,
+                  batch_handler=lambda values: held.append(defer.Deferred()) or held[-1])
+    bus.subscribe(PERSISTED, "b", lambda record: None, batch_handler=lambda values: None)
+    outcome = []
+    bus.publish_many(PERSISTED, ["c"] * 3, _deliveries(3), outcome.append)
+    clock.advance(0)
+    assert outcome == []  # group b handled them, group a not yet
+    held[0].errback(RuntimeError("store down"))
+    assert len(outcome) == 1 and outcome[0].check(ConsumerFailedError)
+
+
+def test_publish_many_without_a_consumer_is_done_at_once():
+    bus, _ = _bus()
+    outcome = []
+    bus.publish_many(PERSISTED, ["c"] * 2, _deliveries(2), outcome.append)
+    assert outcome == [None]
+
+
+class _CountingStore(MemoryDeviceMessageStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def update_many(self, client_id, updates):
+        self.calls.append((client_id, list(updates)))
+        return defer.DeferredList([self.update(client_id, *u) for u in updates])
+
+
+def test_update_many_uses_the_store_s_own_call_or_one_update_each():
+    store = _CountingStore()
+    stored = [StoredDelivery(seq, Message("a", b"x"), 1) for seq in (1, 2)]
+    store.add("c", stored)
+    update_many(store, "c", [(1, 5, int(DeliveryState.SENT)), (2, 6, int(DeliveryState.SENT))])
+    assert store.calls == [("c", [(1, 5, 1), (2, 6, 1)])]
+    plain = MemoryDeviceMessageStore()
+    plain.add("c", [StoredDelivery(seq, Message("a", b"x"), 1) for seq in (1, 2)])
+    done = []
+    update_many(plain, "c", [(1, 5, 1), (2, 6, 1)]).addCallback(done.append)
+    assert done == [None]
+    loaded = []
+    plain.load("c").addCallback(loaded.extend)
+    assert [(d.packet_id, d.state) for d in loaded] == [(5, DeliveryState.SENT)] * 1 + [
+        (6, DeliveryState.SENT)]
+
+
+def test_the_sends_of_a_turn_are_one_store_update_written_when_the_turn_ends():
+    from tests.unit.test_outbox import make_outbox  # noqa: PLC0415
+
+    store = _CountingStore()
+    outbox, conn, clock = make_outbox(persistent=True, device_store=store)
+    outbox.paged_out = False
+    deliveries = [StoredDelivery(seq, Message("t", b"%d" % seq, 1), 1) for seq in (1, 2, 3)]
+    store.add("c", deliveries)
+    for delivery in deliveries:
+        outbox.deliver_stored(delivery, None, clock.seconds())
+    assert len(conn.packets()) == 3 and store.calls == []  # sent; the store write waits
+    clock.advance(0)  # the turn ends
+    assert store.calls == [("c", [(seq, deliveries[seq - 1].packet_id, int(DeliveryState.SENT))
+                                  for seq in (1, 2, 3)])]
+    loaded = []
+    store.load("c").addCallback(loaded.extend)
+    assert {d.state for d in loaded} == {DeliveryState.SENT}
+
+
+def test_publish_many_to_a_durable_topic_is_one_log_append_and_one_outcome():
+    from tests.helpers import MemoryTopicLog  # noqa: PLC0415
+
+    log = MemoryTopicLog()
+    clock = Clock()
+    bus = InProcessBus(clock=clock, log=log)
+    assert bus.start().called
+    topic = "tbmq.msg.app.app1"
+    got = []
+    # the client has not acknowledged them: the group does not commit
+    bus.subscribe(topic, "tbmq-app-app1", lambda record: None,
+                  batch_handler=lambda values: got.append(values) or defer.Deferred())
+    values = [Delivery("app1", Message("a/b", str(i).encode()), 1) for i in range(4)]
+    outcome = []
+    log.calls.clear()
+    bus.publish_many(topic, ["app1"] * 4, values, outcome.append)
+    assert outcome == []  # not durable before the log has it
+    clock.advance(0)
+    assert log.calls.count("append") == 1 and outcome == [None]
+    assert got == [values]  # the live group got the objects themselves
+    assert sorted(log.records[(topic, 0)]) == [0, 1, 2, 3]  # each record, encoded
