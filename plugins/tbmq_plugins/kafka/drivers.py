@@ -168,9 +168,15 @@ class SharedClient:
     :cvar resubscribes: a joined client changes its topics in place with
         :meth:`subscribe` (a rebalance); False: the caller closes it and
         joins with a new client instead.
+    :cvar fetches_in_background: the client fetches between two
+        :meth:`poll` calls (librdkafka prefetches): an idle consumer thread
+        (:mod:`.pacing`) pauses its partitions to stop it, and still polls
+        to serve the group's callbacks.  False: it fetches only inside
+        :meth:`poll` (kafka-python), so an idle thread does not poll.
     """
 
     resubscribes = True
+    fetches_in_background = True
 
     def partitions(self, topic: str) -> list[int]:
         """:returns: ``topic``'s partitions (metadata).

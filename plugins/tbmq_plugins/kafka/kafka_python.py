@@ -217,6 +217,7 @@ class SharedClient(drivers.SharedClient):
     of topics is a new client (:attr:`resubscribes` False)."""
 
     resubscribes = False
+    fetches_in_background = False  # fetches inside poll only (an in-flight one completes)
 
     def __init__(self, config: Any, group: str) -> None:
         self.error: str | None = None
