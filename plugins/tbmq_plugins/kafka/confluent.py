@@ -40,6 +40,8 @@ log = Logger(observer=LOG_OBSERVER)
 
 #: Seconds between two calls of the producer's poll (serves delivery callbacks).
 PRODUCER_POLL = 0.05
+#: Seconds a resume waits at most for the metadata request that wakes the fetcher.
+WAKE_TIMEOUT = 1.0
 #: Most milliseconds between two reconnection attempts to a broker.
 RECONNECT_BACKOFF_MAX_MS = 1000
 
@@ -269,6 +271,13 @@ class SharedClient(_Errors, drivers.SharedClient):
     A joined client does not change its topics in place (:attr:`resubscribes`
     False: a new client joins instead): on Tansu a rejoin with changed topics
     is sometimes never answered, as with kafka-python.
+
+    librdkafka's fetcher does not notice a resumed partition until its
+    broker thread wakes for something else: up to a second when every
+    partition was paused (an idle client, :mod:`.pacing`).  So
+    :meth:`resume` asks for the metadata of a resumed partition's topic,
+    a request that wakes it (0.5 ms on Tansu; a seek to the position does
+    not when the position did not move).
     """
 
     resubscribes = False
@@ -297,6 +306,7 @@ class SharedClient(_Errors, drivers.SharedClient):
 
     def add(self, offsets: dict) -> None:
         self._consumer.incremental_assign(self._tps(offsets, offsets))
+        self._consumer.resume(self._tps(offsets))  # paused before it was removed
 
     def remove(self, tps: list) -> None:
         if tps:
@@ -313,6 +323,9 @@ class SharedClient(_Errors, drivers.SharedClient):
                 self._starts = self._pausing = None
                 consumer.assign([TopicPartition(t, p, starts[(t, p)]) if (t, p) in starts
                                  else TopicPartition(t, p) for t, p in tps])
+                # a partition paused before it was revoked stays paused when
+                # given back: a partition is given to be read
+                consumer.resume(self._tps(tps))
                 if pausing:
                     consumer.pause(self._tps(pausing))
 
@@ -423,8 +436,13 @@ class SharedClient(_Errors, drivers.SharedClient):
     def resume(self, tps: list) -> None:
         if self._pausing is not None:
             self._pausing.difference_update(tps)
-        else:
-            self._consumer.resume(self._tps(tps))
+            return
+        self._consumer.resume(self._tps(tps))
+        if tps:
+            try:  # wakes the fetcher (see the class doc)
+                self._consumer.list_topics(tps[0][0], timeout=WAKE_TIMEOUT)
+            except KafkaException:
+                pass  # no broker: the fetcher retries on its own
 
     def close(self) -> None:
         self._consumer.close()
