@@ -566,9 +566,9 @@ class KafkaConfig:
     retention_ms: int = 604800000
     min_compaction_lag_ms: int = 60000
     acks: str = "all"
-    linger_ms: int = 5
-    fetch_max_wait_ms: int = 20
-    idle_fetch_interval_ms: int = 200
+    linger_ms: int = 1
+    fetch_max_wait_ms: int = 3
+    idle_fetch_interval_ms: int = 250
     max_poll_records: int = 5000
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000

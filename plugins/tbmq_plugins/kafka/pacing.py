@@ -49,7 +49,7 @@ POLL_TIMEOUT = 0.05
 #: Seconds without a record after which a client goes idle.
 IDLE_AFTER = 0.05
 #: Seconds an idle client's fetch is given beyond the fetch wait (its round trip).
-PROBE_MARGIN = 0.01
+PROBE_MARGIN = 0.005
 
 
 class Pacer:
