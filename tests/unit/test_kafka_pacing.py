@@ -26,13 +26,31 @@ class TimedClient(ScriptedClient):
         super().__init__(committed={0: 0, 1: 0, (U, 0): 0, (U, 1): 0}, **kwargs)
         self.fetches_in_background = background
         self.timed: list = []
+        self.latest: dict = {}  # what latest_offsets reports
+        self.asked = 0  # latest_offsets calls
+        self.stopped: set = set()  # paused partitions
+
+    def latest_offsets(self, tps_):
+        self.asked += 1
+        return {tp: self.latest[tp] for tp in tps_ if tp in self.latest}
 
     @staticmethod
     def _list(tps_):  # the partitions of two topics: ints and tuples
         return sorted((p if t == T else (t, p) for t, p in tps_), key=str)
 
+    def pause(self, tps_):
+        self.stopped.update(tps_)
+        super().pause(tps_)
+
+    def resume(self, tps_):
+        self.stopped.difference_update(tps_)
+        super().resume(tps_)
+
     def poll(self, timeout, max_records, want_ends):
         self.timed.append((time.monotonic(), timeout))
+        if (T, 0) in self.stopped:  # paused: nothing fetched (what the test queued waits)
+            time.sleep(timeout)
+            return {}, {}
         return super().poll(timeout, max_records, want_ends)
 
     def fetching_polls(self, since: float) -> int:
@@ -87,16 +105,16 @@ def test_an_idle_client_that_fetches_in_its_poll_is_polled_once_per_interval():
     close(found, reactor)
 
 
-def test_an_idle_client_that_fetches_in_the_background_has_its_partitions_paused():
+def test_an_idle_client_that_fetches_in_the_background_is_paused_and_asks_for_offsets():
     client = TimedClient(background=True)
     shared, reactor, found = idle_loop(client, interval=0.2)
     wait_until(lambda: shared.pacer.idle)
-    assert ("pause", [0, 1]) in client.calls
-    since = time.monotonic()
+    assert client.calls.count(("pause", [0, 1])) == 1
+    since, asked = time.monotonic(), client.asked
     time.sleep(1.0)
-    assert 3 <= client.fetching_polls(since) <= 7  # the others serve callbacks: no fetch
-    resumed = [c for c in client.calls if c == ("resume", [0, 1])]
-    assert 3 <= len(resumed) <= 7  # one fetch per interval, paused again after
+    assert client.fetching_polls(since) == 0  # its polls serve callbacks: no fetch
+    assert 3 <= client.asked - asked <= 7  # the latest offsets, once per interval
+    assert ("resume", [0, 1]) not in client.calls  # nothing came: paused all along
     close(found, reactor)
 
 
@@ -106,8 +124,12 @@ def test_records_bring_continuous_fetching_back_at_once():
     (loop, sink), = found
     shared.pacer.idle_after = 0.3
     wait_until(lambda: shared.pacer.idle)
-    client.polls.put((records(0, [0, 1]), {}))  # read by the next idle fetch
+    client.polls.put((records(0, [0, 1]), {}))
+    time.sleep(0.3)
+    assert len(sink.batches) == 1  # not fetched: the brokers report nothing new
+    client.latest = {(T, 0): 1}  # Tansu: the last batch's base + 1, past position 0
     reactor.wait(lambda: len(sink.batches) == 2, timeout=3.0)
+    assert ("resume", [0, 1]) in client.calls
     assert not shared.pacer.idle and client.calls[-1] != ("pause", [0, 1])
     sent = time.monotonic()
     client.polls.put((records(0, [2]), {}))  # no interval to wait for now
@@ -136,7 +158,7 @@ def test_partitions_paused_for_back_pressure_stay_paused_when_the_idle_mode_ends
     held.want_paused = True  # the reactor holds too many records of T
     wait_until(lambda: ("pause", [0, 1]) in client.calls)
     wait_until(lambda: shared.pacer.idle)
-    assert ("pause", [(U, 0), (U, 1)]) in client.calls
+    assert ("pause", [(U, 0), (U, 1), 0, 1]) in client.calls  # every partition
     mark = len(client.calls)
     shared.nudge()
     wait_until(lambda: not shared.pacer.idle, timeout=0.5)
@@ -179,3 +201,33 @@ def test_without_an_interval_a_client_never_goes_idle():
     assert shared.pacer is None and client.fetching_polls(since) >= 8
     assert ("pause", [0, 1]) not in client.calls
     close([(loop, sink)], reactor)
+
+
+class Nudged:
+    """A consumer thread of the bus (:class:`SharedLoop`), as the bus sees it."""
+
+    dead = False
+
+    def __init__(self) -> None:
+        self.nudges = 0
+
+    def nudge(self) -> None:
+        self.nudges += 1
+
+
+def test_a_record_the_node_produces_wakes_its_idle_consumer_threads():
+    from tbmq.cluster import records as r
+    from tbmq.model import Message
+    from tests.unit.test_kafka_bus import CONFIG, FakeDriver, started
+
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    threads = bus._loops = [Nudged(), Nudged()]
+    bus.publish(bus.catalogue.app("c1"), "c1", r.Delivery("c1", Message("a", b""), 1))
+    reactor.wait(lambda: driver.sent)
+    assert [t.nudges for t in threads] == [1, 1]
+    # the bus's threads are paced by the configuration
+    shared = bus._shared_loop("g", "g", joining=False)
+    assert shared.pacer.interval == CONFIG.idle_fetch_interval_ms / 1000.0 == 0.25
+    assert shared.pacer.probe > CONFIG.fetch_max_wait_ms / 1000.0
+    assert shared in bus._loops

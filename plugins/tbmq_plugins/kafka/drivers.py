@@ -235,6 +235,23 @@ class SharedClient:
         request), for those fetched since they were assigned."""
         raise NotImplementedError
 
+    def latest_offsets(self, tps: list[TP]) -> dict[TP, int]:
+        """:returns: the latest offsets the brokers report (ListOffsets,
+        one request per broker; Tansu reports the base offset of the last
+        batch + 1: too low, yet above the next offset to read once a record
+        came after it).  An idle client (:mod:`.pacing`) asks it instead of
+        fetching."""
+        raise NotImplementedError
+
+    def rest(self, tps: list[TP]) -> None:
+        """Stop fetching ``tps`` (the idle mode); the default pauses them."""
+        self.pause(tps)
+
+    def wake(self, tps: list[TP]) -> None:
+        """Fetch ``tps`` again at once (the idle mode ends); the default
+        resumes them."""
+        self.resume(tps)
+
     def poll(self, timeout: float, max_records: int,
              want_ends: set[TP]) -> tuple[dict[str, list[RawRecord]], dict[TP, int]]:
         """Read what is there, waiting ``timeout`` seconds at most.

@@ -275,6 +275,9 @@ class SharedClient(drivers.SharedClient):
         found = self._consumer.end_offsets([TopicPartition(*tp) for tp in tps])
         return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
 
+    def latest_offsets(self, tps: list) -> dict:
+        return self.end_offsets(tps)
+
     def high_watermarks(self, tps: list) -> dict:
         found = {}
         for tp in tps:

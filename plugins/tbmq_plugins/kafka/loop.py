@@ -312,28 +312,17 @@ class ConsumerLoop(_Outage):
             self.stirred = self.stirred or not paused
         self._paused = paused
 
-    def _held(self) -> list[int]:
+    @property
+    def paused(self) -> bool:
+        """The partitions are paused for the reactor (back-pressure)."""
+        return self._paused
+
+    def positions(self) -> dict[int, int]:
+        """:returns: partition → the next offset to hand over, for the
+        partitions held (not revoked)."""
         with self._lock:
-            return [p for p in self._next if p not in self._revoked]
-
-    def rest(self, client: "TopicView") -> None:
-        """Pause every partition (the idle mode, :mod:`.pacing`)."""
-        held = self._held()
-        if held:
-            try:
-                client.pause(held)
-            except Exception as e:
-                self._trouble(e)
-
-    def wake(self, client: "TopicView") -> None:
-        """Resume the partitions :meth:`rest` paused, unless the reactor
-        wants them paused (back-pressure)."""
-        held = self._held()
-        if held and not self._paused:
-            try:
-                client.resume(held)
-            except Exception as e:
-                self._trouble(e)
+            revoked = set(self._revoked)
+        return {p: o for p, o in self._next.items() if p not in revoked}
 
     def _seek(self, client: "TopicView") -> None:
         """Seek what the reactor asked (:meth:`seek`); what fails is tried

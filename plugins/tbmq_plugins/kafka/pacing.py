@@ -14,11 +14,13 @@ of one :class:`~.loop.SharedLoop` in one of two modes:
   given, read again, resumed after back-pressure, or its end is not known
   yet, or the group rebalances;
 * **idle**: after :data:`IDLE_AFTER` seconds without a record the client
-  stops fetching (a client that fetches in the background, as librdkafka
-  does, has the partitions it reads paused; one that fetches only inside
-  its poll, as kafka-python, is not polled) for ``kafka.idle_fetch_interval_ms``,
-  then fetches once (one fetch wait and :data:`PROBE_MARGIN`); a record
-  brings it back to the fast mode at once.
+  stops fetching, and once per ``kafka.idle_fetch_interval_ms`` looks for
+  records: a client that fetches in the background (librdkafka) has its
+  partitions paused, and asks the brokers for their latest offsets (one
+  ListOffsets request per broker, much cheaper than a fetch: no pause and
+  resume of every partition either); a client that fetches only inside its
+  poll (kafka-python) is not polled, then polled once (one fetch wait and
+  :data:`PROBE_MARGIN`).  A record brings it back to the fast mode at once.
 
 While idle the thread still serves what the reactor asks (commits, seeks,
 pause and resume, stop: they wake it, :meth:`Pacer.poke`) and, for a
@@ -64,7 +66,7 @@ class Pacer:
     :param wake: the thread's :class:`threading.Event`, set to end a wait.
     :param idle_after: seconds without a record before the idle mode.
     :ivar idle: the client does not fetch (``bool``).
-    :ivar idle_fetches: fetches made while idle so far (``int``).
+    :ivar idle_fetches: looks for records made while idle so far (``int``).
     """
 
     def __init__(self, interval: float, fetch_wait: float, wake: threading.Event,
@@ -100,8 +102,8 @@ class Pacer:
         self._quiet_at = time.monotonic() + self.idle_after
 
     def before_poll(self, client: Any, members: dict, active: bool) -> float | None:
-        """Decide the next poll, pausing or resuming the members'
-        partitions when the mode changes; may wait (idle).
+        """Decide the next poll, stopping or resuming the fetches of the
+        members' partitions when the mode changes; may wait (idle).
 
         :param client: the :class:`~.drivers.SharedClient`; its
             ``fetches_in_background`` says how it stops fetching.
@@ -119,32 +121,55 @@ class Pacer:
             if self.idle:
                 self._fast(client, members)
             return _poll_timeout(self._quiet_at - now)
+        background = client.fetches_in_background
         if self.idle:
             left = self._due - now
             if left > 0:
                 self._wake.wait(left)
-                return 0.0 if client.fetches_in_background else None
+                return 0.0 if background else None
             self.idle_fetches += 1
-            self._quiet_at = now + self.probe
+            if not background:  # one poll: one fetch
+                self.idle = False
+                self._quiet_at = now + self.probe
+                return _poll_timeout(self.probe)
+            if not self._news(client, members):
+                self._due = time.monotonic() + self.interval
+                return 0.0
+            self._quiet_at = now + self.idle_after
             self._fast(client, members)
-            return _poll_timeout(self.probe)
+            return _poll_timeout(self.idle_after)
         if now >= self._quiet_at:
-            self._rest(client, members)
+            self.idle = True
             self._due = now + self.interval
-            return 0.0 if client.fetches_in_background else None
+            if background:
+                client.rest(_partitions(members, True))
+            return 0.0 if background else None
         return _poll_timeout(self._quiet_at - now)
 
-    def _rest(self, client: Any, members: dict) -> None:
-        self.idle = True
-        if client.fetches_in_background:
-            for member, view in members.items():
-                member.rest(view)
+    def _news(self, client: Any, members: dict) -> bool:
+        """Whether a partition not paused for the reactor has records past
+        its position (one request per broker, no fetch)."""
+        positions = {(view.topic, p): o for member, view in members.items()
+                     if not member.paused for p, o in member.positions().items()}
+        if not positions:
+            return False
+        try:
+            latest = client.latest_offsets(list(positions))
+        except Exception:  # noqa: BLE001 - no answer: fetch, which tells more
+            return True
+        return any(latest.get(tp, -1) > o for tp, o in positions.items())
 
     def _fast(self, client: Any, members: dict) -> None:
         self.idle = False
         if client.fetches_in_background:
-            for member, view in members.items():
-                member.wake(view)
+            client.wake(_partitions(members, False))
+
+
+def _partitions(members: dict, everything: bool) -> list:
+    """The members' partitions, as ``(topic, partition)``; not
+    ``everything``: without those the reactor has paused (back-pressure)."""
+    return [(view.topic, p) for member, view in members.items()
+            if everything or not member.paused for p in member.positions()]
 
 
 def _poll_timeout(left: float) -> float:
