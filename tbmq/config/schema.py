@@ -568,7 +568,7 @@ class KafkaConfig:
     acks: str = "all"
     linger_ms: int = 1
     fetch_max_wait_ms: int = 3
-    idle_fetch_interval_ms: int = 250
+    idle_fetch_interval_ms: int = 100
     max_poll_records: int = 5000
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000

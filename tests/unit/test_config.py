@@ -469,7 +469,7 @@ def test_log_level_drops_tbmq_events_below_it():
 def test_the_idle_fetch_interval_of_the_kafka_consumers_is_set_by_the_environment():
     """``kafka.idle_fetch_interval_ms``: 0 turns the idle mode off, a
     negative interval is refused with the key's path."""
-    assert load_config(environ={}).kafka.idle_fetch_interval_ms == 250
+    assert load_config(environ={}).kafka.idle_fetch_interval_ms == 100
     config = load_config(environ={"TBMQ_KAFKA__IDLE_FETCH_INTERVAL_MS": "1000"})
     assert config.kafka.idle_fetch_interval_ms == 1000
     assert load_config(environ={"TBMQ_KAFKA__IDLE_FETCH_INTERVAL_MS": "0"}

@@ -228,6 +228,6 @@ def test_a_record_the_node_produces_wakes_its_idle_consumer_threads():
     assert [t.nudges for t in threads] == [1, 1]
     # the bus's threads are paced by the configuration
     shared = bus._shared_loop("g", "g", joining=False)
-    assert shared.pacer.interval == CONFIG.idle_fetch_interval_ms / 1000.0 == 0.25
+    assert shared.pacer.interval == CONFIG.idle_fetch_interval_ms / 1000.0 == 0.1
     assert shared.pacer.probe > CONFIG.fetch_max_wait_ms / 1000.0
     assert shared in bus._loops
