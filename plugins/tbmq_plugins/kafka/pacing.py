@@ -44,12 +44,15 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["IDLE_AFTER", "POLL_TIMEOUT", "PROBE_MARGIN", "Pacer"]
+__all__ = ["IDLE_AFTER", "NEWS_WAIT", "POLL_TIMEOUT", "PROBE_MARGIN", "Pacer"]
 
 #: Seconds one poll waits for records at most (commands wait that long at most).
 POLL_TIMEOUT = 0.05
 #: Seconds without a record after which a client goes idle.
 IDLE_AFTER = 0.05
+#: Seconds an idle client that saw offsets past its positions fetches at
+#: most until records come (a fetcher slow to notice a resume, or busy).
+NEWS_WAIT = 1.0
 #: Seconds an idle client's fetch is given beyond the fetch wait (its round trip).
 PROBE_MARGIN = 0.005
 
@@ -135,9 +138,9 @@ class Pacer:
             if not self._news(client, members):
                 self._due = time.monotonic() + self.interval
                 return 0.0
-            self._quiet_at = now + self.idle_after
+            self._quiet_at = now + NEWS_WAIT  # records are there: fetch until they come
             self._fast(client, members)
-            return _poll_timeout(self.idle_after)
+            return _poll_timeout(NEWS_WAIT)
         if now >= self._quiet_at:
             self.idle = True
             self._due = now + self.interval
