@@ -77,6 +77,16 @@ def idle_loop(client, interval=0.2, topics=(T,)):
     return shared, reactor, found
 
 
+def gone_idle(background: bool, interval: float, idle_after: float | None = None):
+    """A paced loop over a :class:`TimedClient`, once it has gone idle."""
+    client = TimedClient(background=background)
+    shared, reactor, found = idle_loop(client, interval=interval)
+    if idle_after is not None:
+        shared.pacer.idle_after = idle_after
+    wait_until(lambda: shared.pacer.idle)
+    return client, shared, reactor, found
+
+
 def wait_until(predicate, timeout=3.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -92,9 +102,7 @@ def close(found, reactor) -> None:
 
 
 def test_an_idle_client_that_fetches_in_its_poll_is_polled_once_per_interval():
-    client = TimedClient(background=False)
-    shared, reactor, found = idle_loop(client, interval=0.2)
-    wait_until(lambda: shared.pacer.idle)
+    client, shared, reactor, found = gone_idle(False, 0.2)
     since = time.monotonic()
     time.sleep(1.0)
     # fetching all the time: a poll every POLL_TIMEOUT (0.05 s) at least,
@@ -106,9 +114,7 @@ def test_an_idle_client_that_fetches_in_its_poll_is_polled_once_per_interval():
 
 
 def test_an_idle_client_that_fetches_in_the_background_is_paused_and_asks_for_offsets():
-    client = TimedClient(background=True)
-    shared, reactor, found = idle_loop(client, interval=0.2)
-    wait_until(lambda: shared.pacer.idle)
+    client, shared, reactor, found = gone_idle(True, 0.2)
     assert client.calls.count(("pause", [0, 1])) == 1
     since, asked = time.monotonic(), client.asked
     time.sleep(1.0)
@@ -119,11 +125,8 @@ def test_an_idle_client_that_fetches_in_the_background_is_paused_and_asks_for_of
 
 
 def test_records_bring_continuous_fetching_back_at_once():
-    client = TimedClient(background=True)
-    shared, reactor, found = idle_loop(client, interval=1.0)
+    client, shared, reactor, found = gone_idle(True, 1.0, idle_after=0.3)
     (loop, sink), = found
-    shared.pacer.idle_after = 0.3
-    wait_until(lambda: shared.pacer.idle)
     client.polls.put((records(0, [0, 1]), {}))
     time.sleep(0.3)
     assert len(sink.batches) == 1  # not fetched: the brokers report nothing new
@@ -140,9 +143,7 @@ def test_records_bring_continuous_fetching_back_at_once():
 
 
 def test_a_produce_wakes_an_idle_client():
-    client = TimedClient(background=False)
-    shared, reactor, found = idle_loop(client, interval=5.0)
-    wait_until(lambda: shared.pacer.idle)
+    client, shared, reactor, found = gone_idle(False, 5.0)
     since = time.monotonic()
     time.sleep(0.2)
     assert client.fetching_polls(since) == 0
@@ -170,10 +171,8 @@ def test_partitions_paused_for_back_pressure_stay_paused_when_the_idle_mode_ends
 
 
 def test_commits_seeks_and_stop_are_served_while_idle():
-    client = TimedClient(background=False)
-    shared, reactor, found = idle_loop(client, interval=5.0)
+    client, shared, reactor, found = gone_idle(False, 5.0)
     (loop, sink), = found
-    wait_until(lambda: shared.pacer.idle)
     loop.commit(0, 3)
     wait_until(lambda: ({0: 3}, False) in commits(client), timeout=0.5)
     assert shared.pacer.idle  # a commit reads nothing: still idle
