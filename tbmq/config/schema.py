@@ -538,11 +538,12 @@ class KafkaConfig:
         waits until every in-sync replica has the message), ``1`` or ``0``.
     :ivar linger_ms: milliseconds the producer waits to fill a batch, >= 0.
     :ivar fetch_max_wait_ms: milliseconds a fetch waits for records, >= 1.
-    :ivar idle_fetch_interval_ms: milliseconds between two fetches of a
-        consumer client that has read nothing for a while (its idle mode:
-        it does not fetch meanwhile), >= 0; a record, or a record the node
-        produces, brings it back to fetching continuously.  0: a client
-        always fetches continuously (one fetch per ``fetch_max_wait_ms``).
+    :ivar idle_fetch_interval_ms: milliseconds between two looks for
+        records of a consumer client that has read nothing for 50 ms (its
+        idle mode: it does not fetch; confluent asks the brokers for the
+        latest offsets, kafka-python fetches once), >= 0; records, or a
+        record the node produces, bring it back to fetching continuously.
+        0: a client always fetches (one fetch per ``fetch_max_wait_ms``).
     :ivar max_poll_records: records one poll hands over at most, >= 1.
     :ivar session_timeout_ms: milliseconds after which a silent consumer
         leaves its group, >= 1000.
