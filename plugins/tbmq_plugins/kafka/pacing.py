@@ -31,8 +31,9 @@ the node wakes its idle clients (:meth:`Pacer.nudge`): a node that writes
 expects records soon (an answer to a request, a delivery of its own
 message).
 
-The cost of an idle client is one fetch per interval instead of one per
-fetch wait; the price is the first record after a quiet spell, which waits
+The cost of an idle client is one small request per interval instead of
+one fetch per fetch wait (two idle nodes on Tansu: 27 requests/s each
+instead of 97, Tansu at 2-3 % of a core instead of 17-21 %); the price is the first record after a quiet spell, which waits
 up to the interval.  A broker that answers a long poll as soon as records
 arrive (Apache Kafka) needs none of this: there a long fetch wait costs no
 latency.
