@@ -568,7 +568,7 @@ class KafkaConfig:
     min_compaction_lag_ms: int = 60000
     acks: str = "all"
     linger_ms: int = 1
-    fetch_max_wait_ms: int = 3
+    fetch_max_wait_ms: int = 5
     idle_fetch_interval_ms: int = 100
     max_poll_records: int = 5000
     session_timeout_ms: int = 6000
