@@ -538,6 +538,12 @@ class KafkaConfig:
         waits until every in-sync replica has the message), ``1`` or ``0``.
     :ivar linger_ms: milliseconds the producer waits to fill a batch, >= 0.
     :ivar fetch_max_wait_ms: milliseconds a fetch waits for records, >= 1.
+    :ivar idle_fetch_interval_ms: milliseconds between two looks for
+        records of a consumer client that has read nothing for 50 ms (its
+        idle mode: it does not fetch; confluent asks the brokers for the
+        latest offsets, kafka-python fetches once), >= 0; records, or a
+        record the node produces, bring it back to fetching continuously.
+        0: a client always fetches (one fetch per ``fetch_max_wait_ms``).
     :ivar max_poll_records: records one poll hands over at most, >= 1.
     :ivar session_timeout_ms: milliseconds after which a silent consumer
         leaves its group, >= 1000.
@@ -561,8 +567,9 @@ class KafkaConfig:
     retention_ms: int = 604800000
     min_compaction_lag_ms: int = 60000
     acks: str = "all"
-    linger_ms: int = 5
-    fetch_max_wait_ms: int = 20
+    linger_ms: int = 1
+    fetch_max_wait_ms: int = 5
+    idle_fetch_interval_ms: int = 100
     max_poll_records: int = 5000
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000

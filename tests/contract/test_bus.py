@@ -971,3 +971,33 @@ def test_describe_lists_the_topics_and_the_offsets_a_group_committed(env):
     assert topics[topic]["partitions"] == 2 and len(topics[topic]["latest_offsets"]) == 2
     assert all(isinstance(o, int) and o >= 0 for o in topics[topic]["latest_offsets"])
     assert isinstance(described["errors"], list)
+
+
+def test_a_record_from_another_node_reaches_a_quiet_subscription_soon(env):
+    """A consumer that has read nothing for a while (on Kafka an idle client:
+    ``kafka.idle_fetch_interval_ms``, 100 ms, then a fetch; librdkafka must
+    be woken when its partitions are resumed, or it notices them up to a
+    second later) still gets a record another node publishes within a
+    fraction of a second, every time."""
+    import time
+
+    bus = env.bus()
+    other = env.another_node(bus)
+    topic = env.catalogue.events
+    got: list = []
+    arrived: dict = {}
+
+    def handler(record):
+        arrived[record.value] = time.monotonic()
+        got.append(record)
+
+    env.subscribe(bus, topic, "g", handler, exclusive=True)
+    env.settle()
+    delays = []
+    for i in range(5):
+        time.sleep(0.4)  # quiet: the client goes idle
+        sent = time.monotonic()
+        env.run(env.publish(other, topic, "k", b"%d" % i))
+        env.wait_until(lambda i=i: b"%d" % i in arrived)
+        delays.append(arrived[b"%d" % i] - sent)
+    assert max(delays) < 0.6, delays

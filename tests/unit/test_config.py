@@ -464,3 +464,15 @@ def test_log_level_drops_tbmq_events_below_it():
         set_log_level("info")
         globalLogPublisher.removeObserver(seen.append)
     assert [e["n"] for e in seen if e.get("log_namespace") == "tbmq.test"] == [2, 3, 5]
+
+
+def test_the_idle_fetch_interval_of_the_kafka_consumers_is_set_by_the_environment():
+    """``kafka.idle_fetch_interval_ms``: 0 turns the idle mode off, a
+    negative interval is refused with the key's path."""
+    assert load_config(environ={}).kafka.idle_fetch_interval_ms == 100
+    config = load_config(environ={"TBMQ_KAFKA__IDLE_FETCH_INTERVAL_MS": "1000"})
+    assert config.kafka.idle_fetch_interval_ms == 1000
+    assert load_config(environ={"TBMQ_KAFKA__IDLE_FETCH_INTERVAL_MS": "0"}
+                       ).kafka.idle_fetch_interval_ms == 0
+    assert "kafka.idle_fetch_interval_ms" in error(
+        environ={"TBMQ_KAFKA__IDLE_FETCH_INTERVAL_MS": "-1"})

@@ -175,6 +175,7 @@ class KafkaBus:
         self._codecs: dict[str, Any] = {}
         self._consumers: set[KafkaConsumer] = set()
         self._shared: dict[str, SharedLoop] = {}  # by Kafka group id (exclusive, bundles)
+        self._loops: list[SharedLoop] = []  # every consumer thread's, woken by a produce
         self._read_by: dict[str, set[SharedLoop]] = {}  # topic -> the clients that read it
         self._read_by_limit = 64
         self._keys: dict[KafkaConsumer, str | None] = {}  # its key in _shared
@@ -523,7 +524,11 @@ class KafkaBus:
     def _send_placed(self, topic: str, partition: int | None, key: bytes | None,
                      value: bytes | None, headers: tuple, done: Callable) -> None:
         """To the producer; ``done`` is a publish's own, or a
-        :class:`~.packing.Fanout`."""
+        :class:`~.packing.Fanout`.  The node's idle consumer threads fetch
+        again at once: a node that writes expects records soon (an answer,
+        its own message on its way to a subscriber; :mod:`.pacing`)."""
+        for loop in self._loops:
+            loop.nudge()
         try:
             self._producer.send(topic, key, value, headers, done, partition)
         except Exception as e:
@@ -625,7 +630,10 @@ class KafkaBus:
                 timeout=config.request_timeout_ms / 1000.0,
                 grace=2 * config.heartbeat_interval_ms / 1000.0,
                 stuck=4 * config.session_timeout_ms / 1000.0,
-                name=f"tbmq-kafka-consumer {group_id}")
+                name=f"tbmq-kafka-consumer {group_id}",
+                idle_interval=config.idle_fetch_interval_ms / 1000.0,
+                fetch_wait=config.fetch_max_wait_ms / 1000.0)
+            self._loops = [loop for loop in self._loops if not loop.dead] + [shared]
             if key is not None:
                 self._shared[key] = shared
         return shared

@@ -40,6 +40,8 @@ log = Logger(observer=LOG_OBSERVER)
 
 #: Seconds between two calls of the producer's poll (serves delivery callbacks).
 PRODUCER_POLL = 0.05
+#: Seconds a resume waits at most for the metadata request that wakes the fetcher.
+WAKE_TIMEOUT = 1.0
 #: Most milliseconds between two reconnection attempts to a broker.
 RECONNECT_BACKOFF_MAX_MS = 1000
 
@@ -271,6 +273,14 @@ class SharedClient(_Errors, drivers.SharedClient):
     A joined client does not change its topics in place (:attr:`resubscribes`
     False: a new client joins instead): on Tansu a rejoin with changed topics
     is sometimes never answered, as with kafka-python.
+
+    librdkafka's fetcher does not notice a resumed partition until its
+    broker thread wakes for something else: up to a second when every
+    partition was paused (an idle client, :mod:`.pacing`).  So
+    :meth:`wake` asks the leader of a resumed partition for its offsets,
+    a request that wakes the thread of that broker, the one that fetches it
+    (about 1 ms on Tansu; a seek to the position does not wake it when the
+    position did not move, a metadata request may go to another broker).
     """
 
     resubscribes = False
@@ -299,6 +309,7 @@ class SharedClient(_Errors, drivers.SharedClient):
 
     def add(self, offsets: dict) -> None:
         self._consumer.incremental_assign(self._tps(offsets, offsets))
+        self._consumer.resume(self._tps(offsets))  # paused before it was removed
 
     def remove(self, tps: list) -> None:
         if tps:
@@ -315,6 +326,9 @@ class SharedClient(_Errors, drivers.SharedClient):
                 self._starts = self._pausing = None
                 consumer.assign([TopicPartition(t, p, starts[(t, p)]) if (t, p) in starts
                                  else TopicPartition(t, p) for t, p in tps])
+                # a partition paused before it was revoked stays paused when
+                # given back: a partition is given to be read
+                consumer.resume(self._tps(tps))
                 if pausing:
                     consumer.pause(self._tps(pausing))
 
@@ -425,8 +439,23 @@ class SharedClient(_Errors, drivers.SharedClient):
     def resume(self, tps: list) -> None:
         if self._pausing is not None:
             self._pausing.difference_update(tps)
-        else:
-            self._consumer.resume(self._tps(tps))
+            return
+        self._consumer.resume(self._tps(tps))
+
+    def wake(self, tps: list) -> None:
+        self.resume(tps)
+        if tps:
+            try:  # wakes the fetcher (see the class doc)
+                self._consumer.get_watermark_offsets(TopicPartition(*tps[0]),
+                                                     timeout=WAKE_TIMEOUT, cached=False)
+            except KafkaException:
+                pass  # no broker: the fetcher retries on its own
+
+    def latest_offsets(self, tps: list) -> dict:
+        # timestamp -1: the latest offset, all partitions of a broker in one request
+        found = self._consumer.offsets_for_times(
+            [TopicPartition(t, p, -1) for t, p in tps], timeout=self._timeout)
+        return {(tp.topic, tp.partition): tp.offset for tp in found if tp.error is None}
 
     def close(self) -> None:
         self._consumer.close()

@@ -168,9 +168,15 @@ class SharedClient:
     :cvar resubscribes: a joined client changes its topics in place with
         :meth:`subscribe` (a rebalance); False: the caller closes it and
         joins with a new client instead.
+    :cvar fetches_in_background: the client fetches between two
+        :meth:`poll` calls (librdkafka prefetches): an idle consumer thread
+        (:mod:`.pacing`) pauses its partitions to stop it, and still polls
+        to serve the group's callbacks.  False: it fetches only inside
+        :meth:`poll` (kafka-python), so an idle thread does not poll.
     """
 
     resubscribes = True
+    fetches_in_background = True
 
     def partitions(self, topic: str) -> list[int]:
         """:returns: ``topic``'s partitions (metadata).
@@ -228,6 +234,23 @@ class SharedClient:
         """:returns: the high watermark the last fetch of each reported (no
         request), for those fetched since they were assigned."""
         raise NotImplementedError
+
+    def latest_offsets(self, tps: list[TP]) -> dict[TP, int]:
+        """:returns: the latest offsets the brokers report (ListOffsets,
+        one request per broker; Tansu reports the base offset of the last
+        batch + 1: too low, yet above the next offset to read once a record
+        came after it).  An idle client (:mod:`.pacing`) asks it instead of
+        fetching."""
+        raise NotImplementedError
+
+    def rest(self, tps: list[TP]) -> None:
+        """Stop fetching ``tps`` (the idle mode); the default pauses them."""
+        self.pause(tps)
+
+    def wake(self, tps: list[TP]) -> None:
+        """Fetch ``tps`` again at once (the idle mode ends); the default
+        resumes them."""
+        self.resume(tps)
 
     def poll(self, timeout: float, max_records: int,
              want_ends: set[TP]) -> tuple[dict[str, list[RawRecord]], dict[TP, int]]:

@@ -217,6 +217,7 @@ class SharedClient(drivers.SharedClient):
     of topics is a new client (:attr:`resubscribes` False)."""
 
     resubscribes = False
+    fetches_in_background = False  # fetches inside poll only (an in-flight one completes)
 
     def __init__(self, config: Any, group: str) -> None:
         self.error: str | None = None
@@ -273,6 +274,9 @@ class SharedClient(drivers.SharedClient):
     def end_offsets(self, tps: list) -> dict:
         found = self._consumer.end_offsets([TopicPartition(*tp) for tp in tps])
         return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
+
+    def latest_offsets(self, tps: list) -> dict:
+        return self.end_offsets(tps)
 
     def high_watermarks(self, tps: list) -> dict:
         found = {}

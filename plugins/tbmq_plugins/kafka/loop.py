@@ -57,6 +57,11 @@ record's offset: between two polls the thread seeks the client there and
 tells the reactor as for a new assignment of that partition (same thread,
 so every record read before the seek reaches the reactor before).
 
+**Idle clients** (:mod:`.pacing`): a client that read nothing for a while
+stops fetching, then fetches once per ``kafka.idle_fetch_interval_ms``,
+until records come; the thread still serves the reactor meanwhile.
+The group side of a joining client is :mod:`.joining`.
+
 **Outages.**  A client that cannot be built, or a poll that fails, is
 retried every :data:`RETRY_DELAY` seconds; the loop logs the first failure
 and the recovery, not each retry.
@@ -66,7 +71,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
 from typing import Any, Callable
 
 from twisted.logger import Logger
@@ -74,15 +78,15 @@ from twisted.logger import Logger
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.bridge import ask_reactor
 from tbmq_plugins.kafka.drivers import RawRecord, SharedClient, TopicView
+from tbmq_plugins.kafka.joining import Joining
 from tbmq_plugins.kafka.order import Gaps
+from tbmq_plugins.kafka.pacing import POLL_TIMEOUT, Pacer
 
 __all__ = ["BACKLOG_EVERY", "GATHER", "POLL_TIMEOUT", "RETRY_DELAY", "ConsumerLoop",
            "SharedLoop", "TopicView"]
 
 log = Logger(observer=LOG_OBSERVER)
 
-#: Seconds one poll waits for records at most (commands wait that long at most).
-POLL_TIMEOUT = 0.05
 #: Seconds between two attempts while Kafka fails.
 RETRY_DELAY = 0.5
 #: Seconds between two readings of the backlog (:attr:`ConsumerLoop.backlog`).
@@ -111,11 +115,8 @@ class _Outage:
             self._failing = None
 
 
-def _by_topic(tps: list[tuple]) -> dict[str, list[int]]:
-    found: dict[str, list[int]] = defaultdict(list)
-    for topic, p in tps:
-        found[topic].append(p)
-    return found
+def _nothing() -> None:
+    pass
 
 
 class _Wanted:
@@ -181,7 +182,9 @@ class ConsumerLoop(_Outage):
         self._commits: dict[int, int] = {}
         self._unconfirmed: dict[int, int] = {}  # committed without waiting
         self._seeks: dict[int, int] = {}
-        self.want_paused = False
+        self._want_paused = False
+        self.notify: Callable[[], None] = _nothing  # wakes an idle thread
+        self.stirred = False  # something to read: a partition given, read again, resumed
         self._stopping = False
         self._client: TopicView | None = None
         self._paused = False  # what the client was last told
@@ -207,10 +210,21 @@ class ConsumerLoop(_Outage):
 
     # -- from the reactor (thread-safe) -------------------------------------------------
 
+    @property
+    def want_paused(self) -> bool:
+        """What the reactor asks: the topic's partitions paused (``bool``)."""
+        return self._want_paused
+
+    @want_paused.setter
+    def want_paused(self, paused: bool) -> None:
+        self._want_paused = paused
+        self.notify()
+
     def commit(self, partition: int, offset: int) -> None:
         """Have ``offset`` committed for ``partition`` before the next poll."""
         with self._lock:
             self._commits[partition] = offset
+        self.notify()
 
     def seek(self, partition: int, offset: int) -> None:
         """Have ``partition`` read again from ``offset`` before the next
@@ -219,12 +233,14 @@ class ConsumerLoop(_Outage):
         meanwhile."""
         with self._lock:
             self._seeks[partition] = offset
+        self.notify()
 
     def stop(self) -> None:
         """Have the thread commit what was asked, stop reading the topic
         (leaving the group with the last subscription of a joining client),
         then call the sink's ``_closed``."""
         self._stopping = True
+        self.notify()
 
     # -- thread side (a SharedLoop's thread) ---------------------------------------------
 
@@ -290,10 +306,23 @@ class ConsumerLoop(_Outage):
         self._commit(client, wait=False)
         if self._seeks:
             self._seek(client)
-        paused = self.want_paused
+        paused = self._want_paused
         if paused != self._paused and self._next:
             (client.pause if paused else client.resume)(list(self._next))
+            self.stirred = self.stirred or not paused
         self._paused = paused
+
+    @property
+    def paused(self) -> bool:
+        """The partitions are paused for the reactor (back-pressure)."""
+        return self._paused
+
+    def positions(self) -> dict[int, int]:
+        """:returns: partition → the next offset to hand over, for the
+        partitions held (not revoked)."""
+        with self._lock:
+            revoked = set(self._revoked)
+        return {p: o for p, o in self._next.items() if p not in revoked}
 
     def _seek(self, client: "TopicView") -> None:
         """Seek what the reactor asked (:meth:`seek`); what fails is tried
@@ -437,6 +466,7 @@ class ConsumerLoop(_Outage):
             self._skip.pop(p, None)
             self._reached.discard(p)
         self._at_end |= at_end
+        self.stirred = True
         if self._paused and partitions:
             self._client.pause(partitions)
         self._reactor.callFromThread(self._sink._assigned, partitions)
@@ -503,7 +533,7 @@ class ConsumerLoop(_Outage):
             self.closed()
 
 
-class SharedLoop(_Outage):
+class SharedLoop(Joining, _Outage):
     """The thread and the client of several subscriptions of one group (see
     the module doc): every turn it commits, pauses and resumes what each
     subscription asked, polls the one client, and lets each subscription's
@@ -522,12 +552,18 @@ class SharedLoop(_Outage):
     :param stuck: seconds without an assignment after which a joining
         client joins its group again as a new member.
     :param name: the thread's name.
+    :param idle_interval: seconds between two fetches of an idle client
+        (:mod:`.pacing`); 0: the client fetches all the time.
+    :param fetch_wait: the client's fetch wait in seconds (an idle
+        client's single fetch is given that long).
     :ivar dead: True once the thread ended; :meth:`add` refuses then.
+    :ivar pacer: the :class:`~.pacing.Pacer`, or None without idle mode.
     """
 
     def __init__(self, reactor: Any, make_client: Callable[[], SharedClient], *,
                  joining: bool = False, max_records: int, timeout: float = 10.0,
-                 grace: float = 0.0, stuck: float = 60.0, name: str) -> None:
+                 grace: float = 0.0, stuck: float = 60.0, name: str,
+                 idle_interval: float = 0.0, fetch_wait: float = 0.0) -> None:
         self._reactor = reactor
         self._make_client = make_client
         self._joining = joining
@@ -549,6 +585,7 @@ class SharedLoop(_Outage):
         self._rebalance_deadline = 0.0
         self._closing = False
         self._wake = threading.Event()
+        self.pacer = Pacer(idle_interval, fetch_wait, self._wake) if idle_interval > 0 else None
         self._thread: threading.Thread | None = None
         self._failing: str | None = None
         self.dead = False
@@ -579,6 +616,8 @@ class SharedLoop(_Outage):
             self._expected.pop(member, None)
             if self.dead:
                 return False
+            if self.pacer is not None:
+                member.notify = self.pacer.poke
             self._adding.append((member, topic))
             self._added_at = time.monotonic()
             if self._thread is None:
@@ -701,82 +740,30 @@ class SharedLoop(_Outage):
             return None
         return client
 
-    # -- joining ---------------------------------------------------------------------------
-
-    def _keep_joined(self, client: SharedClient) -> SharedClient:
-        """Subscribe to the members' topics when they changed (a client
-        that cannot change them in place leaves the group, and the next one
-        joins with them); join again when no assignment came for too long.
-
-        :returns: the client, or None when it was closed."""
-        if self._rebalancing and time.monotonic() > self._rebalance_deadline:
-            log.warn("Kafka consumer {name}: no partitions assigned for {seconds:.0f} s; "
-                     "joining the group again", name=self.name, seconds=self._stuck)
-            self._close(client)
-            return None
-        topics = sorted(self._topics)
-        if topics and topics != self._subscribed:
-            if self._subscribed and not client.resubscribes:
-                if self._rebalancing:
-                    return client  # the join under way first (see _leave)
-                self._leave(client)  # the next client joins with the topics
-                return None
-            try:
-                client.subscribe(topics, self._on_assign, self._on_revoke)
-            except Exception as e:
-                self._trouble(e)
-                return client
-            self._subscribed = topics
-            self._rebalancing = True  # joining
-            self._rebalance_deadline = time.monotonic() + self._stuck
-        return client
-
-    def _leave(self, client: SharedClient) -> None:
-        """Before leaving the group: notice a rebalance under way (within
-        two heartbeats) and take part in it until the assignment.  Tansu
-        keeps a member that leaves between its join and its assignment as
-        the group's leader, and the group never gets an assignment again."""
-        now = time.monotonic()
-        grace, deadline = now + self._grace, now + self._grace + self._timeout
-        while now < deadline and (self._rebalancing or now < grace):
-            self._turn(client)
-            now = time.monotonic()
-        self._close(client)
-
-    def _on_assign(self, tps: list[tuple]) -> None:
-        """The group gave ``tps`` (in this thread, during a poll): each
-        topic's member positions its partitions."""
-        self._rebalancing = False
-        with self._lock:
-            self._assignment.update(tps)
-        for topic, partitions in _by_topic(tps).items():
-            member = self._topics.get(topic)
-            if member is not None:
-                member.on_assign(partitions)
-
-    def _on_revoke(self, tps: list[tuple]) -> dict[tuple, int]:
-        """The group takes ``tps`` back (possibly in the client's own
-        thread).  :returns: the offsets to commit before they go."""
-        if not self._closing and not self._rebalancing:
-            self._rebalancing = True
-            self._rebalance_deadline = time.monotonic() + self._stuck
-        with self._lock:
-            self._assignment.difference_update(tps)
-        offsets = {}
-        for topic, partitions in _by_topic(tps).items():
-            member = self._topics.get(topic)
-            if member is not None:
-                offsets.update({(topic, p): o for p, o in member.on_revoke(partitions).items()})
-        return offsets
-
     # -- polling ---------------------------------------------------------------------------
 
-    def _turn(self, client: SharedClient) -> None:
+    def nudge(self) -> None:
+        """Records are expected soon (thread-safe): an idle client fetches
+        again now (:mod:`.pacing`)."""
+        if self.pacer is not None:
+            self.pacer.nudge()
+
+    def _turn(self, client: SharedClient, fast: bool = False) -> None:
         members = self._members
+        stirred = fast
         for member, view in members.items():
             member.between_polls(view)
+            if member.stirred:
+                member.stirred, stirred = False, True
+        wanted = _Wanted(members)
+        timeout: float | None = POLL_TIMEOUT
+        if self.pacer is not None:
+            timeout = self.pacer.before_poll(client, members,
+                                             stirred or self._rebalancing or bool(wanted))
+            if timeout is None:
+                return
         try:
-            records, ends = client.poll(POLL_TIMEOUT, self._max_records, _Wanted(members))
+            records, ends = client.poll(timeout, self._max_records, wanted)
         except Exception as e:
             self._trouble(e)
             time.sleep(RETRY_DELAY)
@@ -786,6 +773,8 @@ class SharedLoop(_Outage):
             self._trouble(error)
         elif records or ends:
             self._recovered()
+        if records and self.pacer is not None:
+            self.pacer.read()
         for member, view in list(members.items()):
             topic = view.topic
             view.records = records.get(topic, [])
