@@ -56,6 +56,14 @@ class IMessageBus(IBackend):
         "each consumer (Kafka; the in-process bus in its encoding mode)."
     )
 
+    packs = Attribute(
+        "bool: True when the bus carries the records published together in "
+        "one (Kafka's packed records, docs/bus.md), so that a consumer's "
+        "batch_handler gets them in one call; False when each record is "
+        "handed on its own, during the publish when nothing waits (the "
+        "in-process bus)."
+    )
+
     catalogue = Attribute(
         "the tbmq.cluster.topics.TopicCatalogue whose names this bus carries "
         "(its prefix: kafka.topic_prefix on Kafka); the node names every "

@@ -138,10 +138,13 @@ class InProcessBus(Describable, ManyPublishes):
     :param clock: the ``IReactorTime`` used for slices and log flushes (the
         global reactor when None).
     :ivar encodes: True in the encoding mode.
+    :ivar packs: False: each record is handed on its own (during the
+        publish when nothing waits for the member).
     :ivar dropped: records dropped by retention so far.
     """
 
     log = log
+    packs = False
 
     def __init__(self, partitions: int = 1, max_uncommitted: int = 10000,
                  retention_records: int = 100000, encode: bool = False, log=None,

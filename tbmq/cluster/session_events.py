@@ -134,11 +134,11 @@ class SessionEvents:
 
     def _batches(self, handler: Callable) -> Callable | None:
         """``handler`` as a consumer's ``batch_handler`` on a bus that packs
-        several records in one (it has ``publish_many``: Kafka, whose packed
-        records of requests and answers are then read in one call), else
-        None: the in-process bus hands each record at once, in the
-        publisher's call, as an embedded node's CONNECT expects."""
-        return handler if self._publish_many is not None else None
+        several records in one (:attr:`~tbmq.interfaces.IMessageBus.packs`:
+        Kafka, whose packed records of requests and answers are then read in
+        one call), else None: the in-process bus hands each record at once,
+        in the publisher's call, as an embedded node's CONNECT expects."""
+        return handler if getattr(self.bus, "packs", False) else None
 
     def join(self) -> None:
         """Join the deciding group (``tbmq-session-events``, in the cluster

@@ -38,8 +38,10 @@ def request(client_id, node, session_id, request_id, clean_start=False):
 
 
 class PackingBus:
-    """A bus that packs (it has ``publish_many``): records what is
+    """A bus that packs (``packs``, with ``publish_many``): records what is
     published, each ``done`` kept for the test to call."""
+
+    packs = True
 
     def __init__(self) -> None:
         self.published: list = []  # (topic, key, value, done)

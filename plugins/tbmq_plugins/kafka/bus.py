@@ -150,11 +150,14 @@ class KafkaBus:
         ``config.driver`` when None).
     :raises ConfigError: when the driver's library is not installed.
     :ivar encodes: True: every value crosses Kafka as its codec's bytes.
+    :ivar packs: True: the records of one reactor turn to one partition
+        cross Kafka as one packed record (:mod:`.packing`).
     :ivar catalogue: the :class:`~tbmq.cluster.topics.TopicCatalogue` of
         ``config.topic_prefix``.
     """
 
     encodes = True
+    packs = True
 
     def __init__(self, config: Any, clock: Any = None, max_uncommitted: int = 10000,
                  driver: Any = None) -> None:
