@@ -161,6 +161,30 @@ print(delivered, rounds * len(publishers) * per_read * copies)
 MESSAGES_PER_ROUND = 8000
 
 
+def callgrind(tree: str, child: str, args: list, pythonpath: str) -> tuple[int, int, int]:
+    """Run the script ``child`` (read from stdin) under valgrind's callgrind
+    in ``tree``, with ``args`` and ``PYTHONPATH=pythonpath``.
+
+    :returns: ``(instructions, done, expected)``: the instructions valgrind
+        collected, and the last two integers the script printed.
+    :raises SystemExit: when the run failed or valgrind gave no count.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "callgrind.out")
+        env = {**os.environ, "PYTHONPATH": pythonpath, "PYTHONHASHSEED": "0"}
+        run = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+             sys.executable, "-", *map(str, args)],
+            input=child, capture_output=True, text=True, cwd=tree, env=env)
+        if run.returncode != 0:
+            raise SystemExit(f"{tree}: the run failed:\n{run.stderr[-3000:]}")
+        done, expected = map(int, run.stdout.split()[-2:])
+        found = re.search(r"Collected\s*:\s*(\d+)", run.stderr)
+        if found is None:
+            raise SystemExit(f"{tree}: no instruction count in valgrind's output")
+        return int(found.group(1)), done, expected
+
+
 def count(tree: str, scenario: str, rounds: int, level: int) -> int:
     """Instructions of one broker run of ``rounds`` rounds of ``scenario``
     on ``tree``.
@@ -168,22 +192,10 @@ def count(tree: str, scenario: str, rounds: int, level: int) -> int:
     :raises SystemExit: when the run failed, or delivered fewer messages
         than its publishers sent times the subscribers that match.
     """
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "callgrind.out")
-        env = {**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
-        run = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-             sys.executable, "-", scenario, str(rounds), str(level)],
-            input=CHILD, capture_output=True, text=True, cwd=tree, env=env)
-        if run.returncode != 0:
-            raise SystemExit(f"{tree}: the run failed:\n{run.stderr[-3000:]}")
-        delivered, expected = map(int, run.stdout.split()[-2:])
-        if delivered < expected:
-            raise SystemExit(f"{tree} {scenario}: {delivered} of {expected} deliveries made")
-        found = re.search(r"Collected\s*:\s*(\d+)", run.stderr)
-        if found is None:
-            raise SystemExit(f"{tree}: no instruction count in valgrind's output")
-        return int(found.group(1))
+    instructions, delivered, expected = callgrind(tree, CHILD, [scenario, rounds, level], tree)
+    if delivered < expected:
+        raise SystemExit(f"{tree} {scenario}: {delivered} of {expected} deliveries made")
+    return instructions
 
 
 def per_delivery(tree: str, scenario: str, rounds: int, level: int) -> float:

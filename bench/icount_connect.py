@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.brokers import tbmq_source  # noqa: E402
+from bench.icount import callgrind  # noqa: E402
 
 #: ``python - COUNT LEVEL`` with the tree on PYTHONPATH: prints the CONNACKs
 #: with reason code 0, and the CONNECTs sent
@@ -54,21 +52,10 @@ print(ok, n)
 def count(tree: str, n: int, level: int) -> int:
     """:returns: the instructions of one run of ``n`` CONNECTs on ``tree``.
     :raises SystemExit: when the run failed or a CONNECT was refused."""
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "PYTHONPATH": f"{tree}:{tree}/plugins", "PYTHONHASHSEED": "0"}
-        run = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
-             sys.executable, "-", str(n), str(level)],
-            input=CHILD, capture_output=True, text=True, cwd=tree, env=env)
-        if run.returncode != 0:
-            raise SystemExit(f"{tree}: the run failed:\n{run.stderr[-3000:]}")
-        ok, sent = map(int, run.stdout.split()[-2:])
-        if ok < sent:
-            raise SystemExit(f"{tree}: {ok} of {sent} CONNECTs accepted")
-        found = re.search(r"Collected\s*:\s*(\d+)", run.stderr)
-        if found is None:
-            raise SystemExit(f"{tree}: no instruction count in valgrind's output")
-        return int(found.group(1))
+    instructions, ok, sent = callgrind(tree, CHILD, [n, level], f"{tree}:{tree}/plugins")
+    if ok < sent:
+        raise SystemExit(f"{tree}: {ok} of {sent} CONNECTs accepted")
+    return instructions
 
 
 def main(argv=None) -> None:
