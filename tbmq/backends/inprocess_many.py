@@ -13,7 +13,7 @@ from typing import Callable
 from twisted.python.failure import Failure
 
 from tbmq.backends.inprocess_log import RangeWaiter
-from tbmq.cluster.completion import Completion
+from tbmq.cluster.completion import publish_each
 from tbmq.errors import RecordEncodingError
 
 __all__ = ["ManyPublishes"]
@@ -75,11 +75,7 @@ class ManyPublishes:
     def _each(self, topic: str, keys: list, values: list, done: Callable) -> None:
         """One :meth:`publish` each, under one
         :class:`~tbmq.cluster.completion.Completion`."""
-        sent = Completion()
-        publish = self.publish
-        for key, value in zip(keys, values):
-            publish(topic, key, value, (), sent.part())
-        sent.then(done)
+        publish_each(self.publish, topic, keys, values, done)
 
     def _logged_many(self, state, keys: list, values: list, done: Callable) -> None:
         """``publish_many`` to a durable topic of one partition: the values

@@ -232,8 +232,11 @@ class MQTTProtocol(protocol.Protocol):
                 incomplete.started()
             elif packets or incomplete.since is None:
                 incomplete.started()
-        if self._gate:  # kept for _release (a list from the first)
-            self._waiting = [*self._waiting, *packets]
+        if self._gate:  # kept for _release (a list from the first, then extended)
+            if self._waiting:
+                self._waiting.extend(packets)
+            else:
+                self._waiting = list(packets)
             return
         if packets and self.session is not None:
             self.resetTimeout()
@@ -263,7 +266,10 @@ class MQTTProtocol(protocol.Protocol):
                 self.disconnect(e.reason_code)
                 return
             if self._gate:  # something is being decided: hold the rest
-                self._waiting = [*self._waiting, *packets[index + 1:]]
+                if self._waiting:
+                    self._waiting.extend(packets[index + 1:])
+                else:
+                    self._waiting = packets[index + 1:]
                 return
 
     def _wait_for(self, d: defer.Deferred) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
-__all__ = ["Completion", "Located", "deferred_done"]
+__all__ = ["Completion", "Located", "deferred_done", "publish_each"]
 
 
 def deferred_done(start: Callable[[Callable[[Any], None]], Any]) -> defer.Deferred:
@@ -158,3 +158,20 @@ class Located:
         if outcome is None and where is not None:
             self.at(*where)
         self.done(outcome)
+
+
+def publish_each(publish: Callable, topic: str, keys: list, values: list,
+                 done: Callable[[Any], None]) -> None:
+    """Several records with one outcome on a bus without ``publish_many``:
+    ``publish(topic, key, value, (), part)`` for each, in order, under one
+    :class:`Completion`.
+
+    :param publish: the bus's :meth:`~tbmq.interfaces.IMessageBus.publish`.
+    :param done: ``done(None | Failure)``, called exactly once (maybe
+        during the call): None once every record is durable, else the
+        first failure.
+    """
+    sent = Completion()
+    for key, value in zip(keys, values):
+        publish(topic, key, value, (), sent.part())
+    sent.then(done)

@@ -111,10 +111,7 @@ class RecordCodec:
         """
         cls = self.cls
         write_array = self._write_array
-        try:
-            packer = _packers.packer
-        except AttributeError:
-            packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+        packer = _thread_packer()
         pack = packer.pack
         out = []
         append = out.append
@@ -254,6 +251,16 @@ _packers = threading.local()
 _PACKER_KEPT_BELOW = 256 * 1024
 
 
+def _thread_packer() -> msgpack.Packer:
+    """:returns: this thread's packer, made at its first use (a Packer is
+    not for concurrent use)."""
+    try:
+        return _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+        return packer
+
+
 def _pack(array: list) -> bytes:
     """``msgpack.packb(array, use_bin_type=True)`` with a packer of this
     thread's, made once (a Packer is not for concurrent use): ``packb``
@@ -261,10 +268,7 @@ def _pack(array: list) -> bytes:
 
     :raises Exception: what :meth:`msgpack.Packer.pack` raises (it then
         empties its buffer)."""
-    try:
-        packer = _packers.packer
-    except AttributeError:
-        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    packer = _thread_packer()
     data = packer.pack(array)
     if len(data) >= _PACKER_KEPT_BELOW:
         del _packers.packer  # its buffer grew: let it go

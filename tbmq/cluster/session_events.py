@@ -44,7 +44,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from tbmq.cluster.completion import Completion, Located
+from tbmq.cluster.completion import Completion, Located, publish_each
 from tbmq.cluster.records import (
     CLEAR_SESSION,
     CONNECTION_REQUEST,
@@ -445,8 +445,7 @@ class SessionEvents:
             if publish_many is not None:
                 publish_many(topic, keys, responses, sent.part())
             else:
-                for key, response in zip(keys, responses):
-                    self.bus.publish(topic, key, response, (), sent.part())
+                publish_each(self.bus.publish, topic, keys, responses, sent.part())
         return sent
 
     def _connect_decision(self, event: SessionEvent) -> SessionEventResponse:

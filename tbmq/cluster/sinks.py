@@ -29,7 +29,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from tbmq.cluster.completion import Completion, deferred_done
+from tbmq.cluster.completion import Completion, deferred_done, publish_each
 from tbmq.cluster.records import Delivery, Record, SessionMarker
 from tbmq.errors import BackendError
 from tbmq.log import OBSERVER as LOG_OBSERVER, debug_enabled
@@ -107,12 +107,8 @@ class BusSink:
         topic = self.topic_of(where)
         if self._publish_many is not None:
             self._publish_many(topic, keys, values, done)
-            return
-        sent = Completion()
-        publish = self.bus.publish
-        for key, value in zip(keys, values):
-            publish(topic, key, value, (), sent.part())
-        sent.then(done)
+        else:
+            publish_each(self.bus.publish, topic, keys, values, done)
 
 
 class Sinks(NamedTuple):
@@ -546,7 +542,10 @@ class ApplicationReader:
         consumer = self.bus.subscribe(topic, group, handle, exclusive=exclusive,
                                       batch_handler=handle_batch)
         holder.append(consumer)
-        session.app_consumers = {**session.app_consumers, key: consumer}  # (an idle session's is shared)
+        consumers = session.app_consumers
+        if not consumers:  # an idle session's is shared: its own dict from the first
+            consumers = session.app_consumers = {}
+        consumers[key] = consumer
 
     def unfollow(self, session, topic_filter: str) -> None:
         """Stop reading the shared topic of an unsubscribed filter."""

@@ -37,7 +37,6 @@ outside tbmq).
 
 from __future__ import annotations
 
-import zlib
 from typing import Any, Callable
 
 import msgpack
@@ -49,7 +48,7 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.drivers import RawRecord
 
 __all__ = ["HEADER", "HEADER_V1", "MAX_BYTES", "MAX_RECORDS", "Located", "Packer", "expand",
-           "pack", "partition_of", "unpacked"]
+           "pack", "unpacked"]
 
 #: The header that marks a packed record, and its value (the format's
 #: version): what :func:`pack` writes.
@@ -70,12 +69,6 @@ _HEADERS = (HEADER,)
 #: ``["pack", 2, `` of a version 2 value: a 4-item array, the tag, the version
 _V2_START = b"\x94\xa4pack\x02"
 _NIL = b"\xc0"
-
-
-def partition_of(key: bytes, partitions: int) -> int:
-    """:returns: the partition of ``key`` among ``partitions``
-    (``crc32(key) % partitions``)."""
-    return zlib.crc32(key) % partitions
 
 
 def _array_header(n: int) -> bytes:
