@@ -106,15 +106,19 @@ class Sink:
 
     def __init__(self) -> None:
         self.assigned: list = []
+        self.starts: list = []
         self.batches: list = []
+        self.tops: list = []
         self.revoked: list = []
         self.closed = False
 
-    def _assigned(self, partitions):
+    def _assigned(self, partitions, starts=None):
         self.assigned.append(partitions)
+        self.starts.append(starts)
 
-    def _batch(self, records, reached):
+    def _batch(self, records, reached, tops=None):
         self.batches.append(([(r.partition, r.offset) for r in records], reached))
+        self.tops.append(tops)
 
     def _revoke(self, partitions):
         self.revoked.append(partitions)
