@@ -15,7 +15,7 @@ from tbmq.model import Message
 from tbmq_plugins.kafka.bus import KafkaBus
 from tbmq_plugins.kafka.consumer import KafkaConsumer
 from tbmq_plugins.kafka.drivers import RawRecord
-from tbmq_plugins.kafka.own import Own, acknowledged
+from tbmq_plugins.kafka.own import Own
 from tbmq_plugins.kafka.packing import HEADER, pack
 
 from tests.unit.test_kafka_bus import CONFIG, FakeDriver, FakeLoop, Pending, started
@@ -74,7 +74,7 @@ def test_an_own_record_is_handed_once_on_acknowledgement_and_skipped_when_fetche
     handler = Pending()
     got = []
     consumer, codec = member(lambda record: (got.append(record), handler(record))[1])
-    acknowledged(consumer, 0, 10, (("k", "the object", (("h", b"1"),)),))
+    consumer.take_own(0, 10, (("k", "the object", (("h", b"1"),)),))
     assert [(x.topic, x.key, x.value, x.headers, x.partition, x.offset) for x in got] == [
         ("t", "k", "the object", (("h", b"1"),), 0, 10)]  # the shape a fetch gives
     assert consumer.handed(0) == 11
@@ -89,8 +89,8 @@ def test_an_own_record_is_handed_once_on_acknowledgement_and_skipped_when_fetche
 def test_an_acknowledgement_ahead_of_the_records_before_it_waits_for_them_in_order():
     handler = Pending()
     consumer, codec = member(handler)
-    acknowledged(consumer, 0, 12, mine(12))  # 10 and 11: another node's, not read yet
-    acknowledged(consumer, 0, 14, mine(14))
+    consumer.take_own(0, 12, mine(12))  # 10 and 11: another node's, not read yet
+    consumer.take_own(0, 14, mine(14))
     assert handler.seen == []
     consumer._batch([raw(10)], [])
     assert handler.seen == [(0, 10)]  # 11 still missing: 12 waits
@@ -107,7 +107,7 @@ def test_an_acknowledgement_ahead_of_the_records_before_it_waits_for_them_in_ord
 def test_a_held_record_the_fetch_brings_first_is_handed_as_read_once():
     handler = Pending()
     consumer, codec = member(handler)
-    acknowledged(consumer, 0, 11, mine(11))
+    consumer.take_own(0, 11, mine(11))
     consumer._batch([raw(10), raw(11)], [])
     assert handler.seen == [(0, 10), (0, 11)]
     assert codec.decoded == [b"10", b"11"]  # read before it could be handed: as read
@@ -118,7 +118,7 @@ def test_records_wait_behind_what_the_buffer_holds_of_their_partition():
     handler = Pending()
     consumer, _ = member(handler, max_uncommitted=1)
     consumer._batch([raw(10), raw(11)], [])  # 11 waits: one result pending at most
-    acknowledged(consumer, 0, 12, mine(12))
+    consumer.take_own(0, 12, mine(12))
     assert handler.seen == [(0, 10)]
     handler.results[(0, 10)].callback(None)
     assert handler.seen == [(0, 10)]  # the buffer's next turn: 11 first
@@ -131,11 +131,11 @@ def test_records_wait_behind_what_the_buffer_holds_of_their_partition():
 def test_nothing_is_handed_early_while_paused_or_for_a_partition_not_assigned():
     handler = Pending()
     consumer, codec = member(handler)
-    acknowledged(consumer, 1, 0, mine(0))  # not this member's partition
-    acknowledged(consumer, 0, 11, mine(11))  # held, ahead of 10
+    consumer.take_own(1, 0, mine(0))  # not this member's partition
+    consumer.take_own(0, 11, mine(11))  # held, ahead of 10
     consumer.pause()
     assert not consumer._tracks[0].held  # left to the fetch
-    acknowledged(consumer, 0, 10, mine(10))
+    consumer.take_own(0, 10, mine(10))
     assert handler.seen == [] and consumer.handed(0) is None
     consumer._batch([raw(10), raw(11)], [])
     consumer.resume()
@@ -147,18 +147,18 @@ def test_nothing_is_handed_early_while_paused_or_for_a_partition_not_assigned():
 def test_a_partition_without_a_known_start_is_not_handed_early_until_reached():
     handler = Pending()
     consumer, _ = member(handler, starts={})  # starts at its end: not known yet
-    acknowledged(consumer, 0, 40, mine(40))
+    consumer.take_own(0, 40, mine(40))
     assert handler.seen == []
     consumer._batch([], [0], {0: 41})  # reached: the end is 41, 40 was read before
-    acknowledged(consumer, 0, 41, mine(41))
+    consumer.take_own(0, 41, mine(41))
     assert handler.seen == [(0, 41)]
 
 
 def test_a_rebalance_drops_what_was_held_and_the_next_owner_reads_it():
     handler = Pending()
     consumer, _ = member(handler)
-    acknowledged(consumer, 0, 10, mine(10))  # handed, its result open
-    acknowledged(consumer, 0, 12, mine(12))  # held, 11 missing
+    consumer.take_own(0, 10, mine(10))  # handed, its result open
+    consumer.take_own(0, 12, mine(12))  # held, 11 missing
     consumer._revoke([0])
     assert consumer._holding == set()
     handler.results[(0, 10)].callback(None)
@@ -176,7 +176,7 @@ def test_a_commit_never_passes_an_early_record_whose_result_has_not_fired():
     handler = Pending()
     consumer, _ = member(handler)
     consumer._batch([raw(10)], [])
-    acknowledged(consumer, 0, 11, mine(11))
+    consumer.take_own(0, 11, mine(11))
     consumer._batch([raw(11), raw(12)], [])
     assert handler.seen == [(0, 10), (0, 11), (0, 12)]
     handler.results[(0, 10)].callback(None)
@@ -188,7 +188,7 @@ def test_a_commit_never_passes_an_early_record_whose_result_has_not_fired():
 
 def test_an_early_record_that_fails_has_its_partition_read_again_from_it():
     consumer, _ = member(lambda record: defer.fail(RuntimeError("no")))
-    acknowledged(consumer, 0, 10, mine(10))
+    consumer.take_own(0, 10, mine(10))
     consumer.bus.clock.advance(1.0)
     assert consumer.loop.seeks == [(0, 10)] and consumer.loop.commits == []
 
@@ -196,7 +196,7 @@ def test_an_early_record_that_fails_has_its_partition_read_again_from_it():
 def test_a_packed_records_values_go_to_the_batch_handler_as_one_unit():
     batches, singles = [], []
     consumer, codec = member(singles.append, lambda values: batches.append(values))
-    acknowledged(consumer, 0, 10, [("a", "v1", ()), ("b", "v2", ())])
+    consumer.take_own(0, 10, [("a", "v1", ()), ("b", "v2", ())])
     assert batches == [["v1", "v2"]] and singles == []
     packed = RawRecord(0, 10, None, pack([b"a", b"b"], [b"\xa1x", b"\xa1y"]), (HEADER,))
     consumer._batch([packed], [])

@@ -55,7 +55,6 @@ from tbmq.cluster.records import new_record
 from tbmq.cluster.redelivery import Redelivery
 from tbmq.interfaces import IConsumer
 from tbmq.log import OBSERVER as LOG_OBSERVER
-from tbmq_plugins.kafka.own import advance, forget
 from tbmq_plugins.kafka.packing import expand, unpacked
 
 __all__ = ["SLICE", "Entry", "KafkaConsumer", "Track"]
@@ -255,7 +254,7 @@ class KafkaConsumer:
             self._paused = True
             self._want_paused()
             if self._holding:
-                forget(self)
+                self._forget_own()
 
     def resume(self) -> None:
         """Hand records again, those that waited first.  Idempotent."""
@@ -315,7 +314,7 @@ class KafkaConsumer:
         self._closed_d = defer.Deferred()
         self._buffer.clear()
         self._held = 0
-        forget(self)
+        self._forget_own()
         if self._scheduled is not None and self._scheduled.active():
             self._scheduled.cancel()
         self._scheduled = None
@@ -471,7 +470,7 @@ class KafkaConsumer:
             self._throttled = False
             self._want_paused()
         if self._holding:
-            advance(self)
+            self._advance_own()
 
     def _hand(self, track: Track, entry: Entry, raw: Any) -> None:
         """Hand one Kafka record to the handler, or the values of a packed
@@ -495,6 +494,59 @@ class KafkaConsumer:
             self._done(track, entry, Failure())
             return
         self._took(track, entry, result)
+
+    def take_own(self, partition: int, offset: int, items: tuple | list) -> None:
+        """This node's unit ``items`` (``(key, value, headers)`` each) was
+        acknowledged at ``offset`` of ``partition`` (:mod:`.own`): hand it
+        now, keep it until the records before it were handed, or leave it
+        to the fetch (not this member's partition now, paused, stopped, or
+        read already)."""
+        track = self._tracks.get(partition)
+        if track is None or not track.live or self._paused or self.stopped:
+            return
+        top = track.top
+        if top is None or offset < top:
+            return  # where the partition starts is not known yet, or read already
+        if offset == top and self._can_hand_own(track):
+            self._hand_own(track, offset, items)
+            if track.held:
+                self._advance_own()
+            return
+        if track.held is None:
+            track.held = {}
+        track.held[offset] = items
+        self._holding.add(track)
+
+    def _advance_own(self) -> None:
+        """Hand the held units that follow everything handed in their
+        partition, in offset order, as long as the member may hand; forget
+        those of partitions that moved and those the fetch brought
+        meanwhile."""
+        holding = self._holding
+        for track in list(holding):
+            held = track.held
+            if not track.live or not held:
+                holding.discard(track)
+                if held:
+                    held.clear()
+                continue
+            top = track.top
+            for offset in [o for o in held if o < top]:
+                del held[offset]  # fetched meanwhile: handed as read
+            while held and self._can_hand_own(track):
+                items = held.pop(track.top, None)
+                if items is None:
+                    break
+                self._hand_own(track, track.top, items)
+            if not held:
+                holding.discard(track)
+
+    def _forget_own(self) -> None:
+        """Paused or stopped: what was held is left to the fetch."""
+        for track in self._holding:
+            if track.held:
+                track.held.clear()
+        self._holding.clear()
 
     def _can_hand_own(self, track: Track) -> bool:
         """This node's record at :attr:`Track.top` of ``track`` may be
@@ -565,7 +617,7 @@ class KafkaConsumer:
             if self._inflight == self.max_uncommitted - 1:
                 self._schedule()
             if self._holding:
-                advance(self)
+                self._advance_own()
 
     def _done(self, track: Track, entry: Entry, failure: Failure | None) -> None:
         """The handler's result for ``entry`` fired (``failure`` when it failed)."""

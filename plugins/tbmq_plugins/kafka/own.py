@@ -17,9 +17,8 @@ when the fetch brings it.  A subscription opts in with
   ``Fanout`` (:func:`hand_packed`), as **one** unit with its offset, and
   only when every record it carries is this node's publish (one of
   ``publish_many``, whose values are not kept, has it fetched).
-* The member side (:class:`~.consumer.KafkaConsumer`, :func:`acknowledged`
-  and :func:`advance` here): per partition, :attr:`~.consumer.Track.top`
-  is the offset after the last record that arrived from the fetch or was
+* The member side (:meth:`~.consumer.KafkaConsumer.take_own`): per
+  partition, :attr:`~.consumer.Track.top` is the offset after the last record that arrived from the fetch or was
   handed here; a unit at ``top`` is handed at once when nothing of the
   partition waits in the buffer, the handler is not busy and fewer than
   ``max_uncommitted`` results are pending; a unit further ahead waits in
@@ -44,7 +43,7 @@ from twisted.python.failure import Failure
 
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
-__all__ = ["Own", "acknowledged", "advance", "hand_packed"]
+__all__ = ["Own", "hand_packed"]
 
 log = Logger(observer=LOG_OBSERVER)
 
@@ -91,7 +90,7 @@ def _offer(takers: list, where: tuple[int, int], items: tuple | list) -> None:
     what one raises is logged (the publish's outcome is still reported)."""
     for member in list(takers):
         try:
-            acknowledged(member, where[0], where[1], items)
+            member.take_own(where[0], where[1], items)
         except Exception:
             log.failure("Kafka bus: a record of this node could not be handed on its "
                         "acknowledgement")
@@ -107,62 +106,3 @@ def hand_packed(dones: list, records: int, where: tuple[int, int]) -> None:
     own = [done for done in dones if type(done) is Own]
     if own and len(own) == records:
         _offer(own[0].takers, where, [(d.key, d.value, d.headers) for d in own])
-
-
-# -- the member side ----------------------------------------------------------------------
-
-def acknowledged(member: Any, partition: int, offset: int, items: tuple | list) -> None:
-    """This node's unit ``items`` (``(key, value, headers)`` each) was
-    acknowledged at ``offset`` of ``partition``: ``member`` hands it now,
-    keeps it until the records before it were handed, or leaves it to the
-    fetch (not its partition now, paused, or read already).
-
-    :param member: a :class:`~.consumer.KafkaConsumer` that opted in.
-    """
-    track = member._tracks.get(partition)
-    if track is None or not track.live or member._paused or member.stopped:
-        return
-    top = track.top
-    if top is None or offset < top:
-        return  # where the partition starts is not known yet, or read already
-    if offset == top and member._can_hand_own(track):
-        member._hand_own(track, offset, items)
-        if track.held:
-            advance(member)
-        return
-    if track.held is None:
-        track.held = {}
-    track.held[offset] = items
-    member._holding.add(track)
-
-
-def advance(member: Any) -> None:
-    """Hand the held units that follow everything handed in their
-    partition, in offset order, as long as the member may hand; forget
-    those of partitions that moved and those the fetch brought meanwhile."""
-    holding = member._holding
-    for track in list(holding):
-        held = track.held
-        if not track.live or not held:
-            holding.discard(track)
-            if held:
-                held.clear()
-            continue
-        top = track.top
-        for offset in [o for o in held if o < top]:
-            del held[offset]  # fetched meanwhile: handed as read
-        while held and member._can_hand_own(track):
-            items = held.pop(track.top, None)
-            if items is None:
-                break
-            member._hand_own(track, track.top, items)
-        if not held:
-            holding.discard(track)
-
-
-def forget(member: Any) -> None:
-    """The member paused or stopped: what it held is left to the fetch."""
-    for track in member._holding:
-        if track.held:
-            track.held.clear()
-    member._holding.clear()
