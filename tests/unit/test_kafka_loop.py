@@ -106,15 +106,19 @@ class Sink:
 
     def __init__(self) -> None:
         self.assigned: list = []
+        self.starts: list = []
         self.batches: list = []
+        self.tops: list = []
         self.revoked: list = []
         self.closed = False
 
-    def _assigned(self, partitions):
+    def _assigned(self, partitions, starts=None):
         self.assigned.append(partitions)
+        self.starts.append(starts)
 
-    def _batch(self, records, reached):
+    def _batch(self, records, reached, tops=None):
         self.batches.append(([(r.partition, r.offset) for r in records], reached))
+        self.tops.append(tops)
 
     def _revoke(self, partitions):
         self.revoked.append(partitions)
@@ -169,6 +173,8 @@ def test_a_new_group_starts_at_the_fetched_end_and_skips_what_was_there():
     client.polls.put((records(0, [2, 3, 4]), {0: 5, 1: 2}))
     reactor.wait(lambda: sink.batches)
     assert sink.batches == [([], [0, 1])]  # nothing handed, both read to their end
+    assert sink.starts == [{}]  # where they start was not known: at the end
+    assert sink.tops == [{0: 5, 1: 2}]  # now it is (what .own relies on)
     reactor.wait(lambda: commits(client))
     assert commits(client)[0] == ({0: 5, 1: 2}, False)  # the group starts there
     client.polls.put((records(0, [5, 6]), {}))
@@ -183,6 +189,7 @@ def test_a_new_group_of_a_durable_topic_starts_at_the_first_offsets_at_once_comm
     loop, sink, reactor = start(client, durable=True)
     reactor.wait(lambda: sink.assigned)
     assert ("start_at", {0: 0, 1: 7}, True) in client.calls
+    assert sink.starts == [{0: 0, 1: 7}]  # known: told to the reactor
     assert commits(client) == [({0: 0}, True)]  # before anything is read
     stop(loop, sink, reactor)
 

@@ -60,6 +60,7 @@ from tbmq_plugins.kafka.consumer import KafkaConsumer
 from tbmq_plugins.kafka.describe import describe_bus
 from tbmq_plugins.kafka.drivers import TopicSpec, load_driver
 from tbmq_plugins.kafka.loop import ConsumerLoop, SharedLoop
+from tbmq_plugins.kafka.own import Own
 from tbmq_plugins.kafka.packing import Packer
 
 __all__ = ["KafkaBus", "kafka_group", "topic_spec"]
@@ -190,6 +191,9 @@ class KafkaBus:
         self._placed: dict[str, int] = {}
         self._round_robin = 0
         self._packer = Packer(self._send_placed, lambda fn: clock.callLater(0, fn))
+        #: topic -> the members here that take this node's records of it on
+        #: acknowledgement (:meth:`~.consumer.KafkaConsumer.hand_own`)
+        self._takers: dict[str, list[KafkaConsumer]] = {}
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -434,6 +438,10 @@ class KafkaBus:
             done(Failure(e))
             return None
         key_bytes = None if key is None else key.encode("utf-8", "surrogatepass")
+        if self._takers:
+            takers = self._takers.get(topic)
+            if takers is not None:  # a member here takes it when acknowledged (.own)
+                done = Own(done, takers, key, value, headers)
         if topic in self._ready:
             partitions = self._placed.get(topic)
             if partitions is not None and key_bytes is not None and not headers:
@@ -699,7 +707,24 @@ class KafkaBus:
 
         self._when_ready(consumer.topic).addCallbacks(ready, failed)
 
+    def _take_own(self, consumer: KafkaConsumer) -> bool:
+        """Have ``consumer`` take this node's records of its topic on
+        acknowledgement (:meth:`~.consumer.KafkaConsumer.hand_own`).
+
+        :returns: False when the driver does not report where a record
+            landed (kafka-python) or the topic's offsets skip (compacted)."""
+        if (not getattr(self.driver, "LOCATES", False)
+                or self.catalogue.compacted(consumer.topic) or consumer.stopped):
+            return False
+        self._takers.setdefault(consumer.topic, []).append(consumer)
+        return True
+
     def _forget(self, consumer: KafkaConsumer) -> None:
+        takers = self._takers.get(consumer.topic)
+        if takers is not None and consumer in takers:
+            takers.remove(consumer)
+            if not takers:
+                del self._takers[consumer.topic]
         self._consumers.discard(consumer)
         self._keys.pop(consumer, None)
         self._group_ids.pop(consumer, None)

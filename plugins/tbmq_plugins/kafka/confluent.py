@@ -34,7 +34,12 @@ from tbmq_plugins.kafka import drivers
 from tbmq_plugins.kafka.describe import assemble, state_name
 from tbmq_plugins.kafka.drivers import RawRecord, TopicSpec
 
-__all__ = ["Admin", "Producer", "SharedClient"]
+__all__ = ["LOCATES", "Admin", "Producer", "SharedClient"]
+
+#: The producer tells where an acknowledged record landed (a ``done`` whose
+#: ``located`` is True gets ``where``): the bus may hand this node's records
+#: to its own members on acknowledgement (:mod:`.own`).
+LOCATES = True
 
 log = Logger(observer=LOG_OBSERVER)
 

@@ -34,7 +34,10 @@ one call; this side keeps them in a buffer and hands them to the handler:
 * ``caught_up`` fires once every assigned partition was *reached* (the
   thread handed over everything below the end it fetched) and the handlers'
   results of what came until then have fired, or stopped at a failed record
-  (that waits to be read again).
+  (that waits to be read again);
+* a member that opted in (:meth:`KafkaConsumer.hand_own`) hands this node's
+  own records when they are acknowledged, in offset order, and skips them
+  when the fetch brings them (:mod:`.own`).
 """
 
 from __future__ import annotations
@@ -103,14 +106,24 @@ class Track:
         :attr:`failed`).
     :ivar failed: the :class:`Entry` that blocked it, or None.
     :ivar reached: the thread handed over everything below the end.
+    :ivar top: the offset after the last record that arrived or was handed
+        on acknowledgement (:mod:`.own`): every record below it is known
+        here; None until the member knows where the partition starts.
+    :ivar queued: items of this partition in the consumer's buffer.
+    :ivar held: offset -> this node's records acknowledged there, ahead of
+        :attr:`top` (:mod:`.own`), or None.
     """
 
     __slots__ = ("partition", "live", "committed", "blocked", "failed", "pending", "arrived",
-                 "open", "reached", "barrier", "barrier_open", "handed")
+                 "open", "reached", "barrier", "barrier_open", "handed", "top", "queued",
+                 "held")
 
-    def __init__(self, partition: int) -> None:
+    def __init__(self, partition: int, top: int | None = None) -> None:
         self.partition = partition
         self.live = True
+        self.top = top
+        self.queued = 0
+        self.held: dict[int, Any] | None = None
         #: the offset after the last record handed on this assignment, or None
         self.handed: int | None = None
         self.committed: int | None = None
@@ -220,6 +233,10 @@ class KafkaConsumer:
         #: position (see :meth:`_check_caught_up`)
         self._group_ready = not group_wide
         self._group_asking = False
+        #: hand this node's records on acknowledgement (:meth:`hand_own`)
+        self._own = False
+        #: the tracks whose :attr:`Track.held` has units (:mod:`.own`)
+        self._holding: set[Track] = set()
 
     @property
     def positioned(self) -> bool:
@@ -230,10 +247,14 @@ class KafkaConsumer:
 
     def pause(self) -> None:
         """Stop handing records; the client's partitions are paused (the
-        records already read wait here, in order).  Idempotent."""
+        records already read wait here, in order; this node's records held
+        to be handed on acknowledgement are left to the fetch).
+        Idempotent."""
         if not self._paused:
             self._paused = True
             self._want_paused()
+            if self._holding:
+                self._forget_own()
 
     def resume(self) -> None:
         """Hand records again, those that waited first.  Idempotent."""
@@ -241,6 +262,23 @@ class KafkaConsumer:
             self._paused = False
             self._want_paused()
             self._schedule()
+
+    def hand_own(self) -> bool:
+        """Hand this node's own records of the topic when Kafka acknowledges
+        them rather than when the fetch brings them back (:mod:`.own`): a
+        record published here to a partition this member hands, once every
+        record before it was handed; the fetch then skips it.  The handler
+        gets the same :class:`~tbmq.cluster.records.Record` (or, for a
+        packed record, ``batch_handler`` the same values) it would read
+        back, its value the object as published; commits are unchanged.
+
+        :returns: True when the bus can (its driver reports the offsets of
+            acknowledged records, the topic is not compacted), else False
+            (the records are fetched as before).
+        """
+        if not self._own:
+            self._own = self.bus._take_own(self)
+        return self._own
 
     def handed(self, partition: int) -> int | None:
         """:returns: the offset after the last record of ``partition`` this
@@ -276,6 +314,7 @@ class KafkaConsumer:
         self._closed_d = defer.Deferred()
         self._buffer.clear()
         self._held = 0
+        self._forget_own()
         if self._scheduled is not None and self._scheduled.active():
             self._scheduled.cancel()
         self._scheduled = None
@@ -297,14 +336,18 @@ class KafkaConsumer:
 
     # -- from the thread (in the reactor thread) ------------------------------------------
 
-    def _assigned(self, partitions: list[int]) -> None:
+    def _assigned(self, partitions: list[int], starts: dict[int, int] | None = None) -> None:
+        """The thread gives ``partitions`` (a new assignment, or read again).
+
+        :param starts: partition -> the offset the thread reads it from,
+            where it is known (not a partition that starts at its end)."""
         if self.stopped:
             return
         for p in partitions:
             old = self._tracks.get(p)
             if old is not None:
                 old.live = False
-            self._tracks[p] = Track(p)
+            self._tracks[p] = Track(p, starts.get(p) if starts else None)
         self._has_assignment = True
         self._check_caught_up()
 
@@ -316,6 +359,7 @@ class KafkaConsumer:
             track = self._tracks.pop(p, None)
             if track is not None:
                 track.live = False
+                self._holding.discard(track)
             self._redelivery.forget(p)
         if self._buffer:
             self._buffer = deque(item for item in self._buffer
@@ -323,17 +367,28 @@ class KafkaConsumer:
             self._held = sum(_count(item[2]) for item in self._buffer)
         self._has_assignment = False  # until the group gives partitions again
 
-    def _batch(self, records: list, reached: list[int]) -> None:
+    def _batch(self, records: list, reached: list[int],
+               tops: dict[int, int] | None = None) -> None:
+        """A poll's records, and the partitions it reached.
+
+        :param tops: partition -> the offset after what the thread handed
+            over, for ``reached`` partitions (:attr:`Track.top`)."""
         if self.stopped:
             return
         tracks = self._tracks
         buffer = self._buffer
         batches = self.batch_handler is not None
+        own = self._own
         held = self._held
         for raw in records:
             track = tracks.get(raw.partition)
             if track is None or not track.live:  # (read before a seek back)
                 continue
+            if own:
+                top = track.top
+                if top is not None and raw.offset < top:
+                    continue  # handed when it was acknowledged (.own)
+                track.top = raw.offset + 1
             if raw.headers:  # a packed record, maybe (:mod:`.packing`)
                 if batches:
                     found = unpacked(raw)
@@ -342,6 +397,7 @@ class KafkaConsumer:
                         if not found[2]:
                             values = list(values)  # version 1: a list of bytes
                         buffer.append((track, track.arrive(raw.offset), values))
+                        track.queued += 1
                         held += len(values)
                         continue
                 else:
@@ -349,15 +405,20 @@ class KafkaConsumer:
                     entry = track.arrive(raw.offset, len(inner))
                     for one in inner:
                         buffer.append((track, entry, one))
+                    track.queued += len(inner)
                     held += len(inner)
                     continue
             buffer.append((track, track.arrive(raw.offset), raw))
+            track.queued += 1
             held += 1
         self._held = held
         for p in reached:
             track = tracks.get(p)
             if track is not None:
                 track.reach()
+                top = tops.get(p) if tops else None
+                if top is not None and (track.top is None or top > track.top):
+                    track.top = top
         if held >= self.buffer_limit and not self._throttled:
             self._throttled = True
             self._want_paused()
@@ -399,6 +460,7 @@ class KafkaConsumer:
                 count = _count(raw)
                 self._held -= count
                 budget -= count
+                track.queued -= 1
                 if track.live:
                     track.handed = entry.offset + 1
                     self._hand(track, entry, raw)
@@ -407,6 +469,8 @@ class KafkaConsumer:
         if self._throttled and self._held <= self.buffer_limit // 2:
             self._throttled = False
             self._want_paused()
+        if self._holding:
+            self._advance_own()
 
     def _hand(self, track: Track, entry: Entry, raw: Any) -> None:
         """Hand one Kafka record to the handler, or the values of a packed
@@ -429,6 +493,104 @@ class KafkaConsumer:
         except Exception:
             self._done(track, entry, Failure())
             return
+        self._took(track, entry, result)
+
+    def take_own(self, partition: int, offset: int, items: tuple | list) -> None:
+        """This node's unit ``items`` (``(key, value, headers)`` each) was
+        acknowledged at ``offset`` of ``partition`` (:mod:`.own`): hand it
+        now, keep it until the records before it were handed, or leave it
+        to the fetch (not this member's partition now, paused, stopped, or
+        read already)."""
+        track = self._tracks.get(partition)
+        if track is None or not track.live or self._paused or self.stopped:
+            return
+        top = track.top
+        if top is None or offset < top:
+            return  # where the partition starts is not known yet, or read already
+        if offset == top and self._can_hand_own(track):
+            self._hand_own(track, offset, items)
+            if track.held:
+                self._advance_own()
+            return
+        if track.held is None:
+            track.held = {}
+        track.held[offset] = items
+        self._holding.add(track)
+
+    def _advance_own(self) -> None:
+        """Hand the held units that follow everything handed in their
+        partition, in offset order, as long as the member may hand; forget
+        those of partitions that moved and those the fetch brought
+        meanwhile."""
+        holding = self._holding
+        for track in list(holding):
+            held = track.held
+            if not track.live or not held:
+                holding.discard(track)
+                if held:
+                    held.clear()
+                continue
+            top = track.top
+            for offset in [o for o in held if o < top]:
+                del held[offset]  # fetched meanwhile: handed as read
+            while held and self._can_hand_own(track):
+                items = held.pop(track.top, None)
+                if items is None:
+                    break
+                self._hand_own(track, track.top, items)
+            if not held:
+                holding.discard(track)
+
+    def _forget_own(self) -> None:
+        """Paused or stopped: what was held is left to the fetch."""
+        for track in self._holding:
+            if track.held:
+                track.held.clear()
+        self._holding.clear()
+
+    def _can_hand_own(self, track: Track) -> bool:
+        """This node's record at :attr:`Track.top` of ``track`` may be
+        handed now (:mod:`.own`): nothing of the partition waits in the
+        buffer, the handler is not busy, the member is not paused and has
+        room for one more pending result."""
+        return (not track.queued and track.live and not self._busy and not self._paused
+                and not self.stopped and self._inflight < self.max_uncommitted)
+
+    def _hand_own(self, track: Track, offset: int, items: tuple | list) -> None:
+        """Hand this node's unit at ``offset`` of ``track`` (acknowledged,
+        every record before it handed): ``items`` are ``(key, value,
+        headers)`` each, as published.  One item is handed as the
+        :class:`~tbmq.cluster.records.Record` the fetch would give; several
+        (a packed record) in one ``batch_handler`` call, or one record each
+        to the handler, as a fetched packed record is."""
+        track.top = track.handed = offset + 1
+        topic, p = self.topic, track.partition
+        batch = self.batch_handler is not None and len(items) > 1
+        entry = track.arrive(offset, 1 if batch else len(items))
+        self._busy = True
+        try:
+            if batch:
+                try:
+                    result = self.batch_handler([item[1] for item in items])
+                except Exception:
+                    self._done(track, entry, Failure())
+                    return
+                self._took(track, entry, result)
+                return
+            for key, value, headers in items:
+                if not track.live:
+                    break  # an earlier one failed: the partition is read again
+                try:
+                    result = self.handler(new_record((topic, key, value, headers, p, offset)))
+                except Exception:
+                    self._done(track, entry, Failure())
+                    continue
+                self._took(track, entry, result)
+        finally:
+            self._busy = False
+
+    def _took(self, track: Track, entry: Entry, result: Any) -> None:
+        """What the handler returned for (one record of) ``entry``."""
         if result is None:
             self._done(track, entry, None)
         elif type(result) is Completion:
@@ -451,8 +613,11 @@ class KafkaConsumer:
         when ``failure`` is None."""
         self._inflight -= 1
         self._done(track, entry, failure)
-        if not self._busy and self._inflight == self.max_uncommitted - 1:
-            self._schedule()
+        if not self._busy:
+            if self._inflight == self.max_uncommitted - 1:
+                self._schedule()
+            if self._holding:
+                self._advance_own()
 
     def _done(self, track: Track, entry: Entry, failure: Failure | None) -> None:
         """The handler's result for ``entry`` fired (``failure`` when it failed)."""

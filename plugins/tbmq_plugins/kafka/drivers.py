@@ -14,6 +14,10 @@ objects; the bus and the consumer loop only ever talk to these:
   subscriptions of one bundle); one fetch covers all of them.  Every method
   is called from that thread only, between polls, and may block.
 
+A driver module whose producer tells where an acknowledged record landed
+(sets ``done.where = (partition, offset)`` on a ``done`` whose ``located``
+is True) says so with ``LOCATES = True`` (:mod:`.own`).
+
 Two drivers implement it: :mod:`.confluent` (``confluent``: confluent-kafka
 on librdkafka, the default) and :mod:`.kafka_python` (``kafka-python``).  :func:`load_driver` imports one lazily, so that a node that
 uses neither needs neither installed.

@@ -369,8 +369,11 @@ class ConsumerLoop(_Outage):
             nexts[r.partition] = r.offset + 1
         reached = [p for p, end in self._ends.items()
                    if end is not None and p not in self._reached and nexts[p] >= end]
-        self._reached.update(reached)
-        if records or reached:
+        if reached:
+            self._reached.update(reached)
+            self._reactor.callFromThread(self._sink._batch, records, reached,
+                                         {p: nexts[p] for p in reached})
+        elif records:
             self._reactor.callFromThread(self._sink._batch, records, reached)
         now = time.monotonic()
         if now >= self._backlog_at:
@@ -417,7 +420,7 @@ class ConsumerLoop(_Outage):
         while not self._assign(partitions, assign=False):
             if self._stopping or time.monotonic() > deadline:
                 self._client.resume(partitions)
-                self._track(partitions, {p: 0 for p in partitions}, set())
+                self._track(partitions, {p: 0 for p in partitions}, set(), known=False)
                 return
             time.sleep(RETRY_DELAY)
 
@@ -455,7 +458,10 @@ class ConsumerLoop(_Outage):
         self._track(partitions, starts, set(at_end))
         return True
 
-    def _track(self, partitions: list[int], starts: dict[int, int], at_end: set[int]) -> None:
+    def _track(self, partitions: list[int], starts: dict[int, int], at_end: set[int],
+               known: bool = True) -> None:
+        """Read ``partitions`` from ``starts``; tell the reactor those it may
+        rely on (not ``at_end``, all unknown without ``known``)."""
         with self._lock:  # given again within the same poll
             self._revoked.difference_update(partitions)
         self._forget_gaps(partitions)
@@ -469,7 +475,9 @@ class ConsumerLoop(_Outage):
         self.stirred = True
         if self._paused and partitions:
             self._client.pause(partitions)
-        self._reactor.callFromThread(self._sink._assigned, partitions)
+        self._reactor.callFromThread(
+            self._sink._assigned, partitions,
+            {p: starts[p] for p in partitions if p not in at_end} if known else None)
 
     def on_revoke(self, partitions: list[int]) -> dict[int, int]:
         """The group takes ``partitions`` back (during a poll or the close;

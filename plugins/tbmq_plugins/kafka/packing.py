@@ -46,6 +46,7 @@ from twisted.python.failure import Failure
 from tbmq.cluster.completion import Completion, Located
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.drivers import RawRecord
+from tbmq_plugins.kafka.own import Own, hand_packed
 
 __all__ = ["HEADER", "HEADER_V1", "MAX_BYTES", "MAX_RECORDS", "Located", "Packer", "expand",
            "pack", "unpacked"]
@@ -157,21 +158,27 @@ class Fanout:
 
     :ivar dones: ``list`` of ``done(None | Failure)`` callables, in publish
         order.
-    :ivar located: True when one of them is a :class:`Located`: the driver
-        then sets :attr:`where`, passed on to them.
+    :ivar located: True when one of them is a :class:`Located` or an
+        :class:`~.own.Own`: the driver then sets :attr:`where`, passed on
+        to the first, and the records of the second handed to the members
+        that take them (:func:`~.own.hand_packed`).
+    :ivar records: the records it carries.
     """
 
-    __slots__ = ("dones", "located", "where")
+    __slots__ = ("dones", "located", "where", "records")
 
-    def __init__(self, dones: list, located: bool = False) -> None:
+    def __init__(self, dones: list, located: bool = False, records: int = 0) -> None:
         self.dones = dones
         self.located = located
+        self.records = records
         self.where: tuple[int, int] | None = None
 
     def __call__(self, outcome: Failure | None) -> None:
         """:param outcome: None (acknowledged) or a
         :class:`~twisted.python.failure.Failure`."""
         where = self.where
+        if where is not None and outcome is None:
+            hand_packed(self.dones, self.records, where)
         for done in self.dones:
             if where is not None and type(done) is Located:
                 done.where = where
@@ -245,7 +252,7 @@ class Packer:
         pending.values.append(value)
         pending.dones.append(done)
         pending.size += size
-        if type(done) is Located:
+        if type(done) is Located or type(done) is Own:
             pending.located = True
 
     def add_many(self, topic: str, partition: int, keys: list, values: list,
@@ -320,4 +327,4 @@ class Packer:
             self._send(topic, partition, p.keys[0], p.values[0], (), p.dones[0])
         else:
             self._send(topic, partition, None, pack(p.keys, p.values), _HEADERS,
-                       Fanout(p.dones, p.located))
+                       Fanout(p.dones, p.located, len(p.keys)))
