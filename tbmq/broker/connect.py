@@ -31,6 +31,20 @@ from tbmq.errors import BackendError, BusError, ProtocolViolation  # noqa: F401 
 #: (protocol name, level) pairs this broker speaks [MQTT-3.1.2-1, -2]
 SUPPORTED = {("MQIsdp", 3), ("MQTT", 4), ("MQTT", 5)}
 
+#: keep alive (seconds) → the connection's timeout, 1.5 times it
+#: [MQTT-3.1.2-24]: one float per keep alive value for the node, not per
+#: connection (24 bytes each)
+_TIMEOUTS: dict[int, float] = {}
+
+
+def _timeout_of(keep_alive: int) -> float:
+    """:returns: 1.5 × ``keep_alive`` seconds, the same float object for
+    every connection with that keep alive (at most 65535 values)."""
+    timeout = _TIMEOUTS.get(keep_alive)
+    if timeout is None:
+        timeout = _TIMEOUTS[keep_alive] = keep_alive * 1.5
+    return timeout
+
 
 def will_fault(will: Will, cfg) -> tuple[int, str] | None:
     """What is wrong with a CONNECT's will, if anything (MQTT 5.0 §3.1.2.5,
@@ -488,7 +502,7 @@ class ConnectHandler:
         # sooner, Twisted would look for it through all the reactor's timed
         # calls (a keep alive shorter than the connect timeout)
         self.conn.setTimeout(None)
-        self.conn.setTimeout(keep_alive * 1.5 if keep_alive else None)
+        self.conn.setTimeout(_timeout_of(keep_alive) if keep_alive else None)
         props = {}
         if self.conn.protocol_level >= MQTT_5:
             props = self._connack_properties(connect, session, keep_alive)
@@ -500,6 +514,11 @@ class ConnectHandler:
                           props))
         self.conn._connacked = True
         self.conn.handshake = None  # made again for an AUTH (re-authentication)
+        # nothing reads the CONNECT after its CONNACK but its session expiry
+        # (a DISCONNECT's [MQTT-3.14.2-2]) and the hooks, given it below
+        self.conn.connect_packet = None
+        if self.conn.protocol_level >= MQTT_5:
+            self.conn.expiry_asked = connect.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
         if result.credentials is None and request.auth_method is None:
             # kept only for what reads it later: a re-authentication (AUTH
             # 0x19 of the same method) and the rules of credentials records

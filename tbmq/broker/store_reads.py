@@ -216,7 +216,11 @@ class StoreReader:
             self.outbox._last_seq = delivery.seq
         if (delivery.state != DeliveryState.QUEUED and delivery.packet_id is not None
                 and delivery.packet_id not in self.outbox.inflight):
-            self.outbox.inflight[delivery.packet_id] = delivery
+            from tbmq.broker.outbox import NO_ENTRIES  # (the outbox imports this module)
+            inflight = self.outbox.inflight
+            if inflight is NO_ENTRIES:  # a dict from the first
+                inflight = self.outbox.inflight = {}
+            inflight[delivery.packet_id] = delivery
             self.outbox._resend(delivery)
             return
         delivery.packet_id = None
