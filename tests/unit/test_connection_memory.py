@@ -284,3 +284,14 @@ def test_connections_of_one_keep_alive_share_their_timeout_value():
     first, second, third = (sessions[k].connection for k in ("k1", "k2", "k3"))
     assert first.timeOut == 90.0 and first.timeOut is second.timeOut
     assert third.timeOut == 45.0
+
+
+def test_a_resumed_persistent_session_keeps_no_set_of_its_finished_read():
+    from tbmq.broker.store_reads import NO_SEQS
+    h = Harness()
+    h.client("p1", level=4, keep_alive=60, clean_start=False)
+    h.turn()
+    reader = h.broker.sessions.sessions["p1"].outbox.reader
+    # the store was read at the resume: its set of finished seqs went with the read
+    assert reader is not None and not reader.loading
+    assert reader.finished_in_read is NO_SEQS
