@@ -214,6 +214,8 @@ def test_connections_whose_deadlines_share_a_bucket_share_its_key():
     h = Harness()
     h.client("k0", keep_alive=60)
     h.client("k1", keep_alive=60)  # the same clock: the same 0.1 s bucket
+    # (in the connect timeout's bucket until it is due, then the keep alive's)
+    h.clock.advance(h.config.mqtt.connect_timeout + 1)
     sessions = h.broker.sessions.sessions
     first, second = sessions["k0"].connection, sessions["k1"].connection
     assert first.deadline_slot > 256 and first.deadline_slot is second.deadline_slot
@@ -273,6 +275,20 @@ def test_an_idle_session_holds_no_inflight_dict_nor_bound_deliver():
     assert idle.outbox.inflight is NO_ENTRIES  # the shared one was never written
     c.send(Puback(sent.packet_id))
     assert sub.inflight == {}
+
+
+def test_the_keep_alive_moves_the_connect_timeouts_deadline_without_a_bucket_change():
+    h = Harness()
+    c = h.client("late", keep_alive=60)
+    conn = h.broker.sessions.sessions["late"].connection
+    connect_bucket = conn.deadline_slot
+    # the keep alive's deadline (90 s) is later than the connect timeout's:
+    # one attribute now, the bucket moves it when due
+    assert conn.deadline == h.clock.seconds() + 90 and conn.deadline_slot is connect_bucket
+    h.clock.advance(h.config.mqtt.connect_timeout + 1)
+    assert not c.closed and conn.deadline_slot > connect_bucket
+    h.clock.advance(90)
+    assert c.closed  # 1.5 x the keep alive without a packet [MQTT-3.1.2-24]
 
 
 def test_connections_of_one_keep_alive_share_their_timeout_value():
