@@ -55,6 +55,7 @@ from twisted.protocols.haproxy._wrapper import HAProxyProtocolWrapper, HAProxyWr
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 
+from tbmq.broker.tcp_server import lighten
 from tbmq.config import TLS_LISTENER_TYPES
 from tbmq.errors import ConfigError, StartupError
 from tbmq.log import LogThrottle, OBSERVER as LOG_OBSERVER
@@ -657,7 +658,9 @@ def listen(broker, listener, reactor=None) -> defer.Deferred:
     :param listener: the :class:`tbmq.config.ListenerConfig`.
     :param reactor: the reactor; the global one when None.
     :returns: a Deferred firing with the
-        :class:`~twisted.internet.interfaces.IListeningPort`, or failing with
+        :class:`~twisted.internet.interfaces.IListeningPort` (a TCP port's
+        connections get the lighter :class:`tbmq.broker.tcp_server.Server`
+        transport), or failing with
         :class:`ConfigError` (bad endpoint string, TLS files) or
         :class:`StartupError` (address in use …, see :func:`listen_on`).
         For ``tcp:``, ``tcp6:`` and ``unix:`` endpoints it has fired when
@@ -670,7 +673,8 @@ def listen(broker, listener, reactor=None) -> defer.Deferred:
         factory = build_factory(broker, listener, reactor)
     except ConfigError:
         return defer.fail()
-    return listen_on(endpoint, factory, listener.endpoint, _key_path(broker, listener, "endpoint"))
+    return listen_on(endpoint, factory, listener.endpoint,
+                     _key_path(broker, listener, "endpoint")).addCallback(lighten)
 
 
 # -- what the layers know about a connection ----------------------------------------

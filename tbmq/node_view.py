@@ -344,7 +344,7 @@ class NodeView:
             if session is None or session.connection is None:
                 continue
             sid = options.subscription_id
-            session.deliver(message, 0, options.retain_as_published,
+            session.outbox.deliver(message, 0, options.retain_as_published,
                             () if sid is None else (sid,), None, now)
 
     def register_plugin(self, plugin: object, name: str | None = None) -> None:

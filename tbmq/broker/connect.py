@@ -22,6 +22,7 @@ from tbmq.mqtt import (
     MQTT_5, Auth, Connack, Connect, MalformedPacket, Property, ReasonCode, Will,
     connack_return_code,
 )
+from tbmq.mqtt.codec import encode
 from tbmq.mqtt.topics import TopicError, validate_topic_name
 from tbmq.broker.session_context import valid_utf8
 from tbmq.broker.sessions import is_persistent
@@ -30,6 +31,25 @@ from tbmq.errors import BackendError, BusError, ProtocolViolation  # noqa: F401 
 
 #: (protocol name, level) pairs this broker speaks [MQTT-3.1.2-1, -2]
 SUPPORTED = {("MQIsdp", 3), ("MQTT", 4), ("MQTT", 5)}
+
+#: CONNACK 0 Connection Accepted before MQTT 5, by its session present flag
+#: [MQTT-3.2.2-2, MQTT-3.2.2-3]
+_CONNACK_ACCEPTED = (encode(Connack(False, ReasonCode.SUCCESS), 4),
+                     encode(Connack(True, ReasonCode.SUCCESS), 4))
+
+#: keep alive (seconds) → the connection's timeout, 1.5 times it
+#: [MQTT-3.1.2-24]: one float per keep alive value for the node, not per
+#: connection (24 bytes each)
+_TIMEOUTS: dict[int, float] = {}
+
+
+def _timeout_of(keep_alive: int) -> float:
+    """:returns: 1.5 × ``keep_alive`` seconds, the same float object for
+    every connection with that keep alive (at most 65535 values)."""
+    timeout = _TIMEOUTS.get(keep_alive)
+    if timeout is None:
+        timeout = _TIMEOUTS[keep_alive] = keep_alive * 1.5
+    return timeout
 
 
 def will_fault(will: Will, cfg) -> tuple[int, str] | None:
@@ -484,22 +504,26 @@ class ConnectHandler:
         keep_alive = connect.keep_alive
         if cfg.max_keep_alive and (keep_alive == 0 or keep_alive > cfg.max_keep_alive):
             keep_alive = cfg.max_keep_alive if self.conn.protocol_level >= MQTT_5 else keep_alive
-        # the connect timeout's call is cancelled and a new one made: moved
-        # sooner, Twisted would look for it through all the reactor's timed
-        # calls (a keep alive shorter than the connect timeout)
-        self.conn.setTimeout(None)
-        self.conn.setTimeout(keep_alive * 1.5 if keep_alive else None)
-        props = {}
-        if self.conn.protocol_level >= MQTT_5:
+        # the connect timeout becomes the keep alive's: a later deadline is
+        # one attribute (the node's Deadlines move it when its bucket is due)
+        self.conn.setTimeout(_timeout_of(keep_alive) if keep_alive else None)
+        level = self.conn.protocol_level
+        if level >= MQTT_5:
             props = self._connack_properties(connect, session, keep_alive)
             if request.auth_method:
                 props[Property.AUTHENTICATION_METHOD] = request.auth_method
                 if result.auth_data is not None:
                     props[Property.AUTHENTICATION_DATA] = result.auth_data
-        self.conn.send(Connack(present if self.conn.protocol_level > 3 else False, ReasonCode.SUCCESS,
-                          props))
+            self.conn.send(Connack(present, ReasonCode.SUCCESS, props))
+        else:  # the same four bytes for every client (3.1: no session present flag)
+            self.conn.write(_CONNACK_ACCEPTED[present and level > 3])
         self.conn._connacked = True
         self.conn.handshake = None  # made again for an AUTH (re-authentication)
+        # nothing reads the CONNECT after its CONNACK but its session expiry
+        # (a DISCONNECT's [MQTT-3.14.2-2]) and the hooks, given it below
+        self.conn.connect_packet = None
+        if self.conn.protocol_level >= MQTT_5:
+            self.conn.expiry_asked = connect.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
         if result.credentials is None and request.auth_method is None:
             # kept only for what reads it later: a re-authentication (AUTH
             # 0x19 of the same method) and the rules of credentials records

@@ -56,7 +56,7 @@ FIRST_LATENCY_BOUND = LATENCY_BOUNDS[0]
 #: bytes; an idle session keeps none): see :meth:`Outbox._queue_to_fill`
 NO_QUEUE: tuple = ()
 #: an empty mapping shared by the outboxes that have none of their own yet
-#: (``dropped``, ``_app_done``): never written, a dict is made at the first
+#: (``inflight``, ``dropped``, ``_app_done``): never written, a dict is made at the first
 #: entry (an empty dict is 64 bytes)
 NO_ENTRIES: dict = {}
 #: the time of the last log line about drops before the first
@@ -164,7 +164,8 @@ class Outbox:
         #: None while the session is offline
         self.link = None
         mqtt = ctx.mqtt
-        self.inflight: dict[int, StoredDelivery] = {}
+        # a dict from the first QoS 1/2 PUBLISH sent (an empty one is 64 bytes)
+        self.inflight: dict[int, StoredDelivery] = NO_ENTRIES
         self.queue: deque[StoredDelivery] | tuple = NO_QUEUE  # a deque from the first wait
         self.queued_bytes = 0
         self._next_packet_id = 1
@@ -473,7 +474,10 @@ class Outbox:
             delivery.packet_id = None
             return False
         delivery.state = _SENT
-        self.inflight[pid] = delivery
+        inflight = self.inflight
+        if inflight is NO_ENTRIES:
+            inflight = self.inflight = {}
+        inflight[pid] = delivery
         conn.write(data)
         if delivery.seq:  # in the device store: one write per turn for all
             store_update(self, delivery.seq, pid, _SENT)

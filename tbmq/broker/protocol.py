@@ -122,7 +122,7 @@ class MQTTProtocol(protocol.Protocol):
     __slots__ = (
         "transport", "connected", "factory",  # Twisted's (class defaults in Protocol)
         "ctx", "_deadlines", "deadline", "deadline_slot", "timeOut", "_traffic", "listener",
-        "decoder", "session", "connect_packet",
+        "decoder", "session", "connect_packet", "expiry_asked",
         "protocol_level", "paused",
         "paused_bytes", "_out", "_closing", "_connacked", "_normal_disconnect",
         "_disconnect_reason", "_gate", "_waiting", "_abort_call", "handshake", "_auth", "link",
@@ -148,7 +148,12 @@ class MQTTProtocol(protocol.Protocol):
         self.decoder = Decoder(max_packet_size=max_packet_size,
                                max_connect_size=ctx.config.mqtt.max_connect_packet_size)
         self.session = None
+        #: the CONNECT from its arrival to the CONNACK, else None (a
+        #: connected client keeps what it needs of it: :attr:`expiry_asked`)
         self.connect_packet: Connect | None = None
+        #: the Session Expiry Interval the CONNECT asked for (0 when
+        #: absent), seconds: a DISCONNECT may not raise it from 0 [MQTT-3.14.2-2]
+        self.expiry_asked = 0
         self.protocol_level = 4
         self.paused = False
         self.paused_bytes = 0
@@ -462,13 +467,14 @@ class MQTTProtocol(protocol.Protocol):
         return str(getattr(peer, "host", peer))
 
     def _client_id(self) -> str:
-        return self.connect_packet.client_id if self.connect_packet else "?"
+        connect, session = self.connect_packet, self.session
+        return connect.client_id if connect else session.client_id if session else "?"
 
     # -- dispatch ------------------------------------------------------------------
 
     def packet_received(self, packet) -> None:
         if self.session is None:
-            if self.connect_packet is not None:
+            if self.connect_packet is not None or self._connacked:
                 handshake = self.handshake
                 if type(packet) is Auth and handshake is not None \
                         and handshake.exchange is not None:
@@ -550,8 +556,8 @@ class MQTTProtocol(protocol.Protocol):
         if self.protocol_level >= MQTT_5:
             expiry = packet.properties.get(Property.SESSION_EXPIRY_INTERVAL)
             if expiry is not None:
-                session.expiry_on_disconnect(expiry, self.connect_packet.properties.get(
-                    Property.SESSION_EXPIRY_INTERVAL, 0), expiry_cap(self.ctx.config, self._auth))
+                session.expiry_on_disconnect(expiry, self.expiry_asked,
+                                             expiry_cap(self.ctx.config, self._auth))
         self._normal_disconnect = packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE
         self._disconnect_reason = packet.reason_code
         self._closing = True

@@ -259,7 +259,7 @@ class Router:
             flag = retain and rap
             session = sessions.get(client_id)
             if session is not None and (qos == 0 or not session.persistent):
-                session.deliver(message, qos, flag, sids, cache, now, source)
+                session.outbox.deliver(message, qos, flag, sids, cache, now, source)
             else:
                 pending = self._to_sink(client_id, session, message, qos, flag, sids, pending,
                                         gathered)
@@ -285,7 +285,7 @@ class Router:
             flag = retain and options.retain_as_published
             session = sessions.get(client_id)
             if session is not None and (qos == 0 or not session.persistent):
-                session.deliver(message, qos, flag, options.subscription_ids, cache, now, source)
+                session.outbox.deliver(message, qos, flag, options.subscription_ids, cache, now, source)
             else:
                 pending = self._to_sink(client_id, session, message, qos, flag,
                                         options.subscription_ids, pending, gathered)

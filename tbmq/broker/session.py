@@ -90,7 +90,7 @@ class Session:
     __slots__ = tuple("""ctx client_id persistent expiry_interval protocol_level client_type subscriptions
         connection disconnected_at inbound_qos2 inbound_unacked aliases _acks _unaccepted _spare _allowed
         _allowed_for _reading_paused will will_timer expiry_timer session_id connected_at address username
-        credentials_name _view link outbox deliver app_consumers _received _received_bytes rate_in
+        credentials_name _view link outbox app_consumers _received _received_bytes rate_in
         rate_out""".split())
 
     def __init__(self, ctx: SessionContext, client_id: str, *, persistent: bool,
@@ -146,11 +146,9 @@ class Session:
         # the node's counters of PUBLISH packets received (one add each)
         self._received = ctx.traffic.received
         self._received_bytes = ctx.traffic.received_bytes
-        #: the outbound part: :class:`~tbmq.broker.outbox.Outbox`
-        self.outbox = outbox = Outbox(self, ctx.clock.seconds())
-        #: :meth:`tbmq.broker.outbox.Outbox.deliver` (the router's call, per
-        #: delivery: no frame of the session's on the way)
-        self.deliver = outbox.deliver
+        #: the outbound part: :class:`~tbmq.broker.outbox.Outbox` (the
+        #: router calls its ``deliver``: no frame of the session's on the way)
+        self.outbox = Outbox(self, ctx.clock.seconds())
 
     @property
     def view(self) -> SessionView:
@@ -647,7 +645,7 @@ class Session:
             self.ctx.device_store.add(self.client_id, [delivery])
             self.outbox.deliver_stored(delivery, None, now)
         else:
-            self.deliver(message, qos, True, sids, None, now)
+            self.outbox.deliver(message, qos, True, sids, None, now)
 
     def _after_save(self, then: Callable, conn) -> None:
         """Publish the subscriptions, then run ``then`` once this node's
@@ -797,6 +795,10 @@ class Session:
     inflight = property(lambda self: self.outbox.inflight,
                         doc="packet id → delivery sent and not yet acknowledged")
     queue = property(lambda self: self.outbox.queue, doc="deliveries waiting for the window")
+    # looked up at each call, not a bound method held per session (64 bytes):
+    # the router's and the sinks' calls go to ``session.outbox.deliver``
+    deliver = property(lambda self: self.outbox.deliver,
+                       doc=":meth:`tbmq.broker.outbox.Outbox.deliver` of this session")
     dropped = property(lambda self: self.outbox.dropped,
                        doc="reason → messages not delivered to this session")
 

@@ -172,18 +172,18 @@ class SessionManager:
         """
         persistent = is_persistent(connect)
         session_id = new_session_id()
+        expiry = self.expiry_for(connect, expiry_cap)
         d = self.events.request_connect(
             connect.client_id, session_id, clean_start=connect.clean_start,
             persistent=persistent, client_type=client_type,
-            session_expiry_interval=self.expiry_for(connect, expiry_cap),
-            protocol_level=connect.protocol_level)
-        return d.addCallback(self._open, conn, connect, client_type, expiry_cap, address,
+            session_expiry_interval=expiry, protocol_level=connect.protocol_level)
+        return d.addCallback(self._open, conn, connect, client_type, expiry, address,
                              session_id)
 
-    def _open(self, response, conn, connect, client_type: ClientType,
-              expiry_cap: int | None = None, address: str | None = None,
-              session_id: str | None = None) -> tuple[Session, bool]:
-        """Bind ``conn`` to the session the cluster answered about.
+    def _open(self, response, conn, connect, client_type: ClientType, expiry: int,
+              address: str | None = None, session_id: str | None = None) -> tuple[Session, bool]:
+        """Bind ``conn`` to the session the cluster answered about, with
+        ``expiry`` (:meth:`expiry_for`) as its session expiry interval.
 
         The session gets ``session_id``, the one its connect request named
         (the deciding member remembers the grant under it until the
@@ -235,7 +235,6 @@ class SessionManager:
         elif response.session is not None:
             existing = self._adopt(response, self._application(connect, client_type))
         persistent = is_persistent(connect)
-        expiry = self.expiry_for(connect, expiry_cap)
         present = existing is not None
         if existing is None:
             session = Session(self.ctx, client_id, persistent=persistent,

@@ -273,14 +273,15 @@ class BlockedClients:
         """Close this node's connections that ``entry`` (just added)
         matches: DISCONNECT ADMINISTRATIVE_ACTION (0x98) for MQTT 5."""
         for conn in list(self.connections):
-            connect = conn.connect_packet
-            if connect is None or conn._closing:
+            # a connected client's session, else the CONNECT waiting for its CONNACK
+            client = conn.session or conn.connect_packet
+            if client is None or conn._closing:
                 continue
-            if self.match(connect.client_id, connect.username, conn._peer()) is None:
+            if self.match(client.client_id, client.username, conn._peer()) is None:
                 continue
             self.disconnected += 1
             log.info("client {client_id} disconnected: blocked ({type} {value!r})",
-                     client_id=connect.client_id, type=entry.type, value=entry.value)
+                     client_id=client.client_id, type=entry.type, value=entry.value)
             conn.disconnect(ReasonCode.ADMINISTRATIVE_ACTION, "blocked")
 
     # -- changes ----------------------------------------------------------------------

@@ -438,7 +438,7 @@ class DownlinkReader:
             session = sessions.get(d.client_id)
             if session is None or session.connection is None:
                 continue  # gone meanwhile: a non-persistent delivery ends here
-            session.deliver(d.message, d.qos, d.retain, d.subscription_ids, None, now, source)
+            session.outbox.deliver(d.message, d.qos, d.retain, d.subscription_ids, None, now, source)
 
     def handle_persisted(self, record: Record) -> None:
         """One record of ``tbmq.msg.downlink.persisted.<serviceId>``: a

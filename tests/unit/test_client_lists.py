@@ -39,7 +39,8 @@ class FakeConnection:
             self.client_id, self.username = client_id, username
 
     def __init__(self, client_id, username=None, host="10.0.0.1"):
-        self.connect_packet = self.Connect(client_id, username)
+        self.connect_packet = self.Connect(client_id, username)  # before its CONNACK
+        self.session = None
         self._closing = False
         self.host = host
         self.closed_with = None

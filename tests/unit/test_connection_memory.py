@@ -11,7 +11,7 @@ import tracemalloc
 from tbmq.broker import acknowledgements
 from tbmq.broker.outbox import Outbox
 from tbmq.broker.protocol import MQTTProtocol
-from tbmq.mqtt import Pingreq, Pingresp, Puback, Publish, Pubrec, Pubrel, Pubcomp
+from tbmq.mqtt import Pingreq, Pingresp, Puback, Publish, Pubrec, Pubrel, Pubcomp, ReasonCode
 from tests.helpers import Harness
 
 
@@ -67,12 +67,21 @@ def _bytes_per_connection(count: int, **kw) -> float:
     return sum(d.size_diff for d in after.compare_to(before, "lineno")) / count
 
 
-def test_an_idle_clean_connection_holds_under_3_05_kilobytes():
+def test_an_idle_clean_connection_holds_under_2_75_kilobytes():
     # 4,463 B before the connection kept its CONNECT's AuthRequest, two empty
     # lists and the incomplete-packet fields; 3,855 B after (2,000 clients);
     # 2,884 B with the parts made at first use, the shared values and a clean
-    # session's registry record held unencoded by the in-process bus
-    assert _bytes_per_connection(400) < 3050
+    # session's registry record held unencoded by the in-process bus; about
+    # 2,670 B (400 clients) without the CONNECT kept after its CONNACK, a
+    # bound deliver per session, an empty inflight dict and a timeout float
+    # per connection
+    assert _bytes_per_connection(400) < 2750
+
+
+def test_an_idle_persistent_connection_holds_under_3_3_kilobytes():
+    # 3,640 B (400 clients) while each connected persistent session kept the
+    # empty set of its last store read; 3,170 B without it (and the above)
+    assert _bytes_per_connection(400, clean_start=False) < 3300
 
 
 def test_an_anonymous_client_keeps_no_auth_request_after_connack():
@@ -214,6 +223,100 @@ def test_connections_whose_deadlines_share_a_bucket_share_its_key():
     h = Harness()
     h.client("k0", keep_alive=60)
     h.client("k1", keep_alive=60)  # the same clock: the same 0.1 s bucket
+    # (in the connect timeout's bucket until it is due, then the keep alive's)
+    h.clock.advance(h.config.mqtt.connect_timeout + 1)
     sessions = h.broker.sessions.sessions
     first, second = sessions["k0"].connection, sessions["k1"].connection
     assert first.deadline_slot > 256 and first.deadline_slot is second.deadline_slot
+
+
+def test_a_connected_client_keeps_no_connect_packet_only_the_expiry_it_asked_for():
+    from tbmq.mqtt import Disconnect, Property
+    h = Harness()
+    c = h.client("none", level=5, keep_alive=60)
+    kept = h.client("kept", level=5, keep_alive=60,
+                    properties={Property.SESSION_EXPIRY_INTERVAL: 600})
+    conn = h.broker.sessions.sessions["none"].connection
+    kept_conn = h.broker.sessions.sessions["kept"].connection
+    assert conn.connect_packet is None and kept_conn.connect_packet is None
+    assert (conn.expiry_asked, kept_conn.expiry_asked) == (0, 600)
+    assert conn._client_id() == "none"  # for its log lines, from the session
+    # [MQTT-3.14.2-2] still holds without the CONNECT: 0 may not become 10 ...
+    c.send(Disconnect(ReasonCode.NORMAL_DISCONNECTION, {Property.SESSION_EXPIRY_INTERVAL: 10}))
+    assert [p.reason_code for p in c.received() if isinstance(p, Disconnect)] == [
+        ReasonCode.PROTOCOL_ERROR]
+    # ... while 600 may become 30
+    session = h.broker.sessions.sessions["kept"]
+    kept.send(Disconnect(ReasonCode.NORMAL_DISCONNECTION, {Property.SESSION_EXPIRY_INTERVAL: 30}))
+    assert kept.closed and session.expiry_interval == 30
+
+
+def test_a_blocked_entry_disconnects_a_connected_client_by_its_session():
+    from tbmq.cluster.blocked import new_entry
+    from tbmq.mqtt import Disconnect
+    h = Harness()
+    c = h.client("dev-1", level=5, keep_alive=60, username="alice")
+    other = h.client("dev-2", level=5, keep_alive=60, username="bob")
+    h.broker.blocked.add(new_entry("username", "alice", now=h.clock.seconds()))
+    h.turn()
+    assert [p.reason_code for p in c.received() if isinstance(p, Disconnect)] == [
+        ReasonCode.ADMINISTRATIVE_ACTION]
+    assert c.closed and not other.closed
+
+
+def test_an_idle_session_holds_no_inflight_dict_nor_bound_deliver():
+    from tbmq.broker.session import Session
+    from tbmq.broker.outbox import NO_ENTRIES
+    from tbmq.mqtt import Subscribe, SubscriptionRequest
+    h = Harness()
+    c = h.client("sub", level=4, keep_alive=60)
+    h.client("idle", level=4, keep_alive=60)
+    sub, idle = h.broker.sessions.sessions["sub"], h.broker.sessions.sessions["idle"]
+    assert "deliver" not in Session.__slots__
+    assert idle.outbox.inflight is NO_ENTRIES and idle.inflight == {}
+    assert idle.deliver == idle.outbox.deliver  # still there, looked up at each call
+    c.send(Subscribe(1, [SubscriptionRequest("t/q", 1)]))
+    c.received()
+    pub = h.client("pub", level=4, keep_alive=60)
+    pub.send(Publish("t/q", b"m", qos=1, packet_id=5))
+    [sent] = [p for p in c.received() if isinstance(p, Publish)]
+    assert sub.outbox.inflight is not NO_ENTRIES and list(sub.inflight) == [sent.packet_id]
+    assert idle.outbox.inflight is NO_ENTRIES  # the shared one was never written
+    c.send(Puback(sent.packet_id))
+    assert sub.inflight == {}
+
+
+def test_the_keep_alive_moves_the_connect_timeouts_deadline_without_a_bucket_change():
+    h = Harness()
+    c = h.client("late", keep_alive=60)
+    conn = h.broker.sessions.sessions["late"].connection
+    connect_bucket = conn.deadline_slot
+    # the keep alive's deadline (90 s) is later than the connect timeout's:
+    # one attribute now, the bucket moves it when due
+    assert conn.deadline == h.clock.seconds() + 90 and conn.deadline_slot is connect_bucket
+    h.clock.advance(h.config.mqtt.connect_timeout + 1)
+    assert not c.closed and conn.deadline_slot > connect_bucket
+    h.clock.advance(90)
+    assert c.closed  # 1.5 x the keep alive without a packet [MQTT-3.1.2-24]
+
+
+def test_connections_of_one_keep_alive_share_their_timeout_value():
+    h = Harness()
+    h.client("k1", keep_alive=60)
+    h.client("k2", keep_alive=60)
+    h.client("k3", keep_alive=30)
+    sessions = h.broker.sessions.sessions
+    first, second, third = (sessions[k].connection for k in ("k1", "k2", "k3"))
+    assert first.timeOut == 90.0 and first.timeOut is second.timeOut
+    assert third.timeOut == 45.0
+
+
+def test_a_resumed_persistent_session_keeps_no_set_of_its_finished_read():
+    from tbmq.broker.store_reads import NO_SEQS
+    h = Harness()
+    h.client("p1", level=4, keep_alive=60, clean_start=False)
+    h.turn()
+    reader = h.broker.sessions.sessions["p1"].outbox.reader
+    # the store was read at the resume: its set of finished seqs went with the read
+    assert reader is not None and not reader.loading
+    assert reader.finished_in_read is NO_SEQS

@@ -64,6 +64,7 @@ class FakeSession:
         self.client_type = client_type
         self.connection = object() if connected else None
         self.delivered: list[tuple] = []
+        self.outbox = self  # the router calls session.outbox.deliver
 
     def deliver(self, message, qos, retain, sids, cache, now, source):
         self.delivered.append((message.topic, qos, retain, sids, source))
