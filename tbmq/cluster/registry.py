@@ -17,7 +17,10 @@ embedded default the in-process bus keeps these topics in the SQLite topic
 log, so a restart replays them; a non-persistent session's record need not
 survive a restart (the node ends such sessions at its start), so
 :class:`SessionRegistry` marks it transient (not written to the log, not
-waited for) unless it replaces a record the log may hold.
+waited for) unless it replaces a record the log may hold.  On a bus that
+packs records (Kafka, where every topic is durable) no record is marked:
+the mark would cost a header per record, and the client ids remembered for
+it would grow with every clean session the node reads.
 """
 
 from __future__ import annotations
@@ -69,6 +72,9 @@ class SessionRegistry:
         #: client ids whose last record in a durable topic log may be a
         #: session (not a tombstone): their next record is durable too
         self._logged: set[str] = set()
+        #: whether records are marked transient: not on a bus that packs
+        #: records (Kafka keeps every topic and ignores the mark)
+        self._marks = not getattr(bus, "packs", False)
         self.consumer = None
 
     def start(self) -> defer.Deferred:
@@ -88,7 +94,8 @@ class SessionRegistry:
         takeover) and is ignored, the same way on every node."""
         client_id = record.key
         new = record.value
-        if new is not None and not (record.headers and transient(record.headers)):
+        if (new is not None and self._marks
+                and not (record.headers and transient(record.headers))):
             self._logged.add(client_id)
         if new is None:
             old = self.sessions.pop(client_id, None)
@@ -137,7 +144,8 @@ class SessionRegistry:
         other nodes still read it) unless the log may hold a record of that
         client id from this node or a replay (a persistent session's, which
         a restart must not bring back): then it is durable, as every
-        persistent session's record.
+        persistent session's record.  On a bus that packs records (Kafka)
+        no record is marked.
 
         :param done: ``done(None | Failure)``, the bus's outcome of the
             record (:meth:`tbmq.interfaces.IMessageBus.publish`), or None
@@ -145,6 +153,8 @@ class SessionRegistry:
         :returns: the bus's publish result (None with ``done``, else a Deferred).
         """
         client_id = info.client_id
+        if not self._marks:
+            return self.bus.publish(self.topic, client_id, info, (), done)
         if info.persistent or client_id in self._logged:
             self._logged.add(client_id)
             return self.bus.publish(self.topic, client_id, info, (), done)
@@ -156,6 +166,8 @@ class SessionRegistry:
         :meth:`put`), else transient.
 
         :param done: as :meth:`put`'s."""
+        if not self._marks:
+            return self.bus.publish(self.topic, client_id, None, (), done)
         if client_id in self._logged:
             self._logged.discard(client_id)
             return self.bus.publish(self.topic, client_id, None, (), done)

@@ -11,9 +11,9 @@ from twisted.internet import task
 from tbmq.backends.inprocess_bus import InProcessBus
 from tbmq.backends.sqlite_runner import SQLiteRunner
 from tbmq.backends.sqlite_topic_log import SQLiteTopicLog
-from tbmq.cluster.records import SessionInfo
+from tbmq.cluster.records import Record, SessionInfo
 from tbmq.cluster.registry import SessionRegistry
-from tbmq.cluster.topics import TopicCatalogue, transient
+from tbmq.cluster.topics import TRANSIENT, TopicCatalogue, transient
 from tbmq.model import ClientType
 from tests.unit.test_stores import SyncReactor, SyncThreadPool, fired
 
@@ -153,3 +153,36 @@ def test_reading_only_clean_session_records_writes_no_commit_and_a_restart_reads
     assert [r.key for r in again.read][-1] == "q"
     assert again.registry.get("q") is not None
     again.stop()
+
+
+class PackingBus:
+    """A bus that packs records (as Kafka's): its publishes are recorded,
+    not carried."""
+
+    packs = True
+
+    def __init__(self) -> None:
+        self.published: list = []
+
+    def publish(self, topic, key, value, headers=(), done=None):
+        self.published.append((key, value, headers))
+        if done is not None:
+            done(None)
+
+
+def test_on_a_bus_that_packs_no_record_is_marked_transient_and_none_is_remembered():
+    """Kafka keeps every topic and ignores the mark; a record with headers
+    would not be packed, and the client ids remembered for the mark would
+    grow with every clean session the node reads."""
+    bus = PackingBus()
+    registry = SessionRegistry(bus, "tbmq.client.session", "me")
+    registry.put(info("c", False))
+    registry.remove("c")
+    registry.put(info("p", True))
+    registry.remove("p")
+    assert [(key, headers) for key, _, headers in bus.published] == [
+        ("c", ()), ("c", ()), ("p", ()), ("p", ())]
+    for n in range(3):  # records of other nodes, with and without the mark
+        registry._on_record(Record("tbmq.client.session", f"o{n}", info(f"o{n}", n == 0),
+                                   TRANSIENT if n == 1 else ()))
+    assert len(registry.sessions) == 3 and registry._logged == set()
