@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -284,7 +285,12 @@ class SQLiteRunner:
         self.thread = thread if thread is not None else DatabaseThread(reactor, threadpool)
         self._conn: sqlite3.Connection | None = None
         self._state = _STOPPED
-        self._busy = False  # a job is in the database thread
+        #: guards the queue and :attr:`_busy`, which the database thread
+        #: reads and changes too (it takes the next batch itself), and the
+        #: merging of writes into a queued operation (RunnerView._merge):
+        #: an operation is sealed under it
+        self.lock = threading.Lock()
+        self._busy = False  # a batch (or the open/close job) is on the database thread
         self._pending: list[tuple[Operation, bool, defer.Deferred]] = []
         self._start_waiters: list[defer.Deferred] = []
         self._stop_waiters: list[defer.Deferred] = []
@@ -519,30 +525,84 @@ class SQLiteRunner:
         if refused is not None:
             return refused
         d: defer.Deferred = defer.Deferred()
-        self._pending.append((operation, write, d))
+        with self.lock:
+            self._pending.append((operation, write, d))
+            if self._busy:
+                return d
         self._flush()
         return d
+
+    def enqueue_locked(self, operation: Operation, write: bool = True) -> defer.Deferred:
+        """:meth:`submit` for a caller that holds :attr:`lock` and checked
+        :meth:`refused`: queue ``operation``; the caller calls
+        :meth:`_flush` (:meth:`kick`) once it let go of the lock.
+
+        :returns: as :meth:`submit`."""
+        d: defer.Deferred = defer.Deferred()
+        self._pending.append((operation, write, d))
+        return d
+
+    def kick(self) -> None:
+        """Hand the queue to the database thread if it is idle (after
+        :meth:`enqueue_locked`)."""
+        self._flush()
+
+    def _take(self) -> tuple[list, bool, list]:
+        """With :attr:`lock` held: the queue as the next batch (its merging
+        operations sealed), the thread marked busy.
+
+        :returns: ``(operations, write, waiters)``."""
+        batch, self._pending = self._pending, []
+        for operation, _, _ in batch:
+            _seal(operation)
+        self._busy = True
+        return ([op for op, _, _ in batch], any(write for _, write, _ in batch),
+                [waiter for _, _, waiter in batch])
 
     def _flush(self) -> None:
         """Hand the queue to the database thread if it is idle; when
         stopping and nothing is left, close."""
-        if self._busy or self._state == _STARTING:
-            return
-        if self._pending:
-            batch, self._pending = self._pending, []
-            for operation, _, _ in batch:
-                _seal(operation)
-            self._busy = True
-            d = self.thread.run(
-                self._run_batch,
-                [op for op, _, _ in batch],
-                any(write for _, write, _ in batch),
-            )
-            d.addBoth(self._batch_done, [waiter for _, _, waiter in batch])
-        elif self._state == _STOPPING:
-            self._busy = True
+        with self.lock:
+            if self._busy or self._state == _STARTING:
+                return
+            if self._pending:
+                batch = self._take()
+            elif self._state == _STOPPING:
+                self._busy = True
+                batch = None
+            else:
+                return
+        if batch is None:
             d = self.thread.run(self._close)
             d.addBoth(self._closed)
+        else:
+            self._hand(batch)
+
+    def _hand(self, batch: tuple[list, bool, list]) -> None:
+        """Queue ``batch`` (:meth:`_take`) on the database thread; it runs
+        after the jobs queued there before it (another runner's)."""
+        self.thread.run(self._run_chained, *batch).addErrback(
+            lambda failure: log.failure("SQLite batch job failed", failure))
+
+    def _run_chained(self, operations: list[Operation], write: bool, waiters: list) -> None:
+        """In the database thread: run a batch (:meth:`_run_batch`), tell the
+        reactor its outcome, and go on with what the reactor queued
+        meanwhile **without waiting for the reactor**: the next COMMIT
+        starts as soon as this one ends, while the reactor fires this
+        batch's Deferreds (acknowledges its messages).  The next batch is
+        queued as a new job of the database thread, so another runner's
+        jobs on it take their turn in between."""
+        try:
+            outcome: list[tuple[bool, Any]] | Failure = self._run_batch(operations, write)
+        except BaseException:
+            outcome = Failure()
+        with self.lock:
+            following = self._take() if self._pending and self._state != _STARTING else None
+            if following is None:
+                self._busy = False
+        self.thread.reactor.callFromThread(self._batch_done, outcome, waiters)
+        if following is not None:
+            self._hand(following)
 
     def _run_batch(self, operations: list[Operation], write: bool) -> list[tuple[bool, Any]]:
         """In the database thread: run ``operations`` in one transaction
@@ -578,10 +638,10 @@ class SQLiteRunner:
         return results
 
     def _batch_done(self, outcome: list[tuple[bool, Any]] | Failure, waiters: list) -> None:
-        """In the reactor thread: fire the batch's Deferreds, then send the
-        next batch.  Calls made by their callbacks join the next batch."""
+        """In the reactor thread: fire the batch's Deferreds; then, when the
+        database thread went idle, send what is queued (calls made by the
+        callbacks join the next batch) or close when stopping."""
         fire_batch(outcome, waiters)
-        self._busy = False
         self._flush()
 
 
