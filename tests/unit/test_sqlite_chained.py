@@ -156,3 +156,55 @@ def test_every_acknowledged_add_is_stored_with_a_real_thread(tmp_path):
         assert fired(stopped) is None
     finally:
         pool.stop()
+
+
+def test_a_failing_operation_alone_in_its_batch_is_rolled_back_and_reported(tmp_path):
+    """A batch of one operation runs without a savepoint: its failure rolls
+    its whole transaction back (what it wrote is gone), fails its Deferred
+    alone, and the next batch commits."""
+    pool, reactor = ManualThreadPool(), HeldReactor()
+    store = open_store(tmp_path, pool, reactor)
+    runner = store.deliveries.runner
+
+    def half_then_fail(conn):
+        conn.execute("INSERT INTO retained (topic, payload, qos, retain, properties, publisher, "
+                     "received_at, expires_at) VALUES ('half', x'00', 0, 1, NULL, 'p', 0, NULL)")
+        raise ValueError("refused")
+
+    failed = runner.submit(half_then_fail)
+    pool.run_one()
+    reactor.run_calls()
+    assert isinstance(failed.result.value, ValueError)
+    failed.addErrback(lambda _f: None)
+    after = store.deliveries.add("c", [delivery(1)])
+    pool.run_one()
+    reactor.run_calls()
+    assert fired(after) == 0
+    conn = sqlite3.connect(runner.path)
+    try:
+        assert conn.execute("SELECT count(*) FROM retained").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM deliveries").fetchone()[0] == 1
+        assert not conn.in_transaction
+    finally:
+        conn.close()
+
+
+def test_an_operation_alone_in_its_batch_takes_no_savepoint(tmp_path):
+    pool, reactor = ManualThreadPool(), HeldReactor()
+    store = open_store(tmp_path, pool, reactor)
+    statements: list[str] = []
+    store.deliveries.runner._conn.set_trace_callback(statements.append)
+    alone = store.deliveries.add("c", [delivery(1)])
+    pool.run_one()
+    reactor.run_calls()
+    assert fired(alone) == 0
+    assert statements[0] == "BEGIN IMMEDIATE" and statements[-1] == "COMMIT"
+    assert not [s for s in statements if "SAVEPOINT" in s or "RELEASE" in s]
+    del statements[:]
+    # the add runs alone; the next add and the put share the next batch
+    calls = [store.deliveries.add("c", [delivery(2)]), store.deliveries.add("c", [delivery(3)]),
+             store.retained.put(message("t", b"x"))]
+    pool.run_all()
+    reactor.run_calls()
+    assert [fired(d) for d in calls] == [0, 0, None]
+    assert sum(s == "SAVEPOINT op" for s in statements) == 2
