@@ -232,6 +232,18 @@ class DatabaseThread:
         ``f(*args)`` run in the database thread."""
         return deferToThreadPool(self.reactor, self.pool, f, *args)
 
+    def post(self, f: Callable, *args: Any) -> None:
+        """Run ``f(*args)`` in the database thread, after the jobs queued
+        before it, with no result: ``f`` reports to the reactor itself (no
+        Deferred, and no wake-up of the reactor for the job's end).  What
+        ``f`` raises is logged from the reactor thread."""
+        self.pool.callInThreadWithCallback(self._posted, f, *args)
+
+    def _posted(self, ok: bool, result: Any) -> None:
+        """In the database thread: the end of a :meth:`post` job."""
+        if not ok:
+            self.reactor.callFromThread(log.failure, "SQLite database job failed", result)
+
 
 class SQLiteRunner:
     """The queue, thread, connection and life cycle of one database file.
@@ -581,8 +593,7 @@ class SQLiteRunner:
     def _hand(self, batch: tuple[list, bool, list]) -> None:
         """Queue ``batch`` (:meth:`_take`) on the database thread; it runs
         after the jobs queued there before it (another runner's)."""
-        self.thread.run(self._run_chained, *batch).addErrback(
-            lambda failure: log.failure("SQLite batch job failed", failure))
+        self.thread.post(self._run_chained, *batch)
 
     def _run_chained(self, operations: list[Operation], write: bool, waiters: list) -> None:
         """In the database thread: run a batch (:meth:`_run_batch`), tell the
