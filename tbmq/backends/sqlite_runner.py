@@ -12,7 +12,10 @@ were accepted (the per-client order of :mod:`tbmq.interfaces`), a read sees
 every write accepted before it, and each operation's Deferred fires, in the
 reactor thread, only after the COMMIT that made it durable.  Calls accepted
 while a batch runs share the next transaction: the busier the file, the
-larger the batches.  A batch of reads only runs in a deferred transaction
+larger the batches.  The database thread takes that next batch itself as
+soon as a COMMIT ends (under :attr:`SQLiteRunner.lock`), while the reactor
+fires the Deferreds of the batch just committed, so a batch never waits
+for the reactor's work on the one before.  A batch of reads only runs in a deferred transaction
 (a read snapshot that never waits for another process's writer); a batch
 with a write starts with ``BEGIN IMMEDIATE`` and waits up to the busy
 timeout for another process's writer (``tbmq credentials`` on the
