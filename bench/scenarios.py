@@ -86,7 +86,8 @@ class Workers:
 class Profiler:
     """py-spy attached to the broker for the measured phase (raw collapsed
     stacks, summarised by :mod:`bench.pyspy_top`). It pauses the broker for each
-    sample (200 Hz): --nonblocking gave torn stacks."""
+    sample (200 Hz): --nonblocking gave torn stacks. ``BENCH_PYSPY_ARGS`` adds
+    py-spy options (e.g. ``--threads --idle`` or ``--gil``)."""
 
     def __init__(self, pid: int, path: str | None, duration: float) -> None:
         self.proc = None
@@ -98,7 +99,8 @@ class Profiler:
                 spy = os.path.join(VENV, "bin", "py-spy")
             self.proc = subprocess.Popen(
                 [spy, "record", "-p", str(pid), "-r", "200",
-                 "-d", str(max(1, int(duration))), "--format", "raw", "-o", path],
+                 "-d", str(max(1, int(duration))), "--format", "raw", "-o", path,
+                 *os.environ.get("BENCH_PYSPY_ARGS", "").split()],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def wait(self):

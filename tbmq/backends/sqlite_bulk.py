@@ -25,33 +25,35 @@ CHUNK_ROWS = 64
 #: by row.
 _UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
 
-#: (table, columns, rows) → the INSERT statement's text, made once
-_INSERTS: dict[tuple[str, int, int], str] = {}
+#: (table, columns, rows, tail) → the INSERT statement's text, made once
+_INSERTS: dict[tuple[str, int, int, str], str] = {}
 
 
-def _insert_sql(table: str, width: int, n: int, replace: bool) -> str:
-    key = (table if not replace else "!" + table, width, n)
+def _insert_sql(table: str, width: int, n: int, replace: bool, tail: str = "") -> str:
+    key = (table if not replace else "!" + table, width, n, tail)
     sql = _INSERTS.get(key)
     if sql is None:
-        row = "(" + ",".join("?" * width) + ")"
+        row = "(" + ",".join("?" * width) + tail + ")"
         verb = "INSERT OR REPLACE" if replace else "INSERT"
         sql = _INSERTS[key] = f"{verb} INTO {table} VALUES " + ",".join([row] * n)
     return sql
 
 
 def insert_rows(conn: sqlite3.Connection, table: str, rows: Sequence[Sequence],
-                width: int, replace: bool = True) -> None:
+                width: int, replace: bool = True, tail: str = "") -> None:
     """Insert ``rows`` (each ``width`` values, in the table's column order)
     into ``table``, :data:`CHUNK_ROWS` per statement, in order (a later row
     of the same key replaces an earlier one when ``replace``).
 
     :param table: a table name of the schema (never client input).
+    :param tail: SQL literals of the columns after the ``width`` bound ones,
+        the same for every row, with a leading comma (``",NULL,0"``).
     :raises sqlite3.Error: as the statement does.
     """
     n = len(rows)
     for start in range(0, n, CHUNK_ROWS):
         chunk = rows[start:start + CHUNK_ROWS]
-        conn.execute(_insert_sql(table, width, len(chunk), replace),
+        conn.execute(_insert_sql(table, width, len(chunk), replace, tail),
                      [value for row in chunk for value in row])
 
 

@@ -94,18 +94,25 @@ class RunnerView(OnRunner):
             COMMIT, or failing with :class:`~tbmq.errors.BackendError` when
             the runner is not running.
         """
-        refused = self.runner.refused()
+        runner = self.runner
+        refused = runner.refused()
         if refused is not None:
             return refused
-        writes = self._writes
-        if writes is None or writes.sealed:
-            writes = self._writes = new()
-        merge(writes)
         waiter: defer.Deferred = defer.Deferred()
-        writes.waiters.append((waiter, tag))
-        if not writes.submitted:
+        # under the runner's lock: the database thread seals a queued
+        # operation when it takes it, never while a write merges into it
+        with runner.lock:
+            writes = self._writes
+            if writes is None or writes.sealed:
+                writes = self._writes = new()
+            merge(writes)
+            writes.waiters.append((waiter, tag))
+            if writes.submitted:
+                return waiter
             writes.submitted = True
-            self.runner.submit(writes).addBoth(writes.done)
+            queued = runner.enqueue_locked(writes)
+        queued.addBoth(writes.done)
+        runner.kick()
         return waiter
 
     def _close_writes(self) -> None:

@@ -530,3 +530,22 @@ def test_plain_rows_and_full_rows_in_one_write(tmp_path):
         stored(rec("t", 0, 1, value=b"again", headers=headers)),
         stored(rec("t", 0, 2, value=b"plain")),
     ]
+
+
+def test_plain_rows_go_in_multi_row_statements(tmp_path):
+    """150 plain records of one write: three INSERT statements (64 rows at
+    most each, sqlite_bulk.CHUNK_ROWS), not one step per row, and each
+    record reads back as it was given."""
+    log, pool = manual_log(tmp_path)
+    statements: list[str] = []
+    log.runner._conn.set_trace_callback(statements.append)
+    records = [rec("t", i % 2, i, key=None if i % 3 else f"k{i}", value=b"v%d" % i)
+               for i in range(150)]
+    appended = log.append(records)
+    pool.run_one()
+    assert fired(appended) is None
+    inserts = [s for s in statements if s.startswith("INSERT OR REPLACE INTO topic_log ")]
+    assert len(inserts) == 3
+    loaded = log.load()
+    pool.run_one()
+    assert fired(loaded)[0] == sorted(stored(r) for r in records)
