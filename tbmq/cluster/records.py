@@ -308,7 +308,10 @@ def _read_message_v1(f: list) -> Message:
                    _opt_float(expires_at, "expires_at"))
 
 
-def _message_array(m: Message) -> list | None:
+def _message_array(m: Message) -> list | tuple | None:
+    wire = m.wire
+    if wire is not None:  # read from the bus: its array as it came (checked then)
+        return wire
     topic, payload, qos, retain, props, publisher, received_at, expires_at = (
         m.topic, m.payload, m.qos, m.retain, m.properties, m.publisher, m.received_at,
         m.expires_at)
@@ -335,8 +338,10 @@ def _message_from_array(obj: Any) -> Message | None:
                 props = _props_in(props, "properties")
             else:
                 return None
-            return Message(topic, payload, qos, retain, props, publisher, received_at,
-                           expires_at)
+            m = Message(topic, payload, qos, retain, props, publisher, received_at, expires_at)
+            if type(obj) is tuple:  # as msgpack read it: kept, to be written again
+                m.wire = obj
+            return m
     return None
 
 
