@@ -102,7 +102,11 @@ writer and a reader per version that check field by field (and say which
 field is wrong); the records the bus carries per message (``msg``,
 ``dlv``) or per CONNECT (``mrk``, ``ses``, ``sev``, ``ser``) also have a
 hot path that writes or reads a record whose fields all have their plain
-type in one go and leaves any other to the field checks.
+type in one go and leaves any other to the field checks.  A message the
+hot path reads keeps the ``msg`` array it came in (``Message.wire``, as
+msgpack read it), and the writers write that array again as it is: a
+routing node's deliveries carry the publishing node's encoding of the
+message, neither checked nor its properties packed a second time.
 """
 
 from __future__ import annotations
