@@ -37,6 +37,12 @@ class Message:
     :ivar received_at: wall-clock time of receipt, seconds since the epoch.
     :ivar expires_at: wall-clock time at which it expires, or None for never
         (from the message expiry interval, [MQTT-3.3.2-5]).
+    :ivar wire: None, or the ``msg`` array (``tuple``) the bus record this
+        message was read from carried (:mod:`tbmq.cluster.records`): a
+        node that passes the message on (a routing node's downlink
+        deliveries) writes that array again as it is instead of encoding
+        the fields anew.  Not an argument, not compared; a message is never
+        changed once made, so the array stays its encoding.
     """
 
     topic: str
@@ -47,6 +53,7 @@ class Message:
     publisher: str = ""
     received_at: float = 0.0
     expires_at: float | None = None
+    wire: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
 
 @dataclass(slots=True, frozen=True)

@@ -102,7 +102,11 @@ writer and a reader per version that check field by field (and say which
 field is wrong); the records the bus carries per message (``msg``,
 ``dlv``) or per CONNECT (``mrk``, ``ses``, ``sev``, ``ser``) also have a
 hot path that writes or reads a record whose fields all have their plain
-type in one go and leaves any other to the field checks.
+type in one go and leaves any other to the field checks.  A message the
+hot path reads keeps the ``msg`` array it came in (``Message.wire``, as
+msgpack read it), and the writers write that array again as it is: a
+routing node's deliveries carry the publishing node's encoding of the
+message, neither checked nor its properties packed a second time.
 """
 
 from __future__ import annotations
@@ -308,7 +312,10 @@ def _read_message_v1(f: list) -> Message:
                    _opt_float(expires_at, "expires_at"))
 
 
-def _message_array(m: Message) -> list | None:
+def _message_array(m: Message) -> list | tuple | None:
+    wire = m.wire
+    if wire is not None:  # read from the bus: its array as it came (checked then)
+        return wire
     topic, payload, qos, retain, props, publisher, received_at, expires_at = (
         m.topic, m.payload, m.qos, m.retain, m.properties, m.publisher, m.received_at,
         m.expires_at)
@@ -335,8 +342,10 @@ def _message_from_array(obj: Any) -> Message | None:
                 props = _props_in(props, "properties")
             else:
                 return None
-            return Message(topic, payload, qos, retain, props, publisher, received_at,
-                           expires_at)
+            m = Message(topic, payload, qos, retain, props, publisher, received_at, expires_at)
+            if type(obj) is tuple:  # as msgpack read it: kept, to be written again
+                m.wire = obj
+            return m
     return None
 
 

@@ -211,6 +211,7 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "acks": _one_of(*KAFKA_ACKS),
         "linger_ms": _range(0),
         "fetch_max_wait_ms": _range(1),
+        "fetch_min_bytes": _range(1),
         "idle_fetch_interval_ms": _range(0),
         "max_poll_records": _range(1),
         "session_timeout_ms": _range(1000),

@@ -538,6 +538,10 @@ class KafkaConfig:
         waits until every in-sync replica has the message), ``1`` or ``0``.
     :ivar linger_ms: milliseconds the producer waits to fill a batch, >= 0.
     :ivar fetch_max_wait_ms: milliseconds a fetch waits for records, >= 1.
+    :ivar fetch_min_bytes: bytes of records a fetch waits for (Kafka's
+        ``fetch.min.bytes``), at most ``fetch_max_wait_ms``, >= 1: 1
+        answers as soon as a record is there (on a broker that answers
+        early, Apache Kafka).
     :ivar idle_fetch_interval_ms: milliseconds between two looks for
         records of a consumer client that has read nothing for 50 ms (its
         idle mode: it does not fetch; confluent asks the brokers for the
@@ -569,6 +573,7 @@ class KafkaConfig:
     acks: str = "all"
     linger_ms: int = 1
     fetch_max_wait_ms: int = 5
+    fetch_min_bytes: int = 1
     idle_fetch_interval_ms: int = 100
     max_poll_records: int = 5000
     session_timeout_ms: int = 6000

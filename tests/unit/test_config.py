@@ -476,3 +476,12 @@ def test_the_idle_fetch_interval_of_the_kafka_consumers_is_set_by_the_environmen
                        ).kafka.idle_fetch_interval_ms == 0
     assert "kafka.idle_fetch_interval_ms" in error(
         environ={"TBMQ_KAFKA__IDLE_FETCH_INTERVAL_MS": "-1"})
+
+
+def test_the_fetch_min_bytes_of_the_kafka_consumers_is_set_by_the_environment():
+    """``kafka.fetch_min_bytes``: 1 by default (a fetch answered as soon as a
+    record is there), 0 refused with the key's path."""
+    assert load_config(environ={}).kafka.fetch_min_bytes == 1
+    config = load_config(environ={"TBMQ_KAFKA__FETCH_MIN_BYTES": "65536"})
+    assert config.kafka.fetch_min_bytes == 65536
+    assert "kafka.fetch_min_bytes" in error(environ={"TBMQ_KAFKA__FETCH_MIN_BYTES": "0"})

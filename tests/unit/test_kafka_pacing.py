@@ -230,3 +230,24 @@ def test_a_record_the_node_produces_wakes_its_idle_consumer_threads():
     assert shared.pacer.interval == CONFIG.idle_fetch_interval_ms / 1000.0 == 0.1
     assert shared.pacer.probe > CONFIG.fetch_max_wait_ms / 1000.0
     assert shared in bus._loops
+
+
+def test_a_node_that_produces_all_the_time_keeps_its_clients_fetching():
+    """A produce keeps a fast client fast: no pause and resume of every
+    partition (librdkafka holds the GIL for them) each time it would go
+    idle between two produces; once the produces stop, it goes idle."""
+    client = TimedClient(background=True)
+    shared, reactor, found = idle_loop(client, interval=5.0)
+    shared.pacer.idle_after = 0.1
+    client.polls.put((records(0, [0]), {}))  # fast again, as a record does
+    wait_until(lambda: not shared.pacer.idle)
+    paused = client.calls.count(("pause", [0, 1]))
+    deadline = time.monotonic() + 0.6
+    while time.monotonic() < deadline:  # 6 idle_after, a produce every 20 ms
+        shared.nudge()
+        assert not shared.pacer.idle
+        time.sleep(0.02)
+    assert client.calls.count(("pause", [0, 1])) == paused
+    wait_until(lambda: shared.pacer.idle, timeout=1.0)
+    assert client.calls.count(("pause", [0, 1])) == paused + 1
+    close(found, reactor)

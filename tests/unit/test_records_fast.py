@@ -35,9 +35,9 @@ def field_by_field(codec: r.RecordCodec) -> r.RecordCodec:
 def typed(value):
     """``value`` with the exact type of each of its parts (``1 == 1.0 ==
     True``, but a record read with an int time is not the same record)."""
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value):  # (not Message.wire: no part of the value)
         return type(value), tuple(typed(getattr(value, f.name))
-                                  for f in dataclasses.fields(value))
+                                  for f in dataclasses.fields(value) if f.compare)
     if isinstance(value, (list, tuple)):
         return type(value), tuple(typed(v) for v in value)
     if isinstance(value, dict):
@@ -118,11 +118,11 @@ def test_a_value_with_one_odd_field_encodes_as_the_field_checks_encode_it(codec,
     turn."""
     slow = field_by_field(codec)
     value = data.draw(values)
-    odd_values = [replaced(value, f.name, odd) for f in dataclasses.fields(value)
+    odd_values = [replaced(value, f.name, odd) for f in dataclasses.fields(value) if f.init
                   for odd in ODD_VALUES]
     if isinstance(value, r.Delivery):
         odd_values += [replaced(value, "message", replaced(value.message, f.name, odd))
-                       for f in dataclasses.fields(Message) for odd in ODD_VALUES]
+                       for f in dataclasses.fields(Message) if f.init for odd in ODD_VALUES]
     for odd in odd_values:
         fast = outcome(codec.encode, odd)
         assert fast == outcome(slow.encode, odd), odd
@@ -247,3 +247,49 @@ def test_encode_many_lets_a_grown_packer_go():
     assert r.MESSAGE.encode_many([big]) == [r.MESSAGE.encode(big)]
     r.MESSAGE.encode_many([big])
     assert not hasattr(record_codec._packers, "packer")
+
+
+# -- a message read from the bus is written again as it came (Message.wire) ------------
+
+WIRED = Message("t/x", b"payload", 1, True, {Property.CONTENT_TYPE: "text/plain",
+                                            Property.USER_PROPERTY: [("k", "v")]},
+                "pub", 1.5, 9.5)
+
+
+def test_a_routing_node_writes_the_message_array_of_the_record_it_read(monkeypatch):
+    """The ``msg`` bytes of ``tbmq.msg.all`` are in the downlink delivery as
+    they are: the fields are not checked nor the properties packed again."""
+    record = r.MESSAGE.encode(WIRED)
+    read = r.MESSAGE.decode(record)
+    assert read == WIRED and read.wire == msgpack.unpackb(record, raw=False, use_list=False)
+
+    def no_packing(props):
+        raise AssertionError("the properties were packed again")
+
+    monkeypatch.setattr(r, "pack_properties", no_packing)
+    delivery = r.DELIVERY.encode(r.Delivery("c", read, 1, False, (4,), 0))
+    assert record in delivery  # the very bytes, nested in the delivery's array
+    monkeypatch.undo()
+    assert delivery == r.DELIVERY.encode(r.Delivery("c", WIRED, 1, False, (4,), 0))
+    again = r.DELIVERY.decode(delivery)
+    assert again.message == WIRED and r.MESSAGE.encode(again.message) == record
+
+
+def test_the_array_of_a_packed_record_is_kept_too():
+    """``decode_arrays`` (a packed record's values, one unpacking) keeps
+    each message's array."""
+    arrays = msgpack.unpackb(msgpack.packb([r.MESSAGE.to_list(WIRED)] * 2, use_bin_type=True),
+                             raw=False, use_list=False)
+    read = r.MESSAGE.decode_arrays(arrays)
+    assert [m.wire for m in read] == list(arrays) and read[0] == WIRED
+
+
+def test_a_changed_or_hand_made_message_is_encoded_from_its_fields():
+    """:func:`dataclasses.replace` gives a message without the array; one
+    made from lists (not as msgpack reads) has none either."""
+    read = r.MESSAGE.decode(r.MESSAGE.encode(WIRED))
+    changed = dataclasses.replace(read, topic="t/y")
+    assert changed.wire is None
+    assert r.MESSAGE.decode(r.MESSAGE.encode(changed)).topic == "t/y"
+    assert r.MESSAGE.from_list(r.MESSAGE.to_list(WIRED)).wire is None
+    assert Message("t", b"").wire is None and "wire" not in repr(read)

@@ -79,6 +79,7 @@ def _consumer_config(config: Any, group: str, on_error: Callable) -> dict:
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
         "fetch.wait.max.ms": config.fetch_max_wait_ms,
+        "fetch.min.bytes": config.fetch_min_bytes,
         "session.timeout.ms": config.session_timeout_ms,
         "heartbeat.interval.ms": config.heartbeat_interval_ms,
         "enable.partition.eof": True,

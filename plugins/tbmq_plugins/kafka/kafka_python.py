@@ -63,6 +63,7 @@ def _consumer(config: Any, group: str) -> KafkaConsumer:
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=config.fetch_max_wait_ms,
+        fetch_min_bytes=config.fetch_min_bytes,
         max_poll_records=config.max_poll_records,
         session_timeout_ms=config.session_timeout_ms,
         heartbeat_interval_ms=config.heartbeat_interval_ms,

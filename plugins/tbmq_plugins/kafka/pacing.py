@@ -29,7 +29,11 @@ nothing, after each wait).  A partition the reactor paused for
 back-pressure stays paused when the idle mode ends.  A record produced by
 the node wakes its idle clients (:meth:`Pacer.nudge`): a node that writes
 expects records soon (an answer to a request, a delivery of its own
-message).
+message).  It keeps a fast client fast too: a node that writes all the
+time would otherwise have each client that reads little go idle and be
+woken again every :data:`IDLE_AFTER`, a pause and a resume of every
+partition each time (librdkafka's wait for its threads, the GIL held:
+the reactor stands still meanwhile) for the same fetches.
 
 The cost of an idle client is one small request per interval instead of
 one fetch per fetch wait (two idle nodes on Tansu: 27 requests/s each
@@ -88,9 +92,10 @@ class Pacer:
     # -- any thread ------------------------------------------------------------------------
 
     def nudge(self) -> None:
-        """Records are expected soon: an idle client fetches again now."""
+        """Records are expected soon: an idle client fetches again now, a
+        fast one stays fast for :attr:`idle_after` more."""
+        self._nudged = True
         if self.idle:
-            self._nudged = True
             self._wake.set()
 
     def poke(self) -> None:
