@@ -6,13 +6,18 @@ credentials) in the session list and details, disconnect it from the page
 and see its connection closed; add a credential on the page (listed by
 what it matches, not its internal id) and connect with it; change its
 rules on the page and see a publish refused.  Every page is saved as a
-screenshot in ``docs/screenshots/``."""
+screenshot: in ``docs/screenshots/`` when ``TBMQ_SCREENSHOTS=docs/screenshots``
+is set (a run that refreshes the README's pictures), else in a directory of
+the system's temporary files, so a test run leaves the checkout as it was."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from selenium import webdriver
@@ -26,7 +31,8 @@ from tests.integration.conftest import _finish
 from tests.integration.helpers import REPO_ROOT, props, uid, wait_for
 from tests.integration.ops import USERS, Http, start_ops_broker
 
-SCREENSHOTS = REPO_ROOT / "docs" / "screenshots"
+SCREENSHOTS = REPO_ROOT / os.environ["TBMQ_SCREENSHOTS"] if os.environ.get("TBMQ_SCREENSHOTS") \
+    else Path(tempfile.gettempdir()) / "tbmq-screenshots"
 ROOT = "root"
 WAIT = 15
 
