@@ -616,9 +616,10 @@ class Outbox:
         queue = self.queue
         if queue:
             window = self._window()
-            inflight = self.inflight
             now = self.ctx.clock.seconds()
-            while queue and len(inflight) < window and not conn.paused:
+            # ``self.inflight`` read at each turn: the first send may make it
+            # (it is the shared empty mapping until then)
+            while queue and len(self.inflight) < window and not conn.paused:
                 delivery = queue.popleft()
                 self.queued_bytes -= delivery_size(delivery)
                 if not self._send(delivery, None, now, conn, False):

@@ -114,6 +114,22 @@ def test_a_paused_connection_queues_and_writable_sends_in_order():
     assert outbox.queued_bytes == 0
 
 
+def test_a_queue_sent_before_the_first_inflight_entry_keeps_to_the_window():
+    # the window counts the in-flight dict that the first send makes: a
+    # queue drained when there was none yet sends no more than the window
+    # (beyond it, packet identifiers would run out and a delivery be lost)
+    outbox, conn, clock = make_outbox(max_inflight_messages=3)
+    conn.paused = True
+    for i in range(5):
+        deliver(outbox, clock, payload=b"%d" % i)
+    assert outbox.inflight is NO_ENTRIES and len(outbox.queue) == 5
+    conn.paused = False
+    outbox.on_writable()
+    assert [p.packet_id for p in conn.packets()] == [1, 2, 3]
+    assert sorted(outbox.inflight) == [1, 2, 3] and len(outbox.queue) == 2
+    assert NO_ENTRIES == {}
+
+
 def test_a_publish_over_the_clients_maximum_packet_size_is_dropped_and_counted():
     # [MQTT-3.1.2-25]
     outbox, conn, clock = make_outbox(FakeConnection(protocol_level=5, max_packet_size=64))
