@@ -15,6 +15,7 @@ from tbmq.model import Message
 from tbmq_plugins.kafka.bus import KafkaBus
 from tbmq_plugins.kafka.consumer import KafkaConsumer
 from tbmq_plugins.kafka.drivers import RawRecord
+from tbmq_plugins.kafka.consumer import OWN_HELD_MAX
 from tbmq_plugins.kafka.own import Own
 from tbmq_plugins.kafka.packing import HEADER, pack
 
@@ -114,18 +115,27 @@ def test_a_held_record_the_fetch_brings_first_is_handed_as_read_once():
     assert not consumer._tracks[0].held
 
 
-def test_records_wait_behind_what_the_buffer_holds_of_their_partition():
+def test_records_behind_what_the_buffer_holds_of_their_partition_are_left_to_the_fetch():
     handler = Pending()
     consumer, _ = member(handler, max_uncommitted=1)
     consumer._batch([raw(10), raw(11)], [])  # 11 waits: one result pending at most
-    consumer.take_own(0, 12, mine(12))
-    assert handler.seen == [(0, 10)]
+    consumer.take_own(0, 12, mine(12))  # the fetch is ahead: not held
+    assert handler.seen == [(0, 10)] and not consumer._holding
     handler.results[(0, 10)].callback(None)
-    assert handler.seen == [(0, 10)]  # the buffer's next turn: 11 first
     consumer.bus.clock.advance(0)
-    assert handler.seen == [(0, 10), (0, 11)]
     handler.results[(0, 11)].callback(None)
-    assert handler.seen == [(0, 10), (0, 11), (0, 12)]
+    assert handler.seen == [(0, 10), (0, 11)]
+    consumer._batch([raw(12)], [])
+    consumer.bus.clock.advance(0)
+    assert handler.seen == [(0, 10), (0, 11), (0, 12)]  # once, as fetched
+
+
+def test_a_partition_holds_a_few_units_at_most():
+    consumer, _ = member(Pending())
+    # 10 and 11 are another node's, not read yet: this node's 12, 13, ... wait
+    for offset in range(12, 12 + OWN_HELD_MAX + 3):
+        consumer.take_own(0, offset, mine(offset))
+    assert sorted(consumer._tracks[0].held) == list(range(12, 12 + OWN_HELD_MAX))
 
 
 def test_nothing_is_handed_early_while_paused_or_for_a_partition_not_assigned():

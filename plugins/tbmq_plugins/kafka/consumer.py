@@ -64,6 +64,12 @@ log = Logger(observer=LOG_OBSERVER)
 #: Most records handed to the handler per reactor turn.
 SLICE = 256
 
+#: units of this node's own records a partition holds at most while the
+#: records before them are not read yet (:meth:`KafkaConsumer.take_own`):
+#: past that the fetch is behind by more than a few acknowledgements (a
+#: busy partition) and brings them as soon as a held unit would go
+OWN_HELD_MAX = 8
+
 #: :attr:`Entry.state` values
 WAITING, OK, FAILED = 0, 1, 2
 
@@ -499,8 +505,10 @@ class KafkaConsumer:
         """This node's unit ``items`` (``(key, value, headers)`` each) was
         acknowledged at ``offset`` of ``partition`` (:mod:`.own`): hand it
         now, keep it until the records before it were handed, or leave it
-        to the fetch (not this member's partition now, paused, stopped, or
-        read already)."""
+        to the fetch (not this member's partition now, paused, stopped,
+        read already, records of the partition waiting in the buffer, or
+        :data:`OWN_HELD_MAX` units held already: under load the fetch
+        brings the records as soon, and holding them would only cost)."""
         track = self._tracks.get(partition)
         if track is None or not track.live or self._paused or self.stopped:
             return
@@ -512,9 +520,12 @@ class KafkaConsumer:
             if track.held:
                 self._advance_own()
             return
-        if track.held is None:
-            track.held = {}
-        track.held[offset] = items
+        held = track.held
+        if track.queued or (held is not None and len(held) >= OWN_HELD_MAX):
+            return  # the fetch is ahead (records of it wait here) or far behind: it brings it
+        if held is None:
+            held = track.held = {}
+        held[offset] = items
         self._holding.add(track)
 
     def _advance_own(self) -> None:
