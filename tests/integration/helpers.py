@@ -8,6 +8,7 @@ suite holds on a loaded CI machine.
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import signal
@@ -45,11 +46,23 @@ def uid() -> str:
     return uuid.uuid4().hex[:12]
 
 
+#: the ports :func:`free_port` gave last (the kernel may give a port that
+#: was just given and closed again: two listeners of one broker then ask
+#: for the same port)
+_GIVEN: "collections.deque[int]" = collections.deque(maxlen=2000)
+
+
 def free_port() -> int:
-    """A TCP port on the loopback interface that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    """A TCP port on the loopback interface that was free a moment ago and
+    is none of the last 2,000 this process was given."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.append(port)
+            return port
+    raise RuntimeError("no free loopback port that was not given already")
 
 
 # --------------------------------------------------------------------------
