@@ -22,7 +22,7 @@ def _log_text(server: "Server") -> str:
 
 def _repr_text(server: "Server") -> str:
     port = server.server
-    where = port._realPortNumber if port is not None else server.client[1]
+    where = port.getHost().port if port is not None else server.client[1]
     return f"<{server.protocol.__class__.__name__} #{server.sessionno} on {where}>"
 
 
