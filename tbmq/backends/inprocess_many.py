@@ -79,18 +79,20 @@ class ManyPublishes:
 
     def _logged_many(self, state, keys: list, values: list, done: Callable) -> None:
         """``publish_many`` to a durable topic of one partition: the values
-        encoded first (one that does not fit: :meth:`_each`, which fails
-        it alone), then appended and given to the topic log's next flush,
-        ``done`` with the last record.  The flush writes them in one
-        ``append`` (:class:`~tbmq.backends.inprocess_writes.LogWrites`),
-        so they are stored, or fail, together."""
+        encoded together (:meth:`~tbmq.cluster.record_codec.RecordCodec.encode_many`;
+        one that does not fit: :meth:`_each`, which fails it alone), then
+        appended and given to the topic log's next flush as one run with
+        one ``done``
+        (:meth:`~tbmq.backends.inprocess_writes.LogWrites.append_many`).
+        The flush writes them in one ``append`` (where the SQLite topic
+        log keeps a run of one partition as one packed row), so they are
+        stored, or fail, together."""
         writes = self._writes
         if writes is None:  # held in memory only: durable at once
             self._each(state.name, keys, values, done)
             return
-        try:
-            encode = state.codec.encode
-            stored = [encode(value) for value in values]
+        try:  # one packer and one pass for the batch
+            stored = state.codec.encode_many(values)
         except RecordEncodingError:
             self._each(state.name, keys, values, done)
             return
@@ -98,11 +100,14 @@ class ManyPublishes:
         groups = [g for g in state.groups.values() if g.members]
         # a live group gets the object itself (encoded once, for the log)
         direct = bool(groups) and not self.encodes
-        append, log = part.append, writes.append
-        last = len(values) - 1
-        for i, (key, data, value) in enumerate(zip(keys, stored, values)):
-            o = append(key, data, (), value if direct else None)
-            log((topic, 0, o, key, data, (), compacted), done if i == last else _nothing)
+        append = part.append
+        if direct:
+            offsets = [append(key, data, (), value)
+                       for key, data, value in zip(keys, stored, values)]
+        else:
+            offsets = [append(key, data, ()) for key, data in zip(keys, stored)]
+        writes.append_many([(topic, 0, o, key, data, (), compacted)
+                            for o, key, data in zip(offsets, keys, stored)], done)
         part.logged_next = part.next
         self._hand_on(state, part, groups)
 
@@ -117,8 +122,3 @@ class ManyPublishes:
             else:
                 self._schedule(member)
         self._retain(state, part)
-
-
-def _nothing(_outcome) -> None:
-    """The ``done`` of a record of :meth:`ManyPublishes._logged_many` but
-    the last: the last one's tells the outcome of all."""

@@ -10,7 +10,9 @@ publishes and topics), before that turn's commits and truncations (so a
 truncation never precedes the append of a record below it).  Each
 record's publisher is told (its ``done`` called) once that call's Deferred
 fired: after the COMMIT that made its record durable, as before, with one
-Deferred per turn instead of one per record (and no waiter object).
+Deferred per turn instead of one per record (and no waiter object).  A
+run of records with one ``done`` (:meth:`LogWrites.append_many`: the
+router's deliveries of a batch to one APPLICATION client) is told once.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ class LogWrites:
     :ivar active: flushes are scheduled only while True (the bus runs).
     :ivar records: ``(topic, partition, offset, key, value, headers,
         compacted)`` appended this turn, in publish order.
-    :ivar dones: their publishes' ``done(None | Failure)``, in the same
-        order.
+    :ivar dones: ``(done, n)`` runs, in the same order: the publish's
+        ``done(None | Failure)`` of the next ``n`` records of
+        :attr:`records`.
     :ivar commits: ``(group, topic, partition) → offset`` to write.
     :ivar truncates: ``(topic, partition) → before`` to write.
     """
@@ -66,7 +69,21 @@ class LogWrites:
             :class:`~tbmq.errors.BusClosedError` (its topic was deleted
             first); what it raises is logged."""
         self.records.append(record)
-        self.dones.append(done)
+        self.dones.append((done, 1))
+        if self.call is None and self.active:
+            self.call = self.clock.callLater(0, self.flush)
+
+    def append_many(self, records: list, done: Callable) -> None:
+        """Write ``records`` (encoded ones, for
+        :meth:`~tbmq.interfaces.ITopicLog.append`, in order) with the next
+        flush, with **one** ``done`` for all of them (called as
+        :meth:`append` says: they are in one ``append`` call, stored or
+        failed together)."""
+        if not records:
+            done(None)
+            return
+        self.records += records
+        self.dones.append((done, len(records)))
         if self.call is None and self.active:
             self.call = self.clock.callLater(0, self.flush)
 
@@ -96,13 +113,16 @@ class LogWrites:
             del self.truncates[key]
         records, dones = self.records, self.dones
         self.records, self.dones = [], []
-        for record, done in zip(records, dones):
-            if record[0] == topic:
+        i = 0
+        for done, n in dones:
+            run = records[i:i + n]
+            i += n
+            if run[0][0] == topic:  # a run is of one topic
                 _tell(done, Failure(BusClosedError(
                     f"{topic}: the topic was deleted before the record was stored")))
             else:
-                self.records.append(record)
-                self.dones.append(done)
+                self.records += run
+                self.dones.append((done, n))
 
     def flush(self) -> defer.Deferred:
         """Write what waits: the records in one ``append``, then the commits
@@ -143,8 +163,8 @@ def _tell(done: Callable, outcome) -> None:
 
 
 def _logged(_result, dones: list) -> None:
-    """The append of ``dones``' records is committed: tell each."""
-    for done in dones:
+    """The append of ``dones``' records is committed: tell each run."""
+    for done, _n in dones:
         try:
             done(None)
         except Exception:
@@ -155,7 +175,9 @@ def _not_logged(failure: Failure, records: list, dones: list) -> Failure:
     """The append of ``records`` failed: nothing of it is stored, every one
     of their publishes fails.  :returns: ``failure`` (logged)."""
     message = failure.getErrorMessage()
-    for record, done in zip(records, dones):
+    i = 0
+    for done, n in dones:
         _tell(done, Failure(BusPublishError(
-            f"{record[0]}: the topic log did not store the record: {message}")))
+            f"{records[i][0]}: the topic log did not store the record: {message}")))
+        i += n
     return failure
