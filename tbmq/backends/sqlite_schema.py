@@ -10,7 +10,8 @@ its tables ``sessions`` and ``subscriptions`` moved to the topic log, and
 those tables dropped (:mod:`tbmq.backends.sqlite_session_migration`); one
 of version 3 loses the index ``deliveries_client_id_seq``, which repeated
 the primary key's (every delivery written, deleted or read cost one more
-B-tree).
+B-tree); one of version 4 gains the table ``topic_log_packs`` (the topic
+log's packed rows; its other rows stay as they are).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ __all__ = [
 #: The version of :data:`EMBEDDED_SCHEMA`: 1 sessions, retained messages
 #: and deliveries; 2 adds the topic log of the in-process bus; 3 moves the
 #: sessions and subscriptions to the topic log; 4 drops the index of
-#: ``deliveries`` that repeated its primary key.
-SCHEMA_VERSION = 4
+#: ``deliveries`` that repeated its primary key; 5 adds the topic log's
+#: packed rows (``topic_log_packs``).
+SCHEMA_VERSION = 5
 
 # Every version: retained messages and deliveries.  (Versions 1 and 2 also
 # had the tables sessions and subscriptions, which version 3 moves to the
@@ -100,13 +102,28 @@ CREATE TABLE IF NOT EXISTS topic_log_offsets (
 );
 """
 
+# Version 5: a run of records of one partition written together, as one
+# packed row (tbmq.backends.sqlite_topic_log): keyed by its last offset,
+# the records from ``first_offset`` on are kept.
+_TOPIC_LOG_PACKS_V5 = """
+CREATE TABLE IF NOT EXISTS topic_log_packs (
+    topic TEXT NOT NULL,
+    partition_id INTEGER NOT NULL,
+    last_offset INTEGER NOT NULL,
+    first_offset INTEGER NOT NULL,
+    records BLOB NOT NULL,
+    PRIMARY KEY (topic, partition_id, last_offset)
+);
+"""
+
 #: The schema of the embedded store file.
 EMBEDDED_SCHEMA = Schema(
     name="embedded",
     version=SCHEMA_VERSION,
     marker="retained",
-    create=_STORE_TABLES + _TOPIC_LOG_V2,
-    migrations={1: _TOPIC_LOG_V2, 2: move_sessions_to_topic_log, 3: _DROP_DELIVERIES_INDEX_V4},
+    create=_STORE_TABLES + _TOPIC_LOG_V2 + _TOPIC_LOG_PACKS_V5,
+    migrations={1: _TOPIC_LOG_V2, 2: move_sessions_to_topic_log, 3: _DROP_DELIVERIES_INDEX_V4,
+                4: _TOPIC_LOG_PACKS_V5},
 )
 
 

@@ -32,7 +32,12 @@ from tbmq.backends.sqlite_schema import EMBEDDED_SCHEMA
 from tbmq.backends.topic_records import check_record
 from tbmq.interfaces import ITopicLog
 
-__all__ = ["SQLiteTopicLog", "TopicLogWrites", "pack_headers", "unpack_headers"]
+__all__ = ["PACK_MIN", "SQLiteTopicLog", "TopicLogWrites", "pack_headers", "unpack_headers"]
+
+#: The fewest records of one partition at consecutive offsets, written
+#: together, that go as one packed row of ``topic_log_packs``: one
+#: B-tree insertion and one blob for the batch instead of one row each.
+PACK_MIN = 2
 
 #: The row of a record without headers in a topic that is not compacted
 #: (nearly every one): five columns bound instead of seven, a tenth less
@@ -146,22 +151,116 @@ class TopicLogWrites(MergedWrites):
                 "DELETE FROM topic_log WHERE topic = ? AND partition_id = ? AND log_offset < ?",
                 [(t, p, before) for (t, p), before in self.truncations.items()],
             )
+        if self.truncations:
+            _truncate_packs(conn, self.truncations)
         if self.rows:
-            plain = [row for row in self.rows.values() if len(row) == 5]
-            if plain:
-                # multi-row statements, not executemany: one wait for the
-                # GIL per statement, not per row (tbmq.backends.sqlite_bulk)
-                insert_rows(conn, "topic_log", plain, 5, tail=_PLAIN_TAIL)
-            if len(plain) < len(self.rows):
-                conn.executemany(
-                    "INSERT OR REPLACE INTO topic_log VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [row for row in self.rows.values() if len(row) == 7],
-                )
+            _write_rows(conn, self.rows.values())
         if self.offsets:
             conn.executemany(
                 "INSERT OR REPLACE INTO topic_log_offsets VALUES (?, ?, ?, ?)",
                 [(g, t, p, o) for (g, t, p), o in self.offsets.items()],
             )
+
+
+def _truncate_packs(conn: sqlite3.Connection, truncations: dict) -> None:
+    """In the database thread: the packed rows wholly below a truncation
+    go; the one it cuts keeps its records from the truncation on (its
+    ``first_offset`` moves up)."""
+    rows = [(t, p, before) for (t, p), before in truncations.items()]
+    conn.executemany(
+        "DELETE FROM topic_log_packs WHERE topic = ? AND partition_id = ? AND last_offset < ?",
+        rows)
+    conn.executemany(
+        "UPDATE topic_log_packs SET first_offset = ?3 WHERE rowid = ("
+        "SELECT rowid FROM topic_log_packs WHERE topic = ?1 AND partition_id = ?2 "
+        "AND last_offset >= ?3 ORDER BY last_offset LIMIT 1) AND first_offset < ?3", rows)
+
+
+def _write_rows(conn: sqlite3.Connection, rows: Iterable[tuple]) -> None:
+    """In the database thread: write the merged rows of
+    :attr:`TopicLogWrites.rows`.  The plain rows of one partition at
+    consecutive offsets (:data:`PACK_MIN` or more: the records one turn
+    published to an APPLICATION client's topic) go as one packed row of
+    ``topic_log_packs``; the others one row each in ``topic_log``.  A
+    record written at the position of a stored one replaces it, packed or
+    not (:func:`_unpack_overlaps`)."""
+    plain, full = [], []
+    parts: dict[tuple[str, int], list] = {}
+    for row in rows:
+        if len(row) == 5:
+            part = parts.get((row[0], row[1]))
+            if part is None:
+                parts[(row[0], row[1])] = [row]
+            else:
+                part.append(row)
+        else:
+            full.append(row)
+            if (row[0], row[1]) not in parts:
+                parts[(row[0], row[1])] = []
+    packs = []
+    for (topic, partition), part in parts.items():
+        offsets = [row[2] for row in full if row[0] == topic and row[1] == partition] \
+            if full else []
+        if part:
+            part.sort(key=_offset)
+            offsets += (part[0][2], part[-1][2])
+        _unpack_overlaps(conn, topic, partition, min(offsets), max(offsets))
+        start, n = 0, len(part)
+        while start < n:  # split into runs of consecutive offsets
+            end = start + 1
+            while end < n and part[end][2] == part[end - 1][2] + 1:
+                end += 1
+            if end - start >= PACK_MIN:
+                run = part[start:end]
+                packs.append((topic, partition, run[-1][2], run[0][2], msgpack.packb(
+                    [[row[3] for row in run], [row[4] for row in run]], use_bin_type=True)))
+            else:
+                plain += part[start:end]
+            start = end
+    if packs:
+        # a packed run written over single rows of its positions replaces them
+        conn.executemany(
+            "DELETE FROM topic_log WHERE topic = ? AND partition_id = ? "
+            "AND log_offset BETWEEN ? AND ?", [(t, p, first, last) for t, p, last, first, _ in packs])
+        conn.executemany("INSERT INTO topic_log_packs VALUES (?, ?, ?, ?, ?)", packs)
+    if plain:
+        # multi-row statements, not executemany: one wait for the GIL per
+        # statement, not per row (tbmq.backends.sqlite_bulk)
+        insert_rows(conn, "topic_log", plain, 5, tail=_PLAIN_TAIL)
+    if full:
+        conn.executemany("INSERT OR REPLACE INTO topic_log VALUES (?, ?, ?, ?, ?, ?, ?)", full)
+
+
+def _offset(row: tuple) -> int:
+    return row[2]
+
+
+def _unpack_overlaps(conn: sqlite3.Connection, topic: str, partition: int, low: int,
+                     high: int) -> None:
+    """In the database thread: the stored packed rows of ``(topic,
+    partition)`` that hold an offset from ``low`` to ``high`` (which a
+    write is about to replace; never for the bus's appends, whose offsets
+    are above every stored one: one index look-up finds none) are turned
+    into single rows, which the write then replaces as any other."""
+    found = conn.execute(
+        "SELECT last_offset, first_offset, records FROM topic_log_packs WHERE topic = ? "
+        "AND partition_id = ? AND last_offset >= ? AND first_offset <= ?",
+        (topic, partition, low, high)).fetchall()
+    for last, first, data in found:
+        conn.execute("DELETE FROM topic_log_packs WHERE topic = ? AND partition_id = ? "
+                     "AND last_offset = ?", (topic, partition, last))
+        insert_rows(conn, "topic_log", [(topic, partition, o, key, value) for o, key, value
+                                        in _unpacked(last, first, data)], 5, tail=_PLAIN_TAIL)
+
+
+def _unpacked(last: int, first: int, data: bytes) -> list[tuple]:
+    """:returns: the ``(offset, key, value)`` a packed row keeps (from
+    ``first`` to ``last``)."""
+    keys, values = msgpack.unpackb(data, raw=False)
+    start = last - len(values) + 1
+    skip = max(0, first - start)
+    return [(start + i, keys[i], None if values[i] is None else bytes(values[i]))
+            for i in range(skip, len(values))]
 
 
 @implementer(ITopicLog)
@@ -240,6 +339,7 @@ class SQLiteTopicLog(RunnerView):
 
         def delete_topic(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM topic_log WHERE topic = ?", (topic,))
+            conn.execute("DELETE FROM topic_log_packs WHERE topic = ?", (topic,))
             conn.execute("DELETE FROM topic_log_offsets WHERE topic = ?", (topic,))
 
         return self._submit(delete_topic)
@@ -257,7 +357,8 @@ class SQLiteTopicLog(RunnerView):
 
 
 def _load(conn: sqlite3.Connection) -> tuple[list[tuple], dict]:
-    """In the database thread: every record and offset."""
+    """In the database thread: every record (the packed ones unpacked)
+    and offset."""
     records = [
         (topic, partition, offset, key, None if value is None else bytes(value),
          unpack_headers(headers))
@@ -266,6 +367,14 @@ def _load(conn: sqlite3.Connection) -> tuple[list[tuple], dict]:
             "ORDER BY topic, partition_id, log_offset"
         )
     ]
+    packed = False
+    for topic, partition, last, first, data in conn.execute(
+            "SELECT topic, partition_id, last_offset, first_offset, records FROM topic_log_packs"):
+        packed = True
+        records += [(topic, partition, o, key, value, ())
+                    for o, key, value in _unpacked(last, first, data)]
+    if packed:
+        records.sort(key=_position)
     offsets = {
         (group, topic, partition): offset
         for group, topic, partition, offset in conn.execute(
@@ -273,3 +382,7 @@ def _load(conn: sqlite3.Connection) -> tuple[list[tuple], dict]:
         )
     }
     return records, offsets
+
+
+def _position(record: tuple) -> tuple:
+    return record[:3]

@@ -19,6 +19,7 @@ from zope.interface.verify import verifyObject
 
 from tbmq.backends.memory import MemoryDeviceMessageStore
 from tbmq.backends.sqlite import SQLiteStore
+from tbmq.backends.sqlite_schema import SCHEMA_VERSION
 from tbmq.errors import BackendError
 from tbmq.interfaces import IDeviceMessageStore, IRetainedStore
 from tbmq.model import DeliveryState
@@ -405,7 +406,7 @@ def test_a_file_of_schema_3_loses_the_index_that_repeated_the_primary_key(tmp_pa
     fired(store.stop())
     conn = sqlite3.connect(tmp_path / "db.sqlite")
     try:
-        assert dict(conn.execute("SELECT name, version FROM tbmq_schema"))["embedded"] == 4
+        assert dict(conn.execute("SELECT name, version FROM tbmq_schema"))["embedded"] == SCHEMA_VERSION
         indexes = {name for (name,) in conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'deliveries'")}
         assert indexes == {"sqlite_autoindex_deliveries_1"}
