@@ -397,9 +397,10 @@ def test_the_embedded_store_has_its_topic_log_on_its_file(tmp_path):
 
 
 def test_a_database_of_schema_1_gains_the_topic_log_with_its_sessions(tmp_path):
-    """Versions 1 → 2 → 3 → 4 in one open: the topic log's tables are made,
-    then the session and its subscriptions move there and their tables go
-    (then the index that repeated the deliveries' primary key goes)."""
+    """Versions 1 → 2 → 3 → 4 → 5 in one open: the topic log's tables are
+    made, then the session and its subscriptions move there and their
+    tables go (then the index that repeated the deliveries' primary key
+    goes, then the table of packed rows is made)."""
     path = str(tmp_path / "tbmq.sqlite3")
     conn = sqlite3.connect(path)
     conn.executescript(TABLES_V1 + "INSERT INTO sessions VALUES "
@@ -431,6 +432,9 @@ def test_a_database_of_schema_1_gains_the_topic_log_with_its_sessions(tmp_path):
         assert dict(conn.execute("SELECT name, version FROM tbmq_schema")) == {"embedded": SCHEMA_VERSION}
         assert not conn.execute("SELECT name FROM sqlite_master WHERE name IN "
                                 "('sessions', 'subscriptions')").fetchall()
+        # version 5: the packed rows' table
+        assert conn.execute("SELECT name FROM sqlite_master WHERE name = "
+                            "'topic_log_packs'").fetchall() == [("topic_log_packs",)]
     finally:
         conn.close()
 
@@ -550,3 +554,109 @@ def test_plain_rows_go_in_multi_row_statements(tmp_path):
     loaded = log.load()
     pool.run_one()
     assert fired(loaded)[0] == sorted(stored(r) for r in records)
+
+
+# -- packed rows ------------------------------------------------------------------------------
+
+
+def _table_rows(path: str, table: str) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_a_run_of_one_partition_is_one_packed_row(tmp_path):
+    """The records one append gives one partition at consecutive offsets
+    are one row of ``topic_log_packs`` (two runs: the gap at offset 5
+    splits them; a lone record stays a row of ``topic_log``); load gives
+    each record back at its own offset, with its key and value, also
+    after a reopen."""
+    backend = SQLiteBackend(tmp_path)
+    log = backend.open()
+    records = [rec("app", 0, o, f"c{o}", b"v%d" % o) for o in (2, 3, 4, 6, 7)] + [
+        rec("app", 1, 0, None, None), rec("other", 0, 9, "x", b"\x00\xff")]
+    fired(log.append(records))
+    assert _table_rows(backend.path, "topic_log_packs") == 2
+    assert _table_rows(backend.path, "topic_log") == 2
+    backend.close(log)
+    log = backend.open()
+    try:
+        assert records_of(log) == sorted(stored(r) for r in records)
+    finally:
+        backend.close(log)
+
+
+def test_a_truncation_cuts_into_a_packed_row(tmp_path):
+    """A truncation inside a packed row keeps its records from there on;
+    one past it drops the row; the rows below go whole."""
+    backend = SQLiteBackend(tmp_path)
+    log = backend.open()
+    try:
+        fired(log.append([rec("t", 0, o, value=b"%d" % o) for o in range(4)]))
+        fired(log.append([rec("t", 0, o, value=b"%d" % o) for o in range(4, 8)]))
+        fired(log.truncate("t", 0, 6))
+        assert [r[2] for r in records_of(log)] == [6, 7]
+        assert _table_rows(backend.path, "topic_log_packs") == 1
+        fired(log.truncate("t", 0, 5))  # below the earlier one: nothing comes back
+        assert [r[2] for r in records_of(log)] == [6, 7]
+        fired(log.truncate("t", 0, 8))
+        assert records_of(log) == []
+        assert _table_rows(backend.path, "topic_log_packs") == 0
+    finally:
+        backend.close(log)
+
+
+def test_a_write_over_a_packed_row_replaces_its_positions(tmp_path):
+    """A record at a position of a stored packed row replaces that record
+    only (the others of the row stay); a packed run over stored single
+    rows replaces them; deleting the topic deletes its packed rows."""
+    backend = SQLiteBackend(tmp_path)
+    log = backend.open()
+    try:
+        fired(log.append([rec("t", 0, o, value=b"old%d" % o) for o in range(4)]))
+        fired(log.append([rec("t", 0, 2, "n", b"new2", (("h", b"1"),))]))
+        assert [(r[2], r[4]) for r in records_of(log)] == [
+            (0, b"old0"), (1, b"old1"), (2, b"new2"), (3, b"old3")]
+        assert records_of(log)[2][5] == (("h", b"1"),)
+        fired(log.append([rec("t", 0, o, value=b"again%d" % o) for o in (1, 2)]))
+        assert [r[4] for r in records_of(log)] == [b"old0", b"again1", b"again2", b"old3"]
+        fired(log.delete_topic("t"))
+        assert records_of(log) == []
+        assert _table_rows(backend.path, "topic_log_packs") == 0
+    finally:
+        backend.close(log)
+
+
+_writes = st.lists(st.one_of(
+    st.tuples(st.just("append"), st.integers(0, 1), st.integers(0, 9), st.integers(1, 4)),
+    st.tuples(st.just("truncate"), st.integers(0, 1), st.integers(0, 12)),
+), max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(calls=_writes)
+def test_packed_rows_equal_the_memory_log(calls):
+    """Runs appended anywhere (over stored packed rows and single rows,
+    partly or whole) and truncations anywhere leave what the memory log
+    leaves."""
+    reference = MemoryTopicLog()
+    fired(reference.start())
+    log = SQLiteTopicLog(SQLiteRunner(":memory:", SyncReactor(), SyncThreadPool()))
+    fired(log.start())
+    try:
+        for i, call in enumerate(calls):
+            if call[0] == "append":
+                _, p, first, n = call
+                records = [rec("t", p, o, f"k{i}", b"%d.%d" % (i, o))
+                           for o in range(first, first + n)]
+                fired(reference.append(records))
+                fired(log.append(records))
+            else:
+                _, p, before = call
+                fired(reference.truncate("t", p, before))
+                fired(log.truncate("t", p, before))
+        assert fired(log.load()) == fired(reference.load())
+    finally:
+        fired(log.stop())
