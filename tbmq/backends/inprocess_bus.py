@@ -291,7 +291,10 @@ class InProcessBus(Describable, ManyPublishes):
         return group
 
     def _refresh_fast(self, state: TopicState) -> None:
-        """Whether publish may call the one member's handler directly."""
+        """Whether publish may call the one member's handler directly; and
+        the groups with a live member (:attr:`TopicState.live`), after
+        every join and leave."""
+        state.live = [g for g in state.groups.values() if g.members]
         self._fast.pop(state.name, None)
         if (not self.running or state.codec is not None or len(state.parts) != 1
                 or len(state.groups) != 1):
@@ -502,7 +505,7 @@ class InProcessBus(Describable, ManyPublishes):
         else:
             p = _partition_of(key, n)
         part = parts[p]
-        groups = [g for g in state.groups.values() if g.members]
+        groups = state.live
         waiter = result = None
         if state.durable:
             # held as Kafka would once it is logged: its publisher does not

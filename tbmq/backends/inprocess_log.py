@@ -361,9 +361,12 @@ class TopicState:
     :ivar durable: written to the topic log.
     :ivar compacted: the last record per key is kept.
     :ivar rr: the partition of the next record without a key.
+    :ivar live: the groups of :attr:`groups` with a live member, in
+        subscription order (kept by the bus at every join and leave; read
+        only).
     """
 
-    __slots__ = ("name", "parts", "groups", "codec", "durable", "compacted", "rr")
+    __slots__ = ("name", "parts", "groups", "codec", "durable", "compacted", "rr", "live")
 
     def __init__(self, name: str, partitions: int, codec, durable: bool,
                  compacted: bool) -> None:
@@ -374,3 +377,4 @@ class TopicState:
         self.durable = durable
         self.compacted = compacted
         self.rr = 0
+        self.live: list[Group] = []

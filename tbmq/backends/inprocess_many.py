@@ -61,7 +61,7 @@ class ManyPublishes:
         append = part.append
         for key, value in zip(keys, values):
             append(key, value, ())
-        groups = [g for g in state.groups.values() if g.members]
+        groups = state.live
         if groups:
             waiter = RangeWaiter(topic, [g.name for g in groups], first, len(values))
             waiters = part.waiters
@@ -97,7 +97,7 @@ class ManyPublishes:
             self._each(state.name, keys, values, done)
             return
         topic, part, compacted = state.name, state.parts[0], state.compacted
-        groups = [g for g in state.groups.values() if g.members]
+        groups = state.live
         # a live group gets the object itself (encoded once, for the log)
         direct = bool(groups) and not self.encodes
         append = part.append

@@ -126,6 +126,18 @@ class TopicLogWrites(MergedWrites):
         else:  # the usual record: five bound columns (see _PLAIN_TAIL)
             self.rows[position] = (topic, partition, offset, key, value)
 
+    def extend(self, checked: list) -> None:
+        """Merge checked records in order, as :meth:`append` each: the
+        usual one (no headers, not compacted, a new position) in the loop
+        itself."""
+        rows = self.rows
+        for record in checked:
+            position = record[:3]
+            if record[6] or record[5] or position in rows:
+                self.append(record)
+            else:
+                rows[position] = record[:5]
+
     def truncate(self, topic: str, partition: int, before: int) -> None:
         """Merge a truncation of ``(topic, partition)`` below ``before``."""
         for position in [p for p in self.rows
@@ -294,11 +306,7 @@ class SQLiteTopicLog(RunnerView):
         except (TypeError, ValueError):
             return defer.fail()
 
-        def merge(writes: TopicLogWrites) -> None:
-            for record in checked:
-                writes.append(record)
-
-        return self._merge(TopicLogWrites, merge)
+        return self._merge(TopicLogWrites, lambda writes: writes.extend(checked))
 
     def commit(self, group: str, topic: str, partition: int, offset: int) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ITopicLog.commit`; the last
