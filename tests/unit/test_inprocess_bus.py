@@ -381,3 +381,33 @@ def test_a_stopped_member_does_not_hand_its_failed_record_again():
     assert clock.getDelayedCalls() == []
     clock.advance(60)
     assert got == [b"x"]
+
+
+def test_a_batch_to_a_durable_topic_is_told_once_when_the_log_fails_or_the_topic_goes():
+    """The records of one ``publish_many`` to a durable topic are one run
+    of the log's next flush with one ``done``: a failed append tells it
+    once (BusPublishError), and deleting the topic before the flush tells
+    it once (BusClosedError) while another topic's batch is still written."""
+
+    class BrokenLog(MemoryTopicLog):
+        def append(self, records):
+            return defer.fail(OSError("disk full"))
+
+    values = [r.Delivery("a", Message("a/b", str(i).encode()), 1) for i in range(3)]
+    bus, clock = make(log=BrokenLog())
+    failed = []
+    bus.publish_many(C.app("a"), ["a"] * 3, values, failed.append)
+    clock.advance(0)
+    assert len(failed) == 1 and failed[0].check(BusPublishError)
+
+    log = MemoryTopicLog()
+    bus, clock = make(log=log)
+    gone, kept = [], []
+    bus.publish_many(C.app("gone"), ["gone"] * 3, values, gone.append)
+    bus.publish_many(C.app("kept"), ["kept"] * 2, values[:2], kept.append)
+    assert outcome(bus.delete_topic(C.app("gone"))) == [None]
+    assert len(gone) == 1 and gone[0].check(BusClosedError)
+    clock.advance(0)
+    assert kept == [None] and len(gone) == 1
+    assert log.held_count(C.app("kept")) == 2 and log.held_count(C.app("gone")) == 0
+    assert log.calls.count("append") == 1
