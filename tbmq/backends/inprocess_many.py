@@ -1,6 +1,7 @@
 """Several records to one topic of the in-process bus with one outcome
 (:class:`ManyPublishes`, a part of
-:class:`tbmq.backends.inprocess_bus.InProcessBus`): the router's deliveries
+:class:`tbmq.backends.inprocess_bus.InProcessBus`), and a record queued
+for a member that takes batches (``_queued``): the router's deliveries
 of a batch of ``tbmq.msg.all`` to one sink
 (:meth:`tbmq.cluster.sinks.BusSink.send_many`) take one waiter and one
 ``done``, not one each (ARCHITECTURE §4, group commit of the embedded node).
@@ -12,7 +13,7 @@ from typing import Callable
 
 from twisted.python.failure import Failure
 
-from tbmq.backends.inprocess_log import RangeWaiter
+from tbmq.backends.inprocess_log import RangeWaiter, Waiter
 from tbmq.cluster.completion import publish_each
 from tbmq.errors import RecordEncodingError
 
@@ -71,6 +72,21 @@ class ManyPublishes:
         self._hand_on(state, part, groups)
         if not groups:
             done(None)
+
+    def _queued(self, member, part, topic: str, key, value, headers: tuple,
+                done: Callable) -> None:
+        """``publish`` with ``done`` to a topic of the hot path (one
+        partition, one group, held as objects) whose member takes batches
+        (the router of ``tbmq.msg.all``) while records wait for its
+        results: what the general path does there, in one step: the record
+        is held with one :class:`~.inprocess_log.Waiter` for the group and
+        handed with the others from the next turn (``done`` once the
+        group's result for it fired)."""
+        o = part.append(key, value, headers)
+        waiter = part.waiters[o] = Waiter(topic, {member.group})
+        waiter.settle(done)
+        self._schedule(member)
+        self._retain(member.state, part)
 
     def _each(self, topic: str, keys: list, values: list, done: Callable) -> None:
         """One :meth:`publish` each, under one

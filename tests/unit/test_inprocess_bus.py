@@ -411,3 +411,38 @@ def test_a_batch_to_a_durable_topic_is_told_once_when_the_log_fails_or_the_topic
     assert kept == [None] and len(gone) == 1
     assert log.held_count(C.app("kept")) == 2 and log.held_count(C.app("gone")) == 0
     assert log.calls.count("append") == 1
+
+
+def test_records_behind_a_pending_result_go_to_the_batch_handler_together():
+    """A member that takes batches (the router of ``tbmq.msg.all``): the
+    first record goes to its handler during the publish; those published
+    while its result is pending wait, each with its ``done``, and reach
+    the batch handler together in the next turn; each ``done`` is called
+    once its batch's result fired, not before."""
+    bus, clock = make()
+    results: list = []
+    singles, batches = [], []
+
+    def handler(record):
+        singles.append(record.value)
+        results.append(defer.Deferred())
+        return results[-1]
+
+    def batch_handler(values):
+        batches.append(list(values))
+        results.append(defer.Deferred())
+        return results[-1]
+
+    bus.subscribe("t", "g", handler, batch_handler=batch_handler)
+    clock.advance(0)
+    dones: list = []
+    for i in range(3):
+        assert bus.publish("t", None, i, done=lambda outcome, i=i: dones.append((i, outcome))) \
+            is None
+    assert singles == [0] and batches == [] and dones == []
+    clock.advance(0)
+    assert batches == [[1, 2]] and dones == []
+    results[1].callback(None)  # the batch's result
+    assert dones == [(1, None), (2, None)]
+    results[0].callback(None)
+    assert dones[-1] == (0, None) and bus.held("t") == 0
