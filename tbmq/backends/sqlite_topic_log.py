@@ -18,6 +18,7 @@ the COMMIT that made the call durable.
 
 from __future__ import annotations
 
+import heapq
 import sqlite3
 from typing import Iterable
 
@@ -375,14 +376,14 @@ def _load(conn: sqlite3.Connection) -> tuple[list[tuple], dict]:
             "ORDER BY topic, partition_id, log_offset"
         )
     ]
-    packed = False
+    packed: list[tuple] = []
     for topic, partition, last, first, data in conn.execute(
-            "SELECT topic, partition_id, last_offset, first_offset, records FROM topic_log_packs"):
-        packed = True
-        records += [(topic, partition, o, key, value, ())
-                    for o, key, value in _unpacked(last, first, data)]
-    if packed:
-        records.sort(key=_position)
+            "SELECT topic, partition_id, last_offset, first_offset, records FROM topic_log_packs "
+            "ORDER BY topic, partition_id, last_offset"):
+        packed += [(topic, partition, o, key, value, ())
+                   for o, key, value in _unpacked(last, first, data)]
+    if packed:  # both in order (packed rows never overlap): merged in one pass
+        records = list(heapq.merge(records, packed, key=_position))
     offsets = {
         (group, topic, partition): offset
         for group, topic, partition, offset in conn.execute(
