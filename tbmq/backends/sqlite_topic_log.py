@@ -3,8 +3,11 @@
 
 :class:`SQLiteTopicLog` keeps the records of the bus's durable topics in
 the table ``topic_log`` (one row per record, keyed by topic, partition and
-offset) and the consumer groups' committed offsets in
-``topic_log_offsets``, in the file of the other embedded stores, on their
+offset), except the records of one partition at consecutive offsets that
+one transaction writes (what a reactor turn routed to an APPLICATION
+client), which go as one packed row of ``topic_log_packs`` (keyed by its
+last offset; see :func:`_write_rows`), and the consumer groups' committed
+offsets in ``topic_log_offsets``, in the file of the other embedded stores, on their
 :class:`~tbmq.backends.sqlite_runner.SQLiteRunner`.  In a compacted topic a
 record replaces the earlier one of its key and a tombstone removes the key,
 so the table holds the last value per key.
