@@ -96,7 +96,9 @@ class Partition:
         n = len(entries)
         if self.keys is None:
             o = self.first
-            if before - o > n:  # sparse: walk the records, not the offsets
+            if before >= self.next:  # every record goes (the usual commit)
+                entries.clear()
+            elif before - o > n:  # sparse: walk the records, not the offsets
                 for held in [held for held in entries if held < before]:
                     del entries[held]
             else:

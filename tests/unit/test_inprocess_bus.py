@@ -446,3 +446,19 @@ def test_records_behind_a_pending_result_go_to_the_batch_handler_together():
     assert dones == [(1, None), (2, None)]
     results[0].callback(None)
     assert dones[-1] == (0, None) and bus.held("t") == 0
+
+
+def test_a_partition_releases_the_records_below_an_offset():
+    """``Partition.release``: the records below the offset go (all of them
+    when it is past the last one, the usual commit), the others stay."""
+    from tbmq.backends.inprocess_log import Partition  # noqa: PLC0415
+
+    part = Partition(0)
+    for i in range(5):
+        part.append(None, i, ())
+    assert part.release(2) == 2 and list(part.entries) == [2, 3, 4] and part.first == 2
+    assert part.release(5) == 3 and part.entries == {} and part.first == 5
+    part.append(None, 5, ())
+    part.append(None, 6, ())
+    assert part.release(7) == 2 and part.entries == {} and part.first_held() == 7
+    assert part.append(None, 7, ()) == 7 and list(part.entries) == [7]
