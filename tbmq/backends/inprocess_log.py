@@ -259,7 +259,12 @@ class Waiter:
             if not ok and self.failed_group is None:
                 self.failed_group = group
             if not pending and self.notify is not None:
-                self._maybe_fire()
+                if self.failed_group is None and self.error is None:
+                    # the usual end: every group handled it well
+                    notify, self.notify = self.notify, None
+                    self._tell(notify, None)
+                else:
+                    self._maybe_fire()
         return self.error is not None or not pending
 
     def close(self) -> None:
@@ -283,11 +288,14 @@ class Waiter:
         if notify is not None and self.done:
             self.notify = None
             error = self._failure()
-            try:
-                notify(None if error is None else Failure(error))
-            except Exception:
-                log.failure("in-process bus: the outcome of a publish to {topic} could not "
-                            "be reported", topic=self.topic)
+            self._tell(notify, None if error is None else Failure(error))
+
+    def _tell(self, notify: Callable, outcome: Failure | None) -> None:
+        try:
+            notify(outcome)
+        except Exception:
+            log.failure("in-process bus: the outcome of a publish to {topic} could not "
+                        "be reported", topic=self.topic)
 
     def outcome(self) -> "Waiter | Exception | None":
         """What the publish has come to: None when it is done and well, its
