@@ -39,7 +39,7 @@ import tempfile
 import time
 
 
-def run(scenario: str, rounds: int, own: bool = False) -> dict:
+def run(scenario: str, rounds: int, own: bool = False, mixed: bool = False) -> dict:
     from types import SimpleNamespace
 
     from tbmq.broker.router import Router
@@ -129,6 +129,10 @@ def run(scenario: str, rounds: int, own: bool = False) -> dict:
         out, bus._producer.out = bus._producer.out, []
         records = []
         for topic, partition, key, value, headers, done in out:
+            if mixed and topic == msg_all:  # another node's record comes first
+                offset = ends.get((topic, partition), 0)
+                ends[topic, partition] = offset + 1
+                records.append(RawRecord(partition, offset, key, value, headers))
             offset = ends.get((topic, partition), 0)
             ends[topic, partition] = offset + 1
             if getattr(done, "located", False):
@@ -161,7 +165,8 @@ def run(scenario: str, rounds: int, own: bool = False) -> dict:
         if turn >= 20:
             for i, name in enumerate(names):
                 stages[name] += t[i + 1] - t[i]
-    assert Session.delivered == (rounds + 20) * len(messages), ("a delivery was lost", Session.delivered)
+    expected = (rounds + 20) * len(messages) * (2 if mixed else 1)
+    assert Session.delivered == expected, ("a delivery was lost", Session.delivered, expected)
     n = rounds * len(messages)
     return {name: seconds / n * 1e6 for name, seconds in stages.items()}
 
@@ -170,7 +175,8 @@ def run(scenario: str, rounds: int, own: bool = False) -> dict:
 MESSAGES = {"fanin": 200, "p2p": 200}
 
 
-def instructions(tree: str, scenario: str, rounds: int, own: bool = False) -> int:
+def instructions(tree: str, scenario: str, rounds: int, own: bool = False,
+                 mixed: bool = False) -> int:
     """Instructions (callgrind) of a run of ``rounds`` turns on ``tree``.
 
     :raises SystemExit: when the run fails or valgrind gives no count."""
@@ -179,7 +185,8 @@ def instructions(tree: str, scenario: str, rounds: int, own: bool = False) -> in
         run = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
              sys.executable, os.path.abspath(__file__), "--tree", tree, "--scenario", scenario,
-             "--rounds", str(rounds), "--repeat", "1"] + (["--own"] if own else []),
+             "--rounds", str(rounds), "--repeat", "1"] + (["--own"] if own else [])
+            + (["--mixed"] if mixed else []),
             capture_output=True, text=True, env=env)
         found = re.search(r"Collected\s*:\s*(\d+)", run.stderr)
         if run.returncode != 0 or found is None:
@@ -198,22 +205,27 @@ def main() -> int:
     parser.add_argument("--own", action="store_true",
                         help="node A's consumer of tbmq.msg.all takes its own records on "
                              "acknowledgement (KafkaConsumer.hand_own) and skips them read back")
+    parser.add_argument("--mixed", action="store_true",
+                        help="another node's copy of each of A's records of tbmq.msg.all comes "
+                             "first in its partition (routed too: twice the deliveries); with "
+                             "--own, A's records wait, held, until the fetch brings both")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per message with valgrind, for each --tree")
     args = parser.parse_args()
     if args.instructions:
         for tree in args.tree or [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]:
-            extra = instructions(tree, args.scenario, args.rounds, args.own) - instructions(
-                tree, args.scenario, 10, args.own)
-            per = extra / ((args.rounds - 10) * MESSAGES[args.scenario])
+            extra = instructions(tree, args.scenario, args.rounds, args.own, args.mixed) - (
+                instructions(tree, args.scenario, 10, args.own, args.mixed))
+            per = extra / ((args.rounds - 10) * MESSAGES[args.scenario] * (2 if args.mixed else 1))
             own = " (own records on acknowledgement)" if args.own else ""
+            own += " (mixed with another node's)" if args.mixed else ""
             print(f"{tree}: {args.scenario}{own}: {per:,.0f} instructions per message")
         return 0
     if args.tree:
         sys.path[:0] = [args.tree[0], args.tree[0] + "/plugins"]
     best: dict = {}
     for _ in range(args.repeat):
-        for name, us in run(args.scenario, args.rounds, args.own).items():
+        for name, us in run(args.scenario, args.rounds, args.own, args.mixed).items():
             best[name] = min(us, best.get(name, us))
     for name, us in best.items():
         print(f"{name:30s} {us:6.2f} µs/msg")
