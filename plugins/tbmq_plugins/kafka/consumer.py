@@ -522,7 +522,8 @@ class KafkaConsumer:
         """Hand one Kafka record to the handler, or the values of a packed
         one decoded to the ``batch_handler``: a tuple of the records' arrays
         (version 2, unpacked with the packed record: read with the codec's
-        ``decode_arrays``) or a list of their bytes (version 1)."""
+        ``decode_arrays``) or a list of their bytes (version 1); an
+        :class:`Owned` as :meth:`_hand_own` hands its items (not decoded)."""
         try:
             if type(raw) is tuple:
                 result = self.batch_handler(self.codec.decode_arrays(raw))

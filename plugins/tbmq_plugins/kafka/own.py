@@ -24,7 +24,8 @@ when the fetch brings it.  A subscription opts in with
   ``max_uncommitted`` results are pending; a unit further ahead waits in
   :attr:`~.consumer.Track.held` until the fetch brings what comes before
   it (then it is handed in offset order), or brings it (then the held
-  copy is dropped and the fetched record handed as usual).  Commits are
+  copy is handed in the fetched record's place, an
+  :class:`~.consumer.Owned`: not decoded).  Commits are
   unchanged: the unit is an :class:`~.consumer.Entry` of its partition,
   committed once its result fired and everything before it committed.
 * A partition that moves (revoked, read again after a failure, or the
