@@ -283,6 +283,32 @@ def test_the_bus_hands_its_own_messages_as_published_and_packed_records_as_one_u
     assert type(driver.sent[0][4]) is not Own  # no member takes them any more
 
 
+def test_a_packed_record_of_a_partition_no_member_here_hands_is_not_offered():
+    """Another node routes the partition: its acknowledgement builds no unit
+    and asks no member to take it (half of a two-node cluster's publishes)."""
+    from tbmq_plugins.kafka.own import hand_packed
+
+    class Member:
+        def __init__(self, partitions) -> None:
+            self.partitions, self.taken = partitions, []
+
+        def hands(self, partition) -> bool:
+            return partition in self.partitions
+
+        def take_own(self, partition, offset, items) -> None:
+            self.taken.append((partition, offset, [item[1] for item in items]))
+
+    elsewhere, here = Member({1}), Member({0})
+    dones = [Own(lambda outcome: None, [elsewhere], "k", v, ()) for v in ("v1", "v2")]
+    hand_packed(dones, 2, (0, 7))
+    assert elsewhere.taken == []
+    dones = [Own(lambda outcome: None, [elsewhere, here], "k", v, ()) for v in ("v1", "v2")]
+    hand_packed(dones, 2, (0, 7))
+    assert here.taken == [(0, 7, ["v1", "v2"])]
+    hand_packed(dones[:1] + [lambda outcome: None], 2, (0, 8))  # not all this node's: fetched
+    assert here.taken == [(0, 7, ["v1", "v2"])]
+
+
 def test_a_driver_that_does_not_say_where_keeps_the_fetch():
     driver = FakeDriver()  # no LOCATES: kafka-python's case
     bus, reactor = started(driver)

@@ -550,6 +550,13 @@ class KafkaConsumer:
             return
         self._took(track, entry, result)
 
+    def hands(self, partition: int) -> bool:
+        """:returns: True when this member hands ``partition`` now
+        (assigned, not read again, not paused, not stopped): this node's
+        records of it may be handed on acknowledgement (:meth:`take_own`)."""
+        track = self._tracks.get(partition)
+        return track is not None and track.live and not self._paused and not self.stopped
+
     def take_own(self, partition: int, offset: int, items: tuple | list) -> None:
         """This node's unit ``items`` (``(key, value, headers)`` each) was
         acknowledged at ``offset`` of ``partition`` (:mod:`.own`): hand it

@@ -104,6 +104,16 @@ def hand_packed(dones: list, records: int, where: tuple[int, int]) -> None:
 
     :param dones: the packed record's ``done`` callables, in publish order.
     """
-    own = [done for done in dones if type(done) is Own]
-    if own and len(own) == records:
-        _offer(own[0].takers, where, [(d.key, d.value, d.headers) for d in own])
+    if len(dones) != records or type(dones[0]) is not Own:
+        return  # a publish_many's records: fetched
+    takers = dones[0].takers
+    partition = where[0]
+    for member in takers:
+        if member.hands(partition):
+            break
+    else:
+        return  # no member here hands the partition (another node's): nothing to build
+    for done in dones:
+        if type(done) is not Own:
+            return
+    _offer(takers, where, [(d.key, d.value, d.headers) for d in dones])
