@@ -13,6 +13,7 @@ Run from the repository root::
 
     PYTHONPATH=.:plugins python bench/bus_cross_node.py [--scenario fanin|p2p] [--tree DIR]
     PYTHONPATH=.:plugins python bench/bus_cross_node.py --instructions --tree DIR [--tree DIR2]
+    PYTHONPATH=.:plugins python bench/bus_cross_node.py --own ...
 
 ``fanin``: 10 publishers (topics ``bench/fanin/NN``), 20 messages each per
 turn, one subscriber (``bench/fanin/+``); ``p2p``: 50 pairs, 4 messages
@@ -21,7 +22,10 @@ turns after the first 20; the minimum of ``--repeat`` runs).  A shared
 machine is noisy: compare two trees in alternate runs (``--tree``), or
 count instructions (``--instructions``: valgrind's callgrind, a run of
 ``--rounds`` turns less one of 10 turns, per message, every stage
-together; the machine's load does not move it).
+together; the machine's load does not move it).  ``--own``: node A's
+consumer of ``tbmq.msg.all`` takes its node's records when they are
+acknowledged (``KafkaConsumer.hand_own``, as the router asks) and skips
+them when they are read back.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import tempfile
 import time
 
 
-def run(scenario: str, rounds: int) -> dict:
+def run(scenario: str, rounds: int, own: bool = False, mixed: bool = False) -> dict:
     from types import SimpleNamespace
 
     from tbmq.broker.router import Router
@@ -61,7 +65,7 @@ def run(scenario: str, rounds: int) -> dict:
             self.out: list = []
 
         def send(self, topic, key, value, headers, done, partition=None) -> None:
-            self.out.append((partition, key, value, headers, done))
+            self.out.append((topic, partition, key, value, headers, done))
 
     class Loop:
         want_paused = False
@@ -74,6 +78,10 @@ def run(scenario: str, rounds: int) -> dict:
         persistent = False
         connection = object()
         delivered = 0
+
+        @property
+        def outbox(self):  # the reader calls session.outbox.deliver
+            return self
 
         def deliver(self, message, qos, retain, sids, cache, now, source) -> None:
             Session.delivered += 1
@@ -107,20 +115,30 @@ def run(scenario: str, rounds: int) -> dict:
     reader.basic = on_downlink
     for consumer in (on_all, on_downlink):
         consumer.loop = Loop()
-        consumer._assigned(list(range(12)))
+        consumer._assigned(list(range(12)), {p: 0 for p in range(12)})
+    if own:  # node A routes its records on acknowledgement, skips them when read back
+        assert on_all.hand_own()
     messages = [Message(topic, b"x" * 64, 1, False, {}, "pub-" + topic, 1.0 + i, None)
                 for i in range(per_turn) for topic, _ in pairs]
-    offset = [0]
+    ends: dict = {}  # (topic, partition) -> the offset of its next record
 
     def sent() -> list:
-        """The Kafka records of the turn, acknowledged, as a consumer reads them."""
+        """The Kafka records of the turn, acknowledged (where each landed
+        given to those that ask), as a consumer reads them."""
         bus._packer.flush()
         out, bus._producer.out = bus._producer.out, []
-        bus._acknowledged([(record[4], None) for record in out])
         records = []
-        for partition, key, value, headers, _ in out:
-            offset[0] += 1
-            records.append(RawRecord(partition, offset[0], key, value, headers))
+        for topic, partition, key, value, headers, done in out:
+            if mixed and topic == msg_all:  # another node's record comes first
+                offset = ends.get((topic, partition), 0)
+                ends[topic, partition] = offset + 1
+                records.append(RawRecord(partition, offset, key, value, headers))
+            offset = ends.get((topic, partition), 0)
+            ends[topic, partition] = offset + 1
+            if getattr(done, "located", False):
+                done.where = (partition, offset)
+            records.append(RawRecord(partition, offset, key, value, headers))
+        bus._acknowledged([(record[5], None) for record in out])
         return records
 
     def ignore(failure) -> None:
@@ -147,7 +165,8 @@ def run(scenario: str, rounds: int) -> dict:
         if turn >= 20:
             for i, name in enumerate(names):
                 stages[name] += t[i + 1] - t[i]
-    assert Session.delivered == (rounds + 20) * len(messages), "a delivery was lost"
+    expected = (rounds + 20) * len(messages) * (2 if mixed else 1)
+    assert Session.delivered == expected, ("a delivery was lost", Session.delivered, expected)
     n = rounds * len(messages)
     return {name: seconds / n * 1e6 for name, seconds in stages.items()}
 
@@ -156,7 +175,8 @@ def run(scenario: str, rounds: int) -> dict:
 MESSAGES = {"fanin": 200, "p2p": 200}
 
 
-def instructions(tree: str, scenario: str, rounds: int) -> int:
+def instructions(tree: str, scenario: str, rounds: int, own: bool = False,
+                 mixed: bool = False) -> int:
     """Instructions (callgrind) of a run of ``rounds`` turns on ``tree``.
 
     :raises SystemExit: when the run fails or valgrind gives no count."""
@@ -165,7 +185,8 @@ def instructions(tree: str, scenario: str, rounds: int) -> int:
         run = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
              sys.executable, os.path.abspath(__file__), "--tree", tree, "--scenario", scenario,
-             "--rounds", str(rounds), "--repeat", "1"],
+             "--rounds", str(rounds), "--repeat", "1"] + (["--own"] if own else [])
+            + (["--mixed"] if mixed else []),
             capture_output=True, text=True, env=env)
         found = re.search(r"Collected\s*:\s*(\d+)", run.stderr)
         if run.returncode != 0 or found is None:
@@ -181,21 +202,30 @@ def main() -> int:
                              "--instructions, one or more")
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--own", action="store_true",
+                        help="node A's consumer of tbmq.msg.all takes its own records on "
+                             "acknowledgement (KafkaConsumer.hand_own) and skips them read back")
+    parser.add_argument("--mixed", action="store_true",
+                        help="another node's copy of each of A's records of tbmq.msg.all comes "
+                             "first in its partition (routed too: twice the deliveries); with "
+                             "--own, A's records wait, held, until the fetch brings both")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per message with valgrind, for each --tree")
     args = parser.parse_args()
     if args.instructions:
         for tree in args.tree or [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]:
-            extra = instructions(tree, args.scenario, args.rounds) - instructions(
-                tree, args.scenario, 10)
-            per = extra / ((args.rounds - 10) * MESSAGES[args.scenario])
-            print(f"{tree}: {args.scenario}: {per:,.0f} instructions per message")
+            extra = instructions(tree, args.scenario, args.rounds, args.own, args.mixed) - (
+                instructions(tree, args.scenario, 10, args.own, args.mixed))
+            per = extra / ((args.rounds - 10) * MESSAGES[args.scenario] * (2 if args.mixed else 1))
+            own = " (own records on acknowledgement)" if args.own else ""
+            own += " (mixed with another node's)" if args.mixed else ""
+            print(f"{tree}: {args.scenario}{own}: {per:,.0f} instructions per message")
         return 0
     if args.tree:
         sys.path[:0] = [args.tree[0], args.tree[0] + "/plugins"]
     best: dict = {}
     for _ in range(args.repeat):
-        for name, us in run(args.scenario, args.rounds).items():
+        for name, us in run(args.scenario, args.rounds, args.own, args.mixed).items():
             best[name] = min(us, best.get(name, us))
     for name, us in best.items():
         print(f"{name:30s} {us:6.2f} µs/msg")

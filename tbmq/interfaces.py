@@ -231,6 +231,20 @@ class IConsumer(Interface):
     def resume():
         """Hand records again, starting with those that waited.  Idempotent."""
 
+    def hand_own():
+        """Ask for the records this node publishes to the member's
+        partitions to be handed once the bus acknowledged them, rather than
+        when they are read back (``docs/bus.md``, "Own records, handed on
+        acknowledgement"): the same records, in offset order, each once;
+        commits are unchanged.  The router asks it for ``tbmq.msg.all``.
+
+        :returns: ``bool``: True when the bus does it from now on (the
+            Kafka bus with a driver that reports where a record landed, on
+            a topic that is not compacted), False when records are handed
+            as before (kafka-python; the in-process bus, which hands a
+            record in process as soon as it is published anyway).
+        """
+
     def lag():
         """:returns: ``int``, records of this member's partitions that its
         group has not committed yet (not handed yet, or handed and their

@@ -74,6 +74,11 @@ class Consumer:
             self.bus._refresh_fast(self.state)
             self.bus._schedule(self)
 
+    def hand_own(self) -> bool:
+        """:returns: False: a record published here is handed in process as
+        soon as it is appended (see :meth:`tbmq.interfaces.IConsumer.hand_own`)."""
+        return False
+
     def lag(self) -> int:
         """:returns: records of this member's partitions that its group has
         not committed yet (handed and pending, or waiting)."""

@@ -115,7 +115,7 @@ class Router:
         on Kafka a node that joins learns every retained message there).
         Where the bus can, this node's own messages of the ``tbmq.msg.all``
         partitions it routes are routed when acknowledged
-        (:meth:`~tbmq_plugins.kafka.consumer.KafkaConsumer.hand_own`).
+        (:meth:`tbmq.interfaces.IConsumer.hand_own`).
 
         :returns: a Deferred that fires once ``tbmq.msg.retained`` is replayed.
         """
@@ -124,9 +124,7 @@ class Router:
                                       bundle=CLUSTER_BUNDLE, batch_handler=self._on_messages)
         # this node's messages to the partitions it routes: routed as soon
         # as the bus acknowledges them, not when read back (Kafka, docs/bus.md)
-        hand_own = getattr(self.consumer, "hand_own", None)
-        if hand_own is not None:
-            hand_own()
+        self.consumer.hand_own()
         self.retained_consumer = bus.subscribe(
             self.topics.msg_retained, node_group(self.service_id), self._on_retained,
             from_beginning=True, exclusive=True)

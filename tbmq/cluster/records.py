@@ -104,9 +104,10 @@ field is wrong); the records the bus carries per message (``msg``,
 hot path that writes or reads a record whose fields all have their plain
 type in one go and leaves any other to the field checks.  A message the
 hot path reads keeps the ``msg`` array it came in (``Message.wire``, as
-msgpack read it), and the writers write that array again as it is: a
-routing node's deliveries carry the publishing node's encoding of the
-message, neither checked nor its properties packed a second time.
+msgpack read it), one the hot path writes keeps the array it wrote, and
+the writers write that array again as it is: a routing node's deliveries
+carry the publishing node's encoding of the message, neither checked nor
+its properties packed a second time.
 """
 
 from __future__ import annotations
@@ -312,9 +313,9 @@ def _read_message_v1(f: list) -> Message:
                    _opt_float(expires_at, "expires_at"))
 
 
-def _message_array(m: Message) -> list | tuple | None:
+def _message_array(m: Message) -> tuple | None:
     wire = m.wire
-    if wire is not None:  # read from the bus: its array as it came (checked then)
+    if wire is not None:  # read from the bus, or written once: its array (checked then)
         return wire
     topic, payload, qos, retain, props, publisher, received_at, expires_at = (
         m.topic, m.payload, m.qos, m.retain, m.properties, m.publisher, m.received_at,
@@ -322,9 +323,13 @@ def _message_array(m: Message) -> list | tuple | None:
     if (type(topic) is str and type(payload) is bytes and type(qos) is int and 0 <= qos <= 2
             and type(retain) is bool and type(props) is dict and type(publisher) is str
             and type(received_at) is float and (expires_at is None or type(expires_at) is float)):
-        return ["msg", 1, topic, payload, qos, retain,
-                _props_out(props, "properties") if props else None, publisher, received_at,
-                expires_at]
+        # kept: a message written again (its deliveries, when the node that
+        # published it routes it: the Kafka bus's own records) is not
+        # checked nor its properties packed a second time
+        wire = m.wire = ("msg", 1, topic, payload, qos, retain,
+                         _props_out(props, "properties") if props else None, publisher,
+                         received_at, expires_at)
+        return wire
     return None
 
 

@@ -105,14 +105,36 @@ def test_an_acknowledgement_ahead_of_the_records_before_it_waits_for_them_in_ord
     assert consumer._holding == set()
 
 
-def test_a_held_record_the_fetch_brings_first_is_handed_as_read_once():
+def test_a_held_record_the_fetch_brings_first_is_handed_once_from_the_held_copy():
+    """Another node's record comes first in the partition: this node's own
+    record waits, held; when one fetch brings both, the held copy is handed
+    in its place (the value as published: not decoded) and commits as read."""
+    values = []
     handler = Pending()
-    consumer, codec = member(handler)
+
+    def seeing(record):
+        values.append(record.value)
+        return handler(record)
+
+    consumer, codec = member(seeing)
     consumer.take_own(0, 11, mine(11))
     consumer._batch([raw(10), raw(11)], [])
-    assert handler.seen == [(0, 10), (0, 11)]
-    assert codec.decoded == [b"10", b"11"]  # read before it could be handed: as read
+    assert handler.seen == [(0, 10), (0, 11)] and values == [b"10", "own 11"]
+    assert codec.decoded == [b"10"]  # 11: the held copy, not decoded
     assert not consumer._tracks[0].held
+    handler.results[(0, 11)].callback(None)
+    handler.results[(0, 10)].callback(None)
+    assert consumer.loop.commits == [(0, 12)]
+
+
+def test_a_held_packed_unit_the_fetch_brings_goes_to_the_batch_handler_from_its_copy():
+    batches = []
+    consumer, codec = member(lambda record: None, lambda values: batches.append(values))
+    consumer.take_own(0, 11, [("a", "v1", ()), ("b", "v2", ())])
+    packed = RawRecord(0, 11, None, pack([b"a", b"b"], [b"\xa1x", b"\xa1y"]), (HEADER,))
+    consumer._batch([raw(10), packed], [])
+    assert batches == [["v1", "v2"]] and codec.decoded == [b"10"]
+    assert consumer.loop.commits == [(0, 11), (0, 12)]
 
 
 def test_records_behind_what_the_buffer_holds_of_their_partition_are_left_to_the_fetch():
@@ -259,6 +281,32 @@ def test_the_bus_hands_its_own_messages_as_published_and_packed_records_as_one_u
     bus.publish(topic, "a/b", lone, (), acked.append)
     reactor.advance(0)
     assert type(driver.sent[0][4]) is not Own  # no member takes them any more
+
+
+def test_a_packed_record_of_a_partition_no_member_here_hands_is_not_offered():
+    """Another node routes the partition: its acknowledgement builds no unit
+    and asks no member to take it (half of a two-node cluster's publishes)."""
+    from tbmq_plugins.kafka.own import hand_packed
+
+    class Member:
+        def __init__(self, partitions) -> None:
+            self.partitions, self.taken = partitions, []
+
+        def hands(self, partition) -> bool:
+            return partition in self.partitions
+
+        def take_own(self, partition, offset, items) -> None:
+            self.taken.append((partition, offset, [item[1] for item in items]))
+
+    elsewhere, here = Member({1}), Member({0})
+    dones = [Own(lambda outcome: None, [elsewhere], "k", v, ()) for v in ("v1", "v2")]
+    hand_packed(dones, 2, (0, 7))
+    assert elsewhere.taken == []
+    dones = [Own(lambda outcome: None, [elsewhere, here], "k", v, ()) for v in ("v1", "v2")]
+    hand_packed(dones, 2, (0, 7))
+    assert here.taken == [(0, 7, ["v1", "v2"])]
+    hand_packed(dones[:1] + [lambda outcome: None], 2, (0, 8))  # not all this node's: fetched
+    assert here.taken == [(0, 7, ["v1", "v2"])]
 
 
 def test_a_driver_that_does_not_say_where_keeps_the_fetch():

@@ -51,7 +51,8 @@ class FakeBus:
     def subscribe(self, topic, group, handler, from_beginning=False, exclusive=False,
                   bundle=None, batch_handler=None):
         return SimpleNamespace(topic=topic, group=group, handler=handler,
-                               batch_handler=batch_handler, caught_up=defer.succeed(None))
+                               batch_handler=batch_handler, caught_up=defer.succeed(None),
+                               hand_own=lambda: False)
 
 
 class FakeSession:

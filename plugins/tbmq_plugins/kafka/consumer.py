@@ -57,7 +57,7 @@ from tbmq.interfaces import IConsumer
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.packing import expand, unpacked
 
-__all__ = ["SLICE", "Entry", "KafkaConsumer", "Track"]
+__all__ = ["SLICE", "Entry", "KafkaConsumer", "Owned", "Track"]
 
 log = Logger(observer=LOG_OBSERVER)
 
@@ -96,8 +96,26 @@ class Entry:
 
 def _count(item: Any) -> int:
     """The records a buffered item holds (a list or a tuple: a packed
-    record's values, see :meth:`KafkaConsumer._hand`)."""
-    return len(item) if type(item) is list or type(item) is tuple else 1
+    record's values, see :meth:`KafkaConsumer._hand`; an :class:`Owned`:
+    its items)."""
+    if type(item) is list or type(item) is tuple:
+        return len(item)
+    return len(item.items) if type(item) is Owned else 1
+
+
+class Owned:
+    """In the buffer, in place of a fetched record: this node's unit
+    acknowledged at that offset and held (:mod:`.own`), handed from the
+    held copy (the value objects as published, not decoded).
+
+    :ivar items: ``(key, value, headers)`` each: one, or the records of a
+        packed record for the ``batch_handler``.
+    """
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: tuple | list) -> None:
+        self.items = items
 
 
 class Track:
@@ -395,6 +413,11 @@ class KafkaConsumer:
                 if top is not None and raw.offset < top:
                     continue  # handed when it was acknowledged (.own)
                 track.top = raw.offset + 1
+                if track.held:
+                    items = track.held.pop(raw.offset, None)
+                    if items is not None:  # held: handed from that copy, not decoded
+                        held += self._buffer_owned(track, raw.offset, items)
+                        continue
             if raw.headers:  # a packed record, maybe (:mod:`.packing`)
                 if batches:
                     found = unpacked(raw)
@@ -430,6 +453,23 @@ class KafkaConsumer:
             self._want_paused()
         self._pump()
         self._check_caught_up()
+
+    def _buffer_owned(self, track: Track, offset: int, items: tuple | list) -> int:
+        """Buffer this node's held unit at ``offset`` of ``track`` as the
+        fetch brought it (:class:`Owned`): as :meth:`_hand_own` hands it,
+        one item for the ``batch_handler`` or one per record.
+
+        :returns: the records buffered."""
+        buffer = self._buffer
+        if self.batch_handler is not None and len(items) > 1:
+            buffer.append((track, track.arrive(offset), Owned(items)))
+            track.queued += 1
+        else:
+            entry = track.arrive(offset, len(items))
+            for item in items:
+                buffer.append((track, entry, Owned((item,))))
+            track.queued += len(items)
+        return len(items)
 
     def _closed(self) -> None:
         if self._closed_d is not None and not self._closed_d.called:
@@ -482,13 +522,22 @@ class KafkaConsumer:
         """Hand one Kafka record to the handler, or the values of a packed
         one decoded to the ``batch_handler``: a tuple of the records' arrays
         (version 2, unpacked with the packed record: read with the codec's
-        ``decode_arrays``) or a list of their bytes (version 1)."""
+        ``decode_arrays``) or a list of their bytes (version 1); an
+        :class:`Owned` as :meth:`_hand_own` hands its items (not decoded)."""
         try:
             if type(raw) is tuple:
                 result = self.batch_handler(self.codec.decode_arrays(raw))
             elif type(raw) is list:
                 decode = self.codec.decode
                 result = self.batch_handler([decode(value) for value in raw])
+            elif type(raw) is Owned:
+                items = raw.items
+                if len(items) > 1:
+                    result = self.batch_handler([item[1] for item in items])
+                else:
+                    key, value, headers = items[0]
+                    result = self.handler(new_record((self.topic, key, value, headers,
+                                                      track.partition, entry.offset)))
             else:
                 key = raw.key
                 record = new_record((self.topic,
@@ -500,6 +549,13 @@ class KafkaConsumer:
             self._done(track, entry, Failure())
             return
         self._took(track, entry, result)
+
+    def hands(self, partition: int) -> bool:
+        """:returns: True when this member hands ``partition`` now
+        (assigned, not read again, not paused, not stopped): this node's
+        records of it may be handed on acknowledgement (:meth:`take_own`)."""
+        track = self._tracks.get(partition)
+        return track is not None and track.live and not self._paused and not self.stopped
 
     def take_own(self, partition: int, offset: int, items: tuple | list) -> None:
         """This node's unit ``items`` (``(key, value, headers)`` each) was

@@ -24,7 +24,8 @@ when the fetch brings it.  A subscription opts in with
   ``max_uncommitted`` results are pending; a unit further ahead waits in
   :attr:`~.consumer.Track.held` until the fetch brings what comes before
   it (then it is handed in offset order), or brings it (then the held
-  copy is dropped and the fetched record handed as usual).  Commits are
+  copy is handed in the fetched record's place, an
+  :class:`~.consumer.Owned`: not decoded).  Commits are
   unchanged: the unit is an :class:`~.consumer.Entry` of its partition,
   committed once its result fired and everything before it committed.
 * A partition that moves (revoked, read again after a failure, or the
@@ -103,6 +104,16 @@ def hand_packed(dones: list, records: int, where: tuple[int, int]) -> None:
 
     :param dones: the packed record's ``done`` callables, in publish order.
     """
-    own = [done for done in dones if type(done) is Own]
-    if own and len(own) == records:
-        _offer(own[0].takers, where, [(d.key, d.value, d.headers) for d in own])
+    if len(dones) != records or type(dones[0]) is not Own:
+        return  # a publish_many's records: fetched
+    takers = dones[0].takers
+    partition = where[0]
+    for member in takers:
+        if member.hands(partition):
+            break
+    else:
+        return  # no member here hands the partition (another node's): nothing to build
+    for done in dones:
+        if type(done) is not Own:
+            return
+    _offer(takers, where, [(d.key, d.value, d.headers) for d in dones])
