@@ -236,3 +236,13 @@ def test_an_opening_passes_no_error_to_who_answers_it():
     Opening(boom, seen.append, boom, lambda f: seen.append(("failed", f.type))) \
         .errback(Failure(KeyError("no answer")))
     assert seen == [("refused", KeyError), ("failed", ValueError)]
+
+
+def test_a_connect_builds_no_notification_that_no_plugin_implements(monkeypatch):
+    """``tbmq_client_connected`` with no plugin implementing it costs one
+    attribute (tests/unit/test_node_view.py: a plugin that does gets it)."""
+    h = Harness()
+    called = []
+    monkeypatch.setattr(h.broker.hooks, "notify", lambda name, **kwargs: called.append(name))
+    assert h.client("c1", level=4).connack.reason_code == 0
+    assert called == []
