@@ -421,8 +421,8 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
             member, cursor, part, held = fast
             o = part.next
             if held is not None:  # durable: a transient record's own hot path
-                if cursor.committed == o and self._held_now(held, member, cursor, part, key,
-                                                            value, headers):
+                if headers and cursor.committed == o and self._held_now(
+                        held, member, cursor, part, key, value, headers):
                     return _answer(None, done)
             elif cursor.committed == o:
                 # the hot path: nothing waits, hand it now (a handler of this
