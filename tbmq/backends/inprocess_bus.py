@@ -62,6 +62,7 @@ from zope.interface import implementer
 
 from tbmq.backends.inprocess_consumer import Consumer, Handler
 from tbmq.backends.inprocess_describe import Describable
+from tbmq.backends.inprocess_held import HeldPublishes
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
 from tbmq.backends.inprocess_many import ManyPublishes
 from tbmq.backends.inprocess_writes import LogWrites
@@ -122,7 +123,7 @@ def _answer(outcome, done):
 
 
 @implementer(IMessageBus, IDescribableBus)
-class InProcessBus(Describable, ManyPublishes):
+class InProcessBus(Describable, ManyPublishes, HeldPublishes):
     """The in-process bus; see the module doc and ``docs/bus.md``.
 
     :param partitions: partitions per topic (``int`` ≥ 1).
@@ -166,8 +167,9 @@ class InProcessBus(Describable, ManyPublishes):
         self._dropped_logged = 0
         self._drop_logged_at: float | None = None
         self._topics: dict[str, TopicState] = {}
-        #: topic name → ``(member, cursor, partition)`` of the topics whose
-        #: publish may call the one member's handler at once (the hot path)
+        #: topic name → ``(member, cursor, partition, held)`` of the topics
+        #: whose publish may call the one member's handler at once (the hot
+        #: path; ``held``: the TopicState of a durable topic, else None)
         self._fast: dict[str, tuple] = {}
         #: what waits to be written to the topic log (one flush per turn)
         self._writes = LogWrites(log, clock) if log is not None else None
@@ -296,13 +298,14 @@ class InProcessBus(Describable, ManyPublishes):
         every join and leave."""
         state.live = [g for g in state.groups.values() if g.members]
         self._fast.pop(state.name, None)
-        if (not self.running or state.codec is not None or len(state.parts) != 1
-                or len(state.groups) != 1):
+        if (not self.running or (state.codec is not None and not state.durable)
+                or len(state.parts) != 1 or len(state.groups) != 1):
             return
         group = next(iter(state.groups.values()))
         member = group.owners[0]
         if member is not None and not member.paused:
-            self._fast[state.name] = (member, group.cursors[0], state.parts[0])
+            self._fast[state.name] = (member, group.cursors[0], state.parts[0],
+                                      state if state.durable else None)
 
     def topics(self) -> list[str]:
         """:returns: the names of the topics the bus knows."""
@@ -418,9 +421,13 @@ class InProcessBus(Describable, ManyPublishes):
         """
         fast = self._fast.get(topic)
         if fast is not None:
-            member, cursor, part = fast
+            member, cursor, part, held = fast
             o = part.next
-            if cursor.committed == o:
+            if held is not None:  # durable: a transient record's own hot path
+                if headers and cursor.committed == o and self._held_now(
+                        held, member, cursor, part, key, value, headers):
+                    return _answer(None, done)
+            elif cursor.committed == o:
                 # the hot path: nothing waits, hand it now (a handler of this
                 # member running now has not committed: not here)
                 part.next = cursor.position = n = o + 1

@@ -10,6 +10,7 @@ with the server's capabilities [MQTT-3.2.2.3].
 from __future__ import annotations
 
 import uuid
+from functools import partial
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
@@ -450,10 +451,9 @@ class ConnectHandler:
         limits = self.ctx.limits
         if limits is not None and self._over_session_limit(limits, connect, result):
             return
-        d = sessions.connect(self.conn, connect, result.client_type, expiry_cap=cap, address=host)
-        d.addCallbacks(self._session_opened, self._session_refused,
-                       callbackArgs=(result, request))
-        d.addErrback(self._internal_error)
+        sessions.connect(self.conn, connect, result.client_type, expiry_cap=cap, address=host,
+                         opened=partial(self._session_opened, result=result, request=request),
+                         refused=self._session_refused, failed=self._internal_error)
 
     def _over_session_limit(self, limits, connect, result: AuthResult) -> bool:
         """``mqtt.sessions_limit`` and ``mqtt.application_clients_limit``

@@ -77,6 +77,7 @@ class Hooks:
     :ivar wants_published: True when some plugin implements
         ``tbmq_message_published``.
     :ivar wants_delivered: the same for ``tbmq_message_delivered``.
+    :ivar wants_connected: the same for ``tbmq_client_connected``.
     """
 
     log = Logger(observer=LOG_OBSERVER)
@@ -94,6 +95,7 @@ class Hooks:
         self.wants_published = self._has["tbmq_message_published"]
         self.wants_delivered = self._has["tbmq_message_delivered"]
         self.wants_dropped = self._has["tbmq_message_dropped"]
+        self.wants_connected = self._has["tbmq_client_connected"]
         impls = ordered_impls(hook.tbmq_authenticate, self.providers)
         names = list(dict.fromkeys(impl.plugin_name for impl in impls))
         everyone = [plugin for _, plugin in self.plugins.list_name_plugin()]
@@ -200,7 +202,9 @@ class Hooks:
             self.notify("tbmq_message_dropped", session=session, message=message, reason=reason)
 
     def client_connected(self, session, connect, address) -> None:
-        self.notify("tbmq_client_connected", session=session, connect=connect, address=address)
+        if self.wants_connected:  # once per CONNECT: no arguments built for nobody
+            self.notify("tbmq_client_connected", session=session, connect=connect,
+                        address=address)
 
     def client_disconnected(self, session, reason_code, will: bool) -> None:
         self.notify("tbmq_client_disconnected", session=session, reason_code=reason_code,

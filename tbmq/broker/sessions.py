@@ -11,6 +11,7 @@ from functools import partial
 
 from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from tbmq.broker.session import EXPIRY_NEVER, Session, SessionContext
 from tbmq.cluster.records import UNCLAIMED, SessionInfo, WillRecord
@@ -41,6 +42,47 @@ def is_persistent(connect) -> bool:
     if connect.protocol_level < MQTT_5:
         return not connect.clean_start
     return connect.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0) > 0
+
+
+class Opening:
+    """The answer to one connect request
+    (:meth:`tbmq.cluster.session_events.SessionEvents.request_connect`'s
+    ``answer``: a Deferred's ``callback``/``errback``, called once), for a
+    fraction of a Deferred's cost: ``bind(response)`` binds the session,
+    then ``opened`` gets what it returned; ``refused(failure)`` follows a
+    failed request or a failed ``bind``; ``failed(failure)`` catches what
+    ``opened`` or ``refused`` raised.  Nothing reaches the caller of
+    ``callback``/``errback`` (the cluster's answer, maybe in a bus handler).
+    """
+
+    __slots__ = ("bind", "opened", "refused", "failed")
+
+    def __init__(self, bind, opened, refused, failed) -> None:
+        self.bind = bind
+        self.opened = opened
+        self.refused = refused
+        self.failed = failed
+
+    def callback(self, response) -> None:
+        try:
+            bound = self.bind(response)
+        except Exception:
+            self.errback(Failure())
+            return
+        try:
+            self.opened(bound)
+        except Exception:
+            self.failed(Failure())
+
+    def errback(self, failure) -> None:
+        """:param failure: a :class:`~twisted.python.failure.Failure` or an
+            exception (as a Deferred's ``errback`` takes)."""
+        if not isinstance(failure, Failure):
+            failure = Failure(failure)
+        try:
+            self.refused(failure)
+        except Exception:
+            self.failed(Failure())
 
 
 def address_text(address) -> str | None:
@@ -158,27 +200,31 @@ class SessionManager:
                 del self._by_address[address]
 
     def connect(self, conn, connect, client_type: ClientType, expiry_cap: int | None = None,
-                address: str | None = None) -> defer.Deferred:
+                address: str | None = None, *, opened, refused, failed) -> None:
         """Ask the cluster for the session of ``connect.client_id`` (a
         session event, :mod:`tbmq.cluster.session_events`), then bind
-        ``conn`` to it.
+        ``conn`` to it.  No Deferred: the answer goes to an :class:`Opening`
+        (a CONNECT is answered during the call on the embedded node).
 
         :param expiry_cap: the longest session expiry interval granted,
             seconds; ``mqtt.max_session_expiry_interval`` when None.
         :param address: the client's network address: a persistent session
             it creates counts towards :meth:`persistent_from`.
-        :returns: a Deferred firing with ``(session, session_present)``, or
-            failing when the cluster did not answer.
+        :param opened: ``opened((session, session_present))`` once bound.
+        :param refused: ``refused(failure)`` when the cluster did not answer
+            (:class:`~tbmq.errors.BusPublishError`) or binding failed.
+        :param failed: ``failed(failure)`` when ``opened`` or ``refused`` raised.
         """
         persistent = is_persistent(connect)
         session_id = new_session_id()
         expiry = self.expiry_for(connect, expiry_cap)
-        d = self.events.request_connect(
+        self.events.request_connect(
             connect.client_id, session_id, clean_start=connect.clean_start,
             persistent=persistent, client_type=client_type,
-            session_expiry_interval=expiry, protocol_level=connect.protocol_level)
-        return d.addCallback(self._open, conn, connect, client_type, expiry, address,
-                             session_id)
+            session_expiry_interval=expiry, protocol_level=connect.protocol_level,
+            answer=Opening(partial(self._open, conn=conn, connect=connect,
+                                   client_type=client_type, expiry=expiry, address=address,
+                                   session_id=session_id), opened, refused, failed))
 
     def _open(self, response, conn, connect, client_type: ClientType, expiry: int,
               address: str | None = None, session_id: str | None = None) -> tuple[Session, bool]:

@@ -174,17 +174,21 @@ class SessionEvents:
 
     def request_connect(self, client_id: str, session_id: str, *, clean_start: bool,
                         persistent: bool, client_type, session_expiry_interval: int,
-                        protocol_level: int) -> defer.Deferred:
+                        protocol_level: int, answer=None) -> defer.Deferred:
         """Ask the cluster to let ``client_id`` connect here.
 
-        :returns: a Deferred firing with the
+        :param answer: what gets the answer instead of a new Deferred:
+            anything with a Deferred's ``callback(response)`` and
+            ``errback(failure)``, called once (maybe during this call), that
+            raises nothing (:class:`tbmq.broker.sessions.Opening`).
+        :returns: ``answer``, or a Deferred firing with the
             :class:`~tbmq.cluster.records.SessionEventResponse`, or failing
             with :class:`~tbmq.errors.BusPublishError` when no answer came in
             :attr:`timeout` seconds (or the bus refused the request).
         """
         self._requests += 1
         request_id = f"{self._request_prefix}{self._requests}"
-        d = defer.Deferred()
+        d = defer.Deferred() if answer is None else answer
         now = self.clock.seconds()
         self._pending[request_id] = (d, now + self.timeout)
         event = SessionEvent(CONNECTION_REQUEST, client_id, self.service_id, session_id,

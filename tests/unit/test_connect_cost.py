@@ -189,3 +189,60 @@ def test_the_debug_level_is_known_without_building_an_event():
         assert not log.debug_enabled()
     finally:
         log.set_log_level("info")
+
+
+def test_a_clean_connect_makes_no_deferred(monkeypatch):
+    """The session is asked for and bound through the connect request's
+    :class:`~tbmq.broker.sessions.Opening`, not a chain of Deferreds."""
+    h = Harness()
+    h.client("warm-up", level=4)
+    made = []
+    init = defer.Deferred.__init__
+
+    def counting(self, *args, **kwargs):
+        made.append(self)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(defer.Deferred, "__init__", counting)
+    c = h.client("c1", level=4)
+    assert c.connack.reason_code == 0
+    assert made == []
+
+
+def test_an_opening_passes_no_error_to_who_answers_it():
+    from twisted.python.failure import Failure
+
+    from tbmq.broker.sessions import Opening
+
+    seen = []
+
+    def boom(*args):
+        raise ValueError("bug")
+
+    # the binding failed: refused gets its failure
+    Opening(boom, seen.append, lambda f: seen.append(("refused", f.type)), seen.append) \
+        .callback("response")
+    assert seen == [("refused", ValueError)]
+    # opened raised: failed gets it
+    seen.clear()
+    Opening(lambda r: (r, False), boom, seen.append,
+            lambda f: seen.append(("failed", f.type))).callback("response")
+    assert seen == [("failed", ValueError)]
+    # an exception given to errback (as a Deferred takes it) becomes a Failure;
+    # refused raising goes to failed
+    seen.clear()
+    Opening(boom, seen.append, lambda f: seen.append(("refused", f.type)),
+            seen.append).errback(KeyError("no answer"))
+    Opening(boom, seen.append, boom, lambda f: seen.append(("failed", f.type))) \
+        .errback(Failure(KeyError("no answer")))
+    assert seen == [("refused", KeyError), ("failed", ValueError)]
+
+
+def test_a_connect_builds_no_notification_that_no_plugin_implements(monkeypatch):
+    """``tbmq_client_connected`` with no plugin implementing it costs one
+    attribute (tests/unit/test_node_view.py: a plugin that does gets it)."""
+    h = Harness()
+    called = []
+    monkeypatch.setattr(h.broker.hooks, "notify", lambda name, **kwargs: called.append(name))
+    assert h.client("c1", level=4).connack.reason_code == 0
+    assert called == []
