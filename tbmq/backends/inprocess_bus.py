@@ -450,7 +450,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
                 return _answer(self._hot_pending(
                     self._topics[topic], member, cursor, part,
                     new_record((topic, key, value, headers, 0, o)), result), done)
-            if member.batch_handler is not None and done is not None:
+            if held is None and member.batch_handler is not None and done is not None:
                 self._queued(member, part, topic, key, value, headers, done)
                 return None
         return _answer(self._publish(self._topics.get(topic), topic, key, value, headers, done),
