@@ -178,14 +178,9 @@ class SQLiteDeviceMessageStore(RunnerView):
             unknown seqs are ignored.
         :returns: a Deferred firing with None when committed.
         """
-        rows = [((client_id, int(seq)), pid, int(state)) for seq, pid, state in updates]
-
-        def merge(writes: CoalescedWrites) -> None:
-            update = writes.update
-            for key, pid, state in rows:
-                update(key, pid, state)
-
-        return self._merge(self._new_writes, merge)
+        # one loop over them, under the runner's lock (DeliveryWrites.update_all)
+        updates = list(updates)
+        return self._merge(self._new_writes, lambda writes: writes.update_all(client_id, updates))
 
     def remove(self, client_id: str, seqs: Iterable[int]) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.remove`.
@@ -194,13 +189,8 @@ class SQLiteDeviceMessageStore(RunnerView):
         :param seqs: the order keys to drop; unknown ones are ignored.
         :returns: a Deferred firing with None when committed.
         """
-        keys = [(client_id, int(seq)) for seq in seqs]
-
-        def merge(writes: CoalescedWrites) -> None:
-            for key in keys:
-                writes.delete(key)
-
-        return self._merge(self._new_writes, merge)
+        seqs = list(seqs)
+        return self._merge(self._new_writes, lambda writes: writes.delete_all(client_id, seqs))
 
     def load(
         self, client_id: str, after_seq: int | None = None, limit: int | None = None
