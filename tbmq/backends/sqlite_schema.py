@@ -28,6 +28,8 @@ from __future__ import annotations
 import json
 import sqlite3
 
+import msgpack
+
 from tbmq.backends.sqlite_runner import Schema
 from tbmq.backends.sqlite_session_migration import move_sessions_to_topic_log
 from tbmq.cluster.records import MESSAGE
@@ -42,6 +44,7 @@ __all__ = [
     "message_columns",
     "message_from",
     "message_of_blob",
+    "messages_of_blobs",
     "pack_deliveries",
 ]
 
@@ -161,6 +164,31 @@ def message_of_blob(blob: bytes) -> Message:
     :raises tbmq.errors.RecordEncodingError: for bytes that are not a
         ``msg`` record of a known version."""
     return MESSAGE.decode(blob if type(blob) is bytes else bytes(blob))
+
+
+def messages_of_blobs(blobs: list) -> list[Message]:
+    """:func:`message_of_blob` of each of ``blobs`` (the column ``message``
+    of a page of ``deliveries``): one msgpack pass over them all, then the
+    records' checks (:meth:`~tbmq.cluster.record_codec.RecordCodec.
+    decode_arrays`); one at a time when they do not come apart as one
+    array each (the first bad one then raises).
+
+    :returns: the messages, in order.
+    :raises tbmq.errors.RecordEncodingError: for bytes that are not a
+        ``msg`` record of a known version."""
+    if not blobs:
+        return []
+    data = b"".join(blobs)
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, use_list=False,
+                                max_buffer_size=max(len(data), 1 << 20))
+    try:
+        unpacker.feed(data)
+        arrays = list(unpacker)
+    except Exception:
+        arrays = None
+    if arrays is None or len(arrays) != len(blobs):
+        return [message_of_blob(blob) for blob in blobs]
+    return MESSAGE.decode_arrays(arrays)
 
 
 #: rows of a version 4 file rewritten per statement by :func:`pack_deliveries`

@@ -147,3 +147,31 @@ def test_a_delivery_whose_message_cannot_be_encoded_fails_its_add(tmp_path):
     assert fired(store.deliveries.load("c")) == []
     fired(store.stop())
 
+
+
+def test_a_page_of_messages_is_unpacked_in_one_pass_as_one_at_a_time_would():
+    """:func:`messages_of_blobs` gives what :func:`message_of_blob` gives
+    each (properties, expiry, retain, empty payload), in order."""
+    messages = [rich_message(), message("a", b"", qos=0), message("b/c", b"\x00" * 70000, qos=1),
+                message("d", b"x", qos=2, retain=True, expires_at=5.5)]
+    blobs = [message_blob(m) for m in messages]
+    assert sqlite_schema.messages_of_blobs(blobs) == messages == [
+        message_of_blob(b) for b in blobs]
+    assert sqlite_schema.messages_of_blobs([]) == []
+
+
+@pytest.mark.parametrize("bad", [
+    b"\x93\x01\x02\x03",  # an array, not a msg record
+    "two records",  # one row holding two: the page does not come apart row by row
+    "truncated",
+])
+def test_a_page_with_a_row_that_is_no_message_fails_as_that_row_alone_would(bad):
+    good = message_blob(message("a", b"1"))
+    if bad == "two records":
+        bad = good + good
+    elif bad == "truncated":
+        bad = good[:-3]
+    with pytest.raises(RecordEncodingError):
+        message_of_blob(bad)
+    with pytest.raises(RecordEncodingError):
+        sqlite_schema.messages_of_blobs([good, bad, good])
