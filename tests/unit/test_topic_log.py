@@ -23,6 +23,7 @@ from zope.interface.verify import verifyObject
 from tbmq.backends.memory import MemoryTopicLog
 from tbmq.backends.sqlite import SQLiteStore
 from tbmq.backends.sqlite_runner import SQLiteRunner
+from tbmq.backends.sqlite_schema import SCHEMA_VERSION
 from tbmq.backends.sqlite_topic_log import SQLiteTopicLog, TopicLogWrites
 from tbmq.cluster.records import UNCLAIMED, SubscriptionsRecord
 from tbmq.cluster.topics import TopicCatalogue
@@ -426,8 +427,8 @@ def test_a_database_of_schema_1_gains_the_topic_log_with_its_sessions(tmp_path):
     fired(store.stop())
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
-        assert dict(conn.execute("SELECT name, version FROM tbmq_schema")) == {"embedded": 4}
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert dict(conn.execute("SELECT name, version FROM tbmq_schema")) == {"embedded": SCHEMA_VERSION}
         assert not conn.execute("SELECT name FROM sqlite_master WHERE name IN "
                                 "('sessions', 'subscriptions')").fetchall()
     finally:
