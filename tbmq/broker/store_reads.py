@@ -84,7 +84,7 @@ class StoreReader:
     #: read, and the next is read while the queue still holds less than a
     #: page, so that a long drain keeps about one page ahead in memory
     #: rather than half the queue limit
-    READ_PAGE = 1000
+    READ_PAGE = 5000
 
     def page_in(self) -> None:
         """Read the next page (:data:`READ_PAGE` deliveries at most) of a
