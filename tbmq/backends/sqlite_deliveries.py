@@ -23,7 +23,7 @@ from tbmq.backends.sqlite_schema import (
     DELIVERY_COLUMNS,
     EMBEDDED_SCHEMA,
     ids_json,
-    message_blob,
+    message_blobs,
     messages_of_blobs,
 )
 from tbmq.interfaces import IDeviceMessageStore
@@ -34,7 +34,7 @@ __all__ = ["CoalescedWrites", "SHARED_BLOBS", "SHARED_BLOB_MAX", "SQLiteDeviceMe
 #: the most messages whose encoding (:func:`~tbmq.backends.sqlite_schema.
 #: message_blob`) a store keeps for the next subscribers of the same message
 #: (the deliveries of one message to several persistent sessions are adds
-#: of one reactor turn); all are forgotten when it is full
+#: of one reactor turn); all are forgotten when an add would go beyond it
 SHARED_BLOBS = 256
 #: a message encoded to more bytes than this is not kept (the store would
 #: hold it after its deliveries are done)
@@ -129,25 +129,32 @@ class SQLiteDeviceMessageStore(RunnerView):
             the last one reports them, the others 0).
         """
         try:
-            # a message is encoded once (message_blob) for every subscriber
-            # it is queued for: the same bytes in each row
+            # a message is encoded once (message_blobs, one pass for the
+            # add's new ones) for every subscriber it is queued for: the same
+            # bytes in each row
             blobs, ids_of = self._blobs, ids_json
-            rows = []
+            rows, misses = [], []  # misses: row, message, row, message...
             for d in deliveries:
                 message = d.message
                 known = blobs.get(id(message))
+                ids = d.subscription_ids
+                row = [client_id, int(d.seq), None, int(d.qos), 1 if d.retain else 0,
+                       ids_of(ids) if ids else None, d.packet_id, int(d.state)]
+                rows.append(row)
                 if known is None:
-                    blob = message_blob(message)
+                    misses.append(row)
+                    misses.append(message)
+                else:
+                    row[2] = known[1]
+            if misses:
+                messages = misses[1::2]
+                if len(blobs) + len(messages) > SHARED_BLOBS:
+                    blobs.clear()
+                for row, message, blob in zip(misses[::2], messages, message_blobs(messages)):
+                    row[2] = blob
                     if len(blob) <= SHARED_BLOB_MAX:
-                        if len(blobs) >= SHARED_BLOBS:
-                            blobs.clear()
                         # the message is held: its id is not another's meanwhile
                         blobs[id(message)] = (message, blob)
-                else:
-                    blob = known[1]
-                ids = d.subscription_ids
-                rows.append([client_id, int(d.seq), blob, int(d.qos), 1 if d.retain else 0,
-                             ids_of(ids) if ids else None, d.packet_id, int(d.state)])
         except Exception:
             return defer.fail()
         return self._merge(self._new_writes, lambda writes: writes.put_all(client_id, rows),

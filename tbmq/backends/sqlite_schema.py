@@ -41,6 +41,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "ids_json",
     "message_blob",
+    "message_blobs",
     "message_columns",
     "message_from",
     "message_of_blob",
@@ -156,6 +157,16 @@ def message_blob(message: Message) -> bytes:
     :raises tbmq.errors.RecordEncodingError: when a field does not fit
         (a payload that is not bytes, a QoS out of range, ...)."""
     return MESSAGE.encode(message)
+
+
+def message_blobs(messages: list[Message]) -> list[bytes]:
+    """:func:`message_blob` of each of ``messages``, with one packer and one
+    pass (:meth:`~tbmq.cluster.record_codec.RecordCodec.encode_many`).
+
+    :returns: the encodings, in order.
+    :raises tbmq.errors.RecordEncodingError: as :func:`message_blob`, for
+        the first message that does not fit."""
+    return MESSAGE.encode_many(messages)
 
 
 def message_of_blob(blob: bytes) -> Message:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tbmq.backends import sqlite_schema
+from tbmq.backends.sqlite_deliveries import SHARED_BLOB_MAX
 from tbmq.backends.sqlite_schema import SCHEMA_VERSION, message_blob, message_of_blob
 from tbmq.errors import RecordEncodingError
 from tbmq.model import DeliveryState, StoredDelivery
@@ -175,3 +176,20 @@ def test_a_page_with_a_row_that_is_no_message_fails_as_that_row_alone_would(bad)
         message_of_blob(bad)
     with pytest.raises(RecordEncodingError):
         sqlite_schema.messages_of_blobs([good, bad, good])
+
+
+def test_a_large_message_is_not_kept_for_the_next_subscriber(tmp_path):
+    """A message encoded to more than SHARED_BLOB_MAX bytes is encoded again
+    for the next session (the store does not hold it after its add); its
+    rows are still the same message."""
+    store, pool = manual_store(tmp_path)
+    store.start()
+    pool.run_one()  # open
+    big = message("a/b", b"x" * (SHARED_BLOB_MAX + 1), qos=1)
+    store.deliveries.add("x", [StoredDelivery(1, big, 1)])  # handed to the thread
+    store.deliveries.add("a", [StoredDelivery(1, big, 1)])
+    store.deliveries.add("b", [StoredDelivery(1, big, 1), StoredDelivery(2, big, 1)])
+    writes = store.runner._pending[0][0]
+    blobs = [writes.puts[key][2] for key in (("a", 1), ("b", 1), ("b", 2))]
+    assert blobs[0] is not blobs[1] and blobs[0] == blobs[1] == blobs[2]
+    assert message_of_blob(blobs[2]) == big
