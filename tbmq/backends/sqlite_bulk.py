@@ -18,8 +18,9 @@ from typing import Iterable, Sequence
 
 __all__ = ["CHUNK_ROWS", "delete_seqs", "insert_rows", "update_states"]
 
-#: Most rows per statement: 64 rows of 15 columns stay below 999 bound
-#: parameters, the smallest limit of an SQLite build (before 3.32).
+#: Most rows per statement: 64 rows (of 8 columns for ``deliveries``, 5 for
+#: the topic log) stay below 999 bound parameters, the smallest limit of an
+#: SQLite build (before 3.32).
 CHUNK_ROWS = 64
 
 #: ``UPDATE ... FROM`` exists from SQLite 3.33 on; older builds update row
