@@ -79,29 +79,18 @@ class StoreReader:
     #: marker before it reads the store anyway (and again when it comes)
     MARKER_WAIT = 5.0
 
-    #: the most deliveries one read of the store takes (a page; at most half
-    #: the outbox's ``queue_limit``): sending starts once the first page is
-    #: read, and the next is read while the queue still holds less than a
-    #: page, so that a long drain keeps about one page ahead in memory
-    #: rather than half the queue limit
-    READ_PAGE = 5000
-
     def page_in(self) -> None:
-        """Read the next page (:data:`READ_PAGE` deliveries at most) of a
-        paged-out persistent session; nothing while the session waits for
-        its attach marker (the marker's read is the first), or while its
-        queue still holds a page (the outbox's ``pump`` asks again as it
-        sends)."""
+        """Read the next deliveries of a paged-out persistent session (none
+        while the session waits for its attach marker: the marker's read
+        is the first)."""
         if self.marker_wait is not None:
-            return
-        limit = max(1, min(self.READ_PAGE, self.outbox.queue_limit // 2))
-        if len(self.outbox.queue) >= limit:
             return
         # the writes of this turn go first (the store runs them in order): the
         # read sees what was sent (DUP on a resend) and not what was completed
         self.outbox._remove_completed()
         self.loading = True
         self.finished_in_read = set()
+        limit = max(1, self.outbox.queue_limit // 2)
         conn = self.outbox.link
         d = self.outbox.ctx.device_store.load(self.outbox.client_id, after_seq=self.outbox._last_seq, limit=limit)
 
