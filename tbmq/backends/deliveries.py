@@ -160,10 +160,35 @@ class DeliveryWrites(MergedWrites):
         elif key not in self.deletes:
             self.updates[key] = (packet_id, state)
 
+    def update_all(self, client_id: str, updates) -> None:
+        """:meth:`update` of each ``(seq, packet_id, state)`` of
+        ``updates``, in order (one loop: the outbox sends a turn's updates
+        of a session together)."""
+        puts, pending, deletes = self.puts, self.updates, self.deletes
+        for seq, packet_id, state in updates:
+            key = (client_id, int(seq))
+            row = puts.get(key)
+            if row is not None:
+                row[-2] = packet_id
+                row[-1] = int(state)
+            elif key not in deletes:
+                pending[key] = (packet_id, int(state))
+
     def delete(self, key: tuple[str, int]) -> None:
         self.puts.pop(key, None)
         self.updates.pop(key, None)
         self.deletes.add(key)
+
+    def delete_all(self, client_id: str, seqs) -> None:
+        """:meth:`delete` of ``(client_id, seq)`` for each of ``seqs``."""
+        puts, pending, add = self.puts, self.updates, self.deletes.add
+        for seq in seqs:
+            key = (client_id, int(seq))
+            if puts:
+                puts.pop(key, None)
+            if pending:
+                pending.pop(key, None)
+            add(key)
 
     def added_clients(self) -> set[str]:
         """:returns: the client ids of the merged ``add`` calls (to trim)."""

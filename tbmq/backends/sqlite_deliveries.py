@@ -19,12 +19,26 @@ from tbmq.backends.deliveries import DeliveryWrites, check_limit, check_page
 from tbmq.backends.sqlite_bulk import delete_seqs, insert_rows, update_states
 from tbmq.backends.sqlite_runner import SQLiteRunner
 from tbmq.backends.sqlite_view import RunnerView
-from tbmq.backends.sqlite_schema import EMBEDDED_SCHEMA, ids_json, message_columns
+from tbmq.backends.sqlite_schema import (
+    DELIVERY_COLUMNS,
+    EMBEDDED_SCHEMA,
+    ids_json,
+    message_blobs,
+    messages_of_blobs,
+)
 from tbmq.interfaces import IDeviceMessageStore
-from tbmq.model import DeliveryState, Message, StoredDelivery
-from tbmq.mqtt.properties import unpack_properties
+from tbmq.model import DeliveryState, StoredDelivery
 
-__all__ = ["CoalescedWrites", "SQLiteDeviceMessageStore"]
+__all__ = ["CoalescedWrites", "SHARED_BLOBS", "SHARED_BLOB_MAX", "SQLiteDeviceMessageStore"]
+
+#: the most messages whose encoding (:func:`~tbmq.backends.sqlite_schema.
+#: message_blob`) a store keeps for the next subscribers of the same message
+#: (the deliveries of one message to several persistent sessions are adds
+#: of one reactor turn); all are forgotten when an add would go beyond it
+SHARED_BLOBS = 256
+#: a message encoded to more bytes than this is not kept (the store would
+#: hold it after its deliveries are done)
+SHARED_BLOB_MAX = 16 * 1024
 
 #: the column ``state`` → its :class:`~tbmq.model.DeliveryState` (the
 #: values are 0, 1, 2: a tuple look-up, not the enum's call, per row read)
@@ -35,7 +49,9 @@ class CoalescedWrites(DeliveryWrites):
     """Writes to the ``deliveries`` table accepted while the database thread
     is busy, merged per (client id, seq) into one operation of the next
     batch (:class:`~tbmq.backends.deliveries.DeliveryWrites`); a put is the
-    15 columns to INSERT OR REPLACE.
+    row to INSERT OR REPLACE (``client_id, seq, message, qos, retain,
+    subscription_ids, packet_id, state``,
+    :mod:`tbmq.backends.sqlite_schema`).
     """
 
     __slots__ = ()
@@ -51,7 +67,7 @@ class CoalescedWrites(DeliveryWrites):
         if self.updates:
             update_states(conn, self.updates.items())
         if self.puts:
-            insert_rows(conn, "deliveries", list(self.puts.values()), 15)
+            insert_rows(conn, "deliveries", list(self.puts.values()), DELIVERY_COLUMNS)
         removed: dict[str, int] = {}
         if self.limit is not None:
             for client_id in self.added_clients():
@@ -93,6 +109,8 @@ class SQLiteDeviceMessageStore(RunnerView):
     def __init__(self, runner: SQLiteRunner, max_messages_per_client: int | None = None) -> None:
         super().__init__(runner, EMBEDDED_SCHEMA)
         self.max_messages_per_client = check_limit(max_messages_per_client)
+        #: id(message) → (message, its message_blob), for the next subscribers
+        self._blobs: dict[int, tuple] = {}
 
     def _new_writes(self) -> CoalescedWrites:
         return CoalescedWrites(self.max_messages_per_client)
@@ -111,18 +129,32 @@ class SQLiteDeviceMessageStore(RunnerView):
             the last one reports them, the others 0).
         """
         try:
-            # a message's columns are made once for the deliveries that share it
-            columns: dict[int, tuple] = {}
-            rows = []
+            # a message is encoded once (message_blobs, one pass for the
+            # add's new ones) for every subscriber it is queued for: the same
+            # bytes in each row
+            blobs, ids_of = self._blobs, ids_json
+            rows, misses = [], []  # misses: row, message, row, message...
             for d in deliveries:
                 message = d.message
-                these = columns.get(id(message))
-                if these is None:
-                    these = columns[id(message)] = message_columns(message)
-                rows.append([client_id, int(d.seq), *these, int(d.qos),
-                             1 if d.retain else 0,
-                             "[]" if not d.subscription_ids else ids_json(d.subscription_ids),
-                             d.packet_id, int(d.state)])
+                known = blobs.get(id(message))
+                ids = d.subscription_ids
+                row = [client_id, int(d.seq), None, int(d.qos), 1 if d.retain else 0,
+                       ids_of(ids) if ids else None, d.packet_id, int(d.state)]
+                rows.append(row)
+                if known is None:
+                    misses.append(row)
+                    misses.append(message)
+                else:
+                    row[2] = known[1]
+            if misses:
+                messages = misses[1::2]
+                if len(blobs) + len(messages) > SHARED_BLOBS:
+                    blobs.clear()
+                for row, message, blob in zip(misses[::2], messages, message_blobs(messages)):
+                    row[2] = blob
+                    if len(blob) <= SHARED_BLOB_MAX:
+                        # the message is held: its id is not another's meanwhile
+                        blobs[id(message)] = (message, blob)
         except Exception:
             return defer.fail()
         return self._merge(self._new_writes, lambda writes: writes.put_all(client_id, rows),
@@ -153,14 +185,9 @@ class SQLiteDeviceMessageStore(RunnerView):
             unknown seqs are ignored.
         :returns: a Deferred firing with None when committed.
         """
-        rows = [((client_id, int(seq)), pid, int(state)) for seq, pid, state in updates]
-
-        def merge(writes: CoalescedWrites) -> None:
-            update = writes.update
-            for key, pid, state in rows:
-                update(key, pid, state)
-
-        return self._merge(self._new_writes, merge)
+        # one loop over them, under the runner's lock (DeliveryWrites.update_all)
+        updates = list(updates)
+        return self._merge(self._new_writes, lambda writes: writes.update_all(client_id, updates))
 
     def remove(self, client_id: str, seqs: Iterable[int]) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.remove`.
@@ -169,13 +196,8 @@ class SQLiteDeviceMessageStore(RunnerView):
         :param seqs: the order keys to drop; unknown ones are ignored.
         :returns: a Deferred firing with None when committed.
         """
-        keys = [(client_id, int(seq)) for seq in seqs]
-
-        def merge(writes: CoalescedWrites) -> None:
-            for key in keys:
-                writes.delete(key)
-
-        return self._merge(self._new_writes, merge)
+        seqs = list(seqs)
+        return self._merge(self._new_writes, lambda writes: writes.delete_all(client_id, seqs))
 
     def load(
         self, client_id: str, after_seq: int | None = None, limit: int | None = None
@@ -203,30 +225,20 @@ class SQLiteDeviceMessageStore(RunnerView):
 
         def load(conn: sqlite3.Connection) -> list[StoredDelivery]:
             rows = conn.execute(
-                "SELECT seq, topic, payload, message_qos, message_retain, "
-                "properties, publisher, received_at, expires_at, qos, retain, "
-                "subscription_ids, packet_id, state FROM deliveries "
-                f"WHERE {where} ORDER BY seq LIMIT ?",
+                "SELECT seq, message, qos, retain, subscription_ids, packet_id, state "
+                f"FROM deliveries WHERE {where} ORDER BY seq LIMIT ?",
                 params,
             ).fetchall()
-            states, unpack, loads = _STATES, unpack_properties, json.loads
-            # message_from inlined: this runs for every row of a drain, and
-            # holds the GIL the reactor thread waits for
+            # one msgpack pass for the page's messages (tbmq.cluster.records'
+            # msg records): this runs for every row of a drain, and holds the
+            # GIL the reactor thread waits for
+            messages = messages_of_blobs([row[1] for row in rows])
+            states, loads = _STATES, json.loads
             return [
-                StoredDelivery(
-                    seq,
-                    Message(topic, payload if type(payload) is bytes else bytes(payload),
-                            message_qos, message_retain == 1,
-                            unpack(bytes(props)) if props else {}, publisher, received_at,
-                            expires_at),
-                    qos,
-                    retain == 1,
-                    () if ids == "[]" else tuple(loads(ids)),
-                    packet_id,
-                    states[state],
-                )
-                for (seq, topic, payload, message_qos, message_retain, props, publisher,
-                     received_at, expires_at, qos, retain, ids, packet_id, state) in rows
+                StoredDelivery(seq, message, qos, retain == 1,
+                               () if ids is None else tuple(loads(ids)), packet_id,
+                               states[state])
+                for message, (seq, _, qos, retain, ids, packet_id, state) in zip(messages, rows)
             ]
 
         return self._submit(load, write=False)

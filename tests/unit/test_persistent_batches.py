@@ -15,7 +15,7 @@ from tbmq.backends.deliveries import update_many
 from tbmq.backends.inprocess_bus import InProcessBus
 from tbmq.backends.memory import MemoryDeviceMessageStore
 from tbmq.backends.sqlite_deliveries import CoalescedWrites
-from tbmq.backends.sqlite_schema import EMBEDDED_SCHEMA
+from tbmq.backends.sqlite_schema import EMBEDDED_SCHEMA, message_blob
 from tbmq.backends.sqlite_runner import apply_schemas
 from tbmq.cluster.records import Delivery
 from tbmq.errors import ConsumerFailedError
@@ -33,7 +33,7 @@ def _db() -> tuple[sqlite3.Connection, list[str]]:
 
 
 def _row(client_id: str, seq: int) -> list:
-    return [client_id, seq, "a/b", b"x", 1, 0, None, "pub", 1.0, None, 1, 0, "[]", None, 0]
+    return [client_id, seq, message_blob(Message("a/b", b"x", 1)), 1, 0, None, None, 0]
 
 
 def test_a_batch_of_150_rows_is_three_insert_statements_and_every_row_is_written():
@@ -76,7 +76,7 @@ def test_updates_and_deletes_of_a_batch_are_a_few_statements_and_hit_only_their_
 def test_the_row_by_row_update_of_an_old_sqlite_gives_the_same_rows(monkeypatch):
     monkeypatch.setattr(sqlite_bulk, "_UPDATE_FROM", False)
     conn, _ = _db()
-    sqlite_bulk.insert_rows(conn, "deliveries", [_row("c", 1), _row("c", 2)], 15)
+    sqlite_bulk.insert_rows(conn, "deliveries", [_row("c", 1), _row("c", 2)], 8)
     sqlite_bulk.update_states(conn, [(("c", 2), (7, 1)), (("c", 9), (8, 1))])
     assert conn.execute("SELECT seq, packet_id, state FROM deliveries ORDER BY seq").fetchall() == [
         (1, None, 0), (2, 7, 1)]

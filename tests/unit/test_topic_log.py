@@ -24,6 +24,7 @@ from tbmq.backends.memory import MemoryTopicLog
 from tbmq.backends.sqlite import SQLiteStore
 from tbmq.backends.sqlite_schema import SCHEMA_VERSION
 from tbmq.backends.sqlite_runner import SQLiteRunner
+from tbmq.backends.sqlite_schema import SCHEMA_VERSION
 from tbmq.backends.sqlite_topic_log import SQLiteTopicLog, TopicLogWrites
 from tbmq.cluster.records import UNCLAIMED, SubscriptionsRecord
 from tbmq.cluster.topics import TopicCatalogue
@@ -432,7 +433,7 @@ def test_a_database_of_schema_1_gains_the_topic_log_with_its_sessions(tmp_path):
         assert dict(conn.execute("SELECT name, version FROM tbmq_schema")) == {"embedded": SCHEMA_VERSION}
         assert not conn.execute("SELECT name FROM sqlite_master WHERE name IN "
                                 "('sessions', 'subscriptions')").fetchall()
-        # version 5: the packed rows' table
+        # version 6: the packed rows' table
         assert conn.execute("SELECT name FROM sqlite_master WHERE name = "
                             "'topic_log_packs'").fetchall() == [("topic_log_packs",)]
     finally:
