@@ -133,6 +133,11 @@ _COMPACTED = frozenset((MSG_RETAINED, CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, CLIE
                         INTEGRATIONS))
 _DURABLE = frozenset((CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, CLIENT_BLOCKED, INTEGRATIONS))
 _PACKABLE = frozenset((MSG_ALL, MSG_PERSISTED, SESSION_EVENT_REQUEST))
+# TBMQ's layout: the topics every node reads whole, and a node's answers and
+# disconnect commands, have one partition
+_SINGLE = frozenset((MSG_RETAINED, CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, CLIENT_BLOCKED,
+                     CLIENT_UNAUTHORIZED, NODES, INTEGRATIONS))
+_SINGLE_FAMILIES = (SESSION_EVENT_RESPONSE, CLIENT_DISCONNECT)
 _PACKABLE_FAMILIES = (DOWNLINK_BASIC, DOWNLINK_PERSISTED, SESSION_EVENT_RESPONSE,
                       CLIENT_DISCONNECT)
 
@@ -319,6 +324,38 @@ class TopicCatalogue:
             return True
         return any(name.startswith(base) and len(name) > len(base)
                    for base in _PACKABLE_FAMILIES)
+
+    def partitioned(self, topic: str) -> bool:
+        """Whether ``topic`` is spread over the bus's partitions (Kafka's
+        ``kafka.partitions``) or has one partition (TBMQ's topic layout:
+        ``partitions:1`` in its ``topic-properties``).
+
+        One partition: the topics every node reads whole from the beginning
+        (``tbmq.client.session``, ``tbmq.client.subscriptions``,
+        ``tbmq.msg.retained``, ``tbmq.client.blocked``,
+        ``tbmq.client.unauthorized``, ``tbmq.cluster.nodes``,
+        ``tbmq.integrations``) and the per-node answer and command topics
+        (``tbmq.client.session.event.response.<serviceId>``,
+        ``tbmq.client.disconnect.<serviceId>``): nothing shares them out
+        among a group's members, and one partition makes a node's records of
+        one turn one batch, so one produce request, and each fetch of the
+        node's client of them names a few partitions rather than
+        ``kafka.partitions`` per topic (a broker's cost per request grows
+        with both).  The others (``tbmq.msg.all``, ``tbmq.msg.persisted``,
+        the session event requests, the downlinks, an APPLICATION client's
+        topics, ``tbmq.events``) are partitioned: a group shares them out
+        among the nodes, or their traffic needs the spread.
+
+        :returns: False for the one-partition topics above, else True (a
+            name outside the catalogue included).
+        """
+        name = self._base(topic)
+        if name is None:
+            return True
+        if name in _SINGLE:
+            return False
+        return not any(name.startswith(base) and len(name) > len(base)
+                       for base in _SINGLE_FAMILIES)
 
     def durable(self, topic: str) -> bool:
         """:returns: True for the topics the in-process bus keeps in its
