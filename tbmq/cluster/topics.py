@@ -133,6 +133,11 @@ _COMPACTED = frozenset((MSG_RETAINED, CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, CLIE
                         INTEGRATIONS))
 _DURABLE = frozenset((CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, CLIENT_BLOCKED, INTEGRATIONS))
 _PACKABLE = frozenset((MSG_ALL, MSG_PERSISTED, SESSION_EVENT_REQUEST))
+# TBMQ's layout (one partition) for the topics every node reads whole and a
+# node's answers and disconnect commands, except the compacted ones (see
+# TopicCatalogue.partitioned)
+_SINGLE = frozenset((CLIENT_UNAUTHORIZED, NODES))
+_SINGLE_FAMILIES = (SESSION_EVENT_RESPONSE, CLIENT_DISCONNECT)
 _PACKABLE_FAMILIES = (DOWNLINK_BASIC, DOWNLINK_PERSISTED, SESSION_EVENT_RESPONSE,
                       CLIENT_DISCONNECT)
 
@@ -319,6 +324,44 @@ class TopicCatalogue:
             return True
         return any(name.startswith(base) and len(name) > len(base)
                    for base in _PACKABLE_FAMILIES)
+
+    def partitioned(self, topic: str) -> bool:
+        """Whether ``topic`` is spread over the bus's partitions (Kafka's
+        ``kafka.partitions``) or has one partition (TBMQ's topic layout:
+        ``partitions:1`` in its ``topic-properties``).
+
+        One partition: the per-node answer and command topics
+        (``tbmq.client.session.event.response.<serviceId>``,
+        ``tbmq.client.disconnect.<serviceId>``), ``tbmq.cluster.nodes`` and
+        ``tbmq.client.unauthorized``: nothing shares them out among a
+        group's members, and one partition makes a node's records of one
+        turn to one of them one batch, so one produce request, and each
+        fetch of the node's client of them names one partition rather than
+        ``kafka.partitions`` (a broker's cost per request grows with both).
+        TBMQ gives one partition to its compacted topics too
+        (``tbmq.client.session``, ``tbmq.client.subscriptions``,
+        ``tbmq.msg.retained``, ``tbmq.client.blocked``); here they stay
+        spread: every node writes them, and a broker that makes a record
+        readable before an earlier one of another producer (Tansu) leaves
+        a hole that the consumer of a compacted topic passes at once when
+        nothing of the partition was read yet, or only old records
+        (:mod:`tbmq_plugins.kafka.order`), so one partition written by
+        every node would make that more likely.  The others
+        (``tbmq.msg.all``, ``tbmq.msg.persisted``, the session event
+        requests, the downlinks, an APPLICATION client's topics,
+        ``tbmq.events``, ``tbmq.integrations``) are spread: a group shares
+        them out among the nodes, or their traffic needs the spread.
+
+        :returns: False for the one-partition topics above, else True (a
+            name outside the catalogue included).
+        """
+        name = self._base(topic)
+        if name is None:
+            return True
+        if name in _SINGLE:
+            return False
+        return not any(name.startswith(base) and len(name) > len(base)
+                       for base in _SINGLE_FAMILIES)
 
     def durable(self, topic: str) -> bool:
         """:returns: True for the topics the in-process bus keeps in its

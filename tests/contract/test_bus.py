@@ -887,7 +887,9 @@ def test_the_joining_groups_of_a_bundle_are_independent(env):
 def test_a_bundle_joined_later_on_another_node_shares_the_partitions_of_each_topic(env):
     bus = env.bus(partitions=4)
     c = env.catalogue
-    first, second = c.events, c.client_disconnect("node-b")
+    # two topics the bus spreads over ``partitions`` (a node's disconnect
+    # topic has one partition: TopicCatalogue.partitioned)
+    first, second = c.events, c.msg_persisted
     got = {(node, topic): [] for node in (1, 2) for topic in (first, second)}
     for topic, group in ((first, "ga"), (second, "gb")):
         env.subscribe(bus, topic, group, collector(got[1, topic]), bundle="bundle")
@@ -897,7 +899,8 @@ def test_a_bundle_joined_later_on_another_node_shares_the_partitions_of_each_top
         env.subscribe(other, topic, group, collector(got[2, topic]), bundle="bundle")
     env.settle()
     events = [(f"k{i}", b"%d" % i) for i in range(100)]
-    commands = [(f"c{i}", r.DisconnectCommand(f"c{i}", "1" * 32, 0x8E)) for i in range(100)]
+    commands = [(f"c{i}", r.Delivery(f"c{i}", Message("a/b", b"%d" % i, 1), 1, seq=i))
+                for i in range(100)]
     publish_all(env, bus, first, events)
     publish_all(env, other, second, commands)
     for topic, items in ((first, events), (second, commands)):

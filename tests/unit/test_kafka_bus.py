@@ -16,6 +16,7 @@ from twisted.internet.task import Clock
 from twisted.logger import Logger
 
 from tbmq.cluster import records as r
+from tbmq.cluster.topics import TopicCatalogue
 from tbmq.config import Config, KafkaConfig
 from tbmq.errors import BusClosedError, BusPublishError, ConfigError, RecordEncodingError
 from tbmq.model import Message
@@ -525,6 +526,28 @@ def test_start_creates_the_fixed_topics_as_configured():
     assert topic_spec(CONFIG, c, c.app("x")).config["retention.ms"] == "3600000"
     off = KafkaConfig(min_compaction_lag_ms=0)
     assert topic_spec(off, c, c.client_session).config == {"cleanup.policy": "compact"}
+
+
+def test_the_per_node_answer_and_command_topics_have_one_partition():
+    """TBMQ's layout (``partitions:1`` in its topic properties): a node's
+    answer and disconnect topics, the node and unauthorized-client topics
+    get one partition, so a node's records of one turn to one of them are
+    one batch (one produce request) and its fetches name few partitions;
+    the compacted topics (written by every node: a Tansu hole there may be
+    passed) and the topics a group shares out, or that carry the traffic,
+    get ``kafka.partitions``."""
+    c = TopicCatalogue("p.")
+    single = [c.client_unauthorized, c.nodes, c.session_event_response("n"),
+              c.client_disconnect("n")]
+    spread = [c.msg_all, c.msg_persisted, c.session_event_request, c.downlink_basic("n"),
+              c.downlink_persisted("n"), c.app("a"), c.app_shared("f/#"), c.events,
+              c.client_session, c.client_subscriptions, c.msg_retained, c.client_blocked,
+              c.integrations]
+    assert [topic_spec(CONFIG, c, t).partitions for t in single] == [1] * len(single)
+    assert [topic_spec(CONFIG, c, t).partitions for t in spread] == [6] * len(spread)
+    # a name read as the family's base alone, or outside the prefix, is spread
+    assert c.partitioned("p.tbmq.client.session.event.response.")
+    assert c.partitioned("tbmq.client.session")
 
 
 def test_a_per_id_topic_is_created_before_its_first_publish_which_waits_in_order():

@@ -5,7 +5,9 @@ prefixed with ``kafka.topic_prefix``) with the contract of
 :class:`tbmq.interfaces.IMessageBus` (``docs/bus.md``), on one of two client
 libraries (:mod:`.drivers`).
 
-* **Topics** are created with ``kafka.partitions``,
+* **Topics** are created with ``kafka.partitions`` (one partition for
+  those TBMQ gives one:
+  :meth:`~tbmq.cluster.topics.TopicCatalogue.partitioned`),
   ``kafka.replication_factor`` and, unless compacted,
   ``retention.ms = kafka.retention_ms``; the compacted ones
   (:meth:`~tbmq.cluster.topics.TopicCatalogue.compacted`) get
@@ -83,8 +85,10 @@ def topic_spec(config: Any, catalogue: TopicCatalogue, topic: str) -> TopicSpec:
     """The topic ``topic`` is created as.
 
     :param config: the :class:`tbmq.config.KafkaConfig`.
-    :returns: its :class:`~.drivers.TopicSpec`: ``kafka.partitions``,
-        ``kafka.replication_factor``, ``cleanup.policy=compact`` and
+    :returns: its :class:`~.drivers.TopicSpec`: ``kafka.partitions``, or
+        1 for a topic the catalogue does not spread
+        (:meth:`~tbmq.cluster.topics.TopicCatalogue.partitioned`: TBMQ's
+        layout), ``kafka.replication_factor``, ``cleanup.policy=compact`` and
         ``min.compaction.lag.ms`` (unless ``kafka.min_compaction_lag_ms`` is
         0) when compacted, else ``cleanup.policy=delete`` and
         ``retention.ms``.
@@ -95,7 +99,8 @@ def topic_spec(config: Any, catalogue: TopicCatalogue, topic: str) -> TopicSpec:
             configs["min.compaction.lag.ms"] = str(config.min_compaction_lag_ms)
     else:
         configs = {"cleanup.policy": "delete", "retention.ms": str(config.retention_ms)}
-    return TopicSpec(topic, config.partitions, config.replication_factor, configs)
+    partitions = config.partitions if catalogue.partitioned(topic) else 1
+    return TopicSpec(topic, partitions, config.replication_factor, configs)
 
 
 def kafka_group(topic: str, group: str, exclusive: bool = False, bundle: str | None = None,
