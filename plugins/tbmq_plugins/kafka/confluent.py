@@ -5,9 +5,7 @@ times kafka-python's throughput.
 * The producer's :meth:`~confluent_kafka.Producer.produce` is thread-safe
   and never blocks; delivery callbacks are served by
   :meth:`~confluent_kafka.Producer.poll`, which a thread of the driver calls
-  in a loop, and go to the :class:`~.bridge.AckBatcher`.  Records go
-  through :data:`PRODUCER_LANES` producers (connections), each partition
-  through one of them (:class:`Producer`).  The partitioner is
+  in a loop, and go to the :class:`~.bridge.AckBatcher`.  The partitioner is
   ``murmur2_random``, Java's (and kafka-python's), so both drivers put a key
   on the same partition.  Idempotence is off and one request is in flight
   per connection, as in the other driver.
@@ -23,9 +21,7 @@ times kafka-python's throughput.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, Callable
-from zlib import crc32
 
 from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, KafkaError,
                              KafkaException, TopicPartition)
@@ -49,8 +45,6 @@ log = Logger(observer=LOG_OBSERVER)
 
 #: Seconds between two calls of the producer's poll (serves delivery callbacks).
 PRODUCER_POLL = 0.05
-#: Producer clients (connections) a node sends through (:class:`Producer`).
-PRODUCER_LANES = 3
 #: Seconds a resume waits at most for the metadata request that wakes the fetcher.
 WAKE_TIMEOUT = 1.0
 #: Most milliseconds between two reconnection attempts to a broker.
@@ -183,28 +177,12 @@ class Admin(drivers.Admin):
 
 
 class Producer(drivers.Producer):
-    """:data:`PRODUCER_LANES` :class:`confluent_kafka.Producer` instances
-    (lanes), each polled by a thread of its own.
-
-    librdkafka sends one partition's batch per produce request, and the
-    driver lets one request per connection be in flight (retries then never
-    reorder a partition); so a node writing to several partitions at once
-    (a CONNECT's request, packed per partition of the session events, and
-    its session record) waited for one request after the other.  Each lane
-    is a connection of its own: the requests of partitions on different
-    lanes are under way together.  A record goes to the lane of its
-    partition when the bus placed it (``partition`` given), else to the lane
-    of its topic (the partitioner places it then): every record of one
-    partition goes through one lane, in the order sent, as through one
-    producer.  (Idempotence, which allows 5 requests in flight per partition
-    in order, does not survive a restart of Tansu: the producer never
-    recovers.)
-    """
+    """:class:`confluent_kafka.Producer` and the thread that polls it."""
 
     def __init__(self, config: Any, acks: Any) -> None:
         self._put = acks.put
         self._timeout = config.request_timeout_ms / 1000.0
-        settings = {
+        self._producer = _Producer({
             **_common(config),
             "acks": config.acks,
             "linger.ms": config.linger_ms,
@@ -213,28 +191,16 @@ class Producer(drivers.Producer):
             "partitioner": "murmur2_random",
             "enable.idempotence": False,
             "max.in.flight.requests.per.connection": 1,
-        }
-        self._lanes = [_Producer(settings) for _ in range(PRODUCER_LANES)]
+        })
         self._running = True
-        self._threads = [threading.Thread(target=self._poll, args=(lane,),
-                                          name=f"tbmq-kafka-producer-poll-{n}", daemon=True)
-                         for n, lane in enumerate(self._lanes)]
-        for thread in self._threads:
-            thread.start()
+        self._thread = threading.Thread(target=self._poll, name="tbmq-kafka-producer-poll",
+                                        daemon=True)
+        self._thread.start()
 
-    def _poll(self, producer: Any) -> None:
+    def _poll(self) -> None:
+        producer = self._producer
         while self._running:
             producer.poll(PRODUCER_POLL)
-
-    def lane(self, topic: str, partition: int | None) -> Any:
-        """:returns: the lane (a :class:`confluent_kafka.Producer`) of
-        ``partition`` of ``topic`` (None: of the topic, for the records its
-        partitioner places): the CRC-32 of the topic name, plus the
-        partition, modulo the lanes, so that a topic's consecutive
-        partitions go through different lanes."""
-        lanes = self._lanes
-        base = crc32(topic.encode("utf-8", "surrogatepass"))
-        return lanes[(base if partition is None else base + partition) % len(lanes)]
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, headers: tuple,
              done: Any, partition: int | None = None) -> None:
@@ -246,32 +212,27 @@ class Producer(drivers.Producer):
             put(done, error)
 
         if partition is None:
-            self.lane(topic, None).produce(topic, value, key,
-                                           headers=list(headers) if headers else None,
-                                           on_delivery=delivered)
+            self._producer.produce(topic, value, key,
+                                   headers=list(headers) if headers else None,
+                                   on_delivery=delivered)
         else:
-            self.lane(topic, partition).produce(topic, value, key, partition,
-                                                headers=list(headers) if headers else None,
-                                                on_delivery=delivered)
+            self._producer.produce(topic, value, key, partition,
+                                   headers=list(headers) if headers else None,
+                                   on_delivery=delivered)
 
     def prepare(self, topic: str) -> int:
         """``produce`` never blocks; the topic's partition count from its
-        metadata (every lane's metadata warmed)."""
-        for producer in self._lanes:
-            found = producer.list_topics(topic, timeout=self._timeout).topics.get(topic)
-            if found is None or found.error is not None or not found.partitions:
-                raise KafkaException(found.error if found is not None else "no metadata")
+        metadata."""
+        found = self._producer.list_topics(topic, timeout=self._timeout).topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            raise KafkaException(found.error if found is not None else "no metadata")
         return len(found.partitions)
 
     def close(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        for producer in self._lanes:
-            producer.flush(max(0.0, deadline - time.monotonic()))
+        self._producer.flush(timeout)
         self._running = False
-        for thread in self._threads:
-            thread.join(PRODUCER_POLL * 10)
-        for producer in self._lanes:
-            producer.poll(0)
+        self._thread.join(PRODUCER_POLL * 10)
+        self._producer.poll(0)
 
 
 def _committed(found: list) -> list:
