@@ -41,8 +41,9 @@ class Message:
         message was read from carried, or the one first written for it
         (:mod:`tbmq.cluster.records`): a node that passes the message on (a
         routing node's downlink deliveries) writes that array again as it
-        is instead of encoding the fields anew.  Not an argument, not compared; a message is never
-        changed once made, so the array stays its encoding.
+        is instead of encoding the fields anew.  Not an argument, not
+        compared; a message is never changed once made, so the array stays
+        its encoding.
     """
 
     topic: str

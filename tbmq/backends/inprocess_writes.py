@@ -165,10 +165,7 @@ def _tell(done: Callable, outcome) -> None:
 def _logged(_result, dones: list) -> None:
     """The append of ``dones``' records is committed: tell each run."""
     for done, _n in dones:
-        try:
-            done(None)
-        except Exception:
-            log.failure("in-process bus: the outcome of a publish could not be reported")
+        _tell(done, None)
 
 
 def _not_logged(failure: Failure, records: list, dones: list) -> Failure:

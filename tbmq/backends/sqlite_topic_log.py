@@ -7,7 +7,8 @@ offset), except the records of one partition at consecutive offsets that
 one transaction writes (what a reactor turn routed to an APPLICATION
 client), which go as one packed row of ``topic_log_packs`` (keyed by its
 last offset; see :func:`_write_rows`), and the consumer groups' committed
-offsets in ``topic_log_offsets``, in the file of the other embedded stores, on their
+offsets in ``topic_log_offsets``, in the file of the other embedded stores,
+on their
 :class:`~tbmq.backends.sqlite_runner.SQLiteRunner`.  In a compacted topic a
 record replaces the earlier one of its key and a tombstone removes the key,
 so the table holds the last value per key.

@@ -565,9 +565,9 @@ class KafkaConsumer:
         read already, records of the partition waiting in the buffer, or
         :data:`OWN_HELD_MAX` units held already: under load the fetch
         brings the records as soon, and holding them would only cost)."""
-        track = self._tracks.get(partition)
-        if track is None or not track.live or self._paused or self.stopped:
+        if not self.hands(partition):
             return
+        track = self._tracks[partition]
         top = track.top
         if top is None or offset < top:
             return  # where the partition starts is not known yet, or read already
