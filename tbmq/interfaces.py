@@ -273,7 +273,11 @@ class ITopicLog(IBackend):
 
     def append(records):
         """Store ``records``: a list of
-        ``(topic, partition, offset, key, value, headers, compacted)``.
+        ``(topic, partition, offset, key, value, headers, compacted)``
+        and of :class:`~tbmq.backends.topic_records.RecordRun` (records of
+        one partition at consecutive offsets, without headers, not
+        compacted: one item for the run; the bus gives the records a turn
+        routed to one APPLICATION client so).
         ``compacted`` (bool) means the topic keeps the last record per key
         only: an earlier record of the same ``(topic, key)`` is replaced, and
         a tombstone (``value`` None) removes the key.

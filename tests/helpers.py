@@ -10,6 +10,7 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 
 from tbmq.backends import sqlite_schema
+from tbmq.backends.topic_records import expand
 from tbmq.broker.broker import Broker
 from tbmq.broker.protocol import MQTTFactory
 from tbmq.config import load_config
@@ -140,7 +141,7 @@ class MemoryTopicLog:
 
     def append(self, records):
         self.calls.append("append")
-        for topic, partition, offset, key, value, headers, compacted in records:
+        for topic, partition, offset, key, value, headers, compacted in expand(records):
             assert value is None or isinstance(value, bytes), "the log stores encoded values"
             part = self.records.setdefault((topic, partition), {})
             if compacted:

@@ -11,6 +11,7 @@ records were compacted away or dropped; a reader skips holes.
 from __future__ import annotations
 
 from collections import deque
+from itertools import count
 from typing import Any, Callable
 
 from twisted.logger import Logger
@@ -68,6 +69,27 @@ class Partition:
         self.next = o + 1
         self.put(o, key, value, headers, decoded)
         return o
+
+    def extend(self, keys: list, values: list, decoded: list | None = None) -> int:
+        """Hold records without headers at the next offsets, in one pass
+        (a partition that is not compacted: a run published together).
+
+        :param decoded: the objects the values were encoded from (see
+            :attr:`entries`), or None.
+        :returns: the offset of the first.
+        """
+        first = self.next
+        entries = self.entries
+        if not entries:
+            self.first = first
+        if decoded is None:
+            for o, key, value in zip(count(first), keys, values):
+                entries[o] = (key, value, (), None)
+        else:
+            for o, key, value, obj in zip(count(first), keys, values, decoded):
+                entries[o] = (key, value, (), obj)
+        self.next = first + len(values)
+        return first
 
     def put(self, o: int, key: str | None, value: Any, headers: tuple,
             decoded: Any = None) -> None:

@@ -14,6 +14,7 @@ from typing import Callable
 from twisted.python.failure import Failure
 
 from tbmq.backends.inprocess_log import RangeWaiter, Waiter
+from tbmq.backends.topic_records import RecordRun
 from tbmq.cluster.completion import publish_each
 from tbmq.errors import RecordEncodingError
 
@@ -97,14 +98,14 @@ class ManyPublishes:
         """``publish_many`` to a durable topic of one partition: the values
         encoded together (:meth:`~tbmq.cluster.record_codec.RecordCodec.encode_many`;
         one that does not fit: :meth:`_each`, which fails it alone), then
-        appended and given to the topic log's next flush as one run with
-        one ``done``
-        (:meth:`~tbmq.backends.inprocess_writes.LogWrites.append_many`).
-        The flush writes them in one ``append`` (where the SQLite topic
-        log keeps a run of one partition as one packed row), so they are
-        stored, or fail, together."""
+        appended and given to the topic log's next flush as one
+        :class:`~tbmq.backends.topic_records.RecordRun` with one ``done``
+        (:meth:`~tbmq.backends.inprocess_writes.LogWrites.append_run`):
+        no tuple per record.  The flush writes them in one ``append``
+        (where the SQLite topic log keeps the run as one packed row), so
+        they are stored, or fail, together."""
         writes = self._writes
-        if writes is None:  # held in memory only: durable at once
+        if writes is None or state.compacted:  # in memory only: durable at once
             self._each(state.name, keys, values, done)
             return
         try:  # one packer and one pass for the batch
@@ -112,18 +113,11 @@ class ManyPublishes:
         except RecordEncodingError:
             self._each(state.name, keys, values, done)
             return
-        topic, part, compacted = state.name, state.parts[0], state.compacted
+        part = state.parts[0]
         groups = state.live
         # a live group gets the object itself (encoded once, for the log)
-        direct = bool(groups) and not self.encodes
-        append = part.append
-        if direct:
-            offsets = [append(key, data, (), value)
-                       for key, data, value in zip(keys, stored, values)]
-        else:
-            offsets = [append(key, data, ()) for key, data in zip(keys, stored)]
-        writes.append_many([(topic, 0, o, key, data, (), compacted)
-                            for o, key, data in zip(offsets, keys, stored)], done)
+        first = part.extend(keys, stored, values if groups and not self.encodes else None)
+        writes.append_run(RecordRun(state.name, 0, first, keys, stored), done)
         part.logged_next = part.next
         self._hand_on(state, part, groups)
 

@@ -11,8 +11,10 @@ truncation never precedes the append of a record below it).  Each
 record's publisher is told (its ``done`` called) once that call's Deferred
 fired: after the COMMIT that made its record durable, as before, with one
 Deferred per turn instead of one per record (and no waiter object).  A
-run of records with one ``done`` (:meth:`LogWrites.append_many`: the
-router's deliveries of a batch to one APPLICATION client) is told once.
+run of records with one ``done`` (:meth:`LogWrites.append_run`: the
+router's deliveries of a batch to one APPLICATION client) is one
+:class:`~tbmq.backends.topic_records.RecordRun` item of that ``append``,
+told once.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from tbmq.backends.topic_records import RecordRun
 from tbmq.errors import BusClosedError, BusPublishError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
@@ -38,10 +41,10 @@ class LogWrites:
     :param clock: ``IReactorTime`` of the flushes.
     :ivar active: flushes are scheduled only while True (the bus runs).
     :ivar records: ``(topic, partition, offset, key, value, headers,
-        compacted)`` appended this turn, in publish order.
-    :ivar dones: ``(done, n)`` runs, in the same order: the publish's
-        ``done(None | Failure)`` of the next ``n`` records of
-        :attr:`records`.
+        compacted)`` and :class:`~tbmq.backends.topic_records.RecordRun`
+        appended this turn, in publish order.
+    :ivar dones: the publish's ``done(None | Failure)`` of each item of
+        :attr:`records`, in the same order.
     :ivar commits: ``(group, topic, partition) → offset`` to write.
     :ivar truncates: ``(topic, partition) → before`` to write.
     """
@@ -69,23 +72,19 @@ class LogWrites:
             :class:`~tbmq.errors.BusClosedError` (its topic was deleted
             first); what it raises is logged."""
         self.records.append(record)
-        self.dones.append((done, 1))
+        self.dones.append(done)
         if self.call is None and self.active:
             self.call = self.clock.callLater(0, self.flush)
 
-    def append_many(self, records: list, done: Callable) -> None:
-        """Write ``records`` (encoded ones, for
-        :meth:`~tbmq.interfaces.ITopicLog.append`, in order) with the next
-        flush, with **one** ``done`` for all of them (called as
-        :meth:`append` says: they are in one ``append`` call, stored or
-        failed together)."""
-        if not records:
+    def append_run(self, run, done: Callable) -> None:
+        """Write ``run`` (a :class:`~tbmq.backends.topic_records.RecordRun`
+        of encoded records) with the next flush, with **one** ``done`` for
+        all of its records (called as :meth:`append` says: they are one
+        item of one ``append`` call, stored or failed together)."""
+        if not run.values:
             done(None)
             return
-        self.records += records
-        self.dones.append((done, len(records)))
-        if self.call is None and self.active:
-            self.call = self.clock.callLater(0, self.flush)
+        self.append(run, done)
 
     def commit(self, group: str, topic: str, partition: int, offset: int) -> None:
         """Write ``group``'s committed ``offset`` with the next flush (the
@@ -113,16 +112,13 @@ class LogWrites:
             del self.truncates[key]
         records, dones = self.records, self.dones
         self.records, self.dones = [], []
-        i = 0
-        for done, n in dones:
-            run = records[i:i + n]
-            i += n
-            if run[0][0] == topic:  # a run is of one topic
+        for record, done in zip(records, dones):
+            if _topic(record) == topic:
                 _tell(done, Failure(BusClosedError(
                     f"{topic}: the topic was deleted before the record was stored")))
             else:
-                self.records += run
-                self.dones.append((done, n))
+                self.records.append(record)
+                self.dones.append(done)
 
     def flush(self) -> defer.Deferred:
         """Write what waits: the records in one ``append``, then the commits
@@ -162,9 +158,14 @@ def _tell(done: Callable, outcome) -> None:
         log.failure("in-process bus: the outcome of a publish could not be reported")
 
 
+def _topic(record) -> str:
+    """The topic of an item of :attr:`LogWrites.records`."""
+    return record.topic if type(record) is RecordRun else record[0]
+
+
 def _logged(_result, dones: list) -> None:
-    """The append of ``dones``' records is committed: tell each run."""
-    for done, _n in dones:
+    """The append of ``dones``' records is committed: tell each."""
+    for done in dones:
         _tell(done, None)
 
 
@@ -172,9 +173,7 @@ def _not_logged(failure: Failure, records: list, dones: list) -> Failure:
     """The append of ``records`` failed: nothing of it is stored, every one
     of their publishes fails.  :returns: ``failure`` (logged)."""
     message = failure.getErrorMessage()
-    i = 0
-    for done, n in dones:
+    for record, done in zip(records, dones):
         _tell(done, Failure(BusPublishError(
-            f"{records[i][0]}: the topic log did not store the record: {message}")))
-        i += n
+            f"{_topic(record)}: the topic log did not store the record: {message}")))
     return failure

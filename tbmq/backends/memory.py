@@ -18,7 +18,7 @@ from twisted.internet import defer
 from zope.interface import implementer
 
 from tbmq.backends.deliveries import check_limit, check_page
-from tbmq.backends.topic_records import check_record
+from tbmq.backends.topic_records import check_records, expand
 from tbmq.interfaces import IDeviceMessageStore, IRetainedStore, ITopicLog
 from tbmq.model import (
     DeliveryState,
@@ -266,16 +266,17 @@ class MemoryTopicLog(_MemoryBackend):
         record without a key is kept like any other).
 
         :param records: ``(topic, partition, offset, key, value, headers,
-            compacted)`` tuples.
+            compacted)`` tuples and
+            :class:`~tbmq.backends.topic_records.RecordRun`.
         :returns: a fired Deferred (None), or a failed one with
             :class:`TypeError`/:class:`ValueError` (nothing stored) for a
             malformed record.
         """
         try:
-            checked = [check_record(r) for r in records]
+            checked = check_records(records)
         except (TypeError, ValueError):
             return defer.fail()
-        for topic, partition, offset, key, value, headers, compacted in checked:
+        for topic, partition, offset, key, value, headers, compacted in expand(checked):
             self._drop(topic, partition, offset)
             if compacted and key is not None:
                 earlier = self._keys.pop((topic, key), None)

@@ -5,8 +5,9 @@
 the table ``topic_log`` (one row per record, keyed by topic, partition and
 offset), except the records of one partition at consecutive offsets that
 one transaction writes (what a reactor turn routed to an APPLICATION
-client), which go as one packed row of ``topic_log_packs`` (keyed by its
-last offset; see :func:`_write_rows`), and the consumer groups' committed
+client, given as one :class:`~tbmq.backends.topic_records.RecordRun`),
+which go as one packed row of ``topic_log_packs`` (keyed by its
+last offset; see :func:`_write_rows`, :func:`_write_runs`), and the consumer groups' committed
 offsets in ``topic_log_offsets``, in the file of the other embedded stores,
 on their
 :class:`~tbmq.backends.sqlite_runner.SQLiteRunner`.  In a compacted topic a
@@ -34,7 +35,7 @@ from tbmq.backends.sqlite_bulk import insert_rows
 from tbmq.backends.sqlite_runner import SQLiteRunner
 from tbmq.backends.sqlite_view import MergedWrites, RunnerView
 from tbmq.backends.sqlite_schema import EMBEDDED_SCHEMA
-from tbmq.backends.topic_records import check_record
+from tbmq.backends.topic_records import RecordRun, check_records
 from tbmq.interfaces import ITopicLog
 
 __all__ = ["PACK_MIN", "SQLiteTopicLog", "TopicLogWrites", "pack_headers", "unpack_headers"]
@@ -89,12 +90,18 @@ class TopicLogWrites(MergedWrites):
     :ivar truncations: (topic, partition) → the offset below which stored
         records go.
     :ivar offsets: (group, topic, partition) → the committed offset.
+    :ivar runs: the :class:`~tbmq.backends.topic_records.RecordRun` to
+        write as packed rows (:data:`PACK_MIN` records or more), in order;
+        none holds a position of another or of :attr:`rows` (a write there
+        makes the run rows first).
     """
 
-    __slots__ = ("rows", "keys", "dropped_keys", "dropped_positions", "truncations", "offsets")
+    __slots__ = ("rows", "keys", "dropped_keys", "dropped_positions", "truncations", "offsets",
+                 "runs")
 
     def __init__(self) -> None:
         super().__init__()
+        self.runs: list[RecordRun] = []
         self.rows: dict[tuple[str, int, int], tuple] = {}
         self.keys: dict[tuple[str, str], tuple[str, int, int]] = {}
         self.dropped_keys: set[tuple[str, str]] = set()
@@ -113,6 +120,8 @@ class TopicLogWrites(MergedWrites):
         (:func:`~tbmq.backends.topic_records.check_record`)."""
         topic, partition, offset, key, value, headers, compacted = record
         position = (topic, partition, offset)
+        if self.runs:
+            self._unrun(topic, partition, offset, offset)
         if position in self.rows:
             self._forget_row(position)
         if compacted and key is not None:
@@ -132,22 +141,71 @@ class TopicLogWrites(MergedWrites):
             self.rows[position] = (topic, partition, offset, key, value)
 
     def extend(self, checked: list) -> None:
-        """Merge checked records in order, as :meth:`append` each: the
-        usual one (no headers, not compacted, a new position) in the loop
-        itself."""
+        """Merge checked records and runs in order, as :meth:`append` each
+        (:meth:`append_run` each run): the usual record (no headers, not
+        compacted, a new position, no run merged) in the loop itself."""
         rows = self.rows
         for record in checked:
+            if type(record) is RecordRun:
+                self.append_run(record)
+                continue
             position = record[:3]
-            if record[6] or record[5] or position in rows:
+            if record[6] or record[5] or position in rows or self.runs:
                 self.append(record)
             else:
                 rows[position] = record[:5]
+
+    def append_run(self, run: RecordRun) -> None:
+        """Merge a checked :class:`~tbmq.backends.topic_records.RecordRun`:
+        kept whole (one packed row, nothing per record), joined to the
+        merged run it follows; as rows when it is short (below
+        :data:`PACK_MIN`) or holds a position merged already (the rare
+        write over a merged record: rows replace rows)."""
+        topic, partition, first, last = run.topic, run.partition, run.first, run.last
+        if self.runs:
+            self._unrun(topic, partition, first, last)
+        rows = self.rows
+        if len(run) < PACK_MIN or (rows and any(
+                p[1] == partition and first <= p[2] <= last and p[0] == topic for p in rows)):
+            for record in run.records():
+                self.append(record)
+            return
+        runs = self.runs
+        if runs:
+            before = runs[-1]
+            if before.topic == topic and before.partition == partition and before.last + 1 == first:
+                runs[-1] = RecordRun(topic, partition, before.first, before.keys + run.keys,
+                                     before.values + run.values)
+                return
+        runs.append(run)
+
+    def _unrun(self, topic: str, partition: int, low: int, high: int) -> None:
+        """The merged runs of ``(topic, partition)`` that hold an offset from
+        ``low`` to ``high`` become rows (a write there replaces them)."""
+        runs = self.runs
+        hit = [r for r in runs if r.partition == partition and r.topic == topic
+               and r.first <= high and low <= r.last]
+        if not hit:
+            return
+        self.runs = [r for r in runs if not any(r is h for h in hit)]
+        rows = self.rows
+        for run in hit:
+            for record in run.records():
+                rows[record[:3]] = record[:5]
 
     def truncate(self, topic: str, partition: int, before: int) -> None:
         """Merge a truncation of ``(topic, partition)`` below ``before``."""
         for position in [p for p in self.rows
                          if p[2] < before and p[1] == partition and p[0] == topic]:
             self._forget_row(position)
+        if self.runs:
+            runs = []
+            for run in self.runs:
+                if run.partition != partition or run.topic != topic or run.first >= before:
+                    runs.append(run)
+                elif run.last >= before:  # cut: the records from ``before`` on stay
+                    runs.append(run.since(before))
+            self.runs = runs
         key = (topic, partition)
         self.truncations[key] = max(before, self.truncations.get(key, before))
 
@@ -172,6 +230,8 @@ class TopicLogWrites(MergedWrites):
             _truncate_packs(conn, self.truncations)
         if self.rows:
             _write_rows(conn, self.rows.values())
+        if self.runs:
+            _write_runs(conn, self.runs)
         if self.offsets:
             conn.executemany(
                 "INSERT OR REPLACE INTO topic_log_offsets VALUES (?, ?, ?, ?)",
@@ -248,6 +308,22 @@ def _write_rows(conn: sqlite3.Connection, rows: Iterable[tuple]) -> None:
         conn.executemany("INSERT OR REPLACE INTO topic_log VALUES (?, ?, ?, ?, ?, ?, ?)", full)
 
 
+def _write_runs(conn: sqlite3.Connection, runs: list) -> None:
+    """In the database thread: write the merged runs
+    (:attr:`TopicLogWrites.runs`), one packed row of ``topic_log_packs``
+    each, its keys and values packed in one ``msgpack`` call (nothing per
+    record in Python); a run over stored rows of its positions replaces
+    them, as :func:`_write_rows` does."""
+    for run in runs:
+        _unpack_overlaps(conn, run.topic, run.partition, run.first, run.last)
+    conn.executemany(
+        "DELETE FROM topic_log WHERE topic = ? AND partition_id = ? "
+        "AND log_offset BETWEEN ? AND ?", [(r.topic, r.partition, r.first, r.last) for r in runs])
+    conn.executemany("INSERT INTO topic_log_packs VALUES (?, ?, ?, ?, ?)", [
+        (r.topic, r.partition, r.last, r.first,
+         msgpack.packb([r.keys, r.values], use_bin_type=True)) for r in runs])
+
+
 def _offset(row: tuple) -> int:
     return row[2]
 
@@ -301,13 +377,15 @@ class SQLiteTopicLog(RunnerView):
         it.  A compacted record without a key is kept like any other.
 
         :param records: ``(topic, partition, offset, key, value, headers,
-            compacted)`` tuples; read now.
+            compacted)`` tuples and
+            :class:`~tbmq.backends.topic_records.RecordRun` (kept as one
+            packed row each, nothing done per record); read now.
         :returns: a Deferred firing with None when committed, or failing
             with :class:`TypeError`/:class:`ValueError` (nothing stored)
             for a malformed record.
         """
         try:
-            checked = [check_record(r) for r in records]
+            checked = check_records(records)
         except (TypeError, ValueError):
             return defer.fail()
 

@@ -26,6 +26,7 @@ from tbmq.backends.sqlite_schema import SCHEMA_VERSION
 from tbmq.backends.sqlite_runner import SQLiteRunner
 from tbmq.backends.sqlite_schema import SCHEMA_VERSION
 from tbmq.backends.sqlite_topic_log import SQLiteTopicLog, TopicLogWrites
+from tbmq.backends.topic_records import RecordRun
 from tbmq.cluster.records import UNCLAIMED, SubscriptionsRecord
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.errors import BackendError
@@ -661,3 +662,89 @@ def test_packed_rows_equal_the_memory_log(calls):
         assert fired(log.load()) == fired(reference.load())
     finally:
         fired(log.stop())
+
+
+# -- runs (RecordRun): one item for the records of a partition at consecutive offsets ------
+
+
+def test_a_run_is_one_packed_row_and_loads_as_its_records(tmp_path):
+    """A :class:`RecordRun` is kept as one packed row (nothing per record),
+    and load gives each of its records back at its own offset, also after
+    a reopen; a run of one record is a row of ``topic_log``."""
+    backend = SQLiteBackend(tmp_path)
+    log = backend.open()
+    fired(log.append([RecordRun("app", 0, 3, ["a", None, "c"], [b"1", b"2", None]),
+                      RecordRun("app", 1, 0, ["z"], [b"alone"])]))
+    assert _table_rows(backend.path, "topic_log_packs") == 1
+    assert _table_rows(backend.path, "topic_log") == 1
+    backend.close(log)
+    log = backend.open()
+    try:
+        assert records_of(log) == [("app", 0, 3, "a", b"1", ()), ("app", 0, 4, None, b"2", ()),
+                                   ("app", 0, 5, "c", None, ()), ("app", 1, 0, "z", b"alone", ())]
+    finally:
+        backend.close(log)
+
+
+@pytest.mark.parametrize("run, error", [
+    (RecordRun("t", 0, 0, ["k"], [b"1", b"2"]), ValueError),
+    (RecordRun("t", 0, 0, ["k", 5], [b"1", b"2"]), TypeError),
+    (RecordRun("t", 0, 0, ["k"], ["text"]), TypeError),
+    (RecordRun("t", True, 0, ["k"], [b"1"]), TypeError),
+    (RecordRun(b"t", 0, 0, ["k"], [b"1"]), TypeError),
+])
+def test_a_malformed_run_fails_the_append_and_stores_nothing(log, run, error):
+    failure = failure_of(log.append([rec("t", 0, 9), run]))
+    failure.trap(error)
+    assert records_of(log) == []
+
+
+def test_a_run_of_bytearrays_is_stored_as_bytes(log):
+    fired(log.append([RecordRun("t", 0, 0, ["k", "l"], [bytearray(b"1"), memoryview(b"2")])]))
+    assert records_of(log) == [("t", 0, 0, "k", b"1", ()), ("t", 0, 1, "l", b"2", ())]
+
+
+_merged_writes = st.lists(st.one_of(
+    st.tuples(st.just("append"), st.integers(0, 1), st.integers(0, 9), st.integers(1, 4)),
+    st.tuples(st.just("run"), st.integers(0, 1), st.integers(0, 9), st.integers(1, 5)),
+    st.tuples(st.just("truncate"), st.integers(0, 1), st.integers(0, 12)),
+), max_size=10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(calls=_merged_writes)
+def test_runs_merged_while_busy_equal_the_memory_log(calls):
+    """Runs and records appended, and truncations, while the database
+    thread is busy (merged into one operation: runs joined, cut by a
+    truncation, made rows by a write over them) leave what the memory log
+    leaves from the same calls one by one."""
+    reference = MemoryTopicLog()
+    fired(reference.start())
+    pool = ManualThreadPool()
+    log = SQLiteTopicLog(SQLiteRunner(":memory:", SyncReactor(), pool))
+    log.start()
+    pool.run_one()  # the open
+    try:
+        fired(reference.append([rec("t", 0, 20, "first")]))
+        log.append([rec("t", 0, 20, "first")])  # handed at once: the rest merge
+        for i, call in enumerate(calls):
+            if call[0] == "truncate":
+                _, p, before = call
+                fired(reference.truncate("t", p, before))
+                log.truncate("t", p, before)
+                continue
+            _, p, first, n = call
+            records = [rec("t", p, o, f"k{i}", b"%d.%d" % (i, o)) for o in range(first, first + n)]
+            if call[0] == "run":
+                records = [RecordRun("t", p, first, [r[3] for r in records],
+                                     [r[4] for r in records])]
+            fired(reference.append(records))
+            log.append(records)
+        pool.run_all()
+        loaded = log.load()
+        pool.run_all()
+        assert fired(loaded) == fired(reference.load())
+    finally:
+        stopped = log.stop()
+        pool.run_all()
+        fired(stopped)
