@@ -67,7 +67,13 @@ class Partition:
         """
         o = self.next
         self.next = o + 1
-        self.put(o, key, value, headers, decoded)
+        if self.keys is None:  # not compacted: put's work, without the call
+            entries = self.entries
+            if not entries:
+                self.first = o
+            entries[o] = (key, value, headers, decoded)
+        else:
+            self.put(o, key, value, headers, decoded)
         return o
 
     def extend(self, keys: list, values: list, decoded: list | None = None) -> int:
@@ -256,12 +262,14 @@ class Waiter:
 
     __slots__ = ("pending", "failed_group", "error", "notify", "topic")
 
-    def __init__(self, topic: str, pending: set[str]) -> None:
+    def __init__(self, topic: str, pending: set[str],
+                 notify: Callable[[Failure | None], None] | None = None) -> None:
         self.topic = topic
         self.pending = pending
         self.failed_group: str | None = None
         self.error: Exception | None = None
-        self.notify: Callable[[Failure | None], None] | None = None
+        #: (given here, or by :meth:`settle`)
+        self.notify = notify
 
     @property
     def done(self) -> bool:
@@ -282,9 +290,14 @@ class Waiter:
                 self.failed_group = group
             if not pending and self.notify is not None:
                 if self.failed_group is None and self.error is None:
-                    # the usual end: every group handled it well
+                    # the usual end: every group handled it well (told as
+                    # _tell does, without the call)
                     notify, self.notify = self.notify, None
-                    self._tell(notify, None)
+                    try:
+                        notify(None)
+                    except Exception:
+                        log.failure("in-process bus: the outcome of a publish to {topic} "
+                                    "could not be reported", topic=self.topic)
                 else:
                     self._maybe_fire()
         return self.error is not None or not pending

@@ -84,10 +84,11 @@ class ManyPublishes:
         handed with the others from the next turn (``done`` once the
         group's result for it fired)."""
         o = part.append(key, value, headers)
-        waiter = part.waiters[o] = Waiter(topic, {member.group})
-        waiter.settle(done)
-        self._schedule(member)
-        self._retain(member.state, part)
+        part.waiters[o] = Waiter(topic, {member.group}, done)
+        if member.scheduled is None:  # (once per turn: the checks of _schedule)
+            self._schedule(member)
+        if len(part.entries) > self.retention_records:  # (the check of _retain)
+            self._retain(member.state, part)
 
     def _each(self, topic: str, keys: list, values: list, done: Callable) -> None:
         """One :meth:`publish` each, under one

@@ -413,18 +413,16 @@ class Outbox:
             return defer.Deferred()  # never fires: the records stay uncommitted
         now = self.ctx.clock.seconds()
         pending = Completion()
-        acks = None
+        done = pending.parts(len(deliveries))  # one part each, taken at once
+        acks = _AppAcks(done)
         app_done = self._app_done
         if app_done is NO_ENTRIES:
             app_done = self._app_done = {}
         for d in deliveries:
             if d.qos == 0:
                 self.deliver(d.message, 0, d.retain, d.subscription_ids, None, now, source)
+                done(None)  # nothing to wait for
                 continue
-            if acks is None:
-                acks = _AppAcks(pending.part())
-            else:
-                pending.part()
             delivery = StoredDelivery(0, d.message, d.qos, d.retain, d.subscription_ids)
             app_done[id(delivery)] = acks
             self._offer(delivery, None, now, source, conn)
@@ -436,7 +434,9 @@ class Outbox:
             return
         inflight = self.inflight
         queue = self.queue
-        if not queue and not conn.paused and len(inflight) < self._window():
+        quota = conn.send_quota  # the window (_window), without the call
+        limit = self._max_inflight
+        if not queue and not conn.paused and len(inflight) < (quota if quota < limit else limit):
             if delivery.seq > self._last_seq:
                 self._last_seq = delivery.seq
             if not self._send(delivery, cache, now, conn, False):

@@ -406,13 +406,19 @@ class Session:
         """The bus answered one publish of :meth:`_unaccepted_one` (success
         or failure: ``value`` passes through)."""
         self._unaccepted -= 1
+        if self._reading_paused:
+            self._read_again(conn)
+        return value
+
+    def _read_again(self, conn) -> None:
+        """While reading is paused for unaccepted publishes: read again
+        once half of them are accepted."""
         if (self._reading_paused
                 and self._unaccepted <= self.ctx.mqtt.max_pending_messages // 2):
             self._reading_paused = False
             # not from inside the consumer that accepted it: the packets
             # read meanwhile are handled when this turn ends
             self.ctx.flusher.later(lambda: self.link is conn and conn.resume_reading())
-        return value
 
     def _qos0_refused(self, failure, conn) -> None:
         self._accepted(None, conn)
@@ -458,7 +464,13 @@ class Session:
             else:
                 self._qos0_refused(failure, accepting)
         elif failure is None:
-            self._ack_ready(None, entry, conn, accepting)
+            # _ack_ready's work, without its calls (one per acknowledged publish)
+            if accepting is not None:
+                self._unaccepted -= 1
+                if self._reading_paused:
+                    self._read_again(accepting)
+            entry[1] = True
+            self._flush_acks(conn)
         else:
             self._ack_refused(failure, entry, conn, accepting)
 
@@ -491,11 +503,19 @@ class Session:
         return acks
 
     def _flush_acks(self, conn) -> None:
+        """Send the acknowledgements at the head of the queue that are ready
+        (an acknowledgement waits for every one queued before it)."""
         acks = self._acks
         while acks and acks[0][1]:
             packet, _, duplicate = acks.popleft()
             if self.link is conn and conn is not None:
-                self._send_ack(packet, duplicate)
+                if type(packet) is Puback and packet.reason_code == _SUCCESS \
+                        and not packet.properties:
+                    # the usual PUBACK, as _send_ack writes it
+                    self.inbound_unacked -= 1
+                    conn.write(encode_puback(packet.packet_id))
+                else:
+                    self._send_ack(packet, duplicate)
 
     def _send_ack(self, packet, duplicate: bool = False) -> None:
         conn = self.link

@@ -77,6 +77,15 @@ class Completion:
         self._open += 1
         return self._done
 
+    def parts(self, n: int) -> Callable[[Failure | None], None]:
+        """``n`` more parts (``n`` >= 0) with one ``done``, called once for
+        each of them (as :meth:`part` each, in one call: a batch's
+        deliveries).
+
+        :returns: the ``done`` to call ``n`` times."""
+        self._open += n
+        return self._done
+
     def _done(self, failure: Failure | None = None) -> None:
         self._open -= 1
         if failure is not None:

@@ -90,3 +90,22 @@ def test_it_has_slots():
     c = Completion()
     with pytest.raises(AttributeError):
         c.anything = 1
+
+
+def test_parts_takes_several_parts_with_one_done():
+    c = Completion()
+    done = c.parts(3)
+    other = c.part()
+    calls = watched(c)
+    done(None)
+    done(None)
+    other(None)
+    assert calls == [] and not c.complete  # one of the three is still open
+    done(None)
+    assert calls == [(None,)] and c.succeeded
+
+
+def test_parts_of_none_leaves_it_complete():
+    c = Completion()
+    c.parts(0)
+    assert watched(c) == [(None,)]
