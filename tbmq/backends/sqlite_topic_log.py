@@ -66,6 +66,69 @@ def unpack_headers(data: bytes | None) -> tuple:
     return tuple((name, value) for name, value in msgpack.unpackb(bytes(data), raw=False))
 
 
+class StoredEnds:
+    """What the topic log knows of the rows it stores, kept in the
+    database thread only: per ``(topic, partition)``, the offset above
+    every stored record, and whether single rows (``topic_log``) and
+    packed rows (``topic_log_packs``) are stored.  A write above that
+    offset replaces nothing, so it does without the look-up of stored
+    records at its positions; a truncation touches only the table that
+    holds rows of the partition: two or three statements fewer per
+    transaction, each one wait for the GIL less for the database thread.
+    Nothing is known (every statement made) until the log was loaded.
+
+    :ivar above: ``(topic, partition)`` → that offset; None until loaded.
+    :ivar singles: the partitions that may have single rows.
+    :ivar packed: the partitions that may have packed rows.
+    """
+
+    __slots__ = ("above", "singles", "packed")
+
+    def __init__(self) -> None:
+        self.above: dict[tuple[str, int], int] | None = None
+        self.singles: set[tuple[str, int]] = set()
+        self.packed: set[tuple[str, int]] = set()
+
+    def loaded(self, records: list, packs: list) -> None:
+        """The log was read: ``records`` the single rows' and ``packs``
+        the packed rows' ``(topic, partition, offset, ...)``."""
+        above: dict[tuple[str, int], int] = {}
+        for kind, rows in ((self.singles, records), (self.packed, packs)):
+            kind.clear()
+            for row in rows:
+                key = row[:2]
+                kind.add(key)
+                if row[2] >= above.get(key, 0):
+                    above[key] = row[2] + 1
+        self.above = above
+
+    def beyond(self, topic: str, partition: int, low: int) -> bool:
+        """Whether nothing is stored at ``low`` or above in the partition."""
+        above = self.above
+        return above is not None and low >= above.get((topic, partition), 0)
+
+    def wrote(self, topic: str, partition: int, high: int, packed: bool) -> None:
+        """Rows up to offset ``high`` were written (``packed``: a packed row)."""
+        key = (topic, partition)
+        (self.packed if packed else self.singles).add(key)
+        above = self.above
+        if above is not None and high >= above.get(key, 0):
+            above[key] = high + 1
+
+    def holds(self, topic: str, partition: int, packed: bool) -> bool:
+        """Whether rows of that kind may be stored for the partition."""
+        return self.above is None or (topic, partition) in (self.packed if packed
+                                                             else self.singles)
+
+    def forget(self, topic: str) -> None:
+        """``topic`` was deleted: nothing of it is stored."""
+        for kind in (self.singles, self.packed):
+            kind.difference_update([key for key in kind if key[0] == topic])
+        if self.above is not None:
+            for key in [key for key in self.above if key[0] == topic]:
+                del self.above[key]
+
+
 class TopicLogWrites(MergedWrites):
     """Appends, commits and truncations accepted while the database thread
     is busy, merged into one operation of the next batch.
@@ -97,10 +160,12 @@ class TopicLogWrites(MergedWrites):
     """
 
     __slots__ = ("rows", "keys", "dropped_keys", "dropped_positions", "truncations", "offsets",
-                 "runs")
+                 "runs", "ends")
 
-    def __init__(self) -> None:
+    def __init__(self, ends: StoredEnds | None = None) -> None:
         super().__init__()
+        #: the log's :class:`StoredEnds` (a new one, knowing nothing, when None)
+        self.ends = StoredEnds() if ends is None else ends
         self.runs: list[RecordRun] = []
         self.rows: dict[tuple[str, int, int], tuple] = {}
         self.keys: dict[tuple[str, str], tuple[str, int, int]] = {}
@@ -221,17 +286,22 @@ class TopicLogWrites(MergedWrites):
                 "DELETE FROM topic_log WHERE topic = ? AND partition_id = ? AND log_offset = ?",
                 self.dropped_positions,
             )
+        ends = self.ends
         if self.truncations:
-            conn.executemany(
-                "DELETE FROM topic_log WHERE topic = ? AND partition_id = ? AND log_offset < ?",
-                [(t, p, before) for (t, p), before in self.truncations.items()],
-            )
-        if self.truncations:
-            _truncate_packs(conn, self.truncations)
+            singles = [(t, p, before) for (t, p), before in self.truncations.items()
+                       if ends.holds(t, p, False)]
+            if singles:
+                conn.executemany(
+                    "DELETE FROM topic_log WHERE topic = ? AND partition_id = ? "
+                    "AND log_offset < ?", singles)
+            packs = [(t, p, before) for (t, p), before in self.truncations.items()
+                     if ends.holds(t, p, True)]
+            if packs:
+                _truncate_packs(conn, packs)
         if self.rows:
-            _write_rows(conn, self.rows.values())
+            _write_rows(conn, self.rows.values(), ends)
         if self.runs:
-            _write_runs(conn, self.runs)
+            _write_runs(conn, self.runs, ends)
         if self.offsets:
             conn.executemany(
                 "INSERT OR REPLACE INTO topic_log_offsets VALUES (?, ?, ?, ?)",
@@ -239,11 +309,11 @@ class TopicLogWrites(MergedWrites):
             )
 
 
-def _truncate_packs(conn: sqlite3.Connection, truncations: dict) -> None:
+def _truncate_packs(conn: sqlite3.Connection, rows: list) -> None:
     """In the database thread: the packed rows wholly below a truncation
-    go; the one it cuts keeps its records from the truncation on (its
-    ``first_offset`` moves up)."""
-    rows = [(t, p, before) for (t, p), before in truncations.items()]
+    (``(topic, partition, before)`` each of ``rows``) go; the one it cuts
+    keeps its records from the truncation on (its ``first_offset`` moves
+    up)."""
     conn.executemany(
         "DELETE FROM topic_log_packs WHERE topic = ? AND partition_id = ? AND last_offset < ?",
         rows)
@@ -253,14 +323,15 @@ def _truncate_packs(conn: sqlite3.Connection, truncations: dict) -> None:
         "AND last_offset >= ?3 ORDER BY last_offset LIMIT 1) AND first_offset < ?3", rows)
 
 
-def _write_rows(conn: sqlite3.Connection, rows: Iterable[tuple]) -> None:
+def _write_rows(conn: sqlite3.Connection, rows: Iterable[tuple], ends: StoredEnds) -> None:
     """In the database thread: write the merged rows of
     :attr:`TopicLogWrites.rows`.  The plain rows of one partition at
     consecutive offsets (:data:`PACK_MIN` or more: the records one turn
     published to an APPLICATION client's topic) go as one packed row of
     ``topic_log_packs``; the others one row each in ``topic_log``.  A
     record written at the position of a stored one replaces it, packed or
-    not (:func:`_unpack_overlaps`)."""
+    not (:func:`_unpack_overlaps`; not looked for above what ``ends``
+    knows to be stored)."""
     plain, full = [], []
     parts: dict[tuple[str, int], list] = {}
     for row in rows:
@@ -274,14 +345,17 @@ def _write_rows(conn: sqlite3.Connection, rows: Iterable[tuple]) -> None:
             full.append(row)
             if (row[0], row[1]) not in parts:
                 parts[(row[0], row[1])] = []
-    packs = []
+    packs, over = [], []
     for (topic, partition), part in parts.items():
         offsets = [row[2] for row in full if row[0] == topic and row[1] == partition] \
             if full else []
         if part:
             part.sort(key=_offset)
             offsets += (part[0][2], part[-1][2])
-        _unpack_overlaps(conn, topic, partition, min(offsets), max(offsets))
+        low, high = min(offsets), max(offsets)
+        fresh = ends.beyond(topic, partition, low)
+        if not fresh:
+            _unpack_overlaps(conn, topic, partition, low, high)
         start, n = 0, len(part)
         while start < n:  # split into runs of consecutive offsets
             end = start + 1
@@ -291,14 +365,21 @@ def _write_rows(conn: sqlite3.Connection, rows: Iterable[tuple]) -> None:
                 run = part[start:end]
                 packs.append((topic, partition, run[-1][2], run[0][2], msgpack.packb(
                     [[row[3] for row in run], [row[4] for row in run]], use_bin_type=True)))
+                if not fresh:
+                    over.append((topic, partition, run[0][2], run[-1][2]))
+                ends.wrote(topic, partition, run[-1][2], True)
             else:
                 plain += part[start:end]
+                ends.wrote(topic, partition, part[end - 1][2], False)
             start = end
-    if packs:
+        if full:
+            ends.wrote(topic, partition, high, False)
+    if over:
         # a packed run written over single rows of its positions replaces them
         conn.executemany(
             "DELETE FROM topic_log WHERE topic = ? AND partition_id = ? "
-            "AND log_offset BETWEEN ? AND ?", [(t, p, first, last) for t, p, last, first, _ in packs])
+            "AND log_offset BETWEEN ? AND ?", over)
+    if packs:
         conn.executemany("INSERT INTO topic_log_packs VALUES (?, ?, ?, ?, ?)", packs)
     if plain:
         # multi-row statements, not executemany: one wait for the GIL per
@@ -308,17 +389,23 @@ def _write_rows(conn: sqlite3.Connection, rows: Iterable[tuple]) -> None:
         conn.executemany("INSERT OR REPLACE INTO topic_log VALUES (?, ?, ?, ?, ?, ?, ?)", full)
 
 
-def _write_runs(conn: sqlite3.Connection, runs: list) -> None:
+def _write_runs(conn: sqlite3.Connection, runs: list, ends: StoredEnds) -> None:
     """In the database thread: write the merged runs
     (:attr:`TopicLogWrites.runs`), one packed row of ``topic_log_packs``
     each, its keys and values packed in one ``msgpack`` call (nothing per
     record in Python); a run over stored rows of its positions replaces
-    them, as :func:`_write_rows` does."""
-    for run in runs:
+    them, as :func:`_write_rows` does (looked for only below what ``ends``
+    knows to be stored: the bus appends above it, one INSERT for all)."""
+    over = [r for r in runs if not ends.beyond(r.topic, r.partition, r.first)]
+    for run in over:
         _unpack_overlaps(conn, run.topic, run.partition, run.first, run.last)
-    conn.executemany(
-        "DELETE FROM topic_log WHERE topic = ? AND partition_id = ? "
-        "AND log_offset BETWEEN ? AND ?", [(r.topic, r.partition, r.first, r.last) for r in runs])
+    if over:
+        conn.executemany(
+            "DELETE FROM topic_log WHERE topic = ? AND partition_id = ? "
+            "AND log_offset BETWEEN ? AND ?", [(r.topic, r.partition, r.first, r.last)
+                                               for r in over])
+    for run in runs:
+        ends.wrote(run.topic, run.partition, run.last, True)
     conn.executemany("INSERT INTO topic_log_packs VALUES (?, ?, ?, ?, ?)", [
         (r.topic, r.partition, r.last, r.first,
          msgpack.packb([r.keys, r.values], use_bin_type=True)) for r in runs])
@@ -370,6 +457,11 @@ class SQLiteTopicLog(RunnerView):
 
     def __init__(self, runner: SQLiteRunner) -> None:
         super().__init__(runner, EMBEDDED_SCHEMA)
+        #: what is known of the stored rows (database thread only)
+        self._ends = StoredEnds()
+
+    def _writes_op(self) -> TopicLogWrites:
+        return TopicLogWrites(self._ends)
 
     def append(self, records: Iterable[tuple]) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ITopicLog.append`; a record at
@@ -389,7 +481,7 @@ class SQLiteTopicLog(RunnerView):
         except (TypeError, ValueError):
             return defer.fail()
 
-        return self._merge(TopicLogWrites, lambda writes: writes.extend(checked))
+        return self._merge(self._writes_op, lambda writes: writes.extend(checked))
 
     def commit(self, group: str, topic: str, partition: int, offset: int) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ITopicLog.commit`; the last
@@ -407,7 +499,7 @@ class SQLiteTopicLog(RunnerView):
         def merge(writes: TopicLogWrites) -> None:
             writes.offsets[key] = offset
 
-        return self._merge(TopicLogWrites, merge)
+        return self._merge(self._writes_op, merge)
 
     def truncate(self, topic: str, partition: int, before: int) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ITopicLog.truncate`.
@@ -418,7 +510,8 @@ class SQLiteTopicLog(RunnerView):
         :returns: a Deferred firing with None when committed.
         """
         partition, before = int(partition), int(before)
-        return self._merge(TopicLogWrites, lambda writes: writes.truncate(topic, partition, before))
+        return self._merge(self._writes_op,
+                           lambda writes: writes.truncate(topic, partition, before))
 
     def delete_topic(self, topic: str) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ITopicLog.delete_topic`.
@@ -427,11 +520,13 @@ class SQLiteTopicLog(RunnerView):
         :returns: a Deferred firing with None when committed.
         """
         self._close_writes()
+        ends = self._ends
 
         def delete_topic(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM topic_log WHERE topic = ?", (topic,))
             conn.execute("DELETE FROM topic_log_packs WHERE topic = ?", (topic,))
             conn.execute("DELETE FROM topic_log_offsets WHERE topic = ?", (topic,))
+            ends.forget(topic)  # (before the COMMIT: a rollback leaves it knowing less)
 
         return self._submit(delete_topic)
 
@@ -444,12 +539,13 @@ class SQLiteTopicLog(RunnerView):
             partition): offset}``; every call made before included.
         """
         self._close_writes()
-        return self._submit(_load, write=False)
+        ends = self._ends
+        return self._submit(lambda conn: _load(conn, ends), write=False)
 
 
-def _load(conn: sqlite3.Connection) -> tuple[list[tuple], dict]:
+def _load(conn: sqlite3.Connection, ends: StoredEnds | None = None) -> tuple[list[tuple], dict]:
     """In the database thread: every record (the packed ones unpacked)
-    and offset."""
+    and offset; ``ends`` learns what is stored."""
     records = [
         (topic, partition, offset, key, None if value is None else bytes(value),
          unpack_headers(headers))
@@ -464,6 +560,8 @@ def _load(conn: sqlite3.Connection) -> tuple[list[tuple], dict]:
             "ORDER BY topic, partition_id, last_offset"):
         packed += [(topic, partition, o, key, value, ())
                    for o, key, value in _unpacked(last, first, data)]
+    if ends is not None:
+        ends.loaded(records, packed)
     if packed:  # both in order (packed rows never overlap): merged in one pass
         records = list(heapq.merge(records, packed, key=_position))
     offsets = {

@@ -406,19 +406,13 @@ class Session:
         """The bus answered one publish of :meth:`_unaccepted_one` (success
         or failure: ``value`` passes through)."""
         self._unaccepted -= 1
-        if self._reading_paused:
-            self._read_again(conn)
-        return value
-
-    def _read_again(self, conn) -> None:
-        """While reading is paused for unaccepted publishes: read again
-        once half of them are accepted."""
         if (self._reading_paused
                 and self._unaccepted <= self.ctx.mqtt.max_pending_messages // 2):
             self._reading_paused = False
             # not from inside the consumer that accepted it: the packets
             # read meanwhile are handled when this turn ends
             self.ctx.flusher.later(lambda: self.link is conn and conn.resume_reading())
+        return value
 
     def _qos0_refused(self, failure, conn) -> None:
         self._accepted(None, conn)
@@ -464,11 +458,8 @@ class Session:
             else:
                 self._qos0_refused(failure, accepting)
         elif failure is None:
-            # _ack_ready's work, without its calls (one per acknowledged publish)
-            if accepting is not None:
-                self._unaccepted -= 1
-                if self._reading_paused:
-                    self._read_again(accepting)
+            if accepting is not None:  # (_ack_ready's work, one call less)
+                self._accepted(None, accepting)
             entry[1] = True
             self._flush_acks(conn)
         else:
@@ -503,8 +494,7 @@ class Session:
         return acks
 
     def _flush_acks(self, conn) -> None:
-        """Send the acknowledgements at the head of the queue that are ready
-        (an acknowledgement waits for every one queued before it)."""
+        """Send the acknowledgements ready at the head of the queue."""
         acks = self._acks
         while acks and acks[0][1]:
             packet, _, duplicate = acks.popleft()

@@ -711,13 +711,15 @@ _merged_writes = st.lists(st.one_of(
 ), max_size=10)
 
 
-@settings(max_examples=200, deadline=None)
-@given(calls=_merged_writes)
-def test_runs_merged_while_busy_equal_the_memory_log(calls):
-    """Runs and records appended, and truncations, while the database
-    thread is busy (merged into one operation: runs joined, cut by a
-    truncation, made rows by a write over them) leave what the memory log
-    leaves from the same calls one by one."""
+@settings(max_examples=300, deadline=None)
+@given(calls=_merged_writes, loaded=st.booleans(), busy=st.booleans())
+def test_runs_merged_while_busy_equal_the_memory_log(calls, loaded, busy):
+    """Runs and records appended, truncations and a topic's deletion, while
+    the database thread is busy (merged into one operation: runs joined,
+    cut by a truncation, made rows by a write over them) or one by one,
+    after a load (the log then knows which rows it stores, and skips the
+    look-ups and statements that cannot change anything) or not, leave
+    what the memory log leaves from the same calls one by one."""
     reference = MemoryTopicLog()
     fired(reference.start())
     pool = ManualThreadPool()
@@ -725,9 +727,19 @@ def test_runs_merged_while_busy_equal_the_memory_log(calls):
     log.start()
     pool.run_one()  # the open
     try:
-        fired(reference.append([rec("t", 0, 20, "first")]))
-        log.append([rec("t", 0, 20, "first")])  # handed at once: the rest merge
+        fired(reference.append([rec("t", 0, 20, "first"), rec("u", 0, 3, "other")]))
+        log.append([rec("t", 0, 20, "first"), rec("u", 0, 3, "other")])
+        if loaded:
+            log.load()
+            pool.run_all()
+            fired(reference.delete_topic("u"))
+            log.delete_topic("u")
+            pool.run_all()
+            fired(reference.append([rec("u", 0, 1, "again")]))
+            log.append([rec("u", 0, 1, "again")])
         for i, call in enumerate(calls):
+            if not busy:
+                pool.run_all()
             if call[0] == "truncate":
                 _, p, before = call
                 fired(reference.truncate("t", p, before))
