@@ -385,7 +385,8 @@ class Session:
         entry = None
         if qos:
             entry = [(Puback if qos == 1 else Pubrec)(packet.packet_id), False, False]
-            self._waiting_acks().append(entry)
+            acks = self._acks
+            (acks if type(acks) is deque else self._waiting_acks()).append(entry)
         done.wait(entry, self.link, conn)
         if answer is not WAITING:
             done.call(answer)
