@@ -113,20 +113,7 @@ if app:
     from tbmq.embedded import EmbeddedBackends
     from tbmq.hookspecs import hookimpl
     from tbmq.model import ClientType
-    from twisted.python.failure import Failure
-
-    class SyncReactor:
-        def callFromThread(self, f, *args, **kwargs):
-            f(*args, **kwargs)
-
-    class SyncThreadPool:
-        def callInThreadWithCallback(self, on_result, f, *args, **kwargs):
-            try:
-                result = f(*args, **kwargs)
-            except BaseException:
-                on_result(False, Failure())
-            else:
-                on_result(True, result)
+    from tests.unit.test_stores import SyncReactor, SyncThreadPool
 
     class Applications:
         @hookimpl(tryfirst=True)
