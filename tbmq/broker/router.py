@@ -303,12 +303,7 @@ class Router:
         :returns: ``pending`` (made when None) with the sink's publish as
             one more part, or ``pending`` as it was when nothing is sent.
         """
-        if session is not None:  # classify's first case, without the call
-            sink = (self.sinks.application if session.client_type is ClientType.APPLICATION
-                    else self.sinks.persisted)
-            where = client_id
-        else:
-            sink, where = self.classify(client_id, None, qos)
+        sink, where = self.classify(client_id, session, qos)
         if sink is None:
             if qos and session is None and self.lookup(client_id) is None:
                 # matched, but no node knows the session: rare, worth a trace

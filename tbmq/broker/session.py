@@ -385,8 +385,7 @@ class Session:
         entry = None
         if qos:
             entry = [(Puback if qos == 1 else Pubrec)(packet.packet_id), False, False]
-            acks = self._acks
-            (acks if type(acks) is deque else self._waiting_acks()).append(entry)
+            self._waiting_acks().append(entry)
         done.wait(entry, self.link, conn)
         if answer is not WAITING:
             done.call(answer)
@@ -459,10 +458,7 @@ class Session:
             else:
                 self._qos0_refused(failure, accepting)
         elif failure is None:
-            if accepting is not None:  # (_ack_ready's work, one call less)
-                self._accepted(None, accepting)
-            entry[1] = True
-            self._flush_acks(conn)
+            self._ack_ready(None, entry, conn, accepting)
         else:
             self._ack_refused(failure, entry, conn, accepting)
 
@@ -500,13 +496,7 @@ class Session:
         while acks and acks[0][1]:
             packet, _, duplicate = acks.popleft()
             if self.link is conn and conn is not None:
-                if type(packet) is Puback and packet.reason_code == _SUCCESS \
-                        and not packet.properties:
-                    # the usual PUBACK, as _send_ack writes it
-                    self.inbound_unacked -= 1
-                    conn.write(encode_puback(packet.packet_id))
-                else:
-                    self._send_ack(packet, duplicate)
+                self._send_ack(packet, duplicate)
 
     def _send_ack(self, packet, duplicate: bool = False) -> None:
         conn = self.link
