@@ -434,9 +434,7 @@ class Outbox:
             return
         inflight = self.inflight
         queue = self.queue
-        quota = conn.send_quota  # the window (_window), without the call
-        limit = self._max_inflight
-        if not queue and not conn.paused and len(inflight) < (quota if quota < limit else limit):
+        if not queue and not conn.paused and len(inflight) < self._window():
             if delivery.seq > self._last_seq:
                 self._last_seq = delivery.seq
             if not self._send(delivery, cache, now, conn, False):
