@@ -355,7 +355,7 @@ def _write_rows(conn: sqlite3.Connection, rows: Iterable[tuple], ends: StoredEnd
         low, high = min(offsets), max(offsets)
         fresh = ends.beyond(topic, partition, low)
         if not fresh:
-            _unpack_overlaps(conn, topic, partition, low, high)
+            _unpack_overlaps(conn, topic, partition, low, high, ends)
         start, n = 0, len(part)
         while start < n:  # split into runs of consecutive offsets
             end = start + 1
@@ -398,7 +398,7 @@ def _write_runs(conn: sqlite3.Connection, runs: list, ends: StoredEnds) -> None:
     knows to be stored: the bus appends above it, one INSERT for all)."""
     over = [r for r in runs if not ends.beyond(r.topic, r.partition, r.first)]
     for run in over:
-        _unpack_overlaps(conn, run.topic, run.partition, run.first, run.last)
+        _unpack_overlaps(conn, run.topic, run.partition, run.first, run.last, ends)
     if over:
         conn.executemany(
             "DELETE FROM topic_log WHERE topic = ? AND partition_id = ? "
@@ -416,12 +416,13 @@ def _offset(row: tuple) -> int:
 
 
 def _unpack_overlaps(conn: sqlite3.Connection, topic: str, partition: int, low: int,
-                     high: int) -> None:
+                     high: int, ends: StoredEnds) -> None:
     """In the database thread: the stored packed rows of ``(topic,
     partition)`` that hold an offset from ``low`` to ``high`` (which a
     write is about to replace; never for the bus's appends, whose offsets
     are above every stored one: one index look-up finds none) are turned
-    into single rows, which the write then replaces as any other."""
+    into single rows, which the write then replaces as any other (and
+    ``ends`` learns that the partition has single rows)."""
     found = conn.execute(
         "SELECT last_offset, first_offset, records FROM topic_log_packs WHERE topic = ? "
         "AND partition_id = ? AND last_offset >= ? AND first_offset <= ?",
@@ -431,6 +432,7 @@ def _unpack_overlaps(conn: sqlite3.Connection, topic: str, partition: int, low: 
                      "AND last_offset = ?", (topic, partition, last))
         insert_rows(conn, "topic_log", [(topic, partition, o, key, value) for o, key, value
                                         in _unpacked(last, first, data)], 5, tail=_PLAIN_TAIL)
+        ends.wrote(topic, partition, last, False)
 
 
 def _unpacked(last: int, first: int, data: bytes) -> list[tuple]:
