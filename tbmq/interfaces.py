@@ -236,11 +236,13 @@ class IConsumer(Interface):
         partitions to be handed once the bus acknowledged them, rather than
         when they are read back (``docs/bus.md``, "Own records, handed on
         acknowledgement"): the same records, in offset order, each once;
-        commits are unchanged.  The router asks it for ``tbmq.msg.all``.
+        commits are unchanged.  The router asks it for ``tbmq.msg.all``,
+        the session events for their requests, the session registry for
+        ``tbmq.client.session``.
 
         :returns: ``bool``: True when the bus does it from now on (the
-            Kafka bus with a driver that reports where a record landed, on
-            a topic that is not compacted), False when records are handed
+            Kafka bus with a driver that reports where a record landed),
+            False when records are handed
             as before (kafka-python; the in-process bus, which hands a
             record in process as soon as it is published anyway).
         """

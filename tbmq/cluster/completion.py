@@ -25,7 +25,7 @@ from typing import Any, Callable
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
-__all__ = ["Completion", "Located", "deferred_done", "publish_each"]
+__all__ = ["Completion", "deferred_done", "publish_each"]
 
 
 def deferred_done(start: Callable[[Callable[[Any], None]], Any]) -> defer.Deferred:
@@ -133,40 +133,6 @@ class Completion:
         state = ("failed" if self.failure is not None
                  else "succeeded" if self._open == 0 else f"{self._open} open")
         return f"<Completion {state}>"
-
-
-class Located:
-    """A publish's ``done`` that also learns where its record landed
-    (:class:`~tbmq.cluster.session_events.SessionEvents`: a connect request
-    decided as soon as it is acknowledged, when its node reads the
-    partition and has handed everything before it).
-
-    A bus that knows the acknowledged record's place (the Kafka bus with
-    confluent-kafka) sets :attr:`where` before it reports the outcome
-    (``located`` is True; a packed record's ``Fanout`` passes its own on);
-    another bus calls it as any ``done``, and ``at`` is never called.
-    Called with None, ``at(partition, offset)`` is called first when the
-    place is known, then ``done(None)``; an exception of ``at`` propagates
-    as one of ``done`` would.
-
-    :param done: ``done(None | Failure)``, the publish's own.
-    :param at: ``at(partition, offset)``.
-    """
-
-    __slots__ = ("done", "at", "where")
-    located = True
-
-    def __init__(self, done: Callable[[Failure | None], None],
-                 at: Callable[[int, int], None]) -> None:
-        self.done = done
-        self.at = at
-        self.where: tuple[int, int] | None = None
-
-    def __call__(self, outcome: Failure | None) -> None:
-        where = self.where
-        if outcome is None and where is not None:
-            self.at(*where)
-        self.done(outcome)
 
 
 def publish_each(publish: Callable, topic: str, keys: list, values: list,

@@ -79,12 +79,17 @@ class SessionRegistry:
 
     def start(self) -> defer.Deferred:
         """Replay ``tbmq.client.session`` from the beginning, then follow it.
+        This node's own records are applied when the bus acknowledges them,
+        where it can (:meth:`tbmq.interfaces.IConsumer.hand_own`: once
+        every record before them was applied, in the topic's order, the
+        value as published; the fetch then skips them, not decoded).
 
         :returns: a Deferred that fires once the replay is done.
         """
         self.consumer = self.bus.subscribe(self.topic, node_group(self.service_id),
                                            self._on_record, from_beginning=True,
                                            exclusive=True)
+        self.consumer.hand_own()
         return self.consumer.caught_up
 
     def _on_record(self, record: Record) -> None:

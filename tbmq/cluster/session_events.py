@@ -21,10 +21,11 @@ still shows that session there is acted upon.
 On a bus that packs records (Kafka), the requests of one packed record are
 decided in one call and each asking node's answers sent in one
 ``publish_many``; a request of the deciding node itself is answered in
-process; and a request of the node that decides its partition is decided
-when its publish is acknowledged rather than when it is read back, once
-every record before it in the partition was decided (``docs/bus.md``, "The
-CONNECT path in batches").
+process; and the deciding member takes this node's own requests when they
+are acknowledged (:meth:`tbmq.interfaces.IConsumer.hand_own`), so a request
+of the node that decides its partition is decided then, once every record
+before it in the partition was handed, and is not read back (``docs/bus.md``,
+"The CONNECT path in batches").
 
 A node that sees, in the session registry, one of its sessions now held by
 another connection elsewhere forgets it: the will and the session expiry of
@@ -44,7 +45,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from tbmq.cluster.completion import Completion, Located, publish_each
+from tbmq.cluster.completion import Completion, publish_each
 from tbmq.cluster.records import (
     CLEAR_SESSION,
     CONNECTION_REQUEST,
@@ -122,15 +123,6 @@ class SessionEvents:
         self._publish_many = getattr(bus, "publish_many", None)
         self.consumers: list = []
         self._deciding = None
-        #: the deciding member's ``handed(partition)``, where the bus has it
-        self._handed = None
-        #: partition -> offset of the last request decided on its acknowledgement
-        self._ahead_at: dict[int, int] = {}
-        #: partition -> offset -> this node's requests acknowledged there,
-        #: waiting for the records before them to be decided
-        self._acked: dict[int, dict[int, list]] = {}
-        #: request id -> seconds: decided on its acknowledgement, not read yet
-        self._ahead: OrderedDict[str, float] = OrderedDict()
 
     def _batches(self, handler: Callable) -> Callable | None:
         """``handler`` as a consumer's ``batch_handler`` on a bus that packs
@@ -145,13 +137,19 @@ class SessionEvents:
         bundle, :data:`~tbmq.cluster.topics.CLUSTER_BUNDLE`), paused: the
         node joins its cluster groups together, but decides nothing before
         :meth:`start` (after the registry replay: a decision reads the
-        registry).  Idempotent."""
+        registry).  On a bus that packs records the member takes this
+        node's own requests when they are acknowledged
+        (:meth:`~tbmq.interfaces.IConsumer.hand_own`: a request of a
+        partition this node decides is decided then, once every record
+        before it was handed, and skipped when the fetch brings it; a
+        paused member, or one that does not hand the partition, leaves it
+        to the fetch).  Idempotent."""
         if self._deciding is None:
             self._deciding = self.bus.subscribe(
                 self.topics.session_event_request, "tbmq-session-events", self._decide,
-                bundle=CLUSTER_BUNDLE, batch_handler=self._batches(self._read))
+                bundle=CLUSTER_BUNDLE, batch_handler=self._batches(self._decide_many))
             self._deciding.pause()
-            self._handed = getattr(self._deciding, "handed", None)
+            self._deciding.hand_own()
             self.consumers = [self._deciding]
 
     def start(self) -> None:
@@ -295,98 +293,15 @@ class SessionEvents:
         self._request(event, partial(_not_sent, "the removal request", client_id))
         return True
 
-    # -- deciding a request of this node when it is acknowledged ---------------------------------
-
     def _request(self, event: SessionEvent, done: Callable) -> None:
         """Publish ``event`` on ``tbmq.client.session.event.request`` (key:
-        its client id); ``done(None | Failure)`` gets the bus's outcome, and
-        :meth:`_placed` where it landed, where the bus tells."""
-        self.bus.publish(self.topics.session_event_request, event.client_id, event, (),
-                         Located(done, partial(self._placed, event)))
-
-    def _placed(self, event: SessionEvent, partition: int, offset: int) -> None:
-        """This node's request ``event`` was acknowledged at ``offset`` of
-        ``partition``: decide it without waiting to read it back, as soon as
-        that keeps the partition's order, i.e. once this node decides the
-        partition (its member hands it: assigned, not paused) and every
-        record before ``offset`` was decided (:meth:`_frontier`).  Until
-        then it waits here (:meth:`_advance`, after each read); read back
-        first, it is decided as any other request.
-
-        A request decided ahead is remembered until it is read, and then
-        skipped (:meth:`_decide_many`).  Should the partition move before
-        that, its next member decides it again, as it does a request read
-        twice: the first answer is taken, the second finds no connect
-        waiting.
-        """
-        frontier = self._frontier(partition)
-        if frontier is None:
-            return  # not this node's partition now
-        if offset == frontier or offset == self._ahead_at.get(partition):
-            # (the second: the rest of a packed record, in the same outcome call)
-            self._decide_ahead(partition, offset, (event,))
-        elif offset > frontier:
-            self._acked.setdefault(partition, {}).setdefault(offset, []).append(event)
-
-    def _frontier(self, partition: int) -> int | None:
-        """:returns: the offset of ``partition`` up to which every record
-        was decided here: the one after the last record the member handed,
-        or after the last record decided ahead when that is later; None
-        when the member does not hand the partition now (what was known of
-        it is forgotten)."""
-        handed = self._handed(partition) if self._handed is not None else None
-        if handed is None:
-            self._ahead_at.pop(partition, None)
-            self._acked.pop(partition, None)
-            return None
-        last = self._ahead_at.get(partition)
-        return handed if last is None or last < handed else last + 1
-
-    def _decide_ahead(self, partition: int, offset: int, events) -> None:
-        """Decide ``events``, this node's requests at ``offset`` of
-        ``partition``, every record before them decided."""
-        self._ahead_at[partition] = offset
-        self._decide_many(events)
-        ahead = self._ahead
-        now = self.clock.seconds()
-        for event in events:
-            ahead[event.request_id] = now
-        while ahead:
-            oldest = next(iter(ahead.values()))
-            if oldest + self.GRANT_MEMORY >= now:
-                break
-            ahead.popitem(last=False)
-
-    def _advance(self) -> None:
-        """After a read: decide the acknowledged requests of this node that
-        now follow every decided record of their partition, in offset order
-        (those read meanwhile are dropped: decided as read)."""
-        for partition in list(self._acked):
-            frontier = self._frontier(partition)
-            waiting = self._acked.get(partition)
-            if frontier is None or waiting is None:
-                continue
-            for offset in [o for o in waiting if o < frontier]:
-                del waiting[offset]
-            while frontier in waiting:
-                self._decide_ahead(partition, frontier, waiting.pop(frontier))
-                frontier += 1
-            if not waiting:
-                del self._acked[partition]
+        its client id); ``done(None | Failure)`` gets the bus's outcome."""
+        self.bus.publish(self.topics.session_event_request, event.client_id, event, (), done)
 
     # -- deciding (one member per client id) ----------------------------------------------
 
     def _decide(self, record: Record):
-        return self._read((record.value,))
-
-    def _read(self, events) -> Completion | None:
-        """The deciding member's handler: :meth:`_decide_many`, then
-        :meth:`_advance` (the records before this node's acknowledged
-        requests may all be decided now)."""
-        result = self._decide_many(events)
-        if self._acked:
-            self._advance()
-        return result
+        return self._decide_many((record.value,))
 
     def _decide_many(self, events) -> Completion | None:
         """Decide the requests of one read, in order (one call for the
@@ -414,11 +329,7 @@ class SessionEvents:
         """
         answers: dict[str, tuple[list, list]] = {}
         here = self.service_id
-        ahead = self._ahead
         for event in events:
-            if ahead and event.request_id in ahead:
-                del ahead[event.request_id]  # decided when it was acknowledged
-                continue
             kind = event.kind
             if kind == CONNECTION_REQUEST:
                 response = self._connect_decision(event)

@@ -1,7 +1,8 @@
-"""A CONNECT decided when its session event request is acknowledged
-(:meth:`tbmq.cluster.session_events.SessionEvents._placed`), on a real
-Kafka-protocol broker (Tansu) with confluent-kafka, the driver that tells
-where a record landed.
+"""A CONNECT decided when its session event request is acknowledged (the
+deciding member takes its node's own requests then:
+:meth:`tbmq.interfaces.IConsumer.hand_own`), on a real Kafka-protocol
+broker (Tansu) with confluent-kafka, the driver that tells where a record
+landed.
 
 One node decides every partition of ``tbmq.client.session.event.request``.
 Its consumers wait up to ``kafka.fetch_max_wait_ms`` = 0.6 s per fetch

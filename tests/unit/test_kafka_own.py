@@ -11,7 +11,7 @@ from zlib import crc32
 from twisted.internet import defer
 
 from tbmq.cluster import records as r
-from tbmq.model import Message
+from tbmq.model import ClientType, Message
 from tbmq_plugins.kafka.bus import KafkaBus
 from tbmq_plugins.kafka.consumer import KafkaConsumer
 from tbmq_plugins.kafka.drivers import RawRecord
@@ -321,10 +321,29 @@ def test_a_driver_that_does_not_say_where_keeps_the_fetch():
     assert type(driver.sent[0][4]) is not Own
 
 
-def test_a_compacted_topic_keeps_the_fetch():
+def test_a_compacted_topic_hands_its_own_lone_records_too():
+    """The session registry's ``tbmq.client.session`` (compacted, not
+    packed: one Kafka record per session record) takes part: a record
+    acknowledged at the head of its partition is handed at once as
+    published, and skipped undecoded when the fetch brings it."""
     driver = FakeDriver()
     driver.LOCATES = True
-    bus, _reactor = started(driver)
+    bus, reactor = started(driver)
     topic = bus.catalogue.client_session
-    consumer = KafkaConsumer(bus, topic, "g", lambda record: None, bus._codec(topic), 100, 1000)
-    assert not consumer.hand_own()
+    got = []
+    consumer = KafkaConsumer(bus, topic, "g", got.append, bus._codec(topic), 100, 1000)
+    consumer.loop = FakeLoop()
+    assert consumer.hand_own()
+    consumer._assigned([2], {2: 5})
+    info = r.SessionInfo("c", "node-a", "s1", True, False, ClientType.DEVICE, 0, 5, 0.0, None,
+                         0.0)
+    outcomes = []
+    bus.publish(topic, "c", info, (), outcomes.append)
+    reactor.advance(0)
+    assert type(driver.sent[0][4]) is Own
+    driver.partitions[0] = 2  # where the producer's partitioner put it
+    _acknowledge(driver, {2: 5})
+    assert len(got) == 1 and got[0].value is info and (got[0].partition, got[0].offset) == (2, 5)
+    assert outcomes == [None]
+    consumer._batch([RawRecord(2, 5, b"c", b"not decoded", ())], [], {})
+    assert len(got) == 1 and consumer.loop.commits == [(2, 6)]

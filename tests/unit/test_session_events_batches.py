@@ -59,14 +59,25 @@ class PackingBus:
                   bundle=None, batch_handler=None):
         self.subscribed[topic] = (handler, batch_handler)
 
-        class Member:
-            def pause(self):
-                pass
-
-            def resume(self):
-                pass
-
         return Member()
+
+
+class Member:
+    """A consumer of :class:`PackingBus`: notes whether it was asked to
+    hand its node's own records on acknowledgement."""
+
+    def __init__(self) -> None:
+        self.own = False
+
+    def pause(self):
+        pass
+
+    def resume(self):
+        pass
+
+    def hand_own(self):
+        self.own = True
+        return True
 
 
 class Registry:
@@ -107,7 +118,7 @@ def test_the_requests_of_a_batch_are_decided_in_order_with_one_answer_publish_pe
     events.start()
     topics = events.topics
     handler, batch = bus.subscribed[topics.session_event_request]
-    assert batch == events._read
+    assert batch == events._decide_many
     result = batch((request("held", "node-a", "s1", "r1"),
                     request("off", "node-b", "s2", "r2"),
                     request("new", "node-a", "s3", "r3", clean_start=True)))
@@ -269,156 +280,33 @@ def test_a_request_of_this_node_is_answered_in_process_in_order():
     assert events._decide_many((request("c", "me", "s3", "r-old"),)) is None
 
 
-class Deciding:
-    """The deciding member of a bus that knows where its records landed."""
+def test_the_deciding_member_takes_this_nodes_requests_on_acknowledgement():
+    """The deciding member is asked to hand this node's own requests when
+    they are acknowledged (:meth:`tbmq.interfaces.IConsumer.hand_own`), the
+    others' consumers are not; an own request handed so (the value as
+    published) is decided once and answered in process, and the
+    connection it takes over on node-c is dropped once."""
+    bus = PackingBus()
+    members = []
+    subscribe = bus.subscribe
 
-    def __init__(self) -> None:
-        self.at: int | None = None
+    def noting(*args, **kwargs):
+        member = subscribe(*args, **kwargs)
+        members.append(member)
+        return member
 
-    def pause(self):
-        pass
-
-    def resume(self):
-        pass
-
-    def handed(self, partition):
-        return self.at
-
-
-class PlacingBus(PackingBus):
-    def __init__(self) -> None:
-        super().__init__()
-        self.member = Deciding()
-
-    def subscribe(self, topic, group, handler, from_beginning=False, exclusive=False,
-                  bundle=None, batch_handler=None):
-        super().subscribe(topic, group, handler, from_beginning, exclusive, bundle,
-                          batch_handler)
-        return self.member
-
-
-def connect(events, client_id, session_id="s"):
-    d = ask(events, client_id, session_id)
-    got = []
-    d.addCallback(got.append)
-    return got
-
-
-def acknowledge(bus, index, partition, offset):
-    """The bus acknowledges request ``index`` at ``offset`` of ``partition``."""
-    done = bus.published[index][3]
-    done.where = (partition, offset)
-    done(None)
-
-
-def test_a_request_is_decided_when_acknowledged_if_every_record_before_it_was():
-    """This node hands partition 0 up to offset 7: its request acknowledged
-    at offset 7 is decided at once (no read back); the connection it takes
-    over on node-c is dropped once, not again when the record is read."""
-    bus = PlacingBus()
+    bus.subscribe = noting
     events, _ = make(bus, Registry({"x": info("x", "node-c", "s-old")}))
     events.start()
-    bus.member.at = 7
-    got = connect(events, "x", "s1")
-    acknowledge(bus, 0, 0, 7)
-    assert len(got) == 1 and got[0].client_id == "x"
+    assert [m.own for m in members] == [True, False, False]
+    got = []
+    ask(events, "x", "s1").addCallback(got.append)
+    topic, key, event, _ = bus.published[0]
+    assert topic == events.topics.session_event_request and key == "x"
+    _, batch = bus.subscribed[topic]
+    assert batch((event,)) is None  # as the member hands it: nothing to send
+    assert len(got) == 1 and got[0].request_id == event.request_id
     takeovers = [v for t, _, v, _ in bus.published if t == events.topics.client_disconnect("node-c")]
-    assert len(takeovers) == 1
-    # read back: skipped (nothing decided or sent twice)
-    assert events._decide_many((bus.published[0][2],)) is None
-    takeovers = [v for t, _, v, _ in bus.published if t == events.topics.client_disconnect("node-c")]
-    assert len(takeovers) == 1 and events._ahead == {}
+    assert takeovers == [DisconnectCommand("x", "s-old", ReasonCode.SESSION_TAKEN_OVER)]
+    assert bus.many == [] and events._pending == {}
 
-
-def test_requests_acknowledged_in_a_row_are_decided_in_a_row():
-    """Offsets 7 (two requests in one packed record) and 8 are decided on
-    their acknowledgements while the member still shows 7 handed: the
-    record before each was decided here."""
-    bus = PlacingBus()
-    events, _ = make(bus)
-    events.start()
-    bus.member.at = 7
-    a, b, c = connect(events, "a"), connect(events, "b"), connect(events, "c")
-    acknowledge(bus, 0, 1, 7)
-    acknowledge(bus, 1, 1, 7)
-    acknowledge(bus, 2, 1, 8)
-    assert [len(a), len(b), len(c)] == [1, 1, 1]
-    assert list(events._granted) == ["a", "b", "c"]
-
-
-def test_a_request_after_records_not_yet_decided_waits_to_be_read():
-    """The member handed up to 5 only: offset 7 may follow another node's
-    request for the same client id at 5 or 6, so it waits (here it is read
-    back first, and decided then, once); a request read before its
-    acknowledgement is not decided twice; a paused member (before the
-    registry replay) decides nothing."""
-    bus = PlacingBus()
-    events, _ = make(bus)
-    events.start()
-    bus.member.at = 5
-    got = connect(events, "a")
-    acknowledge(bus, 0, 0, 7)
-    assert got == [] and events._ahead == {}
-    events._decide_many((bus.published[0][2],))
-    assert len(got) == 1
-    # read (handed 9) before the acknowledgement of offset 8
-    bus.member.at = 9
-    late = connect(events, "b")
-    events._decide_many((bus.published[1][2],))
-    assert len(late) == 1
-    acknowledge(bus, 1, 0, 8)
-    assert list(events._granted) == ["a", "b"] and events._ahead == {}
-    bus.member.at = None  # paused, or not this member's partition
-    paused = connect(events, "c")
-    acknowledge(bus, 2, 0, 10)
-    assert paused == [] and 0 not in events._ahead_at
-
-
-def test_a_packed_record_passes_its_place_to_the_located_publishes_it_carries():
-    from tbmq.cluster.completion import Located
-    from tbmq_plugins.kafka.packing import Fanout, Packer
-
-    sent = []
-    later = []
-    packer = Packer(lambda *a: sent.append(a), later.append)
-    places, outcomes = [], []
-    packer.add("t", 3, b"k1", b"v1", (), Located(outcomes.append, lambda p, o: places.append((p, o))))
-    packer.add("t", 3, b"k2", b"v2", (), outcomes.append)
-    later[0]()
-    fanout = sent[0][5]
-    assert type(fanout) is Fanout and fanout.located
-    fanout.where = (3, 41)
-    fanout(None)
-    assert places == [(3, 41)] and outcomes == [None, None]
-    # a bus that does not tell the place: the publish's done only
-    alone = Located(outcomes.append, lambda p, o: places.append((p, o)))
-    alone(None)
-    assert places == [(3, 41)] and outcomes == [None, None, None]
-    packer.add("t", 1, b"k3", b"v3", (), outcomes.append)
-    later[1]()
-    assert getattr(sent[1][5], "located", False) is False
-
-
-def test_acknowledged_requests_are_decided_once_the_records_before_them_are_read():
-    """Offsets 6 and 7 (this node's) are acknowledged while the member has
-    handed up to 5; offset 5 is another node's request for the same client
-    id.  Once it is read and decided, 6 and 7 follow at once, in order,
-    without waiting to be read themselves; read later, they are skipped."""
-    bus = PlacingBus()
-    events, _ = make(bus)
-    events.start()
-    bus.member.at = 5
-    a, b = connect(events, "x", "s-a"), connect(events, "x", "s-b")
-    acknowledge(bus, 0, 2, 6)
-    acknowledge(bus, 1, 2, 7)
-    assert a == [] and b == [] and list(events._acked[2]) == [6, 7]
-    bus.member.at = 6  # the consumer hands offset 5
-    other = request("x", "node-b", "s-other", "r-b")
-    result = events._read((other,))
-    assert [k for _, k, *_ in bus.many] == [["x"]]  # node-b answered first
-    assert type(result) is Completion
-    assert len(a) == 1 and len(b) == 1 and events._acked == {}
-    assert events._granted["x"][0] == "s-b"  # the last one granted is the last request
-    bus.member.at = 8
-    assert events._read((bus.published[0][2], bus.published[1][2])) is None
-    assert events._ahead == {}

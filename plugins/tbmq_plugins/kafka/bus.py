@@ -716,10 +716,15 @@ class KafkaBus:
         """Have ``consumer`` take this node's records of its topic on
         acknowledgement (:meth:`~.consumer.KafkaConsumer.hand_own`).
 
+        A compacted topic takes part too: Kafka's log cleaner never
+        compacts the records younger than ``min.compaction.lag.ms`` (nor the
+        active segment), so the head of a partition, where this node's
+        records land, has no holes; a record after an older hole is simply
+        held until the fetch brings it.
+
         :returns: False when the driver does not report where a record
-            landed (kafka-python) or the topic's offsets skip (compacted)."""
-        if (not getattr(self.driver, "LOCATES", False)
-                or self.catalogue.compacted(consumer.topic) or consumer.stopped):
+            landed (kafka-python)."""
+        if not getattr(self.driver, "LOCATES", False) or consumer.stopped:
             return False
         self._takers.setdefault(consumer.topic, []).append(consumer)
         return True

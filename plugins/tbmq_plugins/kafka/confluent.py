@@ -208,7 +208,7 @@ class Producer(drivers.Producer):
 
         def delivered(error, message) -> None:
             if error is None and getattr(done, "located", False):
-                done.where = (message.partition(), message.offset())  # .packing.Located
+                done.where = (message.partition(), message.offset())  # .own.Own, .packing.Fanout
             put(done, error)
 
         if partition is None:

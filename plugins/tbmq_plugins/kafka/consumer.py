@@ -297,8 +297,8 @@ class KafkaConsumer:
         back, its value the object as published; commits are unchanged.
 
         :returns: True when the bus can (its driver reports the offsets of
-            acknowledged records, the topic is not compacted), else False
-            (the records are fetched as before).
+            acknowledged records), else False (the records are fetched as
+            before).
         """
         if not self._own:
             self._own = self.bus._take_own(self)

@@ -8,7 +8,8 @@ acknowledged it, the producer knows its partition and offset
 the fetch), and once every record before that offset was handed, the
 member hands it (the value objects as published, not decoded) and skips it
 when the fetch brings it.  A subscription opts in with
-:meth:`~.consumer.KafkaConsumer.hand_own` (the router's ``tbmq.msg.all``).
+:meth:`~.consumer.KafkaConsumer.hand_own` (the router's ``tbmq.msg.all``,
+the deciding member of the session event requests, the session registry).
 
 * The publish side: :meth:`~.bus.KafkaBus.publish` wraps the ``done`` of a
   record of such a topic in an :class:`Own`, which carries the record

@@ -43,12 +43,12 @@ import msgpack
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from tbmq.cluster.completion import Completion, Located
+from tbmq.cluster.completion import Completion
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.drivers import RawRecord
 from tbmq_plugins.kafka.own import Own, hand_packed
 
-__all__ = ["HEADER", "HEADER_V1", "MAX_BYTES", "MAX_RECORDS", "Located", "Packer", "expand",
+__all__ = ["HEADER", "HEADER_V1", "MAX_BYTES", "MAX_RECORDS", "Packer", "expand",
            "pack", "unpacked"]
 
 #: The header that marks a packed record, and its value (the format's
@@ -158,10 +158,9 @@ class Fanout:
 
     :ivar dones: ``list`` of ``done(None | Failure)`` callables, in publish
         order.
-    :ivar located: True when one of them is a :class:`Located` or an
-        :class:`~.own.Own`: the driver then sets :attr:`where`, passed on
-        to the first, and the records of the second handed to the members
-        that take them (:func:`~.own.hand_packed`).
+    :ivar located: True when one of them is an :class:`~.own.Own`: the
+        driver then sets :attr:`where`, and the records are handed to the
+        members that take them (:func:`~.own.hand_packed`).
     :ivar records: the records it carries.
     """
 
@@ -180,8 +179,6 @@ class Fanout:
         if where is not None and outcome is None:
             hand_packed(self.dones, self.records, where)
         for done in self.dones:
-            if where is not None and type(done) is Located:
-                done.where = where
             try:
                 done(outcome)
             except Exception:
@@ -199,7 +196,7 @@ class _Pending:
         self.values: list = []
         self.dones: list = []
         self.size = 0
-        self.located = False  # a done is a Located
+        self.located = False  # a done is an Own
 
 
 class Packer:
@@ -252,7 +249,7 @@ class Packer:
         pending.values.append(value)
         pending.dones.append(done)
         pending.size += size
-        if type(done) is Located or type(done) is Own:
+        if type(done) is Own:
             pending.located = True
 
     def add_many(self, topic: str, partition: int, keys: list, values: list,
