@@ -133,7 +133,9 @@ class Pacer:
         now = time.monotonic()
         if self._busy_since is None:
             self._busy_since = now
-        self._keep(min(FLOW_KEEP, max(self.idle_after, (now - self._busy_since) * FLOW_SHARE)))
+        # what a look found (NEWS_WAIT) ends here: it came
+        self._allowed = min(FLOW_KEEP, max(self.idle_after, (now - self._busy_since) * FLOW_SHARE))
+        self._quiet = 0.0
 
     def waited(self, seconds: float, timeout: float) -> None:
         """A poll of ``timeout`` seconds read nothing in ``seconds``: the
