@@ -571,7 +571,7 @@ class KafkaConfig:
     retention_ms: int = 604800000
     min_compaction_lag_ms: int = 60000
     acks: str = "all"
-    linger_ms: int = 0
+    linger_ms: int = 1
     fetch_max_wait_ms: int = 5
     fetch_min_bytes: int = 1
     idle_fetch_interval_ms: int = 100
