@@ -251,3 +251,87 @@ def test_a_node_that_produces_all_the_time_keeps_its_clients_fetching():
     wait_until(lambda: shared.pacer.idle, timeout=1.0)
     assert client.calls.count(("pause", [0, 1])) == paused + 1
     close(found, reactor)
+
+
+class Polled:
+    """A client as :class:`~tbmq_plugins.kafka.pacing.Pacer` sees it: one
+    that fetches inside its poll (nothing to pause)."""
+
+    fetches_in_background = False
+
+
+def test_the_quiet_time_is_what_the_polls_waited_not_the_clock():
+    """A thread that did not run for a while (a loaded machine) has not
+    seen its client quiet: only the polls' waits count, each up to its
+    timeout."""
+    import threading
+
+    from tbmq_plugins.kafka.pacing import Pacer
+
+    pacer = Pacer(0.1, 0.005, threading.Event(), idle_after=0.05)
+    pacer.read()
+    time.sleep(0.08)  # the thread stood still: longer than idle_after
+    assert pacer.before_poll(Polled(), {}, False) is not None and not pacer.idle
+    pacer.waited(0.2, 0.03)  # a poll of 0.03 s that took 0.2 s counts 0.03
+    assert pacer.before_poll(Polled(), {}, False) is not None and not pacer.idle
+    pacer.waited(0.03, 0.03)
+    assert pacer.before_poll(Polled(), {}, False) is None and pacer.idle
+
+
+def test_a_steady_flow_keeps_its_client_fast_through_a_gap():
+    """Records for a while: a gap of several idle_after does not send the
+    client idle (the flow's next record would wait up to the interval);
+    lone records keep it fast for idle_after only; once a flow ends it
+    goes idle after FLOW_SHARE of the flow's length, FLOW_KEEP at most."""
+    import threading
+
+    from tbmq_plugins.kafka import pacing
+    from tbmq_plugins.kafka.pacing import Pacer
+
+    lone = Pacer(0.1, 0.005, threading.Event(), idle_after=0.05)
+    lone.read()  # a lone record
+    lone.waited(0.05, 0.05)
+    assert lone.before_poll(Polled(), {}, False) is None and lone.idle
+
+    flow = Pacer(0.1, 0.005, threading.Event(), idle_after=0.05)
+    started = time.monotonic()
+    while time.monotonic() - started < 0.8:  # a record every 10 ms for 0.8 s
+        flow.read()
+        time.sleep(0.01)
+    flow.read()
+    keep = pacing.FLOW_SHARE * (time.monotonic() - started)  # 0.2 s and a little
+    for _ in range(3):  # a gap of 0.15 s, three idle_after
+        flow.waited(0.05, 0.05)
+        assert flow.before_poll(Polled(), {}, False) is not None and not flow.idle
+    flow.waited(keep - 0.15 - 0.01, 1.0)
+    assert flow.before_poll(Polled(), {}, False) is not None and not flow.idle
+    flow.waited(0.02, 1.0)  # FLOW_SHARE of the flow's 0.8 s has passed
+    assert flow.before_poll(Polled(), {}, False) is None and flow.idle
+
+    long = Pacer(0.1, 0.005, threading.Event(), idle_after=0.05)
+    long.read()
+    long._busy_since -= 60  # records for a minute: FLOW_KEEP at most
+    long.read()
+    long.waited(pacing.FLOW_KEEP - 0.01, pacing.FLOW_KEEP)
+    assert long.before_poll(Polled(), {}, False) is not None
+    long.waited(0.01, 0.01)
+    assert long.before_poll(Polled(), {}, False) is None and long.idle
+    long.read()  # a record after the idle mode: a new flow
+    long.waited(0.05, 0.05)
+    assert long.before_poll(Polled(), {}, False) is None and long.idle
+
+
+def test_the_record_a_look_found_ends_the_wait_for_it():
+    """An idle client that saw offsets past its positions fetches until
+    records come (NEWS_WAIT); once one came it goes idle idle_after later
+    (a node's heartbeat on an idle cluster), not NEWS_WAIT later."""
+    client, shared, reactor, found = gone_idle(True, 0.2)
+    (loop, sink), = found
+    pauses = client.calls.count(("pause", [0, 1]))
+    client.latest = {(T, 0): 1}
+    client.polls.put((records(0, [0]), {}))
+    reactor.wait(lambda: len(sink.batches) == 2, timeout=3.0)
+    came = time.monotonic()
+    wait_until(lambda: client.calls.count(("pause", [0, 1])) == pauses + 1, timeout=3.0)
+    assert time.monotonic() - came < 0.5  # idle_after (0.05 s) and a poll, not NEWS_WAIT (1 s)
+    close(found, reactor)

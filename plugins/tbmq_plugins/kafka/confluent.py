@@ -66,6 +66,9 @@ def _common(config: Any) -> dict:
         "bootstrap.servers": config.bootstrap_servers,
         "client.id": "tbmq",
         "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
+        # a request goes out at once, not after the previous one's TCP
+        # acknowledgement (Nagle): kafka-python sets TCP_NODELAY too
+        "socket.nagle.disable": True,
         "socket.timeout.ms": config.request_timeout_ms,
         "logger": _LOG,
     }

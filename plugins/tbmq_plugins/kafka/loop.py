@@ -770,6 +770,7 @@ class SharedLoop(Joining, _Outage):
                                              stirred or self._rebalancing or bool(wanted))
             if timeout is None:
                 return
+        began = time.monotonic()
         try:
             records, ends = client.poll(timeout, self._max_records, wanted)
         except Exception as e:
@@ -781,8 +782,11 @@ class SharedLoop(Joining, _Outage):
             self._trouble(error)
         elif records or ends:
             self._recovered()
-        if records and self.pacer is not None:
-            self.pacer.read()
+        if self.pacer is not None:
+            if records:
+                self.pacer.read()
+            else:
+                self.pacer.waited(time.monotonic() - began, timeout)
         for member, view in list(members.items()):
             topic = view.topic
             view.records = records.get(topic, [])

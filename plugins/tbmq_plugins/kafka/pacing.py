@@ -10,10 +10,17 @@ brokers CPU even when nothing flows.  So a :class:`Pacer` keeps the client
 of one :class:`~.loop.SharedLoop` in one of two modes:
 
 * **fast**: the client fetches continuously with the short wait, as long as
-  records came within the last :data:`IDLE_AFTER` seconds, a partition was
-  given, read again, resumed after back-pressure, or its end is not known
-  yet, or the group rebalances;
-* **idle**: after :data:`IDLE_AFTER` seconds without a record the client
+  its polls since the last record waited less than :data:`IDLE_AFTER`
+  seconds, a partition was given, read again, resumed after back-pressure,
+  or its end is not known yet, or the group rebalances.  A client that has
+  read records for a while keeps fetching longer after the last one
+  (:data:`FLOW_SHARE` of that while, :data:`FLOW_KEEP` at most): a gap in
+  a steady flow (a publisher or a node that stalls for a moment) does not
+  send it idle, where the flow's next record would wait up to the idle
+  interval.  The quiet time counts what the polls waited, not the clock: a
+  thread that did not run for a while (a loaded machine) has not seen its
+  client quiet;
+* **idle**: after that the client
   stops fetching, and once per ``kafka.idle_fetch_interval_ms`` looks for
   records: a client that fetches in the background (librdkafka) has its
   partitions paused, and asks the brokers for their latest offsets (one
@@ -37,8 +44,12 @@ the reactor stands still meanwhile) for the same fetches.
 
 The cost of an idle client is one small request per interval instead of
 one fetch per fetch wait (two idle nodes on Tansu: 27 requests/s each
-instead of 97, Tansu at 2-3 % of a core instead of 17-21 %); the price is the first record after a quiet spell, which waits
-up to the interval.  A broker that answers a long poll as soon as records
+instead of 97, Tansu at 2-3 % of a core instead of 17-21 %); the price is
+the first record after a quiet spell, which waits up to the interval.  A
+flow that stops costs :data:`FLOW_KEEP` seconds of fetching at most once
+it ends; lone records (the nodes' heartbeats on an idle cluster) keep a
+client fast for :data:`IDLE_AFTER` only, so an idle node costs what it
+did.  A broker that answers a long poll as soon as records
 arrive (Apache Kafka) needs none of this: there a long fetch wait costs no
 latency.
 """
@@ -49,12 +60,18 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["IDLE_AFTER", "NEWS_WAIT", "POLL_TIMEOUT", "PROBE_MARGIN", "Pacer"]
+__all__ = ["FLOW_KEEP", "FLOW_SHARE", "IDLE_AFTER", "NEWS_WAIT", "POLL_TIMEOUT", "PROBE_MARGIN",
+           "Pacer"]
 
 #: Seconds one poll waits for records at most (commands wait that long at most).
 POLL_TIMEOUT = 0.05
-#: Seconds without a record after which a client goes idle.
+#: Seconds of polls without a record after which a client goes idle.
 IDLE_AFTER = 0.05
+#: A client that has read records for a while stays fast this share of
+#: that while after its last record (:data:`IDLE_AFTER` at least) ...
+FLOW_SHARE = 0.25
+#: ... and this many seconds at most.
+FLOW_KEEP = 1.0
 #: Seconds an idle client that saw offsets past its positions fetches at
 #: most until records come (a fetcher slow to notice a resume, or busy).
 NEWS_WAIT = 1.0
@@ -86,7 +103,9 @@ class Pacer:
         self.idle = False
         self.idle_fetches = 0
         self._nudged = False
-        self._quiet_at = time.monotonic() + idle_after  # fast until then
+        self._allowed = idle_after  # seconds of polls without a record before the idle mode
+        self._quiet = 0.0  # seconds the polls since the last record waited for nothing
+        self._busy_since: float | None = None  # the flow of records began then
         self._due = 0.0  # idle: the next fetch
 
     # -- any thread ------------------------------------------------------------------------
@@ -107,8 +126,27 @@ class Pacer:
     # -- the thread ------------------------------------------------------------------------
 
     def read(self) -> None:
-        """The last poll read records: fast for :attr:`idle_after` more."""
-        self._quiet_at = time.monotonic() + self.idle_after
+        """The last poll read records: fast for :attr:`idle_after` more of
+        polls without records, and longer the longer records have been
+        flowing (:data:`FLOW_SHARE` of that time, :data:`FLOW_KEEP` at most):
+        a steady flow is not left for a gap in it."""
+        now = time.monotonic()
+        if self._busy_since is None:
+            self._busy_since = now
+        # what a look found (NEWS_WAIT) ends here: it came
+        self._allowed = min(FLOW_KEEP, max(self.idle_after, (now - self._busy_since) * FLOW_SHARE))
+        self._quiet = 0.0
+
+    def waited(self, seconds: float, timeout: float) -> None:
+        """A poll of ``timeout`` seconds read nothing in ``seconds``: the
+        quiet time grows by that, ``timeout`` at most (a thread that did
+        not run meanwhile has not seen the client quiet)."""
+        self._quiet += min(seconds, timeout)
+
+    def _keep(self, seconds: float) -> None:
+        """Fast for at least ``seconds`` more of polls without records."""
+        self._allowed = max(self._allowed - self._quiet, seconds)
+        self._quiet = 0.0
 
     def before_poll(self, client: Any, members: dict, active: bool) -> float | None:
         """Decide the next poll, stopping or resuming the fetches of the
@@ -126,10 +164,10 @@ class Pacer:
         now = time.monotonic()
         if active or self._nudged:
             self._nudged = False
-            self._quiet_at = max(self._quiet_at, now + self.idle_after)
+            self._keep(self.idle_after)
             if self.idle:
                 self._fast(client, members)
-            return _poll_timeout(self._quiet_at - now)
+            return _poll_timeout(self._allowed)
         background = client.fetches_in_background
         if self.idle:
             left = self._due - now
@@ -139,21 +177,22 @@ class Pacer:
             self.idle_fetches += 1
             if not background:  # one poll: one fetch
                 self.idle = False
-                self._quiet_at = now + self.probe
+                self._allowed, self._quiet = self.probe, 0.0
                 return _poll_timeout(self.probe)
             if not self._news(client, members):
                 self._due = time.monotonic() + self.interval
                 return 0.0
-            self._quiet_at = now + NEWS_WAIT  # records are there: fetch until they come
+            self._allowed, self._quiet = NEWS_WAIT, 0.0  # records are there: fetch until they come
             self._fast(client, members)
             return _poll_timeout(NEWS_WAIT)
-        if now >= self._quiet_at:
+        if self._quiet >= self._allowed:
             self.idle = True
+            self._busy_since = None
             self._due = now + self.interval
             if background:
                 client.rest(_partitions(members, True))
             return 0.0 if background else None
-        return _poll_timeout(self._quiet_at - now)
+        return _poll_timeout(self._allowed - self._quiet)
 
     def _news(self, client: Any, members: dict) -> bool:
         """Whether a partition not paused for the reactor has records past
