@@ -10,7 +10,7 @@ per acknowledgement, no frame in between).
 
 from __future__ import annotations
 
-from tbmq.broker.outbox import refill, store_update
+from tbmq.broker.outbox import store_update
 from tbmq.errors import ProtocolViolation
 from tbmq.model import DeliveryState
 from tbmq.mqtt import MQTT_5, Pubrel, ReasonCode, is_failure
@@ -46,7 +46,7 @@ def on_puback(session, packet) -> None:
     if outbox.ctx.hooks.wants_delivered:
         outbox.ctx.hooks.message_delivered(session, delivery.message, 1)
     if outbox.queue or outbox.paged_out or (outbox.holder is not None and outbox.holder.holding):
-        refill(outbox)  # once for the turn's acknowledgements
+        outbox.pump()
 
 
 def on_pubrec(session, packet) -> None:
@@ -100,4 +100,4 @@ def on_pubcomp(session, packet) -> None:
                                 f"{packet_id}, which has no PUBREL")
     outbox.complete(packet_id)
     outbox.ctx.hooks.message_delivered(session, delivery.message, 2)
-    refill(outbox)
+    outbox.pump()

@@ -123,20 +123,6 @@ def store_update(outbox: "Outbox", seq: int, packet_id: int, state: int) -> None
     updates.append((seq, packet_id, state))
 
 
-def refill(outbox: "Outbox") -> None:
-    """Acknowledgements freed room in the inflight window of ``outbox``:
-    one :meth:`Outbox.pump` at the end of the reactor turn
-    (:meth:`~tbmq.broker.outbound.TurnFlusher.later`) for all the
-    acknowledgements of the turn, which then sends the next deliveries in
-    one pass (a drained persistent session gets its PUBACKs in reads of
-    many).  Deliveries that come meanwhile queue behind the waiting ones
-    (``Outbox._offer`` sends at once only when nothing waits), so the
-    order is kept."""
-    if not outbox._refill:
-        outbox._refill = True
-        outbox.ctx.flusher.later(outbox.pump)
-
-
 class Outbox:
     """The outbound part of a :class:`tbmq.broker.session.Session`, which
     owns it: the inflight window, packet identifiers, the queue, holds of
@@ -163,7 +149,7 @@ class Outbox:
     __slots__ = tuple("""session ctx client_id persistent link inflight queue queued_bytes
         _next_packet_id _max_inflight _completed _updates slow overflowed holder paged_out _last_seq reader
         _app_done dropped _drop_logged_at _drops_logged sent_aliases _traffic _latency _sent
-        _sent_bytes _refill""".split())
+        _sent_bytes""".split())
 
     #: seconds between two log lines about drops for one session
     DROP_LOG_INTERVAL = 10.0
@@ -193,8 +179,6 @@ class Outbox:
         #: the :class:`~tbmq.broker.holding.SourceHolds`, made at the first hold
         self.holder: SourceHolds | None = None
         self.paged_out = False
-        #: a :meth:`pump` is asked for at the end of the turn (:func:`refill`)
-        self._refill = False
         self._last_seq = 0
         #: a persistent session's :class:`~tbmq.broker.store_reads.StoreReader`,
         #: made at its first read (:meth:`store_reader`), else None
@@ -626,7 +610,6 @@ class Outbox:
         """Send queued deliveries while the inflight window has room and the
         socket is writable; read the next page of a paged-out persistent
         session when the queue is drained."""
-        self._refill = False  # (this is the pump refill asked for)
         conn = self.link
         if conn is None:
             return
