@@ -32,8 +32,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.brokers import tbmq_source, tree_pythonpath  # noqa: E402
-from bench.icount import callgrind  # noqa: E402
+from bench.brokers import tbmq_source, tree_pythonpath
+from bench.icount import callgrind
 
 #: messages of one round
 PER_ROUND = 10000
