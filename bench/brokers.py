@@ -153,6 +153,24 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """User + system CPU seconds of a process's threads by name: ``main``
+    (the thread of the process id: the reactor), the others by their
+    ``comm`` (librdkafka names its threads ``rdk:main``, ``rdk:broker1``...;
+    Python's threads are all ``python``), summed per name."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                head, tail = f.read().rsplit(")", 1)
+        except OSError:
+            continue
+        fields = tail.split()
+        name = "main" if int(tid) == pid else head.split("(", 1)[1]
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
 def mqtt_probe(port: int, timeout: float = 2.0) -> bool:
     """True when a CONNECT gets a CONNACK."""
     try:

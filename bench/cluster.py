@@ -72,7 +72,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 from bench import cluster_scenarios as cs  # noqa: E402
 from bench import scenarios  # noqa: E402
 from bench import workers as gen  # noqa: E402
-from bench.brokers import OUT, REPO, Mosquitto, TreeTbmq, commit_of, free_port, tbmq_source  # noqa: E402
+from bench.brokers import (OUT, REPO, Mosquitto, TreeTbmq, commit_of, free_port, tbmq_source,
+                           thread_cpu_s)  # noqa: E402
 from bench.cluster_tables import tables  # noqa: E402
 from bench.mqttgen import raise_nofile  # noqa: E402
 
@@ -312,6 +313,9 @@ SCENARIOS = {
     "storm": Scenario(cs.storm, ("cluster",), "storm", own=True),
 }
 
+#: the scenarios ``--profile`` samples (each node's py-spy over the traffic)
+TRAFFIC = ("fanin_qos1", "p2p_qos1", "latency_qos1", "persistent_p2p", "app_fanin")
+
 
 @dataclass
 class Config:
@@ -370,7 +374,21 @@ def measure(ctx: cs.Context, cluster: Cluster, name: str) -> dict:
     scenario measured it over its own window) and the node CPU per delivered
     message (cpu_us_per_msg, µs: the nodes' CPU summed ÷ delivered)."""
     cpu0, t0 = cluster.node_cpu_s(), time.monotonic()
+    profilers = []
+    if getattr(ctx.options, "profile", False) and name in TRAFFIC:
+        tag = f"{name}-{ctx.prefix}"
+        profilers = [scenarios.Profiler(n.pid, os.path.join(OUT, f"profile-cluster-{tag}-{i}.raw"),
+                                        ctx.duration) for i, n in enumerate(cluster.nodes)]
+    threads0 = [_threads(n.pid) for n in cluster.nodes]
     result = SCENARIOS[name].run(ctx, cluster)
+    for p in profilers:
+        p.wait()
+    delivered = result.get("received") or 0
+    if getattr(ctx.options, "threads", False) and delivered:
+        result["thread_cpu_us_per_msg"] = [
+            {k: round(1e6 * (v - before.get(k, 0.0)) / delivered, 2)
+             for k, v in sorted(_threads(n.pid).items()) if v - before.get(k, 0.0) > 0}
+            for n, before in zip(cluster.nodes, threads0)]
     cpu1, wall = cluster.node_cpu_s(), time.monotonic() - t0
     result.setdefault("node_cpu_pct", [100.0 * (b - a) / wall for a, b in zip(cpu0, cpu1)])
     delivered = result.get("received") or 0
@@ -379,6 +397,13 @@ def measure(ctx: cs.Context, cluster: Cluster, name: str) -> dict:
         result["cpu_s_per_1000"] = 1000.0 * cpu / delivered
         result["cpu_us_per_msg"] = 1e6 * cpu / delivered
     return result
+
+
+def _threads(pid: int) -> dict:
+    try:
+        return thread_cpu_s(pid)
+    except OSError:
+        return {}
 
 
 def add_ratios(results: list) -> None:
@@ -399,7 +424,7 @@ def _unit_cpu(result: dict):
 SHOWN = ("error", "value", "lost", "p50_ms", "p99_ms", "node_cpu_pct", "cpu_us_per_msg", "cpu_us_per_connect",
          "cpu_ratio", "received", "tansu_cpu_pct", "accepted", "refused", "failed", "longest_wait_s",
          "recovered_s", "unanswered", "reconnect_s", "delivered_s", "duplicates", "acked",
-         "lost_messages", "queue_rate")
+         "lost_messages", "queue_rate", "thread_cpu_us_per_msg")
 
 
 def show(res: dict) -> dict:
@@ -460,6 +485,13 @@ def main() -> None:
     ap.add_argument("--storm-rate", type=float, default=1000.0, help="msg/s of all the publishers")
     ap.add_argument("--keep-logs", action="store_true",
                     help="keep every node's folder and log (bench/out/bench-tbmq-*), paths printed")
+    ap.add_argument("--profile", action="store_true",
+                    help="py-spy each node during the traffic scenarios (raw stacks in "
+                         "bench/out/profile-cluster-*.raw; BENCH_PYSPY_ARGS adds options, "
+                         "e.g. '--native --threads'); it slows the nodes it samples")
+    ap.add_argument("--threads", action="store_true",
+                    help="each node's CPU per delivered message by thread (the reactor, "
+                         "librdkafka's threads, the other Python threads)")
     ap.add_argument("--json", help="also write the raw results here (always: bench/out/cluster-*.json)")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)

@@ -232,6 +232,29 @@ def test_a_record_the_node_produces_wakes_its_idle_consumer_threads():
     assert shared in bus._loops
 
 
+def test_the_records_of_one_reactor_turn_nudge_the_consumer_threads_once():
+    """An APPLICATION client's topic is not packed: one record per
+    delivery, and a nudge each would wake an idle thread each time."""
+    from tbmq.cluster import records as r
+    from tbmq.model import Message
+    from tests.unit.test_kafka_bus import FakeDriver, started
+
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    threads = bus._loops = [Nudged(), Nudged()]
+    topic = bus.catalogue.app("c1")
+    for i in range(3):
+        bus.publish(topic, "c1", r.Delivery("c1", Message("a", b"%d" % i), 1))
+    reactor.wait(lambda: len(driver.sent) == 3)
+    assert [t.nudges for t in threads] == [1, 1]
+    bus.publish(topic, "c1", r.Delivery("c1", Message("a", b"3"), 1))
+    assert len(driver.sent) == 4 and [t.nudges for t in threads] == [1, 1]  # the same turn
+    reactor.advance(0)  # the turn ends
+    bus.publish(topic, "c1", r.Delivery("c1", Message("a", b"4"), 1))
+    bus.publish(topic, "c1", r.Delivery("c1", Message("a", b"5"), 1))
+    assert len(driver.sent) == 6 and [t.nudges for t in threads] == [2, 2]
+
+
 def test_a_node_that_produces_all_the_time_keeps_its_clients_fetching():
     """A produce keeps a fast client fast: no pause and resume of every
     partition (librdkafka holds the GIL for them) each time it would go

@@ -196,6 +196,8 @@ class KafkaBus:
         self._placed: dict[str, int] = {}
         self._round_robin = 0
         self._packer = Packer(self._send_placed, lambda fn: clock.callLater(0, fn))
+        #: the consumer threads were nudged in this reactor turn (:meth:`_send_placed`)
+        self._nudged = False
         #: topic -> the members here that take this node's records of it on
         #: acknowledgement (:meth:`~.consumer.KafkaConsumer.hand_own`)
         self._takers: dict[str, list[KafkaConsumer]] = {}
@@ -542,14 +544,24 @@ class KafkaBus:
         """To the producer; ``done`` is a publish's own, or a
         :class:`~.packing.Fanout`.  The node's idle consumer threads fetch
         again at once: a node that writes expects records soon (an answer,
-        its own message on its way to a subscriber; :mod:`.pacing`)."""
-        for loop in self._loops:
-            loop.nudge()
+        its own message on its way to a subscriber; :mod:`.pacing`).  They
+        are nudged once per reactor turn, not once per record: the records
+        of a turn that are not packed (an APPLICATION client's topic: one
+        record per delivery) would each wake an idle thread (a lock and a
+        notify, and the GIL handed over) for nothing the first did not."""
+        if not self._nudged:
+            self._nudged = True
+            for loop in self._loops:
+                loop.nudge()
+            self.clock.callLater(0, self._turn_ended)
         try:
             self._producer.send(topic, key, value, headers, done, partition)
         except Exception as e:
             _report(done, Failure(BusPublishError(
                 f"{topic}: the producer refused the record: {e}")))
+
+    def _turn_ended(self) -> None:
+        self._nudged = False
 
     def _acknowledged(self, items: list) -> None:
         """(reactor thread) A batch of outcomes from the producer:
