@@ -7,11 +7,25 @@ connection that are only read to describe it: ``logstr`` (the legacy log's
 them when they are read, and :meth:`Server.logPrefix`, asked at every read
 event by the reactor, gives the protocol's name alone (the broker's own
 log lines name the client and its address themselves).
+
+:meth:`Server.write` also sends at once what it is given while nothing
+waits in the transport's buffer, where Twisted's buffers every write and
+sends it when the reactor next finds the socket writable: a CONNACK cost two
+``epoll_ctl`` calls (watch for writability, then stop) and a turn of the
+reactor before it left.  The connection's protocol already gathers a turn's
+packets into one write (:class:`~tbmq.broker.outbound.TurnFlusher`), so one
+``send`` per connection and turn is what this costs; what the kernel does
+not take is buffered and sent as Twisted does.
 """
 
 from __future__ import annotations
 
+from errno import EAGAIN, EINTR, ENOBUFS, EWOULDBLOCK
+
 from twisted.internet import tcp
+
+#: ``send`` errors that mean "the socket's buffer is full": the data waits
+_FULL = frozenset((EAGAIN, EWOULDBLOCK, ENOBUFS, EINTR))
 
 __all__ = ["Server", "lighten"]
 
@@ -37,6 +51,39 @@ class Server(tcp.Server):
 
     logstr = property(_log_text, _ignored)
     repstr = property(_repr_text, _ignored)
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` now when nothing waits to be sent before it (the
+        transport's buffer is empty, the connection is open and not being
+        closed); what the kernel does not take, and any write while data
+        waits, is buffered and sent by the reactor as
+        :meth:`twisted.internet.abstract.FileDescriptor.write` does (its
+        producer paused when the buffer passes ``bufferSize``).
+
+        A ``send`` that fails otherwise than with a full socket buffers the
+        data too: the reactor's next write finds the error and closes the
+        connection, as it would have.
+
+        :param data: bytes (anything else raises ``TypeError``, as Twisted's).
+        """
+        if (type(data) is not bytes or not data or self.dataBuffer or self._tempDataBuffer
+                or not self.connected or self.disconnecting or self._writeDisconnecting
+                or self._writeDisconnected):
+            tcp.Server.write(self, data)
+            return
+        try:
+            sent = self.socket.send(data)
+        except OSError as e:
+            if e.args[0] not in _FULL:
+                tcp.Server.write(self, data)
+                return
+            sent = 0
+        if sent < len(data):
+            # what is left waits in Twisted's buffer, from where doWrite sends on
+            self.dataBuffer = data
+            self.offset = sent
+            self._maybePauseProducer()
+            self.startWriting()
 
     def logPrefix(self) -> str:
         """:returns: the protocol's class name (the reactor asks at every

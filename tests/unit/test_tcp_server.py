@@ -41,3 +41,70 @@ def test_lighten_changes_a_tcp_port_only():
     finally:
         port.stopListening()
     assert lighten("listening") == "listening"  # not a TCP port: as it is
+
+
+def _server(ours):
+    from twisted.internet import reactor  # noqa: PLC0415
+    return Server(ours, Named(), ("10.0.0.9", 50001), None, 7, reactor)
+
+
+def test_a_write_with_nothing_waiting_is_sent_at_once():
+    ours, peer = socket.socketpair()
+    try:
+        transport = _server(ours)
+        try:
+            transport.write(b"\x20\x02\x00\x00")  # a CONNACK
+            peer.settimeout(1)
+            assert peer.recv(100) == b"\x20\x02\x00\x00"  # no reactor turn needed
+            assert not transport.dataBuffer and not transport._tempDataBuffer
+            assert transport not in transport.reactor.getWriters()  # never watched for writability
+        finally:
+            transport.stopReading()
+    finally:
+        ours.close()
+        peer.close()
+
+
+def test_what_the_kernel_does_not_take_waits_in_order():
+    ours, peer = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        transport = _server(ours)
+        try:
+            big = bytes(range(256)) * 4096  # 1 MiB: more than the socket takes
+            transport.write(big)
+            waiting = len(transport.dataBuffer) - transport.offset
+            assert 0 < waiting < len(big)  # part sent, the rest buffered
+            assert transport in transport.reactor.getWriters()  # the rest: when writable
+            transport.write(b"after")  # behind what waits, never before it
+            assert transport._tempDataBuffer == [b"after"]
+            received = bytearray()
+            peer.settimeout(2)
+            while len(received) < len(big) + 5:
+                received += peer.recv(65536)
+                if transport.dataBuffer or transport._tempDataBuffer:
+                    transport.doWrite()
+            assert bytes(received) == big + b"after"
+        finally:
+            transport.stopReading()
+            transport.stopWriting()
+    finally:
+        ours.close()
+        peer.close()
+
+
+def test_a_write_after_loseconnection_is_left_to_twisted():
+    ours, peer = socket.socketpair()
+    try:
+        transport = _server(ours)
+        try:
+            transport.disconnecting = 1  # loseConnection() asked: the reactor closes
+            transport.write(b"late")
+            assert transport._tempDataBuffer == [b"late"]  # buffered, sent before the close
+        finally:
+            transport.stopReading()
+            transport.stopWriting()
+    finally:
+        ours.close()
+        peer.close()
