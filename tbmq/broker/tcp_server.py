@@ -3,8 +3,9 @@
 Twisted's :class:`twisted.internet.tcp.Server` keeps two strings per
 connection that are only read to describe it: ``logstr`` (the legacy log's
 ``system`` field, ``MQTTProtocol,<session number>,<host>``) and ``repstr``
-(its ``repr``), about 130 bytes each connection.  :class:`Server` makes
-them when they are read, and :meth:`Server.logPrefix`, asked at every read
+(its ``repr``), about 130 bytes each connection, and makes them as it
+accepts it (asking the protocol whether it provides ``ILoggingContext``).
+:class:`Server` makes them when they are read, and :meth:`Server.logPrefix`, asked at every read
 event by the reactor, gives the protocol's name alone (the broker's own
 log lines name the client and its address themselves).
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from errno import EAGAIN, EINTR, ENOBUFS, EWOULDBLOCK
 
-from twisted.internet import tcp
+from twisted.internet import address, tcp
 
 #: ``send`` errors that mean "the socket's buffer is full": the data waits
 _FULL = frozenset((EAGAIN, EWOULDBLOCK, ENOBUFS, EINTR))
@@ -51,6 +52,26 @@ class Server(tcp.Server):
 
     logstr = property(_log_text, _ignored)
     repstr = property(_repr_text, _ignored)
+
+    def __init__(self, sock, protocol, client: tuple, server, sessionno: int, reactor) -> None:
+        """:class:`twisted.internet.tcp.Server`'s, without the strings.
+
+        :param sock: the accepted socket.
+        :param protocol: the connection's protocol, not yet connected.
+        :param client: the peer's address tuple (2 items: IPv4).
+        :param server: the listening ``tcp.Port``, or None.
+        :param sessionno: the port's number of the connection.
+        :param reactor: the reactor that reads it.
+        """
+        tcp.Connection.__init__(self, sock, protocol, reactor)
+        if len(client) != 2:
+            self._addressType = address.IPv6Address
+        self.server = server
+        self.client = client
+        self.sessionno = sessionno
+        self.hostname = client[0]
+        self.startReading()
+        self.connected = 1
 
     def write(self, data: bytes) -> None:
         """Send ``data`` now when nothing waits to be sent before it (the

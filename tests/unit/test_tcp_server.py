@@ -108,3 +108,19 @@ def test_a_write_after_loseconnection_is_left_to_twisted():
     finally:
         ours.close()
         peer.close()
+
+
+def test_a_connection_from_ipv6_reads_its_peer_as_ipv6():
+    from twisted.internet import address, reactor  # noqa: PLC0415
+    ours, peer = socket.socketpair()
+    try:
+        transport = Server(ours, Named(), ("::1", 50002, 0, 0), None, 8, reactor)
+        try:
+            assert isinstance(transport.getPeer(), address.IPv6Address)
+            assert transport.getPeer().host == "::1" and transport.connected
+            assert transport in reactor.getReaders()  # read from the start
+        finally:
+            transport.stopReading()
+    finally:
+        ours.close()
+        peer.close()
