@@ -17,6 +17,11 @@ reactor before it left.  The connection's protocol already gathers a turn's
 packets into one write (:class:`~tbmq.broker.outbound.TurnFlusher`), so one
 ``send`` per connection and turn is what this costs; what the kernel does
 not take is buffered and sent as Twisted does.
+
+:meth:`Server.read_waiting` reads what the client sent before the
+connection was accepted (a client sends its CONNECT as soon as its connect
+completes, usually before the node accepts), so the protocol can handle it
+while it is being connected instead of in a later turn of the reactor.
 """
 
 from __future__ import annotations
@@ -24,6 +29,11 @@ from __future__ import annotations
 from errno import EAGAIN, EINTR, ENOBUFS, EWOULDBLOCK
 
 from twisted.internet import address, tcp
+from twisted.logger import Logger
+
+from tbmq.log import OBSERVER as LOG_OBSERVER
+
+log = Logger(observer=LOG_OBSERVER)
 
 #: ``send`` errors that mean "the socket's buffer is full": the data waits
 _FULL = frozenset((EAGAIN, EWOULDBLOCK, ENOBUFS, EINTR))
@@ -105,6 +115,25 @@ class Server(tcp.Server):
             self.offset = sent
             self._maybePauseProducer()
             self.startWriting()
+
+    def read_waiting(self) -> None:
+        """Read now what the peer has already sent (one ``recv``), as the
+        reactor would when it next finds the socket readable; nothing when
+        nothing waits.  For a protocol's ``connectionMade``.
+
+        The end of the stream or a socket error is left to the reactor (the
+        socket stays readable: it sees them at its next poll).  An exception
+        of the protocol's ``dataReceived`` is logged and the connection
+        aborted (the reactor would close it with that failure).
+        """
+        if not self.connected or self.disconnecting:
+            return
+        try:
+            self.doRead()
+        except Exception:
+            log.failure(
+                "reading a connection as it was accepted failed; aborting it")
+            self.abortConnection()
 
     def logPrefix(self) -> str:
         """:returns: the protocol's class name (the reactor asks at every

@@ -124,3 +124,111 @@ def test_a_connection_from_ipv6_reads_its_peer_as_ipv6():
     finally:
         ours.close()
         peer.close()
+
+
+class Reads(protocol.Protocol):
+    """Reads what waits as it is connected, as MQTTProtocol does."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.got: list[bytes] = []
+        self.fail = fail
+
+    def connectionMade(self) -> None:
+        self.transport.read_waiting()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.fail:
+            raise ValueError("bad input")
+        self.got.append(data)
+
+
+def _connected(ours, proto):
+    from twisted.internet import reactor  # noqa: PLC0415
+    transport = Server(ours, proto, ("10.0.0.9", 50001), None, 9, reactor)
+    proto.makeConnection(transport)
+    return transport
+
+
+def test_what_the_client_sent_before_the_accept_is_read_as_it_is_connected():
+    ours, peer = socket.socketpair()
+    try:
+        peer.sendall(b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00")  # a CONNECT
+        proto = Reads()
+        transport = _connected(ours, proto)
+        try:
+            assert proto.got == [b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00"]  # no reactor turn
+        finally:
+            transport.stopReading()
+    finally:
+        ours.close()
+        peer.close()
+
+
+def test_nothing_waiting_or_the_end_of_the_stream_is_left_to_the_reactor():
+    ours, peer = socket.socketpair()
+    try:
+        proto = Reads()
+        transport = _connected(ours, proto)  # nothing sent yet
+        try:
+            assert proto.got == [] and transport.connected
+            peer.shutdown(socket.SHUT_WR)  # the end of the stream waits
+            transport.read_waiting()
+            assert proto.got == [] and transport.connected and not transport.disconnecting
+            assert transport in transport.reactor.getReaders()  # the reactor sees the end
+        finally:
+            transport.stopReading()
+    finally:
+        ours.close()
+        peer.close()
+
+
+def test_a_protocol_failing_on_what_waited_aborts_its_connection():
+    from twisted.logger import globalLogPublisher  # noqa: PLC0415
+    events: list[dict] = []
+    globalLogPublisher.addObserver(events.append)
+    ours, peer = socket.socketpair()
+    try:
+        peer.sendall(b"\xff\xff")
+        proto = Reads(fail=True)
+        transport = _connected(ours, proto)
+        try:
+            assert transport._aborting  # closed: its connectionLost comes next turn
+            assert transport not in transport.reactor.getReaders()
+            assert [e for e in events if "log_failure" in e]  # the traceback logged
+        finally:
+            for call in transport.reactor.getDelayedCalls():
+                if call.func == transport.connectionLost:
+                    call.cancel()
+            transport.stopReading()
+            transport.stopWriting()
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+        ours.close()
+        peer.close()
+
+
+def test_the_mqtt_protocol_handles_a_connect_that_waited_as_it_is_connected():
+    from twisted.internet.testing import StringTransport  # noqa: PLC0415
+
+    from tbmq.mqtt import Connack, Connect  # noqa: PLC0415
+    from tbmq.mqtt.codec import Decoder, encode  # noqa: PLC0415
+    from tests.helpers import Harness  # noqa: PLC0415
+
+    harness = Harness()
+    proto = harness.factory.buildProtocol(None)
+
+    class Waiting(StringTransport):
+        """A transport whose client sent its CONNECT before the accept."""
+        reads = 0
+
+        def read_waiting(self):
+            self.reads += 1
+            proto.dataReceived(encode(Connect(protocol_level=4, client_id="early",
+                                              keep_alive=60), 4))
+
+    transport = Waiting()
+    proto.makeConnection(transport)
+    assert transport.reads == 1 and proto.session is not None  # handled in connectionMade
+    harness.turn()
+    (connack,) = Decoder(protocol_level=4, server_side=False).feed(transport.value())
+    assert isinstance(connack, Connack) and connack.reason_code == 0
