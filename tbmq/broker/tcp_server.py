@@ -26,6 +26,7 @@ while it is being connected instead of in a later turn of the reactor.
 
 from __future__ import annotations
 
+import socket
 from errno import EAGAIN, EINTR, ENOBUFS, EWOULDBLOCK
 
 from twisted.internet import address, tcp
@@ -141,8 +142,30 @@ class Server(tcp.Server):
         return self.protocol.__class__.__name__
 
 
+def _plainly_accepting(listening: socket.socket) -> None:
+    """Make ``listening``'s ``accept()`` build the accepted socket from the
+    listening socket's family, type and protocol read once, as plain
+    integers: :meth:`socket.socket.accept` reads ``family`` and ``type``
+    at every call, each an ``IntEnum`` conversion (about 1.5 µs an accept
+    together).  The accepted socket is the same :class:`socket.socket`."""
+    family, kind, proto = int(listening.family), int(listening.type), listening.proto
+
+    class Listening(socket.socket):
+        __slots__ = ()
+
+        def accept(self):
+            fd, addr = self._accept()
+            sock = socket.socket(family, kind, proto, fileno=fd)
+            if socket.getdefaulttimeout() is None and self.gettimeout():
+                sock.setblocking(True)  # as socket.socket.accept
+            return sock, addr
+
+    listening.__class__ = Listening
+
+
 def lighten(port):
-    """Make the connections ``port`` accepts use :class:`Server`.
+    """Make the connections ``port`` accepts use :class:`Server`, and its
+    socket accept them without reading its family and type each time.
 
     :param port: what ``endpoint.listen`` gave: a
         :class:`twisted.internet.tcp.Port` (TLS and WebSocket listeners
@@ -152,4 +175,6 @@ def lighten(port):
     """
     if isinstance(port, tcp.Port) and port.transport is tcp.Server:
         port.transport = Server
+        if type(port.socket) is socket.socket:
+            _plainly_accepting(port.socket)
     return port

@@ -38,6 +38,19 @@ def test_lighten_changes_a_tcp_port_only():
     try:
         assert port.transport is tcp.Server
         assert lighten(port) is port and port.transport is Server
+        assert type(port.socket).accept is not socket.socket.accept  # family, type read once
+        client = socket.create_connection(("127.0.0.1", port.getHost().port))
+        try:
+            accepted, addr = port.socket.accept()  # as Twisted's accept loop calls it
+            try:
+                assert type(accepted) is socket.socket and addr == client.getsockname()
+                assert accepted.family == socket.AF_INET and accepted.type == socket.SOCK_STREAM
+                accepted.sendall(b"ok")
+                assert client.recv(2) == b"ok"
+            finally:
+                accepted.close()
+        finally:
+            client.close()
     finally:
         port.stopListening()
     assert lighten("listening") == "listening"  # not a TCP port: as it is
