@@ -5,9 +5,9 @@ connection that are only read to describe it: ``logstr`` (the legacy log's
 ``system`` field, ``MQTTProtocol,<session number>,<host>``) and ``repstr``
 (its ``repr``), about 130 bytes each connection, and makes them as it
 accepts it (asking the protocol whether it provides ``ILoggingContext``).
-:class:`Server` makes them when they are read, and :meth:`Server.logPrefix`, asked at every read
-event by the reactor, gives the protocol's name alone (the broker's own
-log lines name the client and its address themselves).
+:class:`Server` makes them when they are read, and :meth:`Server.logPrefix`,
+asked at every read event by the reactor, gives the protocol's name alone
+(the broker's own log lines name the client and its address themselves).
 
 :meth:`Server.write` also sends at once what it is given while nothing
 waits in the transport's buffer, where Twisted's buffers every write and
@@ -87,7 +87,7 @@ class Server(tcp.Server):
     def write(self, data: bytes) -> None:
         """Send ``data`` now when nothing waits to be sent before it (the
         transport's buffer is empty, the connection is open and not being
-        closed); what the kernel does not take, and any write while data
+        closed, no ``startTLS`` layer); what the kernel does not take, and any write while data
         waits, is buffered and sent by the reactor as
         :meth:`twisted.internet.abstract.FileDescriptor.write` does (its
         producer paused when the buffer passes ``bufferSize``).
@@ -100,7 +100,7 @@ class Server(tcp.Server):
         """
         if (type(data) is not bytes or not data or self.dataBuffer or self._tempDataBuffer
                 or not self.connected or self.disconnecting or self._writeDisconnecting
-                or self._writeDisconnected):
+                or self._writeDisconnected or self.TLS):
             tcp.Server.write(self, data)
             return
         try:
@@ -132,8 +132,7 @@ class Server(tcp.Server):
         try:
             self.doRead()
         except Exception:
-            log.failure(
-                "reading a connection as it was accepted failed; aborting it")
+            log.failure("reading a connection as it was accepted failed; aborting it")
             self.abortConnection()
 
     def logPrefix(self) -> str:
