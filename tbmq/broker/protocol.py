@@ -211,10 +211,13 @@ class MQTTProtocol(protocol.Protocol):
         transport.registerProducer(self, True)
         self.setTimeout(self.ctx.config.mqtt.connect_timeout)
         # the CONNECT a client sent before it was accepted is handled now,
-        # not a turn of the reactor later (tbmq.broker.tcp_server.Server)
-        read_waiting = getattr(transport, "read_waiting", None)
+        # not a turn of the reactor later (tbmq.broker.tcp_server.Server);
+        # looked up on the class: a layer between (TLS, PROXY protocol: a
+        # Twisted ProtocolWrapper) would hand the TCP transport's own, which
+        # reads for that layer while it is being connected
+        read_waiting = getattr(type(transport), "read_waiting", None)
         if read_waiting is not None:
-            read_waiting()
+            read_waiting(transport)
 
     def dataReceived(self, data: bytes) -> None:
         """Decode a read and hand its packets on."""

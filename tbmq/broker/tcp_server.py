@@ -120,7 +120,9 @@ class Server(tcp.Server):
     def read_waiting(self) -> None:
         """Read now what the peer has already sent (one ``recv``), as the
         reactor would when it next finds the socket readable; nothing when
-        nothing waits.  For a protocol's ``connectionMade``.
+        nothing waits.  For the ``connectionMade`` of the protocol connected
+        to this transport itself (not of one behind a layer of its own:
+        that layer reads).
 
         The end of the stream or a socket error is left to the reactor (the
         socket stays readable: it sees them at its next poll).  An exception

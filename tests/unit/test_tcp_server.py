@@ -245,3 +245,29 @@ def test_the_mqtt_protocol_handles_a_connect_that_waited_as_it_is_connected():
     harness.turn()
     (connack,) = Decoder(protocol_level=4, server_side=False).feed(transport.value())
     assert isinstance(connack, Connack) and connack.reason_code == 0
+
+
+def test_the_mqtt_protocol_behind_a_layer_leaves_reading_to_the_layer():
+    """Behind TLS or the PROXY protocol (Twisted ProtocolWrappers, which hand
+    on any attribute of the transport below) the MQTT protocol must not
+    make the TCP transport read for the layer while it is being connected."""
+    from twisted.internet.testing import StringTransport  # noqa: PLC0415
+    from twisted.protocols.policies import ProtocolWrapper, WrappingFactory  # noqa: PLC0415
+
+    from tests.helpers import Harness  # noqa: PLC0415
+
+    harness = Harness()
+    proto = harness.factory.buildProtocol(None)
+
+    class Below(StringTransport):
+        reads = 0
+
+        def read_waiting(self):
+            self.reads += 1
+
+    below = Below()
+    layer = ProtocolWrapper(WrappingFactory(harness.factory), proto)
+    layer.makeConnection(below)
+    assert layer.read_waiting == below.read_waiting  # what the wrapper hands on
+    assert proto.transport is layer and proto.connected
+    assert below.reads == 0  # the layer reads for itself
