@@ -207,8 +207,17 @@ class MQTTProtocol(protocol.Protocol):
 
     def connectionMade(self) -> None:
         self.ctx.connections.add(self)
-        self.transport.registerProducer(self, True)
+        transport = self.transport
+        transport.registerProducer(self, True)
         self.setTimeout(self.ctx.config.mqtt.connect_timeout)
+        # the CONNECT a client sent before it was accepted is handled now,
+        # not a turn of the reactor later (tbmq.broker.tcp_server.Server);
+        # looked up on the class: a layer between (TLS, PROXY protocol: a
+        # Twisted ProtocolWrapper) would hand the TCP transport's own, which
+        # reads for that layer while it is being connected
+        read_waiting = getattr(type(transport), "read_waiting", None)
+        if read_waiting is not None:
+            read_waiting(transport)
 
     def dataReceived(self, data: bytes) -> None:
         """Decode a read and hand its packets on."""
