@@ -268,8 +268,14 @@ def rss_bound_kb(baseline_kb: int, connections: int) -> int:
 def test_fanin_qos1_every_acknowledged_message_delivered(broker_factory, mqtt_version):
     """5 publishers × 2,000 QoS 1 messages of 4 KiB → 1 subscriber (paho,
     reading as fast as it can): the set delivered contains the set
-    acknowledged, and the broker's RSS stays within the limits' bound."""
-    broker = broker_factory(env=ENV)
+    acknowledged, and the broker's RSS stays within the limits' bound.
+
+    The subscriber may hold the publishers for 30 s of credit here, not the
+    1 s of :data:`PAUSE_TIMEOUT`: a reader that a loaded machine does not
+    run for a second is *slow* by design (disconnected, 0x97, its losses
+    counted: ``unit/test_protocol.py::test_a_slow_subscriber_loses_qos0_and_holds_nobody_back``),
+    and this test is about one that keeps up."""
+    broker = broker_factory(env={**ENV, "TBMQ_MQTT__OUTBOUND_PAUSE_TIMEOUT": "30"})
     topic = f"fc/{uid()}"
     sub = PahoClient(broker.port, mqtt_version).connect_and_wait()
     try:
@@ -305,7 +311,8 @@ def test_fanin_qos1_every_acknowledged_message_delivered(broker_factory, mqtt_ve
                         f"(baseline {baseline / 1024:.0f} MiB)")
     assert not problems, "; ".join(problems) + (
         f" [published {sum(p.sent for p in pubs):,}, acknowledged {len(acked):,}, refused "
-        f"{sum(p.refused for p in pubs)}, peak RSS {watch.peak_kb / 1024:.0f} MiB, bound {bound / 1024:.0f} MiB]")
+        f"{sum(p.refused for p in pubs)}, peak RSS {watch.peak_kb / 1024:.0f} MiB, bound {bound / 1024:.0f} MiB, "
+        f"subscriber's disconnects {[code for code, _ in sub.disconnects]}]")
     assert len(acked) == FANIN_PUBLISHERS * FANIN_COUNT
 
 
