@@ -17,25 +17,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.brokers import tbmq_source  # noqa: E402
-from bench.icount import callgrind  # noqa: E402
+from bench.icount import REACTOR_CLOCK, callgrind  # noqa: E402
 
 #: ``python - COUNT LEVEL`` with the tree on PYTHONPATH: prints the CONNACKs
 #: with reason code 0, and the CONNECTs sent
-CHILD = r"""
-import sys
-from twisted.internet import reactor, task
-
-
-class ReactorClock:  # the reactor's heap of timed calls, as bench/icount.py
-    seconds = staticmethod(reactor.seconds)
-    callLater = staticmethod(reactor.callLater)
-    getDelayedCalls = staticmethod(reactor.getDelayedCalls)
-
-    def advance(self, amount):
-        reactor.runUntilCurrent()
-
-
-task.Clock = ReactorClock
+CHILD = REACTOR_CLOCK + r"""
 from tests.helpers import Harness
 
 n, level = int(sys.argv[1]), int(sys.argv[2])

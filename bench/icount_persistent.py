@@ -33,7 +33,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.brokers import tbmq_source, tree_pythonpath
-from bench.icount import callgrind
+from bench.icount import REACTOR_CLOCK, callgrind
 
 #: messages of one round
 PER_ROUND = 10000
@@ -41,21 +41,8 @@ PER_ROUND = 10000
 #: ``python - PHASE ROUNDS LEVEL`` (PHASE ``queue`` or ``drain``) with the
 #: tree on PYTHONPATH: prints the messages acknowledged (queue) or delivered
 #: (drain), and those sent
-CHILD = r"""
-import gc, sys, time, tempfile
-from twisted.internet import reactor, task
-
-
-class ReactorClock:
-    seconds = staticmethod(reactor.seconds)
-    callLater = staticmethod(reactor.callLater)
-    getDelayedCalls = staticmethod(reactor.getDelayedCalls)
-
-    def advance(self, amount):
-        reactor.runUntilCurrent()
-
-
-task.Clock = ReactorClock
+CHILD = REACTOR_CLOCK + r"""
+import time, tempfile
 from tests.helpers import Harness
 from tbmq.mqtt import Connect, Publish, Subscribe, SubscriptionRequest
 from tbmq.mqtt.codec import encode
