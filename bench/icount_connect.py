@@ -44,13 +44,26 @@ def count(tree: str, n: int, level: int) -> int:
     return instructions
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
+def connect_parser(description: str, connects: int) -> argparse.ArgumentParser:
+    """The options of every CONNECT count: ``--trees``, ``--level``, ``--connects``."""
+    parser = argparse.ArgumentParser(description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trees", default="worktree",
                         help="comma-separated: worktree, or a git revision")
     parser.add_argument("--level", type=int, default=4, help="MQTT level: 3, 4 or 5")
-    parser.add_argument("--connects", type=int, default=1100)
+    parser.add_argument("--connects", type=int, default=connects)
+    return parser
+
+
+def print_counts(heading: str, trees: list[str], figures: list[float]) -> None:
+    """One Markdown row per tree: its count under ``heading``."""
+    print(f"| tree | {heading} |\n|---|---|")
+    for tree, figure in zip(trees, figures):
+        print(f"| {tree} | {figure:,.0f} |")
+
+
+def main(argv=None) -> None:
+    parser = connect_parser(__doc__, 1100)
     parser.add_argument("--base", type=int, default=100)
     args = parser.parse_args(argv)
     trees = args.trees.split(",")
@@ -59,9 +72,7 @@ def main(argv=None) -> None:
         src = tbmq_source(tree)
         figures.append((count(src, args.connects, args.level) - count(src, args.base, args.level))
                        / (args.connects - args.base))
-    print("| tree | instructions per clean CONNECT |\n|---|---|")
-    for tree, figure in zip(trees, figures):
-        print(f"| {tree} | {figure:,.0f} |")
+    print_counts("instructions per clean CONNECT", trees, figures)
 
 
 if __name__ == "__main__":

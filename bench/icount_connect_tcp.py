@@ -18,7 +18,6 @@ costs the node, within a few per cent from run to run.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 import re
@@ -32,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.brokers import OUT, free_port, mqtt_probe, tbmq_source, tree_pythonpath  # noqa: E402
 from bench.connections import PER_SOURCE, connload  # noqa: E402
+from bench.icount_connect import connect_parser, print_counts  # noqa: E402
 
 
 def count(tree: str, n: int, level: int, persistent: bool) -> int:
@@ -90,12 +90,7 @@ def count(tree: str, n: int, level: int, persistent: bool) -> int:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trees", default="worktree",
-                        help="comma-separated: worktree, or a git revision")
-    parser.add_argument("--level", type=int, default=4, help="MQTT level: 3, 4 or 5")
-    parser.add_argument("--connects", type=int, default=1000)
+    parser = connect_parser(__doc__, 1000)
     parser.add_argument("--persistent", action="store_true",
                         help="persistent sessions (3.1.1 Clean Session 0; 5.0 expiry 3600 s)")
     args = parser.parse_args(argv)
@@ -103,10 +98,7 @@ def main(argv=None) -> None:
     figures = [count(tbmq_source(t), args.connects, args.level, args.persistent) / args.connects
                for t in trees]
     kind = "persistent" if args.persistent else "clean"
-    print(f"| tree | node instructions per {kind} CONNECT, real sockets |\n|---|---|")
-    for tree, figure in zip(trees, figures):
-        print(f"| {tree} | {figure:,.0f} |")
-
+    print_counts(f"node instructions per {kind} CONNECT, real sockets", trees, figures)
 
 if __name__ == "__main__":
     main()
