@@ -286,7 +286,13 @@ class ConsumerLoop(_Outage):
 
     def _commit(self, client: "TopicView", wait: bool) -> None:
         """Commit what the reactor asked for; what fails without ``wait`` is
-        tried again next time, unless newer offsets came meanwhile."""
+        tried again next time, unless newer offsets came meanwhile.  Without
+        ``wait`` and nothing asked, nothing is done (not even the lock
+        taken: a member idle in a shared client costs each turn little; an
+        offset the reactor adds meanwhile is committed at the next turn, as
+        one added just after the lock would be)."""
+        if not wait and not self._commits:
+            return
         offsets = self._take_commits(list(self._unconfirmed) if wait else ())
         if offsets:
             if not wait:
@@ -346,8 +352,15 @@ class ConsumerLoop(_Outage):
 
     def poll_once(self, client: "TopicView") -> None:
         """Take what the shared poll read for the topic; its records and
-        reached partitions to the reactor in one call."""
+        reached partitions to the reactor in one call.  A poll that read
+        nothing for the topic, with nothing revoked and no seek to retry,
+        only checks the backlog when due: a partition is reached only when
+        records move it or its end becomes known, so nothing else could
+        change (most members of a shared client read nothing in a turn)."""
         records, ends = client.poll()
+        if not records and not ends and not self._revoked and not self._refetch:
+            self._backlog_due(client)
+            return
         gone = self._drop_revoked()
         if gone:
             records = [r for r in records if r.partition not in gone]
@@ -375,6 +388,10 @@ class ConsumerLoop(_Outage):
                                          {p: nexts[p] for p in reached})
         elif records:
             self._reactor.callFromThread(self._sink._batch, records, reached)
+        self._backlog_due(client)
+
+    def _backlog_due(self, client: "TopicView") -> None:
+        """Read the backlog when :data:`BACKLOG_EVERY` seconds passed."""
         now = time.monotonic()
         if now >= self._backlog_at:
             self._backlog_at = now + BACKLOG_EVERY
@@ -790,5 +807,5 @@ class SharedLoop(Joining, _Outage):
         for member, view in list(members.items()):
             topic = view.topic
             view.records = records.get(topic, [])
-            view.ends = {tp[1]: end for tp, end in ends.items() if tp[0] == topic}
+            view.ends = {tp[1]: end for tp, end in ends.items() if tp[0] == topic} if ends else {}
             member.poll_once(view)
