@@ -286,13 +286,7 @@ class ConsumerLoop(_Outage):
 
     def _commit(self, client: "TopicView", wait: bool) -> None:
         """Commit what the reactor asked for; what fails without ``wait`` is
-        tried again next time, unless newer offsets came meanwhile.  Without
-        ``wait`` and nothing asked, nothing is done (not even the lock
-        taken: a member idle in a shared client costs each turn little; an
-        offset the reactor adds meanwhile is committed at the next turn, as
-        one added just after the lock would be)."""
-        if not wait and not self._commits:
-            return
+        tried again next time, unless newer offsets came meanwhile."""
         offsets = self._take_commits(list(self._unconfirmed) if wait else ())
         if offsets:
             if not wait:
@@ -308,8 +302,13 @@ class ConsumerLoop(_Outage):
                             self._commits.setdefault(p, o)
 
     def between_polls(self, client: "TopicView") -> None:
-        """Commit, pause and resume what the reactor asked."""
-        self._commit(client, wait=False)
+        """Commit, pause and resume what the reactor asked.  Nothing asked,
+        nothing is done (not even the lock taken: a member idle in a shared
+        client costs each turn little; an offset the reactor asks meanwhile
+        is committed at the next turn, as one asked just after the lock
+        would be)."""
+        if self._commits:
+            self._commit(client, wait=False)
         if self._seeks:
             self._seek(client)
         paused = self._want_paused
