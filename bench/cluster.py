@@ -315,6 +315,9 @@ SCENARIOS = {
 
 #: the scenarios ``--profile`` samples (each node's py-spy over the traffic)
 TRAFFIC = ("fanin_qos1", "p2p_qos1", "latency_qos1", "persistent_p2p", "app_fanin")
+#: the scenarios ``--profile`` samples too (``--duration`` seconds from the
+#: start of the scenario, the CONNECT burst within them)
+PROFILED = TRAFFIC + ("connect_clean", "connect_persistent")
 
 
 @dataclass
@@ -375,7 +378,8 @@ def measure(ctx: cs.Context, cluster: Cluster, name: str) -> dict:
     message (cpu_us_per_msg, µs: the nodes' CPU summed ÷ delivered)."""
     cpu0, t0 = cluster.node_cpu_s(), time.monotonic()
     profilers = []
-    if getattr(ctx.options, "profile", False) and name in TRAFFIC:
+    if (getattr(ctx.options, "profile", False) and name in PROFILED
+            and not isinstance(cluster.nodes[0], Mosquitto)):
         tag = f"{name}-{ctx.prefix}"
         profilers = [scenarios.Profiler(n.pid, os.path.join(OUT, f"profile-cluster-{tag}-{i}.raw"),
                                         ctx.duration) for i, n in enumerate(cluster.nodes)]
@@ -486,12 +490,14 @@ def main() -> None:
     ap.add_argument("--keep-logs", action="store_true",
                     help="keep every node's folder and log (bench/out/bench-tbmq-*), paths printed")
     ap.add_argument("--profile", action="store_true",
-                    help="py-spy each node during the traffic scenarios (raw stacks in "
+                    help="py-spy each node during the traffic scenarios and the CONNECT "
+                         "bursts (--duration seconds from the scenario's start; raw stacks in "
                          "bench/out/profile-cluster-*.raw; BENCH_PYSPY_ARGS adds options, "
                          "e.g. '--native --threads'); it slows the nodes it samples")
     ap.add_argument("--threads", action="store_true",
-                    help="each node's CPU per delivered message by thread (the reactor, "
-                         "librdkafka's threads, the other Python threads)")
+                    help="each node's CPU per delivered message (per accepted CONNECT in "
+                         "the CONNECT bursts: thread_cpu_us_per_connect in the JSON) by "
+                         "thread (the reactor, librdkafka's threads, the other Python threads)")
     ap.add_argument("--json", help="also write the raw results here (always: bench/out/cluster-*.json)")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)

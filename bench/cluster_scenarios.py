@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from bench import scenarios
 from bench import workers as gen
-from bench.brokers import proc_cpu_s
+from bench.brokers import proc_cpu_s, thread_cpu_s
 from bench.storm import probe_connects, stored_tags, storm_worker, tags_in_topics
 
 now = time.monotonic
@@ -85,10 +85,12 @@ def connect_burst(ctx: Context, cluster, clean: bool) -> dict:
     w = scenarios.Workers(gen.connect_worker, roles)
     try:
         w.gather(("ready",), 60)
+        threads0 = _node_threads(cluster)
         cpu0 = cluster.node_cpu_s()
         w.send_all(("go", now() + 0.2))
         got = w.gather(("connected",), 700)
         cpu1 = cluster.node_cpu_s()
+        threads1 = _node_threads(cluster)
         w.send_all(("close",))
         ends = w.gather(("done",), 900)
     finally:
@@ -106,7 +108,7 @@ def connect_burst(ctx: Context, cluster, clean: bool) -> dict:
     def pct(p):
         return 1e3 * lat[min(len(lat) - 1, int(p * len(lat)))] if lat else None
 
-    return {"value": accepted / wall, "wall_s": wall, "accepted": accepted, "expected": count,
+    result = {"value": accepted / wall, "wall_s": wall, "accepted": accepted, "expected": count,
             "refused": sum(g["refused"] for g in got), "codes": {f"{k:#x}": v for k, v in codes.items()},
             "failed": sum(g["failed"] for g in got), "p50_ms": pct(0.5), "p99_ms": pct(0.99),
             "max_ms": 1e3 * lat[-1] if lat else None,
@@ -114,6 +116,24 @@ def connect_burst(ctx: Context, cluster, clean: bool) -> dict:
             "cpu_us_per_connect": 1e6 * sum(cpu) / accepted if accepted else None,
             "gen_cpu_s": sum(g["cpu"] for g in got),
             "unclosed": sum(e["unclosed"] for e in ends)}
+    if getattr(ctx.options, "threads", False) and accepted:
+        result["thread_cpu_us_per_connect"] = [
+            {k: round(1e6 * (v - before.get(k, 0.0)) / accepted, 1)
+             for k, v in sorted(after.items()) if v - before.get(k, 0.0) > 0}
+            for before, after in zip(threads0, threads1)]
+    return result
+
+
+def _node_threads(cluster) -> list[dict]:
+    """Each node's CPU seconds by thread (:func:`bench.brokers.thread_cpu_s`);
+    {} for a node whose process is gone (or Mosquitto's, which has no nodes)."""
+    out = []
+    for n in getattr(cluster, "nodes", ()):
+        try:
+            out.append(thread_cpu_s(n.pid))
+        except OSError:
+            out.append({})
+    return out
 
 
 def persistent_p2p(ctx: Context, cluster, pairs: int = 50) -> dict:

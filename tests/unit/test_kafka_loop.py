@@ -555,3 +555,80 @@ def test_a_compacted_topic_reads_a_hole_after_a_young_record_again_and_passes_an
     assert [c for c in client.calls if c[0] == "seek"] == [("seek", {0: 2})]
     assert loop.gaps.refetches == 1
     stop(loop, sink, reactor)
+
+
+class _CountingLock:
+    """A lock that counts how often it was taken."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def __enter__(self):
+        self.taken += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+class _View:
+    """A topic view whose next poll gives ``self.next`` (records, ends)."""
+
+    topic = T
+
+    def __init__(self) -> None:
+        self.next = ([], {})
+        self.committed: list = []
+
+    def poll(self):
+        step, self.next = self.next, ([], {})
+        return step
+
+    def commit(self, offsets, wait):
+        self.committed.append((dict(offsets), wait))
+
+    def high_watermarks(self, partitions):
+        return {p: 0 for p in partitions}
+
+
+class _Reactor:
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def callFromThread(self, f, *args):
+        self.calls.append((f.__name__, args))
+
+
+def test_a_member_whose_poll_read_nothing_does_nothing_until_something_comes():
+    """Most members of a shared client read nothing in a turn (a node's
+    client reads about ten topics): such a turn takes no lock and runs no
+    order check, yet a commit asked meanwhile goes at the next turn, an end
+    that comes alone still reaches its partition, and records still go."""
+    reactor = _Reactor()
+    loop = ConsumerLoop(reactor, Sink(), exclusive=True, from_beginning=True, durable=True,
+                        timeout=2.0, name="idle", contiguous=True)
+    view = _View()
+    loop._client = view
+    loop._backlog_at = time.monotonic() + 3600
+    for p in (0, 1):
+        loop._next[p], loop._ends[p] = 0, None
+    loop._want.update((0, 1))
+    checked = []
+    real_filter = loop.gaps.filter
+    loop.gaps.filter = lambda records, nexts: checked.append(len(records)) or real_filter(
+        records, nexts)
+    lock = loop._lock = _CountingLock()
+    for _ in range(3):
+        loop.between_polls(view)
+        loop.poll_once(view)
+    assert (lock.taken, checked, reactor.calls, view.committed) == (0, [], [], [])
+    view.next = ([], {0: 0})  # partition 0 is empty: reached with no record
+    loop.poll_once(view)
+    assert reactor.calls == [("_batch", ([], [0], {0: 0}))]
+    view.next = ([RawRecord(1, 0, None, b"v", ())], {1: 1})
+    loop.poll_once(view)
+    assert reactor.calls[-1][1][1:] == ([1], {1: 1}) and len(reactor.calls[-1][1][0]) == 1
+    loop.commit(1, 1)
+    taken = lock.taken
+    loop.between_polls(view)
+    assert view.committed == [({1: 1}, False)] and lock.taken > taken

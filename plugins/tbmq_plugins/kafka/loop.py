@@ -302,8 +302,13 @@ class ConsumerLoop(_Outage):
                             self._commits.setdefault(p, o)
 
     def between_polls(self, client: "TopicView") -> None:
-        """Commit, pause and resume what the reactor asked."""
-        self._commit(client, wait=False)
+        """Commit, pause and resume what the reactor asked.  Nothing asked,
+        nothing is done (not even the lock taken: a member idle in a shared
+        client costs each turn little; an offset the reactor asks meanwhile
+        is committed at the next turn, as one asked just after the lock
+        would be)."""
+        if self._commits:
+            self._commit(client, wait=False)
         if self._seeks:
             self._seek(client)
         paused = self._want_paused
@@ -346,8 +351,15 @@ class ConsumerLoop(_Outage):
 
     def poll_once(self, client: "TopicView") -> None:
         """Take what the shared poll read for the topic; its records and
-        reached partitions to the reactor in one call."""
+        reached partitions to the reactor in one call.  A poll that read
+        nothing for the topic, with nothing revoked and no seek to retry,
+        only checks the backlog when due: a partition is reached only when
+        records move it or its end becomes known, so nothing else could
+        change (most members of a shared client read nothing in a turn)."""
         records, ends = client.poll()
+        if not records and not ends and not self._revoked and not self._refetch:
+            self._backlog_due(client)
+            return
         gone = self._drop_revoked()
         if gone:
             records = [r for r in records if r.partition not in gone]
@@ -375,6 +387,10 @@ class ConsumerLoop(_Outage):
                                          {p: nexts[p] for p in reached})
         elif records:
             self._reactor.callFromThread(self._sink._batch, records, reached)
+        self._backlog_due(client)
+
+    def _backlog_due(self, client: "TopicView") -> None:
+        """Read the backlog when :data:`BACKLOG_EVERY` seconds passed."""
         now = time.monotonic()
         if now >= self._backlog_at:
             self._backlog_at = now + BACKLOG_EVERY
@@ -790,5 +806,5 @@ class SharedLoop(Joining, _Outage):
         for member, view in list(members.items()):
             topic = view.topic
             view.records = records.get(topic, [])
-            view.ends = {tp[1]: end for tp, end in ends.items() if tp[0] == topic}
+            view.ends = {tp[1]: end for tp, end in ends.items() if tp[0] == topic} if ends else {}
             member.poll_once(view)
