@@ -819,7 +819,11 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
             if offset != cursor.logged:
                 cursor.logged = offset
                 writes.commit(group.name, state.name, p, offset)
-        before = min(g.cursors[p].committed for g in state.groups.values())
+        before = -1  # the lowest commit of the groups (a loop: no generator per commit)
+        for g in state.groups.values():
+            committed = g.cursors[p].committed
+            if before < 0 or committed < before:
+                before = committed
         if before > part.first or part.tombstones:
             if part.release(before) and state.durable and not state.compacted \
                     and writes is not None:

@@ -452,7 +452,7 @@ class ConnectHandler:
         if limits is not None and self._over_session_limit(limits, connect, result):
             return
         sessions.connect(self.conn, connect, result.client_type, expiry_cap=cap, address=host,
-                         opened=partial(self._session_opened, result=result, request=request),
+                         opened=partial(self._session_opened, result, request),
                          refused=self._session_refused, failed=self._internal_error)
 
     def _over_session_limit(self, limits, connect, result: AuthResult) -> bool:
@@ -491,7 +491,7 @@ class ConnectHandler:
             self._refuse(ReasonCode.SERVER_UNAVAILABLE,
                          "the cluster did not answer the connect request")
 
-    def _session_opened(self, opened, result: AuthResult, request: AuthRequest) -> None:
+    def _session_opened(self, result: AuthResult, request: AuthRequest, opened) -> None:
         session, present = opened
         connect = self.conn.connect_packet
         cfg = self.ctx.config.mqtt
