@@ -257,13 +257,14 @@ class ConnectHandler:
                 return self._refuse_quietly(attempt.refusal)
             self._attempt = attempt
         self.conn._hold()
+        # (positional arguments: a class called with keywords costs a dict)
         self.conn.auth_request = AuthRequest(
             connect.client_id, connect.username, connect.password, level,
-            address=self.conn._address(), listener=self.conn.listener,
-            certificate_chain=peer_certificate_chain(self.conn.transport)
+            self.conn._address(), self.conn.listener,
+            peer_certificate_chain(self.conn.transport)
             if getattr(self.conn.listener, "tls_client_auth", "none") != "none" else None,
-            auth_method=props.get(Property.AUTHENTICATION_METHOD) if v5 else None,
-            auth_data=props.get(Property.AUTHENTICATION_DATA) if v5 else None)
+            props.get(Property.AUTHENTICATION_METHOD) if v5 else None,
+            props.get(Property.AUTHENTICATION_DATA) if v5 else None)
         self._auth_step(self.conn.auth_request, None)
 
     # -- the connection's packets while something is decided ----------------------
@@ -536,7 +537,7 @@ class ConnectHandler:
                            client_id=connect.client_id, peer=self.conn._peer(),
                            mqtt_level=self.conn.protocol_level, persistent=session.persistent,
                            present=present, provider=result.provider)
-        self.ctx.hooks.client_connected(session, connect, self.conn._address())
+        self.ctx.hooks.client_connected(session, connect, request.address)
         self.conn._peer_address = None  # asked of the transport again when needed
         session.resume()
         self.conn._release()

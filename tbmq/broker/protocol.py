@@ -145,8 +145,8 @@ class MQTTProtocol(protocol.Protocol):
         self.timeOut: float | None = None
         self._traffic = ctx.traffic
         self.listener = listener
-        self.decoder = Decoder(max_packet_size=max_packet_size,
-                               max_connect_size=ctx.config.mqtt.max_connect_packet_size)
+        self.decoder = Decoder(max_packet_size, None, True,  # positional: no keyword dict
+                               ctx.config.mqtt.max_connect_packet_size)
         self.session = None
         #: the CONNECT from its arrival to the CONNACK, else None (a
         #: connected client keeps what it needs of it: :attr:`expiry_asked`)

@@ -284,9 +284,8 @@ class SessionManager:
         persistent = is_persistent(connect)
         present = existing is not None
         if existing is None:
-            session = Session(self.ctx, client_id, persistent=persistent,
-                              expiry_interval=expiry, protocol_level=connect.protocol_level,
-                              client_type=client_type)
+            session = Session(self.ctx, client_id, persistent, expiry,
+                              connect.protocol_level, client_type)
             self.sessions[client_id] = session
             if persistent:
                 self._track_origin(client_id, address)
