@@ -310,7 +310,8 @@ class ConnectHandler:
         if self._attempt is not None and not request.reauthenticate:
             request.checker = self._attempt.check_password
         d = self.ctx.hooks.authenticate(request, provider)
-        if isinstance(d, Deferred):
+        # answered at once: a tuple (no isinstance: Deferred is an ABC's subclass)
+        if type(d) is not tuple and isinstance(d, Deferred):
             d.addCallback(self._auth_answer, request)
             d.addErrback(self._internal_error)
             return

@@ -26,6 +26,7 @@ import pluggy
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from tbmq.auth import AuthResult
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.plugins import ordered_impls
 
@@ -140,7 +141,10 @@ class Hooks:
             result = call(request)
             if result is None:
                 continue
-            if isinstance(result, defer.Deferred):
+            # an answer given at once is no Deferred: told by its type, not
+            # isinstance (Deferred is an Awaitable: an ABC's check, a call
+            # of Python code per answer)
+            if type(result) is not AuthResult and isinstance(result, defer.Deferred):
                 return result.addCallback(self._asked, request, callers, index, name)
             return result, name
         return None, None
