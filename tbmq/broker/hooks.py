@@ -135,9 +135,8 @@ class Hooks:
     def _ask(self, request, callers: list, index: int):
         """Ask ``callers[index:]`` in turn until one answers (see
         :meth:`authenticate`)."""
-        while index < len(callers):
+        for index in range(index, len(callers)):
             name, call = callers[index]
-            index += 1
             result = call(request)
             if result is None:
                 continue
@@ -145,7 +144,7 @@ class Hooks:
             # isinstance (Deferred is an Awaitable: an ABC's check, a call
             # of Python code per answer)
             if type(result) is not AuthResult and isinstance(result, defer.Deferred):
-                return result.addCallback(self._asked, request, callers, index, name)
+                return result.addCallback(self._asked, request, callers, index + 1, name)
             return result, name
         return None, None
 
