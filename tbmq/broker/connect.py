@@ -257,13 +257,14 @@ class ConnectHandler:
                 return self._refuse_quietly(attempt.refusal)
             self._attempt = attempt
         self.conn._hold()
+        # (positional arguments: a class called with keywords costs a dict)
         self.conn.auth_request = AuthRequest(
             connect.client_id, connect.username, connect.password, level,
-            address=self.conn._address(), listener=self.conn.listener,
-            certificate_chain=peer_certificate_chain(self.conn.transport)
+            self.conn._address(), self.conn.listener,
+            peer_certificate_chain(self.conn.transport)
             if getattr(self.conn.listener, "tls_client_auth", "none") != "none" else None,
-            auth_method=props.get(Property.AUTHENTICATION_METHOD) if v5 else None,
-            auth_data=props.get(Property.AUTHENTICATION_DATA) if v5 else None)
+            props.get(Property.AUTHENTICATION_METHOD) if v5 else None,
+            props.get(Property.AUTHENTICATION_DATA) if v5 else None)
         self._auth_step(self.conn.auth_request, None)
 
     # -- the connection's packets while something is decided ----------------------
@@ -309,7 +310,8 @@ class ConnectHandler:
         if self._attempt is not None and not request.reauthenticate:
             request.checker = self._attempt.check_password
         d = self.ctx.hooks.authenticate(request, provider)
-        if isinstance(d, Deferred):
+        # answered at once: a tuple (no isinstance: Deferred is an ABC's subclass)
+        if type(d) is not tuple and isinstance(d, Deferred):
             d.addCallback(self._auth_answer, request)
             d.addErrback(self._internal_error)
             return
@@ -452,7 +454,7 @@ class ConnectHandler:
         if limits is not None and self._over_session_limit(limits, connect, result):
             return
         sessions.connect(self.conn, connect, result.client_type, expiry_cap=cap, address=host,
-                         opened=partial(self._session_opened, result=result, request=request),
+                         opened=partial(self._session_opened, result, request),
                          refused=self._session_refused, failed=self._internal_error)
 
     def _over_session_limit(self, limits, connect, result: AuthResult) -> bool:
@@ -491,7 +493,7 @@ class ConnectHandler:
             self._refuse(ReasonCode.SERVER_UNAVAILABLE,
                          "the cluster did not answer the connect request")
 
-    def _session_opened(self, opened, result: AuthResult, request: AuthRequest) -> None:
+    def _session_opened(self, result: AuthResult, request: AuthRequest, opened) -> None:
         session, present = opened
         connect = self.conn.connect_packet
         cfg = self.ctx.config.mqtt
@@ -536,7 +538,7 @@ class ConnectHandler:
                            client_id=connect.client_id, peer=self.conn._peer(),
                            mqtt_level=self.conn.protocol_level, persistent=session.persistent,
                            present=present, provider=result.provider)
-        self.ctx.hooks.client_connected(session, connect, self.conn._address())
+        self.ctx.hooks.client_connected(session, connect, request.address)
         self.conn._peer_address = None  # asked of the transport again when needed
         session.resume()
         self.conn._release()

@@ -26,6 +26,7 @@ import pluggy
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from tbmq.auth import AuthResult
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.plugins import ordered_impls
 
@@ -134,14 +135,16 @@ class Hooks:
     def _ask(self, request, callers: list, index: int):
         """Ask ``callers[index:]`` in turn until one answers (see
         :meth:`authenticate`)."""
-        while index < len(callers):
+        for index in range(index, len(callers)):
             name, call = callers[index]
-            index += 1
             result = call(request)
             if result is None:
                 continue
-            if isinstance(result, defer.Deferred):
-                return result.addCallback(self._asked, request, callers, index, name)
+            # an answer given at once is no Deferred: told by its type, not
+            # isinstance (Deferred is an Awaitable: an ABC's check, a call
+            # of Python code per answer)
+            if type(result) is not AuthResult and isinstance(result, defer.Deferred):
+                return result.addCallback(self._asked, request, callers, index + 1, name)
             return result, name
         return None, None
 

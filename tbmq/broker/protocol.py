@@ -145,8 +145,8 @@ class MQTTProtocol(protocol.Protocol):
         self.timeOut: float | None = None
         self._traffic = ctx.traffic
         self.listener = listener
-        self.decoder = Decoder(max_packet_size=max_packet_size,
-                               max_connect_size=ctx.config.mqtt.max_connect_packet_size)
+        self.decoder = Decoder(max_packet_size, None, True,  # positional: no keyword dict
+                               ctx.config.mqtt.max_connect_packet_size)
         self.session = None
         #: the CONNECT from its arrival to the CONNACK, else None (a
         #: connected client keeps what it needs of it: :attr:`expiry_asked`)
@@ -216,7 +216,11 @@ class MQTTProtocol(protocol.Protocol):
         # Twisted ProtocolWrapper) would hand the TCP transport's own, which
         # reads for that layer while it is being connected
         read_waiting = getattr(type(transport), "read_waiting", None)
-        if read_waiting is not None:
+        if read_waiting is None:
+            # a layer between: the address buildProtocol got is the layer's
+            # peer, maybe not the client's (a PROXY protocol's sender)
+            self._peer_address = None
+        else:
             read_waiting(transport)
 
     def dataReceived(self, data: bytes) -> None:
@@ -463,9 +467,11 @@ class MQTTProtocol(protocol.Protocol):
 
     def _address(self):
         """:returns: the client's ``IAddress`` (behind the PROXY protocol,
-        the proxied one), asked of the transport once until the CONNACK
-        (then at each call: a connected client keeps no address object), or
-        None without a transport."""
+        the proxied one): the one the listening port gave
+        :meth:`MQTTFactory.buildProtocol` when no layer stands between, else
+        asked of the transport; kept until the CONNACK (then asked at each
+        call: a connected client keeps no address object); None without a
+        transport."""
         address = self._peer_address
         if address is None and self.transport is not None:
             address = self._peer_address = self.transport.getPeer()
@@ -621,4 +627,8 @@ class MQTTFactory(protocol.Factory):
         self.active += 1
         proto = MQTTProtocol(self.ctx, self.listener, self.max_packet_size)
         proto.factory = self
+        # the peer's address as the port made it: what the transport's
+        # getPeer() would make again (one IPv4Address less per connection);
+        # forgotten in connectionMade when a layer stands between
+        proto._peer_address = addr
         return proto

@@ -93,7 +93,7 @@ class Session:
         credentials_name _view link outbox app_consumers _received _received_bytes rate_in
         rate_out""".split())
 
-    def __init__(self, ctx: SessionContext, client_id: str, *, persistent: bool,
+    def __init__(self, ctx: SessionContext, client_id: str, persistent: bool,
                  expiry_interval: int = 0, protocol_level: int = 4,
                  client_type: ClientType = ClientType.DEVICE) -> None:
         self.ctx = ctx

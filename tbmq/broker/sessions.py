@@ -222,14 +222,15 @@ class SessionManager:
             connect.client_id, session_id, clean_start=connect.clean_start,
             persistent=persistent, client_type=client_type,
             session_expiry_interval=expiry, protocol_level=connect.protocol_level,
-            answer=Opening(partial(self._open, conn=conn, connect=connect,
-                                   client_type=client_type, expiry=expiry, address=address,
-                                   session_id=session_id), opened, refused, failed))
+            answer=Opening(partial(self._open, conn, connect, client_type, expiry, address,
+                                   session_id), opened, refused, failed))
 
-    def _open(self, response, conn, connect, client_type: ClientType, expiry: int,
-              address: str | None = None, session_id: str | None = None) -> tuple[Session, bool]:
-        """Bind ``conn`` to the session the cluster answered about, with
-        ``expiry`` (:meth:`expiry_for`) as its session expiry interval.
+    def _open(self, conn, connect, client_type: ClientType, expiry: int, address: str | None,
+              session_id: str | None, response) -> tuple[Session, bool]:
+        """Bind ``conn`` to the session the cluster answered about
+        (``response``, last: :meth:`connect` binds the others positionally,
+        a partial without keywords), with ``expiry`` (:meth:`expiry_for`)
+        as its session expiry interval.
 
         The session gets ``session_id``, the one its connect request named
         (the deciding member remembers the grant under it until the
@@ -283,9 +284,8 @@ class SessionManager:
         persistent = is_persistent(connect)
         present = existing is not None
         if existing is None:
-            session = Session(self.ctx, client_id, persistent=persistent,
-                              expiry_interval=expiry, protocol_level=connect.protocol_level,
-                              client_type=client_type)
+            session = Session(self.ctx, client_id, persistent, expiry,
+                              connect.protocol_level, client_type)
             self.sessions[client_id] = session
             if persistent:
                 self._track_origin(client_id, address)

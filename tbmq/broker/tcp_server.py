@@ -156,7 +156,7 @@ def _plainly_accepting(listening: socket.socket) -> None:
 
         def accept(self):
             fd, addr = self._accept()
-            sock = socket.socket(family, kind, proto, fileno=fd)
+            sock = socket.socket(family, kind, proto, fd)  # (a keyword costs a dict)
             if socket.getdefaulttimeout() is None and self.gettimeout():
                 sock.setblocking(True)  # as socket.socket.accept
             return sock, addr
