@@ -819,12 +819,10 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
             if offset != cursor.logged:
                 cursor.logged = offset
                 writes.commit(group.name, state.name, p, offset)
-        before = -1  # the groups' lowest commit (a loop: no generator per commit)
-        for g in state.groups.values():
-            if before < 0 or g.cursors[p].committed < before:
-                before = g.cursors[p].committed
+        before = min([g.cursors[p].committed for g in state.groups.values()])
         if before > part.first or part.tombstones:
-            if part.release(before) and state.durable and not state.compacted and writes:
+            if part.release(before) and state.durable and not state.compacted \
+                    and writes is not None:
                 writes.truncate(state.name, p, before)
 
     def _retain(self, state: TopicState, part: Partition) -> None:

@@ -130,7 +130,8 @@ class MQTTProtocol(protocol.Protocol):
         "_read_pauses", "_peer_address",
     )
 
-    def __init__(self, ctx: ConnectionContext, listener, max_packet_size: int) -> None:
+    def __init__(self, ctx: ConnectionContext, listener, max_packet_size: int,
+                 peer_address=None) -> None:
         self.transport = None
         self.connected = 0
         self.factory = None
@@ -145,7 +146,9 @@ class MQTTProtocol(protocol.Protocol):
         self.timeOut: float | None = None
         self._traffic = ctx.traffic
         self.listener = listener
-        self.decoder = Decoder(max_packet_size, None, True,  # positional: no keyword dict
+        # max_packet_size, protocol_level, server_side, max_connect_size:
+        # positional, as a class called with keywords builds a dict
+        self.decoder = Decoder(max_packet_size, None, True,
                                ctx.config.mqtt.max_connect_packet_size)
         self.session = None
         #: the CONNECT from its arrival to the CONNACK, else None (a
@@ -181,8 +184,11 @@ class MQTTProtocol(protocol.Protocol):
         #: when a read first ends inside a packet
         self._incomplete: IncompletePacket | None = None
         self._read_pauses = 0
-        # the transport's getPeer(), from the first call to the CONNACK
-        self._peer_address = None
+        # the client's address, from the first ask to the CONNACK: the
+        # listening port's (``peer_address``, what the transport's getPeer()
+        # would make again), forgotten in connectionMade when a layer stands
+        # between; else the transport's getPeer()
+        self._peer_address = peer_address
 
     # -- the connect timeout and the keep alive ------------------------------------------
 
@@ -625,10 +631,8 @@ class MQTTFactory(protocol.Factory):
                           name=self.listener.name, limit=limit, addr=addr)
             return None
         self.active += 1
-        proto = MQTTProtocol(self.ctx, self.listener, self.max_packet_size)
+        # the peer's address as the port made it: one IPv4Address less per
+        # connection than the transport's getPeer()
+        proto = MQTTProtocol(self.ctx, self.listener, self.max_packet_size, addr)
         proto.factory = self
-        # the peer's address as the port made it: what the transport's
-        # getPeer() would make again (one IPv4Address less per connection);
-        # forgotten in connectionMade when a layer stands between
-        proto._peer_address = addr
         return proto
