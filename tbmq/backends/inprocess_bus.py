@@ -67,7 +67,7 @@ from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Wa
 from tbmq.backends.inprocess_many import ManyPublishes
 from tbmq.backends.inprocess_writes import LogWrites
 from tbmq.backends.topic_records import check_record
-from tbmq.cluster.completion import Completion, deferred_done
+from tbmq.cluster.completion import Completion, Progress, deferred_done
 from tbmq.cluster.records import new_record
 from tbmq.cluster.topics import TopicCatalogue, transient
 from tbmq.errors import BusClosedError, BusPublishError, ConsumerFailedError, RecordEncodingError
@@ -672,6 +672,11 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
         except Exception:
             self._settled_batch(Failure(), member, state, p, cursor, offsets, False)
             return len(offsets)
+        if type(result) is Progress:
+            cursor.inflight.update(offsets)
+            member.inflight += len(offsets)
+            result.then(self._progressed, member, state, p, cursor, offsets)
+            return len(offsets)
         if type(result) is not Completion and not isinstance(result, defer.Deferred):
             self._settled_batch(None, member, state, p, cursor, offsets, False)
             return len(offsets)
@@ -684,6 +689,15 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
                                 callbackArgs=(member, state, p, cursor, offsets, True),
                                 errbackArgs=(member, state, p, cursor, offsets, True))
         return len(offsets)
+
+    def _progressed(self, start: int, end: int, member, state, p, cursor,
+                    offsets: list) -> None:
+        """The leading run of a batch's
+        :class:`~tbmq.cluster.completion.Progress` grew from ``start`` to
+        ``end`` records: those settle (the commit moves to the first record
+        not finished, so a restart hands exactly the rest again)."""
+        if end > start:
+            self._settled_batch(None, member, state, p, cursor, offsets[start:end], True)
 
     def _settled_batch(self, outcome, member, state, p, cursor, offsets: list,
                        deferred: bool) -> None:
