@@ -672,17 +672,15 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
         except Exception:
             self._settled_batch(Failure(), member, state, p, cursor, offsets, False)
             return len(offsets)
-        if type(result) is Progress:
-            cursor.inflight.update(offsets)
-            member.inflight += len(offsets)
-            result.then(self._progressed, member, state, p, cursor, offsets)
-            return len(offsets)
-        if type(result) is not Completion and not isinstance(result, defer.Deferred):
+        if type(result) not in (Completion, Progress) and not isinstance(result, defer.Deferred):
             self._settled_batch(None, member, state, p, cursor, offsets, False)
             return len(offsets)
         cursor.inflight.update(offsets)
         member.inflight += len(offsets)
-        if type(result) is Completion:
+        if type(result) is Progress:  # each settles once the batch's leading run passes it
+            result.then(lambda a, b: self._settled_batch(None, member, state, p, cursor,
+                                                         offsets[a:b], True))
+        elif type(result) is Completion:
             result.then(self._settled_batch, member, state, p, cursor, offsets, True)
         else:
             result.addCallbacks(self._settled_batch, self._settled_batch,
@@ -690,19 +688,9 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
                                 errbackArgs=(member, state, p, cursor, offsets, True))
         return len(offsets)
 
-    def _progressed(self, start: int, end: int, member, state, p, cursor,
-                    offsets: list) -> None:
-        """The leading run of a batch's
-        :class:`~tbmq.cluster.completion.Progress` grew from ``start`` to
-        ``end`` records: those settle (the commit moves to the first record
-        not finished, so a restart hands exactly the rest again)."""
-        if end > start:
-            self._settled_batch(None, member, state, p, cursor, offsets[start:end], True)
-
     def _settled_batch(self, outcome, member, state, p, cursor, offsets: list,
                        deferred: bool) -> None:
-        """A batch's result fired (a Failure fails each of its records);
-        a success settles them together: one commit for the range."""
+        """A batch's result fired (a Failure fails each record); a success: one commit."""
         if isinstance(outcome, Failure):
             for o in offsets:
                 self._handled(member, state, p, cursor, o, outcome, deferred)
