@@ -8,6 +8,10 @@ one call; this side keeps them in a buffer and hands them to the handler:
   ``batch_handler`` its records' values are handed in **one** call, and
   their one result commits (or fails) the Kafka record: one call, one
   result, one commit for up to :data:`~.packing.MAX_RECORDS` records;
+* single records of one partition that wait in a row go to the
+  ``batch_handler`` in one call too, each committed on its own
+  (:mod:`.runs`: a :class:`~tbmq.cluster.completion.Progress` result
+  commits each as its batch's leading run of finished records passes it);
 * in the reactor thread, one at a time (never re-entered), in the order they
   came (so in offset order within a partition), at most
   :data:`SLICE` per reactor turn, and with at most ``max_uncommitted``
