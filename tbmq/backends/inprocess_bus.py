@@ -65,6 +65,7 @@ from tbmq.backends.inprocess_describe import Describable
 from tbmq.backends.inprocess_held import HeldPublishes
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
 from tbmq.backends.inprocess_many import ManyPublishes
+from tbmq.backends.inprocess_progress import ProgressRuns
 from tbmq.backends.inprocess_writes import LogWrites
 from tbmq.backends.topic_records import check_record
 from tbmq.cluster.completion import Completion, Progress, deferred_done
@@ -173,6 +174,10 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
         self._fast: dict[str, tuple] = {}
         #: what waits to be written to the topic log (one flush per turn)
         self._writes = LogWrites(log, clock) if log is not None else None
+        #: the batches handed with a Progress: their leading runs settled once per turn
+        self._runs = ProgressRuns(clock, lambda member, state, p, cursor, offsets:
+                                  self._settled_batch(None, member, state, p, cursor, offsets,
+                                                      True))
 
     # -- life cycle ---------------------------------------------------------------
 
@@ -208,6 +213,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
         """
         if not self.running:
             return defer.succeed(None)
+        self._runs.settle_now()  # what the clients acknowledged is committed
         self.running = False
         self._fast.clear()
         for state in self._topics.values():
@@ -373,6 +379,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
         return member
 
     def _leave(self, member: Consumer) -> None:
+        self._runs.settle_now()  # the next member starts after what was acknowledged
         member.stopped = True
         member.redelivery.forget()
         if member.scheduled is not None and member.scheduled.active():
@@ -677,9 +684,8 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
             return len(offsets)
         cursor.inflight.update(offsets)
         member.inflight += len(offsets)
-        if type(result) is Progress:  # each settles once the batch's leading run passes it
-            result.then(lambda a, b: self._settled_batch(None, member, state, p, cursor,
-                                                         offsets[a:b], True))
+        if type(result) is Progress:  # each settles once its leading run passes it (per turn)
+            self._runs.track(result, member, state, p, cursor, offsets)
         elif type(result) is Completion:
             result.then(self._settled_batch, member, state, p, cursor, offsets, True)
         else:
