@@ -1,10 +1,9 @@
 """The in-process message bus of the embedded default (ARCHITECTURE §4).
 
-It carries TBMQ's topic catalogue (:mod:`tbmq.cluster.topics`) with the
-contract of :class:`tbmq.interfaces.IMessageBus` (``docs/bus.md``), the same
-as the Kafka bus, so the code above it is the same in a cluster of one and
-of many.  Several nodes in one process may share one bus (that is how two
-broker nodes are tested in one process).
+It carries TBMQ's topic catalogue (:mod:`tbmq.cluster.topics`) with the contract of
+:class:`tbmq.interfaces.IMessageBus` (``docs/bus.md``), the same as the Kafka bus, so the code
+above it is the same in a cluster of one and of many.  Several nodes in one process may share
+one bus (that is how two broker nodes are tested in one process).
 
 * **Partitions and offsets.**  Every topic has ``partitions`` partitions;
   a record goes to ``zlib.crc32(key) % partitions`` (keyless records round
@@ -45,9 +44,10 @@ broker nodes are tested in one process).
   (:class:`tbmq.interfaces.ITopicLog`; not a record marked
   :func:`~tbmq.cluster.topics.transient`), which ``start`` reads back; in
   direct mode a group live at publish gets the object itself.
-* **Group commit.**  What a reactor turn publishes to durable topics goes
-  to the log in one append at the start of the next turn, then the turn's
-  commits (:mod:`tbmq.backends.inprocess_writes`).
+* **Group commit.**  What a reactor turn publishes to durable topics goes to the log in one
+  append at the start of the next turn, then the turn's commits
+  (:mod:`tbmq.backends.inprocess_writes`); a batch's Progress commits once per turn
+  (:mod:`tbmq.backends.inprocess_progress`).
 """
 
 from __future__ import annotations
@@ -174,10 +174,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
         self._fast: dict[str, tuple] = {}
         #: what waits to be written to the topic log (one flush per turn)
         self._writes = LogWrites(log, clock) if log is not None else None
-        #: the batches handed with a Progress: their leading runs settled once per turn
-        self._runs = ProgressRuns(clock, lambda member, state, p, cursor, offsets:
-                                  self._settled_batch(None, member, state, p, cursor, offsets,
-                                                      True))
+        self._runs = ProgressRuns(clock, self._settled_batch)  # batches with a Progress
 
     # -- life cycle ---------------------------------------------------------------
 
@@ -725,9 +722,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
             self._check_group_caught_up(group)
 
     def _track(self, member, state, p, cursor, o, result) -> None:
-        """Wait for a handler's result that is not None: a
-        :class:`~tbmq.cluster.completion.Completion` or a Deferred
-        (anything else counts as success)."""
+        """Wait for a handler's result that is not None (Completion, Deferred; else: success)."""
         if type(result) is Completion:
             cursor.inflight.add(o)
             member.inflight += 1
@@ -781,9 +776,8 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
             self._check_group_caught_up(group)
 
     def _read_again(self, member: Consumer, p: int, cursor) -> None:
-        """The record at ``cursor.committed`` failed (every one before it is
-        handled): partition ``p`` is read again from there after the
-        delay (:class:`~tbmq.cluster.redelivery.Redelivery`)."""
+        """The record at ``cursor.committed`` failed (every one before it handled): ``p`` is
+        read again from there after the delay (:class:`~tbmq.cluster.redelivery.Redelivery`)."""
         failure = cursor.failed[cursor.committed]
         member.redelivery.failed(p, cursor.committed, failure,
                                  lambda: self._again(member, p, cursor))

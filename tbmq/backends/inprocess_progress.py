@@ -43,9 +43,10 @@ class ProgressRuns:
     """The batches whose Progress grew since their last settle.
 
     :param clock: ``callLater(0, f)`` for the settle at the end of the turn.
-    :param settle: ``settle(member, state, p, cursor, offsets)``: the
-        records ``offsets`` (a slice of one batch, in order) finished with
-        success.  Reactor thread only.
+    :param settle: ``settle(None, member, state, p, cursor, offsets,
+        True)``: the records ``offsets`` (a slice of one batch, in order)
+        finished with success (the in-process bus's ``_settled_batch``).
+        Reactor thread only.
     """
 
     __slots__ = ("clock", "settle", "_grown", "_call")
@@ -83,4 +84,4 @@ class ProgressRuns:
                 start, end = run.settled, run.leading
                 if end > start:
                     run.settled = end
-                    self.settle(*run.args, run.offsets[start:end])
+                    self.settle(None, *run.args, run.offsets[start:end], True)
