@@ -499,3 +499,36 @@ def test_a_batchs_progress_commits_record_by_record_and_a_restart_resumes_exactl
     bus2.subscribe(topic, "tbmq-app-app", again.append, exclusive=True)
     clock2.advance(0)
     assert [rec.value.seq for rec in again] == [2, 3, 4]
+
+
+def test_a_progress_that_grows_many_times_in_a_turn_commits_once_at_its_end():
+    """Acknowledgements come one by one (``Outbox.deliver_app_batch``'s
+    Progress grows per PUBACK): what grew during a turn is committed, and
+    written to the topic log, once, at the end of the turn."""
+    log = MemoryTopicLog()
+    bus, clock = make(log=log)
+    topic = C.app("app")
+    batches = []
+
+    def batch(values):
+        batches.append(Progress(len(values)))
+        return batches[-1]
+
+    consumer = bus.subscribe(topic, "tbmq-app-app", lambda record: defer.Deferred(),
+                             exclusive=True, batch_handler=batch)
+    clock.advance(0)
+    for i in range(6):
+        bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 1, seq=i))
+    clock.advance(0)
+    clock.advance(0)
+    assert len(batches) == 1 and consumer.lag() == 6
+    writes = []
+    real_commit = log.commit
+    log.commit = lambda *a: writes.append(a[3]) or real_commit(*a)
+    for i in range(4):
+        batches[0].finished(i)
+    assert consumer.lag() == 6  # settled at the end of the turn
+    clock.advance(0)
+    assert consumer.lag() == 2
+    clock.advance(0)  # the turn's commits are written
+    assert writes == [4]
