@@ -157,13 +157,18 @@ class IMessageBus(IBackend):
             the bundle (:class:`ValueError`, where the bus can tell).  The
             in-process bus ignores it, and so does ``exclusive``.
         :param batch_handler: ``batch_handler(values) -> None | Deferred |
-            Completion``, or None.  A bus that carries several records in
-            one (Kafka's packed records, ``docs/bus.md``) may hand their
-            decoded values (a ``list``, in partition order) in one call
-            instead of one by one to ``handler``: the same rules, with the
-            one result committing (or failing: all of them are handed
-            again) the whole batch.  The in-process bus hands it the
-            records that waited for the member in one partition.
+            Completion | Progress``, or None.  A bus that carries several
+            records in one (Kafka's packed records, ``docs/bus.md``) may
+            hand their decoded values (a ``list``, in partition order) in
+            one call instead of one by one to ``handler``: the same rules,
+            with the one result committing (or failing: all of them are
+            handed again) the whole batch.  A
+            :class:`~tbmq.cluster.completion.Progress` commits the batch's
+            records as its leading run of finished records grows (a packed
+            record as a whole, once all of it finished).  The in-process bus
+            hands it the records that waited for the member in one
+            partition; Kafka also the single records of one partition a
+            poll brought in a row.
         :returns: an :class:`IConsumer`.
         """
 

@@ -1,10 +1,9 @@
 """The in-process message bus of the embedded default (ARCHITECTURE §4).
 
-It carries TBMQ's topic catalogue (:mod:`tbmq.cluster.topics`) with the
-contract of :class:`tbmq.interfaces.IMessageBus` (``docs/bus.md``), the same
-as the Kafka bus, so the code above it is the same in a cluster of one and
-of many.  Several nodes in one process may share one bus (that is how two
-broker nodes are tested in one process).
+It carries TBMQ's topic catalogue (:mod:`tbmq.cluster.topics`) with the contract of
+:class:`tbmq.interfaces.IMessageBus` (``docs/bus.md``), the same as the Kafka bus, so the code
+above it is the same in a cluster of one and of many.  Several nodes in one process may share
+one bus (that is how two broker nodes are tested in one process).
 
 * **Partitions and offsets.**  Every topic has ``partitions`` partitions;
   a record goes to ``zlib.crc32(key) % partitions`` (keyless records round
@@ -45,9 +44,10 @@ broker nodes are tested in one process).
   (:class:`tbmq.interfaces.ITopicLog`; not a record marked
   :func:`~tbmq.cluster.topics.transient`), which ``start`` reads back; in
   direct mode a group live at publish gets the object itself.
-* **Group commit.**  What a reactor turn publishes to durable topics goes
-  to the log in one append at the start of the next turn, then the turn's
-  commits (:mod:`tbmq.backends.inprocess_writes`).
+* **Group commit.**  What a reactor turn publishes to durable topics goes to the log in one
+  append at the start of the next turn, then the turn's commits
+  (:mod:`tbmq.backends.inprocess_writes`); a batch's Progress commits once per turn
+  (:mod:`tbmq.backends.inprocess_progress`).
 """
 
 from __future__ import annotations
@@ -65,9 +65,10 @@ from tbmq.backends.inprocess_describe import Describable
 from tbmq.backends.inprocess_held import HeldPublishes
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
 from tbmq.backends.inprocess_many import ManyPublishes
+from tbmq.backends.inprocess_progress import ProgressRuns
 from tbmq.backends.inprocess_writes import LogWrites
 from tbmq.backends.topic_records import check_record
-from tbmq.cluster.completion import Completion, deferred_done
+from tbmq.cluster.completion import Completion, Progress, deferred_done
 from tbmq.cluster.records import new_record
 from tbmq.cluster.topics import TopicCatalogue, transient
 from tbmq.errors import BusClosedError, BusPublishError, ConsumerFailedError, RecordEncodingError
@@ -173,6 +174,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
         self._fast: dict[str, tuple] = {}
         #: what waits to be written to the topic log (one flush per turn)
         self._writes = LogWrites(log, clock) if log is not None else None
+        self._runs = ProgressRuns(clock, self._settled_batch)  # batches with a Progress
 
     # -- life cycle ---------------------------------------------------------------
 
@@ -208,6 +210,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
         """
         if not self.running:
             return defer.succeed(None)
+        self._runs.settle_now()  # what the clients acknowledged is committed
         self.running = False
         self._fast.clear()
         for state in self._topics.values():
@@ -373,6 +376,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
         return member
 
     def _leave(self, member: Consumer) -> None:
+        self._runs.settle_now()  # the next member starts after what was acknowledged
         member.stopped = True
         member.redelivery.forget()
         if member.scheduled is not None and member.scheduled.active():
@@ -672,12 +676,14 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
         except Exception:
             self._settled_batch(Failure(), member, state, p, cursor, offsets, False)
             return len(offsets)
-        if type(result) is not Completion and not isinstance(result, defer.Deferred):
+        if type(result) not in (Completion, Progress) and not isinstance(result, defer.Deferred):
             self._settled_batch(None, member, state, p, cursor, offsets, False)
             return len(offsets)
         cursor.inflight.update(offsets)
         member.inflight += len(offsets)
-        if type(result) is Completion:
+        if type(result) is Progress:  # each settles once its leading run passes it (per turn)
+            self._runs.track(result, member, state, p, cursor, offsets)
+        elif type(result) is Completion:
             result.then(self._settled_batch, member, state, p, cursor, offsets, True)
         else:
             result.addCallbacks(self._settled_batch, self._settled_batch,
@@ -687,8 +693,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
 
     def _settled_batch(self, outcome, member, state, p, cursor, offsets: list,
                        deferred: bool) -> None:
-        """A batch's result fired (a Failure fails each of its records);
-        a success settles them together: one commit for the range."""
+        """A batch's result fired (a Failure fails each record); a success: one commit."""
         if isinstance(outcome, Failure):
             for o in offsets:
                 self._handled(member, state, p, cursor, o, outcome, deferred)
@@ -717,9 +722,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
             self._check_group_caught_up(group)
 
     def _track(self, member, state, p, cursor, o, result) -> None:
-        """Wait for a handler's result that is not None: a
-        :class:`~tbmq.cluster.completion.Completion` or a Deferred
-        (anything else counts as success)."""
+        """Wait for a handler's result that is not None (Completion, Deferred; else: success)."""
         if type(result) is Completion:
             cursor.inflight.add(o)
             member.inflight += 1
@@ -773,9 +776,8 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
             self._check_group_caught_up(group)
 
     def _read_again(self, member: Consumer, p: int, cursor) -> None:
-        """The record at ``cursor.committed`` failed (every one before it is
-        handled): partition ``p`` is read again from there after the
-        delay (:class:`~tbmq.cluster.redelivery.Redelivery`)."""
+        """The record at ``cursor.committed`` failed (every one before it handled): ``p`` is
+        read again from there after the delay (:class:`~tbmq.cluster.redelivery.Redelivery`)."""
         failure = cursor.failed[cursor.committed]
         member.redelivery.failed(p, cursor.committed, failure,
                                  lambda: self._again(member, p, cursor))

@@ -41,7 +41,7 @@ from tbmq.broker.holding import NO_SOURCES, SourceHolds
 from tbmq.broker.store_reads import StoreReader, delivery_size
 from tbmq.broker.topic_aliases import TopicAliases
 from tbmq.broker.traffic import LATENCY_BOUNDS
-from tbmq.cluster.completion import Completion
+from tbmq.cluster.completion import Progress
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
@@ -98,16 +98,19 @@ def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple
                                  packet_id if qos else None, props, level)
 
 
-class _AppAcks:
-    """What the deliveries of one :meth:`Outbox.deliver_app_batch` wait
-    for, in place of a Deferred each (``callback(None)`` as each is
-    finished: one part of the batch's
-    :class:`~tbmq.cluster.completion.Completion`)."""
+class _AppAck:
+    """What one delivery of :meth:`Outbox.deliver_app_batch` waits for, in
+    place of a Deferred (``callback(None)`` once it is finished: its index
+    of the batch's :class:`~tbmq.cluster.completion.Progress` finished)."""
 
-    __slots__ = ("callback",)
+    __slots__ = ("progress", "index")
 
-    def __init__(self, done) -> None:
-        self.callback = done
+    def __init__(self, progress: Progress, index: int) -> None:
+        self.progress = progress
+        self.index = index
+
+    def callback(self, _result) -> None:
+        self.progress.finished(self.index)
 
 
 def store_update(outbox: "Outbox", seq: int, packet_id: int, state: int) -> None:
@@ -395,16 +398,20 @@ class Outbox:
         self._offer(delivery, None, now, source, conn)
         return done
 
-    def deliver_app_batch(self, deliveries, source) -> Completion | defer.Deferred:
+    def deliver_app_batch(self, deliveries, source) -> Progress | defer.Deferred:
         """Deliver several records of ``tbmq.msg.app.<clientId>`` (or of a
         shared application topic) in order, as :meth:`deliver_app` each,
-        with one outcome for all of them.
+        with one :class:`~tbmq.cluster.completion.Progress` for all of them:
+        the consumer commits up to the first one not finished, so that a
+        connection that ends in the middle of the batch leaves exactly the
+        unacknowledged ones (and those after them) to the next.
 
         :param deliveries: :class:`tbmq.cluster.records.Delivery` objects.
         :param source: as for :meth:`deliver_app`.
-        :returns: a :class:`~tbmq.cluster.completion.Completion` that
-            succeeds once the client acknowledged every one of them that
-            needs it (the records are then committed), or a Deferred that
+        :returns: a :class:`~tbmq.cluster.completion.Progress` whose record
+            ``i`` finishes once the client acknowledged delivery ``i``
+            (PUBACK, PUBCOMP), at once for one that needs no acknowledgement
+            (QoS 0, expired, too large for the client), or a Deferred that
             never fires when the session has no connection (they stay
             uncommitted).
         """
@@ -412,21 +419,19 @@ class Outbox:
         if conn is None:
             return defer.Deferred()  # never fires: the records stay uncommitted
         now = self.ctx.clock.seconds()
-        pending = Completion()
-        done = pending.parts(len(deliveries))  # one part each, taken at once
-        acks = _AppAcks(done)
+        progress = Progress(len(deliveries))
         app_done = self._app_done
         if app_done is NO_ENTRIES:
             app_done = self._app_done = {}
-        for d in deliveries:
+        for i, d in enumerate(deliveries):
             if d.qos == 0:
                 self.deliver(d.message, 0, d.retain, d.subscription_ids, None, now, source)
-                done(None)  # nothing to wait for
+                progress.finished(i)  # nothing to wait for
                 continue
             delivery = StoredDelivery(0, d.message, d.qos, d.retain, d.subscription_ids)
-            app_done[id(delivery)] = acks
+            app_done[id(delivery)] = _AppAck(progress, i)
             self._offer(delivery, None, now, source, conn)
-        return pending
+        return progress
 
     def _offer(self, delivery: StoredDelivery, cache, now: float, source, conn) -> None:
         if self.overflowed:

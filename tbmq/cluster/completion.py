@@ -25,7 +25,7 @@ from typing import Any, Callable
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
-__all__ = ["Completion", "deferred_done", "publish_each"]
+__all__ = ["Completion", "Progress", "deferred_done", "publish_each"]
 
 
 def deferred_done(start: Callable[[Callable[[Any], None]], Any]) -> defer.Deferred:
@@ -133,6 +133,73 @@ class Completion:
         state = ("failed" if self.failure is not None
                  else "succeeded" if self._open == 0 else f"{self._open} open")
         return f"<Completion {state}>"
+
+
+class Progress:
+    """The outcome of a batch whose records finish one by one, in any order
+    (a persistent APPLICATION client acknowledges each message: PUBACK, or
+    PUBCOMP for QoS 2), for a consumer whose commit must name the first
+    record not finished (``docs/bus.md``, "Handlers and commits"): it
+    reports each growth of the **leading run**, the records ``0 ..
+    leading - 1`` all finished.  A batch handler returns it in place of a
+    :class:`Completion`; it never fails (a record that never finishes, its
+    connection gone, leaves the rest uncommitted).  Reactor thread only.
+
+    :param size: the records of the batch (``int`` >= 0).
+    :ivar leading: how many records at the start of the batch are finished.
+    """
+
+    __slots__ = ("size", "leading", "_later", "_callback", "_args")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.leading = 0
+        self._later: set[int] | None = None  # finished, after a gap
+        self._callback: Callable | None = None
+        self._args: tuple = ()
+
+    def finished(self, index: int) -> None:
+        """Record ``index`` (0-based, in batch order) finished; each index
+        is reported once."""
+        leading = self.leading
+        if index != leading:
+            later = self._later
+            if later is None:
+                later = self._later = set()
+            later.add(index)
+            return
+        leading += 1
+        later = self._later
+        if later:
+            while leading in later:
+                later.discard(leading)
+                leading += 1
+        self.leading = leading
+        if self._callback is not None:
+            self._callback(index, leading, *self._args)
+
+    @property
+    def complete(self) -> bool:
+        """True once every record finished."""
+        return self.leading == self.size
+
+    def then(self, callback: Callable[..., Any], *args: Any) -> None:
+        """Register the one callback: ``callback(start, end, *args)`` each
+        time the leading run grows from ``start`` to ``end`` records (``end
+        == size``: the batch is complete), at once for what finished
+        already (``(0, 0)`` for an empty batch).
+
+        :raises RuntimeError: when a callback was registered already.
+        """
+        if self._callback is not None:
+            raise RuntimeError("a Progress has one callback")
+        self._callback = callback
+        self._args = args
+        if self.leading or not self.size:
+            callback(0, self.leading, *args)
+
+    def __repr__(self) -> str:
+        return f"<Progress {self.leading}/{self.size}>"
 
 
 def publish_each(publish: Callable, topic: str, keys: list, values: list,

@@ -469,11 +469,13 @@ class ApplicationReader:
     ``$share/<group>/<filter>`` the topic ``tbmq.msg.app.shared.<filter>``
     in the consumer group ``tbmq-app-shared-<group>`` (shared with the
     group's other members, wherever they are connected).  What one reactor
-    turn published reaches the session in one call
+    turn published (the in-process bus), or what one poll brought (Kafka),
+    reaches the session in one call
     (:meth:`~tbmq.broker.outbox.Outbox.deliver_app_batch`); a record is
     committed once the client acknowledged it (PUBACK, PUBCOMP) and every
-    record before it, so what was not acknowledged when the connection
-    ended comes again.
+    record before it, also inside a batch (its
+    :class:`~tbmq.cluster.completion.Progress`), so exactly what was not
+    acknowledged when the connection ended, and what followed, comes again.
 
     :param bus: the :class:`tbmq.interfaces.IMessageBus`.
     :param topic_of: ``client_id -> bus topic`` (the catalogue's ``app``).
@@ -519,11 +521,11 @@ class ApplicationReader:
     def _follow(self, session, key, topic: str, group: str,
                 delivery_of: Callable[[Delivery], Delivery] | None,
                 exclusive: bool = True) -> None:
-        """Consume ``topic`` in ``group`` for ``session``: what a reactor
-        turn published reaches it in one call
-        (:meth:`~tbmq.broker.outbox.Outbox.deliver_app_batch`, one
-        completion for the batch, committed once the client acknowledged
-        all of it).
+        """Consume ``topic`` in ``group`` for ``session``: a batch reaches
+        it in one call (:meth:`~tbmq.broker.outbox.Outbox.deliver_app_batch`,
+        one :class:`~tbmq.cluster.completion.Progress` for the batch: each
+        record commits once the client acknowledged it and every one before
+        it).
 
         :param delivery_of: what the session gets for a record's
             :class:`Delivery` (None: the delivery itself)."""

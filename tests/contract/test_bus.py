@@ -18,7 +18,7 @@ from zope.interface.verify import verifyObject
 
 from tbmq.cluster import records as r
 from tbmq.cluster import redelivery
-from tbmq.cluster.completion import Completion
+from tbmq.cluster.completion import Completion, Progress
 from tbmq.errors import BusClosedError, ConsumerFailedError, RecordEncodingError
 from tbmq.interfaces import IConsumer, IDescribableBus, IMessageBus
 from tbmq.model import ClientType, Message, SubscriptionOptions
@@ -801,6 +801,49 @@ def test_a_new_group_on_an_application_topic_gets_what_waited(env):
     env.wait_until(lambda: events)
     env.settle()
     assert values(events) == [b"new"]
+
+
+def test_a_progress_commits_its_leading_run_so_the_next_member_gets_exactly_the_rest(env):
+    """A persistent APPLICATION client's reader returns a ``Progress`` per
+    batch (``Outbox.deliver_app_batch``): whether the records come one by
+    one or in batches, the group's position follows the records finished
+    in order, so the next member (a reconnect) gets exactly the others;
+    one finished after a gap comes again (``docs/bus.md``, "Handlers and
+    commits")."""
+    bus = env.bus()
+    topic = env.catalogue.app("resumer")
+    seqs: list = []
+    finishers: list = []  # one per handed record, in order
+
+    def batch(deliveries):
+        progress = Progress(len(deliveries))
+        for i, d in enumerate(deliveries):
+            seqs.append(d.seq)
+            finishers.append(lambda i=i: progress.finished(i))
+        return progress
+
+    def single(record):
+        seqs.append(record.value.seq)
+        d = defer.Deferred()
+        finishers.append(lambda: d.callback(None))
+        return d
+
+    consumer = env.subscribe(bus, topic, "resumer", single, exclusive=True, batch_handler=batch)
+    env.run(consumer.caught_up)
+    outcomes: list = []
+    message = Message("a/b", b"x", 1)
+    env.call(lambda: [bus.publish(topic, "resumer", r.Delivery("resumer", message, 1, seq=i),
+                                  (), outcomes.append) for i in range(6)])
+    env.wait_until(lambda: len(outcomes) == 6 and len(seqs) == 6)
+    assert seqs == list(range(6)) and outcomes == [None] * 6
+    env.call(lambda: [finishers[i]() for i in (0, 1, 2, 4)])  # 3 is not acknowledged
+    env.settle()
+    env.run(env.call(consumer.stop))
+    again: list = []
+    env.subscribe(bus, topic, "resumer", collector(again), exclusive=True)
+    env.wait_until(lambda: len(again) >= 3)
+    env.settle()
+    assert [rec.value.seq for rec in again] == [3, 4, 5]
 
 
 def test_exclusive_subscriptions_of_one_group_on_several_topics_are_independent(env):

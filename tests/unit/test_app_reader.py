@@ -7,7 +7,7 @@ committed only once it and every record before it were acknowledged."""
 from __future__ import annotations
 
 from tbmq.broker.outbox import Outbox
-from tbmq.mqtt import Property, Puback, Publish
+from tbmq.mqtt import Property, Puback, Pubcomp, Publish, Pubrec, Pubrel
 from tests.unit.test_cluster_of_two import cluster, sub  # noqa: F401 (a fixture)
 
 EXPIRY = {Property.SESSION_EXPIRY_INTERVAL: 600}
@@ -70,7 +70,7 @@ def test_a_record_is_committed_once_it_and_every_one_before_it_were_acknowledged
     assert third.pending + third.received() == []  # all committed
 
 
-def test_a_batch_is_committed_once_all_of_it_was_acknowledged(cluster):
+def test_a_batch_is_committed_up_to_its_first_unacknowledged_record(cluster):
     app, consumer = online_application(cluster)
     p = cluster.b.client("p")
     publish(p, 0, 4)
@@ -78,6 +78,39 @@ def test_a_batch_is_committed_once_all_of_it_was_acknowledged(cluster):
     assert len(got) == 4
     for m in got[:3]:
         app.send(Puback(m.packet_id))
-    assert consumer.lag() == 4  # a batch commits as one: its last record is pending
+    assert consumer.lag() == 1  # exact: only the unacknowledged one is left
     app.send(Puback(got[3].packet_id))
     assert consumer.lag() == 0
+
+
+def test_a_connection_lost_in_the_middle_of_a_batch_gets_exactly_the_rest_again(cluster):
+    app, consumer = online_application(cluster)
+    p = cluster.b.client("p")
+    publish(p, 0, 5)
+    got = app.received()
+    assert [m.payload for m in got] == [b"%d" % i for i in range(5)]
+    app.send(Puback(got[0].packet_id), Puback(got[1].packet_id), Puback(got[3].packet_id))
+    assert consumer.lag() == 3  # 3 was acknowledged, but after 2: the leading run is 0-1
+    app.lose()
+    again = cluster.b.client("app-1", level=5, clean_start=False, properties=dict(EXPIRY))
+    rest = again.pending + again.received()
+    assert [m.payload for m in rest] == [b"2", b"3", b"4"]
+
+
+def test_qos2_a_completed_message_is_not_delivered_again_after_a_lost_connection(cluster):
+    app = cluster.a.client("app-1", level=5, clean_start=False, properties=dict(EXPIRY))
+    sub(app, "telemetry/#", qos=2)
+    consumer = cluster.a.broker.sessions.sessions["app-1"].app_consumers[None]
+    p = cluster.b.client("p")
+    p.send(*[Publish("telemetry/1", b"%d" % i, qos=2, packet_id=i + 1) for i in range(4)])
+    got = [m for m in app.received() if type(m) is Publish]
+    assert [(m.payload, m.qos) for m in got] == [(b"%d" % i, 2) for i in range(4)]
+    app.send(*[Pubrec(m.packet_id) for m in got[:3]])
+    released = [m for m in app.received() if type(m) is Pubrel]
+    assert [m.packet_id for m in released] == [m.packet_id for m in got[:3]]
+    app.send(Pubcomp(got[0].packet_id), Pubcomp(got[1].packet_id))
+    assert consumer.lag() == 2  # 0 and 1 completed; 2 released, not completed; 3 pending
+    app.lose()
+    again = cluster.b.client("app-1", level=5, clean_start=False, properties=dict(EXPIRY))
+    rest = [m for m in again.pending + again.received() if type(m) is Publish]
+    assert [m.payload for m in rest] == [b"2", b"3"]

@@ -12,6 +12,7 @@ from tbmq.backends.inprocess_bus import SLICE, InProcessBus
 from tbmq.cluster import records as r
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.errors import BusClosedError, BusPublishError, ConsumerFailedError
+from tbmq.cluster.completion import Progress
 from tbmq.model import ClientType, Message
 from tests.helpers import MemoryTopicLog
 
@@ -462,3 +463,72 @@ def test_a_partition_releases_the_records_below_an_offset():
     part.append(None, 6, ())
     assert part.release(7) == 2 and part.entries == {} and part.first_held() == 7
     assert part.append(None, 7, ()) == 7 and list(part.entries) == [7]
+
+
+def test_a_batchs_progress_commits_record_by_record_and_a_restart_resumes_exactly():
+    """A persistent APPLICATION client's batch (``Outbox.deliver_app_batch``
+    returns a Progress): the committed offset follows the leading run of
+    acknowledged records, so a restart hands exactly the others again."""
+    log = MemoryTopicLog()
+    bus, clock = make(log=log)
+    topic = C.app("app")
+    results, batches = [], []
+
+    def handler(record):
+        results.append(defer.Deferred())
+        return results[-1]
+
+    def batch(values):
+        batches.append(([d.seq for d in values], Progress(len(values))))
+        return batches[-1][1]
+
+    bus.subscribe(topic, "tbmq-app-app", handler, exclusive=True, batch_handler=batch)
+    clock.advance(0)
+    for i in range(5):
+        bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 1, seq=i))
+    clock.advance(0)
+    clock.advance(0)
+    assert results == [] and [seqs for seqs, _ in batches] == [[0, 1, 2, 3, 4]]
+    progress = batches[0][1]
+    progress.finished(0)
+    progress.finished(1)
+    progress.finished(3)  # after a gap: not committed
+    bus.stop()
+    bus2, clock2 = make(log=log)
+    again = []
+    bus2.subscribe(topic, "tbmq-app-app", again.append, exclusive=True)
+    clock2.advance(0)
+    assert [rec.value.seq for rec in again] == [2, 3, 4]
+
+
+def test_a_progress_that_grows_many_times_in_a_turn_commits_once_at_its_end():
+    """Acknowledgements come one by one (``Outbox.deliver_app_batch``'s
+    Progress grows per PUBACK): what grew during a turn is committed, and
+    written to the topic log, once, at the end of the turn."""
+    log = MemoryTopicLog()
+    bus, clock = make(log=log)
+    topic = C.app("app")
+    batches = []
+
+    def batch(values):
+        batches.append(Progress(len(values)))
+        return batches[-1]
+
+    consumer = bus.subscribe(topic, "tbmq-app-app", lambda record: defer.Deferred(),
+                             exclusive=True, batch_handler=batch)
+    clock.advance(0)
+    for i in range(6):
+        bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 1, seq=i))
+    clock.advance(0)
+    clock.advance(0)
+    assert len(batches) == 1 and consumer.lag() == 6
+    writes = []
+    real_commit = log.commit
+    log.commit = lambda *a: writes.append(a[3]) or real_commit(*a)
+    for i in range(4):
+        batches[0].finished(i)
+    assert consumer.lag() == 6  # settled at the end of the turn
+    clock.advance(0)
+    assert consumer.lag() == 2
+    clock.advance(0)  # the turn's commits are written
+    assert writes == [4]

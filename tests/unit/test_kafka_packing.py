@@ -15,7 +15,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from tbmq.cluster import records as r
-from tbmq.cluster.completion import Completion
+from tbmq.cluster.completion import Completion, Progress
 from tbmq.errors import BusClosedError, BusPublishError, RecordEncodingError
 from tbmq.model import Message
 from tbmq_plugins.kafka import packing
@@ -514,3 +514,55 @@ def test_publish_many_to_one_partition_or_several_places_each_key_as_publish_doe
             bus._acks.put(s[4], None)
             reactor.drain()
         assert outcomes == [None]
+
+
+def test_single_records_of_one_partition_go_to_the_batch_handler_in_one_call():
+    """An APPLICATION client's topic is not packed: the records a poll
+    brought for one partition reach the batch handler together, each still
+    committed on its own as the batch's Progress grows (exact per record)."""
+    singles, batches, progress = [], [], []
+
+    def batch(values):
+        batches.append(list(values))
+        progress.append(Progress(len(values)))
+        return progress[-1]
+
+    consumer = _batch_consumer(lambda record: singles.append(record.value), batch)
+    consumer._batch([RawRecord(2, o, b"c", b"%d" % o, ()) for o in range(5, 9)], [])
+    assert batches == [[b"5", b"6", b"7", b"8"]] and singles == []
+    done = progress[0]
+    done.finished(1)
+    assert consumer.loop.commits == []  # 5 is not finished
+    done.finished(0)
+    assert consumer.loop.commits == [(2, 7)]  # 5 and 6: the commit names 7
+    done.finished(3)
+    assert consumer.loop.commits == [(2, 7)]
+    done.finished(2)
+    assert consumer.loop.commits == [(2, 7), (2, 9)]
+    assert consumer._inflight == 0
+
+
+def test_a_run_of_single_records_stops_at_a_record_with_headers():
+    singles, batches = [], []
+    consumer = _batch_consumer(lambda record: singles.append(record.value),
+                               lambda values: batches.append(list(values)))
+    consumer._batch([RawRecord(2, 0, b"c", b"0", ()), RawRecord(2, 1, b"c", b"1", ()),
+                     RawRecord(2, 2, b"c", b"2", (("h", b"1"),)),
+                     RawRecord(2, 3, b"c", b"3", ())], [])
+    assert batches == [[b"0", b"1"]] and singles == [b"2", b"3"]
+    assert consumer.loop.commits == [(2, 2), (2, 3), (2, 4)]
+
+
+def test_a_record_of_a_run_that_does_not_decode_fails_alone_after_those_before_it():
+    singles, batches = [], []
+    consumer = KafkaConsumer(FakeBus(), "t", "g", lambda record: singles.append(record.value),
+                             r.MESSAGE, 100, 1000, batch_handler=batches.append)
+    consumer.loop = FakeLoop()
+    consumer._assigned([0])
+    good = r.MESSAGE.encode(Message("a", b""))
+    consumer._batch([RawRecord(0, 0, b"c", good, ()), RawRecord(0, 1, b"c", b"\x01bad", ()),
+                     RawRecord(0, 2, b"c", good, ())], [])
+    assert batches == [] and [m.topic for m in singles] == ["a"]
+    assert consumer.loop.commits == [(0, 1)]  # the bad one holds the partition there
+    consumer.bus.clock.advance(1.0)
+    assert consumer.loop.seeks == [(0, 1)]

@@ -8,6 +8,10 @@ one call; this side keeps them in a buffer and hands them to the handler:
   ``batch_handler`` its records' values are handed in **one** call, and
   their one result commits (or fails) the Kafka record: one call, one
   result, one commit for up to :data:`~.packing.MAX_RECORDS` records;
+* single records of one partition that wait in a row go to the
+  ``batch_handler`` in one call too, each committed on its own
+  (:mod:`.runs`: a :class:`~tbmq.cluster.completion.Progress` result
+  commits each as its batch's leading run of finished records passes it);
 * in the reactor thread, one at a time (never re-entered), in the order they
   came (so in offset order within a partition), at most
   :data:`SLICE` per reactor turn, and with at most ``max_uncommitted``
@@ -50,12 +54,14 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tbmq.cluster.completion import Completion
+from tbmq.cluster.completion import Completion, Progress
 from tbmq.cluster.records import new_record
 from tbmq.cluster.redelivery import Redelivery
 from tbmq.interfaces import IConsumer
 from tbmq.log import OBSERVER as LOG_OBSERVER
+from tbmq_plugins.kafka.drivers import RawRecord
 from tbmq_plugins.kafka.packing import expand, unpacked
+from tbmq_plugins.kafka.runs import Runs
 
 __all__ = ["SLICE", "Entry", "KafkaConsumer", "Owned", "Track"]
 
@@ -209,7 +215,7 @@ class Track:
 
 
 @implementer(IConsumer)
-class KafkaConsumer:
+class KafkaConsumer(Runs):
     """One member of a consumer group on the Kafka bus (made by
     :meth:`~.bus.KafkaBus.subscribe`); see the module doc.
 
@@ -496,6 +502,7 @@ class KafkaConsumer:
             return
         buffer = self._buffer
         budget = SLICE
+        batches = self.batch_handler is not None
         self._busy = True
         try:
             while buffer and self._inflight < self.max_uncommitted and not self._paused:
@@ -503,6 +510,11 @@ class KafkaConsumer:
                     self._schedule()
                     break
                 track, entry, raw = buffer.popleft()
+                if (batches and type(raw) is RawRecord and not raw.headers and buffer
+                        and buffer[0][0] is track and type(buffer[0][2]) is RawRecord
+                        and budget > 1):
+                    budget -= self._take_run(track, entry, raw, budget)
+                    continue
                 count = _count(raw)
                 self._held -= count
                 budget -= count
@@ -663,6 +675,9 @@ class KafkaConsumer:
         elif type(result) is Completion:
             self._inflight += 1
             result.then(self._settled, track, entry)
+        elif type(result) is Progress:  # one Kafka record: done once all of it is
+            self._inflight += 1
+            result.then(self._progress_one, track, entry, result.size)
         elif isinstance(result, defer.Deferred):
             self._inflight += 1
             result.addCallbacks(self._fired, self._fired, callbackArgs=(track, entry, False),
