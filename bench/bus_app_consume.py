@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.bus_app_publish import counted  # noqa: E402
 
 POLLS = 20
 
@@ -67,17 +68,7 @@ def run(records: int) -> None:
 
 
 def instructions(tree: str, records: int) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "PYTHONHASHSEED": "0",
-               "PYTHONPATH": os.pathsep.join([tree, os.path.join(tree, "plugins")])}
-        done = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out", sys.executable,
-             os.path.abspath(__file__), "--run", str(records)],
-            capture_output=True, text=True, env=env, cwd=tree)
-        found = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
-        if done.returncode != 0 or found is None:
-            raise SystemExit(f"{tree}: the run failed:\n{done.stderr[-3000:]}")
-        return int(found.group(1))
+    return counted(tree, __file__, ["--run", str(records)])
 
 
 def main() -> int:

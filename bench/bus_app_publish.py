@@ -57,12 +57,20 @@ def run(records: int, idle: bool) -> None:
 
 
 def instructions(tree: str, records: int, idle: bool) -> int:
+    return counted(tree, __file__, ["--run", str(records)] + (["--idle"] if idle else []))
+
+
+def counted(tree: str, script: str, args: list[str]) -> int:
+    """The instructions valgrind's callgrind counts for ``python script
+    *args`` run in ``tree`` (its ``plugins`` on the path too).
+
+    :raises SystemExit: when the run fails."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PYTHONHASHSEED": "0",
                "PYTHONPATH": os.pathsep.join([tree, os.path.join(tree, "plugins")])}
         done = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out", sys.executable,
-             os.path.abspath(__file__), "--run", str(records)] + (["--idle"] if idle else []),
+             os.path.abspath(script), *args],
             capture_output=True, text=True, env=env, cwd=tree)
         found = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
         if done.returncode != 0 or found is None:

@@ -695,11 +695,7 @@ class KafkaConsumer(Runs):
         when ``failure`` is None."""
         self._inflight -= 1
         self._done(track, entry, failure)
-        if not self._busy:
-            if self._inflight == self.max_uncommitted - 1:
-                self._schedule()
-            if self._holding:
-                self._advance_own()
+        self._room_freed()
 
     def _done(self, track: Track, entry: Entry, failure: Failure | None) -> None:
         """The handler's result for ``entry`` fired (``failure`` when it failed)."""

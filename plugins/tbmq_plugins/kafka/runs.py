@@ -102,6 +102,11 @@ class Runs:
     def _unload(self) -> None:
         """One pending result fewer (:meth:`_settled`)."""
         self._inflight -= 1
+        self._room_freed()
+
+    def _room_freed(self) -> None:
+        """A pending result settled: hand more when the room was full, and
+        what the node's own records hold back."""
         if not self._busy:
             if self._inflight == self.max_uncommitted - 1:
                 self._schedule()
