@@ -276,7 +276,10 @@ class SQLiteDeviceMessageStore(RunnerView):
 
         def load(conn: sqlite3.Connection) -> tuple | list[StoredDelivery]:
             if has_json(conn):
-                return conn.execute(_PAGE.format(where=where), params).fetchone()
+                try:
+                    return conn.execute(_PAGE.format(where=where), params).fetchone()
+                except sqlite3.DataError:  # the page's messages past SQLITE_MAX_LENGTH
+                    pass
             rows = conn.execute(
                 "SELECT seq, message, qos, retain, subscription_ids, packet_id, state "
                 f"FROM deliveries WHERE {where} ORDER BY seq LIMIT ?",

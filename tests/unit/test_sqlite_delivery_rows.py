@@ -223,7 +223,7 @@ def test_a_page_is_one_step_of_one_statement_and_gives_every_column(tmp_path):
     assert fired(store.deliveries.load("c")) == stored
     assert fired(store.deliveries.load("c", after_seq=base + 1, limit=3)) == stored[1:4]
     assert fired(store.deliveries.load("c", after_seq=base + 5)) == []
-    selects = [s for s in statements if s.startswith("SELECT")]
+    selects = [s for s in statements if s.startswith("SELECT") and "json_each('[1]')" not in s]
     assert len(selects) == 3 and all("group_concat(message, '')" in s for s in selects)
     store.stop()
 
@@ -268,3 +268,19 @@ def test_a_page_whose_aggregates_come_in_another_order_is_put_in_seq_order():
                     StoredDelivery(2, messages[2], 0),
                     StoredDelivery(3, messages[0], 1)]
     assert _deliveries_of_page(None, "[]", 0) == []
+
+
+def test_a_page_too_big_for_one_value_is_read_row_by_row(tmp_path):
+    """The page's messages as one blob may pass the library's largest value
+    (SQLITE_MAX_LENGTH, 1e9 bytes by default): the rows are then read one
+    by one, as before."""
+    store, stored, base = _page_store(tmp_path)
+    conn = store.runner._conn
+    (largest,) = conn.execute("SELECT max(length(message)) FROM deliveries").fetchone()
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, largest + 1)  # each row fits, not the page
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    assert fired(store.deliveries.load("c")) == stored
+    selects = [s for s in statements if s.startswith("SELECT") and "json_each('[1]')" not in s]
+    assert len(selects) == 2 and "group_concat" in selects[0] and "group_concat" not in selects[1]
+    store.stop()
