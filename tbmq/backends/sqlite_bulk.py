@@ -12,11 +12,12 @@ statements of up to :data:`CHUNK_ROWS` rows each (a multi-row ``VALUES``, a
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from itertools import chain
 from typing import Iterable, Sequence
 
-__all__ = ["CHUNK_ROWS", "delete_seqs", "insert_rows", "update_states"]
+__all__ = ["CHUNK_ROWS", "delete_seqs", "has_json", "insert_rows", "update_states"]
 
 #: Most rows per statement: 64 rows (of 8 columns for ``deliveries``, 5 for
 #: the topic log) stay below 999 bound parameters, the smallest limit of an
@@ -60,8 +61,12 @@ def insert_rows(conn: sqlite3.Connection, table: str, rows: Sequence[Sequence],
 
 def delete_seqs(conn: sqlite3.Connection, keys: Iterable[tuple[str, int]]) -> None:
     """Delete the rows of ``deliveries`` whose ``(client_id, seq)`` is in
-    ``keys``: per client, ``seq IN (...)`` lists of up to
-    :data:`CHUNK_ROWS` seqs (unknown keys are ignored)."""
+    ``keys`` (unknown keys are ignored): per client, one statement whose
+    seqs are one JSON array bound as one value (``seq IN (SELECT value FROM
+    json_each(?))``), so a drain's removals of a transaction are one step
+    and one wait for the GIL, not one per :data:`CHUNK_ROWS` rows; with an
+    SQLite without JSON functions, or a few seqs, ``seq IN (...)`` lists of
+    up to :data:`CHUNK_ROWS` seqs."""
     by_client: dict[str, list[int]] = {}
     for client_id, seq in keys:
         seqs = by_client.get(client_id)
@@ -70,10 +75,37 @@ def delete_seqs(conn: sqlite3.Connection, keys: Iterable[tuple[str, int]]) -> No
         else:
             seqs.append(seq)
     for client_id, seqs in by_client.items():
+        if len(seqs) > CHUNK_ROWS and has_json(conn):
+            conn.execute(_DELETE_JSON, (client_id, _json_array(seqs)))
+            continue
         for start in range(0, len(seqs), CHUNK_ROWS):
             chunk = seqs[start:start + CHUNK_ROWS]
             conn.execute("DELETE FROM deliveries WHERE client_id = ? AND seq IN ("
                          + ",".join("?" * len(chunk)) + ")", [client_id, *chunk])
+
+
+_DELETE_JSON = ("DELETE FROM deliveries WHERE client_id = ? "
+                "AND seq IN (SELECT value FROM json_each(?))")
+
+#: a list of ints as a JSON array (a C loop)
+_json_array = json.JSONEncoder(separators=(",", ":")).encode
+
+#: whether the SQLite library has ``json_each`` (built in since 3.38, an
+#: extension before), found out at the first use
+_JSON: list[bool] = []
+
+
+def has_json(conn: sqlite3.Connection) -> bool:
+    """:returns: True when ``conn``'s SQLite library has ``json_each``
+    (the answer is the library's, asked once per process)."""
+    if not _JSON:
+        try:
+            conn.execute("SELECT count(*) FROM json_each('[1]')").fetchone()
+        except sqlite3.OperationalError:
+            _JSON.append(False)
+        else:
+            _JSON.append(True)
+    return _JSON[0]
 
 
 def update_states(conn: sqlite3.Connection,

@@ -16,7 +16,7 @@ from twisted.internet import defer
 from zope.interface import implementer
 
 from tbmq.backends.deliveries import DeliveryWrites, check_limit, check_page
-from tbmq.backends.sqlite_bulk import delete_seqs, insert_rows, update_states
+from tbmq.backends.sqlite_bulk import delete_seqs, has_json, insert_rows, update_states
 from tbmq.backends.sqlite_runner import SQLiteRunner
 from tbmq.backends.sqlite_view import RunnerView
 from tbmq.backends.sqlite_schema import (
@@ -24,7 +24,9 @@ from tbmq.backends.sqlite_schema import (
     EMBEDDED_SCHEMA,
     ids_json,
     message_blobs,
+    message_of_blob,
     messages_of_blobs,
+    messages_of_stream,
 )
 from tbmq.interfaces import IDeviceMessageStore
 from tbmq.model import DeliveryState, StoredDelivery
@@ -91,6 +93,55 @@ def _trim(conn: sqlite3.Connection, client_id: str, limit: int) -> int:
     return conn.execute(
         "DELETE FROM deliveries WHERE client_id = ? AND seq <= ?", (client_id, row[0])
     ).rowcount
+
+
+#: a page of ``deliveries`` (``{where}``: the filter; its values, then the
+#: LIMIT, bound) in **one step** of one statement: the page's message
+#: columns as one blob (their :func:`~tbmq.backends.sqlite_schema.
+#: message_blob` encodings one after another: a msgpack stream), its other
+#: columns as one JSON array, and its row count.  :mod:`sqlite3` takes the
+#: GIL again after every step, and a ``fetchall`` steps once per row: while
+#: the reactor works, the database thread then waited for the GIL once per
+#: row of a drain, before the COMMITs of the writes queued behind the read
+_PAGE = ("SELECT CAST(group_concat(message, '') AS BLOB), "
+         "json_group_array(json_array(seq, qos, retain, subscription_ids, packet_id, state)), "
+         "count(*) FROM (SELECT seq, message, qos, retain, subscription_ids, packet_id, state "
+         "FROM deliveries WHERE {where} ORDER BY seq LIMIT ?)")
+
+
+def _deliveries_of_page(data: bytes | None, columns: str, count: int
+                        ) -> list[StoredDelivery] | None:
+    """In the reactor thread: the deliveries of a page read by
+    :data:`_PAGE` (the database thread did no per-row Python work for it).
+
+    :returns: the deliveries in ``seq`` order, or None when ``data`` does
+        not come apart as one message per row.
+    :raises tbmq.errors.RecordEncodingError: for a message that is not a
+        ``msg`` record of a known version."""
+    if not count:
+        return []
+    messages = messages_of_stream(data, count)
+    if messages is None:
+        return None
+    rows = json.loads(columns)
+    # both aggregates step through the same rows, in the subquery's order,
+    # which SQLite does not promise: the pairs go in seq order if it is not
+    seqs = [row[0] for row in rows]
+    if seqs != sorted(seqs):
+        pairs = sorted(zip(rows, messages), key=lambda pair: pair[0][0])
+        rows, messages = [row for row, _ in pairs], [message for _, message in pairs]
+    return _deliveries(messages, rows)
+
+
+def _deliveries(messages: list, rows: list) -> list[StoredDelivery]:
+    """:returns: a :class:`StoredDelivery` per message and its row's ``seq,
+    qos, retain, subscription_ids, packet_id, state``."""
+    states, loads = _STATES, json.loads
+    return [
+        StoredDelivery(seq, message, qos, retain == 1,
+                       () if ids is None else tuple(loads(ids)), packet_id, states[state])
+        for message, (seq, qos, retain, ids, packet_id, state) in zip(messages, rows)
+    ]
 
 
 @implementer(IDeviceMessageStore)
@@ -223,25 +274,42 @@ class SQLiteDeviceMessageStore(RunnerView):
             params.append(after_seq)
         params.append(-1 if limit is None else limit)  # LIMIT -1: no limit
 
-        def load(conn: sqlite3.Connection) -> list[StoredDelivery]:
+        def load(conn: sqlite3.Connection) -> tuple | list[StoredDelivery]:
+            if has_json(conn):
+                try:
+                    return conn.execute(_PAGE.format(where=where), params).fetchone()
+                except sqlite3.DataError:  # the page's messages past SQLITE_MAX_LENGTH
+                    pass
             rows = conn.execute(
                 "SELECT seq, message, qos, retain, subscription_ids, packet_id, state "
                 f"FROM deliveries WHERE {where} ORDER BY seq LIMIT ?",
                 params,
             ).fetchall()
             # one msgpack pass for the page's messages (tbmq.cluster.records'
-            # msg records): this runs for every row of a drain, and holds the
-            # GIL the reactor thread waits for
+            # msg records)
             messages = messages_of_blobs([row[1] for row in rows])
-            states, loads = _STATES, json.loads
-            return [
-                StoredDelivery(seq, message, qos, retain == 1,
-                               () if ids is None else tuple(loads(ids)), packet_id,
-                               states[state])
-                for message, (seq, _, qos, retain, ids, packet_id, state) in zip(messages, rows)
-            ]
+            return _deliveries(messages, [(seq, qos, retain, ids, packet_id, state)
+                                          for seq, _, qos, retain, ids, packet_id, state in rows])
 
-        return self._submit(load, write=False)
+        def decoded(page):
+            if type(page) is list:
+                return page
+            page = _deliveries_of_page(*page)
+            if page is None:  # not one message per row: read them one by one
+                return self._submit(load_rows, write=False)
+            return page
+
+        def load_rows(conn: sqlite3.Connection) -> list[StoredDelivery]:
+            rows = conn.execute(
+                "SELECT seq, message, qos, retain, subscription_ids, packet_id, state "
+                f"FROM deliveries WHERE {where} ORDER BY seq LIMIT ?",
+                params,
+            ).fetchall()
+            return _deliveries([message_of_blob(row[1]) for row in rows],
+                               [(seq, qos, retain, ids, packet_id, state)
+                                for seq, _, qos, retain, ids, packet_id, state in rows])
+
+        return self._submit(load, write=False).addCallback(decoded)
 
     def count(self, client_id: str) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.count`.

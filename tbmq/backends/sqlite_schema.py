@@ -48,6 +48,7 @@ __all__ = [
     "message_from",
     "message_of_blob",
     "messages_of_blobs",
+    "messages_of_stream",
     "pack_deliveries",
 ]
 
@@ -206,16 +207,30 @@ def messages_of_blobs(blobs: list) -> list[Message]:
         ``msg`` record of a known version."""
     if not blobs:
         return []
-    data = b"".join(blobs)
+    messages = messages_of_stream(b"".join(blobs), len(blobs))
+    if messages is None:
+        return [message_of_blob(blob) for blob in blobs]
+    return messages
+
+
+def messages_of_stream(data: bytes, count: int) -> list[Message] | None:
+    """The messages of ``count`` :func:`message_blob` encodings one after
+    another in ``data``: one msgpack pass, then the records' checks
+    (:meth:`~tbmq.cluster.record_codec.RecordCodec.decode_arrays`).
+
+    :returns: the messages, in order, or None when ``data`` does not come
+        apart as ``count`` arrays.
+    :raises tbmq.errors.RecordEncodingError: for an array that is not a
+        ``msg`` record of a known version."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, use_list=False,
                                 max_buffer_size=max(len(data), 1 << 20))
     try:
         unpacker.feed(data)
         arrays = list(unpacker)
     except Exception:
-        arrays = None
-    if arrays is None or len(arrays) != len(blobs):
-        return [message_of_blob(blob) for blob in blobs]
+        return None
+    if len(arrays) != count:
+        return None
     return MESSAGE.decode_arrays(arrays)
 
 

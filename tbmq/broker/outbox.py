@@ -38,6 +38,7 @@ from twisted.logger import Logger
 
 from tbmq.backends.deliveries import update_many
 from tbmq.broker.holding import NO_SOURCES, SourceHolds
+from tbmq.broker.sent_states import SentStates
 from tbmq.broker.store_reads import StoreReader, delivery_size
 from tbmq.broker.topic_aliases import TopicAliases
 from tbmq.broker.traffic import LATENCY_BOUNDS
@@ -152,7 +153,7 @@ class Outbox:
     __slots__ = tuple("""session ctx client_id persistent link inflight queue queued_bytes
         _next_packet_id _max_inflight _completed _updates slow overflowed holder paged_out _last_seq reader
         _app_done dropped _drop_logged_at _drops_logged sent_aliases _traffic _latency _sent
-        _sent_bytes""".split())
+        _sent_bytes sent_states""".split())
 
     #: seconds between two log lines about drops for one session
     DROP_LOG_INTERVAL = 10.0
@@ -201,6 +202,9 @@ class Outbox:
         self._latency = traffic.latency if traffic.observe_latency else None
         self._sent = traffic.sent
         self._sent_bytes = traffic.sent_bytes
+        #: the :class:`~tbmq.broker.sent_states.SentStates` of a persistent
+        #: session's QoS 1 deliveries, made at the first, else None
+        self.sent_states: SentStates | None = None
 
     # -- limits ------------------------------------------------------------------
 
@@ -482,8 +486,15 @@ class Outbox:
             inflight = self.inflight = {}
         inflight[pid] = delivery
         conn.write(data)
-        if delivery.seq:  # in the device store: one write per turn for all
-            store_update(self, delivery.seq, pid, _SENT)
+        seq = delivery.seq
+        if seq:  # in the device store
+            if delivery.qos == 1:  # written if not acknowledged soon
+                states = self.sent_states
+                if states is None:
+                    states = self.sent_states = SentStates(self)
+                states.hold(seq, pid)
+            else:  # one write per turn for all
+                store_update(self, seq, pid, _SENT)
         return True
 
     def _stored(self, result, operation: str) -> None:
@@ -668,6 +679,8 @@ class Outbox:
                 done.callback(None)
                 return
         if delivery.seq:
+            if self.sent_states is not None:
+                self.sent_states.finished(delivery.seq)
             completed = self._completed
             if not completed:
                 completed = self._completed = []
@@ -737,7 +750,10 @@ class Outbox:
 
     def detach(self) -> None:
         """The connection is gone: a persistent session gives its memory back
-        (everything is in the store); holds are let go."""
+        (everything is in the store, the SENT states held written now);
+        holds are let go."""
+        if self.sent_states is not None:
+            self.sent_states.flush()
         self.link = None
         if self.holder is not None:
             self.holder.release(self.ctx.clock.seconds())
@@ -768,5 +784,7 @@ class Outbox:
         self._clear_queue()
         self.queued_bytes = 0
         self._completed = self._updates = ()
+        if self.sent_states is not None:
+            self.sent_states.forget()
         if self.persistent:
             self.ctx.device_store.clear(self.client_id)

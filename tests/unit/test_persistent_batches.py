@@ -27,6 +27,7 @@ PERSISTED = "tbmq.msg.persisted"
 def _db() -> tuple[sqlite3.Connection, list[str]]:
     conn = sqlite3.connect(":memory:", isolation_level=None)
     apply_schemas(conn, ":memory:", [EMBEDDED_SCHEMA])
+    assert sqlite_bulk.has_json(conn)  # (asked once, not traced below)
     statements: list[str] = []
     conn.set_trace_callback(statements.append)
     return conn, statements
@@ -63,7 +64,13 @@ def test_updates_and_deletes_of_a_batch_are_a_few_statements_and_hit_only_their_
     for seq in range(1, 81):  # acknowledged
         later.delete(("d", seq))
     later(conn)
-    assert len(statements) == 2 + 2  # 70 updates in 2, 80 deletes in 2
+    # 70 updates in 2 statements, 80 deletes in 1 (the seqs as one JSON array)
+    assert len(statements) == 2 + 1
+    (delete,) = [s for s in statements if s.startswith("DELETE")]
+    head = ("DELETE FROM deliveries WHERE client_id = 'd' AND seq IN "
+            "(SELECT value FROM json_each('[")
+    assert delete.startswith(head) and delete.endswith("]'))")
+    assert sorted(map(int, delete[len(head):-len("]'))")].split(","))) == list(range(1, 81))
     assert conn.execute("SELECT count(*) FROM deliveries WHERE client_id = 'd'").fetchone() == (20,)
     assert conn.execute("SELECT min(seq) FROM deliveries WHERE client_id = 'd'").fetchone() == (81,)
     sent = conn.execute("SELECT seq, packet_id, state FROM deliveries WHERE client_id = 'c' "
@@ -71,6 +78,25 @@ def test_updates_and_deletes_of_a_batch_are_a_few_statements_and_hit_only_their_
     assert sent == [(seq, seq + 1000, int(DeliveryState.SENT)) for seq in range(1, 71)]
     assert conn.execute("SELECT count(*) FROM deliveries WHERE client_id = 'c' "
                         "AND packet_id IS NULL").fetchone() == (30,)
+
+
+def test_deletes_without_json_functions_are_chunks_of_in_lists(monkeypatch):
+    conn, statements = _db()
+    sqlite_bulk.insert_rows(conn, "deliveries", [_row("c", seq) for seq in range(1, 101)], 8)
+    statements.clear()
+    monkeypatch.setattr(sqlite_bulk, "_JSON", [False])
+    sqlite_bulk.delete_seqs(conn, [("c", seq) for seq in range(1, 81)] + [("c", 1000)])
+    assert len(statements) == 2  # 81 seqs in two IN lists
+    assert conn.execute("SELECT count(*), min(seq) FROM deliveries").fetchone() == (20, 81)
+
+
+def test_a_large_seq_in_a_json_array_deletes_only_its_row():
+    conn, _ = _db()
+    base = 1_790_000_000_000_000_000  # nanoseconds: next_seq's keys
+    sqlite_bulk.insert_rows(conn, "deliveries", [_row("c", base + i) for i in range(200)], 8)
+    sqlite_bulk.delete_seqs(conn, [("c", base + i) for i in range(0, 200, 2)])
+    assert [seq - base for (seq,) in conn.execute("SELECT seq FROM deliveries ORDER BY seq")] == \
+        list(range(1, 200, 2))
 
 
 def test_updates_of_several_clients_and_states_set_each_row_alone():
@@ -171,13 +197,13 @@ def test_update_many_uses_the_store_s_own_call_or_one_update_each():
         (6, DeliveryState.SENT)]
 
 
-def test_the_sends_of_a_turn_are_one_store_update_written_when_the_turn_ends():
+def test_the_qos2_sends_of_a_turn_are_one_store_update_written_when_the_turn_ends():
     from tests.unit.test_outbox import make_outbox  # noqa: PLC0415
 
     store = _CountingStore()
     outbox, conn, clock = make_outbox(persistent=True, device_store=store)
     outbox.paged_out = False
-    deliveries = [StoredDelivery(seq, Message("t", b"%d" % seq, 1), 1) for seq in (1, 2, 3)]
+    deliveries = [StoredDelivery(seq, Message("t", b"%d" % seq, 2), 2) for seq in (1, 2, 3)]
     store.add("c", deliveries)
     for delivery in deliveries:
         outbox.deliver_stored(delivery, None, clock.seconds())
@@ -188,6 +214,80 @@ def test_the_sends_of_a_turn_are_one_store_update_written_when_the_turn_ends():
     loaded = []
     store.load("c").addCallback(loaded.extend)
     assert {d.state for d in loaded} == {DeliveryState.SENT}
+
+
+def _sent_qos1(seqs=(1, 2, 3)):
+    from tests.unit.test_outbox import make_outbox  # noqa: PLC0415
+
+    store = _CountingStore()
+    outbox, conn, clock = make_outbox(persistent=True, device_store=store)
+    outbox.paged_out = False
+    deliveries = [StoredDelivery(seq, Message("t", b"%d" % seq, 1), 1) for seq in seqs]
+    store.add("c", deliveries)
+    for delivery in deliveries:
+        outbox.deliver_stored(delivery, None, clock.seconds())
+    assert len(conn.packets()) == len(deliveries)
+    return store, outbox, clock, deliveries
+
+
+def _states(store):
+    loaded = []
+    store.load("c").addCallback(loaded.extend)
+    return [(d.seq, d.packet_id, d.state) for d in loaded]
+
+
+def test_a_qos1_delivery_acknowledged_soon_writes_no_sent_state_only_its_removal():
+    from tbmq.broker.sent_states import SentStates  # noqa: PLC0415
+
+    store, outbox, clock, deliveries = _sent_qos1()
+    clock.advance(0)
+    assert store.calls == []  # no update at the end of the turn
+    for delivery in deliveries:
+        outbox.complete(delivery.packet_id)
+    clock.advance(0)
+    assert _states(store) == []  # removed
+    clock.advance(2 * SentStates.DELAY)
+    assert store.calls == []  # and never updated
+    assert outbox.sent_states.call is None  # no timer left
+
+
+def test_a_qos1_delivery_not_acknowledged_gets_its_sent_state_within_two_delays():
+    from tbmq.broker.sent_states import SentStates  # noqa: PLC0415
+
+    store, outbox, clock, deliveries = _sent_qos1()
+    outbox.complete(deliveries[1].packet_id)
+    clock.advance(SentStates.DELAY)  # one tick: they are young, they wait one more
+    assert store.calls == []
+    clock.advance(SentStates.DELAY)
+    sent = int(DeliveryState.SENT)
+    assert store.calls == [("c", [(1, deliveries[0].packet_id, sent),
+                                  (3, deliveries[2].packet_id, sent)])]
+    assert _states(store) == [(1, deliveries[0].packet_id, DeliveryState.SENT),
+                              (3, deliveries[2].packet_id, DeliveryState.SENT)]
+    assert outbox.sent_states.call is None  # nothing held: the timer stops
+
+
+def test_the_held_sent_states_are_written_when_the_connection_ends():
+    store, outbox, clock, deliveries = _sent_qos1()
+    outbox.complete(deliveries[0].packet_id)
+    outbox.detach()
+    sent = int(DeliveryState.SENT)
+    assert store.calls == [("c", [(2, deliveries[1].packet_id, sent),
+                                  (3, deliveries[2].packet_id, sent)])]
+    assert outbox.sent_states.call is None
+    clock.advance(1)
+    assert _states(store) == [(2, deliveries[1].packet_id, DeliveryState.SENT),
+                              (3, deliveries[2].packet_id, DeliveryState.SENT)]
+    assert len(store.calls) == 1  # not written twice
+
+
+def test_a_discarded_session_writes_no_held_sent_state():
+    from tbmq.broker.sent_states import SentStates  # noqa: PLC0415
+
+    store, outbox, clock, _ = _sent_qos1()
+    outbox.discard()
+    clock.advance(3 * SentStates.DELAY)
+    assert store.calls == [] and _states(store) == []
 
 
 def test_publish_many_to_a_durable_topic_is_one_log_append_and_one_outcome():

@@ -193,3 +193,94 @@ def test_a_large_message_is_not_kept_for_the_next_subscriber(tmp_path):
     blobs = [writes.puts[key][2] for key in (("a", 1), ("b", 1), ("b", 2))]
     assert blobs[0] is not blobs[1] and blobs[0] == blobs[1] == blobs[2]
     assert message_of_blob(blobs[2]) == big
+
+
+def _page_store(tmp_path):
+    store = sync_store(tmp_path)
+    assert fired(store.start()) is None
+    base = 1_790_000_000_000_000_000  # nanoseconds: next_seq's keys
+    stored = [
+        delivery(base + 1, message=rich_message(), qos=2, retain=True, subscription_ids=(3, 9),
+                 packet_id=11, state=DeliveryState.SENT),
+        delivery(base + 2, message=message("a", b"\x00\xff\xfe\x00", qos=1)),
+        delivery(base + 3, message=message("b/c", b"", qos=0), qos=0),
+        delivery(base + 4, state=DeliveryState.RELEASED, packet_id=12),
+        delivery(base + 5, message=message("d", b"x" * 70000, qos=1, expires_at=5.5)),
+    ]
+    fired(store.deliveries.add("c", stored))
+    fired(store.deliveries.add("other", [delivery(base + 2)]))
+    return store, stored, base
+
+
+def test_a_page_is_one_step_of_one_statement_and_gives_every_column(tmp_path):
+    """A page of ``load`` is one aggregate SELECT (one step: the database
+    thread takes the GIL again once, not per row); its messages (binary
+    payloads, properties), seqs, identifiers, packet ids and states are
+    the rows'."""
+    store, stored, base = _page_store(tmp_path)
+    statements: list[str] = []
+    store.runner._conn.set_trace_callback(statements.append)
+    assert fired(store.deliveries.load("c")) == stored
+    assert fired(store.deliveries.load("c", after_seq=base + 1, limit=3)) == stored[1:4]
+    assert fired(store.deliveries.load("c", after_seq=base + 5)) == []
+    selects = [s for s in statements if s.startswith("SELECT") and "json_each('[1]')" not in s]
+    assert len(selects) == 3 and all("group_concat(message, '')" in s for s in selects)
+    store.stop()
+
+
+def test_a_page_without_json_functions_is_read_row_by_row_alike(tmp_path, monkeypatch):
+    from tbmq.backends import sqlite_bulk  # noqa: PLC0415
+
+    store, stored, base = _page_store(tmp_path)
+    monkeypatch.setattr(sqlite_bulk, "_JSON", [False])
+    statements: list[str] = []
+    store.runner._conn.set_trace_callback(statements.append)
+    assert fired(store.deliveries.load("c", after_seq=base + 1, limit=3)) == stored[1:4]
+    assert not [s for s in statements if "group_concat" in s]
+    store.stop()
+
+
+@pytest.mark.parametrize("bad", ["two records", "truncated"])
+def test_a_page_whose_messages_do_not_come_apart_fails_as_its_bad_row_would(tmp_path, bad):
+    store, stored, base = _page_store(tmp_path)
+    good = message_blob(message("a", b"1"))
+    blob = good + good if bad == "two records" else good[:-3]
+    store.runner._conn.execute("UPDATE deliveries SET message = ? WHERE client_id = 'c' AND seq = ?",
+                               (blob, base + 2))
+    with pytest.raises(RecordEncodingError):
+        fired(store.deliveries.load("c"))
+    assert fired(store.deliveries.load("c", after_seq=base + 2)) == stored[2:]
+    store.stop()
+
+
+def test_a_page_whose_aggregates_come_in_another_order_is_put_in_seq_order():
+    """SQLite does not promise the order of an aggregate's rows: the two
+    aggregates of a page (stepped through the same rows) are put in seq
+    order together."""
+    import json  # noqa: PLC0415
+
+    from tbmq.backends.sqlite_deliveries import _deliveries_of_page  # noqa: PLC0415
+
+    messages = [message("a", b"1"), message("b", b"2"), message("c", b"3")]
+    rows = [[3, 1, 0, None, None, 0], [1, 1, 1, "[4]", 7, 1], [2, 0, 0, None, None, 0]]
+    page = _deliveries_of_page(b"".join(message_blob(m) for m in messages), json.dumps(rows), 3)
+    assert page == [StoredDelivery(1, messages[1], 1, True, (4,), 7, DeliveryState.SENT),
+                    StoredDelivery(2, messages[2], 0),
+                    StoredDelivery(3, messages[0], 1)]
+    assert _deliveries_of_page(None, "[]", 0) == []
+
+
+def test_a_page_too_big_for_one_value_is_read_row_by_row(tmp_path):
+    """The page's messages as one blob may pass the library's largest value
+    (SQLITE_MAX_LENGTH, 1e9 bytes by default): the rows are then read one
+    by one, as before."""
+    store, stored, base = _page_store(tmp_path)
+    conn = store.runner._conn
+    (largest,) = conn.execute("SELECT max(length(message)) FROM deliveries").fetchone()
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, largest + 1)  # each row fits, not the page
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    assert fired(store.deliveries.load("c")) == stored
+    selects = [s for s in statements if s.startswith("SELECT") and "json_each('[1]')" not in s]
+    assert len(selects) == 2 and "group_concat" in selects[0] and "group_concat" not in selects[1]
+    store.stop()

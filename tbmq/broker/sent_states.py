@@ -1,0 +1,104 @@
+"""The SENT states of a persistent session's QoS 1 deliveries, written to
+the device store only for those the client has not acknowledged a moment
+later (a part of :class:`tbmq.broker.outbox.Outbox`, made at the first such
+send).
+
+A delivery read from the device store is sent with a packet identifier; the
+store keeps that identifier and the state SENT (``update``) so that after a
+reconnect the delivery is sent again with DUP and the same identifier
+[MQTT-4.4.0-1].  A live client acknowledges most QoS 1 deliveries within
+milliseconds, and the acknowledgement removes the row: the update of a row
+that is deleted a moment later is a write of every page the drain touches
+(and of its WAL frames, and of their fsync) for nothing.  So the SENT state
+of a QoS 1 delivery waits here :data:`SentStates.DELAY` to
+2 × :data:`SentStates.DELAY` seconds; the PUBACK that comes meanwhile
+cancels it (only the row's removal is written), the others are written in
+one ``update_many``.  When the connection ends, every state held is
+written at once, before the next connection reads the store (the store runs
+a client's calls in order), so a reconnect or a clean stop resends them as
+before.
+
+Only a crash (SIGKILL, power loss) within that time loses a held state: the
+QoS 1 delivery is then sent again after the restart as a new one (new
+packet identifier, no DUP), which QoS 1's at-least-once allows (the
+duplicates after a crash of ``docs/guarantees.md``).  QoS 2 deliveries and
+PUBREL states are not held (exactly once needs them).
+"""
+
+from __future__ import annotations
+
+from tbmq.backends.deliveries import update_many
+from tbmq.model import DeliveryState
+
+__all__ = ["SentStates"]
+
+_SENT = int(DeliveryState.SENT)
+
+
+class SentStates:
+    """The held SENT states of one session's QoS 1 deliveries: ``young``
+    (sent since the last tick), ``old`` (sent before it); each tick writes
+    ``old`` and ages ``young``.
+
+    :param outbox: the :class:`~tbmq.broker.outbox.Outbox` (its ``ctx``,
+        ``client_id``, ``_stored``).
+    """
+
+    __slots__ = ("outbox", "young", "old", "call")
+
+    #: seconds a held state waits at least (at most twice that) before
+    #: it is written
+    DELAY = 0.05
+
+    def __init__(self, outbox) -> None:
+        self.outbox = outbox
+        #: seq → packet identifier, sent since the last tick
+        self.young: dict[int, int] = {}
+        #: seq → packet identifier, sent before the last tick
+        self.old: dict[int, int] = {}
+        self.call = None
+
+    def hold(self, seq: int, packet_id: int) -> None:
+        """Delivery ``seq`` was sent with ``packet_id``: its state waits."""
+        self.young[seq] = packet_id
+        if self.call is None:
+            self.call = self.outbox.ctx.clock.callLater(self.DELAY, self._tick)
+
+    def finished(self, seq: int) -> None:
+        """Delivery ``seq`` is done (acknowledged, refused): its state is
+        not written (its row is removed)."""
+        if self.young.pop(seq, None) is None:
+            self.old.pop(seq, None)
+
+    def _tick(self) -> None:
+        """Write what waited a whole tick; the rest waits one more."""
+        self.call = None
+        old, self.old, self.young = self.old, self.young, {}
+        self._write(old)
+        if self.old:
+            self.call = self.outbox.ctx.clock.callLater(self.DELAY, self._tick)
+
+    def flush(self) -> None:
+        """The connection ends: write every held state now."""
+        self._cancel()
+        held = self.old
+        held.update(self.young)
+        self.old, self.young = {}, {}
+        self._write(held)
+
+    def forget(self) -> None:
+        """The session ends (its deliveries go): write nothing."""
+        self._cancel()
+        self.old, self.young = {}, {}
+
+    def _cancel(self) -> None:
+        call, self.call = self.call, None
+        if call is not None and call.active():
+            call.cancel()
+
+    def _write(self, held: dict[int, int]) -> None:
+        if held:
+            outbox = self.outbox
+            outbox._stored(update_many(outbox.ctx.device_store, outbox.client_id,
+                                       [(seq, pid, _SENT) for seq, pid in held.items()]),
+                           "update")
