@@ -497,10 +497,14 @@ class Outbox:
                 store_update(self, seq, pid, _SENT)
         return True
 
-    def _stored(self, result, operation: str) -> None:
+    def stored(self, result, operation: str) -> None:
         """A write to the device store whose outcome nobody waits for: its
         failure is counted and logged by the node (not an unhandled error
-        per delivery)."""
+        per delivery).
+
+        :param result: the store call's Deferred, or None
+        :param operation: what the call did (``"update"``, ``"remove"``),
+            named in the log line"""
         if result is not None:
             result.addErrback(self.ctx.drops.store_failed, operation)
 
@@ -708,10 +712,10 @@ class Outbox:
         completed deliveries in one."""
         updates, self._updates = self._updates, ()
         if updates:
-            self._stored(update_many(self.ctx.device_store, self.client_id, updates), "update")
+            self.stored(update_many(self.ctx.device_store, self.client_id, updates), "update")
         completed, self._completed = self._completed, ()
         if completed:
-            self._stored(self.ctx.device_store.remove(self.client_id, completed), "remove")
+            self.stored(self.ctx.device_store.remove(self.client_id, completed), "remove")
 
     # -- life cycle ------------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ class SentStates:
     ``old`` and ages ``young``.
 
     :param outbox: the :class:`~tbmq.broker.outbox.Outbox` (its ``ctx``,
-        ``client_id``, ``_stored``).
+        ``client_id``, ``stored``).
     """
 
     __slots__ = ("outbox", "young", "old", "call")
@@ -99,6 +99,6 @@ class SentStates:
     def _write(self, held: dict[int, int]) -> None:
         if held:
             outbox = self.outbox
-            outbox._stored(update_many(outbox.ctx.device_store, outbox.client_id,
+            outbox.stored(update_many(outbox.ctx.device_store, outbox.client_id,
                                        [(seq, pid, _SENT) for seq, pid in held.items()]),
                            "update")
