@@ -384,7 +384,9 @@ class Session:
         self._unaccepted_one(conn, qos == 0)
         entry = None
         if qos:
-            entry = [(Puback if qos == 1 else Pubrec)(packet.packet_id), False, False]
+            # a QoS 1 one as its packet id: a PUBACK with success, unless
+            # refused (_ack_refused)
+            entry = [packet.packet_id if qos == 1 else Pubrec(packet.packet_id), False, False]
             self._waiting_acks().append(entry)
         done.wait(entry, self.link, conn)
         if answer is not WAITING:
@@ -458,7 +460,17 @@ class Session:
             else:
                 self._qos0_refused(failure, accepting)
         elif failure is None:
-            self._ack_ready(None, entry, conn, accepting)
+            if self._reading_paused:
+                self._accepted(None, accepting)
+            else:
+                self._unaccepted -= 1  # (what _accepted does then)
+            entry[1] = True
+            acks = self._acks
+            if acks and acks[0] is entry and self.link is conn:
+                # the first of a run that the bus answers together (a
+                # commit of the topic log): sent together when the turn
+                # ends, in one write (the ones answered meanwhile behind it)
+                self.ctx.flusher.later(self._flush_acks)
         else:
             self._ack_refused(failure, entry, conn, accepting)
 
@@ -474,7 +486,9 @@ class Session:
         self.ctx.drops.refused(failure)
         if conn is not None and conn.protocol_level >= MQTT_5:
             packet = entry[0]
-            entry[0] = type(packet)(packet.packet_id, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+            entry[0] = (Puback(packet, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+                        if type(packet) is int else
+                        type(packet)(packet.packet_id, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR))
             entry[1] = True
             self._flush_acks(conn)
             return
@@ -490,13 +504,38 @@ class Session:
             acks = self._acks = deque()
         return acks
 
-    def _flush_acks(self, conn) -> None:
-        """Send the acknowledgements ready at the head of the queue."""
+    def _flush_acks(self, conn=None) -> None:
+        """Send the acknowledgements ready at the head of the queue, on
+        ``conn`` (default: the live connection; one that is not live any
+        more sends nothing): the PUBACKs in a row (an entry of a packet id,
+        see :meth:`_publish`) in one write."""
         acks = self._acks
+        link = self.link
+        if conn is None:
+            conn = link
+        live = link is conn and conn is not None
+        pids = None
         while acks and acks[0][1]:
             packet, _, duplicate = acks.popleft()
-            if self.link is conn and conn is not None:
-                self._send_ack(packet, duplicate)
+            if not live:
+                continue
+            if type(packet) is int:  # PUBACK, success: ends an inbound QoS 1 flow
+                if pids is None:
+                    pids = [packet]
+                else:
+                    pids.append(packet)
+                continue
+            if pids is not None:
+                self._send_pubacks(conn, pids)
+                pids = None
+            self._send_ack(packet, duplicate)
+        if pids is not None:
+            self._send_pubacks(conn, pids)
+
+    def _send_pubacks(self, conn, pids: list) -> None:
+        """PUBACK with success for each of ``pids`` (packet ids), in one write."""
+        self.inbound_unacked -= len(pids)
+        conn.write(b"".join(map(encode_puback, pids)))
 
     def _send_ack(self, packet, duplicate: bool = False) -> None:
         conn = self.link
