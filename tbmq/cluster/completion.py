@@ -201,7 +201,7 @@ class Progress:
 
         :raises RuntimeError: when a callback was registered already.
         """
-        if self._callback is not None:
+        if self._callback is not None or self._watch is not None:
             raise RuntimeError("a Progress has one callback")
         self._callback = callback
         self._args = args
