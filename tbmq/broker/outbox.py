@@ -410,6 +410,7 @@ class Outbox:
         app_done = self._app_done
         if app_done is NO_ENTRIES:
             app_done = self._app_done = {}
+        window = self._window()
         for i, d in enumerate(deliveries):
             if d.qos == 0:
                 self.deliver(d.message, 0, d.retain, d.subscription_ids, None, now, source)
@@ -417,6 +418,13 @@ class Outbox:
                 continue
             delivery = StoredDelivery(0, d.message, d.qos, d.retain, d.subscription_ids)
             app_done[id(delivery)] = (progress, i)  # its record of the batch
+            if (not self.queue and not conn.paused and not self.overflowed
+                    and len(self.inflight) < window):
+                # the usual case, as _offer's first: sent now (not in the
+                # device store: no sequence number to keep)
+                if not self._send(delivery, None, now, conn, False):
+                    self._finished(delivery)
+                continue
             self._offer(delivery, None, now, source, conn)
         return progress
 
