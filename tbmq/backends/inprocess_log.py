@@ -93,12 +93,9 @@ class Partition:
         entries = self.entries
         if not entries:
             self.first = first
-        if decoded is None:
-            for o, key, value in zip(count(first), keys, values):
-                entries[o] = (key, value, (), None)
-        else:
-            for o, key, value, obj in zip(count(first), keys, values, decoded):
-                entries[o] = (key, value, (), obj)
+        # the entries made and held in C (no bytecode per record)
+        entries.update(zip(count(first), zip(keys, values, repeat(()),
+                                             repeat(None) if decoded is None else decoded)))
         self.next = first + len(values)
         return first
 

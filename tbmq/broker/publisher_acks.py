@@ -39,21 +39,10 @@ class PublisherAcks:
 
     __slots__ = ()
 
-    def _unaccepted_one(self, conn, held: bool) -> None:
-        """A publish the bus has not accepted yet: past
-        ``mqtt.max_pending_messages`` of them, or at once when ``held`` (the
-        pipeline is held back), the connection stops reading until half of
-        them are accepted (:meth:`_accepted`: a publisher never fills
-        memory)."""
-        self._unaccepted += 1
-        if (held or self._unaccepted >= self.ctx.mqtt.max_pending_messages) \
-                and not self._reading_paused:
-            self._reading_paused = True
-            conn.pause_reading()
-
     def _accepted(self, value, conn):
-        """The bus answered one publish of :meth:`_unaccepted_one` (success
-        or failure: ``value`` passes through)."""
+        """The bus answered one publish that it did not accept during the
+        call (counted by ``Session._publish``): success or failure,
+        ``value`` passes through."""
         self._unaccepted -= 1
         if (self._reading_paused
                 and self._unaccepted <= self.ctx.mqtt.max_pending_messages // 2):
@@ -81,7 +70,7 @@ class PublisherAcks:
         message when it reconnects [MQTT-4.4.0-1].
 
         :param accepting: the connection whose publish ``result`` is, counted
-            by :meth:`_unaccepted_one` (its answer also counts for
+            by ``Session._publish`` (its answer also counts for
             :meth:`_accepted`), or None.
         """
         acks = self._acks

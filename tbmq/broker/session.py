@@ -382,7 +382,15 @@ class Session(PublisherAcks):
         # the bus answers later (or refused it during the call): a QoS 0
         # message waits for nothing but a held consumer, so this publisher
         # stops being read at once (QoS 1/2 also wait for stores)
-        self._unaccepted_one(conn, qos == 0)
+        # a publish the bus has not accepted yet: past
+        # mqtt.max_pending_messages of them, or at once for QoS 0 (held back
+        # by a consumer), the connection stops reading until half of them
+        # are accepted (PublisherAcks._accepted: a publisher never fills memory)
+        unaccepted = self._unaccepted = self._unaccepted + 1
+        if (qos == 0 or unaccepted >= self.ctx.mqtt.max_pending_messages) \
+                and not self._reading_paused:
+            self._reading_paused = True
+            conn.pause_reading()
         entry = None
         if qos:
             # a QoS 1 one as its packet id: a PUBACK with success, unless
