@@ -565,3 +565,44 @@ def test_a_cursor_moves_past_a_settled_run_at_once_and_stops_where_records_wait(
     other.position = 4
     other.inflight = {0}
     assert not other.advance(range(1, 3)) and other.committed == 0  # 0 still waits
+
+
+def test_a_progress_that_grows_again_after_a_settle_is_settled_again():
+    """The bus watches a batch's Progress once per settle: what grows in a
+    later turn is committed at the end of that turn, and a member that
+    leaves first settles what grew (the next starts exactly after it)."""
+    log = MemoryTopicLog()
+    bus, clock = make(log=log)
+    topic = C.app("app")
+    batches = []
+
+    def batch(values):
+        batches.append(Progress(len(values)))
+        return batches[-1]
+
+    consumer = bus.subscribe(topic, "tbmq-app-app", lambda record: defer.Deferred(),
+                             exclusive=True, batch_handler=batch)
+    clock.advance(0)
+    for i in range(6):
+        bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 1, seq=i))
+    clock.advance(0)
+    clock.advance(0)
+    progress = batches[0]
+    progress.finished(0)
+    progress.finished(1)
+    clock.advance(0)
+    assert consumer.lag() == 4
+    progress.finished(3)  # after a gap: nothing to settle
+    clock.advance(0)
+    assert consumer.lag() == 4
+    progress.finished(2)
+    clock.advance(0)
+    assert consumer.lag() == 2
+    progress.finished(4)
+    consumer.stop()  # settled before it leaves
+    bus.stop()
+    bus2, clock2 = make(log=log)
+    again = []
+    bus2.subscribe(topic, "tbmq-app-app", again.append, exclusive=True)
+    clock2.advance(0)
+    assert [rec.value.seq for rec in again] == [5]
