@@ -11,7 +11,10 @@ identity, inbound QoS state and subscriptions, and owns its parts: the
 :class:`~tbmq.broker.outbox.Outbox` (outbound window, packet identifiers,
 queue), which owns a :class:`~tbmq.broker.holding.SourceHolds` from its
 first hold and a persistent session's
-:class:`~tbmq.broker.store_reads.StoreReader` from its first read.
+:class:`~tbmq.broker.store_reads.StoreReader` from its first read, and the
+:class:`~tbmq.broker.publisher_acks.PublisherAcks` (the PUBACKs and PUBRECs
+owed to the client's publishes, in order, and the publishes the bus has not
+answered yet).
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ _NO_IDS: frozenset = frozenset()
 #: written (a dict is made at the first entry; an empty one is 64 bytes)
 _NO_ENTRIES: dict = {}
 
-class Session(PublisherAcks):
+class Session:
     """The state of one client id.
 
     :ivar client_id: the client identifier.
@@ -77,6 +80,10 @@ class Session(PublisherAcks):
         shared empty mapping, never written, until the first subscription:
         :meth:`tbmq.broker.sessions.SessionManager.subscribe` makes the dict).
     :ivar connection: the live connection, or None while offline.
+    :ivar acks: the :class:`~tbmq.broker.publisher_acks.PublisherAcks` part:
+        the acknowledgements owed to the client's publishes.
+    :ivar inbound_unacked: QoS 1 PUBLISHes of the client not acknowledged
+        yet (the receive maximum counts them [MQTT-3.3.4-9]).
     :ivar dropped: messages dropped for this session, by reason.
     :ivar address: ``host:port`` of the client's last connection, or None.
     :ivar username: the user name it last authenticated with, or None.
@@ -89,8 +96,8 @@ class Session(PublisherAcks):
     # attributes in slots, not in a dict per session (CPython shares instance
     # dicts' keys up to 30 attributes only: past that, 1.6 KB each)
     __slots__ = tuple("""ctx client_id persistent expiry_interval protocol_level client_type subscriptions
-        connection disconnected_at inbound_qos2 inbound_unacked aliases _acks _unaccepted _spare _allowed
-        _allowed_for _reading_paused will will_timer expiry_timer session_id connected_at address username
+        connection disconnected_at inbound_qos2 inbound_unacked aliases acks _spare _allowed
+        _allowed_for will will_timer expiry_timer session_id connected_at address username
         credentials_name _view link outbox app_consumers _received _received_bytes rate_in
         rate_out""".split())
 
@@ -117,10 +124,9 @@ class Session(PublisherAcks):
         self.rate_in = self.rate_out = None
         # topic aliases of the current connection [MQTT-3.3.2-7]
         self.aliases: dict[int, str] = _NO_ENTRIES  # a dict from the first alias
-        # acks waiting for earlier acks, to keep PUBACK/PUBREC in order [MQTT-4.6.0-2]
-        self._acks: deque[list] | tuple = ()  # a deque (760 bytes) from the first: _waiting_acks
-        # publishes handed to the pipeline and not yet accepted by the bus
-        self._unaccepted = 0
+        # PUBACK/PUBREC in order [MQTT-4.6.0-2], and the publishes handed to
+        # the pipeline and not yet accepted by the bus
+        self.acks = PublisherAcks(self)
         # the done of the next publish (PublishDone), reused while the bus
         # answers during the call
         self._spare: PublishDone | None = None
@@ -128,7 +134,6 @@ class Session(PublisherAcks):
         # valid for the AuthResult it was filled under
         self._allowed: dict[str, tuple[bool, float]] = _NO_ENTRIES  # a dict from the first
         self._allowed_for = None
-        self._reading_paused = False
         self.will = None
         self.will_timer = None
         self.expiry_timer = None
@@ -226,7 +231,7 @@ class Session(PublisherAcks):
             if qos == 2 and pid in self.inbound_qos2:
                 # a resent PUBLISH is not routed again; its PUBREC follows the
                 # first one's (QoS 2 method A, [MQTT-4.3.3-9])
-                self.ack_when(None, Pubrec(pid), duplicate=True)
+                self.acks.ack_when(None, Pubrec(pid), duplicate=True)
                 return None
             # a v3 client is never told the receive maximum
             if self.inbound_unacked + len(self.inbound_qos2) >= (
@@ -244,7 +249,7 @@ class Session(PublisherAcks):
                 # connection goes on (§3.4.2.1)
                 self.log.info("PUBLISH of {client_id} refused (0x90): {error}",
                               client_id=self.client_id, error=too_deep)
-                self.ack_when(None, (Puback if qos == 1 else Pubrec)(
+                self.acks.ack_when(None, (Puback if qos == 1 else Pubrec)(
                     pid, ReasonCode.TOPIC_NAME_INVALID))
                 return None
         limits = self.ctx.limits_in
@@ -255,7 +260,7 @@ class Session(PublisherAcks):
             # payload format 1 must be UTF-8 [MQTT-3.3.2-4]: refused with 0x99
             if qos == 0:
                 raise ProtocolViolation(ReasonCode.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8")
-            self.ack_when(None, (Puback if qos == 1 else Pubrec)(
+            self.acks.ack_when(None, (Puback if qos == 1 else Pubrec)(
                 pid, ReasonCode.PAYLOAD_FORMAT_INVALID))
             return None
         now = self.ctx.clock.seconds()
@@ -321,7 +326,7 @@ class Session(PublisherAcks):
         if not v5:
             conn.disconnect(ReasonCode.MESSAGE_RATE_TOO_HIGH)
         elif packet.qos:
-            self.ack_when(None, (Puback if packet.qos == 1 else Pubrec)(
+            self.acks.ack_when(None, (Puback if packet.qos == 1 else Pubrec)(
                 packet.packet_id, ReasonCode.QUOTA_EXCEEDED))
 
     def _publish_denied(self, packet: Publish, topic: str, conn) -> None:
@@ -333,9 +338,9 @@ class Session(PublisherAcks):
         code = (ReasonCode.NOT_AUTHORIZED if conn.protocol_level >= MQTT_5
                 else ReasonCode.SUCCESS)
         if packet.qos == 1:
-            self.ack_when(None, Puback(packet.packet_id, code))
+            self.acks.ack_when(None, Puback(packet.packet_id, code))
         elif packet.qos == 2:
-            self.ack_when(None, Pubrec(packet.packet_id, code))
+            self.acks.ack_when(None, Pubrec(packet.packet_id, code))
 
     def _publish(self, packet: Publish, topic: str, conn, now: float, v5: bool) -> None:
         """Hand the message to the pipeline; acknowledge once it is durable.
@@ -361,7 +366,7 @@ class Session(PublisherAcks):
             hooks.message_published(self, message)
         done = self._spare
         if done is None:
-            done = PublishDone(self)
+            done = PublishDone(self.acks)
         else:
             self._spare = None  # (a publish from inside this one takes another)
         self.ctx.publish(message, done.call)
@@ -371,13 +376,13 @@ class Session(PublisherAcks):
             done.answer = WAITING
             self._spare = done
             if qos == 1:
-                if not self._acks:
+                if not self.acks.queue:
                     self.inbound_unacked -= 1
                     conn.write(encode_puback(packet.packet_id))
                 else:
-                    self.ack_when(None, Puback(packet.packet_id))
+                    self.acks.ack_when(None, Puback(packet.packet_id))
             elif qos == 2:
-                self.ack_when(None, Pubrec(packet.packet_id))
+                self.acks.ack_when(None, Pubrec(packet.packet_id))
             return
         # the bus answers later (or refused it during the call): a QoS 0
         # message waits for nothing but a held consumer, so this publisher
@@ -385,21 +390,22 @@ class Session(PublisherAcks):
         # a publish the bus has not accepted yet: past
         # mqtt.max_pending_messages of them, or at once for QoS 0 (held back
         # by a consumer), the connection stops reading until half of them
-        # are accepted (PublisherAcks._accepted: a publisher never fills memory)
-        unaccepted = self._unaccepted = self._unaccepted + 1
+        # are accepted (PublisherAcks.published: a publisher never fills memory)
+        acks = self.acks
+        unaccepted = acks.unaccepted = acks.unaccepted + 1
         if (qos == 0 or unaccepted >= self.ctx.mqtt.max_pending_messages) \
-                and not self._reading_paused:
-            self._reading_paused = True
+                and not acks.reading_paused:
+            acks.reading_paused = True
             conn.pause_reading()
         entry = None
         if qos:
             # a QoS 1 one as its packet id: a PUBACK with success, unless
-            # refused (_ack_refused)
+            # refused (PublisherAcks._ack_refused)
             entry = [packet.packet_id if qos == 1 else Pubrec(packet.packet_id), False, False]
-            acks = self._acks
-            if type(acks) is not deque:
-                acks = self._waiting_acks()
-            acks.append(entry)
+            queue = acks.queue
+            if type(queue) is not deque:
+                queue = acks.waiting()
+            queue.append(entry)
         done.wait(entry, self.link, conn)
         if answer is not WAITING:
             done.call(answer)
@@ -599,12 +605,10 @@ class Session(PublisherAcks):
         link = self.link = connection.make_link()
         self.protocol_level = connection.protocol_level
         self.disconnected_at = None
-        self._acks = ()
+        self.acks.attach()
         self.inbound_unacked = 0
         self.aliases = _NO_ENTRIES
         self.outbox.attach(link)
-        self._unaccepted = 0
-        self._reading_paused = False
 
     def detach(self, now: float) -> None:
         """The connection is gone; a persistent session keeps its state in
@@ -615,7 +619,7 @@ class Session(PublisherAcks):
             self._mark(False)
         self.connection = self.link = None
         self.disconnected_at = now
-        self._acks = ()
+        self.acks.detach()
         self.inbound_unacked = 0
         self.aliases = _NO_ENTRIES
         self.outbox.detach()
