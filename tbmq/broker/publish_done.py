@@ -22,6 +22,9 @@ class PublishDone:
     answer to the session's acknowledgements
     (:meth:`tbmq.broker.publisher_acks.PublisherAcks.published`).
 
+    :ivar acks: the session's
+        :class:`~tbmq.broker.publisher_acks.PublisherAcks`, which a later
+        answer goes to.
     :ivar call: ``call(failure=None)``: the ``done`` given to the bus.
     :ivar answer: :data:`WAITING`, or what the bus answered during the call
         (None, or a :class:`~twisted.python.failure.Failure`).

@@ -11,7 +11,7 @@ for one flush when the turn ends; the PUBACKs ready then go out in one
 write (:meth:`PublisherAcks.flush`), not one call and one write each.
 
 A part the :class:`~tbmq.broker.session.Session` owns (``session.acks``),
-made with it: the session queues an acknowledgement with
+made at its client's first PUBLISH: the session queues an acknowledgement with
 :meth:`PublisherAcks.ack_when`, counts a publish the bus did not answer
 during the call in :attr:`PublisherAcks.unaccepted` and queues its entry
 (``Session._publish``), and the bus's later answer comes to

@@ -11,7 +11,8 @@ identity, inbound QoS state and subscriptions, and owns its parts: the
 :class:`~tbmq.broker.outbox.Outbox` (outbound window, packet identifiers,
 queue), which owns a :class:`~tbmq.broker.holding.SourceHolds` from its
 first hold and a persistent session's
-:class:`~tbmq.broker.store_reads.StoreReader` from its first read, and the
+:class:`~tbmq.broker.store_reads.StoreReader` from its first read, and, from
+its client's first PUBLISH, the
 :class:`~tbmq.broker.publisher_acks.PublisherAcks` (the PUBACKs and PUBRECs
 owed to the client's publishes, in order, and the publishes the bus has not
 answered yet).
@@ -49,10 +50,6 @@ from tbmq.mqtt.topics import (
     validate_topic_name,
 )
 
-#: ``ReasonCode.SUCCESS``, read once (a class attribute of an enum is a slow
-#: lookup on the path of every acknowledgement)
-_SUCCESS = ReasonCode.SUCCESS
-
 #: the session expiry interval that means "never expires" (§3.1.2.11.2)
 EXPIRY_NEVER = 0xFFFFFFFF
 
@@ -80,8 +77,9 @@ class Session:
         shared empty mapping, never written, until the first subscription:
         :meth:`tbmq.broker.sessions.SessionManager.subscribe` makes the dict).
     :ivar connection: the live connection, or None while offline.
-    :ivar acks: the :class:`~tbmq.broker.publisher_acks.PublisherAcks` part:
-        the acknowledgements owed to the client's publishes.
+    :ivar acks: the :class:`~tbmq.broker.publisher_acks.PublisherAcks` part
+        (the acknowledgements owed to the client's publishes), or None
+        until the first PUBLISH needs it (:meth:`publisher_acks`).
     :ivar inbound_unacked: QoS 1 PUBLISHes of the client not acknowledged
         yet (the receive maximum counts them [MQTT-3.3.4-9]).
     :ivar dropped: messages dropped for this session, by reason.
@@ -125,8 +123,8 @@ class Session:
         # topic aliases of the current connection [MQTT-3.3.2-7]
         self.aliases: dict[int, str] = _NO_ENTRIES  # a dict from the first alias
         # PUBACK/PUBREC in order [MQTT-4.6.0-2], and the publishes handed to
-        # the pipeline and not yet accepted by the bus
-        self.acks = PublisherAcks(self)
+        # the pipeline and not yet accepted by the bus: made at first use
+        self.acks: PublisherAcks | None = None
         # the done of the next publish (PublishDone), reused while the bus
         # answers during the call
         self._spare: PublishDone | None = None
@@ -155,6 +153,14 @@ class Session:
         #: the outbound part: :class:`~tbmq.broker.outbox.Outbox` (the
         #: router calls its ``deliver``: no frame of the session's on the way)
         self.outbox = Outbox(self, ctx.clock.seconds())
+
+    def publisher_acks(self) -> PublisherAcks:
+        """:returns: :attr:`acks`, made at the first call (a client that
+        never publishes holds none)."""
+        acks = self.acks
+        if acks is None:
+            acks = self.acks = PublisherAcks(self)
+        return acks
 
     @property
     def view(self) -> SessionView:
@@ -231,7 +237,7 @@ class Session:
             if qos == 2 and pid in self.inbound_qos2:
                 # a resent PUBLISH is not routed again; its PUBREC follows the
                 # first one's (QoS 2 method A, [MQTT-4.3.3-9])
-                self.acks.ack_when(None, Pubrec(pid), duplicate=True)
+                self.publisher_acks().ack_when(None, Pubrec(pid), duplicate=True)
                 return None
             # a v3 client is never told the receive maximum
             if self.inbound_unacked + len(self.inbound_qos2) >= (
@@ -249,7 +255,7 @@ class Session:
                 # connection goes on (§3.4.2.1)
                 self.log.info("PUBLISH of {client_id} refused (0x90): {error}",
                               client_id=self.client_id, error=too_deep)
-                self.acks.ack_when(None, (Puback if qos == 1 else Pubrec)(
+                self.publisher_acks().ack_when(None, (Puback if qos == 1 else Pubrec)(
                     pid, ReasonCode.TOPIC_NAME_INVALID))
                 return None
         limits = self.ctx.limits_in
@@ -260,7 +266,7 @@ class Session:
             # payload format 1 must be UTF-8 [MQTT-3.3.2-4]: refused with 0x99
             if qos == 0:
                 raise ProtocolViolation(ReasonCode.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8")
-            self.acks.ack_when(None, (Puback if qos == 1 else Pubrec)(
+            self.publisher_acks().ack_when(None, (Puback if qos == 1 else Pubrec)(
                 pid, ReasonCode.PAYLOAD_FORMAT_INVALID))
             return None
         now = self.ctx.clock.seconds()
@@ -326,7 +332,7 @@ class Session:
         if not v5:
             conn.disconnect(ReasonCode.MESSAGE_RATE_TOO_HIGH)
         elif packet.qos:
-            self.acks.ack_when(None, (Puback if packet.qos == 1 else Pubrec)(
+            self.publisher_acks().ack_when(None, (Puback if packet.qos == 1 else Pubrec)(
                 packet.packet_id, ReasonCode.QUOTA_EXCEEDED))
 
     def _publish_denied(self, packet: Publish, topic: str, conn) -> None:
@@ -338,9 +344,9 @@ class Session:
         code = (ReasonCode.NOT_AUTHORIZED if conn.protocol_level >= MQTT_5
                 else ReasonCode.SUCCESS)
         if packet.qos == 1:
-            self.acks.ack_when(None, Puback(packet.packet_id, code))
+            self.publisher_acks().ack_when(None, Puback(packet.packet_id, code))
         elif packet.qos == 2:
-            self.acks.ack_when(None, Pubrec(packet.packet_id, code))
+            self.publisher_acks().ack_when(None, Pubrec(packet.packet_id, code))
 
     def _publish(self, packet: Publish, topic: str, conn, now: float, v5: bool) -> None:
         """Hand the message to the pipeline; acknowledge once it is durable.
@@ -366,7 +372,7 @@ class Session:
             hooks.message_published(self, message)
         done = self._spare
         if done is None:
-            done = PublishDone(self.acks)
+            done = PublishDone(self.publisher_acks())
         else:
             self._spare = None  # (a publish from inside this one takes another)
         self.ctx.publish(message, done.call)
@@ -376,13 +382,14 @@ class Session:
             done.answer = WAITING
             self._spare = done
             if qos == 1:
-                if not self.acks.queue:
+                acks = done.acks
+                if not acks.queue:
                     self.inbound_unacked -= 1
                     conn.write(encode_puback(packet.packet_id))
                 else:
-                    self.acks.ack_when(None, Puback(packet.packet_id))
+                    acks.ack_when(None, Puback(packet.packet_id))
             elif qos == 2:
-                self.acks.ack_when(None, Pubrec(packet.packet_id))
+                done.acks.ack_when(None, Pubrec(packet.packet_id))
             return
         # the bus answers later (or refused it during the call): a QoS 0
         # message waits for nothing but a held consumer, so this publisher
@@ -391,7 +398,7 @@ class Session:
         # mqtt.max_pending_messages of them, or at once for QoS 0 (held back
         # by a consumer), the connection stops reading until half of them
         # are accepted (PublisherAcks.published: a publisher never fills memory)
-        acks = self.acks
+        acks = done.acks
         unaccepted = acks.unaccepted = acks.unaccepted + 1
         if (qos == 0 or unaccepted >= self.ctx.mqtt.max_pending_messages) \
                 and not acks.reading_paused:
@@ -605,7 +612,9 @@ class Session:
         link = self.link = connection.make_link()
         self.protocol_level = connection.protocol_level
         self.disconnected_at = None
-        self.acks.attach()
+        acks = self.acks
+        if acks is not None:
+            acks.attach()
         self.inbound_unacked = 0
         self.aliases = _NO_ENTRIES
         self.outbox.attach(link)
@@ -619,7 +628,9 @@ class Session:
             self._mark(False)
         self.connection = self.link = None
         self.disconnected_at = now
-        self.acks.detach()
+        acks = self.acks
+        if acks is not None:
+            acks.detach()
         self.inbound_unacked = 0
         self.aliases = _NO_ENTRIES
         self.outbox.detach()
