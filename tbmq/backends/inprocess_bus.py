@@ -651,26 +651,11 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
         """Hand ``member.batch_handler`` the records of partition ``p`` that
         wait in a row from ``o`` (at most ``most``); their one result settles
         each (:meth:`_handled`).  :returns: how many were handed."""
-        codec = state.codec
-        offsets, values = [], []
-        x, nxt = o, entry
-        while nxt is not None:
-            value = nxt[3]
-            if value is None:
-                value = nxt[1]
-                if codec is not None:
-                    try:
-                        value = codec.decode(value)
-                    except Exception:  # it alone fails, once those before it are handed
-                        if not offsets:
-                            self._hand(member, state, p, cursor, part, o, entry)
-                            return 1
-                        break
-            offsets.append(x)
-            values.append(value)
-            x += 1
-            nxt = part.entries.get(x) if len(offsets) < most and x < part.next else None
-        cursor.position = x
+        offsets, values = part.run(o, most, state.codec)
+        if not offsets:  # it alone fails
+            self._hand(member, state, p, cursor, part, o, entry)
+            return 1
+        cursor.position = o + len(offsets)
         try:
             result = member.batch_handler(values)
         except Exception:
@@ -703,7 +688,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
         if deferred:
             member.inflight -= n
             cursor.inflight.difference_update(offsets)
-        if group.cursors[p] is cursor and cursor.advance():
+        if group.cursors[p] is cursor and cursor.advance(range(offsets[0], offsets[-1] + 1)):
             self._committed(state, group, p, cursor)
             member.redelivery.passed(p, cursor.committed)
             if cursor.committed in cursor.failed:

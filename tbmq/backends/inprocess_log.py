@@ -11,7 +11,8 @@ records were compacted away or dropped; a reader skips holes.
 from __future__ import annotations
 
 from collections import deque
-from itertools import count
+from itertools import count, repeat
+from operator import itemgetter
 from typing import Any, Callable
 
 from twisted.logger import Logger
@@ -23,6 +24,10 @@ from tbmq.log import OBSERVER as LOG_OBSERVER
 __all__ = ["Cursor", "Group", "Partition", "RangeWaiter", "TopicState", "Waiter"]
 
 log = Logger(observer=LOG_OBSERVER)
+
+#: a held entry's decoded object, and its value (:attr:`Partition.entries`)
+_DECODED = itemgetter(3)
+_VALUE = itemgetter(1)
 
 
 class Partition:
@@ -88,14 +93,48 @@ class Partition:
         entries = self.entries
         if not entries:
             self.first = first
-        if decoded is None:
-            for o, key, value in zip(count(first), keys, values):
-                entries[o] = (key, value, (), None)
-        else:
-            for o, key, value, obj in zip(count(first), keys, values, decoded):
-                entries[o] = (key, value, (), obj)
+        # the entries made and held in C (no bytecode per record)
+        entries.update(zip(count(first), zip(keys, values, repeat(()),
+                                             repeat(None) if decoded is None else decoded)))
         self.next = first + len(values)
         return first
+
+    def run(self, o: int, most: int, codec) -> tuple[list, list]:
+        """The records held in a row from offset ``o`` (held there), at most
+        ``most``, up to the first hole, with their values decoded (a
+        consumer's batch).  Found and read in C, no bytecode per record,
+        when each is held decoded (a durable topic's live record) or, with
+        no ``codec``, as the object itself; else decoded one by one, up to
+        the first that does not decode.
+
+        :param codec: the topic's :class:`~tbmq.cluster.record_codec.RecordCodec`,
+            or None.
+        :returns: ``(offsets, values)``, in order; both empty when the
+            record at ``o`` does not decode.
+        """
+        end = self.next
+        if end - o > most:
+            end = o + most
+        held = list(map(self.entries.get, range(o, end)))
+        if None in held:  # (a tuple compared to None: in C)
+            del held[held.index(None):]
+        values = list(map(_DECODED, held))
+        if all(values):
+            return list(range(o, o + len(held))), values
+        if codec is None and not any(values):
+            return list(range(o, o + len(held))), list(map(_VALUE, held))
+        offsets, values = [], []
+        for x, (_, value, _, decoded) in enumerate(held, o):
+            if decoded is not None:
+                value = decoded
+            elif codec is not None:
+                try:
+                    value = codec.decode(value)
+                except Exception:  # it alone fails, once those before it are handed
+                    break
+            offsets.append(x)
+            values.append(value)
+        return offsets, values
 
     def put(self, o: int, key: str | None, value: Any, headers: tuple,
             decoded: Any = None) -> None:
@@ -129,10 +168,8 @@ class Partition:
             elif before - o > n:  # sparse: walk the records, not the offsets
                 for held in [held for held in entries if held < before]:
                     del entries[held]
-            else:
-                pop = entries.pop
-                for held in range(o, before):
-                    pop(held, None)
+            else:  # each offset popped in C (no bytecode per record)
+                deque(map(entries.pop, range(o, before), repeat(None)), maxlen=0)
             if before > self.first:
                 self.first = before
         else:
@@ -191,13 +228,19 @@ class Cursor:
         self.inflight: set[int] = set()
         self.failed: dict[int, Any] = {}
 
-    def advance(self) -> bool:
+    def advance(self, settled: range | None = None) -> bool:
         """Move :attr:`committed` over the contiguous handled prefix.
 
+        :param settled: the offsets whose results just fired with success
+            (handed, out of :attr:`inflight`, not failed), or None: when
+            they start at :attr:`committed` it moves past them at once, not
+            one offset at a time.
         :returns: True when it moved.
         """
         c = start = self.committed
         position, inflight, failed = self.position, self.inflight, self.failed
+        if settled is not None and settled.start == c and settled.stop <= position:
+            c = settled.stop
         while c < position and c not in inflight and c not in failed:
             c += 1
         if c == start:

@@ -25,18 +25,15 @@ __all__ = ["ProgressRuns"]
 
 class _Run:
     """One batch handed with a Progress: ``offsets`` of partition ``p``,
-    the first ``leading`` of them finished, the first ``settled`` settled
-    (no reference to the Progress, which refers to it: no cycle to
-    collect)."""
+    the first ``settled`` of them settled (no reference to the Progress,
+    which refers to it: no cycle to collect)."""
 
-    __slots__ = ("args", "offsets", "leading", "settled", "grown")
+    __slots__ = ("args", "offsets", "settled")
 
     def __init__(self, args: tuple, offsets: list) -> None:
         self.args = args  # (member, state, p, cursor)
         self.offsets = offsets
-        self.leading = 0
         self.settled = 0
-        self.grown = False
 
 
 class ProgressRuns:
@@ -54,20 +51,19 @@ class ProgressRuns:
     def __init__(self, clock, settle: Callable[..., None]) -> None:
         self.clock = clock
         self.settle = settle
-        self._grown: list[_Run] = []
+        self._grown: list[tuple] = []  # (progress, run): told once until taken
         self._call = None
 
     def track(self, progress: Progress, member, state, p: int, cursor, offsets: list) -> None:
         """Settle the leading run of ``progress`` (whose records are
-        ``offsets``, in order) as it grows, once per turn."""
-        progress.then(self._grew, _Run((member, state, p, cursor), offsets))
+        ``offsets``, in order) as it grows, once per turn: the Progress
+        tells at its first growth after each settle
+        (:meth:`~tbmq.cluster.completion.Progress.watch`), not at each
+        acknowledgement."""
+        progress.watch(self._grew, _Run((member, state, p, cursor), offsets))
 
-    def _grew(self, _start: int, end: int, run: _Run) -> None:
-        run.leading = end
-        if run.grown:
-            return
-        run.grown = True
-        self._grown.append(run)
+    def _grew(self, progress: Progress, run: _Run) -> None:
+        self._grown.append((progress, run))
         if self._call is None:
             self._call = self.clock.callLater(0, self.settle_now)
 
@@ -79,9 +75,8 @@ class ProgressRuns:
             call.cancel()
         while self._grown:
             grown, self._grown = self._grown, []
-            for run in grown:
-                run.grown = False
-                start, end = run.settled, run.leading
+            for progress, run in grown:
+                start, end = run.settled, progress.take()
                 if end > start:
                     run.settled = end
                     self.settle(None, *run.args, run.offsets[start:end], True)

@@ -99,21 +99,6 @@ def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple
                                  packet_id if qos else None, props, level)
 
 
-class _AppAck:
-    """What one delivery of :meth:`Outbox.deliver_app_batch` waits for, in
-    place of a Deferred (``callback(None)`` once it is finished: its index
-    of the batch's :class:`~tbmq.cluster.completion.Progress` finished)."""
-
-    __slots__ = ("progress", "index")
-
-    def __init__(self, progress: Progress, index: int) -> None:
-        self.progress = progress
-        self.index = index
-
-    def callback(self, _result) -> None:
-        self.progress.finished(self.index)
-
-
 def store_update(outbox: "Outbox", seq: int, packet_id: int, state: int) -> None:
     """Record in the device store, with the other writes of ``outbox`` in
     this turn (one ``update_many`` when the turn ends,
@@ -187,8 +172,10 @@ class Outbox:
         #: a persistent session's :class:`~tbmq.broker.store_reads.StoreReader`,
         #: made at its first read (:meth:`store_reader`), else None
         self.reader: StoreReader | None = None
-        #: id(delivery) → the Deferred its ``tbmq.msg.app`` record commits on
-        self._app_done: dict[int, defer.Deferred] = NO_ENTRIES
+        #: id(delivery) → what its ``tbmq.msg.app`` record commits on: the
+        #: Deferred of :meth:`deliver_app`, or ``(Progress, index)`` of
+        #: :meth:`deliver_app_batch`
+        self._app_done: dict[int, defer.Deferred | tuple] = NO_ENTRIES
         self.dropped: dict[str, int] = NO_ENTRIES
         self._drop_logged_at = NEVER
         self._drops_logged: dict[str, int] = NO_ENTRIES
@@ -427,13 +414,21 @@ class Outbox:
         app_done = self._app_done
         if app_done is NO_ENTRIES:
             app_done = self._app_done = {}
+        window = self._window()
         for i, d in enumerate(deliveries):
             if d.qos == 0:
                 self.deliver(d.message, 0, d.retain, d.subscription_ids, None, now, source)
                 progress.finished(i)  # nothing to wait for
                 continue
             delivery = StoredDelivery(0, d.message, d.qos, d.retain, d.subscription_ids)
-            app_done[id(delivery)] = _AppAck(progress, i)
+            app_done[id(delivery)] = (progress, i)  # its record of the batch
+            if (not self.queue and not conn.paused and not self.overflowed
+                    and len(self.inflight) < window):
+                # the usual case, as _offer's first: sent now (not in the
+                # device store: no sequence number to keep)
+                if not self._send(delivery, None, now, conn, False):
+                    self._finished(delivery)
+                continue
             self._offer(delivery, None, now, source, conn)
         return progress
 
@@ -680,7 +675,10 @@ class Outbox:
         if self._app_done:
             done = self._app_done.pop(id(delivery), None)
             if done is not None:
-                done.callback(None)
+                if type(done) is tuple:  # (Progress, index): deliver_app_batch
+                    done[0].finished(done[1])
+                else:
+                    done.callback(None)
                 return
         if delivery.seq:
             if self.sent_states is not None:

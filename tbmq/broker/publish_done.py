@@ -1,6 +1,7 @@
 """The ``done`` of a session's publish: what the bus answers about a
 PUBLISH from the client, kept so that the hot path allocates nothing (see
-:meth:`tbmq.broker.session.Session.on_publish`)."""
+:meth:`tbmq.broker.session.Session.on_publish`); a later answer goes to the
+session's :class:`~tbmq.broker.publisher_acks.PublisherAcks`."""
 
 from __future__ import annotations
 
@@ -18,17 +19,23 @@ class PublishDone:
     on at once, and the session reuses it for its next publish (nothing
     allocated when the bus holds a message during the call: the embedded
     hot path); called later, once :meth:`wait` said what for, it hands the
-    answer to the session.
+    answer to the session's acknowledgements
+    (:meth:`tbmq.broker.publisher_acks.PublisherAcks.published`).
 
+    :ivar acks: the session's
+        :class:`~tbmq.broker.publisher_acks.PublisherAcks`, which a later
+        answer goes to.
     :ivar call: ``call(failure=None)``: the ``done`` given to the bus.
     :ivar answer: :data:`WAITING`, or what the bus answered during the call
         (None, or a :class:`~twisted.python.failure.Failure`).
     """
 
-    __slots__ = ("session", "call", "answer", "waiting", "entry", "conn", "accepting")
+    __slots__ = ("acks", "call", "answer", "waiting", "entry", "conn", "accepting")
 
-    def __init__(self, session) -> None:
-        self.session = session
+    def __init__(self, acks) -> None:
+        """:param acks: the session's
+            :class:`~tbmq.broker.publisher_acks.PublisherAcks`."""
+        self.acks = acks
         self.call = self._answered
         self.answer: Any = WAITING
         self.waiting = False
@@ -37,7 +44,8 @@ class PublishDone:
         self.accepting = None
 
     def wait(self, entry: list | None, conn, accepting) -> None:
-        """The answer is for ``Session._published``: the acknowledgement
+        """The answer is for :meth:`PublisherAcks.published
+        <tbmq.broker.publisher_acks.PublisherAcks.published>`: the acknowledgement
         ``entry`` (None at QoS 0) queued on ``conn`` for the publisher
         connection ``accepting``."""
         self.waiting = True
@@ -52,6 +60,6 @@ class PublishDone:
         if self.waiting:
             self.waiting = False
             self.call = None  # (no cycle left behind)
-            self.session._published(failure, self.entry, self.conn, self.accepting)
+            self.acks.published(failure, self.entry, self.conn, self.accepting)
         else:
             self.answer = failure

@@ -11,7 +11,11 @@ identity, inbound QoS state and subscriptions, and owns its parts: the
 :class:`~tbmq.broker.outbox.Outbox` (outbound window, packet identifiers,
 queue), which owns a :class:`~tbmq.broker.holding.SourceHolds` from its
 first hold and a persistent session's
-:class:`~tbmq.broker.store_reads.StoreReader` from its first read.
+:class:`~tbmq.broker.store_reads.StoreReader` from its first read, and, from
+its client's first PUBLISH, the
+:class:`~tbmq.broker.publisher_acks.PublisherAcks` (the PUBACKs and PUBRECs
+owed to the client's publishes, in order, and the publishes the bus has not
+answered yet).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from twisted.logger import Logger
 
 from tbmq.broker.outbox import Outbox
 from tbmq.broker.publish_done import WAITING, PublishDone
+from tbmq.broker.publisher_acks import PublisherAcks
 from tbmq.broker.session_context import (  # noqa: F401 - the session's context, re-exported
     SessionContext, TopicNameCache, next_seq, valid_utf8,
 )
@@ -33,9 +38,9 @@ from tbmq.model import ClientType, Message, StoredDelivery, SubscriptionOptions
 from tbmq.views import SessionView
 from tbmq.mqtt import (
     MQTT_5, Property, Puback, Pubcomp, Publish, Pubrec, Pubrel, ReasonCode, Suback,
-    SubackReturnCode, Subscribe, Unsuback, Unsubscribe, is_failure,
+    SubackReturnCode, Subscribe, Unsuback, Unsubscribe,
 )
-from tbmq.mqtt.codec import encode_puback, encode_pubrec
+from tbmq.mqtt.codec import encode_puback
 from tbmq.mqtt.topics import (
     TooManyLevels,
     TopicError,
@@ -44,10 +49,6 @@ from tbmq.mqtt.topics import (
     validate_topic_filter,
     validate_topic_name,
 )
-
-#: ``ReasonCode.SUCCESS``, read once (a class attribute of an enum is a slow
-#: lookup on the path of every acknowledgement)
-_SUCCESS = ReasonCode.SUCCESS
 
 #: the session expiry interval that means "never expires" (§3.1.2.11.2)
 EXPIRY_NEVER = 0xFFFFFFFF
@@ -76,6 +77,11 @@ class Session:
         shared empty mapping, never written, until the first subscription:
         :meth:`tbmq.broker.sessions.SessionManager.subscribe` makes the dict).
     :ivar connection: the live connection, or None while offline.
+    :ivar acks: the :class:`~tbmq.broker.publisher_acks.PublisherAcks` part
+        (the acknowledgements owed to the client's publishes), or None
+        until the first PUBLISH needs it (:meth:`publisher_acks`).
+    :ivar inbound_unacked: QoS 1 PUBLISHes of the client not acknowledged
+        yet (the receive maximum counts them [MQTT-3.3.4-9]).
     :ivar dropped: messages dropped for this session, by reason.
     :ivar address: ``host:port`` of the client's last connection, or None.
     :ivar username: the user name it last authenticated with, or None.
@@ -88,8 +94,8 @@ class Session:
     # attributes in slots, not in a dict per session (CPython shares instance
     # dicts' keys up to 30 attributes only: past that, 1.6 KB each)
     __slots__ = tuple("""ctx client_id persistent expiry_interval protocol_level client_type subscriptions
-        connection disconnected_at inbound_qos2 inbound_unacked aliases _acks _unaccepted _spare _allowed
-        _allowed_for _reading_paused will will_timer expiry_timer session_id connected_at address username
+        connection disconnected_at inbound_qos2 inbound_unacked aliases acks _spare _allowed
+        _allowed_for will will_timer expiry_timer session_id connected_at address username
         credentials_name _view link outbox app_consumers _received _received_bytes rate_in
         rate_out""".split())
 
@@ -116,10 +122,9 @@ class Session:
         self.rate_in = self.rate_out = None
         # topic aliases of the current connection [MQTT-3.3.2-7]
         self.aliases: dict[int, str] = _NO_ENTRIES  # a dict from the first alias
-        # acks waiting for earlier acks, to keep PUBACK/PUBREC in order [MQTT-4.6.0-2]
-        self._acks: deque[list] | tuple = ()  # a deque (760 bytes) from the first: _waiting_acks
-        # publishes handed to the pipeline and not yet accepted by the bus
-        self._unaccepted = 0
+        # PUBACK/PUBREC in order [MQTT-4.6.0-2], and the publishes handed to
+        # the pipeline and not yet accepted by the bus: made at first use
+        self.acks: PublisherAcks | None = None
         # the done of the next publish (PublishDone), reused while the bus
         # answers during the call
         self._spare: PublishDone | None = None
@@ -127,7 +132,6 @@ class Session:
         # valid for the AuthResult it was filled under
         self._allowed: dict[str, tuple[bool, float]] = _NO_ENTRIES  # a dict from the first
         self._allowed_for = None
-        self._reading_paused = False
         self.will = None
         self.will_timer = None
         self.expiry_timer = None
@@ -149,6 +153,14 @@ class Session:
         #: the outbound part: :class:`~tbmq.broker.outbox.Outbox` (the
         #: router calls its ``deliver``: no frame of the session's on the way)
         self.outbox = Outbox(self, ctx.clock.seconds())
+
+    def publisher_acks(self) -> PublisherAcks:
+        """:returns: :attr:`acks`, made at the first call (a client that
+        never publishes holds none)."""
+        acks = self.acks
+        if acks is None:
+            acks = self.acks = PublisherAcks(self)
+        return acks
 
     @property
     def view(self) -> SessionView:
@@ -225,7 +237,7 @@ class Session:
             if qos == 2 and pid in self.inbound_qos2:
                 # a resent PUBLISH is not routed again; its PUBREC follows the
                 # first one's (QoS 2 method A, [MQTT-4.3.3-9])
-                self.ack_when(None, Pubrec(pid), duplicate=True)
+                self.publisher_acks().ack_when(None, Pubrec(pid), duplicate=True)
                 return None
             # a v3 client is never told the receive maximum
             if self.inbound_unacked + len(self.inbound_qos2) >= (
@@ -243,7 +255,7 @@ class Session:
                 # connection goes on (§3.4.2.1)
                 self.log.info("PUBLISH of {client_id} refused (0x90): {error}",
                               client_id=self.client_id, error=too_deep)
-                self.ack_when(None, (Puback if qos == 1 else Pubrec)(
+                self.publisher_acks().ack_when(None, (Puback if qos == 1 else Pubrec)(
                     pid, ReasonCode.TOPIC_NAME_INVALID))
                 return None
         limits = self.ctx.limits_in
@@ -254,7 +266,7 @@ class Session:
             # payload format 1 must be UTF-8 [MQTT-3.3.2-4]: refused with 0x99
             if qos == 0:
                 raise ProtocolViolation(ReasonCode.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8")
-            self.ack_when(None, (Puback if qos == 1 else Pubrec)(
+            self.publisher_acks().ack_when(None, (Puback if qos == 1 else Pubrec)(
                 pid, ReasonCode.PAYLOAD_FORMAT_INVALID))
             return None
         now = self.ctx.clock.seconds()
@@ -320,7 +332,7 @@ class Session:
         if not v5:
             conn.disconnect(ReasonCode.MESSAGE_RATE_TOO_HIGH)
         elif packet.qos:
-            self.ack_when(None, (Puback if packet.qos == 1 else Pubrec)(
+            self.publisher_acks().ack_when(None, (Puback if packet.qos == 1 else Pubrec)(
                 packet.packet_id, ReasonCode.QUOTA_EXCEEDED))
 
     def _publish_denied(self, packet: Publish, topic: str, conn) -> None:
@@ -332,9 +344,9 @@ class Session:
         code = (ReasonCode.NOT_AUTHORIZED if conn.protocol_level >= MQTT_5
                 else ReasonCode.SUCCESS)
         if packet.qos == 1:
-            self.ack_when(None, Puback(packet.packet_id, code))
+            self.publisher_acks().ack_when(None, Puback(packet.packet_id, code))
         elif packet.qos == 2:
-            self.ack_when(None, Pubrec(packet.packet_id, code))
+            self.publisher_acks().ack_when(None, Pubrec(packet.packet_id, code))
 
     def _publish(self, packet: Publish, topic: str, conn, now: float, v5: bool) -> None:
         """Hand the message to the pipeline; acknowledge once it is durable.
@@ -360,7 +372,7 @@ class Session:
             hooks.message_published(self, message)
         done = self._spare
         if done is None:
-            done = PublishDone(self)
+            done = PublishDone(self.publisher_acks())
         else:
             self._spare = None  # (a publish from inside this one takes another)
         self.ctx.publish(message, done.call)
@@ -370,150 +382,40 @@ class Session:
             done.answer = WAITING
             self._spare = done
             if qos == 1:
-                if not self._acks:
+                acks = done.acks
+                if not acks.queue:
                     self.inbound_unacked -= 1
                     conn.write(encode_puback(packet.packet_id))
                 else:
-                    self.ack_when(None, Puback(packet.packet_id))
+                    acks.ack_when(None, Puback(packet.packet_id))
             elif qos == 2:
-                self.ack_when(None, Pubrec(packet.packet_id))
+                done.acks.ack_when(None, Pubrec(packet.packet_id))
             return
         # the bus answers later (or refused it during the call): a QoS 0
         # message waits for nothing but a held consumer, so this publisher
         # stops being read at once (QoS 1/2 also wait for stores)
-        self._unaccepted_one(conn, qos == 0)
+        # a publish the bus has not accepted yet: past
+        # mqtt.max_pending_messages of them, or at once for QoS 0 (held back
+        # by a consumer), the connection stops reading until half of them
+        # are accepted (PublisherAcks.published: a publisher never fills memory)
+        acks = done.acks
+        unaccepted = acks.unaccepted = acks.unaccepted + 1
+        if (qos == 0 or unaccepted >= self.ctx.mqtt.max_pending_messages) \
+                and not acks.reading_paused:
+            acks.reading_paused = True
+            conn.pause_reading()
         entry = None
         if qos:
-            entry = [(Puback if qos == 1 else Pubrec)(packet.packet_id), False, False]
-            self._waiting_acks().append(entry)
+            # a QoS 1 one as its packet id: a PUBACK with success, unless
+            # refused (PublisherAcks._ack_refused)
+            entry = [packet.packet_id if qos == 1 else Pubrec(packet.packet_id), False, False]
+            queue = acks.queue
+            if type(queue) is not deque:
+                queue = acks.waiting()
+            queue.append(entry)
         done.wait(entry, self.link, conn)
         if answer is not WAITING:
             done.call(answer)
-
-    def _unaccepted_one(self, conn, held: bool) -> None:
-        """A publish the bus has not accepted yet: past
-        ``mqtt.max_pending_messages`` of them, or at once when ``held`` (the
-        pipeline is held back), the connection stops reading until half of
-        them are accepted (:meth:`_accepted`: a publisher never fills
-        memory)."""
-        self._unaccepted += 1
-        if (held or self._unaccepted >= self.ctx.mqtt.max_pending_messages) \
-                and not self._reading_paused:
-            self._reading_paused = True
-            conn.pause_reading()
-
-    def _accepted(self, value, conn):
-        """The bus answered one publish of :meth:`_unaccepted_one` (success
-        or failure: ``value`` passes through)."""
-        self._unaccepted -= 1
-        if (self._reading_paused
-                and self._unaccepted <= self.ctx.mqtt.max_pending_messages // 2):
-            self._reading_paused = False
-            # not from inside the consumer that accepted it: the packets
-            # read meanwhile are handled when this turn ends
-            self.ctx.flusher.later(lambda: self.link is conn and conn.resume_reading())
-        return value
-
-    def _qos0_refused(self, failure, conn) -> None:
-        self._accepted(None, conn)
-        self.log.failure("QoS 0 message of {client_id} not accepted", failure,
-                         client_id=self.client_id)
-
-    # -- acknowledgements to the client, in order ---------------------------------------
-
-    def ack_when(self, result, packet, duplicate: bool = False, accepting=None) -> None:
-        """Send ``packet`` (PUBACK or PUBREC) when ``result`` (None or a
-        Deferred) is done, after every ack queued before it [MQTT-4.6.0-2].
-        If the Deferred fails, the message was not accepted (the bus is
-        unreachable or refused it): a v5 client gets the PUBACK / PUBREC
-        with 0x83 Implementation specific error, in its turn, and may send
-        the message again; a v3 client, which has no negative
-        acknowledgement, is disconnected without one, so it resends the
-        message when it reconnects [MQTT-4.4.0-1].
-
-        :param accepting: the connection whose publish ``result`` is, counted
-            by :meth:`_unaccepted_one` (its answer also counts for
-            :meth:`_accepted`), or None.
-        """
-        acks = self._acks
-        if result is None and not acks:
-            self._send_ack(packet, duplicate)
-            return
-        entry = [packet, result is None, duplicate]
-        self._waiting_acks().append(entry)
-        if result is not None:
-            args = (entry, self.link, accepting)
-            result.addCallbacks(self._ack_ready, self._ack_refused, callbackArgs=args,
-                                errbackArgs=args)
-        else:
-            self._flush_acks(self.link)
-
-    def _published(self, failure, entry: list | None, conn, accepting) -> None:
-        """The bus answered a publish of :meth:`_publish` that it did not
-        hold during the call (``failure``: None, or why it refused it);
-        ``entry`` is its queued acknowledgement (None at QoS 0)."""
-        if entry is None:
-            if failure is None:
-                self._accepted(None, accepting)
-            else:
-                self._qos0_refused(failure, accepting)
-        elif failure is None:
-            self._ack_ready(None, entry, conn, accepting)
-        else:
-            self._ack_refused(failure, entry, conn, accepting)
-
-    def _ack_ready(self, _result, entry: list, conn, accepting) -> None:
-        if accepting is not None:
-            self._accepted(None, accepting)
-        entry[1] = True
-        self._flush_acks(conn)
-
-    def _ack_refused(self, failure, entry: list, conn, accepting) -> None:
-        if accepting is not None:
-            self._accepted(None, accepting)
-        self.ctx.drops.refused(failure)
-        if conn is not None and conn.protocol_level >= MQTT_5:
-            packet = entry[0]
-            entry[0] = type(packet)(packet.packet_id, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
-            entry[1] = True
-            self._flush_acks(conn)
-            return
-        if self.link is conn and conn is not None:
-            conn.disconnect(ReasonCode.UNSPECIFIED_ERROR)
-        self._acks = ()
-
-    def _waiting_acks(self) -> deque:
-        """:returns: the queue of acknowledgements waiting for earlier ones,
-        made at the first (an idle session holds an empty tuple)."""
-        acks = self._acks
-        if not isinstance(acks, deque):
-            acks = self._acks = deque()
-        return acks
-
-    def _flush_acks(self, conn) -> None:
-        """Send the acknowledgements ready at the head of the queue."""
-        acks = self._acks
-        while acks and acks[0][1]:
-            packet, _, duplicate = acks.popleft()
-            if self.link is conn and conn is not None:
-                self._send_ack(packet, duplicate)
-
-    def _send_ack(self, packet, duplicate: bool = False) -> None:
-        conn = self.link
-        if conn is None:
-            return
-        is_puback = type(packet) is Puback
-        if is_puback:  # PUBACK ends an inbound QoS 1 flow
-            self.inbound_unacked -= 1
-        elif is_failure(packet.reason_code) and not duplicate:
-            # a refused QoS 2 PUBLISH ends its flow with the PUBREC [MQTT-4.3.3-9]
-            if packet.packet_id in self.inbound_qos2:
-                self.inbound_qos2.discard(packet.packet_id)
-        if packet.reason_code == _SUCCESS and not packet.properties:
-            conn.write(encode_puback(packet.packet_id) if is_puback
-                       else encode_pubrec(packet.packet_id))
-        else:
-            conn.send(packet)
 
     def on_pubrel(self, packet: Pubrel) -> None:
         """PUBREL from the client ends an inbound QoS 2 flow with PUBCOMP;
@@ -710,12 +612,12 @@ class Session:
         link = self.link = connection.make_link()
         self.protocol_level = connection.protocol_level
         self.disconnected_at = None
-        self._acks = ()
+        acks = self.acks
+        if acks is not None:
+            acks.attach()
         self.inbound_unacked = 0
         self.aliases = _NO_ENTRIES
         self.outbox.attach(link)
-        self._unaccepted = 0
-        self._reading_paused = False
 
     def detach(self, now: float) -> None:
         """The connection is gone; a persistent session keeps its state in
@@ -726,7 +628,9 @@ class Session:
             self._mark(False)
         self.connection = self.link = None
         self.disconnected_at = now
-        self._acks = ()
+        acks = self.acks
+        if acks is not None:
+            acks.detach()
         self.inbound_unacked = 0
         self.aliases = _NO_ENTRIES
         self.outbox.detach()

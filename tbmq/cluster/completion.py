@@ -145,11 +145,16 @@ class Progress:
     :class:`Completion`; it never fails (a record that never finishes, its
     connection gone, leaves the rest uncommitted).  Reactor thread only.
 
+    A consumer that settles what grew once per reactor turn
+    (:class:`tbmq.backends.inprocess_progress.ProgressRuns`) registers with
+    :meth:`watch` instead of :meth:`then`: it is told once, at the first
+    growth after each :meth:`take`, not at every acknowledgement.
+
     :param size: the records of the batch (``int`` >= 0).
     :ivar leading: how many records at the start of the batch are finished.
     """
 
-    __slots__ = ("size", "leading", "_later", "_callback", "_args")
+    __slots__ = ("size", "leading", "_later", "_callback", "_args", "_watcher", "_watch")
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -157,6 +162,8 @@ class Progress:
         self._later: set[int] | None = None  # finished, after a gap
         self._callback: Callable | None = None
         self._args: tuple = ()
+        self._watcher: Callable | None = None  # armed: told at the next growth
+        self._watch: Callable | None = None
 
     def finished(self, index: int) -> None:
         """Record ``index`` (0-based, in batch order) finished; each index
@@ -177,6 +184,9 @@ class Progress:
         self.leading = leading
         if self._callback is not None:
             self._callback(index, leading, *self._args)
+        elif self._watcher is not None:
+            watcher, self._watcher = self._watcher, None
+            watcher(self, *self._args)
 
     @property
     def complete(self) -> bool:
@@ -191,12 +201,34 @@ class Progress:
 
         :raises RuntimeError: when a callback was registered already.
         """
-        if self._callback is not None:
+        if self._callback is not None or self._watch is not None:
             raise RuntimeError("a Progress has one callback")
         self._callback = callback
         self._args = args
         if self.leading or not self.size:
             callback(0, self.leading, *args)
+
+    def watch(self, callback: Callable[..., Any], *args: Any) -> None:
+        """Register the one watcher (in place of :meth:`then`):
+        ``callback(progress, *args)`` at the first growth of the leading
+        run, and again at the first growth after each :meth:`take`; at once
+        when records finished already.
+
+        :raises RuntimeError: when a callback was registered already."""
+        if self._callback is not None or self._watch is not None:
+            raise RuntimeError("a Progress has one callback")
+        self._watch = callback
+        self._args = args
+        if self.leading:
+            callback(self, *args)
+        else:
+            self._watcher = callback
+
+    def take(self) -> int:
+        """:returns: :attr:`leading`, now; the watcher of :meth:`watch` is
+        told again at the next growth."""
+        self._watcher = self._watch
+        return self.leading
 
     def __repr__(self) -> str:
         return f"<Progress {self.leading}/{self.size}>"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from twisted.python.failure import Failure
 
-from tbmq.cluster.completion import Completion
+from tbmq.cluster.completion import Completion, Progress
 from tbmq.errors import BusClosedError, BusPublishError
 
 
@@ -109,3 +109,35 @@ def test_parts_of_none_leaves_it_complete():
     c = Completion()
     c.parts(0)
     assert watched(c) == [(None,)]
+
+
+def test_a_watcher_is_told_once_until_it_takes_the_leading_run():
+    """A consumer that settles once per turn (the in-process bus's
+    ProgressRuns) is told at the first growth after each take, not at each
+    acknowledgement."""
+    told = []
+    progress = Progress(4)
+    progress.watch(lambda p, tag: told.append((tag, p.leading)), "w")
+    progress.finished(1)
+    assert told == []  # after a gap: the leading run did not grow
+    progress.finished(0)
+    assert told == [("w", 2)]
+    progress.finished(2)
+    assert told == [("w", 2)]  # not told again before it took the run
+    assert progress.take() == 3
+    progress.finished(3)
+    assert told == [("w", 2), ("w", 4)] and progress.complete
+    with pytest.raises(RuntimeError):
+        progress.then(lambda *a: None)
+    with pytest.raises(RuntimeError):
+        progress.watch(lambda *a: None)
+
+
+def test_a_watcher_of_a_batch_grown_already_is_told_at_once():
+    progress = Progress(3)
+    progress.finished(0)
+    told = []
+    progress.watch(lambda p: told.append(p.take()))
+    assert told == [1]
+    progress.finished(1)
+    assert told == [1, 2]

@@ -532,3 +532,77 @@ def test_a_progress_that_grows_many_times_in_a_turn_commits_once_at_its_end():
     assert consumer.lag() == 2
     clock.advance(0)  # the turn's commits are written
     assert writes == [4]
+
+
+def test_a_batch_is_the_run_of_held_records_up_to_the_first_hole():
+    from tbmq.backends.inprocess_log import Partition
+    part = Partition(0)
+    for value in "abcd":
+        part.append(None, value, ())  # held as the objects (no codec)
+    del part.entries[2]  # a hole: compacted away or dropped
+    assert part.run(0, 10, None) == ([0, 1], ["a", "b"])
+    assert part.run(0, 1, None) == ([0], ["a"])
+    assert part.run(3, 10, None) == ([3], ["d"])
+    durable = Partition(0)
+    first, second = Message("t/1", b"1"), Message("t/2", b"2")
+    durable.append(None, r.MESSAGE.encode(first), (), first)  # a live record: decoded kept
+    durable.append(None, r.MESSAGE.encode(second), ())  # read back from the log
+    durable.append(None, b"\xc1", ())  # does not decode
+    assert durable.run(0, 10, r.MESSAGE) == ([0, 1], [first, second])
+    assert durable.run(2, 10, r.MESSAGE) == ([], [])  # handed alone, to fail
+
+
+def test_a_cursor_moves_past_a_settled_run_at_once_and_stops_where_records_wait():
+    from tbmq.backends.inprocess_log import Cursor
+    cursor = Cursor(0)
+    cursor.position = 10
+    cursor.inflight = {5, 6}
+    assert cursor.advance(range(0, 5)) and cursor.committed == 5
+    cursor.inflight = set()
+    cursor.failed[8] = "failed"
+    assert cursor.advance(range(5, 7)) and cursor.committed == 8  # then one by one
+    other = Cursor(0)
+    other.position = 4
+    other.inflight = {0}
+    assert not other.advance(range(1, 3)) and other.committed == 0  # 0 still waits
+
+
+def test_a_progress_that_grows_again_after_a_settle_is_settled_again():
+    """The bus watches a batch's Progress once per settle: what grows in a
+    later turn is committed at the end of that turn, and a member that
+    leaves first settles what grew (the next starts exactly after it)."""
+    log = MemoryTopicLog()
+    bus, clock = make(log=log)
+    topic = C.app("app")
+    batches = []
+
+    def batch(values):
+        batches.append(Progress(len(values)))
+        return batches[-1]
+
+    consumer = bus.subscribe(topic, "tbmq-app-app", lambda record: defer.Deferred(),
+                             exclusive=True, batch_handler=batch)
+    clock.advance(0)
+    for i in range(6):
+        bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 1, seq=i))
+    clock.advance(0)
+    clock.advance(0)
+    progress = batches[0]
+    progress.finished(0)
+    progress.finished(1)
+    clock.advance(0)
+    assert consumer.lag() == 4
+    progress.finished(3)  # after a gap: nothing to settle
+    clock.advance(0)
+    assert consumer.lag() == 4
+    progress.finished(2)
+    clock.advance(0)
+    assert consumer.lag() == 2
+    progress.finished(4)
+    consumer.stop()  # settled before it leaves
+    bus.stop()
+    bus2, clock2 = make(log=log)
+    again = []
+    bus2.subscribe(topic, "tbmq-app-app", again.append, exclusive=True)
+    clock2.advance(0)
+    assert [rec.value.seq for rec in again] == [5]

@@ -113,3 +113,28 @@ def test_an_answer_during_the_call_acknowledges_at_once_and_reuses_the_done():
     pub.send(Publish("t/2", b"b", qos=1, packet_id=2), Publish("t/3", b"c", qos=0))
     assert pub.received() == [Puback(2)]
     assert session._spare is done  # no allocation per message on the hot path
+
+
+def test_the_acknowledgements_one_commit_answers_go_out_in_one_write_when_the_turn_ends():
+    """The embedded node answers every publish of a topic log commit in a
+    row: the PUBACKs ready then are written together, in order, once the
+    turn ends (the PUBREC after them), and each ends its inbound flow."""
+    from tbmq.mqtt.codec import encode_puback, encode_pubrec
+    h, bus = harness()
+    subscribed(h)
+    pub = h.client("pub", level=4)
+    session = h.broker.sessions.sessions["pub"]
+    bus.late = True
+    pub.send(*(Publish("t/1", b"a", qos=1, packet_id=i) for i in (1, 2, 3)),
+             Publish("t/2", b"b", qos=2, packet_id=4))
+    assert pub.received() == [] and session.inbound_unacked == 3
+    writes = []
+    write = session.link.write
+    session.link.write = lambda data: writes.append(data) or write(data)
+    for i in (1, 0, 2, 3):
+        bus.release(i)
+    assert writes == []  # asked for once, when the turn ends
+    h.turn()
+    assert writes == [encode_puback(1) + encode_puback(2) + encode_puback(3), encode_pubrec(4)]
+    assert pub.received() == [Puback(1), Puback(2), Puback(3), Pubrec(4)]
+    assert session.inbound_unacked == 0 and not pub.closed

@@ -1,0 +1,240 @@
+"""The acknowledgements a session owes its client's publishes (PUBACK,
+PUBREC), sent in the order of the PUBLISHes [MQTT-4.6.0-2] once each
+message is durable [MQTT-4.3.2-4, MQTT-4.3.3-8], and the count of the
+publishes the bus has not answered yet (a publisher never fills memory).
+
+The bus answers a QoS 1/2 publish once the message is durable: in the
+embedded node, once the topic log committed the transaction that holds it
+(an APPLICATION client's record), which answers every publish of that
+commit in a row.  The first answer of a run at the head of the queue asks
+for one flush when the turn ends; the PUBACKs ready then go out in one
+write (:meth:`PublisherAcks.flush`), not one call and one write each.
+
+A part the :class:`~tbmq.broker.session.Session` owns (``session.acks``),
+made at its client's first PUBLISH: the session queues an acknowledgement with
+:meth:`PublisherAcks.ack_when`, counts a publish the bus did not answer
+during the call in :attr:`PublisherAcks.unaccepted` and queues its entry
+(``Session._publish``), and the bus's later answer comes to
+:meth:`PublisherAcks.published` through the publish's
+:class:`~tbmq.broker.publish_done.PublishDone`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from tbmq.mqtt import MQTT_5, Puback, ReasonCode, is_failure
+from tbmq.mqtt.codec import encode_puback, encode_pubrec
+
+__all__ = ["PublisherAcks"]
+
+#: ``ReasonCode.SUCCESS``, read once (a class attribute of an enum is a slow
+#: lookup on the path of every acknowledgement)
+_SUCCESS = ReasonCode.SUCCESS
+
+
+class PublisherAcks:
+    """The acknowledgements a :class:`~tbmq.broker.session.Session` owes
+    its client, in order, and its publishes the bus has not answered yet.
+    It sees the session through its public attributes only: ``ctx``
+    (``mqtt.max_pending_messages``, ``flusher``, ``drops``), ``link`` (the
+    live :class:`~tbmq.broker.link.Link`, or None), ``log``, ``client_id``,
+    and the inbound QoS state it ends: ``inbound_unacked`` (QoS 1
+    PUBLISHes not acknowledged yet, less one for each PUBACK sent) and
+    ``inbound_qos2`` (a refused PUBREC ends its QoS 2 flow).
+
+    :ivar session: the owning session.
+    :ivar queue: the acknowledgements waiting for earlier ones: an empty
+        tuple while none waits, a ``deque`` from the first
+        (:meth:`waiting`).  An entry is ``[packet, ready, duplicate]``:
+        ``packet`` a :class:`~tbmq.mqtt.Puback` or :class:`~tbmq.mqtt.Pubrec`
+        to send, or the packet id (``int``) of a QoS 1 PUBLISH whose PUBACK
+        is a success with no properties (no packet object per message).
+    :ivar unaccepted: publishes handed to the bus and not answered yet
+        (counted by ``Session._publish``, uncounted by :meth:`published`).
+    :ivar reading_paused: True while the connection stops reading because
+        of them (past ``mqtt.max_pending_messages``, or a QoS 0 one held
+        back by a consumer), until half of them are answered.
+    """
+
+    __slots__ = ("session", "queue", "unaccepted", "reading_paused")
+
+    def __init__(self, session) -> None:
+        self.session = session
+        # a deque (760 bytes) from the first waiting acknowledgement: waiting()
+        self.queue: deque[list] | tuple = ()
+        self.unaccepted = 0
+        self.reading_paused = False
+
+    def attach(self) -> None:
+        """A new connection: the acknowledgements pending for the old one
+        are void, and nothing of it is waited for."""
+        self.queue = ()
+        self.unaccepted = 0
+        self.reading_paused = False
+
+    def detach(self) -> None:
+        """The connection is gone: its acknowledgements are void."""
+        self.queue = ()
+
+    def _accepted(self, value, conn):
+        """The bus answered one publish that it did not accept during the
+        call (counted by ``Session._publish``): success or failure,
+        ``value`` passes through."""
+        self.unaccepted -= 1
+        if self.reading_paused:
+            session = self.session
+            ctx = session.ctx
+            if self.unaccepted <= ctx.mqtt.max_pending_messages // 2:
+                self.reading_paused = False
+                # not from inside the consumer that accepted it: the packets
+                # read meanwhile are handled when this turn ends
+                ctx.flusher.later(lambda: session.link is conn and conn.resume_reading())
+        return value
+
+    def _qos0_refused(self, failure, conn) -> None:
+        self._accepted(None, conn)
+        session = self.session
+        session.log.failure("QoS 0 message of {client_id} not accepted", failure,
+                            client_id=session.client_id)
+
+    # -- acknowledgements to the client, in order ---------------------------------------
+
+    def ack_when(self, result, packet, duplicate: bool = False, accepting=None) -> None:
+        """Send ``packet`` (PUBACK or PUBREC) when ``result`` (None or a
+        Deferred) is done, after every ack queued before it [MQTT-4.6.0-2].
+        If the Deferred fails, the message was not accepted (the bus is
+        unreachable or refused it): a v5 client gets the PUBACK / PUBREC
+        with 0x83 Implementation specific error, in its turn, and may send
+        the message again; a v3 client, which has no negative
+        acknowledgement, is disconnected without one, so it resends the
+        message when it reconnects [MQTT-4.4.0-1].
+
+        :param accepting: the connection whose publish ``result`` is, counted
+            by ``Session._publish`` (its answer also counts for
+            :meth:`_accepted`), or None.
+        """
+        if result is None and not self.queue:
+            self._send_ack(packet, duplicate)
+            return
+        entry = [packet, result is None, duplicate]
+        self.waiting().append(entry)
+        link = self.session.link
+        if result is not None:
+            args = (entry, link, accepting)
+            result.addCallbacks(self._ack_ready, self._ack_refused, callbackArgs=args,
+                                errbackArgs=args)
+        else:
+            self.flush(link)
+
+    def published(self, failure, entry: list | None, conn, accepting) -> None:
+        """The bus answered a publish of ``Session._publish`` that it did
+        not hold during the call (``failure``: None, or a
+        :class:`~twisted.python.failure.Failure` of why it refused it);
+        ``entry`` is its acknowledgement in :attr:`queue` (None at QoS 0),
+        queued while ``conn`` was the live link, for the publisher
+        connection ``accepting`` (called by
+        :class:`~tbmq.broker.publish_done.PublishDone`)."""
+        if entry is None:
+            if failure is None:
+                self._accepted(None, accepting)
+            else:
+                self._qos0_refused(failure, accepting)
+        elif failure is None:
+            if self.reading_paused:
+                self._accepted(None, accepting)
+            else:
+                self.unaccepted -= 1  # (what _accepted does then)
+            entry[1] = True
+            acks = self.queue
+            if acks and acks[0] is entry:
+                session = self.session
+                if session.link is conn:
+                    # the first of a run that the bus answers together (a
+                    # commit of the topic log): sent together when the turn
+                    # ends, in one write (the ones answered meanwhile behind it)
+                    session.ctx.flusher.later(self.flush)
+        else:
+            self._ack_refused(failure, entry, conn, accepting)
+
+    def _ack_ready(self, _result, entry: list, conn, accepting) -> None:
+        if accepting is not None:
+            self._accepted(None, accepting)
+        entry[1] = True
+        self.flush(conn)
+
+    def _ack_refused(self, failure, entry: list, conn, accepting) -> None:
+        if accepting is not None:
+            self._accepted(None, accepting)
+        session = self.session
+        session.ctx.drops.refused(failure)
+        if conn is not None and conn.protocol_level >= MQTT_5:
+            packet = entry[0]
+            entry[0] = (Puback(packet, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+                        if type(packet) is int else
+                        type(packet)(packet.packet_id, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR))
+            entry[1] = True
+            self.flush(conn)
+            return
+        if session.link is conn and conn is not None:
+            conn.disconnect(ReasonCode.UNSPECIFIED_ERROR)
+        self.queue = ()
+
+    def waiting(self) -> deque:
+        """:returns: :attr:`queue`, the acknowledgements waiting for earlier
+        ones, made at the first (an idle session holds an empty tuple)."""
+        acks = self.queue
+        if not isinstance(acks, deque):
+            acks = self.queue = deque()
+        return acks
+
+    def flush(self, conn=None) -> None:
+        """Send the acknowledgements ready at the head of :attr:`queue`, on
+        ``conn`` (a :class:`~tbmq.broker.link.Link`; default: the live one;
+        one that is not live any more sends nothing): the PUBACKs in a row
+        (an entry of a packet id) in one write."""
+        acks = self.queue
+        link = self.session.link
+        if conn is None:
+            conn = link
+        live = link is conn and conn is not None
+        pids = None
+        while acks and acks[0][1]:
+            packet, _, duplicate = acks.popleft()
+            if not live:
+                continue
+            if type(packet) is int:  # PUBACK, success: ends an inbound QoS 1 flow
+                if pids is None:
+                    pids = [packet]
+                else:
+                    pids.append(packet)
+                continue
+            if pids is not None:
+                self._send_pubacks(conn, pids)
+                pids = None
+            self._send_ack(packet, duplicate)
+        if pids is not None:
+            self._send_pubacks(conn, pids)
+
+    def _send_pubacks(self, conn, pids: list) -> None:
+        """PUBACK with success for each of ``pids`` (packet ids), in one write."""
+        self.session.inbound_unacked -= len(pids)
+        conn.write(b"".join(map(encode_puback, pids)))
+
+    def _send_ack(self, packet, duplicate: bool = False) -> None:
+        session = self.session
+        conn = session.link
+        if conn is None:
+            return
+        is_puback = type(packet) is Puback
+        if is_puback:  # PUBACK ends an inbound QoS 1 flow
+            session.inbound_unacked -= 1
+        elif is_failure(packet.reason_code) and not duplicate:
+            # a refused QoS 2 PUBLISH ends its flow with the PUBREC [MQTT-4.3.3-9]
+            if packet.packet_id in session.inbound_qos2:
+                session.inbound_qos2.discard(packet.packet_id)
+        if packet.reason_code == _SUCCESS and not packet.properties:
+            conn.write(encode_puback(packet.packet_id) if is_puback
+                       else encode_pubrec(packet.packet_id))
+        else:
+            conn.send(packet)
