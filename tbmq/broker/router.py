@@ -62,6 +62,30 @@ class SharedGroup:
         return members[start]
 
 
+class Gathered:
+    """The deliveries of one batch of ``tbmq.msg.all`` (:meth:`Router._on_messages`)
+    that go to bus sinks, gathered to be sent with one
+    :meth:`~tbmq.cluster.sinks.BusSink.send_many` per sink and place.
+
+    :ivar groups: ``(sink, where)`` → ``(client ids, deliveries)``, in the
+        order the batch routed them.
+    :ivar targets: ``[QoS 0 targets, QoS 1/2 targets]``, each client id →
+        its group in :attr:`groups`: a client without a session here is
+        classified once per batch and QoS class (its class cannot change
+        while the batch is routed: the registry and the sessions change in
+        other reactor calls), its later deliveries appended to the group
+        found.  Deliveries to the device store under
+        ``mqtt.rate_limits.device_persisted_messages`` are not kept here
+        (each is admitted on its own).
+    """
+
+    __slots__ = ("groups", "targets")
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple, tuple[list, list]] = {}
+        self.targets: tuple[dict, dict] = ({}, {})
+
+
 class Router:
     """Matches each message of ``tbmq.msg.all`` once and classifies its
     targets; the sinks of :mod:`tbmq.cluster.sinks` deliver.
@@ -202,15 +226,15 @@ class Router:
             for message in messages:
                 pending = route(message, pending)
             return pending
-        gathered: dict = {}
+        gathered = Gathered()
         for message in messages:
             pending = route(message, pending, gathered)
-        for (sink, where), (keys, values) in gathered.items():
+        for (sink, where), (keys, values) in gathered.groups.items():
             sink.send_many(where, keys, values, pending.part())
         return pending
 
     def route(self, message: Message, pending: Completion | None,
-              gathered: dict | None = None):
+              gathered: Gathered | None = None):
         """Deliver one message of ``tbmq.msg.all``: match once, then one target per
         client (at the highest QoS of its matching subscriptions, with all
         their identifiers [MQTT-3.3.4-2, -3, -4]), each to its sink.  A
@@ -223,8 +247,8 @@ class Router:
         :param pending: the completion of the records sent so far for the
             same batch, or None.
         :param gathered: None to send each delivery at once; or, for a batch
-            (:meth:`_on_messages`), a dict ``(sink, where)`` → ``(client ids,
-            deliveries)`` that this call appends to, sent by the caller.
+            (:meth:`_on_messages`), the batch's :class:`Gathered` that this
+            call appends to, sent by the caller.
         :returns: ``pending``, or a new
             :class:`~tbmq.cluster.completion.Completion` when it was None
             and a record was sent: the records sent to the sinks (maybe
@@ -264,7 +288,7 @@ class Router:
         return pending
 
     def _dispatch_one(self, subs: dict, message: Message, pending: Completion | None,
-                      gathered: dict | None):
+                      gathered: Gathered | None):
         """:meth:`route` for the plain subscriptions of one filter (the
         usual case: each client appears once), classified and handed over in
         one pass."""
@@ -282,24 +306,34 @@ class Router:
             # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
             flag = retain and options.retain_as_published
             session = sessions.get(client_id)
-            if session is not None and (qos == 0 or not session.persistent):
-                session.outbox.deliver(message, qos, flag, options.subscription_ids, cache, now, source)
-            else:
-                pending = self._to_sink(client_id, session, message, qos, flag,
-                                        options.subscription_ids, pending, gathered)
+            if session is not None:
+                if qos == 0 or not session.persistent:
+                    session.outbox.deliver(message, qos, flag, options.subscription_ids, cache,
+                                           now, source)
+                    continue
+            elif gathered is not None:
+                group = gathered.targets[qos != 0].get(client_id)
+                if group is not None:  # classified for an earlier message of the batch
+                    group[0].append(client_id)
+                    group[1].append(Delivery(client_id, message, qos, flag,
+                                             options.subscription_ids))
+                    continue
+            pending = self._to_sink(client_id, session, message, qos, flag,
+                                    options.subscription_ids, pending, gathered)
         return pending
 
     def _to_sink(self, client_id: str, session, message: Message, qos: int, retain: bool,
                  sids: tuple, pending: Completion | None,
-                 gathered: dict | None) -> Completion | None:
+                 gathered: Gathered | None) -> Completion | None:
         """A target that is not a live session here at its QoS, classified
         once (:meth:`classify`) and handed to its sink as a
         :class:`~tbmq.cluster.records.Delivery`.
 
         :param session: the local session of ``client_id``, or None.
         :param pending: the record's completion so far, or None.
-        :param gathered: None, or the batch's deliveries per ``(sink, where)``
-            (see :meth:`route`): the delivery is appended there, not sent.
+        :param gathered: None, or the batch's :class:`Gathered` (see
+            :meth:`route`): the delivery is appended there, not sent, and
+            the target's group kept for the batch's later deliveries.
         :returns: ``pending`` (made when None) with the sink's publish as
             one more part, or ``pending`` as it was when nothing is sent.
         """
@@ -321,12 +355,15 @@ class Router:
         if gathered is None:
             sink.send(where, client_id, delivery, pending.part())
             return pending
-        group = gathered.get((sink, where))
+        groups = gathered.groups
+        group = groups.get((sink, where))
         if group is None:
-            gathered[(sink, where)] = ([client_id], [delivery])
+            group = groups[(sink, where)] = ([client_id], [delivery])
         else:
             group[0].append(client_id)
             group[1].append(delivery)
+        if session is None and (limit is None or sink is not self.sinks.persisted):
+            gathered.targets[qos != 0][client_id] = group
         return pending
 
     def classify(self, client_id: str, session, qos: int) -> tuple:

@@ -568,3 +568,28 @@ def test_a_batchs_deliveries_to_one_node_go_in_one_send_in_order(world):
     failed = Failure(BusPublishError("not acknowledged"))
     many[1][3](failed)
     assert fired == [failed]  # read again
+
+
+def test_a_batch_classifies_a_target_elsewhere_once_per_qos_class(world):
+    """In a batch, a client without a session here is looked up once for
+    its QoS 0 deliveries and once for its QoS 1/2 ones (they may go to
+    different sinks: a persistent DEVICE's QoS 0 to its node's downlink,
+    its QoS 1 to the device store); every delivery still goes out, in
+    order, to the sink of its class."""
+    many: list = []
+    world.bus.publish_many = lambda topic, keys, values, done: many.append(
+        (topic, keys, values, done))
+    world.router.sinks = Sinks.build(world.bus, T)
+    asked: list = []
+    world.router.lookup = lambda client_id: asked.append(client_id) or world.registry.get(
+        client_id)
+    world.registry["d"] = info("d", "node-x", persistent=True)
+    subscribe(world.router, "d", "there/+", qos=1)
+    batch = [Message(f"there/{i}", b"x", qos, False, {}, "p", 1.0)
+             for i, qos in enumerate((1, 0, 1, 0, 1))]
+    world.router._on_messages(batch)
+    assert asked == ["d", "d"]
+    assert [(topic, keys, [(d.message.topic, d.qos) for d in values])
+            for topic, keys, values, _ in many] == [
+        (T.msg_persisted, ["d", "d", "d"], [("there/0", 1), ("there/2", 1), ("there/4", 1)]),
+        (T.downlink_basic("node-x"), ["d", "d"], [("there/1", 0), ("there/3", 0)])]
