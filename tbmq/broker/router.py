@@ -15,7 +15,7 @@ from twisted.logger import Logger
 from tbmq.broker.retained import RetainedTree
 from tbmq.broker.trie import SubscriptionTrie
 from tbmq.cluster.completion import Completion
-from tbmq.cluster.records import Delivery
+from tbmq.cluster.records import RUN_MAX_BYTES, RUN_MAX_MESSAGES, Delivery, DeliveryRun
 from tbmq.cluster.sinks import Sinks
 from tbmq.cluster.topics import CLUSTER_BUNDLE, node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
@@ -69,12 +69,17 @@ class Gathered:
 
     :ivar groups: ``(sink, where)`` → ``(client ids, deliveries)``, in the
         order the batch routed them.
-    :ivar targets: ``[QoS 0 targets, QoS 1/2 targets]``, each client id →
-        its group in :attr:`groups`: a client without a session here is
-        classified once per batch and QoS class (its class cannot change
-        while the batch is routed: the registry and the sessions change in
-        other reactor calls), its later deliveries appended to the group
-        found.  Deliveries to the device store under
+    :ivar targets: ``(QoS 0 targets, QoS 1/2 targets)``, each client id →
+        its group in :attr:`groups`, or, for a sink that takes runs
+        (:attr:`~tbmq.cluster.sinks.BusSink.runs`: a node's downlink), the
+        client's newest :class:`~tbmq.cluster.records.DeliveryRun` there.
+        A client without a session here is classified once per batch and
+        QoS class (its class cannot change while the batch is routed: the
+        registry and the sessions change in other reactor calls); its later
+        deliveries are appended to the group found, or its messages to the
+        run when they have the run's QoS, RETAIN flag and subscription
+        identifiers (else a new run starts, so the client's messages keep
+        their order).  Deliveries to the device store under
         ``mqtt.rate_limits.device_persisted_messages`` are not kept here
         (each is admitted on its own).
     """
@@ -84,6 +89,42 @@ class Gathered:
     def __init__(self) -> None:
         self.groups: dict[tuple, tuple[list, list]] = {}
         self.targets: tuple[dict, dict] = ({}, {})
+
+    def join(self, client_id: str, message: Message, qos: int, retain: bool,
+             sids: tuple) -> bool:
+        """Append a delivery to ``client_id`` (no session here) to what the
+        batch gathered for it, when it was classified at this QoS class.
+
+        :returns: False when it must be classified (:meth:`Router._to_sink`):
+            not seen yet at this class, or a run whose QoS, RETAIN flag or
+            identifiers differ, or that is full (:data:`RUN_MAX_MESSAGES`,
+            :data:`RUN_MAX_BYTES` of payload)."""
+        entry = self.targets[qos != 0].get(client_id)
+        if entry is None:
+            return False
+        if type(entry) is DeliveryRun:
+            messages = entry.messages
+            size = entry.size + len(message.payload)
+            if (entry.qos == qos and entry.retain == retain and (
+                    entry.subscription_ids is sids or entry.subscription_ids == sids)
+                    and size <= RUN_MAX_BYTES and len(messages) < RUN_MAX_MESSAGES):
+                messages.append(message)
+                entry.size = size
+                return True
+            return False
+        entry[0].append(client_id)
+        entry[1].append(Delivery(client_id, message, qos, retain, sids))
+        return True
+
+    def started(self, client_id: str, qos: int, run: DeliveryRun) -> None:
+        """``run`` is now the newest run of ``client_id``: its class's later
+        messages join it, and the other class's no older run (they start a
+        new one, after this)."""
+        targets = self.targets
+        targets[qos != 0][client_id] = run
+        other = targets[qos == 0]
+        if type(other.get(client_id)) is DeliveryRun:
+            other[client_id] = run
 
 
 class Router:
@@ -280,11 +321,14 @@ class Router:
             # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
             flag = retain and rap
             session = sessions.get(client_id)
-            if session is not None and (qos == 0 or not session.persistent):
-                session.outbox.deliver(message, qos, flag, sids, cache, now, source)
-            else:
-                pending = self._to_sink(client_id, session, message, qos, flag, sids, pending,
-                                        gathered)
+            if session is not None:
+                if qos == 0 or not session.persistent:
+                    session.outbox.deliver(message, qos, flag, sids, cache, now, source)
+                    continue
+            elif gathered is not None and gathered.join(client_id, message, qos, flag, sids):
+                continue
+            pending = self._to_sink(client_id, session, message, qos, flag, sids, pending,
+                                    gathered)
         return pending
 
     def _dispatch_one(self, subs: dict, message: Message, pending: Completion | None,
@@ -311,13 +355,9 @@ class Router:
                     session.outbox.deliver(message, qos, flag, options.subscription_ids, cache,
                                            now, source)
                     continue
-            elif gathered is not None:
-                group = gathered.targets[qos != 0].get(client_id)
-                if group is not None:  # classified for an earlier message of the batch
-                    group[0].append(client_id)
-                    group[1].append(Delivery(client_id, message, qos, flag,
-                                             options.subscription_ids))
-                    continue
+            elif gathered is not None and gathered.join(client_id, message, qos, flag,
+                                                        options.subscription_ids):
+                continue
             pending = self._to_sink(client_id, session, message, qos, flag,
                                     options.subscription_ids, pending, gathered)
         return pending
@@ -351,17 +391,23 @@ class Router:
             return pending
         if pending is None:
             pending = Completion()
-        delivery = Delivery(client_id, message, qos, retain, sids)
         if gathered is None:
-            sink.send(where, client_id, delivery, pending.part())
+            sink.send(where, client_id, Delivery(client_id, message, qos, retain, sids),
+                      pending.part())
             return pending
         groups = gathered.groups
         group = groups.get((sink, where))
         if group is None:
-            group = groups[(sink, where)] = ([client_id], [delivery])
-        else:
-            group[0].append(client_id)
-            group[1].append(delivery)
+            group = groups[(sink, where)] = ([], [])
+        group[0].append(client_id)
+        if sink.runs:  # the client's later messages of the batch join this record
+            run = DeliveryRun(client_id, [message], qos, retain, sids)
+            run.size = len(message.payload)
+            group[1].append(run)
+            if session is None:
+                gathered.started(client_id, qos, run)
+            return pending
+        group[1].append(Delivery(client_id, message, qos, retain, sids))
         if session is None and (limit is None or sink is not self.sinks.persisted):
             gathered.targets[qos != 0][client_id] = group
         return pending

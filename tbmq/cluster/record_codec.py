@@ -49,17 +49,20 @@ class RecordCodec:
         ``readers`` decide (convert a field, or say which one is wrong):
         the hot path only skips the field by field calls, it accepts and
         refuses nothing of its own.
+    :param weight: None (a record is one message), or ``weight(array) ->
+        int``: the messages a decoded array carries, what flow control
+        counts (:meth:`count_arrays`).
     :ivar version: the version :meth:`encode` writes.
     """
 
     __slots__ = ("name", "cls", "tag", "version", "tombstone", "_write", "_readers",
-                 "_fast", "_write_array", "_read_array")
+                 "_fast", "_write_array", "_read_array", "_weight")
 
     def __init__(self, name: str, cls: type, tag: str, write: Callable[[Any], list],
                  readers: dict[int, Callable[[list], Any]], tombstone: bool = False,
                  version: int = VERSION,
                  fast: tuple[Callable[[Any], list | None], Callable[[Any], Any]] | None = None,
-                 ) -> None:
+                 weight: Callable[[Any], int] | None = None) -> None:
         self.name = name
         self.cls = cls
         self.tag = tag
@@ -69,11 +72,22 @@ class RecordCodec:
         self._readers = readers
         self._fast = fast
         self._write_array, self._read_array = fast or (_no_array, _no_array)
+        self._weight = weight
 
     def with_tombstone(self) -> "RecordCodec":
         """:returns: the same encoding, accepting None (a tombstone)."""
         return RecordCodec(self.name, self.cls, self.tag, self._write, self._readers, True,
-                           self.version, self._fast)
+                           self.version, self._fast, self._weight)
+
+    def count_arrays(self, objs: Any) -> int:
+        """:param objs: decoded arrays, as :meth:`decode_arrays` takes them
+            (a packed record's values).
+        :returns: the messages they carry (one each, or what ``weight``
+            says): what a consumer counts against its buffer's limit."""
+        weight = self._weight
+        if weight is None:
+            return len(objs)
+        return sum([weight(obj) if type(obj) in ARRAY_TYPES else 1 for obj in objs])
 
     def encode(self, value: Any) -> bytes | None:
         """:param value: an instance of :attr:`cls`, or None where tombstones
@@ -297,13 +311,32 @@ class RecordUnion:
         tags and classes).
     """
 
-    __slots__ = ("name", "codecs", "_by_tag")
+    __slots__ = ("name", "codecs", "_by_tag", "_by_cls", "_arrays_by_tag", "_weights")
     tombstone = False
 
     def __init__(self, name: str, *codecs: RecordCodec) -> None:
         self.name = name
         self.codecs = codecs
         self._by_tag = {codec.tag: codec for codec in codecs}
+        #: a member's exact class → its codec (the hot path of :meth:`encode_many`)
+        self._by_cls = {codec.cls: codec for codec in codecs}
+        #: a member's tag → its hot-path reader (:meth:`decode_arrays`)
+        self._arrays_by_tag = {codec.tag: codec._read_array for codec in codecs}
+        #: a member's tag → its ``weight`` (:meth:`count_arrays`), for those with one
+        self._weights = {codec.tag: codec._weight for codec in codecs if codec._weight}
+
+    def count_arrays(self, objs: Any) -> int:
+        """As :meth:`RecordCodec.count_arrays`, each array weighed by the
+        member of its tag."""
+        weights = self._weights
+        if not weights:
+            return len(objs)
+        n = 0
+        for obj in objs:
+            tag = obj[0] if type(obj) in ARRAY_TYPES and obj else None
+            weight = weights.get(tag) if type(tag) is str else None
+            n += 1 if weight is None else weight(obj)
+        return n
 
     def encode(self, value: Any) -> bytes:
         """:returns: ``value`` encoded by the codec of its class.
@@ -317,9 +350,34 @@ class RecordUnion:
                                   f"got {type(value).__name__}")
 
     def encode_many(self, values: Any) -> list:
-        """:returns: ``[encode(value) for value in values]``.
+        """:returns: ``[encode(value) for value in values]``, a value of a
+            member's own class with plain fields packed from its array (the
+            hot path, as :meth:`RecordCodec.encode_many`), one packer for all.
         :raises RecordEncodingError: as :meth:`encode`."""
-        return [self.encode(value) for value in values]
+        by_cls = self._by_cls
+        packer = _thread_packer()
+        pack = packer.pack
+        out = []
+        append = out.append
+        for value in values:
+            codec = by_cls.get(type(value))
+            array = None
+            if codec is not None:
+                try:
+                    array = codec._write_array(value)
+                except Exception:
+                    array = None  # encode says what is wrong
+            if array is None:
+                append(self.encode(value))
+                continue
+            try:
+                append(pack(array))
+            except Exception as e:
+                raise RecordEncodingError(f"{self.name}: cannot encode: {e}") from None
+        if out and max(map(len, out)) >= _PACKER_KEPT_BELOW and \
+                getattr(_packers, "packer", None) is packer:
+            del _packers.packer  # its buffer grew: let it go
+        return out
 
     def decode(self, data: Any) -> Any:
         """:returns: the record ``data`` holds, read by the codec of its tag.
@@ -343,13 +401,21 @@ class RecordUnion:
         :raises RecordEncodingError: for the first value that is not a
             record of a member's type."""
         out = []
+        append = out.append
+        readers = self._arrays_by_tag
         for obj in objs:
             tag = obj[0] if type(obj) in ARRAY_TYPES and obj else None
-            codec = self._by_tag.get(tag) if type(tag) is str else None
-            if codec is None:
+            read = readers.get(tag) if type(tag) is str else None
+            if read is None:
                 raise RecordEncodingError(f"{self.name}: expected a tag of "
                                           f"{sorted(self._by_tag)}, got {tag!r}")
-            out.append(codec.from_list(obj))
+            value = None
+            if type(obj) is tuple:  # as msgpack read it: the hot path first
+                try:
+                    value = read(obj)
+                except Exception:
+                    value = None  # from_list says what is wrong
+            append(self._by_tag[tag].from_list(obj) if value is None else value)
         return out
 
 
@@ -377,6 +443,10 @@ class BytesCodec:
     def decode(self, data: Any) -> bytes:
         """:raises RecordEncodingError: unless ``data`` is bytes-like."""
         return self.encode(data)
+
+    def count_arrays(self, objs: Any) -> int:
+        """:returns: ``len(objs)``."""
+        return len(objs)
 
     def decode_arrays(self, objs: Any) -> list:
         """Raw bytes are never in a record that unpacks its values.

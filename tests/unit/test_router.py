@@ -557,10 +557,11 @@ def test_a_batchs_deliveries_to_one_node_go_in_one_send_in_order(world):
     batch = [Message(t, b"x", 1, False, {}, "p", 1.0) for t in ("there/1", "there/2", "there/3")]
     result = world.router._on_messages(batch)
     assert world.bus.published == []  # nothing one by one
-    assert [(topic, keys, [d.message.topic for d in values])
+    # a client's messages of the batch: one run (DeliveryRun) on its node's downlink
+    assert [(topic, keys, [[m.topic for m in run.messages] for run in values])
             for topic, keys, values, _ in many] == [
-        (T.downlink_basic("node-x"), ["r", "r", "r"], ["there/1", "there/2", "there/3"]),
-        (T.downlink_basic("node-y"), ["q"], ["there/2"])]
+        (T.downlink_basic("node-x"), ["r"], [["there/1", "there/2", "there/3"]]),
+        (T.downlink_basic("node-y"), ["q"], [["there/2"]])]
     fired: list = []
     result.then(fired.append)
     many[0][3](None)
@@ -590,6 +591,51 @@ def test_a_batch_classifies_a_target_elsewhere_once_per_qos_class(world):
     world.router._on_messages(batch)
     assert asked == ["d", "d"]
     assert [(topic, keys, [(d.message.topic, d.qos) for d in values])
-            for topic, keys, values, _ in many] == [
-        (T.msg_persisted, ["d", "d", "d"], [("there/0", 1), ("there/2", 1), ("there/4", 1)]),
-        (T.downlink_basic("node-x"), ["d", "d"], [("there/1", 0), ("there/3", 0)])]
+            for topic, keys, values, _ in many[:1]] == [
+        (T.msg_persisted, ["d", "d", "d"], [("there/0", 1), ("there/2", 1), ("there/4", 1)])]
+    ((topic, keys, runs, _),) = many[1:]
+    assert (topic, keys, [([m.topic for m in r.messages], r.qos) for r in runs]) == (
+        T.downlink_basic("node-x"), ["d"], [(["there/1", "there/3"], 0)])
+
+
+def test_a_run_on_the_downlink_keeps_a_clients_order_across_qos_and_flags(world):
+    """A client's messages of a batch with another QoS, RETAIN flag or set
+    of subscription identifiers start a new run, after the last one, so
+    that the node reading the downlink delivers them in the order routed."""
+    many: list = []
+    world.bus.publish_many = lambda topic, keys, values, done: many.append(
+        (topic, keys, values, done))
+    world.router.sinks = Sinks.build(world.bus, T)
+    world.registry["r"] = info("r", "node-x")
+    subscribe(world.router, "r", "t/+", qos=2, retain_as_published=True)
+    batch = [Message(f"t/{i}", b"x", qos, retain, {}, "p", 1.0)
+             for i, (qos, retain) in enumerate(
+                 [(1, False), (1, False), (0, False), (1, False), (1, True), (2, True),
+                  (2, True)])]
+    world.router._on_messages(batch)
+    ((topic, keys, runs, _),) = many
+    assert topic == T.downlink_basic("node-x") and keys == ["r"] * len(runs)
+    assert [([m.topic for m in r.messages], r.qos, r.retain) for r in runs] == [
+        (["t/0", "t/1"], 1, False), (["t/2"], 0, False), (["t/3"], 1, False),
+        (["t/4"], 1, True), (["t/5", "t/6"], 2, True)]
+
+
+def test_a_run_on_the_downlink_is_bounded_in_messages_and_payload_bytes(world):
+    """A run past :data:`RUN_MAX_MESSAGES` messages or :data:`RUN_MAX_BYTES`
+    of payload continues in the next run (a Kafka record has a size limit,
+    and a consumer's buffer counts messages)."""
+    from tbmq.cluster.records import RUN_MAX_BYTES, RUN_MAX_MESSAGES
+
+    many: list = []
+    world.bus.publish_many = lambda topic, keys, values, done: many.append(
+        (topic, keys, values, done))
+    world.router.sinks = Sinks.build(world.bus, T)
+    world.registry["r"] = info("r", "node-x")
+    subscribe(world.router, "r", "t/#")
+    small = [Message("t/s", b"x", 1, False, {}, "p", 1.0)] * (RUN_MAX_MESSAGES + 1)
+    big = [Message("t/b", b"y" * (RUN_MAX_BYTES // 2), 1, False, {}, "p", 1.0)] * 3
+    world.router._on_messages(small + big)
+    ((_, _, runs, _),) = many
+    # the 129th small one, then a big one; the next would pass the bytes: two big ones
+    assert [len(r.messages) for r in runs] == [RUN_MAX_MESSAGES, 2, 2]
+    assert [m for r in runs for m in r.messages] == small + big

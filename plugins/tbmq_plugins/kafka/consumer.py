@@ -249,7 +249,10 @@ class KafkaConsumer(Runs):
         self._has_assignment = False
         #: (track, entry, raw record, or the values of a packed one for the batch handler)
         self._buffer: deque = deque()
-        self._held = 0  # records in the buffer, those of packed ones counted one by one
+        #: messages in the buffer: a packed record's counted one by one, each
+        #: as many as it carries (the codec's ``count_arrays``: a run of a
+        #: downlink counts its messages)
+        self._held = 0
         self._inflight = 0
         self._paused = False
         self._throttled = False
@@ -394,7 +397,7 @@ class KafkaConsumer(Runs):
         if self._buffer:
             self._buffer = deque(item for item in self._buffer
                                  if item[0].partition not in gone)
-            self._held = sum(_count(item[2]) for item in self._buffer)
+            self._held = sum(self._weight(item[2]) for item in self._buffer)
         self._has_assignment = False  # until the group gives partitions again
 
     def _batch(self, records: list, reached: list[int],
@@ -433,7 +436,7 @@ class KafkaConsumer(Runs):
                             values = list(values)  # version 1: a list of bytes
                         buffer.append((track, track.arrive(raw.offset), values))
                         track.queued += 1
-                        held += len(values)
+                        held += self._weight(values)
                         continue
                 else:
                     inner = expand(raw)
@@ -477,6 +480,13 @@ class KafkaConsumer(Runs):
             track.queued += len(items)
         return len(items)
 
+    def _weight(self, item: Any) -> int:
+        """The messages a buffered item holds: a packed record's values
+        (version 2) as its topic's codec counts them, else :func:`_count`."""
+        if type(item) is tuple:
+            return self.codec.count_arrays(item)
+        return _count(item)
+
     def _closed(self) -> None:
         if self._closed_d is not None and not self._closed_d.called:
             self._closed_d.callback(None)
@@ -515,7 +525,7 @@ class KafkaConsumer(Runs):
                         and budget > 1):
                     budget -= self._take_run(track, entry, raw, budget)
                     continue
-                count = _count(raw)
+                count = self._weight(raw)
                 self._held -= count
                 budget -= count
                 track.queued -= 1
