@@ -123,30 +123,7 @@ class RecordCodec:
         :raises RecordEncodingError: as :meth:`encode`, for the first value
             that does not fit.
         """
-        cls = self.cls
-        write_array = self._write_array
-        packer = _thread_packer()
-        pack = packer.pack
-        out = []
-        append = out.append
-        for value in values:
-            array = None
-            if type(value) is cls:
-                try:
-                    array = write_array(value)
-                except Exception:
-                    array = None  # encode says what is wrong
-            if array is None:
-                append(self.encode(value))
-                continue
-            try:
-                append(pack(array))
-            except Exception as e:
-                raise RecordEncodingError(f"{self.name}: cannot encode: {e}") from None
-        if out and max(map(len, out)) >= _PACKER_KEPT_BELOW and \
-                getattr(_packers, "packer", None) is packer:
-            del _packers.packer  # its buffer grew: let it go
-        return out
+        return _encode_many(self.name, values, {self.cls: self._write_array}, self.encode)
 
     def to_list(self, value: Any) -> list:
         """:returns: the ``[tag, version, fields...]`` array of ``value``
@@ -250,6 +227,39 @@ class RecordCodec:
             raise RecordEncodingError(f"{self.name}: cannot decode: {e}") from None
 
 
+def _encode_many(name: str, values: Any, writers: dict, encode: Callable[[Any], Any]) -> list:
+    """:meth:`RecordCodec.encode_many` and :meth:`RecordUnion.encode_many`:
+    each value whose exact class has a hot-path writer in ``writers``
+    (class → ``write_array``) packed from its array by this thread's
+    packer, any other (or one the writer leaves to the field checks) by
+    ``encode``.
+
+    :raises RecordEncodingError: as ``encode``, naming ``name``."""
+    packer = _thread_packer()
+    pack = packer.pack
+    out = []
+    append = out.append
+    for value in values:
+        write = writers.get(type(value))
+        array = None
+        if write is not None:
+            try:
+                array = write(value)
+            except Exception:
+                array = None  # encode says what is wrong
+        if array is None:
+            append(encode(value))
+            continue
+        try:
+            append(pack(array))
+        except Exception as e:
+            raise RecordEncodingError(f"{name}: cannot encode: {e}") from None
+    if out and max(map(len, out)) >= _PACKER_KEPT_BELOW and \
+            getattr(_packers, "packer", None) is packer:
+        del _packers.packer  # its buffer grew: let it go
+    return out
+
+
 def _no_array(value: Any) -> None:
     """The hot path of a codec without one: always the field by field one."""
     return None
@@ -311,15 +321,15 @@ class RecordUnion:
         tags and classes).
     """
 
-    __slots__ = ("name", "codecs", "_by_tag", "_by_cls", "_arrays_by_tag", "_weights")
+    __slots__ = ("name", "codecs", "_by_tag", "_writers", "_arrays_by_tag", "_weights")
     tombstone = False
 
     def __init__(self, name: str, *codecs: RecordCodec) -> None:
         self.name = name
         self.codecs = codecs
         self._by_tag = {codec.tag: codec for codec in codecs}
-        #: a member's exact class → its codec (the hot path of :meth:`encode_many`)
-        self._by_cls = {codec.cls: codec for codec in codecs}
+        #: a member's exact class → its hot-path writer (:meth:`encode_many`)
+        self._writers = {codec.cls: codec._write_array for codec in codecs}
         #: a member's tag → its hot-path reader (:meth:`decode_arrays`)
         self._arrays_by_tag = {codec.tag: codec._read_array for codec in codecs}
         #: a member's tag → its ``weight`` (:meth:`count_arrays`), for those with one
@@ -354,30 +364,7 @@ class RecordUnion:
             member's own class with plain fields packed from its array (the
             hot path, as :meth:`RecordCodec.encode_many`), one packer for all.
         :raises RecordEncodingError: as :meth:`encode`."""
-        by_cls = self._by_cls
-        packer = _thread_packer()
-        pack = packer.pack
-        out = []
-        append = out.append
-        for value in values:
-            codec = by_cls.get(type(value))
-            array = None
-            if codec is not None:
-                try:
-                    array = codec._write_array(value)
-                except Exception:
-                    array = None  # encode says what is wrong
-            if array is None:
-                append(self.encode(value))
-                continue
-            try:
-                append(pack(array))
-            except Exception as e:
-                raise RecordEncodingError(f"{self.name}: cannot encode: {e}") from None
-        if out and max(map(len, out)) >= _PACKER_KEPT_BELOW and \
-                getattr(_packers, "packer", None) is packer:
-            del _packers.packer  # its buffer grew: let it go
-        return out
+        return _encode_many(self.name, values, self._writers, self.encode)
 
     def decode(self, data: Any) -> Any:
         """:returns: the record ``data`` holds, read by the codec of its tag.
