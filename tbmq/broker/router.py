@@ -72,7 +72,14 @@ class Gathered:
     :ivar targets: ``(QoS 0 targets, QoS 1/2 targets)``, each client id →
         its group in :attr:`groups`, or, for a sink that takes runs
         (:attr:`~tbmq.cluster.sinks.BusSink.runs`: a node's downlink), the
-        client's newest :class:`~tbmq.cluster.records.DeliveryRun` there.
+        client's newest record there: a
+        :class:`~tbmq.cluster.records.DeliveryRun`, or ``[values, index]``
+        of its first :class:`~tbmq.cluster.records.Delivery` (a client with
+        one message in the batch costs what it did before runs; a second
+        one turns it into a run).  A new record there takes the place of
+        an older one in the other class too (where a message of that class
+        finds a record of another QoS and is classified again): only the
+        newest record of a client grows, so its messages keep their order.
         A client without a session here is classified once per batch and
         QoS class (its class cannot change while the batch is routed: the
         registry and the sessions change in other reactor calls); its later
@@ -90,41 +97,45 @@ class Gathered:
         self.groups: dict[tuple, tuple[list, list]] = {}
         self.targets: tuple[dict, dict] = ({}, {})
 
-    def join(self, client_id: str, message: Message, qos: int, retain: bool,
+    def join(self, entry, client_id: str, message: Message, qos: int, retain: bool,
              sids: tuple) -> bool:
         """Append a delivery to ``client_id`` (no session here) to what the
-        batch gathered for it, when it was classified at this QoS class.
+        batch gathered for it at this QoS class.
 
+        :param entry: the client's entry of :attr:`targets` at this class.
         :returns: False when it must be classified (:meth:`Router._to_sink`):
-            not seen yet at this class, or a run whose QoS, RETAIN flag or
+            a run (or a first delivery) whose QoS, RETAIN flag or
             identifiers differ, or that is full (:data:`RUN_MAX_MESSAGES`,
             :data:`RUN_MAX_BYTES` of payload)."""
-        entry = self.targets[qos != 0].get(client_id)
-        if entry is None:
+        kind = type(entry)
+        if kind is tuple:  # a group: one delivery more
+            entry[0].append(client_id)
+            entry[1].append(Delivery(client_id, message, qos, retain, sids))
+            return True
+        if kind is DeliveryRun:
+            run = entry
+            size = run.size + len(message.payload)
+        else:  # [values, index]: the client's first delivery to a sink of runs
+            run = entry[0][entry[1]]
+            size = len(run.message.payload) + len(message.payload)
+        if not (run.qos == qos and run.retain == retain and size <= RUN_MAX_BYTES and (
+                run.subscription_ids is sids or run.subscription_ids == sids)):
             return False
-        if type(entry) is DeliveryRun:
-            messages = entry.messages
-            size = entry.size + len(message.payload)
-            if (entry.qos == qos and entry.retain == retain and (
-                    entry.subscription_ids is sids or entry.subscription_ids == sids)
-                    and size <= RUN_MAX_BYTES and len(messages) < RUN_MAX_MESSAGES):
-                messages.append(message)
-                entry.size = size
-                return True
-            return False
-        entry[0].append(client_id)
-        entry[1].append(Delivery(client_id, message, qos, retain, sids))
-        return True
-
-    def started(self, client_id: str, qos: int, run: DeliveryRun) -> None:
-        """``run`` is now the newest run of ``client_id``: its class's later
-        messages join it, and the other class's no older run (they start a
-        new one, after this)."""
-        targets = self.targets
-        targets[qos != 0][client_id] = run
-        other = targets[qos == 0]
-        if type(other.get(client_id)) is DeliveryRun:
+        if kind is DeliveryRun:
+            if len(run.messages) >= RUN_MAX_MESSAGES:
+                return False
+            run.messages.append(message)
+            run.size = size
+            return True
+        # a second message: the first delivery becomes a run, in its place
+        values, index = entry
+        run = values[index] = DeliveryRun(client_id, [run.message, message], qos, retain, sids)
+        run.size = size
+        self.targets[qos != 0][client_id] = run
+        other = self.targets[qos == 0]
+        if type(other.get(client_id)) is list:  # what was the first is this run now
             other[client_id] = run
+        return True
 
 
 class Router:
@@ -325,8 +336,11 @@ class Router:
                 if qos == 0 or not session.persistent:
                     session.outbox.deliver(message, qos, flag, sids, cache, now, source)
                     continue
-            elif gathered is not None and gathered.join(client_id, message, qos, flag, sids):
-                continue
+            elif gathered is not None:
+                entry = gathered.targets[qos != 0].get(client_id)
+                if entry is not None and gathered.join(entry, client_id, message, qos, flag,
+                                                       sids):
+                    continue
             pending = self._to_sink(client_id, session, message, qos, flag, sids, pending,
                                     gathered)
         return pending
@@ -355,9 +369,11 @@ class Router:
                     session.outbox.deliver(message, qos, flag, options.subscription_ids, cache,
                                            now, source)
                     continue
-            elif gathered is not None and gathered.join(client_id, message, qos, flag,
-                                                        options.subscription_ids):
-                continue
+            elif gathered is not None:
+                entry = gathered.targets[qos != 0].get(client_id)
+                if entry is not None and gathered.join(entry, client_id, message, qos, flag,
+                                                       options.subscription_ids):
+                    continue
             pending = self._to_sink(client_id, session, message, qos, flag,
                                     options.subscription_ids, pending, gathered)
         return pending
@@ -400,16 +416,16 @@ class Router:
         if group is None:
             group = groups[(sink, where)] = ([], [])
         group[0].append(client_id)
-        if sink.runs:  # the client's later messages of the batch join this record
-            run = DeliveryRun(client_id, [message], qos, retain, sids)
-            run.size = len(message.payload)
-            group[1].append(run)
-            if session is None:
-                gathered.started(client_id, qos, run)
-            return pending
-        group[1].append(Delivery(client_id, message, qos, retain, sids))
-        if session is None and (limit is None or sink is not self.sinks.persisted):
-            gathered.targets[qos != 0][client_id] = group
+        values = group[1]
+        if session is None:
+            if sink.runs:  # the client's next message of the batch makes this a run
+                first = gathered.targets[qos != 0][client_id] = [values, len(values)]
+                other = gathered.targets[qos == 0]
+                if type(other.get(client_id)) is not tuple:  # an older record: not to grow
+                    other[client_id] = first
+            elif limit is None or sink is not self.sinks.persisted:
+                gathered.targets[qos != 0][client_id] = group
+        values.append(Delivery(client_id, message, qos, retain, sids))
         return pending
 
     def classify(self, client_id: str, session, qos: int) -> tuple:

@@ -16,7 +16,7 @@ from tbmq.broker.outbound import Holds, TurnFlusher
 from tbmq.broker.router import Router
 from tbmq.broker.session import Session, SessionContext, TopicNameCache
 from tbmq.cluster.completion import Completion, deferred_done
-from tbmq.cluster.records import Delivery, Record, SessionInfo
+from tbmq.cluster.records import Delivery, DeliveryRun, Record, SessionInfo
 from tbmq.cluster.sinks import Sinks
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.config import load_config
@@ -542,6 +542,13 @@ def test_a_failed_store_write_of_a_session_is_logged_once_not_an_unhandled_error
     assert len(warned) == 1 and warned[0]["operation"] == "update"
 
 
+def carried(value) -> tuple:
+    """``(topics, qos, retain, type)`` of a downlink record: a run's
+    messages, or a lone delivery's one."""
+    messages = value.messages if type(value) is DeliveryRun else [value.message]
+    return [m.topic for m in messages], value.qos, value.retain, type(value).__name__
+
+
 def test_a_batchs_deliveries_to_one_node_go_in_one_send_in_order(world):
     """A bus with ``publish_many`` (Kafka) gets a batch's deliveries to one
     node's downlink in one call with one ``done``; the batch's completion
@@ -557,11 +564,12 @@ def test_a_batchs_deliveries_to_one_node_go_in_one_send_in_order(world):
     batch = [Message(t, b"x", 1, False, {}, "p", 1.0) for t in ("there/1", "there/2", "there/3")]
     result = world.router._on_messages(batch)
     assert world.bus.published == []  # nothing one by one
-    # a client's messages of the batch: one run (DeliveryRun) on its node's downlink
-    assert [(topic, keys, [[m.topic for m in run.messages] for run in values])
-            for topic, keys, values, _ in many] == [
-        (T.downlink_basic("node-x"), ["r"], [["there/1", "there/2", "there/3"]]),
-        (T.downlink_basic("node-y"), ["q"], [["there/2"]])]
+    # a client's messages of the batch: one run (DeliveryRun) on its node's
+    # downlink; a client with one message: a Delivery
+    assert [(topic, keys, [carried(v) for v in values]) for topic, keys, values, _ in many] == [
+        (T.downlink_basic("node-x"), ["r"],
+         [(["there/1", "there/2", "there/3"], 1, False, "DeliveryRun")]),
+        (T.downlink_basic("node-y"), ["q"], [(["there/2"], 1, False, "Delivery")])]
     fired: list = []
     result.then(fired.append)
     many[0][3](None)
@@ -594,8 +602,8 @@ def test_a_batch_classifies_a_target_elsewhere_once_per_qos_class(world):
             for topic, keys, values, _ in many[:1]] == [
         (T.msg_persisted, ["d", "d", "d"], [("there/0", 1), ("there/2", 1), ("there/4", 1)])]
     ((topic, keys, runs, _),) = many[1:]
-    assert (topic, keys, [([m.topic for m in r.messages], r.qos) for r in runs]) == (
-        T.downlink_basic("node-x"), ["d"], [(["there/1", "there/3"], 0)])
+    assert (topic, keys, [carried(r) for r in runs]) == (
+        T.downlink_basic("node-x"), ["d"], [(["there/1", "there/3"], 0, False, "DeliveryRun")])
 
 
 def test_a_run_on_the_downlink_keeps_a_clients_order_across_qos_and_flags(world):
@@ -615,7 +623,7 @@ def test_a_run_on_the_downlink_keeps_a_clients_order_across_qos_and_flags(world)
     world.router._on_messages(batch)
     ((topic, keys, runs, _),) = many
     assert topic == T.downlink_basic("node-x") and keys == ["r"] * len(runs)
-    assert [([m.topic for m in r.messages], r.qos, r.retain) for r in runs] == [
+    assert [carried(r)[:3] for r in runs] == [
         (["t/0", "t/1"], 1, False), (["t/2"], 0, False), (["t/3"], 1, False),
         (["t/4"], 1, True), (["t/5", "t/6"], 2, True)]
 
@@ -637,5 +645,12 @@ def test_a_run_on_the_downlink_is_bounded_in_messages_and_payload_bytes(world):
     world.router._on_messages(small + big)
     ((_, _, runs, _),) = many
     # the 129th small one, then a big one; the next would pass the bytes: two big ones
-    assert [len(r.messages) for r in runs] == [RUN_MAX_MESSAGES, 2, 2]
+    assert [len(carried(r)[0]) for r in runs] == [RUN_MAX_MESSAGES, 2, 2]
     assert [m for r in runs for m in r.messages] == small + big
+    # one big message past the bytes of a first one: two lone deliveries
+    many.clear()
+    huge = Message("t/h", b"z" * (RUN_MAX_BYTES - 10), 1, False, {}, "p", 1.0)
+    world.router._on_messages([huge, big[0]])
+    ((_, _, values, _),) = many
+    assert [carried(v) for v in values] == [(["t/h"], 1, False, "Delivery"),
+                                            (["t/b"], 1, False, "Delivery")]
