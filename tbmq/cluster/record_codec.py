@@ -391,19 +391,25 @@ class RecordUnion:
         append = out.append
         readers = self._arrays_by_tag
         for obj in objs:
-            tag = obj[0] if type(obj) in ARRAY_TYPES and obj else None
-            read = readers.get(tag) if type(tag) is str else None
-            if read is None:
-                raise RecordEncodingError(f"{self.name}: expected a tag of "
-                                          f"{sorted(self._by_tag)}, got {tag!r}")
-            value = None
-            if type(obj) is tuple:  # as msgpack read it: the hot path first
-                try:
-                    value = read(obj)
-                except Exception:
-                    value = None  # from_list says what is wrong
-            append(self._by_tag[tag].from_list(obj) if value is None else value)
+            try:  # the hot path: a tuple as msgpack read it, of a member's tag
+                value = readers[obj[0]](obj) if type(obj) is tuple else None
+            except Exception:
+                value = None  # _read_tagged says what is wrong
+            append(self._read_tagged(obj) if value is None else value)
         return out
+
+    def _read_tagged(self, obj: Any) -> Any:
+        """A value of :meth:`decode_arrays` the hot path did not read: read
+        field by field by the member of its tag.
+
+        :raises RecordEncodingError: for a value of no member's tag, or one
+            its member refuses."""
+        tag = obj[0] if type(obj) in ARRAY_TYPES and obj else None
+        codec = self._by_tag.get(tag) if type(tag) is str else None
+        if codec is None:
+            raise RecordEncodingError(f"{self.name}: expected a tag of "
+                                      f"{sorted(self._by_tag)}, got {tag!r}")
+        return codec.from_list(obj)
 
 
 class BytesCodec:
