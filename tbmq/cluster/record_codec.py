@@ -372,14 +372,7 @@ class RecordUnion:
             tag, an unknown version, bad fields)."""
         if data is None:
             raise RecordEncodingError(f"{self.name}: a tombstone (None) is not allowed here")
-        obj = _unpack(self.name, data)
-        tag = obj[0] if type(obj) in ARRAY_TYPES and obj else None
-        codec = self._by_tag.get(tag) if type(tag) is str else None
-        if codec is None:
-            raise RecordEncodingError(f"{self.name}: expected a tag of {sorted(self._by_tag)}, "
-                                      f"got {tag!r}")
-        return codec.from_list(obj)
-
+        return self._read_tagged(_unpack(self.name, data))
 
     def decode_arrays(self, objs: Any) -> list:
         """As :meth:`RecordCodec.decode_arrays`: each value read by the codec
@@ -399,8 +392,8 @@ class RecordUnion:
         return out
 
     def _read_tagged(self, obj: Any) -> Any:
-        """A value of :meth:`decode_arrays` the hot path did not read: read
-        field by field by the member of its tag.
+        """An unpacked value (:meth:`decode`, or one of :meth:`decode_arrays`
+        the hot path did not read) read by the member of its tag.
 
         :raises RecordEncodingError: for a value of no member's tag, or one
             its member refuses."""
