@@ -62,22 +62,132 @@ class SharedGroup:
         return members[start]
 
 
+class DeliveryGroup:
+    """The deliveries of a batch to one sink and place (``(sink, where)``
+    of :attr:`Gathered.groups`), sent with one
+    :meth:`~tbmq.cluster.sinks.BusSink.send_many`; also the entry of
+    :attr:`Gathered.targets` of each client whose class sends there one
+    :class:`~tbmq.cluster.records.Delivery` per message (a sink that does
+    not take runs).
+
+    :ivar keys: the client id of each of :attr:`values`.
+    :ivar values: the records, in the order routed.
+    """
+
+    __slots__ = ("keys", "values")
+
+    #: A group keeps its place in :attr:`Gathered.targets` for the batch.
+    lasts = True
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.values: list = []
+
+    def join(self, targets: tuple, client_id: str, message: Message, qos: int, retain: bool,
+             sids: tuple) -> bool:
+        """Append a delivery of ``message`` to ``client_id``.
+
+        :returns: True."""
+        self.keys.append(client_id)
+        self.values.append(Delivery(client_id, message, qos, retain, sids))
+        return True
+
+
+class FirstDelivery:
+    """A client's first :class:`~tbmq.cluster.records.Delivery` of a batch
+    to a sink that takes runs, at ``values[index]`` of its
+    :class:`DeliveryGroup`: an entry of :attr:`Gathered.targets` (a client
+    with one message in the batch sends a lone Delivery; a second message
+    turns it into a run, in its place).
+
+    :ivar values: the group's records.
+    :ivar index: where the delivery is in :attr:`values`.
+    """
+
+    __slots__ = ("values", "index")
+
+    #: A newer record of the client takes its place.
+    lasts = False
+
+    def __init__(self, values: list, index: int) -> None:
+        self.values = values
+        self.index = index
+
+    def join(self, targets: tuple, client_id: str, message: Message, qos: int, retain: bool,
+             sids: tuple) -> bool:
+        """Make the delivery a :class:`~tbmq.cluster.records.DeliveryRun`
+        of its message and ``message``, in its place in the group, and put
+        a :class:`GrowingRun` of it in this entry's place in ``targets``
+        (:attr:`Gathered.targets`, in both classes where it is there).
+
+        :returns: False, nothing changed, when ``message`` has another QoS,
+            RETAIN flag or subscription identifiers than the first, or the
+            two payloads pass :data:`RUN_MAX_BYTES`."""
+        values, index = self.values, self.index
+        first = values[index]
+        size = len(first.message.payload) + len(message.payload)
+        if not (first.qos == qos and first.retain == retain and size <= RUN_MAX_BYTES and (
+                first.subscription_ids is sids or first.subscription_ids == sids)):
+            return False
+        run = values[index] = DeliveryRun(client_id, [first.message, message], qos, retain, sids)
+        run.size = size
+        entry = targets[qos != 0][client_id] = GrowingRun(run)
+        other = targets[qos == 0]
+        if other.get(client_id) is self:  # the record of both classes is this run now
+            other[client_id] = entry
+        return True
+
+
+class GrowingRun:
+    """The entry of :attr:`Gathered.targets` of a client's newest
+    :class:`~tbmq.cluster.records.DeliveryRun` in a batch.
+
+    :ivar run: the run (its ``messages`` a list while gathered).
+    """
+
+    __slots__ = ("run",)
+
+    #: A newer record of the client takes its place.
+    lasts = False
+
+    def __init__(self, run: DeliveryRun) -> None:
+        self.run = run
+
+    def join(self, targets: tuple, client_id: str, message: Message, qos: int, retain: bool,
+             sids: tuple) -> bool:
+        """Append ``message`` to the run.
+
+        :returns: False, nothing changed, when ``message`` has another QoS,
+            RETAIN flag or subscription identifiers than the run, or the
+            run is full (:data:`RUN_MAX_MESSAGES`, :data:`RUN_MAX_BYTES` of
+            payload)."""
+        run = self.run
+        size = run.size + len(message.payload)
+        if not (run.qos == qos and run.retain == retain and size <= RUN_MAX_BYTES
+                and len(run.messages) < RUN_MAX_MESSAGES and (
+                    run.subscription_ids is sids or run.subscription_ids == sids)):
+            return False
+        run.messages.append(message)
+        run.size = size
+        return True
+
+
 class Gathered:
     """The deliveries of one batch of ``tbmq.msg.all`` (:meth:`Router._on_messages`)
     that go to bus sinks, gathered to be sent with one
     :meth:`~tbmq.cluster.sinks.BusSink.send_many` per sink and place.
 
-    :ivar groups: ``(sink, where)`` → ``(client ids, deliveries)``, in the
-        order the batch routed them.
+    :ivar groups: ``(sink, where)`` → :class:`DeliveryGroup`, in the order
+        the batch routed them.
     :ivar targets: ``(QoS 0 targets, QoS 1/2 targets)``, each client id →
-        its group in :attr:`groups`, or, for a sink that takes runs
+        an entry whose ``join(targets, client_id, message, qos, retain,
+        subscription ids)`` appends a delivery or returns False (then the
+        delivery is classified: :meth:`Router._to_sink`): its
+        :class:`DeliveryGroup`, or, for a sink that takes runs
         (:attr:`~tbmq.cluster.sinks.BusSink.runs`: a node's downlink), the
-        client's newest record there: a
-        :class:`~tbmq.cluster.records.DeliveryRun`, or ``[values, index]``
-        of its first :class:`~tbmq.cluster.records.Delivery` (a client with
-        one message in the batch costs what it did before runs; a second
-        one turns it into a run).  A new record there takes the place of
-        an older one in the other class too (where a message of that class
+        client's newest record there: a :class:`FirstDelivery` or a
+        :class:`GrowingRun`.  A new record there takes the place of an
+        older one in the other class too (where a message of that class
         finds a record of another QoS and is classified again): only the
         newest record of a client grows, so its messages keep their order.
         A client without a session here is classified once per batch and
@@ -94,48 +204,33 @@ class Gathered:
     __slots__ = ("groups", "targets")
 
     def __init__(self) -> None:
-        self.groups: dict[tuple, tuple[list, list]] = {}
+        self.groups: dict[tuple, DeliveryGroup] = {}
         self.targets: tuple[dict, dict] = ({}, {})
 
-    def join(self, entry, client_id: str, message: Message, qos: int, retain: bool,
-             sids: tuple) -> bool:
-        """Append a delivery to ``client_id`` (no session here) to what the
-        batch gathered for it at this QoS class.
+    def add(self, sink, where: str, delivery: Delivery, keep: bool) -> None:
+        """Append ``delivery`` to the group of ``(sink, where)``.
 
-        :param entry: the client's entry of :attr:`targets` at this class.
-        :returns: False when it must be classified (:meth:`Router._to_sink`):
-            a run (or a first delivery) whose QoS, RETAIN flag or
-            identifiers differ, or that is full (:data:`RUN_MAX_MESSAGES`,
-            :data:`RUN_MAX_BYTES` of payload)."""
-        kind = type(entry)
-        if kind is tuple:  # a group: one delivery more
-            entry[0].append(client_id)
-            entry[1].append(Delivery(client_id, message, qos, retain, sids))
-            return True
-        if kind is DeliveryRun:
-            run = entry
-            size = run.size + len(message.payload)
-        else:  # [values, index]: the client's first delivery to a sink of runs
-            run = entry[0][entry[1]]
-            size = len(run.message.payload) + len(message.payload)
-        if not (run.qos == qos and run.retain == retain and size <= RUN_MAX_BYTES and (
-                run.subscription_ids is sids or run.subscription_ids == sids)):
-            return False
-        if kind is DeliveryRun:
-            if len(run.messages) >= RUN_MAX_MESSAGES:
-                return False
-            run.messages.append(message)
-            run.size = size
-            return True
-        # a second message: the first delivery becomes a run, in its place
-        values, index = entry
-        run = values[index] = DeliveryRun(client_id, [run.message, message], qos, retain, sids)
-        run.size = size
-        self.targets[qos != 0][client_id] = run
-        other = self.targets[qos == 0]
-        if type(other.get(client_id)) is list:  # what was the first is this run now
-            other[client_id] = run
-        return True
+        :param keep: whether the delivery's client and class keep an entry
+            in :attr:`targets` for their next deliveries of the batch."""
+        groups = self.groups
+        group = groups.get((sink, where))
+        if group is None:
+            group = groups[(sink, where)] = DeliveryGroup()
+        client_id = delivery.client_id
+        group.keys.append(client_id)
+        values = group.values
+        if keep:
+            targets = self.targets
+            qos = delivery.qos
+            if sink.runs:  # the client's next message of the batch makes this a run
+                first = targets[qos != 0][client_id] = FirstDelivery(values, len(values))
+                other = targets[qos == 0]
+                older = other.get(client_id)
+                if older is None or not older.lasts:  # an older record: not to grow
+                    other[client_id] = first
+            else:
+                targets[qos != 0][client_id] = group
+        values.append(delivery)
 
 
 class Router:
@@ -281,8 +376,8 @@ class Router:
         gathered = Gathered()
         for message in messages:
             pending = route(message, pending, gathered)
-        for (sink, where), (keys, values) in gathered.groups.items():
-            sink.send_many(where, keys, values, pending.part())
+        for (sink, where), group in gathered.groups.items():
+            sink.send_many(where, group.keys, group.values, pending.part())
         return pending
 
     def route(self, message: Message, pending: Completion | None,
@@ -337,9 +432,10 @@ class Router:
                     session.outbox.deliver(message, qos, flag, sids, cache, now, source)
                     continue
             elif gathered is not None:
-                entry = gathered.targets[qos != 0].get(client_id)
-                if entry is not None and gathered.join(entry, client_id, message, qos, flag,
-                                                       sids):
+                targets = gathered.targets
+                entry = targets[qos != 0].get(client_id)
+                if entry is not None and entry.join(targets, client_id, message, qos, flag,
+                                                    sids):
                     continue
             pending = self._to_sink(client_id, session, message, qos, flag, sids, pending,
                                     gathered)
@@ -370,9 +466,10 @@ class Router:
                                            now, source)
                     continue
             elif gathered is not None:
-                entry = gathered.targets[qos != 0].get(client_id)
-                if entry is not None and gathered.join(entry, client_id, message, qos, flag,
-                                                       options.subscription_ids):
+                targets = gathered.targets
+                entry = targets[qos != 0].get(client_id)
+                if entry is not None and entry.join(targets, client_id, message, qos, flag,
+                                                    options.subscription_ids):
                     continue
             pending = self._to_sink(client_id, session, message, qos, flag,
                                     options.subscription_ids, pending, gathered)
@@ -407,25 +504,12 @@ class Router:
             return pending
         if pending is None:
             pending = Completion()
+        delivery = Delivery(client_id, message, qos, retain, sids)
         if gathered is None:
-            sink.send(where, client_id, Delivery(client_id, message, qos, retain, sids),
-                      pending.part())
-            return pending
-        groups = gathered.groups
-        group = groups.get((sink, where))
-        if group is None:
-            group = groups[(sink, where)] = ([], [])
-        group[0].append(client_id)
-        values = group[1]
-        if session is None:
-            if sink.runs:  # the client's next message of the batch makes this a run
-                first = gathered.targets[qos != 0][client_id] = [values, len(values)]
-                other = gathered.targets[qos == 0]
-                if type(other.get(client_id)) is not tuple:  # an older record: not to grow
-                    other[client_id] = first
-            elif limit is None or sink is not self.sinks.persisted:
-                gathered.targets[qos != 0][client_id] = group
-        values.append(Delivery(client_id, message, qos, retain, sids))
+            sink.send(where, client_id, delivery, pending.part())
+        else:
+            gathered.add(sink, where, delivery, session is None and (
+                limit is None or sink is not self.sinks.persisted))
         return pending
 
     def classify(self, client_id: str, session, qos: int) -> tuple:

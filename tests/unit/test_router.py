@@ -654,3 +654,29 @@ def test_a_run_on_the_downlink_is_bounded_in_messages_and_payload_bytes(world):
     ((_, _, values, _),) = many
     assert [carried(v) for v in values] == [(["t/h"], 1, False, "Delivery"),
                                             (["t/b"], 1, False, "Delivery")]
+
+
+def test_a_batch_asks_the_persisted_limit_for_each_delivery_to_the_device_store(world):
+    """Under ``mqtt.rate_limits.device_persisted_messages`` a batch keeps no
+    entry for a persistent DEVICE's store: each of its deliveries there is
+    admitted on its own, and only those admitted are sent."""
+    many: list = []
+    world.bus.publish_many = lambda topic, keys, values, done: many.append(
+        (topic, keys, values, done))
+    world.router.sinks = Sinks.build(world.bus, T)
+    asked: list = []
+
+    class Limit:
+        def admit_persisted(self, client_id):
+            asked.append(client_id)
+            return len(asked) % 2 == 1  # every other one
+
+    world.router.persisted_limit = Limit()
+    world.registry["d"] = info("d", "node-x", persistent=True)
+    subscribe(world.router, "d", "there/+", qos=1)
+    batch = [Message(f"there/{i}", b"x", 1, False, {}, "p", 1.0) for i in range(4)]
+    world.router._on_messages(batch)
+    assert asked == ["d"] * 4
+    assert [(topic, keys, [d.message.topic for d in values])
+            for topic, keys, values, _ in many] == [
+        (T.msg_persisted, ["d", "d"], ["there/0", "there/2"])]
