@@ -83,7 +83,7 @@ class DeliveryGroup:
         self.keys: list[str] = []
         self.values: list = []
 
-    def join(self, targets: tuple, client_id: str, message: Message, qos: int, retain: bool,
+    def join(self, client_id: str, message: Message, qos: int, retain: bool,
              sids: tuple) -> bool:
         """Append a delivery of ``message`` to ``client_id``.
 
@@ -93,18 +93,21 @@ class DeliveryGroup:
         return True
 
 
-class FirstDelivery:
-    """A client's first :class:`~tbmq.cluster.records.Delivery` of a batch
-    to a sink that takes runs, at ``values[index]`` of its
-    :class:`DeliveryGroup`: an entry of :attr:`Gathered.targets` (a client
-    with one message in the batch sends a lone Delivery; a second message
-    turns it into a run, in its place).
+class NewestRecord:
+    """A client's newest record of a batch to a sink that takes runs, an
+    entry of :attr:`Gathered.targets`: its first
+    :class:`~tbmq.cluster.records.Delivery`, at ``values[index]`` of its
+    :class:`DeliveryGroup`, until a second message makes it a
+    :class:`~tbmq.cluster.records.DeliveryRun` in that place (a client with
+    one message in the batch sends a lone Delivery).
 
     :ivar values: the group's records.
-    :ivar index: where the delivery is in :attr:`values`.
+    :ivar index: where the record is in :attr:`values`.
+    :ivar run: the run once there is one (its ``messages`` a list while
+        gathered), else None.
     """
 
-    __slots__ = ("values", "index")
+    __slots__ = ("values", "index", "run")
 
     #: A newer record of the client takes its place.
     lasts = False
@@ -112,62 +115,34 @@ class FirstDelivery:
     def __init__(self, values: list, index: int) -> None:
         self.values = values
         self.index = index
+        self.run = None
 
-    def join(self, targets: tuple, client_id: str, message: Message, qos: int, retain: bool,
+    def join(self, client_id: str, message: Message, qos: int, retain: bool,
              sids: tuple) -> bool:
-        """Make the delivery a :class:`~tbmq.cluster.records.DeliveryRun`
-        of its message and ``message``, in its place in the group, and put
-        a :class:`GrowingRun` of it in this entry's place in ``targets``
-        (:attr:`Gathered.targets`, in both classes where it is there).
+        """Append ``message`` to the record: the run's messages, or, to the
+        first delivery, a run of its message and ``message`` in its place.
 
         :returns: False, nothing changed, when ``message`` has another QoS,
-            RETAIN flag or subscription identifiers than the first, or the
-            two payloads pass :data:`RUN_MAX_BYTES`."""
-        values, index = self.values, self.index
-        first = values[index]
+            RETAIN flag or subscription identifiers than the record, or the
+            record is full (:data:`RUN_MAX_MESSAGES`, :data:`RUN_MAX_BYTES`
+            of payload)."""
+        run = self.run
+        if run is not None:
+            size = run.size + len(message.payload)
+            if not (run.qos == qos and run.retain == retain and size <= RUN_MAX_BYTES
+                    and len(run.messages) < RUN_MAX_MESSAGES and (
+                        run.subscription_ids is sids or run.subscription_ids == sids)):
+                return False
+            run.messages.append(message)
+            run.size = size
+            return True
+        first = self.values[self.index]
         size = len(first.message.payload) + len(message.payload)
         if not (first.qos == qos and first.retain == retain and size <= RUN_MAX_BYTES and (
                 first.subscription_ids is sids or first.subscription_ids == sids)):
             return False
-        run = values[index] = DeliveryRun(client_id, [first.message, message], qos, retain, sids)
-        run.size = size
-        entry = targets[qos != 0][client_id] = GrowingRun(run)
-        other = targets[qos == 0]
-        if other.get(client_id) is self:  # the record of both classes is this run now
-            other[client_id] = entry
-        return True
-
-
-class GrowingRun:
-    """The entry of :attr:`Gathered.targets` of a client's newest
-    :class:`~tbmq.cluster.records.DeliveryRun` in a batch.
-
-    :ivar run: the run (its ``messages`` a list while gathered).
-    """
-
-    __slots__ = ("run",)
-
-    #: A newer record of the client takes its place.
-    lasts = False
-
-    def __init__(self, run: DeliveryRun) -> None:
-        self.run = run
-
-    def join(self, targets: tuple, client_id: str, message: Message, qos: int, retain: bool,
-             sids: tuple) -> bool:
-        """Append ``message`` to the run.
-
-        :returns: False, nothing changed, when ``message`` has another QoS,
-            RETAIN flag or subscription identifiers than the run, or the
-            run is full (:data:`RUN_MAX_MESSAGES`, :data:`RUN_MAX_BYTES` of
-            payload)."""
-        run = self.run
-        size = run.size + len(message.payload)
-        if not (run.qos == qos and run.retain == retain and size <= RUN_MAX_BYTES
-                and len(run.messages) < RUN_MAX_MESSAGES and (
-                    run.subscription_ids is sids or run.subscription_ids == sids)):
-            return False
-        run.messages.append(message)
+        run = self.run = self.values[self.index] = DeliveryRun(
+            client_id, [first.message, message], qos, retain, sids)
         run.size = size
         return True
 
@@ -180,14 +155,14 @@ class Gathered:
     :ivar groups: ``(sink, where)`` → :class:`DeliveryGroup`, in the order
         the batch routed them.
     :ivar targets: ``(QoS 0 targets, QoS 1/2 targets)``, each client id →
-        an entry whose ``join(targets, client_id, message, qos, retain,
-        subscription ids)`` appends a delivery or returns False (then the
-        delivery is classified: :meth:`Router._to_sink`): its
-        :class:`DeliveryGroup`, or, for a sink that takes runs
+        an entry whose ``join(client_id, message, qos, retain, subscription
+        ids)`` appends a delivery or returns False (then the delivery is
+        classified: :meth:`Router._to_sink`): its :class:`DeliveryGroup`,
+        or, for a sink that takes runs
         (:attr:`~tbmq.cluster.sinks.BusSink.runs`: a node's downlink), the
-        client's newest record there: a :class:`FirstDelivery` or a
-        :class:`GrowingRun`.  A new record there takes the place of an
-        older one in the other class too (where a message of that class
+        client's newest record there, a :class:`NewestRecord`.  A new
+        record there takes the place of an older one (not of a group) in
+        the other class too (where a message of that class
         finds a record of another QoS and is classified again): only the
         newest record of a client grows, so its messages keep their order.
         A client without a session here is classified once per batch and
@@ -223,7 +198,7 @@ class Gathered:
             targets = self.targets
             qos = delivery.qos
             if sink.runs:  # the client's next message of the batch makes this a run
-                first = targets[qos != 0][client_id] = FirstDelivery(values, len(values))
+                first = targets[qos != 0][client_id] = NewestRecord(values, len(values))
                 other = targets[qos == 0]
                 older = other.get(client_id)
                 if older is None or not older.lasts:  # an older record: not to grow
@@ -432,10 +407,8 @@ class Router:
                     session.outbox.deliver(message, qos, flag, sids, cache, now, source)
                     continue
             elif gathered is not None:
-                targets = gathered.targets
-                entry = targets[qos != 0].get(client_id)
-                if entry is not None and entry.join(targets, client_id, message, qos, flag,
-                                                    sids):
+                entry = gathered.targets[qos != 0].get(client_id)
+                if entry is not None and entry.join(client_id, message, qos, flag, sids):
                     continue
             pending = self._to_sink(client_id, session, message, qos, flag, sids, pending,
                                     gathered)
@@ -466,9 +439,8 @@ class Router:
                                            now, source)
                     continue
             elif gathered is not None:
-                targets = gathered.targets
-                entry = targets[qos != 0].get(client_id)
-                if entry is not None and entry.join(targets, client_id, message, qos, flag,
+                entry = gathered.targets[qos != 0].get(client_id)
+                if entry is not None and entry.join(client_id, message, qos, flag,
                                                     options.subscription_ids):
                     continue
             pending = self._to_sink(client_id, session, message, qos, flag,
