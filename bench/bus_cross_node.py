@@ -4,10 +4,10 @@ Kafka bus's code with a fake producer, in one process, stage by stage.
 A message published on node A (``KafkaBus.publish`` to ``tbmq.msg.all``,
 packed at the end of the turn, acknowledged), routed by the router of the
 partition's node (the consumer of ``tbmq.msg.all``, decoding, matching, a
-``Delivery`` per target sent with ``BusSink.send_many`` to node B's
-``tbmq.msg.downlink.basic``), read by node B's ``DownlinkReader`` (the
-consumer of the downlink, decoding, a session's ``deliver`` that does
-nothing).  Every target is on node B, so every message crosses both topics.
+``DeliveryRun`` per target and batch sent with ``BusSink.send_many`` to node
+B's ``tbmq.msg.downlink.basic``), read by node B's ``DownlinkReader`` (the
+consumer of the downlink, decoding, a session's ``deliver`` per message
+that does nothing).  Every target is on node B, so every message crosses both topics.
 
 Run from the repository root::
 

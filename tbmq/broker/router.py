@@ -15,7 +15,7 @@ from twisted.logger import Logger
 from tbmq.broker.retained import RetainedTree
 from tbmq.broker.trie import SubscriptionTrie
 from tbmq.cluster.completion import Completion
-from tbmq.cluster.records import Delivery
+from tbmq.cluster.records import RUN_MAX_BYTES, RUN_MAX_MESSAGES, Delivery, DeliveryRun
 from tbmq.cluster.sinks import Sinks
 from tbmq.cluster.topics import CLUSTER_BUNDLE, node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
@@ -60,6 +60,152 @@ class SharedGroup:
                 return candidate
         self._cursor = start + 1
         return members[start]
+
+
+class DeliveryGroup:
+    """The deliveries of a batch to one sink and place (``(sink, where)``
+    of :attr:`Gathered.groups`), sent with one
+    :meth:`~tbmq.cluster.sinks.BusSink.send_many`; also the entry of
+    :attr:`Gathered.targets` of each client whose class sends there one
+    :class:`~tbmq.cluster.records.Delivery` per message (a sink that does
+    not take runs).
+
+    :ivar keys: the client id of each of :attr:`values`.
+    :ivar values: the records, in the order routed.
+    """
+
+    __slots__ = ("keys", "values")
+
+    #: A group keeps its place in :attr:`Gathered.targets` for the batch.
+    lasts = True
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.values: list = []
+
+    def join(self, client_id: str, message: Message, qos: int, retain: bool,
+             sids: tuple) -> bool:
+        """Append a delivery of ``message`` to ``client_id``.
+
+        :returns: True."""
+        self.keys.append(client_id)
+        self.values.append(Delivery(client_id, message, qos, retain, sids))
+        return True
+
+
+class NewestRecord:
+    """A client's newest record of a batch to a sink that takes runs, an
+    entry of :attr:`Gathered.targets`: its first
+    :class:`~tbmq.cluster.records.Delivery`, at ``values[index]`` of its
+    :class:`DeliveryGroup`, until a second message makes it a
+    :class:`~tbmq.cluster.records.DeliveryRun` in that place (a client with
+    one message in the batch sends a lone Delivery).
+
+    :ivar values: the group's records.
+    :ivar index: where the record is in :attr:`values`.
+    :ivar run: the run once there is one (its ``messages`` a list while
+        gathered), else None.
+    """
+
+    __slots__ = ("values", "index", "run")
+
+    #: A newer record of the client takes its place.
+    lasts = False
+
+    def __init__(self, values: list, index: int) -> None:
+        self.values = values
+        self.index = index
+        self.run = None
+
+    def join(self, client_id: str, message: Message, qos: int, retain: bool,
+             sids: tuple) -> bool:
+        """Append ``message`` to the record: the run's messages, or, to the
+        first delivery, a run of its message and ``message`` in its place.
+
+        :returns: False, nothing changed, when ``message`` has another QoS,
+            RETAIN flag or subscription identifiers than the record, or the
+            record is full (:data:`RUN_MAX_MESSAGES`, :data:`RUN_MAX_BYTES`
+            of payload)."""
+        run = self.run
+        if run is not None:
+            size = run.size + len(message.payload)
+            if not (run.qos == qos and run.retain == retain and size <= RUN_MAX_BYTES
+                    and len(run.messages) < RUN_MAX_MESSAGES and (
+                        run.subscription_ids is sids or run.subscription_ids == sids)):
+                return False
+            run.messages.append(message)
+            run.size = size
+            return True
+        first = self.values[self.index]
+        size = len(first.message.payload) + len(message.payload)
+        if not (first.qos == qos and first.retain == retain and size <= RUN_MAX_BYTES and (
+                first.subscription_ids is sids or first.subscription_ids == sids)):
+            return False
+        run = self.run = self.values[self.index] = DeliveryRun(
+            client_id, [first.message, message], qos, retain, sids)
+        run.size = size
+        return True
+
+
+class Gathered:
+    """The deliveries of one batch of ``tbmq.msg.all`` (:meth:`Router._on_messages`)
+    that go to bus sinks, gathered to be sent with one
+    :meth:`~tbmq.cluster.sinks.BusSink.send_many` per sink and place.
+
+    :ivar groups: ``(sink, where)`` → :class:`DeliveryGroup`, in the order
+        the batch routed them.
+    :ivar targets: ``(QoS 0 targets, QoS 1/2 targets)``, each client id →
+        an entry whose ``join(client_id, message, qos, retain, subscription
+        ids)`` appends a delivery or returns False (then the delivery is
+        classified: :meth:`Router._to_sink`): its :class:`DeliveryGroup`,
+        or, for a sink that takes runs
+        (:attr:`~tbmq.cluster.sinks.BusSink.runs`: a node's downlink), the
+        client's newest record there, a :class:`NewestRecord`.  A new
+        record there takes the place of an older one (not of a group) in
+        the other class too (where a message of that class
+        finds a record of another QoS and is classified again): only the
+        newest record of a client grows, so its messages keep their order.
+        A client without a session here is classified once per batch and
+        QoS class (its class cannot change while the batch is routed: the
+        registry and the sessions change in other reactor calls); its later
+        deliveries are appended to the group found, or its messages to the
+        run when they have the run's QoS, RETAIN flag and subscription
+        identifiers (else a new run starts, so the client's messages keep
+        their order).  Deliveries to the device store under
+        ``mqtt.rate_limits.device_persisted_messages`` are not kept here
+        (each is admitted on its own).
+    """
+
+    __slots__ = ("groups", "targets")
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple, DeliveryGroup] = {}
+        self.targets: tuple[dict, dict] = ({}, {})
+
+    def add(self, sink, where: str, delivery: Delivery, keep: bool) -> None:
+        """Append ``delivery`` to the group of ``(sink, where)``.
+
+        :param keep: whether the delivery's client and class keep an entry
+            in :attr:`targets` for their next deliveries of the batch."""
+        groups = self.groups
+        group = groups.get((sink, where))
+        if group is None:
+            group = groups[(sink, where)] = DeliveryGroup()
+        client_id = delivery.client_id
+        group.keys.append(client_id)
+        values = group.values
+        if keep:
+            targets = self.targets
+            qos = delivery.qos
+            if sink.runs:  # the client's next message of the batch makes this a run
+                first = targets[qos != 0][client_id] = NewestRecord(values, len(values))
+                other = targets[qos == 0]
+                older = other.get(client_id)
+                if older is None or not older.lasts:  # an older record: not to grow
+                    other[client_id] = first
+            else:
+                targets[qos != 0][client_id] = group
+        values.append(delivery)
 
 
 class Router:
@@ -202,15 +348,15 @@ class Router:
             for message in messages:
                 pending = route(message, pending)
             return pending
-        gathered: dict = {}
+        gathered = Gathered()
         for message in messages:
             pending = route(message, pending, gathered)
-        for (sink, where), (keys, values) in gathered.items():
-            sink.send_many(where, keys, values, pending.part())
+        for (sink, where), group in gathered.groups.items():
+            sink.send_many(where, group.keys, group.values, pending.part())
         return pending
 
     def route(self, message: Message, pending: Completion | None,
-              gathered: dict | None = None):
+              gathered: Gathered | None = None):
         """Deliver one message of ``tbmq.msg.all``: match once, then one target per
         client (at the highest QoS of its matching subscriptions, with all
         their identifiers [MQTT-3.3.4-2, -3, -4]), each to its sink.  A
@@ -223,8 +369,8 @@ class Router:
         :param pending: the completion of the records sent so far for the
             same batch, or None.
         :param gathered: None to send each delivery at once; or, for a batch
-            (:meth:`_on_messages`), a dict ``(sink, where)`` → ``(client ids,
-            deliveries)`` that this call appends to, sent by the caller.
+            (:meth:`_on_messages`), the batch's :class:`Gathered` that this
+            call appends to, sent by the caller.
         :returns: ``pending``, or a new
             :class:`~tbmq.cluster.completion.Completion` when it was None
             and a record was sent: the records sent to the sinks (maybe
@@ -256,15 +402,20 @@ class Router:
             # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
             flag = retain and rap
             session = sessions.get(client_id)
-            if session is not None and (qos == 0 or not session.persistent):
-                session.outbox.deliver(message, qos, flag, sids, cache, now, source)
-            else:
-                pending = self._to_sink(client_id, session, message, qos, flag, sids, pending,
-                                        gathered)
+            if session is not None:
+                if qos == 0 or not session.persistent:
+                    session.outbox.deliver(message, qos, flag, sids, cache, now, source)
+                    continue
+            elif gathered is not None:
+                entry = gathered.targets[qos != 0].get(client_id)
+                if entry is not None and entry.join(client_id, message, qos, flag, sids):
+                    continue
+            pending = self._to_sink(client_id, session, message, qos, flag, sids, pending,
+                                    gathered)
         return pending
 
     def _dispatch_one(self, subs: dict, message: Message, pending: Completion | None,
-                      gathered: dict | None):
+                      gathered: Gathered | None):
         """:meth:`route` for the plain subscriptions of one filter (the
         usual case: each client appears once), classified and handed over in
         one pass."""
@@ -282,24 +433,32 @@ class Router:
             # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
             flag = retain and options.retain_as_published
             session = sessions.get(client_id)
-            if session is not None and (qos == 0 or not session.persistent):
-                session.outbox.deliver(message, qos, flag, options.subscription_ids, cache, now, source)
-            else:
-                pending = self._to_sink(client_id, session, message, qos, flag,
-                                        options.subscription_ids, pending, gathered)
+            if session is not None:
+                if qos == 0 or not session.persistent:
+                    session.outbox.deliver(message, qos, flag, options.subscription_ids, cache,
+                                           now, source)
+                    continue
+            elif gathered is not None:
+                entry = gathered.targets[qos != 0].get(client_id)
+                if entry is not None and entry.join(client_id, message, qos, flag,
+                                                    options.subscription_ids):
+                    continue
+            pending = self._to_sink(client_id, session, message, qos, flag,
+                                    options.subscription_ids, pending, gathered)
         return pending
 
     def _to_sink(self, client_id: str, session, message: Message, qos: int, retain: bool,
                  sids: tuple, pending: Completion | None,
-                 gathered: dict | None) -> Completion | None:
+                 gathered: Gathered | None) -> Completion | None:
         """A target that is not a live session here at its QoS, classified
         once (:meth:`classify`) and handed to its sink as a
         :class:`~tbmq.cluster.records.Delivery`.
 
         :param session: the local session of ``client_id``, or None.
         :param pending: the record's completion so far, or None.
-        :param gathered: None, or the batch's deliveries per ``(sink, where)``
-            (see :meth:`route`): the delivery is appended there, not sent.
+        :param gathered: None, or the batch's :class:`Gathered` (see
+            :meth:`route`): the delivery is appended there, not sent, and
+            the target's group kept for the batch's later deliveries.
         :returns: ``pending`` (made when None) with the sink's publish as
             one more part, or ``pending`` as it was when nothing is sent.
         """
@@ -320,13 +479,9 @@ class Router:
         delivery = Delivery(client_id, message, qos, retain, sids)
         if gathered is None:
             sink.send(where, client_id, delivery, pending.part())
-            return pending
-        group = gathered.get((sink, where))
-        if group is None:
-            gathered[(sink, where)] = ([client_id], [delivery])
         else:
-            group[0].append(client_id)
-            group[1].append(delivery)
+            gathered.add(sink, where, delivery, session is None and (
+                limit is None or sink is not self.sinks.persisted))
         return pending
 
     def classify(self, client_id: str, session, qos: int) -> tuple:

@@ -49,17 +49,20 @@ class RecordCodec:
         ``readers`` decide (convert a field, or say which one is wrong):
         the hot path only skips the field by field calls, it accepts and
         refuses nothing of its own.
+    :param weight: None (a record is one message), or ``weight(array) ->
+        int``: the messages a decoded array carries, what flow control
+        counts (:meth:`count_arrays`).
     :ivar version: the version :meth:`encode` writes.
     """
 
     __slots__ = ("name", "cls", "tag", "version", "tombstone", "_write", "_readers",
-                 "_fast", "_write_array", "_read_array")
+                 "_fast", "_write_array", "_read_array", "_weight")
 
     def __init__(self, name: str, cls: type, tag: str, write: Callable[[Any], list],
                  readers: dict[int, Callable[[list], Any]], tombstone: bool = False,
                  version: int = VERSION,
                  fast: tuple[Callable[[Any], list | None], Callable[[Any], Any]] | None = None,
-                 ) -> None:
+                 weight: Callable[[Any], int] | None = None) -> None:
         self.name = name
         self.cls = cls
         self.tag = tag
@@ -69,11 +72,22 @@ class RecordCodec:
         self._readers = readers
         self._fast = fast
         self._write_array, self._read_array = fast or (_no_array, _no_array)
+        self._weight = weight
 
     def with_tombstone(self) -> "RecordCodec":
         """:returns: the same encoding, accepting None (a tombstone)."""
         return RecordCodec(self.name, self.cls, self.tag, self._write, self._readers, True,
-                           self.version, self._fast)
+                           self.version, self._fast, self._weight)
+
+    def count_arrays(self, objs: Any) -> int:
+        """:param objs: decoded arrays, as :meth:`decode_arrays` takes them
+            (a packed record's values).
+        :returns: the messages they carry (one each, or what ``weight``
+            says): what a consumer counts against its buffer's limit."""
+        weight = self._weight
+        if weight is None:
+            return len(objs)
+        return sum([weight(obj) if type(obj) in ARRAY_TYPES else 1 for obj in objs])
 
     def encode(self, value: Any) -> bytes | None:
         """:param value: an instance of :attr:`cls`, or None where tombstones
@@ -109,30 +123,7 @@ class RecordCodec:
         :raises RecordEncodingError: as :meth:`encode`, for the first value
             that does not fit.
         """
-        cls = self.cls
-        write_array = self._write_array
-        packer = _thread_packer()
-        pack = packer.pack
-        out = []
-        append = out.append
-        for value in values:
-            array = None
-            if type(value) is cls:
-                try:
-                    array = write_array(value)
-                except Exception:
-                    array = None  # encode says what is wrong
-            if array is None:
-                append(self.encode(value))
-                continue
-            try:
-                append(pack(array))
-            except Exception as e:
-                raise RecordEncodingError(f"{self.name}: cannot encode: {e}") from None
-        if out and max(map(len, out)) >= _PACKER_KEPT_BELOW and \
-                getattr(_packers, "packer", None) is packer:
-            del _packers.packer  # its buffer grew: let it go
-        return out
+        return _encode_many(self.name, values, {self.cls: self._write_array}, self.encode)
 
     def to_list(self, value: Any) -> list:
         """:returns: the ``[tag, version, fields...]`` array of ``value``
@@ -236,6 +227,39 @@ class RecordCodec:
             raise RecordEncodingError(f"{self.name}: cannot decode: {e}") from None
 
 
+def _encode_many(name: str, values: Any, writers: dict, encode: Callable[[Any], Any]) -> list:
+    """:meth:`RecordCodec.encode_many` and :meth:`RecordUnion.encode_many`:
+    each value whose exact class has a hot-path writer in ``writers``
+    (class → ``write_array``) packed from its array by this thread's
+    packer, any other (or one the writer leaves to the field checks) by
+    ``encode``.
+
+    :raises RecordEncodingError: as ``encode``, naming ``name``."""
+    packer = _thread_packer()
+    pack = packer.pack
+    out = []
+    append = out.append
+    for value in values:
+        write = writers.get(type(value))
+        array = None
+        if write is not None:
+            try:
+                array = write(value)
+            except Exception:
+                array = None  # encode says what is wrong
+        if array is None:
+            append(encode(value))
+            continue
+        try:
+            append(pack(array))
+        except Exception as e:
+            raise RecordEncodingError(f"{name}: cannot encode: {e}") from None
+    if out and max(map(len, out)) >= _PACKER_KEPT_BELOW and \
+            getattr(_packers, "packer", None) is packer:
+        del _packers.packer  # its buffer grew: let it go
+    return out
+
+
 def _no_array(value: Any) -> None:
     """The hot path of a codec without one: always the field by field one."""
     return None
@@ -297,13 +321,32 @@ class RecordUnion:
         tags and classes).
     """
 
-    __slots__ = ("name", "codecs", "_by_tag")
+    __slots__ = ("name", "codecs", "_by_tag", "_writers", "_arrays_by_tag", "_weights")
     tombstone = False
 
     def __init__(self, name: str, *codecs: RecordCodec) -> None:
         self.name = name
         self.codecs = codecs
         self._by_tag = {codec.tag: codec for codec in codecs}
+        #: a member's exact class → its hot-path writer (:meth:`encode_many`)
+        self._writers = {codec.cls: codec._write_array for codec in codecs}
+        #: a member's tag → its hot-path reader (:meth:`decode_arrays`)
+        self._arrays_by_tag = {codec.tag: codec._read_array for codec in codecs}
+        #: a member's tag → its ``weight`` (:meth:`count_arrays`), for those with one
+        self._weights = {codec.tag: codec._weight for codec in codecs if codec._weight}
+
+    def count_arrays(self, objs: Any) -> int:
+        """As :meth:`RecordCodec.count_arrays`, each array weighed by the
+        member of its tag."""
+        weights = self._weights
+        if not weights:
+            return len(objs)
+        n = 0
+        for obj in objs:
+            tag = obj[0] if type(obj) in ARRAY_TYPES and obj else None
+            weight = weights.get(tag) if type(tag) is str else None
+            n += 1 if weight is None else weight(obj)
+        return n
 
     def encode(self, value: Any) -> bytes:
         """:returns: ``value`` encoded by the codec of its class.
@@ -317,9 +360,11 @@ class RecordUnion:
                                   f"got {type(value).__name__}")
 
     def encode_many(self, values: Any) -> list:
-        """:returns: ``[encode(value) for value in values]``.
+        """:returns: ``[encode(value) for value in values]``, a value of a
+            member's own class with plain fields packed from its array (the
+            hot path, as :meth:`RecordCodec.encode_many`), one packer for all.
         :raises RecordEncodingError: as :meth:`encode`."""
-        return [self.encode(value) for value in values]
+        return _encode_many(self.name, values, self._writers, self.encode)
 
     def decode(self, data: Any) -> Any:
         """:returns: the record ``data`` holds, read by the codec of its tag.
@@ -327,14 +372,7 @@ class RecordUnion:
             tag, an unknown version, bad fields)."""
         if data is None:
             raise RecordEncodingError(f"{self.name}: a tombstone (None) is not allowed here")
-        obj = _unpack(self.name, data)
-        tag = obj[0] if type(obj) in ARRAY_TYPES and obj else None
-        codec = self._by_tag.get(tag) if type(tag) is str else None
-        if codec is None:
-            raise RecordEncodingError(f"{self.name}: expected a tag of {sorted(self._by_tag)}, "
-                                      f"got {tag!r}")
-        return codec.from_list(obj)
-
+        return self._read_tagged(_unpack(self.name, data))
 
     def decode_arrays(self, objs: Any) -> list:
         """As :meth:`RecordCodec.decode_arrays`: each value read by the codec
@@ -343,14 +381,28 @@ class RecordUnion:
         :raises RecordEncodingError: for the first value that is not a
             record of a member's type."""
         out = []
+        append = out.append
+        readers = self._arrays_by_tag
         for obj in objs:
-            tag = obj[0] if type(obj) in ARRAY_TYPES and obj else None
-            codec = self._by_tag.get(tag) if type(tag) is str else None
-            if codec is None:
-                raise RecordEncodingError(f"{self.name}: expected a tag of "
-                                          f"{sorted(self._by_tag)}, got {tag!r}")
-            out.append(codec.from_list(obj))
+            try:  # the hot path: a tuple as msgpack read it, of a member's tag
+                value = readers[obj[0]](obj) if type(obj) is tuple else None
+            except Exception:
+                value = None  # _read_tagged says what is wrong
+            append(self._read_tagged(obj) if value is None else value)
         return out
+
+    def _read_tagged(self, obj: Any) -> Any:
+        """An unpacked value (:meth:`decode`, or one of :meth:`decode_arrays`
+        the hot path did not read) read by the member of its tag.
+
+        :raises RecordEncodingError: for a value of no member's tag, or one
+            its member refuses."""
+        tag = obj[0] if type(obj) in ARRAY_TYPES and obj else None
+        codec = self._by_tag.get(tag) if type(tag) is str else None
+        if codec is None:
+            raise RecordEncodingError(f"{self.name}: expected a tag of "
+                                      f"{sorted(self._by_tag)}, got {tag!r}")
+        return codec.from_list(obj)
 
 
 class BytesCodec:
@@ -377,6 +429,10 @@ class BytesCodec:
     def decode(self, data: Any) -> bytes:
         """:raises RecordEncodingError: unless ``data`` is bytes-like."""
         return self.encode(data)
+
+    def count_arrays(self, objs: Any) -> int:
+        """:returns: ``len(objs)``."""
+        return len(objs)
 
     def decode_arrays(self, objs: Any) -> list:
         """Raw bytes are never in a record that unpacks its values.

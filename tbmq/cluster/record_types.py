@@ -87,6 +87,44 @@ class Delivery:
 
 
 @dataclass(slots=True)
+class DeliveryRun:
+    """Several messages for one target client, in order, at one QoS with
+    one RETAIN flag and one set of subscription identifiers: what a
+    routing node sends a node's ``tbmq.msg.downlink.basic.<serviceId>``
+    for one client from one batch of ``tbmq.msg.all`` (one record, one
+    decoding and one session look-up for all of them, not one
+    :class:`Delivery` each).  Equivalent to a :class:`Delivery` per
+    message, in order.
+
+    :ivar client_id: the target client id.
+    :ivar messages: the :class:`tbmq.model.Message` s, in order (a list
+        while the router gathers them, a tuple as read); at least one.
+    :ivar qos: the QoS of every delivery.
+    :ivar retain: the RETAIN flag to send with each.
+    :ivar subscription_ids: the identifiers of the matching subscriptions.
+    :ivar size: the payload bytes of :attr:`messages` while the router
+        gathers them (its bound, :data:`RUN_MAX_BYTES`); not an argument,
+        not written, not compared.
+    """
+
+    client_id: str
+    messages: list | tuple
+    qos: int
+    retain: bool = False
+    subscription_ids: tuple[int, ...] = ()
+    size: int = field(default=0, init=False, repr=False, compare=False)
+
+
+#: Most messages a router puts in one :class:`DeliveryRun` (a consumer
+#: counts a run's messages, not the record, against its buffer's limit).
+RUN_MAX_MESSAGES = 128
+#: Most payload bytes a router puts in one :class:`DeliveryRun` (a message
+#: past it starts the next run): a run stays well under a Kafka record's
+#: size limit, as the records the packer joins (``packing.MAX_BYTES``).
+RUN_MAX_BYTES = 64 * 1024
+
+
+@dataclass(slots=True)
 class SessionMarker:
     """A persistent DEVICE session's connection began (``attached``) or
     ended on node ``service_id``.  That node writes it to

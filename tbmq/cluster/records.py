@@ -122,9 +122,12 @@ from tbmq.cluster.record_types import (
     DISCONNECTED,
     HEARTBEAT_COUNTERS,
     NODE_GONE,
+    RUN_MAX_BYTES,
+    RUN_MAX_MESSAGES,
     SESSION_EVENT_KINDS,
     UNCLAIMED,
     Delivery,
+    DeliveryRun,
     DisconnectCommand,
     NodeInfo,
     Record,
@@ -145,6 +148,8 @@ __all__ = [
     "CLEAR_SESSION",
     "CONNECTION_REQUEST",
     "DELIVERY",
+    "DELIVERY_RUN",
+    "DOWNLINK",
     "DISCONNECT",
     "DISCONNECTED",
     "MARKER",
@@ -155,6 +160,8 @@ __all__ = [
     "NODE_VERSION",
     "PERSISTED",
     "RETAINED",
+    "RUN_MAX_BYTES",
+    "RUN_MAX_MESSAGES",
     "SESSION",
     "SESSION_EVENT",
     "SESSION_EVENT_KINDS",
@@ -165,6 +172,7 @@ __all__ = [
     "VERSION",
     "BytesCodec",
     "Delivery",
+    "DeliveryRun",
     "DisconnectCommand",
     "NodeInfo",
     "Record",
@@ -417,6 +425,77 @@ def _all_int(values: tuple) -> bool:
 #: The downlink, persisted and application topics: :class:`Delivery`.
 DELIVERY = RecordCodec("Delivery", Delivery, "dlv", _write_delivery, {1: _read_delivery_v1},
                        fast=(_delivery_array, _delivery_from_array))
+
+
+# DeliveryRun --------------------------------------------------------------------
+
+def _write_run(r: DeliveryRun) -> list:
+    ids, messages = r.subscription_ids, r.messages
+    if not isinstance(ids, (tuple, list)):
+        raise _Bad(f"subscription_ids: expected a tuple, got {type(ids).__name__}")
+    if not isinstance(messages, (tuple, list)) or not messages:
+        raise _Bad("messages: expected a non-empty sequence of messages")
+    return [_str(r.client_id, "client_id"), [MESSAGE.to_list(m) for m in messages],
+            _qos(r.qos, "qos"), _bool(r.retain, "retain"),
+            [_int(i, "subscription_ids") for i in ids]]
+
+
+def _read_run_v1(f: list) -> DeliveryRun:
+    client_id, messages, qos, retain, ids = _count(f, 5, "run")
+    if type(messages) not in ARRAY_TYPES or not messages:
+        raise _Bad("messages: expected a non-empty array")
+    if type(ids) not in ARRAY_TYPES:
+        raise _Bad("subscription_ids: expected an array")
+    return DeliveryRun(_str(client_id, "client_id"),
+                       tuple(MESSAGE.from_list(m) for m in messages), _qos(qos, "qos"),
+                       _bool(retain, "retain"),
+                       tuple(_int(i, "subscription_ids") for i in ids))
+
+
+def _run_array(r: DeliveryRun) -> list | None:
+    client_id, messages, qos, retain, ids = (
+        r.client_id, r.messages, r.qos, r.retain, r.subscription_ids)
+    if (type(client_id) is str and type(qos) is int and 0 <= qos <= 2
+            and type(retain) is bool and type(ids) is tuple and (not ids or _all_int(ids))
+            and type(messages) in ARRAY_TYPES and messages):
+        arrays = []
+        append = arrays.append
+        for m in messages:
+            a = _message_array(m) if type(m) is Message else None
+            if a is None:
+                return None  # the field by field writer says what is wrong
+            append(a)
+        return ["dlr", 1, client_id, arrays, qos, retain, ids]
+    return None
+
+
+def _run_from_array(obj: Any) -> DeliveryRun | None:
+    if len(obj) == 7:
+        tag, version, client_id, arrays, qos, retain, ids = obj
+        if (tag == "dlr" and version == 1 and type(version) is int and type(client_id) is str
+                and type(arrays) is tuple and arrays and type(qos) is int and 0 <= qos <= 2
+                and type(retain) is bool and type(ids) is tuple
+                and (not ids or _all_int(ids))):
+            messages = [_message_from_array(a) if type(a) is tuple else None for a in arrays]
+            if all(messages):  # (a Message is true, a message not read is None)
+                return DeliveryRun(client_id, tuple(messages), qos, retain, ids)
+    return None
+
+
+def _run_weight(obj: Any) -> int:
+    """The messages a run's array carries (1 when it is not well-formed:
+    its reader refuses it)."""
+    if len(obj) == 7 and type(obj[3]) in ARRAY_TYPES and obj[3]:
+        return len(obj[3])
+    return 1
+
+
+#: :class:`DeliveryRun` alone (in :data:`DOWNLINK`).
+DELIVERY_RUN = RecordCodec("DeliveryRun", DeliveryRun, "dlr", _write_run, {1: _read_run_v1},
+                           fast=(_run_array, _run_from_array), weight=_run_weight)
+#: ``tbmq.msg.downlink.basic.<serviceId>``: :class:`Delivery` or
+#: :class:`DeliveryRun`.
+DOWNLINK = RecordUnion("Downlink", DELIVERY, DELIVERY_RUN)
 
 
 def _write_marker(m: SessionMarker) -> list:

@@ -30,7 +30,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from tbmq.cluster.completion import Completion, deferred_done, publish_each
-from tbmq.cluster.records import Delivery, Record, SessionMarker
+from tbmq.cluster.records import Delivery, DeliveryRun, Record, SessionMarker
 from tbmq.errors import BackendError
 from tbmq.log import OBSERVER as LOG_OBSERVER, debug_enabled
 from tbmq.model import StoredDelivery
@@ -61,13 +61,18 @@ class BusSink:
 
     :param bus: the :class:`tbmq.interfaces.IMessageBus`.
     :param topic_of: ``where -> bus topic`` (``str -> str``).
+    :param runs: True when the topic's record type takes a
+        :class:`~tbmq.cluster.records.DeliveryRun` (a node's downlink): a
+        batch's messages to one client there go as one run, not as a
+        :class:`~tbmq.cluster.records.Delivery` each.
     """
 
-    __slots__ = ("bus", "topic_of", "_publish_many", "sends_many")
+    __slots__ = ("bus", "topic_of", "_publish_many", "sends_many", "runs")
 
-    def __init__(self, bus, topic_of: Callable[[str], str]) -> None:
+    def __init__(self, bus, topic_of: Callable[[str], str], runs: bool = False) -> None:
         self.bus = bus
         self.topic_of = topic_of
+        self.runs = runs
         #: the bus's ``publish_many(topic, keys, values, done)``, when it has one
         self._publish_many = getattr(bus, "publish_many", None)
         #: True when the bus publishes several records with one ``done``
@@ -131,7 +136,7 @@ class Sinks(NamedTuple):
     def build(cls, bus, topics) -> "Sinks":
         """:param topics: the :class:`~tbmq.cluster.topics.TopicCatalogue`."""
         persisted = topics.msg_persisted
-        return cls(BusSink(bus, topics.downlink_basic),
+        return cls(BusSink(bus, topics.downlink_basic, runs=True),
                    BusSink(bus, lambda _client_id: persisted),
                    BusSink(bus, topics.app), BusSink(bus, topics.app_shared))
 
@@ -429,8 +434,10 @@ class DownlinkReader:
         self.handle_basic_batch((record.value,))
 
     def handle_basic_batch(self, deliveries) -> None:
-        """Several :class:`~tbmq.cluster.records.Delivery` of the basic
-        downlink (a packed record's), in order: as :meth:`handle_basic`."""
+        """Several records of the basic downlink (a packed record's), in
+        order: as :meth:`handle_basic`.  A
+        :class:`~tbmq.cluster.records.DeliveryRun` is its messages to one
+        session, in order (one look-up of the session for all of them)."""
         sessions = self.sessions
         now = self.clock.seconds()
         source = self.basic
@@ -438,6 +445,14 @@ class DownlinkReader:
             session = sessions.get(d.client_id)
             if session is None or session.connection is None:
                 continue  # gone meanwhile: a non-persistent delivery ends here
+            if type(d) is DeliveryRun:
+                deliver = session.outbox.deliver
+                qos, retain, sids = d.qos, d.retain, d.subscription_ids
+                for message in d.messages:
+                    deliver(message, qos, retain, sids, None, now, source)
+                    if session.connection is None:
+                        break  # it went during the run (overflow): the rest ends here
+                continue
             session.outbox.deliver(d.message, d.qos, d.retain, d.subscription_ids, None, now, source)
 
     def handle_persisted(self, record: Record) -> None:

@@ -7,7 +7,7 @@ name (after the prefix)                        codec (:mod:`.records`)      comp
 ``tbmq.msg.all``                               ``MESSAGE``                  no        no
 ``tbmq.msg.retained``                          ``RETAINED`` (tombstones)    yes       no
 ``tbmq.msg.persisted``                         ``PERSISTED``                no        no
-``tbmq.msg.downlink.basic.<serviceId>``        ``DELIVERY``                 no        no
+``tbmq.msg.downlink.basic.<serviceId>``        ``DOWNLINK``                 no        no
 ``tbmq.msg.downlink.persisted.<serviceId>``    ``PERSISTED``                no        no
 ``tbmq.msg.app.<clientId>``                    ``DELIVERY``                 no        yes
 ``tbmq.msg.app.shared.<filter>``               ``DELIVERY``                 no        yes
@@ -124,7 +124,7 @@ _EXACT = {
 # (base, codec): the topics named base + <part>; longest bases first
 _FAMILIES = (
     (DOWNLINK_PERSISTED, records.PERSISTED),
-    (DOWNLINK_BASIC, records.DELIVERY),
+    (DOWNLINK_BASIC, records.DOWNLINK),
     (APP, records.DELIVERY),  # tbmq.msg.app.shared.<filter> too
     (SESSION_EVENT_RESPONSE, records.SESSION_EVENT_RESPONSE),
     (CLIENT_DISCONNECT, records.DISCONNECT),

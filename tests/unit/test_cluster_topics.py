@@ -92,7 +92,8 @@ def test_codecs():
     assert c.codec_for(c.msg_retained) is records.RETAINED
     for name in (c.msg_persisted, c.downlink_persisted("n")):
         assert c.codec_for(name) is records.PERSISTED
-    for name in (c.downlink_basic("n"), c.app("a"), c.app_shared("f/#")):
+    assert c.codec_for(c.downlink_basic("n")) is records.DOWNLINK
+    for name in (c.app("a"), c.app_shared("f/#")):
         assert c.codec_for(name) is records.DELIVERY
     assert c.codec_for(c.client_session) is records.SESSION
     assert c.codec_for(c.client_subscriptions) is records.SUBSCRIPTIONS

@@ -373,6 +373,29 @@ def test_the_buffer_and_the_slice_count_a_packed_records_records(monkeypatch):
     assert len(batches) == 4
 
 
+def test_the_buffer_counts_the_messages_of_a_downlinks_runs():
+    """On a node's downlink, a :class:`DeliveryRun` counts as the messages
+    it carries (the codec's ``count_arrays``), so the buffer's limit is in
+    messages whether the router sent runs or a delivery each."""
+    m = [Message(f"t/{i}", b"x", 1) for i in range(8)]
+    values = [r.DeliveryRun("a", m[:5], 1), r.DeliveryRun("b", m[5:], 1), r.Delivery("c", m[0], 1)]
+    value = packing.pack([b"a", b"b", b"c"], r.DOWNLINK.encode_many(values))
+    batches = []
+    consumer = KafkaConsumer(FakeBus(), "t", "g", lambda record: None, r.DOWNLINK, 100, 9,
+                             batch_handler=batches.append)
+    consumer.loop = FakeLoop()
+    consumer._assigned([2])
+    consumer.pause()
+    consumer.loop.want_paused = False
+    consumer._batch([RawRecord(2, 0, None, value, (packing.HEADER,))], [])
+    assert consumer._held == 9 and consumer.loop.want_paused is True
+    consumer._paused = False
+    consumer._pump()
+    assert consumer._held == 0 and consumer.loop.want_paused is False
+    ((a, b, c),) = batches
+    assert (list(a.messages), list(b.messages), c.message) == (m[:5], m[5:], m[0])
+
+
 def test_a_packed_record_of_version_2_is_read_with_one_unpacking_by_both_handlers():
     messages = [Message(f"t/{i}", b"%d" % i, 1, properties={}) for i in range(3)]
     value = packing.pack([m.topic.encode() for m in messages],

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from twisted.internet import defer, task
 
-from tbmq.cluster.records import Delivery, Record, SessionMarker
+from tbmq.cluster.records import Delivery, DeliveryRun, Record, SessionMarker
 from tbmq.cluster.sinks import DownlinkReader, PersistedWriter
 from tbmq.model import Message
 
@@ -178,6 +178,38 @@ def test_the_downlink_reader_hands_a_marker_to_the_connected_session():
     reader.handle_persisted(Record("downlink.node-y", "dev",
                                    SessionMarker("dev", "node-y", "conn-1"), (), 0, 1))
     assert sessions["dev"].attached == ["conn-1"]
+
+
+class LiveSession:
+    """A non-persistent session here: what the basic downlink gives it;
+    it goes (overflow) after ``room`` deliveries."""
+
+    def __init__(self, room: int = 100) -> None:
+        self.connection = object()
+        self.delivered: list = []
+        self.room = room
+        self.outbox = self
+
+    def deliver(self, message, qos, retain, sids, cache, now, source):
+        self.delivered.append((message.topic, qos, retain, sids))
+        if len(self.delivered) >= self.room:
+            self.connection = None
+
+
+def test_the_basic_downlink_delivers_a_run_in_order_and_stops_when_the_session_goes():
+    """A :class:`DeliveryRun` is a delivery per message, in order, among the
+    records around it; a session that goes during the run gets no more."""
+    a, b = LiveSession(), LiveSession(room=2)
+    reader = DownlinkReader({"a": a, "b": b}, task.Clock())
+    m = [Message(f"t/{i}", b"x", 1) for i in range(4)]
+    reader.handle_basic_batch([Delivery("a", m[0], 1), DeliveryRun("a", (m[1], m[2]), 1, True, (7,)),
+                               DeliveryRun("b", tuple(m), 0), Delivery("a", m[3], 0),
+                               DeliveryRun("gone", (m[0],), 1)])
+    assert a.delivered == [("t/0", 1, False, ()), ("t/1", 1, True, (7,)),
+                           ("t/2", 1, True, (7,)), ("t/3", 0, False, ())]
+    assert b.delivered == [("t/0", 0, False, ()), ("t/1", 0, False, ())]
+    reader.handle_basic(Record("downlink.node-y", "b", DeliveryRun("b", (m[2],), 0), (), 0, 0))
+    assert len(b.delivered) == 2
 
 
 def test_an_add_answered_out_of_step_is_written_again_not_taken_as_done():

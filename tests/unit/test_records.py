@@ -36,6 +36,8 @@ messages = st.builds(Message, text, st.binary(max_size=50), qos, st.booleans(), 
 deliveries = st.builds(r.Delivery, text, messages, qos, st.booleans(),
                        st.lists(st.integers(1, 268435455), max_size=3).map(tuple),
                        st.integers(0, 2**63 - 1))
+runs = st.builds(r.DeliveryRun, text, st.lists(messages, min_size=1, max_size=3).map(tuple),
+                 qos, st.booleans(), st.lists(st.integers(1, 268435455), max_size=3).map(tuple))
 wills = st.builds(r.WillRecord, text, st.binary(max_size=20), qos, st.booleans(), properties)
 client_types = st.sampled_from(list(ClientType))
 sessions = st.builds(r.SessionInfo, text, text, text, st.booleans(), st.booleans(), client_types,
@@ -62,6 +64,8 @@ CASES = [
     (r.DELIVERY, deliveries),
     (r.MARKER, markers),
     (r.PERSISTED, deliveries | markers),
+    (r.DELIVERY_RUN, runs),
+    (r.DOWNLINK, deliveries | runs),
     (r.SESSION, sessions),
     (r.SUBSCRIPTIONS, subscriptions),
     (r.SESSION_EVENT, events),
@@ -134,6 +138,30 @@ def test_the_persisted_union_reads_each_member_by_its_tag_and_nothing_else():
             r.PERSISTED.encode(bad)
     with pytest.raises(RecordEncodingError, match="tombstone"):
         r.PERSISTED.decode(None)
+
+
+def test_the_downlink_union_reads_deliveries_and_runs_and_refuses_an_empty_run():
+    m1, m2 = Message("t/1", b"x", 1), Message("t/2", b"y", 1, True)
+    d = r.Delivery("c", m1, 1, seq=0)
+    run = r.DeliveryRun("c", [m1, m2], 1, True, (3,))
+    assert r.DOWNLINK.encode(d) == r.DELIVERY.encode(d)
+    assert r.DOWNLINK.decode(r.DELIVERY.encode(d)) == d
+    read = r.DOWNLINK.decode(r.DOWNLINK.encode(run))
+    assert type(read) is r.DeliveryRun and read.messages == (m1, m2)
+    assert (read.client_id, read.qos, read.retain, read.subscription_ids) == ("c", 1, True, (3,))
+    for bad in (r.DeliveryRun("c", [], 1), r.DeliveryRun("c", [m1, "not a message"], 1),
+                r.DeliveryRun("c", [m1], 3), r.SessionMarker("c", "n", "s", True)):
+        with pytest.raises(RecordEncodingError):
+            r.DOWNLINK.encode(bad)
+    # what a consumer counts: a run's messages; one for anything else, however malformed
+    arrays = [msgpack.unpackb(r.DOWNLINK.encode(v), use_list=False) for v in (d, run)]
+    assert r.DOWNLINK.count_arrays(arrays) == 3
+    assert r.DOWNLINK.count_arrays([("dlr",), (("dlr",), 1), None, (), ({"a": 1},),
+                                    ("dlr", 1, "c", (), 1, False, ())]) == 6
+    assert r.DELIVERY.count_arrays(arrays) == 2
+    empty = msgpack.packb(["dlr", 1, "c", [], 1, False, []], use_bin_type=True)
+    with pytest.raises(RecordEncodingError, match="non-empty"):
+        r.DOWNLINK.decode(empty)
 
 
 def test_a_reader_rejects_another_type_and_an_unknown_version():

@@ -19,9 +19,9 @@ from tbmq.errors import RecordEncodingError
 from tbmq.model import ClientType, Message
 from tbmq.mqtt.constants import Property
 
-from .test_records import deliveries, events, markers, messages, responses, sessions
+from .test_records import deliveries, events, markers, messages, responses, runs, sessions
 
-FAST = [(r.MESSAGE, messages), (r.DELIVERY, deliveries), (r.MARKER, markers),
+FAST = [(r.MESSAGE, messages), (r.DELIVERY, deliveries), (r.DELIVERY_RUN, runs), (r.MARKER, markers),
         (r.SESSION, sessions), (r.SESSION_EVENT, events), (r.SESSION_EVENT_RESPONSE, responses)]
 FAST_IDS = [codec.name for codec, _ in FAST]
 
@@ -314,3 +314,21 @@ def test_a_changed_or_hand_made_message_is_encoded_from_its_fields():
     assert r.MESSAGE.decode(r.MESSAGE.encode(changed)).topic == "t/y"
     assert r.MESSAGE.from_list(list(r.MESSAGE.to_list(WIRED))).wire is None
     assert Message("t", b"").wire is None and "wire" not in repr(read)
+
+
+@pytest.mark.parametrize("union,values", [(r.DOWNLINK, deliveries | runs),
+                                          (r.PERSISTED, deliveries | markers)],
+                         ids=["Downlink", "Persisted"])
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_a_union_encodes_and_reads_many_as_it_does_each(union, values, data):
+    """A union's ``encode_many`` and ``decode_arrays`` (the hot paths of
+    its members) give what ``encode`` and ``decode`` give each value."""
+    batch = data.draw(st.lists(values, min_size=1, max_size=5))
+    encoded = union.encode_many(batch)
+    assert encoded == [union.encode(v) for v in batch]
+    arrays = [msgpack.unpackb(b, raw=False, use_list=False) for b in encoded]
+    assert [typed(v) for v in union.decode_arrays(arrays)] == [
+        typed(union.decode(b)) for b in encoded]
+    with pytest.raises(RecordEncodingError):
+        union.encode_many(batch + [Message("t", b"")])

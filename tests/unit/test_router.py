@@ -16,7 +16,7 @@ from tbmq.broker.outbound import Holds, TurnFlusher
 from tbmq.broker.router import Router
 from tbmq.broker.session import Session, SessionContext, TopicNameCache
 from tbmq.cluster.completion import Completion, deferred_done
-from tbmq.cluster.records import Delivery, Record, SessionInfo
+from tbmq.cluster.records import Delivery, DeliveryRun, Record, SessionInfo
 from tbmq.cluster.sinks import Sinks
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.config import load_config
@@ -544,6 +544,13 @@ def test_a_failed_store_write_of_a_session_is_logged_once_not_an_unhandled_error
     assert len(warned) == 1 and warned[0]["operation"] == "remove"
 
 
+def carried(value) -> tuple:
+    """``(topics, qos, retain, type)`` of a downlink record: a run's
+    messages, or a lone delivery's one."""
+    messages = value.messages if type(value) is DeliveryRun else [value.message]
+    return [m.topic for m in messages], value.qos, value.retain, type(value).__name__
+
+
 def test_a_batchs_deliveries_to_one_node_go_in_one_send_in_order(world):
     """A bus with ``publish_many`` (Kafka) gets a batch's deliveries to one
     node's downlink in one call with one ``done``; the batch's completion
@@ -559,10 +566,12 @@ def test_a_batchs_deliveries_to_one_node_go_in_one_send_in_order(world):
     batch = [Message(t, b"x", 1, False, {}, "p", 1.0) for t in ("there/1", "there/2", "there/3")]
     result = world.router._on_messages(batch)
     assert world.bus.published == []  # nothing one by one
-    assert [(topic, keys, [d.message.topic for d in values])
-            for topic, keys, values, _ in many] == [
-        (T.downlink_basic("node-x"), ["r", "r", "r"], ["there/1", "there/2", "there/3"]),
-        (T.downlink_basic("node-y"), ["q"], ["there/2"])]
+    # a client's messages of the batch: one run (DeliveryRun) on its node's
+    # downlink; a client with one message: a Delivery
+    assert [(topic, keys, [carried(v) for v in values]) for topic, keys, values, _ in many] == [
+        (T.downlink_basic("node-x"), ["r"],
+         [(["there/1", "there/2", "there/3"], 1, False, "DeliveryRun")]),
+        (T.downlink_basic("node-y"), ["q"], [(["there/2"], 1, False, "Delivery")])]
     fired: list = []
     result.then(fired.append)
     many[0][3](None)
@@ -570,3 +579,106 @@ def test_a_batchs_deliveries_to_one_node_go_in_one_send_in_order(world):
     failed = Failure(BusPublishError("not acknowledged"))
     many[1][3](failed)
     assert fired == [failed]  # read again
+
+
+def test_a_batch_classifies_a_target_elsewhere_once_per_qos_class(world):
+    """In a batch, a client without a session here is looked up once for
+    its QoS 0 deliveries and once for its QoS 1/2 ones (they may go to
+    different sinks: a persistent DEVICE's QoS 0 to its node's downlink,
+    its QoS 1 to the device store); every delivery still goes out, in
+    order, to the sink of its class."""
+    many: list = []
+    world.bus.publish_many = lambda topic, keys, values, done: many.append(
+        (topic, keys, values, done))
+    world.router.sinks = Sinks.build(world.bus, T)
+    asked: list = []
+    world.router.lookup = lambda client_id: asked.append(client_id) or world.registry.get(
+        client_id)
+    world.registry["d"] = info("d", "node-x", persistent=True)
+    subscribe(world.router, "d", "there/+", qos=1)
+    batch = [Message(f"there/{i}", b"x", qos, False, {}, "p", 1.0)
+             for i, qos in enumerate((1, 0, 1, 0, 1))]
+    world.router._on_messages(batch)
+    assert asked == ["d", "d"]
+    assert [(topic, keys, [(d.message.topic, d.qos) for d in values])
+            for topic, keys, values, _ in many[:1]] == [
+        (T.msg_persisted, ["d", "d", "d"], [("there/0", 1), ("there/2", 1), ("there/4", 1)])]
+    ((topic, keys, runs, _),) = many[1:]
+    assert (topic, keys, [carried(r) for r in runs]) == (
+        T.downlink_basic("node-x"), ["d"], [(["there/1", "there/3"], 0, False, "DeliveryRun")])
+
+
+def test_a_run_on_the_downlink_keeps_a_clients_order_across_qos_and_flags(world):
+    """A client's messages of a batch with another QoS, RETAIN flag or set
+    of subscription identifiers start a new run, after the last one, so
+    that the node reading the downlink delivers them in the order routed."""
+    many: list = []
+    world.bus.publish_many = lambda topic, keys, values, done: many.append(
+        (topic, keys, values, done))
+    world.router.sinks = Sinks.build(world.bus, T)
+    world.registry["r"] = info("r", "node-x")
+    subscribe(world.router, "r", "t/+", qos=2, retain_as_published=True)
+    batch = [Message(f"t/{i}", b"x", qos, retain, {}, "p", 1.0)
+             for i, (qos, retain) in enumerate(
+                 [(1, False), (1, False), (0, False), (1, False), (1, True), (2, True),
+                  (2, True)])]
+    world.router._on_messages(batch)
+    ((topic, keys, runs, _),) = many
+    assert topic == T.downlink_basic("node-x") and keys == ["r"] * len(runs)
+    assert [carried(r)[:3] for r in runs] == [
+        (["t/0", "t/1"], 1, False), (["t/2"], 0, False), (["t/3"], 1, False),
+        (["t/4"], 1, True), (["t/5", "t/6"], 2, True)]
+
+
+def test_a_run_on_the_downlink_is_bounded_in_messages_and_payload_bytes(world):
+    """A run past :data:`RUN_MAX_MESSAGES` messages or :data:`RUN_MAX_BYTES`
+    of payload continues in the next run (a Kafka record has a size limit,
+    and a consumer's buffer counts messages)."""
+    from tbmq.cluster.records import RUN_MAX_BYTES, RUN_MAX_MESSAGES
+
+    many: list = []
+    world.bus.publish_many = lambda topic, keys, values, done: many.append(
+        (topic, keys, values, done))
+    world.router.sinks = Sinks.build(world.bus, T)
+    world.registry["r"] = info("r", "node-x")
+    subscribe(world.router, "r", "t/#")
+    small = [Message("t/s", b"x", 1, False, {}, "p", 1.0)] * (RUN_MAX_MESSAGES + 1)
+    big = [Message("t/b", b"y" * (RUN_MAX_BYTES // 2), 1, False, {}, "p", 1.0)] * 3
+    world.router._on_messages(small + big)
+    ((_, _, runs, _),) = many
+    # the 129th small one, then a big one; the next would pass the bytes: two big ones
+    assert [len(carried(r)[0]) for r in runs] == [RUN_MAX_MESSAGES, 2, 2]
+    assert [m for r in runs for m in r.messages] == small + big
+    # one big message past the bytes of a first one: two lone deliveries
+    many.clear()
+    huge = Message("t/h", b"z" * (RUN_MAX_BYTES - 10), 1, False, {}, "p", 1.0)
+    world.router._on_messages([huge, big[0]])
+    ((_, _, values, _),) = many
+    assert [carried(v) for v in values] == [(["t/h"], 1, False, "Delivery"),
+                                            (["t/b"], 1, False, "Delivery")]
+
+
+def test_a_batch_asks_the_persisted_limit_for_each_delivery_to_the_device_store(world):
+    """Under ``mqtt.rate_limits.device_persisted_messages`` a batch keeps no
+    entry for a persistent DEVICE's store: each of its deliveries there is
+    admitted on its own, and only those admitted are sent."""
+    many: list = []
+    world.bus.publish_many = lambda topic, keys, values, done: many.append(
+        (topic, keys, values, done))
+    world.router.sinks = Sinks.build(world.bus, T)
+    asked: list = []
+
+    class Limit:
+        def admit_persisted(self, client_id):
+            asked.append(client_id)
+            return len(asked) % 2 == 1  # every other one
+
+    world.router.persisted_limit = Limit()
+    world.registry["d"] = info("d", "node-x", persistent=True)
+    subscribe(world.router, "d", "there/+", qos=1)
+    batch = [Message(f"there/{i}", b"x", 1, False, {}, "p", 1.0) for i in range(4)]
+    world.router._on_messages(batch)
+    assert asked == ["d"] * 4
+    assert [(topic, keys, [d.message.topic for d in values])
+            for topic, keys, values, _ in many] == [
+        (T.msg_persisted, ["d", "d"], ["there/0", "there/2"])]

@@ -101,12 +101,32 @@ class Entry:
 
 
 def _count(item: Any) -> int:
-    """The records a buffered item holds (a list or a tuple: a packed
-    record's values, see :meth:`KafkaConsumer._hand`; an :class:`Owned`:
-    its items)."""
-    if type(item) is list or type(item) is tuple:
+    """The messages a buffered item holds (a list or a tuple: a packed
+    record's values, see :meth:`KafkaConsumer._hand`; a :class:`Weighed`:
+    what its topic's codec counted; an :class:`Owned`: its items)."""
+    kind = type(item)
+    if kind is list or kind is tuple:
         return len(item)
-    return len(item.items) if type(item) is Owned else 1
+    if kind is Weighed:
+        return item.count
+    return len(item.items) if kind is Owned else 1
+
+
+class Weighed:
+    """In the buffer, in place of a packed record's values (version 2)
+    whose records carry more messages than one each (a downlink's
+    :class:`~tbmq.cluster.records.DeliveryRun` s): the values and the
+    messages they carry, counted once by the codec (``count_arrays``).
+
+    :ivar values: the decoded arrays, a tuple.
+    :ivar count: the messages they carry.
+    """
+
+    __slots__ = ("values", "count")
+
+    def __init__(self, values: tuple, count: int) -> None:
+        self.values = values
+        self.count = count
 
 
 class Owned:
@@ -249,7 +269,10 @@ class KafkaConsumer(Runs):
         self._has_assignment = False
         #: (track, entry, raw record, or the values of a packed one for the batch handler)
         self._buffer: deque = deque()
-        self._held = 0  # records in the buffer, those of packed ones counted one by one
+        #: messages in the buffer: a packed record's counted one by one, each
+        #: as many as it carries (the codec's ``count_arrays``, once: a run of
+        #: a downlink counts its messages, :class:`Weighed`)
+        self._held = 0
         self._inflight = 0
         self._paused = False
         self._throttled = False
@@ -410,6 +433,7 @@ class KafkaConsumer(Runs):
         batches = self.batch_handler is not None
         own = self._own
         held = self._held
+        count_arrays = self.codec.count_arrays
         for raw in records:
             track = tracks.get(raw.partition)
             if track is None or not track.live:  # (read before a seek back)
@@ -431,9 +455,14 @@ class KafkaConsumer(Runs):
                         values = found[1]  # inline (version 2): a tuple of arrays
                         if not found[2]:
                             values = list(values)  # version 1: a list of bytes
+                            n = len(values)
+                        else:
+                            n = count_arrays(values)
+                            if n != len(values):
+                                values = Weighed(values, n)
                         buffer.append((track, track.arrive(raw.offset), values))
                         track.queued += 1
-                        held += len(values)
+                        held += n
                         continue
                 else:
                     inner = expand(raw)
@@ -539,6 +568,8 @@ class KafkaConsumer(Runs):
         try:
             if type(raw) is tuple:
                 result = self.batch_handler(self.codec.decode_arrays(raw))
+            elif type(raw) is Weighed:
+                result = self.batch_handler(self.codec.decode_arrays(raw.values))
             elif type(raw) is list:
                 decode = self.codec.decode
                 result = self.batch_handler([decode(value) for value in raw])
