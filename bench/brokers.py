@@ -184,6 +184,20 @@ def mqtt_probe(port: int, timeout: float = 2.0) -> bool:
         return False
 
 
+def wait_node(proc: subprocess.Popen, port: int, tree: str, timeout: float,
+              step: float) -> None:
+    """Wait until the node ``proc`` (of ``tree``) answers a CONNECT on
+    ``port`` (:func:`mqtt_probe`), polling every ``step`` seconds.
+
+    :raises SystemExit: when the process ends or ``timeout`` seconds pass
+        first."""
+    deadline = time.monotonic() + timeout
+    while not mqtt_probe(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{tree}: the node did not start")
+        time.sleep(step)
+
+
 class Broker:
     """A broker process on ``127.0.0.1:port``; use as a context manager."""
 

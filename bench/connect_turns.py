@@ -93,7 +93,7 @@ def burst(tree: str, n: int) -> dict:
         the node's (``loops``, ``run_queue_wait``).
     :raises SystemExit: when the node does not start or a client got no CONNACK.
     """
-    from bench.brokers import OUT, free_port, mqtt_probe, tree_pythonpath
+    from bench.brokers import OUT, free_port, wait_node, tree_pythonpath
     from bench.connections import PER_SOURCE, connload
 
     os.makedirs(OUT, exist_ok=True)
@@ -107,11 +107,7 @@ def burst(tree: str, n: int) -> dict:
              "--listen", f"tcp:{port}:interface=127.0.0.1", "--data-dir", os.path.join(tmp, "data")],
             cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + 120
-            while not mqtt_probe(port):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"{tree}: the node did not start")
-                time.sleep(0.3)
+            wait_node(proc, port, tree, 120, 0.3)
             time.sleep(1)
             proc.send_signal(signal.SIGUSR1)
             time.sleep(0.2)

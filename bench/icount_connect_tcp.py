@@ -29,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.brokers import OUT, free_port, mqtt_probe, tbmq_source, tree_pythonpath  # noqa: E402
+from bench.brokers import OUT, free_port, wait_node, tbmq_source, tree_pythonpath  # noqa: E402
 from bench.connections import PER_SOURCE, connload  # noqa: E402
 from bench.icount_connect import connect_parser, print_counts  # noqa: E402
 
@@ -55,11 +55,7 @@ def count(tree: str, n: int, level: int, persistent: bool) -> int:
             cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
         try:
-            deadline = time.monotonic() + 900
-            while not mqtt_probe(port):
-                if node.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"{tree}: the node did not start")
-                time.sleep(0.5)
+            wait_node(node, port, tree, 900, 0.5)
             time.sleep(2)
             subprocess.run(["callgrind_control", "-i", "on", str(node.pid)], check=True,
                            capture_output=True)

@@ -501,10 +501,11 @@ def test_a_batchs_progress_commits_record_by_record_and_a_restart_resumes_exactl
     assert [rec.value.seq for rec in again] == [2, 3, 4]
 
 
-def test_a_progress_that_grows_many_times_in_a_turn_commits_once_at_its_end():
-    """Acknowledgements come one by one (``Outbox.deliver_app_batch``'s
-    Progress grows per PUBACK): what grew during a turn is committed, and
-    written to the topic log, once, at the end of the turn."""
+def _app_batch_of_six():
+    """An APPLICATION client's consumer (a batch handler answering with a
+    Progress per batch) that read six records in one batch.
+
+    :returns: ``(log, bus, clock, topic, consumer, batches)``."""
     log = MemoryTopicLog()
     bus, clock = make(log=log)
     topic = C.app("app")
@@ -521,6 +522,14 @@ def test_a_progress_that_grows_many_times_in_a_turn_commits_once_at_its_end():
         bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 1, seq=i))
     clock.advance(0)
     clock.advance(0)
+    return log, bus, clock, topic, consumer, batches
+
+
+def test_a_progress_that_grows_many_times_in_a_turn_commits_once_at_its_end():
+    """Acknowledgements come one by one (``Outbox.deliver_app_batch``'s
+    Progress grows per PUBACK): what grew during a turn is committed, and
+    written to the topic log, once, at the end of the turn."""
+    log, bus, clock, topic, consumer, batches = _app_batch_of_six()
     assert len(batches) == 1 and consumer.lag() == 6
     writes = []
     real_commit = log.commit
@@ -571,22 +580,7 @@ def test_a_progress_that_grows_again_after_a_settle_is_settled_again():
     """The bus watches a batch's Progress once per settle: what grows in a
     later turn is committed at the end of that turn, and a member that
     leaves first settles what grew (the next starts exactly after it)."""
-    log = MemoryTopicLog()
-    bus, clock = make(log=log)
-    topic = C.app("app")
-    batches = []
-
-    def batch(values):
-        batches.append(Progress(len(values)))
-        return batches[-1]
-
-    consumer = bus.subscribe(topic, "tbmq-app-app", lambda record: defer.Deferred(),
-                             exclusive=True, batch_handler=batch)
-    clock.advance(0)
-    for i in range(6):
-        bus.publish(topic, "app", r.Delivery("app", Message("t", b""), 1, seq=i))
-    clock.advance(0)
-    clock.advance(0)
+    log, bus, clock, topic, consumer, batches = _app_batch_of_six()
     progress = batches[0]
     progress.finished(0)
     progress.finished(1)
