@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from tbmq.mqtt import MQTT_5, Puback, ReasonCode, is_failure
+from tbmq.mqtt import MQTT_5, Puback, Pubrec, ReasonCode, is_failure
 from tbmq.mqtt.codec import encode_puback, encode_pubrec
 
 __all__ = ["PublisherAcks"]
@@ -51,7 +51,7 @@ class PublisherAcks:
         to send, or the packet id (``int``) of a QoS 1 PUBLISH whose PUBACK
         is a success with no properties (no packet object per message).
     :ivar unaccepted: publishes handed to the bus and not answered yet
-        (counted by ``Session._publish``, uncounted by :meth:`published`).
+        (counted by :meth:`pending`, uncounted by :meth:`published`).
     :ivar reading_paused: True while the connection stops reading because
         of them (past ``mqtt.max_pending_messages``, or a QoS 0 one held
         back by a consumer), until half of them are answered.
@@ -77,9 +77,35 @@ class PublisherAcks:
         """The connection is gone: its acknowledgements are void."""
         self.queue = ()
 
+    def pending(self, conn, qos: int, packet_id: int | None) -> list | None:
+        """A publish of ``conn`` that the bus did not answer during the call
+        (``Session._publish``): counted in :attr:`unaccepted` (past
+        ``mqtt.max_pending_messages`` of them, or at once for QoS 0, which
+        waits for nothing but a held-back consumer, ``conn`` stops reading
+        until half of them are answered: a publisher never fills memory),
+        and at QoS 1/2 its acknowledgement queued, not ready.
+
+        :param conn: the publisher's :class:`~tbmq.broker.link.Link`.
+        :param qos: the PUBLISH's QoS (0, 1, 2).
+        :param packet_id: its packet identifier (None at QoS 0).
+        :returns: the entry queued (for :meth:`published`), or None at QoS 0.
+        """
+        unaccepted = self.unaccepted = self.unaccepted + 1
+        if (qos == 0 or unaccepted >= self.session.ctx.mqtt.max_pending_messages) \
+                and not self.reading_paused:
+            self.reading_paused = True
+            conn.pause_reading()
+        if not qos:
+            return None
+        # a QoS 1 one as its packet id: a PUBACK with success, unless
+        # refused (_ack_refused)
+        entry = [packet_id if qos == 1 else Pubrec(packet_id), False, False]
+        self.waiting().append(entry)
+        return entry
+
     def _accepted(self, value, conn):
         """The bus answered one publish that it did not accept during the
-        call (counted by ``Session._publish``): success or failure,
+        call (counted by :meth:`pending`): success or failure,
         ``value`` passes through."""
         self.unaccepted -= 1
         if self.reading_paused:
@@ -111,7 +137,7 @@ class PublisherAcks:
         message when it reconnects [MQTT-4.4.0-1].
 
         :param accepting: the connection whose publish ``result`` is, counted
-            by ``Session._publish`` (its answer also counts for
+            by :meth:`pending` (its answer also counts for
             :meth:`_accepted`), or None.
         """
         if result is None and not self.queue:

@@ -20,7 +20,6 @@ answered yet).
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Callable
 
 from twisted.internet import defer
@@ -391,29 +390,8 @@ class Session:
             elif qos == 2:
                 done.acks.ack_when(None, Pubrec(packet.packet_id))
             return
-        # the bus answers later (or refused it during the call): a QoS 0
-        # message waits for nothing but a held consumer, so this publisher
-        # stops being read at once (QoS 1/2 also wait for stores)
-        # a publish the bus has not accepted yet: past
-        # mqtt.max_pending_messages of them, or at once for QoS 0 (held back
-        # by a consumer), the connection stops reading until half of them
-        # are accepted (PublisherAcks.published: a publisher never fills memory)
-        acks = done.acks
-        unaccepted = acks.unaccepted = acks.unaccepted + 1
-        if (qos == 0 or unaccepted >= self.ctx.mqtt.max_pending_messages) \
-                and not acks.reading_paused:
-            acks.reading_paused = True
-            conn.pause_reading()
-        entry = None
-        if qos:
-            # a QoS 1 one as its packet id: a PUBACK with success, unless
-            # refused (PublisherAcks._ack_refused)
-            entry = [packet.packet_id if qos == 1 else Pubrec(packet.packet_id), False, False]
-            queue = acks.queue
-            if type(queue) is not deque:
-                queue = acks.waiting()
-            queue.append(entry)
-        done.wait(entry, self.link, conn)
+        # the bus answers later (or refused it during the call)
+        done.wait(done.acks.pending(conn, qos, packet.packet_id), self.link, conn)
         if answer is not WAITING:
             done.call(answer)
 
