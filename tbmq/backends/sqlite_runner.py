@@ -39,6 +39,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from queue import SimpleQueue
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -46,7 +47,6 @@ from twisted.internet import defer
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.python.threadpool import ThreadPool
 
 from tbmq.errors import BackendError
 from tbmq.log import OBSERVER as LOG_OBSERVER
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SYNCHRONOUS_MODES",
     "DatabaseThread",
+    "JobThread",
     "Operation",
     "SQLiteDatabases",
     "SQLiteRunner",
@@ -185,13 +186,64 @@ def fire_batch(outcome: list[tuple[bool, Any]] | Failure, waiters: list[defer.De
             waiter.errback(value)
 
 
+class JobThread:
+    """One thread that runs jobs in order, with the calls of a
+    ``ThreadPool(1, 1)`` that :class:`DatabaseThread` makes (``start``,
+    ``stop``, ``callInThreadWithCallback``), from a queue of ``(on_result,
+    f, args)``: a job of Twisted's ``ThreadPool`` costs a closure that
+    refers to itself (``inContext``), garbage that only the cyclic
+    collector frees, which a busy node runs seldom; one per database batch
+    (a fraction of a KB each) stayed in the node's memory.
+
+    :param name: the thread's name.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: SimpleQueue = SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the jobs queued; wait for the thread to end."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._jobs.put(None)
+            thread.join()
+
+    def callInThreadWithCallback(self, on_result: Callable[[bool, Any], None],  # noqa: N802 (Twisted's name)
+                                 f: Callable, *args: Any) -> None:
+        """Run ``f(*args)`` in the thread, after the jobs queued before it;
+        then ``on_result(True, result)`` or ``on_result(False, Failure)``
+        there."""
+        self._jobs.put((on_result, f, args))
+
+    def _serve(self) -> None:
+        jobs = self._jobs
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            on_result, f, args = job
+            del job
+            try:
+                outcome = (True, f(*args))
+            except BaseException:
+                outcome = (False, Failure())
+            on_result(*outcome)
+            del on_result, f, args, outcome  # nothing of a job outlives it while the thread waits
+
+
 class DatabaseThread:
     """The one thread that runs the database work of one or more runners.
 
     :param reactor: the reactor that receives results; the global one when
         None.
     :param threadpool: the pool to use.  When None the thread creates its
-        own ``ThreadPool(1, 1)`` when its first runner starts and stops it
+        own :class:`JobThread` when its first runner starts and stops it
         when its last one stops; a pool given here must run one call at a
         time and is started and stopped by its owner (tests pass a
         synchronous one).
@@ -218,7 +270,7 @@ class DatabaseThread:
         """A runner starts: start our pool if it is the first."""
         self._users += 1
         if self.pool is None:
-            self.pool = ThreadPool(1, 1, name=self.name)
+            self.pool = JobThread(self.name)
             self.pool.start()
 
     def release(self) -> None:

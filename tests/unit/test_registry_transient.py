@@ -185,4 +185,4 @@ def test_on_a_bus_that_packs_no_record_is_marked_transient_and_none_is_remembere
     for n in range(3):  # records of other nodes, with and without the mark
         registry._on_record(Record("tbmq.client.session", f"o{n}", info(f"o{n}", n == 0),
                                    TRANSIENT if n == 1 else ()))
-    assert len(registry.sessions) == 3 and registry._logged == set()
+    assert len(registry.sessions) == 3 and not registry._logged

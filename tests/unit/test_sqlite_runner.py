@@ -158,7 +158,7 @@ def test_runners_share_one_owned_thread(tmp_path, monkeypatch):
         def stop(self) -> None:
             self.stopped = True
 
-    monkeypatch.setattr("tbmq.backends.sqlite_runner.ThreadPool", Pool)
+    monkeypatch.setattr("tbmq.backends.sqlite_runner.JobThread", Pool)
     one = SQLiteRunner(str(tmp_path / "1.sqlite3"), thread=thread)
     two = SQLiteRunner(str(tmp_path / "2.sqlite3"), thread=thread)
     fired(one.start())
@@ -347,7 +347,7 @@ def test_shutdown_waits_for_the_stores_to_stop_the_file_then_gives_up(tmp_path, 
         def removeSystemEventTrigger(self, trigger: Any) -> None:
             self.triggers[trigger - 1] = None
 
-    monkeypatch.setattr("tbmq.backends.sqlite_runner.ThreadPool",
+    monkeypatch.setattr("tbmq.backends.sqlite_runner.JobThread",
                         lambda *a, **k: SyncThreadPool())
     monkeypatch.setattr(SyncThreadPool, "start", lambda self: None, raising=False)
     monkeypatch.setattr(SyncThreadPool, "stop", lambda self: None, raising=False)
@@ -364,3 +364,42 @@ def test_shutdown_waits_for_the_stores_to_stop_the_file_then_gives_up(tmp_path, 
         else:
             reactor.advance(SQLiteRunner.SHUTDOWN_GRACE)
         assert shutdown.called and not runner.running
+
+
+def test_job_thread_runs_jobs_in_order_and_leaves_no_cyclic_garbage():
+    """The owned database thread: jobs in order, each outcome to its
+    ``on_result`` (a failure as a Failure), nothing a job used left for
+    the cyclic collector (Twisted's ThreadPool leaves a closure cycle per
+    job), and a stop after the queued jobs."""
+    import gc  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    from tbmq.backends.sqlite_runner import JobThread  # noqa: PLC0415
+
+    outcomes: list = []
+    done = threading.Event()
+
+    def fail():
+        raise ValueError("no")
+
+    thread = JobThread("test-jobs")
+    thread.start()
+    gc.collect()
+    gc.disable()
+    try:
+        for n in range(200):
+            thread.callInThreadWithCallback(lambda ok, r: outcomes.append((ok, r)), int, str(n))
+        thread.callInThreadWithCallback(lambda ok, r: outcomes.append((ok, r.type)), fail)
+        thread.callInThreadWithCallback(lambda ok, r: done.set(), int)
+        assert done.wait(10)
+        assert outcomes.pop() == (False, ValueError)
+        thread.callInThreadWithCallback(lambda ok, r: None, int)  # after the last job's end
+        thread.stop()
+        assert gc.collect() == 0  # (Twisted's ThreadPool: 830 for these jobs)
+    finally:
+        gc.enable()
+    assert outcomes == [(True, n) for n in range(200)]
+    thread.start()
+    thread.callInThreadWithCallback(lambda ok, r: outcomes.append(r), int, "7")
+    thread.stop()
+    assert outcomes[-1] == 7
