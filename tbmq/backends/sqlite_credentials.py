@@ -172,6 +172,10 @@ class SQLiteCredentialStore(RunnerView):
         #: signature was settled, or None
         self._known: tuple[int, tuple] | None = None
         self._wal = None if self.path == ":memory:" else self.path + "-wal"
+        #: the write-ahead log's :meth:`_stat` taken in this turn of the
+        #: reactor, for the other CONNECTs of the turn (a burst is read in
+        #: one turn: one ``stat`` for it, not one per CONNECT), or None
+        self._turn_stat: tuple | None = None
 
     @property
     def busy_timeout(self) -> float:
@@ -384,8 +388,20 @@ class SQLiteCredentialStore(RunnerView):
             when it cannot tell (then ask :meth:`changed_since`).
         """
         known = self._known
-        return (known is not None and known[0] == version and self._stat() == known[1]
-                and self.running)
+        if known is None or known[0] != version or not self.running:
+            return False
+        stat = self._turn_stat
+        if stat is None:
+            stat = self._stat()
+            later = getattr(self.runner.thread.reactor, "callLater", None)
+            if later is not None and stat is not None:
+                self._turn_stat = stat
+                later(0, self._turn_over)
+        return stat == known[1]
+
+    def _turn_over(self) -> None:
+        """The reactor's turn ended: the next question takes a new ``stat``."""
+        self._turn_stat = None
 
 
 def make_sqlite_credential_store(

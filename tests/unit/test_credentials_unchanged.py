@@ -77,3 +77,37 @@ def test_sqlite_store_in_memory_always_asks():
         assert not store.unchanged_since(version)
     finally:
         fired(store.stop())
+
+
+def test_sqlite_store_takes_one_stat_per_reactor_turn(tmp_path, monkeypatch):
+    """A burst of CONNECTs read in one turn of the reactor costs one
+    ``stat`` of the write-ahead log; a write is seen from the next turn."""
+    from twisted.internet import task  # noqa: PLC0415
+
+    class Reactor(SyncReactor, task.Clock):
+        def __init__(self) -> None:
+            task.Clock.__init__(self)
+
+    path = str(tmp_path / FILE_NAME)
+    reactor = Reactor()
+    node = SQLiteCredentialStore(path, reactor=reactor, threadpool=SyncThreadPool())
+    fired(node.start())
+    cli = sqlite_store(path)
+    stats = []
+    real_stat = os.stat
+    monkeypatch.setattr("tbmq.backends.sqlite_credentials.os.stat",
+                        lambda p, *a, **k: stats.append(p) or real_stat(p, *a, **k))
+    try:
+        settle(path)
+        _, _, version = fired(node.changed_since(0))
+        reactor.advance(0)
+        del stats[:]
+        assert all(node.unchanged_since(version) for _ in range(50))
+        assert len(stats) == 1  # one for the turn
+        fired(cli.save(creds("from-cli")))
+        reactor.advance(0)  # the next turn
+        assert not node.unchanged_since(version)
+        assert len(stats) == 2
+    finally:
+        fired(cli.stop())
+        fired(node.stop())
