@@ -691,7 +691,7 @@ class Outbox:
             completed.append(delivery.seq)
             reader = self.reader
             if reader is not None and reader.loading:
-                reader.finished_in_read.add(delivery.seq)
+                reader.finished(delivery.seq)
 
     def complete(self, packet_id: int) -> StoredDelivery | None:
         """The delivery in flight under ``packet_id`` is done (acknowledged,

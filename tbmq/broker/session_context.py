@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tbmq.broker.store_reads import PageReads
 from tbmq.broker.traffic import Traffic
 from tbmq.mqtt.topics import validate_topic_name
 
@@ -95,6 +96,8 @@ class SessionContext:
         a limit applies to PUBLISH packets from clients, else None.
     :ivar limits_out: the same when a limit applies to deliveries to live
         sessions, else None.
+    :ivar page_reads: the node's :class:`tbmq.broker.store_reads.PageReads`
+        (its reads of the device store in flight, bounded).
     """
 
     clock: Any
@@ -114,3 +117,5 @@ class SessionContext:
     mark: Callable | None = None
     limits_in: Any = None
     limits_out: Any = None
+    page_reads: PageReads = field(default_factory=PageReads)
+
