@@ -341,21 +341,20 @@ def _message_array(m: Message) -> tuple | None:
     return None
 
 
+#: The types a ``msg`` array's items may have (tag, version, topic, payload,
+#: qos, retain, properties, publisher, received_at, expires_at).
+_MESSAGE_IN = _type_rows(str, int, str, bytes, int, bool, (_N, bytes), str, float, (_N, float))
+
+
 def _message_from_array(obj: Any) -> Message | None:
-    if len(obj) == 10:
+    # the types of the whole array against the rows it may have (one C-level
+    # pass), then the values: a message is read per delivery, on every node
+    if tuple(map(type, obj)) in _MESSAGE_IN:
         tag, version, topic, payload, qos, retain, props, publisher, received_at, expires_at = obj
-        if (tag == "msg" and version == 1 and type(version) is int and type(topic) is str
-                and type(payload) is bytes and type(qos) is int and 0 <= qos <= 2
-                and type(retain) is bool and type(publisher) is str
-                and type(received_at) is float
-                and (expires_at is None or type(expires_at) is float)):
-            if props is None:
-                props = {}
-            elif type(props) is bytes:
-                props = _props_in(props, "properties")
-            else:
-                return None
-            m = Message(topic, payload, qos, retain, props, publisher, received_at, expires_at)
+        if tag == "msg" and version == 1 and 0 <= qos <= 2:
+            m = Message(topic, payload, qos, retain,
+                        {} if props is None else _props_in(props, "properties"), publisher,
+                        received_at, expires_at)
             if type(obj) is tuple:  # as msgpack read it: kept, to be written again
                 m.wire = obj
             return m
