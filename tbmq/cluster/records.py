@@ -341,20 +341,21 @@ def _message_array(m: Message) -> tuple | None:
     return None
 
 
-#: The types a ``msg`` array's items may have (tag, version, topic, payload,
-#: qos, retain, properties, publisher, received_at, expires_at).
-_MESSAGE_IN = _type_rows(str, int, str, bytes, int, bool, (_N, bytes), str, float, (_N, float))
-
-
 def _message_from_array(obj: Any) -> Message | None:
-    # the types of the whole array against the rows it may have (one C-level
-    # pass), then the values: a message is read per delivery, on every node
-    if tuple(map(type, obj)) in _MESSAGE_IN:
+    if len(obj) == 10:
         tag, version, topic, payload, qos, retain, props, publisher, received_at, expires_at = obj
-        if tag == "msg" and version == 1 and 0 <= qos <= 2:
-            m = Message(topic, payload, qos, retain,
-                        {} if props is None else _props_in(props, "properties"), publisher,
-                        received_at, expires_at)
+        if (tag == "msg" and version == 1 and type(version) is int and type(topic) is str
+                and type(payload) is bytes and type(qos) is int and 0 <= qos <= 2
+                and type(retain) is bool and type(publisher) is str
+                and type(received_at) is float
+                and (expires_at is None or type(expires_at) is float)):
+            if props is None:
+                props = {}
+            elif type(props) is bytes:
+                props = _props_in(props, "properties")
+            else:
+                return None
+            m = Message(topic, payload, qos, retain, props, publisher, received_at, expires_at)
             if type(obj) is tuple:  # as msgpack read it: kept, to be written again
                 m.wire = obj
             return m
@@ -457,13 +458,13 @@ def _run_array(r: DeliveryRun) -> list | None:
     if (type(client_id) is str and type(qos) is int and 0 <= qos <= 2
             and type(retain) is bool and type(ids) is tuple and (not ids or _all_int(ids))
             and type(messages) in ARRAY_TYPES and messages):
-        arrays = []
-        append = arrays.append
-        for m in messages:
-            a = _message_array(m) if type(m) is Message else None
-            if a is None:
+        # the arrays the messages were read in or first written as (a
+        # routing node's messages have theirs: no call per message)
+        arrays = [m.wire if type(m) is Message else None for m in messages]
+        if None in arrays:  # some written for the first time here
+            arrays = [_message_array(m) if type(m) is Message else None for m in messages]
+            if None in arrays:
                 return None  # the field by field writer says what is wrong
-            append(a)
         return ["dlr", 1, client_id, arrays, qos, retain, ids]
     return None
 
