@@ -395,7 +395,9 @@ def _delivery_array(d: Delivery) -> list | None:
     if (type(client_id) is str and type(message) is Message and type(qos) is int
             and 0 <= qos <= 2 and type(retain) is bool and type(ids) is tuple
             and type(seq) is int and (not ids or _all_int(ids))):
-        m = _message_array(message)
+        m = message.wire  # read or written before (a routed message): as it was
+        if m is None:
+            m = _message_array(message)
         if m is not None:
             return ["dlv", 1, client_id, m, qos, retain, ids, seq]
     return None
