@@ -165,7 +165,8 @@ class Gathered:
         the other class too (where a message of that class
         finds a record of another QoS and is classified again): only the
         newest record of a client grows, so its messages keep their order.
-        A client without a session here is classified once per batch and
+        A client that is not written to a live session here (none here, or
+        a persistent one at QoS 1/2) is classified once per batch and
         QoS class (its class cannot change while the batch is routed: the
         registry and the sessions change in other reactor calls); its later
         deliveries are appended to the group found, or its messages to the
@@ -349,14 +350,26 @@ class Router:
                 pending = route(message, pending)
             return pending
         gathered = Gathered()
+        # one clock read, one look at the shared subscriptions for the batch
+        # (routing changes neither: subscriptions change in other reactor calls)
+        now = self._seconds()
+        match = None if len(self.shared) else self.trie.match
+        dispatch = self._dispatch_one
         for message in messages:
-            pending = route(message, pending, gathered)
+            if match is not None:  # no shared subscription: the plain filters only
+                matches = match(message.topic)
+                if len(matches) == 1:  # the usual case: one filter
+                    pending = dispatch(matches[0], message, pending, gathered, now)
+                    continue
+                if not matches:
+                    continue
+            pending = route(message, pending, gathered, now)
         for (sink, where), group in gathered.groups.items():
             sink.send_many(where, group.keys, group.values, pending.part())
         return pending
 
     def route(self, message: Message, pending: Completion | None,
-              gathered: Gathered | None = None):
+              gathered: Gathered | None = None, now: float | None = None):
         """Deliver one message of ``tbmq.msg.all``: match once, then one target per
         client (at the highest QoS of its matching subscriptions, with all
         their identifiers [MQTT-3.3.4-2, -3, -4]), each to its sink.  A
@@ -371,6 +384,7 @@ class Router:
         :param gathered: None to send each delivery at once; or, for a batch
             (:meth:`_on_messages`), the batch's :class:`Gathered` that this
             call appends to, sent by the caller.
+        :param now: the clock's seconds, read once for a batch (None: read here).
         :returns: ``pending``, or a new
             :class:`~tbmq.cluster.completion.Completion` when it was None
             and a record was sent: the records sent to the sinks (maybe
@@ -384,7 +398,7 @@ class Router:
             if not matches:
                 return pending
             if len(matches) == 1:
-                return self._dispatch_one(matches[0], message, pending, gathered)
+                return self._dispatch_one(matches[0], message, pending, gathered, now)
         targets, filters = self._targets(matches, groups, message)
         for topic_filter in filters:  # one record per filter
             if pending is None:
@@ -395,18 +409,18 @@ class Router:
         sessions = self.sessions
         # one target: encoded with its own packet id, nothing to share
         cache: dict | None = {} if len(targets) > 1 else None
-        now = self._seconds()
+        if now is None:
+            now = self._seconds()
         retain = message.retain
         source = self.consumer
         for client_id, (qos, sids, rap) in targets.items():
             # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
             flag = retain and rap
             session = sessions.get(client_id)
-            if session is not None:
-                if qos == 0 or not session.persistent:
-                    session.outbox.deliver(message, qos, flag, sids, cache, now, source)
-                    continue
-            elif gathered is not None:
+            if session is not None and (qos == 0 or not session.persistent):
+                session.outbox.deliver(message, qos, flag, sids, cache, now, source)
+                continue
+            if gathered is not None:
                 entry = gathered.targets[qos != 0].get(client_id)
                 if entry is not None and entry.join(client_id, message, qos, flag, sids):
                     continue
@@ -415,16 +429,19 @@ class Router:
         return pending
 
     def _dispatch_one(self, subs: dict, message: Message, pending: Completion | None,
-                      gathered: Gathered | None):
+                      gathered: Gathered | None, now: float | None):
         """:meth:`route` for the plain subscriptions of one filter (the
         usual case: each client appears once), classified and handed over in
-        one pass."""
+        one pass.
+
+        :param now: the clock's seconds (None: read here)."""
         sessions = self.sessions
         publisher = message.publisher
         msg_qos = message.qos
         retain = message.retain
         cache: dict | None = {} if len(subs) > 1 else None
-        now = self._seconds()
+        if now is None:
+            now = self._seconds()
         source = self.consumer
         for client_id, options in subs.items():  # nothing below changes subs
             if options.no_local and client_id == publisher:
@@ -433,12 +450,11 @@ class Router:
             # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
             flag = retain and options.retain_as_published
             session = sessions.get(client_id)
-            if session is not None:
-                if qos == 0 or not session.persistent:
-                    session.outbox.deliver(message, qos, flag, options.subscription_ids, cache,
-                                           now, source)
-                    continue
-            elif gathered is not None:
+            if session is not None and (qos == 0 or not session.persistent):
+                session.outbox.deliver(message, qos, flag, options.subscription_ids, cache,
+                                       now, source)
+                continue
+            if gathered is not None:
                 entry = gathered.targets[qos != 0].get(client_id)
                 if entry is not None and entry.join(client_id, message, qos, flag,
                                                     options.subscription_ids):
@@ -480,8 +496,8 @@ class Router:
         if gathered is None:
             sink.send(where, client_id, delivery, pending.part())
         else:
-            gathered.add(sink, where, delivery, session is None and (
-                limit is None or sink is not self.sinks.persisted))
+            gathered.add(sink, where, delivery,
+                         limit is None or sink is not self.sinks.persisted)
         return pending
 
     def classify(self, client_id: str, session, qos: int) -> tuple:

@@ -292,7 +292,10 @@ def _pack(array: list) -> bytes:
 
     :raises Exception: what :meth:`msgpack.Packer.pack` raises (it then
         empties its buffer)."""
-    packer = _thread_packer()
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _thread_packer()
     data = packer.pack(array)
     if len(data) >= _PACKER_KEPT_BELOW:
         del _packers.packer  # its buffer grew: let it go

@@ -395,7 +395,9 @@ def _delivery_array(d: Delivery) -> list | None:
     if (type(client_id) is str and type(message) is Message and type(qos) is int
             and 0 <= qos <= 2 and type(retain) is bool and type(ids) is tuple
             and type(seq) is int and (not ids or _all_int(ids))):
-        m = _message_array(message)
+        m = message.wire  # read or written before (a routed message): as it was
+        if m is None:
+            m = _message_array(message)
         if m is not None:
             return ["dlv", 1, client_id, m, qos, retain, ids, seq]
     return None
@@ -458,13 +460,13 @@ def _run_array(r: DeliveryRun) -> list | None:
     if (type(client_id) is str and type(qos) is int and 0 <= qos <= 2
             and type(retain) is bool and type(ids) is tuple and (not ids or _all_int(ids))
             and type(messages) in ARRAY_TYPES and messages):
-        arrays = []
-        append = arrays.append
-        for m in messages:
-            a = _message_array(m) if type(m) is Message else None
-            if a is None:
+        # the arrays the messages were read in or first written as (a
+        # routing node's messages have theirs: no call per message)
+        arrays = [m.wire if type(m) is Message else None for m in messages]
+        if None in arrays:  # some written for the first time here
+            arrays = [_message_array(m) if type(m) is Message else None for m in messages]
+            if None in arrays:
                 return None  # the field by field writer says what is wrong
-            append(a)
         return ["dlr", 1, client_id, arrays, qos, retain, ids]
     return None
 

@@ -608,6 +608,41 @@ def test_a_batch_classifies_a_target_elsewhere_once_per_qos_class(world):
         T.downlink_basic("node-x"), ["d"], [(["there/1", "there/3"], 0, False, "DeliveryRun")])
 
 
+def test_a_batch_classifies_a_persistent_session_here_once_per_qos_class(world):
+    """In a batch, a persistent session of this node is classified once for
+    its QoS 1/2 deliveries (its APPLICATION topic or the device store, as
+    one elsewhere), and its QoS 0 ones are written to it now; every
+    delivery goes out in order, in one send per sink and place, and the
+    clock is read once for the batch."""
+    many: list = []
+    world.bus.publish_many = lambda topic, keys, values, done: many.append(
+        (topic, keys, values, done))
+    world.router.sinks = Sinks.build(world.bus, T)
+    classified: list = []
+    classify = world.router.classify
+    world.router.classify = lambda client_id, session, qos: (
+        classified.append((client_id, qos)) or classify(client_id, session, qos))
+    app = world.sessions["app"] = FakeSession("app", persistent=True,
+                                              client_type=ClientType.APPLICATION)
+    world.sessions["dev"] = FakeSession("dev", persistent=True)
+    subscribe(world.router, "app", "here/+")
+    subscribe(world.router, "dev", "here/2")
+    read: list = []
+    seconds = world.router._seconds
+    world.router._seconds = lambda: read.append(1) or seconds()
+    batch = [Message(f"here/{i}", b"x", qos, False, {}, "p", 1.0)
+             for i, qos in enumerate((1, 0, 1, 2, 1))]
+    world.router._on_messages(batch)
+    assert classified == [("app", 1), ("dev", 1)]
+    assert [(m[0], m[1], m[3]) for m in app.delivered] == [("here/1", 0, ())]
+    assert [(topic, keys, [(d.message.topic, d.qos) for d in values])
+            for topic, keys, values, _ in many] == [
+        (T.app("app"), ["app"] * 4,
+         [("here/0", 1), ("here/2", 1), ("here/3", 1), ("here/4", 1)]),
+        (T.msg_persisted, ["dev"], [("here/2", 1)])]
+    assert read == [1]
+
+
 def test_a_run_on_the_downlink_keeps_a_clients_order_across_qos_and_flags(world):
     """A client's messages of a batch with another QoS, RETAIN flag or set
     of subscription identifiers start a new run, after the last one, so

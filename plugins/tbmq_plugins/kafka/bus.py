@@ -487,11 +487,15 @@ class KafkaBus:
         partitions = self._placed.get(topic) if topic in self._ready else None
         if partitions is None:  # not ready, or not placed here: one by one
             sent = Completion()
-            for key, value in zip(key_bytes, data):
-                if topic in self._ready:
-                    self._send(topic, key, value, (), sent.part())
-                else:
-                    self._creation(topic).sends.append((key, value, (), sent.part()))
+            each = sent.parts(len(data))  # one ``done`` called once per record
+            if topic in self._ready:  # placed by the producer's partitioner
+                send = self._send_placed
+                for key, value in zip(key_bytes, data):
+                    send(topic, None, key, value, (), each)
+            else:
+                sends = self._creation(topic).sends
+                for key, value in zip(key_bytes, data):
+                    sends.append((key, value, (), each))
             sent.then(done)
             return
         add_many = self._packer.add_many
