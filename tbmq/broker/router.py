@@ -165,9 +165,11 @@ class Gathered:
         the other class too (where a message of that class
         finds a record of another QoS and is classified again): only the
         newest record of a client grows, so its messages keep their order.
-        A client without a session here is classified once per batch and
-        QoS class (its class cannot change while the batch is routed: the
-        registry and the sessions change in other reactor calls); its later
+        A client that is not written to at once (no session here, or a
+        persistent one at QoS 1/2: an APPLICATION client's topic, a
+        DEVICE's store) is classified once per batch and QoS class (its
+        class cannot change while the batch is routed: the registry and
+        the sessions change in other reactor calls); its later
         deliveries are appended to the group found, or its messages to the
         run when they have the run's QoS, RETAIN flag and subscription
         identifiers (else a new run starts, so the client's messages keep
@@ -402,11 +404,10 @@ class Router:
             # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
             flag = retain and rap
             session = sessions.get(client_id)
-            if session is not None:
-                if qos == 0 or not session.persistent:
-                    session.outbox.deliver(message, qos, flag, sids, cache, now, source)
-                    continue
-            elif gathered is not None:
+            if session is not None and (qos == 0 or not session.persistent):
+                session.outbox.deliver(message, qos, flag, sids, cache, now, source)
+                continue
+            if gathered is not None:
                 entry = gathered.targets[qos != 0].get(client_id)
                 if entry is not None and entry.join(client_id, message, qos, flag, sids):
                     continue
@@ -433,12 +434,11 @@ class Router:
             # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
             flag = retain and options.retain_as_published
             session = sessions.get(client_id)
-            if session is not None:
-                if qos == 0 or not session.persistent:
-                    session.outbox.deliver(message, qos, flag, options.subscription_ids, cache,
-                                           now, source)
-                    continue
-            elif gathered is not None:
+            if session is not None and (qos == 0 or not session.persistent):
+                session.outbox.deliver(message, qos, flag, options.subscription_ids, cache,
+                                       now, source)
+                continue
+            if gathered is not None:
                 entry = gathered.targets[qos != 0].get(client_id)
                 if entry is not None and entry.join(client_id, message, qos, flag,
                                                     options.subscription_ids):
@@ -480,8 +480,8 @@ class Router:
         if gathered is None:
             sink.send(where, client_id, delivery, pending.part())
         else:
-            gathered.add(sink, where, delivery, session is None and (
-                limit is None or sink is not self.sinks.persisted))
+            gathered.add(sink, where, delivery,
+                         limit is None or sink is not self.sinks.persisted)
         return pending
 
     def classify(self, client_id: str, session, qos: int) -> tuple:
