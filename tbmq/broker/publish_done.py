@@ -9,57 +9,60 @@ from typing import Any
 
 #: :attr:`PublishDone.answer` until the bus calls it
 WAITING = object()
+#: :attr:`PublishDone.answer` once :meth:`PublishDone.wait` said what the
+#: later answer is for
+LATER = object()
 
 
 class PublishDone:
     """The ``done`` of one publish of a :class:`~tbmq.broker.session.Session` (see
-    :meth:`tbmq.interfaces.IMessageBus.publish`): its bound method
-    :attr:`call`, kept so that passing and calling it costs no allocation.
-    Called during the publish, it keeps the answer for the session to act
-    on at once, and the session reuses it for its next publish (nothing
-    allocated when the bus holds a message during the call: the embedded
-    hot path); called later, once :meth:`wait` said what for, it hands the
-    answer to the session's acknowledgements
+    :meth:`tbmq.interfaces.IMessageBus.publish`): the object itself is
+    called (``done(failure=None)``), so that passing and calling it costs
+    no allocation.  Called during the publish, it keeps the answer for the
+    session to act on at once, and the session reuses it for its next
+    publish (nothing allocated when the bus holds a message during the
+    call: the embedded hot path); called later, once :meth:`wait` said
+    what for, it hands the answer to the session's acknowledgements
     (:meth:`tbmq.broker.publisher_acks.PublisherAcks.published`).
 
     :ivar acks: the session's
         :class:`~tbmq.broker.publisher_acks.PublisherAcks`, which a later
         answer goes to.
-    :ivar call: ``call(failure=None)``: the ``done`` given to the bus.
-    :ivar answer: :data:`WAITING`, or what the bus answered during the call
-        (None, or a :class:`~twisted.python.failure.Failure`).
+    :ivar answer: :data:`WAITING`, what the bus answered during the call
+        (None, or a :class:`~twisted.python.failure.Failure`), or
+        :data:`LATER` once :meth:`wait` was called.
     """
 
-    __slots__ = ("acks", "call", "answer", "waiting", "entry", "conn", "accepting")
+    __slots__ = ("acks", "answer", "entry", "conn", "accepting")
 
     def __init__(self, acks) -> None:
         """:param acks: the session's
             :class:`~tbmq.broker.publisher_acks.PublisherAcks`."""
         self.acks = acks
-        self.call = self._answered
         self.answer: Any = WAITING
-        self.waiting = False
-        self.entry: list | None = None
-        self.conn = None
-        self.accepting = None
 
-    def wait(self, entry: list | None, conn, accepting) -> None:
-        """The answer is for :meth:`PublisherAcks.published
-        <tbmq.broker.publisher_acks.PublisherAcks.published>`: the acknowledgement
-        ``entry`` (None at QoS 0) queued on ``conn`` for the publisher
-        connection ``accepting``."""
-        self.waiting = True
-        self.entry = entry
-        self.conn = conn
-        self.accepting = accepting
+    def wait(self, conn, qos: int, packet_id: int | None, link) -> None:
+        """The bus answers later (or refused during the call): the publish
+        is counted and its acknowledgement queued
+        (:meth:`PublisherAcks.pending
+        <tbmq.broker.publisher_acks.PublisherAcks.pending>`), and the answer
+        is for :meth:`PublisherAcks.published
+        <tbmq.broker.publisher_acks.PublisherAcks.published>`.
 
-    def _answered(self, failure=None) -> None:
+        :param conn: the publisher connection.
+        :param qos: the PUBLISH's QoS.
+        :param packet_id: its packet id (None at QoS 0).
+        :param link: the session's live link now."""
+        self.entry = self.acks.pending(conn, qos, packet_id)
+        self.conn = link
+        self.accepting = conn
+        self.answer = LATER
+
+    def __call__(self, failure=None) -> None:
         """:param failure: None (the bus holds the message), or a
             :class:`~twisted.python.failure.Failure` of a
             :class:`tbmq.errors.BusError`."""
-        if self.waiting:
-            self.waiting = False
-            self.call = None  # (no cycle left behind)
+        if self.answer is LATER:
             self.acks.published(failure, self.entry, self.conn, self.accepting)
         else:
             self.answer = failure

@@ -100,7 +100,10 @@ class PublisherAcks:
         # a QoS 1 one as its packet id: a PUBACK with success, unless
         # refused (_ack_refused)
         entry = [packet_id if qos == 1 else Pubrec(packet_id), False, False]
-        self.waiting().append(entry)
+        queue = self.queue
+        if not queue:  # (the check of waiting(), which makes the deque)
+            queue = self.waiting()
+        queue.append(entry)
         return entry
 
     def _accepted(self, value, conn):

@@ -374,7 +374,7 @@ class Session:
             done = PublishDone(self.publisher_acks())
         else:
             self._spare = None  # (a publish from inside this one takes another)
-        self.ctx.publish(message, done.call)
+        self.ctx.publish(message, done)
         answer = done.answer
         if answer is None:
             # held during the call: acknowledged now, and the done is reused
@@ -391,9 +391,9 @@ class Session:
                 done.acks.ack_when(None, Pubrec(packet.packet_id))
             return
         # the bus answers later (or refused it during the call)
-        done.wait(done.acks.pending(conn, qos, packet.packet_id), self.link, conn)
+        done.wait(conn, qos, packet.packet_id, self.link)
         if answer is not WAITING:
-            done.call(answer)
+            done(answer)
 
     def on_pubrel(self, packet: Pubrel) -> None:
         """PUBREL from the client ends an inbound QoS 2 flow with PUBCOMP;
