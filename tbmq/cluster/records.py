@@ -113,7 +113,6 @@ its properties packed a second time.
 from __future__ import annotations
 
 from itertools import product
-from operator import attrgetter
 from typing import Any
 
 from tbmq.cluster.record_codec import ARRAY_TYPES, VERSION, BytesCodec, RecordCodec, RecordUnion
@@ -322,24 +321,16 @@ def _read_message_v1(f: list) -> Message:
                    _opt_float(expires_at, "expires_at"))
 
 
-#: a message's fields, in the order of its array (read in C)
-_MESSAGE_FIELDS = attrgetter("topic", "payload", "qos", "retain", "properties", "publisher",
-                             "received_at", "expires_at")
-#: the exact types of those fields that :func:`_message_array` writes
-#: without a closer look (anything else: the field by field checks of
-#: :func:`_write_message`, which say what is wrong)
-_MESSAGE_TYPES = frozenset((str, bytes, int, bool, dict, str, float, expires)
-                           for expires in (float, type(None)))
-
-
 def _message_array(m: Message) -> tuple | None:
     wire = m.wire
     if wire is not None:  # read from the bus, or written once: its array (checked then)
         return wire
-    fields = _MESSAGE_FIELDS(m)
-    # every field's exact type in one C pass, not a test each
-    if tuple(map(type, fields)) in _MESSAGE_TYPES and 0 <= fields[2] <= 2:
-        topic, payload, qos, retain, props, publisher, received_at, expires_at = fields
+    topic, payload, qos, retain, props, publisher, received_at, expires_at = (
+        m.topic, m.payload, m.qos, m.retain, m.properties, m.publisher, m.received_at,
+        m.expires_at)
+    if (type(topic) is str and type(payload) is bytes and type(qos) is int and 0 <= qos <= 2
+            and type(retain) is bool and type(props) is dict and type(publisher) is str
+            and type(received_at) is float and (expires_at is None or type(expires_at) is float)):
         # kept: a message written again (its deliveries, when the node that
         # published it routes it: the Kafka bus's own records) is not
         # checked nor its properties packed a second time
@@ -398,20 +389,15 @@ def _read_delivery_v1(f: list) -> Delivery:
                     _int(seq, "seq"))
 
 
-#: a delivery's fields, in the order of its array (read in C)
-_DELIVERY_FIELDS = attrgetter("client_id", "message", "qos", "retain", "subscription_ids", "seq")
-#: their exact types that :func:`_delivery_array` writes without a closer look
-_DELIVERY_TYPES = (str, Message, int, bool, tuple, int)
-
-
 def _delivery_array(d: Delivery) -> list | None:
-    fields = _DELIVERY_FIELDS(d)
-    if tuple(map(type, fields)) == _DELIVERY_TYPES and 0 <= fields[2] <= 2:
-        client_id, message, qos, retain, ids, seq = fields
-        if not ids or _all_int(ids):
-            m = _message_array(message)
-            if m is not None:
-                return ["dlv", 1, client_id, m, qos, retain, ids, seq]
+    client_id, message, qos, retain, ids, seq = (
+        d.client_id, d.message, d.qos, d.retain, d.subscription_ids, d.seq)
+    if (type(client_id) is str and type(message) is Message and type(qos) is int
+            and 0 <= qos <= 2 and type(retain) is bool and type(ids) is tuple
+            and type(seq) is int and (not ids or _all_int(ids))):
+        m = _message_array(message)
+        if m is not None:
+            return ["dlv", 1, client_id, m, qos, retain, ids, seq]
     return None
 
 
