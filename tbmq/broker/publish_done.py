@@ -12,6 +12,11 @@ WAITING = object()
 #: :attr:`PublishDone.answer` once :meth:`PublishDone.wait` said what the
 #: later answer is for
 LATER = object()
+#: most answered dones a session keeps for its next publishes
+#: (:attr:`PublisherAcks.spares <tbmq.broker.publisher_acks.PublisherAcks.spares>`):
+#: a publisher whose messages the bus answers later (a persistent
+#: APPLICATION subscriber's topic log) makes no object per message
+KEPT = 1024
 
 
 class PublishDone:
@@ -23,7 +28,9 @@ class PublishDone:
     publish (nothing allocated when the bus holds a message during the
     call: the embedded hot path); called later, once :meth:`wait` said
     what for, it hands the answer to the session's acknowledgements
-    (:meth:`tbmq.broker.publisher_acks.PublisherAcks.published`).
+    (:meth:`tbmq.broker.publisher_acks.PublisherAcks.published`) and goes
+    to their :attr:`~tbmq.broker.publisher_acks.PublisherAcks.spares` for
+    a later publish.
 
     :ivar acks: the session's
         :class:`~tbmq.broker.publisher_acks.PublisherAcks`, which a later
@@ -63,6 +70,13 @@ class PublishDone:
             :class:`~twisted.python.failure.Failure` of a
             :class:`tbmq.errors.BusError`."""
         if self.answer is LATER:
-            self.acks.published(failure, self.entry, self.conn, self.accepting)
+            acks = self.acks
+            acks.published(failure, self.entry, self.conn, self.accepting)
+            # answered: kept for a later publish of the session (the bus calls
+            # a done once), up to KEPT of them
+            self.answer = WAITING
+            spares = acks.spares
+            if len(spares) < KEPT:
+                spares.append(self)
         else:
             self.answer = failure

@@ -371,7 +371,9 @@ class Session:
             hooks.message_published(self, message)
         done = self._spare
         if done is None:
-            done = PublishDone(self.publisher_acks())
+            acks = self.publisher_acks()
+            spares = acks.spares  # (answered later ones, kept for reuse)
+            done = spares.pop() if spares else PublishDone(acks)
         else:
             self._spare = None  # (a publish from inside this one takes another)
         self.ctx.publish(message, done)
