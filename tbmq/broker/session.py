@@ -371,7 +371,9 @@ class Session:
             hooks.message_published(self, message)
         done = self._spare
         if done is None:
-            acks = self.publisher_acks()
+            acks = self.acks
+            if acks is None:
+                acks = self.publisher_acks()
             spares = acks.spares  # (answered later ones, kept for reuse)
             done = spares.pop() if spares else PublishDone(acks)
         else:
