@@ -81,7 +81,9 @@ class PublisherAcks:
         """The connection is gone: its acknowledgements are void, and the
         spare dones go (an idle session keeps none)."""
         self.queue = ()
-        self.spares = []
+        spares, self.spares = self.spares, []
+        for done in spares:
+            done.close()
 
     def pending(self, conn, qos: int, packet_id: int | None) -> list | None:
         """A publish of ``conn`` that the bus did not answer during the call

@@ -378,7 +378,7 @@ class Session:
             done = spares.pop() if spares else PublishDone(acks)
         else:
             self._spare = None  # (a publish from inside this one takes another)
-        self.ctx.publish(message, done)
+        self.ctx.publish(message, done.call)
         answer = done.answer
         if answer is None:
             # held during the call: acknowledged now, and the done is reused
@@ -397,7 +397,7 @@ class Session:
         # the bus answers later (or refused it during the call)
         done.wait(conn, qos, packet.packet_id, self.link)
         if answer is not WAITING:
-            done(answer)
+            done.call(answer)
 
     def on_pubrel(self, packet: Pubrel) -> None:
         """PUBREL from the client ends an inbound QoS 2 flow with PUBCOMP;
