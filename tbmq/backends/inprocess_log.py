@@ -466,7 +466,8 @@ class QueuedRun(Waiter):
 
     :ivar group: the group's name.
     :ivar first: the offset of the first record.
-    :ivar end: the offset the next record must have to join the run, or
+    :ivar end: the offset the next record must have to join the run (its
+        ``done`` then appended to :attr:`dones`, and ``end`` moved on), or
         -1 once closed.
     :ivar dones: the ``done`` of each record from :attr:`first` on, None
         once called.
@@ -479,11 +480,6 @@ class QueuedRun(Waiter):
         self.group = group
         self.first = self.end = first
         self.dones: list = []
-
-    def add(self, done) -> None:
-        """The record at :attr:`end` joins the run with its ``done``."""
-        self.dones.append(done)
-        self.end += 1
 
     @property
     def done(self) -> bool:

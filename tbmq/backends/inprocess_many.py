@@ -91,7 +91,7 @@ class ManyPublishes:
             run = None  # a run per turn at most: its list goes once all are done
         if run is None or run.end != o:
             run = part.queued = QueuedRun(topic, member.group, o)
-        run.dones.append(done)  # (what QueuedRun.add does, without the call)
+        run.dones.append(done)  # it joins the run
         run.end = o + 1
         part.waiters[o] = run
         if len(part.entries) > self.retention_records:  # (the check of _retain)
