@@ -695,11 +695,13 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
                 self._read_again(member, p, cursor)
         waiters = state.parts[p].waiters
         if waiters:
-            name, pop = group.name, waiters.pop
-            for o in offsets:
-                waiter = pop(o, None)
-                if waiter is not None and not waiter.complete(name, True, o):
-                    waiters[o] = waiter  # other groups still to handle it
+            # each waiter settles the offsets of the batch that are its own
+            # (a QueuedRun: all of them at once)
+            name, get = group.name, waiters.get
+            o, end = offsets[0], offsets[-1] + 1
+            while o < end:
+                waiter = get(o)
+                o = o + 1 if waiter is None else waiter.complete_span(name, o, end, waiters)
         if deferred:
             limit = self.max_uncommitted
             if not member.busy and member.inflight < limit <= member.inflight + n:

@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 from tbmq.errors import BusClosedError, ConsumerFailedError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
-__all__ = ["Cursor", "Group", "Partition", "RangeWaiter", "TopicState", "Waiter"]
+__all__ = ["Cursor", "Group", "Partition", "QueuedRun", "RangeWaiter", "TopicState", "Waiter"]
 
 log = Logger(observer=LOG_OBSERVER)
 
@@ -46,13 +46,15 @@ class Partition:
     :ivar keys: compacted topics: key → offset of its last record; else None.
     :ivar tombstones: compacted topics: offsets of held tombstones, in order.
     :ivar waiters: offset → :class:`Waiter` of a publish not finished yet.
+    :ivar queued: the newest :class:`QueuedRun` of the partition, which
+        the next queued publish joins when it can, or None.
     :ivar logged_next: the offset after the last record given to the topic
         log (or read back from it): a group's commit beyond it covers only
         records the log never had (transient ones), and is not written.
     """
 
     __slots__ = ("index", "entries", "first", "next", "keys", "tombstones", "waiters",
-                 "logged_next")
+                 "logged_next", "queued")
 
     def __init__(self, index: int, compacted: bool = False) -> None:
         self.index = index
@@ -63,6 +65,7 @@ class Partition:
         self.tombstones: deque | None = deque() if compacted else None
         self.waiters: dict[int, Waiter] = {}
         self.logged_next = 0
+        self.queued: QueuedRun | None = None
 
     def append(self, key: str | None, value: Any, headers: tuple, decoded: Any = None) -> int:
         """Hold a record at the next offset; on a compacted partition the
@@ -345,6 +348,17 @@ class Waiter:
                     self._maybe_fire()
         return self.error is not None or not pending
 
+    def complete_span(self, group: str, start: int, end: int, waiters: dict) -> int:
+        """Group ``group`` handled the records from ``start`` to ``end`` -
+        1 with success (a batch), ``start`` this waiter's: :meth:`complete`
+        for ``start``, whose entry leaves ``waiters`` when no group waits
+        for it any more.
+
+        :returns: ``start + 1``, the next offset to look at."""
+        if self.complete(group, True, start):
+            waiters.pop(start, None)
+        return start + 1
+
     def close(self) -> None:
         """The bus stopped before the record was handled."""
         if not self.done:
@@ -436,6 +450,98 @@ class RangeWaiter(Waiter):
             if offset in offsets:
                 return False
         return True
+
+
+class QueuedRun(Waiter):
+    """The outcomes of publishes to a topic of one group whose member takes
+    batches, queued while it was busy
+    (:meth:`InProcessBus._queued <tbmq.backends.inprocess_bus.InProcessBus>`):
+    records at consecutive offsets from ``first``, each with its own
+    ``done``, under one object (registered at each of their offsets in
+    :attr:`Partition.waiters`), not a :class:`Waiter` and a set each.
+    Each record is done once the group handled it (its ``done`` called
+    with None, or a :class:`~twisted.python.failure.Failure` of
+    :class:`~tbmq.errors.ConsumerFailedError` when the handler failed), or
+    when the run is closed (:class:`~tbmq.errors.BusClosedError`).
+
+    :ivar group: the group's name.
+    :ivar first: the offset of the first record.
+    :ivar end: the offset the next record must have to join the run (its
+        ``done`` then appended to :attr:`dones`, and ``end`` moved on), or
+        -1 once closed.
+    :ivar dones: the ``done`` of each record from :attr:`first` on, None
+        once called.
+    """
+
+    __slots__ = ("first", "end", "dones", "group")
+
+    def __init__(self, topic: str, group: str, first: int) -> None:
+        super().__init__(topic, set())
+        self.group = group
+        self.first = self.end = first
+        self.dones: list = []
+
+    @property
+    def done(self) -> bool:
+        return self.error is not None or not any(self.dones)
+
+    def complete(self, group: str, ok: bool, offset: int | None = None) -> bool:
+        """Group ``group`` handled the record at ``offset``: its ``done``
+        is called (another group's answer changes nothing).
+
+        :returns: True: no group waits for that record any more."""
+        if group == self.group and offset is not None:
+            self._call(offset, offset + 1, ok)
+        return True
+
+    def complete_span(self, group: str, start: int, end: int, waiters: dict) -> int:
+        """Group ``group`` handled the records from ``start`` to ``end`` -
+        1 with success (a batch), ``start`` one of this run's: those of
+        them that are this run's are done at once, and leave ``waiters``
+        (:attr:`Partition.waiters`).
+
+        :returns: the offset after the last of them that is this run's."""
+        stop = self.first + len(self.dones)
+        if stop > end:
+            stop = end
+        if group == self.group:
+            # their entries leave in C, then each done is called
+            deque(map(waiters.pop, range(start, stop), repeat(None)), 0)
+            self._call(start, stop, True)
+        return stop
+
+    def _call(self, start: int, stop: int, ok: bool) -> None:
+        """Tell the ``done`` of the records from ``start`` to ``stop`` - 1
+        not told yet (``ok``: their group handled them well)."""
+        dones = self.dones
+        lo, hi = start - self.first, stop - self.first
+        if lo < 0:
+            lo = 0
+        told = dones[lo:hi]
+        dones[lo:hi] = repeat(None, len(told))
+        outcome = None if ok else Failure(ConsumerFailedError(
+            f"{self.topic}: the handler of consumer group {self.group!r} failed; "
+            "the record is not committed for it", group=self.group))
+        for done in told:
+            if done is not None:
+                try:
+                    done(outcome)
+                except Exception:
+                    log.failure("in-process bus: the outcome of a publish to {topic} "
+                                "could not be reported", topic=self.topic)
+
+    def close(self) -> None:
+        """The bus stopped (or the topic went) before the records were
+        handled: every ``done`` not called yet is told."""
+        if self.error is not None:
+            return
+        self.end = -1
+        self.error = BusClosedError(f"{self.topic}: the bus stopped before every "
+                                    "consumer group handled the record")
+        dones, self.dones = self.dones, []
+        for done in dones:
+            if done is not None:
+                self._tell(done, Failure(self.error))
 
 
 class TopicState:

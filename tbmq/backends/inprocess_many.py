@@ -13,7 +13,7 @@ from typing import Callable
 
 from twisted.python.failure import Failure
 
-from tbmq.backends.inprocess_log import RangeWaiter, Waiter
+from tbmq.backends.inprocess_log import QueuedRun, RangeWaiter
 from tbmq.backends.topic_records import RecordRun
 from tbmq.cluster.completion import publish_each
 from tbmq.errors import RecordEncodingError
@@ -80,13 +80,20 @@ class ManyPublishes:
         partition, one group, held as objects) whose member takes batches
         (the router of ``tbmq.msg.all``) while records wait for its
         results: what the general path does there, in one step: the record
-        is held with one :class:`~.inprocess_log.Waiter` for the group and
-        handed with the others from the next turn (``done`` once the
-        group's result for it fired)."""
+        is held, its ``done`` joins the partition's
+        :class:`~.inprocess_log.QueuedRun` (one object for a run of such
+        records, not a waiter each), and it is handed with the others from
+        the next turn (``done`` once the group's result for it fired)."""
         o = part.append(key, value, headers)
-        part.waiters[o] = Waiter(topic, {member.group}, done)
+        run = part.queued
         if member.scheduled is None:  # (once per turn: the checks of _schedule)
             self._schedule(member)
+            run = None  # a run per turn at most: its list goes once all are done
+        if run is None or run.end != o:
+            run = part.queued = QueuedRun(topic, member.group, o)
+        run.dones.append(done)  # it joins the run
+        run.end = o + 1
+        part.waiters[o] = run
         if len(part.entries) > self.retention_records:  # (the check of _retain)
             self._retain(member.state, part)
 

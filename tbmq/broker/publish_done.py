@@ -9,28 +9,41 @@ from typing import Any
 
 #: :attr:`PublishDone.answer` until the bus calls it
 WAITING = object()
+#: :attr:`PublishDone.answer` once :meth:`PublishDone.wait` said what the
+#: later answer is for
+LATER = object()
+#: most answered dones a session keeps for its next publishes
+#: (:attr:`PublisherAcks.spares <tbmq.broker.publisher_acks.PublisherAcks.spares>`):
+#: a publisher whose messages the bus answers later (a persistent
+#: APPLICATION subscriber's topic log) makes no object per message
+KEPT = 1024
 
 
 class PublishDone:
     """The ``done`` of one publish of a :class:`~tbmq.broker.session.Session` (see
     :meth:`tbmq.interfaces.IMessageBus.publish`): its bound method
-    :attr:`call`, kept so that passing and calling it costs no allocation.
-    Called during the publish, it keeps the answer for the session to act
-    on at once, and the session reuses it for its next publish (nothing
-    allocated when the bus holds a message during the call: the embedded
-    hot path); called later, once :meth:`wait` said what for, it hands the
-    answer to the session's acknowledgements
-    (:meth:`tbmq.broker.publisher_acks.PublisherAcks.published`).
+    :attr:`call`, kept so that passing and calling it costs no allocation
+    (a bound method is called faster than an object with ``__call__``).
+    Called during the publish, it keeps the answer for the
+    session to act on at once, and the session reuses it for its next
+    publish (nothing allocated when the bus holds a message during the
+    call: the embedded hot path); called later, once :meth:`wait` said
+    what for, it hands the answer to the session's acknowledgements
+    (:meth:`tbmq.broker.publisher_acks.PublisherAcks.published`) and goes
+    to their :attr:`~tbmq.broker.publisher_acks.PublisherAcks.spares` for
+    a later publish.
 
     :ivar acks: the session's
         :class:`~tbmq.broker.publisher_acks.PublisherAcks`, which a later
         answer goes to.
-    :ivar call: ``call(failure=None)``: the ``done`` given to the bus.
-    :ivar answer: :data:`WAITING`, or what the bus answered during the call
-        (None, or a :class:`~twisted.python.failure.Failure`).
+    :ivar call: ``call(failure=None)``: the ``done`` given to the bus
+        (None once :meth:`close` d).
+    :ivar answer: :data:`WAITING`, what the bus answered during the call
+        (None, or a :class:`~twisted.python.failure.Failure`), or
+        :data:`LATER` once :meth:`wait` was called.
     """
 
-    __slots__ = ("acks", "call", "answer", "waiting", "entry", "conn", "accepting")
+    __slots__ = ("acks", "call", "answer", "entry", "conn", "accepting")
 
     def __init__(self, acks) -> None:
         """:param acks: the session's
@@ -38,28 +51,41 @@ class PublishDone:
         self.acks = acks
         self.call = self._answered
         self.answer: Any = WAITING
-        self.waiting = False
-        self.entry: list | None = None
-        self.conn = None
-        self.accepting = None
 
-    def wait(self, entry: list | None, conn, accepting) -> None:
-        """The answer is for :meth:`PublisherAcks.published
-        <tbmq.broker.publisher_acks.PublisherAcks.published>`: the acknowledgement
-        ``entry`` (None at QoS 0) queued on ``conn`` for the publisher
-        connection ``accepting``."""
-        self.waiting = True
-        self.entry = entry
-        self.conn = conn
-        self.accepting = accepting
+    def close(self) -> None:
+        """Not to be used any more: the cycle of :attr:`call` is broken
+        (the spares of a connection that ended)."""
+        self.call = None
+
+    def wait(self, conn, qos: int, packet_id: int | None, link) -> None:
+        """The bus answers later (or refused during the call): the publish
+        is counted and its acknowledgement queued
+        (:meth:`PublisherAcks.pending
+        <tbmq.broker.publisher_acks.PublisherAcks.pending>`), and the answer
+        is for :meth:`PublisherAcks.published
+        <tbmq.broker.publisher_acks.PublisherAcks.published>`.
+
+        :param conn: the publisher connection.
+        :param qos: the PUBLISH's QoS.
+        :param packet_id: its packet id (None at QoS 0).
+        :param link: the session's live link now."""
+        self.entry = self.acks.pending(conn, qos, packet_id)
+        self.conn = link
+        self.accepting = conn
+        self.answer = LATER
 
     def _answered(self, failure=None) -> None:
         """:param failure: None (the bus holds the message), or a
             :class:`~twisted.python.failure.Failure` of a
             :class:`tbmq.errors.BusError`."""
-        if self.waiting:
-            self.waiting = False
-            self.call = None  # (no cycle left behind)
-            self.acks.published(failure, self.entry, self.conn, self.accepting)
+        if self.answer is LATER:
+            acks = self.acks
+            acks.published(failure, self.entry, self.conn, self.accepting)
+            # answered: kept for a later publish of the session (the bus calls
+            # a done once), up to KEPT of them
+            self.answer = WAITING
+            spares = acks.spares
+            if len(spares) < KEPT:
+                spares.append(self)
         else:
             self.answer = failure

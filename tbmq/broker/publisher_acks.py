@@ -52,12 +52,15 @@ class PublisherAcks:
         is a success with no properties (no packet object per message).
     :ivar unaccepted: publishes handed to the bus and not answered yet
         (counted by :meth:`pending`, uncounted by :meth:`published`).
+    :ivar spares: answered :class:`~tbmq.broker.publish_done.PublishDone`
+        objects, reused by the session's next publishes (at most
+        :data:`~tbmq.broker.publish_done.KEPT`; dropped at :meth:`detach`).
     :ivar reading_paused: True while the connection stops reading because
         of them (past ``mqtt.max_pending_messages``, or a QoS 0 one held
         back by a consumer), until half of them are answered.
     """
 
-    __slots__ = ("session", "queue", "unaccepted", "reading_paused")
+    __slots__ = ("session", "queue", "unaccepted", "reading_paused", "spares")
 
     def __init__(self, session) -> None:
         self.session = session
@@ -65,6 +68,7 @@ class PublisherAcks:
         self.queue: deque[list] | tuple = ()
         self.unaccepted = 0
         self.reading_paused = False
+        self.spares: list = []
 
     def attach(self) -> None:
         """A new connection: the acknowledgements pending for the old one
@@ -74,8 +78,12 @@ class PublisherAcks:
         self.reading_paused = False
 
     def detach(self) -> None:
-        """The connection is gone: its acknowledgements are void."""
+        """The connection is gone: its acknowledgements are void, and the
+        spare dones go (an idle session keeps none)."""
         self.queue = ()
+        spares, self.spares = self.spares, []
+        for done in spares:
+            done.close()
 
     def pending(self, conn, qos: int, packet_id: int | None) -> list | None:
         """A publish of ``conn`` that the bus did not answer during the call
@@ -100,7 +108,10 @@ class PublisherAcks:
         # a QoS 1 one as its packet id: a PUBACK with success, unless
         # refused (_ack_refused)
         entry = [packet_id if qos == 1 else Pubrec(packet_id), False, False]
-        self.waiting().append(entry)
+        queue = self.queue
+        if not queue:  # (the check of waiting(), which makes the deque)
+            queue = self.waiting()
+        queue.append(entry)
         return entry
 
     def _accepted(self, value, conn):

@@ -165,10 +165,11 @@ class Gathered:
         the other class too (where a message of that class
         finds a record of another QoS and is classified again): only the
         newest record of a client grows, so its messages keep their order.
-        A client that is not written to a live session here (none here, or
-        a persistent one at QoS 1/2) is classified once per batch and
-        QoS class (its class cannot change while the batch is routed: the
-        registry and the sessions change in other reactor calls); its later
+        A client that is not written to at once (no session here, or a
+        persistent one at QoS 1/2: an APPLICATION client's topic, a
+        DEVICE's store) is classified once per batch and QoS class (its
+        class cannot change while the batch is routed: the registry and
+        the sessions change in other reactor calls); its later
         deliveries are appended to the group found, or its messages to the
         run when they have the run's QoS, RETAIN flag and subscription
         identifiers (else a new run starts, so the client's messages keep

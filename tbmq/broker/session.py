@@ -371,7 +371,11 @@ class Session:
             hooks.message_published(self, message)
         done = self._spare
         if done is None:
-            done = PublishDone(self.publisher_acks())
+            acks = self.acks
+            if acks is None:
+                acks = self.publisher_acks()
+            spares = acks.spares  # (answered later ones, kept for reuse)
+            done = spares.pop() if spares else PublishDone(acks)
         else:
             self._spare = None  # (a publish from inside this one takes another)
         self.ctx.publish(message, done.call)
@@ -391,7 +395,7 @@ class Session:
                 done.acks.ack_when(None, Pubrec(packet.packet_id))
             return
         # the bus answers later (or refused it during the call)
-        done.wait(done.acks.pending(conn, qos, packet.packet_id), self.link, conn)
+        done.wait(conn, qos, packet.packet_id, self.link)
         if answer is not WAITING:
             done.call(answer)
 

@@ -237,6 +237,21 @@ def _encode_many(name: str, values: Any, writers: dict, encode: Callable[[Any], 
     :raises RecordEncodingError: as ``encode``, naming ``name``."""
     packer = _thread_packer()
     pack = packer.pack
+    if len(set(map(type, values))) == 1:
+        # one class (a batch of one topic's records): the arrays written and
+        # packed by map, no bytecode per value but the writer's own
+        write = writers.get(type(values[0]))
+        if write is not None:
+            try:
+                arrays = list(map(write, values))
+                if None not in arrays:
+                    out = list(map(pack, arrays))
+                    if max(map(len, out)) >= _PACKER_KEPT_BELOW and \
+                            getattr(_packers, "packer", None) is packer:
+                        del _packers.packer  # its buffer grew: let it go
+                    return out
+            except Exception:
+                pass  # one by one below: each value's own error
     out = []
     append = out.append
     for value in values:

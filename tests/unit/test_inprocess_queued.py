@@ -1,0 +1,104 @@
+"""The publishes queued for a busy member that takes batches
+(:class:`tbmq.backends.inprocess_log.QueuedRun`): one object for a turn's
+run of them, each ``done`` told once, with its own outcome."""
+
+from __future__ import annotations
+
+from twisted.internet import defer
+from twisted.internet.task import Clock
+
+from tbmq.backends.inprocess_bus import InProcessBus
+from tbmq.backends.inprocess_log import QueuedRun
+from tbmq.errors import BusClosedError, ConsumerFailedError
+
+
+def _busy_bus(batch_result):
+    """A bus whose one member (a batch handler) is busy with a first record
+    (its handler's Deferred not fired), so that what follows is queued.
+
+    :param batch_result: ``values -> result`` of the batch handler.
+    :returns: ``(bus, clock, first, batches)``: ``first`` the first
+        record's Deferred, ``batches`` the values of each batch handed."""
+    clock = Clock()
+    bus = InProcessBus(clock=clock)
+    bus.start()
+    first = defer.Deferred()
+    batches = []
+
+    def batch(values):
+        batches.append(values)
+        return batch_result(values)
+
+    bus.subscribe("t", "g", lambda record: first, batch_handler=batch)
+    clock.advance(0)
+    bus.publish("t", "k", "first", (), lambda failure: None)
+    return bus, clock, first, batches
+
+
+def _queue(bus, n):
+    outcomes = {}
+    for i in range(n):
+        bus.publish("t", "k", i, (), lambda failure, i=i: outcomes.setdefault(i, []).append(failure))
+    return outcomes
+
+
+def test_a_turns_queued_publishes_share_one_run_and_each_is_told_once():
+    bus, clock, first, batches = _busy_bus(lambda values: None)
+    outcomes = _queue(bus, 5)
+    assert outcomes == {}
+    first.callback(None)
+    clock.advance(0)
+    assert batches == [[0, 1, 2, 3, 4]]
+    assert outcomes == {i: [None] for i in range(5)}
+
+
+def test_a_failed_batch_tells_each_of_its_publishes_the_group_failed():
+    bus, clock, first, batches = _busy_bus(lambda values: defer.fail(RuntimeError("no")))
+    outcomes = _queue(bus, 3)
+    first.callback(None)
+    clock.advance(0)
+    assert sorted(outcomes) == [0, 1, 2]
+    for (failure,) in outcomes.values():
+        assert failure.check(ConsumerFailedError)
+
+
+def test_a_stopped_bus_tells_the_queued_publishes_once():
+    bus, clock, first, batches = _busy_bus(lambda values: None)
+    outcomes = _queue(bus, 3)
+    bus.stop()
+    assert sorted(outcomes) == [0, 1, 2]
+    for (failure,) in outcomes.values():
+        assert failure.check(BusClosedError)
+
+
+def test_publishes_of_two_turns_are_each_told_when_their_batch_is_handled():
+    handed = []
+    bus, clock, first, batches = _busy_bus(lambda values: handed.append(defer.Deferred())
+                                           or handed[-1])
+    one = _queue(bus, 2)
+    first.callback(None)
+    clock.advance(0)  # the first two handed, their batch not done yet
+    two = _queue(bus, 2)
+    clock.advance(0)  # handed too: a second batch in flight
+    assert batches == [[0, 1], [0, 1]] and one == {} and two == {}
+    handed[0].callback(None)
+    assert one == {0: [None], 1: [None]} and two == {}
+    handed[1].callback(None)
+    assert two == {0: [None], 1: [None]}
+
+
+def test_a_run_settles_the_span_of_a_batch_that_is_its_own():
+    told = []
+    run = QueuedRun("t", "g", 10)
+    for i in range(3):
+        run.dones.append(lambda failure, i=i: told.append((i, failure)))
+    run.end = 13
+    waiters = {10: run, 11: run, 12: run, 13: "another"}
+    assert run.complete_span("other", 10, 14, waiters) == 13  # another group: nothing
+    assert told == [] and len(waiters) == 4
+    assert run.complete_span("g", 11, 14, waiters) == 13
+    assert told == [(1, None), (2, None)] and waiters == {10: run, 13: "another"}
+    assert run.complete("g", False, 10) is True
+    assert told[2][0] == 0 and told[2][1].check(ConsumerFailedError)
+    run.close()  # nothing left to tell
+    assert len(told) == 3 and run.done
