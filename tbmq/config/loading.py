@@ -217,6 +217,7 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "session_timeout_ms": _range(1000),
         "heartbeat_interval_ms": _range(100),
         "request_timeout_ms": _range(1000),
+        "statistics_interval_ms": _range(0),
     },
     AuthConfig: {
         "credentials": _one_of("sqlite", "postgres", "memory"),

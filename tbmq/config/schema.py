@@ -555,6 +555,11 @@ class KafkaConfig:
         >= 100.
     :ivar request_timeout_ms: milliseconds a produce or admin request may
         take before it fails, >= 1000.
+    :ivar statistics_interval_ms: milliseconds between two log lines of
+        librdkafka's latency figures per client and broker (its
+        ``statistics.interval.ms``: round trip, time in its queue, time
+        waiting behind a request in flight), >= 0; 0 (the default): none.
+        The confluent driver only.
     :ivar enable_topic_deletion: TBMQ's ``queue.kafka.enable-topic-deletion``:
         when the session of a persistent APPLICATION client ends (expired,
         or removed), the node that ends it deletes its
@@ -579,6 +584,7 @@ class KafkaConfig:
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000
     request_timeout_ms: int = 30000
+    statistics_interval_ms: int = 0
     enable_topic_deletion: bool = True
 
 

@@ -20,6 +20,7 @@ times kafka-python's throughput.
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any, Callable
 
@@ -34,7 +35,7 @@ from tbmq_plugins.kafka import drivers
 from tbmq_plugins.kafka.describe import assemble, state_name
 from tbmq_plugins.kafka.drivers import RawRecord, TopicSpec
 
-__all__ = ["LOCATES", "Admin", "Producer", "SharedClient"]
+__all__ = ["LOCATES", "Admin", "Producer", "SharedClient", "Statistics"]
 
 #: The producer tells where an acknowledged record landed (a ``done`` whose
 #: ``located`` is True gets ``where``): the bus may hand this node's records
@@ -60,9 +61,53 @@ class _LibrdkafkaLog:
 
 _LOG = _LibrdkafkaLog()
 
+#: librdkafka's windows of one broker that :class:`Statistics` logs (µs).
+WINDOWS = (("rtt", "rtt"), ("queue", "int_latency"), ("behind", "outbuf_latency"))
 
-def _common(config: Any) -> dict:
+
+class Statistics:
+    """librdkafka's ``stats_cb`` (``kafka.statistics_interval_ms``): once
+    per interval, one info log line per broker a client talked to, with
+    the p50 and p99 in milliseconds of librdkafka's windows since the
+    previous line: ``rtt`` (request to answer; for a consumer's fetch it
+    includes the fetch wait), ``queue`` (a record's time in the
+    producer's queue before its request, ``linger.ms`` included) and
+    ``behind`` (a request's wait for the one in flight on its
+    connection), and ``n``, the requests answered.  Called in a thread of
+    librdkafka's client (a poll); it blocks nothing.
+
+    :param client: ``"producer"`` or the consumer's group id, in each line.
+    """
+
+    def __init__(self, client: str) -> None:
+        self.client = client
+
+    def __call__(self, text: str) -> None:
+        try:
+            brokers = json.loads(text)["brokers"].values()
+        except (ValueError, KeyError, AttributeError, TypeError):
+            return  # not librdkafka's statistics: nothing to say
+        for broker in brokers:
+            if broker.get("nodeid", -1) < 0 or not broker.get("rtt", {}).get("cnt"):
+                continue  # the bootstrap entry, or nothing answered in the window
+            figures = " ".join(
+                f"{name} {window.get('p50', 0) / 1000:.2f}/{window.get('p99', 0) / 1000:.2f}"
+                for name, window in ((n, broker.get(key) or {}) for n, key in WINDOWS))
+            log.info("Kafka client {client}, broker {broker}: {figures} ms (p50/p99), "
+                     "n {n}", client=self.client, broker=broker.get("name"),
+                     figures=figures, n=broker["rtt"]["cnt"])
+
+
+def _common(config: Any, client: str | None = None) -> dict:
+    """librdkafka's settings of every client; ``client`` (a producer's or
+    a consumer's name) adds its statistics when
+    ``kafka.statistics_interval_ms`` asks for them."""
+    statistics = {}
+    if client is not None and config.statistics_interval_ms > 0:
+        statistics = {"statistics.interval.ms": config.statistics_interval_ms,
+                      "stats_cb": Statistics(client)}
     return {
+        **statistics,
         "bootstrap.servers": config.bootstrap_servers,
         "client.id": "tbmq",
         "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
@@ -76,7 +121,7 @@ def _common(config: Any) -> dict:
 
 def _consumer_config(config: Any, group: str, on_error: Callable) -> dict:
     return {
-        **_common(config),
+        **_common(config, group),
         "group.id": group,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -186,7 +231,7 @@ class Producer(drivers.Producer):
         self._put = acks.put
         self._timeout = config.request_timeout_ms / 1000.0
         self._producer = _Producer({
-            **_common(config),
+            **_common(config, "producer"),
             "acks": config.acks,
             "linger.ms": config.linger_ms,
             "request.timeout.ms": config.request_timeout_ms,
