@@ -233,7 +233,10 @@ class JobThread:
                 outcome = (True, f(*args))
             except BaseException:
                 outcome = (False, Failure())
-            on_result(*outcome)
+            try:
+                on_result(*outcome)
+            except BaseException:  # as Twisted's pool: logged, the thread goes on
+                log.failure("SQLite database job's result handler failed")
             del on_result, f, args, outcome  # nothing of a job outlives it while the thread waits
 
 

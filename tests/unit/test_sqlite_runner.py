@@ -403,3 +403,22 @@ def test_job_thread_runs_jobs_in_order_and_leaves_no_cyclic_garbage():
     thread.callInThreadWithCallback(lambda ok, r: outcomes.append(r), int, "7")
     thread.stop()
     assert outcomes[-1] == 7
+
+
+def test_job_thread_survives_a_result_handler_that_raises():
+    """A result handler that raises is logged and the thread runs the next
+    job (as Twisted's pool does): the database thread of a node never dies
+    silently."""
+    from tbmq.backends.sqlite_runner import JobThread  # noqa: PLC0415
+
+    outcomes: list = []
+
+    def broken(ok, result):
+        raise RuntimeError("handler")
+
+    thread = JobThread("test-jobs-raise")
+    thread.start()
+    thread.callInThreadWithCallback(broken, int, "1")
+    thread.callInThreadWithCallback(lambda ok, r: outcomes.append((ok, r)), int, "2")
+    thread.stop()
+    assert outcomes == [(True, 2)]
