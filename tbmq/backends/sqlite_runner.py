@@ -48,6 +48,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from tbmq.backends.sqlite_bulk import bind_as_is
 from tbmq.errors import BackendError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
@@ -495,6 +496,7 @@ class SQLiteRunner:
             os.makedirs(directory, exist_ok=True)
             if self.private and not os.path.exists(self.path):
                 os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        bind_as_is()  # bytes and None bound without the adapter protocol's misses
         conn = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False,
             timeout=self.busy_timeout,

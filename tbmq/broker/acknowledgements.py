@@ -45,7 +45,11 @@ def on_puback(session, packet) -> None:
     outbox.complete(packet_id)
     if outbox.ctx.hooks.wants_delivered:
         outbox.ctx.hooks.message_delivered(session, delivery.message, 1)
-    if outbox.queue or outbox.paged_out or (outbox.holder is not None and outbox.holder.holding):
+    # a pump has nothing to do while a paged-out session's next page is
+    # being read (its read-ahead, most of a drain): the read pumps when done
+    if outbox.queue or (outbox.holder is not None and outbox.holder.holding) or (
+            outbox.paged_out and (outbox.slow or outbox.reader is None
+                                  or not outbox.reader.loading)):
         outbox.pump()
 
 

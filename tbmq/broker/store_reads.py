@@ -181,12 +181,7 @@ class StoreReader:
             # the store was read (its removal was called after the read)
             if self.outbox.inflight:
                 seen = seen.union(d.seq for d in self.outbox.inflight.values())
-            for delivery in deliveries:
-                if delivery.seq in seen:
-                    if delivery.seq > self.outbox._last_seq:
-                        self.outbox._last_seq = delivery.seq
-                    continue
-                self._take(delivery)
+            self._take_page(deliveries, seen)
             if len(deliveries) < limit:
                 self.outbox.paged_out = False
                 arrived, self.arrived = self.arrived, ()
@@ -289,6 +284,39 @@ class StoreReader:
         self.arrived = ()
         self.outbox.paged_out = True
         self.page_in()
+
+    def _take_page(self, deliveries: list[StoredDelivery], seen: set[int]) -> None:
+        """Put the deliveries of a page read from the store (in ``seq``
+        order) where their states say, skipping those in ``seen``: the
+        queued ones (most of a page) go to the end of the queue in one
+        pass, their sizes summed once; one in flight before is resent
+        (:meth:`_take`) in its place among them."""
+        outbox = self.outbox
+        queue = None
+        last = outbox._last_seq
+        size = 0
+        for delivery in deliveries:
+            seq = delivery.seq
+            if seq in seen:
+                if seq > last:
+                    last = seq
+                continue
+            if delivery.state or delivery.packet_id is not None:  # not QUEUED: as _take
+                outbox._last_seq = last
+                outbox.queued_bytes += size
+                size = 0
+                self._take(delivery)
+                last = outbox._last_seq
+                continue
+            if seq > last:
+                last = seq
+            if queue is None:
+                queue = outbox._queue_to_fill()
+            queue.append(delivery)
+            message = delivery.message
+            size += len(message.payload) + len(message.topic) + MESSAGE_OVERHEAD
+        outbox._last_seq = last
+        outbox.queued_bytes += size
 
     def _take(self, delivery: StoredDelivery) -> None:
         """Put a delivery read from the store where its state says."""

@@ -284,3 +284,21 @@ def test_a_page_too_big_for_one_value_is_read_row_by_row(tmp_path):
     selects = [s for s in statements if s.startswith("SELECT") and "json_each('[1]')" not in s]
     assert len(selects) == 2 and "group_concat" in selects[0] and "group_concat" not in selects[1]
     store.stop()
+
+
+def test_bytes_and_none_bind_through_registered_adapters(tmp_path):
+    """An open store file has adapters for ``bytes`` and ``None`` in
+    ``sqlite3.adapters`` (each value bound without the adapter protocol's
+    misses, :func:`tbmq.backends.sqlite_bulk.bind_as_is`); the values are
+    stored as before: a BLOB and NULLs, read back equal."""
+    store = sync_store(tmp_path)
+    fired(store.start())
+    protocol = sqlite3.PrepareProtocol
+    assert (bytes, protocol) in sqlite3.adapters and (type(None), protocol) in sqlite3.adapters
+    stored = delivery(1, message=message("t", b"\x00\xffpayload"))
+    fired(store.deliveries.add("c", [stored]))
+    conn = store.runner._conn
+    assert conn.execute("SELECT typeof(message), typeof(subscription_ids), typeof(packet_id) "
+                        "FROM deliveries").fetchone() == ("blob", "null", "null")
+    assert fired(store.deliveries.load("c")) == [stored]
+    store.stop()
