@@ -29,6 +29,7 @@ def reader(name: str, store: Store, reads: PageReads):
     outbox = SimpleNamespace(
         log=SimpleNamespace(failures=[], failure=lambda *a, **k: outbox.log.failures.append(a)),
         client_id=name, link=link, queue_limit=100, _last_seq=0, inflight={}, paged_out=True,
+        queued_bytes=0,
         ctx=SimpleNamespace(device_store=store, page_reads=reads),
         _remove_completed=lambda: None, pump=lambda: None, _queue_to_fill=list)
     return StoreReader(outbox)
