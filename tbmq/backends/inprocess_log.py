@@ -524,11 +524,7 @@ class QueuedRun(Waiter):
             "the record is not committed for it", group=self.group))
         for done in told:
             if done is not None:
-                try:
-                    done(outcome)
-                except Exception:
-                    log.failure("in-process bus: the outcome of a publish to {topic} "
-                                "could not be reported", topic=self.topic)
+                self._tell(done, outcome)
 
     def close(self) -> None:
         """The bus stopped (or the topic went) before the records were

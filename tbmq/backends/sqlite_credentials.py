@@ -393,7 +393,7 @@ class SQLiteCredentialStore(RunnerView):
         stat = self._turn_stat
         if stat is None:
             stat = self._stat()
-            later = getattr(self.runner.thread.reactor, "callLater", None)
+            later = getattr(self.runner.reactor, "callLater", None)
             if later is not None and stat is not None:
                 self._turn_stat = stat
                 later(0, self._turn_over)

@@ -410,6 +410,12 @@ class SQLiteRunner:
         """True between a successful :meth:`start` and :meth:`stop`."""
         return self._state == _RUNNING
 
+    @property
+    def reactor(self) -> Any:
+        """The reactor that receives this runner's results (its
+        :class:`DatabaseThread`'s)."""
+        return self.thread.reactor
+
     def start(self) -> defer.Deferred:
         """Open the file and create or migrate the attached schemas
         (:meth:`tbmq.interfaces.IBackend.start`).  Idempotent: a second call

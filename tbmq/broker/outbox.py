@@ -39,7 +39,7 @@ from twisted.logger import Logger
 from tbmq.backends.deliveries import update_many
 from tbmq.broker.holding import NO_SOURCES, SourceHolds
 from tbmq.broker.sent_states import SentStates
-from tbmq.broker.store_reads import MESSAGE_OVERHEAD, StoreReader, delivery_size
+from tbmq.broker.store_reads import StoreReader, delivery_size
 from tbmq.broker.topic_aliases import TopicAliases
 from tbmq.broker.traffic import LATENCY_BOUNDS
 from tbmq.cluster.completion import Progress
@@ -634,8 +634,7 @@ class Outbox:
             # (it is the shared empty mapping until then)
             while queue and len(self.inflight) < window and not conn.paused:
                 delivery = queue.popleft()
-                message = delivery.message  # its delivery_size, without the call
-                self.queued_bytes -= len(message.payload) + len(message.topic) + MESSAGE_OVERHEAD
+                self.queued_bytes -= delivery_size(delivery)
                 if not self._send(delivery, None, now, conn, False):
                     self._finished(delivery)
         if self.paged_out:

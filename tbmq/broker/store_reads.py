@@ -313,8 +313,7 @@ class StoreReader:
             if queue is None:
                 queue = outbox._queue_to_fill()
             queue.append(delivery)
-            message = delivery.message
-            size += len(message.payload) + len(message.topic) + MESSAGE_OVERHEAD
+            size += delivery_size(delivery)
         outbox._last_seq = last
         outbox.queued_bytes += size
 
