@@ -160,6 +160,15 @@ class BasicIndex:
         """:returns: True when some MQTT_BASIC credentials have that lookup key."""
         return credentials_id in self._present
 
+    def keys_of(self, client_id: str, username: str | None) -> list[str]:
+        """:returns: the lookup keys of a client (:func:`credentials_ids`)
+        that some credentials have, most specific first; none, and no key
+        made, when the store holds no MQTT_BASIC credentials."""
+        present = self._present
+        if not present:
+            return []
+        return [key for key in credentials_ids(client_id, username) if key in present]
+
     def knows(self, client_id: str, username: str | None) -> bool:
         """:returns: True when some credentials with a client id and a user
         name name ``client_id`` or ``username``."""
@@ -186,21 +195,14 @@ class BasicAuth:
         if index is None:
             index = self._indexes[store] = BasicIndex(store)
         if index.current_now():
-            keys = self._keys(index, request)
+            keys = index.keys_of(request.client_id, request.username)
             if not keys:
                 return self._unknown(index, request)
             return defer.ensureDeferred(self._authenticate(request, index, keys))
         return index.current().addCallback(self._indexed, index, request)
 
-    @staticmethod
-    def _keys(index: BasicIndex, request) -> list[str]:
-        """The lookup keys of ``request``'s client that some credentials
-        have, most specific first (only those are looked up)."""
-        return [key for key in credentials_ids(request.client_id, request.username)
-                if index.has(key)]
-
     def _indexed(self, _, index: BasicIndex, request):
-        keys = self._keys(index, request)
+        keys = index.keys_of(request.client_id, request.username)
         if not keys:
             return self._unknown(index, request)
         return defer.ensureDeferred(self._authenticate(request, index, keys))

@@ -218,14 +218,19 @@ class LoginGuard:
             CONNECT is to be refused with that code, else :meth:`done` must
             be called once it is decided (or its connection is gone).
         """
-        attempt = Attempt(host, client_id, username, checks=self.checks)
+        # (positional: a dataclass called with a keyword builds a dict)
+        attempt = Attempt(host, client_id, username, False, False, None, "", False, False,
+                          False, self.checks)
+        banning = bool(self._bans)
+        if not (costly or banning):
+            return attempt  # nothing banned and no check to hold a place for
         now = self.clock.seconds()
-        if self._banned(("c", client_id), now):
+        if banning and self._banned(("c", client_id), now):
             return self._refuse(attempt, BANNED, "client id banned")
         who = (host, client_id, username)
         logged_in = self._trusted.get(who)
         trusted = logged_in is not None and now - logged_in < TRUSTED_FOR
-        if not trusted and self._banned(("a", host), now) and (
+        if not trusted and banning and self._banned(("a", host), now) and (
                 self._failed(("c", client_id), now) or self._failed(("u", username), now)):
             return self._refuse(attempt, BANNED, "address banned")
         if costly:
