@@ -730,8 +730,9 @@ class Outbox:
             self.paged_out = True
             self.store_reader().start(marker)
             return
-        for delivery in list(self.inflight.values()):
-            self._resend(delivery)
+        if self.inflight:  # (a new session's is the shared empty mapping)
+            for delivery in list(self.inflight.values()):
+                self._resend(delivery)
         self.pump()
 
     def store_reader(self) -> StoreReader:

@@ -63,6 +63,9 @@ class ConnectionContext:
     :ivar blocked: the :class:`tbmq.cluster.blocked.BlockedClients`, or None.
     :ivar unauthorized: the :class:`tbmq.cluster.unauthorized.UnauthorizedLog`,
         or None.
+    :ivar deadlines: the :class:`~tbmq.broker.deadlines.Deadlines` of
+        ``clock`` (:func:`~tbmq.broker.deadlines.deadlines_for`), asked once
+        for the node's connections; None: each connection asks for it.
     """
 
     clock: Any
@@ -78,6 +81,7 @@ class ConnectionContext:
     limits: Any = None
     blocked: Any = None
     unauthorized: Any = None
+    deadlines: Any = None
 
 
 #: broker → (its LoginGuard, its LogThrottle of lines before CONNECT): one
@@ -98,7 +102,8 @@ def guarded_context(broker) -> ConnectionContext:
         node = _NODE_GUARDS[broker] = (
             LoginGuard(limits, clock, PasswordChecks(limits.check_threads, reactor)),
             LogThrottle(clock, MQTTProtocol.log, "connections closed before CONNECT"))
-    return dataclasses.replace(ctx, guard=node[0], before_connect_log=node[1])
+    return dataclasses.replace(ctx, guard=node[0], before_connect_log=node[1],
+                               deadlines=deadlines_for(ctx.clock))
 
 
 @implementer(interfaces.IPushProducer)
@@ -136,7 +141,8 @@ class MQTTProtocol(protocol.Protocol):
         self.connected = 0
         self.factory = None
         self.ctx = ctx
-        self._deadlines = deadlines_for(ctx.clock)
+        deadlines = ctx.deadlines
+        self._deadlines = deadlines if deadlines is not None else deadlines_for(ctx.clock)
         #: the connect timeout or the keep alive's end, seconds of the clock,
         #: or None; kept with :meth:`setTimeout` (see :class:`~tbmq.broker.deadlines.Deadlines`)
         self.deadline: float | None = None

@@ -638,6 +638,9 @@ class Session:
         """After CONNACK: resend in-flight deliveries and send the queue; a
         persistent APPLICATION session reads its own topic again, a
         persistent DEVICE session writes its attach marker."""
+        if not self.persistent:  # neither: the outbox alone
+            self.outbox.resume(False)
+            return
         marker = self._uses_device_store()
         self.outbox.resume(marker)
         if self.reads_application_topics() and not self.app_consumers:
