@@ -269,8 +269,11 @@ class LoginGuard:
         if attempt.finished or attempt.refusal is not None:
             return
         attempt.finished = True
+        costly = attempt.costly
+        if not (costly or failed):
+            return  # it held no place and leaves no trace
         who = (attempt.host, attempt.client_id, attempt.username)
-        if attempt.costly:
+        if costly:
             host = attempt.host
             if attempt.trusted:
                 self._trusted_checks.discard(who)
