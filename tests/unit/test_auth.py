@@ -106,6 +106,21 @@ def test_basic_by_client_id_and_client_type():
     assert h.broker.sessions.sessions["dev-1"].client_type is ClientType.APPLICATION
 
 
+def test_basic_credentials_saved_after_anonymous_logins_are_found():
+    """Anonymous clients connect while the store holds no MQTT_BASIC
+    credentials (no lookup key is made for them); credentials saved later
+    authenticate the next CONNECT that matches them."""
+    h = harness(allow_anonymous=True)
+    first = h.client("dev-1", 5, clean_start=False, properties={Property.SESSION_EXPIRY_INTERVAL: 60})
+    assert first.connack.reason_code == 0
+    assert h.broker.sessions.sessions["dev-1"].client_type is ClientType.DEVICE
+    first.lose()
+    basic(h, username=None, client_id="dev-1", password=None, client_type=ClientType.APPLICATION)
+    c = h.client("dev-1", 5, clean_start=False, properties={Property.SESSION_EXPIRY_INTERVAL: 60})
+    assert c.connack.reason_code == 0
+    assert h.broker.sessions.sessions["dev-1"].client_type is ClientType.APPLICATION
+
+
 def test_anonymous_setting():
     h = harness(allow_anonymous=True)
     assert h.client("anon", 5).connack.reason_code == 0

@@ -273,6 +273,28 @@ def test_a_trusted_client_is_trusted_for_a_day_and_until_it_fails():
     assert g.admit("10.0.0.1", "dev", "u", costly=True).refusal == 0x89
 
 
+def test_a_login_without_a_check_leaves_nothing_but_a_ban_still_refuses_it():
+    """A CONNECT without a password holds no place and leaves no trace
+    while nothing is banned; once its client id is banned, or its address
+    with a failure of its client id, it is refused as a costly one is."""
+    from twisted.internet import task
+
+    clock = task.Clock()
+    g = LoginGuard(LoginLimitsConfig(max_failures_per_client_id=5, max_failures_per_address=1),
+                   clock)
+    free = g.admit("10.0.0.1", "dev", None, costly=False)
+    assert free.refusal is None and not free.costly
+    g.done(free, False)
+    assert not g._trusted and not g._in_flight and g.in_flight == 0 and not g._failures
+    g.done(g.admit("10.0.0.1", "dev", None, costly=True), True)  # bans the address
+    assert g.admit("10.0.0.1", "dev", None, costly=False).refusal == 0x8A
+    assert g.admit("10.0.0.1", "other", None, costly=False).refusal is None
+    assert g.admit("10.0.0.2", "dev", None, costly=False).refusal is None
+    by_id = LoginGuard(LoginLimitsConfig(max_failures_per_client_id=1), clock)
+    by_id.done(by_id.admit("10.0.0.1", "dev", None, costly=True), True)  # bans "dev"
+    assert by_id.admit("10.0.0.2", "dev", None, costly=False).refusal == 0x8A
+
+
 # -- 10. memory before login -------------------------------------------------------------
 
 ANNOUNCE_256MB = bytes([0x10, 0xFF, 0xFF, 0xFF, 0x7F])
