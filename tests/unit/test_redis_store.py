@@ -510,7 +510,7 @@ def test_loads_of_one_turn_go_in_the_turns_batch_and_each_gets_its_page():
     assert calls[0] == [b"l", b"-inf", b"", 10]
     assert calls[1] == [b"l", b"7", b"%019d" % 7, 10] and calls[2][0] == b"a"
     assert pages == {}
-    page_a = msgpack.packb(["%019d" % 3, "", "0", encode_delivery("a", delivery(3))])
+    page_a = msgpack.packb([f"{3:019d}", "", "0", encode_delivery("a", delivery(3))])
     d.callback([page_a, b"\x90", 0])
     assert pages == {"a": [3], "b": []}
     alone = store.load("c")
