@@ -89,6 +89,40 @@ local function remove(queue, members)
 end
 """
 
+# The read, shared by LOAD and WRITE_BATCH: a page of ``queue`` after
+# ``after`` (see LOAD), as one msgpack array.
+_LOAD = b"""
+local function load(queue, low, after, want)
+    local out = {}
+    while want ~= 0 do
+        local n = 1000
+        if want > 0 and want < n then n = want end
+        local ties = 0
+        if after ~= '' then ties = redis.call('ZCOUNT', queue, low, low) end
+        local page = redis.call('ZRANGEBYSCORE', queue, low, '+inf', 'WITHSCORES',
+                                'LIMIT', 0, n + ties)
+        for i = 1, #page, 2 do
+            local member = page[i]
+            if want ~= 0 and (after == '' or member > after) then
+                local v = redis.call('HMGET', queue .. '_' .. member, 'd', 'p', 's')
+                if v[1] then
+                    out[#out + 1] = member
+                    out[#out + 1] = v[2]
+                    out[#out + 1] = v[3]
+                    out[#out + 1] = v[1]
+                    if want > 0 then want = want - 1 end
+                else
+                    redis.call('ZREM', queue, member)
+                end
+                after, low = member, page[i + 1]
+            end
+        end
+        if #page < 2 * (n + ties) then break end  -- WITHSCORES: two items a member
+    end
+    return cmsgpack.pack(out)
+end
+"""
+
 #: KEYS[1] the sorted set; ARGV[1] the per-client limit (0: none), ARGV[2]
 #: the TTL in seconds (0: none), ARGV[3] one msgpack array of five strings
 #: per delivery: member, score, record, packet id, state (msgpack's str type
@@ -104,13 +138,16 @@ return add(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), cmsgpack.unpack(ARGV[3
 #: once), ARGV[1] and ARGV[2] as for :data:`ADD`, ARGV[3] one msgpack array
 #: holding, per key, a write: ``["a", items]`` an add (``items`` as
 #: :data:`ADD`'s ARGV[3]), ``["u", member, packet id, state]`` an update as
-#: :data:`UPDATE`, ``["r", members]`` a removal as :data:`REMOVE`.  Runs
-#: them in KEYS order (so each client's writes stay in call order) and
-#: returns the array of their results (an add's trim count, 0 otherwise).
-#: One call for the writes a connection got in one reactor turn: Redis then
-#: runs one script instead of one per write.  Its keys are those of many
+#: :data:`UPDATE`, ``["r", members]`` a removal as :data:`REMOVE`, ``["l",
+#: low, after, want]`` a read as :data:`LOAD` (its ARGV).  Runs them in KEYS
+#: order (so each client's calls stay in call order: a read sees the writes
+#: called before it, not those called after) and returns the array of their
+#: results (an add's trim count, a read's msgpack array, 0 otherwise).
+#: One call for the writes and reads a connection got in one reactor turn
+#: (a burst of resumed sessions reads its stores in one call): Redis then
+#: runs one script instead of one per call.  Its keys are those of many
 #: clients: it suits one Redis server, not a Redis Cluster (CROSSSLOT).
-WRITE_BATCH = Script("write_batch", _WRITES + b"""
+WRITE_BATCH = Script("write_batch", _WRITES + _LOAD + b"""
 local limit, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 local writes = cmsgpack.unpack(ARGV[3])
 local out = {}
@@ -121,6 +158,8 @@ for k = 1, #KEYS do
         out[k] = add(queue, limit, ttl, write[2])
     elseif write[1] == 'u' then
         update(queue, write[2], write[3], write[4])
+    elseif write[1] == 'l' then
+        out[k] = load(queue, write[2], write[3], tonumber(write[4]))
     else
         remove(queue, write[2])
     end
@@ -173,36 +212,8 @@ return n
 #: one bulk string instead of four per delivery), dropping the members of
 #: expired messages on the way (as TBMQ's GET_MESSAGES_SCRIPT) and reading
 #: on past them, so that a page is short only at the end of the queue.
-LOAD = Script("load", b"""
-local queue = KEYS[1]
-local low, after, want = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local out = {}
-while want ~= 0 do
-    local n = 1000
-    if want > 0 and want < n then n = want end
-    local ties = 0
-    if after ~= '' then ties = redis.call('ZCOUNT', queue, low, low) end
-    local page = redis.call('ZRANGEBYSCORE', queue, low, '+inf', 'WITHSCORES',
-                            'LIMIT', 0, n + ties)
-    for i = 1, #page, 2 do
-        local member = page[i]
-        if want ~= 0 and (after == '' or member > after) then
-            local v = redis.call('HMGET', queue .. '_' .. member, 'd', 'p', 's')
-            if v[1] then
-                out[#out + 1] = member
-                out[#out + 1] = v[2]
-                out[#out + 1] = v[3]
-                out[#out + 1] = v[1]
-                if want > 0 then want = want - 1 end
-            else
-                redis.call('ZREM', queue, member)
-            end
-            after, low = member, page[i + 1]
-        end
-    end
-    if #page < 2 * (n + ties) then break end  -- WITHSCORES: two items a member
-end
-return cmsgpack.pack(out)
+LOAD = Script("load", _LOAD + b"""
+return load(KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]))
 """)
 
 #: Every script, loaded on each connection before it is used.

@@ -125,8 +125,9 @@ class RedisDeviceMessageStore:
         self._running = False
         self._healthy = True
         self._pending: set[defer.Deferred] = set()
-        #: connection index -> the writes not sent yet: [(key, write, waiter)],
-        #: a write as :data:`~tbmq_plugins.redis_scripts.WRITE_BATCH` takes it
+        #: connection index -> the writes and reads not sent yet:
+        #: [(key, write, waiter)], each as
+        #: :data:`~tbmq_plugins.redis_scripts.WRITE_BATCH` takes it
         self._batches: dict[int, list] = {}
         #: the connection indexes with a batch of writes in flight
         self._busy: set[int] = set()
@@ -249,13 +250,14 @@ class RedisDeviceMessageStore:
         return d.addBoth(finished)
 
     def _write(self, client_id: str, write: list) -> defer.Deferred:
-        """Queue ``write`` (see :data:`~tbmq_plugins.redis_scripts.WRITE_BATCH`)
-        into its connection's batch, sent at the end of this reactor turn,
-        or when the connection's batch in flight is answered.
+        """Queue ``write``, a write or a read (see
+        :data:`~tbmq_plugins.redis_scripts.WRITE_BATCH`), into its
+        connection's batch, sent at the end of this reactor turn, or when
+        the connection's batch in flight is answered.
 
-        :returns: a Deferred firing with the write's result (an add's trim
-            count, else 0) once Redis ran the batch, or failing as
-            :meth:`_run`'s."""
+        :returns: a Deferred firing with its result (an add's trim count, a
+            read's msgpack array, else 0) once Redis ran the batch, or
+            failing as :meth:`_run`'s."""
         if not self._running:
             return defer.fail(BackendError("Redis device store is not running"))
         waiter: defer.Deferred = defer.Deferred()
@@ -288,6 +290,8 @@ class RedisDeviceMessageStore:
                 script, args = scripts.ADD, head + [msgpack.packb(write[1], use_bin_type=False)]
             elif write[0] == "u":
                 script, args = scripts.UPDATE, write[1:]
+            elif write[0] == "l":
+                script, args = scripts.LOAD, write[1:]
             else:
                 script, args = scripts.REMOVE, write[1]
             d = self._send(index, script, (key,), args)
@@ -424,7 +428,11 @@ class RedisDeviceMessageStore:
 
     def load(self, client_id: str, after_seq: int | None = None,
              limit: int | None = None) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.load`.
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.load`: the
+        read joins the writes of this reactor turn to the client's
+        connection, in call order (one script call for the turn's reads
+        and writes of a connection: the reads of a burst of resumed
+        sessions cost one call, not one each).
 
         :param client_id: the persistent session's client id.
         :param after_seq: only deliveries with a greater ``seq``; all when
@@ -440,12 +448,12 @@ class RedisDeviceMessageStore:
         except (TypeError, ValueError):
             return defer.fail()
         if after_seq is None or after_seq < 0:
-            args = ["-inf", "", -1 if limit is None else limit]
+            read = ["l", "-inf", "", -1 if limit is None else limit]
         elif after_seq >= SEQ_END - 1:
-            args = ["+inf", "", 0]  # nothing can follow: still in order with the writes
+            read = ["l", "+inf", "", 0]  # nothing can follow: still in order with the writes
         else:
-            args = [str(after_seq), _member(after_seq), -1 if limit is None else limit]
-        return self._run(client_id, scripts.LOAD, args).addCallback(_deliveries)
+            read = ["l", str(after_seq), _member(after_seq), -1 if limit is None else limit]
+        return self._write(client_id, read).addCallback(_deliveries)
 
     def count(self, client_id: str) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.count`

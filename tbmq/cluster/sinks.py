@@ -296,6 +296,13 @@ class PersistedWriter:
 
         :param values: :class:`~tbmq.cluster.records.Delivery` and
             :class:`~tbmq.cluster.records.SessionMarker`, in order.
+        The attach markers passed on to other nodes at once (nothing of
+        their client being stored) go together: those to one node in one
+        ``publish_many`` (one outcome, a part of the batch's), sent before
+        the next write of the batch and at its end, so every publish keeps
+        its place in the batch's order (a burst of persistent CONNECTs
+        costs one publish per node and batch, not a Deferred per marker).
+
         :returns: a :class:`~tbmq.cluster.completion.Completion` of the
             writes and of what they sent on (the records are committed,
             and on the in-process bus the publishers acknowledged, once
@@ -303,18 +310,23 @@ class PersistedWriter:
         """
         pending = Completion()
         groups: dict[str, list] = {}
+        passing: dict[str, tuple[list, list]] = {}
         for d in values:
             if type(d) is SessionMarker:
                 group = groups.pop(d.client_id, None)
                 if group is not None:
+                    if passing:
+                        self._pass_on_many(passing, pending)
                     self._write(d.client_id, group, pending)
-                _settle(self._marker(d), pending)
+                _settle(self._marker(d, passing), pending)
                 continue
             group = groups.get(d.client_id)
             if group is None:
                 groups[d.client_id] = [d]
             else:
                 group.append(d)
+        if passing:
+            self._pass_on_many(passing, pending)
         for client_id, group in groups.items():
             self._write(client_id, group, pending)
         return pending
@@ -379,12 +391,16 @@ class PersistedWriter:
         if new is None:
             self.attached.pop(client_id, None)
 
-    def _marker(self, marker: SessionMarker):
+    def _marker(self, marker: SessionMarker, passing: dict | None = None):
         """Follow ``marker``: a detach forgets the connection (unless a
         newer one attached meanwhile); an attach locates the client on its
         node and, once every delivery of the client handled before it is
         stored, is passed on to the session there.
 
+        :param passing: service id → ``(client ids, markers)`` to pass on
+            to that node (:meth:`_pass_on_many`): an attach marker of
+            another node with nothing of its client being stored is added
+            there instead of published now; None: published now.
         :returns: None, or a Deferred that fires once the marker is passed on.
         """
         client_id = marker.client_id
@@ -400,9 +416,31 @@ class PersistedWriter:
                       session_id=marker.session_id, node=marker.service_id,
                       storing=len(storing) if storing else 0)
         if not storing:
+            if passing is not None and marker.service_id != self.service_id:
+                to = passing.get(marker.service_id)
+                if to is None:
+                    passing[marker.service_id] = ([client_id], [marker])
+                else:
+                    to[0].append(client_id)
+                    to[1].append(marker)
+                return None
             return self._pass_on(marker)
         # DeferredList leaves each store's result to its own chain
         return defer.DeferredList(list(storing)).addCallback(lambda _: self._pass_on(marker))
+
+    def _pass_on_many(self, passing: dict, pending: Completion) -> None:
+        """Publish the attach markers gathered in ``passing`` (service id →
+        ``(client ids, markers)``, emptied) on each node's persisted
+        downlink, in order, one ``publish_many`` per node where the bus has
+        it, each outcome a part of ``pending``."""
+        publish_many = getattr(self.bus, "publish_many", None)
+        for service_id, (keys, markers) in passing.items():
+            topic = self.downlink_topic(service_id)
+            if publish_many is not None:
+                publish_many(topic, keys, markers, pending.part())
+            else:
+                publish_each(self.bus.publish, topic, keys, markers, pending.part())
+        passing.clear()
 
     def _pass_on(self, marker: SessionMarker):
         if marker.service_id != self.service_id:

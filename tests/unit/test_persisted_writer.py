@@ -279,3 +279,70 @@ def test_an_attach_marker_builds_no_log_event_below_debug(monkeypatch):
         assert [e["session_id"] for e in events] == ["conn-2"]
     finally:
         log.set_log_level("info")
+
+
+class ManyBus(Bus):
+    """A bus with ``publish_many``: each call noted in ``published`` (in
+    order with the single publishes) as ``(topic, keys, values)``, its
+    ``done`` kept for the test to call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dones: list = []
+
+    def publish_many(self, topic, keys, values, done):
+        self.published.append((topic, list(keys), list(values)))
+        self.dones.append(done)
+
+
+def test_the_attach_markers_of_a_batch_go_to_each_node_in_one_publish():
+    """A burst of persistent CONNECTs elsewhere: the attach markers of one
+    batch with nothing of their client being stored go to each node in
+    one ``publish_many`` (in order), one for this node's session goes to
+    it; the batch is done once those publishes are."""
+    w = World()
+    w.bus = w.writer.bus = ManyBus()
+    here = w.sessions["d"] = Session("conn-d")
+    done = w.writer.handle_batch([SessionMarker("a", "node-y", "conn-a", True),
+                                  SessionMarker("c", "node-z", "conn-c", True),
+                                  SessionMarker("b", "node-y", "conn-b", True),
+                                  SessionMarker("d", "node-w", "conn-d", True)])
+    assert [(topic, keys, [m.session_id for m in markers])
+            for topic, keys, markers in w.bus.published] == [
+        ("downlink.node-y", ["a", "b"], ["conn-a", "conn-b"]),
+        ("downlink.node-z", ["c"], ["conn-c"])]
+    assert here.attached == ["conn-d"]
+    assert not done.complete
+    w.bus.dones[0](None)
+    assert not done.complete
+    w.bus.dones[1](None)
+    assert done.succeeded
+
+
+class StoredAtOnce(Store):
+    """A device store whose adds complete during the call (an in-memory one)."""
+
+    def add(self, client_id, deliveries):
+        self.adds.append((client_id, deliveries, None))
+        return defer.succeed(0)
+
+
+def test_gathered_markers_go_before_a_later_write_of_the_batch():
+    """With a store that answers at once, a delivery after a marker is sent
+    on during the batch: the marker gathered before it is published
+    first, so the node gets them in the batch's order."""
+    w = World()
+    w.store = w.writer.store = StoredAtOnce()
+    w.bus = w.writer.bus = ManyBus()
+    w.registry["a"] = None
+    done = w.writer.handle_batch([SessionMarker("a", "node-y", "conn-1", True),
+                                  Delivery("a", Message("t", b"a1", 1), 1),
+                                  SessionMarker("a", "node-z", "conn-2", True),
+                                  Delivery("a", Message("t", b"a2", 1), 1)])
+    sent = [(p[0], [m.session_id for m in p[2]]) if type(p[1]) is list
+            else (p[0], p[2].message.payload) for p in w.bus.published]
+    assert sent == [("downlink.node-y", ["conn-1"]), ("downlink.node-y", b"a1"),
+                    ("downlink.node-z", ["conn-2"]), ("downlink.node-z", b"a2")]
+    for d in w.bus.dones:
+        d(None)
+    assert done.succeeded

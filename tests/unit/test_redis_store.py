@@ -22,6 +22,7 @@ from twisted.internet import defer, task
 from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 
+from tbmq.backends.deliveries import encode_delivery
 from tbmq.cluster.records import DELIVERY
 from tbmq.config import load_config
 from tbmq.errors import BackendError
@@ -465,8 +466,9 @@ def test_adds_of_one_turn_go_as_one_call_and_each_fires_after_the_reply():
 
 def test_adds_wait_for_the_batch_in_flight_and_other_calls_keep_their_order():
     """While a batch is in flight, later writes wait and go together when
-    it is answered; a load called after writes waiting in a batch sends
-    that batch first, so Redis runs them in call order."""
+    it is answered; a load joins the writes waiting in the batch, after
+    them (Redis runs them in call order); a count called after them sends
+    that batch first."""
     store, protocol, clock = _held_store()
     store.add("a", [delivery(1)])
     clock.advance(0)
@@ -480,10 +482,42 @@ def test_adds_wait_for_the_batch_in_flight_and_other_calls_keep_their_order():
     store.add("d", [delivery(4)])
     store.update("d", 4, 9, DeliveryState.SENT)
     store.load("d")
-    assert [c[0] for c in protocol.calls] == ["add", "write_batch", "write_batch", "load"]
-    assert [w[0] for w in msgpack.unpackb(protocol.calls[2][2][2], raw=True)] == [b"a", b"u"]
+    store.count("d")
+    assert [c[0] for c in protocol.calls] == ["add", "write_batch", "write_batch", "count"]
+    assert [w[0] for w in msgpack.unpackb(protocol.calls[2][2][2], raw=True)] == [
+        b"a", b"u", b"l"]
     protocol.calls[1][3].callback([0, 0])
     assert [d.called for d in later] == [True, True]
+
+
+def test_loads_of_one_turn_go_in_the_turns_batch_and_each_gets_its_page():
+    """Reads of several clients in one reactor turn, between writes: one
+    WRITE_BATCH at its end, in call order, and each load gets its own
+    page from the batch's reply (a read alone goes as LOAD)."""
+    store, protocol, clock = _held_store()
+    pages: dict = {}
+    loads = {c: store.load(c, after_seq=after, limit=10)
+             for c, after in (("a", None), ("b", 7))}
+    store.add("a", [delivery(9)])
+    for c, d in loads.items():
+        d.addCallback(lambda found, c=c: pages.__setitem__(c, [x.seq for x in found]))
+    assert protocol.calls == []
+    clock.advance(0)
+    [(name, keys, args, d)] = protocol.calls
+    assert name == "write_batch"
+    assert keys == ("p:{a}_messages", "p:{b}_messages", "p:{a}_messages")
+    calls = msgpack.unpackb(args[2], raw=True)
+    assert calls[0] == [b"l", b"-inf", b"", 10]
+    assert calls[1] == [b"l", b"7", b"%019d" % 7, 10] and calls[2][0] == b"a"
+    assert pages == {}
+    page_a = msgpack.packb([f"{3:019d}", "", "0", encode_delivery("a", delivery(3))])
+    d.callback([page_a, b"\x90", 0])
+    assert pages == {"a": [3], "b": []}
+    alone = store.load("c")
+    clock.advance(0)
+    assert protocol.calls[-1][0] == "load" and protocol.calls[-1][2] == ["-inf", "", -1]
+    protocol.calls[-1][3].callback(b"\x90")
+    assert alone.result == []
 
 
 def test_a_failed_batch_fails_every_add_in_it_and_only_them():
@@ -523,3 +557,25 @@ def test_batched_adds_keep_each_clients_order_in_redis(open_store, redis_url, re
     assert [(d.seq, d.packet_id, d.state) for d in loaded] == [
         (2, None, DeliveryState.QUEUED), (3, 7, DeliveryState.SENT)]
     assert [d.seq for d in store.load("y")] == [3]
+
+
+def test_a_batched_load_sees_the_writes_called_before_it_and_not_after(
+        open_store, redis_url, reactor_thread):
+    """Loads in one reactor turn with writes of their clients around them
+    (one script call in Redis): each load's page holds what was written
+    before it in the turn, not what came after; a client of the other
+    connection reads its own page."""
+    store = open_store(redis_url, pool_size=2)
+
+    def turn():
+        target = store.target
+        calls = [target.add("x", [delivery(1), delivery(2)]), target.remove("x", [1]),
+                 target.load("x"), target.add("x", [delivery(3)]),
+                 target.add("y", [delivery(5)]), target.load("y", after_seq=5),
+                 target.load("x", after_seq=2, limit=1)]
+        return defer.gatherResults(calls)
+
+    results = reactor_thread.call(turn)
+    assert [d.seq for d in results[2]] == [2]
+    assert results[5] == [] and [d.seq for d in results[6]] == [3]
+    assert [d.seq for d in store.load("x")] == [2, 3]
