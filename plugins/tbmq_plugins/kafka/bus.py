@@ -482,8 +482,13 @@ class KafkaBus:
         except RecordEncodingError as e:
             done(Failure(e))
             return
-        key_bytes = [None if key is None else key.encode("utf-8", "surrogatepass")
-                     for key in keys]
+        first = keys[0] if keys else None
+        if first is not None and keys.count(first) == len(keys):
+            # one key (a client's deliveries, an APPLICATION topic's): encoded once
+            key_bytes = [first.encode("utf-8", "surrogatepass")] * len(keys)
+        else:
+            key_bytes = [None if key is None else key.encode("utf-8", "surrogatepass")
+                         for key in keys]
         partitions = self._placed.get(topic) if topic in self._ready else None
         if partitions is None:  # not ready, or not placed here
             if not data:
