@@ -4,8 +4,9 @@ A *driver* (``kafka.driver``) wraps one client library behind three
 objects; the bus and the consumer loop only ever talk to these:
 
 * :class:`Admin` creates topics (blocking; the bus's worker thread);
-* :class:`Producer` sends records: :meth:`Producer.send` is called in the
-  reactor thread and never blocks, its outcome is reported (from the
+* :class:`Producer` sends records: :meth:`Producer.send` (one record) and
+  :meth:`Producer.send_many` (several, one outcome) are called in the
+  reactor thread and never block, their outcomes are reported (from the
   client's own thread) to an :class:`~.bridge.AckBatcher`;
 * :class:`SharedClient` is one consumer client of one group over several
   topics, owned by one consumer thread (:class:`~.loop.SharedLoop`): it
