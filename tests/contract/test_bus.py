@@ -1087,3 +1087,24 @@ def test_a_member_taking_its_own_records_gets_each_once_in_partition_order(env):
         assert mine == sorted(mine)
     offsets = [o for o, _ in got if o is not None]
     assert offsets == sorted(set(offsets))
+
+
+def test_publish_many_to_an_application_topic_has_one_outcome_and_keeps_the_order(env):
+    """The router's deliveries to a persistent APPLICATION client
+    (``publish_many`` to ``tbmq.msg.app.<clientId>``, one record each):
+    one ``done`` per call, once every record is durable, before the topic
+    exists and after; the reader gets them in order."""
+    bus = env.bus()
+    topic = env.catalogue.app("many")
+    got: list = []
+    consumer = env.subscribe(bus, topic, "many", collector(got), exclusive=True)
+    env.run(consumer.caught_up)
+    message = Message("a/b", b"x", 1)
+    outcomes: list = []
+    for start, n in ((0, 3), (3, 40), (43, 1)):
+        deliveries = [r.Delivery("many", message, 1, seq=start + i) for i in range(n)]
+        env.call(bus.publish_many, topic, ["many"] * n, deliveries, outcomes.append)
+        env.wait_until(lambda: len(got) >= start + n)
+    env.settle()
+    assert outcomes == [None, None, None]  # once each
+    assert [rec.value.seq for rec in got] == list(range(44))

@@ -26,7 +26,7 @@ from tbmq_plugins.kafka import drivers
 from tbmq_plugins.kafka.bridge import AckBatcher
 from tbmq_plugins.kafka.bus import KafkaBus, kafka_group, topic_spec
 from tbmq_plugins.kafka.consumer import SLICE, KafkaConsumer, Track
-from tbmq_plugins.kafka.drivers import RawRecord
+from tbmq_plugins.kafka.drivers import RawRecord, Reports
 
 
 class QueueReactor(Clock):
@@ -463,6 +463,16 @@ class FakeProducer:
             raise BufferError("queue full")
         self.driver.sent.append((topic, key, value, headers, deferred))
         self.driver.partitions.append(partition)
+
+    def send_many(self, topic, keys, values, done) -> None:
+        reports = Reports(self.acks.put, done, len(keys))
+        if self.driver.refuse_send:
+            reports.refused(len(keys), "queue full")
+            return
+        report = reports.report  # each record's done: its report
+        self.driver.sent.extend([(topic, key, value, (), report)
+                                 for key, value in zip(keys, values)])
+        self.driver.partitions.extend([None] * len(keys))
 
     def prepare(self, topic) -> int:
         self.driver.prepared.append(topic)

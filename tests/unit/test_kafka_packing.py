@@ -7,6 +7,7 @@ contract suite checks the same on Tansu with both drivers."""
 
 from __future__ import annotations
 
+import threading
 import zlib
 
 import msgpack
@@ -18,7 +19,7 @@ from tbmq.cluster import records as r
 from tbmq.cluster.completion import Completion, Progress
 from tbmq.errors import BusClosedError, BusPublishError, RecordEncodingError
 from tbmq.model import Message
-from tbmq_plugins.kafka import packing
+from tbmq_plugins.kafka import drivers, packing
 from tbmq_plugins.kafka.consumer import KafkaConsumer
 from tbmq_plugins.kafka.drivers import RawRecord
 from tests.unit.test_kafka_bus import FakeBus, FakeDriver, FakeLoop, fired, started
@@ -589,3 +590,69 @@ def test_a_record_of_a_run_that_does_not_decode_fails_alone_after_those_before_i
     assert consumer.loop.commits == [(0, 1)]  # the bad one holds the partition there
     consumer.bus.clock.advance(1.0)
     assert consumer.loop.seeks == [(0, 1)]
+
+
+# -- several records with one outcome, placed by the client (an APPLICATION client's topic) --
+
+def test_reports_put_one_outcome_after_the_last_record_with_the_first_error():
+    put: list = []
+    reports = drivers.Reports(lambda done, error: put.append((done, error)), "d", 3)
+    reports.delivered(None, object())
+    reports.report("timed out")
+    assert put == []  # one record not reported yet
+    reports.report("later")
+    assert put == [("d", "timed out")]  # once, the first error
+    ok: list = []
+    one = drivers.Reports(lambda done, error: ok.append((done, error)), "e", 2)
+    one.report()
+    one.refused(1, "queue full")
+    assert ok == [("e", "queue full")]
+
+
+def test_reports_from_two_threads_put_once():
+    """The client's thread and the reactor (a refusal) may report at the
+    same time: exactly one report is the last."""
+    for _ in range(20):
+        put: list = []
+        n = 20_000
+        reports = drivers.Reports(lambda done, error: put.append(error), None, 2 * n)
+        other = threading.Thread(target=lambda: [reports.report() for _ in range(n)])
+        other.start()
+        reports.refused(n, "refused")
+        other.join()
+        assert put == ["refused"]
+
+
+def test_publish_many_to_a_topic_the_client_places_is_one_send_many_with_one_outcome():
+    driver = FakeDriver()
+    bus, reactor = started(driver)
+    topic = bus.catalogue.app("app-1")
+    ready = bus._when_ready(topic)
+    reactor.wait(lambda: ready.called)
+    message = Message("a", b"x", 1)
+    outcomes: list = []
+    bus.publish_many(topic, ["app-1"] * 3, [r.Delivery("app-1", message, 1, seq=i)
+                                            for i in range(3)], outcomes.append)
+    assert [r.DELIVERY.decode(s[2]).seq for s in driver.sent] == [0, 1, 2]  # at once, in order
+    assert driver.partitions == [None] * 3 and {s[1] for s in driver.sent} == {b"app-1"}
+    for s in driver.sent:
+        reactor.drain()
+        assert outcomes == []  # one done, once all three are acknowledged
+        s[4]()
+    reactor.wait(lambda: outcomes)
+    assert outcomes == [None]
+    driver.sent.clear()
+    failed: list = []
+    bus.publish_many(topic, ["app-1"] * 2, [r.Delivery("app-1", message, 1)] * 2, failed.append)
+    driver.sent[1][4]("timed out")
+    driver.sent[0][4]()
+    reactor.wait(lambda: failed)
+    assert len(failed) == 1 and failed[0].check(BusPublishError)
+    refused: list = []
+    driver.refuse_send = True
+    bus.publish_many(topic, ["app-1"], [r.Delivery("app-1", message, 1)], refused.append)
+    reactor.wait(lambda: refused)
+    assert len(refused) == 1 and refused[0].check(BusPublishError)
+    empty: list = []
+    bus.publish_many(topic, [], [], empty.append)
+    assert empty == [None]

@@ -482,21 +482,27 @@ class KafkaBus:
         except RecordEncodingError as e:
             done(Failure(e))
             return
-        key_bytes = [None if key is None else key.encode("utf-8", "surrogatepass")
-                     for key in keys]
+        first = keys[0] if keys else None
+        if first is not None and keys.count(first) == len(keys):
+            # one key (a client's deliveries, an APPLICATION topic's): encoded once
+            key_bytes = [first.encode("utf-8", "surrogatepass")] * len(keys)
+        else:
+            key_bytes = [None if key is None else key.encode("utf-8", "surrogatepass")
+                         for key in keys]
         partitions = self._placed.get(topic) if topic in self._ready else None
-        if partitions is None:  # not ready, or not placed here: one by one
-            sent = Completion()
-            each = sent.parts(len(data))  # one ``done`` called once per record
-            if topic in self._ready:  # placed by the producer's partitioner
-                send = self._send_placed
-                for key, value in zip(key_bytes, data):
-                    send(topic, None, key, value, (), each)
+        if partitions is None:  # not ready, or not placed here
+            if not data:
+                done(None)
+            elif topic in self._ready:  # placed by the producer's partitioner, one outcome
+                self._nudge()
+                self._producer.send_many(topic, key_bytes, data, done)
             else:
+                sent = Completion()
+                each = sent.parts(len(data))  # one ``done`` called once per record
                 sends = self._creation(topic).sends
                 for key, value in zip(key_bytes, data):
                     sends.append((key, value, (), each))
-            sent.then(done)
+                sent.then(done)
             return
         add_many = self._packer.add_many
         if key_bytes and None not in key_bytes:
@@ -554,15 +560,21 @@ class KafkaBus:
         record per delivery) would each wake an idle thread (a lock and a
         notify, and the GIL handed over) for nothing the first did not."""
         if not self._nudged:
-            self._nudged = True
-            for loop in self._loops:
-                loop.nudge()
-            self.clock.callLater(0, self._turn_ended)
+            self._nudge()
         try:
             self._producer.send(topic, key, value, headers, done, partition)
         except Exception as e:
             _report(done, Failure(BusPublishError(
                 f"{topic}: the producer refused the record: {e}")))
+
+    def _nudge(self) -> None:
+        """Nudge the node's idle consumer threads once this reactor turn
+        (:meth:`_send_placed`)."""
+        if not self._nudged:
+            self._nudged = True
+            for loop in self._loops:
+                loop.nudge()
+            self.clock.callLater(0, self._turn_ended)
 
     def _turn_ended(self) -> None:
         self._nudged = False

@@ -268,6 +268,20 @@ class Producer(drivers.Producer):
                                    headers=list(headers) if headers else None,
                                    on_delivery=delivered)
 
+    def send_many(self, topic: str, keys: list, values: list, done: Any) -> None:
+        """Each record produced with one delivery callback for all of them
+        (:class:`~.drivers.Reports`: no closure per record, one outcome put)."""
+        reports = drivers.Reports(self._put, done, len(keys))
+        delivered = reports.delivered
+        produce = self._producer.produce
+        queued = 0
+        try:
+            for key, value in zip(keys, values):
+                produce(topic, value, key, on_delivery=delivered)
+                queued += 1
+        except Exception as e:  # (BufferError: the queue is full) those left are refused
+            reports.refused(len(keys) - queued, f"the producer refused the record: {e}")
+
     def prepare(self, topic: str) -> int:
         """``produce`` never blocks; the topic's partition count from its
         metadata."""

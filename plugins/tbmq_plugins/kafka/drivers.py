@@ -4,8 +4,9 @@ A *driver* (``kafka.driver``) wraps one client library behind three
 objects; the bus and the consumer loop only ever talk to these:
 
 * :class:`Admin` creates topics (blocking; the bus's worker thread);
-* :class:`Producer` sends records: :meth:`Producer.send` is called in the
-  reactor thread and never blocks, its outcome is reported (from the
+* :class:`Producer` sends records: :meth:`Producer.send` (one record) and
+  :meth:`Producer.send_many` (several, one outcome) are called in the
+  reactor thread and never block, their outcomes are reported (from the
   client's own thread) to an :class:`~.bridge.AckBatcher`;
 * :class:`SharedClient` is one consumer client of one group over several
   topics, owned by one consumer thread (:class:`~.loop.SharedLoop`): it
@@ -26,12 +27,14 @@ uses neither needs neither installed.
 from __future__ import annotations
 
 import importlib
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 from tbmq.errors import ConfigError
 
-__all__ = ["Admin", "Producer", "RawRecord", "SharedClient", "TopicSpec", "TopicView", "load_driver"]
+__all__ = ["Admin", "Producer", "RawRecord", "Reports", "SharedClient", "TopicSpec", "TopicView",
+           "load_driver"]
 
 #: driver name → (module of this package, what to install)
 DRIVERS = {
@@ -144,6 +147,20 @@ class Producer:
         """
         raise NotImplementedError
 
+    def send_many(self, topic: str, keys: list, values: list, done: Any) -> None:
+        """Queue several records (no headers), each placed by the client's
+        partitioner, with **one** outcome: ``(done, None)`` to the ack
+        batcher once every one was acknowledged, else ``(done, error)``
+        with the first error a record got, once all of them were reported
+        (:class:`Reports`).  A record the client refuses (its queue full)
+        counts as one that failed with that error.  Called in the reactor
+        thread; never blocks, never raises.
+
+        :param keys: ``bytes | None`` each (at least one).
+        :param values: ``bytes | None`` each, as many.
+        """
+        raise NotImplementedError
+
     def prepare(self, topic: str) -> int:
         """Block until :meth:`send` to ``topic`` no longer blocks (topic
         metadata cached).
@@ -155,6 +172,54 @@ class Producer:
     def close(self, timeout: float) -> None:
         """Send what is queued (``timeout`` seconds at most), then close."""
         raise NotImplementedError
+
+
+class Reports:
+    """The reports of the records of one :meth:`Producer.send_many`, from
+    the client's own thread (its delivery callbacks) and from the reactor
+    thread (a record refused while queued): counted, and the last one puts
+    ``(done, error)`` to the ack batcher, ``error`` the first a record
+    reported (None when every one was acknowledged).  One report per record,
+    not one put, one closure and one call in the reactor each.
+
+    Thread-safe: a report stores its error before it counts itself, and the
+    count is one step of an :func:`itertools.count` (atomic under the GIL),
+    so exactly one report is the last, and it sees every error.
+
+    :param put: the ack batcher's ``put``.
+    :param done: what the outcome is for (the bus's business).
+    :param n: the records (at least one).
+    :ivar error: the first error reported, or None.
+    """
+
+    __slots__ = ("_put", "_done", "_last", "_count", "error")
+
+    def __init__(self, put: Callable[[Any, Any], None], done: Any, n: int) -> None:
+        self._put = put
+        self._done = done
+        self._last = n - 1
+        self._count = itertools.count()
+        self.error: Any = None
+
+    def report(self, error: Any = None) -> None:
+        """One record's outcome: None (acknowledged) or the client's error."""
+        if error is not None and self.error is None:
+            self.error = error
+        if next(self._count) == self._last:
+            self._put(self._done, self.error)
+
+    def delivered(self, error: Any, message: Any) -> None:
+        """:meth:`report`, as a delivery callback ``(error, message)``."""
+        if error is not None and self.error is None:
+            self.error = error
+        if next(self._count) == self._last:
+            self._put(self._done, self.error)
+
+    def refused(self, n: int, error: Any) -> None:
+        """``n`` records the client refused (never queued): each reported
+        failed with ``error``."""
+        for _ in range(n):
+            self.report(error)
 
 
 #: ``(topic, partition)``: a partition of a :class:`SharedClient`.

@@ -171,6 +171,24 @@ class Producer(drivers.Producer):
         future.add_callback(lambda _metadata: put(done, None))
         future.add_errback(lambda error: put(done, error))
 
+    def send_many(self, topic: str, keys: list, values: list, done: Any) -> None:
+        reports = drivers.Reports(self._put, done, len(keys))
+        report = reports.report
+
+        def acknowledged(_metadata) -> None:
+            report()
+
+        send = self._producer.send
+        queued = 0
+        try:
+            for key, value in zip(keys, values):
+                future = send(topic, value=value, key=key)
+                future.add_callback(acknowledged)
+                future.add_errback(report)
+                queued += 1
+        except Exception as e:
+            reports.refused(len(keys) - queued, f"the producer refused the record: {e}")
+
     def prepare(self, topic: str) -> int:
         return len(self._producer.partitions_for(topic))
 
