@@ -341,30 +341,62 @@ def _message_array(m: Message) -> tuple | None:
     return None
 
 
-def _message_from_array(obj: Any) -> Message | None:
-    if len(obj) == 10:
+def _messages_from_arrays(objs: Any) -> list | None:
+    """The messages of several ``msg`` arrays as msgpack read them (tuples:
+    a packed record's values, a run's messages), each made field by field
+    (``object.__new__`` and its slots: the dataclass ``__init__``, a Python
+    call through the type's ``__init__`` slot, cost about as much as the
+    checks), its array kept as :attr:`~tbmq.model.Message.wire`.
+
+    :returns: the messages in order, or None when one of them is not a
+        well-formed version 1 array of plain fields (a list, another
+        version, a field of another type): the field by field reader then
+        reads or refuses each.
+    """
+    out = []
+    append = out.append
+    new = _new
+    for obj in objs:
+        if type(obj) is not tuple or len(obj) != 10:
+            return None
         tag, version, topic, payload, qos, retain, props, publisher, received_at, expires_at = obj
-        if (tag == "msg" and version == 1 and type(version) is int and type(topic) is str
+        if not (tag == "msg" and version == 1 and type(version) is int and type(topic) is str
                 and type(payload) is bytes and type(qos) is int and 0 <= qos <= 2
                 and type(retain) is bool and type(publisher) is str
                 and type(received_at) is float
                 and (expires_at is None or type(expires_at) is float)):
-            if props is None:
-                props = {}
-            elif type(props) is bytes:
-                props = _props_in(props, "properties")
-            else:
-                return None
-            m = Message(topic, payload, qos, retain, props, publisher, received_at, expires_at)
-            if type(obj) is tuple:  # as msgpack read it: kept, to be written again
-                m.wire = obj
-            return m
-    return None
+            return None
+        if props is None:
+            props = {}
+        elif type(props) is bytes:
+            props = _props_in(props, "properties")
+        else:
+            return None
+        m = new(Message)  # every field of Message set below (tests/unit/test_records.py)
+        m.topic = topic
+        m.payload = payload
+        m.qos = qos
+        m.retain = retain
+        m.properties = props
+        m.publisher = publisher
+        m.received_at = received_at
+        m.expires_at = expires_at
+        m.wire = obj  # as msgpack read it: kept, to be written again
+        append(m)
+    return out
+
+
+def _message_from_array(obj: Any) -> Message | None:
+    found = _messages_from_arrays((obj,))
+    return None if found is None else found[0]
+
+
+_new = object.__new__
 
 
 #: ``tbmq.msg.all``: :class:`tbmq.model.Message`, no tombstone.
 MESSAGE = RecordCodec("Message", Message, "msg", _write_message, {1: _read_message_v1},
-                      fast=(_message_array, _message_from_array))
+                      fast=(_message_array, _message_from_array, _messages_from_arrays))
 #: ``tbmq.msg.retained``: :class:`tbmq.model.Message` or a tombstone.
 RETAINED = MESSAGE.with_tombstone()
 
@@ -478,8 +510,8 @@ def _run_from_array(obj: Any) -> DeliveryRun | None:
                 and type(arrays) is tuple and arrays and type(qos) is int and 0 <= qos <= 2
                 and type(retain) is bool and type(ids) is tuple
                 and (not ids or _all_int(ids))):
-            messages = [_message_from_array(a) if type(a) is tuple else None for a in arrays]
-            if all(messages):  # (a Message is true, a message not read is None)
+            messages = _messages_from_arrays(arrays)
+            if messages is not None:
                 return DeliveryRun(client_id, tuple(messages), qos, retain, ids)
     return None
 
