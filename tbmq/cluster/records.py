@@ -115,6 +115,9 @@ from __future__ import annotations
 from itertools import product
 from typing import Any
 
+from tbmq.cluster.message_arrays import message_from_array as _message_from_array
+from tbmq.cluster.message_arrays import messages_from_arrays as _messages_from_arrays
+from tbmq.cluster.message_arrays import props_in as _props_in
 from tbmq.cluster.record_codec import ARRAY_TYPES, VERSION, BytesCodec, RecordCodec, RecordUnion
 from tbmq.cluster.record_types import (
     CLEAR_SESSION,
@@ -141,7 +144,7 @@ from tbmq.cluster.record_types import (
 )
 from tbmq.errors import RecordEncodingError
 from tbmq.model import ClientType, Message, SubscriptionOptions
-from tbmq.mqtt.properties import pack_properties, unpack_properties
+from tbmq.mqtt.properties import pack_properties
 
 __all__ = [
     "BYTES",
@@ -262,17 +265,6 @@ def _props_out(props: Any, name: str) -> bytes | None:
         raise _Bad(f"{name}: {e}") from None
 
 
-def _props_in(v: Any, name: str) -> dict:
-    if v is None:
-        return {}
-    if type(v) is not bytes:
-        raise _Bad(f"{name}: expected bin or nil, got {type(v).__name__}")
-    try:
-        return unpack_properties(v)
-    except Exception as e:
-        raise _Bad(f"{name}: {e}") from None
-
-
 def _count(fields: list, n: int, what: str) -> list:
     if len(fields) != n:
         raise _Bad(f"{what}: expected {n} fields, got {len(fields)}")
@@ -339,59 +331,6 @@ def _message_array(m: Message) -> tuple | None:
                          received_at, expires_at)
         return wire
     return None
-
-
-def _messages_from_arrays(objs: Any) -> list | None:
-    """The messages of several ``msg`` arrays as msgpack read them (tuples:
-    a packed record's values, a run's messages), each made field by field
-    (``object.__new__`` and its slots: the dataclass ``__init__``, a Python
-    call through the type's ``__init__`` slot, cost about as much as the
-    checks), its array kept as :attr:`~tbmq.model.Message.wire`.
-
-    :returns: the messages in order, or None when one of them is not a
-        well-formed version 1 array of plain fields (a list, another
-        version, a field of another type): the field by field reader then
-        reads or refuses each.
-    """
-    out = []
-    append = out.append
-    new = _new
-    for obj in objs:
-        if type(obj) is not tuple or len(obj) != 10:
-            return None
-        tag, version, topic, payload, qos, retain, props, publisher, received_at, expires_at = obj
-        if not (tag == "msg" and version == 1 and type(version) is int and type(topic) is str
-                and type(payload) is bytes and type(qos) is int and 0 <= qos <= 2
-                and type(retain) is bool and type(publisher) is str
-                and type(received_at) is float
-                and (expires_at is None or type(expires_at) is float)):
-            return None
-        if props is None:
-            props = {}
-        elif type(props) is bytes:
-            props = _props_in(props, "properties")
-        else:
-            return None
-        m = new(Message)  # every field of Message set below (tests/unit/test_records.py)
-        m.topic = topic
-        m.payload = payload
-        m.qos = qos
-        m.retain = retain
-        m.properties = props
-        m.publisher = publisher
-        m.received_at = received_at
-        m.expires_at = expires_at
-        m.wire = obj  # as msgpack read it: kept, to be written again
-        append(m)
-    return out
-
-
-def _message_from_array(obj: Any) -> Message | None:
-    found = _messages_from_arrays((obj,))
-    return None if found is None else found[0]
-
-
-_new = object.__new__
 
 
 #: ``tbmq.msg.all``: :class:`tbmq.model.Message`, no tombstone.
