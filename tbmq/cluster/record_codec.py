@@ -38,13 +38,16 @@ class RecordCodec:
     :param tombstone: whether None (a tombstone) is a valid value.
     :param version: the version :meth:`encode` writes (a key of
         ``readers``).
-    :param fast: None, or ``(write_array, read_array)``, the hot path of a
-        record type the bus carries per message or per CONNECT:
-        ``write_array(value) -> list | None``, given an instance of ``cls``
-        itself, returns the whole ``[tag, version, fields...]`` array when
-        every field has its plain type (``str``, ``int``, ``float``...) and
-        fits, else None; ``read_array(obj) -> value | None`` does the same
-        for a decoded array of the written version.  Either may raise
+    :param fast: None, or ``(write_array, read_array)`` or ``(write_array,
+        read_array, read_arrays)``, the hot path of a record type the bus
+        carries per message or per CONNECT: ``write_array(value) -> list |
+        None``, given an instance of ``cls`` itself, returns the whole
+        ``[tag, version, fields...]`` array when every field has its plain
+        type (``str``, ``int``, ``float``...) and fits, else None;
+        ``read_array(obj) -> value | None`` does the same for a decoded
+        array of the written version, and ``read_arrays(objs) -> list |
+        None`` for several (a packed record's: one call, no call per
+        value), None when any one is not read so.  Each may raise
         :class:`RecordEncodingError`.  Where they return None, ``write`` and
         ``readers`` decide (convert a field, or say which one is wrong):
         the hot path only skips the field by field calls, it accepts and
@@ -56,12 +59,14 @@ class RecordCodec:
     """
 
     __slots__ = ("name", "cls", "tag", "version", "tombstone", "_write", "_readers",
-                 "_fast", "_write_array", "_read_array", "_weight")
+                 "_fast", "_write_array", "_read_array", "_read_arrays", "_weight")
 
     def __init__(self, name: str, cls: type, tag: str, write: Callable[[Any], list],
                  readers: dict[int, Callable[[list], Any]], tombstone: bool = False,
                  version: int = VERSION,
-                 fast: tuple[Callable[[Any], list | None], Callable[[Any], Any]] | None = None,
+                 fast: tuple[Callable[[Any], list | None], Callable[[Any], Any]]
+                 | tuple[Callable[[Any], list | None], Callable[[Any], Any],
+                         Callable[[Any], list | None]] | None = None,
                  weight: Callable[[Any], int] | None = None) -> None:
         self.name = name
         self.cls = cls
@@ -71,7 +76,8 @@ class RecordCodec:
         self._write = write
         self._readers = readers
         self._fast = fast
-        self._write_array, self._read_array = fast or (_no_array, _no_array)
+        self._write_array, self._read_array = (fast or (_no_array, _no_array))[:2]
+        self._read_arrays = fast[2] if fast is not None and len(fast) > 2 else _no_array
         self._weight = weight
 
     def with_tombstone(self) -> "RecordCodec":
@@ -179,6 +185,14 @@ class RecordCodec:
         :raises RecordEncodingError: as :meth:`decode`, for the first value
             that is not a record of this type.
         """
+        try:
+            out = self._read_arrays(objs)  # the hot path: every value in one call
+        except RecordEncodingError:
+            raise
+        except Exception as e:  # as in from_list
+            raise RecordEncodingError(f"{self.name}: cannot decode: {e}") from None
+        if out is not None:
+            return out
         read = self._read_array
         out = []
         append = out.append

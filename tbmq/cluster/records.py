@@ -115,6 +115,9 @@ from __future__ import annotations
 from itertools import product
 from typing import Any
 
+from tbmq.cluster.message_arrays import message_from_array as _message_from_array
+from tbmq.cluster.message_arrays import messages_from_arrays as _messages_from_arrays
+from tbmq.cluster.message_arrays import props_in as _props_in
 from tbmq.cluster.record_codec import ARRAY_TYPES, VERSION, BytesCodec, RecordCodec, RecordUnion
 from tbmq.cluster.record_types import (
     CLEAR_SESSION,
@@ -141,7 +144,7 @@ from tbmq.cluster.record_types import (
 )
 from tbmq.errors import RecordEncodingError
 from tbmq.model import ClientType, Message, SubscriptionOptions
-from tbmq.mqtt.properties import pack_properties, unpack_properties
+from tbmq.mqtt.properties import pack_properties
 
 __all__ = [
     "BYTES",
@@ -262,17 +265,6 @@ def _props_out(props: Any, name: str) -> bytes | None:
         raise _Bad(f"{name}: {e}") from None
 
 
-def _props_in(v: Any, name: str) -> dict:
-    if v is None:
-        return {}
-    if type(v) is not bytes:
-        raise _Bad(f"{name}: expected bin or nil, got {type(v).__name__}")
-    try:
-        return unpack_properties(v)
-    except Exception as e:
-        raise _Bad(f"{name}: {e}") from None
-
-
 def _count(fields: list, n: int, what: str) -> list:
     if len(fields) != n:
         raise _Bad(f"{what}: expected {n} fields, got {len(fields)}")
@@ -341,30 +333,9 @@ def _message_array(m: Message) -> tuple | None:
     return None
 
 
-def _message_from_array(obj: Any) -> Message | None:
-    if len(obj) == 10:
-        tag, version, topic, payload, qos, retain, props, publisher, received_at, expires_at = obj
-        if (tag == "msg" and version == 1 and type(version) is int and type(topic) is str
-                and type(payload) is bytes and type(qos) is int and 0 <= qos <= 2
-                and type(retain) is bool and type(publisher) is str
-                and type(received_at) is float
-                and (expires_at is None or type(expires_at) is float)):
-            if props is None:
-                props = {}
-            elif type(props) is bytes:
-                props = _props_in(props, "properties")
-            else:
-                return None
-            m = Message(topic, payload, qos, retain, props, publisher, received_at, expires_at)
-            if type(obj) is tuple:  # as msgpack read it: kept, to be written again
-                m.wire = obj
-            return m
-    return None
-
-
 #: ``tbmq.msg.all``: :class:`tbmq.model.Message`, no tombstone.
 MESSAGE = RecordCodec("Message", Message, "msg", _write_message, {1: _read_message_v1},
-                      fast=(_message_array, _message_from_array))
+                      fast=(_message_array, _message_from_array, _messages_from_arrays))
 #: ``tbmq.msg.retained``: :class:`tbmq.model.Message` or a tombstone.
 RETAINED = MESSAGE.with_tombstone()
 
@@ -478,8 +449,8 @@ def _run_from_array(obj: Any) -> DeliveryRun | None:
                 and type(arrays) is tuple and arrays and type(qos) is int and 0 <= qos <= 2
                 and type(retain) is bool and type(ids) is tuple
                 and (not ids or _all_int(ids))):
-            messages = [_message_from_array(a) if type(a) is tuple else None for a in arrays]
-            if all(messages):  # (a Message is true, a message not read is None)
+            messages = _messages_from_arrays(arrays)
+            if messages is not None:
                 return DeliveryRun(client_id, tuple(messages), qos, retain, ids)
     return None
 

@@ -286,6 +286,46 @@ def test_the_bus_hands_its_own_messages_as_published_and_packed_records_as_one_u
     assert type(driver.sent[0][4]) is not Own  # no member takes them any more
 
 
+def test_the_bus_keeps_own_records_only_for_a_partition_a_member_here_hands():
+    """A packed record of the publishes to a partition another node routes
+    keeps nothing of them (no ``Own`` per publish, no unit: the other node
+    fetches it); one of a partition handed here carries them as one unit
+    for the member; a unit that also carries a ``publish_many`` record
+    (values not kept) is fetched."""
+    driver = FakeDriver()
+    driver.LOCATES = True
+    bus, reactor = started(driver)
+    topic = bus.catalogue.msg_all
+    batches = []
+    consumer = KafkaConsumer(bus, topic, "g", lambda record: None, bus._codec(topic), 100, 1000,
+                             batch_handler=batches.append)
+    consumer.loop = FakeLoop()
+    assert consumer.hand_own()
+    here = crc32(b"a/b") % CONFIG.partitions
+    names = [f"t/{i}" for i in range(50)]
+    there = next(n for n in names if crc32(n.encode()) % CONFIG.partitions != here)
+    consumer._assigned([here], {here: 0})
+    acked = []
+    for name in ("a/b", there, "a/b", there):
+        bus.publish(topic, name, Message(name, b"x", 1), (), acked.append)
+    reactor.advance(0)
+    fanouts = {partition: sent[4] for sent, partition in zip(driver.sent, driver.partitions)}
+    other = fanouts[crc32(there.encode()) % CONFIG.partitions]
+    assert other.items is None and not other.located
+    assert all(type(done) is not Own for done in other.dones)
+    mine_ = fanouts[here]
+    assert [item[0] for item in mine_.items] == ["a/b", "a/b"] and mine_.located
+    _acknowledge(driver, {p: 0 for p in range(CONFIG.partitions)})
+    assert acked == [None] * 4 and len(batches) == 1
+    assert [m.payload for m in batches[0]] == [b"x", b"x"]
+    bus.publish(topic, "a/b", Message("a/b", b"y", 1), (), acked.append)
+    bus.publish_many(topic, ["a/b"], [Message("a/b", b"z", 1)], acked.append)
+    reactor.advance(0)
+    assert driver.sent[0][4].items is None  # the publish_many's value is not kept: fetched
+    _acknowledge(driver, {here: 1})
+    assert len(batches) == 1 and acked == [None] * 6
+
+
 def test_a_packed_record_of_a_partition_no_member_here_hands_is_not_offered():
     """Another node routes the partition: its acknowledgement builds no unit
     and asks no member to take it (half of a two-node cluster's publishes)."""

@@ -305,6 +305,25 @@ def test_the_array_of_a_packed_record_is_kept_too():
     assert [m.wire for m in read] == list(arrays) and read[0] == WIRED
 
 
+def test_a_message_read_from_arrays_has_every_field_its_constructor_sets():
+    """The hot reader makes a message field by field (no ``__init__``):
+    every slot of :class:`Message` is set, to what the constructor sets,
+    on a packed record's messages and on a run's, so a field added to
+    :class:`Message` and not to the reader fails here."""
+    made = Message("t/x", b"p", 1, True, {Property.CONTENT_TYPE: "a"}, "pub", 1.5, None)
+    arrays = msgpack.unpackb(msgpack.packb([r.MESSAGE.to_list(made), r.MESSAGE.to_list(WIRED)],
+                                           use_bin_type=True), raw=False, use_list=False)
+    run = msgpack.unpackb(r.DELIVERY_RUN.encode(r.DeliveryRun("c", (made, WIRED), 1, False, ())),
+                          raw=False, use_list=False)
+    for read, expected in [*zip(r.MESSAGE.decode_arrays(arrays), (made, WIRED)),
+                           *zip(r.DELIVERY_RUN.decode_arrays((run,))[0].messages, (made, WIRED))]:
+        for name in Message.__slots__:
+            if name != "wire":
+                assert typed(getattr(read, name)) == typed(getattr(expected, name)), name
+        assert type(read.wire) is tuple and r.MESSAGE.from_list(read.wire) == expected
+    assert set(Message.__slots__) == {f.name for f in dataclasses.fields(Message)}
+
+
 def test_a_changed_or_hand_made_message_is_encoded_from_its_fields():
     """:func:`dataclasses.replace` gives a message without the array; one
     made from lists (not as msgpack reads) has none either."""

@@ -445,17 +445,21 @@ class KafkaBus:
             done(Failure(e))
             return None
         key_bytes = None if key is None else key.encode("utf-8", "surrogatepass")
-        if self._takers:
-            takers = self._takers.get(topic)
-            if takers is not None:  # a member here takes it when acknowledged (.own)
-                done = Own(done, takers, key, value, headers)
-        if topic in self._ready:
+        # a member here takes the topic's records when acknowledged (.own)
+        takers = self._takers.get(topic) if self._takers else None
+        ready = topic in self._ready
+        if ready:
             partitions = self._placed.get(topic)
             if partitions is not None and key_bytes is not None and not headers:
-                # the hot path (a message, a delivery): as _send, in one call
-                self._packer.add(topic, crc32(key_bytes) % partitions, key_bytes, data, (), done)
-            else:
-                self._send(topic, key_bytes, data, headers, done)
+                # the hot path (a message, a delivery): as _send, in one call; a
+                # record a member here takes is kept in its unit (no Own each)
+                self._packer.add(topic, crc32(key_bytes) % partitions, key_bytes, data, (),
+                                 done, takers, key, value)
+                return None
+        if takers is not None:
+            done = Own(done, takers, key, value, headers)
+        if ready:
+            self._send(topic, key_bytes, data, headers, done)
         else:
             self._creation(topic).sends.append((key_bytes, data, headers, done))
         return None

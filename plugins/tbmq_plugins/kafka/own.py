@@ -11,13 +11,19 @@ when the fetch brings it.  A subscription opts in with
 :meth:`~.consumer.KafkaConsumer.hand_own` (the router's ``tbmq.msg.all``,
 the deciding member of the session event requests, the session registry).
 
-* The publish side: :meth:`~.bus.KafkaBus.publish` wraps the ``done`` of a
-  record of such a topic in an :class:`Own`, which carries the record
-  (key, value, headers) and the members that take it; a lone record is
-  handed by its :class:`Own`, a packed record (:mod:`.packing`) by its
-  ``Fanout`` (:func:`hand_packed`), as **one** unit with its offset, and
-  only when every record it carries is this node's publish (one of
-  ``publish_many``, whose values are not kept, has it fetched).
+* The publish side: a record of such a topic that the
+  :class:`~.packing.Packer` gathers (the hot path: a message, a
+  delivery) is kept as its item (key, value, headers) in its unit, when a
+  member here hands the unit's partition as the unit starts (:func:`handed`;
+  another node's partition keeps nothing: half of a two-node cluster's
+  publishes); a packed record's ``Fanout`` offers the items (:func:`offer`)
+  as **one** unit with its offset, and only when every record it carries
+  is this node's publish (one of ``publish_many``, whose values are not
+  kept, has it fetched); a lone record is handed by an :class:`Own`.
+  Any other record (headers, no key, a topic being created) has its
+  ``done`` wrapped in an :class:`Own` at once by
+  :meth:`~.bus.KafkaBus.publish`, which carries the record and the
+  members that take it (a packed record of those: :func:`hand_packed`).
 * The member side (:meth:`~.consumer.KafkaConsumer.take_own`): per
   partition, :attr:`~.consumer.Track.top` is the offset after the last record that arrived from the fetch or was
   handed here; a unit at ``top`` is handed at once when nothing of the
@@ -45,7 +51,7 @@ from twisted.python.failure import Failure
 
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
-__all__ = ["Own", "hand_packed"]
+__all__ = ["Own", "hand_packed", "handed", "offer"]
 
 log = Logger(observer=LOG_OBSERVER)
 
@@ -83,13 +89,14 @@ class Own:
         take the record first, then the publish's ``done`` is called."""
         where = self.where
         if outcome is None and where is not None:
-            _offer(self.takers, where, ((self.key, self.value, self.headers),))
+            offer(self.takers, where, ((self.key, self.value, self.headers),))
         self.done(outcome)
 
 
-def _offer(takers: list, where: tuple[int, int], items: tuple | list) -> None:
-    """Hand ``items`` (one unit at ``where``) to each member of ``takers``;
-    what one raises is logged (the publish's outcome is still reported)."""
+def offer(takers: list, where: tuple[int, int], items: tuple | list) -> None:
+    """Hand ``items`` (one unit at ``where``: ``(key, value, headers)``
+    each) to each member of ``takers``; what one raises is logged (the
+    publish's outcome is still reported)."""
     for member in list(takers):
         try:
             member.take_own(where[0], where[1], items)
@@ -108,13 +115,18 @@ def hand_packed(dones: list, records: int, where: tuple[int, int]) -> None:
     if len(dones) != records or type(dones[0]) is not Own:
         return  # a publish_many's records: fetched
     takers = dones[0].takers
-    partition = where[0]
-    for member in takers:
-        if member.hands(partition):
-            break
-    else:
+    if not handed(takers, where[0]):
         return  # no member here hands the partition (another node's): nothing to build
     for done in dones:
         if type(done) is not Own:
             return
-    _offer(takers, where, [(d.key, d.value, d.headers) for d in dones])
+    offer(takers, where, [(d.key, d.value, d.headers) for d in dones])
+
+
+def handed(takers: list, partition: int) -> bool:
+    """:returns: True when a member of ``takers`` hands ``partition`` now
+    (:meth:`~.consumer.KafkaConsumer.hands`)."""
+    for member in takers:
+        if member.hands(partition):
+            return True
+    return False

@@ -46,7 +46,7 @@ from twisted.python.failure import Failure
 from tbmq.cluster.completion import Completion
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq_plugins.kafka.drivers import RawRecord
-from tbmq_plugins.kafka.own import Own, hand_packed
+from tbmq_plugins.kafka.own import Own, hand_packed, handed, offer
 
 __all__ = ["HEADER", "HEADER_V1", "MAX_BYTES", "MAX_RECORDS", "Packer", "expand",
            "pack", "unpacked"]
@@ -158,18 +158,26 @@ class Fanout:
 
     :ivar dones: ``list`` of ``done(None | Failure)`` callables, in publish
         order.
-    :ivar located: True when one of them is an :class:`~.own.Own`: the
-        driver then sets :attr:`where`, and the records are handed to the
-        members that take them (:func:`~.own.hand_packed`).
+    :ivar located: True when the records are handed to the members that
+        take them once acknowledged (:mod:`.own`): it carries their
+        :attr:`items`, or one of :attr:`dones` is an :class:`~.own.Own`
+        (:func:`~.own.hand_packed`); the driver then sets :attr:`where`.
     :ivar records: the records it carries.
+    :ivar takers: None, or the members that take the records.
+    :ivar items: None, or ``(key, value, headers)`` of each record it
+        carries, in order (every one this node's publish), offered to
+        :attr:`takers` as one unit (:func:`~.own.offer`).
     """
 
-    __slots__ = ("dones", "located", "where", "records")
+    __slots__ = ("dones", "located", "where", "records", "takers", "items")
 
-    def __init__(self, dones: list, located: bool = False, records: int = 0) -> None:
+    def __init__(self, dones: list, located: bool = False, records: int = 0,
+                 takers: list | None = None, items: list | None = None) -> None:
         self.dones = dones
         self.located = located
         self.records = records
+        self.takers = takers
+        self.items = items
         self.where: tuple[int, int] | None = None
 
     def __call__(self, outcome: Failure | None) -> None:
@@ -177,7 +185,10 @@ class Fanout:
         :class:`~twisted.python.failure.Failure`."""
         where = self.where
         if where is not None and outcome is None:
-            hand_packed(self.dones, self.records, where)
+            if self.items is not None:
+                offer(self.takers, where, self.items)
+            else:
+                hand_packed(self.dones, self.records, where)
         for done in self.dones:
             try:
                 done(outcome)
@@ -189,7 +200,7 @@ class Fanout:
 class _Pending:
     """What waits for one ``(topic, partition)`` in this turn."""
 
-    __slots__ = ("keys", "values", "dones", "size", "located")
+    __slots__ = ("keys", "values", "dones", "size", "located", "takers", "items")
 
     def __init__(self) -> None:
         self.keys: list = []
@@ -197,6 +208,10 @@ class _Pending:
         self.dones: list = []
         self.size = 0
         self.located = False  # a done is an Own
+        self.takers: list | None = None
+        #: the records' ``(key, value, headers)`` while each is one a member
+        #: here takes (:mod:`.own`), decided as the unit starts; else None
+        self.items: list | None = None
 
 
 class Packer:
@@ -220,7 +235,8 @@ class Packer:
         self._scheduled = False
 
     def add(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
-            headers: tuple, done: Callable[[Failure | None], None]) -> None:
+            headers: tuple, done: Callable[[Failure | None], None],
+            takers: list | None = None, own_key: str | None = None, obj: Any = None) -> None:
         """Queue one record for the end of the turn; a packed record that
         would grow past :data:`MAX_RECORDS` or :data:`MAX_BYTES` is sent
         first.  A record with headers is never packed (a packed record's
@@ -228,12 +244,18 @@ class Packer:
 
         :param done: called once with the record's outcome (None, or a
             :class:`~twisted.python.failure.Failure`), as
-            :meth:`tbmq.interfaces.IMessageBus.publish` says."""
+            :meth:`tbmq.interfaces.IMessageBus.publish` says.
+        :param takers: None, or the members that take the topic's records
+            when acknowledged (:mod:`.own`); then ``own_key`` and ``obj``
+            are the record's key and value as published, kept in its unit
+            when a member here hands ``partition`` as the unit starts."""
         slot = (topic, partition)
         if headers:
             waiting = self._pending.pop(slot, None)
             if waiting is not None:
                 self._out(topic, partition, waiting)
+            if takers is not None:
+                done = Own(done, takers, own_key, obj, headers)
             self._send(topic, partition, key, value, headers, done)
             return
         pending = self._pending.get(slot)
@@ -245,6 +267,14 @@ class Packer:
             self._out(topic, partition, pending)
             pending = self._pending[slot] = _Pending()
             keys = pending.keys
+        if takers is not None:
+            items = pending.items
+            if items is not None:
+                items.append((own_key, obj, ()))
+            elif not keys and handed(takers, partition):  # the unit starts
+                pending.takers, pending.items = takers, [(own_key, obj, ())]
+        elif pending.items is not None:
+            pending.items = None  # not every record is one a member takes: fetched
         keys.append(key)
         pending.values.append(value)
         pending.dones.append(done)
@@ -269,6 +299,7 @@ class Packer:
         pending = self._pending.get(slot)
         if pending is None:
             pending = self._open(slot)
+        pending.items = None  # values not kept: a unit with these records is fetched
         if len(pending.keys) + len(keys) <= MAX_RECORDS:
             size = pending.size
             if None in values:
@@ -320,8 +351,14 @@ class Packer:
             self._out(topic, partition, p)
 
     def _out(self, topic: str, partition: int, p: _Pending) -> None:
+        items = p.items
         if len(p.keys) == 1 and len(p.dones) == 1:
-            self._send(topic, partition, p.keys[0], p.values[0], (), p.dones[0])
+            done = p.dones[0]
+            if items is not None:  # a lone record a member here takes
+                own_key, obj, headers = items[0]
+                done = Own(done, p.takers, own_key, obj, headers)
+            self._send(topic, partition, p.keys[0], p.values[0], (), done)
         else:
             self._send(topic, partition, None, pack(p.keys, p.values), _HEADERS,
-                       Fanout(p.dones, p.located, len(p.keys)))
+                       Fanout(p.dones, p.located or items is not None, len(p.keys), p.takers,
+                              items))
