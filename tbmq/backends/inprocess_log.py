@@ -522,9 +522,18 @@ class QueuedRun(Waiter):
         outcome = None if ok else Failure(ConsumerFailedError(
             f"{self.topic}: the handler of consumer group {self.group!r} failed; "
             "the record is not committed for it", group=self.group))
-        for done in told:
-            if done is not None:
-                self._tell(done, outcome)
+        # called in one guarded loop (not a _tell each); one that raises is
+        # logged, and the loop goes on after it
+        it = iter(told)
+        while True:
+            try:
+                for done in it:
+                    if done is not None:
+                        done(outcome)
+                return
+            except Exception:
+                log.failure("in-process bus: the outcome of a publish to {topic} could not "
+                            "be reported", topic=self.topic)
 
     def close(self) -> None:
         """The bus stopped (or the topic went) before the records were
