@@ -383,11 +383,22 @@ class Waiter:
             self._tell(notify, None if error is None else Failure(error))
 
     def _tell(self, notify: Callable, outcome: Failure | None) -> None:
-        try:
-            notify(outcome)
-        except Exception:
-            log.failure("in-process bus: the outcome of a publish to {topic} could not "
-                        "be reported", topic=self.topic)
+        self._tell_all((notify,), outcome)
+
+    def _tell_all(self, notifies, outcome: Failure | None) -> None:
+        """Call each of ``notifies`` (None ones skipped) with ``outcome``,
+        in order, in one guarded loop (not a ``try`` and a call each): one
+        that raises is logged, and those after it are still told."""
+        it = iter(notifies)
+        while True:
+            try:
+                for notify in it:
+                    if notify is not None:
+                        notify(outcome)
+                return
+            except Exception:
+                log.failure("in-process bus: the outcome of a publish to {topic} could not "
+                            "be reported", topic=self.topic)
 
     def outcome(self) -> "Waiter | Exception | None":
         """What the publish has come to: None when it is done and well, its
@@ -522,9 +533,7 @@ class QueuedRun(Waiter):
         outcome = None if ok else Failure(ConsumerFailedError(
             f"{self.topic}: the handler of consumer group {self.group!r} failed; "
             "the record is not committed for it", group=self.group))
-        for done in told:
-            if done is not None:
-                self._tell(done, outcome)
+        self._tell_all(told, outcome)
 
     def close(self) -> None:
         """The bus stopped (or the topic went) before the records were

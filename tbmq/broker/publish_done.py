@@ -9,7 +9,8 @@ from typing import Any
 
 #: :attr:`PublishDone.answer` until the bus calls it
 WAITING = object()
-#: :attr:`PublishDone.answer` once :meth:`PublishDone.wait` said what the
+#: :attr:`PublishDone.answer` once :meth:`PublisherAcks.pending
+#: <tbmq.broker.publisher_acks.PublisherAcks.pending>` said what the
 #: later answer is for
 LATER = object()
 #: most answered dones a session keeps for its next publishes
@@ -27,7 +28,8 @@ class PublishDone:
     Called during the publish, it keeps the answer for the
     session to act on at once, and the session reuses it for its next
     publish (nothing allocated when the bus holds a message during the
-    call: the embedded hot path); called later, once :meth:`wait` said
+    call: the embedded hot path); called later, once :meth:`PublisherAcks.pending
+    <tbmq.broker.publisher_acks.PublisherAcks.pending>` said
     what for, it hands the answer to the session's acknowledgements
     (:meth:`tbmq.broker.publisher_acks.PublisherAcks.published`) and goes
     to their :attr:`~tbmq.broker.publisher_acks.PublisherAcks.spares` for
@@ -40,7 +42,12 @@ class PublishDone:
         (None once :meth:`close` d).
     :ivar answer: :data:`WAITING`, what the bus answered during the call
         (None, or a :class:`~twisted.python.failure.Failure`), or
-        :data:`LATER` once :meth:`wait` was called.
+        :data:`LATER` once
+        :meth:`PublisherAcks.pending <tbmq.broker.publisher_acks.PublisherAcks.pending>`
+        said what a later answer is for.
+    :ivar entry: the acknowledgement queued for a later answer (None at QoS 0).
+    :ivar conn: the session's live link when it was queued.
+    :ivar accepting: the publisher connection it counts for.
     """
 
     __slots__ = ("acks", "call", "answer", "entry", "conn", "accepting")
@@ -56,23 +63,6 @@ class PublishDone:
         """Not to be used any more: the cycle of :attr:`call` is broken
         (the spares of a connection that ended)."""
         self.call = None
-
-    def wait(self, conn, qos: int, packet_id: int | None, link) -> None:
-        """The bus answers later (or refused during the call): the publish
-        is counted and its acknowledgement queued
-        (:meth:`PublisherAcks.pending
-        <tbmq.broker.publisher_acks.PublisherAcks.pending>`), and the answer
-        is for :meth:`PublisherAcks.published
-        <tbmq.broker.publisher_acks.PublisherAcks.published>`.
-
-        :param conn: the publisher connection.
-        :param qos: the PUBLISH's QoS.
-        :param packet_id: its packet id (None at QoS 0).
-        :param link: the session's live link now."""
-        self.entry = self.acks.pending(conn, qos, packet_id)
-        self.conn = link
-        self.accepting = conn
-        self.answer = LATER
 
     def _answered(self, failure=None) -> None:
         """:param failure: None (the bus holds the message), or a

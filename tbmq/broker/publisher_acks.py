@@ -14,7 +14,7 @@ A part the :class:`~tbmq.broker.session.Session` owns (``session.acks``),
 made at its client's first PUBLISH: the session queues an acknowledgement with
 :meth:`PublisherAcks.ack_when`, counts a publish the bus did not answer
 during the call in :attr:`PublisherAcks.unaccepted` and queues its entry
-(``Session._publish``), and the bus's later answer comes to
+(``Session._publish``, :meth:`PublisherAcks.pending`), and the bus's later answer comes to
 :meth:`PublisherAcks.published` through the publish's
 :class:`~tbmq.broker.publish_done.PublishDone`.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from tbmq.broker.publish_done import LATER
 from tbmq.mqtt import MQTT_5, Puback, Pubrec, ReasonCode, is_failure
 from tbmq.mqtt.codec import encode_puback, encode_pubrec
 
@@ -85,26 +86,34 @@ class PublisherAcks:
         for done in spares:
             done.close()
 
-    def pending(self, conn, qos: int, packet_id: int | None) -> list | None:
+    def pending(self, done, conn, qos: int, packet_id: int | None, link) -> None:
         """A publish of ``conn`` that the bus did not answer during the call
         (``Session._publish``): counted in :attr:`unaccepted` (past
         ``mqtt.max_pending_messages`` of them, or at once for QoS 0, which
         waits for nothing but a held-back consumer, ``conn`` stops reading
         until half of them are answered: a publisher never fills memory),
-        and at QoS 1/2 its acknowledgement queued, not ready.
+        and at QoS 1/2 its acknowledgement queued, not ready.  Its ``done``
+        (a :class:`~tbmq.broker.publish_done.PublishDone`) is told what its
+        later answer is for (its ``entry``, ``conn``, ``accepting``), and
+        hands that answer to :meth:`published`.
 
+        :param done: the publish's :class:`~tbmq.broker.publish_done.PublishDone`.
         :param conn: the publisher's :class:`~tbmq.broker.link.Link`.
         :param qos: the PUBLISH's QoS (0, 1, 2).
         :param packet_id: its packet identifier (None at QoS 0).
-        :returns: the entry queued (for :meth:`published`), or None at QoS 0.
+        :param link: the session's live link now.
         """
+        done.conn = link
+        done.accepting = conn
+        done.answer = LATER
         unaccepted = self.unaccepted = self.unaccepted + 1
         if (qos == 0 or unaccepted >= self.session.ctx.mqtt.max_pending_messages) \
                 and not self.reading_paused:
             self.reading_paused = True
             conn.pause_reading()
         if not qos:
-            return None
+            done.entry = None
+            return
         # a QoS 1 one as its packet id: a PUBACK with success, unless
         # refused (_ack_refused)
         entry = [packet_id if qos == 1 else Pubrec(packet_id), False, False]
@@ -112,7 +121,7 @@ class PublisherAcks:
         if not queue:  # (the check of waiting(), which makes the deque)
             queue = self.waiting()
         queue.append(entry)
-        return entry
+        done.entry = entry
 
     def _accepted(self, value, conn):
         """The bus answered one publish that it did not accept during the

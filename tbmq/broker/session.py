@@ -395,7 +395,7 @@ class Session:
                 done.acks.ack_when(None, Pubrec(packet.packet_id))
             return
         # the bus answers later (or refused it during the call)
-        done.wait(conn, qos, packet.packet_id, self.link)
+        done.acks.pending(done, conn, qos, packet.packet_id, self.link)
         if answer is not WAITING:
             done.call(answer)
 

@@ -102,3 +102,20 @@ def test_a_run_settles_the_span_of_a_batch_that_is_its_own():
     assert told[2][0] == 0 and told[2][1].check(ConsumerFailedError)
     run.close()  # nothing left to tell
     assert len(told) == 3 and run.done
+
+
+def test_a_done_that_raises_is_logged_and_the_later_ones_are_still_told():
+    told = []
+    run = QueuedRun("t", "g", 0)
+
+    def raises(failure):
+        told.append("raised")
+        raise RuntimeError("a broken done")
+
+    run.dones.extend([lambda failure: told.append(0), raises, None,
+                      lambda failure: told.append(3)])
+    run.end = 4
+    waiters = dict.fromkeys(range(4), run)
+    assert run.complete_span("g", 0, 4, waiters) == 4
+    assert told == [0, "raised", 3] and waiters == {}
+    assert run.dones == [None] * 4 and run.done
