@@ -185,18 +185,13 @@ class RecordCodec:
         :raises RecordEncodingError: as :meth:`decode`, for the first value
             that is not a record of this type.
         """
-        try:
-            out = self._read_arrays(objs)  # the hot path: every value in one call
-        except RecordEncodingError:
-            raise
-        except Exception as e:  # as in from_list
-            raise RecordEncodingError(f"{self.name}: cannot decode: {e}") from None
-        if out is not None:
-            return out
         read = self._read_array
-        out = []
-        append = out.append
         try:  # one handler for the loop: entering it per value costs as much as a read
+            out = self._read_arrays(objs)  # the hot path: every value in one call
+            if out is not None:
+                return out
+            out = []
+            append = out.append
             for obj in objs:
                 value = read(obj) if type(obj) is tuple else None
                 if value is None:
