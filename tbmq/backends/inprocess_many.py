@@ -84,15 +84,7 @@ class ManyPublishes:
         :class:`~.inprocess_log.QueuedRun` (one object for a run of such
         records, not a waiter each), and it is handed with the others from
         the next turn (``done`` once the group's result for it fired)."""
-        o = part.next
-        if part.keys is None:  # not compacted: append's work, without the call
-            part.next = o + 1
-            entries = part.entries
-            if not entries:
-                part.first = o
-            entries[o] = (key, value, headers, None)
-        else:
-            part.append(key, value, headers)
+        o = part.append(key, value, headers)
         run = part.queued
         if member.scheduled is None:  # (once per turn: the checks of _schedule)
             self._schedule(member)
