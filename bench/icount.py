@@ -194,9 +194,12 @@ print(delivered, rounds * len(publishers) * per_read * copies)
 MESSAGES_PER_ROUND = 8000
 
 
-def callgrind(tree: str, child: str, args: list, pythonpath: str) -> tuple[int, int, int]:
+def callgrind(tree: str, child: str, args: list, pythonpath: str,
+              keep: str | None = None) -> tuple[int, int, int]:
     """Run the script ``child`` (read from stdin) under valgrind's callgrind
-    in ``tree``, with ``args`` and ``PYTHONPATH=pythonpath``.
+    in ``tree``, with ``args`` and ``PYTHONPATH=pythonpath``; ``keep``, when
+    given, is a path the callgrind output is copied to (for
+    ``callgrind_annotate``).
 
     :returns: ``(instructions, done, expected)``: the instructions valgrind
         collected, and the last two integers the script printed.
@@ -215,6 +218,8 @@ def callgrind(tree: str, child: str, args: list, pythonpath: str) -> tuple[int, 
         found = re.search(r"Collected\s*:\s*(\d+)", run.stderr)
         if found is None:
             raise SystemExit(f"{tree}: no instruction count in valgrind's output")
+        if keep is not None:
+            shutil.copyfile(out, keep)
         return int(found.group(1)), done, expected
 
 
