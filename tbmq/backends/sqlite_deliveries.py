@@ -20,7 +20,9 @@ from tbmq.backends.sqlite_bulk import delete_seqs, has_json, insert_rows, update
 from tbmq.backends.sqlite_runner import SQLiteRunner
 from tbmq.backends.sqlite_view import RunnerView
 from tbmq.backends.sqlite_schema import (
+    DELIVERY_COLUMN_NAMES,
     DELIVERY_COLUMNS,
+    DELIVERY_NULLABLE,
     EMBEDDED_SCHEMA,
     ids_json,
     message_blobs,
@@ -69,7 +71,9 @@ class CoalescedWrites(DeliveryWrites):
         if self.updates:
             update_states(conn, self.updates.items())
         if self.puts:
-            insert_rows(conn, "deliveries", list(self.puts.values()), DELIVERY_COLUMNS)
+            # the columns None in every row of a statement bind nothing
+            insert_rows(conn, "deliveries", list(self.puts.values()), DELIVERY_COLUMNS,
+                        columns=DELIVERY_COLUMN_NAMES, nullable=DELIVERY_NULLABLE)
         removed: dict[str, int] = {}
         if self.limit is not None:
             for client_id in self.added_clients():

@@ -116,6 +116,13 @@ CREATE TABLE IF NOT EXISTS deliveries (
 """
 #: The values of a row of ``deliveries`` (version 5).
 DELIVERY_COLUMNS = 8
+#: The column names of ``deliveries`` (version 5), in order.
+DELIVERY_COLUMN_NAMES = ("client_id", "seq", "message", "qos", "retain", "subscription_ids",
+                         "packet_id", "state")
+#: The columns of ``deliveries`` whose default is NULL (by index): the
+#: subscription identifiers and the packet identifier, None in a row queued
+#: for an offline session.
+DELIVERY_NULLABLE = (5, 6)
 
 # Version 4: the primary key's index serves every query of ``deliveries``
 # (by client id, in seq order); the same index again only cost writes.

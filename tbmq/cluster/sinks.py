@@ -346,8 +346,6 @@ class PersistedWriter:
             for one in stored:
                 session.deliver_stored(one, None, now, self.consumer)
         else:
-            for d, one in zip(group, stored):
-                d.seq = one.seq
             # located once stored: a session that connects later reads it there
             result.addCallback(self._forward, client_id, group, stored)
         _settle(result, pending)
@@ -361,7 +359,8 @@ class PersistedWriter:
         if where is not None and where != self.service_id:
             sent = Completion()
             topic = self.downlink_topic(where)
-            for d in group:
+            for d, one in zip(group, stored):
+                d.seq = one.seq  # (the store's order key, for that node's session)
                 self.bus.publish(topic, client_id, d, (), sent.part())
             return deferred_done(sent.then)
         if where == self.service_id:

@@ -50,6 +50,32 @@ def test_a_batch_of_150_rows_is_three_insert_statements_and_every_row_is_written
         150, 1, 150)
 
 
+def test_columns_none_in_every_row_of_a_chunk_are_left_out_and_read_back_null():
+    """A chunk whose rows all lack subscription identifiers and a packet id
+    names its other columns (nothing bound for those two); a chunk where
+    one row has them binds every column; every value reads back."""
+    conn, statements = _db()
+    writes = CoalescedWrites()
+    for seq in range(1, 65):  # one chunk: no ids, no packet id
+        writes.put(("c", seq), _row("c", seq))
+    for seq in range(65, 129):  # the next chunk: one row with both
+        row = _row("c", seq)
+        if seq == 100:
+            row[5], row[6] = "[3]", 42
+        writes.put(("c", seq), row)
+    writes(conn)
+    inserts = [s for s in statements if s.startswith("INSERT")]
+    assert len(inserts) == 2
+    assert inserts[0].startswith("INSERT OR REPLACE INTO deliveries "
+                                 "(client_id,seq,message,qos,retain,state) VALUES")
+    assert inserts[1].startswith("INSERT OR REPLACE INTO deliveries VALUES")
+    rows = conn.execute("SELECT seq, message, qos, retain, subscription_ids, packet_id, state "
+                        "FROM deliveries ORDER BY seq").fetchall()
+    blob = _row("c", 1)[2]
+    assert rows == [(seq, blob, 1, 0, "[3]" if seq == 100 else None,
+                     42 if seq == 100 else None, 0) for seq in range(1, 129)]
+
+
 def test_updates_and_deletes_of_a_batch_are_a_few_statements_and_hit_only_their_rows():
     conn, statements = _db()
     writes = CoalescedWrites()
