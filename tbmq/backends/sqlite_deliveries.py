@@ -106,9 +106,16 @@ def _trim(conn: sqlite3.Connection, client_id: str, limit: int) -> int:
 #: columns as one JSON array, and its row count.  :mod:`sqlite3` takes the
 #: GIL again after every step, and a ``fetchall`` steps once per row: while
 #: the reactor works, the database thread then waited for the GIL once per
-#: row of a drain, before the COMMITs of the writes queued behind the read
+#: row of a drain, before the COMMITs of the writes queued behind the read.
+#: A row as queued at QoS 1 (retain 0, no subscription identifiers, no
+#: packet id, state QUEUED: most of a drain) is its ``seq`` alone in the
+#: JSON array, any other the array of its six columns: a page of plain
+#: ints is read by ``json.loads`` in about a quarter of the time of one
+#: array per row, and SQLite builds no array for it either
 _PAGE = ("SELECT CAST(group_concat(message, '') AS BLOB), "
-         "json_group_array(json_array(seq, qos, retain, subscription_ids, packet_id, state)), "
+         "json_group_array(CASE WHEN qos = 1 AND retain = 0 AND subscription_ids IS NULL "
+         "AND packet_id IS NULL AND state = 0 THEN seq "
+         "ELSE json_array(seq, qos, retain, subscription_ids, packet_id, state) END), "
          "count(*) FROM (SELECT seq, message, qos, retain, subscription_ids, packet_id, state "
          "FROM deliveries WHERE {where} ORDER BY seq LIMIT ?)")
 
@@ -130,11 +137,24 @@ def _deliveries_of_page(data: bytes | None, columns: str, count: int
     rows = json.loads(columns)
     # both aggregates step through the same rows, in the subquery's order,
     # which SQLite does not promise: the pairs go in seq order if it is not
-    seqs = [row[0] for row in rows]
+    seqs = [row if type(row) is int else row[0] for row in rows]
     if seqs != sorted(seqs):
-        pairs = sorted(zip(rows, messages), key=lambda pair: pair[0][0])
-        rows, messages = [row for row, _ in pairs], [message for _, message in pairs]
-    return _deliveries(messages, rows)
+        pairs = sorted(zip(seqs, rows, messages), key=lambda triple: triple[0])
+        rows, messages = [row for _, row, _ in pairs], [message for _, _, message in pairs]
+    return _page_deliveries(messages, rows)
+
+
+def _page_deliveries(messages: list, rows: list) -> list[StoredDelivery]:
+    """:returns: a :class:`StoredDelivery` per message and its row of
+    :data:`_PAGE`: a ``seq`` (an int) for a row as queued at QoS 1, else
+    ``[seq, qos, retain, subscription_ids, packet_id, state]``."""
+    states, loads, queued = _STATES, json.loads, DeliveryState.QUEUED
+    return [
+        StoredDelivery(row, message, 1, False, (), None, queued) if type(row) is int else
+        StoredDelivery(row[0], message, row[1], row[2] == 1,
+                       () if row[3] is None else tuple(loads(row[3])), row[4], states[row[5]])
+        for message, row in zip(messages, rows)
+    ]
 
 
 def _deliveries(messages: list, rows: list) -> list[StoredDelivery]:

@@ -6,6 +6,7 @@ whose deliveries had a column per field."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from typing import Any
 
@@ -225,6 +226,15 @@ def test_a_page_is_one_step_of_one_statement_and_gives_every_column(tmp_path):
     assert fired(store.deliveries.load("c", after_seq=base + 5)) == []
     selects = [s for s in statements if s.startswith("SELECT") and "json_each('[1]')" not in s]
     assert len(selects) == 3 and all("group_concat(message, '')" in s for s in selects)
+    # the rows as queued at QoS 1 (no identifiers, packet id, RETAIN; QUEUED)
+    # are their seqs alone in the page's JSON array, the others whole
+    from tbmq.backends.sqlite_deliveries import _PAGE  # noqa: PLC0415
+
+    _, columns, _ = store.runner._conn.execute(_PAGE.format(where="client_id = ?"),
+                                               ["c", -1]).fetchone()
+    plain = [d.seq for d in stored if d.qos == 1 and not d.retain and not d.subscription_ids
+             and d.packet_id is None and d.state is DeliveryState.QUEUED]
+    assert plain and [row for row in json.loads(columns) if type(row) is int] == plain
     store.stop()
 
 
@@ -261,12 +271,14 @@ def test_a_page_whose_aggregates_come_in_another_order_is_put_in_seq_order():
 
     from tbmq.backends.sqlite_deliveries import _deliveries_of_page  # noqa: PLC0415
 
-    messages = [message("a", b"1"), message("b", b"2"), message("c", b"3")]
-    rows = [[3, 1, 0, None, None, 0], [1, 1, 1, "[4]", 7, 1], [2, 0, 0, None, None, 0]]
-    page = _deliveries_of_page(b"".join(message_blob(m) for m in messages), json.dumps(rows), 3)
+    messages = [message("a", b"1"), message("b", b"2"), message("c", b"3"), message("d", b"4")]
+    # a row as queued at QoS 1 is its seq alone
+    rows = [[3, 1, 0, None, None, 0], [1, 1, 1, "[4]", 7, 1], 4, [2, 0, 0, None, None, 0]]
+    page = _deliveries_of_page(b"".join(message_blob(m) for m in messages), json.dumps(rows), 4)
     assert page == [StoredDelivery(1, messages[1], 1, True, (4,), 7, DeliveryState.SENT),
-                    StoredDelivery(2, messages[2], 0),
-                    StoredDelivery(3, messages[0], 1)]
+                    StoredDelivery(2, messages[3], 0),
+                    StoredDelivery(3, messages[0], 1),
+                    StoredDelivery(4, messages[2], 1)]
     assert _deliveries_of_page(None, "[]", 0) == []
 
 
