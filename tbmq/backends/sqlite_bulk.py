@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import sqlite3
 from itertools import chain
-from operator import itemgetter
 from typing import Iterable, Sequence
 
 __all__ = ["CHUNK_ROWS", "bind_as_is", "delete_seqs", "has_json", "insert_rows", "update_states"]
@@ -89,33 +88,38 @@ def insert_rows(conn: sqlite3.Connection, table: str, rows: Sequence[Sequence],
     n = len(rows)
     for start in range(0, n, CHUNK_ROWS):
         chunk = rows[start:start + CHUNK_ROWS]
+        values = list(_flat(chunk))
         if nullable:
             size = len(chunk)
-            unset = tuple(i for i in nullable
-                          if list(map(itemgetter(i), chunk)).count(None) == size)
+            # a column's values are a slice of the flat list: counted, and
+            # taken out, by C loops (no tuple per row)
+            unset = [i for i in nullable if values[i::width].count(None) == size]
             if unset:
-                kept = tuple(i for i in range(width) if i not in unset)
-                conn.execute(_insert_some_sql(table, columns, kept, size, replace),
-                             list(_flat(map(itemgetter(*kept), chunk))))
+                left = width
+                for i in reversed(unset):  # the higher first: the lower keep their place
+                    del values[i::left]
+                    left -= 1
+                conn.execute(_insert_some_sql(table, columns, tuple(unset), width, size,
+                                              replace), values)
                 continue
-        conn.execute(_insert_sql(table, width, len(chunk), replace, tail),
-                     list(_flat(chunk)))
+        conn.execute(_insert_sql(table, width, len(chunk), replace, tail), values)
 
 
-#: (table, kept columns, rows, replace) → the INSERT statement naming its
-#: columns, made once
+#: (table, columns left out, rows, replace) → the INSERT statement naming
+#: its columns, made once
 _SOME_INSERTS: dict[tuple, str] = {}
 
 
-def _insert_some_sql(table: str, columns: Sequence[str], kept: tuple, n: int,
+def _insert_some_sql(table: str, columns: Sequence[str], unset: tuple, width: int, n: int,
                      replace: bool) -> str:
-    key = (table, kept, n, replace)
+    key = (table, unset, n, replace)
     sql = _SOME_INSERTS.get(key)
     if sql is None:
-        row = "(" + ",".join("?" * len(kept)) + ")"
+        names = [columns[i] for i in range(width) if i not in unset]
+        row = "(" + ",".join("?" * len(names)) + ")"
         verb = "INSERT OR REPLACE" if replace else "INSERT"
-        names = ",".join(columns[i] for i in kept)
-        sql = _SOME_INSERTS[key] = f"{verb} INTO {table} ({names}) VALUES " + ",".join([row] * n)
+        sql = _SOME_INSERTS[key] = (f"{verb} INTO {table} ({','.join(names)}) VALUES "
+                                    + ",".join([row] * n))
     return sql
 
 

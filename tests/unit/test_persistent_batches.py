@@ -74,6 +74,20 @@ def test_columns_none_in_every_row_of_a_chunk_are_left_out_and_read_back_null():
     blob = _row("c", 1)[2]
     assert rows == [(seq, blob, 1, 0, "[3]" if seq == 100 else None,
                      42 if seq == 100 else None, 0) for seq in range(1, 129)]
+    # one column None throughout, the next not: only the first left out
+    statements.clear()
+    sent = CoalescedWrites()
+    for seq in range(200, 203):
+        row = _row("c", seq)
+        row[6], row[7] = seq, int(DeliveryState.SENT)
+        sent.put(("c", seq), row)
+    sent(conn)
+    (insert,) = [s for s in statements if s.startswith("INSERT")]
+    assert insert.startswith("INSERT OR REPLACE INTO deliveries "
+                             "(client_id,seq,message,qos,retain,packet_id,state) VALUES")
+    assert conn.execute("SELECT seq, subscription_ids, packet_id, state FROM deliveries "
+                        "WHERE seq >= 200 ORDER BY seq").fetchall() == [
+        (seq, None, seq, int(DeliveryState.SENT)) for seq in range(200, 203)]
 
 
 def test_updates_and_deletes_of_a_batch_are_a_few_statements_and_hit_only_their_rows():
