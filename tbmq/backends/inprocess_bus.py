@@ -808,8 +808,13 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
             if offset != cursor.logged:
                 cursor.logged = offset
                 writes.commit(group.name, state.name, p, offset)
-        before = min([g.cursors[p].committed for g in state.groups.values()])
-        if before > part.first or part.tombstones:
+        groups = state.groups
+        # one group (a node's own topics): its commit is the lowest
+        before = group.cursors[p].committed if len(groups) == 1 else min(
+            [g.cursors[p].committed for g in groups.values()])
+        # (a compacted partition releases its tombstones alone: the keys'
+        # last records stay, whatever was committed)
+        if part.tombstones or (before > part.first and not state.compacted):
             if part.release(before) and state.durable and not state.compacted \
                     and writes is not None:
                 writes.truncate(state.name, p, before)

@@ -59,5 +59,6 @@ class HeldPublishes:
                 self._track(member, state, 0, cursor, o, result)
         if member.wanted:
             self._pump(member)
-        self._retain(state, part)
+        if not state.compacted:  # (a compacted topic keeps its last records)
+            self._retain(state, part)
         return True
