@@ -87,7 +87,10 @@ class Runs:
     def _progressed(self, start: int, end: int, track: Any, entries: list) -> None:
         """The leading run of a :meth:`_hand_run` batch grew from ``start``
         to ``end`` records: they are done (committed in order)."""
-        self._done_many(track, entries[start:end], None)
+        if end - start == 1:  # one acknowledgement, the usual growth: no slice, no loop
+            self._moved(track, track.done(entries[start], True))
+        else:
+            self._done_many(track, entries[start:end], None)
         if end == len(entries):
             self._unload()
 
@@ -123,6 +126,12 @@ class Runs:
                 entry.failure = failure
             if track.done(entry, ok):
                 moved = True
+        self._moved(track, moved)
+
+    def _moved(self, track: Any, moved: bool) -> None:
+        """After :meth:`Track.done <.consumer.Track.done>` of some of
+        ``track``'s entries (``moved``: its commit moved): queue the commit,
+        read again from a failed record, tell whether it caught up."""
         if moved and track.live:
             self.loop.commit(track.partition, track.committed)
             self._redelivery.passed(track.partition, track.committed)
