@@ -122,7 +122,9 @@ def _exit_at_the_end(failure) -> None:
 
 def makeService(options):
     """The twistd entry point: a :class:`tbmq.service.BrokerService`; the
-    process's garbage collector tuned (:func:`tune_gc`), and once the node is
+    process's garbage collector tuned (:func:`tune_gc`), its file descriptor
+    table grown once to its working size
+    (:func:`~tbmq.broker.tcp_server.reserve_descriptors`), and once the node is
     up, what it loaded moved out of the collector's sight (``gc.freeze``).
 
     A bad configuration (file, ``TBMQ_*`` variable, option, endpoint string,
@@ -138,12 +140,14 @@ def makeService(options):
 
     :raises SystemExit: with status 2 for a :class:`~tbmq.errors.ConfigError`.
     """
+    from tbmq.broker.tcp_server import reserve_descriptors
     from tbmq.service import BrokerService
 
     try:
         config = config_from_options(options)
         set_log_level(config.node.log_level)
         tune_gc(config.node.gc_threshold)
+        reserve_descriptors()
         service = BrokerService(config)
     except ConfigError as e:
         print(f"tbmq: {e}", file=sys.stderr)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from twisted.internet import protocol, tcp
 
 from tbmq.broker.tcp_server import Server, lighten
@@ -271,3 +273,38 @@ def test_the_mqtt_protocol_behind_a_layer_leaves_reading_to_the_layer():
     assert layer.read_waiting == below.read_waiting  # what the wrapper hands on
     assert proto.transport is layer and proto.connected
     assert below.reads == 0  # the layer reads for itself
+
+
+def _fd_table_size() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("FDSize:"):
+                return int(line.split()[1])
+    raise AssertionError("no FDSize in /proc/self/status")
+
+
+def test_reserve_descriptors_grows_the_table_once_and_closes_nothing_open():
+    """The table covers ``count`` descriptors after the call (the kernel
+    keeps its size), and a descriptor open at the top is left open."""
+    import fcntl
+    import os
+    import resource
+
+    from tbmq.broker.tcp_server import reserve_descriptors
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    count = min(soft, 1 << 13)
+    r, w = os.pipe()
+    try:
+        held = fcntl.fcntl(r, fcntl.F_DUPFD_CLOEXEC, count - 1)  # occupies the top descriptor
+        top = reserve_descriptors(count)
+        assert top >= count - 1 and top != held
+        os.fstat(held)  # still open: reserving did not close it
+        os.close(held)
+        assert _fd_table_size() >= count
+        with pytest.raises(OSError):
+            os.fstat(top)  # the reserving descriptor itself was closed
+    finally:
+        os.close(r)
+        os.close(w)
+    assert reserve_descriptors(3) == 0
