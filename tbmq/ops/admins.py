@@ -55,6 +55,14 @@ _SCHEMA = (
     "value TEXT NOT NULL)",
 )
 
+#: PostgreSQL: the transaction-scoped advisory lock taken before the schema
+#: statements (``b"tbmqadmn"`` as a big-endian bigint).  ``CREATE TABLE IF
+#: NOT EXISTS`` is not safe against itself: two nodes starting together
+#: could both create the table's row type, and one failed to start with a
+#: unique violation of ``pg_type_typname_nsp_index``.
+SCHEMA_LOCK = ("SELECT pg_advisory_xact_lock(%d)"
+               % (int.from_bytes(b"tbmqadmn", "big") - (1 << 63)),)
+
 
 class AdminError(Exception):
     """A refused admin-user operation (unknown user, bad name or role)."""
@@ -81,11 +89,16 @@ class AdminStore:
 
     :param connect: ``connect() -> DB-API connection``.
     :param paramstyle: ``qmark`` (sqlite3) or ``format`` (psycopg2).
+    :param schema_lock: statements run first in every transaction, before
+        the schema's (PostgreSQL: :data:`SCHEMA_LOCK`, so nodes starting
+        together create the tables one after the other).
     """
 
-    def __init__(self, connect: Callable[[], Any], paramstyle: str = "qmark") -> None:
+    def __init__(self, connect: Callable[[], Any], paramstyle: str = "qmark",
+                 schema_lock: tuple[str, ...] = ()) -> None:
         self.connect = connect
         self.paramstyle = paramstyle
+        self.schema_lock = schema_lock
 
     def _sql(self, statement: str) -> str:
         return statement if self.paramstyle == "qmark" else statement.replace("?", "%s")
@@ -94,7 +107,7 @@ class AdminStore:
         conn = self.connect()
         try:
             cursor = conn.cursor()
-            for statement in _SCHEMA:
+            for statement in self.schema_lock + _SCHEMA:
                 cursor.execute(statement)
             result = work(cursor)
             conn.commit()
@@ -217,7 +230,7 @@ def open_admin_store(config) -> AdminStore:
                               "users (pip install 'tbmq[postgres]')",
                               key="auth.credentials") from None
         dsn = config.postgres.dsn
-        return AdminStore(lambda: psycopg2.connect(dsn), "format")
+        return AdminStore(lambda: psycopg2.connect(dsn), "format", SCHEMA_LOCK)
     path = os.path.join(config.data_dir, FILE_NAME)
 
     def connect():

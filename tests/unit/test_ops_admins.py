@@ -52,3 +52,31 @@ def test_refused_users(store, name, password, role, error):
 def test_the_token_key_is_made_once(store):
     key = store.secret_sync()
     assert len(key) == 64 and store.secret_sync() == key
+
+
+def test_nodes_starting_together_create_the_postgres_schema_one_after_the_other(postgres_dsn):
+    """Eight nodes' admin stores read a new PostgreSQL database at the same
+    moment: each creates the schema if missing under the advisory lock, and
+    none fails (``CREATE TABLE IF NOT EXISTS`` alone is not safe against
+    itself: a duplicate row type in ``pg_type``)."""
+    import threading
+
+    config = load_config(None, environ={}, overrides={
+        "auth": {"credentials": "postgres"}, "postgres": {"dsn": new_database(postgres_dsn)}})
+    stores = [open_admin_store(config) for _ in range(8)]
+    start = threading.Barrier(len(stores))
+    outcomes: list = []
+
+    def read(store) -> None:
+        start.wait()
+        try:
+            outcomes.append(store.list_sync())
+        except Exception as e:  # noqa: BLE001 (the outcome is what is checked)
+            outcomes.append(e)
+
+    threads = [threading.Thread(target=read, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert outcomes == [[]] * len(stores)
