@@ -367,6 +367,19 @@ class IDeviceMessageStore(IBackend):
             of them (the others fire with 0); the sum is exact.
         """
 
+    def add_run(client_id, first_seq, messages, qos, retain=False, subscription_ids=()):
+        """Append one delivery per message of ``messages`` (a sequence of
+        :class:`tbmq.model.Message`, in order) to the queue of
+        ``client_id``, with the order keys ``first_seq``, ``first_seq + 1``,
+        ... (increasing), each at ``qos`` with ``retain`` and
+        ``subscription_ids``, queued (no packet id): the same as :meth:`add`
+        of those :class:`~tbmq.model.StoredDelivery`, in one call (the
+        messages of one :class:`~tbmq.cluster.records.DeliveryRun` of
+        ``tbmq.msg.persisted``).
+
+        :returns: Deferred firing as :meth:`add`'s.
+        """
+
     def update(client_id, seq, packet_id, state):
         """Record that delivery ``seq`` was sent with ``packet_id`` (int) and
         is now in ``state`` (:class:`tbmq.model.DeliveryState`).

@@ -21,6 +21,7 @@ __all__ = [
     "check_page",
     "decode_delivery",
     "encode_delivery",
+    "run_deliveries",
     "update_many",
 ]
 
@@ -46,6 +47,20 @@ def check_limit(max_messages_per_client: int | None) -> int | None:
         raise ValueError(
             f"max_messages_per_client must be >= 1 or None, not {max_messages_per_client}")
     return max_messages_per_client
+
+
+def run_deliveries(first_seq: int, messages, qos: int, retain: bool = False,
+                   subscription_ids: tuple = ()) -> list[StoredDelivery]:
+    """:returns: the :class:`~tbmq.model.StoredDelivery` of each of
+    ``messages`` as :meth:`tbmq.interfaces.IDeviceMessageStore.add_run`
+    queues them: order keys ``first_seq``, ``first_seq + 1``, ..., each at
+    ``qos`` with ``retain`` and ``subscription_ids``, queued.
+    :raises TypeError: for a ``first_seq`` that is not an int."""
+    if isinstance(first_seq, bool) or not isinstance(first_seq, int):
+        raise TypeError(f"first_seq must be an int, not {first_seq!r}")
+    sids = tuple(subscription_ids)
+    return [StoredDelivery(seq, message, qos, retain, sids)
+            for seq, message in enumerate(messages, first_seq)]
 
 
 def update_many(store, client_id: str, updates: list[tuple[int, int | None, int]]):

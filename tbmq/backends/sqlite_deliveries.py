@@ -204,36 +204,73 @@ class SQLiteDeviceMessageStore(RunnerView):
             the last one reports them, the others 0).
         """
         try:
-            # a message is encoded once (message_blobs, one pass for the
-            # add's new ones) for every subscriber it is queued for: the same
-            # bytes in each row
-            blobs, ids_of = self._blobs, ids_json
-            rows, misses = [], []  # misses: row, message, row, message...
+            ids_of = ids_json
+            rows, messages = [], []
             for d in deliveries:
-                message = d.message
-                known = blobs.get(id(message))
                 ids = d.subscription_ids
-                row = [client_id, int(d.seq), None, int(d.qos), 1 if d.retain else 0,
-                       ids_of(ids) if ids else None, d.packet_id, int(d.state)]
-                rows.append(row)
-                if known is None:
-                    misses.append(row)
-                    misses.append(message)
-                else:
-                    row[2] = known[1]
-            if misses:
-                messages = misses[1::2]
-                if len(blobs) + len(messages) > SHARED_BLOBS:
-                    blobs.clear()
-                for row, message, blob in zip(misses[::2], messages, message_blobs(messages)):
-                    row[2] = blob
-                    if len(blob) <= SHARED_BLOB_MAX:
-                        # the message is held: its id is not another's meanwhile
-                        blobs[id(message)] = (message, blob)
+                rows.append([client_id, int(d.seq), None, int(d.qos), 1 if d.retain else 0,
+                             ids_of(ids) if ids else None, d.packet_id, int(d.state)])
+                messages.append(d.message)
+            self._fill_blobs(rows, messages)
         except Exception:
             return defer.fail()
         return self._merge(self._new_writes, lambda writes: writes.put_all(client_id, rows),
                            client_id)
+
+    def add_run(self, client_id: str, first_seq: int, messages, qos: int,
+                retain: bool = False, subscription_ids: tuple = ()) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.add_run`:
+        a row per message, made from the run's values once (no
+        :class:`~tbmq.model.StoredDelivery` each).
+
+        :param client_id: the persistent session's client id.
+        :param first_seq: the order key of the first message (an int); the
+            next ones follow it by one.
+        :param messages: the :class:`~tbmq.model.Message` s, in order.
+        :returns: a Deferred as :meth:`add`'s, or failing with
+            :class:`TypeError` for a ``first_seq`` that is not an int.
+        """
+        try:
+            if isinstance(first_seq, bool) or not isinstance(first_seq, int):
+                raise TypeError(f"first_seq must be an int, not {first_seq!r}")
+            qos, flag = int(qos), 1 if retain else 0
+            ids = ids_json(tuple(subscription_ids)) if subscription_ids else None
+            queued = int(DeliveryState.QUEUED)
+            rows = [[client_id, seq, None, qos, flag, ids, None, queued]
+                    for seq in range(first_seq, first_seq + len(messages))]
+            self._fill_blobs(rows, messages)
+        except Exception:
+            return defer.fail()
+        return self._merge(self._new_writes, lambda writes: writes.put_all(client_id, rows),
+                           client_id)
+
+    def _fill_blobs(self, rows: list, messages) -> None:
+        """Put the encoding of each of ``messages`` into the ``message``
+        column of its row of ``rows``: a message is encoded once
+        (:func:`~tbmq.backends.sqlite_schema.message_blobs`, one pass for
+        the new ones) for every subscriber it is queued for, the same bytes
+        in each row.
+
+        :raises tbmq.errors.RecordEncodingError: for a message that does
+            not fit its record."""
+        blobs = self._blobs
+        misses, missed = [], []
+        for row, message in zip(rows, messages):
+            known = blobs.get(id(message))
+            if known is None:
+                misses.append(row)
+                missed.append(message)
+            else:
+                row[2] = known[1]
+        if not misses:
+            return
+        if len(blobs) + len(missed) > SHARED_BLOBS:
+            blobs.clear()
+        for row, message, blob in zip(misses, missed, message_blobs(missed)):
+            row[2] = blob
+            if len(blob) <= SHARED_BLOB_MAX:
+                # the message is held: its id is not another's meanwhile
+                blobs[id(message)] = (message, blob)
 
     def update(
         self, client_id: str, seq: int, packet_id: int | None, state: int

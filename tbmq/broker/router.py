@@ -161,10 +161,11 @@ class Gathered:
         or, for a sink that takes runs
         (:attr:`~tbmq.cluster.sinks.BusSink.runs`: a node's downlink), the
         client's newest record there, a :class:`NewestRecord`.  A new
-        record there takes the place of an older one (not of a group) in
-        the other class too (where a message of that class
-        finds a record of another QoS and is classified again): only the
-        newest record of a client grows, so its messages keep their order.
+        record there takes the place of an older one of the same group
+        (``(sink, where)``) in the other class too (where a message of that
+        class finds a record of another QoS and is classified again): only
+        the newest record of a client in a group grows, so its messages
+        keep their order there.
         A client that is not written to at once (no session here, or a
         persistent one at QoS 1/2: an APPLICATION client's topic, a
         DEVICE's store) is classified once per batch and QoS class (its
@@ -203,7 +204,9 @@ class Gathered:
                 first = targets[qos != 0][client_id] = NewestRecord(values, len(values))
                 other = targets[qos == 0]
                 older = other.get(client_id)
-                if older is None or not older.lasts:  # an older record: not to grow
+                # an older record of the same group: not to grow (one of
+                # another sink or place keeps its order there)
+                if older is None or (not older.lasts and older.values is values):
                     other[client_id] = first
             else:
                 targets[qos != 0][client_id] = group

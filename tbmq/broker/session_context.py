@@ -16,16 +16,18 @@ __all__ = ["SessionContext", "TopicNameCache", "next_seq", "valid_utf8"]
 _SEQ = [0]
 
 
-def next_seq(now_ns: int) -> int:
+def next_seq(now_ns: int, count: int = 1) -> int:
     """A process-wide increasing order key for persistent deliveries.
 
     :param now_ns: the wall clock in nanoseconds, so keys also increase across
         restarts.
+    :param count: how many consecutive keys to take (>= 1): the keys of a
+        run of messages are the one returned and the ``count - 1`` after it.
     """
     seq = _SEQ[0] + 1
     if now_ns > seq:
         seq = now_ns
-    _SEQ[0] = seq
+    _SEQ[0] = seq + count - 1
     return seq
 
 

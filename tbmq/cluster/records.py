@@ -29,7 +29,8 @@ topic                                          key         record (tag)         
 ============================================== =========== ============================ ====
 ``tbmq.msg.all``                               topic name  Message (``msg``)            no
 ``tbmq.msg.retained``                          topic name  Message (``msg``)            yes
-``tbmq.msg.persisted``                         client id   Delivery (``dlv``) or        no
+``tbmq.msg.persisted``                         client id   Delivery (``dlv``),          no
+                                                           DeliveryRun (``dlr``) or
                                                            SessionMarker (``mrk``)
 ``tbmq.msg.downlink.basic.<serviceId>``        client id   Delivery (``dlv``)           no
 ``tbmq.msg.downlink.persisted.<serviceId>``    client id   Delivery (``dlv``) or        no
@@ -162,6 +163,7 @@ __all__ = [
     "NODE_GONE",
     "NODE_VERSION",
     "PERSISTED",
+    "PERSISTED_RUNS",
     "RETAINED",
     "RUN_MAX_BYTES",
     "RUN_MAX_MESSAGES",
@@ -499,9 +501,12 @@ def _marker_from_array(obj: Any) -> SessionMarker | None:
 #: :class:`SessionMarker` alone (nested in :data:`PERSISTED`).
 MARKER = RecordCodec("SessionMarker", SessionMarker, "mrk", _write_marker, {1: _read_marker_v1},
                      fast=(_marker_array, _marker_from_array))
-#: ``tbmq.msg.persisted`` and ``tbmq.msg.downlink.persisted.<serviceId>``:
-#: :class:`Delivery` or :class:`SessionMarker`.
+#: ``tbmq.msg.downlink.persisted.<serviceId>``: :class:`Delivery` or
+#: :class:`SessionMarker`.
 PERSISTED = RecordUnion("Persisted", DELIVERY, MARKER)
+#: ``tbmq.msg.persisted``: :class:`Delivery`, :class:`DeliveryRun` (a
+#: routed batch's messages to one client) or :class:`SessionMarker`.
+PERSISTED_RUNS = RecordUnion("PersistedRuns", DELIVERY, DELIVERY_RUN, MARKER)
 
 
 # WillRecord, SessionInfo ----------------------------------------------------------

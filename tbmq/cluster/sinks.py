@@ -23,12 +23,14 @@ downlink topics to the local sessions.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Mapping, NamedTuple
 
 from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from tbmq.backends.deliveries import run_deliveries
 from tbmq.cluster.completion import Completion, deferred_done, publish_each
 from tbmq.cluster.records import Delivery, DeliveryRun, Record, SessionMarker
 from tbmq.errors import BackendError
@@ -51,7 +53,8 @@ class BusSink:
                                 non-persistent client on node ``where``
     ``persisted``               ``tbmq.msg.persisted`` (whatever ``where``): a
                                 persistent DEVICE, stored by
-                                :class:`PersistedWriter`; also its
+                                :class:`PersistedWriter` (a batch's messages
+                                to one client as runs); also its
                                 :class:`~tbmq.cluster.records.SessionMarker`
     ``application``             ``tbmq.msg.app.<clientId>``: a persistent
                                 APPLICATION client ``where``
@@ -62,7 +65,8 @@ class BusSink:
     :param bus: the :class:`tbmq.interfaces.IMessageBus`.
     :param topic_of: ``where -> bus topic`` (``str -> str``).
     :param runs: True when the topic's record type takes a
-        :class:`~tbmq.cluster.records.DeliveryRun` (a node's downlink): a
+        :class:`~tbmq.cluster.records.DeliveryRun` (a node's downlink,
+        ``tbmq.msg.persisted``): a
         batch's messages to one client there go as one run, not as a
         :class:`~tbmq.cluster.records.Delivery` each.
     """
@@ -137,7 +141,7 @@ class Sinks(NamedTuple):
         """:param topics: the :class:`~tbmq.cluster.topics.TopicCatalogue`."""
         persisted = topics.msg_persisted
         return cls(BusSink(bus, topics.downlink_basic, runs=True),
-                   BusSink(bus, lambda _client_id: persisted),
+                   BusSink(bus, lambda _client_id: persisted, runs=True),
                    BusSink(bus, topics.app), BusSink(bus, topics.app_shared))
 
 
@@ -152,6 +156,19 @@ def write_marker(sink: BusSink, service_id: str, client_id: str, session_id: str
     :returns: the bus's publish result (None or a Deferred)."""
     return sink.send(client_id, client_id,
                      SessionMarker(client_id, service_id, session_id, attached))
+
+
+def _stored(parts: list):
+    """:returns: an iterator of the :class:`~tbmq.model.StoredDelivery` of
+    ``parts`` (a stored delivery each, or ``(first seq, DeliveryRun)``:
+    the run's messages with consecutive order keys), in order."""
+    for part in parts:
+        if type(part) is tuple:
+            first, run = part
+            yield from run_deliveries(first, run.messages, run.qos, run.retain,
+                                      run.subscription_ids)
+        else:
+            yield part
 
 
 def _settle(result, pending: Completion) -> None:
@@ -187,8 +204,9 @@ class PersistedWriter:
     :param service_id: this node's service id.
     :param bus: the bus, and ``downlink_topic(service_id)``, for remote targets.
     :param clock: ``IReactorTime``.
-    :param next_seq: ``next_seq(now_ns) -> int``: the order key of a new
-        delivery.
+    :param next_seq: ``next_seq(now_ns, count=1) -> int``: the order key
+        of a new delivery (the first of ``count`` consecutive ones, for a
+        run's messages).
     :param drops: the node's :class:`tbmq.broker.hooks.DropCounter`: the
         oldest deliveries the store removed to stay within its per-client
         limit (``storage.max_messages_per_client``) count as
@@ -225,9 +243,9 @@ class PersistedWriter:
     #: seconds between attempts while the store fails: from the first, doubling
     RETRY_FIRST, RETRY_MAX = 0.5, 5.0
 
-    def _store(self, client_id: str, stored: list) -> defer.Deferred:
-        """``store.add`` of ``stored`` (:class:`~tbmq.model.StoredDelivery`
-        of one client, in order) until it succeeds: while the store is out
+    def _store(self, client_id: str, write: Callable[[], defer.Deferred]) -> defer.Deferred:
+        """``write()`` (a ``store.add`` or ``store.add_run`` of deliveries
+        of ``client_id``, in order) until it succeeds: while the store is out
         (Redis or PostgreSQL gone) the consumer of ``tbmq.msg.persisted`` is
         paused, the deliveries are written again every few seconds (an add
         of the same ``seq`` replaces it), and the outage and the recovery
@@ -244,7 +262,7 @@ class PersistedWriter:
         storing.add(done)
 
         def attempt():
-            self.store.add(client_id, stored).addCallbacks(succeeded, failed)
+            write().addCallbacks(succeeded, failed)
 
         def succeeded(removed):
             if not isinstance(removed, int):
@@ -294,8 +312,10 @@ class PersistedWriter:
         client's deliveries are written to its session at once when it is
         connected here; else, once stored, sent where it is connected.
 
-        :param values: :class:`~tbmq.cluster.records.Delivery` and
-            :class:`~tbmq.cluster.records.SessionMarker`, in order.
+        :param values: :class:`~tbmq.cluster.records.Delivery`,
+            :class:`~tbmq.cluster.records.DeliveryRun` (several messages to
+            one client) and :class:`~tbmq.cluster.records.SessionMarker`,
+            in order.
         The attach markers passed on to other nodes at once (nothing of
         their client being stored) go together: those to one node in one
         ``publish_many`` (one outcome, a part of the batch's), sent before
@@ -332,42 +352,73 @@ class PersistedWriter:
         return pending
 
     def _write(self, client_id: str, group: list, pending: Completion) -> None:
-        """Store ``group`` (deliveries to ``client_id``, in order) as one
-        write, a part of ``pending``."""
+        """Store ``group`` (deliveries and runs to ``client_id``, in order),
+        a part of ``pending``: each run with one ``store.add_run`` (its
+        messages take consecutive order keys; no
+        :class:`~tbmq.model.StoredDelivery` is made for a client that is
+        not connected here), the lone deliveries between them with one
+        ``store.add``."""
         now = self.clock.seconds()
         now_ns = int(now * 1e9)
-        next_seq = self.next_seq
-        stored = [StoredDelivery(next_seq(now_ns), d.message, d.qos, d.retain,
-                                 d.subscription_ids) for d in group]
-        result = self._store(client_id, stored)
+        next_seq, store = self.next_seq, self.store
+        writes: list = []  # a Deferred per store call, in order
+        parts: list = []  # StoredDelivery, or (first seq, DeliveryRun), in order
+        lone: list = []
+        for d in group:
+            if type(d) is DeliveryRun:
+                if lone:
+                    writes.append(self._store(client_id, partial(store.add, client_id, lone)))
+                    lone = []
+                messages = d.messages
+                first = next_seq(now_ns, len(messages))
+                writes.append(self._store(client_id, partial(
+                    store.add_run, client_id, first, messages, d.qos, d.retain,
+                    d.subscription_ids)))
+                parts.append((first, d))
+                continue
+            one = StoredDelivery(next_seq(now_ns), d.message, d.qos, d.retain,
+                                 d.subscription_ids)
+            lone.append(one)
+            parts.append(one)
+        if lone:
+            writes.append(self._store(client_id, partial(store.add, client_id, lone)))
+        if len(writes) == 1:
+            result = writes[0]
+        else:  # (a store write never fails: it is written again until it works)
+            result = defer.DeferredList(writes).addCallback(
+                lambda outcomes: sum(trimmed for _, trimmed in outcomes))
         result.addCallback(self._trimmed, client_id)
         session = self.sessions.get(client_id)
         if session is not None and session.connection is not None:
-            for one in stored:
+            for one in _stored(parts):
                 session.deliver_stored(one, None, now, self.consumer)
         else:
             # located once stored: a session that connects later reads it there
-            result.addCallback(self._forward, client_id, group, stored)
+            result.addCallback(self._forward, client_id, parts)
         _settle(result, pending)
 
-    def _forward(self, _trimmed: Any, client_id: str, group: list, stored: list):
-        """``group`` is stored: to the node where ``client_id`` is
-        connected (its persisted downlink), or to its session here.
+    def _forward(self, _trimmed: Any, client_id: str, parts: list):
+        """``parts`` (what :meth:`_write` stored) are stored: to the node
+        where ``client_id`` is connected (its persisted downlink, a
+        :class:`~tbmq.cluster.records.Delivery` with its order key each),
+        or to its session here.
 
         :returns: None, or a Deferred of the downlink publishes."""
         where = self.where(client_id)
         if where is not None and where != self.service_id:
             sent = Completion()
             topic = self.downlink_topic(where)
-            for d, one in zip(group, stored):
-                d.seq = one.seq  # (the store's order key, for that node's session)
-                self.bus.publish(topic, client_id, d, (), sent.part())
+            publish = self.bus.publish
+            for one in _stored(parts):
+                publish(topic, client_id, Delivery(client_id, one.message, one.qos, one.retain,
+                                                   one.subscription_ids, one.seq),
+                        (), sent.part())
             return deferred_done(sent.then)
         if where == self.service_id:
             here = self.sessions.get(client_id)
             if here is not None and here.connection is not None:
                 now = self.clock.seconds()
-                for one in stored:
+                for one in _stored(parts):
                     here.deliver_stored(one, None, now, self.consumer)
         return None
 

@@ -6,7 +6,7 @@ name (after the prefix)                        codec (:mod:`.records`)      comp
 ============================================== ============================ ========= =======
 ``tbmq.msg.all``                               ``MESSAGE``                  no        no
 ``tbmq.msg.retained``                          ``RETAINED`` (tombstones)    yes       no
-``tbmq.msg.persisted``                         ``PERSISTED``                no        no
+``tbmq.msg.persisted``                         ``PERSISTED_RUNS``           no        no
 ``tbmq.msg.downlink.basic.<serviceId>``        ``DOWNLINK``                 no        no
 ``tbmq.msg.downlink.persisted.<serviceId>``    ``PERSISTED``                no        no
 ``tbmq.msg.app.<clientId>``                    ``DELIVERY``                 no        yes
@@ -111,7 +111,7 @@ _LONGEST_BASE = max(len(DOWNLINK_PERSISTED), len(SESSION_EVENT_RESPONSE), len(AP
 _EXACT = {
     MSG_ALL: records.MESSAGE,
     MSG_RETAINED: records.RETAINED,
-    MSG_PERSISTED: records.PERSISTED,
+    MSG_PERSISTED: records.PERSISTED_RUNS,
     CLIENT_SESSION: records.SESSION,
     CLIENT_SUBSCRIPTIONS: records.SUBSCRIPTIONS,
     SESSION_EVENT_REQUEST: records.SESSION_EVENT,

@@ -62,7 +62,7 @@ class World:
         seq = iter(range(1, 10**6))
         self.writer = PersistedWriter(
             self.store, self.sessions, self.registry.get, "node-w", self.bus,
-            lambda service_id: "downlink." + service_id, task.Clock(), lambda now: next(seq),
+            lambda service_id: "downlink." + service_id, task.Clock(), lambda now, count=1: next(seq),
             gone=self.gone.__contains__)
 
     def record(self, value) -> Record:
