@@ -451,6 +451,57 @@ class TestDeviceMessageStore:
         assert stores.result(stores.deliveries.add("c", [])) == 0
         assert stores.result(stores.deliveries.load("c")) == []
 
+    # -- add_run
+
+    def test_add_run_is_an_add_of_its_deliveries(self, stores):
+        """A run's messages are stored as one delivery each, with
+        consecutive seqs from the first, the run's QoS, RETAIN flag and
+        subscription identifiers, queued; read back as :meth:`add` would
+        have stored them."""
+        base = 1_790_000_000_000_000_000  # nanoseconds, as the broker's seqs
+        messages = [rich_message("r/0"), message("r/1", b""), message("r/2", b"\xff" * 300)]
+        assert stores.result(stores.deliveries.add_run(
+            "c", base, messages, 1, True, (7, 268435455))) == 0
+        assert stores.result(stores.deliveries.add_run("c", base + 3, [message("r/3")], 2)) == 0
+        loaded = stores.result(stores.deliveries.load("c"))
+        expected = [StoredDelivery(base + i, m, 1, True, (7, 268435455))
+                    for i, m in enumerate(messages)]
+        expected.append(StoredDelivery(base + 3, message("r/3"), 2))
+        assert loaded == expected
+        assert {(d.packet_id, d.state) for d in loaded} == {(None, DeliveryState.QUEUED)}
+        assert stores.result(stores.deliveries.count("c")) == 4
+
+    def test_add_run_keeps_order_with_adds_updates_and_removes(self, stores):
+        """Runs, adds, updates and removes made without waiting apply in
+        the order made; a run's delivery can be updated and removed by its
+        seq like any other."""
+
+        def burst(store: Any) -> defer.Deferred:
+            return defer.gatherResults([
+                store.add("c", [delivery(1)]),
+                store.add_run("c", 2, [message("t/2"), message("t/3"), message("t/4")], 1),
+                store.update("c", 3, 21, DeliveryState.SENT),
+                store.remove("c", [2]),
+                store.add("c", [delivery(5)]),
+                store.add_run("d", 1, [message("t/1")], 1),
+                store.load("c"),
+            ])
+
+        results = stores.concurrently(burst)
+        assert [(d.seq, d.message.topic, d.packet_id) for d in results[-1]] == [
+            (1, "t/1", None), (3, "t/3", 21), (4, "t/4", None), (5, "t/5", None)]
+        assert [d.seq for d in stores.result(stores.deliveries.load("d"))] == [1]
+
+    def test_add_run_of_nothing(self, stores):
+        assert stores.result(stores.deliveries.add_run("c", 1, [], 1)) == 0
+        assert stores.result(stores.deliveries.load("c")) == []
+
+    def test_add_run_with_a_bad_first_seq_fails(self, stores):
+        for bad in ("1", 1.0, None):
+            with pytest.raises(TypeError):
+                stores.result(stores.deliveries.add_run("c", bad, [message()], 1))
+        assert stores.result(stores.deliveries.load("c")) == []
+
     def test_update_packet_id_and_state(self, stores):
         stores.result(stores.deliveries.add("c", [delivery(1, qos=2), delivery(2)]))
         assert (
@@ -695,6 +746,20 @@ class TestDeviceMessageStore:
         assert sum(results[:8]) == 5 and sum(results[8:]) == 3
         assert [d.seq for d in stores.result(stores.deliveries.load("c"))] == [6, 7, 8]
         assert [d.seq for d in stores.result(stores.deliveries.load("d"))] == [101, 102, 103]
+
+    def test_limit_trims_after_a_run(self, limited_stores):
+        stores, deliveries = limited_stores, limited_stores.deliveries
+        assert stores.result(deliveries.add("c", [delivery(1)])) == 0
+        assert stores.result(deliveries.add_run(
+            "c", 2, [message(f"t/{s}") for s in range(2, 7)], 1)) == 3
+        assert [d.seq for d in stores.result(deliveries.load("c"))] == [4, 5, 6]
+
+    def test_a_run_survives_reopen(self, durable_stores):
+        stores = durable_stores
+        stores.result(stores.deliveries.add_run("c", 10, [rich_message(), message()], 1))
+        stores = reopen(stores)
+        assert stores.result(stores.deliveries.load("c")) == [
+            StoredDelivery(10, rich_message(), 1), StoredDelivery(11, message(), 1)]
 
     def test_trimmed_deliveries_stay_gone_after_reopen(self, durable_stores):
         stores = reopen(durable_stores, max_messages_per_client=2)
