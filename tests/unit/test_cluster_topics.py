@@ -90,8 +90,8 @@ def test_codecs():
     c = TopicCatalogue("p.")
     assert c.codec_for(c.msg_all) is records.MESSAGE
     assert c.codec_for(c.msg_retained) is records.RETAINED
-    for name in (c.msg_persisted, c.downlink_persisted("n")):
-        assert c.codec_for(name) is records.PERSISTED
+    assert c.codec_for(c.msg_persisted) is records.PERSISTED_RUNS
+    assert c.codec_for(c.downlink_persisted("n")) is records.PERSISTED
     assert c.codec_for(c.downlink_basic("n")) is records.DOWNLINK
     for name in (c.app("a"), c.app_shared("f/#")):
         assert c.codec_for(name) is records.DELIVERY

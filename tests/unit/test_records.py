@@ -64,6 +64,7 @@ CASES = [
     (r.DELIVERY, deliveries),
     (r.MARKER, markers),
     (r.PERSISTED, deliveries | markers),
+    (r.PERSISTED_RUNS, deliveries | runs | markers),
     (r.DELIVERY_RUN, runs),
     (r.DOWNLINK, deliveries | runs),
     (r.SESSION, sessions),
@@ -162,6 +163,26 @@ def test_the_downlink_union_reads_deliveries_and_runs_and_refuses_an_empty_run()
     empty = msgpack.packb(["dlr", 1, "c", [], 1, False, []], use_bin_type=True)
     with pytest.raises(RecordEncodingError, match="non-empty"):
         r.DOWNLINK.decode(empty)
+
+
+def test_the_persisted_topic_reads_deliveries_runs_and_markers():
+    """``tbmq.msg.persisted`` carries a routed batch's messages to one
+    client as a run, besides lone deliveries and session markers; the
+    persisted downlink does not take runs; a consumer counts a run's
+    messages."""
+    m1, m2 = Message("t/1", b"x", 1), Message("t/2", b"y", 1)
+    d = r.Delivery("c", m1, 1, seq=0)
+    run = r.DeliveryRun("c", [m1, m2], 1, False, ())
+    marker = r.SessionMarker("c", "n", "s", True)
+    for value in (d, marker):
+        assert r.PERSISTED_RUNS.decode(r.PERSISTED_RUNS.encode(value)) == value
+    read = r.PERSISTED_RUNS.decode(r.PERSISTED_RUNS.encode(run))
+    assert type(read) is r.DeliveryRun and read.messages == (m1, m2)
+    arrays = [msgpack.unpackb(r.PERSISTED_RUNS.encode(v), use_list=False)
+              for v in (d, run, marker)]
+    assert r.PERSISTED_RUNS.count_arrays(arrays) == 4
+    with pytest.raises(RecordEncodingError):
+        r.PERSISTED.encode(run)
 
 
 def test_a_reader_rejects_another_type_and_an_unknown_version():
