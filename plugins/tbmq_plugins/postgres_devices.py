@@ -35,11 +35,11 @@ from zope.interface import implementer
 
 from tbmq.backends.deliveries import (
     DeliveryWrites,
+    RunsAsAdds,
     check_limit,
     check_page,
     decode_delivery,
     encode_delivery,
-    run_deliveries,
 )
 from tbmq.errors import BackendError
 from tbmq.interfaces import IDeviceMessageStore
@@ -157,7 +157,7 @@ class _Writes(DeliveryWrites):
 
 
 @implementer(IDeviceMessageStore)
-class PostgresDeviceMessageStore(PostgresBackend):
+class PostgresDeviceMessageStore(RunsAsAdds, PostgresBackend):
     """:class:`~tbmq.interfaces.IDeviceMessageStore` in PostgreSQL.
 
     :param dsn, min_connections, max_connections, reactor, pool: the
@@ -293,21 +293,6 @@ class PostgresDeviceMessageStore(PostgresBackend):
                 writes.put((client_id, row[1]), row)
 
         return self._merge(merge, client_id)
-
-
-    def add_run(self, client_id: str, first_seq: int, messages, qos: int,
-                retain: bool = False, subscription_ids: tuple = ()) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.add_run`:
-        :meth:`add` of the run's deliveries
-        (:func:`~tbmq.backends.deliveries.run_deliveries`).
-
-        :returns: a Deferred as :meth:`add`'s, or failing with
-            :class:`TypeError` for a ``first_seq`` that is not an int."""
-        try:
-            deliveries = run_deliveries(first_seq, messages, qos, retain, subscription_ids)
-        except Exception:
-            return defer.fail()
-        return self.add(client_id, deliveries)
 
     def update(self, client_id: str, seq: int, packet_id: int | None,
                state: int) -> defer.Deferred:

@@ -45,11 +45,11 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from tbmq.backends.deliveries import (
+    RunsAsAdds,
     check_limit,
     check_page,
     decode_delivery,
     encode_delivery,
-    run_deliveries,
 )
 from tbmq.errors import BackendError
 from tbmq.hookspecs import hookimpl
@@ -82,7 +82,7 @@ def _member(seq: Any) -> str:
 
 
 @implementer(IDeviceMessageStore)
-class RedisDeviceMessageStore:
+class RedisDeviceMessageStore(RunsAsAdds):
     """:class:`~tbmq.interfaces.IDeviceMessageStore` in Redis.
 
     :param url: ``redis://[[user]:password@]host[:port][/db]`` (``rediss://``
@@ -399,21 +399,6 @@ class RedisDeviceMessageStore:
         if not items and self._running:
             return defer.succeed(0)
         return self._write(client_id, ["a", items])
-
-
-    def add_run(self, client_id: str, first_seq: int, messages, qos: int,
-                retain: bool = False, subscription_ids: tuple = ()) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.add_run`:
-        :meth:`add` of the run's deliveries
-        (:func:`~tbmq.backends.deliveries.run_deliveries`).
-
-        :returns: a Deferred as :meth:`add`'s, or failing with
-            :class:`TypeError` for a ``first_seq`` that is not an int."""
-        try:
-            deliveries = run_deliveries(first_seq, messages, qos, retain, subscription_ids)
-        except Exception:
-            return defer.fail()
-        return self.add(client_id, deliveries)
 
     def update(self, client_id: str, seq: int, packet_id: int | None,
                state: int) -> defer.Deferred:

@@ -17,6 +17,7 @@ from tbmq.model import DeliveryState, StoredDelivery
 
 __all__ = [
     "DeliveryWrites",
+    "RunsAsAdds",
     "check_limit",
     "check_page",
     "decode_delivery",
@@ -61,6 +62,28 @@ def run_deliveries(first_seq: int, messages, qos: int, retain: bool = False,
     sids = tuple(subscription_ids)
     return [StoredDelivery(seq, message, qos, retain, sids)
             for seq, message in enumerate(messages, first_seq)]
+
+
+class RunsAsAdds:
+    """:meth:`~tbmq.interfaces.IDeviceMessageStore.add_run` for a device
+    store that writes a run as an ``add`` of its deliveries
+    (:func:`run_deliveries`: the cluster's stores, whose cost per message
+    is the server's; the in-memory one)."""
+
+    __slots__ = ()
+
+    def add_run(self, client_id: str, first_seq: int, messages, qos: int,
+                retain: bool = False, subscription_ids: tuple = ()) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.add_run`:
+        ``self.add`` of the run's deliveries.
+
+        :returns: a Deferred as ``add``'s, or failing with
+            :class:`TypeError` for a ``first_seq`` that is not an int."""
+        try:
+            deliveries = run_deliveries(first_seq, messages, qos, retain, subscription_ids)
+        except Exception:
+            return defer.fail()
+        return self.add(client_id, deliveries)
 
 
 def update_many(store, client_id: str, updates: list[tuple[int, int | None, int]]):

@@ -17,7 +17,7 @@ from typing import Iterable
 from twisted.internet import defer
 from zope.interface import implementer
 
-from tbmq.backends.deliveries import check_limit, check_page, run_deliveries
+from tbmq.backends.deliveries import RunsAsAdds, check_limit, check_page
 from tbmq.backends.topic_records import check_records, expand
 from tbmq.interfaces import IDeviceMessageStore, IRetainedStore, ITopicLog
 from tbmq.model import (
@@ -125,7 +125,7 @@ class MemoryRetainedStore(_MemoryBackend):
 
 
 @implementer(IDeviceMessageStore)
-class MemoryDeviceMessageStore(_MemoryBackend):
+class MemoryDeviceMessageStore(RunsAsAdds, _MemoryBackend):
     """Deliveries queued for persistent sessions: client id → seq →
     :class:`~tbmq.model.StoredDelivery`
     (:class:`~tbmq.interfaces.IDeviceMessageStore`).
@@ -160,21 +160,6 @@ class MemoryDeviceMessageStore(_MemoryBackend):
             for seq in heapq.nsmallest(removed, queue):
                 del queue[seq]
         return defer.succeed(removed)
-
-
-    def add_run(self, client_id: str, first_seq: int, messages, qos: int,
-                retain: bool = False, subscription_ids: tuple = ()) -> defer.Deferred:
-        """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.add_run`:
-        :meth:`add` of the run's deliveries
-        (:func:`~tbmq.backends.deliveries.run_deliveries`).
-
-        :returns: a Deferred as :meth:`add`'s, or failing with
-            :class:`TypeError` for a ``first_seq`` that is not an int."""
-        try:
-            deliveries = run_deliveries(first_seq, messages, qos, retain, subscription_ids)
-        except Exception:
-            return defer.fail()
-        return self.add(client_id, deliveries)
 
     def update(
         self, client_id: str, seq: int, packet_id: int | None, state: int
