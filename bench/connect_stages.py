@@ -137,7 +137,7 @@ def _bridge(m):
         sent = _sent.pop(id(done), None)
         now = _now()
         if sent is not None:
-            _produced.append((now - sent[0], sent[1]))
+            _produced.append((now - sent[0], sent[1], sent[2]))
         with lock:
             _state["first"].setdefault(id(self), now)
     original = m.AckBatcher._drain
@@ -154,7 +154,7 @@ def _bridge(m):
 
 def _confluent(m):
     def send(self, topic, key, value, headers, done, partition=None):
-        _sent[id(done)] = (_now(), topic)
+        _sent[id(done)] = (_now(), topic, partition)
     _wrap(m.Producer, "send", before=send)
 
 
@@ -230,8 +230,10 @@ def report(folder: str) -> None:
                                 and a in r and b in r]) for p in paths]
             print(f"| {title} | " + " | ".join(cells) + " |")
         produced = collections.defaultdict(list)
-        for seconds, topic in data["produced"]:
+        for seconds, topic, partition in data["produced"]:
             produced[topic_family(topic)].append(seconds)
+            if topic_family(topic) == "client.session.event.request":
+                produced[f"{topic_family(topic)} [{partition}]"].append(seconds)
         for family, values in sorted(produced.items()):
             if len(values) >= 10:
                 print(f"| produce → report, {family} | {quantiles(values)} |")
