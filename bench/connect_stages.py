@@ -13,6 +13,8 @@ methods as their modules are imported, and each node writes what it saw to
 ``bench/out/connect-stages-*/stages.<pid>.json``.  For each CONNECT of node
 A, keyed by its connection:
 
+* ``accepted``: the connection was made (``MQTTProtocol.connectionMade``:
+  the TCP connection accepted, its CONNECT not read yet);
 * ``read``: the CONNECT passed the checks before authentication
   (``ConnectHandler.handle_connect``);
 * ``request``: the session event request is asked
@@ -31,7 +33,10 @@ Per node, for the confluent driver: ``produce → report`` per topic (from
 ``Producer.send`` to the delivery report put to the ack batcher, in
 librdkafka's poll thread: the produce round trip, librdkafka's queue and
 the poll thread's wait for the GIL) and ``report → reactor`` (from the
-first report of a batch to the reactor's drain of it).  Wall-clock
+first report of a batch to the reactor's drain of it).  The client's
+CONNECT → CONNACK (the burst's p50) also holds what is outside the node's
+``accepted → CONNACK``: the TCP handshake and accept queue, the CONNACK's
+way out and the load generator's own scheduling.  Wall-clock
 figures: on a loaded machine compare trees in the same run, and repeat.
 """
 
@@ -83,6 +88,10 @@ def _wrap(cls, name, before=None, after=None):
             after(self, *args, **kwargs)
         return result
     setattr(cls, name, wrapper)
+
+
+def _protocol(m):
+    _wrap(m.MQTTProtocol, "connectionMade", before=lambda self, *a, **k: _stamp(id(self), "accepted"))
 
 
 def _connect(m):
@@ -158,7 +167,7 @@ def _confluent(m):
     _wrap(m.Producer, "send", before=send)
 
 
-_PATCHES = {"tbmq.broker.connect": _connect, "tbmq.broker.sessions": _sessions,
+_PATCHES = {"tbmq.broker.protocol": _protocol, "tbmq.broker.connect": _connect, "tbmq.broker.sessions": _sessions,
             "tbmq.cluster.session_events": _events, "tbmq_plugins.kafka.bridge": _bridge,
             "tbmq_plugins.kafka.confluent": _confluent}
 
@@ -188,9 +197,10 @@ if _OUT:
     sys.meta_path.insert(0, _Finder())
 '''
 
-STAGES = (("read → request", "read", "request"), ("request → ack", "request", "ack"),
+STAGES = (("accepted → read", "accepted", "read"), ("read → request", "read", "request"), ("request → ack", "request", "ack"),
           ("ack → answer", "ack", "answer"), ("request → answer", "request", "answer"),
-          ("answer → CONNACK", "answer", "connack"), ("read → CONNACK", "read", "connack"))
+          ("answer → CONNACK", "answer", "connack"), ("read → CONNACK", "read", "connack"),
+          ("accepted → CONNACK", "accepted", "connack"))
 
 
 def quantiles(values: list) -> str:
