@@ -56,7 +56,7 @@ REPO = os.path.dirname(HERE)
 
 #: the tracer each node imports at start (``sitecustomize``)
 TRACER = r'''
-import importlib.abc, importlib.util, json, os, sys, threading, time
+import importlib.abc, importlib.util, json, os, sys, threading, time, zlib
 _OUT = os.environ.get("TBMQ_CONNECT_STAGES")
 _now = time.time
 _rows, _done, _produced, _drains, _sent = {}, [], [], [], {}
@@ -119,8 +119,11 @@ def _sessions(m):
 
 
 def _events(m):
-    def asked(self, *a, **k):
+    def asked(self, client_id, *a, **k):
         _state["req"][f"{self._request_prefix}{self._requests}"] = _state["cur"]
+        partitions = getattr(self.bus, "_placed", {}).get(self.topics.session_event_request)
+        if partitions and _state["cur"] in _rows:  # the bus's placement (Kafka)
+            _stamp(_state["cur"], "partition", zlib.crc32(client_id.encode()) % partitions)
 
     def sent(self, request_id, failure):
         key = _state["req"].pop(request_id, None)
@@ -239,6 +242,13 @@ def report(folder: str) -> None:
             cells = [quantiles([r[b] - r[a] for r in rows if r.get("path", "?") == p
                                 and a in r and b in r]) for p in paths]
             print(f"| {title} | " + " | ".join(cells) + " |")
+        by_partition = collections.defaultdict(list)
+        for r in rows:
+            if "partition" in r and "answer" in r:
+                by_partition[(r["partition"], r.get("path", "?"))].append(r["answer"] - r["request"])
+        for (partition, path), values in sorted(by_partition.items()):
+            print(f"| request → answer, partition {partition} of the requests, {path} | "
+                  f"{quantiles(values)} |")
         produced = collections.defaultdict(list)
         for seconds, topic, partition in data["produced"]:
             produced[topic_family(topic)].append(seconds)
