@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""Where a cluster node's CONNACK wait goes, stage by stage: runs
+``bench/cluster.py``'s CONNECT bursts with every node traced, then prints
+the p50 / p90 of each stage in milliseconds.
+
+    PYTHONPATH=. python bench/connect_stages.py                  # connect_clean, this tree
+    PYTHONPATH=. python bench/connect_stages.py --scenarios connect_clean,connect_persistent \\
+        --trees worktree,07df37d
+
+The nodes are not changed: a ``sitecustomize`` module put on their
+``PYTHONPATH`` (they inherit it, after the tree's own paths) wraps a few
+methods as their modules are imported, and each node writes what it saw to
+``bench/out/connect-stages-*/stages.<pid>.json``.  For each CONNECT of node
+A, keyed by its connection:
+
+* ``accepted``: the connection was made (``MQTTProtocol.connectionMade``:
+  the TCP connection accepted, its CONNECT not read yet);
+* ``read``: the CONNECT passed the checks before authentication
+  (``ConnectHandler.handle_connect``);
+* ``request``: the session event request is asked
+  (``SessionManager.connect`` → ``SessionEvents.request_connect``);
+* ``ack``: the bus reported the request acknowledged
+  (``SessionEvents._sent``; a request that the node decides itself is
+  decided before that report reaches ``_sent``, so it has none);
+* ``answer``: the answer reached the session manager
+  (``SessionManager._open``), ``local`` when this node decided it (its own
+  record, handed on acknowledgement), ``remote`` when the answer came back
+  on ``tbmq.client.session.event.response.<serviceId>``;
+* ``connack``: the CONNACK was handed to the connection
+  (``ConnectHandler._session_opened``; it goes out at the end of the turn).
+
+Per node, for the confluent driver: ``produce → report`` per topic (from
+``Producer.send`` to the delivery report put to the ack batcher, in
+librdkafka's poll thread: the produce round trip, librdkafka's queue and
+the poll thread's wait for the GIL) and ``report → reactor`` (from the
+first report of a batch to the reactor's drain of it).  The client's
+CONNECT → CONNACK (the burst's p50) also holds what is outside the node's
+``accepted → CONNACK``: the TCP handshake and accept queue, the CONNACK's
+way out and the load generator's own scheduling.  Wall-clock
+figures: on a loaded machine compare trees in the same run, and repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+#: the tracer each node imports at start (``sitecustomize``)
+TRACER = r'''
+import importlib.abc, importlib.util, json, os, sys, threading, time, zlib
+_OUT = os.environ.get("TBMQ_CONNECT_STAGES")
+_now = time.time
+_rows, _done, _produced, _drains, _sent = {}, [], [], [], {}
+_state = {"cur": None, "deciding": 0, "req": {}, "first": {}}
+
+
+def _dump():
+    path = os.path.join(_OUT, f"stages.{os.getpid()}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"bus": os.environ.get("TBMQ_BUS", "embedded"),
+                   "service_id": os.environ.get("TBMQ_NODE__SERVICE_ID"),
+                   "tree": sys.path[1] if len(sys.path) > 1 else None,
+                   "rows": _done, "produced": _produced[-50000:], "drains": _drains[-50000:]}, f)
+    os.replace(path + ".tmp", path)
+
+
+def _stamp(key, stage, value=None):
+    _rows.setdefault(key, {})[stage] = _now() if value is None else value
+
+
+def _wrap(cls, name, before=None, after=None):
+    original = getattr(cls, name)
+
+    def wrapper(self, *args, **kwargs):
+        if before is not None:
+            before(self, *args, **kwargs)
+        result = original(self, *args, **kwargs)
+        if after is not None:
+            after(self, *args, **kwargs)
+        return result
+    setattr(cls, name, wrapper)
+
+
+def _protocol(m):
+    _wrap(m.MQTTProtocol, "connectionMade", before=lambda self, *a, **k: _stamp(id(self), "accepted"))
+
+
+def _connect(m):
+    def opened(self, *a, **k):
+        row = _rows.pop(id(self.conn), None)
+        if row is not None:
+            row["connack"] = _now()
+            _done.append(row)
+            if len(_done) % 500 == 0:
+                _dump()
+    _wrap(m.ConnectHandler, "handle_connect", before=lambda self, *a, **k: _stamp(id(self.conn), "read"))
+    _wrap(m.ConnectHandler, "_session_opened", after=opened)
+
+
+def _sessions(m):
+    def connect(self, conn, *a, **k):
+        _stamp(id(conn), "request")
+        _state["cur"] = id(conn)
+
+    def open_(self, conn, *a, **k):
+        _stamp(id(conn), "answer")
+        _stamp(id(conn), "path", "local" if _state["deciding"] else "remote")
+    _wrap(m.SessionManager, "connect", before=connect)
+    _wrap(m.SessionManager, "_open", before=open_)
+
+
+def _events(m):
+    def asked(self, client_id, *a, **k):
+        _state["req"][f"{self._request_prefix}{self._requests}"] = _state["cur"]
+        partitions = getattr(self.bus, "_placed", {}).get(self.topics.session_event_request)
+        if partitions and _state["cur"] in _rows:  # the bus's placement (Kafka)
+            _stamp(_state["cur"], "partition", zlib.crc32(client_id.encode()) % partitions)
+
+    def sent(self, request_id, failure):
+        key = _state["req"].pop(request_id, None)
+        if key in _rows:
+            _stamp(key, "ack")
+    original = m.SessionEvents._decide_many
+
+    def decide_many(self, events):
+        _state["deciding"] += 1
+        try:
+            return original(self, events)
+        finally:
+            _state["deciding"] -= 1
+    m.SessionEvents._decide_many = decide_many
+    _wrap(m.SessionEvents, "request_connect", after=asked)
+    _wrap(m.SessionEvents, "_sent", before=sent)
+
+
+def _bridge(m):
+    lock = threading.Lock()
+
+    def put(self, done, error=None):
+        sent = _sent.pop(id(done), None)
+        now = _now()
+        if sent is not None:
+            _produced.append((now - sent[0], sent[1], sent[2]))
+        with lock:
+            _state["first"].setdefault(id(self), now)
+    original = m.AckBatcher._drain
+
+    def drain(self):
+        with lock:
+            first = _state["first"].pop(id(self), None)
+        if first is not None:
+            _drains.append(_now() - first)
+        return original(self)
+    _wrap(m.AckBatcher, "put", before=put)
+    m.AckBatcher._drain = drain
+
+
+def _confluent(m):
+    def send(self, topic, key, value, headers, done, partition=None):
+        _sent[id(done)] = (_now(), topic, partition)
+    _wrap(m.Producer, "send", before=send)
+
+
+_PATCHES = {"tbmq.broker.protocol": _protocol, "tbmq.broker.connect": _connect, "tbmq.broker.sessions": _sessions,
+            "tbmq.cluster.session_events": _events, "tbmq_plugins.kafka.bridge": _bridge,
+            "tbmq_plugins.kafka.confluent": _confluent}
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        patch = _PATCHES.get(name)
+        if patch is None:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def patched(module):
+            exec_module(module)
+            patch(module)
+        spec.loader.exec_module = patched
+        return spec
+
+
+if _OUT:
+    sys.meta_path.insert(0, _Finder())
+'''
+
+STAGES = (("accepted → read", "accepted", "read"), ("read → request", "read", "request"), ("request → ack", "request", "ack"),
+          ("ack → answer", "ack", "answer"), ("request → answer", "request", "answer"),
+          ("answer → CONNACK", "answer", "connack"), ("read → CONNACK", "read", "connack"),
+          ("accepted → CONNACK", "accepted", "connack"))
+
+
+def quantiles(values: list) -> str:
+    """:returns: ``p50 / p90`` of ``values`` (seconds) in ms, and their count."""
+    if not values:
+        return "–"
+    values = sorted(values)
+    return (f"{1e3 * values[len(values) // 2]:.1f} / {1e3 * values[int(len(values) * 0.9)]:.1f}"
+            f" ({len(values)})")
+
+
+def topic_family(topic: str) -> str:
+    """``prefix.tbmq.client.session.event.request`` → ``session.event.request``;
+    a per-node topic loses its service id."""
+    name = topic.split("tbmq.", 1)[-1]
+    for family in ("client.session.event.response", "msg.downlink.basic", "msg.downlink.persisted",
+                   "client.disconnect"):
+        if name.startswith(family):
+            return family
+    return name
+
+
+def report(folder: str) -> None:
+    for path in sorted(glob.glob(os.path.join(folder, "stages.*.json"))):
+        with open(path) as f:
+            data = json.load(f)
+        rows = data["rows"]
+        if not rows:
+            continue
+        print(f"\n## {data['bus']} node {data['service_id'] or ''} ({data['tree']}): "
+              f"{len(rows)} CONNECTs, ms p50 / p90 (count)\n")
+        paths = sorted({row.get("path", "?") for row in rows})
+        print("| stage | " + " | ".join(paths) + " |")
+        print("|---|" + "---|" * len(paths))
+        for title, a, b in STAGES:
+            cells = [quantiles([r[b] - r[a] for r in rows if r.get("path", "?") == p
+                                and a in r and b in r]) for p in paths]
+            print(f"| {title} | " + " | ".join(cells) + " |")
+        by_partition = collections.defaultdict(list)
+        for r in rows:
+            if "partition" in r and "answer" in r:
+                by_partition[(r["partition"], r.get("path", "?"))].append(r["answer"] - r["request"])
+        for (partition, path), values in sorted(by_partition.items()):
+            print(f"| request → answer, partition {partition} of the requests, {path} | "
+                  f"{quantiles(values)} |")
+        produced = collections.defaultdict(list)
+        for seconds, topic, partition in data["produced"]:
+            produced[topic_family(topic)].append(seconds)
+            if topic_family(topic) == "client.session.event.request":
+                produced[f"{topic_family(topic)} [{partition}]"].append(seconds)
+        for family, values in sorted(produced.items()):
+            if len(values) >= 10:
+                print(f"| produce → report, {family} | {quantiles(values)} |")
+        if data["drains"]:
+            print(f"| report → reactor | {quantiles(data['drains'])} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenarios", default="connect_clean")
+    ap.add_argument("--trees", default="worktree")
+    ap.add_argument("--drivers", default="confluent")
+    ap.add_argument("--report", help="only print the report of this folder of a past run")
+    args, rest = ap.parse_known_args()
+    if args.report:
+        report(args.report)
+        return
+    os.makedirs(os.path.join(REPO, "bench", "out"), exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="connect-stages-", dir=os.path.join(REPO, "bench", "out"))
+    with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
+        f.write(TRACER)
+    env = dict(os.environ, TBMQ_CONNECT_STAGES=folder)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), folder) if p)
+    subprocess.run([sys.executable, os.path.join(HERE, "cluster.py"), "--drivers", args.drivers,
+                    "--scenarios", args.scenarios, "--trees", args.trees, "--no-mosquitto",
+                    *rest], env=env, cwd=REPO, check=True)
+    print(f"\ntraces: {folder}")
+    report(folder)
+
+
+if __name__ == "__main__":
+    main()
