@@ -21,6 +21,9 @@ from tbmq.errors import RecordEncodingError
 
 __all__ = ["ARRAY_TYPES", "VERSION", "BytesCodec", "RecordCodec", "RecordUnion"]
 
+#: An empty mapping shared by those that have nothing to put in theirs.
+_NONE: dict = {}
+
 #: The version the writers of :mod:`tbmq.cluster.records` write, but
 #: ``SESSION``'s (:data:`tbmq.cluster.records.SESSION_VERSION`).
 VERSION = 1
@@ -55,11 +58,20 @@ class RecordCodec:
     :param weight: None (a record is one message), or ``weight(array) ->
         int``: the messages a decoded array carries, what flow control
         counts (:meth:`count_arrays`).
+    :param write_many: None, or the hot path of :meth:`encode_many` for a
+        batch of instances of ``cls`` itself: ``write_many(values, pack) ->
+        list | None``, given them (more than two) and this thread's
+        ``Packer.pack``, returns the encodings of all of them, byte for
+        byte what :meth:`encode` gives each, when it can write them
+        together (the fields they share packed once), else None (then each
+        goes by ``write_array``); it may raise, and then too each goes by
+        ``write_array`` (which accepts and refuses what it does).
     :ivar version: the version :meth:`encode` writes.
     """
 
     __slots__ = ("name", "cls", "tag", "version", "tombstone", "_write", "_readers",
-                 "_fast", "_write_array", "_read_array", "_read_arrays", "_weight")
+                 "_fast", "_write_array", "_read_array", "_read_arrays", "_weight",
+                 "_write_many")
 
     def __init__(self, name: str, cls: type, tag: str, write: Callable[[Any], list],
                  readers: dict[int, Callable[[list], Any]], tombstone: bool = False,
@@ -67,7 +79,8 @@ class RecordCodec:
                  fast: tuple[Callable[[Any], list | None], Callable[[Any], Any]]
                  | tuple[Callable[[Any], list | None], Callable[[Any], Any],
                          Callable[[Any], list | None]] | None = None,
-                 weight: Callable[[Any], int] | None = None) -> None:
+                 weight: Callable[[Any], int] | None = None,
+                 write_many: Callable[[Any, Callable], list | None] | None = None) -> None:
         self.name = name
         self.cls = cls
         self.tag = tag
@@ -79,11 +92,12 @@ class RecordCodec:
         self._write_array, self._read_array = (fast or (_no_array, _no_array))[:2]
         self._read_arrays = fast[2] if fast is not None and len(fast) > 2 else _no_array
         self._weight = weight
+        self._write_many = write_many
 
     def with_tombstone(self) -> "RecordCodec":
         """:returns: the same encoding, accepting None (a tombstone)."""
         return RecordCodec(self.name, self.cls, self.tag, self._write, self._readers, True,
-                           self.version, self._fast, self._weight)
+                           self.version, self._fast, self._weight, self._write_many)
 
     def count_arrays(self, objs: Any) -> int:
         """:param objs: decoded arrays, as :meth:`decode_arrays` takes them
@@ -129,7 +143,8 @@ class RecordCodec:
         :raises RecordEncodingError: as :meth:`encode`, for the first value
             that does not fit.
         """
-        return _encode_many(self.name, values, {self.cls: self._write_array}, self.encode)
+        return _encode_many(self.name, values, {self.cls: self._write_array}, self.encode,
+                            {self.cls: self._write_many} if self._write_many else _NONE)
 
     def to_list(self, value: Any) -> list:
         """:returns: the ``[tag, version, fields...]`` array of ``value``
@@ -236,12 +251,15 @@ class RecordCodec:
             raise RecordEncodingError(f"{self.name}: cannot decode: {e}") from None
 
 
-def _encode_many(name: str, values: Any, writers: dict, encode: Callable[[Any], Any]) -> list:
+def _encode_many(name: str, values: Any, writers: dict, encode: Callable[[Any], Any],
+                 many: dict = _NONE) -> list:
     """:meth:`RecordCodec.encode_many` and :meth:`RecordUnion.encode_many`:
-    each value whose exact class has a hot-path writer in ``writers``
-    (class → ``write_array``) packed from its array by this thread's
-    packer, any other (or one the writer leaves to the field checks) by
-    ``encode``.
+    more than two values of one class that has a ``write_many`` in
+    ``many`` (class → ``write_many``, see :class:`RecordCodec`) written
+    together by it when it can; else each value whose exact class has a
+    hot-path writer in ``writers`` (class → ``write_array``) packed from
+    its array by this thread's packer, any other (or one the writer leaves
+    to the field checks) by ``encode``.
 
     :raises RecordEncodingError: as ``encode``, naming ``name``."""
     packer = _thread_packer()
@@ -249,18 +267,26 @@ def _encode_many(name: str, values: Any, writers: dict, encode: Callable[[Any], 
     if len(set(map(type, values))) == 1:
         # one class (a batch of one topic's records): the arrays written and
         # packed by map, no bytecode per value but the writer's own
-        write = writers.get(type(values[0]))
-        if write is not None:
+        cls = type(values[0])
+        out = None
+        if many and len(values) > 2 and cls in many:
+            try:
+                out = many[cls](values, pack)
+            except Exception:
+                out = None  # each by its array below: each value's own error
+        write = writers.get(cls)
+        if out is None and write is not None:
             try:
                 arrays = list(map(write, values))
                 if None not in arrays:
                     out = list(map(pack, arrays))
-                    if max(map(len, out)) >= _PACKER_KEPT_BELOW and \
-                            getattr(_packers, "packer", None) is packer:
-                        del _packers.packer  # its buffer grew: let it go
-                    return out
             except Exception:
                 pass  # one by one below: each value's own error
+        if out is not None:
+            if max(map(len, out)) >= _PACKER_KEPT_BELOW and \
+                    getattr(_packers, "packer", None) is packer:
+                del _packers.packer  # its buffer grew: let it go
+            return out
     out = []
     append = out.append
     for value in values:
@@ -348,7 +374,7 @@ class RecordUnion:
         tags and classes).
     """
 
-    __slots__ = ("name", "codecs", "_by_tag", "_writers", "_arrays_by_tag", "_weights")
+    __slots__ = ("name", "codecs", "_by_tag", "_writers", "_arrays_by_tag", "_weights", "_many")
     tombstone = False
 
     def __init__(self, name: str, *codecs: RecordCodec) -> None:
@@ -357,6 +383,8 @@ class RecordUnion:
         self._by_tag = {codec.tag: codec for codec in codecs}
         #: a member's exact class → its hot-path writer (:meth:`encode_many`)
         self._writers = {codec.cls: codec._write_array for codec in codecs}
+        #: a member's exact class → its ``write_many`` (:meth:`encode_many`), for those with one
+        self._many = {codec.cls: codec._write_many for codec in codecs if codec._write_many}
         #: a member's tag → its hot-path reader (:meth:`decode_arrays`)
         self._arrays_by_tag = {codec.tag: codec._read_array for codec in codecs}
         #: a member's tag → its ``weight`` (:meth:`count_arrays`), for those with one
@@ -391,7 +419,7 @@ class RecordUnion:
             member's own class with plain fields packed from its array (the
             hot path, as :meth:`RecordCodec.encode_many`), one packer for all.
         :raises RecordEncodingError: as :meth:`encode`."""
-        return _encode_many(self.name, values, self._writers, self.encode)
+        return _encode_many(self.name, values, self._writers, self.encode, self._many)
 
     def decode(self, data: Any) -> Any:
         """:returns: the record ``data`` holds, read by the codec of its tag.

@@ -238,6 +238,59 @@ def test_decode_arrays_reads_each_array_as_decode_reads_its_bytes(codec, values,
     assert outcome(codec.decode_arrays, (None,)) == one_by_one(codec.decode, [None])
 
 
+@pytest.mark.parametrize("codec", [r.DELIVERY, r.DOWNLINK, r.PERSISTED],
+                         ids=["Delivery", "Downlink", "Persisted"])
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_one_clients_deliveries_are_encoded_together_as_each_alone(codec, data):
+    """A batch's deliveries to one client (the router's: the same client id,
+    QoS, RETAIN, identifiers and seq objects) are written together
+    (``write_many``: what they share packed once) into the bytes
+    ``encode`` gives each; a delivery that shares less, or an odd field
+    anywhere, leaves each to be written alone: the same bytes, or the same
+    refusal."""
+    first = data.draw(deliveries)
+    shared = {f: getattr(first, f) for f in ("client_id", "qos", "retain",
+                                             "subscription_ids", "seq")}
+    batch = [first] + [r.Delivery(message=m, **shared)
+                       for m in data.draw(st.lists(messages, min_size=2, max_size=6))]
+    together = []
+
+    def spy(ds, pack):
+        together.append(r._deliveries_packed(ds, pack))
+        return together[-1]
+
+    fresh = [dataclasses.replace(d, message=dataclasses.replace(d.message)) for d in batch]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(r.DELIVERY, "_write_many", spy)
+        if codec is not r.DELIVERY:  # a union keeps its members' at its making
+            patch.setattr(codec, "_many", {r.Delivery: spy})
+        assert codec.encode_many(batch) == [codec.encode(d) for d in fresh]
+    assert together and together[0] is not None  # written together
+    at = data.draw(st.integers(0, len(batch) - 1))
+    for name in ("qos", "retain", "seq", "message"):
+        for odd in ODD_VALUES:
+            odd_batch = list(batch)
+            odd_batch[at] = replaced(batch[at], name, odd)
+            assert outcome(codec.encode_many, odd_batch) == one_by_one(codec.encode, odd_batch)
+    other = list(batch)
+    other[at] = replaced(batch[at], "client_id", batch[at].client_id + "x")
+    assert codec.encode_many(other) == [codec.encode(d) for d in other]
+
+
+def test_deliveries_share_only_the_very_same_fields():
+    """Equal is not the same: a QoS ``True`` beside ``1`` (equal, another
+    type) leaves each delivery to be written alone, which refuses it."""
+    m = Message("t", b"x")
+    batch = [r.Delivery("c", m, 1), r.Delivery("c", m, 1), r.Delivery("c", m, True)]
+    assert r._deliveries_packed(batch, record_codec._thread_packer().pack) is None
+    with pytest.raises(RecordEncodingError):
+        r.DELIVERY.encode_many(batch)
+    ok = batch[:2] + [r.Delivery("c", m, 1)]
+    assert r._deliveries_packed(ok, record_codec._thread_packer().pack) == \
+        [r.DELIVERY.encode(d) for d in ok]
+
+
 def test_encode_many_lets_a_grown_packer_go():
     """A batch with a value past the kept size leaves the thread without
     its packer (the next one starts with a small buffer), as ``encode``."""
