@@ -399,7 +399,20 @@ class RecordUnion:
             tag, an unknown version, bad fields)."""
         if data is None:
             raise RecordEncodingError(f"{self.name}: a tombstone (None) is not allowed here")
-        return self._read_tagged(_unpack(self.name, data))
+        if type(data) is bytes:  # the hot path, as RecordCodec.decode
+            try:
+                obj = _unpackb(data, raw=False, strict_map_key=False, use_list=False)
+            except Exception as e:
+                raise RecordEncodingError(f"{self.name}: not msgpack: {e}") from None
+            try:  # as decode_arrays: a tuple of a member's tag, read by its fast reader
+                value = self._arrays_by_tag[obj[0]](obj) if type(obj) is tuple else None
+            except Exception:
+                value = None  # _read_tagged says what is wrong
+            if value is not None:
+                return value
+        else:
+            obj = _unpack(self.name, data)
+        return self._read_tagged(obj)
 
     def decode_arrays(self, objs: Any) -> list:
         """As :meth:`RecordCodec.decode_arrays`: each value read by the codec
