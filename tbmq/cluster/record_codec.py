@@ -59,7 +59,8 @@ class RecordCodec:
     """
 
     __slots__ = ("name", "cls", "tag", "version", "tombstone", "_write", "_readers",
-                 "_fast", "_write_array", "_read_array", "_read_arrays", "_weight")
+                 "_fast", "_write_array", "_read_array", "_read_arrays", "_weight",
+                 "_value_weight")
 
     def __init__(self, name: str, cls: type, tag: str, write: Callable[[Any], list],
                  readers: dict[int, Callable[[list], Any]], tombstone: bool = False,
@@ -67,7 +68,8 @@ class RecordCodec:
                  fast: tuple[Callable[[Any], list | None], Callable[[Any], Any]]
                  | tuple[Callable[[Any], list | None], Callable[[Any], Any],
                          Callable[[Any], list | None]] | None = None,
-                 weight: Callable[[Any], int] | None = None) -> None:
+                 weight: Callable[[Any], int] | None = None,
+                 value_weight: Callable[[Any], int] | None = None) -> None:
         self.name = name
         self.cls = cls
         self.tag = tag
@@ -79,11 +81,20 @@ class RecordCodec:
         self._write_array, self._read_array = (fast or (_no_array, _no_array))[:2]
         self._read_arrays = fast[2] if fast is not None and len(fast) > 2 else _no_array
         self._weight = weight
+        self._value_weight = value_weight
 
     def with_tombstone(self) -> "RecordCodec":
         """:returns: the same encoding, accepting None (a tombstone)."""
         return RecordCodec(self.name, self.cls, self.tag, self._write, self._readers, True,
-                           self.version, self._fast, self._weight)
+                           self.version, self._fast, self._weight, self._value_weight)
+
+    def weigh(self, value: Any) -> int:
+        """:returns: the messages a decoded record carries: 1, or what the
+            codec's ``value_weight`` says (a
+            :class:`~tbmq.cluster.records.DeliveryRun`: its messages); what a
+            consumer counts against its per-turn slice."""
+        weight = self._value_weight
+        return 1 if weight is None else weight(value)
 
     def count_arrays(self, objs: Any) -> int:
         """:param objs: decoded arrays, as :meth:`decode_arrays` takes them
@@ -348,7 +359,8 @@ class RecordUnion:
         tags and classes).
     """
 
-    __slots__ = ("name", "codecs", "_by_tag", "_writers", "_arrays_by_tag", "_weights")
+    __slots__ = ("name", "codecs", "_by_tag", "_writers", "_arrays_by_tag", "_weights",
+                 "_value_weights")
     tombstone = False
 
     def __init__(self, name: str, *codecs: RecordCodec) -> None:
@@ -361,6 +373,14 @@ class RecordUnion:
         self._arrays_by_tag = {codec.tag: codec._read_array for codec in codecs}
         #: a member's tag → its ``weight`` (:meth:`count_arrays`), for those with one
         self._weights = {codec.tag: codec._weight for codec in codecs if codec._weight}
+        #: a member's class → its ``value_weight`` (:meth:`weigh`), for those with one
+        self._value_weights = {codec.cls: codec._value_weight for codec in codecs
+                               if codec._value_weight}
+
+    def weigh(self, value: Any) -> int:
+        """As :meth:`RecordCodec.weigh`, by the member of the value's class."""
+        weight = self._value_weights.get(type(value))
+        return 1 if weight is None else weight(value)
 
     def count_arrays(self, objs: Any) -> int:
         """As :meth:`RecordCodec.count_arrays`, each array weighed by the
@@ -473,6 +493,10 @@ class BytesCodec:
     def count_arrays(self, objs: Any) -> int:
         """:returns: ``len(objs)``."""
         return len(objs)
+
+    def weigh(self, value: Any) -> int:
+        """:returns: 1 (one message per record)."""
+        return 1
 
     def decode_arrays(self, objs: Any) -> list:
         """Raw bytes are never in a record that unpacks its values.

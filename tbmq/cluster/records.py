@@ -465,9 +465,15 @@ def _run_weight(obj: Any) -> int:
     return 1
 
 
+def _run_messages(run: DeliveryRun) -> int:
+    """The messages a decoded run carries."""
+    return len(run.messages)
+
+
 #: :class:`DeliveryRun` alone (in :data:`DOWNLINK`).
 DELIVERY_RUN = RecordCodec("DeliveryRun", DeliveryRun, "dlr", _write_run, {1: _read_run_v1},
-                           fast=(_run_array, _run_from_array), weight=_run_weight)
+                           fast=(_run_array, _run_from_array), weight=_run_weight,
+                           value_weight=_run_messages)
 #: ``tbmq.msg.downlink.basic.<serviceId>``: :class:`Delivery` or
 #: :class:`DeliveryRun`.
 DOWNLINK = RecordUnion("Downlink", DELIVERY, DELIVERY_RUN)
