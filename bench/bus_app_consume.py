@@ -73,6 +73,8 @@ def run(records: int, messages: int = 1) -> None:
         raws = [RawRecord(0, offset + i, b"c1", value, ()) for i in range(records)]
         offset += records
         consumer._batch(raws, [])
+        for _ in range(records * messages // 256 + 1):  # the turns a slice of 256 messages takes
+            consumer.bus.clock.advance(0)
         for finish in finishers:
             finish()
         finishers.clear()
