@@ -678,3 +678,36 @@ def test_a_run_of_single_records_stops_at_the_slices_messages_weighed_by_the_cod
     assert [len(b) for b in batches] == [3, 4]  # 200 messages, then the two lone ones
     assert [type(v).__name__ for b in batches for v in b] == ["DeliveryRun"] * 5 + ["Delivery"] * 2
     assert consumer.loop.commits[-1] == (0, 7)  # each handled (None): committed
+
+
+def test_a_run_record_commits_once_each_of_its_messages_finished():
+    """A DeliveryRun of an APPLICATION client's topic is one Kafka record:
+    its offset commits once the batch's Progress finished each of its
+    messages (``Progress.parts``), in order with the records around it."""
+    progress: list = []
+
+    def batch(values):
+        p = Progress(len(values))
+        for i, v in enumerate(values):
+            if type(v) is r.DeliveryRun:
+                p.parts(i, len(v.messages))
+        progress.append(p)
+        return p
+
+    consumer = KafkaConsumer(FakeBus(), "t", "g", lambda record: None, r.APPLICATION, 100, 1000,
+                             batch_handler=batch)
+    consumer.loop = FakeLoop()
+    consumer._assigned([0])
+    lone = r.APPLICATION.encode(r.Delivery("c", Message("a", b"x", 1), 1))
+    run = r.APPLICATION.encode(r.DeliveryRun("c", [Message("b", b"y", 1)] * 3, 1))
+    consumer._batch([RawRecord(0, 0, b"c", lone, ()), RawRecord(0, 1, b"c", run, ()),
+                     RawRecord(0, 2, b"c", lone, ())], [])
+    (p,) = progress
+    p.finished(0)
+    assert consumer.loop.commits == [(0, 1)]
+    p.finished(2)
+    p.finished(1)
+    p.finished(1)
+    assert consumer.loop.commits == [(0, 1)]  # the run waits for its third message
+    p.finished(1)
+    assert consumer.loop.commits == [(0, 1), (0, 3)]
