@@ -43,6 +43,7 @@ from tbmq.broker.store_reads import StoreReader, delivery_size
 from tbmq.broker.topic_aliases import TopicAliases
 from tbmq.broker.traffic import LATENCY_BOUNDS
 from tbmq.cluster.completion import Progress
+from tbmq.cluster.record_types import DeliveryRun
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
@@ -374,6 +375,8 @@ class Outbox:
             record is then committed), or None when it needs no
             acknowledgement (QoS 0, expired, too large for the client).
         """
+        if type(d) is DeliveryRun:  # several messages: done once each is (a Progress)
+            return self.deliver_app_batch((d,), source)
         conn = self.link
         if conn is None:
             return defer.Deferred()  # never fires: the record stays uncommitted
@@ -397,14 +400,18 @@ class Outbox:
         connection that ends in the middle of the batch leaves exactly the
         unacknowledged ones (and those after them) to the next.
 
-        :param deliveries: :class:`tbmq.cluster.records.Delivery` objects.
+        :param deliveries: :class:`tbmq.cluster.records.Delivery` objects,
+            or :class:`tbmq.cluster.records.DeliveryRun` s (one Kafka record
+            of several messages, in order: ``docs/bus.md``, "Runs of an
+            APPLICATION client").
         :param source: as for :meth:`deliver_app`.
         :returns: a :class:`~tbmq.cluster.completion.Progress` whose record
-            ``i`` finishes once the client acknowledged delivery ``i``
-            (PUBACK, PUBCOMP), at once for one that needs no acknowledgement
-            (QoS 0, expired, too large for the client), or a Deferred that
-            never fires when the session has no connection (they stay
-            uncommitted).
+            ``i`` finishes once the client acknowledged delivery ``i`` (each
+            message of a run: :meth:`Progress.parts
+            <tbmq.cluster.completion.Progress.parts>`) (PUBACK, PUBCOMP), at
+            once for one that needs no acknowledgement (QoS 0, expired, too
+            large for the client), or a Deferred that never fires when the
+            session has no connection (they stay uncommitted).
         """
         conn = self.link
         if conn is None:
@@ -416,20 +423,30 @@ class Outbox:
             app_done = self._app_done = {}
         window = self._window()
         for i, d in enumerate(deliveries):
-            if d.qos == 0:
-                self.deliver(d.message, 0, d.retain, d.subscription_ids, None, now, source)
+            qos, retain, sids = d.qos, d.retain, d.subscription_ids
+            if type(d) is DeliveryRun:
+                messages = d.messages
+                if qos:
+                    progress.parts(i, len(messages))  # its record: once all are acknowledged
+            else:
+                messages = (d.message,)
+            if qos == 0:
+                for message in messages:
+                    self.deliver(message, 0, retain, sids, None, now, source)
                 progress.finished(i)  # nothing to wait for
                 continue
-            delivery = StoredDelivery(0, d.message, d.qos, d.retain, d.subscription_ids)
-            app_done[id(delivery)] = (progress, i)  # its record of the batch
-            if (not self.queue and not conn.paused and not self.overflowed
-                    and len(self.inflight) < window):
-                # the usual case, as _offer's first: sent now (not in the
-                # device store: no sequence number to keep)
-                if not self._send(delivery, None, now, conn, False):
-                    self._finished(delivery)
-                continue
-            self._offer(delivery, None, now, source, conn)
+            record = (progress, i)  # its record of the batch
+            for message in messages:
+                delivery = StoredDelivery(0, message, qos, retain, sids)
+                app_done[id(delivery)] = record
+                if (not self.queue and not conn.paused and not self.overflowed
+                        and len(self.inflight) < window):
+                    # the usual case, as _offer's first: sent now (not in the
+                    # device store: no sequence number to keep)
+                    if not self._send(delivery, None, now, conn, False):
+                        self._finished(delivery)
+                    continue
+                self._offer(delivery, None, now, source, conn)
         return progress
 
     def _offer(self, delivery: StoredDelivery, cache, now: float, source, conn) -> None:

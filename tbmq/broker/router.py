@@ -68,7 +68,7 @@ class DeliveryGroup:
     :meth:`~tbmq.cluster.sinks.BusSink.send_many`; also the entry of
     :attr:`Gathered.targets` of each client whose class sends there one
     :class:`~tbmq.cluster.records.Delivery` per message (a sink that does
-    not take runs).
+    not take runs, or not at the delivery's QoS).
 
     :ivar keys: the client id of each of :attr:`values`.
     :ivar values: the records, in the order routed.
@@ -158,14 +158,15 @@ class Gathered:
         an entry whose ``join(client_id, message, qos, retain, subscription
         ids)`` appends a delivery or returns False (then the delivery is
         classified: :meth:`Router._to_sink`): its :class:`DeliveryGroup`,
-        or, for a sink that takes runs
-        (:attr:`~tbmq.cluster.sinks.BusSink.runs`: a node's downlink), the
-        client's newest record there, a :class:`NewestRecord`.  A new
-        record there takes the place of an older one of the same group
-        (``(sink, where)``) in the other class too (where a message of that
-        class finds a record of another QoS and is classified again): only
-        the newest record of a client in a group grows, so its messages
-        keep their order there.
+        or, for a sink that takes runs at the delivery's QoS
+        (:attr:`~tbmq.cluster.sinks.BusSink.runs` and ``run_qos``: a node's
+        downlink; ``tbmq.msg.persisted``; a persistent APPLICATION client's
+        topic at QoS 1 on Kafka), the client's newest record there, a
+        :class:`NewestRecord`.  A new record there takes the place of an
+        older one of the same group (``(sink, where)``) in the other class
+        too (where a message of that class finds a record of another QoS and
+        is classified again): only the newest record of a client in a group
+        grows, so its messages keep their order there.
         A client that is not written to at once (no session here, or a
         persistent one at QoS 1/2: an APPLICATION client's topic, a
         DEVICE's store) is classified once per batch and QoS class (its
@@ -200,7 +201,7 @@ class Gathered:
         if keep:
             targets = self.targets
             qos = delivery.qos
-            if sink.runs:  # the client's next message of the batch makes this a run
+            if sink.runs and qos <= sink.run_qos:  # its next message makes this a run
                 first = targets[qos != 0][client_id] = NewestRecord(values, len(values))
                 other = targets[qos == 0]
                 older = other.get(client_id)

@@ -154,12 +154,14 @@ class Progress:
     :ivar leading: how many records at the start of the batch are finished.
     """
 
-    __slots__ = ("size", "leading", "_later", "_callback", "_args", "_watcher", "_watch")
+    __slots__ = ("size", "leading", "_later", "_parts", "_callback", "_args", "_watcher",
+                 "_watch")
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.leading = 0
         self._later: set[int] | None = None  # finished, after a gap
+        self._parts: dict[int, int] | None = None  # index -> finishes still due (parts)
         self._callback: Callable | None = None
         self._args: tuple = ()
         self._watcher: Callable | None = None  # armed: told at the next growth
@@ -167,7 +169,14 @@ class Progress:
 
     def finished(self, index: int) -> None:
         """Record ``index`` (0-based, in batch order) finished; each index
-        is reported once."""
+        is reported once (a record of several :meth:`parts`: once each)."""
+        parts = self._parts
+        if parts is not None and index in parts:
+            left = parts[index] - 1
+            if left:
+                parts[index] = left
+                return
+            del parts[index]
         leading = self.leading
         if index != leading:
             later = self._later
@@ -187,6 +196,18 @@ class Progress:
         elif self._watcher is not None:
             watcher, self._watcher = self._watcher, None
             watcher(self, *self._args)
+
+    def parts(self, index: int, count: int) -> None:
+        """Record ``index`` finishes at the ``count``-th :meth:`finished`
+        of it, not the first (a Kafka record carrying ``count`` messages:
+        a :class:`~tbmq.cluster.records.DeliveryRun` of an APPLICATION
+        client's topic, done once the client acknowledged each).  Called
+        before the first :meth:`finished` of ``index``; ``count`` >= 1."""
+        if count > 1:
+            parts = self._parts
+            if parts is None:
+                parts = self._parts = {}
+            parts[index] = count
 
     @property
     def complete(self) -> bool:

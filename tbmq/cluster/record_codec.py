@@ -71,7 +71,7 @@ class RecordCodec:
 
     __slots__ = ("name", "cls", "tag", "version", "tombstone", "_write", "_readers",
                  "_fast", "_write_array", "_read_array", "_read_arrays", "_weight",
-                 "_write_many")
+                 "_write_many", "_value_weight")
 
     def __init__(self, name: str, cls: type, tag: str, write: Callable[[Any], list],
                  readers: dict[int, Callable[[list], Any]], tombstone: bool = False,
@@ -80,7 +80,8 @@ class RecordCodec:
                  | tuple[Callable[[Any], list | None], Callable[[Any], Any],
                          Callable[[Any], list | None]] | None = None,
                  weight: Callable[[Any], int] | None = None,
-                 write_many: Callable[[Any, Callable], list | None] | None = None) -> None:
+                 write_many: Callable[[Any, Callable], list | None] | None = None,
+                 value_weight: Callable[[Any], int] | None = None) -> None:
         self.name = name
         self.cls = cls
         self.tag = tag
@@ -93,11 +94,21 @@ class RecordCodec:
         self._read_arrays = fast[2] if fast is not None and len(fast) > 2 else _no_array
         self._weight = weight
         self._write_many = write_many
+        self._value_weight = value_weight
 
     def with_tombstone(self) -> "RecordCodec":
         """:returns: the same encoding, accepting None (a tombstone)."""
         return RecordCodec(self.name, self.cls, self.tag, self._write, self._readers, True,
-                           self.version, self._fast, self._weight, self._write_many)
+                           self.version, self._fast, self._weight, self._write_many,
+                           self._value_weight)
+
+    def weigh(self, value: Any) -> int:
+        """:returns: the messages a decoded record carries: 1, or what the
+            codec's ``value_weight`` says (a
+            :class:`~tbmq.cluster.records.DeliveryRun`: its messages); what a
+            consumer counts against its per-turn slice."""
+        weight = self._value_weight
+        return 1 if weight is None else weight(value)
 
     def count_arrays(self, objs: Any) -> int:
         """:param objs: decoded arrays, as :meth:`decode_arrays` takes them
@@ -374,7 +385,8 @@ class RecordUnion:
         tags and classes).
     """
 
-    __slots__ = ("name", "codecs", "_by_tag", "_writers", "_arrays_by_tag", "_weights", "_many")
+    __slots__ = ("name", "codecs", "_by_tag", "_writers", "_arrays_by_tag", "_weights",
+                 "_many", "_value_weights")
     tombstone = False
 
     def __init__(self, name: str, *codecs: RecordCodec) -> None:
@@ -389,6 +401,14 @@ class RecordUnion:
         self._arrays_by_tag = {codec.tag: codec._read_array for codec in codecs}
         #: a member's tag → its ``weight`` (:meth:`count_arrays`), for those with one
         self._weights = {codec.tag: codec._weight for codec in codecs if codec._weight}
+        #: a member's class → its ``value_weight`` (:meth:`weigh`), for those with one
+        self._value_weights = {codec.cls: codec._value_weight for codec in codecs
+                               if codec._value_weight}
+
+    def weigh(self, value: Any) -> int:
+        """As :meth:`RecordCodec.weigh`, by the member of the value's class."""
+        weight = self._value_weights.get(type(value))
+        return 1 if weight is None else weight(value)
 
     def count_arrays(self, objs: Any) -> int:
         """As :meth:`RecordCodec.count_arrays`, each array weighed by the
@@ -427,7 +447,20 @@ class RecordUnion:
             tag, an unknown version, bad fields)."""
         if data is None:
             raise RecordEncodingError(f"{self.name}: a tombstone (None) is not allowed here")
-        return self._read_tagged(_unpack(self.name, data))
+        if type(data) is bytes:  # the hot path, as RecordCodec.decode
+            try:
+                obj = _unpackb(data, raw=False, strict_map_key=False, use_list=False)
+            except Exception as e:
+                raise RecordEncodingError(f"{self.name}: not msgpack: {e}") from None
+            try:  # as decode_arrays: a tuple of a member's tag, read by its fast reader
+                value = self._arrays_by_tag[obj[0]](obj) if type(obj) is tuple else None
+            except Exception:
+                value = None  # _read_tagged says what is wrong
+            if value is not None:
+                return value
+        else:
+            obj = _unpack(self.name, data)
+        return self._read_tagged(obj)
 
     def decode_arrays(self, objs: Any) -> list:
         """As :meth:`RecordCodec.decode_arrays`: each value read by the codec
@@ -488,6 +521,10 @@ class BytesCodec:
     def count_arrays(self, objs: Any) -> int:
         """:returns: ``len(objs)``."""
         return len(objs)
+
+    def weigh(self, value: Any) -> int:
+        """:returns: 1 (one message per record)."""
+        return 1
 
     def decode_arrays(self, objs: Any) -> list:
         """Raw bytes are never in a record that unpacks its values.

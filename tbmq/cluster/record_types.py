@@ -93,8 +93,11 @@ class DeliveryRun:
     routing node sends a node's ``tbmq.msg.downlink.basic.<serviceId>``
     for one client from one batch of ``tbmq.msg.all`` (one record, one
     decoding and one session look-up for all of them, not one
-    :class:`Delivery` each).  Equivalent to a :class:`Delivery` per
-    message, in order.
+    :class:`Delivery` each), and, at QoS 1 on a bus that packs (Kafka),
+    what it sends a persistent APPLICATION client's
+    ``tbmq.msg.app.<clientId>`` (one Kafka record, committed once the
+    client acknowledged each of its messages).  Equivalent to a
+    :class:`Delivery` per message, in order.
 
     :ivar client_id: the target client id.
     :ivar messages: the :class:`tbmq.model.Message` s, in order (a list

@@ -35,7 +35,8 @@ topic                                          key         record (tag)         
 ``tbmq.msg.downlink.basic.<serviceId>``        client id   Delivery (``dlv``)           no
 ``tbmq.msg.downlink.persisted.<serviceId>``    client id   Delivery (``dlv``) or        no
                                                            SessionMarker (``mrk``)
-``tbmq.msg.app.<clientId>``                    client id   Delivery (``dlv``)           no
+``tbmq.msg.app.<clientId>``                    client id   Delivery (``dlv``) or        no
+                                                           DeliveryRun (``dlr``, QoS 1)
 ``tbmq.msg.app.shared.<filter>``               topic name  Delivery (``dlv``)           no
 ``tbmq.client.session``                        client id   SessionInfo (``ses``)        yes
 ``tbmq.client.subscriptions``                  client id   SubscriptionsRecord          yes
@@ -149,6 +150,7 @@ from tbmq.model import ClientType, Message, SubscriptionOptions
 from tbmq.mqtt.properties import pack_properties
 
 __all__ = [
+    "APPLICATION",
     "BYTES",
     "CLEAR_SESSION",
     "CONNECTION_REQUEST",
@@ -512,12 +514,23 @@ def _run_weight(obj: Any) -> int:
     return 1
 
 
+def _run_messages(run: DeliveryRun) -> int:
+    """The messages a decoded run carries."""
+    return len(run.messages)
+
+
 #: :class:`DeliveryRun` alone (in :data:`DOWNLINK`).
 DELIVERY_RUN = RecordCodec("DeliveryRun", DeliveryRun, "dlr", _write_run, {1: _read_run_v1},
-                           fast=(_run_array, _run_from_array), weight=_run_weight)
+                           fast=(_run_array, _run_from_array), weight=_run_weight,
+                           value_weight=_run_messages)
 #: ``tbmq.msg.downlink.basic.<serviceId>``: :class:`Delivery` or
 #: :class:`DeliveryRun`.
 DOWNLINK = RecordUnion("Downlink", DELIVERY, DELIVERY_RUN)
+#: ``tbmq.msg.app.<clientId>`` and ``tbmq.msg.app.shared.<filter>``:
+#: :class:`Delivery`, or on a bus that packs (Kafka) a :class:`DeliveryRun`
+#: of QoS 1 on an APPLICATION client's own topic (``docs/bus.md``, "Runs of
+#: an APPLICATION client"): records of tbmq before runs are still read.
+APPLICATION = RecordUnion("Application", DELIVERY, DELIVERY_RUN)
 
 
 def _write_marker(m: SessionMarker) -> list:

@@ -66,17 +66,25 @@ class BusSink:
     :param topic_of: ``where -> bus topic`` (``str -> str``).
     :param runs: True when the topic's record type takes a
         :class:`~tbmq.cluster.records.DeliveryRun` (a node's downlink,
-        ``tbmq.msg.persisted``): a
+        ``tbmq.msg.persisted``; a persistent APPLICATION client's topic on a
+        bus that packs): a
         batch's messages to one client there go as one run, not as a
         :class:`~tbmq.cluster.records.Delivery` each.
+    :param run_qos: the highest QoS of a run (``int`` 0-2): a delivery of a
+        higher QoS goes as a Delivery of its own.  An APPLICATION client's
+        run is committed once the client acknowledged all of it, and comes
+        again whole when its connection ends before: 1 there, so that a
+        QoS 2 message completed is never sent again.
     """
 
-    __slots__ = ("bus", "topic_of", "_publish_many", "sends_many", "runs")
+    __slots__ = ("bus", "topic_of", "_publish_many", "sends_many", "runs", "run_qos")
 
-    def __init__(self, bus, topic_of: Callable[[str], str], runs: bool = False) -> None:
+    def __init__(self, bus, topic_of: Callable[[str], str], runs: bool = False,
+                 run_qos: int = 2) -> None:
         self.bus = bus
         self.topic_of = topic_of
         self.runs = runs
+        self.run_qos = run_qos
         #: the bus's ``publish_many(topic, keys, values, done)``, when it has one
         self._publish_many = getattr(bus, "publish_many", None)
         #: True when the bus publishes several records with one ``done``
@@ -138,11 +146,18 @@ class Sinks(NamedTuple):
 
     @classmethod
     def build(cls, bus, topics) -> "Sinks":
-        """:param topics: the :class:`~tbmq.cluster.topics.TopicCatalogue`."""
+        """:param topics: the :class:`~tbmq.cluster.topics.TopicCatalogue`.
+
+        A persistent APPLICATION client's topic takes runs of QoS 1 on a bus
+        that packs (``bus.packs``: Kafka, where each record costs a produce,
+        a delivery report, a fetch entry, a decoding and a commit); the
+        in-process bus, where a record costs little, keeps a Delivery per
+        message (each committed as it is acknowledged)."""
         persisted = topics.msg_persisted
         return cls(BusSink(bus, topics.downlink_basic, runs=True),
                    BusSink(bus, lambda _client_id: persisted, runs=True),
-                   BusSink(bus, topics.app), BusSink(bus, topics.app_shared))
+                   BusSink(bus, topics.app, runs=getattr(bus, "packs", False), run_qos=1),
+                   BusSink(bus, topics.app_shared))
 
 
 def write_marker(sink: BusSink, service_id: str, client_id: str, session_id: str,

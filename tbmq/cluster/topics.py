@@ -125,7 +125,7 @@ _EXACT = {
 _FAMILIES = (
     (DOWNLINK_PERSISTED, records.PERSISTED),
     (DOWNLINK_BASIC, records.DOWNLINK),
-    (APP, records.DELIVERY),  # tbmq.msg.app.shared.<filter> too
+    (APP, records.APPLICATION),  # tbmq.msg.app.shared.<filter> too
     (SESSION_EVENT_RESPONSE, records.SESSION_EVENT_RESPONSE),
     (CLIENT_DISCONNECT, records.DISCONNECT),
 )

@@ -667,6 +667,8 @@ def every_record(c):
         (c.downlink_basic("node-a"), "c1", delivery),
         (c.downlink_persisted("node-a"), "c1", delivery),
         (c.app("c1"), "c1", delivery),
+        # a routing node's run of QoS 1 messages to an APPLICATION client (Kafka)
+        (c.app("c2"), "c2", r.DeliveryRun("c2", (message, message), 1, True, (3,))),
         (c.app_shared("a/+"), "share", r.Delivery("share", message, 0)),
         (c.client_session, "c1", session),
         (c.client_subscriptions, "c1", r.SubscriptionsRecord(
@@ -1108,3 +1110,10 @@ def test_publish_many_to_an_application_topic_has_one_outcome_and_keeps_the_orde
     env.settle()
     assert outcomes == [None, None, None]  # once each
     assert [rec.value.seq for rec in got] == list(range(44))
+
+    # runs (the router's on Kafka) among deliveries, in order, each one record
+    run = r.DeliveryRun("many", (Message("a/b", b"r1", 1), Message("a/b", b"r2", 1)), 1)
+    values = [run, r.Delivery("many", message, 1, seq=44), run]
+    env.call(bus.publish_many, topic, ["many"] * 3, values, outcomes.append)
+    env.wait_until(lambda: len(got) >= 47)
+    assert [rec.value for rec in got[44:]] == values and outcomes[-1] is None

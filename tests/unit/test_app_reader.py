@@ -7,6 +7,8 @@ committed only once it and every record before it were acknowledged."""
 from __future__ import annotations
 
 from tbmq.broker.outbox import Outbox
+from tbmq.cluster.records import DeliveryRun
+from tbmq.model import Message
 from tbmq.mqtt import Property, Puback, Pubcomp, Publish, Pubrec, Pubrel
 from tests.unit.test_cluster_of_two import cluster, sub  # noqa: F401 (a fixture)
 
@@ -114,3 +116,45 @@ def test_qos2_a_completed_message_is_not_delivered_again_after_a_lost_connection
     again = cluster.b.client("app-1", level=5, clean_start=False, properties=dict(EXPIRY))
     rest = [m for m in again.pending + again.received() if type(m) is Publish]
     assert [m.payload for m in rest] == [b"2", b"3"]
+
+
+
+def publish_run(cluster, first: int, n: int, qos: int = 1) -> None:
+    """One record of ``n`` messages on the client's topic, as a routing
+    node on Kafka writes it (a DeliveryRun)."""
+    messages = [Message("telemetry/1", b"%d" % i, qos, False, {}, "p", 1.0)
+                for i in range(first, first + n)]
+    node = cluster.b.broker
+    node.bus.publish(node.topics.app("app-1"), "app-1", DeliveryRun("app-1", messages, qos))
+    cluster.clock.advance(0)
+
+
+def test_a_run_is_delivered_in_order_and_committed_once_all_of_it_is_acknowledged(cluster):
+    app, consumer = online_application(cluster)
+    publish_run(cluster, 0, 4)
+    publish_run(cluster, 4, 1)
+    got = app.received()
+    assert [m.payload for m in got] == [b"%d" % i for i in range(5)]
+    assert consumer.lag() == 2  # two records
+    app.send(*[Puback(m.packet_id) for m in got[1:4]])
+    assert consumer.lag() == 2  # the run waits for its first message
+    app.send(Puback(got[0].packet_id))
+    assert consumer.lag() == 1
+    app.send(Puback(got[4].packet_id))
+    assert consumer.lag() == 0
+
+
+def test_a_run_partly_acknowledged_comes_again_whole_after_a_lost_connection(cluster):
+    app, consumer = online_application(cluster)
+    publish_run(cluster, 0, 3)
+    got = app.received()
+    app.send(Puback(got[0].packet_id))
+    app.lose()
+    again = cluster.b.client("app-1", level=5, clean_start=False, properties=dict(EXPIRY))
+    rest = again.pending + again.received()
+    # at least once (QoS 1): the acknowledged message of the run comes again with it
+    assert [m.payload for m in rest] == [b"0", b"1", b"2"]
+    again.send(*[Puback(m.packet_id) for m in rest])
+    again.lose()
+    third = cluster.a.client("app-1", level=5, clean_start=False, properties=dict(EXPIRY))
+    assert third.pending + third.received() == []  # all committed

@@ -94,7 +94,7 @@ def test_codecs():
     assert c.codec_for(c.downlink_persisted("n")) is records.PERSISTED
     assert c.codec_for(c.downlink_basic("n")) is records.DOWNLINK
     for name in (c.app("a"), c.app_shared("f/#")):
-        assert c.codec_for(name) is records.DELIVERY
+        assert c.codec_for(name) is records.APPLICATION
     assert c.codec_for(c.client_session) is records.SESSION
     assert c.codec_for(c.client_subscriptions) is records.SUBSCRIPTIONS
     assert c.codec_for(c.session_event_request) is records.SESSION_EVENT

@@ -141,3 +141,21 @@ def test_a_watcher_of_a_batch_grown_already_is_told_at_once():
     assert told == [1]
     progress.finished(1)
     assert told == [1, 2]
+
+
+def test_a_record_of_several_parts_finishes_at_its_last_part():
+    """A DeliveryRun of an APPLICATION client's topic is one record of
+    several messages: it finishes once each was acknowledged."""
+    grown = []
+    progress = Progress(3)
+    progress.parts(1, 3)
+    progress.parts(2, 1)  # one part: as any record
+    progress.then(lambda start, end: grown.append((start, end)))
+    progress.finished(1)
+    progress.finished(0)
+    assert grown == [(0, 1)]  # record 1 has two parts still due
+    progress.finished(2)
+    progress.finished(1)
+    assert grown == [(0, 1)] and progress.leading == 1
+    progress.finished(1)
+    assert grown == [(0, 1), (1, 3)] and progress.complete

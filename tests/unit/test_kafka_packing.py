@@ -586,7 +586,8 @@ def test_a_record_of_a_run_that_does_not_decode_fails_alone_after_those_before_i
     good = r.MESSAGE.encode(Message("a", b""))
     consumer._batch([RawRecord(0, 0, b"c", good, ()), RawRecord(0, 1, b"c", b"\x01bad", ()),
                      RawRecord(0, 2, b"c", good, ())], [])
-    assert batches == [] and [m.topic for m in singles] == ["a"]
+    # the run stops before the bad one, which is handed alone (and fails)
+    assert [[m.topic for m in batch] for batch in batches] == [["a"]] and singles == []
     assert consumer.loop.commits == [(0, 1)]  # the bad one holds the partition there
     consumer.bus.clock.advance(1.0)
     assert consumer.loop.seeks == [(0, 1)]
@@ -656,3 +657,57 @@ def test_publish_many_to_a_topic_the_client_places_is_one_send_many_with_one_out
     empty: list = []
     bus.publish_many(topic, [], [], empty.append)
     assert empty == [None]
+
+
+def test_a_run_of_single_records_stops_at_the_slices_messages_weighed_by_the_codec():
+    """An APPLICATION client's records may be DeliveryRuns of many messages:
+    a reactor turn hands single records until they carry the slice's 256
+    messages (the codec's ``weigh``), not 256 records; the rest follow in
+    the next turns, in order."""
+    batches: list = []
+    consumer = KafkaConsumer(FakeBus(), "t", "g", lambda record: None, r.APPLICATION, 100, 1000,
+                             batch_handler=lambda values: batches.append(values))
+    consumer.loop = FakeLoop()
+    consumer._assigned([0])
+    run = r.APPLICATION.encode(r.DeliveryRun("c", [Message("a", b"x", 1)] * 100, 1))
+    lone = r.APPLICATION.encode(r.Delivery("c", Message("b", b"y", 1), 1))
+    raws = [RawRecord(0, o, b"c", run if o < 5 else lone, ()) for o in range(7)]
+    consumer._batch(raws, [])
+    assert [[type(v).__name__ for v in b] for b in batches] == [["DeliveryRun"] * 3]
+    consumer.bus.clock.advance(0)
+    assert [len(b) for b in batches] == [3, 4]  # 200 messages, then the two lone ones
+    assert [type(v).__name__ for b in batches for v in b] == ["DeliveryRun"] * 5 + ["Delivery"] * 2
+    assert consumer.loop.commits[-1] == (0, 7)  # each handled (None): committed
+
+
+def test_a_run_record_commits_once_each_of_its_messages_finished():
+    """A DeliveryRun of an APPLICATION client's topic is one Kafka record:
+    its offset commits once the batch's Progress finished each of its
+    messages (``Progress.parts``), in order with the records around it."""
+    progress: list = []
+
+    def batch(values):
+        p = Progress(len(values))
+        for i, v in enumerate(values):
+            if type(v) is r.DeliveryRun:
+                p.parts(i, len(v.messages))
+        progress.append(p)
+        return p
+
+    consumer = KafkaConsumer(FakeBus(), "t", "g", lambda record: None, r.APPLICATION, 100, 1000,
+                             batch_handler=batch)
+    consumer.loop = FakeLoop()
+    consumer._assigned([0])
+    lone = r.APPLICATION.encode(r.Delivery("c", Message("a", b"x", 1), 1))
+    run = r.APPLICATION.encode(r.DeliveryRun("c", [Message("b", b"y", 1)] * 3, 1))
+    consumer._batch([RawRecord(0, 0, b"c", lone, ()), RawRecord(0, 1, b"c", run, ()),
+                     RawRecord(0, 2, b"c", lone, ())], [])
+    (p,) = progress
+    p.finished(0)
+    assert consumer.loop.commits == [(0, 1)]
+    p.finished(2)
+    p.finished(1)
+    p.finished(1)
+    assert consumer.loop.commits == [(0, 1)]  # the run waits for its third message
+    p.finished(1)
+    assert consumer.loop.commits == [(0, 1), (0, 3)]

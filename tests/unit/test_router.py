@@ -644,6 +644,30 @@ def test_a_batch_classifies_a_persistent_session_here_once_per_qos_class(world):
     assert read == [1]
 
 
+def test_on_a_bus_that_packs_an_application_clients_qos1_messages_go_as_runs(world):
+    """On Kafka (``bus.packs``) a batch's QoS 1 messages to a persistent
+    APPLICATION client go to its topic as one DeliveryRun; QoS 2 ones as a
+    Delivery each (a run comes again whole when its connection ends before
+    all of it is acknowledged: a completed QoS 2 message must not)."""
+    many: list = []
+    world.bus.publish_many = lambda topic, keys, values, done: many.append(
+        (topic, keys, values, done))
+    world.bus.packs = True
+    world.router.sinks = Sinks.build(world.bus, T)
+    world.registry["app"] = info("app", "node-x", persistent=True,
+                                 client_type=ClientType.APPLICATION)
+    subscribe(world.router, "app", "t/+", qos=2)
+    batch = [Message(f"t/{i}", b"x", qos, False, {}, "p", 1.0)
+             for i, qos in enumerate((1, 1, 1, 2, 2, 1, 1))]
+    world.router._on_messages(batch)
+    ((topic, keys, values, _),) = many
+    assert topic == T.app("app") and keys == ["app"] * len(values)
+    assert [carried(v) for v in values] == [
+        (["t/0", "t/1", "t/2"], 1, False, "DeliveryRun"), (["t/3"], 2, False, "Delivery"),
+        (["t/4"], 2, False, "Delivery"), (["t/5"], 1, False, "Delivery"),
+        (["t/6"], 1, False, "Delivery")]
+
+
 def test_a_run_on_the_downlink_keeps_a_clients_order_across_qos_and_flags(world):
     """A client's messages of a batch with another QoS, RETAIN flag or set
     of subscription identifiers start a new run, after the last one, so

@@ -30,43 +30,56 @@ class Runs:
 
     def _take_run(self, track: Any, entry: Any, raw: RawRecord, budget: int) -> int:
         """Hand ``raw`` and the single records of ``track`` that follow it
-        in the buffer (no headers, at most ``budget`` in all) to the
-        ``batch_handler`` in **one** call, each still an entry of its own
-        (:meth:`_hand_run`): an APPLICATION client's topic, whose records
-        are not packed, costs one call per poll rather than one per record.
+        in the buffer (no headers) to the ``batch_handler`` in **one**
+        call, each still an entry of its own (:meth:`_hand_run`): an
+        APPLICATION client's topic, whose records are not packed, costs one
+        call per poll rather than one per record.  Each record is decoded
+        as it is taken and weighed by the topic's codec (``weigh``: a
+        :class:`~tbmq.cluster.records.DeliveryRun` carries several
+        messages), and the run stops once it carries ``budget`` messages,
+        so that a reactor turn hands at most the slice's messages whatever
+        the records carry.  A record that does not decode ends the run
+        before it, and is handed alone (:meth:`_hand`: it alone fails).
 
-        :returns: the records taken."""
+        :returns: the messages handed (at least one)."""
+        codec = self.codec
+        decode, weigh = codec.decode, codec.weigh
+        try:
+            value = decode(raw.value)
+        except Exception:  # handed alone: it fails there
+            self._held -= 1
+            track.queued -= 1
+            if track.live:
+                track.handed = entry.offset + 1
+                self._hand(track, entry, raw)
+            return 1
         buffer = self._buffer
-        entries, raws = [entry], [raw]
-        while (buffer and len(raws) < budget and buffer[0][0] is track
+        entries, values = [entry], [value]
+        left = budget - weigh(value)
+        while (buffer and left > 0 and buffer[0][0] is track
                and type(buffer[0][2]) is RawRecord and not buffer[0][2].headers):
-            _, e, r = buffer.popleft()
-            entries.append(e)
-            raws.append(r)
-        n = len(raws)
+            try:
+                value = decode(buffer[0][2].value)
+            except Exception:
+                break  # handed alone next
+            entries.append(buffer.popleft()[1])
+            values.append(value)
+            left -= weigh(value)
+        n = len(entries)
         self._held -= n
         track.queued -= n
         if track.live:
             track.handed = entries[-1].offset + 1
-            self._hand_run(track, entries, raws)
-        return n
+            self._hand_run(track, entries, values)
+        return max(budget - left, n)
 
-    def _hand_run(self, track: Any, entries: list, raws: list) -> None:
-        """Hand the values of single records ``raws`` (one partition, in
-        order; ``entries`` theirs) to the ``batch_handler``.  A
-        :class:`~tbmq.cluster.completion.Progress` result settles each entry
-        as the leading run of the batch grows (the commit names the first
-        record not finished); a Completion or a Deferred settles them all
-        together.  A record that does not decode has the run handed one by
-        one, so that it alone fails (those before it are handed)."""
-        decode = self.codec.decode
-        try:
-            values = [decode(raw.value) for raw in raws]
-        except Exception:
-            for entry, raw in zip(entries, raws):
-                if track.live:
-                    self._hand(track, entry, raw)
-            return
+    def _hand_run(self, track: Any, entries: list, values: list) -> None:
+        """Hand ``values``, the decoded values of single records of one
+        partition in order (``entries`` theirs), to the ``batch_handler``.
+        A :class:`~tbmq.cluster.completion.Progress` result settles each
+        entry as the leading run of the batch grows (the commit names the
+        first record not finished); a Completion or a Deferred settles them
+        all together."""
         try:
             result = self.batch_handler(values)
         except Exception:
