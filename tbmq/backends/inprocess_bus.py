@@ -62,6 +62,7 @@ from zope.interface import implementer
 
 from tbmq.backends.inprocess_consumer import Consumer, Handler
 from tbmq.backends.inprocess_describe import Describable
+from tbmq.backends.inprocess_held import LOGGING as _LOGGING
 from tbmq.backends.inprocess_held import HeldPublishes
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
 from tbmq.backends.inprocess_many import ManyPublishes
@@ -87,11 +88,6 @@ log = Logger(observer=LOG_OBSERVER)
 
 def _partition_of(key: str | None, n: int) -> int:
     return zlib.crc32(key.encode("utf-8", "surrogatepass")) % n
-
-
-#: what ``_publish`` returns when the topic log's flush calls the
-#: publish's ``done`` (:class:`~tbmq.backends.inprocess_writes.LogWrites`)
-_LOGGING = object()
 
 
 def _answer(outcome, done):
@@ -427,10 +423,15 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
         if fast is not None:
             member, cursor, part, held = fast
             o = part.next
-            if held is not None:  # durable: a transient record's own hot path
-                if headers and cursor.committed == o and self._held_now(
-                        held, member, cursor, part, key, value, headers):
-                    return _answer(None, done)
+            if held is not None:  # durable: handed during the publish (inprocess_held)
+                if cursor.committed == o:
+                    if headers and self._held_now(held, member, cursor, part, key, value,
+                                                  headers):
+                        return _answer(None, done)
+                    if (member.batch_handler is None and member.targets is None
+                            and not self.encodes):
+                        return _answer(self._logged_now(held, member, cursor, part, key, value,
+                                                        headers, done), done)
             elif cursor.committed == o:
                 # the hot path: nothing waits, hand it now (a handler of this
                 # member running now has not committed: not here)
