@@ -32,7 +32,7 @@ import weakref
 
 from twisted.internet import defer
 
-from tbmq.auth import AuthResult
+from tbmq.auth import AuthResult, AuthScope
 from tbmq.auth.watch import bind_rules
 from tbmq.hookspecs import hookimpl
 from tbmq.model import CredentialsType
@@ -176,11 +176,21 @@ class BasicIndex:
             username is not None and username in self._usernames)
 
 
+#: what the provider answers (:func:`tbmq.hookspecs.tbmq_authentication_scope`)
+_SCOPE = AuthScope()
+
+
 class BasicAuth:
     """The ``basic`` provider."""
 
     def __init__(self) -> None:
         self._indexes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @hookimpl
+    def tbmq_authentication_scope(self, config):
+        """Every CONNECT without an Authentication Method (credentials may
+        name its client id alone)."""
+        return _SCOPE
 
     @hookimpl
     def tbmq_authenticate(self, request):
