@@ -185,6 +185,8 @@ class BasicAuth:
 
     def __init__(self) -> None:
         self._indexes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        #: the index asked last (a node has one store: no lookup per CONNECT)
+        self._index: BasicIndex | None = None
 
     @hookimpl
     def tbmq_authentication_scope(self, config):
@@ -201,9 +203,12 @@ class BasicAuth:
         if request.auth_method is not None or request.reauthenticate:
             return None
         store = request.credentials
-        index = self._indexes.get(store)
-        if index is None:
-            index = self._indexes[store] = BasicIndex(store)
+        index = self._index
+        if index is None or index.store is not store:
+            index = self._indexes.get(store)
+            if index is None:
+                index = self._indexes[store] = BasicIndex(store)
+            self._index = index
         if index.current_now():
             keys = index.keys_of(request.client_id, request.username)
             if not keys:
