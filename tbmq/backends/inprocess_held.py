@@ -116,7 +116,13 @@ class HeldPublishes:
             member.busy = False
             if result is None:
                 cursor.committed = n
-                self._committed(state, member.group_state, 0, cursor)
+                # (_committed, unless it has nothing to do: a compacted
+                # topic of one group without tombstones, whose commit is
+                # not past what the log holds, as after a transient record)
+                if (not state.compacted or part.tombstones or cursor.logged != (
+                        n if n < part.logged_next else part.logged_next)
+                        and self._writes is not None):
+                    self._committed(state, member.group_state, 0, cursor)
                 member.redelivery.passed(0, n)
             else:
                 self._track(member, state, 0, cursor, o, result)
