@@ -31,7 +31,10 @@ one bus (that is how two broker nodes are tested in one process).
   at once and, when it returns None (or a
   :class:`~tbmq.cluster.completion.Completion` that has succeeded), calls
   ``done`` at once or returns None; no Deferred, the record not even
-  stored.
+  stored.  A durable topic of one partition and one idle member has its own
+  (:mod:`tbmq.backends.inprocess_held`): the record is held (and given to
+  the topic log's next flush, unless transient) and handed during the
+  publish.
 * **Memory.**  A record goes once every group that ever subscribed has
   committed past it.  Records that no group with a live member needs (on a
   durable topic: no known group) are kept at most ``retention_records`` per
