@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tbmq.auth import AuthResult
+from tbmq.auth import AuthResult, AuthScope
 from tbmq.hookspecs import hookimpl
 from tbmq.mqtt import ReasonCode
 
@@ -125,6 +125,8 @@ class EmbeddedBackends:
 #: the answer to every client admitted anonymously: one frozen object for all
 #: of them, not one per connection
 _ANONYMOUS = AuthResult(True, provider="anonymous")
+#: what the ``anonymous`` provider answers (:func:`tbmq.hookspecs.tbmq_authentication_scope`)
+_ANONYMOUS_SCOPE = AuthScope()
 
 
 class AnonymousAuth:
@@ -148,6 +150,11 @@ class AnonymousAuth:
 
     def __init__(self, allow: bool) -> None:
         self.allow = allow
+
+    @hookimpl
+    def tbmq_authentication_scope(self, config):
+        """Every CONNECT without an Authentication Method."""
+        return _ANONYMOUS_SCOPE
 
     @hookimpl(trylast=True)
     def tbmq_authenticate(self, request):

@@ -120,6 +120,25 @@ def tbmq_authenticate(request):
     """
 
 
+@hookspec
+def tbmq_authentication_scope(config):
+    """Which authentications this plugin's :func:`tbmq_authenticate` can
+    answer with ``config``, so that the node asks it only those.
+
+    Asked of each plugin that implements :func:`tbmq_authenticate`, once
+    when the node builds its hooks (and again when the plugin set changes),
+    never per CONNECT.  A plugin that does not implement it is asked every
+    time, as before.  A request outside the scope passes the plugin as if
+    it had returned None.
+
+    :param config: the node's :class:`tbmq.config.Config`.
+    :returns: an :class:`tbmq.auth.AuthScope` (whether it answers a CONNECT
+        without an Authentication Method, and only one carrying a password,
+        a user name or a certificate chain; which Authentication Methods it
+        answers), or None for every request.
+    """
+
+
 @hookspec(firstresult=True)
 def tbmq_authorize_publish(session, auth, topic):
     """May ``session`` publish to topic name ``topic``?

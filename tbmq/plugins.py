@@ -30,6 +30,7 @@ FACTORY_HOOKS = ("tbmq_message_bus", "tbmq_retained_store", "tbmq_device_message
 
 #: what a decision hook makes a plugin do, for the log
 _DECISIONS = {"tbmq_authenticate": "authentication",
+              "tbmq_authentication_scope": "authentication",
               "tbmq_authorize_publish": "authorization",
               "tbmq_authorize_subscribe": "authorization"}
 

@@ -32,7 +32,7 @@ import weakref
 
 from twisted.internet import defer
 
-from tbmq.auth import AuthResult
+from tbmq.auth import AuthResult, AuthScope
 from tbmq.auth.watch import bind_rules
 from tbmq.hookspecs import hookimpl
 from tbmq.model import CredentialsType
@@ -176,11 +176,23 @@ class BasicIndex:
             username is not None and username in self._usernames)
 
 
+#: what the provider answers (:func:`tbmq.hookspecs.tbmq_authentication_scope`)
+_SCOPE = AuthScope()
+
+
 class BasicAuth:
     """The ``basic`` provider."""
 
     def __init__(self) -> None:
         self._indexes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        #: the index asked last (a node has one store: no lookup per CONNECT)
+        self._index: BasicIndex | None = None
+
+    @hookimpl
+    def tbmq_authentication_scope(self, config):
+        """Every CONNECT without an Authentication Method (credentials may
+        name its client id alone)."""
+        return _SCOPE
 
     @hookimpl
     def tbmq_authenticate(self, request):
@@ -191,9 +203,12 @@ class BasicAuth:
         if request.auth_method is not None or request.reauthenticate:
             return None
         store = request.credentials
-        index = self._indexes.get(store)
-        if index is None:
-            index = self._indexes[store] = BasicIndex(store)
+        index = self._index
+        if index is None or index.store is not store:
+            index = self._indexes.get(store)
+            if index is None:
+                index = self._indexes[store] = BasicIndex(store)
+            self._index = index
         if index.current_now():
             keys = index.keys_of(request.client_id, request.username)
             if not keys:

@@ -56,7 +56,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
-from tbmq.auth import AuthResult
+from tbmq.auth import NO_REQUEST, AuthResult, AuthScope
 from tbmq.auth.rules import AuthorizationRules
 from tbmq.errors import ConfigError, CredentialsError
 from tbmq.hookspecs import hookimpl
@@ -428,6 +428,11 @@ class _Collector(protocol.Protocol):
             self.done.errback(reason)
 
 
+#: what the provider answers with a service
+#: (:func:`tbmq.hookspecs.tbmq_authentication_scope`)
+_SCOPE = AuthScope()
+
+
 class HttpAuth:
     """The ``http`` provider: one :class:`HttpService` per ``auth.http``
     config it is asked with."""
@@ -456,6 +461,12 @@ class HttpAuth:
                     cfg.tls_ca, TrustedCAs(cfg.tls_ca))
             service = self.services[cfg] = HttpService(cfg, tls=tls)
         return service
+
+    @hookimpl
+    def tbmq_authentication_scope(self, config):
+        """Every CONNECT without an Authentication Method; none without
+        ``auth.http.url``."""
+        return _SCOPE if config.auth.http.url is not None else NO_REQUEST
 
     @hookimpl
     def tbmq_authenticate(self, request):

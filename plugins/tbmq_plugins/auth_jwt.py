@@ -15,12 +15,17 @@ from __future__ import annotations
 import jwt
 from twisted.logger import Logger
 
-from tbmq.auth import AuthResult
+from tbmq.auth import NO_REQUEST, AuthResult, AuthScope
 from tbmq.auth.rules import AuthorizationRules
 from tbmq.hookspecs import hookimpl
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType
 from tbmq.mqtt import ReasonCode
+
+
+#: what the provider answers with a key
+#: (:func:`tbmq.hookspecs.tbmq_authentication_scope`)
+_SCOPE = AuthScope(needs=frozenset({"password"}))
 
 
 def looks_like_jwt(password: bytes | None) -> bool:
@@ -50,6 +55,14 @@ class JwtAuth:
                     cached.append(("PK", f.read()))
             self._key_cache[cfg] = cached
         return cached
+
+    @hookimpl
+    def tbmq_authentication_scope(self, config):
+        """A CONNECT with a password (the token), without an Authentication
+        Method; none without a key to check a token with (``auth.jwt.secret``,
+        ``auth.jwt.public_key_file``)."""
+        cfg = config.auth.jwt
+        return _SCOPE if cfg.secret or cfg.public_key_file else NO_REQUEST
 
     @hookimpl
     def tbmq_authenticate(self, request):

@@ -17,7 +17,7 @@ import base64
 import scramp
 from twisted.internet import defer
 
-from tbmq.auth import AuthResult
+from tbmq.auth import AuthResult, AuthScope
 from tbmq.auth.watch import bind_rules
 from tbmq.hookspecs import hookimpl
 from tbmq.model import CredentialsType
@@ -25,6 +25,9 @@ from tbmq.mqtt import ReasonCode
 
 #: authentication method → TBMQ's algorithm name
 METHODS = {"SCRAM-SHA-256": "SHA256", "SCRAM-SHA-512": "SHA512"}
+
+#: what the provider answers (:func:`tbmq.hookspecs.tbmq_authentication_scope`)
+_SCOPE = AuthScope(plain=False, methods=frozenset(METHODS))
 
 
 def client_first_username(data: bytes) -> str | None:
@@ -42,6 +45,11 @@ def client_first_username(data: bytes) -> str | None:
 
 class ScramAuth:
     """The ``scram`` provider."""
+
+    @hookimpl
+    def tbmq_authentication_scope(self, config):
+        """The SCRAM Authentication Methods only."""
+        return _SCOPE
 
     @hookimpl
     def tbmq_authenticate(self, request):

@@ -14,7 +14,7 @@ import re
 
 from twisted.internet import defer
 
-from tbmq.auth import AuthResult
+from tbmq.auth import AuthResult, AuthScope
 from tbmq.auth.watch import bind_rules
 from tbmq.hookspecs import hookimpl
 from tbmq.model import CredentialsType
@@ -28,8 +28,19 @@ def common_name(certificate) -> str | None:
     return str(names[0].value) if names else None
 
 
+#: what the provider answers (:func:`tbmq.hookspecs.tbmq_authentication_scope`)
+_SCOPE = AuthScope(needs=frozenset({"certificate_chain"}))
+
+
 class X509Auth:
     """The ``x509`` provider."""
+
+    @hookimpl
+    def tbmq_authentication_scope(self, config):
+        """A CONNECT with a verified certificate chain, without an
+        Authentication Method (none reaches it through a listener
+        without ``tls_client_auth``)."""
+        return _SCOPE
 
     @hookimpl
     def tbmq_authenticate(self, request):

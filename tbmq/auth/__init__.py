@@ -137,3 +137,54 @@ class AuthResult:
     auth_data: bytes | None = None
     continue_auth: bool = False
     credentials_name: str | None = None
+
+
+#: the fields of a CONNECT an :class:`AuthScope` may need (the
+#: :class:`AuthRequest` attributes, in the order of a request's shape: see
+#: :meth:`AuthScope.answers`)
+SCOPE_FIELDS = ("password", "username", "certificate_chain")
+
+
+@dataclass(frozen=True, slots=True)
+class AuthScope:
+    """The authentications an authentication provider's
+    ``tbmq_authenticate`` can answer, which it tells once per configuration
+    (:func:`tbmq.hookspecs.tbmq_authentication_scope`); the node asks it
+    only those, and the others pass it as if it had returned None.  A
+    provider that tells nothing is asked every time.
+
+    :ivar plain: it answers a CONNECT without an Authentication Method
+        (MQTT 5 enhanced authentication).
+    :ivar needs: :data:`SCOPE_FIELDS` names: such a CONNECT is asked of it
+        only when it carries one of them (a ``password``, a ``username``, a
+        ``certificate_chain``); empty: every such CONNECT.
+    :ivar methods: the Authentication Methods it answers (a CONNECT or an
+        AUTH with one, a re-authentication included); None: every method.
+    """
+
+    plain: bool = True
+    needs: frozenset = frozenset()
+    methods: frozenset | None = frozenset()
+
+    def answers(self, shape: tuple | str) -> bool:
+        """:param shape: what decides which providers may answer a request
+            (:meth:`tbmq.broker.hooks.Hooks.authenticate` finds the callers
+            once per shape): for a request without an Authentication Method,
+            one bool per :data:`SCOPE_FIELDS` (the CONNECT carries a
+            password, a user name, a verified certificate chain); else its
+            method when some provider's scope names it, or ``""`` for any
+            other (a few shapes in all, whatever the clients send).
+        :returns: True when a request of that shape is to be asked of it."""
+        if type(shape) is str:
+            return self.methods is None or shape in self.methods
+        if not self.plain:
+            return False
+        return not self.needs or any(
+            present for name, present in zip(SCOPE_FIELDS, shape) if name in self.needs)
+
+
+#: the scope of a provider that tells none: asked every time
+EVERY_REQUEST = AuthScope(True, frozenset(), None)
+#: the scope of a provider that can answer nothing with this configuration
+NO_REQUEST = AuthScope(False, frozenset(), frozenset())
+

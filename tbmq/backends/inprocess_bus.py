@@ -31,7 +31,10 @@ one bus (that is how two broker nodes are tested in one process).
   at once and, when it returns None (or a
   :class:`~tbmq.cluster.completion.Completion` that has succeeded), calls
   ``done`` at once or returns None; no Deferred, the record not even
-  stored.
+  stored.  A durable topic of one partition and one idle member has its own
+  (:mod:`tbmq.backends.inprocess_held`): the record is held (and given to
+  the topic log's next flush, unless transient) and handed during the
+  publish.
 * **Memory.**  A record goes once every group that ever subscribed has
   committed past it.  Records that no group with a live member needs (on a
   durable topic: no known group) are kept at most ``retention_records`` per
@@ -62,6 +65,7 @@ from zope.interface import implementer
 
 from tbmq.backends.inprocess_consumer import Consumer, Handler
 from tbmq.backends.inprocess_describe import Describable
+from tbmq.backends.inprocess_held import LOGGING as _LOGGING
 from tbmq.backends.inprocess_held import HeldPublishes
 from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
 from tbmq.backends.inprocess_many import ManyPublishes
@@ -87,11 +91,6 @@ log = Logger(observer=LOG_OBSERVER)
 
 def _partition_of(key: str | None, n: int) -> int:
     return zlib.crc32(key.encode("utf-8", "surrogatepass")) % n
-
-
-#: what ``_publish`` returns when the topic log's flush calls the
-#: publish's ``done`` (:class:`~tbmq.backends.inprocess_writes.LogWrites`)
-_LOGGING = object()
 
 
 def _answer(outcome, done):
@@ -427,10 +426,15 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
         if fast is not None:
             member, cursor, part, held = fast
             o = part.next
-            if held is not None:  # durable: a transient record's own hot path
-                if headers and cursor.committed == o and self._held_now(
-                        held, member, cursor, part, key, value, headers):
-                    return _answer(None, done)
+            if held is not None:  # durable: handed during the publish (inprocess_held)
+                if cursor.committed == o:
+                    if headers and self._held_now(held, member, cursor, part, key, value,
+                                                  headers):
+                        return _answer(None, done)
+                    if (member.batch_handler is None and member.targets is None
+                            and not self.encodes):
+                        return _answer(self._logged_now(held, member, cursor, part, key, value,
+                                                        headers, done), done)
             elif cursor.committed == o:
                 # the hot path: nothing waits, hand it now (a handler of this
                 # member running now has not committed: not here)

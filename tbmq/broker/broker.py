@@ -156,7 +156,7 @@ class Broker:
         self.retained_store = retained_store
         self.device_store = device_store
         self.topics = getattr(bus, "catalogue", None) or TopicCatalogue()
-        self.hooks = Hooks(plugins, config.auth.providers)
+        self.hooks = Hooks(plugins, config.auth.providers, config)
         self.drops = DropCounter()
         # the latency histogram's only readers are behind the HTTP listener
         self.traffic = Traffic(observe_latency=config.http.endpoint is not None)

@@ -442,8 +442,8 @@ class ConnectHandler:
         connect = self.conn.connect_packet
         cap = expiry_cap(config, result)
         sessions = self.ctx.sessions
-        host = self.conn._peer()
         limit = config.mqtt.max_persistent_sessions_per_address
+        host = self.conn._peer() if limit else None
         if limit and is_persistent(connect) and not sessions.known(connect.client_id):
             held = sessions.persistent_from(host)
             if held >= limit:
@@ -453,6 +453,7 @@ class ConnectHandler:
         limits = self.ctx.limits
         if limits is not None and self._over_session_limit(limits, connect, result):
             return
+        # (persistent sessions counted by address only while the limit is on)
         sessions.connect(self.conn, connect, result.client_type, expiry_cap=cap, address=host,
                          opened=partial(self._session_opened, result, request),
                          refused=self._session_refused, failed=self._internal_error)

@@ -10,7 +10,13 @@ pluggy's own loop would call it (its arguments by name, in its plugin's
 order) without pluggy's per-call machinery, which a CONNECT would otherwise
 pay once per provider; a provider with a wrapper implementation goes
 through a pluggy subset caller of its own.  A provider's answer given at
-once is passed on at once (no Deferred).  Authorization uses pluggy's
+once is passed on at once (no Deferred).  A provider is asked only the
+requests in the scope it told for the node's configuration
+(``tbmq_authentication_scope``, :class:`tbmq.auth.AuthScope`): the
+providers to ask are found once per shape of request (which of a password,
+a user name and a certificate chain a CONNECT carries, or its
+Authentication Method), so a CONNECT with none of them is not asked of the
+certificate, token or SCRAM providers.  Authorization uses pluggy's
 ``firstresult`` (the first answer that is not None wins; every plugin
 passing means no, ARCHITECTURE §3).
 Notification hooks on the message path cost nothing while no plugin
@@ -26,7 +32,7 @@ import pluggy
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from tbmq.auth import AuthResult
+from tbmq.auth import EVERY_REQUEST, AuthResult
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.plugins import ordered_impls
 
@@ -75,6 +81,9 @@ class Hooks:
 
     :param plugins: the :class:`pluggy.PluginManager`.
     :param providers: ``auth.providers``: plugin names asked first, in order.
+    :param config: the :class:`tbmq.config.Config` the providers tell their
+        scope for (``tbmq_authentication_scope``); None: every provider is
+        asked every request.
     :ivar wants_published: True when some plugin implements
         ``tbmq_message_published``.
     :ivar wants_delivered: the same for ``tbmq_message_delivered``.
@@ -83,9 +92,10 @@ class Hooks:
 
     log = Logger(observer=LOG_OBSERVER)
 
-    def __init__(self, plugins: pluggy.PluginManager, providers=()) -> None:
+    def __init__(self, plugins: pluggy.PluginManager, providers=(), config=None) -> None:
         self.plugins = plugins
         self.providers = tuple(providers)
+        self.config = config
         self.refresh()
 
     def refresh(self) -> None:
@@ -110,6 +120,29 @@ class Hooks:
                     "tbmq_authenticate", remove_plugins=[p for p in everyone if p is not mine]))))
             else:
                 self._auth_callers.append((name, _direct_call(own)))
+        self._scopes = [self._scope(name) for name in names]
+        self._methods = frozenset(method for scope in self._scopes
+                                  for method in (scope.methods or ()))
+        #: a request's shape (:meth:`tbmq.auth.AuthScope.answers`) → the callers to ask
+        self._by_shape: dict = {}
+
+    def _scope(self, name: str):
+        """:returns: the :class:`~tbmq.auth.AuthScope` the plugin ``name``
+        tells for :attr:`config` (:data:`~tbmq.auth.EVERY_REQUEST` when it
+        tells none)."""
+        if self.config is None:
+            return EVERY_REQUEST
+        mine = self.plugins.get_plugin(name)
+        for impl in self.plugins.hook.tbmq_authentication_scope.get_hookimpls():
+            if impl.plugin is mine:
+                try:
+                    scope = impl.function(**{arg: self.config for arg in impl.argnames})
+                except Exception:
+                    self.log.failure("plugin hook tbmq_authentication_scope of {name} failed: "
+                                     "it is asked every request", name=name)
+                    return EVERY_REQUEST
+                return EVERY_REQUEST if scope is None else scope
+        return EVERY_REQUEST
 
     # -- decisions -------------------------------------------------------------------
 
@@ -124,9 +157,21 @@ class Hooks:
             ``(None, None)`` when every plugin passed.  A provider raising
             gives a failed Deferred.
         """
-        callers = self._auth_callers
         if provider is not None:
-            callers = [c for c in callers if c[0] == provider]
+            callers = [c for c in self._auth_callers if c[0] == provider]
+        else:
+            # (AuthScope.answers; inline: no call per CONNECT)
+            method = request.auth_method
+            if method is None:
+                shape = (request.password is not None, request.username is not None,
+                         True if request.certificate_chain else False)
+            else:
+                shape = method if method in self._methods else ""
+            callers = self._by_shape.get(shape)
+            if callers is None:
+                callers = self._by_shape[shape] = [
+                    caller for caller, scope in zip(self._auth_callers, self._scopes)
+                    if scope.answers(shape)]
         try:
             return self._ask(request, callers, 0)
         except Exception:

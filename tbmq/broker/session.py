@@ -647,6 +647,7 @@ class Session:
             self.ctx.applications.attach(self)
         elif marker:
             self._mark(True)
+            self.outbox.reader.marker_sent()
 
     def _uses_device_store(self) -> bool:
         """True for a persistent DEVICE session: the consumer of

@@ -209,7 +209,8 @@ class SessionManager:
         :param expiry_cap: the longest session expiry interval granted,
             seconds; ``mqtt.max_session_expiry_interval`` when None.
         :param address: the client's network address: a persistent session
-            it creates counts towards :meth:`persistent_from`.
+            it creates counts towards :meth:`persistent_from`; None: it is
+            not counted (``mqtt.max_persistent_sessions_per_address`` off).
         :param opened: ``opened((session, session_present))`` once bound.
         :param refused: ``refused(failure)`` when the cluster did not answer
             (:class:`~tbmq.errors.BusPublishError`) or binding failed.
@@ -287,7 +288,7 @@ class SessionManager:
             session = Session(self.ctx, client_id, persistent, expiry,
                               connect.protocol_level, client_type)
             self.sessions[client_id] = session
-            if persistent:
+            if persistent and address is not None:
                 self._track_origin(client_id, address)
         else:
             # a resumed persistent session asked for expiry 0 stays stored

@@ -38,6 +38,10 @@ def delivery_size(delivery: StoredDelivery) -> int:
 #: the seqs finished during a read while none is under way
 NO_SEQS: frozenset = frozenset()
 
+#: :attr:`StoreReader.marker_wait` while the attach marker is being
+#: published (its timer is armed after the publish, if still waiting)
+_SENDING = "sending"
+
 
 class PageReads:
     """The node's page reads of the device store in flight, at most
@@ -93,7 +97,8 @@ class StoreReader:
     :ivar arrived: deliveries handed over live during that read.
     :ivar reread: the attach marker came during that read: read again after it.
     :ivar marker_wait: the timer of :data:`MARKER_WAIT` while the session
-        waits for its attach marker before its first read, else None.
+        waits for its attach marker before its first read (a mark without
+        a timer while the marker is being published), else None.
     :ivar finished_in_read: seqs of the deliveries finished during the read
         (the read may still hold them: sent, they would be sent again).
     """
@@ -112,14 +117,23 @@ class StoreReader:
         """The session resumed (:meth:`~tbmq.broker.outbox.Outbox.resume`):
         read the store now, or with ``marker`` once the attach marker comes
         back (:meth:`on_attached`), after :data:`MARKER_WAIT` seconds at the
-        latest."""
+        latest, counted from :meth:`marker_sent`."""
         self.reread = False
         self.stop_marker_wait()
         if marker:
-            self.marker_wait = self.outbox.ctx.clock.callLater(
-                self.MARKER_WAIT, self._marker_late, self.outbox.link)
+            self.marker_wait = _SENDING
         else:
             self.page_in()
+
+    def marker_sent(self) -> None:
+        """The session's attach marker was published: wait for it
+        :data:`MARKER_WAIT` seconds at most, unless it came back during its
+        publish (the writer of ``tbmq.msg.persisted`` in this process
+        follows it at once: the embedded node, where a persistent CONNECT
+        then costs no timer)."""
+        if self.marker_wait is _SENDING:
+            self.marker_wait = self.outbox.ctx.clock.callLater(
+                self.MARKER_WAIT, self._marker_late, self.outbox.link)
 
     #: seconds a resumed persistent DEVICE session waits for its attach
     #: marker before it reads the store anyway (and again when it comes)
@@ -252,7 +266,7 @@ class StoreReader:
 
     def stop_marker_wait(self) -> None:
         timer, self.marker_wait = self.marker_wait, None
-        if timer is not None and timer.active():
+        if timer is not None and timer is not _SENDING and timer.active():
             timer.cancel()
 
     def _marker_late(self, conn) -> None:

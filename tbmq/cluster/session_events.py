@@ -192,7 +192,9 @@ class SessionEvents:
         event = SessionEvent(CONNECTION_REQUEST, client_id, self.service_id, session_id,
                              request_id, clean_start, persistent, client_type,
                              session_expiry_interval, protocol_level, now)
-        self._request(event, partial(self._sent, request_id))
+        # (_request's publish, without the call)
+        self.bus.publish(self.topics.session_event_request, client_id, event, (),
+                         partial(self._sent, request_id))
         if self._sweep is None and self._pending:  # not answered during the call
             self._sweep = self.clock.callLater(self.timeout, self._time_out)
         return d
@@ -301,7 +303,20 @@ class SessionEvents:
     # -- deciding (one member per client id) ----------------------------------------------
 
     def _decide(self, record: Record):
-        return self._decide_many((record.value,))
+        """One request (a bus that hands each record alone: the in-process
+        bus, during the request's publish): a connect request of this node
+        is decided and its answer handed to its waiting connect at once,
+        as :meth:`_decide_many` does, without the batch's containers."""
+        event = record.value
+        if event.kind != CONNECTION_REQUEST or event.service_id != self.service_id:
+            return self._decide_many((event,))
+        response = self._connect_decision(event)
+        waiting = self._pending.pop(response.request_id, None)
+        if waiting is None:
+            self._on_responses((response,))  # (logged: came after the CONNECT was refused)
+        else:
+            waiting[0].callback(response)
+        return None
 
     def _decide_many(self, events) -> Completion | None:
         """Decide the requests of one read, in order (one call for the

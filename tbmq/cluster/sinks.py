@@ -315,9 +315,20 @@ class PersistedWriter:
             log.warn("device store limit: {removed} oldest messages of {client_id} removed",
                      removed=removed, client_id=client_id)
 
-    def handle(self, record: Record) -> Completion:
-        """One record: as :meth:`handle_batch`."""
-        return self.handle_batch((record.value,))
+    def handle(self, record: Record):
+        """One record: as :meth:`handle_batch`; a marker alone of a
+        session of this node (one per persistent CONNECT of the embedded
+        node) with nothing of its client being stored is followed at once
+        (:meth:`_marker`: nothing to wait for), without a batch's
+        containers.
+
+        :returns: a :class:`~tbmq.cluster.completion.Completion`, or None
+            (done)."""
+        value = record.value
+        if (type(value) is SessionMarker and value.service_id == self.service_id
+                and not self._storing.get(value.client_id)):
+            return self._marker(value)
+        return self.handle_batch((value,))
 
     def handle_batch(self, values) -> Completion:
         """Records of ``tbmq.msg.persisted`` in order (a packed record's):

@@ -126,3 +126,78 @@ def test_an_implementation_without_the_argument_is_called_without_it():
 
     hooks = Hooks(manager(n=NoArgs()), ("n",))
     assert hooks.authenticate(request()) == (AuthResult(True, provider="n"), "n")
+
+
+class Scoped(Provider):
+    """A provider that tells its scope (``tbmq_authentication_scope``)."""
+
+    def __init__(self, answer, scope):
+        super().__init__(answer)
+        self.scope = scope
+        self.configs = []
+
+    @hookimpl
+    def tbmq_authentication_scope(self, config):
+        self.configs.append(config)
+        return self.scope
+
+
+def test_a_provider_is_asked_only_the_requests_of_the_scope_it_told():
+    from tbmq.auth import AuthScope
+
+    certificate = Scoped(AuthResult(True, provider="x"), AuthScope(needs=frozenset({"certificate_chain"})))
+    token = Scoped(None, AuthScope(needs=frozenset({"password"})))
+    scram = Scoped(AuthResult(True, provider="s"), AuthScope(plain=False, methods=frozenset({"M"})))
+    anyone = Provider(AuthResult(True, provider="z"))  # tells nothing: asked every time
+    config = object()
+    hooks = Hooks(manager(x=certificate, j=token, s=scram, z=anyone), ("x", "j", "s", "z"), config)
+    assert certificate.configs == [config] and token.configs == [config]  # once, not per request
+    assert hooks.authenticate(request())[1] == "z"
+    assert (certificate.asked, token.asked, scram.asked, anyone.asked) == (0, 0, 0, 1)
+    with_password = AuthRequest("c", None, b"secret", 4)
+    assert hooks.authenticate(with_password)[1] == "z"
+    assert (certificate.asked, token.asked, scram.asked) == (0, 1, 0)
+    with_chain = AuthRequest("c", None, None, 4, certificate_chain=["leaf"])
+    assert hooks.authenticate(with_chain)[1] == "x"
+    assert (certificate.asked, token.asked, scram.asked) == (1, 1, 0)
+    assert hooks.authenticate(AuthRequest("c", None, None, 5, auth_method="M"))[1] == "s"
+    assert hooks.authenticate(AuthRequest("c", None, None, 5, auth_method="other"))[1] == "z"
+    assert (certificate.asked, token.asked, scram.asked, anyone.asked) == (1, 1, 1, 3)
+    assert certificate.configs == [config]
+
+
+def test_a_provider_out_of_every_request_is_never_asked_and_a_failing_scope_asks_always():
+    from tbmq.auth import NO_REQUEST
+
+    class Failing(Provider):
+        @hookimpl
+        def tbmq_authentication_scope(self, config):
+            raise ValueError("boom")
+
+    never, failing = Scoped(AuthResult(True, provider="n"), NO_REQUEST), Failing(None)
+    hooks = Hooks(manager(n=never, f=failing), ("n", "f"), object())
+    assert hooks.authenticate(AuthRequest("c", "u", b"p", 4)) == (None, None)
+    assert (never.asked, failing.asked) == (0, 1)
+
+
+def test_the_built_in_providers_scopes_follow_the_configuration():
+    from tbmq.config import load_config
+    from tbmq.plugins import make_plugin_manager
+
+    def asked(overrides, req):
+        config = load_config(None, environ={}, overrides=overrides)
+        hooks = Hooks(make_plugin_manager(config, load_entry_points=True),
+                      config.auth.providers, config)
+        hooks.authenticate(req)
+        shape = next(iter(hooks._by_shape))
+        return [name for name, _ in hooks._by_shape[shape]]
+
+    plain = {"auth": {"credentials": "memory", "providers": ["basic", "x509", "scram", "jwt"]},
+             "storage": {"backend": "memory"}}
+    assert asked(plain, AuthRequest("c", None, None, 4)) == ["basic", "anonymous"]
+    assert asked(plain, AuthRequest("c", "u", b"t", 4)) == ["basic", "anonymous"]  # no JWT key
+    keyed = {**plain, "auth": {**plain["auth"], "jwt": {"secret": "k"}}}
+    assert asked(keyed, AuthRequest("c", "u", b"t", 4)) == ["basic", "jwt", "anonymous"]
+    assert asked(plain, AuthRequest("c", None, None, 4, certificate_chain=["leaf"])) == [
+        "basic", "x509", "anonymous"]
+    assert asked(plain, AuthRequest("c", None, None, 5, auth_method="SCRAM-SHA-256")) == ["scram"]

@@ -132,9 +132,19 @@ def test_the_marker_is_passed_on_after_the_deliveries_before_it_are_stored_and_s
 def test_a_marker_for_this_node_goes_to_the_session_here():
     w = World()
     session = w.sessions["dev"] = Session("conn-1")
-    w.mark("dev", "node-w", "conn-1")
+    assert w.mark("dev", "node-w", "conn-1") is None  # nothing to wait for: done at once
     assert session.attached == ["conn-1"]
     assert w.sent() == []
+
+
+def test_a_marker_for_this_node_waits_for_the_deliveries_being_stored_before_it():
+    w = World()
+    session = w.sessions["dev"] = Session("conn-1")
+    w.deliver("dev", b"1")
+    done = w.mark("dev", "node-w", "conn-2")
+    assert session.attached == [] and not done.complete
+    w.store.complete(0)
+    assert session.attached == ["conn-2"] and done.succeeded
 
 
 def test_a_detach_marker_forgets_its_own_connection_only():

@@ -428,8 +428,10 @@ def test_a_resumed_session_reads_the_store_once_its_marker_is_back_or_after_a_wa
     store.add("s", [StoredDelivery(10, Message("t", b"first", 1), 1, False, ())])
     session.outbox.resume(marker=True)
     assert store.loads == []  # not before the marker is back
-    session.on_attached("conn-1")
+    session.on_attached("conn-1")  # back during its publish: no timer armed after it
     assert len(store.loads) == 1
+    session.outbox.reader.marker_sent()
+    assert session.outbox.reader.marker_wait is None and not clock.getDelayedCalls()
     store.release()
     assert [p.payload for p in Decoder(protocol_level=4, server_side=False).feed(conn.out)] \
         == [b"first"]
@@ -442,6 +444,7 @@ def test_a_resumed_session_reads_the_store_once_its_marker_is_back_or_after_a_wa
     session.attach(conn2)
     session.session_id = "conn-2"
     session.outbox.resume(marker=True)
+    session.outbox.reader.marker_sent()  # published, not back: the wait starts
     clock.advance(session.outbox.reader.MARKER_WAIT - 0.1)
     assert store.loads == []
     clock.advance(0.1)
