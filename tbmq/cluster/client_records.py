@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tbmq.cluster.record_codec import RecordCodec
-from tbmq.cluster.records import _bool, _count, _float, _opt_float, _opt_str, _str
+from tbmq.cluster.record_fields import _bool, _count, _float, _opt_float, _opt_str, _str
 from tbmq.errors import RecordEncodingError
 
 __all__ = ["BLOCKED", "BLOCKED_TYPES", "REGEX_TARGETS", "UNAUTHORIZED", "BlockedClient",

@@ -466,7 +466,7 @@ def test_publish_many_sends_the_records_packed_per_partition_with_one_done():
     assert outcomes == [None]
     bad: list = []
     bus.publish_many(topic, ["a"], [Message("t", b"")], bad.append)  # not a Delivery
-    assert len(bad) == 1 and bad[0].check(r.RecordEncodingError)
+    assert len(bad) == 1 and bad[0].check(RecordEncodingError)
 
 
 def test_records_added_together_spread_over_packed_records_report_once_all_are_acked():

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tbmq.cluster import record_codec
+from tbmq.cluster import record_codec, record_fields
 from tbmq.cluster import records as r
 from tbmq.errors import RecordEncodingError
 from tbmq.model import ClientType, Message
@@ -319,7 +319,7 @@ def test_a_routing_node_writes_the_message_array_of_the_record_it_read(monkeypat
     def no_packing(props):
         raise AssertionError("the properties were packed again")
 
-    monkeypatch.setattr(r, "pack_properties", no_packing)
+    monkeypatch.setattr(record_fields, "pack_properties", no_packing)
     delivery = r.DELIVERY.encode(r.Delivery("c", read, 1, False, (4,), 0))
     assert record in delivery  # the very bytes, nested in the delivery's array
     monkeypatch.undo()
@@ -341,7 +341,7 @@ def test_a_message_written_once_keeps_its_array_for_the_next_writes(monkeypatch)
     def no_packing(props):
         raise AssertionError("the properties were packed again")
 
-    monkeypatch.setattr(r, "pack_properties", no_packing)
+    monkeypatch.setattr(record_fields, "pack_properties", no_packing)
     delivery = r.DELIVERY.encode(r.Delivery("c", published, 1, False, (4,), 0))
     assert record in delivery
     monkeypatch.undo()
