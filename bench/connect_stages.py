@@ -33,7 +33,11 @@ Per node, for the confluent driver: ``produce → report`` per topic (from
 ``Producer.send`` to the delivery report put to the ack batcher, in
 librdkafka's poll thread: the produce round trip, librdkafka's queue and
 the poll thread's wait for the GIL) and ``report → reactor`` (from the
-first report of a batch to the reactor's drain of it).  The client's
+first report of a batch to the reactor's drain of it); and per call of the
+producer's poll that served reports, how many, and the time from its first
+to its last and the longest gap between two (each report's Python callback
+takes the GIL in turn: long gaps would be the poll thread waiting for the
+reactor).  The client's
 CONNECT → CONNACK (the burst's p50) also holds what is outside the node's
 ``accepted → CONNACK``: the TCP handshake and accept queue, the CONNACK's
 way out and the load generator's own scheduling.  Wall-clock
@@ -59,7 +63,7 @@ TRACER = r'''
 import importlib.abc, importlib.util, json, os, sys, threading, time, zlib
 _OUT = os.environ.get("TBMQ_CONNECT_STAGES")
 _now = time.time
-_rows, _done, _produced, _drains, _sent = {}, [], [], [], {}
+_rows, _done, _produced, _drains, _sent, _polls = {}, [], [], [], {}, []
 _state = {"cur": None, "deciding": 0, "req": {}, "first": {}}
 
 
@@ -69,7 +73,8 @@ def _dump():
         json.dump({"bus": os.environ.get("TBMQ_BUS", "embedded"),
                    "service_id": os.environ.get("TBMQ_NODE__SERVICE_ID"),
                    "tree": sys.path[1] if len(sys.path) > 1 else None,
-                   "rows": _done, "produced": _produced[-50000:], "drains": _drains[-50000:]}, f)
+                   "rows": _done, "produced": _produced[-50000:], "drains": _drains[-50000:],
+                   "polls": _polls[-50000:]}, f)
     os.replace(path + ".tmp", path)
 
 
@@ -150,6 +155,9 @@ def _bridge(m):
         now = _now()
         if sent is not None:
             _produced.append((now - sent[0], sent[1], sent[2]))
+        puts = _state.get("puts")
+        if puts is not None:
+            puts.append(now)
         with lock:
             _state["first"].setdefault(id(self), now)
     original = m.AckBatcher._drain
@@ -168,6 +176,16 @@ def _confluent(m):
     def send(self, topic, key, value, headers, done, partition=None):
         _sent[id(done)] = (_now(), topic, partition)
     _wrap(m.Producer, "send", before=send)
+
+    def poll_loop(self):
+        producer = self._producer
+        while self._running:
+            puts = _state["puts"] = []  # the reports this poll serves (AckBatcher.put)
+            producer.poll(m.PRODUCER_POLL)
+            if puts:  # (how many, first to last, the longest gap between two)
+                gaps = [b - a for a, b in zip(puts, puts[1:])]
+                _polls.append((len(puts), puts[-1] - puts[0], max(gaps) if gaps else 0.0))
+    m.Producer._poll = poll_loop
 
 
 _PATCHES = {"tbmq.broker.protocol": _protocol, "tbmq.broker.connect": _connect, "tbmq.broker.sessions": _sessions,
@@ -259,6 +277,12 @@ def report(folder: str) -> None:
                 print(f"| produce → report, {family} | {quantiles(values)} |")
         if data["drains"]:
             print(f"| report → reactor | {quantiles(data['drains'])} |")
+        polls = data.get("polls") or []
+        if polls:
+            print(f"| producer poll: reports per poll | p50 {sorted(p[0] for p in polls)[len(polls) // 2]}, "
+                  f"p90 {sorted(p[0] for p in polls)[int(len(polls) * 0.9)]} ({len(polls)} polls) |")
+            print(f"| producer poll: first → last report of a poll | {quantiles([p[1] for p in polls])} |")
+            print(f"| producer poll: longest gap between two reports | {quantiles([p[2] for p in polls])} |")
 
 
 def main() -> None:

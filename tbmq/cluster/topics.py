@@ -134,9 +134,10 @@ _COMPACTED = frozenset((MSG_RETAINED, CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, CLIE
 _DURABLE = frozenset((CLIENT_SESSION, CLIENT_SUBSCRIPTIONS, CLIENT_BLOCKED, INTEGRATIONS))
 _PACKABLE = frozenset((MSG_ALL, MSG_PERSISTED, SESSION_EVENT_REQUEST))
 # TBMQ's layout (one partition) for the topics every node reads whole and a
-# node's answers and disconnect commands, except the compacted ones (see
+# node's answers and disconnect commands; of the compacted ones, the session
+# registry that every CONNECT and DISCONNECT writes (see
 # TopicCatalogue.partitioned)
-_SINGLE = frozenset((CLIENT_UNAUTHORIZED, NODES))
+_SINGLE = frozenset((CLIENT_UNAUTHORIZED, NODES, CLIENT_SESSION))
 _SINGLE_FAMILIES = (SESSION_EVENT_RESPONSE, CLIENT_DISCONNECT)
 _PACKABLE_FAMILIES = (DOWNLINK_BASIC, DOWNLINK_PERSISTED, SESSION_EVENT_RESPONSE,
                       CLIENT_DISCONNECT)
@@ -332,21 +333,29 @@ class TopicCatalogue:
 
         One partition: the per-node answer and command topics
         (``tbmq.client.session.event.response.<serviceId>``,
-        ``tbmq.client.disconnect.<serviceId>``), ``tbmq.cluster.nodes`` and
-        ``tbmq.client.unauthorized``: nothing shares them out among a
-        group's members, and one partition makes a node's records of one
-        turn to one of them one batch, so one produce request, and each
-        fetch of the node's client of them names one partition rather than
-        ``kafka.partitions`` (a broker's cost per request grows with both).
-        TBMQ gives one partition to its compacted topics too
-        (``tbmq.client.session``, ``tbmq.client.subscriptions``,
-        ``tbmq.msg.retained``, ``tbmq.client.blocked``); here they stay
-        spread: every node writes them, and a broker that makes a record
-        readable before an earlier one of another producer (Tansu) leaves
-        a hole that the consumer of a compacted topic passes at once when
-        nothing of the partition was read yet, or only old records
-        (:mod:`tbmq_plugins.kafka.order`), so one partition written by
-        every node would make that more likely.  The others
+        ``tbmq.client.disconnect.<serviceId>``), ``tbmq.cluster.nodes``,
+        ``tbmq.client.unauthorized`` and the session registry
+        ``tbmq.client.session``: nothing shares them out among a group's
+        members (every node reads the registry whole), and one partition
+        makes a node's records of one turn to one of them one batch, so
+        one produce request, and each fetch of the node's client of them
+        names one partition rather than ``kafka.partitions`` (a broker's
+        cost per request grows with both).  librdkafka sends one
+        partition's batch per produce request, one request in flight per
+        connection: the registry record of every CONNECT and DISCONNECT
+        on ``kafka.partitions`` partitions made that many requests per
+        round on the connection the session event requests wait on
+        (``docs/bus.md``, "The CONNECT path in batches").  TBMQ gives one
+        partition to its other compacted topics too
+        (``tbmq.client.subscriptions``, ``tbmq.msg.retained``,
+        ``tbmq.client.blocked``); here they stay spread, as they were:
+        they are not on the CONNECT path.  (A broker that makes a record
+        readable before an earlier one of another producer, Tansu, leaves
+        a hole that the consumer of a compacted topic passes at once only
+        after a record older than half ``min.compaction.lag.ms`` or before
+        the first record read, :mod:`tbmq_plugins.kafka.order`: one
+        partition has more writes at once by two nodes but is quiet that
+        long less often than each of several.)  The others
         (``tbmq.msg.all``, ``tbmq.msg.persisted``, the session event
         requests, the downlinks, an APPLICATION client's topics,
         ``tbmq.events``, ``tbmq.integrations``) are spread: a group shares

@@ -526,7 +526,8 @@ def test_start_creates_the_fixed_topics_as_configured():
                             c.client_subscriptions, c.session_event_request, c.events}
     assert all(name.startswith("p.tbmq.") for name in by_name)
     for name, spec in by_name.items():
-        assert (spec.partitions, spec.replication_factor) == (6, 3)
+        partitions = 1 if name == c.client_session else 6  # (TBMQ's layout, below)
+        assert (spec.partitions, spec.replication_factor) == (partitions, 3)
         if name in (c.msg_retained, c.client_session, c.client_subscriptions):
             # what the consumers' hole check relies on (order.py)
             assert spec.config == {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"}
@@ -541,17 +542,17 @@ def test_start_creates_the_fixed_topics_as_configured():
 def test_the_per_node_answer_and_command_topics_have_one_partition():
     """TBMQ's layout (``partitions:1`` in its topic properties): a node's
     answer and disconnect topics, the node and unauthorized-client topics
-    get one partition, so a node's records of one turn to one of them are
-    one batch (one produce request) and its fetches name few partitions;
-    the compacted topics (written by every node: a Tansu hole there may be
-    passed) and the topics a group shares out, or that carry the traffic,
-    get ``kafka.partitions``."""
+    and the session registry get one partition, so a node's records of one
+    turn to one of them are one batch (one produce request) and its
+    fetches name few partitions; the other compacted topics (not on the
+    CONNECT path) and the topics a group shares out, or that carry the
+    traffic, get ``kafka.partitions``."""
     c = TopicCatalogue("p.")
     single = [c.client_unauthorized, c.nodes, c.session_event_response("n"),
-              c.client_disconnect("n")]
+              c.client_disconnect("n"), c.client_session]
     spread = [c.msg_all, c.msg_persisted, c.session_event_request, c.downlink_basic("n"),
               c.downlink_persisted("n"), c.app("a"), c.app_shared("f/#"), c.events,
-              c.client_session, c.client_subscriptions, c.msg_retained, c.client_blocked,
+              c.client_subscriptions, c.msg_retained, c.client_blocked,
               c.integrations]
     assert [topic_spec(CONFIG, c, t).partitions for t in single] == [1] * len(single)
     assert [topic_spec(CONFIG, c, t).partitions for t in spread] == [6] * len(spread)
