@@ -451,9 +451,9 @@ DELIVERY_RUN = RecordCodec("DeliveryRun", DeliveryRun, "dlr", _write_run, {1: _r
 #: :class:`DeliveryRun`.
 DOWNLINK = RecordUnion("Downlink", DELIVERY, DELIVERY_RUN)
 #: ``tbmq.msg.app.<clientId>`` and ``tbmq.msg.app.shared.<filter>``:
-#: :class:`Delivery`, or on a bus that packs (Kafka) a :class:`DeliveryRun`
-#: of QoS 1 on an APPLICATION client's own topic (``docs/bus.md``, "Runs of
-#: an APPLICATION client"): records of tbmq before runs are still read.
+#: :class:`Delivery`, or a :class:`DeliveryRun` of QoS 1 on an APPLICATION
+#: client's own topic (``docs/bus.md``, "Runs of an APPLICATION client"):
+#: records of tbmq before runs are still read.
 APPLICATION = RecordUnion("Application", DELIVERY, DELIVERY_RUN)
 
 
