@@ -454,13 +454,12 @@ class RangeWaiter(Waiter):
                 self.pending.discard(group)
                 if not self.pending and self.notify is not None:
                     self._maybe_fire()
-        if self.error is not None or not left:  # nobody waits for any of them
-            deque(map(waiters.pop, range(start, stop), repeat(None)), 0)
-        else:
-            others = left.values()
-            for o in range(start, stop):
-                if not any(o in waiting for waiting in others):
-                    waiters.pop(o, None)
+        gone = range(start, stop)
+        if self.error is None and left:  # those another group waits for stay
+            gone = set(gone)
+            for waiting in left.values():
+                gone -= waiting
+        deque(map(waiters.pop, gone, repeat(None)), 0)  # in C
         return stop
 
     def complete(self, group: str, ok: bool, offset: int | None = None) -> bool:
