@@ -407,9 +407,13 @@ def _run_array(r: DeliveryRun) -> list | None:
             and type(retain) is bool and type(ids) is tuple and (not ids or _all_int(ids))
             and type(messages) in ARRAY_TYPES and messages):
         # the arrays the messages were read in or first written as (a
-        # routing node's messages have theirs: no call per message)
-        arrays = [m.wire if type(m) is Message else None for m in messages]
-        if None in arrays:  # some written for the first time here
+        # routing node's messages have theirs: no call per message); a
+        # run whose first has none (the embedded node's: routed as
+        # published) is written for the first time here
+        first = messages[0]
+        arrays = ([m.wire if type(m) is Message else None for m in messages]
+                  if type(first) is Message and first.wire is not None else [None])
+        if None in arrays:
             arrays = [_message_array(m) if type(m) is Message else None for m in messages]
             if None in arrays:
                 return None  # the field by field writer says what is wrong
