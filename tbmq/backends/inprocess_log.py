@@ -426,13 +426,41 @@ class RangeWaiter(Waiter):
     :class:`~tbmq.cluster.completion.Completion` would).
 
     :ivar left: group name → the offsets it has not handled yet.
+    :ivar stop: the offset after its last record.
     """
 
-    __slots__ = ("left",)
+    __slots__ = ("left", "stop")
 
     def __init__(self, topic: str, groups: list[str], first: int, count: int) -> None:
         super().__init__(topic, set(groups))
+        self.stop = first + count
         self.left = {group: set(range(first, first + count)) for group in groups}
+
+    def complete_span(self, group: str, start: int, end: int, waiters: dict) -> int:
+        """Group ``group`` handled the records from ``start`` to ``end`` -
+        1 with success (a batch), ``start`` one of this waiter's: those of
+        them that are its own are handled at once (one set operation, not a
+        :meth:`complete` each), and leave ``waiters``
+        (:attr:`Partition.waiters`) when no group waits for them any more.
+
+        :returns: the offset after the last of them that is this waiter's."""
+        stop = self.stop if self.stop < end else end
+        left = self.left
+        offsets = left.get(group)
+        if offsets is not None:
+            offsets.difference_update(range(start, stop))
+            if not offsets:
+                del left[group]
+                self.pending.discard(group)
+                if not self.pending and self.notify is not None:
+                    self._maybe_fire()
+        gone = range(start, stop)
+        if self.error is None and left:  # those another group waits for stay
+            gone = set(gone)
+            for waiting in left.values():
+                gone -= waiting
+        deque(map(waiters.pop, gone, repeat(None)), 0)  # in C
+        return stop
 
     def complete(self, group: str, ok: bool, offset: int | None = None) -> bool:
         """Group ``group`` handled the record at ``offset`` (its result

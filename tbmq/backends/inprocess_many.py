@@ -9,6 +9,7 @@ of a batch of ``tbmq.msg.all`` to one sink
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Callable
 
 from twisted.python.failure import Failure
@@ -59,16 +60,17 @@ class ManyPublishes:
             self._each(topic, keys, values, done)
             return
         part = state.parts[0]
-        first = part.next
-        append = part.append
-        for key, value in zip(keys, values):
-            append(key, value, ())
+        if part.keys is None:  # held and registered in C (no bytecode per record)
+            first = part.extend(keys, values)
+        else:
+            first = part.next
+            append = part.append
+            for key, value in zip(keys, values):
+                append(key, value, ())
         groups = state.live
         if groups:
             waiter = RangeWaiter(topic, [g.name for g in groups], first, len(values))
-            waiters = part.waiters
-            for o in range(first, part.next):
-                waiters[o] = waiter
+            part.waiters.update(zip(range(first, part.next), repeat(waiter)))
             waiter.settle(done)
         self._hand_on(state, part, groups)
         if not groups:

@@ -407,9 +407,13 @@ def _run_array(r: DeliveryRun) -> list | None:
             and type(retain) is bool and type(ids) is tuple and (not ids or _all_int(ids))
             and type(messages) in ARRAY_TYPES and messages):
         # the arrays the messages were read in or first written as (a
-        # routing node's messages have theirs: no call per message)
-        arrays = [m.wire if type(m) is Message else None for m in messages]
-        if None in arrays:  # some written for the first time here
+        # routing node's messages have theirs: no call per message); a
+        # run whose first has none (the embedded node's: routed as
+        # published) is written for the first time here
+        first = messages[0]
+        arrays = ([m.wire if type(m) is Message else None for m in messages]
+                  if type(first) is Message and first.wire is not None else [None])
+        if None in arrays:
             arrays = [_message_array(m) if type(m) is Message else None for m in messages]
             if None in arrays:
                 return None  # the field by field writer says what is wrong
@@ -451,9 +455,9 @@ DELIVERY_RUN = RecordCodec("DeliveryRun", DeliveryRun, "dlr", _write_run, {1: _r
 #: :class:`DeliveryRun`.
 DOWNLINK = RecordUnion("Downlink", DELIVERY, DELIVERY_RUN)
 #: ``tbmq.msg.app.<clientId>`` and ``tbmq.msg.app.shared.<filter>``:
-#: :class:`Delivery`, or on a bus that packs (Kafka) a :class:`DeliveryRun`
-#: of QoS 1 on an APPLICATION client's own topic (``docs/bus.md``, "Runs of
-#: an APPLICATION client"): records of tbmq before runs are still read.
+#: :class:`Delivery`, or a :class:`DeliveryRun` of QoS 1 on an APPLICATION
+#: client's own topic (``docs/bus.md``, "Runs of an APPLICATION client"):
+#: records of tbmq before runs are still read.
 APPLICATION = RecordUnion("Application", DELIVERY, DELIVERY_RUN)
 
 

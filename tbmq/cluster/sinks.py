@@ -66,8 +66,7 @@ class BusSink:
     :param topic_of: ``where -> bus topic`` (``str -> str``).
     :param runs: True when the topic's record type takes a
         :class:`~tbmq.cluster.records.DeliveryRun` (a node's downlink,
-        ``tbmq.msg.persisted``; a persistent APPLICATION client's topic on a
-        bus that packs): a
+        ``tbmq.msg.persisted``; a persistent APPLICATION client's topic): a
         batch's messages to one client there go as one run, not as a
         :class:`~tbmq.cluster.records.Delivery` each.
     :param run_qos: the highest QoS of a run (``int`` 0-2): a delivery of a
@@ -148,15 +147,15 @@ class Sinks(NamedTuple):
     def build(cls, bus, topics) -> "Sinks":
         """:param topics: the :class:`~tbmq.cluster.topics.TopicCatalogue`.
 
-        A persistent APPLICATION client's topic takes runs of QoS 1 on a bus
-        that packs (``bus.packs``: Kafka, where each record costs a produce,
-        a delivery report, a fetch entry, a decoding and a commit); the
-        in-process bus, where a record costs little, keeps a Delivery per
-        message (each committed as it is acknowledged)."""
+        A persistent APPLICATION client's topic takes runs of QoS 1 on every
+        bus: on Kafka each record costs a produce, a delivery report, a
+        fetch entry, a decoding and a commit; on the in-process bus of the
+        embedded node a topic log entry, a hand-off and a commit unit
+        (``docs/bus.md``, "Runs of an APPLICATION client")."""
         persisted = topics.msg_persisted
         return cls(BusSink(bus, topics.downlink_basic, runs=True),
                    BusSink(bus, lambda _client_id: persisted, runs=True),
-                   BusSink(bus, topics.app, runs=getattr(bus, "packs", False), run_qos=1),
+                   BusSink(bus, topics.app, runs=True, run_qos=1),
                    BusSink(bus, topics.app_shared))
 
 
@@ -601,10 +600,12 @@ class ApplicationReader:
     turn published (the in-process bus), or what one poll brought (Kafka),
     reaches the session in one call
     (:meth:`~tbmq.broker.outbox.Outbox.deliver_app_batch`); a record is
-    committed once the client acknowledged it (PUBACK, PUBCOMP) and every
-    record before it, also inside a batch (its
-    :class:`~tbmq.cluster.completion.Progress`), so exactly what was not
-    acknowledged when the connection ended, and what followed, comes again.
+    committed once the client acknowledged it (PUBACK, PUBCOMP; a
+    :class:`~tbmq.cluster.records.DeliveryRun`: each of its messages) and
+    every record before it, also inside a batch (its
+    :class:`~tbmq.cluster.completion.Progress`), so exactly the records not
+    acknowledged when the connection ended, and what followed, come again
+    (a run partly acknowledged: whole).
 
     :param bus: the :class:`tbmq.interfaces.IMessageBus`.
     :param topic_of: ``client_id -> bus topic`` (the catalogue's ``app``).

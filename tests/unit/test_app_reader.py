@@ -2,12 +2,13 @@
 (:class:`tbmq.cluster.sinks.ApplicationReader`): what a reactor turn
 published to ``tbmq.msg.app.<clientId>`` reaches the session in one call
 (:meth:`tbmq.broker.outbox.Outbox.deliver_app_batch`), and a record is
-committed only once it and every record before it were acknowledged."""
+committed only once it and every record before it were acknowledged (a
+:class:`~tbmq.cluster.records.DeliveryRun`: each of its messages)."""
 
 from __future__ import annotations
 
 from tbmq.broker.outbox import Outbox
-from tbmq.cluster.records import DeliveryRun
+from tbmq.cluster.records import Delivery, DeliveryRun
 from tbmq.model import Message
 from tbmq.mqtt import Property, Puback, Pubcomp, Publish, Pubrec, Pubrel
 from tests.unit.test_cluster_of_two import cluster, sub  # noqa: F401 (a fixture)
@@ -28,12 +29,24 @@ def publish(p, first: int, n: int) -> None:
              for i in range(first, first + n)])
 
 
+def publish_deliveries(cluster, first: int, n: int) -> None:
+    """``n`` records of one QoS 1 message each (a Delivery) on the
+    client's topic, in one reactor turn."""
+    node = cluster.b.broker
+    for i in range(first, first + n):
+        node.bus.publish(node.topics.app("app-1"), "app-1",
+                         Delivery("app-1", Message("telemetry/1", b"%d" % i, 1, False, {}, "p",
+                                                   1.0), 1))
+    cluster.clock.advance(0)
+
+
 def test_a_turns_records_reach_the_session_in_one_call(cluster, monkeypatch):
-    batches = []
+    calls = []
     deliver = Outbox.deliver_app_batch
 
     def counted(self, deliveries, source):
-        batches.append(len(deliveries))
+        calls.append((len(deliveries), sum(len(d.messages) if type(d) is DeliveryRun else 1
+                                            for d in deliveries)))
         return deliver(self, deliveries, source)
 
     monkeypatch.setattr(Outbox, "deliver_app_batch", counted)
@@ -42,8 +55,12 @@ def test_a_turns_records_reach_the_session_in_one_call(cluster, monkeypatch):
     publish(p, 0, 5)
     got = app.received()
     assert [m.payload for m in got] == [b"%d" % i for i in range(5)]
-    assert batches == [5]
-    assert consumer.lag() == 5  # nothing acknowledged yet
+    ((records, messages),) = calls
+    assert messages == 5
+    # handed together (the encoding mode: no record handed during its publish):
+    # routed as one batch, one run; handed one by one: a Delivery each
+    assert records == (1 if cluster.bus.encodes else 5)
+    assert consumer.lag() == records  # nothing acknowledged yet
     for m in got:
         app.send(Puback(m.packet_id))
     assert consumer.lag() == 0
@@ -51,10 +68,9 @@ def test_a_turns_records_reach_the_session_in_one_call(cluster, monkeypatch):
 
 def test_a_record_is_committed_once_it_and_every_one_before_it_were_acknowledged(cluster):
     app, consumer = online_application(cluster)
-    p = cluster.b.client("p")
-    publish(p, 0, 3)
+    publish_deliveries(cluster, 0, 3)
     first = app.received()
-    publish(p, 3, 3)
+    publish_deliveries(cluster, 3, 3)
     second = app.received()
     assert [m.payload for m in first + second] == [b"%d" % i for i in range(6)]
     for m in second + first[1:]:
@@ -74,8 +90,7 @@ def test_a_record_is_committed_once_it_and_every_one_before_it_were_acknowledged
 
 def test_a_batch_is_committed_up_to_its_first_unacknowledged_record(cluster):
     app, consumer = online_application(cluster)
-    p = cluster.b.client("p")
-    publish(p, 0, 4)
+    publish_deliveries(cluster, 0, 4)
     got = app.received()
     assert len(got) == 4
     for m in got[:3]:
@@ -87,8 +102,7 @@ def test_a_batch_is_committed_up_to_its_first_unacknowledged_record(cluster):
 
 def test_a_connection_lost_in_the_middle_of_a_batch_gets_exactly_the_rest_again(cluster):
     app, consumer = online_application(cluster)
-    p = cluster.b.client("p")
-    publish(p, 0, 5)
+    publish_deliveries(cluster, 0, 5)
     got = app.received()
     assert [m.payload for m in got] == [b"%d" % i for i in range(5)]
     app.send(Puback(got[0].packet_id), Puback(got[1].packet_id), Puback(got[3].packet_id))

@@ -8,7 +8,7 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 
 from tbmq.backends.inprocess_bus import InProcessBus
-from tbmq.backends.inprocess_log import QueuedRun
+from tbmq.backends.inprocess_log import QueuedRun, RangeWaiter
 from tbmq.errors import BusClosedError, ConsumerFailedError
 
 
@@ -119,3 +119,20 @@ def test_a_done_that_raises_is_logged_and_the_later_ones_are_still_told():
     assert run.complete_span("g", 0, 4, waiters) == 4
     assert told == [0, "raised", 3] and waiters == {}
     assert run.dones == [None] * 4 and run.done
+
+
+def test_a_range_waiter_takes_a_batchs_span_at_once_and_its_entries_go_when_nobody_waits():
+    """A ``publish_many``'s :class:`RangeWaiter` (records 10-13, two
+    groups): a group's batch that handled some of them completes those at
+    once; an entry leaves the partition's waiters only when no group waits
+    for that record, and the publish is done when every group handled all."""
+    told: list = []
+    waiter = RangeWaiter("t", ["a", "b"], 10, 4)
+    waiters = dict.fromkeys(range(10, 14), waiter)
+    waiter.settle(told.append)
+    assert waiter.complete_span("a", 10, 12, waiters) == 12  # a's batch ended at 12
+    assert sorted(waiters) == [10, 11, 12, 13] and told == []  # b waits for all
+    assert waiter.complete_span("b", 10, 20, waiters) == 14  # the rest is not its own
+    assert sorted(waiters) == [12, 13] and told == []  # a waits for 12 and 13
+    assert waiter.complete_span("a", 12, 14, waiters) == 14
+    assert waiters == {} and told == [None]
