@@ -249,6 +249,42 @@ def test_the_mqtt_protocol_handles_a_connect_that_waited_as_it_is_connected():
     assert isinstance(connack, Connack) and connack.reason_code == 0
 
 
+@pytest.mark.parametrize("sent", [True, False])
+def test_a_connect_answered_as_it_is_accepted_sets_one_deadline(sent):
+    """A connection whose CONNECT waited is answered in ``connectionMade``:
+    its one deadline is the keep alive's (1.5 x 60 s), in the bucket of
+    that time, no connect timeout before it; with nothing waiting the
+    connect timeout is armed and closes it."""
+    from twisted.internet.testing import StringTransport  # noqa: PLC0415
+
+    from tbmq.mqtt import Connect  # noqa: PLC0415
+    from tbmq.mqtt.codec import encode  # noqa: PLC0415
+    from tests.helpers import Harness  # noqa: PLC0415
+
+    harness = Harness()
+    proto = harness.factory.buildProtocol(None)
+    deadlines = proto._deadlines
+    before = deadlines.count
+
+    class Waiting(StringTransport):
+        def read_waiting(self):
+            if sent:
+                proto.dataReceived(encode(Connect(protocol_level=4, client_id="early",
+                                                  keep_alive=60), 4))
+
+    transport = Waiting()
+    proto.makeConnection(transport)
+    now = harness.clock.seconds()
+    if sent:
+        assert proto.deadline == now + 90 and deadlines.count == before + 1
+        assert proto.deadline_slot * deadlines.tick >= now + 90
+    else:
+        timeout = harness.config.mqtt.connect_timeout
+        assert proto.deadline == now + timeout and deadlines.count == before + 1
+        harness.clock.advance(timeout + 1)
+        assert transport.disconnecting
+
+
 def test_the_mqtt_protocol_behind_a_layer_leaves_reading_to_the_layer():
     """Behind TLS or the PROXY protocol (Twisted ProtocolWrappers, which hand
     on any attribute of the transport below) the MQTT protocol must not
