@@ -221,9 +221,9 @@ class LoginGuard:
             with that code, else :meth:`done` must be called once it is
             decided (or its connection is gone).
         """
-        banning = bool(self._bans)
-        if not (costly or banning):
+        if self.admits_freely(costly):
             return None  # nothing banned and no check to hold a place for
+        banning = bool(self._bans)
         # (positional: matching a keyword argument to its field costs a third of the call)
         attempt = Attempt(host, client_id, username, False, False, None, "", False, False,
                           False, self.checks)
@@ -256,6 +256,13 @@ class LoginGuard:
             self.in_flight += 1
             attempt.costly = True
         return attempt
+
+    def admits_freely(self, costly: bool) -> bool:
+        """:param costly: as for :meth:`admit`.
+        :returns: True when :meth:`admit` would answer None (nothing
+            banned, no check to hold a place for): a caller may skip it,
+            and the address it would give it."""
+        return not (costly or self._bans)
 
     def done(self, attempt: Attempt, failed: bool | None) -> None:
         """The authentication of ``attempt`` is decided; safe to call again

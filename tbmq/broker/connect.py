@@ -251,12 +251,14 @@ class ConnectHandler:
         if guard is not None:
             costly = connect.password is not None or (
                 v5 and props.get(Property.AUTHENTICATION_METHOD) is not None)
-            attempt = guard.admit(self.conn._peer(), connect.client_id, connect.username, costly)
-            if attempt is not None:  # (None: a login that holds nothing)
-                if attempt.refusal is not None:
-                    # banned: BANNED; too many checks in flight: SERVER_BUSY
-                    return self._refuse_quietly(attempt.refusal)
-                self._attempt = attempt
+            if not guard.admits_freely(costly):  # (else: a login that holds nothing)
+                attempt = guard.admit(self.conn._peer(), connect.client_id, connect.username,
+                                      costly)
+                if attempt is not None:
+                    if attempt.refusal is not None:
+                        # banned: BANNED; too many checks in flight: SERVER_BUSY
+                        return self._refuse_quietly(attempt.refusal)
+                    self._attempt = attempt
         self.conn._hold()
         # (positional arguments: a class called with keywords costs a dict)
         self.conn.auth_request = AuthRequest(
@@ -516,7 +518,8 @@ class ConnectHandler:
             keep_alive = cfg.max_keep_alive if self.conn.protocol_level >= MQTT_5 else keep_alive
         # the connect timeout becomes the keep alive's: a later deadline is
         # one attribute (the node's Deadlines move it when its bucket is due)
-        self.conn.setTimeout(_timeout_of(keep_alive) if keep_alive else None)
+        self.conn.setTimeout((_TIMEOUTS.get(keep_alive) or _timeout_of(keep_alive))
+                             if keep_alive else None)
         level = self.conn.protocol_level
         if level >= MQTT_5:
             props = self._connack_properties(connect, session, keep_alive)

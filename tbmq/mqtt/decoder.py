@@ -74,6 +74,9 @@ _NO_TOPICS: dict = {}
 _NO_PROPERTIES: dict = {}
 #: the protocol names decoded, one string each for all connections
 _PROTOCOL_NAMES = {name: name for name, _level in SUPPORTED_PROTOCOLS}
+#: the protocol name of 3.1.1 and 5.0 as CONNECT encodes it (a UTF-8
+#: Encoded String, section 1.5.4): matched as bytes, not decoded
+_MQTT_NAME = b"\x00\x04MQTT"
 
 class Decoder:
     """Incremental decoder: bytes in, complete packets out.
@@ -374,7 +377,10 @@ class Decoder:
             CONNACK and the error's reason code [MQTT-4.13.1-1].
         """
         self._connect_seen = True  # (a second one: refused by _check_first)
-        name, p = decode_string(data, pos, end)
+        if data.startswith(_MQTT_NAME, pos, end):
+            name, p = "MQTT", pos + 6
+        else:
+            name, p = decode_string(data, pos, end)
         _need(p < end, "truncated CONNECT")
         level = data[p]
         p += 1
