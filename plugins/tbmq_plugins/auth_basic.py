@@ -64,7 +64,7 @@ class BasicIndex:
     each still sees every change committed before it arrived.  A store
     that can tell at once that nothing changed (an ``unchanged_since(version)
     -> bool`` method: the embedded stores) is not asked at all then
-    (:meth:`current_now`).
+    (:meth:`keys_now`).
 
     :param store: the :class:`tbmq.interfaces.ICredentialStore`.
     :ivar version: the store's version the index is current with.
@@ -81,12 +81,14 @@ class BasicIndex:
         self._asking = False
         self._next: list[defer.Deferred] = []  # waiting for a question not asked yet
 
-    def current_now(self) -> bool:
-        """:returns: True when the store tells at once that the index holds
-        every change it committed (then :meth:`current` need not be
-        asked); False when it cannot tell."""
+    def keys_now(self, client_id: str, username: str | None) -> list[str] | None:
+        """:meth:`keys_of` when the store tells at once that the index holds
+        every change it committed (then :meth:`current` need not be asked);
+        None when it cannot tell."""
         unchanged = getattr(self.store, "unchanged_since", None)
-        return unchanged is not None and unchanged(self.version)
+        if unchanged is None or not unchanged(self.version):
+            return None
+        return self.keys_of(client_id, username) if self._present else []
 
     def current(self) -> defer.Deferred:
         """:returns: a Deferred firing with None once the index holds every
@@ -209,12 +211,12 @@ class BasicAuth:
             if index is None:
                 index = self._indexes[store] = BasicIndex(store)
             self._index = index
-        if index.current_now():
-            keys = index.keys_of(request.client_id, request.username)
-            if not keys:
-                return self._unknown(index, request)
-            return defer.ensureDeferred(self._authenticate(request, index, keys))
-        return index.current().addCallback(self._indexed, index, request)
+        keys = index.keys_now(request.client_id, request.username)
+        if keys is None:
+            return index.current().addCallback(self._indexed, index, request)
+        if not keys:
+            return self._unknown(index, request)
+        return defer.ensureDeferred(self._authenticate(request, index, keys))
 
     def _indexed(self, _, index: BasicIndex, request):
         keys = index.keys_of(request.client_id, request.username)

@@ -205,7 +205,7 @@ class LoginGuard:
     # -- the questions -----------------------------------------------------------------
 
     def admit(self, host: str, client_id: str, username: str | None,
-              costly: bool) -> Attempt:
+              costly: bool) -> Attempt | None:
         """Decide whether a CONNECT may be authenticated.
 
         :param host: the client's network address (the PROXY protocol's
@@ -214,16 +214,19 @@ class LoginGuard:
         :param username: its user name, or None.
         :param costly: it carries a password or a v5 authentication method
             (a check may cost a hash).
-        :returns: an :class:`Attempt`; when its ``refusal`` is not None the
-            CONNECT is to be refused with that code, else :meth:`done` must
-            be called once it is decided (or its connection is gone).
+        :returns: None when the CONNECT may be authenticated and holds
+            nothing (no check to hold a place for, nothing banned): if it
+            is refused, :meth:`failed` counts it.  Else an :class:`Attempt`;
+            when its ``refusal`` is not None the CONNECT is to be refused
+            with that code, else :meth:`done` must be called once it is
+            decided (or its connection is gone).
         """
+        if self.admits_freely(costly):
+            return None  # nothing banned and no check to hold a place for
+        banning = bool(self._bans)
         # (positional: matching a keyword argument to its field costs a third of the call)
         attempt = Attempt(host, client_id, username, False, False, None, "", False, False,
                           False, self.checks)
-        banning = bool(self._bans)
-        if not (costly or banning):
-            return attempt  # nothing banned and no check to hold a place for
         now = self.clock.seconds()
         if banning and self._banned(("c", client_id), now):
             return self._refuse(attempt, BANNED, "client id banned")
@@ -253,6 +256,13 @@ class LoginGuard:
             self.in_flight += 1
             attempt.costly = True
         return attempt
+
+    def admits_freely(self, costly: bool) -> bool:
+        """:param costly: as for :meth:`admit`.
+        :returns: True when :meth:`admit` would answer None (nothing
+            banned, no check to hold a place for): a caller may skip it,
+            and the address it would give it."""
+        return not (costly or self._bans)
 
     def done(self, attempt: Attempt, failed: bool | None) -> None:
         """The authentication of ``attempt`` is decided; safe to call again
@@ -285,13 +295,7 @@ class LoginGuard:
                     self._in_flight.pop(host, None)
             self.in_flight -= 1
         if failed and not attempt.skipped:
-            now = self.clock.seconds()
-            limits = self.limits
-            self._trusted.pop(who, None)
-            self._count(("c", attempt.client_id), now, limits.max_failures_per_client_id)
-            self._count(("a", attempt.host), now, limits.max_failures_per_address)
-            if attempt.username is not None:
-                self._count(("u", attempt.username), now, 0)
+            self.failed(attempt.host, attempt.client_id, attempt.username)
         elif failed is False and attempt.costly:
             self._failures.pop(("c", attempt.client_id), None)
             trusted = self._trusted
@@ -299,6 +303,23 @@ class LoginGuard:
             trusted.move_to_end(who)
             while len(trusted) > MAX_TRACKED:
                 trusted.popitem(last=False)
+
+    def failed(self, host: str, client_id: str, username: str | None) -> None:
+        """A login was refused: one failure more for its address, client id
+        and user name (see the module docstring), which are no longer
+        trusted at the address.  :meth:`done` calls it for an
+        :class:`Attempt`; a login :meth:`admit` answered None for is told
+        here directly.
+
+        :param host: the client's network address, as given to :meth:`admit`.
+        """
+        now = self.clock.seconds()
+        limits = self.limits
+        self._trusted.pop((host, client_id, username), None)
+        self._count(("c", client_id), now, limits.max_failures_per_client_id)
+        self._count(("a", host), now, limits.max_failures_per_address)
+        if username is not None:
+            self._count(("u", username), now, 0)
 
     def banned(self, kind: str, value: str) -> float | None:
         """:param kind: ``"address"`` or ``"client_id"``.

@@ -251,11 +251,14 @@ class ConnectHandler:
         if guard is not None:
             costly = connect.password is not None or (
                 v5 and props.get(Property.AUTHENTICATION_METHOD) is not None)
-            attempt = guard.admit(self.conn._peer(), connect.client_id, connect.username, costly)
-            if attempt.refusal is not None:
-                # banned: BANNED; too many checks in flight: SERVER_BUSY
-                return self._refuse_quietly(attempt.refusal)
-            self._attempt = attempt
+            if not guard.admits_freely(costly):  # (else: a login that holds nothing)
+                attempt = guard.admit(self.conn._peer(), connect.client_id, connect.username,
+                                      costly)
+                if attempt is not None:
+                    if attempt.refusal is not None:
+                        # banned: BANNED; too many checks in flight: SERVER_BUSY
+                        return self._refuse_quietly(attempt.refusal)
+                    self._attempt = attempt
         self.conn._hold()
         # (positional arguments: a class called with keywords costs a dict)
         self.conn.auth_request = AuthRequest(
@@ -320,12 +323,18 @@ class ConnectHandler:
         except Exception:
             self._internal_error(Failure())
 
-    def _auth_done(self, failed: bool | None) -> None:
+    def _auth_done(self, failed: bool | None, request: AuthRequest | None = None) -> None:
         """Tell the login guard how the CONNECT's authentication ended (see
-        :meth:`tbmq.auth.guard.LoginGuard.done`)."""
+        :meth:`tbmq.auth.guard.LoginGuard.done`); a refused login that held
+        no :class:`~tbmq.auth.guard.Attempt` is counted from ``request``
+        (:meth:`~tbmq.auth.guard.LoginGuard.failed`)."""
         attempt, self._attempt = self._attempt, None
         if attempt is not None:
             self.ctx.guard.done(attempt, failed)
+        elif failed and request is not None and self.ctx.guard is not None:
+            address = request.address
+            self.ctx.guard.failed(str(getattr(address, "host", address)), request.client_id,
+                                  request.username)
 
     def _auth_answer(self, answer, request: AuthRequest) -> None:
         """Apply an authentication answer [MQTT-4.12]."""
@@ -334,7 +343,7 @@ class ConnectHandler:
         continues = result is not None and result.continue_auth and v5 and request.auth_method
         if not continues and not request.reauthenticate:
             # a failure counts against the source even when the client left
-            self._auth_done(result is None or not result.allowed)
+            self._auth_done(result is None or not result.allowed, request)
         if self._gone():
             self._drop_held()
             return
@@ -509,7 +518,8 @@ class ConnectHandler:
             keep_alive = cfg.max_keep_alive if self.conn.protocol_level >= MQTT_5 else keep_alive
         # the connect timeout becomes the keep alive's: a later deadline is
         # one attribute (the node's Deadlines move it when its bucket is due)
-        self.conn.setTimeout(_timeout_of(keep_alive) if keep_alive else None)
+        self.conn.setTimeout((_TIMEOUTS.get(keep_alive) or _timeout_of(keep_alive))
+                             if keep_alive else None)
         level = self.conn.protocol_level
         if level >= MQTT_5:
             props = self._connack_properties(connect, session, keep_alive)

@@ -221,7 +221,6 @@ class MQTTProtocol(protocol.Protocol):
         self.ctx.connections.add(self)
         transport = self.transport
         transport.registerProducer(self, True)
-        self.setTimeout(self.ctx.config.mqtt.connect_timeout)
         # the CONNECT a client sent before it was accepted is handled now,
         # not a turn of the reactor later (tbmq.broker.tcp_server.Server);
         # looked up on the class: a layer between (TLS, PROXY protocol: a
@@ -234,6 +233,11 @@ class MQTTProtocol(protocol.Protocol):
             self._peer_address = None
         else:
             read_waiting(transport)
+        # the connect timeout, unless the CONNECT read now was answered (its
+        # CONNACK set the keep alive's) or refused: a connection answered as
+        # it was accepted gets one deadline, not two
+        if not (self._connacked or self._closing):
+            self.setTimeout(self.ctx.config.mqtt.connect_timeout)
 
     def dataReceived(self, data: bytes) -> None:
         """Decode a read and hand its packets on."""

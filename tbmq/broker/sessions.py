@@ -223,15 +223,16 @@ class SessionManager:
             connect.client_id, session_id, clean_start=connect.clean_start,
             persistent=persistent, client_type=client_type,
             session_expiry_interval=expiry, protocol_level=connect.protocol_level,
-            answer=Opening(partial(self._open, conn, connect, client_type, expiry, address,
-                                   session_id), opened, refused, failed))
+            answer=Opening(partial(self._open, conn, connect, client_type, persistent, expiry,
+                                   address, session_id), opened, refused, failed))
 
-    def _open(self, conn, connect, client_type: ClientType, expiry: int, address: str | None,
-              session_id: str | None, response) -> tuple[Session, bool]:
+    def _open(self, conn, connect, client_type: ClientType, persistent: bool, expiry: int,
+              address: str | None, session_id: str | None, response) -> tuple[Session, bool]:
         """Bind ``conn`` to the session the cluster answered about
         (``response``, last: :meth:`connect` binds the others positionally,
         a partial without keywords), with ``expiry`` (:meth:`expiry_for`)
-        as its session expiry interval.
+        as its session expiry interval; ``persistent`` is
+        :func:`is_persistent` of ``connect``.
 
         The session gets ``session_id``, the one its connect request named
         (the deciding member remembers the grant under it until the
@@ -282,7 +283,6 @@ class SessionManager:
                 existing = None
         elif response.session is not None:
             existing = self._adopt(response, self._application(connect, client_type))
-        persistent = is_persistent(connect)
         present = existing is not None
         if existing is None:
             session = Session(self.ctx, client_id, persistent, expiry,

@@ -38,10 +38,6 @@ def delivery_size(delivery: StoredDelivery) -> int:
 #: the seqs finished during a read while none is under way
 NO_SEQS: frozenset = frozenset()
 
-#: :attr:`StoreReader.marker_wait` while the attach marker is being
-#: published (its timer is armed after the publish, if still waiting)
-_SENDING = "sending"
-
 
 class PageReads:
     """The node's page reads of the device store in flight, at most
@@ -96,21 +92,25 @@ class StoreReader:
     :ivar loading: a read of the store is under way.
     :ivar arrived: deliveries handed over live during that read.
     :ivar reread: the attach marker came during that read: read again after it.
-    :ivar marker_wait: the timer of :data:`MARKER_WAIT` while the session
-        waits for its attach marker before its first read (a mark without
-        a timer while the marker is being published), else None.
+    :ivar awaiting_marker: the session waits for its attach marker
+        before its first read.
+    :ivar marker_timer: the timer of :data:`MARKER_WAIT` while it waits
+        (None while the marker is being published: it is armed after the
+        publish, if still waiting), else None.
     :ivar finished_in_read: seqs of the deliveries finished during the read
         (the read may still hold them: sent, they would be sent again).
     """
 
-    __slots__ = ("outbox", "loading", "arrived", "reread", "marker_wait", "finished_in_read")
+    __slots__ = ("outbox", "loading", "arrived", "reread", "awaiting_marker", "marker_timer",
+                 "finished_in_read")
 
     def __init__(self, outbox) -> None:
         self.outbox = outbox
         self.loading = False
         self.arrived: list[StoredDelivery] | tuple = ()  # a list from the first
         self.reread = False
-        self.marker_wait = None
+        self.awaiting_marker = False
+        self.marker_timer = None
         self.finished_in_read: set[int] | frozenset = NO_SEQS  # a set during each read
 
     def start(self, marker: bool) -> None:
@@ -121,7 +121,7 @@ class StoreReader:
         self.reread = False
         self.stop_marker_wait()
         if marker:
-            self.marker_wait = _SENDING
+            self.awaiting_marker = True
         else:
             self.page_in()
 
@@ -131,8 +131,8 @@ class StoreReader:
         publish (the writer of ``tbmq.msg.persisted`` in this process
         follows it at once: the embedded node, where a persistent CONNECT
         then costs no timer)."""
-        if self.marker_wait is _SENDING:
-            self.marker_wait = self.outbox.ctx.clock.callLater(
+        if self.awaiting_marker and self.marker_timer is None:
+            self.marker_timer = self.outbox.ctx.clock.callLater(
                 self.MARKER_WAIT, self._marker_late, self.outbox.link)
 
     #: seconds a resumed persistent DEVICE session waits for its attach
@@ -145,7 +145,7 @@ class StoreReader:
         is the first), when the node's :class:`PageReads` lets it; it is
         loading from now on (what finishes meanwhile is remembered as
         during the read)."""
-        if self.marker_wait is not None:
+        if self.awaiting_marker:
             return
         self.loading = True
         self.outbox.ctx.page_reads.read(self, self.outbox.link)
@@ -236,7 +236,7 @@ class StoreReader:
         changes nothing or reads the store once more."""
         if self.outbox.link is None or session_id != self.outbox.session.session_id:
             return
-        if self.marker_wait is not None:  # the first read: the only one
+        if self.awaiting_marker:  # the first read: the only one
             self.stop_marker_wait()
         elif self.loading:
             self.reread = True  # once the read under way is done
@@ -265,22 +265,26 @@ class StoreReader:
             self.read_again()
 
     def stop_marker_wait(self) -> None:
-        timer, self.marker_wait = self.marker_wait, None
-        if timer is not None and timer is not _SENDING and timer.active():
+        """The session waits for its attach marker no more: its timer, if
+        armed, is cancelled."""
+        self.awaiting_marker = False
+        timer, self.marker_timer = self.marker_timer, None
+        if timer is not None and timer.active():
             timer.cancel()
 
     def _marker_late(self, conn) -> None:
         """The attach marker did not come back within :data:`MARKER_WAIT`
         (the writer of the client's partition is gone, and its partition
         has not moved yet): read the store now, and again when it comes."""
-        self.marker_wait = None
+        self.awaiting_marker = False
+        self.marker_timer = None
         if self.outbox.link is conn and conn is not None:
             self.read_again()
 
     def marker_failed(self) -> None:
         """The attach marker could not be written: read the store now (once;
         what a lagging writer sent elsewhere waits for the next connect)."""
-        if self.marker_wait is not None:
+        if self.awaiting_marker:
             self.stop_marker_wait()
             self.read_again()
 

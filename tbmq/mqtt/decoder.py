@@ -74,6 +74,9 @@ _NO_TOPICS: dict = {}
 _NO_PROPERTIES: dict = {}
 #: the protocol names decoded, one string each for all connections
 _PROTOCOL_NAMES = {name: name for name, _level in SUPPORTED_PROTOCOLS}
+#: the protocol name of 3.1.1 and 5.0 as CONNECT encodes it (a UTF-8
+#: Encoded String, section 1.5.4): matched as bytes, not decoded
+_MQTT_NAME = b"\x00\x04MQTT"
 
 class Decoder:
     """Incremental decoder: bytes in, complete packets out.
@@ -247,6 +250,15 @@ class Decoder:
             return self._decode_connect(data, pos, end, first & 0x0F)
         return _DECODERS[ptype](self, first, data, pos, end)
 
+    def _decode_first_connect(self, first: int, data: bytes, pos: int, end: int) -> Connect:
+        """A CONNECT read by a server-side decoder before the protocol level
+        is known (:func:`dispatch_table`'s entry for its first bytes then):
+        of what :meth:`_check_first` checks, only that no CONNECT came
+        before applies to it; that one is refused by :meth:`_decode`."""
+        if self._connect_seen:
+            return self._decode(first, data, pos, end)
+        return self._decode_connect(data, pos, end, first & 0x0F)
+
     def _check_first(self, first: int) -> None:
         """Check the first byte of a fixed header on its own, before the
         rest of the packet is read: what it says is enough to refuse the
@@ -365,7 +377,10 @@ class Decoder:
             CONNACK and the error's reason code [MQTT-4.13.1-1].
         """
         self._connect_seen = True  # (a second one: refused by _check_first)
-        name, p = decode_string(data, pos, end)
+        if data.startswith(_MQTT_NAME, pos, end):
+            name, p = "MQTT", pos + 6
+        else:
+            name, p = decode_string(data, pos, end)
         _need(p < end, "truncated CONNECT")
         level = data[p]
         p += 1
@@ -603,9 +618,11 @@ def dispatch_table(server_side: bool, level: int | None) -> tuple:
     fixed-header flags that type requires [MQTT-2.1.3-1] (MQTT 3.1 may also
     set DUP on PUBREL, SUBSCRIBE and UNSUBSCRIBE) maps to that type's
     decoder, and so does a PUBLISH byte with a valid QoS and DUP bit
-    [MQTT-3.3.1-2, MQTT-3.3.1-4].  Every other byte (all of them while
-    ``level`` is None, CONNECT, whose flags' rule depends on the level in
-    its body, and every malformed one) maps to :meth:`Decoder._decode`,
+    [MQTT-3.3.1-2, MQTT-3.3.1-4]; while ``level`` is None, a server's
+    CONNECT bytes map to :meth:`Decoder._decode_first_connect`.  Every
+    other byte (all of them while ``level`` is None, CONNECT, whose flags'
+    rule depends on the level in its body, and every malformed one) maps
+    to :meth:`Decoder._decode`,
     which checks it again (:meth:`Decoder._check_first`) and raises the
     error; a decoder that waits for the rest of a packet whose first byte
     maps there checks that byte at once.
@@ -617,6 +634,8 @@ def dispatch_table(server_side: bool, level: int | None) -> tuple:
     """
     table = [Decoder._decode] * 256
     if level is None:
+        if server_side:  # a server's first packet: a CONNECT is decoded at once
+            table[0x10:0x20] = [Decoder._decode_first_connect] * 16
         return tuple(table)
     refused = _NOT_TO_SERVER if server_side else _NOT_TO_CLIENT
     for first in range(0x10, 0x100):

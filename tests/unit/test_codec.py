@@ -455,7 +455,23 @@ def test_the_dispatch_table_sends_valid_bytes_straight_to_their_decoder():
     assert table[0x6A] is Decoder._decode
     assert table[0x10] is table[0x20] is table[0x00] is table[0xF0] is Decoder._decode
     assert dispatch_table(True, 5)[0xF0] is not Decoder._decode  # AUTH in 5.0
-    assert set(dispatch_table(True, None)) == {Decoder._decode}
+    first = dispatch_table(True, None)  # a server's first packet: CONNECT decoded at once
+    assert set(first[0x10:0x20]) == {Decoder._decode_first_connect}
+    assert set(first[:0x10] + first[0x20:]) == {Decoder._decode}
+    assert set(dispatch_table(False, None)) == {Decoder._decode}
+
+
+def test_a_connect_after_an_unsupported_one_is_refused():
+    """The first CONNECT is decoded straight from the dispatch table; one
+    after an unsupported CONNECT (the level still unknown) is refused
+    [MQTT-3.1.0-2]."""
+    decoder = Decoder()
+    unsupported = b"\x10\x0d\x00\x04MQTT\x07\x02\x00\x3c\x00\x01a"
+    (connect,) = decoder.feed(unsupported)
+    assert connect.protocol_level == 7 and decoder.protocol_level is None
+    with pytest.raises(MalformedPacket) as info:
+        decoder.feed(b"\x10\x0d\x00\x04MQTT\x04\x02\x00\x3c\x00\x01a")
+    assert info.value.reason_code == 0x82
     assert dispatch_table(False, 4)[0x20] is not Decoder._decode  # CONNACK to a client
 
 

@@ -431,7 +431,9 @@ def test_a_resumed_session_reads_the_store_once_its_marker_is_back_or_after_a_wa
     session.on_attached("conn-1")  # back during its publish: no timer armed after it
     assert len(store.loads) == 1
     session.outbox.reader.marker_sent()
-    assert session.outbox.reader.marker_wait is None and not clock.getDelayedCalls()
+    reader = session.outbox.reader
+    assert not reader.awaiting_marker and reader.marker_timer is None
+    assert not clock.getDelayedCalls()
     store.release()
     assert [p.payload for p in Decoder(protocol_level=4, server_side=False).feed(conn.out)] \
         == [b"first"]

@@ -164,6 +164,33 @@ def _connected(ours, proto):
     return transport
 
 
+def test_a_connection_starts_with_the_state_twisted_gives_it():
+    """:class:`Server` makes in its own ``__init__`` what Twisted's
+    ``tcp.Server`` makes through ``tcp.Connection`` and ``FileDescriptor``
+    (but the description strings): the same attributes, the same values,
+    read by the reactor."""
+    from twisted.internet import reactor  # noqa: PLC0415
+
+    socks = socket.socketpair() + socket.socketpair()
+    try:
+        ours = Server(socks[0], protocol.Protocol(), ("10.0.0.9", 50001), None, 9, reactor)
+        theirs = tcp.Server(socks[2], protocol.Protocol(), ("10.0.0.9", 50001), None, 9, reactor)
+        try:
+            mine, twisted = vars(ours), vars(theirs)
+            assert set(mine) == set(twisted) - {"logstr", "repstr"}
+            for name, value in twisted.items():
+                if name not in ("logstr", "repstr", "socket", "fileno", "protocol"):
+                    assert mine[name] == value, name
+            assert ours.fileno() == socks[0].fileno() and not socks[0].getblocking()
+            assert ours in reactor.getReaders()
+        finally:
+            ours.stopReading()
+            theirs.stopReading()
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def test_what_the_client_sent_before_the_accept_is_read_as_it_is_connected():
     ours, peer = socket.socketpair()
     try:
@@ -247,6 +274,42 @@ def test_the_mqtt_protocol_handles_a_connect_that_waited_as_it_is_connected():
     harness.turn()
     (connack,) = Decoder(protocol_level=4, server_side=False).feed(transport.value())
     assert isinstance(connack, Connack) and connack.reason_code == 0
+
+
+@pytest.mark.parametrize("sent", [True, False])
+def test_a_connect_answered_as_it_is_accepted_sets_one_deadline(sent):
+    """A connection whose CONNECT waited is answered in ``connectionMade``:
+    its one deadline is the keep alive's (1.5 x 60 s), in the bucket of
+    that time, no connect timeout before it; with nothing waiting the
+    connect timeout is armed and closes it."""
+    from twisted.internet.testing import StringTransport  # noqa: PLC0415
+
+    from tbmq.mqtt import Connect  # noqa: PLC0415
+    from tbmq.mqtt.codec import encode  # noqa: PLC0415
+    from tests.helpers import Harness  # noqa: PLC0415
+
+    harness = Harness()
+    proto = harness.factory.buildProtocol(None)
+    deadlines = proto._deadlines
+    before = deadlines.count
+
+    class Waiting(StringTransport):
+        def read_waiting(self):
+            if sent:
+                proto.dataReceived(encode(Connect(protocol_level=4, client_id="early",
+                                                  keep_alive=60), 4))
+
+    transport = Waiting()
+    proto.makeConnection(transport)
+    now = harness.clock.seconds()
+    if sent:
+        assert proto.deadline == now + 90 and deadlines.count == before + 1
+        assert proto.deadline_slot * deadlines.tick >= now + 90
+    else:
+        timeout = harness.config.mqtt.connect_timeout
+        assert proto.deadline == now + timeout and deadlines.count == before + 1
+        harness.clock.advance(timeout + 1)
+        assert transport.disconnecting
 
 
 def test_the_mqtt_protocol_behind_a_layer_leaves_reading_to_the_layer():

@@ -94,6 +94,18 @@ def test_client_id_banned_after_its_failures_until_the_ban_ends(checks, level, w
     assert login(h, "dev-1", b"pw", level) == 0
 
 
+def test_logins_refused_without_a_check_are_counted_and_ban_the_client_id(checks):
+    """A CONNECT without a password holds no attempt of the guard, yet its
+    refusal (NOT_AUTHORIZED) counts as a failure: ``max_failures_per_client_id``
+    of them ban the client id, and its right password is then refused too."""
+    h = broker(max_failures_per_client_id=2, ban_time=100, max_failures_per_address=0)
+    assert [login(h, "dev", None, username=None) for _ in range(2)] == [0x87, 0x87]
+    assert checks.count == 0
+    assert login(h, "dev", b"pw") == 0x8A
+    assert checks.count == 0
+    assert login(h, "dev-2", b"pw") == 0
+
+
 def test_failures_are_counted_over_the_window(checks):
     h = broker(max_failures_per_client_id=3, window=10, max_failures_per_address=0)
     for _ in range(4):
@@ -282,9 +294,7 @@ def test_a_login_without_a_check_leaves_nothing_but_a_ban_still_refuses_it():
     clock = task.Clock()
     g = LoginGuard(LoginLimitsConfig(max_failures_per_client_id=5, max_failures_per_address=1),
                    clock)
-    free = g.admit("10.0.0.1", "dev", None, costly=False)
-    assert free.refusal is None and not free.costly
-    g.done(free, False)
+    assert g.admit("10.0.0.1", "dev", None, costly=False) is None  # no Attempt kept
     assert not g._trusted and not g._in_flight and g.in_flight == 0 and not g._failures
     g.done(g.admit("10.0.0.1", "dev", None, costly=True), True)  # bans the address
     assert g.admit("10.0.0.1", "dev", None, costly=False).refusal == 0x8A
