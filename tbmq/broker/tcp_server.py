@@ -81,23 +81,14 @@ class Server(tcp.Server):
         :param sessionno: the port's number of the connection.
         :param reactor: the reactor that reads it.
         """
-        # tcp.Connection's and abstract.FileDescriptor's __init__, and
-        # startReading, inline: one call per accepted connection, not four
-        # (tests/unit/test_tcp_server.py compares the state with Twisted's)
-        self.reactor = reactor
-        self._tempDataBuffer = []  # (added to dataBuffer in doWrite)
-        self._tempDataLen = 0
-        self.socket = sock
-        sock.setblocking(False)
-        self.fileno = sock.fileno
-        self.protocol = protocol
+        tcp.Connection.__init__(self, sock, protocol, reactor)
         if len(client) != 2:
             self._addressType = address.IPv6Address
         self.server = server
         self.client = client
         self.sessionno = sessionno
         self.hostname = client[0]
-        reactor.addReader(self)
+        self.startReading()
         self.connected = 1
 
     def write(self, data: bytes) -> None:

@@ -164,33 +164,6 @@ def _connected(ours, proto):
     return transport
 
 
-def test_a_connection_starts_with_the_state_twisted_gives_it():
-    """:class:`Server` makes in its own ``__init__`` what Twisted's
-    ``tcp.Server`` makes through ``tcp.Connection`` and ``FileDescriptor``
-    (but the description strings): the same attributes, the same values,
-    read by the reactor."""
-    from twisted.internet import reactor  # noqa: PLC0415
-
-    socks = socket.socketpair() + socket.socketpair()
-    try:
-        ours = Server(socks[0], protocol.Protocol(), ("10.0.0.9", 50001), None, 9, reactor)
-        theirs = tcp.Server(socks[2], protocol.Protocol(), ("10.0.0.9", 50001), None, 9, reactor)
-        try:
-            mine, twisted = vars(ours), vars(theirs)
-            assert set(mine) == set(twisted) - {"logstr", "repstr"}
-            for name, value in twisted.items():
-                if name not in ("logstr", "repstr", "socket", "fileno", "protocol"):
-                    assert mine[name] == value, name
-            assert ours.fileno() == socks[0].fileno() and not socks[0].getblocking()
-            assert ours in reactor.getReaders()
-        finally:
-            ours.stopReading()
-            theirs.stopReading()
-    finally:
-        for sock in socks:
-            sock.close()
-
-
 def test_what_the_client_sent_before_the_accept_is_read_as_it_is_connected():
     ours, peer = socket.socketpair()
     try:
