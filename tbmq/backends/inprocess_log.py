@@ -428,11 +428,41 @@ class RangeWaiter(Waiter):
     :ivar left: group name → the offsets it has not handled yet.
     """
 
-    __slots__ = ("left",)
+    __slots__ = ("left", "end")
 
     def __init__(self, topic: str, groups: list[str], first: int, count: int) -> None:
         super().__init__(topic, set(groups))
         self.left = {group: set(range(first, first + count)) for group in groups}
+        #: the offset after its last record
+        self.end = first + count
+
+    def complete_span(self, group: str, start: int, end: int, waiters: dict) -> int:
+        """Group ``group`` handled the records from ``start`` to ``end`` -
+        1 with success (a batch), ``start`` this waiter's: every one of
+        them that is this waiter's at once (its offsets are consecutive),
+        their entries leaving ``waiters`` when no group waits for them.
+
+        :returns: the next offset to look at."""
+        stop = end if end < self.end else self.end
+        if stop - start == 1:
+            return super().complete_span(group, start, end, waiters)
+        left = self.left
+        offsets = left.get(group)
+        span = range(start, stop)
+        if offsets is not None:
+            offsets.difference_update(span)
+            if not offsets:
+                del left[group]
+                self.pending.discard(group)
+                if not self.pending and self.notify is not None:
+                    self._maybe_fire()
+        if self.error is not None or not left:  # (the entries go in C)
+            deque(map(waiters.pop, span, repeat(None)), maxlen=0)
+            return stop
+        for o in span:
+            if not any(o in others for others in left.values()):
+                waiters.pop(o, None)
+        return stop
 
     def complete(self, group: str, ok: bool, offset: int | None = None) -> bool:
         """Group ``group`` handled the record at ``offset`` (its result

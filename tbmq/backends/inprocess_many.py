@@ -59,16 +59,17 @@ class ManyPublishes:
             self._each(topic, keys, values, done)
             return
         part = state.parts[0]
-        first = part.next
-        append = part.append
-        for key, value in zip(keys, values):
-            append(key, value, ())
+        if part.keys is None:  # not compacted: held in one pass
+            first = part.extend(keys, values)
+        else:
+            first = part.next
+            append = part.append
+            for key, value in zip(keys, values):
+                append(key, value, ())
         groups = state.live
         if groups:
             waiter = RangeWaiter(topic, [g.name for g in groups], first, len(values))
-            waiters = part.waiters
-            for o in range(first, part.next):
-                waiters[o] = waiter
+            part.waiters.update(dict.fromkeys(range(first, part.next), waiter))
             waiter.settle(done)
         self._hand_on(state, part, groups)
         if not groups:

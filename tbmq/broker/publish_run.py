@@ -26,9 +26,15 @@ class PublishRun:
 
     :ivar conn: the publisher's :class:`~tbmq.broker.link.Link` (the live
         one when the run was opened).
-    :ivar messages: :class:`~tbmq.model.Message` each, in order.
-    :ivar entries: the acknowledgement entries of the run, in order (see
-        :attr:`PublisherAcks.queue
+    :ivar messages: :class:`~tbmq.model.Message` each, in order; the
+        session appends each PUBLISH's here and its packet id to
+        :attr:`packet_ids` (no call per message).
+    :ivar packet_ids: the packet id of each of :attr:`messages` (None at
+        QoS 0).
+    :ivar qos2: True once one of :attr:`messages` is at QoS 2 (set by the
+        session).
+    :ivar entries: the acknowledgement entries of the run, in order, made
+        when it is handed on (see :attr:`PublisherAcks.queue
         <tbmq.broker.publisher_acks.PublisherAcks.queue>`): ``[packet ids,
         ready, False]`` for QoS 1 PUBLISHes in a row (a list of ``int``),
         ``[Pubrec, ready, False]`` for a QoS 2 one.
@@ -39,43 +45,44 @@ class PublishRun:
     :ivar acks: the session's
         :class:`~tbmq.broker.publisher_acks.PublisherAcks` (once handed on).
     :ivar link: the session's live link when it was handed on.
-    :ivar qos0: True when one of :attr:`messages` is at QoS 0.
+    :ivar qos0: True when one of :attr:`messages` is at QoS 0 (found when
+        it is handed on).
     """
 
-    __slots__ = ("conn", "messages", "entries", "answer", "acks", "link", "qos0")
+    __slots__ = ("conn", "messages", "packet_ids", "qos2", "entries", "answer", "acks",
+                 "link", "qos0")
 
     def __init__(self, conn) -> None:
         self.conn = conn
         self.messages: list = []
+        self.packet_ids: list = []
+        self.qos2 = False
         self.entries: list = []
         self.answer = WAITING
         self.acks = None
         self.link = None
         self.qos0 = False
 
-    def add(self, message, packet_id: int | None) -> None:
-        """``message`` of a PUBLISH with ``packet_id`` (None at QoS 0)."""
-        self.messages.append(message)
-        qos = message.qos
-        if not qos:
-            self.qos0 = True
-            return
-        entries = self.entries
-        if qos == 1:
-            if entries and type(entries[-1][0]) is list:
-                entries[-1][0].append(packet_id)
-            else:
-                entries.append([[packet_id], False, False])
-        else:
-            entries.append([Pubrec(packet_id), False, False])
-
-    def first_packet_id(self) -> int | None:
-        """:returns: the packet id of the first acknowledged PUBLISH (that
-        of a run of one), or None (QoS 0)."""
-        if not self.entries:
-            return None
-        packet = self.entries[0][0]
-        return packet[0] if type(packet) is list else packet.packet_id
+    def _entries(self) -> list:
+        """The acknowledgement entries of :attr:`messages` (see :attr:`entries`)."""
+        pids = self.packet_ids
+        self.qos0 = None in pids  # (in C)
+        if not self.qos2:
+            if not self.qos0:  # all at QoS 1: one entry
+                return [[pids, False, False]]
+            pids = [pid for pid in pids if pid is not None]
+            return [[pids, False, False]] if pids else []
+        entries: list = []
+        for message, pid in zip(self.messages, pids):
+            qos = message.qos
+            if qos == 1:
+                if entries and type(entries[-1][0]) is list:
+                    entries[-1][0].append(pid)
+                else:
+                    entries.append([[pid], False, False])
+            elif qos == 2:
+                entries.append([Pubrec(pid), False, False])
+        return entries
 
     def hand_on(self, publish_many, acks, link) -> None:
         """``publish_many(messages, done)`` (the pipeline:
@@ -89,6 +96,7 @@ class PublishRun:
         :param link: the session's live link now."""
         self.acks = acks
         self.link = link
+        self.entries = self._entries()
         publish_many(self.messages, self.answered)
         answer = self.answer
         if answer is WAITING:  # the bus answers later

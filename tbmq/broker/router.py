@@ -390,9 +390,13 @@ class Router:
         now = self._seconds()
         match = None if len(self.shared) else self.trie.match
         dispatch = self._dispatch_one
+        last = None  # the topic matched last (a publisher's run: one topic, matched once)
         for message in messages:
             if match is not None:  # no shared subscription: the plain filters only
-                matches = match(message.topic)
+                topic = message.topic
+                if topic != last:
+                    matches = match(topic)
+                    last = topic
                 if len(matches) == 1:  # the usual case: one filter
                     pending = dispatch(matches[0], message, pending, gathered, now)
                     continue

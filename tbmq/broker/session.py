@@ -378,7 +378,10 @@ class Session:
             hooks.message_published(self, message)
         run = self._run
         if run is not None:  # handed on with the read's others (publish_gathered)
-            run.add(message, packet.packet_id)
+            run.messages.append(message)
+            run.packet_ids.append(packet.packet_id)
+            if qos == 2:
+                run.qos2 = True
             return
         self._hand_on(message, qos, packet.packet_id, conn)
 
@@ -409,7 +412,7 @@ class Session:
                 acks = self.publisher_acks()
             run.hand_on(self.ctx.publish_many, acks, self.link)
         elif messages:
-            self._hand_on(messages[0], messages[0].qos, run.first_packet_id(), run.conn)
+            self._hand_on(messages[0], messages[0].qos, run.packet_ids[0], run.conn)
 
     def _hand_on(self, message: Message, qos: int, packet_id: int | None, conn) -> None:
         """Hand one message to the pipeline; acknowledge it once it is durable."""
