@@ -9,10 +9,10 @@ from twisted.internet import task
 from twisted.python.failure import Failure
 
 from tbmq.errors import BusPublishError
-from tbmq.mqtt import Puback, Publish, Pubrec, Subscribe, SubscriptionRequest, encode
+from tbmq.mqtt import Puback, Publish, Pubrec, encode
 from tbmq.mqtt.codec import encode_puback, encode_pubrec
 from tests.helpers import Harness
-from tests.unit.test_session_publish import LateBus
+from tests.unit.test_session_publish import LateBus, subscribed
 
 
 class LateManyBus(LateBus):
@@ -49,9 +49,7 @@ def one_read(client, *packets) -> None:
 
 def test_a_read_of_publishes_is_one_publish_and_its_acknowledgements_one_write():
     h, bus = harness()
-    sub = h.client("sub", level=5)
-    sub.send(Subscribe(1, [SubscriptionRequest("t/#", 2)]))
-    sub.received()
+    sub = subscribed(h)
     pub = h.client("pub", level=4)
     session = h.broker.sessions.sessions["pub"]
     bus.late = True
