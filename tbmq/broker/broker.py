@@ -228,7 +228,8 @@ class Broker:
         return SessionContext(
             clock=self.clock, mqtt=self.config.mqtt, hooks=self.hooks, drops=self.drops,
             flusher=self.flusher, holds=self.holds, device_store=self.device_store,
-            publish=self.router.publish, retained_for=self.router.retained_for,
+            publish=self.router.publish, publish_many=self.router.publish_many,
+            retained_for=self.router.retained_for,
             subscriptions=manager, topics=TopicNameCache(), auth=self.config.auth,
             applications=self.applications, traffic=self.traffic,
             mark=partial(write_marker, self.sinks.persisted, self.service_id),

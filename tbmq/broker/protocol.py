@@ -279,32 +279,55 @@ class MQTTProtocol(protocol.Protocol):
     def handle_packets(self, packets) -> None:
         """Handle ``packets`` in order; a rule broken ends the connection with
         its reason code; while the gate is closed (a decision being made, a
-        backlog) the rest waits."""
+        backlog) the rest waits.  The PUBLISHes of several packets go to the
+        pipeline together (:meth:`Session.gather_publishes
+        <tbmq.broker.session.Session.gather_publishes>`): a run of them is
+        handed on before the next packet that is not a PUBLISH, and at the
+        end."""
         decided = self._session_handlers
-        for index, packet in enumerate(packets):
-            if self._closing:
-                return
-            try:
-                # a connected client's packets go straight to the session
-                session = self.session
-                handler = decided.get(type(packet)) if session is not None else None
-                if handler is not None:
-                    waits = handler(session, packet)
-                    if waits is not None:
-                        self._wait_for(waits)
-                else:
-                    self.packet_received(packet)
-            except ProtocolViolation as e:
-                self.log.info("protocol violation by {client_id}: {error} (0x{code:02X})",
-                              client_id=self._client_id(), error=str(e), code=e.reason_code)
-                self.disconnect(e.reason_code)
-                return
-            if self._gate:  # something is being decided: hold the rest
-                if self._waiting:
-                    self._waiting.extend(packets[index + 1:])
-                else:
-                    self._waiting = packets[index + 1:]
-                return
+        n = len(packets)
+        gatherer = self.session if n > 1 else None
+        gathering = False  # a run of PUBLISHes being gathered
+        try:
+            for index, packet in enumerate(packets):
+                if self._closing:
+                    return
+                try:
+                    # a connected client's packets go straight to the session
+                    session = self.session
+                    kind = type(packet)
+                    handler = decided.get(kind) if session is not None else None
+                    if gatherer is not None:
+                        if kind is not Publish:
+                            if gathering:  # what came before it goes first
+                                gathering = False
+                                gatherer.publish_gathered()
+                        elif not gathering and index + 1 < n and type(packets[index + 1]) is Publish:
+                            gathering = True
+                            gatherer.gather_publishes(gatherer.link)
+                    if handler is not None:
+                        waits = handler(session, packet)
+                        if waits is not None:
+                            self._wait_for(waits)
+                    else:
+                        self.packet_received(packet)
+                except ProtocolViolation as e:
+                    self.log.info("protocol violation by {client_id}: {error} (0x{code:02X})",
+                                  client_id=self._client_id(), error=str(e), code=e.reason_code)
+                    if gathering:
+                        gathering = False
+                        gatherer.publish_gathered()
+                    self.disconnect(e.reason_code)
+                    return
+                if self._gate:  # something is being decided: hold the rest
+                    if self._waiting:
+                        self._waiting.extend(packets[index + 1:])
+                    else:
+                        self._waiting = packets[index + 1:]
+                    return
+        finally:
+            if gathering:
+                gatherer.publish_gathered()
 
     def _wait_for(self, d: defer.Deferred) -> None:
         """Hold the packets after this one until ``d`` (a decision) fires."""

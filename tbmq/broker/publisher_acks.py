@@ -203,6 +203,96 @@ class PublisherAcks:
         else:
             self._ack_refused(failure, entry, conn, accepting)
 
+    def pending_run(self, run) -> None:
+        """A :class:`~tbmq.broker.publish_run.PublishRun` that the bus did
+        not answer during the call: as :meth:`pending` for each of its
+        messages, with one count and its entries queued together; its
+        later answer comes to :meth:`run_answered`."""
+        run.answer = LATER
+        conn = run.conn
+        n = len(run.messages)
+        unaccepted = self.unaccepted = self.unaccepted + n
+        if (run.qos0 or unaccepted >= self.session.ctx.mqtt.max_pending_messages) \
+                and not self.reading_paused:
+            self.reading_paused = True
+            conn.pause_reading()
+        if run.entries:
+            queue = self.queue
+            if not queue:
+                queue = self.waiting()
+            queue.extend(run.entries)
+
+    def run_answered(self, failure, run) -> None:
+        """The bus answered a :class:`~tbmq.broker.publish_run.PublishRun`
+        (``failure``: None, or the
+        :class:`~twisted.python.failure.Failure` of why it refused it),
+        during the call or later (:meth:`pending_run`): its
+        acknowledgements are ready, sent in their turn; refused, each is as
+        :meth:`_ack_refused` says."""
+        conn = run.conn
+        entries = run.entries
+        later = run.answer is LATER
+        if later:
+            if self.reading_paused:
+                self.unaccepted -= len(run.messages) - 1
+                self._accepted(None, conn)
+            else:
+                self.unaccepted -= len(run.messages)
+        if failure is not None:
+            self._run_refused(failure, run, later)
+            return
+        for entry in entries:
+            entry[1] = True
+        if not later:
+            if not entries:
+                return
+            if self.queue:
+                self.queue.extend(entries)
+                self.flush(run.link)
+                return
+            session = self.session
+            link = session.link
+            if link is not run.link or link is None:
+                return
+            for packet, _, _ in entries:
+                if type(packet) is list:
+                    self._send_pubacks(link, packet)
+                else:
+                    self._send_ack(packet)
+            return
+        acks = self.queue
+        if entries and acks and acks[0] is entries[0] and self.session.link is run.link:
+            # sent together when the turn ends (see published)
+            self.session.ctx.flusher.later(self.flush)
+
+    def _run_refused(self, failure, run, queued: bool) -> None:
+        session = self.session
+        if run.qos0:
+            session.log.failure("QoS 0 message of {client_id} not accepted", failure,
+                                client_id=session.client_id)
+        entries = run.entries
+        if not entries:
+            return
+        drops = session.ctx.drops
+        for entry in entries:
+            for _ in (entry[0] if type(entry[0]) is list else (entry,)):
+                drops.refused(failure)
+        conn = run.link
+        if conn is not None and conn.protocol_level >= MQTT_5:
+            code = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+            for entry in entries:
+                packet = entry[0]
+                entry[0] = (tuple(Puback(pid, code) for pid in packet) if type(packet) is list
+                            else type(packet)(packet.packet_id, code))
+                entry[1] = True
+            if not queued:
+                self.waiting().extend(entries)
+            self.flush(conn)
+            return
+        if session.link is conn and conn is not None:
+            conn.disconnect(ReasonCode.UNSPECIFIED_ERROR)
+        self.queue = ()
+
     def _ack_ready(self, _result, entry: list, conn, accepting) -> None:
         if accepting is not None:
             self._accepted(None, accepting)
@@ -249,15 +339,26 @@ class PublisherAcks:
             packet, _, duplicate = acks.popleft()
             if not live:
                 continue
-            if type(packet) is int:  # PUBACK, success: ends an inbound QoS 1 flow
+            kind = type(packet)
+            if kind is int:  # PUBACK, success: ends an inbound QoS 1 flow
                 if pids is None:
                     pids = [packet]
                 else:
                     pids.append(packet)
                 continue
+            if kind is list:  # a run's PUBACKs (PublishRun), success
+                if pids is None:
+                    pids = packet
+                else:
+                    pids.extend(packet)
+                continue
             if pids is not None:
                 self._send_pubacks(conn, pids)
                 pids = None
+            if kind is tuple:  # a run's refused PUBACKs
+                for one in packet:
+                    self._send_ack(one)
+                continue
             self._send_ack(packet, duplicate)
         if pids is not None:
             self._send_pubacks(conn, pids)

@@ -309,6 +309,36 @@ class Router:
         else:
             bus.publish(self._msg_all, message.topic, message, (), done)
 
+    def publish_many(self, messages: list, done) -> None:
+        """Put ``messages`` (a run of one publisher's, in order) on the bus
+        with **one** ``done``: as :meth:`publish` for each, but
+        ``tbmq.msg.all`` gets them with one ``publish_many`` where the bus
+        has one (the in-process bus: one waiter and one hand-off for the
+        run, not a call each), and the retained ones go to
+        ``tbmq.msg.retained`` one by one, before.
+
+        :param messages: :class:`~tbmq.model.Message` each, at least one.
+        :param done: ``done(None | Failure)``, called exactly once (maybe
+            during the call): None once every message is durable, else the
+            first failure (see :meth:`publish`).
+        """
+        bus = self.bus
+        publish_many = getattr(bus, "publish_many", None)
+        retained = [m for m in messages if m.retain]
+        if publish_many is None or retained:
+            sent = Completion()
+            for message in retained:
+                bus.publish(self.topics.msg_retained, message.topic,
+                            message if message.payload else None, (), sent.part())
+            if publish_many is None:
+                for message in messages:
+                    bus.publish(self._msg_all, message.topic, message, (), sent.part())
+            else:
+                publish_many(self._msg_all, [m.topic for m in messages], messages, sent.part())
+            sent.then(done)
+            return
+        publish_many(self._msg_all, [m.topic for m in messages], messages, done)
+
     def _on_retained(self, record):
         message = record.value
         store = self.retained_store
@@ -360,9 +390,13 @@ class Router:
         now = self._seconds()
         match = None if len(self.shared) else self.trie.match
         dispatch = self._dispatch_one
+        last = None  # the topic matched last (a publisher's run: one topic, matched once)
         for message in messages:
             if match is not None:  # no shared subscription: the plain filters only
-                matches = match(message.topic)
+                topic = message.topic
+                if topic != last:
+                    matches = match(topic)
+                    last = topic
                 if len(matches) == 1:  # the usual case: one filter
                     pending = dispatch(matches[0], message, pending, gathered, now)
                     continue

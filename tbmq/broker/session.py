@@ -27,6 +27,7 @@ from twisted.logger import Logger
 
 from tbmq.broker.outbox import Outbox
 from tbmq.broker.publish_done import WAITING, PublishDone
+from tbmq.broker.publish_run import PublishRun
 from tbmq.broker.publisher_acks import PublisherAcks
 from tbmq.broker.session_context import (  # noqa: F401 - the session's context, re-exported
     SessionContext, TopicNameCache, next_seq, valid_utf8,
@@ -93,7 +94,7 @@ class Session:
     # attributes in slots, not in a dict per session (CPython shares instance
     # dicts' keys up to 30 attributes only: past that, 1.6 KB each)
     __slots__ = tuple("""ctx client_id persistent expiry_interval protocol_level client_type subscriptions
-        connection disconnected_at inbound_qos2 inbound_unacked aliases acks _spare _allowed
+        connection disconnected_at inbound_qos2 inbound_unacked aliases acks _spare _run _allowed
         _allowed_for will will_timer expiry_timer session_id connected_at address username
         credentials_name _view link outbox app_consumers _received _received_bytes rate_in
         rate_out""".split())
@@ -127,6 +128,8 @@ class Session:
         # the done of the next publish (PublishDone), reused while the bus
         # answers during the call
         self._spare: PublishDone | None = None
+        # the PublishRun gathering a read's PUBLISHes (gather_publishes), or None
+        self._run: PublishRun | None = None
         # topic name → (allowed, until): the publish authorization cache,
         # valid for the AuthResult it was filled under
         self._allowed: dict[str, tuple[bool, float]] = _NO_ENTRIES  # a dict from the first
@@ -155,7 +158,11 @@ class Session:
 
     def publisher_acks(self) -> PublisherAcks:
         """:returns: :attr:`acks`, made at the first call (a client that
-        never publishes holds none)."""
+        never publishes holds none), the PUBLISHes gathered so far handed
+        on first (:meth:`publish_gathered`: what is queued now comes after
+        them)."""
+        if self._run is not None:  # an acknowledgement out of the run comes after it
+            self.publish_gathered()
         acks = self.acks
         if acks is None:
             acks = self.acks = PublisherAcks(self)
@@ -369,6 +376,46 @@ class Session:
         hooks = self.ctx.hooks
         if hooks.wants_published:
             hooks.message_published(self, message)
+        run = self._run
+        if run is not None:  # handed on with the read's others (publish_gathered)
+            run.messages.append(message)
+            run.packet_ids.append(packet.packet_id)
+            if qos == 2:
+                run.qos2 = True
+            return
+        self._hand_on(message, qos, packet.packet_id, conn)
+
+    def gather_publishes(self, conn) -> None:
+        """The PUBLISHes of ``conn`` (the live link) handled from now on
+        are handed to the pipeline together, by :meth:`publish_gathered`
+        (the connection calls both around a read of several packets: see
+        :mod:`tbmq.broker.publish_run`)."""
+        if self.ctx.publish_many is not None:
+            self._run = PublishRun(conn)
+
+    def publish_gathered(self) -> None:
+        """Hand the PUBLISHes gathered since :meth:`gather_publishes` to
+        the pipeline: one message as by itself, several with one
+        ``publish_many`` and one ``done``
+        (:meth:`~tbmq.broker.publish_run.PublishRun.hand_on`).  Gathering
+        stops; called before anything that must come after them (a packet
+        that is not a PUBLISH, an acknowledgement queued out of turn, the
+        end of the read)."""
+        run = self._run
+        if run is None:
+            return
+        self._run = None
+        messages = run.messages
+        if len(messages) > 1:
+            acks = self.acks
+            if acks is None:
+                acks = self.publisher_acks()
+            run.hand_on(self.ctx.publish_many, acks, self.link)
+        elif messages:
+            self._hand_on(messages[0], messages[0].qos, run.packet_ids[0], run.conn)
+
+    def _hand_on(self, message: Message, qos: int, packet_id: int | None, conn) -> None:
+        """Hand one message to the pipeline; acknowledge it once it is durable."""
         done = self._spare
         if done is None:
             acks = self.acks
@@ -388,14 +435,14 @@ class Session:
                 acks = done.acks
                 if not acks.queue:
                     self.inbound_unacked -= 1
-                    conn.write(encode_puback(packet.packet_id))
+                    conn.write(encode_puback(packet_id))
                 else:
-                    acks.ack_when(None, Puback(packet.packet_id))
+                    acks.ack_when(None, Puback(packet_id))
             elif qos == 2:
-                done.acks.ack_when(None, Pubrec(packet.packet_id))
+                done.acks.ack_when(None, Pubrec(packet_id))
             return
         # the bus answers later (or refused it during the call)
-        done.acks.pending(done, conn, qos, packet.packet_id, self.link)
+        done.acks.pending(done, conn, qos, packet_id, self.link)
         if answer is not WAITING:
             done.call(answer)
 
@@ -590,6 +637,7 @@ class Session:
     def attach(self, connection) -> None:
         """Bind a new connection; acks pending for the old one are void,
         topic aliases both ways start empty [MQTT-3.3.2-7]."""
+        self.publish_gathered()  # (the old connection's, handed on first)
         self.connection = connection
         link = self.link = connection.make_link()
         self.protocol_level = connection.protocol_level
@@ -604,6 +652,7 @@ class Session:
     def detach(self, now: float) -> None:
         """The connection is gone; a persistent session keeps its state in
         the stores (and its application topic) and gives its memory back."""
+        self.publish_gathered()
         if self.app_consumers:
             self.ctx.applications.detach(self)
         if self.connection is not None and self._uses_device_store():

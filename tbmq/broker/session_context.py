@@ -100,6 +100,10 @@ class SessionContext:
         sessions, else None.
     :ivar page_reads: the node's :class:`tbmq.broker.store_reads.PageReads`
         (its reads of the device store in flight, bounded).
+    :ivar publish_many: ``publish_many(messages, done)``: several messages
+        of one publisher, in order, with one ``done``
+        (:meth:`tbmq.broker.router.Router.publish_many`); None: the
+        PUBLISHes of a read are handed on one by one.
     """
 
     clock: Any
@@ -120,4 +124,5 @@ class SessionContext:
     limits_in: Any = None
     limits_out: Any = None
     page_reads: PageReads = field(default_factory=PageReads)
+    publish_many: Callable | None = None
 

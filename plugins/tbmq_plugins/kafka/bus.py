@@ -52,7 +52,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tbmq.cluster.completion import Completion, deferred_done
+from tbmq.cluster.completion import Completion, deferred_done, publish_each
 from tbmq.cluster.topics import TopicCatalogue
 from tbmq.errors import BusClosedError, BusError, BusPublishError, RecordEncodingError
 from tbmq.interfaces import IDescribableBus, IMessageBus
@@ -480,6 +480,11 @@ class KafkaBus:
         """
         if not self.running:
             done(Failure(BusClosedError(f"{topic}: the Kafka bus is not running")))
+            return
+        if self._takers and topic in self._takers:
+            # a member here takes the topic's records as acknowledged (.own,
+            # ``tbmq.msg.all``): each as publish does, one outcome
+            publish_each(self.publish, topic, keys, values, done)
             return
         try:
             data = self._codec(topic).encode_many(values)

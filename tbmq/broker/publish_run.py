@@ -1,0 +1,114 @@
+"""The PUBLISH packets of one socket read handed to the pipeline together:
+a session gathers the messages of a run of its client's PUBLISHes
+(:meth:`tbmq.broker.session.Session.gather_publishes`, opened by the
+connection for a read of several packets), and hands them on with **one**
+``publish_many`` and one ``done`` when the run ends (the read ends, or a
+packet that is not a PUBLISH comes, or an acknowledgement is queued out of
+the run).  Their acknowledgements go into the session's
+:class:`~tbmq.broker.publisher_acks.PublisherAcks` as one entry per run
+of QoS 1 PUBLISHes (their packet ids) and one per QoS 2 one, and are sent
+once the bus says the whole run is durable [MQTT-4.3.2-4, MQTT-4.3.3-8],
+in the order of the PUBLISHes [MQTT-4.6.0-2]: one waiter, one answer and
+one write of PUBACKs for the run instead of one each.
+"""
+
+from __future__ import annotations
+
+from tbmq.broker.publish_done import LATER, WAITING
+from tbmq.mqtt import Pubrec
+
+__all__ = ["PublishRun"]
+
+
+class PublishRun:
+    """The messages of a run of one connection's PUBLISHes, in order, and
+    what their acknowledgements are.
+
+    :ivar conn: the publisher's :class:`~tbmq.broker.link.Link` (the live
+        one when the run was opened).
+    :ivar messages: :class:`~tbmq.model.Message` each, in order; the
+        session appends each PUBLISH's here and its packet id to
+        :attr:`packet_ids` (no call per message).
+    :ivar packet_ids: the packet id of each of :attr:`messages` (None at
+        QoS 0).
+    :ivar qos2: True once one of :attr:`messages` is at QoS 2 (set by the
+        session).
+    :ivar entries: the acknowledgement entries of the run, in order, made
+        when it is handed on (see :attr:`PublisherAcks.queue
+        <tbmq.broker.publisher_acks.PublisherAcks.queue>`): ``[packet ids,
+        ready, False]`` for QoS 1 PUBLISHes in a row (a list of ``int``),
+        ``[Pubrec, ready, False]`` for a QoS 2 one.
+    :ivar answer: :data:`~tbmq.broker.publish_done.WAITING`, what the bus
+        answered during the call (None, or a
+        :class:`~twisted.python.failure.Failure`), or
+        :data:`~tbmq.broker.publish_done.LATER` once queued for a later one.
+    :ivar acks: the session's
+        :class:`~tbmq.broker.publisher_acks.PublisherAcks` (once handed on).
+    :ivar link: the session's live link when it was handed on.
+    :ivar qos0: True when one of :attr:`messages` is at QoS 0 (found when
+        it is handed on).
+    """
+
+    __slots__ = ("conn", "messages", "packet_ids", "qos2", "entries", "answer", "acks",
+                 "link", "qos0")
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+        self.messages: list = []
+        self.packet_ids: list = []
+        self.qos2 = False
+        self.entries: list = []
+        self.answer = WAITING
+        self.acks = None
+        self.link = None
+        self.qos0 = False
+
+    def _entries(self) -> list:
+        """The acknowledgement entries of :attr:`messages` (see :attr:`entries`)."""
+        pids = self.packet_ids
+        self.qos0 = None in pids  # (in C)
+        if not self.qos2:
+            if not self.qos0:  # all at QoS 1: one entry
+                return [[pids, False, False]]
+            pids = [pid for pid in pids if pid is not None]
+            return [[pids, False, False]] if pids else []
+        entries: list = []
+        for message, pid in zip(self.messages, pids):
+            qos = message.qos
+            if qos == 1:
+                if entries and type(entries[-1][0]) is list:
+                    entries[-1][0].append(pid)
+                else:
+                    entries.append([[pid], False, False])
+            elif qos == 2:
+                entries.append([Pubrec(pid), False, False])
+        return entries
+
+    def hand_on(self, publish_many, acks, link) -> None:
+        """``publish_many(messages, done)`` (the pipeline:
+        :meth:`tbmq.broker.router.Router.publish_many`), then the
+        acknowledgements: sent at once when the bus answered during the
+        call, else queued until it does (:meth:`PublisherAcks.pending_run
+        <tbmq.broker.publisher_acks.PublisherAcks.pending_run>`).
+
+        :param acks: the session's
+            :class:`~tbmq.broker.publisher_acks.PublisherAcks`.
+        :param link: the session's live link now."""
+        self.acks = acks
+        self.link = link
+        self.entries = self._entries()
+        publish_many(self.messages, self.answered)
+        answer = self.answer
+        if answer is WAITING:  # the bus answers later
+            acks.pending_run(self)
+            return
+        acks.run_answered(answer, self)
+
+    def answered(self, failure=None) -> None:
+        """The ``done`` of the run's publish: None (every message is
+        durable), or the :class:`~twisted.python.failure.Failure` of a
+        :class:`tbmq.errors.BusError`."""
+        if self.answer is LATER:
+            self.acks.run_answered(failure, self)
+        else:
+            self.answer = failure
