@@ -325,17 +325,6 @@ class TopicCatalogue:
         return any(name.startswith(base) and len(name) > len(base)
                    for base in _PACKABLE_FAMILIES)
 
-    def downlink(self, topic: str) -> bool:
-        """:returns: True for ``tbmq.msg.downlink.basic.<serviceId>`` and
-        ``tbmq.msg.downlink.persisted.<serviceId>``: what a node that
-        routes a message writes for the subscribers of another node (the
-        Kafka bus gives them a producer connection of their own,
-        ``kafka.downlink_producer``)."""
-        name = self._base(topic)
-        return name is not None and any(
-            name.startswith(base) and len(name) > len(base)
-            for base in (DOWNLINK_BASIC, DOWNLINK_PERSISTED))
-
     def partitioned(self, topic: str) -> bool:
         """Whether ``topic`` is spread over the bus's partitions (Kafka's
         ``kafka.partitions``) or has one partition (TBMQ's topic layout:

@@ -537,12 +537,6 @@ class KafkaConfig:
     :ivar acks: the producer's ``acks``: ``all`` (the default: a PUBACK
         waits until every in-sync replica has the message), ``1`` or ``0``.
     :ivar linger_ms: milliseconds the producer waits to fill a batch, >= 0.
-    :ivar downlink_producer: the records of the downlink topics
-        (``tbmq.msg.downlink.*.<serviceId>``, what a node that routes a
-        message writes for another node's subscribers) go on a producer of
-        their own, one more connection per broker: they do not wait behind
-        the request in flight of the node's publishes to ``tbmq.msg.all``
-        (one request per connection is in flight). False: one producer.
     :ivar fetch_max_wait_ms: milliseconds a fetch waits for records, >= 1.
     :ivar fetch_min_bytes: bytes of records a fetch waits for (Kafka's
         ``fetch.min.bytes``), at most ``fetch_max_wait_ms``, >= 1: 1
@@ -583,7 +577,6 @@ class KafkaConfig:
     min_compaction_lag_ms: int = 60000
     acks: str = "all"
     linger_ms: int = 1
-    downlink_producer: bool = True
     fetch_max_wait_ms: int = 5
     fetch_min_bytes: int = 1
     idle_fetch_interval_ms: int = 100

@@ -457,14 +457,11 @@ class FakeProducer:
     def __init__(self, driver, acks) -> None:
         self.driver = driver
         self.acks = acks
-        self.index = driver.producers  # the bus's first producer: 0
-        driver.producers += 1
 
     def send(self, topic, key, value, headers, deferred, partition=None) -> None:
         if self.driver.refuse_send:
             raise BufferError("queue full")
         self.driver.sent.append((topic, key, value, headers, deferred))
-        self.driver.writers[topic] = self.index
         self.driver.partitions.append(partition)
 
     def send_many(self, topic, keys, values, done) -> None:
@@ -473,7 +470,6 @@ class FakeProducer:
             reports.refused(len(keys), "queue full")
             return
         report = reports.report  # each record's done: its report
-        self.driver.writers[topic] = self.index
         self.driver.sent.extend([(topic, key, value, (), report)
                                  for key, value in zip(keys, values)])
         self.driver.partitions.extend([None] * len(keys))
@@ -500,8 +496,6 @@ class FakeDriver:
         self.partitions: list = []  # the partition of each record sent (None: the client's)
         self.closed: list = []
         self.deleted: list = []
-        self.producers = 0  # made so far
-        self.writers: dict = {}  # topic -> the index of the producer that sent its last record
 
     def Admin(self, config):  # noqa: N802 (a driver module's class)
         return FakeAdmin(self)
@@ -621,30 +615,8 @@ def test_publish_failures_are_typed_and_never_raised():
     driver.refuse_send = False
     stopping = bus.stop()
     reactor.wait(lambda: stopping.called)
-    assert driver.closed == ["producer", "producer", "admin"]  # the downlinks' one, the bus's
+    assert driver.closed == ["producer", "admin"]
     assert fired(bus.publish(bus.catalogue.events, "k", b"x"))[0].check(BusClosedError)
-
-
-def test_downlinks_have_a_producer_of_their_own():
-    """kafka.downlink_producer: a downlink topic's records go on the second
-    producer (a connection of their own), every other topic's on the first;
-    off, one producer writes everything."""
-    for own, expected in ((True, 1), (False, 0)):
-        driver = FakeDriver()
-        bus, reactor = started(driver, dataclasses.replace(CONFIG, downlink_producer=own))
-        c = bus.catalogue
-        bus.publish(c.downlink_basic("n"), "c", r.Delivery("c", Message("t", b"x"), 1))
-        bus.publish(c.events, "k", b"x")
-        reactor.wait(lambda: c.downlink_basic("n") in driver.prepared)  # created
-        reactor.drain()
-        reactor.advance(0)  # a downlink's records go at the end of the turn
-        assert driver.producers == 1 + own
-        assert driver.writers == {c.downlink_basic("n"): expected, c.events: 0}
-        assert not c.downlink(c.msg_all) and not c.downlink(c.prefix + "tbmq.msg.downlink.basic.")
-        assert c.downlink(c.downlink_persisted("n"))
-        stopping = bus.stop()
-        reactor.wait(lambda: stopping.called)
-        assert driver.closed == ["producer"] * (1 + own) + ["admin"]
 
 
 def test_a_topic_that_cannot_be_created_fails_its_publishes():

@@ -178,9 +178,6 @@ class KafkaBus:
         self._worker: Worker | None = None
         self._admin = None
         self._producer = None
-        #: the downlink topics' producer (``kafka.downlink_producer``), else ``_producer``
-        self._downlinks = None
-        self._producers: dict[str, Any] = {}  # topic -> the producer that writes it
         self._acks = AckBatcher(clock, self._acknowledged)
         self._ready: set[str] = set()
         self._creating: dict[str, _Creating] = {}
@@ -245,25 +242,8 @@ class KafkaBus:
         self._admin = self.driver.Admin(self.config)
         self._create(topics)
         self._producer = self.driver.Producer(self.config, self._acks)
-        self._downlinks = (self.driver.Producer(self.config, self._acks)
-                           if self.config.downlink_producer else self._producer)
         for topic in topics:
-            self._note_partitions(topic, self._writer(topic).prepare(topic))
-
-    def _writer(self, topic: str):
-        """The producer that writes ``topic``: the downlinks' own one for a
-        downlink topic, so that a routing node's deliveries to another node
-        do not wait behind its publishes' request in flight (one request
-        per connection), else the bus's.  One topic always has one
-        producer: its partitions' order is one producer's."""
-        producer = self._producers.get(topic)
-        if producer is None:
-            producer = self._downlinks if self.catalogue.downlink(topic) else self._producer
-            if producer is not None:
-                if len(self._producers) >= 4096:
-                    self._producers.clear()
-                self._producers[topic] = producer
-        return producer
+            self._note_partitions(topic, self._producer.prepare(topic))
 
     def _note_partitions(self, topic: str, partitions: int) -> None:
         """(worker thread) Remember the partition count of a topic whose
@@ -278,24 +258,18 @@ class KafkaBus:
     def _prepare(self, topic: str) -> None:
         """(worker thread) Create ``topic`` and warm its metadata."""
         self._create([topic])
-        self._note_partitions(topic, self._writer(topic).prepare(topic))
+        self._note_partitions(topic, self._producer.prepare(topic))
 
     def _close_clients(self, timeout: float) -> None:
-        """(worker thread) Flush and close the producers, close the admin client."""
+        """(worker thread) Flush and close the producer, close the admin client."""
         producer, self._producer = self._producer, None
-        downlinks, self._downlinks = self._downlinks, None
-        self._producers = {}
         admin, self._admin = self._admin, None
         try:
-            if downlinks is not None and downlinks is not producer:
-                downlinks.close(timeout)
+            if producer is not None:
+                producer.close(timeout)
         finally:
-            try:
-                if producer is not None:
-                    producer.close(timeout)
-            finally:
-                if admin is not None:
-                    admin.close()
+            if admin is not None:
+                admin.close()
 
     @defer.inlineCallbacks
     def stop(self):
@@ -525,7 +499,7 @@ class KafkaBus:
                 done(None)
             elif topic in self._ready:  # placed by the producer's partitioner, one outcome
                 self._nudge()
-                self._writer(topic).send_many(topic, key_bytes, data, done)
+                self._producer.send_many(topic, key_bytes, data, done)
             else:
                 sent = Completion()
                 each = sent.parts(len(data))  # one ``done`` called once per record
@@ -592,7 +566,7 @@ class KafkaBus:
         if not self._nudged:
             self._nudge()
         try:
-            self._writer(topic).send(topic, key, value, headers, done, partition)
+            self._producer.send(topic, key, value, headers, done, partition)
         except Exception as e:
             _report(done, Failure(BusPublishError(
                 f"{topic}: the producer refused the record: {e}")))
