@@ -3,8 +3,9 @@ rarely once it has read nothing for a while (the *idle mode*).
 
 A consumer client fetches all the time: each fetch waits at most
 ``kafka.fetch_max_wait_ms`` for records, then the next one goes.  A short
-wait is what makes a hop between nodes fast on a broker that answers a
-fetch only when its wait ends (Tansu: each hop costs up to that wait); but
+wait is what makes a hop between nodes fast on a broker that looks for
+records only now and then while a fetch waits (Tansu: at its start, half, three
+quarters... of it, so each hop waits for the next look); but
 a client that fetches every few milliseconds costs its node and the
 brokers CPU even when nothing flows.  So a :class:`Pacer` keeps the client
 of one :class:`~.loop.SharedLoop` in one of two modes:

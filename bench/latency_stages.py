@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Where the latency of a message between two cluster nodes goes, stage by
+stage: runs ``bench/cluster.py``'s ``latency_qos1`` (or another scenario)
+with every node traced, then prints the p50 / p90 of each stage in
+milliseconds, per topic family (``msg.all``, ``msg.downlink.basic``, ...).
+
+    PYTHONPATH=.:plugins python bench/latency_stages.py                   # this tree
+    PYTHONPATH=.:plugins python bench/latency_stages.py --trees worktree,cad8637 --duration 6
+
+The nodes are not changed: a ``sitecustomize`` module put on their
+``PYTHONPATH`` wraps the confluent driver as its modules are imported (as
+``bench/connect_stages.py`` does), and each node writes what it saw to
+``bench/out/latency-stages-*/stages.<pid>.json``.  Per record, keyed by
+its topic family, partition and offset (both nodes run on this machine,
+so their clocks are one):
+
+* ``produce``: the driver handed the record to librdkafka
+  (``Producer.produce``), and ``ack``: librdkafka's delivery report ran
+  (in the producer's poll thread);
+* ``fetched``: the consumer thread took the record from librdkafka's
+  queue (``SharedClient._message``);
+* ``handed``: the reactor began the batch that holds it
+  (``KafkaConsumer._batch``: the ``callFromThread`` hand-off).
+
+Stages: ``produce → ack`` (librdkafka's queue and linger, the wait behind
+the request in flight, the broker's round trip, the poll thread's wait for
+the GIL), ``produce → fetched`` (the above without the report, and the
+fetch: on Tansu the wait until the next check of a waiting fetch),
+``fetched → handed``.  A record of ``msg.all`` its own node routes is
+never fetched for that (it is handed on acknowledgement).  Wall-clock
+figures: on a loaded machine compare trees in the same run, and repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+#: the tracer each node imports at start (``sitecustomize``)
+TRACER = r'''
+import importlib.abc, importlib.util, json, os, sys, threading, time
+_OUT = os.environ.get("TBMQ_LATENCY_STAGES")
+_now = time.time
+_seen = {"produce": {}, "ack": {}, "fetched": {}, "handed": {}}
+_count = [0]
+
+
+def _family(topic):
+    name = topic.split("tbmq.", 1)[-1]
+    for family in ("msg.downlink.basic", "msg.downlink.persisted", "msg.app",
+                   "client.session.event.response"):
+        if name.startswith(family):
+            return family
+    return name
+
+
+def _dump():
+    path = os.path.join(_OUT, f"stages.{os.getpid()}.json")
+    for _ in range(5):
+        try:
+            seen = {k: [[*key, t] for key, t in list(v.items())] for k, v in _seen.items()}
+            break
+        except RuntimeError:  # changed meanwhile
+            continue
+    else:
+        return
+    with open(path + ".tmp", "w") as f:
+        json.dump({"service_id": os.environ.get("TBMQ_NODE__SERVICE_ID"),
+                   "tree": sys.path[1] if len(sys.path) > 1 else None, **seen}, f)
+    os.replace(path + ".tmp", path)
+
+
+def _dumper():
+    while True:
+        time.sleep(1.0)
+        if _count[0]:
+            _dump()
+
+
+def _tick():
+    _count[0] += 1
+
+
+def _confluent(m):
+    base = m._Producer
+
+    class Producer(base):
+        def produce(self, topic, *args, **kwargs):
+            sent = _now()
+            cb = kwargs.get("on_delivery")
+
+            def delivered(error, message, _cb=cb):
+                if error is None:
+                    key = (_family(message.topic()), message.partition(), message.offset())
+                    _seen["produce"][key] = sent
+                    _seen["ack"][key] = _now()
+                    _tick()
+                if _cb is not None:
+                    _cb(error, message)
+            kwargs["on_delivery"] = delivered
+            return base.produce(self, topic, *args, **kwargs)
+    m._Producer = Producer
+    original = m.SharedClient._message
+
+    def message(self, msg, *args, **kwargs):
+        if msg.error() is None:
+            _seen["fetched"][(_family(msg.topic()), msg.partition(), msg.offset())] = _now()
+        return original(self, msg, *args, **kwargs)
+    m.SharedClient._message = message
+
+
+def _consumer(m):
+    original = m.KafkaConsumer._batch
+
+    def batch(self, records, *args, **kwargs):
+        now = _now()
+        family = _family(self.topic)
+        for r in records:
+            _seen["handed"][(family, r.partition, r.offset)] = now
+        _tick()
+        return original(self, records, *args, **kwargs)
+    m.KafkaConsumer._batch = batch
+
+
+_PATCHES = {"tbmq_plugins.kafka.confluent": _confluent, "tbmq_plugins.kafka.consumer": _consumer}
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        patch = _PATCHES.get(name)
+        if patch is None:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def patched(module):
+            exec_module(module)
+            patch(module)
+        spec.loader.exec_module = patched
+        return spec
+
+
+if _OUT:
+    sys.meta_path.insert(0, _Finder())
+    threading.Thread(target=_dumper, name="latency-stages", daemon=True).start()
+'''
+
+STAGES = (("produce → ack", "produce", "ack"), ("produce → fetched", "produce", "fetched"),
+          ("ack → fetched", "ack", "fetched"), ("fetched → handed", "fetched", "handed"),
+          ("produce → handed", "produce", "handed"))
+FAMILIES = ("msg.all", "msg.downlink.basic")
+
+
+def quantiles(values: list) -> str:
+    """:returns: ``p50 / p90`` of ``values`` (seconds) in ms, and their count."""
+    if not values:
+        return "–"
+    values = sorted(values)
+    return (f"{1e3 * values[len(values) // 2]:.2f} / {1e3 * values[int(len(values) * 0.9)]:.2f}"
+            f" ({len(values)})")
+
+
+def report(folder: str) -> None:
+    """Print the stage table of each tree traced in ``folder``."""
+    trees = collections.defaultdict(lambda: collections.defaultdict(dict))
+    for path in sorted(glob.glob(os.path.join(folder, "stages.*.json"))):
+        with open(path) as f:
+            data = json.load(f)
+        seen = trees[data["tree"]]
+        for kind in ("produce", "ack", "fetched", "handed"):
+            for family, partition, offset, t in data[kind]:
+                seen[kind][(family, partition, offset)] = t
+    for tree, seen in trees.items():
+        print(f"\n## {tree}: ms p50 / p90 (records)\n")
+        print("| stage | " + " | ".join(FAMILIES) + " |")
+        print("|---|" + "---|" * len(FAMILIES))
+        for title, a, b in STAGES:
+            cells = []
+            for family in FAMILIES:
+                cells.append(quantiles([seen[b][k] - t for k, t in seen[a].items()
+                                        if k[0] == family and k in seen[b]]))
+            print(f"| {title} | " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenarios", default="latency_qos1")
+    ap.add_argument("--trees", default="worktree")
+    ap.add_argument("--report", help="only print the report of this folder of a past run")
+    args, rest = ap.parse_known_args()
+    if args.report:
+        report(args.report)
+        return
+    os.makedirs(os.path.join(REPO, "bench", "out"), exist_ok=True)
+    for tree in args.trees.split(","):
+        folder = tempfile.mkdtemp(prefix="latency-stages-", dir=os.path.join(REPO, "bench", "out"))
+        with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
+            f.write(TRACER)
+        env = dict(os.environ, TBMQ_LATENCY_STAGES=folder)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), folder) if p)
+        subprocess.run([sys.executable, os.path.join(HERE, "cluster.py"), "--drivers", "confluent",
+                        "--scenarios", args.scenarios, "--trees", tree, "--no-mosquitto", *rest],
+                       env=env, cwd=REPO, check=True)
+        print(f"\ntraces: {folder}")
+        report(folder)
+
+
+if __name__ == "__main__":
+    main()
