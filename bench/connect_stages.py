@@ -51,12 +51,11 @@ import collections
 import glob
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.stage_trace import FINDER, quantiles, run_traced  # noqa: E402
 
 #: the tracer each node imports at start (``sitecustomize``)
 TRACER = r'''
@@ -193,27 +192,9 @@ _PATCHES = {"tbmq.broker.protocol": _protocol, "tbmq.broker.connect": _connect, 
             "tbmq_plugins.kafka.confluent": _confluent}
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        patch = _PATCHES.get(name)
-        if patch is None:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return None
-        exec_module = spec.loader.exec_module
+'''
 
-        def patched(module):
-            exec_module(module)
-            patch(module)
-        spec.loader.exec_module = patched
-        return spec
-
-
+TRACER += FINDER + r'''
 if _OUT:
     sys.meta_path.insert(0, _Finder())
 '''
@@ -222,15 +203,6 @@ STAGES = (("accepted → read", "accepted", "read"), ("read → request", "read"
           ("ack → answer", "ack", "answer"), ("request → answer", "request", "answer"),
           ("answer → CONNACK", "answer", "connack"), ("read → CONNACK", "read", "connack"),
           ("accepted → CONNACK", "accepted", "connack"))
-
-
-def quantiles(values: list) -> str:
-    """:returns: ``p50 / p90`` of ``values`` (seconds) in ms, and their count."""
-    if not values:
-        return "–"
-    values = sorted(values)
-    return (f"{1e3 * values[len(values) // 2]:.1f} / {1e3 * values[int(len(values) * 0.9)]:.1f}"
-            f" ({len(values)})")
 
 
 def topic_family(topic: str) -> str:
@@ -295,16 +267,9 @@ def main() -> None:
     if args.report:
         report(args.report)
         return
-    os.makedirs(os.path.join(REPO, "bench", "out"), exist_ok=True)
-    folder = tempfile.mkdtemp(prefix="connect-stages-", dir=os.path.join(REPO, "bench", "out"))
-    with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
-        f.write(TRACER)
-    env = dict(os.environ, TBMQ_CONNECT_STAGES=folder)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), folder) if p)
-    subprocess.run([sys.executable, os.path.join(HERE, "cluster.py"), "--drivers", args.drivers,
-                    "--scenarios", args.scenarios, "--trees", args.trees, "--no-mosquitto",
-                    *rest], env=env, cwd=REPO, check=True)
-    print(f"\ntraces: {folder}")
+    folder = run_traced(TRACER, "TBMQ_CONNECT_STAGES", "connect-stages-",
+                        ["--drivers", args.drivers, "--scenarios", args.scenarios,
+                         "--trees", args.trees, "--no-mosquitto", *rest])
     report(folder)
 
 

@@ -38,12 +38,11 @@ import collections
 import glob
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.stage_trace import FINDER, quantiles, run_traced  # noqa: E402
 
 #: the tracer each node imports at start (``sitecustomize``)
 TRACER = r'''
@@ -134,27 +133,9 @@ def _consumer(m):
 _PATCHES = {"tbmq_plugins.kafka.confluent": _confluent, "tbmq_plugins.kafka.consumer": _consumer}
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        patch = _PATCHES.get(name)
-        if patch is None:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return None
-        exec_module = spec.loader.exec_module
+'''
 
-        def patched(module):
-            exec_module(module)
-            patch(module)
-        spec.loader.exec_module = patched
-        return spec
-
-
+TRACER += FINDER + r'''
 if _OUT:
     sys.meta_path.insert(0, _Finder())
     threading.Thread(target=_dumper, name="latency-stages", daemon=True).start()
@@ -164,15 +145,6 @@ STAGES = (("produce → ack", "produce", "ack"), ("produce → fetched", "produc
           ("ack → fetched", "ack", "fetched"), ("fetched → handed", "fetched", "handed"),
           ("produce → handed", "produce", "handed"))
 FAMILIES = ("msg.all", "msg.downlink.basic")
-
-
-def quantiles(values: list) -> str:
-    """:returns: ``p50 / p90`` of ``values`` (seconds) in ms, and their count."""
-    if not values:
-        return "–"
-    values = sorted(values)
-    return (f"{1e3 * values[len(values) // 2]:.2f} / {1e3 * values[int(len(values) * 0.9)]:.2f}"
-            f" ({len(values)})")
 
 
 def report(folder: str) -> None:
@@ -193,7 +165,7 @@ def report(folder: str) -> None:
             cells = []
             for family in FAMILIES:
                 cells.append(quantiles([seen[b][k] - t for k, t in seen[a].items()
-                                        if k[0] == family and k in seen[b]]))
+                                        if k[0] == family and k in seen[b]], 2))
             print(f"| {title} | " + " | ".join(cells) + " |")
 
 
@@ -206,17 +178,10 @@ def main() -> None:
     if args.report:
         report(args.report)
         return
-    os.makedirs(os.path.join(REPO, "bench", "out"), exist_ok=True)
     for tree in args.trees.split(","):
-        folder = tempfile.mkdtemp(prefix="latency-stages-", dir=os.path.join(REPO, "bench", "out"))
-        with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
-            f.write(TRACER)
-        env = dict(os.environ, TBMQ_LATENCY_STAGES=folder)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), folder) if p)
-        subprocess.run([sys.executable, os.path.join(HERE, "cluster.py"), "--drivers", "confluent",
-                        "--scenarios", args.scenarios, "--trees", tree, "--no-mosquitto", *rest],
-                       env=env, cwd=REPO, check=True)
-        print(f"\ntraces: {folder}")
+        folder = run_traced(TRACER, "TBMQ_LATENCY_STAGES", "latency-stages-",
+                            ["--drivers", "confluent", "--scenarios", args.scenarios,
+                             "--trees", tree, "--no-mosquitto", *rest])
         report(folder)
 
 
