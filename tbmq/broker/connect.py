@@ -518,8 +518,7 @@ class ConnectHandler:
             keep_alive = cfg.max_keep_alive if self.conn.protocol_level >= MQTT_5 else keep_alive
         # the connect timeout becomes the keep alive's: a later deadline is
         # one attribute (the node's Deadlines move it when its bucket is due)
-        self.conn.setTimeout((_TIMEOUTS.get(keep_alive) or _timeout_of(keep_alive))
-                             if keep_alive else None)
+        self.conn.setTimeout(_timeout_of(keep_alive) if keep_alive else None)
         level = self.conn.protocol_level
         if level >= MQTT_5:
             props = self._connack_properties(connect, session, keep_alive)

@@ -10,11 +10,13 @@ only the bus differs.
 
 from __future__ import annotations
 
+from functools import partial
+
 from twisted.logger import Logger
 
 from tbmq.broker.retained import RetainedTree
 from tbmq.broker.trie import SubscriptionTrie
-from tbmq.cluster.completion import Completion
+from tbmq.cluster.completion import Completion, publish_each
 from tbmq.cluster.records import RUN_MAX_BYTES, RUN_MAX_MESSAGES, Delivery, DeliveryRun
 from tbmq.cluster.sinks import Sinks
 from tbmq.cluster.topics import CLUSTER_BUNDLE, node_group
@@ -323,21 +325,18 @@ class Router:
             first failure (see :meth:`publish`).
         """
         bus = self.bus
-        publish_many = getattr(bus, "publish_many", None)
+        many = getattr(bus, "publish_many", None) or partial(publish_each, bus.publish)
+        topics = [m.topic for m in messages]
         retained = [m for m in messages if m.retain]
-        if publish_many is None or retained:
-            sent = Completion()
-            for message in retained:
-                bus.publish(self.topics.msg_retained, message.topic,
-                            message if message.payload else None, (), sent.part())
-            if publish_many is None:
-                for message in messages:
-                    bus.publish(self._msg_all, message.topic, message, (), sent.part())
-            else:
-                publish_many(self._msg_all, [m.topic for m in messages], messages, sent.part())
-            sent.then(done)
+        if not retained:
+            many(self._msg_all, topics, messages, done)
             return
-        publish_many(self._msg_all, [m.topic for m in messages], messages, done)
+        sent = Completion()
+        for message in retained:
+            bus.publish(self.topics.msg_retained, message.topic,
+                        message if message.payload else None, (), sent.part())
+        many(self._msg_all, topics, messages, sent.part())
+        sent.then(done)
 
     def _on_retained(self, record):
         message = record.value
