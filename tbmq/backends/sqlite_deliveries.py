@@ -17,6 +17,15 @@ from zope.interface import implementer
 
 from tbmq.backends.deliveries import DeliveryWrites, check_limit, check_page
 from tbmq.backends.sqlite_bulk import delete_seqs, has_json, insert_rows, update_states
+from tbmq.backends.sqlite_delivery_runs import (
+    count_runs,
+    cut_runs,
+    insert_runs,
+    load_runs,
+    run_deliveries_of,
+    split_stream,
+    trim_client,
+)
 from tbmq.backends.sqlite_runner import SQLiteRunner
 from tbmq.backends.sqlite_view import RunnerView
 from tbmq.backends.sqlite_schema import (
@@ -55,48 +64,141 @@ class CoalescedWrites(DeliveryWrites):
     batch (:class:`~tbmq.backends.deliveries.DeliveryWrites`); a put is the
     row to INSERT OR REPLACE (``client_id, seq, message, qos, retain,
     subscription_ids, packet_id, state``,
-    :mod:`tbmq.backends.sqlite_schema`).
+    :mod:`tbmq.backends.sqlite_schema`).  An ``add_run`` is one row of
+    ``delivery_runs`` (:mod:`tbmq.backends.sqlite_delivery_runs`) in
+    :attr:`runs`, until a later write of this operation touches its
+    client: then its deliveries become puts (:meth:`_spread`), and the
+    merging goes on as for an ``add``.
+
+    :ivar runs: client id → its runs of this operation, each ``[client_id,
+        last_seq, first_seq, base_seq, qos, retain, subscription_ids,
+        blobs]`` (the blobs joined in the database thread).
     """
 
-    __slots__ = ()
+    __slots__ = ("runs",)
+
+    def __init__(self, limit: int | None = None) -> None:
+        super().__init__(limit)
+        self.runs: dict[str, list[list]] = {}
+
+    def put_run(self, client_id: str, run: list) -> None:
+        """Keep ``run`` (a row of ``delivery_runs`` with its blobs) as one
+        row; as puts when this operation writes one of its order keys
+        already (the later write replaces the earlier)."""
+        if self.puts or self.updates or self.deletes:
+            first, last = run[2], run[1]
+            for keys in (self.puts, self.updates, self.deletes):
+                if keys and any((client_id, seq) in keys for seq in range(first, last + 1)):
+                    self._spread_run(run)
+                    return
+        runs = self.runs.get(client_id)
+        if runs is None:
+            self.runs[client_id] = [run]
+        elif any(other[2] <= run[1] and other[1] >= run[2] for other in runs):
+            # it overlaps a run of this operation: both as puts, the later last
+            self._spread(client_id)
+            self._spread_run(run)
+        else:
+            runs.append(run)
+
+    def _spread(self, client_id: str) -> None:
+        """The runs of ``client_id`` in this operation become puts."""
+        runs = self.runs.pop(client_id, None)
+        if runs:
+            for run in runs:
+                self._spread_run(run)
+
+    def _spread_run(self, run: list) -> None:
+        client_id, last, first, base, qos, retain, ids, blobs = run
+        put = super().put
+        for seq in range(first, last + 1):
+            put((client_id, seq), [client_id, seq, blobs[seq - base], qos, retain, ids, None, 0])
+
+    def put(self, key: tuple[str, int], row: list) -> None:
+        if self.runs:
+            self._spread(key[0])
+        super().put(key, row)
+
+    def put_all(self, client_id: str, rows: list) -> None:
+        if self.runs:
+            self._spread(client_id)
+        super().put_all(client_id, rows)
+
+    def update(self, key: tuple[str, int], packet_id: int | None, state: int) -> None:
+        if self.runs:
+            self._spread(key[0])
+        super().update(key, packet_id, state)
+
+    def update_all(self, client_id: str, updates) -> None:
+        if self.runs:
+            self._spread(client_id)
+        super().update_all(client_id, updates)
+
+    def delete(self, key: tuple[str, int]) -> None:
+        if self.runs:
+            self._spread(key[0])
+        super().delete(key)
+
+    def delete_all(self, client_id: str, seqs) -> None:
+        if self.runs:
+            self._spread(client_id)
+        super().delete_all(client_id, seqs)
 
     def __call__(self, conn: sqlite3.Connection) -> dict[str, int]:
-        """In the database thread: write the merged rows, then trim.
+        """In the database thread: cut the stored runs these writes touch
+        (:func:`~tbmq.backends.sqlite_delivery_runs.cut_runs`), write the
+        merged rows and runs, then trim.
 
         :returns: client id → deliveries removed by the trim."""
+        deletes = self._cut(conn)
         # one statement per up to CHUNK_ROWS rows, not one step per row
         # (tbmq.backends.sqlite_bulk: each step waits for the GIL again)
-        if self.deletes:
-            delete_seqs(conn, self.deletes)
+        if deletes:
+            delete_seqs(conn, deletes)
         if self.updates:
             update_states(conn, self.updates.items())
         if self.puts:
             # the columns None in every row of a statement bind nothing
             insert_rows(conn, "deliveries", list(self.puts.values()), DELIVERY_COLUMNS,
                         columns=DELIVERY_COLUMN_NAMES, nullable=DELIVERY_NULLABLE)
+        if self.runs:
+            insert_runs(conn, [run for runs in self.runs.values() for run in runs])
         removed: dict[str, int] = {}
         if self.limit is not None:
             for client_id in self.added_clients():
-                count = _trim(conn, client_id, self.limit)
+                count = trim_client(conn, client_id, self.limit)
                 if count:
                     removed[client_id] = count
         return removed
 
+    def _cut(self, conn: sqlite3.Connection) -> set:
+        """Cut, per client, the stored runs that hold a delivery these
+        writes update, remove or replace, or that a new run overlaps.
 
-def _trim(conn: sqlite3.Connection, client_id: str, limit: int) -> int:
-    """In the database thread: keep the ``limit`` newest deliveries of
-    ``client_id``.
-
-    :returns: the number removed."""
-    row = conn.execute(
-        "SELECT seq FROM deliveries WHERE client_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
-        (client_id, limit),
-    ).fetchone()
-    if row is None:
-        return 0
-    return conn.execute(
-        "DELETE FROM deliveries WHERE client_id = ? AND seq <= ?", (client_id, row[0])
-    ).rowcount
+        :returns: the deletes left for ``deliveries`` (those found in a
+            run are done)."""
+        touched: dict[str, set] = {}
+        gone: dict[str, set] = {client_id: set() for client_id in self.runs}
+        for key in self.deletes:
+            gone.setdefault(key[0], set()).add(key[1])
+        for key in self.puts:
+            gone.setdefault(key[0], set()).add(key[1])
+        for key in self.updates:
+            touched.setdefault(key[0], set()).add(key[1])
+        left = self.deletes
+        for client_id in gone.keys() | touched.keys():
+            removed = gone.get(client_id, set())
+            seqs = sorted(removed | touched.get(client_id, set()))
+            ranges = [(run[2], run[1]) for run in self.runs.get(client_id, ())]
+            covered = cut_runs(conn, client_id, seqs, removed, ranges)
+            for first, last in ranges:  # a new run replaces the rows it covers
+                conn.execute("DELETE FROM deliveries WHERE client_id = ? AND seq BETWEEN ? AND ?",
+                             (client_id, first, last))
+            if covered:
+                if left is self.deletes:
+                    left = set(left)
+                left.difference_update((client_id, seq) for seq in covered)
+        return left
 
 
 #: a page of ``deliveries`` (``{where}``: the filter; its values, then the
@@ -155,6 +257,26 @@ def _page_deliveries(messages: list, rows: list) -> list[StoredDelivery]:
                        () if row[3] is None else tuple(loads(row[3])), row[4], states[row[5]])
         for message, row in zip(messages, rows)
     ]
+
+
+def _merged(rows: list, runs: list, limit: int | None) -> list[StoredDelivery]:
+    """:returns: the deliveries of ``rows`` and ``runs`` (each in ``seq``
+    order, no ``seq`` in both) in ``seq`` order, the first ``limit`` (all
+    when None)."""
+    if not runs:
+        merged = rows
+    elif not rows:
+        merged = runs
+    else:
+        merged = rows + runs
+        merged.sort(key=_seq_of)
+    if limit is not None and len(merged) > limit:
+        del merged[limit:]
+    return merged
+
+
+def _seq_of(delivery: StoredDelivery) -> int:
+    return delivery.seq
 
 
 def _deliveries(messages: list, rows: list) -> list[StoredDelivery]:
@@ -235,14 +357,23 @@ class SQLiteDeviceMessageStore(RunnerView):
                 raise TypeError(f"first_seq must be an int, not {first_seq!r}")
             qos, flag = int(qos), 1 if retain else 0
             ids = ids_json(tuple(subscription_ids)) if subscription_ids else None
-            queued = int(DeliveryState.QUEUED)
-            rows = [[client_id, seq, None, qos, flag, ids, None, queued]
-                    for seq in range(first_seq, first_seq + len(messages))]
-            self._fill_blobs(rows, messages)
+            if not messages:
+                return defer.succeed(0)
+            last = first_seq + len(messages) - 1
+            blobs = self._blobs_of(messages)
         except Exception:
             return defer.fail()
-        return self._merge(self._new_writes, lambda writes: writes.put_all(client_id, rows),
+        # one row of delivery_runs (tbmq.backends.sqlite_delivery_runs)
+        run = [client_id, last, first_seq, first_seq, qos, flag, ids, blobs]
+        return self._merge(self._new_writes, lambda writes: writes.put_run(client_id, run),
                            client_id)
+
+    def _blobs_of(self, messages) -> list[bytes]:
+        """:returns: the :func:`~tbmq.backends.sqlite_schema.message_blob`
+        of each of ``messages`` (:meth:`_fill_blobs`)."""
+        rows = [[None, None, None] for _ in messages]
+        self._fill_blobs(rows, messages)
+        return [row[2] for row in rows]
 
     def _fill_blobs(self, rows: list, messages) -> None:
         """Put the encoding of each of ``messages`` into the ``message``
@@ -335,12 +466,16 @@ class SQLiteDeviceMessageStore(RunnerView):
             params.append(after_seq)
         params.append(-1 if limit is None else limit)  # LIMIT -1: no limit
 
-        def load(conn: sqlite3.Connection) -> tuple | list[StoredDelivery]:
+        def load(conn: sqlite3.Connection) -> tuple:
+            runs = load_runs(conn, client_id, after_seq, limit)
             if has_json(conn):
                 try:
-                    return conn.execute(_PAGE.format(where=where), params).fetchone()
+                    return conn.execute(_PAGE.format(where=where), params).fetchone(), runs
                 except sqlite3.DataError:  # the page's messages past SQLITE_MAX_LENGTH
                     pass
+            return read_rows(conn), runs
+
+        def read_rows(conn: sqlite3.Connection) -> list[StoredDelivery]:
             rows = conn.execute(
                 "SELECT seq, message, qos, retain, subscription_ids, packet_id, state "
                 f"FROM deliveries WHERE {where} ORDER BY seq LIMIT ?",
@@ -352,13 +487,14 @@ class SQLiteDeviceMessageStore(RunnerView):
             return _deliveries(messages, [(seq, qos, retain, ids, packet_id, state)
                                           for seq, _, qos, retain, ids, packet_id, state in rows])
 
-        def decoded(page):
-            if type(page) is list:
-                return page
-            page = _deliveries_of_page(*page)
-            if page is None:  # not one message per row: read them one by one
+        def decoded(result):
+            page, runs = result
+            if type(page) is not list:
+                page = _deliveries_of_page(*page)
+            in_runs = run_deliveries_of(runs) if runs else []
+            if page is None or in_runs is None:  # not one message per row: one by one
                 return self._submit(load_rows, write=False)
-            return page
+            return _merged(page, in_runs, limit)
 
         def load_rows(conn: sqlite3.Connection) -> list[StoredDelivery]:
             rows = conn.execute(
@@ -366,9 +502,17 @@ class SQLiteDeviceMessageStore(RunnerView):
                 f"FROM deliveries WHERE {where} ORDER BY seq LIMIT ?",
                 params,
             ).fetchall()
-            return _deliveries([message_of_blob(row[1]) for row in rows],
+            page = _deliveries([message_of_blob(row[1]) for row in rows],
                                [(seq, qos, retain, ids, packet_id, state)
                                 for seq, _, qos, retain, ids, packet_id, state in rows])
+            in_runs = []
+            for first, last, base, qos, retain, ids, data in load_runs(
+                    conn, client_id, after_seq, limit):
+                blobs = split_stream(data, last - base + 1)[first - base:]
+                in_runs.extend(_deliveries(
+                    [message_of_blob(blob) for blob in blobs],
+                    [(seq, qos, retain, ids, None, 0) for seq in range(first, last + 1)]))
+            return _merged(page, in_runs, limit)
 
         return self._submit(load, write=False).addCallback(decoded)
 
@@ -384,7 +528,7 @@ class SQLiteDeviceMessageStore(RunnerView):
         def count(conn: sqlite3.Connection) -> int:
             return conn.execute(
                 "SELECT count(*) FROM deliveries WHERE client_id = ?", (client_id,)
-            ).fetchone()[0]
+            ).fetchone()[0] + count_runs(conn, client_id)
 
         return self._submit(count, write=False)
 
@@ -399,5 +543,6 @@ class SQLiteDeviceMessageStore(RunnerView):
 
         def clear(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM deliveries WHERE client_id = ?", (client_id,))
+            conn.execute("DELETE FROM delivery_runs WHERE client_id = ?", (client_id,))
 
         return self._submit(clear)

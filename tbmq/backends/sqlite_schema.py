@@ -14,7 +14,8 @@ B-tree); one of version 4 has its deliveries rewritten with the message in
 one column (:func:`message_blob`) in a table without rowid
 (:func:`pack_deliveries`); one of version 5 gains the table
 ``topic_log_packs`` (the topic log's packed rows; its other rows stay as
-they are).
+they are); one of version 6 gains the table ``delivery_runs`` (a run of
+deliveries to one client in one row, :mod:`tbmq.backends.sqlite_delivery_runs`).
 
 A row of ``deliveries`` (version 5) is ``client_id, seq, message, qos,
 retain, subscription_ids, packet_id, state``: ``message`` is the ``msg``
@@ -57,8 +58,9 @@ __all__ = [
 #: sessions and subscriptions to the topic log; 4 drops the index of
 #: ``deliveries`` that repeated its primary key; 5 keeps a delivery's
 #: message in one column, in a table without rowid; 6 adds the topic log's
-#: packed rows (``topic_log_packs``).
-SCHEMA_VERSION = 6
+#: packed rows (``topic_log_packs``); 7 adds the device store's runs
+#: (``delivery_runs``).
+SCHEMA_VERSION = 7
 
 # Every version: retained messages; versions 1 to 4: deliveries, a column per
 # field.  (Versions 1 and 2 also had the tables sessions and subscriptions,
@@ -165,6 +167,24 @@ CREATE TABLE IF NOT EXISTS topic_log_packs (
     records BLOB NOT NULL,
     PRIMARY KEY (topic, partition_id, last_offset)
 );
+"""
+
+# Version 7: the deliveries of one add_run as one row (tbmq.backends.
+# sqlite_delivery_runs): keyed by its last seq, the deliveries from
+# ``first_seq`` on are kept; ``messages`` holds the message_blob of each
+# from ``base_seq`` on, one after another.
+_DELIVERY_RUNS_V7 = """
+CREATE TABLE IF NOT EXISTS delivery_runs (
+    client_id TEXT NOT NULL,
+    last_seq INTEGER NOT NULL,
+    first_seq INTEGER NOT NULL,
+    base_seq INTEGER NOT NULL,
+    qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL,
+    subscription_ids TEXT,
+    messages BLOB NOT NULL,
+    PRIMARY KEY (client_id, last_seq)
+) WITHOUT ROWID
 """
 
 
@@ -309,7 +329,8 @@ EMBEDDED_SCHEMA = Schema(
     name="embedded",
     version=SCHEMA_VERSION,
     marker="retained",
-    create=_RETAINED + _DELIVERIES_V5 + ";" + _TOPIC_LOG_V2 + _TOPIC_LOG_PACKS_V6,
+    create=(_RETAINED + _DELIVERIES_V5 + ";" + _TOPIC_LOG_V2 + _TOPIC_LOG_PACKS_V6 + ";"
+            + _DELIVERY_RUNS_V7),
     migrations={1: _TOPIC_LOG_V2, 2: move_sessions_to_topic_log, 3: _DROP_DELIVERIES_INDEX_V4,
-                4: pack_deliveries, 5: _TOPIC_LOG_PACKS_V6},
+                4: pack_deliveries, 5: _TOPIC_LOG_PACKS_V6, 6: _DELIVERY_RUNS_V7},
 )

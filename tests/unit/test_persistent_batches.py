@@ -104,8 +104,11 @@ def test_updates_and_deletes_of_a_batch_are_a_few_statements_and_hit_only_their_
     for seq in range(1, 81):  # acknowledged
         later.delete(("d", seq))
     later(conn)
-    # 70 updates in 2 statements, 80 deletes in 1 (the seqs as one JSON array)
-    assert len(statements) == 2 + 1
+    # 70 updates in 2 statements, 80 deletes in 1 (the seqs as one JSON array),
+    # and per client one look-up of the runs they might cut (none here)
+    lookups = [s for s in statements if s.startswith("SELECT")]
+    assert len(lookups) == 2 and all("FROM delivery_runs" in s for s in lookups)
+    assert len(statements) == 2 + 1 + 2
     (delete,) = [s for s in statements if s.startswith("DELETE")]
     head = ("DELETE FROM deliveries WHERE client_id = 'd' AND seq IN "
             "(SELECT value FROM json_each('[")

@@ -77,8 +77,8 @@ def test_an_old_file_has_its_deliveries_rewritten_with_the_message_in_one_column
     fired(store.stop())
     conn = sqlite3.connect(tmp_path / "db.sqlite")
     try:
-        assert dict(conn.execute("SELECT name, version FROM tbmq_schema"))["embedded"] == SCHEMA_VERSION == 6
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert dict(conn.execute("SELECT name, version FROM tbmq_schema"))["embedded"] == SCHEMA_VERSION == 7
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
         columns = [row[1] for row in conn.execute("PRAGMA table_info(deliveries)")]
         assert columns == ["client_id", "seq", "message", "qos", "retain", "subscription_ids",
                            "packet_id", "state"]
@@ -224,8 +224,11 @@ def test_a_page_is_one_step_of_one_statement_and_gives_every_column(tmp_path):
     assert fired(store.deliveries.load("c")) == stored
     assert fired(store.deliveries.load("c", after_seq=base + 1, limit=3)) == stored[1:4]
     assert fired(store.deliveries.load("c", after_seq=base + 5)) == []
-    selects = [s for s in statements if s.startswith("SELECT") and "json_each('[1]')" not in s]
+    selects = [s for s in statements if s.startswith("SELECT") and "json_each('[1]')" not in s
+               and "FROM delivery_runs" not in s]
     assert len(selects) == 3 and all("group_concat(message, '')" in s for s in selects)
+    # and one look-up of the runs per page (none here)
+    assert len([s for s in statements if "FROM delivery_runs" in s]) == 3
     # the rows as queued at QoS 1 (no identifiers, packet id, RETAIN; QUEUED)
     # are their seqs alone in the page's JSON array, the others whole
     from tbmq.backends.sqlite_deliveries import _PAGE  # noqa: PLC0415
@@ -293,7 +296,8 @@ def test_a_page_too_big_for_one_value_is_read_row_by_row(tmp_path):
     statements: list[str] = []
     conn.set_trace_callback(statements.append)
     assert fired(store.deliveries.load("c")) == stored
-    selects = [s for s in statements if s.startswith("SELECT") and "json_each('[1]')" not in s]
+    selects = [s for s in statements if s.startswith("SELECT") and "json_each('[1]')" not in s
+               and "FROM delivery_runs" not in s]
     assert len(selects) == 2 and "group_concat" in selects[0] and "group_concat" not in selects[1]
     store.stop()
 
