@@ -72,7 +72,8 @@ class CoalescedWrites(DeliveryWrites):
 
     :ivar runs: client id → its runs of this operation, each ``[client_id,
         last_seq, first_seq, base_seq, qos, retain, subscription_ids,
-        blobs]`` (the blobs joined in the database thread).
+        blobs]`` (``first_seq`` is ``base_seq``; the blobs are joined in the
+        database thread).
     """
 
     __slots__ = ("runs",)
@@ -544,5 +545,6 @@ class SQLiteDeviceMessageStore(RunnerView):
         def clear(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM deliveries WHERE client_id = ?", (client_id,))
             conn.execute("DELETE FROM delivery_runs WHERE client_id = ?", (client_id,))
+            conn.execute("DELETE FROM delivery_run_heads WHERE client_id = ?", (client_id,))
 
         return self._submit(clear)

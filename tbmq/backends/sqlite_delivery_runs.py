@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from bisect import bisect_right
+from itertools import islice
 
 import msgpack
 
@@ -43,7 +44,7 @@ __all__ = ["RUN_COLUMNS", "count_runs", "cut_runs", "insert_runs", "load_runs",
            "run_deliveries_of", "split_stream", "trim_client"]
 
 #: The values of a row of ``delivery_runs``.
-RUN_COLUMNS = 8
+RUN_COLUMNS = 7
 
 #: the most runs a run insert statement carries (8 values each, within the
 #: 999 bound parameters of the smallest SQLite limit)
@@ -73,16 +74,17 @@ def insert_runs(conn: sqlite3.Connection, runs: list[list]) -> None:
     replaces nothing: its order keys are new (:func:`cut_runs` made room
     for any that were not)."""
     rows = []
-    for run in runs:
-        row = run[:7]
-        row.append(b"".join(run[7]))
-        rows.append(row)
+    for client_id, last, _, base, qos, retain, ids, blobs in runs:
+        rows.append((client_id, last, base, qos, retain, ids, b"".join(blobs)))
     insert_rows(conn, "delivery_runs", rows, RUN_COLUMNS)
 
 
-_OVERLAPPING = ("SELECT last_seq, first_seq, base_seq, qos, retain, subscription_ids "
-                "FROM delivery_runs WHERE client_id = ? AND last_seq >= ? AND first_seq <= ? "
-                "ORDER BY last_seq")
+#: a client's runs from the first that ends at or after a seq, in order,
+#: with the first delivery each keeps
+_RUNS_FROM = ("SELECT r.last_seq, coalesce(h.first_seq, r.base_seq), r.base_seq, r.qos, "
+              "r.retain, r.subscription_ids FROM delivery_runs r LEFT JOIN delivery_run_heads h "
+              "ON h.client_id = r.client_id AND h.last_seq = r.last_seq "
+              "WHERE r.client_id = ? AND r.last_seq >= ? ORDER BY r.last_seq")
 
 
 def cut_runs(conn: sqlite3.Connection, client_id: str, touched: list[int], gone: set,
@@ -104,7 +106,14 @@ def cut_runs(conn: sqlite3.Connection, client_id: str, touched: list[int], gone:
     for first, last in ranges:
         lows.append(first)
         highs.append(last)
-    found = conn.execute(_OVERLAPPING, (client_id, min(lows), max(highs))).fetchall()
+    high = max(highs)
+    found = []
+    cursor = conn.execute(_RUNS_FROM, (client_id, min(lows)))
+    for run in cursor:  # (runs are disjoint: none after the first past ``high``)
+        if run[1] > high:
+            break
+        found.append(run)
+    cursor.close()
     covered: set[int] = set()
     for last, first, base, qos, retain, ids in found:
         i = bisect_right(touched, last) - 1
@@ -128,12 +137,25 @@ def cut_runs(conn: sqlite3.Connection, client_id: str, touched: list[int], gone:
                         [[client_id, seq, blobs[seq - base], qos, retain, ids, None, 0]
                          for seq in keep], DELIVERY_COLUMNS)
         if top >= last:
-            conn.execute("DELETE FROM delivery_runs WHERE client_id = ? AND last_seq = ?",
-                         (client_id, last))
+            drop_run(conn, client_id, last)
         else:
-            conn.execute("UPDATE delivery_runs SET first_seq = ? WHERE client_id = ? "
-                         "AND last_seq = ?", (top + 1, client_id, last))
+            move_head(conn, client_id, last, top + 1)
     return covered
+
+
+def drop_run(conn: sqlite3.Connection, client_id: str, last_seq: int) -> None:
+    """Delete the run of ``client_id`` ending at ``last_seq`` (and its head)."""
+    key = (client_id, last_seq)
+    conn.execute("DELETE FROM delivery_runs WHERE client_id = ? AND last_seq = ?", key)
+    conn.execute("DELETE FROM delivery_run_heads WHERE client_id = ? AND last_seq = ?", key)
+
+
+def move_head(conn: sqlite3.Connection, client_id: str, last_seq: int, first_seq: int) -> None:
+    """The run of ``client_id`` ending at ``last_seq`` keeps its deliveries
+    from ``first_seq`` on: a row of ``delivery_run_heads`` (a few bytes
+    written, not the run's row with its messages)."""
+    conn.execute("INSERT OR REPLACE INTO delivery_run_heads VALUES (?, ?, ?)",
+                 (client_id, last_seq, first_seq))
 
 
 def _in_ranges(seq: int, ranges) -> bool:
@@ -152,8 +174,10 @@ def load_runs(conn: sqlite3.Connection, client_id: str, after_seq: int | None,
         first one's ``first_seq`` raised past ``after_seq``."""
     after = -(1 << 63) if after_seq is None else after_seq
     cursor = conn.execute(
-        "SELECT first_seq, last_seq, base_seq, qos, retain, subscription_ids, messages "
-        "FROM delivery_runs WHERE client_id = ? AND last_seq > ? ORDER BY last_seq",
+        "SELECT coalesce(h.first_seq, r.base_seq), r.last_seq, r.base_seq, r.qos, r.retain, "
+        "r.subscription_ids, r.messages FROM delivery_runs r LEFT JOIN delivery_run_heads h "
+        "ON h.client_id = r.client_id AND h.last_seq = r.last_seq "
+        "WHERE r.client_id = ? AND r.last_seq > ? ORDER BY r.last_seq",
         (client_id, after))
     runs = []
     held = 0
@@ -171,8 +195,10 @@ def load_runs(conn: sqlite3.Connection, client_id: str, after_seq: int | None,
 def count_runs(conn: sqlite3.Connection, client_id: str) -> int:
     """:returns: the deliveries of ``client_id`` kept in runs."""
     return conn.execute(
-        "SELECT coalesce(sum(last_seq - first_seq + 1), 0) FROM delivery_runs "
-        "WHERE client_id = ?", (client_id,)).fetchone()[0]
+        "SELECT coalesce(sum(r.last_seq - coalesce(h.first_seq, r.base_seq) + 1), 0) "
+        "FROM delivery_runs r LEFT JOIN delivery_run_heads h "
+        "ON h.client_id = r.client_id AND h.last_seq = r.last_seq "
+        "WHERE r.client_id = ?", (client_id,)).fetchone()[0]
 
 
 def trim_client(conn: sqlite3.Connection, client_id: str, limit: int) -> int:
@@ -188,7 +214,9 @@ def trim_client(conn: sqlite3.Connection, client_id: str, limit: int) -> int:
     removed = 0
     parts = conn.execute(
         "SELECT seq, seq, 0 FROM deliveries WHERE client_id = ? UNION ALL "
-        "SELECT first_seq, last_seq, 1 FROM delivery_runs WHERE client_id = ? ORDER BY 1",
+        "SELECT coalesce(h.first_seq, r.base_seq), r.last_seq, 1 FROM delivery_runs r "
+        "LEFT JOIN delivery_run_heads h ON h.client_id = r.client_id "
+        "AND h.last_seq = r.last_seq WHERE r.client_id = ? ORDER BY 1",
         (client_id, client_id)).fetchall()
     cut_below = None  # the rows of deliveries up to it go
     for low, high, is_run in parts:
@@ -200,13 +228,11 @@ def trim_client(conn: sqlite3.Connection, client_id: str, limit: int) -> int:
             continue
         size = high - low + 1
         if removed + size <= excess:
-            conn.execute("DELETE FROM delivery_runs WHERE client_id = ? AND last_seq = ?",
-                         (client_id, high))
+            drop_run(conn, client_id, high)
             removed += size
         else:
             take = excess - removed
-            conn.execute("UPDATE delivery_runs SET first_seq = ? WHERE client_id = ? "
-                         "AND last_seq = ?", (low + take, client_id, high))
+            move_head(conn, client_id, high, low + take)
             removed += take
     if cut_below is not None:
         conn.execute("DELETE FROM deliveries WHERE client_id = ? AND seq <= ?",
@@ -233,8 +259,10 @@ def run_deliveries_of(runs: list[tuple]) -> list | None:
         try:
             for _ in range(first - base):
                 unpacker.skip()
-            arrays = [unpacker.unpack() for _ in range(last - first + 1)]
+            arrays = list(islice(unpacker, last - first + 1))
         except Exception:
+            return None
+        if len(arrays) != last - first + 1:
             return None
         flag = retain == 1
         sids = () if ids is None else tuple(json.loads(ids))

@@ -14,8 +14,9 @@ B-tree); one of version 4 has its deliveries rewritten with the message in
 one column (:func:`message_blob`) in a table without rowid
 (:func:`pack_deliveries`); one of version 5 gains the table
 ``topic_log_packs`` (the topic log's packed rows; its other rows stay as
-they are); one of version 6 gains the table ``delivery_runs`` (a run of
-deliveries to one client in one row, :mod:`tbmq.backends.sqlite_delivery_runs`).
+they are); one of version 6 gains the tables ``delivery_runs`` and
+``delivery_run_heads`` (a run of deliveries to one client in one row,
+:mod:`tbmq.backends.sqlite_delivery_runs`).
 
 A row of ``deliveries`` (version 5) is ``client_id, seq, message, qos,
 retain, subscription_ids, packet_id, state``: ``message`` is the ``msg``
@@ -170,19 +171,25 @@ CREATE TABLE IF NOT EXISTS topic_log_packs (
 """
 
 # Version 7: the deliveries of one add_run as one row (tbmq.backends.
-# sqlite_delivery_runs): keyed by its last seq, the deliveries from
-# ``first_seq`` on are kept; ``messages`` holds the message_blob of each
-# from ``base_seq`` on, one after another.
+# sqlite_delivery_runs): keyed by its last seq, ``messages`` holds the
+# message_blob of each from ``base_seq`` on, one after another; a run whose
+# first deliveries are gone has a row in ``delivery_run_heads`` with the
+# first it keeps (the run's row, messages and all, is not written again).
 _DELIVERY_RUNS_V7 = """
 CREATE TABLE IF NOT EXISTS delivery_runs (
     client_id TEXT NOT NULL,
     last_seq INTEGER NOT NULL,
-    first_seq INTEGER NOT NULL,
     base_seq INTEGER NOT NULL,
     qos INTEGER NOT NULL,
     retain INTEGER NOT NULL,
     subscription_ids TEXT,
     messages BLOB NOT NULL,
+    PRIMARY KEY (client_id, last_seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS delivery_run_heads (
+    client_id TEXT NOT NULL,
+    last_seq INTEGER NOT NULL,
+    first_seq INTEGER NOT NULL,
     PRIMARY KEY (client_id, last_seq)
 ) WITHOUT ROWID
 """
