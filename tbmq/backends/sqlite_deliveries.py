@@ -18,6 +18,7 @@ from zope.interface import implementer
 from tbmq.backends.deliveries import DeliveryWrites, check_limit, check_page
 from tbmq.backends.sqlite_bulk import delete_seqs, has_json, insert_rows, update_states
 from tbmq.backends.sqlite_delivery_runs import (
+    MAX_RUN_MESSAGES,
     count_runs,
     cut_runs,
     insert_runs,
@@ -192,9 +193,6 @@ class CoalescedWrites(DeliveryWrites):
             seqs = sorted(removed | touched.get(client_id, set()))
             ranges = [(run[2], run[1]) for run in self.runs.get(client_id, ())]
             covered = cut_runs(conn, client_id, seqs, removed, ranges)
-            for first, last in ranges:  # a new run replaces the rows it covers
-                conn.execute("DELETE FROM deliveries WHERE client_id = ? AND seq BETWEEN ? AND ?",
-                             (client_id, first, last))
             if covered:
                 if left is self.deletes:
                     left = set(left)
@@ -360,14 +358,22 @@ class SQLiteDeviceMessageStore(RunnerView):
             ids = ids_json(tuple(subscription_ids)) if subscription_ids else None
             if not messages:
                 return defer.succeed(0)
-            last = first_seq + len(messages) - 1
             blobs = self._blobs_of(messages)
         except Exception:
             return defer.fail()
-        # one row of delivery_runs (tbmq.backends.sqlite_delivery_runs)
-        run = [client_id, last, first_seq, first_seq, qos, flag, ids, blobs]
-        return self._merge(self._new_writes, lambda writes: writes.put_run(client_id, run),
-                           client_id)
+        # one row of delivery_runs (tbmq.backends.sqlite_delivery_runs) per
+        # MAX_RUN_MESSAGES
+        runs = []
+        for start in range(0, len(blobs), MAX_RUN_MESSAGES):
+            part = blobs[start:start + MAX_RUN_MESSAGES]
+            first = first_seq + start
+            runs.append([client_id, first + len(part) - 1, first, first, qos, flag, ids, part])
+
+        def merge(writes: CoalescedWrites) -> None:
+            for run in runs:
+                writes.put_run(client_id, run)
+
+        return self._merge(self._new_writes, merge, client_id)
 
     def _blobs_of(self, messages) -> list[bytes]:
         """:returns: the :func:`~tbmq.backends.sqlite_schema.message_blob`

@@ -35,12 +35,12 @@ from itertools import islice
 
 import msgpack
 
-from tbmq.backends.sqlite_bulk import CHUNK_ROWS, insert_rows
+from tbmq.backends.sqlite_bulk import CHUNK_ROWS, has_json, insert_rows
 from tbmq.backends.sqlite_schema import DELIVERY_COLUMNS
 from tbmq.cluster.records import MESSAGE
 from tbmq.model import DeliveryState, StoredDelivery
 
-__all__ = ["RUN_COLUMNS", "count_runs", "cut_runs", "insert_runs", "load_runs",
+__all__ = ["MAX_RUN_MESSAGES", "RUN_COLUMNS", "count_runs", "cut_runs", "insert_runs", "load_runs",
            "run_deliveries_of", "split_stream", "trim_client"]
 
 #: The values of a row of ``delivery_runs``.
@@ -79,12 +79,47 @@ def insert_runs(conn: sqlite3.Connection, runs: list[list]) -> None:
     insert_rows(conn, "delivery_runs", rows, RUN_COLUMNS)
 
 
-#: a client's runs from the first that ends at or after a seq, in order,
-#: with the first delivery each keeps
-_RUNS_FROM = ("SELECT r.last_seq, coalesce(h.first_seq, r.base_seq), r.base_seq, r.qos, "
-              "r.retain, r.subscription_ids FROM delivery_runs r LEFT JOIN delivery_run_heads h "
-              "ON h.client_id = r.client_id AND h.last_seq = r.last_seq "
-              "WHERE r.client_id = ? AND r.last_seq >= ? ORDER BY r.last_seq")
+#: the most messages of one row of ``delivery_runs`` (a longer ``add_run``
+#: is several rows): a run that holds a seq ends at most this far past it,
+#: so the look-up of :func:`cut_runs` reads a bounded range of the key
+MAX_RUN_MESSAGES = 4096
+
+#: a client's runs that may hold a seq from ``lo`` to ``hi`` (``last_seq``
+#: from ``lo`` to ``hi + MAX_RUN_MESSAGES - 1``, ``base_seq`` up to
+#: ``hi``), with the first delivery each keeps, as one JSON array; and
+#: whether ``deliveries`` has a row from ``lo`` to ``hi``: one step of one
+#: statement (each step waits for the GIL again, :mod:`tbmq.backends.
+#: sqlite_bulk`)
+_LOOK_UP = ("SELECT (SELECT json_group_array(json_array(r.last_seq, "
+            "coalesce(h.first_seq, r.base_seq), r.base_seq, r.qos, r.retain, "
+            "r.subscription_ids)) FROM delivery_runs r LEFT JOIN delivery_run_heads h "
+            "ON h.client_id = r.client_id AND h.last_seq = r.last_seq "
+            "WHERE r.client_id = ?1 AND r.last_seq BETWEEN ?2 AND ?3 + ?4 AND r.base_seq <= ?3), "
+            "EXISTS (SELECT 1 FROM deliveries WHERE client_id = ?1 AND seq BETWEEN ?5 AND ?6)")
+
+#: the same without JSON functions: a row per run, and the rows' question
+_LOOK_UP_ROWS = ("SELECT r.last_seq, coalesce(h.first_seq, r.base_seq), r.base_seq, r.qos, "
+                 "r.retain, r.subscription_ids FROM delivery_runs r "
+                 "LEFT JOIN delivery_run_heads h "
+                 "ON h.client_id = r.client_id AND h.last_seq = r.last_seq "
+                 "WHERE r.client_id = ?1 AND r.last_seq BETWEEN ?2 AND ?3 + ?4 "
+                 "AND r.base_seq <= ?3 ORDER BY r.last_seq")
+_ANY_ROW = "SELECT EXISTS (SELECT 1 FROM deliveries WHERE client_id = ? AND seq BETWEEN ? AND ?)"
+
+
+def _look_up(conn: sqlite3.Connection, client_id: str, low: int, high: int,
+             rows_low: int, rows_high: int) -> tuple[list, bool]:
+    """:returns: the runs of ``client_id`` that may hold a seq from ``low``
+    to ``high`` (``[last_seq, first_seq, base_seq, qos, retain,
+    subscription_ids]`` each), and whether ``deliveries`` has a row of it
+    from ``rows_low`` to ``rows_high``."""
+    params = (client_id, low, high, MAX_RUN_MESSAGES - 1, rows_low, rows_high)
+    if has_json(conn):
+        runs, rows = conn.execute(_LOOK_UP, params).fetchone()
+        return json.loads(runs), bool(rows)
+    runs = conn.execute(_LOOK_UP_ROWS, params[:4]).fetchall()
+    (rows,) = conn.execute(_ANY_ROW, (client_id, rows_low, rows_high)).fetchone()
+    return runs, bool(rows)
 
 
 def cut_runs(conn: sqlite3.Connection, client_id: str, touched: list[int], gone: set,
@@ -95,7 +130,8 @@ def cut_runs(conn: sqlite3.Connection, client_id: str, touched: list[int], gone:
     runs), the deliveries up to the highest one touched leave it; those not
     in ``gone`` (removed or replaced) nor in a range become rows of
     ``deliveries`` (queued, no packet id: an update then sets them).  The
-    run keeps the rest, or goes when nothing is left.
+    run keeps the rest, or goes when nothing is left.  The rows of
+    ``deliveries`` in ``ranges`` are deleted (the new runs replace them).
 
     :returns: the order keys of ``gone`` that were in a run (no row of
         ``deliveries`` to delete for them)."""
@@ -106,14 +142,15 @@ def cut_runs(conn: sqlite3.Connection, client_id: str, touched: list[int], gone:
     for first, last in ranges:
         lows.append(first)
         highs.append(last)
-    high = max(highs)
-    found = []
-    cursor = conn.execute(_RUNS_FROM, (client_id, min(lows)))
-    for run in cursor:  # (runs are disjoint: none after the first past ``high``)
-        if run[1] > high:
-            break
-        found.append(run)
-    cursor.close()
+    if ranges:
+        rows_low, rows_high = min(a for a, _ in ranges), max(b for _, b in ranges)
+    else:
+        rows_low, rows_high = 1, 0  # (no range: no row asked about)
+    found, rows = _look_up(conn, client_id, min(lows), max(highs), rows_low, rows_high)
+    if rows:
+        for first, last in ranges:  # a new run replaces the rows it covers
+            conn.execute("DELETE FROM deliveries WHERE client_id = ? AND seq BETWEEN ? AND ?",
+                         (client_id, first, last))
     covered: set[int] = set()
     for last, first, base, qos, retain, ids in found:
         i = bisect_right(touched, last) - 1
@@ -137,17 +174,19 @@ def cut_runs(conn: sqlite3.Connection, client_id: str, touched: list[int], gone:
                         [[client_id, seq, blobs[seq - base], qos, retain, ids, None, 0]
                          for seq in keep], DELIVERY_COLUMNS)
         if top >= last:
-            drop_run(conn, client_id, last)
+            drop_run(conn, client_id, last, first != base)
         else:
             move_head(conn, client_id, last, top + 1)
     return covered
 
 
-def drop_run(conn: sqlite3.Connection, client_id: str, last_seq: int) -> None:
-    """Delete the run of ``client_id`` ending at ``last_seq`` (and its head)."""
+def drop_run(conn: sqlite3.Connection, client_id: str, last_seq: int, head: bool) -> None:
+    """Delete the run of ``client_id`` ending at ``last_seq``, and its head
+    when it has one (``head``: its first delivery is not its base)."""
     key = (client_id, last_seq)
     conn.execute("DELETE FROM delivery_runs WHERE client_id = ? AND last_seq = ?", key)
-    conn.execute("DELETE FROM delivery_run_heads WHERE client_id = ? AND last_seq = ?", key)
+    if head:
+        conn.execute("DELETE FROM delivery_run_heads WHERE client_id = ? AND last_seq = ?", key)
 
 
 def move_head(conn: sqlite3.Connection, client_id: str, last_seq: int, first_seq: int) -> None:
@@ -213,22 +252,22 @@ def trim_client(conn: sqlite3.Connection, client_id: str, limit: int) -> int:
         return 0
     removed = 0
     parts = conn.execute(
-        "SELECT seq, seq, 0 FROM deliveries WHERE client_id = ? UNION ALL "
-        "SELECT coalesce(h.first_seq, r.base_seq), r.last_seq, 1 FROM delivery_runs r "
+        "SELECT seq, seq, NULL FROM deliveries WHERE client_id = ? UNION ALL "
+        "SELECT coalesce(h.first_seq, r.base_seq), r.last_seq, r.base_seq FROM delivery_runs r "
         "LEFT JOIN delivery_run_heads h ON h.client_id = r.client_id "
         "AND h.last_seq = r.last_seq WHERE r.client_id = ? ORDER BY 1",
         (client_id, client_id)).fetchall()
     cut_below = None  # the rows of deliveries up to it go
-    for low, high, is_run in parts:
+    for low, high, base in parts:
         if removed >= excess:
             break
-        if not is_run:
+        if base is None:  # a row
             cut_below = low
             removed += 1
             continue
         size = high - low + 1
         if removed + size <= excess:
-            drop_run(conn, client_id, high)
+            drop_run(conn, client_id, high, low != base)
             removed += size
         else:
             take = excess - removed

@@ -11,6 +11,7 @@ import sqlite3
 
 import pytest
 
+from tbmq.backends import sqlite_bulk, sqlite_deliveries, sqlite_delivery_runs
 from tbmq.backends.memory import MemoryDeviceMessageStore
 from tbmq.model import DeliveryState
 from tests.unit.test_sqlite_store import manual_store, sync_store
@@ -111,6 +112,22 @@ def test_writes_merged_with_a_run_before_it_is_stored_make_it_rows(tmp_path):
     fired(stopped)
 
 
+def test_a_long_run_is_several_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(sqlite_delivery_runs, "MAX_RUN_MESSAGES", 4)
+    monkeypatch.setattr(sqlite_deliveries, "MAX_RUN_MESSAGES", 4)
+    store = sync_store(tmp_path)
+    fired(store.start())
+    fired(store.deliveries.add_run("c", 1, _msgs(1, 10), 1))
+    assert _tables(tmp_path) == (0, 3)
+    fired(store.deliveries.update("c", 6, 1, DeliveryState.SENT))  # in the second row
+    fired(store.deliveries.remove("c", [1, 2, 3, 4, 9]))
+    got = fired(store.deliveries.load("c"))
+    assert [(d.seq, d.state) for d in got] == [(5, 0), (6, DeliveryState.SENT), (7, 0), (8, 0),
+                                               (10, 0)]
+    assert [d.message.topic for d in got] == ["t/5", "t/6", "t/7", "t/8", "t/10"]
+    fired(store.stop())
+
+
 def test_the_per_client_limit_counts_and_trims_runs(tmp_path):
     store = sync_store(tmp_path, max_messages_per_client=25)
     fired(store.start())
@@ -208,3 +225,12 @@ def test_random_writes_read_back_as_the_memory_store(tmp_path, seed, batched):
                 after = page[-1].seq
             assert _view(paged) == expected
     done(store.stop())
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_without_json_functions_the_runs_read_back_as_the_memory_store(tmp_path, monkeypatch,
+                                                                        batched):
+    """An SQLite without ``json_each``: the look-ups of the runs a write cuts
+    are a row each, the pages read row by row."""
+    monkeypatch.setattr(sqlite_bulk, "_JSON", [False])
+    test_random_writes_read_back_as_the_memory_store(tmp_path, 3, batched)
