@@ -377,10 +377,32 @@ class SQLiteDeviceMessageStore(RunnerView):
 
     def _blobs_of(self, messages) -> list[bytes]:
         """:returns: the :func:`~tbmq.backends.sqlite_schema.message_blob`
-        of each of ``messages`` (:meth:`_fill_blobs`)."""
-        rows = [[None, None, None] for _ in messages]
-        self._fill_blobs(rows, messages)
-        return [row[2] for row in rows]
+        of each of ``messages`` (a sequence), kept for the next subscribers
+        as by :meth:`_fill_blobs`; a run none or all of whose messages were
+        encoded before costs no bytecode per message (map loops).
+
+        :raises tbmq.errors.RecordEncodingError: for a message that does
+            not fit its record."""
+        blobs = self._blobs
+        if blobs:
+            known = list(map(blobs.get, map(id, messages)))
+            if None not in known:
+                return [blob for _, blob in known]
+            if known.count(None) != len(known):  # some of them: one by one
+                rows = [[None, None, None] for _ in messages]
+                self._fill_blobs(rows, messages)
+                return [row[2] for row in rows]
+        out = message_blobs(messages)
+        if len(blobs) + len(out) > SHARED_BLOBS:
+            blobs.clear()
+        if max(map(len, out)) <= SHARED_BLOB_MAX:
+            # the messages are held: their ids are not others' meanwhile
+            blobs.update(zip(map(id, messages), zip(messages, out)))
+        else:
+            for message, blob in zip(messages, out):
+                if len(blob) <= SHARED_BLOB_MAX:
+                    blobs[id(message)] = (message, blob)
+        return out
 
     def _fill_blobs(self, rows: list, messages) -> None:
         """Put the encoding of each of ``messages`` into the ``message``

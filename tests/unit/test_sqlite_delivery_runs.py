@@ -234,3 +234,22 @@ def test_without_json_functions_the_runs_read_back_as_the_memory_store(tmp_path,
     are a row each, the pages read row by row."""
     monkeypatch.setattr(sqlite_bulk, "_JSON", [False])
     test_random_writes_read_back_as_the_memory_store(tmp_path, 3, batched)
+
+
+def test_the_messages_of_a_run_are_encoded_once_for_every_subscriber(tmp_path):
+    store, pool = manual_store(tmp_path)
+    store.start()
+    pool.run_one()  # open
+    msgs = _msgs(1, 5)
+    store.deliveries.add("x", [delivery(1)])  # handed to the thread
+    store.deliveries.add_run("a", 1, msgs, 1)
+    store.deliveries.add_run("b", 7, msgs, 1)  # all known: the same bytes
+    store.deliveries.add_run("c", 1, msgs[2:] + _msgs(6, 2), 1)  # some known
+    writes = store.runner._pending[0][0]
+    a, b, c = (writes.runs[client][0][7] for client in "abc")
+    assert all(x is y for x, y in zip(a, b)) and a[2:] == c[:3] and a[2] is c[0]
+    assert len(c) == 5 and c[3] != c[4]
+    pool.run_all()
+    stopped = store.stop()
+    pool.run_all()
+    fired(stopped)
