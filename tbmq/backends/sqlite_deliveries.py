@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from itertools import repeat
 from typing import Iterable
 
 from twisted.internet import defer
@@ -196,7 +197,7 @@ class CoalescedWrites(DeliveryWrites):
             if covered:
                 if left is self.deletes:
                     left = set(left)
-                left.difference_update((client_id, seq) for seq in covered)
+                left.difference_update(zip(repeat(client_id), covered))
         return left
 
 

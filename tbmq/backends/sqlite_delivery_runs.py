@@ -162,9 +162,15 @@ def cut_runs(conn: sqlite3.Connection, client_id: str, touched: list[int], gone:
                     top = end
         if top is None:
             continue
-        keep = [seq for seq in range(first, top + 1)
-                if seq not in gone and not _in_ranges(seq, ranges)]
-        covered.update(seq for seq in range(first, top + 1) if seq in gone)
+        span = range(first, top + 1)
+        if gone.issuperset(span):  # a drain's acknowledgements: the first ones all gone
+            keep = ()
+            covered.update(span)
+        else:
+            keep = [seq for seq in span if seq not in gone]
+            if ranges:
+                keep = [seq for seq in keep if not _in_ranges(seq, ranges)]
+            covered.update(gone.intersection(span))
         if keep:
             (data,) = conn.execute(
                 "SELECT messages FROM delivery_runs WHERE client_id = ? AND last_seq = ?",
