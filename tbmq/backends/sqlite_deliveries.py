@@ -521,7 +521,7 @@ class SQLiteDeviceMessageStore(RunnerView):
             page, runs = result
             if type(page) is not list:
                 page = _deliveries_of_page(*page)
-            in_runs = run_deliveries_of(runs) if runs else []
+            in_runs = run_deliveries_of(*runs)
             if page is None or in_runs is None:  # not one message per row: one by one
                 return self._submit(load_rows, write=False)
             return _merged(page, in_runs, limit)
@@ -536,12 +536,16 @@ class SQLiteDeviceMessageStore(RunnerView):
                                [(seq, qos, retain, ids, packet_id, state)
                                 for seq, _, qos, retain, ids, packet_id, state in rows])
             in_runs = []
-            for first, last, base, qos, retain, ids, data in load_runs(
-                    conn, client_id, after_seq, limit):
-                blobs = split_stream(data, last - base + 1)[first - base:]
+            headers, data = load_runs(conn, client_id, after_seq, limit)
+            blobs = split_stream(data, sum(last - base + 1 for _, last, base, *_ in headers))
+            at = 0
+            for first, last, base, qos, retain, ids in headers:
+                kept = blobs[at + first - base:at + last - base + 1]
+                at += last - base + 1
                 in_runs.extend(_deliveries(
-                    [message_of_blob(blob) for blob in blobs],
+                    [message_of_blob(blob) for blob in kept],
                     [(seq, qos, retain, ids, None, 0) for seq in range(first, last + 1)]))
+            in_runs.sort(key=_seq_of)  # (in the aggregate's order)
             return _merged(page, in_runs, limit)
 
         return self._submit(load, write=False).addCallback(decoded)

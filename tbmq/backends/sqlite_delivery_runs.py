@@ -210,31 +210,69 @@ def _in_ranges(seq: int, ranges) -> bool:
     return False
 
 
+#: the runs of a page (``?1`` the client, ``?2`` the seq it reads after,
+#: ``?3`` the most deliveries) in **one step** of one statement: their
+#: ``[first_seq, last_seq, base_seq, qos, retain, subscription_ids]`` as one
+#: JSON array and their ``messages`` one after another as one blob (as
+#: :data:`tbmq.backends.sqlite_deliveries._PAGE` reads the rows: each step
+#: of a statement waits for the GIL again, and a page of 5,000 deliveries
+#: is some 40 runs).  The runs are chosen by their small columns alone (a
+#: run's messages are read only for the runs of the page): at most ``?3``
+#: of them, up to the one that holds the ``?3``-th delivery.
+_RUNS_PAGE = (
+    "SELECT json_group_array(json_array(first, last, base_seq, qos, retain, "
+    "subscription_ids)), CAST(group_concat(messages, '') AS BLOB) FROM ("
+    "SELECT p.first AS first, p.last AS last, r.base_seq AS base_seq, r.qos AS qos, "
+    "r.retain AS retain, r.subscription_ids AS subscription_ids, r.messages AS messages "
+    "FROM (SELECT last, first, sum(last - first + 1) OVER (ORDER BY last "
+    "ROWS UNBOUNDED PRECEDING) AS upto FROM ("
+    "SELECT r.last_seq AS last, max(coalesce(h.first_seq, r.base_seq), ?2 + 1) AS first "
+    "FROM delivery_runs r LEFT JOIN delivery_run_heads h "
+    "ON h.client_id = r.client_id AND h.last_seq = r.last_seq "
+    "WHERE r.client_id = ?1 AND r.last_seq > ?2 ORDER BY r.last_seq LIMIT ?3)) p "
+    "JOIN delivery_runs r ON r.client_id = ?1 AND r.last_seq = p.last "
+    "WHERE p.upto - (p.last - p.first + 1) < ?3 ORDER BY p.last)")
+
+#: the lowest seq (``after_seq`` of a read of everything) and the most
+#: deliveries of a read without a limit
+_NO_SEQ, _NO_LIMIT = -(1 << 63), (1 << 62)
+
+
 def load_runs(conn: sqlite3.Connection, client_id: str, after_seq: int | None,
-              limit: int | None) -> list[tuple]:
+              limit: int | None) -> tuple[list, bytes]:
     """:returns: the runs of ``client_id`` with deliveries after
         ``after_seq`` (all when None), in order, up to those that hold
-        ``limit`` of them (all when None): ``(first_seq, last_seq,
-        base_seq, qos, retain, subscription_ids, messages)`` each, the
-        first one's ``first_seq`` raised past ``after_seq``."""
-    after = -(1 << 63) if after_seq is None else after_seq
+        ``limit`` of them (all when None): ``(headers, data)``, a header
+        ``[first_seq, last_seq, base_seq, qos, retain, subscription_ids]``
+        per run (its ``first_seq`` raised past ``after_seq``), and their
+        ``messages`` one after another (:func:`run_deliveries_of`).  One
+        step of one statement where the library has JSON and window
+        functions (and the page fits one value), else a step per run."""
+    after = _NO_SEQ if after_seq is None else after_seq
+    most = _NO_LIMIT if limit is None else limit
+    if has_json(conn) and sqlite3.sqlite_version_info >= (3, 25, 0):
+        try:
+            headers, data = conn.execute(_RUNS_PAGE, (client_id, after, most)).fetchone()
+        except sqlite3.DataError:  # past SQLITE_MAX_LENGTH: a run at a time
+            pass
+        else:
+            return json.loads(headers), data or b""
     cursor = conn.execute(
-        "SELECT coalesce(h.first_seq, r.base_seq), r.last_seq, r.base_seq, r.qos, r.retain, "
-        "r.subscription_ids, r.messages FROM delivery_runs r LEFT JOIN delivery_run_heads h "
-        "ON h.client_id = r.client_id AND h.last_seq = r.last_seq "
-        "WHERE r.client_id = ? AND r.last_seq > ? ORDER BY r.last_seq",
-        (client_id, after))
-    runs = []
+        "SELECT max(coalesce(h.first_seq, r.base_seq), ? + 1), r.last_seq, r.base_seq, r.qos, "
+        "r.retain, r.subscription_ids, r.messages FROM delivery_runs r "
+        "LEFT JOIN delivery_run_heads h ON h.client_id = r.client_id "
+        "AND h.last_seq = r.last_seq WHERE r.client_id = ? AND r.last_seq > ? "
+        "ORDER BY r.last_seq", (after, client_id, after))
+    headers, parts = [], []
     held = 0
     for first, last, base, qos, retain, ids, data in cursor:
-        if first <= after:
-            first = after + 1
-        runs.append((first, last, base, qos, retain, ids, data))
+        headers.append([first, last, base, qos, retain, ids])
+        parts.append(data)
         held += last - first + 1
-        if limit is not None and held >= limit:
+        if held >= most:
             break
     cursor.close()
-    return runs
+    return headers, b"".join(parts)
 
 
 def count_runs(conn: sqlite3.Connection, client_id: str) -> int:
@@ -285,22 +323,27 @@ def trim_client(conn: sqlite3.Connection, client_id: str, limit: int) -> int:
     return removed
 
 
-def run_deliveries_of(runs: list[tuple]) -> list | None:
-    """In the reactor thread: the deliveries of runs read by
+def run_deliveries_of(headers: list, data: bytes) -> list | None:
+    """In the reactor thread: the deliveries of the runs read by
     :func:`load_runs`, in order.
 
     :returns: a :class:`~tbmq.model.StoredDelivery` per delivery kept (queued,
-        no packet id), or None when a run's ``messages`` do not come apart
-        as one message per order key.
+        no packet id), or None when the runs are not in order or their
+        ``messages`` do not come apart as one message per order key.
     :raises tbmq.errors.RecordEncodingError: for a message that is not a
         ``msg`` record of a known version."""
     out: list = []
+    if not headers:
+        return out
+    lasts = [header[1] for header in headers]
+    if lasts != sorted(lasts):  # (an aggregate's order is not SQLite's promise)
+        return None
     append = out.append
     queued = DeliveryState.QUEUED
-    for first, last, base, qos, retain, ids, data in runs:
-        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, use_list=False,
-                                    max_buffer_size=max(len(data), 1 << 20))
-        unpacker.feed(data)
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, use_list=False,
+                                max_buffer_size=max(len(data), 1 << 20))
+    unpacker.feed(data)
+    for first, last, base, qos, retain, ids in headers:
         try:
             for _ in range(first - base):
                 unpacker.skip()
@@ -313,4 +356,8 @@ def run_deliveries_of(runs: list[tuple]) -> list | None:
         sids = () if ids is None else tuple(json.loads(ids))
         for seq, message in enumerate(MESSAGE.decode_arrays(arrays), first):
             append(StoredDelivery(seq, message, qos, flag, sids, None, queued))
-    return out
+    try:  # nothing may be left over
+        unpacker.skip()
+    except msgpack.OutOfData:
+        return out
+    return None

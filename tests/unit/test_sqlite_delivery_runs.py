@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-from tbmq.backends import sqlite_bulk, sqlite_deliveries, sqlite_delivery_runs
+from tbmq.backends import sqlite_bulk, sqlite_deliveries, sqlite_delivery_runs, sqlite_schema
 from tbmq.backends.memory import MemoryDeviceMessageStore
 from tbmq.model import DeliveryState
 from tests.unit.test_sqlite_store import manual_store, sync_store
@@ -253,3 +253,32 @@ def test_the_messages_of_a_run_are_encoded_once_for_every_subscriber(tmp_path):
     stopped = store.stop()
     pool.run_all()
     fired(stopped)
+
+
+def test_a_page_of_many_runs_is_one_statement_and_stops_at_its_limit(tmp_path):
+    store = sync_store(tmp_path)
+    fired(store.start())
+    for n in range(40):  # 40 runs of 5
+        fired(store.deliveries.add_run("c", 1 + 5 * n, _msgs(1 + 5 * n, 5), 1))
+    fired(store.deliveries.remove("c", [1, 2]))
+    statements: list[str] = []
+    store.runner._conn.set_trace_callback(statements.append)
+    page = fired(store.deliveries.load("c", after_seq=4, limit=12))
+    assert [d.seq for d in page] == list(range(5, 17))
+    (runs,) = [s for s in statements if "FROM delivery_runs" in s]
+    assert "json_group_array" in runs and "OVER" in runs
+    fired(store.stop())
+
+
+def test_runs_read_out_of_order_are_not_taken():
+    """An aggregate's rows in another order than the runs': None (the page
+    is then read a row at a time)."""
+    blobs = [sqlite_schema.message_blob(m) for m in _msgs(1, 4)]
+    headers = [[1, 2, 1, 1, 0, None], [3, 4, 3, 1, 0, None]]
+    got = sqlite_delivery_runs.run_deliveries_of(headers, b"".join(blobs))
+    assert [d.seq for d in got] == [1, 2, 3, 4]
+    assert [d.message.topic for d in got] == ["t/1", "t/2", "t/3", "t/4"]
+    assert sqlite_delivery_runs.run_deliveries_of(headers[::-1], b"".join(blobs)) is None
+    # a message short, or one too many
+    assert sqlite_delivery_runs.run_deliveries_of(headers, b"".join(blobs[:3])) is None
+    assert sqlite_delivery_runs.run_deliveries_of(headers, b"".join(blobs + blobs[:1])) is None
