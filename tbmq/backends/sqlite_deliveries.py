@@ -1,5 +1,6 @@
 """The device message store of the embedded default: the table
-``deliveries`` of the embedded store file, keyed by (client id, seq).
+``deliveries`` of the embedded store file, keyed by (client id, seq), and
+the runs of ``add_run`` beside it (:mod:`tbmq.backends.sqlite_delivery_runs`).
 
 Writes accepted while the database thread is busy are merged into one
 :class:`CoalescedWrites` operation of the next transaction
@@ -342,8 +343,10 @@ class SQLiteDeviceMessageStore(RunnerView):
     def add_run(self, client_id: str, first_seq: int, messages, qos: int,
                 retain: bool = False, subscription_ids: tuple = ()) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.IDeviceMessageStore.add_run`:
-        a row per message, made from the run's values once (no
-        :class:`~tbmq.model.StoredDelivery` each).
+        one row of ``delivery_runs`` per :data:`~tbmq.backends.
+        sqlite_delivery_runs.MAX_RUN_MESSAGES` messages, their encodings
+        one after another (no :class:`~tbmq.model.StoredDelivery` nor row
+        each).
 
         :param client_id: the persistent session's client id.
         :param first_seq: the order key of the first message (an int); the

@@ -1,29 +1,34 @@
 """Runs of deliveries kept as one row of the embedded device store: the
-table ``delivery_runs`` beside ``deliveries`` (schema version 7,
-:mod:`tbmq.backends.sqlite_schema`), for the database thread of
-:class:`~tbmq.backends.sqlite_deliveries.SQLiteDeviceMessageStore`.
+tables ``delivery_runs`` and ``delivery_run_heads`` beside ``deliveries``
+(schema version 7, :mod:`tbmq.backends.sqlite_schema`), for the database
+thread of :class:`~tbmq.backends.sqlite_deliveries.SQLiteDeviceMessageStore`.
 
 An ``add_run`` (the messages of one :class:`~tbmq.cluster.records.
 DeliveryRun` of ``tbmq.msg.persisted``: one client, consecutive order keys,
 one QoS, retain flag and set of subscription identifiers, all queued) is one
-row: ``client_id, last_seq, first_seq, base_seq, qos, retain,
-subscription_ids, messages``, keyed by ``(client_id, last_seq)``.
-``messages`` is the :func:`~tbmq.backends.sqlite_schema.message_blob` of
-each message from ``base_seq`` to ``last_seq``, one after another (a
-msgpack stream); the deliveries ``first_seq`` to ``last_seq`` are the ones
-kept.  A run's order keys are in no row of ``deliveries`` and in no other
-run.  So a queued message costs a part of one row, not a row of eight
-bound values (about 12,000 instructions of the database thread, counted
-with callgrind), and a drain's removals are one ``UPDATE`` of ``first_seq``
-(or one ``DELETE``) per run, not a B-tree delete per message.
+row of ``delivery_runs`` per :data:`MAX_RUN_MESSAGES`: ``client_id,
+last_seq, base_seq, qos, retain, subscription_ids, messages``, keyed by
+``(client_id, last_seq)``.  ``messages`` is the :func:`~tbmq.backends.
+sqlite_schema.message_blob` of each message from ``base_seq`` to
+``last_seq``, one after another (a msgpack stream).  The deliveries kept
+are those from ``first_seq`` to ``last_seq``: ``first_seq`` is the run's
+row of ``delivery_run_heads`` (``client_id, last_seq, first_seq``) once its
+first deliveries are removed, else ``base_seq``.  A run's order keys are in
+no row of ``deliveries`` and in no other run.  So a queued message costs a
+part of one row, not a row of eight bound values (about 12,000
+instructions of the database thread, counted with callgrind), and a
+drain's removals are one small row written (or one run deleted) per run,
+not a B-tree delete per message; a page of a drain reads its runs in one
+step of one statement (:func:`load_runs`).
 
 A write that touches a delivery of a run other than by removing its first
 ones (an update of its packet id and state, a removal further on, an
-``add`` of one of its order keys) *cuts* the run (:func:`cut_runs`): its
-deliveries up to the highest one touched become rows of ``deliveries``
-(those removed or replaced left out), and the run keeps the rest.  A row
-of ``deliveries`` then means what it always meant; the run rows only ever
-hold queued deliveries without a packet id.
+``add`` of one of its order keys, a run over it) *cuts* the run
+(:func:`cut_runs`): its deliveries up to the highest one touched become
+rows of ``deliveries`` (those removed or replaced left out), and the run
+keeps the rest.  A row of ``deliveries`` then means what it always meant;
+the runs only ever hold queued deliveries without a packet id.  Every cut
+is a part of the transaction of the write that made it.
 """
 
 from __future__ import annotations
