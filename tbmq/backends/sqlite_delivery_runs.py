@@ -40,7 +40,7 @@ from itertools import islice
 
 import msgpack
 
-from tbmq.backends.sqlite_bulk import CHUNK_ROWS, has_json, insert_rows
+from tbmq.backends.sqlite_bulk import has_json, insert_rows
 from tbmq.backends.sqlite_schema import DELIVERY_COLUMNS
 from tbmq.cluster.records import MESSAGE
 from tbmq.model import DeliveryState, StoredDelivery
@@ -51,9 +51,7 @@ __all__ = ["MAX_RUN_MESSAGES", "RUN_COLUMNS", "count_runs", "cut_runs", "insert_
 #: The values of a row of ``delivery_runs``.
 RUN_COLUMNS = 7
 
-#: the most runs a run insert statement carries (8 values each, within the
-#: 999 bound parameters of the smallest SQLite limit)
-_RUN_CHUNK = CHUNK_ROWS
+
 
 
 def split_stream(data: bytes, count: int) -> list[bytes]:
@@ -75,7 +73,7 @@ def split_stream(data: bytes, count: int) -> list[bytes]:
 
 def insert_runs(conn: sqlite3.Connection, runs: list[list]) -> None:
     """Write ``runs`` (rows of ``delivery_runs``, ``messages`` a list of
-    blobs joined here), up to :data:`_RUN_CHUNK` per statement.  A run
+    blobs joined here), up to :data:`~tbmq.backends.sqlite_bulk.CHUNK_ROWS` per statement.  A run
     replaces nothing: its order keys are new (:func:`cut_runs` made room
     for any that were not)."""
     rows = []
