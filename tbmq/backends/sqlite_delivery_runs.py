@@ -52,8 +52,6 @@ __all__ = ["MAX_RUN_MESSAGES", "RUN_COLUMNS", "count_runs", "cut_runs", "insert_
 RUN_COLUMNS = 7
 
 
-
-
 def split_stream(data: bytes, count: int) -> list[bytes]:
     """:returns: the first ``count`` msgpack values of ``data`` (a run's
         ``messages``), each as its own bytes (a message's
