@@ -261,11 +261,12 @@ def test_a_newer_schema_of_one_kind_is_refused(tmp_path):
     fired(store.start())
     fired(store.stop())
     conn = sqlite3.connect(path)
-    conn.execute("UPDATE tbmq_schema SET version = 7 WHERE name = 'embedded'")
+    newer = SCHEMA_VERSION + 1
+    conn.execute("UPDATE tbmq_schema SET version = ? WHERE name = 'embedded'", (newer,))
     conn.commit()
     conn.close()
     error = failure_of(store.start()).value
-    assert isinstance(error, BackendError) and "embedded schema version 7" in str(error)
+    assert isinstance(error, BackendError) and f"embedded schema version {newer}" in str(error)
     assert not store.running
     # another kind of store in the same file is not held back by it
     credentials = SQLiteCredentialStore(path, reactor=SyncReactor(), threadpool=SyncThreadPool())
