@@ -213,12 +213,16 @@ class ConnectHandler:
                                                         peer=self.conn._peer())
                 self.conn._close()
             return
-        self.conn.protocol_level = level = connect.protocol_level
+        conn = self.conn
+        conn.protocol_level = level = connect.protocol_level
         cfg = self.ctx.config.mqtt
         props = connect.properties
         v5 = level >= MQTT_5
-        if len(connect.client_id.encode("utf-8")) > cfg.max_client_id_length or (
-                level == 3 and len(connect.client_id) > 23 and cfg.max_client_id_length <= 23):
+        client_id = connect.client_id
+        # (its length in UTF-8 bytes: an ASCII one's is its length, no copy made)
+        if (len(client_id) if client_id.isascii() else len(client_id.encode("utf-8"))) \
+                > cfg.max_client_id_length or (
+                level == 3 and len(client_id) > 23 and cfg.max_client_id_length <= 23):
             return self._refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
                                 "client identifier too long")
         self._assigned_id = None
@@ -259,16 +263,17 @@ class ConnectHandler:
                         # banned: BANNED; too many checks in flight: SERVER_BUSY
                         return self._refuse_quietly(attempt.refusal)
                     self._attempt = attempt
-        self.conn._hold()
+        conn._hold()
+        listener = conn.listener
         # (positional arguments: a class called with keywords costs a dict)
-        self.conn.auth_request = AuthRequest(
+        conn.auth_request = request = AuthRequest(
             connect.client_id, connect.username, connect.password, level,
-            self.conn._address(), self.conn.listener,
-            peer_certificate_chain(self.conn.transport)
-            if getattr(self.conn.listener, "tls_client_auth", "none") != "none" else None,
+            conn._address(), listener,
+            peer_certificate_chain(conn.transport)
+            if getattr(listener, "tls_client_auth", "none") != "none" else None,
             props.get(Property.AUTHENTICATION_METHOD) if v5 else None,
             props.get(Property.AUTHENTICATION_DATA) if v5 else None)
-        self._auth_step(self.conn.auth_request, None)
+        self._auth_step(request, None)
 
     # -- the connection's packets while something is decided ----------------------
 
@@ -505,53 +510,54 @@ class ConnectHandler:
 
     def _session_opened(self, result: AuthResult, request: AuthRequest, opened) -> None:
         session, present = opened
-        connect = self.conn.connect_packet
+        conn = self.conn
+        connect = conn.connect_packet
         cfg = self.ctx.config.mqtt
         if self._gone():
-            self.ctx.sessions.connection_lost(session, self.conn, publish_will=False)
+            self.ctx.sessions.connection_lost(session, conn, publish_will=False)
             return
         if not session.persistent:
             session.client_type = ClientType.DEVICE  # TBMQ: non-persistent is a DEVICE
-        self.conn.session = session
+        conn.session = session
         keep_alive = connect.keep_alive
         if cfg.max_keep_alive and (keep_alive == 0 or keep_alive > cfg.max_keep_alive):
-            keep_alive = cfg.max_keep_alive if self.conn.protocol_level >= MQTT_5 else keep_alive
+            keep_alive = cfg.max_keep_alive if conn.protocol_level >= MQTT_5 else keep_alive
         # the connect timeout becomes the keep alive's: a later deadline is
         # one attribute (the node's Deadlines move it when its bucket is due)
-        self.conn.setTimeout(_timeout_of(keep_alive) if keep_alive else None)
-        level = self.conn.protocol_level
+        conn.setTimeout(_timeout_of(keep_alive) if keep_alive else None)
+        level = conn.protocol_level
         if level >= MQTT_5:
             props = self._connack_properties(connect, session, keep_alive)
             if request.auth_method:
                 props[Property.AUTHENTICATION_METHOD] = request.auth_method
                 if result.auth_data is not None:
                     props[Property.AUTHENTICATION_DATA] = result.auth_data
-            self.conn.send(Connack(present, ReasonCode.SUCCESS, props))
+            conn.send(Connack(present, ReasonCode.SUCCESS, props))
         else:  # the same four bytes for every client (3.1: no session present flag)
-            self.conn.write(_CONNACK_ACCEPTED[present and level > 3])
-        self.conn._connacked = True
-        self.conn.handshake = None  # made again for an AUTH (re-authentication)
+            conn.write(_CONNACK_ACCEPTED[present and level > 3])
+        conn._connacked = True
+        conn.handshake = None  # made again for an AUTH (re-authentication)
         # nothing reads the CONNECT after its CONNACK but its session expiry
         # (a DISCONNECT's [MQTT-3.14.2-2]) and the hooks, given it below
-        self.conn.connect_packet = None
-        if self.conn.protocol_level >= MQTT_5:
-            self.conn.expiry_asked = connect.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
+        conn.connect_packet = None
+        if level >= MQTT_5:
+            conn.expiry_asked = connect.properties.get(Property.SESSION_EXPIRY_INTERVAL, 0)
         if result.credentials is None and request.auth_method is None:
             # kept only for what reads it later: a re-authentication (AUTH
             # 0x19 of the same method) and the rules of credentials records
             # bound again when they change (tbmq.auth.watch)
-            self.conn.auth_request = None
+            conn.auth_request = None
         if debug_enabled():
-            self.conn.log.debug("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
+            conn.log.debug("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
                            "persistent={persistent}, session present={present}, "
                            "authenticated by {provider})",
-                           client_id=connect.client_id, peer=self.conn._peer(),
-                           mqtt_level=self.conn.protocol_level, persistent=session.persistent,
+                           client_id=connect.client_id, peer=conn._peer(),
+                           mqtt_level=level, persistent=session.persistent,
                            present=present, provider=result.provider)
         self.ctx.hooks.client_connected(session, connect, request.address)
-        self.conn._peer_address = None  # asked of the transport again when needed
+        conn._peer_address = None  # asked of the transport again when needed
         session.resume()
-        self.conn._release()
+        conn._release()
 
     def _connack_properties(self, connect: Connect, session, keep_alive: int) -> dict:
         """The server's capabilities [MQTT-3.2.2.3]."""

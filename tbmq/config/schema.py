@@ -596,7 +596,9 @@ class NodeConfig:
         name.
     :ivar gc_threshold: container allocations between two collections of
         Python's youngest garbage-collector generation in a ``twistd tbmq``
-        process, >= 0; 0 keeps Python's default (700).
+        process, >= 0 (the middle generation's follows: every 500,000
+        allocations, :func:`tbmq.tap.tune_gc`); 0 keeps Python's
+        thresholds (700, 10, 10).
     :ivar log_level: the lowest level of tbmq's log events that a ``twistd
         tbmq`` process writes: debug, info, warn, error or critical.
     :ivar heartbeat_interval: seconds between two of this node's heartbeats
@@ -613,7 +615,7 @@ class NodeConfig:
     """
 
     service_id: str | None = None
-    gc_threshold: int = 50000
+    gc_threshold: int = 5000
     log_level: str = "info"
     heartbeat_interval: float = 5.0
     node_timeout: float = 30.0

@@ -46,7 +46,7 @@ def test_defaults():
     config = load_config(environ={})
     assert config == Config()
     assert config.data_dir == "./data"
-    assert config.node == NodeConfig(service_id=None, gc_threshold=50000, log_level="info")
+    assert config.node == NodeConfig(service_id=None, gc_threshold=5000, log_level="info")
     assert config.listeners == (
         ListenerConfig(
             name="tcp",
@@ -427,17 +427,21 @@ def test_config_hashable():
     assert hash(load_config(environ={})) == hash(Config())
 
 
-def test_tune_gc_sets_the_young_generation_threshold():
+def test_tune_gc_sets_the_young_threshold_and_the_middle_one_after_it():
     import gc  # noqa: PLC0415
 
     from tbmq.tap import tune_gc  # noqa: PLC0415
 
     before = gc.get_threshold()
     try:
-        tune_gc(12345)
-        assert gc.get_threshold() == (12345,) + before[1:]
+        tune_gc(5000)  # the middle generation every 500,000 allocations
+        assert gc.get_threshold() == (5000, 100, before[2])
+        tune_gc(12345)  # rounded up
+        assert gc.get_threshold() == (12345, 41, before[2])
+        tune_gc(100000)  # never under Python's ratio, 10
+        assert gc.get_threshold() == (100000, 10, before[2])
         tune_gc(0)  # keeps what is set
-        assert gc.get_threshold() == (12345,) + before[1:]
+        assert gc.get_threshold() == (100000, 10, before[2])
     finally:
         gc.set_threshold(*before)
 
