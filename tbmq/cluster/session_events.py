@@ -188,10 +188,16 @@ class SessionEvents:
         request_id = f"{self._request_prefix}{self._requests}"
         d = defer.Deferred() if answer is None else answer
         now = self.clock.seconds()
-        self._pending[request_id] = (d, now + self.timeout)
         event = SessionEvent(CONNECTION_REQUEST, client_id, self.service_id, session_id,
                              request_id, clean_start, persistent, client_type,
                              session_expiry_interval, protocol_level, now)
+        deciding = self._deciding
+        if deciding is not None and deciding.decides(client_id):
+            # this node's member decides the client id and has read its
+            # partition: decided now, not published (see the module doc)
+            d.callback(self._connect_decision(event))
+            return d
+        self._pending[request_id] = (d, now + self.timeout)
         # (_request's publish, without the call)
         self.bus.publish(self.topics.session_event_request, client_id, event, (),
                          partial(self._sent, request_id))

@@ -539,6 +539,18 @@ class KafkaBus:
             add_many(topic, partition, ks, vs, sent.part())
         sent.then(done)
 
+    def partition_of(self, topic: str, key: str) -> int | None:
+        """The partition a record of ``topic`` with ``key`` published now
+        goes to, when the bus places the topic's records itself (a packable
+        topic, once ready: ``crc32(key) % partitions``, :mod:`.packing`).
+
+        :returns: ``int``, or None when the producer's partitioner places
+            them or the topic is not ready yet."""
+        partitions = self._placed.get(topic) if topic in self._ready else None
+        if partitions is None:
+            return None
+        return crc32(key.encode("utf-8", "surrogatepass")) % partitions
+
     def _place(self, key: bytes | None, partitions: int) -> int:
         """The partition of a record this bus places (:mod:`.packing`):
         ``crc32(key) % partitions``, a keyless one round robin."""
