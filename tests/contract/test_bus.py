@@ -1091,6 +1091,25 @@ def test_a_member_taking_its_own_records_gets_each_once_in_partition_order(env):
     assert offsets == sorted(set(offsets))
 
 
+def test_a_member_decides_a_key_while_it_hands_and_has_read_its_partition(env):
+    """``IConsumer.decides`` (the session events decide their node's
+    connect requests at once when it is True): the only member of a
+    group on the Kafka bus, once it has read its partitions to the end,
+    decides every key, and none while it is paused; the in-process bus,
+    which hands a record during its publish, never."""
+    bus = env.bus(partitions=2)
+    topic = env.catalogue.session_event_request
+    consumer = env.subscribe(bus, topic, "deciding", lambda rec: None)
+    env.run(consumer.caught_up)
+    env.settle()
+    kafka = env.name.startswith("kafka")
+    assert [env.call(consumer.decides, key) for key in ("a", "b", "c")] == [kafka] * 3
+    env.call(consumer.pause)
+    assert env.call(consumer.decides, "a") is False
+    env.call(consumer.resume)
+    assert env.call(consumer.decides, "a") is kafka
+
+
 def test_publish_many_to_an_application_topic_has_one_outcome_and_keeps_the_order(env):
     """The router's deliveries to a persistent APPLICATION client
     (``publish_many`` to ``tbmq.msg.app.<clientId>``, one record each):
