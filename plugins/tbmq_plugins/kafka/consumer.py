@@ -605,8 +605,16 @@ class KafkaConsumer(Runs):
         ``key`` (:meth:`~.bus.KafkaBus.partition_of`) is handed by this
         member now (:meth:`hands`), was reached (everything below the end
         its first fetch saw arrived) and has nothing waiting here (in the
-        buffer, or this node's records held until those before them)."""
-        partition = self.bus.partition_of(self.topic, key)
+        buffer, or this node's records held until those before them); and
+        Kafka answers (:meth:`~.bus.KafkaBus.acknowledging`: a record of
+        this node acknowledged within the last half second, none failed
+        since), else False: while the brokers may be away the member may
+        have lost the partition without knowing yet, and what it decided
+        could not be written to the session registry."""
+        bus = self.bus
+        if not bus.acknowledging():
+            return False
+        partition = bus.partition_of(self.topic, key)
         if partition is None or not self.hands(partition):
             return False
         track = self._tracks[partition]
