@@ -29,7 +29,8 @@ before it in the partition was handed, and is not read back (``docs/bus.md``,
 
 A connect whose client id this node's own member decides, while it hands
 that partition and has read it to its end with nothing of it waiting
-(:meth:`tbmq.interfaces.IConsumer.decides`), is decided at once, during
+(:meth:`tbmq.interfaces.IConsumer.decides`; on Kafka only while the brokers
+acknowledge this node's records), is decided at once, during
 :meth:`SessionEvents.request_connect`, and not published: the same
 decision the member would make reading it, by the one member deciding
 that client id, with no produce and no read back.  What this gives up is
