@@ -261,8 +261,11 @@ class IConsumer(Interface):
         once, without publishing it (``docs/bus.md``, "The CONNECT path in
         batches").
 
-        :returns: ``bool``; always False on a bus that hands a record in
-            process during its publish (the in-process bus).
+        :returns: ``bool``; False too while the bus cannot tell that its
+            brokers answer (the Kafka bus: no record of this node
+            acknowledged within the last 0.5 s, or one failed since), and
+            always False on a bus that hands a record in process during its
+            publish (the in-process bus).
         """
 
     def lag():
