@@ -23,9 +23,12 @@ A, keyed by its connection:
   (``SessionEvents._sent``; a request that the node decides itself is
   decided before that report reaches ``_sent``, so it has none);
 * ``answer``: the answer reached the session manager
-  (``SessionManager._open``), ``local`` when this node decided it (its own
-  record, handed on acknowledgement), ``remote`` when the answer came back
-  on ``tbmq.client.session.event.response.<serviceId>``;
+  (``SessionManager._open``), ``at once`` when this node decided it while
+  asking (its deciding member decides the client id and has read its
+  partition: the request is not published), ``local`` when this node
+  decided it from the partition (its own record, handed on
+  acknowledgement, or read), ``remote`` when the answer came back on
+  ``tbmq.client.session.event.response.<serviceId>``;
 * ``connack``: the CONNACK was handed to the connection
   (``ConnectHandler._session_opened``; it goes out at the end of the turn).
 
@@ -63,7 +66,7 @@ import importlib.abc, importlib.util, json, os, sys, threading, time, zlib
 _OUT = os.environ.get("TBMQ_CONNECT_STAGES")
 _now = time.time
 _rows, _done, _produced, _drains, _sent, _polls = {}, [], [], [], {}, []
-_state = {"cur": None, "deciding": 0, "req": {}, "first": {}}
+_state = {"cur": None, "deciding": 0, "asking": 0, "req": {}, "first": {}}
 
 
 def _dump():
@@ -117,13 +120,18 @@ def _sessions(m):
 
     def open_(self, conn, *a, **k):
         _stamp(id(conn), "answer")
-        _stamp(id(conn), "path", "local" if _state["deciding"] else "remote")
+        _stamp(id(conn), "path", "at once" if _state["asking"] else
+               "local" if _state["deciding"] else "remote")
     _wrap(m.SessionManager, "connect", before=connect)
     _wrap(m.SessionManager, "_open", before=open_)
 
 
 def _events(m):
+    def asking(self, *a, **k):
+        _state["asking"] += 1
+
     def asked(self, client_id, *a, **k):
+        _state["asking"] -= 1
         _state["req"][f"{self._request_prefix}{self._requests}"] = _state["cur"]
         partitions = getattr(self.bus, "_placed", {}).get(self.topics.session_event_request)
         if partitions and _state["cur"] in _rows:  # the bus's placement (Kafka)
@@ -142,7 +150,7 @@ def _events(m):
         finally:
             _state["deciding"] -= 1
     m.SessionEvents._decide_many = decide_many
-    _wrap(m.SessionEvents, "request_connect", after=asked)
+    _wrap(m.SessionEvents, "request_connect", before=asking, after=asked)
     _wrap(m.SessionEvents, "_sent", before=sent)
 
 

@@ -252,6 +252,22 @@ class IConsumer(Interface):
             record in process as soon as it is published anyway).
         """
 
+    def decides(key):
+        """Whether a record published now with ``key`` (``str``) would go
+        to a partition that this member hands now and has read to its end
+        (nothing of it waiting here): then this member is the one that
+        reads it, after every record of the partition it knew of.  The
+        session events decide such a connect request of their own node at
+        once, without publishing it (``docs/bus.md``, "The CONNECT path in
+        batches").
+
+        :returns: ``bool``; False too while the bus cannot tell that its
+            brokers answer (the Kafka bus: no record of this node
+            acknowledged within the last 0.5 s, or one failed since), and
+            always False on a bus that hands a record in process during its
+            publish (the in-process bus).
+        """
+
     def lag():
         """:returns: ``int``, records of this member's partitions that its
         group has not committed yet (not handed yet, or handed and their

@@ -79,6 +79,11 @@ class Consumer:
         soon as it is appended (see :meth:`tbmq.interfaces.IConsumer.hand_own`)."""
         return False
 
+    def decides(self, key: str) -> bool:
+        """:returns: False: a record published here is handed in process
+        during its publish (see :meth:`tbmq.interfaces.IConsumer.decides`)."""
+        return False
+
     def lag(self) -> int:
         """:returns: records of this member's partitions that its group has
         not committed yet (handed and pending, or waiting)."""

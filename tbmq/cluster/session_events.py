@@ -27,6 +27,26 @@ of the node that decides its partition is decided then, once every record
 before it in the partition was handed, and is not read back (``docs/bus.md``,
 "The CONNECT path in batches").
 
+A connect whose client id this node's own member decides, while it hands
+that partition and has read it to its end with nothing of it waiting
+(:meth:`tbmq.interfaces.IConsumer.decides`; on Kafka only while the brokers
+acknowledge this node's records), is decided at once, during
+:meth:`SessionEvents.request_connect`, and not published: the same
+decision the member would make reading it, by the one member deciding
+that client id, with no produce and no read back.  What this gives up is
+the place of the request in the partition's order, only before records
+that landed there since the member's last fetch and that it has not read
+yet: requests whose CONNACK is not sent yet, concurrent with this one, so
+either order is one the clients could see; when both connections are
+granted, the session registry orders their records and the node whose
+record is overwritten drops its connection (:meth:`on_registry_change`),
+as for two requests decided back to back from the partition, the registry
+lagging the decisions either way.  A gone node's takeover event read after
+it finds the grant (:meth:`_grant`) and leaves the session alone, as one
+read after a request does.  Nothing is left in the partition to decide
+again when it moves, and a node that dies takes the connection it
+answered with it.
+
 A node that sees, in the session registry, one of its sessions now held by
 another connection elsewhere forgets it: the will and the session expiry of
 a session belong to the one node that last held it, so no node fires them
@@ -173,7 +193,11 @@ class SessionEvents:
     def request_connect(self, client_id: str, session_id: str, *, clean_start: bool,
                         persistent: bool, client_type, session_expiry_interval: int,
                         protocol_level: int, answer=None) -> defer.Deferred:
-        """Ask the cluster to let ``client_id`` connect here.
+        """Ask the cluster to let ``client_id`` connect here: decided at
+        once when this node's deciding member decides the client id and has
+        read its partition (:meth:`tbmq.interfaces.IConsumer.decides`, see
+        the module doc), else published on
+        ``tbmq.client.session.event.request``.
 
         :param answer: what gets the answer instead of a new Deferred:
             anything with a Deferred's ``callback(response)`` and
@@ -188,10 +212,16 @@ class SessionEvents:
         request_id = f"{self._request_prefix}{self._requests}"
         d = defer.Deferred() if answer is None else answer
         now = self.clock.seconds()
-        self._pending[request_id] = (d, now + self.timeout)
         event = SessionEvent(CONNECTION_REQUEST, client_id, self.service_id, session_id,
                              request_id, clean_start, persistent, client_type,
                              session_expiry_interval, protocol_level, now)
+        deciding = self._deciding
+        if deciding is not None and deciding.decides(client_id):
+            # this node's member decides the client id and has read its
+            # partition: decided now, not published (see the module doc)
+            d.callback(self._connect_decision(event))
+            return d
+        self._pending[request_id] = (d, now + self.timeout)
         # (_request's publish, without the call)
         self.bus.publish(self.topics.session_event_request, client_id, event, (),
                          partial(self._sent, request_id))

@@ -10,6 +10,7 @@ join); the tests of groups with several members, and a few single members
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 
 import pytest
@@ -1027,7 +1028,6 @@ def test_a_record_from_another_node_reaches_a_quiet_subscription_soon(env):
     be woken when its partitions are resumed, or it notices them up to a
     second later) still gets a record another node publishes within a
     fraction of a second, every time."""
-    import time
 
     bus = env.bus()
     other = env.another_node(bus)
@@ -1089,6 +1089,35 @@ def test_a_member_taking_its_own_records_gets_each_once_in_partition_order(env):
         assert mine == sorted(mine)
     offsets = [o for o, _ in got if o is not None]
     assert offsets == sorted(set(offsets))
+
+
+def test_a_member_decides_a_key_while_it_hands_and_has_read_its_partition(env):
+    """``IConsumer.decides`` (the session events decide their node's
+    connect requests at once when it is True): the only member of a
+    group on the Kafka bus, once it has read its partitions to the end,
+    decides every key while Kafka acknowledges the node's records (one
+    acknowledged within the last half second), none while it is paused or
+    once nothing was acknowledged for longer; the in-process bus, which
+    hands a record during its publish, never."""
+    bus = env.bus(partitions=2)
+    topic = env.catalogue.session_event_request
+    consumer = env.subscribe(bus, topic, "deciding", lambda rec: None)
+    env.run(consumer.caught_up)
+    env.settle()
+    kafka = env.name.startswith("kafka")
+
+    def acknowledged():  # a record of this node, on another topic
+        env.run(env.publish(bus, env.catalogue.msg_all, "x", Message("x", b"1", 1)))
+
+    acknowledged()
+    assert [env.call(consumer.decides, key) for key in ("a", "b", "c")] == [kafka] * 3
+    env.call(consumer.pause)
+    assert env.call(consumer.decides, "a") is False
+    env.call(consumer.resume)
+    acknowledged()
+    assert env.call(consumer.decides, "a") is kafka
+    time.sleep(0.7)  # nothing acknowledged since: Kafka may be away
+    assert env.call(consumer.decides, "a") is False
 
 
 def test_publish_many_to_an_application_topic_has_one_outcome_and_keeps_the_order(env):

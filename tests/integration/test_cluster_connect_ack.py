@@ -1,15 +1,16 @@
-"""A CONNECT decided when its session event request is acknowledged (the
-deciding member takes its node's own requests then:
-:meth:`tbmq.interfaces.IConsumer.hand_own`), on a real Kafka-protocol
-broker (Tansu) with confluent-kafka, the driver that tells where a record
-landed.
+"""A CONNECT decided without reading its session event request back, on a
+real Kafka-protocol broker (Tansu) with confluent-kafka: decided at once,
+not published, when the node's deciding member has read the partition of
+its client id (:meth:`tbmq.interfaces.IConsumer.decides`), else when the
+request is acknowledged (the deciding member takes its node's own requests
+then: :meth:`tbmq.interfaces.IConsumer.hand_own`, the driver tells where a
+record landed).
 
 One node decides every partition of ``tbmq.client.session.event.request``.
 Its consumers wait up to ``kafka.fetch_max_wait_ms`` = 0.6 s per fetch
 (Tansu never answers a fetch early): a CONNECT whose request is read back
-took 0.3 s here, one decided on its acknowledgement 10 ms.  The first request of a partition after
-the node starts is read back (nothing handed yet on that assignment); the
-next ones in a row are decided on their acknowledgement, in order
+took 0.3 s here, one decided on its acknowledgement 10 ms, one decided at
+once less.  Connects of one client id in a row are decided in order
 ([MQTT-3.1.4-3]: the second connection of a client id takes the first over).
 """
 

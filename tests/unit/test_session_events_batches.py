@@ -47,6 +47,7 @@ class PackingBus:
         self.published: list = []  # (topic, key, value, done)
         self.many: list = []  # (topic, keys, values, done)
         self.subscribed: dict = {}  # topic -> (handler, batch_handler)
+        self.members: dict = {}  # topic -> its Member
 
     def publish(self, topic, key, value, headers=(), done=None):
         self.published.append((topic, key, value, done))
@@ -58,8 +59,8 @@ class PackingBus:
     def subscribe(self, topic, group, handler, from_beginning=False, exclusive=False,
                   bundle=None, batch_handler=None):
         self.subscribed[topic] = (handler, batch_handler)
-
-        return Member()
+        self.members[topic] = member = Member()
+        return member
 
 
 class Member:
@@ -68,6 +69,8 @@ class Member:
 
     def __init__(self) -> None:
         self.own = False
+        #: the client ids whose partition this member hands and has read
+        self.deciding: set = set()
 
     def pause(self):
         pass
@@ -78,6 +81,9 @@ class Member:
     def hand_own(self):
         self.own = True
         return True
+
+    def decides(self, key):
+        return key in self.deciding
 
 
 class Registry:
@@ -310,3 +316,38 @@ def test_the_deciding_member_takes_this_nodes_requests_on_acknowledgement():
     assert takeovers == [DisconnectCommand("x", "s-old", ReasonCode.SESSION_TAKEN_OVER)]
     assert bus.many == [] and events._pending == {}
 
+
+
+def test_a_request_of_a_partition_this_node_decides_and_has_read_is_decided_at_once():
+    """A connect whose client id the node's own deciding member decides
+    (its partition handed and read to its end: ``IConsumer.decides``) is
+    answered during the call, without a publish; the decision is the one
+    the member would make reading it (the connection on another node
+    dropped there [MQTT-3.1.4-3], an offline session present
+    [MQTT-3.2.2-2]), and the grant is remembered (a gone node's session is
+    not taken over after it).  Other client ids are published as before,
+    and nothing is decided at once before the member decides (paused until
+    :meth:`SessionEvents.start`)."""
+    bus = PackingBus()
+    registry = Registry({"held": info("held", "node-c", "s-old")})
+    events, _ = make(bus, registry)
+    events.join()
+    member = bus.members[events.topics.session_event_request]
+    member.deciding.add("held")
+    events.start()
+    answers = []
+    d = events.request_connect("held", "s-new", clean_start=False, persistent=True,
+                               client_type=ClientType.DEVICE, session_expiry_interval=60,
+                               protocol_level=5)
+    d.addCallback(answers.append)
+    assert [(a.client_id, a.success, a.session_present) for a in answers] == [
+        ("held", True, True)]
+    assert answers[0].session == registry.sessions["held"]
+    assert [(t, v) for t, _, v, _ in bus.published] == [
+        (events.topics.client_disconnect("node-c"),
+         DisconnectCommand("held", "s-old", ReasonCode.SESSION_TAKEN_OVER))]
+    assert events._pending == {} and events._granted["held"][0] == "s-new"
+    other = ask(events, "other")
+    assert not other.called
+    assert [(t, k) for t, k, *_ in bus.published[1:]] == [
+        (events.topics.session_event_request, "other")]

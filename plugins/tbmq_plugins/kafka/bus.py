@@ -192,6 +192,8 @@ class KafkaBus:
         self._expected: dict[KafkaConsumer, tuple] = {}  # (SharedLoop, loop) until its topic exists
         self._bundled: dict[tuple[str, str], str] = {}  # (Kafka group id, topic) -> group
         self._unacknowledged = False  # the last outcome was a failure
+        #: when (``clock.seconds()``) the last record was acknowledged
+        self._acknowledged_at: float | None = None
         #: partition count of each ready topic the bus packs (and places) itself
         self._placed: dict[str, int] = {}
         self._round_robin = 0
@@ -539,6 +541,31 @@ class KafkaBus:
             add_many(topic, partition, ks, vs, sent.part())
         sent.then(done)
 
+    #: seconds after the last acknowledgement during which
+    #: :meth:`acknowledging` holds
+    ACKNOWLEDGING = 0.5
+
+    def acknowledging(self) -> bool:
+        """:returns: True when Kafka acknowledged a record of this node's
+        within the last :attr:`ACKNOWLEDGING` seconds and has failed none
+        since: the brokers answer (what a member asks before it decides a
+        record that is not published, :meth:`.consumer.KafkaConsumer.decides`)."""
+        at = self._acknowledged_at
+        return (at is not None and not self._unacknowledged
+                and self.clock.seconds() - at <= self.ACKNOWLEDGING)
+
+    def partition_of(self, topic: str, key: str) -> int | None:
+        """The partition a record of ``topic`` with ``key`` published now
+        goes to, when the bus places the topic's records itself (a packable
+        topic, once ready: ``crc32(key) % partitions``, :mod:`.packing`).
+
+        :returns: ``int``, or None when the producer's partitioner places
+            them or the topic is not ready yet."""
+        partitions = self._placed.get(topic) if topic in self._ready else None
+        if partitions is None:
+            return None
+        return crc32(key.encode("utf-8", "surrogatepass")) % partitions
+
     def _place(self, key: bytes | None, partitions: int) -> int:
         """The partition of a record this bus places (:mod:`.packing`):
         ``crc32(key) % partitions``, a keyless one round robin."""
@@ -591,8 +618,10 @@ class KafkaBus:
     def _acknowledged(self, items: list) -> None:
         """(reactor thread) A batch of outcomes from the producer:
         ``(done, error)``, ``error`` None for an acknowledged record."""
+        now = self.clock.seconds()
         for done, error in items:
             if error is None:
+                self._acknowledged_at = now
                 if self._unacknowledged:
                     self._unacknowledged = False
                     log.info("Kafka bus: publishes are acknowledged again")

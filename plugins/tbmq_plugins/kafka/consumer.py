@@ -600,6 +600,26 @@ class KafkaConsumer(Runs):
         track = self._tracks.get(partition)
         return track is not None and track.live and not self._paused and not self.stopped
 
+    def decides(self, key: str) -> bool:
+        """See :meth:`tbmq.interfaces.IConsumer.decides`: the partition of
+        ``key`` (:meth:`~.bus.KafkaBus.partition_of`) is handed by this
+        member now (:meth:`hands`), was reached (everything below the end
+        its first fetch saw arrived) and has nothing waiting here (in the
+        buffer, or this node's records held until those before them); and
+        Kafka answers (:meth:`~.bus.KafkaBus.acknowledging`: a record of
+        this node acknowledged within the last half second, none failed
+        since), else False: while the brokers may be away the member may
+        have lost the partition without knowing yet, and what it decided
+        could not be written to the session registry."""
+        bus = self.bus
+        if not bus.acknowledging():
+            return False
+        partition = bus.partition_of(self.topic, key)
+        if partition is None or not self.hands(partition):
+            return False
+        track = self._tracks[partition]
+        return track.reached and not track.queued and not track.held
+
     def take_own(self, partition: int, offset: int, items: tuple | list) -> None:
         """This node's unit ``items`` (``(key, value, headers)`` each) was
         acknowledged at ``offset`` of ``partition`` (:mod:`.own`): hand it
