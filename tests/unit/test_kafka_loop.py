@@ -237,6 +237,29 @@ def test_the_reactor_asks_and_the_thread_does_between_polls():
     assert client.calls[-2:] == [("commit", {0: 5, 1: 2}, True), ("remove", [0, 1])]
 
 
+def test_commits_that_do_not_wait_go_once_per_interval_with_the_latest_offsets():
+    """A commit asked right after one was sent waits for COMMIT_EVERY, and
+    the offsets asked meanwhile go as one commit of the latest of each
+    partition; a stop commits what waits at once."""
+    from tbmq_plugins.kafka.loop import COMMIT_EVERY
+
+    client = ScriptedClient(committed={0: 0, 1: 0})
+    loop, sink, reactor = start(client)
+    reactor.wait(lambda: sink.assigned)
+    loop.commit(0, 1)
+    reactor.wait(lambda: commits(client))
+    sent = time.monotonic()
+    loop.commit(0, 2)
+    loop.commit(1, 4)
+    loop.commit(0, 3)
+    reactor.wait(lambda: len(commits(client)) == 2)
+    assert time.monotonic() - sent >= COMMIT_EVERY * 0.9
+    assert commits(client) == [({0: 1}, False), ({0: 3, 1: 4}, False)]
+    loop.commit(0, 9)  # asked within the interval: the stop does not wait for it
+    stop(loop, sink, reactor)
+    assert ("commit", {0: 9, 1: 4}, True) in client.calls
+
+
 def test_a_partition_is_read_again_from_the_offset_the_reactor_asks():
     client = ScriptedClient(committed={0: 0, 1: 0})
     client.seek_fails = 1  # retried between the next polls

@@ -82,7 +82,7 @@ from tbmq_plugins.kafka.joining import Joining
 from tbmq_plugins.kafka.order import Gaps
 from tbmq_plugins.kafka.pacing import POLL_TIMEOUT, Pacer
 
-__all__ = ["BACKLOG_EVERY", "GATHER", "POLL_TIMEOUT", "RETRY_DELAY", "ConsumerLoop",
+__all__ = ["BACKLOG_EVERY", "COMMIT_EVERY", "GATHER", "POLL_TIMEOUT", "RETRY_DELAY", "ConsumerLoop",
            "SharedLoop", "TopicView"]
 
 log = Logger(observer=LOG_OBSERVER)
@@ -94,6 +94,12 @@ BACKLOG_EVERY = 1.0
 #: Seconds a joining client waits for more subscriptions before it joins
 #: (or changes its topics): those made within it cost one rebalance.
 GATHER = 0.2
+#: Seconds between two commits of a subscription that do not wait (what
+#: the reactor asks meanwhile is one commit of the latest offsets): a
+#: commit is a request to the brokers, and one per record read costs the
+#: node's threads and the brokers as much as the read at low rates.
+#: Commits before partitions go, and at a stop, are not held back.
+COMMIT_EVERY = 0.1
 
 
 class _Outage:
@@ -180,6 +186,7 @@ class ConsumerLoop(_Outage):
         self.name = name
         self._lock = threading.Lock()
         self._commits: dict[int, int] = {}
+        self._commit_due = 0.0  # the next commit that does not wait, not before
         self._unconfirmed: dict[int, int] = {}  # committed without waiting
         self._seeks: dict[int, int] = {}
         self._want_paused = False
@@ -302,13 +309,17 @@ class ConsumerLoop(_Outage):
                             self._commits.setdefault(p, o)
 
     def between_polls(self, client: "TopicView") -> None:
-        """Commit, pause and resume what the reactor asked.  Nothing asked,
-        nothing is done (not even the lock taken: a member idle in a shared
-        client costs each turn little; an offset the reactor asks meanwhile
-        is committed at the next turn, as one asked just after the lock
-        would be)."""
+        """Commit (once per :data:`COMMIT_EVERY` seconds at most: the
+        latest offsets asked), pause and resume what the reactor asked.
+        Nothing asked, nothing is done (not even the lock taken: a member
+        idle in a shared client costs each turn little; an offset the
+        reactor asks meanwhile is committed at the next turn, as one asked
+        just after the lock would be)."""
         if self._commits:
-            self._commit(client, wait=False)
+            now = time.monotonic()
+            if now >= self._commit_due:
+                self._commit_due = now + COMMIT_EVERY
+                self._commit(client, wait=False)
         if self._seeks:
             self._seek(client)
         paused = self._want_paused
