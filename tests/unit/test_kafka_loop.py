@@ -655,3 +655,34 @@ def test_a_member_whose_poll_read_nothing_does_nothing_until_something_comes():
     taken = lock.taken
     loop.between_polls(view)
     assert view.committed == [({1: 1}, False)] and lock.taken > taken
+
+
+def test_a_quiet_turn_takes_nothing_but_still_drops_revoked_partitions_and_reads_the_backlog():
+    """A member the shared poll read nothing for is not asked for its
+    records (its view is left alone), takes no lock and tells the reactor
+    nothing; a partition revoked meanwhile is still forgotten, and the
+    backlog is read once due."""
+    reactor = _Reactor()
+    loop = ConsumerLoop(reactor, Sink(), exclusive=True, from_beginning=True, durable=True,
+                        timeout=2.0, name="quiet")
+    view = _View()
+    view.next = ([RawRecord(0, 5, None, b"v", ())], {})  # not asked for: stays
+    loop._client = view
+    for p in (0, 1):
+        loop._next[p], loop._ends[p] = 3, 3
+        loop._reached.add(p)
+    now = time.monotonic()
+    loop._backlog_at = now + 3600
+    lock = loop._lock = _CountingLock()
+    loop.quiet_turn(view, now)
+    assert (lock.taken, reactor.calls, loop.backlog) == (0, [], 0)
+    assert view.next[0]  # its view was not polled
+    loop._backlog_at = now - 1  # due: the high watermarks (0 here) give the backlog
+    loop._next[0] = 0
+    view.high_watermarks = lambda partitions: {p: 4 for p in partitions}
+    loop.quiet_turn(view, now)
+    assert loop.backlog == 4 + 1 and loop._backlog_at > now
+    loop._revoked.add(1)  # revoked during the poll: forgotten even so
+    view.next = ([], {})
+    loop.quiet_turn(view, now)
+    assert 1 not in loop._next and 0 in loop._next and reactor.calls == []

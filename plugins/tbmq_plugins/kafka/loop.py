@@ -130,21 +130,32 @@ class _Wanted:
     ``(topic, partition)``: read when asked, so that those a rebalance
     assigns during a poll are in it after (what a driver's poll reads)."""
 
-    __slots__ = ("_members",)
+    __slots__ = ("_views", "_by_topic")
 
     def __init__(self, members: dict) -> None:
-        self._members = {view.topic: member for member, view in members.items()}
+        self._views = members  # member -> view; the map by topic made when first asked
+        self._by_topic: dict | None = None
+
+    def _members(self) -> dict:
+        by_topic = self._by_topic
+        if by_topic is None:
+            by_topic = self._by_topic = {view.topic: member
+                                         for member, view in self._views.items()}
+        return by_topic
 
     def __contains__(self, tp: object) -> bool:
-        member = self._members.get(tp[0])
+        member = self._members().get(tp[0])
         return member is not None and tp[1] in member.wanted
 
     def __iter__(self):
-        return iter([(topic, p) for topic, member in self._members.items()
+        return iter([(topic, p) for topic, member in self._members().items()
                      for p in member.wanted])
 
     def __bool__(self) -> bool:
-        return any(member.wanted for member in self._members.values())
+        for member in self._views:
+            if member.wanted:
+                return True
+        return False
 
 
 class ConsumerLoop(_Outage):
@@ -399,6 +410,18 @@ class ConsumerLoop(_Outage):
         elif records:
             self._reactor.callFromThread(self._sink._batch, records, reached)
         self._backlog_due(client)
+
+    def quiet_turn(self, client: "TopicView", now: float) -> None:
+        """The shared poll read nothing for the topic (most members of a
+        shared client, most turns): as :meth:`poll_once` with nothing read
+        (its view is not even asked, ``now`` is the turn's
+        :func:`time.monotonic`), unless partitions were revoked or a seek
+        waits to be tried again."""
+        if self._revoked or self._refetch:
+            self.poll_once(client)
+        elif now >= self._backlog_at:
+            self._backlog_at = now + BACKLOG_EVERY
+            self._read_backlog(client)
 
     def _backlog_due(self, client: "TopicView") -> None:
         """Read the backlog when :data:`BACKLOG_EVERY` seconds passed."""
@@ -814,8 +837,20 @@ class SharedLoop(Joining, _Outage):
                 self.pacer.read()
             else:
                 self.pacer.waited(time.monotonic() - began, timeout)
+        by_topic: dict = {}
+        for tp, end in ends.items():  # (usually none)
+            found = by_topic.get(tp[0])
+            if found is None:
+                found = by_topic[tp[0]] = {}
+            found[tp[1]] = end
+        now = time.monotonic()
         for member, view in list(members.items()):
             topic = view.topic
-            view.records = records.get(topic, [])
-            view.ends = {tp[1]: end for tp, end in ends.items() if tp[0] == topic} if ends else {}
+            read = records.get(topic) if records else None
+            reached = by_topic.get(topic) if by_topic else None
+            if read is None and reached is None:
+                member.quiet_turn(view, now)  # nothing read for it: nothing handed
+                continue
+            view.records = [] if read is None else read
+            view.ends = {} if reached is None else reached
             member.poll_once(view)
