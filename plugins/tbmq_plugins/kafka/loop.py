@@ -94,11 +94,9 @@ BACKLOG_EVERY = 1.0
 #: Seconds a joining client waits for more subscriptions before it joins
 #: (or changes its topics): those made within it cost one rebalance.
 GATHER = 0.2
-#: Seconds between two commits of a subscription that do not wait (what
-#: the reactor asks meanwhile is one commit of the latest offsets): a
-#: commit is a request to the brokers, and one per record read costs the
-#: node's threads and the brokers as much as the read at low rates.
-#: Commits before partitions go, and at a stop, are not held back.
+#: Seconds between two commits of a subscription that do not wait (the
+#: latest offsets asked meanwhile go in one; those before partitions go and
+#: at a stop are not held back): a commit per record read is a request each.
 COMMIT_EVERY = 0.1
 
 
@@ -137,11 +135,9 @@ class _Wanted:
         self._by_topic: dict | None = None
 
     def _members(self) -> dict:
-        by_topic = self._by_topic
-        if by_topic is None:
-            by_topic = self._by_topic = {view.topic: member
-                                         for member, view in self._views.items()}
-        return by_topic
+        if self._by_topic is None:
+            self._by_topic = {view.topic: member for member, view in self._views.items()}
+        return self._by_topic
 
     def __contains__(self, tp: object) -> bool:
         member = self._members().get(tp[0])
@@ -152,10 +148,7 @@ class _Wanted:
                      for p in member.wanted])
 
     def __bool__(self) -> bool:
-        for member in self._views:
-            if member.wanted:
-                return True
-        return False
+        return any([member.wanted for member in self._views])
 
 
 class ConsumerLoop(_Outage):
