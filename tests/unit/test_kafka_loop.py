@@ -237,6 +237,29 @@ def test_the_reactor_asks_and_the_thread_does_between_polls():
     assert client.calls[-2:] == [("commit", {0: 5, 1: 2}, True), ("remove", [0, 1])]
 
 
+def test_commits_that_do_not_wait_go_once_per_interval_with_the_latest_offsets():
+    """A commit asked right after one was sent waits for COMMIT_EVERY, and
+    the offsets asked meanwhile go as one commit of the latest of each
+    partition; a stop commits what waits at once."""
+    from tbmq_plugins.kafka.loop import COMMIT_EVERY
+
+    client = ScriptedClient(committed={0: 0, 1: 0})
+    loop, sink, reactor = start(client)
+    reactor.wait(lambda: sink.assigned)
+    loop.commit(0, 1)
+    reactor.wait(lambda: commits(client))
+    sent = time.monotonic()
+    loop.commit(0, 2)
+    loop.commit(1, 4)
+    loop.commit(0, 3)
+    reactor.wait(lambda: len(commits(client)) == 2)
+    assert time.monotonic() - sent >= COMMIT_EVERY * 0.9
+    assert commits(client) == [({0: 1}, False), ({0: 3, 1: 4}, False)]
+    loop.commit(0, 9)  # asked within the interval: the stop does not wait for it
+    stop(loop, sink, reactor)
+    assert ("commit", {0: 9, 1: 4}, True) in client.calls
+
+
 def test_a_partition_is_read_again_from_the_offset_the_reactor_asks():
     client = ScriptedClient(committed={0: 0, 1: 0})
     client.seek_fails = 1  # retried between the next polls
@@ -632,3 +655,34 @@ def test_a_member_whose_poll_read_nothing_does_nothing_until_something_comes():
     taken = lock.taken
     loop.between_polls(view)
     assert view.committed == [({1: 1}, False)] and lock.taken > taken
+
+
+def test_a_quiet_turn_takes_nothing_but_still_drops_revoked_partitions_and_reads_the_backlog():
+    """A member the shared poll read nothing for is not asked for its
+    records (its view is left alone), takes no lock and tells the reactor
+    nothing; a partition revoked meanwhile is still forgotten, and the
+    backlog is read once due."""
+    reactor = _Reactor()
+    loop = ConsumerLoop(reactor, Sink(), exclusive=True, from_beginning=True, durable=True,
+                        timeout=2.0, name="quiet")
+    view = _View()
+    view.next = ([RawRecord(0, 5, None, b"v", ())], {})  # not asked for: stays
+    loop._client = view
+    for p in (0, 1):
+        loop._next[p], loop._ends[p] = 3, 3
+        loop._reached.add(p)
+    now = time.monotonic()
+    loop._backlog_at = now + 3600
+    lock = loop._lock = _CountingLock()
+    loop.quiet_turn(view, now)
+    assert (lock.taken, reactor.calls, loop.backlog) == (0, [], 0)
+    assert view.next[0]  # its view was not polled
+    loop._backlog_at = now - 1  # due: the high watermarks (0 here) give the backlog
+    loop._next[0] = 0
+    view.high_watermarks = lambda partitions: {p: 4 for p in partitions}
+    loop.quiet_turn(view, now)
+    assert loop.backlog == 4 + 1 and loop._backlog_at > now
+    loop._revoked.add(1)  # revoked during the poll: forgotten even so
+    view.next = ([], {})
+    loop.quiet_turn(view, now)
+    assert 1 not in loop._next and 0 in loop._next and reactor.calls == []

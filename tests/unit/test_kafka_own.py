@@ -328,6 +328,45 @@ def test_the_bus_keeps_own_records_only_for_a_partition_a_member_here_hands():
     assert acked == [None] * 6
 
 
+def test_a_publish_many_run_is_kept_whole_in_its_unit_with_one_outcome():
+    """A run of one publisher's messages (``publish_many`` to a topic a
+    member here takes) goes to the packer in one call per partition: its
+    values are handed on acknowledgement as the very objects published, in
+    order, after a record published before it; records of a partition
+    another node routes keep nothing; ``done`` is called once, after every
+    Kafka record carrying some of them was acknowledged."""
+    driver = FakeDriver()
+    driver.LOCATES = True
+    bus, reactor = started(driver)
+    topic = bus.catalogue.msg_all
+    batches = []
+    consumer = KafkaConsumer(bus, topic, "g", lambda record: None, bus._codec(topic), 100, 1000,
+                             batch_handler=batches.append)
+    consumer.loop = FakeLoop()
+    assert consumer.hand_own()
+    here = crc32(b"a/b") % CONFIG.partitions
+    names = [f"t/{i}" for i in range(50)]
+    there = next(n for n in names if crc32(n.encode()) % CONFIG.partitions != here)
+    consumer._assigned([here], {here: 0})
+    acked = []
+    bus.publish(topic, "a/b", Message("a/b", b"0", 1), (), acked.append)
+    run = [Message("a/b", b"1", 1), Message("a/b", b"2", 1)]
+    bus.publish_many(topic, ["a/b", "a/b"], run, acked.append)
+    mixed = [Message("a/b", b"3", 1), Message(there, b"4", 1)]
+    bus.publish_many(topic, ["a/b", there], mixed, acked.append)
+    reactor.advance(0)
+    assert len(driver.sent) == 2  # one packed record per partition
+    fanouts = {partition: sent[4] for sent, partition in zip(driver.sent, driver.partitions)}
+    other = fanouts[crc32(there.encode()) % CONFIG.partitions]
+    assert type(other) is not Own and not getattr(other, "located", False)  # a lone record
+    assert [item[1].payload for item in fanouts[here].items] == [b"0", b"1", b"2", b"3"]
+    assert acked == []
+    _acknowledge(driver, {p: 0 for p in range(CONFIG.partitions)})
+    assert len(batches) == 1
+    assert batches[0][1] is run[0] and batches[0][2] is run[1] and batches[0][3] is mixed[0]
+    assert acked == [None, None, None]
+
+
 def test_a_packed_record_of_a_partition_no_member_here_hands_is_not_offered():
     """Another node routes the partition: its acknowledgement builds no unit
     and asks no member to take it (half of a two-node cluster's publishes)."""

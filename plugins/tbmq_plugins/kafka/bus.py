@@ -483,15 +483,21 @@ class KafkaBus:
         if not self.running:
             done(Failure(BusClosedError(f"{topic}: the Kafka bus is not running")))
             return
-        if self._takers and topic in self._takers:
-            # a member here takes the topic's records as acknowledged (.own,
-            # ``tbmq.msg.all``): each as publish does, one outcome
+        takers = self._takers.get(topic) if self._takers else None
+        if takers is not None and (topic not in self._placed or topic not in self._ready
+                                   or None in keys):
+            # a member here takes the topic's records as acknowledged (.own),
+            # and the topic is not ready or a record has no key: each as
+            # publish does (an Own each), one outcome
             publish_each(self.publish, topic, keys, values, done)
             return
         try:
             data = self._codec(topic).encode_many(values)
         except RecordEncodingError as e:
             done(Failure(e))
+            return
+        if takers is not None:  # ``tbmq.msg.all``: the values kept for the members here
+            self._publish_taken(topic, keys, values, data, takers, done)
             return
         first = keys[0] if keys else None
         if first is not None and keys.count(first) == len(keys):
@@ -565,6 +571,45 @@ class KafkaBus:
         if partitions is None:
             return None
         return crc32(key.encode("utf-8", "surrogatepass")) % partitions
+
+    def _publish_taken(self, topic: str, keys: list, values: list, data: list, takers: list,
+                       done: Callable[[Failure | None], None]) -> None:
+        """:meth:`publish_many` to a ready topic this bus places whose
+        records members here take on acknowledgement (:mod:`.own`;
+        ``tbmq.msg.all``): encoded in one call, each partition's records
+        queued with one :meth:`~.packing.Packer.add_many` that keeps their
+        keys and values in their unit (a run of one publisher's messages:
+        one topic, so one partition), one outcome, rather than a
+        ``publish`` and a completion part each.
+
+        :param keys: ``str`` each (none is None).
+        :param data: ``values`` encoded, each ``bytes``."""
+        partitions = self._placed[topic]
+        add_many = self._packer.add_many
+        first = keys[0]
+        if keys.count(first) == len(keys):  # one key: one partition, the lists as they are
+            key = first.encode("utf-8", "surrogatepass")
+            add_many(topic, crc32(key) % partitions, [key] * len(keys), data, done, takers,
+                     [(first, value, ()) for value in values])
+            return
+        groups: dict[int, tuple[list, list, list]] = {}
+        for key, value, encoded in zip(keys, values, data):
+            key_bytes = key.encode("utf-8", "surrogatepass")
+            partition = crc32(key_bytes) % partitions
+            group = groups.get(partition)
+            if group is None:
+                group = groups[partition] = ([], [], [])
+            group[0].append(key_bytes)
+            group[1].append(encoded)
+            group[2].append((key, value, ()))
+        if len(groups) == 1:
+            ((partition, (ks, vs, items)),) = groups.items()
+            add_many(topic, partition, ks, vs, done, takers, items)
+            return
+        sent = Completion()
+        for partition, (ks, vs, items) in groups.items():
+            add_many(topic, partition, ks, vs, sent.part(), takers, items)
+        sent.then(done)
 
     def _place(self, key: bytes | None, partitions: int) -> int:
         """The partition of a record this bus places (:mod:`.packing`):

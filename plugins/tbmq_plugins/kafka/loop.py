@@ -82,7 +82,7 @@ from tbmq_plugins.kafka.joining import Joining
 from tbmq_plugins.kafka.order import Gaps
 from tbmq_plugins.kafka.pacing import POLL_TIMEOUT, Pacer
 
-__all__ = ["BACKLOG_EVERY", "GATHER", "POLL_TIMEOUT", "RETRY_DELAY", "ConsumerLoop",
+__all__ = ["BACKLOG_EVERY", "COMMIT_EVERY", "GATHER", "POLL_TIMEOUT", "RETRY_DELAY", "ConsumerLoop",
            "SharedLoop", "TopicView"]
 
 log = Logger(observer=LOG_OBSERVER)
@@ -94,6 +94,10 @@ BACKLOG_EVERY = 1.0
 #: Seconds a joining client waits for more subscriptions before it joins
 #: (or changes its topics): those made within it cost one rebalance.
 GATHER = 0.2
+#: Seconds between two commits of a subscription that do not wait (the
+#: latest offsets asked meanwhile go in one; those before partitions go and
+#: at a stop are not held back): a commit per record read is a request each.
+COMMIT_EVERY = 0.1
 
 
 class _Outage:
@@ -124,21 +128,27 @@ class _Wanted:
     ``(topic, partition)``: read when asked, so that those a rebalance
     assigns during a poll are in it after (what a driver's poll reads)."""
 
-    __slots__ = ("_members",)
+    __slots__ = ("_views", "_by_topic")
 
     def __init__(self, members: dict) -> None:
-        self._members = {view.topic: member for member, view in members.items()}
+        self._views = members  # member -> view; the map by topic made when first asked
+        self._by_topic: dict | None = None
+
+    def _members(self) -> dict:
+        if self._by_topic is None:
+            self._by_topic = {view.topic: member for member, view in self._views.items()}
+        return self._by_topic
 
     def __contains__(self, tp: object) -> bool:
-        member = self._members.get(tp[0])
+        member = self._members().get(tp[0])
         return member is not None and tp[1] in member.wanted
 
     def __iter__(self):
-        return iter([(topic, p) for topic, member in self._members.items()
+        return iter([(topic, p) for topic, member in self._members().items()
                      for p in member.wanted])
 
     def __bool__(self) -> bool:
-        return any(member.wanted for member in self._members.values())
+        return any([member.wanted for member in self._views])
 
 
 class ConsumerLoop(_Outage):
@@ -180,6 +190,7 @@ class ConsumerLoop(_Outage):
         self.name = name
         self._lock = threading.Lock()
         self._commits: dict[int, int] = {}
+        self._commit_due = 0.0  # the next commit that does not wait, not before
         self._unconfirmed: dict[int, int] = {}  # committed without waiting
         self._seeks: dict[int, int] = {}
         self._want_paused = False
@@ -302,13 +313,17 @@ class ConsumerLoop(_Outage):
                             self._commits.setdefault(p, o)
 
     def between_polls(self, client: "TopicView") -> None:
-        """Commit, pause and resume what the reactor asked.  Nothing asked,
-        nothing is done (not even the lock taken: a member idle in a shared
-        client costs each turn little; an offset the reactor asks meanwhile
-        is committed at the next turn, as one asked just after the lock
-        would be)."""
+        """Commit (once per :data:`COMMIT_EVERY` seconds at most: the
+        latest offsets asked), pause and resume what the reactor asked.
+        Nothing asked, nothing is done (not even the lock taken: a member
+        idle in a shared client costs each turn little; an offset the
+        reactor asks meanwhile is committed at the next turn, as one asked
+        just after the lock would be)."""
         if self._commits:
-            self._commit(client, wait=False)
+            now = time.monotonic()
+            if now >= self._commit_due:
+                self._commit_due = now + COMMIT_EVERY
+                self._commit(client, wait=False)
         if self._seeks:
             self._seek(client)
         paused = self._want_paused
@@ -388,6 +403,18 @@ class ConsumerLoop(_Outage):
         elif records:
             self._reactor.callFromThread(self._sink._batch, records, reached)
         self._backlog_due(client)
+
+    def quiet_turn(self, client: "TopicView", now: float) -> None:
+        """The shared poll read nothing for the topic (most members of a
+        shared client, most turns): as :meth:`poll_once` with nothing read
+        (its view is not even asked, ``now`` is the turn's
+        :func:`time.monotonic`), unless partitions were revoked or a seek
+        waits to be tried again."""
+        if self._revoked or self._refetch:
+            self.poll_once(client)
+        elif now >= self._backlog_at:
+            self._backlog_at = now + BACKLOG_EVERY
+            self._read_backlog(client)
 
     def _backlog_due(self, client: "TopicView") -> None:
         """Read the backlog when :data:`BACKLOG_EVERY` seconds passed."""
@@ -803,8 +830,20 @@ class SharedLoop(Joining, _Outage):
                 self.pacer.read()
             else:
                 self.pacer.waited(time.monotonic() - began, timeout)
+        by_topic: dict = {}
+        for tp, end in ends.items():  # (usually none)
+            found = by_topic.get(tp[0])
+            if found is None:
+                found = by_topic[tp[0]] = {}
+            found[tp[1]] = end
+        now = time.monotonic()
         for member, view in list(members.items()):
             topic = view.topic
-            view.records = records.get(topic, [])
-            view.ends = {tp[1]: end for tp, end in ends.items() if tp[0] == topic} if ends else {}
+            read = records.get(topic) if records else None
+            reached = by_topic.get(topic) if by_topic else None
+            if read is None and reached is None:
+                member.quiet_turn(view, now)  # nothing read for it: nothing handed
+                continue
+            view.records = [] if read is None else read
+            view.ends = {} if reached is None else reached
             member.poll_once(view)

@@ -18,8 +18,10 @@ the deciding member of the session event requests, the session registry).
   another node's partition keeps nothing: half of a two-node cluster's
   publishes); a packed record's ``Fanout`` offers the items (:func:`offer`)
   as **one** unit with its offset, and only when every record it carries
-  is this node's publish (one of ``publish_many``, whose values are not
-  kept, has it fetched); a lone record is handed by an :class:`Own`.
+  is this node's publish (a ``publish_many`` to such a topic keeps its
+  records' items too, :meth:`~.packing.Packer.add_many`; one to another
+  topic keeps none, and a unit with its records is fetched); a lone record
+  is handed by an :class:`Own`.
   Any other record (headers, no key, a topic being created) has its
   ``done`` wrapped in an :class:`Own` at once by
   :meth:`~.bus.KafkaBus.publish`, which carries the record and the

@@ -283,7 +283,8 @@ class Packer:
             pending.located = True
 
     def add_many(self, topic: str, partition: int, keys: list, values: list,
-                 done: Callable[[Failure | None], None]) -> None:
+                 done: Callable[[Failure | None], None], takers: list | None = None,
+                 items: list | None = None) -> None:
         """Queue several records (no headers) for the end of the turn, with
         **one** ``done`` for all of them: called once every Kafka record
         that carries some of them was acknowledged, or with the first
@@ -291,7 +292,13 @@ class Packer:
         :data:`MAX_RECORDS` or :data:`MAX_BYTES` spread them over several).
 
         :param keys: ``bytes | None`` each.
-        :param values: ``bytes | None`` each, as :meth:`add`'s."""
+        :param values: ``bytes | None`` each, as :meth:`add`'s.
+        :param takers: None, or the members that take the topic's records
+            when acknowledged (:mod:`.own`); then ``items`` are the
+            records' ``(key, value, ())`` as published (``str`` key, the
+            value object), kept in their unit as :meth:`add` keeps one
+            record's when the records join one unit, so that the unit is
+            handed on its acknowledgement rather than fetched back."""
         if not keys:
             done(None)
             return
@@ -299,7 +306,6 @@ class Packer:
         pending = self._pending.get(slot)
         if pending is None:
             pending = self._open(slot)
-        pending.items = None  # values not kept: a unit with these records is fetched
         if len(pending.keys) + len(keys) <= MAX_RECORDS:
             size = pending.size
             if None in values:
@@ -307,11 +313,18 @@ class Packer:
             else:
                 size += sum(map(len, values))
             if size <= MAX_BYTES:  # all of them fit: one extend, not an append each
+                if takers is None:
+                    pending.items = None  # values not kept: the unit is fetched
+                elif pending.items is not None:
+                    pending.items.extend(items)
+                elif not pending.keys and handed(takers, partition):  # the unit starts
+                    pending.takers, pending.items = takers, list(items)
                 pending.keys.extend(keys)
                 pending.values.extend(values)
                 pending.size = size
                 pending.dones.append(done)
                 return
+        pending.items = None  # spread over several units: fetched back
         spread = None
         carries = False  # ``pending`` holds some of these records
         for key, value in zip(keys, values):
