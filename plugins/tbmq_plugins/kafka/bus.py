@@ -547,8 +547,7 @@ class KafkaBus:
             add_many(topic, partition, ks, vs, sent.part())
         sent.then(done)
 
-    #: seconds after the last acknowledgement during which
-    #: :meth:`acknowledging` holds
+    #: seconds after the last acknowledgement that :meth:`acknowledging` holds
     ACKNOWLEDGING = 0.5
 
     def acknowledging(self) -> bool:
@@ -561,12 +560,10 @@ class KafkaBus:
                 and self.clock.seconds() - at <= self.ACKNOWLEDGING)
 
     def partition_of(self, topic: str, key: str) -> int | None:
-        """The partition a record of ``topic`` with ``key`` published now
-        goes to, when the bus places the topic's records itself (a packable
-        topic, once ready: ``crc32(key) % partitions``, :mod:`.packing`).
-
-        :returns: ``int``, or None when the producer's partitioner places
-            them or the topic is not ready yet."""
+        """:returns: the partition (``int``) a record of ``topic`` with ``key``
+        published now goes to, when the bus places the topic's records itself
+        (a packable topic, once ready: ``crc32(key) % partitions``,
+        :mod:`.packing`); else None (the producer's partitioner places them)."""
         partitions = self._placed.get(topic) if topic in self._ready else None
         if partitions is None:
             return None
@@ -582,8 +579,7 @@ class KafkaBus:
         one topic, so one partition), one outcome, rather than a
         ``publish`` and a completion part each.
 
-        :param keys: ``str`` each (none is None).
-        :param data: ``values`` encoded, each ``bytes``."""
+        :param keys: ``str`` each (none None); ``data``: ``values`` encoded (``bytes``)."""
         partitions = self._placed[topic]
         add_many = self._packer.add_many
         first = keys[0]
