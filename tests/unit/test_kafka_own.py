@@ -286,12 +286,12 @@ def test_the_bus_hands_its_own_messages_as_published_and_packed_records_as_one_u
     assert type(driver.sent[0][4]) is not Own  # no member takes them any more
 
 
-def test_the_bus_keeps_own_records_only_for_a_partition_a_member_here_hands():
-    """A packed record of the publishes to a partition another node routes
-    keeps nothing of them (no ``Own`` per publish, no unit: the other node
-    fetches it); one of a partition handed here carries them as one unit
-    for the member, and so does a ``publish_many`` to it (each record
-    published as by ``publish``)."""
+def _member_of_one_partition():
+    """A started bus whose ``tbmq.msg.all`` member here hands the partition
+    of the key ``a/b`` (``here``) and not that of ``there``.
+
+    :returns: ``(driver, bus, reactor, topic, batches, here, there)``,
+        ``batches`` the member's handed batches."""
     driver = FakeDriver()
     driver.LOCATES = True
     bus, reactor = started(driver)
@@ -305,6 +305,16 @@ def test_the_bus_keeps_own_records_only_for_a_partition_a_member_here_hands():
     names = [f"t/{i}" for i in range(50)]
     there = next(n for n in names if crc32(n.encode()) % CONFIG.partitions != here)
     consumer._assigned([here], {here: 0})
+    return driver, bus, reactor, topic, batches, here, there
+
+
+def test_the_bus_keeps_own_records_only_for_a_partition_a_member_here_hands():
+    """A packed record of the publishes to a partition another node routes
+    keeps nothing of them (no ``Own`` per publish, no unit: the other node
+    fetches it); one of a partition handed here carries them as one unit
+    for the member, and so does a ``publish_many`` to it (each record
+    published as by ``publish``)."""
+    driver, bus, reactor, topic, batches, here, there = _member_of_one_partition()
     acked = []
     for name in ("a/b", there, "a/b", there):
         bus.publish(topic, name, Message(name, b"x", 1), (), acked.append)
@@ -335,19 +345,7 @@ def test_a_publish_many_run_is_kept_whole_in_its_unit_with_one_outcome():
     order, after a record published before it; records of a partition
     another node routes keep nothing; ``done`` is called once, after every
     Kafka record carrying some of them was acknowledged."""
-    driver = FakeDriver()
-    driver.LOCATES = True
-    bus, reactor = started(driver)
-    topic = bus.catalogue.msg_all
-    batches = []
-    consumer = KafkaConsumer(bus, topic, "g", lambda record: None, bus._codec(topic), 100, 1000,
-                             batch_handler=batches.append)
-    consumer.loop = FakeLoop()
-    assert consumer.hand_own()
-    here = crc32(b"a/b") % CONFIG.partitions
-    names = [f"t/{i}" for i in range(50)]
-    there = next(n for n in names if crc32(n.encode()) % CONFIG.partitions != here)
-    consumer._assigned([here], {here: 0})
+    driver, bus, reactor, topic, batches, here, there = _member_of_one_partition()
     acked = []
     bus.publish(topic, "a/b", Message("a/b", b"0", 1), (), acked.append)
     run = [Message("a/b", b"1", 1), Message("a/b", b"2", 1)]
