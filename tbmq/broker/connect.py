@@ -549,11 +549,11 @@ class ConnectHandler:
             conn.auth_request = None
         if debug_enabled():
             conn.log.debug("client {client_id} connected from {peer} (MQTT level {mqtt_level}, "
-                           "persistent={persistent}, session present={present}, "
-                           "authenticated by {provider})",
-                           client_id=connect.client_id, peer=conn._peer(),
-                           mqtt_level=level, persistent=session.persistent,
-                           present=present, provider=result.provider)
+                       "persistent={persistent}, session present={present}, "
+                       "authenticated by {provider})",
+                       client_id=connect.client_id, peer=conn._peer(),
+                       mqtt_level=level, persistent=session.persistent,
+                       present=present, provider=result.provider)
         self.ctx.hooks.client_connected(session, connect, request.address)
         conn._peer_address = None  # asked of the transport again when needed
         session.resume()
