@@ -26,7 +26,8 @@ Stages: ``produce → ack`` (librdkafka's queue and linger, the wait behind
 the request in flight, the broker's round trip, the poll thread's wait for
 the GIL), ``produce → fetched`` (the above without the report, and the
 fetch: on Tansu the wait until the next check of a waiting fetch),
-``fetched → handed``.  A record of ``msg.all`` its own node routes is
+``fetched → handed``; then ``produce → fetched`` by quarter of the run
+(its time course).  A record of ``msg.all`` its own node routes is
 never fetched for that (it is handed on acknowledgement).  Wall-clock
 figures: on a loaded machine compare trees in the same run, and repeat.
 """
@@ -145,6 +146,8 @@ STAGES = (("produce → ack", "produce", "ack"), ("produce → fetched", "produc
           ("ack → fetched", "ack", "fetched"), ("fetched → handed", "fetched", "handed"),
           ("produce → handed", "produce", "handed"))
 FAMILIES = ("msg.all", "msg.downlink.basic")
+#: Slices of the run in the time course of ``produce → fetched``.
+SLICES = 4
 
 
 def report(folder: str) -> None:
@@ -167,6 +170,26 @@ def report(folder: str) -> None:
                 cells.append(quantiles([seen[b][k] - t for k, t in seen[a].items()
                                         if k[0] == family and k in seen[b]], 2))
             print(f"| {title} | " + " | ".join(cells) + " |")
+        course(seen)
+
+
+def course(seen: dict) -> None:
+    """Print ``produce → fetched`` of each family by quarter of the run (by
+    produce time): a broker whose fetch costs grow with what a partition
+    holds (Tansu's memory engine) shows it growing from the first quarter
+    to the last at a steady rate."""
+    print(f"\nproduce → fetched by {SLICES}ths of the run, ms p50 / p90 (records):\n")
+    for family in FAMILIES:
+        stamps = sorted((t, seen["fetched"][k] - t) for k, t in seen["produce"].items()
+                        if k[0] == family and k in seen["fetched"])
+        if len(stamps) < SLICES:
+            continue
+        first, last = stamps[0][0], stamps[-1][0]
+        width = (last - first) / SLICES or 1.0
+        slices = [[] for _ in range(SLICES)]
+        for t, d in stamps:
+            slices[min(SLICES - 1, int((t - first) / width))].append(d)
+        print(f"- {family}: " + "; ".join(quantiles(s, 2) for s in slices))
 
 
 def main() -> None:
