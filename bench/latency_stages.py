@@ -151,12 +151,15 @@ SLICES = 4
 
 
 def report(folder: str) -> None:
-    """Print the stage table of each tree traced in ``folder``."""
+    """Print the stage table of each cluster start traced in ``folder``
+    (its tree and its nodes' service id without the node's suffix: the
+    records of two starts, ``--repeat``, share families and offsets)."""
     trees = collections.defaultdict(lambda: collections.defaultdict(dict))
     for path in sorted(glob.glob(os.path.join(folder, "stages.*.json"))):
         with open(path) as f:
             data = json.load(f)
-        seen = trees[data["tree"]]
+        start = (data["service_id"] or "").rsplit("-", 1)[0]
+        seen = trees[f"{data['tree']} ({start})"]
         for kind in ("produce", "ack", "fetched", "handed"):
             for family, partition, offset, t in data[kind]:
                 seen[kind][(family, partition, offset)] = t
