@@ -132,7 +132,8 @@ class SessionEvents:
         #: member granted, until the registry shows it (at most
         #: :attr:`GRANT_MEMORY` seconds), oldest first
         self._granted: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        #: request id -> (its Deferred, the time its answer is due), oldest first
+        #: request id -> (its Deferred, the time its answer is due, the
+        #: session id asked for), oldest first
         self._pending: dict[str, tuple[defer.Deferred, float]] = {}
         self._sweep = None  # the timer of _time_out while requests wait
         # request ids: unique per process (a counter after a random prefix),
@@ -141,8 +142,20 @@ class SessionEvents:
         self._requests = 0
         #: the bus's ``publish_many(topic, keys, values, done)``, when it has one
         self._publish_many = getattr(bus, "publish_many", None)
+        #: the bus's ``acknowledging()``, when it can tell that its brokers
+        #: answer (Kafka): a connect of a client id the registry shows no
+        #: session of is then decided at once (:meth:`request_connect`)
+        self._acknowledging = getattr(bus, "acknowledging", None)
+        #: client id -> (session id, seconds) of the last connection granted
+        #: here whose record the registry has not shown yet (at most
+        #: :attr:`GRANT_MEMORY` seconds), oldest first
+        self._unshown: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        #: client id -> the record of another node's connection read while
+        #: this node's later one was not shown yet (forgotten once it shows)
+        self._behind: dict = {}
         self.consumers: list = []
         self._deciding = None
+        self._started = False
 
     def _batches(self, handler: Callable) -> Callable | None:
         """``handler`` as a consumer's ``batch_handler`` on a bus that packs
@@ -187,6 +200,7 @@ class SessionEvents:
         ]
         self.registry.listeners.append(self.on_registry_change)
         self._deciding.resume()
+        self._started = True
 
     # -- asking -----------------------------------------------------------------------
 
@@ -216,12 +230,15 @@ class SessionEvents:
                              request_id, clean_start, persistent, client_type,
                              session_expiry_interval, protocol_level, now)
         deciding = self._deciding
-        if deciding is not None and deciding.decides(client_id):
+        if deciding is not None and (deciding.decides(client_id) or self._unseen(client_id)):
             # this node's member decides the client id and has read its
-            # partition: decided now, not published (see the module doc)
-            d.callback(self._connect_decision(event))
+            # partition, or no node holds a session of it: decided now,
+            # not published (see the module doc)
+            response = self._connect_decision(event)
+            self._shown_later(client_id, session_id, now)
+            d.callback(response)
             return d
-        self._pending[request_id] = (d, now + self.timeout)
+        self._pending[request_id] = (d, now + self.timeout, session_id)
         # (_request's publish, without the call)
         self.bus.publish(self.topics.session_event_request, client_id, event, (),
                          partial(self._sent, request_id))
@@ -252,7 +269,7 @@ class SessionEvents:
         now = self.clock.seconds()
         pending = self._pending
         overdue = []
-        for request_id, (d, deadline) in pending.items():
+        for request_id, (d, deadline, _) in pending.items():
             if deadline > now:
                 break
             overdue.append(request_id)
@@ -278,6 +295,8 @@ class SessionEvents:
         for response in responses:
             waiting = pending.pop(response.request_id, None)
             if waiting is not None:
+                if response.success:
+                    self._shown_later(response.client_id, waiting[2], self.clock.seconds())
                 waiting[0].callback(response)
             else:
                 log.debug("the answer to the connect request {request} of {client_id} came "
@@ -345,6 +364,7 @@ class SessionEvents:
         if waiting is None:
             self._on_responses((response,))  # (logged: came after the CONNECT was refused)
         else:
+            self._shown_later(event.client_id, event.session_id, self.clock.seconds())
             waiting[0].callback(response)
         return None
 
@@ -446,6 +466,47 @@ class SessionEvents:
                 break
             granted.popitem(last=False)
 
+    def _unseen(self, client_id: str) -> bool:
+        """Whether a connect of ``client_id`` may be decided here at once
+        though another member decides its partition: the registry shows no
+        session of it (none connected, none offline: nothing to take over,
+        no session present [MQTT-3.2.2-2]), this node decides (started),
+        and the bus can tell that its brokers answer (Kafka:
+        ``KafkaBus.acknowledging``, so the grant's registry record will be
+        written).  See the module doc for the race of two such grants."""
+        acknowledging = self._acknowledging
+        return (acknowledging is not None and self._started
+                and self.registry.get(client_id) is None and acknowledging())
+
+    def _shown_later(self, client_id: str, session_id: str, now: float) -> None:
+        """A connection of ``client_id`` (``session_id``) was granted here:
+        until the registry shows its record, another node's record of the
+        client id comes before it in ``tbmq.client.session`` and does not
+        take the connection (:meth:`on_registry_change`)."""
+        unshown = self._unshown
+        unshown.pop(client_id, None)
+        unshown[client_id] = (session_id, now)
+        oldest = next(iter(unshown.values()))
+        if oldest[1] + self.GRANT_MEMORY < now:
+            self._forget_unshown(now)
+
+    def _forget_unshown(self, now: float) -> None:
+        """Drop the grants whose record the registry has not shown in
+        :attr:`GRANT_MEMORY` seconds (never written: the connection ended
+        first, or the publish failed); another node's record held back for
+        one of them now takes its session here, as it would have."""
+        unshown = self._unshown
+        while unshown:
+            client_id, (_, at) = next(iter(unshown.items()))
+            if at + self.GRANT_MEMORY >= now:
+                break
+            del unshown[client_id]
+            behind = self._behind.pop(client_id, None)
+            current = self.registry.get(client_id)
+            if (behind is not None and current is not None
+                    and current.session_id == behind.session_id):
+                self.forget_local(client_id, current)
+
     def _take_over(self, event: SessionEvent) -> None:
         info = self.registry.get(event.client_id)
         if (info is None or info.service_id != event.service_id
@@ -480,6 +541,19 @@ class SessionEvents:
         granted = self._granted.get(client_id)
         if granted is not None and (new is None or new.session_id == granted[0]):
             del self._granted[client_id]  # the registry shows it now
+        unshown = self._unshown.get(client_id)
+        if unshown is not None and new is not None:
+            if new.session_id == unshown[0]:
+                # this node's connection shown: it came after any record
+                # held back for it (one partition, read in order)
+                del self._unshown[client_id]
+                self._behind.pop(client_id, None)
+                return
+            if new.service_id != self.service_id:
+                # another node's connection, before this node's later one
+                # in the partition: that one takes it over when read there
+                self._behind[client_id] = new
+                return
         if new is not None and new.service_id != self.service_id and (
                 old is None or old.session_id != new.session_id):
             self.forget_local(client_id, new)
