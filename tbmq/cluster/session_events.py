@@ -47,6 +47,29 @@ read after a request does.  Nothing is left in the partition to decide
 again when it moves, and a node that dies takes the connection it
 answered with it.
 
+A connect of a client id the session registry shows no session of (no
+node holds one, connected or offline, as far as this node has read) is
+decided at once on any node whose bus can tell that its brokers answer
+(Kafka, :meth:`_unseen`): there is nothing to take over and no session to
+present [MQTT-3.2.2-2], so the deciding member would grant it, unless a
+connect of the same client id on another node, not yet in the registry,
+is concurrent with it.  Such a race is settled by the registry, as the
+one above: ``tbmq.client.session`` has one partition, every node applies
+its records in the partition's order (its own on acknowledgement, once
+those before it were applied), and the connection whose record comes last
+stays.  A node that granted a connection and reads another node's record
+of the client id before its own holds that record back (the other node
+drops its connection when it reads this node's record, after its own);
+its own record read, the held record is dropped.  A grant whose record is
+not read within :attr:`GRANT_MEMORY` seconds (never written) holds nothing
+back any longer: the session is then forgotten here.  What this gives up
+is TBMQ's decision by the partition for the first connect of a client id:
+of two first connects racing, the one whose registry record lands last is
+kept, not the one the partition would have ordered last.  A gone node's
+session of such a client id whose record lands after this node's grant
+was read may be taken over by its deciding member, which did not see the
+grant; the record of the grant, read after, makes it forget the session.
+
 A node that sees, in the session registry, one of its sessions now held by
 another connection elsewhere forgets it: the will and the session expiry of
 a session belong to the one node that last held it, so no node fires them
@@ -209,9 +232,10 @@ class SessionEvents:
                         protocol_level: int, answer=None) -> defer.Deferred:
         """Ask the cluster to let ``client_id`` connect here: decided at
         once when this node's deciding member decides the client id and has
-        read its partition (:meth:`tbmq.interfaces.IConsumer.decides`, see
-        the module doc), else published on
-        ``tbmq.client.session.event.request``.
+        read its partition (:meth:`tbmq.interfaces.IConsumer.decides`), or
+        when the registry shows no session of it and the bus's brokers
+        answer (:meth:`_unseen`; see the module doc for both), else
+        published on ``tbmq.client.session.event.request``.
 
         :param answer: what gets the answer instead of a new Deferred:
             anything with a Deferred's ``callback(response)`` and
