@@ -156,8 +156,12 @@ class SessionEvents:
         #: :attr:`GRANT_MEMORY` seconds), oldest first
         self._granted: OrderedDict[str, tuple[str, float]] = OrderedDict()
         #: request id -> (its Deferred, the time its answer is due, the
-        #: session id asked for), oldest first
-        self._pending: dict[str, tuple[defer.Deferred, float]] = {}
+        #: session id asked for, the client id), oldest first
+        self._pending: dict[str, tuple[defer.Deferred, float, str, str]] = {}
+        #: client id -> how many of its requests wait for their answer here
+        #: (a client id with one waiting is not decided at once: its
+        #: connects here are granted in the order they were asked)
+        self._asking: dict[str, int] = {}
         self._sweep = None  # the timer of _time_out while requests wait
         # request ids: unique per process (a counter after a random prefix),
         # so an answer to an earlier process of this node matches nothing
@@ -262,7 +266,9 @@ class SessionEvents:
             self._shown_later(client_id, session_id, now)
             d.callback(response)
             return d
-        self._pending[request_id] = (d, now + self.timeout, session_id)
+        self._pending[request_id] = (d, now + self.timeout, session_id, client_id)
+        asking = self._asking
+        asking[client_id] = asking.get(client_id, 0) + 1
         # (_request's publish, without the call)
         self.bus.publish(self.topics.session_event_request, client_id, event, (),
                          partial(self._sent, request_id))
@@ -281,9 +287,20 @@ class SessionEvents:
         its publish, no Deferred per request): a refused request fails its
         connect at once."""
         if failure is not None:
-            pending = self._pending.pop(request_id, None)
+            pending = self._take(request_id)
             if pending is not None:
                 pending[0].errback(failure)
+
+    def _take(self, request_id: str) -> tuple | None:
+        """:returns: the :attr:`_pending` entry of ``request_id``, removed
+        (None when it is not there: answered, refused or timed out)."""
+        pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            client_id = pending[3]
+            left = self._asking.pop(client_id) - 1
+            if left:
+                self._asking[client_id] = left
+        return pending
 
     def _time_out(self) -> None:
         """Fail the requests whose answer is overdue (in the order they were
@@ -293,12 +310,12 @@ class SessionEvents:
         now = self.clock.seconds()
         pending = self._pending
         overdue = []
-        for request_id, (d, deadline, _) in pending.items():
+        for request_id, (d, deadline, _, _) in pending.items():
             if deadline > now:
                 break
             overdue.append(request_id)
         for request_id in overdue:
-            d = pending.pop(request_id)[0]
+            d = self._take(request_id)[0]
             d.errback(BusPublishError("no answer to the connect request in time"))
         if pending and self._sweep is None:
             due = next(iter(pending.values()))[1]
@@ -315,9 +332,9 @@ class SessionEvents:
 
         :param responses: :class:`~tbmq.cluster.records.SessionEventResponse` each.
         """
-        pending = self._pending
+        take = self._take
         for response in responses:
-            waiting = pending.pop(response.request_id, None)
+            waiting = take(response.request_id)
             if waiting is not None:
                 if response.success:
                     self._shown_later(response.client_id, waiting[2], self.clock.seconds())
@@ -384,7 +401,7 @@ class SessionEvents:
         if event.kind != CONNECTION_REQUEST or event.service_id != self.service_id:
             return self._decide_many((event,))
         response = self._connect_decision(event)
-        waiting = self._pending.pop(response.request_id, None)
+        waiting = self._take(response.request_id)
         if waiting is None:
             self._on_responses((response,))  # (logged: came after the CONNECT was refused)
         else:
@@ -495,11 +512,13 @@ class SessionEvents:
         though another member decides its partition: the registry shows no
         session of it (none connected, none offline: nothing to take over,
         no session present [MQTT-3.2.2-2]), this node decides (started),
-        and the bus can tell that its brokers answer (Kafka:
-        ``KafkaBus.acknowledging``, so the grant's registry record will be
-        written).  See the module doc for the race of two such grants."""
+        no request of it from this node waits for its answer (its connects
+        here are granted in the order they came), and the bus can tell that
+        its brokers answer (Kafka: ``KafkaBus.acknowledging``, so the
+        grant's registry record will be written).  See the module doc for the race of two such grants."""
         acknowledging = self._acknowledging
         return (acknowledging is not None and self._started
+                and client_id not in self._asking
                 and self.registry.get(client_id) is None and acknowledging())
 
     def _shown_later(self, client_id: str, session_id: str, now: float) -> None:

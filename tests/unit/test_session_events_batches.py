@@ -369,7 +369,8 @@ def test_a_client_id_the_registry_shows_no_session_of_is_decided_at_once():
     during the call though another member decides its partition (no
     session present [MQTT-3.2.2-2], nothing to take over); one the registry
     shows a session of, one asked while the bus cannot tell that its
-    brokers answer, and one asked before the node decides are published."""
+    brokers answer, one asked before the node decides and one of a client
+    id whose earlier request waits for its answer here are published."""
     bus = AcknowledgingBus()
     registry = Registry({"held": info("held", "node-c", "s-old", connected=False)})
     events, _ = make(bus, registry)
@@ -382,11 +383,12 @@ def test_a_client_id_the_registry_shows_no_session_of_is_decided_at_once():
     assert [(a.client_id, a.success, a.session_present, a.session) for a in answers] == [
         ("new", True, False, None)]
     assert not ask(events, "held").called
+    assert not ask(events, "early", "s-again").called  # its first request waits
     bus.answering = False
     assert not ask(events, "other").called
     assert [k for t, k, *_ in bus.published if t == events.topics.session_event_request] == [
-        "early", "held", "other"]
-    assert events._unshown["new"][0] == "s-new"
+        "early", "held", "early", "other"]
+    assert events._unshown["new"][0] == "s-new" and events._asking["early"] == 2
 
 
 def test_a_connection_granted_here_is_not_taken_by_an_earlier_record_of_another_node():
