@@ -156,7 +156,8 @@ class SessionEvents:
         #: :attr:`GRANT_MEMORY` seconds), oldest first
         self._granted: OrderedDict[str, tuple[str, float]] = OrderedDict()
         #: request id -> (its Deferred, the time its answer is due, the
-        #: session id asked for, the client id), oldest first
+        #: session id asked for, the client id once counted in
+        #: :attr:`_asking`, else None), oldest first
         self._pending: dict[str, tuple[defer.Deferred, float, str, str]] = {}
         #: client id -> how many of its requests wait for their answer here
         #: (a client id with one waiting is not decided at once: its
@@ -266,14 +267,17 @@ class SessionEvents:
             self._shown_later(client_id, session_id, now)
             d.callback(response)
             return d
-        self._pending[request_id] = (d, now + self.timeout, session_id, client_id)
-        asking = self._asking
-        asking[client_id] = asking.get(client_id, 0) + 1
+        pending = self._pending
+        pending[request_id] = (d, now + self.timeout, session_id, None)
         # (_request's publish, without the call)
         self.bus.publish(self.topics.session_event_request, client_id, event, (),
                          partial(self._sent, request_id))
-        if self._sweep is None and self._pending:  # not answered during the call
-            self._sweep = self.clock.callLater(self.timeout, self._time_out)
+        if request_id in pending:  # not answered during the call: counted
+            pending[request_id] = (d, now + self.timeout, session_id, client_id)
+            asking = self._asking
+            asking[client_id] = asking.get(client_id, 0) + 1
+            if self._sweep is None:
+                self._sweep = self.clock.callLater(self.timeout, self._time_out)
         return d
 
     #: one timer for all the requests waiting, none per request: it fires at
@@ -297,9 +301,10 @@ class SessionEvents:
         pending = self._pending.pop(request_id, None)
         if pending is not None:
             client_id = pending[3]
-            left = self._asking.pop(client_id) - 1
-            if left:
-                self._asking[client_id] = left
+            if client_id is not None:  # counted in _asking
+                left = self._asking.pop(client_id) - 1
+                if left:
+                    self._asking[client_id] = left
         return pending
 
     def _time_out(self) -> None:
@@ -405,7 +410,8 @@ class SessionEvents:
         if waiting is None:
             self._on_responses((response,))  # (logged: came after the CONNECT was refused)
         else:
-            self._shown_later(event.client_id, event.session_id, self.clock.seconds())
+            # (no _shown_later: this bus hands the grant's registry record
+            # during its publish, before any other node's record is read)
             waiting[0].callback(response)
         return None
 
