@@ -65,10 +65,11 @@ not read within :attr:`GRANT_MEMORY` seconds (never written) holds nothing
 back any longer: the session is then forgotten here.  What this gives up
 is TBMQ's decision by the partition for the first connect of a client id:
 of two first connects racing, the one whose registry record lands last is
-kept, not the one the partition would have ordered last.  A gone node's
-session of such a client id whose record lands after this node's grant
-was read may be taken over by its deciding member, which did not see the
-grant; the record of the grant, read after, makes it forget the session.
+kept, not the one the partition would have ordered last; and a node that
+dies holding a connection of the client id whose record this node had
+not read when it granted may have that session taken over by the
+deciding member (which did not see the grant: its will published), until
+the grant's record, later in the registry, makes that member forget it.
 
 A node that sees, in the session registry, one of its sessions now held by
 another connection elsewhere forgets it: the will and the session expiry of
