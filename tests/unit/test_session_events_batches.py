@@ -351,3 +351,83 @@ def test_a_request_of_a_partition_this_node_decides_and_has_read_is_decided_at_o
     assert not other.called
     assert [(t, k) for t, k, *_ in bus.published[1:]] == [
         (events.topics.session_event_request, "other")]
+
+
+class AcknowledgingBus(PackingBus):
+    """A :class:`PackingBus` that tells whether its brokers answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answering = True
+
+    def acknowledging(self):
+        return self.answering
+
+
+def test_a_client_id_the_registry_shows_no_session_of_is_decided_at_once():
+    """A connect of a client id no node holds a session of is decided
+    during the call though another member decides its partition (no
+    session present [MQTT-3.2.2-2], nothing to take over); one the registry
+    shows a session of, one asked while the bus cannot tell that its
+    brokers answer, one asked before the node decides and one of a client
+    id whose earlier request waits for its answer here are published."""
+    bus = AcknowledgingBus()
+    registry = Registry({"held": info("held", "node-c", "s-old", connected=False)})
+    events, _ = make(bus, registry)
+    events.join()
+    early = ask(events, "early")
+    assert not early.called  # not started: published
+    events.start()
+    answers = []
+    ask(events, "new", "s-new").addCallback(answers.append)
+    assert [(a.client_id, a.success, a.session_present, a.session) for a in answers] == [
+        ("new", True, False, None)]
+    assert not ask(events, "held").called
+    assert not ask(events, "early", "s-again").called  # its first request waits
+    bus.answering = False
+    assert not ask(events, "other").called
+    assert [k for t, k, *_ in bus.published if t == events.topics.session_event_request] == [
+        "early", "held", "early", "other"]
+    assert events._unshown["new"][0] == "s-new" and events._asking["early"] == 2
+
+
+def test_a_connection_granted_here_is_not_taken_by_an_earlier_record_of_another_node():
+    """Two connections of one client id granted on two nodes: the one whose
+    registry record comes last in ``tbmq.client.session`` stays.  Here the
+    other node's record is read first: this node keeps its connection, and
+    the other node, reading this node's record after its own, drops its."""
+    forgotten: list = []
+    bus = AcknowledgingBus()
+    events = SessionEvents(bus, TopicCatalogue(), "me", Registry(), task.Clock(),
+                           drop_local=lambda *a: None,
+                           forget_local=lambda c, i: forgotten.append((c, i.session_id)))
+    events.start()
+    ask(events, "x", "s-here")
+    theirs, mine = info("x", "node-b", "s-there"), info("x", "me", "s-here")
+    events.on_registry_change("x", None, theirs)
+    assert forgotten == []
+    events.on_registry_change("x", theirs, mine)
+    assert forgotten == [] and "x" not in events._unshown and "x" not in events._behind
+    later = info("x", "node-b", "s-later")
+    events.on_registry_change("x", mine, later)
+    assert forgotten == [("x", "s-later")]
+
+
+def test_a_grant_whose_record_never_shows_lets_the_other_nodes_record_take_it():
+    """A connection granted here whose registry record is not shown in
+    ``GRANT_MEMORY`` seconds (never written) no longer holds back another
+    node's record: the session is forgotten here then."""
+    forgotten: list = []
+    clock = task.Clock()
+    registry = Registry()
+    events = SessionEvents(AcknowledgingBus(), TopicCatalogue(), "me", registry, clock,
+                           drop_local=lambda *a: None,
+                           forget_local=lambda c, i: forgotten.append((c, i.session_id)))
+    events.start()
+    ask(events, "x", "s-here")
+    theirs = registry.sessions["x"] = info("x", "node-b", "s-there")
+    events.on_registry_change("x", None, theirs)
+    assert forgotten == []
+    clock.advance(events.GRANT_MEMORY + 1)
+    ask(events, "y", "s-y")
+    assert forgotten == [("x", "s-there")] and "x" not in events._unshown
