@@ -381,60 +381,48 @@ class SQLiteDeviceMessageStore(RunnerView):
 
     def _blobs_of(self, messages) -> list[bytes]:
         """:returns: the :func:`~tbmq.backends.sqlite_schema.message_blob`
-        of each of ``messages`` (a sequence), kept for the next subscribers
-        as by :meth:`_fill_blobs`; a run none or all of whose messages were
-        encoded before costs no bytecode per message (map loops).
+        of each of ``messages`` (a sequence), in order: a message is encoded
+        once (:func:`~tbmq.backends.sqlite_schema.message_blobs`, one pass
+        for the new ones) for every subscriber it is queued for, the same
+        bytes each time (kept while the message is held, up to
+        ``SHARED_BLOBS`` of at most ``SHARED_BLOB_MAX`` bytes). A run none or
+        all of whose messages were encoded before costs no bytecode per
+        message (map loops).
 
         :raises tbmq.errors.RecordEncodingError: for a message that does
             not fit its record."""
+        if not messages:
+            return []
         blobs = self._blobs
-        if blobs:
-            known = list(map(blobs.get, map(id, messages)))
-            if None not in known:
-                return [blob for _, blob in known]
-            if known.count(None) != len(known):  # some of them: one by one
-                rows = [[None, None, None] for _ in messages]
-                self._fill_blobs(rows, messages)
-                return [row[2] for row in rows]
-        out = message_blobs(messages)
-        if len(blobs) + len(out) > SHARED_BLOBS:
+        known = list(map(blobs.get, map(id, messages))) if blobs else None
+        if known is None or known.count(None) == len(known):
+            missed = messages
+            out = new = message_blobs(messages)
+        elif None not in known:
+            return [blob for _, blob in known]
+        else:  # some of them: the new ones encoded in one pass
+            missed = [m for m, k in zip(messages, known) if k is None]
+            fresh = iter(new := message_blobs(missed))
+            out = [next(fresh) if k is None else k[1] for k in known]
+        if len(blobs) + len(new) > SHARED_BLOBS:
             blobs.clear()
-        if max(map(len, out)) <= SHARED_BLOB_MAX:
+        if max(map(len, new)) <= SHARED_BLOB_MAX:
             # the messages are held: their ids are not others' meanwhile
-            blobs.update(zip(map(id, messages), zip(messages, out)))
+            blobs.update(zip(map(id, missed), zip(missed, new)))
         else:
-            for message, blob in zip(messages, out):
+            for message, blob in zip(missed, new):
                 if len(blob) <= SHARED_BLOB_MAX:
                     blobs[id(message)] = (message, blob)
         return out
 
     def _fill_blobs(self, rows: list, messages) -> None:
-        """Put the encoding of each of ``messages`` into the ``message``
-        column of its row of ``rows``: a message is encoded once
-        (:func:`~tbmq.backends.sqlite_schema.message_blobs`, one pass for
-        the new ones) for every subscriber it is queued for, the same bytes
-        in each row.
+        """Put :meth:`_blobs_of` ``messages`` into the ``message`` column of
+        each message's row of ``rows``.
 
         :raises tbmq.errors.RecordEncodingError: for a message that does
             not fit its record."""
-        blobs = self._blobs
-        misses, missed = [], []
-        for row, message in zip(rows, messages):
-            known = blobs.get(id(message))
-            if known is None:
-                misses.append(row)
-                missed.append(message)
-            else:
-                row[2] = known[1]
-        if not misses:
-            return
-        if len(blobs) + len(missed) > SHARED_BLOBS:
-            blobs.clear()
-        for row, message, blob in zip(misses, missed, message_blobs(missed)):
+        for row, blob in zip(rows, self._blobs_of(messages)):
             row[2] = blob
-            if len(blob) <= SHARED_BLOB_MAX:
-                # the message is held: its id is not another's meanwhile
-                blobs[id(message)] = (message, blob)
 
     def update(
         self, client_id: str, seq: int, packet_id: int | None, state: int

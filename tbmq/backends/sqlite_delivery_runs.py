@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from bisect import bisect_right
-from itertools import islice
+from itertools import count, islice, repeat
 
 import msgpack
 
@@ -339,7 +339,7 @@ def run_deliveries_of(headers: list, data: bytes) -> list | None:
     lasts = [header[1] for header in headers]
     if lasts != sorted(lasts):  # (an aggregate's order is not SQLite's promise)
         return None
-    append = out.append
+    extend = out.extend
     queued = DeliveryState.QUEUED
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, use_list=False,
                                 max_buffer_size=max(len(data), 1 << 20))
@@ -355,8 +355,9 @@ def run_deliveries_of(headers: list, data: bytes) -> list | None:
             return None
         flag = retain == 1
         sids = () if ids is None else tuple(json.loads(ids))
-        for seq, message in enumerate(MESSAGE.decode_arrays(arrays), first):
-            append(StoredDelivery(seq, message, qos, flag, sids, None, queued))
+        # a run's deliveries made by one map (no bytecode per message)
+        extend(map(StoredDelivery, count(first), MESSAGE.decode_arrays(arrays),
+                   repeat(qos), repeat(flag), repeat(sids), repeat(None), repeat(queued)))
     try:  # nothing may be left over
         unpacker.skip()
     except msgpack.OutOfData:
