@@ -47,30 +47,6 @@ read after a request does.  Nothing is left in the partition to decide
 again when it moves, and a node that dies takes the connection it
 answered with it.
 
-A connect of a client id the session registry shows no session of (no
-node holds one, connected or offline, as far as this node has read) is
-decided at once on any node whose bus can tell that its brokers answer
-(Kafka, :meth:`_unseen`): there is nothing to take over and no session to
-present [MQTT-3.2.2-2], so the deciding member would grant it, unless a
-connect of the same client id on another node, not yet in the registry,
-is concurrent with it.  Such a race is settled by the registry, as the
-one above: ``tbmq.client.session`` has one partition, every node applies
-its records in the partition's order (its own on acknowledgement, once
-those before it were applied), and the connection whose record comes last
-stays.  A node that granted a connection and reads another node's record
-of the client id before its own holds that record back (the other node
-drops its connection when it reads this node's record, after its own);
-its own record read, the held record is dropped.  A grant whose record is
-not read within :attr:`GRANT_MEMORY` seconds (never written) holds nothing
-back any longer: the session is then forgotten here.  What this gives up
-is TBMQ's decision by the partition for the first connect of a client id:
-of two first connects racing, the one whose registry record lands last is
-kept, not the one the partition would have ordered last; and a node that
-dies holding a connection of the client id whose record this node had
-not read when it granted may have that session taken over by the
-deciding member (which did not see the grant: its will published), until
-the grant's record, later in the registry, makes that member forget it.
-
 A node that sees, in the session registry, one of its sessions now held by
 another connection elsewhere forgets it: the will and the session expiry of
 a session belong to the one node that last held it, so no node fires them
@@ -156,14 +132,8 @@ class SessionEvents:
         #: member granted, until the registry shows it (at most
         #: :attr:`GRANT_MEMORY` seconds), oldest first
         self._granted: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        #: request id -> (its Deferred, the time its answer is due, the
-        #: session id asked for, the client id once counted in
-        #: :attr:`_asking`, else None), oldest first
-        self._pending: dict[str, tuple[defer.Deferred, float, str, str]] = {}
-        #: client id -> how many of its requests wait for their answer here
-        #: (a client id with one waiting is not decided at once: its
-        #: connects here are granted in the order they were asked)
-        self._asking: dict[str, int] = {}
+        #: request id -> (its Deferred, the time its answer is due), oldest first
+        self._pending: dict[str, tuple[defer.Deferred, float]] = {}
         self._sweep = None  # the timer of _time_out while requests wait
         # request ids: unique per process (a counter after a random prefix),
         # so an answer to an earlier process of this node matches nothing
@@ -171,20 +141,8 @@ class SessionEvents:
         self._requests = 0
         #: the bus's ``publish_many(topic, keys, values, done)``, when it has one
         self._publish_many = getattr(bus, "publish_many", None)
-        #: the bus's ``acknowledging()``, when it can tell that its brokers
-        #: answer (Kafka): a connect of a client id the registry shows no
-        #: session of is then decided at once (:meth:`request_connect`)
-        self._acknowledging = getattr(bus, "acknowledging", None)
-        #: client id -> (session id, seconds) of the last connection granted
-        #: here whose record the registry has not shown yet (at most
-        #: :attr:`GRANT_MEMORY` seconds), oldest first
-        self._unshown: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        #: client id -> the record of another node's connection read while
-        #: this node's later one was not shown yet (forgotten once it shows)
-        self._behind: dict = {}
         self.consumers: list = []
         self._deciding = None
-        self._started = False
 
     def _batches(self, handler: Callable) -> Callable | None:
         """``handler`` as a consumer's ``batch_handler`` on a bus that packs
@@ -229,7 +187,6 @@ class SessionEvents:
         ]
         self.registry.listeners.append(self.on_registry_change)
         self._deciding.resume()
-        self._started = True
 
     # -- asking -----------------------------------------------------------------------
 
@@ -238,10 +195,9 @@ class SessionEvents:
                         protocol_level: int, answer=None) -> defer.Deferred:
         """Ask the cluster to let ``client_id`` connect here: decided at
         once when this node's deciding member decides the client id and has
-        read its partition (:meth:`tbmq.interfaces.IConsumer.decides`), or
-        when the registry shows no session of it and the bus's brokers
-        answer (:meth:`_unseen`; see the module doc for both), else
-        published on ``tbmq.client.session.event.request``.
+        read its partition (:meth:`tbmq.interfaces.IConsumer.decides`, see
+        the module doc), else published on
+        ``tbmq.client.session.event.request``.
 
         :param answer: what gets the answer instead of a new Deferred:
             anything with a Deferred's ``callback(response)`` and
@@ -260,25 +216,17 @@ class SessionEvents:
                              request_id, clean_start, persistent, client_type,
                              session_expiry_interval, protocol_level, now)
         deciding = self._deciding
-        if deciding is not None and (deciding.decides(client_id) or self._unseen(client_id)):
+        if deciding is not None and deciding.decides(client_id):
             # this node's member decides the client id and has read its
-            # partition, or no node holds a session of it: decided now,
-            # not published (see the module doc)
-            response = self._connect_decision(event)
-            self._shown_later(client_id, session_id, now)
-            d.callback(response)
+            # partition: decided now, not published (see the module doc)
+            d.callback(self._connect_decision(event))
             return d
-        pending = self._pending
-        pending[request_id] = (d, now + self.timeout, session_id, None)
+        self._pending[request_id] = (d, now + self.timeout)
         # (_request's publish, without the call)
         self.bus.publish(self.topics.session_event_request, client_id, event, (),
                          partial(self._sent, request_id))
-        if request_id in pending:  # not answered during the call: counted
-            pending[request_id] = (d, now + self.timeout, session_id, client_id)
-            asking = self._asking
-            asking[client_id] = asking.get(client_id, 0) + 1
-            if self._sweep is None:
-                self._sweep = self.clock.callLater(self.timeout, self._time_out)
+        if self._sweep is None and self._pending:  # not answered during the call
+            self._sweep = self.clock.callLater(self.timeout, self._time_out)
         return d
 
     #: one timer for all the requests waiting, none per request: it fires at
@@ -292,21 +240,9 @@ class SessionEvents:
         its publish, no Deferred per request): a refused request fails its
         connect at once."""
         if failure is not None:
-            pending = self._take(request_id)
+            pending = self._pending.pop(request_id, None)
             if pending is not None:
                 pending[0].errback(failure)
-
-    def _take(self, request_id: str) -> tuple | None:
-        """:returns: the :attr:`_pending` entry of ``request_id``, removed
-        (None when it is not there: answered, refused or timed out)."""
-        pending = self._pending.pop(request_id, None)
-        if pending is not None:
-            client_id = pending[3]
-            if client_id is not None:  # counted in _asking
-                left = self._asking.pop(client_id) - 1
-                if left:
-                    self._asking[client_id] = left
-        return pending
 
     def _time_out(self) -> None:
         """Fail the requests whose answer is overdue (in the order they were
@@ -316,12 +252,12 @@ class SessionEvents:
         now = self.clock.seconds()
         pending = self._pending
         overdue = []
-        for request_id, (d, deadline, _, _) in pending.items():
+        for request_id, (d, deadline) in pending.items():
             if deadline > now:
                 break
             overdue.append(request_id)
         for request_id in overdue:
-            d = self._take(request_id)[0]
+            d = pending.pop(request_id)[0]
             d.errback(BusPublishError("no answer to the connect request in time"))
         if pending and self._sweep is None:
             due = next(iter(pending.values()))[1]
@@ -338,12 +274,10 @@ class SessionEvents:
 
         :param responses: :class:`~tbmq.cluster.records.SessionEventResponse` each.
         """
-        take = self._take
+        pending = self._pending
         for response in responses:
-            waiting = take(response.request_id)
+            waiting = pending.pop(response.request_id, None)
             if waiting is not None:
-                if response.success:
-                    self._shown_later(response.client_id, waiting[2], self.clock.seconds())
                 waiting[0].callback(response)
             else:
                 log.debug("the answer to the connect request {request} of {client_id} came "
@@ -407,12 +341,10 @@ class SessionEvents:
         if event.kind != CONNECTION_REQUEST or event.service_id != self.service_id:
             return self._decide_many((event,))
         response = self._connect_decision(event)
-        waiting = self._take(response.request_id)
+        waiting = self._pending.pop(response.request_id, None)
         if waiting is None:
             self._on_responses((response,))  # (logged: came after the CONNECT was refused)
         else:
-            # (no _shown_later: this bus hands the grant's registry record
-            # during its publish, before any other node's record is read)
             waiting[0].callback(response)
         return None
 
@@ -514,49 +446,6 @@ class SessionEvents:
                 break
             granted.popitem(last=False)
 
-    def _unseen(self, client_id: str) -> bool:
-        """Whether a connect of ``client_id`` may be decided here at once
-        though another member decides its partition: the registry shows no
-        session of it (none connected, none offline: nothing to take over,
-        no session present [MQTT-3.2.2-2]), this node decides (started),
-        no request of it from this node waits for its answer (its connects
-        here are granted in the order they came), and the bus can tell that
-        its brokers answer (Kafka: ``KafkaBus.acknowledging``, so the
-        grant's registry record will be written).  See the module doc for the race of two such grants."""
-        acknowledging = self._acknowledging
-        return (acknowledging is not None and self._started
-                and client_id not in self._asking
-                and self.registry.get(client_id) is None and acknowledging())
-
-    def _shown_later(self, client_id: str, session_id: str, now: float) -> None:
-        """A connection of ``client_id`` (``session_id``) was granted here:
-        until the registry shows its record, another node's record of the
-        client id comes before it in ``tbmq.client.session`` and does not
-        take the connection (:meth:`on_registry_change`)."""
-        unshown = self._unshown
-        unshown.pop(client_id, None)
-        unshown[client_id] = (session_id, now)
-        oldest = next(iter(unshown.values()))
-        if oldest[1] + self.GRANT_MEMORY < now:
-            self._forget_unshown(now)
-
-    def _forget_unshown(self, now: float) -> None:
-        """Drop the grants whose record the registry has not shown in
-        :attr:`GRANT_MEMORY` seconds (never written: the connection ended
-        first, or the publish failed); another node's record held back for
-        one of them now takes its session here, as it would have."""
-        unshown = self._unshown
-        while unshown:
-            client_id, (_, at) = next(iter(unshown.items()))
-            if at + self.GRANT_MEMORY >= now:
-                break
-            del unshown[client_id]
-            behind = self._behind.pop(client_id, None)
-            current = self.registry.get(client_id)
-            if (behind is not None and current is not None
-                    and current.session_id == behind.session_id):
-                self.forget_local(client_id, current)
-
     def _take_over(self, event: SessionEvent) -> None:
         info = self.registry.get(event.client_id)
         if (info is None or info.service_id != event.service_id
@@ -591,19 +480,6 @@ class SessionEvents:
         granted = self._granted.get(client_id)
         if granted is not None and (new is None or new.session_id == granted[0]):
             del self._granted[client_id]  # the registry shows it now
-        unshown = self._unshown.get(client_id)
-        if unshown is not None and new is not None:
-            if new.session_id == unshown[0]:
-                # this node's connection shown: it came after any record
-                # held back for it (one partition, read in order)
-                del self._unshown[client_id]
-                self._behind.pop(client_id, None)
-                return
-            if new.service_id != self.service_id:
-                # another node's connection, before this node's later one
-                # in the partition: that one takes it over when read there
-                self._behind[client_id] = new
-                return
         if new is not None and new.service_id != self.service_id and (
                 old is None or old.session_id != new.session_id):
             self.forget_local(client_id, new)
