@@ -331,12 +331,19 @@ class SharedClient(_Errors, drivers.SharedClient):
     """:class:`confluent_kafka.Consumer` of one group over several topics
     (:class:`~.drivers.SharedClient`).
 
-    Joined, it polls one message per call, so that a rebalance callback
-    served by a call can drop what was read before it; the partitions the
-    group gives are assigned once the callback positioned them all (an
-    eager rebalance assigns with ``assign``, offsets included), and those
-    paused meanwhile are paused then.  Assigned directly, it reads a batch
-    per call (no rebalance can come between two of its records).
+    A poll waits for one message, then takes what else is there with one
+    ``consume`` call (one release of the GIL for the batch, not one per
+    record: a thread that takes the GIL back while the reactor runs waits
+    for its switch interval).  Joined, a rebalance callback served inside
+    that call is safe: the message read before it is dropped by the
+    callback (it is in what the poll collected so far), and librdkafka
+    purges from the batch it is filling every message of a partition whose
+    version moved (an unassign, an assign or a seek enqueue a version
+    barrier, ``rd_kafka_purge_outdated_messages``), so nothing read under
+    the revoked assignment is returned.  The partitions the group gives are
+    assigned once the callback positioned them all (an eager rebalance
+    assigns with ``assign``, offsets included), and those paused meanwhile
+    are paused then.
 
     A joined client does not change its topics in place (:attr:`resubscribes`
     False: a new client joins instead): on Tansu a rejoin with changed topics
@@ -454,21 +461,17 @@ class SharedClient(_Errors, drivers.SharedClient):
         m = consumer.poll(timeout)  # waits for one, then takes what is there
         if m is None:
             return records, ends
-        if not self._joined:
-            batch = [m]
-            if max_records > 1:
-                batch += consumer.consume(max_records - 1, 0)
-            for m in batch:
-                self._message(m, records, ends, want_ends)
-            return records, ends
+        message = self._message
+        # a rebalance served by the consume drops the first one here (see
+        # the class doc); the batch's own are purged by librdkafka
         self._collected = records
-        count = 0
-        while m is not None:
-            count += self._message(m, records, ends, want_ends)
-            if count >= max_records:
-                break
-            m = consumer.poll(0)
-        self._collected = None
+        try:
+            message(m, records, ends, want_ends)
+            batch = consumer.consume(max_records - 1, 0) if max_records > 1 else ()
+        finally:
+            self._collected = None
+        for m in batch:
+            message(m, records, ends, want_ends)
         return records, ends
 
     def _message(self, m, records: dict, ends: dict, want_ends: set) -> int:
