@@ -11,7 +11,9 @@ coordinator").
 
 Both read their topic from the beginning at every start, in a consumer
 group of their own node, and keep the last value per key (a tombstone
-removes it): neither compaction nor ``latest`` offsets are relied upon.
+removes it; the session registry keeps, of a client id's records, the one
+of the latest grant: :attr:`SessionInfo.stamp`): neither compaction nor
+``latest`` offsets are relied upon.
 The node does not accept clients before both have caught up.  In the
 embedded default the in-process bus keeps these topics in the SQLite topic
 log, so a restart replays them; a non-persistent session's record need not

@@ -38,10 +38,17 @@ the place of the request in the partition's order, only before records
 that landed there since the member's last fetch and that it has not read
 yet: requests whose CONNACK is not sent yet, concurrent with this one, so
 either order is one the clients could see; when both connections are
-granted, the session registry orders their records and the node whose
-record is overwritten drops its connection (:meth:`on_registry_change`),
-as for two requests decided back to back from the partition, the registry
-lagging the decisions either way.  A gone node's takeover event read after
+granted, their grants' order stamps order their records in the session
+registry and the node whose grant is the older drops its connection
+(:meth:`on_registry_change`, :meth:`on_late_record`), as for two requests
+decided back to back from the partition, the registry lagging the
+decisions either way.
+
+Every grant is stamped (:attr:`~tbmq.cluster.records.SessionEventResponse.stamp`,
+:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`) and the asking
+node's records of the connection carry the stamp, so every node's registry
+applies a client id's records by grant, not by arrival (``docs/bus.md``,
+"Order stamps of the session registry").  A gone node's takeover event read after
 it finds the grant (:meth:`_grant`) and leaves the session alone, as one
 read after a request does.  Nothing is left in the partition to decide
 again when it moves, and a node that dies takes the connection it
