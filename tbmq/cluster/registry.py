@@ -213,6 +213,14 @@ class SessionRegistry:
             if stamp > self._last_stamp:
                 self._last_stamp = stamp
 
+    def granted_later(self, client_id: str, stamp: int) -> bool:
+        """Whether this node holds a grant of ``client_id`` with a greater
+        stamp than ``stamp`` whose record the registry has not read yet
+        (:meth:`granted`): a record of ``stamp`` read now is older than
+        that connection, whose record, when read, replaces it."""
+        mine = self._mine.get(client_id)
+        return mine is not None and mine[1] > stamp
+
     def _stamp_of(self, client_id: str, session_id: str) -> int:
         mine = self._mine.get(client_id)
         if mine is not None and mine[0] == session_id:

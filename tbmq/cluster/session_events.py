@@ -494,15 +494,21 @@ class SessionEvents:
 
     def on_registry_change(self, client_id: str, old, new) -> None:
         """A session now held by another node's connection: if this node
-        kept it (offline, with its will and expiry timers), forget it."""
+        kept it (offline, with its will and expiry timers), forget it,
+        unless this node's connection of the client id was granted later
+        (a greater stamp: :meth:`tbmq.cluster.registry.SessionRegistry.granted_later`)
+        and its record is still to come."""
         taken = self._taken.get(client_id)
         if taken is not None and (new is None or new.session_id != taken):
             del self._taken[client_id]
         granted = self._granted.get(client_id)
         if granted is not None and (new is None or new.session_id == granted[0]):
             del self._granted[client_id]  # the registry shows it now
-        if new is not None and new.service_id != self.service_id and (
-                old is None or old.session_id != new.session_id):
+        if (new is not None and new.service_id != self.service_id
+                and (old is None or old.session_id != new.session_id)
+                and not self.registry.granted_later(client_id, new.stamp)):
+            # (a connection granted here after that one, its record not read
+            # yet, stays: its record replaces this one everywhere)
             self.forget_local(client_id, new)
 
     def on_late_record(self, client_id: str, current, late) -> None:

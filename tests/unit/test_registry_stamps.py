@@ -131,3 +131,27 @@ def test_the_race_of_two_grants_ends_on_the_later_one_whatever_arrives_first():
         assert forgotten and set(forgotten) == {"sb"}
         # a stale record of A reaching the node that holds B: B is restated
         assert (b in restated) is b_first
+
+
+def test_an_older_grants_record_read_before_this_nodes_own_leaves_its_connection():
+    """This node's connect A is granted after node-b's C (a greater stamp),
+    but C's record is read here before A's own: the registry shows C for a
+    moment, A is not dropped, and A's record then replaces C."""
+    clock, topics, bus, registry, changes, late = started(seconds=50.0)
+    forgotten = []
+    events = SessionEvents(bus, topics, "me", registry, clock, drop_local=lambda *a: None,
+                           forget_local=lambda c, i: forgotten.append(i.session_id))
+    events.start()
+    answer = events.request_connect("x", "sa", clean_start=True, persistent=False,
+                                    client_type=ClientType.DEVICE,
+                                    session_expiry_interval=0, protocol_level=5)
+    stamp_a = answer.result.stamp
+    older = info("node-b", "sc", stamp_a - 1)
+    bus.publish(topics.client_session, "x", older)
+    assert registry.get("x") == older and forgotten == []
+    registry.put(info("me", "sa", 0))
+    assert registry.get("x").session_id == "sa" and registry.get("x").stamp == stamp_a
+    assert forgotten == []
+    # the grant read, a newer record of another node takes the client id
+    bus.publish(topics.client_session, "x", info("node-b", "sd", stamp_a + 1))
+    assert forgotten == ["sd"]

@@ -104,6 +104,9 @@ class Registry:
     def granted(self, client_id, session_id, stamp):
         self.grants.append((client_id, session_id, stamp))
 
+    def granted_later(self, client_id, stamp):
+        return any(c == client_id and s > stamp for c, _, s in self.grants)
+
 
 def ask(events, client_id, session_id="s"):
     """A clean v5 connect of ``client_id`` asked of the cluster."""
