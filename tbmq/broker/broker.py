@@ -164,7 +164,8 @@ class Broker:
         self.holds = Holds()
         self.connections: set = set()
         self.sessions_by_id: dict = {}
-        self.registry = SessionRegistry(bus, self.topics.client_session, self.service_id)
+        self.registry = SessionRegistry(bus, self.topics.client_session, self.service_id,
+                                        clock)
         self.sinks = Sinks.build(bus, self.topics)
         self.router = Router(bus, self.topics, self.service_id, clock, retained_store,
                              self.sessions_by_id, self.registry.get, self.sinks)

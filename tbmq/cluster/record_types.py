@@ -196,6 +196,12 @@ class SessionInfo:
     :ivar credentials_name: the name of the credentials record that
         admitted it (:attr:`tbmq.auth.AuthResult.credentials_name`), or
         None (anonymous, JWT, a record of version 1).
+    :ivar stamp: the order stamp of the grant of the connection
+        :attr:`session_id` (:attr:`SessionEventResponse.stamp`, integer
+        microseconds of a hybrid logical clock): every record of one
+        connection carries it, and the registry applies a client id's
+        records by it (:class:`tbmq.cluster.registry.SessionRegistry`); 0
+        for a record of version 1 or 2 (older than any stamped grant).
     """
 
     client_id: str
@@ -213,6 +219,7 @@ class SessionInfo:
     address: str | None = None
     username: str | None = None
     credentials_name: str | None = None
+    stamp: int = 0
 
 
 @dataclass(slots=True)
@@ -271,6 +278,11 @@ class SessionEventResponse:
     :ivar session_present: the CONNACK flag.
     :ivar session: the session as now recorded, or None.
     :ivar reason: why not, for logs ("" on success).
+    :ivar stamp: the grant's order stamp (integer microseconds, greater
+        than any the deciding member knew for the client id:
+        :meth:`tbmq.cluster.session_events.SessionEvents.stamp`), which the
+        asking node puts in every record of the connection
+        (:attr:`SessionInfo.stamp`); 0 from a node that does not stamp.
     """
 
     client_id: str
@@ -279,6 +291,7 @@ class SessionEventResponse:
     session_present: bool
     session: SessionInfo | None = None
     reason: str = ""
+    stamp: int = 0
 
 
 @dataclass(slots=True)

@@ -65,14 +65,16 @@ The fields of each array, after ``tag, version``:
 ``will`` WillRecord (nested in a session)
     topic (str), payload (bin), qos (int 0-2), retain (bool), properties
     (bin|nil).
-``ses`` SessionInfo, version 2
+``ses`` SessionInfo, version 3
     client_id (str), service_id (str), session_id (str, uuid hex), connected
     (bool), persistent (bool), client_type (str ``DEVICE``/``APPLICATION``),
     session_expiry_interval (int, s), protocol_level (int), connected_at
     (float s|nil), disconnected_at (float s|nil), updated_at (float s), will
     (``will`` array|nil), address (str ``host:port``|nil), username
-    (str|nil), credentials_name (str|nil).  Version 1: the first twelve
-    fields; read with address, username and credentials_name None.
+    (str|nil), credentials_name (str|nil), stamp (int >= 0, the grant's
+    order stamp, microseconds).  Version 2: the first fifteen fields, read
+    with stamp 0 (older than any stamped grant); version 1: the first
+    twelve, read with address, username and credentials_name None too.
 ``subs`` SubscriptionsRecord
     client_id (str), subscriptions (map str → [qos (int 0-2), no_local
     (bool), retain_as_published (bool), retain_handling (int 0-2),
@@ -82,9 +84,10 @@ The fields of each array, after ``tag, version``:
     session_id, request_id (str), clean_start (bool), persistent (bool),
     client_type (str), session_expiry_interval (int, s), protocol_level
     (int), at (float, s).
-``ser`` SessionEventResponse
+``ser`` SessionEventResponse, version 2
     client_id (str), request_id (str), success (bool), session_present
-    (bool), session (``ses`` array|nil), reason (str).
+    (bool), session (``ses`` array|nil), reason (str), stamp (int >= 0, the
+    grant's order stamp).  Version 1: the first six fields, read with stamp 0.
 ``dis`` DisconnectCommand
     client_id (str), session_id (str), reason_code (int 0-255, an MQTT 5.0
     reason code).
@@ -197,8 +200,8 @@ __all__ = [
     "new_record",
 ]
 
-#: The version :data:`SESSION` writes (it reads 1 too).
-SESSION_VERSION = 2
+#: The version :data:`SESSION` writes (it reads 1 and 2 too).
+SESSION_VERSION = 3
 
 # -- hot paths (RecordCodec's ``fast``) ----------------------------------------------
 #
@@ -525,7 +528,13 @@ def _write_session(s: SessionInfo) -> list:
             _float(s.updated_at, "updated_at"),
             None if s.will is None else WILL.to_list(s.will),
             _opt_str(s.address, "address"), _opt_str(s.username, "username"),
-            _opt_str(s.credentials_name, "credentials_name")]
+            _opt_str(s.credentials_name, "credentials_name"), _int(s.stamp, "stamp", 0)]
+
+
+def _read_session_v3(f: list) -> SessionInfo:
+    info = _read_session_v2(_count(f, 16, "session")[:15])
+    info.stamp = _int(f[15], "stamp", 0)
+    return info
 
 
 def _read_session_v2(f: list) -> SessionInfo:
@@ -551,16 +560,19 @@ def _read_session_v1(f: list) -> SessionInfo:
 
 _OPT_FLOAT, _OPT_STR = (float, _N), (str, _N)
 _SESSION_OUT = _type_rows(str, int, str, str, str, bool, bool, ClientType, int, int, _OPT_FLOAT,
-                          _OPT_FLOAT, float, (WillRecord, _N), _OPT_STR, _OPT_STR, _OPT_STR)
+                          _OPT_FLOAT, float, (WillRecord, _N), _OPT_STR, _OPT_STR, _OPT_STR,
+                          int)
 _SESSION_IN = _type_rows(str, int, str, str, str, bool, bool, str, int, int, _OPT_FLOAT,
-                         _OPT_FLOAT, float, (tuple, _N), _OPT_STR, _OPT_STR, _OPT_STR)
+                         _OPT_FLOAT, float, (tuple, _N), _OPT_STR, _OPT_STR, _OPT_STR, int)
 
 
 def _session_array(s: SessionInfo) -> list | None:
-    array = ["ses", 2, s.client_id, s.service_id, s.session_id, s.connected, s.persistent,
+    array = ["ses", 3, s.client_id, s.service_id, s.session_id, s.connected, s.persistent,
              s.client_type, s.session_expiry_interval, s.protocol_level, s.connected_at,
-             s.disconnected_at, s.updated_at, s.will, s.address, s.username, s.credentials_name]
-    if _types(array) in _SESSION_OUT and array[8] >= 0 and 0 <= array[9] <= 255:
+             s.disconnected_at, s.updated_at, s.will, s.address, s.username, s.credentials_name,
+             s.stamp]
+    if (_types(array) in _SESSION_OUT and array[8] >= 0 and 0 <= array[9] <= 255
+            and array[17] >= 0):
         array[7] = array[7].value
         if array[13] is not None:
             array[13] = WILL.to_list(array[13])
@@ -569,8 +581,8 @@ def _session_array(s: SessionInfo) -> list | None:
 
 
 def _session_from_array(obj: Any) -> SessionInfo | None:
-    if (_types(obj) in _SESSION_IN and obj[0] == "ses" and obj[1] == 2 and obj[8] >= 0
-            and 0 <= obj[9] <= 255):
+    if (_types(obj) in _SESSION_IN and obj[0] == "ses" and obj[1] == 3 and obj[8] >= 0
+            and 0 <= obj[9] <= 255 and obj[17] >= 0):
         client_type, will = _CLIENT_TYPES.get(obj[7]), obj[13]
         if client_type is not None:
             return SessionInfo(*obj[2:7], client_type, *obj[8:13],
@@ -579,7 +591,8 @@ def _session_from_array(obj: Any) -> SessionInfo | None:
 
 
 _SESSION = RecordCodec("SessionInfo", SessionInfo, "ses", _write_session,
-                       {1: _read_session_v1, 2: _read_session_v2}, version=SESSION_VERSION,
+                       {1: _read_session_v1, 2: _read_session_v2, 3: _read_session_v3},
+                       version=SESSION_VERSION,
                        fast=(_session_array, _session_from_array))
 #: ``tbmq.client.session``: :class:`SessionInfo` or a tombstone.
 SESSION = _SESSION.with_tombstone()
@@ -685,7 +698,14 @@ SESSION_EVENT = RecordCodec("SessionEvent", SessionEvent, "sev", _write_event,
 def _write_response(r: SessionEventResponse) -> list:
     return [_str(r.client_id, "client_id"), _str(r.request_id, "request_id"),
             _bool(r.success, "success"), _bool(r.session_present, "session_present"),
-            None if r.session is None else _SESSION.to_list(r.session), _str(r.reason, "reason")]
+            None if r.session is None else _SESSION.to_list(r.session), _str(r.reason, "reason"),
+            _int(r.stamp, "stamp", 0)]
+
+
+def _read_response_v2(f: list) -> SessionEventResponse:
+    response = _read_response_v1(_count(f, 7, "response")[:6])
+    response.stamp = _int(f[6], "stamp", 0)
+    return response
 
 
 def _read_response_v1(f: list) -> SessionEventResponse:
@@ -696,14 +716,14 @@ def _read_response_v1(f: list) -> SessionEventResponse:
         None if session is None else _SESSION.from_list(session), _str(reason, "reason"))
 
 
-_RESPONSE_OUT = _type_rows(str, int, str, str, bool, bool, (SessionInfo, _N), str)
-_RESPONSE_IN = _type_rows(str, int, str, str, bool, bool, (tuple, _N), str)
+_RESPONSE_OUT = _type_rows(str, int, str, str, bool, bool, (SessionInfo, _N), str, int)
+_RESPONSE_IN = _type_rows(str, int, str, str, bool, bool, (tuple, _N), str, int)
 
 
 def _response_array(r: SessionEventResponse) -> list | None:
-    array = ["ser", 1, r.client_id, r.request_id, r.success, r.session_present, r.session,
-             r.reason]
-    if _types(array) not in _RESPONSE_OUT:
+    array = ["ser", 2, r.client_id, r.request_id, r.success, r.session_present, r.session,
+             r.reason, r.stamp]
+    if _types(array) not in _RESPONSE_OUT or array[8] < 0:
         return None
     if array[6] is not None:
         array[6] = _SESSION.to_list(array[6])
@@ -711,17 +731,18 @@ def _response_array(r: SessionEventResponse) -> list | None:
 
 
 def _response_from_array(obj: Any) -> SessionEventResponse | None:
-    if _types(obj) in _RESPONSE_IN and obj[0] == "ser" and obj[1] == 1:
+    if _types(obj) in _RESPONSE_IN and obj[0] == "ser" and obj[1] == 2 and obj[8] >= 0:
         session = obj[6]
         return SessionEventResponse(*obj[2:6],
                                     None if session is None else _SESSION.from_list(session),
-                                    obj[7])
+                                    obj[7], obj[8])
     return None
 
 
 #: ``tbmq.client.session.event.response.<serviceId>``: :class:`SessionEventResponse`.
 SESSION_EVENT_RESPONSE = RecordCodec("SessionEventResponse", SessionEventResponse, "ser",
-                                     _write_response, {1: _read_response_v1},
+                                     _write_response,
+                                     {1: _read_response_v1, 2: _read_response_v2}, version=2,
                                      fast=(_response_array, _response_from_array))
 
 

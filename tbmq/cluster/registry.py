@@ -11,7 +11,9 @@ coordinator").
 
 Both read their topic from the beginning at every start, in a consumer
 group of their own node, and keep the last value per key (a tombstone
-removes it): neither compaction nor ``latest`` offsets are relied upon.
+removes it; the session registry keeps, of a client id's records, the one
+of the latest grant: :attr:`SessionInfo.stamp`): neither compaction nor
+``latest`` offsets are relied upon.
 The node does not accept clients before both have caught up.  In the
 embedded default the in-process bus keeps these topics in the SQLite topic
 log, so a restart replays them; a non-persistent session's record need not
@@ -26,6 +28,7 @@ it would grow with every clean session the node reads.
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable
 
 from twisted.internet import defer
@@ -54,15 +57,28 @@ class SessionRegistry:
         node holds (5,000 ids: 104 KB against 524 KB), and one id per
         session is kept.
     :ivar stale_listeners: ``callable(client_id, current, late)`` called
-        when a record of a connection that another one already replaced
-        arrives (``late``, ignored); the node holding ``current`` publishes
-        it again, so that the last record of the key is right even where
-        the topic is compacted.
+        when an older record arrives (``late``, ignored: see
+        :meth:`_on_record`), and when a tombstone removes ``current``, a
+        record of a connection of this node (``late`` None); the node
+        holding ``current`` publishes it again, so that the last record of
+        the key is the newest even where the topic is compacted, and the
+        node of ``late`` drops that connection.
     :ivar listeners: ``callable(client_id, old, new)`` called after each
         change (``old``/``new`` a :class:`SessionInfo` or None).
+    :param clock: ``IReactorTime`` of the order stamps (:meth:`next_stamp`),
+        or None for the system's time.
+
+    Order stamps: every grant of a connection carries a stamp, integer
+    microseconds of a hybrid logical clock, greater than any the deciding
+    member knew for the client id (:meth:`next_stamp`), and every record
+    of that connection carries it (:attr:`SessionInfo.stamp`, filled by
+    :meth:`put`).  A client id's records are applied by stamp, not by
+    arrival: one older than the record held is ignored on every node, so
+    two grants that crossed in the log (decided before either record was
+    read) end, everywhere, on the later grant.
     """
 
-    def __init__(self, bus, topic: str, service_id: str) -> None:
+    def __init__(self, bus, topic: str, service_id: str, clock=None) -> None:
         self.bus = bus
         self.topic = topic
         self.service_id = service_id
@@ -70,8 +86,16 @@ class SessionRegistry:
         self.by_node: dict[str, dict[str, None]] = {}
         self.listeners: list[Callable] = []
         self.stale_listeners: list[Callable] = []
-        #: client id -> the session id its current session replaced
+        #: client id -> the session id its current session replaced (for
+        #: records without a stamp, of nodes before stamps)
         self._replaced: dict[str, str] = {}
+        #: client id -> (session id, stamp) of a connection granted to this
+        #: node (or made here without a grant: a takeover), until the
+        #: registry reads a record of that connection (or :meth:`remove`)
+        self._mine: dict[str, tuple[str, int]] = {}
+        #: the greatest stamp made or read here (the logical part of the clock)
+        self._last_stamp = 0
+        self._seconds = time.time if clock is None else clock.seconds
         #: client ids whose last record in a durable topic log may be a
         #: session (not a tombstone): their next record is durable too
         #: (the keys; a dict, as :attr:`by_node`'s, for its size)
@@ -97,10 +121,23 @@ class SessionRegistry:
         return self.consumer.caught_up
 
     def _on_record(self, record: Record) -> None:
-        """Apply one record; a record of the connection that the current
-        session replaced is late (two nodes wrote about one client id, the
-        node of the old connection last: its disconnect crossed the
-        takeover) and is ignored, the same way on every node."""
+        """Apply one record, by its stamp (:attr:`SessionInfo.stamp`): a
+        record of another connection with a smaller stamp than the record
+        held (an older grant, whatever the order the records landed in:
+        two nodes granted one client id before either read the other's
+        record, or a disconnect crossed a takeover) is late and ignored,
+        the same way on every node, and :attr:`stale_listeners` hear of
+        it; an equal stamp is the same connection's later record (two
+        connections of one stamp, made by two members at one microsecond,
+        are ordered by session id).  Records without a stamp (0, of nodes
+        before stamps) keep the last record, but one of the connection the
+        current one replaced.
+
+        A tombstone (the session ended) carries no stamp and always
+        applies, as before stamps; one that removes a record of a
+        connection of this node tells :attr:`stale_listeners` (``late``
+        None), whose node publishes that record again if the connection is
+        still open (the tombstone's writer had not read it yet)."""
         client_id = record.key
         new = record.value
         if (new is not None and self._marks
@@ -109,14 +146,30 @@ class SessionRegistry:
         if new is None:
             old = self.sessions.pop(client_id, None)
             self._replaced.pop(client_id, None)
+            if old is not None and old.connected and old.service_id == self.service_id:
+                for listener in self.stale_listeners:
+                    listener(client_id, old, None)
         else:
+            stamp = new.stamp
+            if stamp > self._last_stamp:
+                self._last_stamp = stamp
             old = self.sessions.get(client_id)
             if old is not None and old.session_id != new.session_id:
-                if self._replaced.get(client_id) == new.session_id:
+                held = old.stamp
+                if (stamp < held or (stamp == held and (
+                        new.session_id < old.session_id if stamp
+                        else self._replaced.get(client_id) == new.session_id))):
+                    mine = self._mine.get(client_id)
+                    if mine is not None and mine[0] == new.session_id:
+                        del self._mine[client_id]  # this node's own record, read
                     for listener in self.stale_listeners:
                         listener(client_id, old, new)
                     return
-                self._replaced[client_id] = old.session_id
+                if not stamp:
+                    self._replaced[client_id] = old.session_id
+            mine = self._mine.get(client_id)
+            if mine is not None and mine[0] == new.session_id:
+                del self._mine[client_id]  # the record held carries its stamp now
             self.sessions[client_id] = new
         if old is not None and (new is None or new.service_id != old.service_id):
             held = self.by_node.get(old.service_id)
@@ -135,6 +188,49 @@ class SessionRegistry:
             except Exception:
                 log.failure("session registry listener failed for {client_id}",
                             client_id=client_id)
+
+    def next_stamp(self, client_id: str) -> int:
+        """A new order stamp for a grant of ``client_id``: greater than the
+        stamp of its record here, than any stamp made or read here, and
+        than the time now (a hybrid logical clock, in microseconds), so
+        the grants of one member are ordered and, after a partition moved
+        to another member, its time and the records it read keep the order.
+
+        :returns: int, microseconds since the epoch (or a little more)."""
+        held = self.sessions.get(client_id)
+        stamp = max(int(self._seconds() * 1_000_000), self._last_stamp,
+                    0 if held is None else held.stamp) + 1
+        self._last_stamp = stamp
+        return stamp
+
+    def granted(self, client_id: str, session_id: str, stamp: int) -> None:
+        """The connection ``session_id`` of ``client_id`` was granted to
+        this node with ``stamp`` (:attr:`SessionEventResponse.stamp`): its
+        records (:meth:`put`) carry it.  A stamp of 0 (a node that does not
+        stamp) is not kept."""
+        if stamp:
+            self._mine[client_id] = (session_id, stamp)
+            if stamp > self._last_stamp:
+                self._last_stamp = stamp
+
+    def granted_later(self, client_id: str, stamp: int) -> bool:
+        """Whether this node holds a grant of ``client_id`` with a greater
+        stamp than ``stamp`` whose record the registry has not read yet
+        (:meth:`granted`): a record of ``stamp`` read now is older than
+        that connection, whose record, when read, replaces it."""
+        mine = self._mine.get(client_id)
+        return mine is not None and mine[1] > stamp
+
+    def _stamp_of(self, client_id: str, session_id: str) -> int:
+        mine = self._mine.get(client_id)
+        if mine is not None and mine[0] == session_id:
+            return mine[1]
+        held = self.sessions.get(client_id)
+        if held is not None and held.session_id == session_id:
+            return held.stamp
+        stamp = self.next_stamp(client_id)
+        self._mine[client_id] = (session_id, stamp)
+        return stamp
 
     def get(self, client_id: str) -> SessionInfo | None:
         """:returns: what the cluster knows of ``client_id``'s session."""
@@ -162,9 +258,18 @@ class SessionRegistry:
         :param done: ``done(None | Failure)``, the bus's outcome of the
             record (:meth:`tbmq.interfaces.IMessageBus.publish`), or None
             for a Deferred.
+        :attr:`SessionInfo.stamp` of ``info`` is set here when it is 0: the
+        stamp of the connection's grant (:meth:`granted`), else of the
+        record held for that connection, else a new one
+        (:meth:`next_stamp`: a session this node made without a grant, a
+        gone node's taken over, or the answer of a node that does not
+        stamp).
+
         :returns: the bus's publish result (None with ``done``, else a Deferred).
         """
         client_id = info.client_id
+        if not info.stamp:
+            info.stamp = self._stamp_of(client_id, info.session_id)
         if not self._marks:
             return self.bus.publish(self.topic, client_id, info, (), done)
         if info.persistent or client_id in self._logged:
@@ -178,6 +283,7 @@ class SessionRegistry:
         :meth:`put`), else transient.
 
         :param done: as :meth:`put`'s."""
+        self._mine.pop(client_id, None)
         if not self._marks:
             return self.bus.publish(self.topic, client_id, None, (), done)
         if client_id in self._logged:

@@ -38,10 +38,17 @@ the place of the request in the partition's order, only before records
 that landed there since the member's last fetch and that it has not read
 yet: requests whose CONNACK is not sent yet, concurrent with this one, so
 either order is one the clients could see; when both connections are
-granted, the session registry orders their records and the node whose
-record is overwritten drops its connection (:meth:`on_registry_change`),
-as for two requests decided back to back from the partition, the registry
-lagging the decisions either way.  A gone node's takeover event read after
+granted, their grants' order stamps order their records in the session
+registry and the node whose grant is the older drops its connection
+(:meth:`on_registry_change`, :meth:`on_late_record`), as for two requests
+decided back to back from the partition, the registry lagging the
+decisions either way.
+
+Every grant is stamped (:attr:`~tbmq.cluster.records.SessionEventResponse.stamp`,
+:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`) and the asking
+node's records of the connection carry the stamp, so every node's registry
+applies a client id's records by grant, not by arrival (``docs/bus.md``,
+"Order stamps of the session registry").  A gone node's takeover event read after
 it finds the grant (:meth:`_grant`) and leaves the session alone, as one
 read after a request does.  Nothing is left in the partition to decide
 again when it moves, and a node that dies takes the connection it
@@ -132,8 +139,9 @@ class SessionEvents:
         #: member granted, until the registry shows it (at most
         #: :attr:`GRANT_MEMORY` seconds), oldest first
         self._granted: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        #: request id -> (its Deferred, the time its answer is due), oldest first
-        self._pending: dict[str, tuple[defer.Deferred, float]] = {}
+        #: request id -> (its Deferred, the time its answer is due, the
+        #: connection's session id), oldest first
+        self._pending: dict[str, tuple[defer.Deferred, float, str]] = {}
         self._sweep = None  # the timer of _time_out while requests wait
         # request ids: unique per process (a counter after a random prefix),
         # so an answer to an earlier process of this node matches nothing
@@ -186,6 +194,7 @@ class SessionEvents:
                           self._on_disconnect, exclusive=True),
         ]
         self.registry.listeners.append(self.on_registry_change)
+        self.registry.stale_listeners.append(self.on_late_record)
         self._deciding.resume()
 
     # -- asking -----------------------------------------------------------------------
@@ -221,7 +230,7 @@ class SessionEvents:
             # partition: decided now, not published (see the module doc)
             d.callback(self._connect_decision(event))
             return d
-        self._pending[request_id] = (d, now + self.timeout)
+        self._pending[request_id] = (d, now + self.timeout, session_id)
         # (_request's publish, without the call)
         self.bus.publish(self.topics.session_event_request, client_id, event, (),
                          partial(self._sent, request_id))
@@ -252,7 +261,7 @@ class SessionEvents:
         now = self.clock.seconds()
         pending = self._pending
         overdue = []
-        for request_id, (d, deadline) in pending.items():
+        for request_id, (d, deadline, _) in pending.items():
             if deadline > now:
                 break
             overdue.append(request_id)
@@ -275,9 +284,12 @@ class SessionEvents:
         :param responses: :class:`~tbmq.cluster.records.SessionEventResponse` each.
         """
         pending = self._pending
+        granted = self.registry.granted
         for response in responses:
             waiting = pending.pop(response.request_id, None)
             if waiting is not None:
+                if response.success:
+                    granted(response.client_id, waiting[2], response.stamp)
                 waiting[0].callback(response)
             else:
                 log.debug("the answer to the connect request {request} of {client_id} came "
@@ -410,11 +422,17 @@ class SessionEvents:
 
     def _connect_decision(self, event: SessionEvent) -> SessionEventResponse:
         """Decide one CONNECTION_REQUEST: drop a connection of the client id
-        held on another node, remember the grant.
+        held on another node, remember the grant, stamp it
+        (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`: greater
+        than any stamp this member made or read, than the registry's record
+        of the client id and than the time now).  A grant to this node is
+        told to the registry here (its records carry the stamp); another
+        node's, when its answer arrives (:meth:`_on_responses`).
 
         :returns: the answer for the asking node."""
         client_id = event.client_id
-        info = self.registry.get(client_id)
+        registry = self.registry
+        info = registry.get(client_id)
         if (info is not None and info.connected and info.session_id != event.session_id
                 and info.service_id != event.service_id):
             # connected on another node: drop it there (session taken over)
@@ -423,9 +441,12 @@ class SessionEvents:
                                                ReasonCode.SESSION_TAKEN_OVER),
                              (), partial(_not_sent, "the takeover's disconnect", client_id))
         self._grant(client_id, event.session_id)
+        stamp = registry.next_stamp(client_id)
+        if event.service_id == self.service_id:
+            registry.granted(client_id, event.session_id, stamp)
         return SessionEventResponse(client_id, event.request_id, True,
                                     info is not None and info.persistent
-                                    and not event.clean_start, info)
+                                    and not event.clean_start, info, "", stamp)
 
     #: seconds a granted connection is remembered while the registry has
     #: not shown it yet (the lag of ``tbmq.client.session`` behind the
@@ -473,13 +494,33 @@ class SessionEvents:
 
     def on_registry_change(self, client_id: str, old, new) -> None:
         """A session now held by another node's connection: if this node
-        kept it (offline, with its will and expiry timers), forget it."""
+        kept it (offline, with its will and expiry timers), forget it,
+        unless this node's connection of the client id was granted later
+        (a greater stamp: :meth:`tbmq.cluster.registry.SessionRegistry.granted_later`)
+        and its record is still to come."""
         taken = self._taken.get(client_id)
         if taken is not None and (new is None or new.session_id != taken):
             del self._taken[client_id]
         granted = self._granted.get(client_id)
         if granted is not None and (new is None or new.session_id == granted[0]):
             del self._granted[client_id]  # the registry shows it now
-        if new is not None and new.service_id != self.service_id and (
-                old is None or old.session_id != new.session_id):
+        if (new is not None and new.service_id != self.service_id
+                and (old is None or old.session_id != new.session_id)
+                and not self.registry.granted_later(client_id, new.stamp)):
+            # (a connection granted here after that one, its record not read
+            # yet, stays: its record replaces this one everywhere)
             self.forget_local(client_id, new)
+
+    def on_late_record(self, client_id: str, current, late) -> None:
+        """A record older than the registry's (``late``, a
+        :class:`~tbmq.cluster.records.SessionInfo` with a smaller stamp than
+        ``current``'s, ignored) is of this node's connection: a later grant
+        elsewhere holds the client id now (granted before this node's
+        record was read, or read here before this node's answer came), so
+        this node forgets its session, closing its connection (DISCONNECT
+        SESSION_TAKEN_OVER [MQTT-3.1.4-3]) as :meth:`on_registry_change`
+        does for a newer record.  ``late`` None (a tombstone removed
+        ``current``) is left to the node holding ``current``."""
+        if (late is not None and late.service_id == self.service_id
+                and current.service_id != self.service_id):
+            self.forget_local(client_id, current)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import queue
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -173,6 +174,67 @@ def test_a_session_is_taken_over_across_nodes(nodes):
     assert first.disconnects[-1][0] == 0x8E  # session taken over
     assert second.client.is_connected()
     for c in (first, second):
+        c.close()
+
+
+def _reaches(client: PahoClient, topic: str, publishers: dict, limit: float = 30.0) -> None:
+    """Each of ``publishers`` (node name → a connected client) publishes on
+    ``topic`` until ``client`` received a message of each: every node routes
+    ``topic`` to the node its registry shows ``client`` connected to."""
+    missing = set(publishers)
+    deadline = time.monotonic() + limit
+    while missing:
+        assert time.monotonic() < deadline, f"{client.client_id}: nothing from {missing}"
+        for name in missing:
+            publishers[name].publish(topic, name.encode(), qos=1)
+        try:
+            while True:
+                missing.discard(client.get(timeout=0.5).payload.decode())
+        except AssertionError:
+            pass
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["clean-start-0", "clean-start-1"])
+def test_two_connects_of_a_new_client_id_on_two_nodes_at_once_end_with_one_session(
+        nodes, persistent):
+    """A client id no node holds a session of, connecting on A and on B at
+    the same moment (Clean Start 0 with a session expiry, or Clean Start
+    1): both may be granted before either node read the other's session
+    record; the records' order stamps leave exactly one connection, the
+    later grant, on every node: the other gets DISCONNECT SESSION_TAKEN_OVER
+    [MQTT-3.1.4-3], and messages published through either node reach the
+    one left.  Five races in a row."""
+    publishers = {n: _client(nodes[n], f"race-pub-{uid()}") for n in ("a", "b")}
+    connect = {"clean_start": False, "session_expiry": 300} if persistent else {}
+    for _ in range(5):
+        cid = f"race-{uid()}"
+        clients: dict = {n: PahoClient(nodes[n].port, 5, client_id=cid) for n in ("a", "b")}
+        threads = [threading.Thread(target=c.connect_and_wait,
+                                    kwargs={"timeout": 30, "expect_rc": None, **connect})
+                   for c in clients.values()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert all(c.connack_code == 0 for c in clients.values()), (
+            cid, {n: c.connack_code for n, c in clients.items()})
+        deadline = time.monotonic() + 30
+        while (sum(not c.disconnected.is_set() for c in clients.values()) > 1
+               and time.monotonic() < deadline):
+            time.sleep(0.1)
+        time.sleep(2.0)  # the records of both were read everywhere
+        left = [n for n, c in clients.items() if not c.disconnected.is_set()]
+        assert len(left) == 1, (f"connected after the race: {left}", cid,
+                                {n: c.disconnects for n, c in clients.items()})
+        gone = clients["b" if left == ["a"] else "a"]
+        assert gone.disconnects[-1][0] == 0x8E  # session taken over
+        survivor = clients[left[0]]
+        survivor.subscribe(f"race/{cid}", qos=1)
+        _reaches(survivor, f"race/{cid}", publishers)
+        assert survivor.client.is_connected()
+        for c in clients.values():
+            c.close()
+    for c in publishers.values():
         c.close()
 
 

@@ -202,15 +202,34 @@ def _session_info(**who) -> r.SessionInfo:
                          10.0, None, 11.0, None, **who)
 
 
-def test_a_session_record_is_version_2_with_who_the_client_is_at_the_end():
+def test_a_session_record_is_version_3_with_who_the_client_is_and_the_stamp_at_the_end():
     info = _session_info(address="192.0.2.7:50123", username="alice",
-                         credentials_name="sensors")
+                         credentials_name="sensors", stamp=1_700_000_000_000_001)
     obj = msgpack.unpackb(r.SESSION.encode(info), raw=False)
-    assert obj[:2] == ["ses", 2] == ["ses", r.SESSION_VERSION]
+    assert obj[:2] == ["ses", 3] == ["ses", r.SESSION_VERSION]
     assert obj[2:5] == ["c", "node-a", "s1"]
-    assert obj[-3:] == ["192.0.2.7:50123", "alice", "sensors"]
-    assert len(obj) == 2 + 15
+    assert obj[-4:] == ["192.0.2.7:50123", "alice", "sensors", 1_700_000_000_000_001]
+    assert len(obj) == 2 + 16
     assert r.SESSION.decode(r.SESSION.encode(info)) == info
+
+
+def test_a_session_record_of_version_2_is_read_with_stamp_0():
+    info = _session_info(address="192.0.2.7:50123", username="alice",
+                         credentials_name="sensors", stamp=5)
+    v2 = ["ses", 2, *msgpack.unpackb(r.SESSION.encode(info), raw=False)[2:17]]
+    read = r.SESSION.decode(msgpack.packb(v2, use_bin_type=True))
+    assert read == _session_info(address="192.0.2.7:50123", username="alice",
+                                 credentials_name="sensors")
+    assert read.stamp == 0
+    response = ["ser", 1, "c", "q", True, True, v2, ""]
+    old = r.SESSION_EVENT_RESPONSE.decode(msgpack.packb(response, use_bin_type=True))
+    assert (old.session.stamp, old.stamp) == (0, 0)
+    new = r.SessionEventResponse("c", "q", True, False, info, "", 7)
+    obj = msgpack.unpackb(r.SESSION_EVENT_RESPONSE.encode(new), raw=False)
+    assert obj[:2] == ["ser", 2] and obj[-1] == 7
+    assert r.SESSION_EVENT_RESPONSE.decode(r.SESSION_EVENT_RESPONSE.encode(new)) == new
+    with pytest.raises(RecordEncodingError):
+        r.SESSION.encode(_session_info(stamp=-1))
 
 
 def test_a_session_record_of_version_1_is_still_read():
@@ -227,7 +246,8 @@ def test_a_session_record_of_version_1_is_still_read():
     assert r.SESSION_EVENT_RESPONSE.decode(msgpack.packb(response, use_bin_type=True)) \
         .session == _session_info()
     # a version 1 array of version 2's length is no record, nor version 2 of 12 fields
-    for bad in (["ses", 1, *v1[2:], "a", "b", "c"], ["ses", 2, *v1[2:]]):
+    for bad in (["ses", 1, *v1[2:], "a", "b", "c"], ["ses", 2, *v1[2:]],
+                ["ses", 3, *v1[2:], "a", "b", "c"]):
         with pytest.raises(RecordEncodingError, match="expected"):
             r.SESSION.decode(msgpack.packb(bad, use_bin_type=True))
 

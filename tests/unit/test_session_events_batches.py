@@ -90,9 +90,22 @@ class Registry:
     def __init__(self, sessions=None) -> None:
         self.sessions = dict(sessions or {})
         self.listeners: list = []
+        self.stale_listeners: list = []
+        self.stamps = 0
+        self.grants: list = []
 
     def get(self, client_id):
         return self.sessions.get(client_id)
+
+    def next_stamp(self, client_id):
+        self.stamps += 1
+        return self.stamps
+
+    def granted(self, client_id, session_id, stamp):
+        self.grants.append((client_id, session_id, stamp))
+
+    def granted_later(self, client_id, stamp):
+        return any(c == client_id and s > stamp for c, _, s in self.grants)
 
 
 def ask(events, client_id, session_id="s"):
