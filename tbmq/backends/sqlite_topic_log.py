@@ -485,6 +485,37 @@ class SQLiteTopicLog(RunnerView):
 
         return self._merge(self._writes_op, lambda writes: writes.extend(checked))
 
+    def write(self, records: list, commits: dict, truncates: dict) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.ITopicLog.write`: the records,
+        the commits and the truncations merged together into the next
+        :class:`TopicLogWrites` (one transaction, one COMMIT for a turn's
+        writes: not the append alone, then the rest in the transaction
+        after it).
+
+        :param records: as for :meth:`append`; read now.
+        :param commits: ``{(group, topic, partition): offset}``.
+        :param truncates: ``{(topic, partition): before}``.
+        :returns: a Deferred firing with None when committed, or failing
+            with :class:`TypeError`/:class:`ValueError` for a malformed
+            record (nothing stored).
+        """
+        try:
+            checked = check_records(records) if records else ()
+        except (TypeError, ValueError):
+            return defer.fail()
+        offsets = {(g, t, int(p)): int(o) for (g, t, p), o in commits.items()}
+        cuts = [(t, int(p), int(before)) for (t, p), before in truncates.items()]
+
+        def merge(writes: TopicLogWrites) -> None:
+            if checked:
+                writes.extend(checked)
+            if offsets:
+                writes.offsets.update(offsets)
+            for cut in cuts:
+                writes.truncate(*cut)
+
+        return self._merge(self._writes_op, merge)
+
     def commit(self, group: str, topic: str, partition: int, offset: int) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ITopicLog.commit`; the last
         commit of a group on a partition wins.

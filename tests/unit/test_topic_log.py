@@ -263,6 +263,25 @@ def test_a_tombstone_in_the_same_call(log):
     assert records_of(log) == [stored(rec("s", 0, 2, None, b"no key"))]
 
 
+def test_write_is_append_then_commits_then_truncations(log):
+    fired(log.append([rec("t", 0, o) for o in range(2)]))
+    assert fired(log.write([rec("t", 0, o) for o in range(2, 5)] + [rec("u", 0, 0)],
+                           {("g", "t", 0): 3, ("g", "u", 0): 1},
+                           {("t", 0): 3, ("u", 0): 1})) is None
+    # the truncation reaches the records of the same call below it
+    assert [(r[0], r[2]) for r in records_of(log)] == [("t", 3), ("t", 4)]
+    assert offsets_of(log) == {("g", "t", 0): 3, ("g", "u", 0): 1}
+    assert fired(log.write([], {("g", "t", 0): 5}, {})) is None
+    assert offsets_of(log) == {("g", "t", 0): 5, ("g", "u", 0): 1}
+
+
+def test_a_malformed_write_stores_nothing(log):
+    failure = failure_of(log.write([rec("t", 0, 0), rec("t", 0, 1, value="text")],
+                                   {("g", "t", 0): 1}, {("t", 0): 1}))
+    assert failure.check(TypeError, ValueError)
+    assert fired(log.load()) == ([], {})
+
+
 def test_survives_a_restart(durable_backend):
     backend = durable_backend
     log = backend.open()
@@ -318,6 +337,18 @@ def test_the_deferred_fires_after_the_commit(tmp_path):
     stopped = log.stop()
     pool.run_all()
     assert fired(stopped) is None
+
+
+def test_a_write_is_one_transaction(tmp_path):
+    log, pool = manual_log(tmp_path)
+    written = log.write([rec("t", 0, 0), rec("t", 0, 1)], {("g", "t", 0): 1}, {("t", 0): 1})
+    assert len(pool.jobs) == 1 and not written.called
+    pool.run_one()  # records, commit and truncation: one COMMIT
+    assert fired(written) is None and not pool.jobs
+    assert rows_on_disk(log.runner.path) == [("t", 0, 1)]
+    loaded = log.load()
+    pool.run_one()
+    assert fired(loaded)[1] == {("g", "t", 0): 1}
 
 
 def test_writes_while_busy_share_one_operation(tmp_path):
