@@ -795,3 +795,40 @@ def test_runs_merged_while_busy_equal_the_memory_log(calls, loaded, busy):
         stopped = log.stop()
         pool.run_all()
         fired(stopped)
+
+
+def test_a_truncation_past_every_single_row_leaves_their_table_out(tmp_path):
+    """Once a truncation passed the last single row of a partition, its next
+    truncations make no statement on ``topic_log`` (and none on
+    ``topic_log_packs`` past the last packed row) until one is written
+    again; what loads is what the calls leave."""
+    log, pool = manual_log(tmp_path)
+    loaded = log.load()  # the log knows what it stores
+    pool.run_one()
+    fired(loaded)
+    statements: list[str] = []
+    log.runner._conn.set_trace_callback(statements.append)
+
+    def run_and_count(d, table: str) -> int:
+        statements.clear()
+        pool.run_one()
+        assert fired(d) is None
+        return sum(s.startswith(f"DELETE FROM {table} ") for s in statements)
+
+    assert run_and_count(log.append([rec("t", 0, 0)]), "topic_log") == 0  # a single row
+    assert run_and_count(log.truncate("t", 0, 1), "topic_log") == 1  # it goes
+    assert run_and_count(log.truncate("t", 0, 1), "topic_log") == 0  # none left
+    fired_run = log.append([RecordRun("t", 0, 1, ["a", "b"], [b"1", b"2"])])
+    assert run_and_count(fired_run, "topic_log_packs") == 0
+    assert run_and_count(log.truncate("t", 0, 2), "topic_log_packs") == 1  # cut, kept
+    assert run_and_count(log.truncate("t", 0, 2), "topic_log_packs") == 1
+    assert run_and_count(log.truncate("t", 0, 3), "topic_log_packs") == 1  # it goes
+    assert run_and_count(log.truncate("t", 0, 3), "topic_log_packs") == 0
+    assert run_and_count(log.append([rec("t", 0, 3)]), "topic_log") == 0
+    assert run_and_count(log.truncate("t", 0, 3), "topic_log") == 1  # written again
+    loaded = log.load()
+    pool.run_one()
+    assert fired(loaded)[0] == [stored(rec("t", 0, 3))]
+    stopped = log.stop()
+    pool.run_all()
+    fired(stopped)
