@@ -322,6 +322,21 @@ class ITopicLog(IBackend):
         :returns: Deferred firing with None when durable.
         """
 
+    def write(records, commits, truncates):
+        """What a reactor turn of the bus writes, in **one** durable step
+        (one transaction of the SQLite topic log): :meth:`append` of
+        ``records`` (when any), then :meth:`commit` of each of ``commits``,
+        then :meth:`truncate` of each of ``truncates``, applied as those
+        calls in that order would be.
+
+        :param records: as for :meth:`append` (may be empty).
+        :param commits: ``{(group, topic, partition): offset}``.
+        :param truncates: ``{(topic, partition): before}``.
+        :returns: Deferred firing with None once all of it is durable, or
+            failing with nothing of it stored (:class:`TypeError` or
+            :class:`ValueError` for a malformed record, the store's error).
+        """
+
     def delete_topic(topic):
         """Forget ``topic``: its records and every group's offsets on it.
 

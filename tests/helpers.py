@@ -174,6 +174,14 @@ class MemoryTopicLog:
             del part[o]
         return defer.succeed(None)
 
+    def write(self, records, commits, truncates):
+        d = self.append(records) if records else defer.succeed(None)
+        for (group, topic, partition), offset in commits.items():
+            self.commit(group, topic, partition, offset)
+        for (topic, partition), before in truncates.items():
+            self.truncate(topic, partition, before)
+        return d
+
     def delete_topic(self, topic):
         self.calls.append("delete_topic")
         for key in [k for k in self.records if k[0] == topic]:

@@ -5,15 +5,16 @@ them, gathered during one reactor turn and written together at the start
 of the next (*group commit*).
 
 The records a turn publishes to durable topics go to the log in one
-``append`` call (one transaction of the SQLite topic log, however many
-publishes and topics), before that turn's commits and truncations (so a
-truncation never precedes the append of a record below it).  Each
+:meth:`~tbmq.interfaces.ITopicLog.write` call with that turn's commits and
+truncations (one transaction of the SQLite topic log, however many
+publishes and topics), the records first (so a truncation never precedes
+the append of a record below it).  Each
 record's publisher is told (its ``done`` called) once that call's Deferred
 fired: after the COMMIT that made its record durable, as before, with one
 Deferred per turn instead of one per record (and no waiter object).  A
 run of records with one ``done`` (:meth:`LogWrites.append_run`: the
 router's deliveries of a batch to one APPLICATION client) is one
-:class:`~tbmq.backends.topic_records.RecordRun` item of that ``append``,
+:class:`~tbmq.backends.topic_records.RecordRun` item of that ``write``,
 told once.
 """
 
@@ -80,7 +81,7 @@ class LogWrites:
         """Write ``run`` (a :class:`~tbmq.backends.topic_records.RecordRun`
         of encoded records) with the next flush, with **one** ``done`` for
         all of its records (called as :meth:`append` says: they are one
-        item of one ``append`` call, stored or failed together)."""
+        item of one ``write`` call, stored or failed together)."""
         if not run.values:
             done(None)
             return
@@ -121,34 +122,36 @@ class LogWrites:
                 self.dones.append(done)
 
     def flush(self) -> defer.Deferred:
-        """Write what waits: the records in one ``append``, then the commits
-        and truncations.
+        """Write what waits in one
+        :meth:`~tbmq.interfaces.ITopicLog.write`: the records, then the
+        commits, then the truncations (one transaction of the SQLite topic
+        log, one Deferred).
 
-        :returns: a Deferred firing with None once every write is done
-            (a failed one is logged; a failed append fails its records'
-            publishes).
+        :returns: a Deferred firing with None once it is durable (a failure
+            is logged, and fails the publishes of its records).
         """
         call, self.call = self.call, None
         if call is not None and call.active():
             call.cancel()
-        topic_log = self.topic_log
-        calls = []
-        if self.records:
-            records, self.records = self.records, []
-            dones, self.dones = self.dones, []
-            d = topic_log.append(records)
+        records, dones, commits, truncates = self.records, self.dones, self.commits, self.truncates
+        if not (records or commits or truncates):
+            return defer.succeed(None)
+        if records:
+            self.records, self.dones = [], []
+        if commits:
+            self.commits = {}
+        if truncates:
+            self.truncates = {}
+        d = self.topic_log.write(records, commits, truncates)
+        if records:
             d.addCallbacks(_logged, _not_logged, callbackArgs=(dones,),
                            errbackArgs=(records, dones))
-            calls.append(d)
-        if self.commits:
-            commits, self.commits = self.commits, {}
-            calls += [topic_log.commit(g, t, p, o) for (g, t, p), o in commits.items()]
-        if self.truncates:
-            truncates, self.truncates = self.truncates, {}
-            calls += [topic_log.truncate(t, p, o) for (t, p), o in truncates.items()]
-        for d in calls:
-            d.addErrback(lambda f: log.failure("in-process bus: topic log write failed", f))
-        return defer.gatherResults(calls).addCallback(lambda _: None)
+        d.addErrback(_write_failed)
+        return d
+
+
+def _write_failed(failure: Failure) -> None:
+    log.failure("in-process bus: topic log write failed", failure)
 
 
 def _tell(done: Callable, outcome) -> None:

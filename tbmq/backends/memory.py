@@ -308,6 +308,26 @@ class MemoryTopicLog(_MemoryBackend):
             self._drop(topic, int(partition), offset)
         return defer.succeed(None)
 
+    def write(self, records: list, commits: dict, truncates: dict) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.ITopicLog.write`: :meth:`append`,
+        then :meth:`commit` and :meth:`truncate` each, in order.
+
+        :returns: a fired Deferred (None), or a failed one with
+            :class:`TypeError`/:class:`ValueError` (nothing written) for a
+            malformed record.
+        """
+        try:
+            check_records(records)
+        except (TypeError, ValueError):
+            return defer.fail()
+        if records:
+            self.append(records)
+        for (group, topic, partition), offset in commits.items():
+            self.commit(group, topic, partition, offset)
+        for (topic, partition), before in truncates.items():
+            self.truncate(topic, partition, before)
+        return defer.succeed(None)
+
     def delete_topic(self, topic: str) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ITopicLog.delete_topic`.
 

@@ -77,17 +77,28 @@ class StoredEnds:
     transaction, each one wait for the GIL less for the database thread.
     Nothing is known (every statement made) until the log was loaded.
 
+    A truncation above the last single (packed) row of a partition leaves
+    none of that kind, and the next truncations of the partition skip that
+    table until a row of it is written again (the APPLICATION topics, where
+    a turn with one record writes a single row now and then: one DELETE
+    less in most transactions).  A transaction rolled back after the
+    statements leaves it knowing more rows gone than are: their next
+    truncation may miss them (rows below every committed offset, kept
+    until a restart reloads what is known).
+
     :ivar above: ``(topic, partition)`` → that offset; None until loaded.
-    :ivar singles: the partitions that may have single rows.
-    :ivar packed: the partitions that may have packed rows.
+    :ivar singles: the partitions that may have single rows → the highest
+        offset of one written.
+    :ivar packed: the partitions that may have packed rows → the highest
+        last offset of one written.
     """
 
     __slots__ = ("above", "singles", "packed")
 
     def __init__(self) -> None:
         self.above: dict[tuple[str, int], int] | None = None
-        self.singles: set[tuple[str, int]] = set()
-        self.packed: set[tuple[str, int]] = set()
+        self.singles: dict[tuple[str, int], int] = {}
+        self.packed: dict[tuple[str, int], int] = {}
 
     def loaded(self, records: list, packs: list) -> None:
         """The log was read: ``records`` the single rows' and ``packs``
@@ -97,7 +108,8 @@ class StoredEnds:
             kind.clear()
             for row in rows:
                 key = row[:2]
-                kind.add(key)
+                if row[2] > kind.get(key, -1):
+                    kind[key] = row[2]
                 if row[2] >= above.get(key, 0):
                     above[key] = row[2] + 1
         self.above = above
@@ -110,7 +122,9 @@ class StoredEnds:
     def wrote(self, topic: str, partition: int, high: int, packed: bool) -> None:
         """Rows up to offset ``high`` were written (``packed``: a packed row)."""
         key = (topic, partition)
-        (self.packed if packed else self.singles).add(key)
+        kind = self.packed if packed else self.singles
+        if high > kind.get(key, -1):
+            kind[key] = high
         above = self.above
         if above is not None and high >= above.get(key, 0):
             above[key] = high + 1
@@ -120,10 +134,21 @@ class StoredEnds:
         return self.above is None or (topic, partition) in (self.packed if packed
                                                              else self.singles)
 
+    def truncated(self, topic: str, partition: int, before: int) -> None:
+        """The rows of the partition below ``before`` went (a packed one
+        holding ``before`` or more kept): a kind whose rows all lay below
+        it has none left."""
+        key = (topic, partition)
+        for kind in (self.singles, self.packed):
+            high = kind.get(key)
+            if high is not None and high < before:
+                del kind[key]
+
     def forget(self, topic: str) -> None:
         """``topic`` was deleted: nothing of it is stored."""
         for kind in (self.singles, self.packed):
-            kind.difference_update([key for key in kind if key[0] == topic])
+            for key in [key for key in kind if key[0] == topic]:
+                del kind[key]
         if self.above is not None:
             for key in [key for key in self.above if key[0] == topic]:
                 del self.above[key]
@@ -298,6 +323,8 @@ class TopicLogWrites(MergedWrites):
                      if ends.holds(t, p, True)]
             if packs:
                 _truncate_packs(conn, packs)
+            for (t, p), before in self.truncations.items():
+                ends.truncated(t, p, before)
         if self.rows:
             _write_rows(conn, self.rows.values(), ends)
         if self.runs:
@@ -484,6 +511,37 @@ class SQLiteTopicLog(RunnerView):
             return defer.fail()
 
         return self._merge(self._writes_op, lambda writes: writes.extend(checked))
+
+    def write(self, records: list, commits: dict, truncates: dict) -> defer.Deferred:
+        """Implement :meth:`tbmq.interfaces.ITopicLog.write`: the records,
+        the commits and the truncations merged together into the next
+        :class:`TopicLogWrites` (one transaction, one COMMIT for a turn's
+        writes: not the append alone, then the rest in the transaction
+        after it).
+
+        :param records: as for :meth:`append`; read now.
+        :param commits: ``{(group, topic, partition): offset}``.
+        :param truncates: ``{(topic, partition): before}``.
+        :returns: a Deferred firing with None when committed, or failing
+            with :class:`TypeError`/:class:`ValueError` for a malformed
+            record (nothing stored).
+        """
+        try:
+            checked = check_records(records) if records else ()
+        except (TypeError, ValueError):
+            return defer.fail()
+        offsets = {(g, t, int(p)): int(o) for (g, t, p), o in commits.items()}
+        cuts = [(t, int(p), int(before)) for (t, p), before in truncates.items()]
+
+        def merge(writes: TopicLogWrites) -> None:
+            if checked:
+                writes.extend(checked)
+            if offsets:
+                writes.offsets.update(offsets)
+            for cut in cuts:
+                writes.truncate(*cut)
+
+        return self._merge(self._writes_op, merge)
 
     def commit(self, group: str, topic: str, partition: int, offset: int) -> defer.Deferred:
         """Implement :meth:`tbmq.interfaces.ITopicLog.commit`; the last

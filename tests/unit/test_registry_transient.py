@@ -25,7 +25,7 @@ def info(client_id: str, persistent: bool, session_id: str = "s1") -> SessionInf
 
 class Node:
     """A bus on an SQLite topic log with this node's registry; the log's
-    appends are counted."""
+    appends and commits are counted (made alone or in a turn's write)."""
 
     def __init__(self, path: str) -> None:
         self.topics = TopicCatalogue()
@@ -46,6 +46,14 @@ class Node:
             return commit(group, topic, partition, offset)
 
         self.log.commit = counting_commits
+        write = self.log.write
+
+        def counting_write(records, commits, truncates):  # the bus's writes of a turn
+            self.appended.extend((e[3], e[4] is not None) for e in records)
+            self.commits.extend((group, offset) for (group, _, _), offset in commits.items())
+            return write(records, commits, truncates)
+
+        self.log.write = counting_write
         self.clock = task.Clock()
         self.bus = InProcessBus(clock=self.clock, catalogue=self.topics, log=self.log)
         fired(self.bus.start())

@@ -263,6 +263,25 @@ def test_a_tombstone_in_the_same_call(log):
     assert records_of(log) == [stored(rec("s", 0, 2, None, b"no key"))]
 
 
+def test_write_is_append_then_commits_then_truncations(log):
+    fired(log.append([rec("t", 0, o) for o in range(2)]))
+    assert fired(log.write([rec("t", 0, o) for o in range(2, 5)] + [rec("u", 0, 0)],
+                           {("g", "t", 0): 3, ("g", "u", 0): 1},
+                           {("t", 0): 3, ("u", 0): 1})) is None
+    # the truncation reaches the records of the same call below it
+    assert [(r[0], r[2]) for r in records_of(log)] == [("t", 3), ("t", 4)]
+    assert offsets_of(log) == {("g", "t", 0): 3, ("g", "u", 0): 1}
+    assert fired(log.write([], {("g", "t", 0): 5}, {})) is None
+    assert offsets_of(log) == {("g", "t", 0): 5, ("g", "u", 0): 1}
+
+
+def test_a_malformed_write_stores_nothing(log):
+    failure = failure_of(log.write([rec("t", 0, 0), rec("t", 0, 1, value="text")],
+                                   {("g", "t", 0): 1}, {("t", 0): 1}))
+    assert failure.check(TypeError, ValueError)
+    assert fired(log.load()) == ([], {})
+
+
 def test_survives_a_restart(durable_backend):
     backend = durable_backend
     log = backend.open()
@@ -318,6 +337,18 @@ def test_the_deferred_fires_after_the_commit(tmp_path):
     stopped = log.stop()
     pool.run_all()
     assert fired(stopped) is None
+
+
+def test_a_write_is_one_transaction(tmp_path):
+    log, pool = manual_log(tmp_path)
+    written = log.write([rec("t", 0, 0), rec("t", 0, 1)], {("g", "t", 0): 1}, {("t", 0): 1})
+    assert len(pool.jobs) == 1 and not written.called
+    pool.run_one()  # records, commit and truncation: one COMMIT
+    assert fired(written) is None and not pool.jobs
+    assert rows_on_disk(log.runner.path) == [("t", 0, 1)]
+    loaded = log.load()
+    pool.run_one()
+    assert fired(loaded)[1] == {("g", "t", 0): 1}
 
 
 def test_writes_while_busy_share_one_operation(tmp_path):
@@ -764,3 +795,40 @@ def test_runs_merged_while_busy_equal_the_memory_log(calls, loaded, busy):
         stopped = log.stop()
         pool.run_all()
         fired(stopped)
+
+
+def test_a_truncation_past_every_single_row_leaves_their_table_out(tmp_path):
+    """Once a truncation passed the last single row of a partition, its next
+    truncations make no statement on ``topic_log`` (and none on
+    ``topic_log_packs`` past the last packed row) until one is written
+    again; what loads is what the calls leave."""
+    log, pool = manual_log(tmp_path)
+    loaded = log.load()  # the log knows what it stores
+    pool.run_one()
+    fired(loaded)
+    statements: list[str] = []
+    log.runner._conn.set_trace_callback(statements.append)
+
+    def run_and_count(d, table: str) -> int:
+        statements.clear()
+        pool.run_one()
+        assert fired(d) is None
+        return sum(s.startswith(f"DELETE FROM {table} ") for s in statements)
+
+    assert run_and_count(log.append([rec("t", 0, 0)]), "topic_log") == 0  # a single row
+    assert run_and_count(log.truncate("t", 0, 1), "topic_log") == 1  # it goes
+    assert run_and_count(log.truncate("t", 0, 1), "topic_log") == 0  # none left
+    fired_run = log.append([RecordRun("t", 0, 1, ["a", "b"], [b"1", b"2"])])
+    assert run_and_count(fired_run, "topic_log_packs") == 0
+    assert run_and_count(log.truncate("t", 0, 2), "topic_log_packs") == 1  # cut, kept
+    assert run_and_count(log.truncate("t", 0, 2), "topic_log_packs") == 1
+    assert run_and_count(log.truncate("t", 0, 3), "topic_log_packs") == 1  # it goes
+    assert run_and_count(log.truncate("t", 0, 3), "topic_log_packs") == 0
+    assert run_and_count(log.append([rec("t", 0, 3)]), "topic_log") == 0
+    assert run_and_count(log.truncate("t", 0, 3), "topic_log") == 1  # written again
+    loaded = log.load()
+    pool.run_one()
+    assert fired(loaded)[0] == [stored(rec("t", 0, 3))]
+    stopped = log.stop()
+    pool.run_all()
+    fired(stopped)
