@@ -263,9 +263,9 @@ class IConsumer(Interface):
 
         :returns: ``bool``; False too while the bus cannot tell that its
             brokers answer (the Kafka bus: no record of this node
-            acknowledged within the last 0.5 s, or one failed since), and
-            always False on a bus that hands a record in process during its
-            publish (the in-process bus).
+            acknowledged within the last 0.5 s, or one failed since).  The
+            in-process bus: True while every record of the partition was
+            handled (its group's committed offset is the partition's end).
         """
 
     def lag():
