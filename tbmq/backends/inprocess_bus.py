@@ -431,7 +431,9 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
                 if cursor.committed == o:
                     if headers and self._held_now(held, member, cursor, part, key, value,
                                                   headers):
-                        return _answer(None, done)
+                        if done is not None:  # (_answer's None: durable now)
+                            done(None)
+                        return None
                     if (member.batch_handler is None and member.targets is None
                             and not self.encodes):
                         return _answer(self._logged_now(held, member, cursor, part, key, value,
