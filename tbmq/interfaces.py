@@ -263,9 +263,12 @@ class IConsumer(Interface):
 
         :returns: ``bool``; False too while the bus cannot tell that its
             brokers answer (the Kafka bus: no record of this node
-            acknowledged within the last 0.5 s, or one failed since), and
-            always False on a bus that hands a record in process during its
-            publish (the in-process bus).
+            acknowledged within the last 0.5 s, or one failed since; the
+            in-process bus: once stopped).  The in-process bus reads its
+            partition to the end when every record of it was handled and
+            its result fired (the group's committed offset is the
+            partition's end), and decides nothing during the member's own
+            handler.
         """
 
     def lag():

@@ -55,7 +55,6 @@ one bus (that is how two broker nodes are tested in one process).
 
 from __future__ import annotations
 
-import zlib
 from typing import Any, Callable
 
 from twisted.internet import defer
@@ -67,7 +66,7 @@ from tbmq.backends.inprocess_consumer import Consumer, Handler
 from tbmq.backends.inprocess_describe import Describable
 from tbmq.backends.inprocess_held import LOGGING as _LOGGING
 from tbmq.backends.inprocess_held import HeldPublishes
-from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter
+from tbmq.backends.inprocess_log import Cursor, Group, Partition, TopicState, Waiter, partition_of
 from tbmq.backends.inprocess_many import ManyPublishes
 from tbmq.backends.inprocess_progress import ProgressRuns
 from tbmq.backends.inprocess_writes import LogWrites
@@ -87,10 +86,6 @@ SLICE = 256
 DROP_LOG_INTERVAL = 10.0
 
 log = Logger(observer=LOG_OBSERVER)
-
-
-def _partition_of(key: str | None, n: int) -> int:
-    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % n
 
 
 def _answer(outcome, done):
@@ -309,6 +304,12 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
             self._fast[state.name] = (member, group.cursors[0], state.parts[0],
                                       state if state.durable else None)
 
+    def acknowledging(self) -> bool:
+        """:returns: whether a record published now is taken (``bool``):
+        while the bus runs; what its members' ``decides`` asks first, as
+        on the Kafka bus."""
+        return self.running
+
     def topics(self) -> list[str]:
         """:returns: the names of the topics the bus knows."""
         return list(self._topics)
@@ -430,7 +431,9 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
                 if cursor.committed == o:
                     if headers and self._held_now(held, member, cursor, part, key, value,
                                                   headers):
-                        return _answer(None, done)
+                        if done is not None:  # (_answer's None: durable now)
+                            done(None)
+                        return None
                     if (member.batch_handler is None and member.targets is None
                             and not self.encodes):
                         return _answer(self._logged_now(held, member, cursor, part, key, value,
@@ -521,7 +524,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
             p = state.rr % n
             state.rr += 1
         else:
-            p = _partition_of(key, n)
+            p = partition_of(key, n)
         part = parts[p]
         groups = state.live
         waiter = result = None

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable
 from twisted.internet import defer
 from zope.interface import implementer
 
-from tbmq.backends.inprocess_log import Group, TopicState
+from tbmq.backends.inprocess_log import Group, TopicState, partition_of
 from tbmq.cluster.completion import Completion
 from tbmq.cluster.records import Record
 from tbmq.cluster.redelivery import Redelivery
@@ -80,9 +80,22 @@ class Consumer:
         return False
 
     def decides(self, key: str) -> bool:
-        """:returns: False: a record published here is handed in process
-        during its publish (see :meth:`tbmq.interfaces.IConsumer.decides`)."""
-        return False
+        """See :meth:`tbmq.interfaces.IConsumer.decides`: the partition of
+        ``key`` is this member's, and every record of it was handed and
+        its result fired (the group's committed offset is the partition's
+        end: a record published now would be handed next, after all of
+        them), while the member is neither paused, stopped nor in its
+        handler, and the bus takes records (:meth:`InProcessBus.acknowledging`).
+
+        :returns: ``bool``."""
+        if self.paused or self.busy or self.stopped or not self.bus.acknowledging():
+            return False
+        parts = self.state.parts
+        n = len(parts)
+        p = 0 if n <= 1 else partition_of(key, n)
+        if p >= n or p not in self.partitions:
+            return False
+        return self.group_state.cursors[p].committed == parts[p].next
 
     def lag(self) -> int:
         """:returns: records of this member's partitions that its group has

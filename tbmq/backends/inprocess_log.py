@@ -10,6 +10,7 @@ records were compacted away or dropped; a reader skips holes.
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
 from itertools import count, repeat
 from operator import itemgetter
@@ -21,13 +22,21 @@ from twisted.python.failure import Failure
 from tbmq.errors import BusClosedError, ConsumerFailedError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
-__all__ = ["Cursor", "Group", "Partition", "QueuedRun", "RangeWaiter", "TopicState", "Waiter"]
+__all__ = ["Cursor", "Group", "Partition", "QueuedRun", "RangeWaiter", "TopicState", "Waiter",
+           "partition_of"]
 
 log = Logger(observer=LOG_OBSERVER)
 
 #: a held entry's decoded object, and its value (:attr:`Partition.entries`)
 _DECODED = itemgetter(3)
 _VALUE = itemgetter(1)
+
+
+def partition_of(key: str, n: int) -> int:
+    """:returns: the partition (``int``, 0 to ``n`` - 1) of a record with
+    ``key`` on a topic of ``n`` partitions: ``crc32(key) % n``, as the Kafka
+    bus places the records it places itself."""
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % n
 
 
 class Partition:

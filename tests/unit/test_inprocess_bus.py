@@ -600,3 +600,36 @@ def test_a_progress_that_grows_again_after_a_settle_is_settled_again():
     bus2.subscribe(topic, "tbmq-app-app", again.append, exclusive=True)
     clock2.advance(0)
     assert [rec.value.seq for rec in again] == [5]
+
+
+def test_a_member_decides_a_key_once_every_record_of_its_partition_was_handled():
+    """``Consumer.decides`` on the in-process bus: True for a key of a
+    partition whose records were all handed and their results fired (a
+    record published now is handed next); False while one of them waits
+    for its result, during the member's handler, for a partition of
+    another member, and once the bus stopped."""
+    bus, clock = make(partitions=2)
+    topic = C.session_event_request
+    results: list = []
+    inside: list = []
+
+    def handler(rec):
+        inside.append(member.decides("d"))  # in its handler: not now
+        d = defer.Deferred()
+        results.append(d)
+        return d
+
+    member = bus.subscribe(topic, "g", handler)
+    clock.advance(0)
+    assert [member.decides(k) for k in ("a", "d")] == [True, True]  # partitions 1 and 0
+    bus.publish(topic, "a", Message("a", b"1"))
+    assert inside == [False] and len(results) == 1
+    assert [member.decides(k) for k in ("a", "d")] == [False, True]  # "a"'s result waits
+    results[0].callback(None)
+    assert [member.decides(k) for k in ("a", "d")] == [True, True]
+    other = bus.subscribe(topic, "g", handler)  # the group's partitions split
+    clock.advance(0)
+    mine = [[m.decides(k) for k in ("a", "d")] for m in (member, other)]
+    assert sorted(mine) == [[False, True], [True, False]]
+    assert bus.stop().called
+    assert [member.decides(k) for k in ("a", "d")] == [False, False]
