@@ -179,11 +179,15 @@ for _ in range(rounds):
         pub.protocol.dataReceived(data)
         h.clock.advance(0)
         pub.transport.clear()
-        got, idle = 1, 0
-        while got or (app and idle < 4):  # the log's flush and the hand-off take turns
+        # turns until the read's deliveries all arrived: the session's flush
+        # at the end of a turn, the log's flush and the hand-off take turns
+        # of their own; a few idle turns end a read that stays short
+        want, idle = per_read * len(matching), 0
+        while want > 0 and idle < 4:
             got = sum(take(c) for c in matching)
             h.clock.advance(0)
             delivered += got
+            want -= got
             idle = 0 if got else idle + 1
 print(delivered, rounds * len(publishers) * per_read * copies)
 """
