@@ -280,7 +280,7 @@ class SessionEventResponse:
     :ivar reason: why not, for logs ("" on success).
     :ivar stamp: the grant's order stamp (integer microseconds, greater
         than any the deciding member knew for the client id:
-        :meth:`tbmq.cluster.session_events.SessionEvents.stamp`), which the
+        :meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`), which the
         asking node puts in every record of the connection
         (:attr:`SessionInfo.stamp`); 0 from a node that does not stamp.
     """

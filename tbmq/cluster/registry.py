@@ -153,23 +153,20 @@ class SessionRegistry:
             stamp = new.stamp
             if stamp > self._last_stamp:
                 self._last_stamp = stamp
+            mine = self._mine.get(client_id)
+            if mine is not None and mine[0] == new.session_id:
+                del self._mine[client_id]  # this node's own record, read
             old = self.sessions.get(client_id)
             if old is not None and old.session_id != new.session_id:
                 held = old.stamp
                 if (stamp < held or (stamp == held and (
                         new.session_id < old.session_id if stamp
                         else self._replaced.get(client_id) == new.session_id))):
-                    mine = self._mine.get(client_id)
-                    if mine is not None and mine[0] == new.session_id:
-                        del self._mine[client_id]  # this node's own record, read
                     for listener in self.stale_listeners:
                         listener(client_id, old, new)
                     return
                 if not stamp:
                     self._replaced[client_id] = old.session_id
-            mine = self._mine.get(client_id)
-            if mine is not None and mine[0] == new.session_id:
-                del self._mine[client_id]  # the record held carries its stamp now
             self.sessions[client_id] = new
         if old is not None and (new is None or new.service_id != old.service_id):
             held = self.by_node.get(old.service_id)
