@@ -54,6 +54,24 @@ read after a request does.  Nothing is left in the partition to decide
 again when it moves, and a node that dies takes the connection it
 answered with it.
 
+A connect of a client id the session registry shows no session of (no
+node holds one, connected or offline, as far as this node has read) is
+decided at once on any node whose bus can tell that its brokers answer
+(Kafka, :meth:`_unseen`): there is nothing to take over and no session to
+present [MQTT-3.2.2-2], so the deciding member would grant it, unless a
+connect of the same client id on another node, not yet in the registry,
+is concurrent with it.  Such a race is settled by the grants' order
+stamps, as the one above: this node stamps its grant from its own clock
+(:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`), and of the
+two connections the one with the greater stamp stays on every node,
+whatever order their records land in.  What this gives up is TBMQ's
+decision by the partition for the first connect of a client id: of two
+first connects racing, the one stamped later is kept, not the one the
+partition would have ordered last (the nodes' clocks order them); and a
+session another node made moments ago, whose record this node has not
+read yet, is not present to this connect (it is ended on that node when
+this connection's record, stamped later, reaches it).
+
 A node that sees, in the session registry, one of its sessions now held by
 another connection elsewhere forgets it: the will and the session expiry of
 a session belong to the one node that last held it, so no node fires them
@@ -140,8 +158,13 @@ class SessionEvents:
         #: :attr:`GRANT_MEMORY` seconds), oldest first
         self._granted: OrderedDict[str, tuple[str, float]] = OrderedDict()
         #: request id -> (its Deferred, the time its answer is due, the
-        #: connection's session id), oldest first
-        self._pending: dict[str, tuple[defer.Deferred, float, str]] = {}
+        #: connection's session id, the client id once counted in
+        #: :attr:`_asking`, else None), oldest first
+        self._pending: dict[str, tuple[defer.Deferred, float, str, str | None]] = {}
+        #: client id -> how many of its requests wait for their answer here
+        #: (a client id with one waiting is not decided at once by
+        #: :meth:`_unseen`: its connects here are granted in the order asked)
+        self._asking: dict[str, int] = {}
         self._sweep = None  # the timer of _time_out while requests wait
         # request ids: unique per process (a counter after a random prefix),
         # so an answer to an earlier process of this node matches nothing
@@ -149,8 +172,13 @@ class SessionEvents:
         self._requests = 0
         #: the bus's ``publish_many(topic, keys, values, done)``, when it has one
         self._publish_many = getattr(bus, "publish_many", None)
+        #: the bus's ``acknowledging()``, when it can tell that its brokers
+        #: answer (Kafka): a connect of a client id the registry shows no
+        #: session of is then decided at once (:meth:`_unseen`)
+        self._acknowledging = getattr(bus, "acknowledging", None)
         self.consumers: list = []
         self._deciding = None
+        self._started = False
 
     def _batches(self, handler: Callable) -> Callable | None:
         """``handler`` as a consumer's ``batch_handler`` on a bus that packs
@@ -196,6 +224,7 @@ class SessionEvents:
         self.registry.listeners.append(self.on_registry_change)
         self.registry.stale_listeners.append(self.on_late_record)
         self._deciding.resume()
+        self._started = True
 
     # -- asking -----------------------------------------------------------------------
 
@@ -204,9 +233,10 @@ class SessionEvents:
                         protocol_level: int, answer=None) -> defer.Deferred:
         """Ask the cluster to let ``client_id`` connect here: decided at
         once when this node's deciding member decides the client id and has
-        read its partition (:meth:`tbmq.interfaces.IConsumer.decides`, see
-        the module doc), else published on
-        ``tbmq.client.session.event.request``.
+        read its partition (:meth:`tbmq.interfaces.IConsumer.decides`), or
+        when the registry shows no session of it and the bus's brokers
+        answer (:meth:`_unseen`; see the module doc for both), else
+        published on ``tbmq.client.session.event.request``.
 
         :param answer: what gets the answer instead of a new Deferred:
             anything with a Deferred's ``callback(response)`` and
@@ -225,18 +255,39 @@ class SessionEvents:
                              request_id, clean_start, persistent, client_type,
                              session_expiry_interval, protocol_level, now)
         deciding = self._deciding
-        if deciding is not None and deciding.decides(client_id):
+        if deciding is not None and (deciding.decides(client_id) or self._unseen(client_id)):
             # this node's member decides the client id and has read its
-            # partition: decided now, not published (see the module doc)
+            # partition, or no node holds a session of it: decided now,
+            # not published (see the module doc)
             d.callback(self._connect_decision(event))
             return d
-        self._pending[request_id] = (d, now + self.timeout, session_id)
+        pending = self._pending
+        pending[request_id] = (d, now + self.timeout, session_id, None)
         # (_request's publish, without the call)
         self.bus.publish(self.topics.session_event_request, client_id, event, (),
                          partial(self._sent, request_id))
-        if self._sweep is None and self._pending:  # not answered during the call
-            self._sweep = self.clock.callLater(self.timeout, self._time_out)
+        if request_id in pending:  # not answered during the call: counted
+            pending[request_id] = (d, now + self.timeout, session_id, client_id)
+            asking = self._asking
+            asking[client_id] = asking.get(client_id, 0) + 1
+            if self._sweep is None:
+                self._sweep = self.clock.callLater(self.timeout, self._time_out)
         return d
+
+    def _unseen(self, client_id: str) -> bool:
+        """Whether a connect of ``client_id`` may be decided here at once
+        though another member decides its partition: the registry shows no
+        session of it (none connected, none offline: nothing to take over,
+        no session present [MQTT-3.2.2-2]), this node decides (started), no
+        request of it from this node waits for its answer (its connects
+        here are granted in the order they came), and the bus can tell that
+        its brokers answer (Kafka: ``KafkaBus.acknowledging``, so the
+        grant's registry record will be written).  See the module doc for
+        the race of two such grants."""
+        acknowledging = self._acknowledging
+        return (acknowledging is not None and self._started
+                and client_id not in self._asking
+                and self.registry.get(client_id) is None and acknowledging())
 
     #: one timer for all the requests waiting, none per request: it fires at
     #: the oldest one's deadline, or :attr:`timeout` / SWEEPS seconds after
@@ -249,9 +300,21 @@ class SessionEvents:
         its publish, no Deferred per request): a refused request fails its
         connect at once."""
         if failure is not None:
-            pending = self._pending.pop(request_id, None)
+            pending = self._take(request_id)
             if pending is not None:
                 pending[0].errback(failure)
+
+    def _take(self, request_id: str) -> tuple | None:
+        """:returns: the :attr:`_pending` entry of ``request_id``, removed
+        (None when it is not there: answered, refused or timed out)."""
+        pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            client_id = pending[3]
+            if client_id is not None:  # counted in _asking
+                left = self._asking.pop(client_id) - 1
+                if left:
+                    self._asking[client_id] = left
+        return pending
 
     def _time_out(self) -> None:
         """Fail the requests whose answer is overdue (in the order they were
@@ -261,12 +324,12 @@ class SessionEvents:
         now = self.clock.seconds()
         pending = self._pending
         overdue = []
-        for request_id, (d, deadline, _) in pending.items():
+        for request_id, (d, deadline, _, _) in pending.items():
             if deadline > now:
                 break
             overdue.append(request_id)
         for request_id in overdue:
-            d = pending.pop(request_id)[0]
+            d = self._take(request_id)[0]
             d.errback(BusPublishError("no answer to the connect request in time"))
         if pending and self._sweep is None:
             due = next(iter(pending.values()))[1]
@@ -283,10 +346,10 @@ class SessionEvents:
 
         :param responses: :class:`~tbmq.cluster.records.SessionEventResponse` each.
         """
-        pending = self._pending
+        take = self._take
         granted = self.registry.granted
         for response in responses:
-            waiting = pending.pop(response.request_id, None)
+            waiting = take(response.request_id)
             if waiting is not None:
                 if response.success:
                     granted(response.client_id, waiting[2], response.stamp)
@@ -353,7 +416,7 @@ class SessionEvents:
         if event.kind != CONNECTION_REQUEST or event.service_id != self.service_id:
             return self._decide_many((event,))
         response = self._connect_decision(event)
-        waiting = self._pending.pop(response.request_id, None)
+        waiting = self._take(response.request_id)
         if waiting is None:
             self._on_responses((response,))  # (logged: came after the CONNECT was refused)
         else:

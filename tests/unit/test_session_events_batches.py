@@ -364,3 +364,54 @@ def test_a_request_of_a_partition_this_node_decides_and_has_read_is_decided_at_o
     assert not other.called
     assert [(t, k) for t, k, *_ in bus.published[1:]] == [
         (events.topics.session_event_request, "other")]
+
+
+class AcknowledgingBus(PackingBus):
+    """A :class:`PackingBus` that tells whether its brokers answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answering = True
+
+    def acknowledging(self):
+        return self.answering
+
+
+def test_a_client_id_the_registry_shows_no_session_of_is_decided_at_once():
+    """A connect of a client id no node holds a session of is decided
+    during the call though another member decides its partition (no
+    session present [MQTT-3.2.2-2], nothing to take over), stamped and told
+    to the registry; one the registry shows a session of, one asked while
+    the bus cannot tell that its brokers answer, one asked before the node
+    decides and one of a client id whose earlier request waits for its
+    answer here are published."""
+    bus = AcknowledgingBus()
+    registry = Registry({"held": info("held", "node-c", "s-old", connected=False)})
+    events, _ = make(bus, registry)
+    events.join()
+    early = ask(events, "early")
+    assert not early.called  # not started: published
+    events.start()
+    answers = []
+    ask(events, "new", "s-new").addCallback(answers.append)
+    assert [(a.client_id, a.success, a.session_present, a.session) for a in answers] == [
+        ("new", True, False, None)]
+    assert registry.grants == [("new", "s-new", answers[0].stamp)] and answers[0].stamp > 0
+    assert not ask(events, "held").called
+    assert not ask(events, "early", "s-again").called  # its first request waits
+    bus.answering = False
+    assert not ask(events, "other").called
+    assert [k for t, k, *_ in bus.published if t == events.topics.session_event_request] == [
+        "early", "held", "early", "other"]
+    # the answers of both waiting requests release the client id
+    bus.answering = True
+    requests = [v for t, k, v, *_ in bus.published if k == "early"]
+    events._on_responses((SessionEventResponse("early", requests[0].request_id, True,
+                                               False, None, "", 9),))
+    assert not ask(events, "early", "s-third").called  # the second still waits
+    events._on_responses((SessionEventResponse("early", requests[1].request_id, True,
+                                               False, None, "", 10),
+                          SessionEventResponse("early", bus.published[-1][2].request_id,
+                                               True, False, None, "", 11)))
+    assert ask(events, "early", "s-fourth").called
+    assert ("early", "s-again", 10) in registry.grants
