@@ -172,10 +172,14 @@ class SessionEvents:
         self._requests = 0
         #: the bus's ``publish_many(topic, keys, values, done)``, when it has one
         self._publish_many = getattr(bus, "publish_many", None)
-        #: the bus's ``acknowledging()``, when it can tell that its brokers
-        #: answer (Kafka): a connect of a client id the registry shows no
-        #: session of is then decided at once (:meth:`_unseen`)
-        self._acknowledging = getattr(bus, "acknowledging", None)
+        #: the bus's ``acknowledging()``, on a bus whose requests cross
+        #: nodes (one that packs records: Kafka) and that can tell that its
+        #: brokers answer: a connect of a client id the registry shows no
+        #: session of is then decided at once (:meth:`_unseen`); not on the
+        #: in-process bus, whose one member decides every client id
+        #: (:meth:`tbmq.interfaces.IConsumer.decides`) and, paused, nothing
+        self._acknowledging = (getattr(bus, "acknowledging", None)
+                               if getattr(bus, "packs", False) else None)
         self.consumers: list = []
         self._deciding = None
         self._started = False
