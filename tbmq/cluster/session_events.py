@@ -254,17 +254,19 @@ class SessionEvents:
         self._requests += 1
         request_id = f"{self._request_prefix}{self._requests}"
         d = defer.Deferred() if answer is None else answer
+        deciding = self._deciding
+        if deciding is not None and (self._unseen(client_id) or deciding.decides(client_id)):
+            # no node holds a session of it, or this node's member decides
+            # the client id and has read its partition: decided now, not
+            # published (see the module doc); no request built (the
+            # cheaper question first: the same decision either way)
+            d.callback(self._decision(client_id, self.service_id, session_id, request_id,
+                                      clean_start))
+            return d
         now = self.clock.seconds()
         event = SessionEvent(CONNECTION_REQUEST, client_id, self.service_id, session_id,
                              request_id, clean_start, persistent, client_type,
                              session_expiry_interval, protocol_level, now)
-        deciding = self._deciding
-        if deciding is not None and (deciding.decides(client_id) or self._unseen(client_id)):
-            # this node's member decides the client id and has read its
-            # partition, or no node holds a session of it: decided now,
-            # not published (see the module doc)
-            d.callback(self._connect_decision(event))
-            return d
         pending = self._pending
         pending[request_id] = (d, now + self.timeout, session_id, None)
         # (_request's publish, without the call)
@@ -488,32 +490,40 @@ class SessionEvents:
         return sent
 
     def _connect_decision(self, event: SessionEvent) -> SessionEventResponse:
-        """Decide one CONNECTION_REQUEST: drop a connection of the client id
-        held on another node, remember the grant, stamp it
-        (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`: greater
-        than any stamp this member made or read, than the registry's record
-        of the client id and than the time now).  A grant to this node is
-        told to the registry here (its records carry the stamp); another
-        node's, when its answer arrives (:meth:`_on_responses`).
+        """Decide one CONNECTION_REQUEST (:meth:`_decision` of its fields).
 
         :returns: the answer for the asking node."""
-        client_id = event.client_id
+        return self._decision(event.client_id, event.service_id, event.session_id,
+                              event.request_id, event.clean_start)
+
+    def _decision(self, client_id: str, service_id: str, session_id: str, request_id: str,
+                  clean_start: bool) -> SessionEventResponse:
+        """Decide a connect of ``client_id`` by node ``service_id`` (its
+        connection ``session_id``, request ``request_id``): drop a
+        connection of the client id held on another node, remember the
+        grant, stamp it (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`:
+        greater than any stamp this member made or read, than the
+        registry's record of the client id and than the time now).  A grant
+        to this node is told to the registry here (its records carry the
+        stamp); another node's, when its answer arrives (:meth:`_on_responses`).
+
+        :returns: the answer for the asking node."""
         registry = self.registry
         info = registry.get(client_id)
-        if (info is not None and info.connected and info.session_id != event.session_id
-                and info.service_id != event.service_id):
+        if (info is not None and info.connected and info.session_id != session_id
+                and info.service_id != service_id):
             # connected on another node: drop it there (session taken over)
             self.bus.publish(self.topics.client_disconnect(info.service_id), client_id,
                              DisconnectCommand(client_id, info.session_id,
                                                ReasonCode.SESSION_TAKEN_OVER),
                              (), partial(_not_sent, "the takeover's disconnect", client_id))
-        self._grant(client_id, event.session_id)
+        self._grant(client_id, session_id)
         stamp = registry.next_stamp(client_id)
-        if event.service_id == self.service_id:
-            registry.granted(client_id, event.session_id, stamp)
-        return SessionEventResponse(client_id, event.request_id, True,
+        if service_id == self.service_id:
+            registry.granted(client_id, session_id, stamp)
+        return SessionEventResponse(client_id, request_id, True,
                                     info is not None and info.persistent
-                                    and not event.clean_start, info, "", stamp)
+                                    and not clean_start, info, "", stamp)
 
     #: seconds a granted connection is remembered while the registry has
     #: not shown it yet (the lag of ``tbmq.client.session`` behind the
