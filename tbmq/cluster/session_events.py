@@ -260,8 +260,10 @@ class SessionEvents:
             # the client id and has read its partition: decided now, not
             # published (see the module doc); no request built (the
             # cheaper question first: the same decision either way)
-            d.callback(self._decision(client_id, self.service_id, session_id, request_id,
-                                      clean_start))
+            response = self._decision(client_id, self.service_id, session_id, request_id,
+                                      clean_start)
+            self.registry.granted(client_id, session_id, response.stamp)
+            d.callback(response)
             return d
         now = self.clock.seconds()
         event = SessionEvent(CONNECTION_REQUEST, client_id, self.service_id, session_id,
@@ -426,6 +428,7 @@ class SessionEvents:
         if waiting is None:
             self._on_responses((response,))  # (logged: came after the CONNECT was refused)
         else:
+            self.registry.granted(response.client_id, waiting[2], response.stamp)
             waiting[0].callback(response)
         return None
 
@@ -503,9 +506,15 @@ class SessionEvents:
         connection of the client id held on another node, remember the
         grant, stamp it (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`:
         greater than any stamp this member made or read, than the
-        registry's record of the client id and than the time now).  A grant
-        to this node is told to the registry here (its records carry the
-        stamp); another node's, when its answer arrives (:meth:`_on_responses`).
+        registry's record of the client id and than the time now).  The
+        grant is told to the registry of the asking node when its connect
+        still waits for it (:meth:`request_connect`, :meth:`_decide`,
+        :meth:`_on_responses`), so that its records carry the stamp: an
+        answer nobody waits for any more (the connect was refused when no
+        answer came in time, or asked by an earlier process of this node)
+        leaves no grant of a connection that does not exist, whose greater
+        stamp would make :meth:`tbmq.cluster.registry.SessionRegistry.granted_later`
+        keep a session another node took over.
 
         :returns: the answer for the asking node."""
         registry = self.registry
@@ -519,8 +528,6 @@ class SessionEvents:
                              (), partial(_not_sent, "the takeover's disconnect", client_id))
         self._grant(client_id, session_id)
         stamp = registry.next_stamp(client_id)
-        if service_id == self.service_id:
-            registry.granted(client_id, session_id, stamp)
         return SessionEventResponse(client_id, request_id, True,
                                     info is not None and info.persistent
                                     and not clean_start, info, "", stamp)

@@ -415,3 +415,29 @@ def test_a_client_id_the_registry_shows_no_session_of_is_decided_at_once():
                                                True, False, None, "", 11)))
     assert ask(events, "early", "s-fourth").called
     assert ("early", "s-again", 10) in registry.grants
+
+
+def test_an_answer_nobody_waits_for_leaves_no_grant_in_the_registry():
+    """A request of this node decided from its partition after its connect
+    was refused (no answer in time: the partition's member was on a node
+    that died) grants a connection that does not exist: the registry is not
+    told of it, so no stamp of it makes ``granted_later`` keep a session
+    that another node takes over; the waiting connect's grant, decided
+    next, is told once, with its stamp."""
+    bus = PackingBus()
+    registry = Registry({"x": info("x", "node-c", "s-old")})
+    events, clock = make(bus, registry)
+    events.start()
+    refused = ask(events, "x", "s1")
+    failures = []
+    refused.addErrback(failures.append)
+    clock.advance(events.timeout * 2)
+    assert len(failures) == 1 and failures[0].check(BusPublishError)
+    waiting = ask(events, "x", "s2")
+    got = []
+    waiting.addCallback(got.append)
+    old, new = [v for t, _, v, _ in bus.published if t == events.topics.session_event_request]
+    assert events._decide_many((old, new)) is None  # both this node's: answered in process
+    assert [r.request_id for r in got] == [new.request_id]
+    assert registry.grants == [("x", "s2", got[0].stamp)]
+    assert not registry.granted_later("x", got[0].stamp)
