@@ -140,9 +140,10 @@ class SessionRegistry:
         still open (the tombstone's writer had not read it yet)."""
         client_id = record.key
         new = record.value
+        headers = record.headers
         if (new is not None and self._marks
-                and not (record.headers and transient(record.headers))):
-            self._logged[client_id] = None
+                and not (headers and (headers is TRANSIENT or transient(headers)))):
+            self._logged[client_id] = None  # (TRANSIENT: this node's mark, no call)
         if new is None:
             old = self.sessions.pop(client_id, None)
             self._replaced.pop(client_id, None)
