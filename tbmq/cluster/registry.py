@@ -140,9 +140,10 @@ class SessionRegistry:
         still open (the tombstone's writer had not read it yet)."""
         client_id = record.key
         new = record.value
+        headers = record.headers
         if (new is not None and self._marks
-                and not (record.headers and transient(record.headers))):
-            self._logged[client_id] = None
+                and not (headers and (headers is TRANSIENT or transient(headers)))):
+            self._logged[client_id] = None  # (TRANSIENT: this node's mark, no call)
         if new is None:
             old = self.sessions.pop(client_id, None)
             self._replaced.pop(client_id, None)
@@ -153,9 +154,9 @@ class SessionRegistry:
             stamp = new.stamp
             if stamp > self._last_stamp:
                 self._last_stamp = stamp
-            mine = self._mine.get(client_id)
-            if mine is not None and mine[0] == new.session_id:
-                del self._mine[client_id]  # this node's own record, read
+            mine = self._mine.pop(client_id, None)  # this node's own record, read
+            if mine is not None and mine[0] != new.session_id:
+                self._mine[client_id] = mine  # (another connection's: kept)
             old = self.sessions.get(client_id)
             if old is not None and old.session_id != new.session_id:
                 held = old.stamp
@@ -193,11 +194,14 @@ class SessionRegistry:
         the grants of one member are ordered and, after a partition moved
         to another member, its time and the records it read keep the order.
 
+        The stamp of the record held for ``client_id`` is never above the
+        greatest stamp read (:meth:`_on_record` raises it with every record
+        before it keeps one), so that greatest stamp covers it.
+
         :returns: int, microseconds since the epoch (or a little more)."""
-        held = self.sessions.get(client_id)
-        stamp = max(int(self._seconds() * 1_000_000), self._last_stamp,
-                    0 if held is None else held.stamp) + 1
-        self._last_stamp = stamp
+        stamp = int(self._seconds() * 1_000_000)
+        last = self._last_stamp
+        self._last_stamp = stamp = (stamp if stamp > last else last) + 1
         return stamp
 
     def granted(self, client_id: str, session_id: str, stamp: int) -> None:
@@ -266,7 +270,9 @@ class SessionRegistry:
         """
         client_id = info.client_id
         if not info.stamp:
-            info.stamp = self._stamp_of(client_id, info.session_id)
+            mine = self._mine.get(client_id)  # (the grant: _stamp_of's first case, inline)
+            info.stamp = (mine[1] if mine is not None and mine[0] == info.session_id
+                          else self._stamp_of(client_id, info.session_id))
         if not self._marks:
             return self.bus.publish(self.topic, client_id, info, (), done)
         if info.persistent or client_id in self._logged:
