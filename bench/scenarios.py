@@ -98,7 +98,7 @@ class Profiler:
                 ensure_venv()
                 spy = os.path.join(VENV, "bin", "py-spy")
             self.proc = subprocess.Popen(
-                [spy, "record", "-p", str(pid), "-r", "200",
+                [spy, "record", "-p", str(pid), "-r", os.environ.get("BENCH_PYSPY_RATE", "200"),
                  "-d", str(max(1, int(duration))), "--format", "raw", "-o", path,
                  *os.environ.get("BENCH_PYSPY_ARGS", "").split()],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

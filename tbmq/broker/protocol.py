@@ -285,11 +285,15 @@ class MQTTProtocol(protocol.Protocol):
         handed on before the next packet that is not a PUBLISH, and at the
         end."""
         decided = self._session_handlers
+        runs = self._session_runs
         n = len(packets)
         gatherer = self.session if n > 1 else None
         gathering = False  # a run of PUBLISHes being gathered
+        index = -1
         try:
-            for index, packet in enumerate(packets):
+            while index + 1 < n:
+                index += 1
+                packet = packets[index]
                 if self._closing:
                     return
                 try:
@@ -305,6 +309,14 @@ class MQTTProtocol(protocol.Protocol):
                         elif not gathering and index + 1 < n and type(packets[index + 1]) is Publish:
                             gathering = True
                             gatherer.gather_publishes(gatherer.link)
+                        if gathering and handler is not None:
+                            # the run's packets on the plain path, together
+                            # (Session.on_publishes); the first it leaves
+                            # goes the whole way below
+                            taken = runs[kind](session, packets, index)
+                            if taken > index:
+                                index = taken - 1
+                                continue
                     if handler is not None:
                         waits = handler(session, packet)
                         if waits is not None:
@@ -622,6 +634,9 @@ class MQTTProtocol(protocol.Protocol):
     #: packets of a connected client the session decides:
     #: ``handler(session, packet) -> None | Deferred`` (a Deferred holds the
     #: packets after this one until it fires)
+    #: a run of gathered packets of one kind handled together:
+    #: ``handler(session, packets, index) -> index of the first left``
+    _session_runs = {Publish: Session.on_publishes}
     _session_handlers = {
         Publish: Session.on_publish,
         Puback: acknowledgements.on_puback,

@@ -11,6 +11,7 @@ only the bus differs.
 from __future__ import annotations
 
 from functools import partial
+from operator import attrgetter
 
 from twisted.logger import Logger
 
@@ -23,6 +24,8 @@ from tbmq.cluster.topics import CLUSTER_BUNDLE, node_group
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, SubscriptionOptions
 
+#: ``payload`` of a :class:`~tbmq.model.Message` (the run checks in C)
+_payload = attrgetter("payload")
 
 
 class SharedGroup:
@@ -94,6 +97,15 @@ class DeliveryGroup:
         self.values.append(Delivery(client_id, message, qos, retain, sids))
         return True
 
+    def join_many(self, client_id: str, messages: list, start: int, qos: int, retain: bool,
+                  sids: tuple) -> int:
+        """:meth:`join` of each of ``messages[start:]``, in order.
+
+        :returns: how many joined: all of them."""
+        for message in messages[start:]:
+            self.join(client_id, message, qos, retain, sids)
+        return len(messages) - start
+
 
 class NewestRecord:
     """A client's newest record of a batch to a sink that takes runs, an
@@ -147,6 +159,38 @@ class NewestRecord:
             client_id, [first.message, message], qos, retain, sids)
         run.size = size
         return True
+
+    def join_many(self, client_id: str, messages: list, start: int, qos: int, retain: bool,
+                  sids: tuple) -> int:
+        """:meth:`join` of ``messages[start:]`` (of one QoS and RETAIN flag,
+        in order) for as many as the record takes, the run's limits checked
+        once for all of them when they fit (the usual case).
+
+        :returns: how many of them joined, from ``messages[start]`` on (0:
+            none, as :meth:`join` returning False)."""
+        run = self.run
+        i = start
+        if run is None:
+            if not self.join(client_id, messages[i], qos, retain, sids):
+                return 0
+            run = self.run
+            i += 1
+        elif not (run.qos == qos and run.retain == retain and (
+                run.subscription_ids is sids or run.subscription_ids == sids)):
+            return 0
+        end = min(len(messages), i + RUN_MAX_MESSAGES - len(run.messages))
+        if i < end:
+            take = messages[i:end]
+            size = run.size + sum(map(len, map(_payload, take)))
+            if size <= RUN_MAX_BYTES:
+                run.messages.extend(take)
+                run.size = size
+                return end - start
+            for message in take:  # up to the byte limit
+                if not self.join(client_id, message, qos, retain, sids):
+                    break
+                i += 1
+        return i - start
 
 
 class Gathered:
@@ -390,13 +434,32 @@ class Router:
         match = None if len(self.shared) else self.trie.match
         dispatch = self._dispatch_one
         last = None  # the topic matched last (a publisher's run: one topic, matched once)
-        for message in messages:
+        n = len(messages)
+        i = 0
+        while i < n:
+            message = messages[i]
+            i += 1
             if match is not None:  # no shared subscription: the plain filters only
                 topic = message.topic
                 if topic != last:
                     matches = match(topic)
                     last = topic
                 if len(matches) == 1:  # the usual case: one filter
+                    # the messages after it of its topic, QoS and RETAIN
+                    # flag: routed together (one pass over the filter's
+                    # subscribers for the run)
+                    j = i
+                    qos, retain = message.qos, message.retain
+                    while j < n:
+                        other = messages[j]
+                        if other.topic != topic or other.qos != qos or other.retain != retain:
+                            break
+                        j += 1
+                    if j > i:
+                        pending = self._dispatch_run(matches[0], messages[i - 1:j], pending,
+                                                     gathered, now)
+                        i = j
+                        continue
                     pending = dispatch(matches[0], message, pending, gathered, now)
                     continue
                 if not matches:
@@ -499,6 +562,55 @@ class Router:
                     continue
             pending = self._to_sink(client_id, session, message, qos, flag,
                                     options.subscription_ids, pending, gathered)
+        return pending
+
+    def _dispatch_run(self, subs: dict, messages: list, pending: Completion | None,
+                      gathered: Gathered, now: float):
+        """:meth:`_dispatch_one` for ``messages`` (two or more of one topic,
+        QoS and RETAIN flag, in order) of a batch: each subscriber of the
+        filter classified once for all of them, a live session given them
+        in order, a gathered target's record joined by the run at once
+        (:meth:`NewestRecord.join_many`); each client gets the messages in
+        their order.  A filter with a No Local subscriber is dispatched
+        message by message (the publisher of each one decides)."""
+        if any(options.no_local for options in subs.values()):
+            dispatch = self._dispatch_one
+            for message in messages:
+                pending = dispatch(subs, message, pending, gathered, now)
+            return pending
+        sessions = self.sessions
+        first = messages[0]
+        msg_qos = first.qos
+        retain = first.retain
+        n = len(messages)
+        # the encodings of each message shared by its subscribers (as in
+        # _dispatch_one: one cache per message when there are several)
+        caches = [{} for _ in messages] if len(subs) > 1 else None
+        source = self.consumer
+        for client_id, options in subs.items():  # nothing below changes subs
+            qos = options.qos if options.qos < msg_qos else msg_qos
+            # live messages carry RETAIN 0 unless retain as published [MQTT-3.3.1-12]
+            flag = retain and options.retain_as_published
+            sids = options.subscription_ids
+            session = sessions.get(client_id)
+            if session is not None and (qos == 0 or not session.persistent):
+                deliver = session.outbox.deliver
+                for k in range(n):
+                    deliver(messages[k], qos, flag, sids, caches[k] if caches else None, now,
+                            source)
+                continue
+            targets = gathered.targets[qos != 0]
+            k = 0
+            while k < n:
+                entry = targets.get(client_id)
+                if entry is not None:
+                    joined = entry.join_many(client_id, messages, k, qos, flag, sids)
+                    if joined:
+                        k += joined
+                        continue
+                pending = self._to_sink(client_id, session, messages[k], qos, flag, sids,
+                                        pending, gathered)
+                k += 1
         return pending
 
     def _to_sink(self, client_id: str, session, message: Message, qos: int, retain: bool,

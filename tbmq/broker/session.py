@@ -298,6 +298,64 @@ class Session:
 
         return allowed.addCallback(decided)
 
+    def on_publishes(self, packets: list, start: int) -> int:
+        """The :class:`~tbmq.mqtt.Publish` packets of ``packets`` from
+        ``start`` on, as :meth:`on_publish` each, while a run is gathered
+        (:meth:`gather_publishes`) and each one is on the plain path: QoS
+        0/1, no properties (or 3.1.1), a topic name checked before, within
+        the receive maximum, no rate limit nor ``message_published`` hook,
+        and allowed by a fresh entry of the authorization cache.  The
+        node's settings and the clock are read once for them all (one time
+        of receipt).
+
+        :returns: the index of the first packet not handled (not a
+            PUBLISH, or one that needs :meth:`on_publish`'s whole way);
+            ``start`` when none was."""
+        run = self._run
+        conn = self.link
+        ctx = self.ctx
+        if (run is None or conn is not run.conn or ctx.limits_in is not None
+                or ctx.hooks.wants_published):
+            return start
+        mqtt = ctx.mqtt
+        v5 = conn.protocol_level >= MQTT_5
+        max_qos = 1 if mqtt.max_qos > 1 else mqtt.max_qos
+        retain_ok = mqtt.retain_available
+        topics = ctx.topics
+        now = ctx.clock.seconds()
+        allowed = self._allowed if conn.auth is self._allowed_for else _NO_ENTRIES
+        limit = (mqtt.receive_maximum if v5 else V3_RECEIVE_MAXIMUM) - len(self.inbound_qos2)
+        unacked = self.inbound_unacked
+        client_id = self.client_id
+        received, received_bytes = self._received, self._received_bytes
+        messages, packet_ids = run.messages, run.packet_ids
+        n = len(packets)
+        i = start
+        while i < n:
+            packet = packets[i]
+            if type(packet) is not Publish:
+                break
+            qos = packet.qos
+            topic = packet.topic
+            props = packet.properties
+            if (qos > max_qos or (props and v5) or topic not in topics
+                    or (packet.retain and not retain_ok) or (qos and unacked >= limit)):
+                break
+            hit = allowed.get(topic)
+            if hit is None or hit[0] is not True or hit[1] <= now:
+                break
+            if qos:
+                unacked += 1
+            message = Message(topic, packet.payload, qos, packet.retain,
+                              props if v5 else {}, client_id, now, None)
+            received[qos] += 1
+            received_bytes[qos] += len(packet.payload)
+            messages.append(message)
+            packet_ids.append(packet.packet_id)
+            i += 1
+        self.inbound_unacked = unacked
+        return i
+
     def _may_publish(self, topic: str, conn, now: float):
         """The authorization hooks' answer for a PUBLISH to ``topic``, from
         the connection's cache when it holds a fresh one (EMQX's

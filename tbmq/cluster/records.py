@@ -123,6 +123,7 @@ from typing import Any
 
 from tbmq.cluster.message_arrays import message_from_array as _message_from_array
 from tbmq.cluster.message_arrays import messages_from_arrays as _messages_from_arrays
+from tbmq.cluster.message_arrays import messages_packed as _messages_packed
 from tbmq.cluster.message_arrays import props_in as _props_in
 from tbmq.cluster.record_fields import (
     _Bad, _bool, _bytes, _client_type, _count, _float, _int, _opt_float, _opt_str,
@@ -267,7 +268,8 @@ def _message_array(m: Message) -> tuple | None:
 
 #: ``tbmq.msg.all``: :class:`tbmq.model.Message`, no tombstone.
 MESSAGE = RecordCodec("Message", Message, "msg", _write_message, {1: _read_message_v1},
-                      fast=(_message_array, _message_from_array, _messages_from_arrays))
+                      fast=(_message_array, _message_from_array, _messages_from_arrays),
+                      write_many=_messages_packed)
 #: ``tbmq.msg.retained``: :class:`tbmq.model.Message` or a tombstone.
 RETAINED = MESSAGE.with_tombstone()
 

@@ -229,6 +229,18 @@ def encode_puback(packet_id: int) -> bytes:
     return _PUBACK_HEAD + _pack_H(packet_id)
 
 
+def encode_pubacks(packet_ids) -> bytes:
+    """:func:`encode_puback` of each of ``packet_ids``, one after another:
+    the PUBACKs of a run of QoS 1 PUBLISHes in one write (no Python call
+    per packet id).
+
+    :param packet_ids: an iterable of ints, 1..65535 each.
+    :returns: 4 bytes per packet id.
+    :raises struct.error: for a packet id out of range.
+    """
+    return b"".join(map(_PUBACK_HEAD.__add__, map(_pack_H, packet_ids)))
+
+
 def encode_pubrec(packet_id: int) -> bytes:
     """The PUBREC of ``packet_id`` with reason code 0 and no properties, the
     same bytes in every protocol level [MQTT-3.5.2.1].

@@ -1035,3 +1035,17 @@ def test_a_valid_v5_connect_built_by_hand_decodes():
     [packet] = Decoder().feed(v5_connect("21 0001 27 00000400", "01 01"))
     assert packet.properties == {Property.RECEIVE_MAXIMUM: 1, Property.MAXIMUM_PACKET_SIZE: 1024}
     assert packet.will.properties == {Property.PAYLOAD_FORMAT_INDICATOR: 1}
+
+
+@pytest.mark.parametrize("level", [3, 4, 5])
+def test_encode_pubacks_is_each_puback_in_turn(level):
+    """The PUBACKs of a run are the 2-byte success PUBACK of each packet
+    id, in order, and a client decodes them back to those ids."""
+    from tbmq.mqtt import Puback, encode, encode_pubacks
+    pids = [1, 258, 65535]
+    data = encode_pubacks(pids)
+    assert data == h("4002 0001 4002 0102 4002 ffff")
+    assert data == b"".join(encode(Puback(pid), level) for pid in pids)
+    decoded = Decoder(protocol_level=level, server_side=False).feed(data)
+    assert [(type(p), p.packet_id, p.reason_code) for p in decoded] == [(Puback, pid, 0) for pid in pids]
+    assert encode_pubacks([]) == b""

@@ -8,8 +8,9 @@ from __future__ import annotations
 from twisted.internet import task
 from twisted.python.failure import Failure
 
+from tbmq.broker.protocol import MQTTProtocol
 from tbmq.errors import BusPublishError
-from tbmq.mqtt import Puback, Publish, Pubrec, encode
+from tbmq.mqtt import Property, Puback, Publish, Pubrec, encode
 from tbmq.mqtt.codec import encode_puback, encode_pubrec
 from tests.helpers import Harness
 from tests.unit.test_session_publish import LateBus, subscribed
@@ -116,3 +117,39 @@ def test_an_acknowledgement_out_of_the_run_keeps_its_place():
     bus.release(0)
     h.turn()
     assert pub.received() == [Puback(1), Puback(2), Puback(3, 0x90), Puback(4), Puback(5)]
+
+
+def test_a_runs_plain_publishes_are_handled_together_and_the_others_the_whole_way(monkeypatch):
+    """Once a topic is checked and allowed (the first PUBLISH to it goes the
+    whole way, :meth:`Session.on_publish`), the run's next plain PUBLISHes
+    are taken together (:meth:`Session.on_publishes`: one time of receipt,
+    no call each); one with properties, a new topic or QoS 2 goes the whole
+    way in its place.  Every message reaches the subscriber in order, with
+    the publisher's client id, and the PUBACKs / PUBREC follow in order."""
+    h, bus = harness()
+    sub = subscribed(h)
+    pub = h.client("pub", level=5)
+    session = h.broker.sessions.sessions["pub"]
+    whole = []
+    on_publish = MQTTProtocol._session_handlers[Publish]
+    monkeypatch.setitem(MQTTProtocol._session_handlers, Publish, lambda self, packet: (
+        whole.append(packet.payload), on_publish(self, packet))[1])
+    bus.late = True
+    one_read(pub, Publish("t/1", b"a", qos=1, packet_id=1),
+             Publish("t/1", b"b", qos=1, packet_id=2),
+             Publish("t/1", b"c", qos=0),
+             Publish("t/1", b"d", qos=1, packet_id=3,
+                     properties={Property.USER_PROPERTY: [("k", "v")]}),
+             Publish("t/2", b"e", qos=1, packet_id=4),
+             Publish("t/2", b"f", qos=2, packet_id=5),
+             Publish("t/1", b"g", qos=1, packet_id=6),
+             Publish("t/2", b"h", qos=1, packet_id=7))
+    assert whole == [b"a", b"d", b"e", b"f"]
+    assert len(bus.held) == 1 and session.inbound_unacked == 6
+    got = sub.received()
+    assert [m.payload for m in got] == [b"a", b"b", b"c", b"d", b"e", b"f", b"g", b"h"]
+    bus.release(0)
+    h.turn()
+    assert pub.received() == [Puback(1), Puback(2), Puback(3), Puback(4), Pubrec(5), Puback(6),
+                              Puback(7)]
+    assert session.inbound_unacked == 0

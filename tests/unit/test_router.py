@@ -749,3 +749,44 @@ def test_a_batch_asks_the_persisted_limit_for_each_delivery_to_the_device_store(
     assert [(topic, keys, [d.message.topic for d in values])
             for topic, keys, values, _ in many] == [
         (T.msg_persisted, ["d", "d"], ["there/0", "there/2"])]
+
+
+def test_a_batchs_run_of_one_topic_is_routed_to_each_subscriber_at_once_in_order(world):
+    """Messages in a row of one topic, QoS and RETAIN flag are routed
+    together: a live session gets them in order, each with its own shared
+    encoding cache; a persistent DEVICE elsewhere is classified once and
+    gets them as one run on ``tbmq.msg.persisted``; a No Local subscriber
+    still misses only its own messages."""
+    many: list = []
+    world.bus.publish_many = lambda topic, keys, values, done: many.append(
+        (topic, keys, values, done))
+    world.router.sinks = Sinks.build(world.bus, T)
+    classified: list = []
+    classify = world.router.classify
+    world.router.classify = lambda client_id, session, qos: (
+        classified.append((client_id, qos)) or classify(client_id, session, qos))
+    caches: list = []
+    live = world.sessions["live"] = FakeSession("live")
+    deliver = live.deliver
+    live.deliver = lambda message, qos, retain, sids, cache, now, source: (
+        caches.append(cache), deliver(message, qos, retain, sids, cache, now, source))
+    world.registry["dev"] = info("dev", "node-x", connected=False, persistent=True)
+    subscribe(world.router, "live", "r/t", qos=0)
+    subscribe(world.router, "dev", "r/t")
+    batch = [Message("r/t", str(i).encode(), 1, False, {}, "p", 1.0) for i in range(5)]
+    world.router._on_messages(batch)
+    assert [m[:2] for m in live.delivered] == [("r/t", 0)] * 5
+    assert len({id(c) for c in caches}) == 5  # one cache per message, shared by its targets
+    assert classified == [("dev", 1)]
+    ((topic, keys, values, _),) = many
+    assert topic == T.msg_persisted and keys == ["dev"]
+    assert [carried(v) for v in values] == [(["r/t"] * 5, 1, False, "DeliveryRun")]
+    assert values[0].messages == batch
+    # No Local: the filter's run goes message by message, the publisher's own skipped
+    many.clear()
+    world.sessions["p"] = FakeSession("p")
+    subscribe(world.router, "p", "r/t", qos=0, no_local=True)
+    mixed = [Message("r/t", b"x", 1, False, {}, publisher, 1.0) for publisher in "pqpq"]
+    world.router._on_messages(mixed)
+    assert len(world.sessions["p"].delivered) == 2
+    assert [v.messages for _, _, values, _ in many for v in values] == [mixed]
