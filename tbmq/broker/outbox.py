@@ -39,7 +39,7 @@ from twisted.logger import Logger
 from tbmq.backends.deliveries import update_many
 from tbmq.broker.holding import NO_SOURCES, SourceHolds
 from tbmq.broker.sent_states import SentStates
-from tbmq.broker.store_reads import StoreReader, delivery_size
+from tbmq.broker.store_reads import StoreReader, delivery_size, runs_size
 from tbmq.broker.topic_aliases import TopicAliases
 from tbmq.broker.traffic import LATENCY_BOUNDS
 from tbmq.cluster.completion import Progress
@@ -111,6 +111,61 @@ def store_update(outbox: "Outbox", seq: int, packet_id: int, state: int) -> None
         if not outbox._completed:  # else asked already
             outbox.ctx.flusher.later(outbox._remove_completed)
     updates.append((seq, packet_id, state))
+
+
+def send_run(outbox: "Outbox", deliveries: list, now: float, conn) -> int:
+    """Write ``deliveries`` (taken from ``outbox``'s queue, in order) as
+    :meth:`Outbox._send` each, with their PUBLISHes in one write and the SENT
+    states of those of the device store held or recorded together: the
+    drain's sends of one pump.  One that cannot be sent (expired, too
+    large for the client) is finished (:meth:`Outbox._finished`).
+
+    :param now: seconds since the epoch.
+    :returns: how many were sent (now in flight)."""
+    inflight = outbox.inflight
+    if inflight is NO_ENTRIES:
+        inflight = outbox.inflight = {}
+    encoded = outbox._encoded
+    datas = []
+    held = []  # (seq, packet id) of QoS 1 deliveries of the store
+    sent = 0
+    for delivery in deliveries:
+        message = delivery.message
+        expires_at = message.expires_at
+        if expires_at is not None and expires_at <= now:
+            outbox.drop("expired", message)
+            outbox._finished(delivery)
+            continue
+        pid = outbox._next_packet_id
+        if pid in inflight:
+            pid = outbox._packet_id()
+        else:
+            outbox._next_packet_id = pid + 1 if pid < 65535 else 1
+        qos = delivery.qos
+        data = encoded(message, qos, delivery.retain, delivery.subscription_ids, None,
+                       now, conn, False, pid)
+        if data is None:
+            outbox._finished(delivery)
+            continue
+        delivery.packet_id = pid
+        delivery.state = _SENT
+        inflight[pid] = delivery
+        datas.append(data)
+        sent += 1
+        seq = delivery.seq
+        if seq:  # in the device store
+            if qos == 1:  # written if not acknowledged soon
+                held.append((seq, pid))
+            else:  # one write per turn for all
+                store_update(outbox, seq, pid, _SENT)
+    if datas:
+        conn.write(datas[0] if len(datas) == 1 else b"".join(datas))
+    if held:
+        states = outbox.sent_states
+        if states is None:
+            states = outbox.sent_states = SentStates(outbox)
+        states.hold_many(held)
+    return sent
 
 
 class Outbox:
@@ -644,16 +699,16 @@ class Outbox:
         if conn is None:
             return
         queue = self.queue
-        if queue:
-            window = self._window()
-            now = self.ctx.clock.seconds()
-            # ``self.inflight`` read at each turn: the first send may make it
-            # (it is the shared empty mapping until then)
-            while queue and len(self.inflight) < window and not conn.paused:
-                delivery = queue.popleft()
-                self.queued_bytes -= delivery_size(delivery)
-                if not self._send(delivery, None, now, conn, False):
-                    self._finished(delivery)
+        if queue and not conn.paused:  # (a write does not pause it: only a flush)
+            room = self._window() - len(self.inflight)
+            if room > 0:
+                now = self.ctx.clock.seconds()
+                while queue and room > 0:  # again for those not sent (expired...)
+                    n = len(queue)
+                    popleft = queue.popleft
+                    run = [popleft() for _ in range(room if room < n else n)]
+                    self.queued_bytes -= runs_size(run)
+                    room -= send_run(self, run, now, conn)
         if self.paged_out:
             reader = self.store_reader()
             if not reader.loading and self._drained():

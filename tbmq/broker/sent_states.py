@@ -64,6 +64,12 @@ class SentStates:
         if self.call is None:
             self.call = self.outbox.ctx.clock.callLater(self.DELAY, self._tick)
 
+    def hold_many(self, sent: list) -> None:
+        """As :meth:`hold` for each ``(seq, packet_id)`` of ``sent``."""
+        self.young.update(sent)
+        if self.call is None:
+            self.call = self.outbox.ctx.clock.callLater(self.DELAY, self._tick)
+
     def finished(self, seq: int) -> None:
         """Delivery ``seq`` is done (acknowledged, refused): its state is
         not written (its row is removed)."""
