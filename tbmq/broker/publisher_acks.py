@@ -25,7 +25,7 @@ from collections import deque
 
 from tbmq.broker.publish_done import LATER
 from tbmq.mqtt import MQTT_5, Puback, Pubrec, ReasonCode, is_failure
-from tbmq.mqtt.codec import encode_puback, encode_pubrec
+from tbmq.mqtt.codec import encode_puback, encode_pubacks, encode_pubrec
 
 __all__ = ["PublisherAcks"]
 
@@ -366,7 +366,7 @@ class PublisherAcks:
     def _send_pubacks(self, conn, pids: list) -> None:
         """PUBACK with success for each of ``pids`` (packet ids), in one write."""
         self.session.inbound_unacked -= len(pids)
-        conn.write(b"".join(map(encode_puback, pids)))
+        conn.write(encode_pubacks(pids))
 
     def _send_ack(self, packet, duplicate: bool = False) -> None:
         session = self.session

@@ -5,7 +5,7 @@ global mutable state (ARCHITECTURE.md section 3).
 """
 
 from .codec import (
-    Decoder, MalformedPacket, encode, encode_puback, encode_publish, encode_pubrec,
+    Decoder, MalformedPacket, encode, encode_puback, encode_pubacks, encode_publish, encode_pubrec,
     publish_packet_id_offset,
 )
 from .constants import (
@@ -100,6 +100,7 @@ __all__ = [
     "encode",
     "encode_publish",
     "encode_puback",
+    "encode_pubacks",
     "encode_pubrec",
     "publish_packet_id_offset",
     "Decoder",

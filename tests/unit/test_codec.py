@@ -1035,3 +1035,14 @@ def test_a_valid_v5_connect_built_by_hand_decodes():
     [packet] = Decoder().feed(v5_connect("21 0001 27 00000400", "01 01"))
     assert packet.properties == {Property.RECEIVE_MAXIMUM: 1, Property.MAXIMUM_PACKET_SIZE: 1024}
     assert packet.will.properties == {Property.PAYLOAD_FORMAT_INDICATOR: 1}
+
+
+def test_encode_pubacks_is_each_puback_in_turn_and_refuses_ids_out_of_range():
+    from tbmq.mqtt import encode_puback, encode_pubacks
+    pids = [1, 2, 0x1234, 65535]
+    assert encode_pubacks(pids) == b"".join(map(encode_puback, pids))
+    assert encode_pubacks([7]) == b"\x40\x02\x00\x07"
+    assert encode_pubacks([]) == b""
+    for bad in ([0], [1, 65536]):
+        with pytest.raises(ValueError):
+            encode_pubacks(bad)
