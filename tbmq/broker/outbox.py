@@ -126,6 +126,14 @@ def send_run(outbox: "Outbox", deliveries: list, now: float, conn) -> int:
     if inflight is NO_ENTRIES:
         inflight = outbox.inflight = {}
     encoded = outbox._encoded
+    level = conn.protocol_level
+    # without topic aliases each PUBLISH is encoded here (encode_for, as
+    # Outbox._encoded does), checked and counted: no call between
+    direct = outbox.sent_aliases is None
+    max_size = conn.max_packet_size
+    counts = outbox._sent
+    volumes = outbox._sent_bytes
+    latency = outbox._latency
     datas = []
     held = []  # (seq, packet id) of QoS 1 deliveries of the store
     sent = 0
@@ -142,11 +150,25 @@ def send_run(outbox: "Outbox", deliveries: list, now: float, conn) -> int:
         else:
             outbox._next_packet_id = pid + 1 if pid < 65535 else 1
         qos = delivery.qos
-        data = encoded(message, qos, delivery.retain, delivery.subscription_ids, None,
-                       now, conn, False, pid)
-        if data is None:
-            outbox._finished(delivery)
-            continue
+        if direct:
+            data = (encode_publish_fields(message.topic, message.payload, qos, delivery.retain,
+                                          False, pid, None, level) if level < MQTT_5 else
+                    encode_for(message, qos, delivery.retain, delivery.subscription_ids, now,
+                               level, False, pid))
+            if max_size is not None and len(data) > max_size:
+                outbox.drop("too_large_for_client", message)
+                outbox._finished(delivery)
+                continue
+            counts[qos] += 1
+            volumes[qos] += len(message.payload)
+            if latency is not None and not delivery.retain:
+                outbox._observe(message, now)
+        else:
+            data = encoded(message, qos, delivery.retain, delivery.subscription_ids, None,
+                           now, conn, False, pid)
+            if data is None:
+                outbox._finished(delivery)
+                continue
         delivery.packet_id = pid
         delivery.state = _SENT
         inflight[pid] = delivery
