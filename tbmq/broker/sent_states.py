@@ -11,9 +11,16 @@ milliseconds, and the acknowledgement removes the row: the update of a row
 that is deleted a moment later is a write of every page the drain touches
 (and of its WAL frames, and of their fsync) for nothing.  So the SENT state
 of a QoS 1 delivery waits here :data:`SentStates.DELAY` to
-2 × :data:`SentStates.DELAY` seconds; the PUBACK that comes meanwhile
-cancels it (only the row's removal is written), the others are written in
-one ``update_many``.  When the connection ends, every state held is
+2 × :data:`SentStates.DELAY` seconds after the client last acknowledged
+anything (at most 2 × :data:`SentStates.MOST_TICKS` ticks while it keeps
+acknowledging others); the PUBACK that comes meanwhile cancels it (only the
+row's removal is written), the others are written in one ``update_many``.
+A client that acknowledges in order, as fast as it reads, is a drain's
+whole window behind the broker (a window of 65,535 PUBLISHes before v5):
+aged by the clock alone, nearly every SENT state of a drain was written,
+each turning a part of a run of the store into a row (the database thread
+busy, and the reactor waiting for the GIL, for deliveries acknowledged a
+moment later).  When the connection ends, every state held is
 written at once, before the next connection reads the store (the store runs
 a client's calls in order), so a reconnect or a clean stop resends them as
 before.
@@ -37,18 +44,24 @@ _SENT = int(DeliveryState.SENT)
 
 class SentStates:
     """The held SENT states of one session's QoS 1 deliveries: ``young``
-    (sent since the last tick), ``old`` (sent before it); each tick writes
-    ``old`` and ages ``young``.
+    (sent since the last aging tick), ``old`` (sent before it).  A tick
+    after which the client acknowledged nothing, or the
+    :data:`MOST_TICKS`-th one in a row after which it did, writes ``old``
+    and ages ``young``; the other ticks (the client is acknowledging) wait.
 
     :param outbox: the :class:`~tbmq.broker.outbox.Outbox` (its ``ctx``,
         ``client_id``, ``stored``).
     """
 
-    __slots__ = ("outbox", "young", "old", "call")
+    __slots__ = ("outbox", "young", "old", "call", "acknowledged", "waited")
 
-    #: seconds a held state waits at least (at most twice that) before
-    #: it is written
+    #: seconds a held state waits at least (at most twice that) after the
+    #: client's last acknowledgement before it is written
     DELAY = 0.05
+
+    #: ticks in a row that wait while the client acknowledges others, at
+    #: most (a held state is written within 2 × MOST_TICKS × DELAY seconds)
+    MOST_TICKS = 10
 
     def __init__(self, outbox) -> None:
         self.outbox = outbox
@@ -57,6 +70,10 @@ class SentStates:
         #: seq → packet identifier, sent before the last tick
         self.old: dict[int, int] = {}
         self.call = None
+        #: the client acknowledged (or refused) a delivery since the last tick
+        self.acknowledged = False
+        #: ticks in a row that waited (the client acknowledging)
+        self.waited = 0
 
     def hold(self, seq: int, packet_id: int) -> None:
         """Delivery ``seq`` was sent with ``packet_id``: its state waits."""
@@ -73,15 +90,23 @@ class SentStates:
     def finished(self, seq: int) -> None:
         """Delivery ``seq`` is done (acknowledged, refused): its state is
         not written (its row is removed)."""
+        self.acknowledged = True
         if self.young.pop(seq, None) is None:
             self.old.pop(seq, None)
 
     def _tick(self) -> None:
-        """Write what waited a whole tick; the rest waits one more."""
+        """Write what waited a whole tick; the rest waits one more.  While
+        the client acknowledges (at most :data:`MOST_TICKS` ticks in a
+        row), nothing ages."""
         self.call = None
-        old, self.old, self.young = self.old, self.young, {}
-        self._write(old)
-        if self.old:
+        if self.acknowledged and self.waited < self.MOST_TICKS:
+            self.waited += 1
+        else:
+            self.waited = 0
+            old, self.old, self.young = self.old, self.young, {}
+            self._write(old)
+        self.acknowledged = False
+        if self.old or self.young:
             self.call = self.outbox.ctx.clock.callLater(self.DELAY, self._tick)
 
     def flush(self) -> None:

@@ -294,12 +294,43 @@ def test_a_qos1_delivery_acknowledged_soon_writes_no_sent_state_only_its_removal
     assert outbox.sent_states.call is None  # no timer left
 
 
-def test_a_qos1_delivery_not_acknowledged_gets_its_sent_state_within_two_delays():
+def test_qos1_deliveries_of_a_client_acknowledging_nothing_get_their_sent_states_within_two_delays():
+    from tbmq.broker.sent_states import SentStates  # noqa: PLC0415
+
+    store, outbox, clock, deliveries = _sent_qos1()
+    clock.advance(SentStates.DELAY)  # one tick: they are young, they wait one more
+    assert store.calls == []
+    clock.advance(SentStates.DELAY)
+    sent = int(DeliveryState.SENT)
+    assert store.calls == [("c", [(d.seq, d.packet_id, sent) for d in deliveries])]
+    assert outbox.sent_states.call is None  # nothing held: the timer stops
+
+
+def test_held_sent_states_wait_while_the_client_acknowledges_others_at_most_most_ticks():
+    from tbmq.broker.sent_states import SentStates  # noqa: PLC0415
+
+    store, outbox, clock, deliveries = _sent_qos1(range(1, 2 * SentStates.MOST_TICKS + 4))
+    acked = iter(deliveries[1:])  # the first is never acknowledged
+    # one acknowledgement per tick: MOST_TICKS ticks wait, the next ages (old: nothing
+    # to write), MOST_TICKS wait again
+    for _ in range(2 * SentStates.MOST_TICKS + 1):
+        outbox.complete(next(acked).packet_id)
+        clock.advance(SentStates.DELAY)
+    assert store.calls == []
+    outbox.complete(next(acked).packet_id)  # still acknowledging: the first is written
+    clock.advance(SentStates.DELAY)
+    sent = int(DeliveryState.SENT)
+    assert store.calls == [("c", [(1, deliveries[0].packet_id, sent)])]
+    assert outbox.sent_states.call is None
+
+
+def test_a_qos1_delivery_not_acknowledged_gets_its_sent_state_two_delays_after_the_last_ack():
     from tbmq.broker.sent_states import SentStates  # noqa: PLC0415
 
     store, outbox, clock, deliveries = _sent_qos1()
     outbox.complete(deliveries[1].packet_id)
-    clock.advance(SentStates.DELAY)  # one tick: they are young, they wait one more
+    clock.advance(SentStates.DELAY)  # the client acknowledged: nothing ages
+    clock.advance(SentStates.DELAY)  # one tick without: they are young, they wait one more
     assert store.calls == []
     clock.advance(SentStates.DELAY)
     sent = int(DeliveryState.SENT)
