@@ -10,7 +10,6 @@ per acknowledgement, no frame in between).
 
 from __future__ import annotations
 
-from tbmq.broker.outbox import store_update
 from tbmq.errors import ProtocolViolation
 from tbmq.model import DeliveryState
 from tbmq.mqtt import MQTT_5, Pubrel, ReasonCode, is_failure
@@ -81,7 +80,7 @@ def on_pubrec(session, packet) -> None:
     if delivery.state != _RELEASED:
         delivery.state = _RELEASED
         if delivery.seq:
-            store_update(outbox, delivery.seq, packet_id, _RELEASED)
+            outbox.store_update(delivery.seq, packet_id, _RELEASED)
     conn.send(Pubrel(packet_id))
 
 

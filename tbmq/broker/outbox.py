@@ -29,7 +29,6 @@ held for long"):
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import deque
 
 from twisted.internet import defer
@@ -37,23 +36,20 @@ from twisted.logger import Logger
 
 from tbmq.backends.deliveries import update_many
 from tbmq.broker.holding import NO_SOURCES, SourceHolds
-from tbmq.broker.sending import encode_for, send_run, store_update
+from tbmq.broker.sending import encode_for
 from tbmq.broker.sent_states import SentStates
 from tbmq.broker.store_reads import StoreReader, delivery_size, runs_size
 from tbmq.broker.topic_aliases import TopicAliases
-from tbmq.broker.traffic import LATENCY_BOUNDS
 from tbmq.cluster.completion import Progress
 from tbmq.cluster.record_types import DeliveryRun
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
 from tbmq.mqtt import MQTT_5, Pubrel, ReasonCode, is_failure
-from tbmq.mqtt.codec import publish_with_packet_id
+from tbmq.mqtt.codec import encode_publish_fields, publish_with_packet_id
 
 _SENT = DeliveryState.SENT
 _RELEASED = DeliveryState.RELEASED
-#: most deliveries fall in the first latency bucket: one comparison
-FIRST_LATENCY_BOUND = LATENCY_BOUNDS[0]
 #: an empty queue before the first delivery that waits (a deque is 760
 #: bytes; an idle session keeps none): see :meth:`Outbox._queue_to_fill`
 NO_QUEUE: tuple = ()
@@ -200,20 +196,17 @@ class Outbox:
         self.ctx.drops.add(reason, count)
         now = self.ctx.clock.seconds()
         if now >= self._drop_logged_at + self.DROP_LOG_INTERVAL:
-            self._log_drops(now)
+            logged = self._drops_logged
+            new = {reason: n - logged.get(reason, 0)
+                   for reason, n in dropped.items() if n != logged.get(reason, 0)}
+            if new:
+                self._drop_logged_at = now
+                self._drops_logged = dict(dropped)
+                self.log.warn("dropped messages for {client_id}: {new} since the last report, "
+                              "{dropped} in all", client_id=self.client_id, new=new,
+                              dropped=dict(dropped))
         if self.ctx.hooks.wants_dropped and message is not None:
             self.ctx.hooks.message_dropped(self.session, message, reason)
-
-    def _log_drops(self, now: float) -> None:
-        new = {reason: n - self._drops_logged.get(reason, 0)
-               for reason, n in self.dropped.items() if n != self._drops_logged.get(reason, 0)}
-        if not new:
-            return
-        self._drop_logged_at = now
-        self._drops_logged = dict(self.dropped)
-        self.log.warn("dropped messages for {client_id}: {new} since the last report, "
-                      "{dropped} in all", client_id=self.client_id, new=new,
-                      dropped=dict(self.dropped))
 
     # -- packet identifiers -------------------------------------------------------
 
@@ -458,8 +451,91 @@ class Outbox:
                     states = self.sent_states = SentStates(self)
                 states.hold(seq, pid)
             else:  # one write per turn for all
-                store_update(self, seq, pid, _SENT)
+                self.store_update(seq, pid, _SENT)
         return True
+
+    def _send_run(self, deliveries: list, now: float, conn) -> int:
+        """Write ``deliveries`` (taken from :attr:`queue`, in order) as
+        :meth:`_send` each, with their PUBLISHes in one write and the SENT
+        states of those of the device store held together: the sends of
+        one pump.  One that cannot be sent (expired, too large for the
+        client) is finished (:meth:`_finished`).
+
+        :param now: seconds since the epoch.
+        :returns: how many were sent (now in flight)."""
+        inflight = self.inflight
+        if inflight is NO_ENTRIES:
+            inflight = self.inflight = {}
+        level = conn.protocol_level
+        # without topic aliases a PUBLISH below v5 is encoded here, checked
+        # and counted (as _encoded does): no call between
+        direct = self.sent_aliases is None and level < MQTT_5
+        max_size = conn.max_packet_size
+        counts = self._sent
+        volumes = self._sent_bytes
+        traffic = self._traffic if self._latency is not None else None
+        datas = []
+        held = []  # (seq, packet id) of the QoS 1 deliveries of the store
+        for delivery in deliveries:
+            message = delivery.message
+            expires_at = message.expires_at
+            if expires_at is not None and expires_at <= now:
+                self.drop("expired", message)
+                self._finished(delivery)
+                continue
+            pid = self._next_packet_id
+            if pid in inflight:
+                pid = self._packet_id()
+            else:
+                self._next_packet_id = pid + 1 if pid < 65535 else 1
+            qos = delivery.qos
+            if direct:
+                data = encode_publish_fields(message.topic, message.payload, qos, delivery.retain,
+                                             False, pid, None, level)
+                if max_size is not None and len(data) > max_size:
+                    self.drop("too_large_for_client", message)
+                    self._finished(delivery)
+                    continue
+                counts[qos] += 1
+                volumes[qos] += len(message.payload)
+                if traffic is not None and not delivery.retain:
+                    traffic.observe(message.received_at, now)
+            else:
+                data = self._encoded(message, qos, delivery.retain, delivery.subscription_ids,
+                                     None, now, conn, False, pid)
+                if data is None:
+                    self._finished(delivery)
+                    continue
+            delivery.packet_id = pid
+            delivery.state = _SENT
+            inflight[pid] = delivery
+            datas.append(data)
+            seq = delivery.seq
+            if seq:  # in the device store
+                if qos == 1:  # written if not acknowledged soon
+                    held.append((seq, pid))
+                else:  # one write per turn for all
+                    self.store_update(seq, pid, _SENT)
+        if datas:
+            conn.write(datas[0] if len(datas) == 1 else b"".join(datas))
+        if held:
+            states = self.sent_states
+            if states is None:
+                states = self.sent_states = SentStates(self)
+            states.hold_many(held)
+        return len(datas)
+
+    def store_update(self, seq: int, packet_id: int, state: int) -> None:
+        """Record in the device store, with the other writes of this turn
+        (one ``update_many`` when the turn ends, :meth:`_remove_completed`),
+        that delivery ``seq`` was sent with ``packet_id`` and is in
+        ``state`` (:class:`~tbmq.model.DeliveryState`)."""
+        updates = self._updates
+        if not updates:
+            updates = self._updates = []
+            if not self._completed:  # else asked already
+                self.ctx.flusher.later(self._remove_completed)
+        updates.append((seq, packet_id, state))
 
     def stored(self, result, operation: str) -> None:
         """A write to the device store whose outcome nobody waits for: its
@@ -490,7 +566,7 @@ class Outbox:
                 data = encode_for(message, qos, retain, subscription_ids, now, level, dup,
                                   packet_id, alias, known)
             if self._latency is not None and not (dup or retain):
-                self._observe(message, now)
+                self._traffic.observe(message.received_at, now)
         else:
             # the encoding's parameters; a small int without identifiers
             key = (qos | (4 if retain else 0) | (8 if level >= MQTT_5 else 0)
@@ -500,7 +576,7 @@ class Outbox:
                 data = cache[key] = encode_for(message, qos, retain, subscription_ids, now,
                                                level, False, 1)
                 if self._latency is not None and not retain:
-                    self._observe(message, now)  # once per message and encoding
+                    self._traffic.observe(message.received_at, now)  # once per message and encoding
             if qos:
                 data = publish_with_packet_id(data, packet_id)
         size = len(data)
@@ -512,14 +588,6 @@ class Outbox:
         self._sent[qos] += 1
         self._sent_bytes[qos] += len(message.payload)
         return data
-
-    def _observe(self, message: Message, now: float) -> None:
-        """The delivery latency of ``message`` encoded at ``now`` (seconds),
-        into :attr:`tbmq.broker.traffic.Traffic.latency`."""
-        latency = now - message.received_at
-        self._latency[0 if latency <= FIRST_LATENCY_BOUND
-                      else bisect_left(LATENCY_BOUNDS, latency)] += 1
-        self._traffic.latency_sum += latency
 
     def _overflow(self, message: Message) -> None:
         """A slow non-persistent session's queue is full: disconnect it with
@@ -605,7 +673,7 @@ class Outbox:
                     popleft = queue.popleft
                     run = [popleft() for _ in range(room if room < n else n)]
                     self.queued_bytes -= runs_size(run)
-                    room -= send_run(self, run, now, conn)
+                    room -= self._send_run(run, now, conn)
         if self.paged_out:
             reader = self.store_reader()
             if not reader.loading and self._drained():
@@ -675,7 +743,7 @@ class Outbox:
 
     def _remove_completed(self) -> None:
         """The device store writes of this turn: the updates
-        (:func:`store_update`) in one call, then the removal of the
+        (:meth:`store_update`) in one call, then the removal of the
         completed deliveries in one."""
         updates, self._updates = self._updates, ()
         if updates:
