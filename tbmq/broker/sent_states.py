@@ -12,8 +12,9 @@ that is deleted a moment later is a write of every page the drain touches
 (and of its WAL frames, and of their fsync) for nothing.  So the SENT state
 of a QoS 1 delivery waits here :data:`SentStates.DELAY` to
 2 × :data:`SentStates.DELAY` seconds after the client last acknowledged
-anything (at most 2 × :data:`SentStates.MOST_TICKS` ticks while it keeps
-acknowledging others); the PUBACK that comes meanwhile cancels it (only the
+anything or acknowledged a delivery sent after it (at most
+:data:`SentStates.MOST_TICKS` + 1 ticks while it keeps acknowledging others
+in order); the PUBACK that comes meanwhile cancels it (only the
 row's removal is written), the others are written in one ``update_many``.
 A client that acknowledges in order, as fast as it reads, is a drain's
 whole window behind the broker (a window of 65,535 PUBLISHes before v5):
@@ -43,25 +44,28 @@ _SENT = int(DeliveryState.SENT)
 
 
 class SentStates:
-    """The held SENT states of one session's QoS 1 deliveries: ``young``
-    (sent since the last aging tick), ``old`` (sent before it).  A tick
-    after which the client acknowledged nothing, or the
+    """The held SENT states of one session's QoS 1 deliveries, each in send
+    (``seq``) order: ``young`` (sent since the last tick), ``old`` (sent
+    before it).  A tick after which the client acknowledged nothing, or the
     :data:`MOST_TICKS`-th one in a row after which it did, writes ``old``
-    and ages ``young``; the other ticks (the client is acknowledging) wait.
+    and ages ``young``.  The other ticks (the client is acknowledging, in
+    order: a drain's window) write only the states of ``old`` the client
+    passed over (it acknowledged a later ``seq``) and age ``young`` into
+    ``old`` unwritten.
 
     :param outbox: the :class:`~tbmq.broker.outbox.Outbox` (its ``ctx``,
         ``client_id``, ``stored``).
     """
 
-    __slots__ = ("outbox", "young", "old", "call", "acknowledged", "waited")
+    __slots__ = ("outbox", "young", "old", "call", "acknowledged", "waited", "newest")
 
     #: seconds a held state waits at least (at most twice that) after the
     #: client's last acknowledgement before it is written
     DELAY = 0.05
 
     #: ticks in a row that wait while the client acknowledges others, at
-    #: most (a held state is written within 2 × MOST_TICKS × DELAY seconds)
-    MOST_TICKS = 10
+    #: most (a held state is written within (MOST_TICKS + 1) × DELAY seconds)
+    MOST_TICKS = 20
 
     def __init__(self, outbox) -> None:
         self.outbox = outbox
@@ -74,6 +78,8 @@ class SentStates:
         self.acknowledged = False
         #: ticks in a row that waited (the client acknowledging)
         self.waited = 0
+        #: the highest seq acknowledged (or refused)
+        self.newest = 0
 
     def hold(self, seq: int, packet_id: int) -> None:
         """Delivery ``seq`` was sent with ``packet_id``: its state waits."""
@@ -91,19 +97,38 @@ class SentStates:
         """Delivery ``seq`` is done (acknowledged, refused): its state is
         not written (its row is removed)."""
         self.acknowledged = True
+        if seq > self.newest:
+            self.newest = seq
         if self.young.pop(seq, None) is None:
             self.old.pop(seq, None)
 
     def _tick(self) -> None:
         """Write what waited a whole tick; the rest waits one more.  While
         the client acknowledges (at most :data:`MOST_TICKS` ticks in a
-        row), nothing ages."""
+        row), only what it passed over is written."""
         self.call = None
+        old = self.old
         if self.acknowledged and self.waited < self.MOST_TICKS:
             self.waited += 1
+            if old:
+                newest = self.newest
+                passed = []  # at the front of old (acknowledged in order: none)
+                for seq in old:
+                    if seq > newest:
+                        break
+                    passed.append(seq)
+                if passed:
+                    self._write({seq: old.pop(seq) for seq in passed})
+            young = self.young
+            if young:
+                if old:
+                    old.update(young)
+                    self.young = {}
+                else:
+                    self.old, self.young = young, {}
         else:
             self.waited = 0
-            old, self.old, self.young = self.old, self.young, {}
+            self.old, self.young = self.young, {}
             self._write(old)
         self.acknowledged = False
         if self.old or self.young:
