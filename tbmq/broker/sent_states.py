@@ -57,7 +57,7 @@ class SentStates:
         ``client_id``, ``stored``).
     """
 
-    __slots__ = ("outbox", "young", "old", "call", "acknowledged", "waited", "newest")
+    __slots__ = ("outbox", "young", "old", "call", "acknowledged", "waited", "newest", "due")
 
     #: seconds a held state waits at least (at most twice that) after the
     #: client's last acknowledgement before it is written
@@ -80,18 +80,20 @@ class SentStates:
         self.waited = 0
         #: the highest seq acknowledged (or refused)
         self.newest = 0
+        #: when the next tick is due, seconds since the epoch
+        self.due = 0.0
 
     def hold(self, seq: int, packet_id: int) -> None:
         """Delivery ``seq`` was sent with ``packet_id``: its state waits."""
         self.young[seq] = packet_id
         if self.call is None:
-            self.call = self.outbox.ctx.clock.callLater(self.DELAY, self._tick)
+            self._arm()
 
     def hold_many(self, sent: list) -> None:
         """As :meth:`hold` for each ``(seq, packet_id)`` of ``sent``."""
         self.young.update(sent)
         if self.call is None:
-            self.call = self.outbox.ctx.clock.callLater(self.DELAY, self._tick)
+            self._arm()
 
     def finished(self, seq: int) -> None:
         """Delivery ``seq`` is done (acknowledged, refused): its state is
@@ -108,7 +110,10 @@ class SentStates:
         row), only what it passed over is written."""
         self.call = None
         old = self.old
-        if self.acknowledged and self.waited < self.MOST_TICKS:
+        # a tick a whole DELAY late: the reactor was busy (a drain's long
+        # turn), it read nothing of the client's meanwhile: as acknowledged
+        if (self.acknowledged or self.outbox.ctx.clock.seconds() > self.due + self.DELAY) \
+                and self.waited < self.MOST_TICKS:
             self.waited += 1
             if old:
                 newest = self.newest
@@ -132,7 +137,13 @@ class SentStates:
             self._write(old)
         self.acknowledged = False
         if self.old or self.young:
-            self.call = self.outbox.ctx.clock.callLater(self.DELAY, self._tick)
+            self._arm()
+
+    def _arm(self) -> None:
+        """The next tick, :data:`DELAY` seconds from now."""
+        clock = self.outbox.ctx.clock
+        self.due = clock.seconds() + self.DELAY
+        self.call = clock.callLater(self.DELAY, self._tick)
 
     def flush(self) -> None:
         """The connection ends: write every held state now."""

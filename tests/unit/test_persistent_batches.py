@@ -336,6 +336,17 @@ def test_a_held_sent_state_the_client_passed_over_is_written_while_it_acknowledg
     assert outbox.sent_states.call is not None  # 4 and 5 wait
 
 
+def test_a_tick_a_delay_late_writes_nothing_the_reactor_read_nothing_meanwhile():
+    from tbmq.broker.sent_states import SentStates  # noqa: PLC0415
+
+    store, outbox, clock, deliveries = _sent_qos1()
+    clock.advance(3 * SentStates.DELAY)  # the reactor busy: the tick comes late
+    assert store.calls == []
+    clock.advance(SentStates.DELAY)  # on time, nothing acknowledged: written
+    sent = int(DeliveryState.SENT)
+    assert store.calls == [("c", [(d.seq, d.packet_id, sent) for d in deliveries])]
+
+
 def test_a_qos1_delivery_not_acknowledged_gets_its_sent_state_two_delays_after_the_last_ack():
     from tbmq.broker.sent_states import SentStates  # noqa: PLC0415
 
