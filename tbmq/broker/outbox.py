@@ -87,7 +87,7 @@ class Outbox:
     __slots__ = tuple("""session ctx client_id persistent link inflight queue queued_bytes
         _next_packet_id _max_inflight _completed _updates slow overflowed holder paged_out _last_seq reader
         _app_done dropped _drop_logged_at _drops_logged sent_aliases _traffic _latency _sent
-        _sent_bytes sent_states""".split())
+        _sent_bytes sent_states pump_asked""".split())
 
     #: seconds between two log lines about drops for one session
     DROP_LOG_INTERVAL = 10.0
@@ -141,6 +141,8 @@ class Outbox:
         #: the :class:`~tbmq.broker.sent_states.SentStates` of a persistent
         #: session's QoS 1 deliveries, made at the first, else None
         self.sent_states: SentStates | None = None
+        #: a pump is asked for the end of this turn (:meth:`ask_pump`)
+        self.pump_asked = False
 
     # -- limits ------------------------------------------------------------------
 
@@ -537,17 +539,6 @@ class Outbox:
                 self.ctx.flusher.later(self._remove_completed)
         updates.append((seq, packet_id, state))
 
-    def stored(self, result, operation: str) -> None:
-        """A write to the device store whose outcome nobody waits for: its
-        failure is counted and logged by the node (not an unhandled error
-        per delivery).
-
-        :param result: the store call's Deferred, or None
-        :param operation: what the call did (``"update"``, ``"remove"``),
-            named in the log line"""
-        if result is not None:
-            result.addErrback(self.ctx.drops.store_failed, operation)
-
     def _encoded(self, message: Message, qos: int, retain: bool,
                  subscription_ids: tuple[int, ...], cache: dict | None, now: float,
                  conn, dup: bool, packet_id: int) -> bytes | None:
@@ -660,6 +651,7 @@ class Outbox:
         """Send queued deliveries while the inflight window has room and the
         socket is writable; read the next page of a paged-out persistent
         session when the queue is drained."""
+        self.pump_asked = False
         conn = self.link
         if conn is None:
             return
@@ -680,6 +672,14 @@ class Outbox:
                 reader.page_in()
         if self.slow or (self.holder is not None and self.holder.holding):
             self._relieved()
+
+    def ask_pump(self) -> None:
+        """:meth:`pump` when this turn ends, once however many ask: the
+        acknowledgements of one read free their window slots together, and
+        the deliveries sent into them go in one run."""
+        if not self.pump_asked:
+            self.pump_asked = True
+            self.ctx.flusher.later(self.pump)
 
     def on_writable(self) -> None:
         """The connection's socket drained (Twisted resumed its producer)."""
@@ -745,12 +745,18 @@ class Outbox:
         """The device store writes of this turn: the updates
         (:meth:`store_update`) in one call, then the removal of the
         completed deliveries in one."""
+        # (their failures are counted and logged by the node, not as an
+        # unhandled error per delivery)
         updates, self._updates = self._updates, ()
         if updates:
-            self.stored(update_many(self.ctx.device_store, self.client_id, updates), "update")
+            result = update_many(self.ctx.device_store, self.client_id, updates)
+            if result is not None:
+                result.addErrback(self.ctx.drops.store_failed, "update")
         completed, self._completed = self._completed, ()
         if completed:
-            self.stored(self.ctx.device_store.remove(self.client_id, completed), "remove")
+            result = self.ctx.device_store.remove(self.client_id, completed)
+            if result is not None:
+                result.addErrback(self.ctx.drops.store_failed, "remove")
 
     # -- life cycle ------------------------------------------------------------------------------
 

@@ -54,7 +54,7 @@ class SentStates:
     ``old`` unwritten.
 
     :param outbox: the :class:`~tbmq.broker.outbox.Outbox` (its ``ctx``,
-        ``client_id``, ``stored``).
+        ``client_id``).
     """
 
     __slots__ = ("outbox", "young", "old", "call", "acknowledged", "waited", "newest", "due")
@@ -166,6 +166,7 @@ class SentStates:
     def _write(self, held: dict[int, int]) -> None:
         if held:
             outbox = self.outbox
-            outbox.stored(update_many(outbox.ctx.device_store, outbox.client_id,
-                                       [(seq, pid, _SENT) for seq, pid in held.items()]),
-                           "update")
+            result = update_many(outbox.ctx.device_store, outbox.client_id,
+                                 [(seq, pid, _SENT) for seq, pid in held.items()])
+            if result is not None:  # a failure counted and logged by the node
+                result.addErrback(outbox.ctx.drops.store_failed, "update")
