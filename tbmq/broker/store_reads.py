@@ -156,7 +156,7 @@ class StoreReader:
     #: queue's, and the next page is decoded while the client reads the
     #: sends of the last (the reads go on while the queue is at most half
     #: full)
-    PAGE = 5000
+    PAGE = 20000
 
     def page_in(self) -> None:
         """Read the next deliveries of a paged-out persistent session (none
