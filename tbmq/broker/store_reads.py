@@ -151,13 +151,6 @@ class StoreReader:
     #: marker before it reads the store anyway (and again when it comes)
     MARKER_WAIT = 5.0
 
-    #: deliveries read at most in one page (half the queue when that is
-    #: less): a drain's first sends wait for one page's decoding, not the
-    #: queue's, and the next page is decoded while the client reads the
-    #: sends of the last (the reads go on while the queue is at most half
-    #: full)
-    PAGE = 20000
-
     def page_in(self) -> None:
         """Read the next deliveries of a paged-out persistent session (none
         while the session waits for its attach marker: the marker's read
@@ -192,7 +185,7 @@ class StoreReader:
         # the writes of this turn go first (the store runs them in order): the
         # read sees what was sent (DUP on a resend) and not what was completed
         self.outbox._remove_completed()
-        limit = max(1, min(self.outbox.queue_limit // 2, self.PAGE))
+        limit = max(1, self.outbox.queue_limit // 2)
         try:
             d = self.outbox.ctx.device_store.load(self.outbox.client_id,
                                                    after_seq=self.outbox._last_seq, limit=limit)
