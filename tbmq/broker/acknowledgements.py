@@ -10,7 +10,6 @@ per acknowledgement, no frame in between).
 
 from __future__ import annotations
 
-from tbmq.broker.outbox import store_update
 from tbmq.errors import ProtocolViolation
 from tbmq.model import DeliveryState
 from tbmq.mqtt import MQTT_5, Pubrel, ReasonCode, is_failure
@@ -46,11 +45,12 @@ def on_puback(session, packet) -> None:
     if outbox.ctx.hooks.wants_delivered:
         outbox.ctx.hooks.message_delivered(session, delivery.message, 1)
     # a pump has nothing to do while a paged-out session's next page is
-    # being read (its read-ahead, most of a drain): the read pumps when done
+    # being read (its read-ahead, most of a drain): the read pumps when done;
+    # the PUBACKs of one read pump once, at the end of the turn
     if outbox.queue or (outbox.holder is not None and outbox.holder.holding) or (
             outbox.paged_out and (outbox.slow or outbox.reader is None
                                   or not outbox.reader.loading)):
-        outbox.pump()
+        outbox.ask_pump()
 
 
 def on_pubrec(session, packet) -> None:
@@ -81,7 +81,7 @@ def on_pubrec(session, packet) -> None:
     if delivery.state != _RELEASED:
         delivery.state = _RELEASED
         if delivery.seq:
-            store_update(outbox, delivery.seq, packet_id, _RELEASED)
+            outbox.store_update(delivery.seq, packet_id, _RELEASED)
     conn.send(Pubrel(packet_id))
 
 

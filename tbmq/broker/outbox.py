@@ -29,8 +29,6 @@ held for long"):
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_left
 from collections import deque
 
 from twisted.internet import defer
@@ -38,22 +36,20 @@ from twisted.logger import Logger
 
 from tbmq.backends.deliveries import update_many
 from tbmq.broker.holding import NO_SOURCES, SourceHolds
+from tbmq.broker.sending import encode_for
 from tbmq.broker.sent_states import SentStates
-from tbmq.broker.store_reads import StoreReader, delivery_size
+from tbmq.broker.store_reads import StoreReader, delivery_size, runs_size
 from tbmq.broker.topic_aliases import TopicAliases
-from tbmq.broker.traffic import LATENCY_BOUNDS
 from tbmq.cluster.completion import Progress
 from tbmq.cluster.record_types import DeliveryRun
 from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
-from tbmq.mqtt import MQTT_5, Property, Pubrel, ReasonCode, is_failure
+from tbmq.mqtt import MQTT_5, Pubrel, ReasonCode, is_failure
 from tbmq.mqtt.codec import encode_publish_fields, publish_with_packet_id
 
 _SENT = DeliveryState.SENT
 _RELEASED = DeliveryState.RELEASED
-#: most deliveries fall in the first latency bucket: one comparison
-FIRST_LATENCY_BOUND = LATENCY_BOUNDS[0]
 #: an empty queue before the first delivery that waits (a deque is 760
 #: bytes; an idle session keeps none): see :meth:`Outbox._queue_to_fill`
 NO_QUEUE: tuple = ()
@@ -63,54 +59,6 @@ NO_QUEUE: tuple = ()
 NO_ENTRIES: dict = {}
 #: the time of the last log line about drops before the first
 NEVER = float("-inf")
-
-
-def encode_for(message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...],
-               now: float, level: int, dup: bool, packet_id: int | None,
-               alias: int = 0, alias_known: bool = False) -> bytes:
-    """The PUBLISH of ``message`` for a client of protocol ``level``: v5
-    properties without the publisher's topic alias, with the subscription
-    identifiers [MQTT-3.3.4-3] and the expiry interval left [MQTT-3.3.2-6].
-
-    :param now: seconds since the epoch.
-    :param packet_id: for QoS 1/2; ignored for QoS 0.
-    :param alias: v5: the Topic Alias the broker gives the topic on this
-        connection, or 0 for none.
-    :param alias_known: the client already maps ``alias`` to the topic: the
-        Topic Name is sent empty (§3.3.2.3.4).
-    """
-    props = None
-    topic = message.topic
-    if level >= MQTT_5:
-        props = message.properties
-        if (subscription_ids or message.expires_at is not None or alias
-                or Property.TOPIC_ALIAS in props):
-            props = dict(props)
-            props.pop(Property.TOPIC_ALIAS, None)
-            if subscription_ids:
-                props[Property.SUBSCRIPTION_IDENTIFIER] = list(subscription_ids)
-            if message.expires_at is not None:
-                props[Property.MESSAGE_EXPIRY_INTERVAL] = max(
-                    1, math.ceil(message.expires_at - now))
-            if alias:
-                props[Property.TOPIC_ALIAS] = alias
-                if alias_known:
-                    topic = ""
-    return encode_publish_fields(topic, message.payload, qos, retain, dup,
-                                 packet_id if qos else None, props, level)
-
-
-def store_update(outbox: "Outbox", seq: int, packet_id: int, state: int) -> None:
-    """Record in the device store, with the other writes of ``outbox`` in
-    this turn (one ``update_many`` when the turn ends,
-    :meth:`Outbox._remove_completed`), that delivery ``seq`` was sent with
-    ``packet_id`` and is in ``state`` (:class:`~tbmq.model.DeliveryState`)."""
-    updates = outbox._updates
-    if not updates:
-        updates = outbox._updates = []
-        if not outbox._completed:  # else asked already
-            outbox.ctx.flusher.later(outbox._remove_completed)
-    updates.append((seq, packet_id, state))
 
 
 class Outbox:
@@ -139,7 +87,7 @@ class Outbox:
     __slots__ = tuple("""session ctx client_id persistent link inflight queue queued_bytes
         _next_packet_id _max_inflight _completed _updates slow overflowed holder paged_out _last_seq reader
         _app_done dropped _drop_logged_at _drops_logged sent_aliases _traffic _latency _sent
-        _sent_bytes sent_states""".split())
+        _sent_bytes sent_states pump_asked""".split())
 
     #: seconds between two log lines about drops for one session
     DROP_LOG_INTERVAL = 10.0
@@ -193,6 +141,8 @@ class Outbox:
         #: the :class:`~tbmq.broker.sent_states.SentStates` of a persistent
         #: session's QoS 1 deliveries, made at the first, else None
         self.sent_states: SentStates | None = None
+        #: a pump is asked for the end of this turn (:meth:`ask_pump`)
+        self.pump_asked = False
 
     # -- limits ------------------------------------------------------------------
 
@@ -248,20 +198,17 @@ class Outbox:
         self.ctx.drops.add(reason, count)
         now = self.ctx.clock.seconds()
         if now >= self._drop_logged_at + self.DROP_LOG_INTERVAL:
-            self._log_drops(now)
+            logged = self._drops_logged
+            new = {reason: n - logged.get(reason, 0)
+                   for reason, n in dropped.items() if n != logged.get(reason, 0)}
+            if new:
+                self._drop_logged_at = now
+                self._drops_logged = dict(dropped)
+                self.log.warn("dropped messages for {client_id}: {new} since the last report, "
+                              "{dropped} in all", client_id=self.client_id, new=new,
+                              dropped=dict(dropped))
         if self.ctx.hooks.wants_dropped and message is not None:
             self.ctx.hooks.message_dropped(self.session, message, reason)
-
-    def _log_drops(self, now: float) -> None:
-        new = {reason: n - self._drops_logged.get(reason, 0)
-               for reason, n in self.dropped.items() if n != self._drops_logged.get(reason, 0)}
-        if not new:
-            return
-        self._drop_logged_at = now
-        self._drops_logged = dict(self.dropped)
-        self.log.warn("dropped messages for {client_id}: {new} since the last report, "
-                      "{dropped} in all", client_id=self.client_id, new=new,
-                      dropped=dict(self.dropped))
 
     # -- packet identifiers -------------------------------------------------------
 
@@ -506,19 +453,91 @@ class Outbox:
                     states = self.sent_states = SentStates(self)
                 states.hold(seq, pid)
             else:  # one write per turn for all
-                store_update(self, seq, pid, _SENT)
+                self.store_update(seq, pid, _SENT)
         return True
 
-    def stored(self, result, operation: str) -> None:
-        """A write to the device store whose outcome nobody waits for: its
-        failure is counted and logged by the node (not an unhandled error
-        per delivery).
+    def _send_run(self, deliveries: list, now: float, conn) -> int:
+        """Write ``deliveries`` (taken from :attr:`queue`, in order) as
+        :meth:`_send` each, with their PUBLISHes in one write and the SENT
+        states of those of the device store held together: the sends of
+        one pump.  One that cannot be sent (expired, too large for the
+        client) is finished (:meth:`_finished`).
 
-        :param result: the store call's Deferred, or None
-        :param operation: what the call did (``"update"``, ``"remove"``),
-            named in the log line"""
-        if result is not None:
-            result.addErrback(self.ctx.drops.store_failed, operation)
+        :param now: seconds since the epoch.
+        :returns: how many were sent (now in flight)."""
+        inflight = self.inflight
+        if inflight is NO_ENTRIES:
+            inflight = self.inflight = {}
+        level = conn.protocol_level
+        # without topic aliases a PUBLISH below v5 is encoded here, checked
+        # and counted (as _encoded does): no call between
+        direct = self.sent_aliases is None and level < MQTT_5
+        max_size = conn.max_packet_size
+        counts = self._sent
+        volumes = self._sent_bytes
+        traffic = self._traffic if self._latency is not None else None
+        datas = []
+        held = []  # (seq, packet id) of the QoS 1 deliveries of the store
+        for delivery in deliveries:
+            message = delivery.message
+            expires_at = message.expires_at
+            if expires_at is not None and expires_at <= now:
+                self.drop("expired", message)
+                self._finished(delivery)
+                continue
+            pid = self._next_packet_id
+            if pid in inflight:
+                pid = self._packet_id()
+            else:
+                self._next_packet_id = pid + 1 if pid < 65535 else 1
+            qos = delivery.qos
+            if direct:
+                data = encode_publish_fields(message.topic, message.payload, qos, delivery.retain,
+                                             False, pid, None, level)
+                if max_size is not None and len(data) > max_size:
+                    self.drop("too_large_for_client", message)
+                    self._finished(delivery)
+                    continue
+                counts[qos] += 1
+                volumes[qos] += len(message.payload)
+                if traffic is not None and not delivery.retain:
+                    traffic.observe(message.received_at, now)
+            else:
+                data = self._encoded(message, qos, delivery.retain, delivery.subscription_ids,
+                                     None, now, conn, False, pid)
+                if data is None:
+                    self._finished(delivery)
+                    continue
+            delivery.packet_id = pid
+            delivery.state = _SENT
+            inflight[pid] = delivery
+            datas.append(data)
+            seq = delivery.seq
+            if seq:  # in the device store
+                if qos == 1:  # written if not acknowledged soon
+                    held.append((seq, pid))
+                else:  # one write per turn for all
+                    self.store_update(seq, pid, _SENT)
+        if datas:
+            conn.write(datas[0] if len(datas) == 1 else b"".join(datas))
+        if held:
+            states = self.sent_states
+            if states is None:
+                states = self.sent_states = SentStates(self)
+            states.hold_many(held)
+        return len(datas)
+
+    def store_update(self, seq: int, packet_id: int, state: int) -> None:
+        """Record in the device store, with the other writes of this turn
+        (one ``update_many`` when the turn ends, :meth:`_remove_completed`),
+        that delivery ``seq`` was sent with ``packet_id`` and is in
+        ``state`` (:class:`~tbmq.model.DeliveryState`)."""
+        updates = self._updates
+        if not updates:
+            updates = self._updates = []
+            if not self._completed:  # else asked already
+                self.ctx.flusher.later(self._remove_completed)
+        updates.append((seq, packet_id, state))
 
     def _encoded(self, message: Message, qos: int, retain: bool,
                  subscription_ids: tuple[int, ...], cache: dict | None, now: float,
@@ -538,7 +557,7 @@ class Outbox:
                 data = encode_for(message, qos, retain, subscription_ids, now, level, dup,
                                   packet_id, alias, known)
             if self._latency is not None and not (dup or retain):
-                self._observe(message, now)
+                self._traffic.observe(message.received_at, now)
         else:
             # the encoding's parameters; a small int without identifiers
             key = (qos | (4 if retain else 0) | (8 if level >= MQTT_5 else 0)
@@ -548,7 +567,7 @@ class Outbox:
                 data = cache[key] = encode_for(message, qos, retain, subscription_ids, now,
                                                level, False, 1)
                 if self._latency is not None and not retain:
-                    self._observe(message, now)  # once per message and encoding
+                    self._traffic.observe(message.received_at, now)  # once per message and encoding
             if qos:
                 data = publish_with_packet_id(data, packet_id)
         size = len(data)
@@ -560,14 +579,6 @@ class Outbox:
         self._sent[qos] += 1
         self._sent_bytes[qos] += len(message.payload)
         return data
-
-    def _observe(self, message: Message, now: float) -> None:
-        """The delivery latency of ``message`` encoded at ``now`` (seconds),
-        into :attr:`tbmq.broker.traffic.Traffic.latency`."""
-        latency = now - message.received_at
-        self._latency[0 if latency <= FIRST_LATENCY_BOUND
-                      else bisect_left(LATENCY_BOUNDS, latency)] += 1
-        self._traffic.latency_sum += latency
 
     def _overflow(self, message: Message) -> None:
         """A slow non-persistent session's queue is full: disconnect it with
@@ -640,26 +651,35 @@ class Outbox:
         """Send queued deliveries while the inflight window has room and the
         socket is writable; read the next page of a paged-out persistent
         session when the queue is drained."""
+        self.pump_asked = False
         conn = self.link
         if conn is None:
             return
         queue = self.queue
-        if queue:
-            window = self._window()
-            now = self.ctx.clock.seconds()
-            # ``self.inflight`` read at each turn: the first send may make it
-            # (it is the shared empty mapping until then)
-            while queue and len(self.inflight) < window and not conn.paused:
-                delivery = queue.popleft()
-                self.queued_bytes -= delivery_size(delivery)
-                if not self._send(delivery, None, now, conn, False):
-                    self._finished(delivery)
+        if queue and not conn.paused:  # (a write does not pause it: only a flush)
+            room = self._window() - len(self.inflight)
+            if room > 0:
+                now = self.ctx.clock.seconds()
+                while queue and room > 0:  # again for those not sent (expired...)
+                    n = len(queue)
+                    popleft = queue.popleft
+                    run = [popleft() for _ in range(room if room < n else n)]
+                    self.queued_bytes -= runs_size(run)
+                    room -= self._send_run(run, now, conn)
         if self.paged_out:
             reader = self.store_reader()
             if not reader.loading and self._drained():
                 reader.page_in()
         if self.slow or (self.holder is not None and self.holder.holding):
             self._relieved()
+
+    def ask_pump(self) -> None:
+        """:meth:`pump` when this turn ends, once however many ask: the
+        acknowledgements of one read free their window slots together, and
+        the deliveries sent into them go in one run."""
+        if not self.pump_asked:
+            self.pump_asked = True
+            self.ctx.flusher.later(self.pump)
 
     def on_writable(self) -> None:
         """The connection's socket drained (Twisted resumed its producer)."""
@@ -723,14 +743,20 @@ class Outbox:
 
     def _remove_completed(self) -> None:
         """The device store writes of this turn: the updates
-        (:func:`store_update`) in one call, then the removal of the
+        (:meth:`store_update`) in one call, then the removal of the
         completed deliveries in one."""
+        # (their failures are counted and logged by the node, not as an
+        # unhandled error per delivery)
         updates, self._updates = self._updates, ()
         if updates:
-            self.stored(update_many(self.ctx.device_store, self.client_id, updates), "update")
+            result = update_many(self.ctx.device_store, self.client_id, updates)
+            if result is not None:
+                result.addErrback(self.ctx.drops.store_failed, "update")
         completed, self._completed = self._completed, ()
         if completed:
-            self.stored(self.ctx.device_store.remove(self.client_id, completed), "remove")
+            result = self.ctx.device_store.remove(self.client_id, completed)
+            if result is not None:
+                result.addErrback(self.ctx.drops.store_failed, "remove")
 
     # -- life cycle ------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from twisted.internet import defer
 from tbmq.model import DeliveryState, StoredDelivery
 from tbmq.mqtt import ReasonCode
 
-__all__ = ["MESSAGE_OVERHEAD", "PageReads", "StoreReader", "delivery_size"]
+__all__ = ["MESSAGE_OVERHEAD", "PageReads", "StoreReader", "delivery_size", "runs_size"]
 
 #: fixed cost counted per queued message on top of its payload, bytes
 MESSAGE_OVERHEAD = 200
@@ -33,6 +33,18 @@ def delivery_size(delivery: StoredDelivery) -> int:
     :data:`MESSAGE_OVERHEAD`."""
     message = delivery.message
     return len(message.payload) + len(message.topic) + MESSAGE_OVERHEAD
+
+
+def runs_size(deliveries) -> int:
+    """The sum of :func:`delivery_size` over ``deliveries`` (an iterable of
+    :class:`~tbmq.model.StoredDelivery`), in one pass."""
+    n = 0
+    size = 0
+    for delivery in deliveries:
+        message = delivery.message
+        size += len(message.payload) + len(message.topic)
+        n += 1
+    return size + n * MESSAGE_OVERHEAD
 
 
 #: the seqs finished during a read while none is under way
@@ -331,7 +343,8 @@ class StoreReader:
             if queue is None:
                 queue = outbox._queue_to_fill()
             queue.append(delivery)
-            size += delivery_size(delivery)
+            message = delivery.message  # (delivery_size, without a call each)
+            size += len(message.payload) + len(message.topic) + MESSAGE_OVERHEAD
         outbox._last_seq = last
         outbox.queued_bytes += size
 

@@ -8,10 +8,15 @@ collector (:mod:`tbmq.ops.metrics`) and the ``$SYS`` publisher
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 #: upper bounds, in seconds, of the delivery latency histogram's buckets
 #: (the last bucket, past the last bound, is +Inf)
 LATENCY_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                   2.5, 5.0, 10.0, 30.0, 60.0)
+
+#: the first bound: most deliveries of a node take less (no search)
+FIRST_LATENCY_BOUND = LATENCY_BOUNDS[0]
 
 
 class Traffic:
@@ -37,7 +42,7 @@ class Traffic:
         latency is the same); messages sent with RETAIN set and resends
         are not counted.
     :ivar latency_sum: the sum of the latencies counted, seconds (the
-        outbox counts both, :meth:`tbmq.broker.outbox.Outbox._observe`).
+        outbox counts both, :meth:`observe`).
     :ivar observe_latency: whether ``latency`` and ``latency_sum`` are
         kept: only their readers (the HTTP listener's ``/metrics``, REST API
         and console) need them, and observing costs about 2 % of the CPU of
@@ -62,6 +67,16 @@ class Traffic:
         self.latency_sum = 0.0
         self.bytes_read = 0
         self.bytes_written = 0
+
+    def observe(self, received_at: float, now: float) -> None:
+        """Count in :attr:`latency` and :attr:`latency_sum` the delivery
+        latency of a message received at ``received_at`` and encoded for a
+        subscriber at ``now`` (seconds since the epoch); only when
+        :attr:`observe_latency`."""
+        latency = now - received_at
+        self.latency[0 if latency <= FIRST_LATENCY_BOUND
+                     else bisect_left(LATENCY_BOUNDS, latency)] += 1
+        self.latency_sum += latency
 
     def snapshot(self) -> dict:
         """:returns: the totals as plain data (lists copied)."""

@@ -570,6 +570,10 @@ def _reason_and_props(data: bytes, pos: int, end: int, ptype: PacketType) -> tup
 
 def _ack_decoder(cls, ptype: PacketType):
     def _decode_ack(self: Decoder, first: int, data: bytes, pos: int, end: int):
+        if end - pos == 2:  # the usual case: the packet identifier alone
+            pid = (data[pos] << 8) | data[pos + 1]
+            if pid:
+                return cls(pid)
         pid = _packet_id(data, pos, end)
         if end - pos == 2:
             return cls(pid)

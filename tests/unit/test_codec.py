@@ -1038,7 +1038,7 @@ def test_a_valid_v5_connect_built_by_hand_decodes():
 
 
 @pytest.mark.parametrize("level", [3, 4, 5])
-def test_encode_pubacks_is_each_puback_in_turn(level):
+def test_encode_pubacks_decode_back_to_their_packet_ids(level):
     """The PUBACKs of a run are the 2-byte success PUBACK of each packet
     id, in order, and a client decodes them back to those ids."""
     from tbmq.mqtt import Puback, encode, encode_pubacks
@@ -1049,3 +1049,14 @@ def test_encode_pubacks_is_each_puback_in_turn(level):
     decoded = Decoder(protocol_level=level, server_side=False).feed(data)
     assert [(type(p), p.packet_id, p.reason_code) for p in decoded] == [(Puback, pid, 0) for pid in pids]
     assert encode_pubacks([]) == b""
+
+
+def test_encode_pubacks_is_each_puback_in_turn_and_refuses_ids_out_of_range():
+    from tbmq.mqtt import encode_puback, encode_pubacks
+    pids = [1, 2, 0x1234, 65535]
+    assert encode_pubacks(pids) == b"".join(map(encode_puback, pids))
+    assert encode_pubacks([7]) == b"\x40\x02\x00\x07"
+    assert encode_pubacks([]) == b""
+    for bad in ([0], [1, 65536]):
+        with pytest.raises(ValueError):
+            encode_pubacks(bad)

@@ -98,6 +98,8 @@ def test_the_window_is_the_lower_of_the_send_quota_and_max_inflight():
     assert [p.packet_id for p in sent] == [1, 2]
     assert type(outbox.queue) is deque and len(outbox.queue) == 2
     on_puback(outbox.session, Puback(1))
+    assert len(outbox.queue) == 2  # the pump waits for the end of the turn
+    clock.advance(0)
     assert [p.payload for p in conn.packets()] == [b"0", b"1", b"2"]
     assert sorted(outbox.inflight) == [2, 3] and len(outbox.queue) == 1
 
@@ -178,7 +180,8 @@ def test_holding_a_source_makes_a_set_and_letting_go_gives_it_back():
     for i in range(3):  # one in flight, two queued: the high-water mark
         deliver(outbox, clock, payload=b"%d" % i, source=source)
     assert source.paused and outbox.holder.holding == {source}
-    on_puback(outbox.session, Puback(1))  # one queued: the low-water mark
+    on_puback(outbox.session, Puback(1))  # one queued (at the turn's end): the low-water mark
+    clock.advance(0)
     assert not source.paused and outbox.holder.holding == frozenset()
     assert outbox.holder.timer is None and outbox.holder.since is None
 

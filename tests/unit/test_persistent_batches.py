@@ -294,18 +294,71 @@ def test_a_qos1_delivery_acknowledged_soon_writes_no_sent_state_only_its_removal
     assert outbox.sent_states.call is None  # no timer left
 
 
-def test_a_qos1_delivery_not_acknowledged_gets_its_sent_state_within_two_delays():
+def test_qos1_deliveries_of_a_client_acknowledging_nothing_get_their_sent_states_within_two_delays():
     from tbmq.broker.sent_states import SentStates  # noqa: PLC0415
 
     store, outbox, clock, deliveries = _sent_qos1()
-    outbox.complete(deliveries[1].packet_id)
     clock.advance(SentStates.DELAY)  # one tick: they are young, they wait one more
     assert store.calls == []
     clock.advance(SentStates.DELAY)
     sent = int(DeliveryState.SENT)
-    assert store.calls == [("c", [(1, deliveries[0].packet_id, sent),
+    assert store.calls == [("c", [(d.seq, d.packet_id, sent) for d in deliveries])]
+    assert outbox.sent_states.call is None  # nothing held: the timer stops
+
+
+def test_held_sent_states_wait_while_the_client_acknowledges_in_order_at_most_most_ticks():
+    from tbmq.broker.sent_states import SentStates  # noqa: PLC0415
+
+    store, outbox, clock, deliveries = _sent_qos1(range(1, SentStates.MOST_TICKS + 3))
+    acked = iter(deliveries[:-1])  # in order, one per tick; the last is never acknowledged
+    for _ in range(SentStates.MOST_TICKS):  # the client acknowledges: nothing is written
+        outbox.complete(next(acked).packet_id)
+        clock.advance(SentStates.DELAY)
+    assert store.calls == []
+    outbox.complete(next(acked).packet_id)  # still acknowledging: the last is written
+    clock.advance(SentStates.DELAY)
+    sent = int(DeliveryState.SENT)
+    assert store.calls == [("c", [(deliveries[-1].seq, deliveries[-1].packet_id, sent)])]
+    assert outbox.sent_states.call is None
+
+
+def test_a_held_sent_state_the_client_passed_over_is_written_while_it_acknowledges_others():
+    from tbmq.broker.sent_states import SentStates  # noqa: PLC0415
+
+    store, outbox, clock, deliveries = _sent_qos1(range(1, 6))
+    outbox.complete(deliveries[1].packet_id)  # 2 before 1
+    clock.advance(SentStates.DELAY)  # one tick: they are young, they wait one more
+    assert store.calls == []
+    outbox.complete(deliveries[2].packet_id)
+    clock.advance(SentStates.DELAY)  # 1 was passed over; 4 and 5 were not
+    sent = int(DeliveryState.SENT)
+    assert store.calls == [("c", [(1, deliveries[0].packet_id, sent)])]
+    assert outbox.sent_states.call is not None  # 4 and 5 wait
+
+
+def test_a_tick_a_delay_late_writes_nothing_the_reactor_read_nothing_meanwhile():
+    from tbmq.broker.sent_states import SentStates  # noqa: PLC0415
+
+    store, outbox, clock, deliveries = _sent_qos1()
+    clock.advance(3 * SentStates.DELAY)  # the reactor busy: the tick comes late
+    assert store.calls == []
+    clock.advance(SentStates.DELAY)  # on time, nothing acknowledged: written
+    sent = int(DeliveryState.SENT)
+    assert store.calls == [("c", [(d.seq, d.packet_id, sent) for d in deliveries])]
+
+
+def test_a_qos1_delivery_not_acknowledged_gets_its_sent_state_two_delays_after_the_last_ack():
+    from tbmq.broker.sent_states import SentStates  # noqa: PLC0415
+
+    store, outbox, clock, deliveries = _sent_qos1()
+    outbox.complete(deliveries[0].packet_id)
+    clock.advance(SentStates.DELAY)  # the client acknowledged (in order): nothing is written
+    assert store.calls == []
+    clock.advance(SentStates.DELAY)  # a tick without: what waited a tick is written
+    sent = int(DeliveryState.SENT)
+    assert store.calls == [("c", [(2, deliveries[1].packet_id, sent),
                                   (3, deliveries[2].packet_id, sent)])]
-    assert _states(store) == [(1, deliveries[0].packet_id, DeliveryState.SENT),
+    assert _states(store) == [(2, deliveries[1].packet_id, DeliveryState.SENT),
                               (3, deliveries[2].packet_id, DeliveryState.SENT)]
     assert outbox.sent_states.call is None  # nothing held: the timer stops
 

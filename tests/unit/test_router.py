@@ -354,6 +354,8 @@ def test_a_session_holds_its_source_at_the_high_water_mark_and_lets_go_when_drai
     sent = Decoder(protocol_level=4, server_side=False).feed(conn.out)
     for p in sent:
         on_puback(session, p)
+    assert len(session.queue) == 4  # one pump for both, when the turn ends
+    clock.advance(0)
     assert len(session.queue) == 2 and not source.paused  # at the low-water mark
     assert not any(ctx.drops.counts.values())
 
