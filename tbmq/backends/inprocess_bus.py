@@ -572,6 +572,10 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
     def _slice(self, member: Consumer) -> None:
         member.scheduled = None
         self._pump(member)
+        if self._writes is not None:
+            # what the handlers published to durable topics goes to the log
+            # now, not after the next turn's I/O: its publishers wait for it
+            self._writes.flush_records()
 
     def _pump(self, member: Consumer) -> None:
         """Hand ``member`` its waiting records: at most :data:`SLICE` now,

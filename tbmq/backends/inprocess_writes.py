@@ -103,6 +103,16 @@ class LogWrites:
         if self.call is None and self.active:
             self.call = self.clock.callLater(0, self.flush)
 
+    def flush_records(self) -> None:
+        """:meth:`flush` now when records wait (with the commits and
+        truncations gathered so far), not from the next reactor turn: a
+        consumer's slice of handing ends (its handlers' publishes, the
+        router's deliveries to APPLICATION clients, wait for this COMMIT;
+        the next turn would first read every socket ready).  A flush
+        already scheduled is cancelled; what comes later gets its own."""
+        if self.records and self.active:
+            self.flush()
+
     def forget(self, topic: str) -> None:
         """``topic`` is deleted: nothing of it is written any more; its
         records not written yet fail their publish
