@@ -2,7 +2,10 @@
 topic log (:class:`tbmq.interfaces.ITopicLog`): the records of its durable
 topics, its consumer groups' committed offsets and the truncations below
 them, gathered during one reactor turn and written together at the start
-of the next (*group commit*).
+of the next (*group commit*), or, when a consumer's slice of handing
+published records (the router's deliveries to APPLICATION clients, whose
+publishers wait for the COMMIT), when that slice ends
+(:meth:`LogWrites.flush_records`).
 
 The records a turn publishes to durable topics go to the log in one
 :meth:`~tbmq.interfaces.ITopicLog.write` call with that turn's commits and
