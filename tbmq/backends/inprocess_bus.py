@@ -429,8 +429,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
             o = part.next
             if held is not None:  # durable: handed during the publish (inprocess_held)
                 if cursor.committed == o:
-                    if headers and self._held_now(held, member, cursor, part, key, value,
-                                                  headers):
+                    if headers and self._held_now(held, member, cursor, part, key, value, headers):
                         if done is not None:  # (_answer's None: durable now)
                             done(None)
                         return None
@@ -572,9 +571,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
     def _slice(self, member: Consumer) -> None:
         member.scheduled = None
         self._pump(member)
-        if self._writes is not None:
-            # what the handlers published to durable topics goes to the log
-            # now, not after the next turn's I/O: its publishers wait for it
+        if self._writes is not None:  # what its handlers logged goes now: LogWrites.flush_records
             self._writes.flush_records()
 
     def _pump(self, member: Consumer) -> None:
