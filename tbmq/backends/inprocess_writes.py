@@ -51,10 +51,15 @@ class LogWrites:
         :attr:`records`, in the same order.
     :ivar commits: ``(group, topic, partition) → offset`` to write.
     :ivar truncates: ``(topic, partition) → before`` to write.
+    :ivar landing: flushes with records whose write has not fired yet.
+        While one is under way commits and truncations wait for the next
+        flush with records, or for its end: they are not worth a
+        transaction (and a COMMIT) of their own that the next records, whose
+        publishers wait, would queue behind.
     """
 
     __slots__ = ("topic_log", "clock", "active", "records", "dones", "commits", "truncates",
-                 "call")
+                 "call", "landing")
 
     def __init__(self, topic_log, clock) -> None:
         self.topic_log = topic_log
@@ -65,6 +70,7 @@ class LogWrites:
         self.commits: dict[tuple, int] = {}
         self.truncates: dict[tuple, int] = {}
         self.call = None
+        self.landing = 0
 
     def append(self, record: tuple, done: Callable) -> None:
         """Write ``record`` (an encoded one, for
@@ -94,12 +100,14 @@ class LogWrites:
         """Write ``group``'s committed ``offset`` with the next flush (the
         last one of a turn wins)."""
         self.commits[(group, topic, partition)] = offset
-        self.soon()
+        if not self.landing:
+            self.soon()
 
     def truncate(self, topic: str, partition: int, before: int) -> None:
         """Drop the logged records below ``before`` with the next flush."""
         self.truncates[(topic, partition)] = before
-        self.soon()
+        if not self.landing:
+            self.soon()
 
     def soon(self) -> None:
         """Flush in the next reactor turn (once)."""
@@ -157,10 +165,21 @@ class LogWrites:
             self.truncates = {}
         d = self.topic_log.write(records, commits, truncates)
         if records:
+            self.landing += 1
             d.addCallbacks(_logged, _not_logged, callbackArgs=(dones,),
                            errbackArgs=(records, dones))
+            d.addBoth(self._landed)
         d.addErrback(_write_failed)
         return d
+
+    def _landed(self, result):
+        """A flush with records fired: the commits and truncations that
+        waited for it are flushed (from the next turn) when no other is
+        under way.  :returns: ``result``."""
+        self.landing -= 1
+        if not self.landing and (self.commits or self.truncates):
+            self.soon()
+        return result
 
 
 def _write_failed(failure: Failure) -> None:

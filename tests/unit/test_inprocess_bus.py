@@ -683,3 +683,31 @@ def test_what_a_slice_of_handing_logs_is_written_in_that_turn_and_done_after_it(
     assert logged == [None] and dones == [None, None]
     first.callback(None)
     assert dones == [None, None, None]
+
+
+def test_commits_made_while_records_are_being_logged_wait_for_them_or_the_next_records():
+    """While a write with records is under way (its publishers wait for
+    it), a group's commit makes no write of its own: it goes with the next
+    records, or, when none comes, once that write landed."""
+    log = MemoryTopicLog()
+    log.hold = True
+    bus, clock = make(log=log)
+    topic = C.app("a")
+    results: list = []
+    bus.subscribe(topic, "a", lambda record: results.append(defer.Deferred()) or results[-1])
+    first = bus.publish(topic, "a", r.Delivery("a", Message("t", b"0"), 1, seq=0))
+    clock.advance(0)
+    assert "append" in log.calls and not first.called  # under way
+    log.calls.clear()
+    results[0].callback(None)  # handled: the commit waits, no write of its own
+    assert clock.getDelayedCalls() == [] and log.offsets[("a", topic, 0)] == 0
+    second = bus.publish(topic, "a", r.Delivery("a", Message("t", b"1"), 1, seq=1))
+    clock.advance(0)  # the next records take the commit with them
+    assert log.calls[:2] == ["append", "commit"] and log.offsets[("a", topic, 0)] == 1
+    log.calls.clear()
+    results[1].callback(None)
+    assert clock.getDelayedCalls() == [] and log.calls == []
+    log.release()  # both landed: what waited is written from the next turn
+    assert outcome(first) == [None] and outcome(second) == [None]
+    clock.advance(0)
+    assert "commit" in log.calls and log.offsets[("a", topic, 0)] == 2
