@@ -429,8 +429,7 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
             o = part.next
             if held is not None:  # durable: handed during the publish (inprocess_held)
                 if cursor.committed == o:
-                    if headers and self._held_now(held, member, cursor, part, key, value,
-                                                  headers):
+                    if headers and self._held_now(held, member, cursor, part, key, value, headers):
                         if done is not None:  # (_answer's None: durable now)
                             done(None)
                         return None
@@ -572,6 +571,8 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
     def _slice(self, member: Consumer) -> None:
         member.scheduled = None
         self._pump(member)
+        if self._writes is not None:  # what its handlers logged goes now: LogWrites.flush_records
+            self._writes.flush_records()
 
     def _pump(self, member: Consumer) -> None:
         """Hand ``member`` its waiting records: at most :data:`SLICE` now,

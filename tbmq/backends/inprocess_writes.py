@@ -2,7 +2,10 @@
 topic log (:class:`tbmq.interfaces.ITopicLog`): the records of its durable
 topics, its consumer groups' committed offsets and the truncations below
 them, gathered during one reactor turn and written together at the start
-of the next (*group commit*).
+of the next (*group commit*), or, when a consumer's slice of handing
+published records (the router's deliveries to APPLICATION clients, whose
+publishers wait for the COMMIT), when that slice ends
+(:meth:`LogWrites.flush_records`).
 
 The records a turn publishes to durable topics go to the log in one
 :meth:`~tbmq.interfaces.ITopicLog.write` call with that turn's commits and
@@ -48,10 +51,15 @@ class LogWrites:
         :attr:`records`, in the same order.
     :ivar commits: ``(group, topic, partition) → offset`` to write.
     :ivar truncates: ``(topic, partition) → before`` to write.
+    :ivar landing: flushes with records whose write has not fired yet.
+        While one is under way commits and truncations wait for the next
+        flush with records, or for its end: they are not worth a
+        transaction (and a COMMIT) of their own that the next records, whose
+        publishers wait, would queue behind.
     """
 
     __slots__ = ("topic_log", "clock", "active", "records", "dones", "commits", "truncates",
-                 "call")
+                 "call", "landing")
 
     def __init__(self, topic_log, clock) -> None:
         self.topic_log = topic_log
@@ -62,6 +70,7 @@ class LogWrites:
         self.commits: dict[tuple, int] = {}
         self.truncates: dict[tuple, int] = {}
         self.call = None
+        self.landing = 0
 
     def append(self, record: tuple, done: Callable) -> None:
         """Write ``record`` (an encoded one, for
@@ -91,17 +100,29 @@ class LogWrites:
         """Write ``group``'s committed ``offset`` with the next flush (the
         last one of a turn wins)."""
         self.commits[(group, topic, partition)] = offset
-        self.soon()
+        if not self.landing:
+            self.soon()
 
     def truncate(self, topic: str, partition: int, before: int) -> None:
         """Drop the logged records below ``before`` with the next flush."""
         self.truncates[(topic, partition)] = before
-        self.soon()
+        if not self.landing:
+            self.soon()
 
     def soon(self) -> None:
         """Flush in the next reactor turn (once)."""
         if self.call is None and self.active:
             self.call = self.clock.callLater(0, self.flush)
+
+    def flush_records(self) -> None:
+        """:meth:`flush` now when records wait (with the commits and
+        truncations gathered so far), not from the next reactor turn: a
+        consumer's slice of handing ends (its handlers' publishes, the
+        router's deliveries to APPLICATION clients, wait for this COMMIT;
+        the next turn would first read every socket ready).  A flush
+        already scheduled is cancelled; what comes later gets its own."""
+        if self.records and self.active:
+            self.flush()
 
     def forget(self, topic: str) -> None:
         """``topic`` is deleted: nothing of it is written any more; its
@@ -144,10 +165,21 @@ class LogWrites:
             self.truncates = {}
         d = self.topic_log.write(records, commits, truncates)
         if records:
+            self.landing += 1
             d.addCallbacks(_logged, _not_logged, callbackArgs=(dones,),
                            errbackArgs=(records, dones))
+            d.addBoth(self._landed)
         d.addErrback(_write_failed)
         return d
+
+    def _landed(self, result):
+        """A flush with records fired: the commits and truncations that
+        waited for it are flushed (from the next turn) when no other is
+        under way.  :returns: ``result``."""
+        self.landing -= 1
+        if not self.landing and (self.commits or self.truncates):
+            self.soon()
+        return result
 
 
 def _write_failed(failure: Failure) -> None:

@@ -197,6 +197,7 @@ _CHECKS: dict[type, dict[str, Check]] = {
         "device_store": _not_empty,
     },
     NodeConfig: {"service_id": _not_empty, "gc_threshold": _range(0),
+                 "switch_interval": _positive,
                  "log_level": _one_of(*LOG_LEVELS), "heartbeat_interval": _positive,
                  "node_timeout": _positive, "connect_answer_timeout": _positive},
     RedisConfig: {"url": _not_empty, "pool_size": _range(1), "key_prefix": _not_empty,

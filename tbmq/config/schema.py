@@ -599,6 +599,13 @@ class NodeConfig:
         process, >= 0 (the middle generation's follows: every 500,000
         allocations, :func:`tbmq.tap.tune_gc`); 0 keeps Python's
         thresholds (700, 10, 10).
+    :ivar switch_interval: seconds, > 0: at most how long a thread that
+        wants the GIL back (the SQLite database thread after each statement
+        and its COMMIT, the Kafka client's consumer thread) waits while the
+        reactor thread runs Python, in a ``twistd tbmq`` process
+        (``sys.setswitchinterval``; Python's default is 0.005): the
+        PUBACKs of messages to a persistent APPLICATION client wait for
+        those COMMITs (:func:`tbmq.tap.tune_threads`).
     :ivar log_level: the lowest level of tbmq's log events that a ``twistd
         tbmq`` process writes: debug, info, warn, error or critical.
     :ivar heartbeat_interval: seconds between two of this node's heartbeats
@@ -616,6 +623,7 @@ class NodeConfig:
 
     service_id: str | None = None
     gc_threshold: int = 5000
+    switch_interval: float = 0.001
     log_level: str = "info"
     heartbeat_interval: float = 5.0
     node_timeout: float = 30.0

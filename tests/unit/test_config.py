@@ -383,6 +383,7 @@ def test_overrides_not_mutated():
         ({"node": {"service_id": ""}}, "node.service_id: must not be empty"),
         ({"node": {"service_id": 5}}, "node.service_id: expected a string"),
         ({"node": {"gc_threshold": -1}}, "node.gc_threshold: must be >= 0"),
+        ({"node": {"switch_interval": 0}}, "node.switch_interval: must be > 0"),
         ({"node": {"log_level": "chatty"}}, "node.log_level: must be one of debug, info"),
         ({"data_dir": ""}, "data_dir: must not be empty"),
         ({"bus": None}, "bus: expected a string"),
@@ -444,6 +445,20 @@ def test_tune_gc_sets_the_young_threshold_and_the_middle_one_after_it():
         assert gc.get_threshold() == (100000, 10, before[2])
     finally:
         gc.set_threshold(*before)
+
+
+def test_tune_threads_sets_the_switch_interval():
+    import sys  # noqa: PLC0415
+
+    from tbmq.tap import tune_threads  # noqa: PLC0415
+
+    before = sys.getswitchinterval()
+    try:
+        tune_threads(0.001)
+        assert abs(sys.getswitchinterval() - 0.001) < 1e-9
+        assert load_config(environ={}).node.switch_interval == 0.001
+    finally:
+        sys.setswitchinterval(before)
 
 
 def test_log_level_drops_tbmq_events_below_it():

@@ -633,3 +633,81 @@ def test_a_member_decides_a_key_once_every_record_of_its_partition_was_handled()
     assert sorted(mine) == [[False, True], [True, False]]
     assert bus.stop().called
     assert [member.decides(k) for k in ("a", "d")] == [False, False]
+
+
+def test_what_a_slice_of_handing_logs_is_written_in_that_turn_and_done_after_it():
+    """The router's slice of ``tbmq.msg.all`` (a batch handler) delivers a
+    batch to an APPLICATION client's durable topic: its records go to the
+    topic log when the slice ends, in the same reactor turn (not from the
+    next turn, after its reads), and their publish is done only once the
+    log has them."""
+
+    class TurnClock(Clock):
+        def turn(self) -> None:
+            """One reactor turn: the calls due when it starts (those they
+            make wait for the next turn, as in ``reactor.runUntilCurrent``)."""
+            for call in [c for c in self.calls if c.getTime() <= self.seconds()]:
+                self.calls.remove(call)
+                call.called = 1
+                call.func(*call.args, **call.kw)
+
+    log = MemoryTopicLog()
+    log.hold = True
+    clock = TurnClock()
+    bus = InProcessBus(clock=clock, log=log)
+    assert bus.start().called
+    app = C.app("a")
+    logged: list = []
+
+    def batch_handler(values):
+        d = defer.Deferred()
+        bus.publish_many(app, ["a"] * len(values),
+                         [r.Delivery("a", Message("t", v), 1, seq=i) for i, v in enumerate(values)],
+                         lambda outcome: (logged.append(outcome), d.callback(None)))
+        return d
+
+    first = defer.Deferred()
+    bus.subscribe("t", "router", lambda record: first, batch_handler=batch_handler)
+    clock.advance(0)
+    log.calls.clear()
+    dones: list = []
+    bus.publish("t", None, b"0", done=dones.append)  # handed at once; its result pending
+    for i in (1, 2):
+        bus.publish("t", None, b"%d" % i, done=dones.append)
+    assert log.calls == []
+    clock.turn()  # the slice: the batch's records are written in it
+    assert log.calls and set(log.calls) == {"append"} and log.held_count(app) == 2
+    assert clock.getDelayedCalls() == []  # no flush left for the next turn
+    assert logged == [] and dones == []  # not on disk yet: no PUBACK
+    log.release()
+    assert logged == [None] and dones == [None, None]
+    first.callback(None)
+    assert dones == [None, None, None]
+
+
+def test_commits_made_while_records_are_being_logged_wait_for_them_or_the_next_records():
+    """While a write with records is under way (its publishers wait for
+    it), a group's commit makes no write of its own: it goes with the next
+    records, or, when none comes, once that write landed."""
+    log = MemoryTopicLog()
+    log.hold = True
+    bus, clock = make(log=log)
+    topic = C.app("a")
+    results: list = []
+    bus.subscribe(topic, "a", lambda record: results.append(defer.Deferred()) or results[-1])
+    first = bus.publish(topic, "a", r.Delivery("a", Message("t", b"0"), 1, seq=0))
+    clock.advance(0)
+    assert "append" in log.calls and not first.called  # under way
+    log.calls.clear()
+    results[0].callback(None)  # handled: the commit waits, no write of its own
+    assert clock.getDelayedCalls() == [] and log.offsets[("a", topic, 0)] == 0
+    second = bus.publish(topic, "a", r.Delivery("a", Message("t", b"1"), 1, seq=1))
+    clock.advance(0)  # the next records take the commit with them
+    assert log.calls[:2] == ["append", "commit"] and log.offsets[("a", topic, 0)] == 1
+    log.calls.clear()
+    results[1].callback(None)
+    assert clock.getDelayedCalls() == [] and log.calls == []
+    log.release()  # both landed: what waited is written from the next turn
+    assert outcome(first) == [None] and outcome(second) == [None]
+    clock.advance(0)
+    assert "commit" in log.calls and log.offsets[("a", topic, 0)] == 2
