@@ -616,12 +616,10 @@ def test_a_batch_classifies_a_target_elsewhere_once_per_qos_class(world):
         T.downlink_basic("node-x"), ["d"], [(["there/1", "there/3"], 0, False, "DeliveryRun")])
 
 
-def test_a_batch_classifies_a_persistent_session_here_once_per_qos_class(world):
-    """In a batch, a persistent session of this node is classified once for
-    its QoS 1/2 deliveries (its APPLICATION topic or the device store, as
-    one elsewhere), and its QoS 0 ones are written to it now; every
-    delivery goes out in order, in one send per sink and place, and the
-    clock is read once for the batch."""
+def batch_sends_and_classes(world) -> tuple[list, list]:
+    """The router of ``world`` on sinks that send runs, recording each
+    ``publish_many`` call as ``(topic, keys, values, done)`` and each
+    classification as ``(client_id, qos)``: the two lists, in that order."""
     many: list = []
     world.bus.publish_many = lambda topic, keys, values, done: many.append(
         (topic, keys, values, done))
@@ -630,6 +628,16 @@ def test_a_batch_classifies_a_persistent_session_here_once_per_qos_class(world):
     classify = world.router.classify
     world.router.classify = lambda client_id, session, qos: (
         classified.append((client_id, qos)) or classify(client_id, session, qos))
+    return many, classified
+
+
+def test_a_batch_classifies_a_persistent_session_here_once_per_qos_class(world):
+    """In a batch, a persistent session of this node is classified once for
+    its QoS 1/2 deliveries (its APPLICATION topic or the device store, as
+    one elsewhere), and its QoS 0 ones are written to it now; every
+    delivery goes out in order, in one send per sink and place, and the
+    clock is read once for the batch."""
+    many, classified = batch_sends_and_classes(world)
     app = world.sessions["app"] = FakeSession("app", persistent=True,
                                               client_type=ClientType.APPLICATION)
     world.sessions["dev"] = FakeSession("dev", persistent=True)
@@ -759,14 +767,7 @@ def test_a_batchs_run_of_one_topic_is_routed_to_each_subscriber_at_once_in_order
     encoding cache; a persistent DEVICE elsewhere is classified once and
     gets them as one run on ``tbmq.msg.persisted``; a No Local subscriber
     still misses only its own messages."""
-    many: list = []
-    world.bus.publish_many = lambda topic, keys, values, done: many.append(
-        (topic, keys, values, done))
-    world.router.sinks = Sinks.build(world.bus, T)
-    classified: list = []
-    classify = world.router.classify
-    world.router.classify = lambda client_id, session, qos: (
-        classified.append((client_id, qos)) or classify(client_id, session, qos))
+    many, classified = batch_sends_and_classes(world)
     caches: list = []
     live = world.sessions["live"] = FakeSession("live")
     deliver = live.deliver
