@@ -54,13 +54,15 @@ read after a request does.  Nothing is left in the partition to decide
 again when it moves, and a node that dies takes the connection it
 answered with it.
 
-A connect of a client id the session registry shows no session of (no
-node holds one, connected or offline, as far as this node has read) is
-decided at once on any node whose bus can tell that its brokers answer
-(Kafka, :meth:`_unseen`): there is nothing to take over and no session to
-present [MQTT-3.2.2-2], so the deciding member would grant it, unless a
-connect of the same client id on another node, not yet in the registry,
-is concurrent with it.  Such a race is settled by the grants' order
+A Clean Start connect of a client id the session registry shows no
+session of (no node holds one, connected or offline, as far as this node
+has read) is decided at once on any node whose bus can tell that its
+brokers answer (Kafka, :meth:`_unseen`): there is nothing to take over
+and no session to present [MQTT-3.2.2-2], and a session of it that this
+node's registry does not show yet is one the client asks to discard
+[MQTT-3.1.2-4], so the deciding member would grant it, unless a connect
+of the same client id on another node, not yet in the registry, is
+concurrent with it.  Such a race is settled by the grants' order
 stamps, as the one above: this node stamps its grant from its own clock
 (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`), and of the
 two connections the one with the greater stamp stays on every node,
@@ -69,8 +71,10 @@ decision by the partition for the first connect of a client id: of two
 first connects racing, the one stamped later is kept, not the one the
 partition would have ordered last (the nodes' clocks order them); and a
 session another node made moments ago, whose record this node has not
-read yet, is not present to this connect (it is ended on that node when
-this connection's record, stamped later, reaches it).
+read yet, is ended on that node when this connection's record, stamped
+later, reaches it, as Clean Start asks.  A Clean Start 0 connect, which
+asks for the session present, is decided by the partition's member as
+before.
 
 A node that sees, in the session registry, one of its sessions now held by
 another connection elsewhere forgets it: the will and the session expiry of
@@ -237,10 +241,10 @@ class SessionEvents:
                         protocol_level: int, answer=None) -> defer.Deferred:
         """Ask the cluster to let ``client_id`` connect here: decided at
         once when this node's deciding member decides the client id and has
-        read its partition (:meth:`tbmq.interfaces.IConsumer.decides`), or
-        when the registry shows no session of it and the bus's brokers
-        answer (:meth:`_unseen`; see the module doc for both), else
-        published on ``tbmq.client.session.event.request``.
+        read its partition (:meth:`tbmq.interfaces.IConsumer.decides`), or,
+        for a Clean Start connect, when the registry shows no session of it
+        and the bus's brokers answer (:meth:`_unseen`; see the module doc
+        for both), else published on ``tbmq.client.session.event.request``.
 
         :param answer: what gets the answer instead of a new Deferred:
             anything with a Deferred's ``callback(response)`` and
@@ -255,11 +259,13 @@ class SessionEvents:
         request_id = f"{self._request_prefix}{self._requests}"
         d = defer.Deferred() if answer is None else answer
         deciding = self._deciding
-        if deciding is not None and (self._unseen(client_id) or deciding.decides(client_id)):
-            # no node holds a session of it, or this node's member decides
-            # the client id and has read its partition: decided now, not
-            # published (see the module doc); no request built (the
-            # cheaper question first: the same decision either way)
+        if deciding is not None and ((clean_start and self._unseen(client_id))
+                                     or deciding.decides(client_id)):
+            # a Clean Start connect of a client id no node holds a session
+            # of, or this node's member decides the client id and has read
+            # its partition: decided now, not published (see the module
+            # doc); no request built (the cheaper question first: the same
+            # decision either way)
             response = self._decision(client_id, self.service_id, session_id, request_id,
                                       clean_start)
             self.registry.granted(client_id, session_id, response.stamp)

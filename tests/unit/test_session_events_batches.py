@@ -378,13 +378,14 @@ class AcknowledgingBus(PackingBus):
 
 
 def test_a_client_id_the_registry_shows_no_session_of_is_decided_at_once():
-    """A connect of a client id no node holds a session of is decided
-    during the call though another member decides its partition (no
-    session present [MQTT-3.2.2-2], nothing to take over), stamped and told
-    to the registry; one the registry shows a session of, one asked while
-    the bus cannot tell that its brokers answer, one asked before the node
-    decides and one of a client id whose earlier request waits for its
-    answer here are published."""
+    """A Clean Start connect of a client id no node holds a session of is
+    decided during the call though another member decides its partition
+    (no session present [MQTT-3.2.2-2], nothing to take over), stamped and
+    told to the registry; a Clean Start 0 one (it asks for its session,
+    which another node may have made moments ago), one the registry shows
+    a session of, one asked while the bus cannot tell that its brokers
+    answer, one asked before the node decides and one of a client id whose
+    earlier request waits for its answer here are published."""
     bus = AcknowledgingBus()
     registry = Registry({"held": info("held", "node-c", "s-old", connected=False)})
     events, _ = make(bus, registry)
@@ -397,12 +398,15 @@ def test_a_client_id_the_registry_shows_no_session_of_is_decided_at_once():
     assert [(a.client_id, a.success, a.session_present, a.session) for a in answers] == [
         ("new", True, False, None)]
     assert registry.grants == [("new", "s-new", answers[0].stamp)] and answers[0].stamp > 0
+    assert not events.request_connect("resumed", "s", clean_start=False, persistent=True,
+                                      client_type=ClientType.DEVICE, session_expiry_interval=60,
+                                      protocol_level=5).called
     assert not ask(events, "held").called
     assert not ask(events, "early", "s-again").called  # its first request waits
     bus.answering = False
     assert not ask(events, "other").called
     assert [k for t, k, *_ in bus.published if t == events.topics.session_event_request] == [
-        "early", "held", "early", "other"]
+        "early", "resumed", "held", "early", "other"]
     # the answers of both waiting requests release the client id
     bus.answering = True
     requests = [v for t, k, v, *_ in bus.published if k == "early"]
