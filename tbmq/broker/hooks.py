@@ -354,6 +354,18 @@ class DropCounter:
             self._refused_logged_at = now
             self._refused_since_log = 0
 
+    def store_write(self, result, operation: str) -> None:
+        """A session's write to the device store whose outcome nobody waits
+        for: its failure goes to :meth:`store_failed` (counted and logged,
+        not an unhandled error per delivery).
+
+        :param result: the store call's Deferred, or None (a store that
+            wrote at once).
+        :param operation: what the call did (``"update"``, ``"remove"``),
+            named in the log line."""
+        if result is not None:
+            result.addErrback(self.store_failed, operation)
+
     def store_failed(self, failure, operation: str) -> None:
         """A session's write to the device store (``operation``: ``update``
         of a delivery's state, ``remove`` of acknowledged ones) failed: the

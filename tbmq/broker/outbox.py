@@ -745,18 +745,14 @@ class Outbox:
         """The device store writes of this turn: the updates
         (:meth:`store_update`) in one call, then the removal of the
         completed deliveries in one."""
-        # (their failures are counted and logged by the node, not as an
-        # unhandled error per delivery)
+        drops = self.ctx.drops
         updates, self._updates = self._updates, ()
         if updates:
-            result = update_many(self.ctx.device_store, self.client_id, updates)
-            if result is not None:
-                result.addErrback(self.ctx.drops.store_failed, "update")
+            drops.store_write(update_many(self.ctx.device_store, self.client_id, updates),
+                              "update")
         completed, self._completed = self._completed, ()
         if completed:
-            result = self.ctx.device_store.remove(self.client_id, completed)
-            if result is not None:
-                result.addErrback(self.ctx.drops.store_failed, "remove")
+            drops.store_write(self.ctx.device_store.remove(self.client_id, completed), "remove")
 
     # -- life cycle ------------------------------------------------------------------------------
 

@@ -166,7 +166,6 @@ class SentStates:
     def _write(self, held: dict[int, int]) -> None:
         if held:
             outbox = self.outbox
-            result = update_many(outbox.ctx.device_store, outbox.client_id,
-                                 [(seq, pid, _SENT) for seq, pid in held.items()])
-            if result is not None:  # a failure counted and logged by the node
-                result.addErrback(outbox.ctx.drops.store_failed, "update")
+            outbox.ctx.drops.store_write(
+                update_many(outbox.ctx.device_store, outbox.client_id,
+                            [(seq, pid, _SENT) for seq, pid in held.items()]), "update")
