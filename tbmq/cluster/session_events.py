@@ -54,9 +54,26 @@ read after a request does.  Nothing is left in the partition to decide
 again when it moves, and a node that dies takes the connection it
 answered with it.
 
-A Clean Start connect of a client id the session registry shows no
-session of (no node holds one, connected or offline, as far as this node
-has read) is decided at once on any node whose bus can tell that its
+The member deciding a client id decides from what it knows of its
+session (:meth:`SessionEvents.held`): the registry's record, or the
+connection it granted later whose record its registry has not read yet
+(kept until read, at most :attr:`SessionEvents.GRANT_MEMORY` seconds).  TBMQ's
+deciding node writes the session record itself, so its view holds its
+grants at once; here the asking node writes the record, and without the
+member's own grants a Clean Start 0 reconnect to another node moments
+after a grant was answered "no session present" for a session that
+exists [MQTT-3.2.2-2], and the first connection was not dropped by a
+DisconnectCommand.  Every grant of a session that can outlive its
+connection (a persistent one) is made by that member (the shortcut below
+is for non-persistent sessions only), so its answer to a Clean Start 0
+connect names every such session granted before the request, read or
+not; what it still does not know is a grant of the partition's previous
+member not read yet after the partition moved.
+
+A Clean Start connect of a non-persistent session (it ends with its
+connection [MQTT-3.1.2-23]: no later connect can ask for it) of a client
+id the session registry shows no session of (no node holds one,
+connected or offline, as far as this node has read) is decided at once on any node whose bus can tell that its
 brokers answer (Kafka, :meth:`_unseen`): there is nothing to take over
 and no session to present [MQTT-3.2.2-2], and a session of it that this
 node's registry does not show yet is one the client asks to discard
@@ -103,6 +120,7 @@ from tbmq.cluster.records import (
     Record,
     SessionEvent,
     SessionEventResponse,
+    SessionInfo,
 )
 from tbmq.cluster.topics import CLUSTER_BUNDLE, node_group
 from tbmq.errors import BusPublishError
@@ -157,10 +175,10 @@ class SessionEvents:
         self.timeout = timeout
         #: client id -> session id taken over here, until the registry shows it
         self._taken: dict[str, str] = {}
-        #: client id -> (session id, seconds) of the last connection this
-        #: member granted, until the registry shows it (at most
-        #: :attr:`GRANT_MEMORY` seconds), oldest first
-        self._granted: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        #: client id -> (session id, seconds, the grant's SessionInfo) of
+        #: the last connection this member granted, until the registry
+        #: shows it (at most :attr:`GRANT_MEMORY` seconds), oldest first
+        self._granted: OrderedDict[str, tuple[str, float, SessionInfo]] = OrderedDict()
         #: request id -> (its Deferred, the time its answer is due, the
         #: connection's session id, the client id once counted in
         #: :attr:`_asking`, else None), oldest first
@@ -242,9 +260,9 @@ class SessionEvents:
         """Ask the cluster to let ``client_id`` connect here: decided at
         once when this node's deciding member decides the client id and has
         read its partition (:meth:`tbmq.interfaces.IConsumer.decides`), or,
-        for a Clean Start connect, when the registry shows no session of it
-        and the bus's brokers answer (:meth:`_unseen`; see the module doc
-        for both), else published on ``tbmq.client.session.event.request``.
+        for a Clean Start connect of a non-persistent session, when the
+        registry shows no session of it and the bus's brokers answer
+        (:meth:`_unseen`; see the module doc for both), else published on ``tbmq.client.session.event.request``.
 
         :param answer: what gets the answer instead of a new Deferred:
             anything with a Deferred's ``callback(response)`` and
@@ -259,15 +277,18 @@ class SessionEvents:
         request_id = f"{self._request_prefix}{self._requests}"
         d = defer.Deferred() if answer is None else answer
         deciding = self._deciding
-        if deciding is not None and ((clean_start and self._unseen(client_id))
+        if deciding is not None and ((clean_start and not persistent
+                                      and self._unseen(client_id))
                                      or deciding.decides(client_id)):
-            # a Clean Start connect of a client id no node holds a session
-            # of, or this node's member decides the client id and has read
-            # its partition: decided now, not published (see the module
-            # doc); no request built (the cheaper question first: the same
-            # decision either way)
-            response = self._decision(client_id, self.service_id, session_id, request_id,
-                                      clean_start)
+            # a Clean Start connect of a non-persistent session of a client
+            # id no node holds a session of, or this node's member decides
+            # the client id and has read its partition: decided now, not
+            # published (see the module doc); no request built (the cheaper
+            # question first: the same decision either way)
+            response = self._decision(
+                SessionInfo(client_id, self.service_id, session_id, True, persistent,
+                            client_type, session_expiry_interval, protocol_level,
+                            self.clock.seconds(), None, 0.0), request_id, clean_start)
             self.registry.granted(client_id, session_id, response.stamp)
             d.callback(response)
             return d
@@ -502,15 +523,46 @@ class SessionEvents:
         """Decide one CONNECTION_REQUEST (:meth:`_decision` of its fields).
 
         :returns: the answer for the asking node."""
-        return self._decision(event.client_id, event.service_id, event.session_id,
-                              event.request_id, event.clean_start)
+        at = event.at
+        return self._decision(
+            SessionInfo(event.client_id, event.service_id, event.session_id, True,
+                        event.persistent, event.client_type, event.session_expiry_interval,
+                        event.protocol_level, at, None, at), event.request_id, event.clean_start)
 
-    def _decision(self, client_id: str, service_id: str, session_id: str, request_id: str,
+    def held(self, client_id: str) -> SessionInfo | None:
+        """The session of ``client_id`` as this member knows it: the
+        registry's record, or the connection this member granted later
+        whose record the registry has not read yet (:meth:`_grant`, at most
+        :attr:`GRANT_MEMORY` seconds).  TBMQ's deciding node writes the
+        session record itself, so its view holds its grants at once; here
+        the asking node writes it, and the member keeps its grants until it
+        reads them, so that a connect decided next (a Clean Start 0
+        reconnect to another node moments after a grant) is answered with
+        the session granted [MQTT-3.2.2-2] and drops its connection
+        [MQTT-3.1.4-3].
+
+        :returns: a :class:`~tbmq.cluster.records.SessionInfo` (the grant's
+            is built from its request: connected, no will, address or user
+            name), or None when neither shows a session."""
+        info = self.registry.get(client_id)
+        granted = self._granted.get(client_id)
+        if granted is None:
+            return info
+        grant = granted[2]
+        if ((info is None or grant.stamp > info.stamp)
+                and granted[1] + self.GRANT_MEMORY >= self.clock.seconds()):
+            return grant
+        return info
+
+    def _decision(self, grant: SessionInfo, request_id: str,
                   clean_start: bool) -> SessionEventResponse:
-        """Decide a connect of ``client_id`` by node ``service_id`` (its
-        connection ``session_id``, request ``request_id``): drop a
-        connection of the client id held on another node, remember the
-        grant, stamp it (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`:
+        """Decide a connect of ``grant.client_id`` by node
+        ``grant.service_id`` (its connection ``grant.session_id``, request
+        ``request_id``; ``grant`` is the session the connect makes, as its
+        request describes it): drop a connection of the client id held on
+        another node (:meth:`held`: the registry's, or this member's later
+        grant), remember the grant, stamp it
+        (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`:
         greater than any stamp this member made or read, than the
         registry's record of the client id and than the time now).  The
         grant is told to the registry of the asking node when its connect
@@ -523,17 +575,17 @@ class SessionEvents:
         keep a session another node took over.
 
         :returns: the answer for the asking node."""
-        registry = self.registry
-        info = registry.get(client_id)
-        if (info is not None and info.connected and info.session_id != session_id
-                and info.service_id != service_id):
+        client_id = grant.client_id
+        info = self.held(client_id)
+        if (info is not None and info.connected and info.session_id != grant.session_id
+                and info.service_id != grant.service_id):
             # connected on another node: drop it there (session taken over)
             self.bus.publish(self.topics.client_disconnect(info.service_id), client_id,
                              DisconnectCommand(client_id, info.session_id,
                                                ReasonCode.SESSION_TAKEN_OVER),
                              (), partial(_not_sent, "the takeover's disconnect", client_id))
-        self._grant(client_id, session_id)
-        stamp = registry.next_stamp(client_id)
+        grant.stamp = stamp = self.registry.next_stamp(client_id)
+        self._grant(grant)
         return SessionEventResponse(client_id, request_id, True,
                                     info is not None and info.persistent
                                     and not clean_start, info, "", stamp)
@@ -543,14 +595,17 @@ class SessionEvents:
     #: session events)
     GRANT_MEMORY = 60.0
 
-    def _grant(self, client_id: str, session_id: str) -> None:
-        """Remember that a connection of ``client_id`` was granted here: a
+    def _grant(self, grant: SessionInfo) -> None:
+        """Remember the connection ``grant`` (stamped) granted here: a
         gone node's session that the registry still shows, because the new
-        connection's record has not reached it yet, is not taken over."""
+        connection's record has not reached it yet, is not taken over, and
+        the next connect of the client id is decided knowing it
+        (:meth:`held`)."""
         granted = self._granted
         now = self.clock.seconds()
+        client_id = grant.client_id
         granted.pop(client_id, None)
-        granted[client_id] = (session_id, now)
+        granted[client_id] = (grant.session_id, now, grant)
         while granted:
             oldest = next(iter(granted.values()))
             if oldest[1] + self.GRANT_MEMORY >= now:
