@@ -175,10 +175,11 @@ class SessionEvents:
         self.timeout = timeout
         #: client id -> session id taken over here, until the registry shows it
         self._taken: dict[str, str] = {}
-        #: client id -> (session id, seconds, the grant's SessionInfo) of
-        #: the last connection this member granted, until the registry
-        #: shows it (at most :attr:`GRANT_MEMORY` seconds), oldest first
-        self._granted: OrderedDict[str, tuple[str, float, SessionInfo]] = OrderedDict()
+        #: client id -> (session id, seconds, stamp, service id, what its
+        #: request described or None: :meth:`_decision`) of the last
+        #: connection this member granted, until the registry shows it (at
+        #: most :attr:`GRANT_MEMORY` seconds), oldest first
+        self._granted: OrderedDict[str, tuple] = OrderedDict()
         #: request id -> (its Deferred, the time its answer is due, the
         #: connection's session id, the client id once counted in
         #: :attr:`_asking`, else None), oldest first
@@ -285,10 +286,9 @@ class SessionEvents:
             # the client id and has read its partition: decided now, not
             # published (see the module doc); no request built (the cheaper
             # question first: the same decision either way)
-            response = self._decision(
-                SessionInfo(client_id, self.service_id, session_id, True, persistent,
-                            client_type, session_expiry_interval, protocol_level,
-                            self.clock.seconds(), None, 0.0), request_id, clean_start)
+            response = self._decision(client_id, self.service_id, session_id, request_id,
+                                      clean_start, (persistent, client_type,
+                                                    session_expiry_interval, protocol_level))
             self.registry.granted(client_id, session_id, response.stamp)
             d.callback(response)
             return d
@@ -523,11 +523,11 @@ class SessionEvents:
         """Decide one CONNECTION_REQUEST (:meth:`_decision` of its fields).
 
         :returns: the answer for the asking node."""
-        at = event.at
-        return self._decision(
-            SessionInfo(event.client_id, event.service_id, event.session_id, True,
-                        event.persistent, event.client_type, event.session_expiry_interval,
-                        event.protocol_level, at, None, at), event.request_id, event.clean_start)
+        described = ((event.persistent, event.client_type, event.session_expiry_interval,
+                      event.protocol_level)
+                     if event.at + self.timeout > self.clock.seconds() else None)
+        return self._decision(event.client_id, event.service_id, event.session_id,
+                              event.request_id, event.clean_start, described)
 
     def held(self, client_id: str) -> SessionInfo | None:
         """The session of ``client_id`` as this member knows it: the
@@ -541,26 +541,33 @@ class SessionEvents:
         the session granted [MQTT-3.2.2-2] and drops its connection
         [MQTT-3.1.4-3].
 
+        A grant decided when its connect had stopped waiting (its request
+        older than :attr:`timeout`: the asking node refused it, no record
+        of it will come) is not used.
+
         :returns: a :class:`~tbmq.cluster.records.SessionInfo` (the grant's
-            is built from its request: connected, no will, address or user
-            name), or None when neither shows a session."""
+            is built from its request: connected since the grant, no will,
+            address or user name), or None when neither shows a session."""
         info = self.registry.get(client_id)
         granted = self._granted.get(client_id)
         if granted is None:
             return info
-        grant = granted[2]
-        if ((info is None or grant.stamp > info.stamp)
-                and granted[1] + self.GRANT_MEMORY >= self.clock.seconds()):
-            return grant
-        return info
+        session_id, at, stamp, service_id, described = granted
+        if (described is None or (info is not None and info.stamp >= stamp)
+                or at + self.GRANT_MEMORY < self.clock.seconds()):
+            return info
+        persistent, client_type, expiry, protocol_level = described
+        return SessionInfo(client_id, service_id, session_id, True, persistent, client_type,
+                           expiry, protocol_level, at, None, at, stamp=stamp)
 
-    def _decision(self, grant: SessionInfo, request_id: str,
-                  clean_start: bool) -> SessionEventResponse:
-        """Decide a connect of ``grant.client_id`` by node
-        ``grant.service_id`` (its connection ``grant.session_id``, request
-        ``request_id``; ``grant`` is the session the connect makes, as its
-        request describes it): drop a connection of the client id held on
-        another node (:meth:`held`: the registry's, or this member's later
+    def _decision(self, client_id: str, service_id: str, session_id: str, request_id: str,
+                  clean_start: bool, described: tuple | None) -> SessionEventResponse:
+        """Decide a connect of ``client_id`` by node ``service_id`` (its
+        connection ``session_id``, request ``request_id``; ``described``:
+        the session it makes as its request describes it, ``(persistent,
+        client_type, session_expiry_interval, protocol_level)``, or None
+        when its connect no longer waits): drop a connection of the client
+        id held on another node (:meth:`held`: the registry's, or this member's later
         grant), remember the grant, stamp it
         (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`:
         greater than any stamp this member made or read, than the
@@ -575,17 +582,16 @@ class SessionEvents:
         keep a session another node took over.
 
         :returns: the answer for the asking node."""
-        client_id = grant.client_id
         info = self.held(client_id)
-        if (info is not None and info.connected and info.session_id != grant.session_id
-                and info.service_id != grant.service_id):
+        if (info is not None and info.connected and info.session_id != session_id
+                and info.service_id != service_id):
             # connected on another node: drop it there (session taken over)
             self.bus.publish(self.topics.client_disconnect(info.service_id), client_id,
                              DisconnectCommand(client_id, info.session_id,
                                                ReasonCode.SESSION_TAKEN_OVER),
                              (), partial(_not_sent, "the takeover's disconnect", client_id))
-        grant.stamp = stamp = self.registry.next_stamp(client_id)
-        self._grant(grant)
+        stamp = self.registry.next_stamp(client_id)
+        self._grant(client_id, session_id, stamp, service_id, described)
         return SessionEventResponse(client_id, request_id, True,
                                     info is not None and info.persistent
                                     and not clean_start, info, "", stamp)
@@ -595,17 +601,17 @@ class SessionEvents:
     #: session events)
     GRANT_MEMORY = 60.0
 
-    def _grant(self, grant: SessionInfo) -> None:
-        """Remember the connection ``grant`` (stamped) granted here: a
-        gone node's session that the registry still shows, because the new
-        connection's record has not reached it yet, is not taken over, and
-        the next connect of the client id is decided knowing it
-        (:meth:`held`)."""
+    def _grant(self, client_id: str, session_id: str, stamp: int, service_id: str,
+               described: tuple | None) -> None:
+        """Remember the connection ``session_id`` of ``client_id`` granted
+        here to node ``service_id`` with ``stamp``: a gone node's session
+        that the registry still shows, because the new connection's record
+        has not reached it yet, is not taken over, and the next connect of
+        the client id is decided knowing it (:meth:`held`)."""
         granted = self._granted
         now = self.clock.seconds()
-        client_id = grant.client_id
         granted.pop(client_id, None)
-        granted[client_id] = (grant.session_id, now, grant)
+        granted[client_id] = (session_id, now, stamp, service_id, described)
         while granted:
             oldest = next(iter(granted.values()))
             if oldest[1] + self.GRANT_MEMORY >= now:
@@ -647,8 +653,12 @@ class SessionEvents:
         if taken is not None and (new is None or new.session_id != taken):
             del self._taken[client_id]
         granted = self._granted.get(client_id)
-        if granted is not None and (new is None or new.session_id == granted[0]):
-            del self._granted[client_id]  # the registry shows it now
+        if granted is not None and (new.session_id == granted[0] if new is not None
+                                    else old is not None and old.stamp >= granted[2]):
+            # the registry shows it now, or it ended (a tombstone of an
+            # older connection, written by a node that had not read it yet,
+            # leaves it: its record, or its node's restatement, comes next)
+            del self._granted[client_id]
         if (new is not None and new.service_id != self.service_id
                 and (old is None or old.session_id != new.session_id)
                 and not self.registry.granted_later(client_id, new.stamp)):

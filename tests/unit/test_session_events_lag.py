@@ -43,7 +43,7 @@ class LaggingBus(AcknowledgingBus):
 
 def connect(node, session_id, request_id, clean_start=False, persistent=True):
     return SessionEvent(CONNECTION_REQUEST, "x", node, session_id, request_id, clean_start,
-                        persistent, ClientType.DEVICE, 3600 if persistent else 0, 5, 10.0)
+                        persistent, ClientType.DEVICE, 3600 if persistent else 0, 5, 100.0)
 
 
 def deciding(bus=None):
@@ -125,6 +125,32 @@ def test_a_grant_older_than_the_registrys_record_is_not_used():
     second, = answered(bus, events, "node-b")
     assert second.session == later and not second.session_present
     assert disconnects(bus, events, "node-a") == []
+
+
+def test_a_grant_whose_connect_no_longer_waits_is_not_used():
+    """A request decided after its connect stopped waiting (older than the
+    connect timeout: the asking node refused it, no record of it comes)
+    grants nothing the next connect is answered with; a tombstone of an
+    older connection (written by a node that had not read the grant)
+    leaves a grant in use."""
+    events, bus = deciding()
+    events.clock.advance(events.timeout + 1)
+    events._decide_many((connect("node-a", "sa", "r1"),))
+    events._decide_many((SessionEvent(CONNECTION_REQUEST, "x", "node-b", "sb", "r2", False,
+                                      True, ClientType.DEVICE, 3600, 5,
+                                      events.clock.seconds()),))
+    second, = answered(bus, events, "node-b")
+    assert not second.session_present and second.session is None
+    older = SessionInfo("x", "node-c", "s0", True, False, ClientType.DEVICE, 0, 5, 1.0, None,
+                        1.0, stamp=1)
+    read(events, bus, older)
+    handler = bus.subscribed[events.topics.client_session][0]
+    handler(Record(events.topics.client_session, "x", None))
+    events._decide_many((SessionEvent(CONNECTION_REQUEST, "x", "node-a", "sc", "r3", False,
+                                      True, ClientType.DEVICE, 3600, 5,
+                                      events.clock.seconds()),))
+    third = answered(bus, events, "node-a")[-1]
+    assert third.session_present and third.session.session_id == "sb"
 
 
 def test_a_clean_start_reconnect_within_the_lag_clears_the_granted_session():
