@@ -73,13 +73,13 @@ member not read yet after the partition moved.
 A Clean Start connect of a non-persistent session (it ends with its
 connection [MQTT-3.1.2-23]: no later connect can ask for it) of a client
 id the session registry shows no session of (no node holds one,
-connected or offline, as far as this node has read) is decided at once on any node whose bus can tell that its
-brokers answer (Kafka, :meth:`_unseen`): there is nothing to take over
-and no session to present [MQTT-3.2.2-2], and a session of it that this
-node's registry does not show yet is one the client asks to discard
-[MQTT-3.1.2-4], so the deciding member would grant it, unless a connect
-of the same client id on another node, not yet in the registry, is
-concurrent with it.  Such a race is settled by the grants' order
+connected or offline, as far as this node has read) is decided at once
+on any node whose bus can tell that its brokers answer (Kafka,
+:meth:`_unseen`): there is nothing to take over and no session to present
+[MQTT-3.2.2-2], and a session of it that this node's registry does not
+show yet is one the client asks to discard [MQTT-3.1.2-4], so the deciding
+member would grant it, unless a connect of the same client id on another
+node, not yet in the registry, is concurrent with it.  Such a race is settled by the grants' order
 stamps, as the one above: this node stamps its grant from its own clock
 (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`), and of the
 two connections the one with the greater stamp stays on every node,
@@ -90,8 +90,12 @@ partition would have ordered last (the nodes' clocks order them); and a
 session another node made moments ago, whose record this node has not
 read yet, is ended on that node when this connection's record, stamped
 later, reaches it, as Clean Start asks.  A Clean Start 0 connect, which
-asks for the session present, is decided by the partition's member as
-before.
+asks for the session present, and a connect that makes a persistent
+session, which a later connect may ask for, are decided by the
+partition's member as before: only that member knows every grant at once
+(see above); another node's registry never shows that no grant came since
+it last read, so a Clean Start 0 connect decided there could answer "no
+session present" for a session that exists.
 
 A node that sees, in the session registry, one of its sessions now held by
 another connection elsewhere forgets it: the will and the session expiry of
@@ -263,7 +267,8 @@ class SessionEvents:
         read its partition (:meth:`tbmq.interfaces.IConsumer.decides`), or,
         for a Clean Start connect of a non-persistent session, when the
         registry shows no session of it and the bus's brokers answer
-        (:meth:`_unseen`; see the module doc for both), else published on ``tbmq.client.session.event.request``.
+        (:meth:`_unseen`; see the module doc for both), else published on
+        ``tbmq.client.session.event.request``.
 
         :param answer: what gets the answer instead of a new Deferred:
             anything with a Deferred's ``callback(response)`` and
@@ -567,8 +572,8 @@ class SessionEvents:
         the session it makes as its request describes it, ``(persistent,
         client_type, session_expiry_interval, protocol_level)``, or None
         when its connect no longer waits): drop a connection of the client
-        id held on another node (:meth:`held`: the registry's, or this member's later
-        grant), remember the grant, stamp it
+        id held on another node (:meth:`held`: the registry's, or this
+        member's later grant), remember the grant, stamp it
         (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`:
         greater than any stamp this member made or read, than the
         registry's record of the client id and than the time now).  The
@@ -655,9 +660,10 @@ class SessionEvents:
         granted = self._granted.get(client_id)
         if granted is not None and (new.session_id == granted[0] if new is not None
                                     else old is not None and old.stamp >= granted[2]):
-            # the registry shows it now, or it ended (a tombstone of an
-            # older connection, written by a node that had not read it yet,
-            # leaves it: its record, or its node's restatement, comes next)
+            # the registry shows it now, or a tombstone removed a record as
+            # new as it (a tombstone of an older connection, written by a
+            # node that had not read the grant yet, leaves it: its record,
+            # or its node's restatement, comes next)
             del self._granted[client_id]
         if (new is not None and new.service_id != self.service_id
                 and (old is None or old.session_id != new.session_id)
