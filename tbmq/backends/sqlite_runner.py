@@ -263,6 +263,9 @@ class DatabaseThread:
         self._given = threadpool
         #: The pool while some runner uses it (always the given one), else None.
         self.pool: Any = threadpool
+        #: The thread of the WAL syncs (:meth:`post_sync`) while some runner
+        #: uses the pool this object owns, else None (a given pool: none).
+        self.syncer: JobThread | None = None
         self._users = 0
 
     @property
@@ -276,6 +279,8 @@ class DatabaseThread:
         if self.pool is None:
             self.pool = JobThread(self.name)
             self.pool.start()
+            self.syncer = JobThread(self.name + "-sync")
+            self.syncer.start()
 
     def release(self) -> None:
         """A runner stopped: stop our pool when it was the last.  Its worker
@@ -285,6 +290,9 @@ class DatabaseThread:
         if self._users == 0 and self.owned and self.pool is not None:
             pool, self.pool = self.pool, None
             pool.stop()
+            syncer, self.syncer = self.syncer, None
+            if syncer is not None:
+                syncer.stop()
 
     def run(self, f: Callable, *args: Any) -> defer.Deferred:
         """:returns: a Deferred firing in the reactor thread with
@@ -297,6 +305,18 @@ class DatabaseThread:
         Deferred, and no wake-up of the reactor for the job's end).  What
         ``f`` raises is logged from the reactor thread."""
         self.pool.callInThreadWithCallback(self._posted, f, *args)
+
+    def post_sync(self, f: Callable, *args: Any) -> None:
+        """Run ``f(*args)`` in the thread of the WAL syncs, after the jobs
+        queued there before it, with no result (as :meth:`post`): beside
+        the database thread, so that a runner's next transaction is written
+        while the last one's WAL is synced.  With a given pool (no thread
+        of its own) it runs now, in the calling thread."""
+        syncer = self.syncer
+        if syncer is None:
+            f(*args)
+            return
+        syncer.callInThreadWithCallback(self._posted, f, *args)
 
     def _posted(self, ok: bool, result: Any) -> None:
         """In the database thread: the end of a :meth:`post` job."""
@@ -369,6 +389,17 @@ class SQLiteRunner:
         self._users = 0  # started views
         self._views: list[RunnerView] = []
         self._schemas: dict[str, Schema] = {}
+        #: the WAL file's descriptor while this runner syncs the WAL itself
+        #: (``synchronous`` FULL on a file in WAL mode: :meth:`_sync_wal`),
+        #: else None
+        self._wal_fd: int | None = None
+        #: write batches committed (database thread) and the count the WAL
+        #: is known synced for (thread of the syncs)
+        self._written = 0
+        self._synced = 0
+        #: batches committed whose WAL sync and outcome have not reached
+        #: the reactor yet (the file is closed only once none is left)
+        self._syncing = 0
 
     # -- users --------------------------------------------------------------
 
@@ -409,6 +440,14 @@ class SQLiteRunner:
     def running(self) -> bool:
         """True between a successful :meth:`start` and :meth:`stop`."""
         return self._state == _RUNNING
+
+    @property
+    def syncs_wal(self) -> bool:
+        """True while the file is open with ``synchronous`` FULL in WAL
+        mode: SQLite commits as NORMAL and this runner syncs the WAL after
+        each COMMIT, in the thread of the syncs, before the batch's
+        Deferreds fire (:meth:`_sync_wal`)."""
+        return self._wal_fd is not None
 
     @property
     def reactor(self) -> Any:
@@ -509,8 +548,13 @@ class SQLiteRunner:
         )
         try:
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            wal = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+            # FULL in WAL mode: SQLite commits as NORMAL (no sync), and this
+            # runner syncs the WAL after each COMMIT, before its outcome is
+            # told (_sync_wal); the same durability as FULL, the next
+            # transaction written while the WAL is synced
+            own_sync = wal and self.synchronous == "FULL" and self.path != ":memory:"
+            conn.execute(f"PRAGMA synchronous={'NORMAL' if own_sync else self.synchronous}")
             conn.execute("BEGIN IMMEDIATE")
             try:
                 apply_schemas(conn, self.path, schemas)
@@ -518,6 +562,10 @@ class SQLiteRunner:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+            if own_sync:
+                self._wal_fd = _open_wal(self.path)
+                if self._wal_fd is None:  # no WAL file to sync: SQLite syncs
+                    conn.execute("PRAGMA synchronous=FULL")
         except BaseException:
             conn.close()
             raise
@@ -549,8 +597,11 @@ class SQLiteRunner:
     def _close(self) -> None:
         """In the database thread: close the connection."""
         conn, self._conn = self._conn, None
+        fd, self._wal_fd = self._wal_fd, None
         if conn is not None:
             conn.close()
+        if fd is not None:
+            os.close(fd)
 
     def _closed(self, result: None | Failure) -> None:
         """In the reactor thread: the close job finished."""
@@ -645,7 +696,7 @@ class SQLiteRunner:
                 return
             if self._pending:
                 batch = self._take()
-            elif self._state == _STOPPING:
+            elif self._state == _STOPPING and not self._syncing:
                 self._busy = True
                 batch = None
             else:
@@ -673,13 +724,44 @@ class SQLiteRunner:
             outcome: list[tuple[bool, Any]] | Failure = self._run_batch(operations, write)
         except BaseException:
             outcome = Failure()
+        syncs = self._wal_fd is not None
+        if syncs and write:
+            self._written += 1
         with self.lock:
             following = self._take() if self._pending and self._state != _STARTING else None
             if following is None:
                 self._busy = False
-        self.thread.reactor.callFromThread(self._batch_done, outcome, waiters)
+            if syncs:
+                self._syncing += 1
+        if syncs:
+            self.thread.post_sync(self._sync_wal, outcome, waiters, self._written)
+        else:
+            self.thread.reactor.callFromThread(self._batch_done, outcome, waiters)
         if following is not None:
             self._hand(following)
+
+    def _sync_wal(self, outcome: list[tuple[bool, Any]] | Failure, waiters: list,
+                  written: int) -> None:
+        """In the thread of the WAL syncs (:meth:`DatabaseThread.post_sync`):
+        a batch is committed (its WAL frames written, not synced); sync the
+        WAL unless a sync begun after that COMMIT ended already did, then
+        tell the reactor the batch's outcome.  One sync covers every batch
+        committed before it began (group commit: while it runs, the
+        database thread writes the next).  A failed sync fails the batch
+        (:class:`OSError`; it may be stored, it is not acknowledged).
+
+        :param written: the count of write batches committed when it was
+            (:attr:`_written`): the WAL must be synced up to it.
+        """
+        if self._synced < written:
+            upto = self._written  # each counted batch's COMMIT returned
+            try:
+                os.fsync(self._wal_fd)
+            except OSError:
+                outcome = Failure()
+            else:
+                self._synced = upto
+        self.thread.reactor.callFromThread(self._batch_done, outcome, waiters, True)
 
     def _run_batch(self, operations: list[Operation], write: bool) -> list[tuple[bool, Any]]:
         """In the database thread: run ``operations`` in one transaction
@@ -747,12 +829,37 @@ class SQLiteRunner:
             raise
         return [(True, value)]
 
-    def _batch_done(self, outcome: list[tuple[bool, Any]] | Failure, waiters: list) -> None:
+    def _batch_done(self, outcome: list[tuple[bool, Any]] | Failure, waiters: list,
+                    synced: bool = False) -> None:
         """In the reactor thread: fire the batch's Deferreds; then, when the
         database thread went idle, send what is queued (calls made by the
-        callbacks join the next batch) or close when stopping."""
+        callbacks join the next batch) or close when stopping.
+
+        :param synced: it comes from :meth:`_sync_wal` (one batch less
+            waits for its sync)."""
+        if synced:
+            with self.lock:
+                self._syncing -= 1
         fire_batch(outcome, waiters)
         self._flush()
+
+
+def _open_wal(path: str) -> int | None:
+    """In the database thread: open the WAL file of the database ``path``
+    (for :func:`os.fsync`, which syncs the file whatever descriptor is
+    used), and sync it once.
+
+    :returns: the descriptor, or None when there is no WAL file."""
+    try:
+        fd = os.open(path + "-wal", os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _seal(operation: Any) -> None:
