@@ -79,6 +79,11 @@ SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 #: more merged writes, :class:`~tbmq.backends.sqlite_view.MergedWrites`).
 Operation = Callable[[sqlite3.Connection], Any]
 
+#: How the WAL is synced: ``fdatasync`` where there is one, as SQLite's own
+#: sync of the WAL on such a system (the data and the size that reads it,
+#: not the modification time), else ``fsync``.
+_datasync = getattr(os, "fdatasync", os.fsync)
+
 #: The highest ``PRAGMA user_version`` of files written before the
 #: ``tbmq_schema`` table: each of their schemas is at that version.
 _LEGACY_VERSION = 1
@@ -756,7 +761,7 @@ class SQLiteRunner:
         if self._synced < written:
             upto = self._written  # each counted batch's COMMIT returned
             try:
-                os.fsync(self._wal_fd)
+                _datasync(self._wal_fd)
             except OSError:
                 outcome = Failure()
             else:
@@ -846,7 +851,7 @@ class SQLiteRunner:
 
 def _open_wal(path: str) -> int | None:
     """In the database thread: open the WAL file of the database ``path``
-    (for :func:`os.fsync`, which syncs the file whatever descriptor is
+    (for :data:`_datasync`, which syncs the file whatever descriptor is
     used), and sync it once.
 
     :returns: the descriptor, or None when there is no WAL file."""
@@ -855,7 +860,7 @@ def _open_wal(path: str) -> int | None:
     except FileNotFoundError:
         return None
     try:
-        os.fsync(fd)
+        _datasync(fd)
     except BaseException:
         os.close(fd)
         raise
