@@ -15,7 +15,13 @@ while a batch runs share the next transaction: the busier the file, the
 larger the batches.  The database thread takes that next batch itself as
 soon as a COMMIT ends (under :attr:`SQLiteRunner.lock`), while the reactor
 fires the Deferreds of the batch just committed, so a batch never waits
-for the reactor's work on the one before.  A batch of reads only runs in a deferred transaction
+for the reactor's work on the one before.  With ``synchronous`` FULL (the
+default) on a file in WAL mode, SQLite commits as NORMAL (the WAL frames
+written, not synced) and the runner syncs the WAL itself, in a second
+thread (:meth:`DatabaseThread.post_sync`), before a batch's Deferreds fire:
+the durability of FULL, and the database thread writes the next batch
+while the last one's WAL is synced (one sync covers every batch committed
+before it began).  A batch of reads only runs in a deferred transaction
 (a read snapshot that never waits for another process's writer); a batch
 with a write starts with ``BEGIN IMMEDIATE`` and waits up to the busy
 timeout for another process's writer (``tbmq credentials`` on the
