@@ -728,7 +728,10 @@ class SQLiteRunner:
         reactor its outcome, and go on with what the reactor queued
         meanwhile **without waiting for the reactor**: the next COMMIT
         starts as soon as this one ends, while the reactor fires this
-        batch's Deferreds (acknowledges its messages).  The next batch is
+        batch's Deferreds (acknowledges its messages).  When the runner
+        syncs the WAL itself (:attr:`syncs_wal`) the outcome goes to the
+        thread of the syncs first (:meth:`_sync_wal`), in order, and the
+        next COMMIT is written while that sync runs.  The next batch is
         queued as a new job of the database thread, so another runner's
         jobs on it take their turn in between."""
         try:
