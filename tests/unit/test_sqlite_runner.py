@@ -158,7 +158,7 @@ def test_runners_share_one_owned_thread(tmp_path, monkeypatch):
         def stop(self) -> None:
             self.stopped = True
 
-    monkeypatch.setattr("tbmq.backends.sqlite_runner.JobThread", Pool)
+    monkeypatch.setattr("tbmq.backends.sqlite_threads.JobThread", Pool)
     one = SQLiteRunner(str(tmp_path / "1.sqlite3"), thread=thread)
     two = SQLiteRunner(str(tmp_path / "2.sqlite3"), thread=thread)
     fired(one.start())
@@ -350,7 +350,7 @@ def test_shutdown_waits_for_the_stores_to_stop_the_file_then_gives_up(tmp_path, 
         def removeSystemEventTrigger(self, trigger: Any) -> None:
             self.triggers[trigger - 1] = None
 
-    monkeypatch.setattr("tbmq.backends.sqlite_runner.JobThread",
+    monkeypatch.setattr("tbmq.backends.sqlite_threads.JobThread",
                         lambda *a, **k: SyncThreadPool())
     monkeypatch.setattr(SyncThreadPool, "start", lambda self: None, raising=False)
     monkeypatch.setattr(SyncThreadPool, "stop", lambda self: None, raising=False)
