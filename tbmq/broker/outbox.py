@@ -42,10 +42,9 @@ from tbmq.broker.store_reads import StoreReader, delivery_size, runs_size
 from tbmq.broker.topic_aliases import TopicAliases
 from tbmq.cluster.completion import Progress
 from tbmq.cluster.record_types import DeliveryRun
-from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
-from tbmq.mqtt import MQTT_5, Pubrel, ReasonCode, is_failure
+from tbmq.mqtt import MQTT_5, Pubrel, ReasonCode
 from tbmq.mqtt.codec import encode_publish_fields, publish_with_packet_id
 
 _SENT = DeliveryState.SENT
@@ -277,7 +276,7 @@ class Outbox:
             quota = conn.send_quota
             limit = self._max_inflight
             if len(self.inflight) < (quota if quota < limit else limit):
-                self._send(delivery, cache, now, conn, False)  # the usual case
+                self._send_run((delivery,), now, conn, cache)  # the usual case
                 return
         self._offer(delivery, cache, now, source, conn)
 
@@ -390,8 +389,7 @@ class Outbox:
                         and len(self.inflight) < window):
                     # the usual case, as _offer's first: sent now (not in the
                     # device store: no sequence number to keep)
-                    if not self._send(delivery, None, now, conn, False):
-                        self._finished(delivery)
+                    self._send_run((delivery,), now, conn)
                     continue
                 self._offer(delivery, None, now, source, conn)
         return progress
@@ -405,8 +403,7 @@ class Outbox:
         if not queue and not conn.paused and len(inflight) < self._window():
             if delivery.seq > self._last_seq:
                 self._last_seq = delivery.seq
-            if not self._send(delivery, cache, now, conn, False):
-                self._finished(delivery)
+            self._send_run((delivery,), now, conn, cache)
             return
         if self._full():
             if id(delivery) in self._app_done:
@@ -426,58 +423,35 @@ class Outbox:
         if not self.persistent and source is not None and self._full():
             self._hold(source, now)  # at the high-water mark: hold what feeds us
 
-    def _send(self, delivery: StoredDelivery, cache, now: float, conn, dup: bool) -> bool:
-        """Write ``delivery`` with a new packet id; False when it could not
-        be sent (expired, too large for the client)."""
-        message = delivery.message
-        if not dup and message.expires_at is not None and message.expires_at <= now:
-            self.drop("expired", message)
-            return False
-        delivery.packet_id = pid = self._packet_id()
-        data = self._encoded(message, delivery.qos, delivery.retain, delivery.subscription_ids,
-                             cache, now, conn, dup, pid)
-        if data is None:
-            delivery.packet_id = None
-            return False
-        delivery.state = _SENT
-        inflight = self.inflight
-        if inflight is NO_ENTRIES:
-            inflight = self.inflight = {}
-        inflight[pid] = delivery
-        conn.write(data)
-        seq = delivery.seq
-        if seq:  # in the device store
-            if delivery.qos == 1:  # written if not acknowledged soon
-                states = self.sent_states
-                if states is None:
-                    states = self.sent_states = SentStates(self)
-                states.hold(seq, pid)
-            else:  # one write per turn for all
-                self.store_update(seq, pid, _SENT)
-        return True
+    def _send_run(self, deliveries, now: float, conn, cache: dict | None = None) -> int:
+        """Write ``deliveries`` (in order), each with a new packet id: their
+        PUBLISHes in one write, the SENT states of those of the device store
+        held together (QoS 1, :class:`~tbmq.broker.sent_states.SentStates`)
+        or written with the turn's writes (QoS 2, :meth:`store_update`).
+        The sends of one pump, or one delivery sent at once (a run of one:
+        the only way a QoS 1/2 PUBLISH is sent the first time).  One that
+        cannot be sent (expired, too large for the client) is finished
+        (:meth:`_finished`).
 
-    def _send_run(self, deliveries: list, now: float, conn) -> int:
-        """Write ``deliveries`` (taken from :attr:`queue`, in order) as
-        :meth:`_send` each, with their PUBLISHes in one write and the SENT
-        states of those of the device store held together: the sends of
-        one pump.  One that cannot be sent (expired, too large for the
-        client) is finished (:meth:`_finished`).
-
+        :param deliveries: :class:`~tbmq.model.StoredDelivery` objects of
+            QoS 1 or 2 (a sequence), none in flight.
         :param now: seconds since the epoch.
+        :param cache: the encodings shared by the targets of one message
+            (see :meth:`deliver`), or None.
         :returns: how many were sent (now in flight)."""
         inflight = self.inflight
         if inflight is NO_ENTRIES:
             inflight = self.inflight = {}
         level = conn.protocol_level
-        # without topic aliases a PUBLISH below v5 is encoded here, checked
-        # and counted (as _encoded does): no call between
-        direct = self.sent_aliases is None and level < MQTT_5
+        # without topic aliases nor a shared encoding a PUBLISH below v5 is
+        # encoded here, checked and counted (as _encoded does): no call between
+        direct = cache is None and self.sent_aliases is None and level < MQTT_5
         max_size = conn.max_packet_size
         counts = self._sent
         volumes = self._sent_bytes
         traffic = self._traffic if self._latency is not None else None
         datas = []
-        held = []  # (seq, packet id) of the QoS 1 deliveries of the store
+        held = None  # (seq, packet id) of the QoS 1 deliveries of the store: a list from the first
         for delivery in deliveries:
             message = delivery.message
             expires_at = message.expires_at
@@ -504,7 +478,7 @@ class Outbox:
                     traffic.observe(message.received_at, now)
             else:
                 data = self._encoded(message, qos, delivery.retain, delivery.subscription_ids,
-                                     None, now, conn, False, pid)
+                                     cache, now, conn, False, pid)
                 if data is None:
                     self._finished(delivery)
                     continue
@@ -515,12 +489,14 @@ class Outbox:
             seq = delivery.seq
             if seq:  # in the device store
                 if qos == 1:  # written if not acknowledged soon
+                    if held is None:
+                        held = []
                     held.append((seq, pid))
                 else:  # one write per turn for all
                     self.store_update(seq, pid, _SENT)
         if datas:
             conn.write(datas[0] if len(datas) == 1 else b"".join(datas))
-        if held:
+        if held is not None:
             states = self.sent_states
             if states is None:
                 states = self.sent_states = SentStates(self)
