@@ -681,30 +681,41 @@ class Outbox:
 
     # -- acknowledgements from the client ------------------------------------------------
 
-    def _finished(self, delivery: StoredDelivery) -> None:
-        """A delivery is done: acknowledged, or never to be sent (expired,
-        too large).  Its application record is committed, or its row leaves
-        the device store."""
-        if self._app_done:
-            done = self._app_done.pop(id(delivery), None)
-            if done is not None:
-                if type(done) is tuple:  # (Progress, index): deliver_app_batch
-                    done[0].finished(done[1])
+    def _finished(self, *deliveries: StoredDelivery) -> None:
+        """Deliveries done: acknowledged, or never to be sent (expired, too
+        large).  The application record of each is committed, or its row
+        leaves the device store (the rows of all of them in one list)."""
+        app_done = self._app_done
+        seqs = None
+        for delivery in deliveries:
+            if app_done:
+                done = app_done.pop(id(delivery), None)
+                if done is not None:
+                    if type(done) is tuple:  # (Progress, index): deliver_app_batch
+                        done[0].finished(done[1])
+                    else:
+                        done.callback(None)
+                    continue
+            seq = delivery.seq
+            if seq:
+                if seqs is None:
+                    seqs = [seq]
                 else:
-                    done.callback(None)
-                return
-        if delivery.seq:
-            if self.sent_states is not None:
-                self.sent_states.finished(delivery.seq)
-            completed = self._completed
-            if not completed:
-                completed = self._completed = []
-                if not self._updates:  # else asked already
-                    self.ctx.flusher.later(self._remove_completed)
-            completed.append(delivery.seq)
-            reader = self.reader
-            if reader is not None and reader.loading:
-                reader.finished(delivery.seq)
+                    seqs.append(seq)
+        if seqs is None:
+            return
+        if self.sent_states is not None:
+            self.sent_states.finished(seqs)
+        completed = self._completed
+        if not completed:
+            completed = self._completed = []
+            if not self._updates:  # else asked already
+                self.ctx.flusher.later(self._remove_completed)
+        completed += seqs
+        reader = self.reader
+        if reader is not None and reader.loading:
+            for seq in seqs:
+                reader.finished(seq)
 
     def complete(self, packet_id: int) -> StoredDelivery | None:
         """The delivery in flight under ``packet_id`` is done (acknowledged,
@@ -716,6 +727,12 @@ class Outbox:
         if delivery is not None:
             self._finished(delivery)
         return delivery
+
+    def complete_run(self, packet_ids: list) -> None:
+        """:meth:`complete` of each of ``packet_ids`` (each in flight), in
+        order, with one :meth:`_finished` for all: the PUBACKs of one read
+        (:func:`~tbmq.broker.acknowledgements.on_pubacks`)."""
+        self._finished(*map(self.inflight.pop, packet_ids))
 
     def _remove_completed(self) -> None:
         """The device store writes of this turn: the updates
