@@ -45,7 +45,7 @@ from tbmq.cluster.record_types import DeliveryRun
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
 from tbmq.mqtt import MQTT_5, Pubrel, ReasonCode
-from tbmq.mqtt.codec import encode_publish_fields, publish_with_packet_id
+from tbmq.mqtt.codec import encode_publish_run, publish_with_packet_id
 
 _SENT = DeliveryState.SENT
 _RELEASED = DeliveryState.RELEASED
@@ -443,14 +443,15 @@ class Outbox:
         if inflight is NO_ENTRIES:
             inflight = self.inflight = {}
         level = conn.protocol_level
-        # without topic aliases nor a shared encoding a PUBLISH below v5 is
-        # encoded here, checked and counted (as _encoded does): no call between
-        direct = cache is None and self.sent_aliases is None and level < MQTT_5
-        max_size = conn.max_packet_size
+        # without topic aliases, a shared encoding nor a maximum packet size,
+        # the PUBLISHes below v5 are counted here (as _encoded does) and
+        # encoded together at the end (encode_publish_run): no call per delivery
+        direct = (cache is None and self.sent_aliases is None and level < MQTT_5
+                  and conn.max_packet_size is None)
         counts = self._sent
         volumes = self._sent_bytes
         traffic = self._traffic if self._latency is not None else None
-        datas = []
+        datas = []  # the PUBLISHes, or with direct their fields
         held = None  # (seq, packet id) of the QoS 1 deliveries of the store: a list from the first
         for delivery in deliveries:
             message = delivery.message
@@ -466,14 +467,10 @@ class Outbox:
                 self._next_packet_id = pid + 1 if pid < 65535 else 1
             qos = delivery.qos
             if direct:
-                data = encode_publish_fields(message.topic, message.payload, qos, delivery.retain,
-                                             False, pid, None, level)
-                if max_size is not None and len(data) > max_size:
-                    self.drop("too_large_for_client", message)
-                    self._finished(delivery)
-                    continue
+                payload = message.payload
+                data = (message.topic, payload, qos, delivery.retain, pid)
                 counts[qos] += 1
-                volumes[qos] += len(message.payload)
+                volumes[qos] += len(payload)
                 if traffic is not None and not delivery.retain:
                     traffic.observe(message.received_at, now)
             else:
@@ -495,7 +492,10 @@ class Outbox:
                 else:  # one write per turn for all
                     self.store_update(seq, pid, _SENT)
         if datas:
-            conn.write(datas[0] if len(datas) == 1 else b"".join(datas))
+            if direct:
+                conn.write(encode_publish_run(datas, level))
+            else:
+                conn.write(datas[0] if len(datas) == 1 else b"".join(datas))
         if held is not None:
             states = self.sent_states
             if states is None:

@@ -52,6 +52,7 @@ __all__ = [
     "encode",
     "encode_publish",
     "encode_publish_fields",
+    "encode_publish_run",
     "publish_packet_id_offset",
     "Decoder",
 ]
@@ -133,6 +134,61 @@ def encode_publish_fields(topic_name: str, payload: bytes, qos: int, retain: boo
         tail,
         payload,
     ))
+
+
+def encode_publish_run(fields, protocol_level: int) -> bytes:
+    """:func:`encode_publish_fields` of each of ``fields``, without DUP and
+    properties, one after another in one call: the PUBLISHes of one write
+    of a session's run (a drain sends most of a window at once), each
+    made of its fixed header and topic (made once for a row of the same
+    topic, QoS, RETAIN flag and payload size), its packet identifier and
+    its payload, joined once for the run.
+
+    :param fields: ``(topic_name, payload, qos, retain, packet_id)`` each
+        (an iterable), ``qos`` 1 or 2 and ``packet_id`` 1..65535.
+    :param protocol_level: 3 or 4 (a 5.0 PUBLISH has properties:
+        :func:`encode_publish_fields`).
+    :returns: the PUBLISHes' bytes, byte for byte what
+        :func:`encode_publish_fields` gives each.
+    :raises ValueError: for protocol level 5, a QoS other than 1 or 2, or
+        a packet identifier out of range.
+    """
+    if protocol_level >= MQTT_5:
+        raise ValueError("a run of PUBLISHes without properties is for MQTT 3.1 and 3.1.1")
+    parts: list[bytes] = []
+    append = parts.append
+    pack = _pack_H
+    head = b""
+    last = None  # (topic name, QoS, RETAIN, payload size) of head
+    try:
+        for topic_name, payload, qos, retain, packet_id in fields:
+            size = len(payload)
+            if last is None or topic_name is not last[0] or size != last[3] \
+                    or qos != last[1] or retain != last[2]:
+                if qos != 1 and qos != 2:
+                    raise ValueError("a PUBLISH of a run has QoS 1 or 2")
+                last = (topic_name, qos, retain, size)
+                head = _publish_head(topic_name, qos, retain, size)
+            if not packet_id:
+                raise ValueError("a PUBLISH of a run needs a non-zero packet_id")
+            append(head)
+            append(pack(packet_id))
+            append(payload)
+    except struct.error:
+        raise ValueError("packet identifiers are 1..65535") from None
+    return b"".join(parts)
+
+
+def _publish_head(topic_name: str, qos: int, retain: bool, size: int) -> bytes:
+    """The fixed header and Topic Name of a PUBLISH without DUP and
+    properties whose packet identifier and ``size`` bytes of payload
+    follow."""
+    topic = _TOPIC_BYTES.get(topic_name)
+    if topic is None:
+        topic = topic_name.encode("utf-8")
+    tl = len(topic)
+    return b"".join((BYTES[0x30 | (qos << 1) | (1 if retain else 0)], _vbi(2 + tl + 2 + size),
+                     _pack_H(tl), topic))
 
 
 def publish_packet_id_offset(data: bytes) -> int:
