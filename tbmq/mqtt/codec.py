@@ -140,9 +140,9 @@ def encode_publish_run(fields, protocol_level: int) -> bytes:
     """:func:`encode_publish_fields` of each of ``fields``, without DUP and
     properties, one after another in one call: the PUBLISHes of one write
     of a session's run (a drain sends most of a window at once), each
-    made of its fixed header and topic (made once for a row of the same
-    topic, QoS, RETAIN flag and payload size), its packet identifier and
-    its payload, joined once for the run.
+    made of its fixed header and topic (kept for the next PUBLISH of the
+    same topic, QoS, RETAIN flag and payload size), its packet identifier
+    and its payload, joined once for the run.
 
     :param fields: ``(topic_name, payload, qos, retain, packet_id)`` each
         (an iterable), ``qos`` 1 or 2 and ``packet_id`` 1..65535.
@@ -158,17 +158,13 @@ def encode_publish_run(fields, protocol_level: int) -> bytes:
     parts: list[bytes] = []
     append = parts.append
     pack = _pack_H
-    head = b""
-    last = None  # (topic name, QoS, RETAIN, payload size) of head
+    heads = _PUBLISH_HEADS
     try:
         for topic_name, payload, qos, retain, packet_id in fields:
-            size = len(payload)
-            if last is None or topic_name is not last[0] or size != last[3] \
-                    or qos != last[1] or retain != last[2]:
-                if qos != 1 and qos != 2:
-                    raise ValueError("a PUBLISH of a run has QoS 1 or 2")
-                last = (topic_name, qos, retain, size)
-                head = _publish_head(topic_name, qos, retain, size)
+            key = (topic_name, qos, retain, len(payload))
+            head = heads.get(key)
+            if head is None:
+                head = _publish_head(*key)
             if not packet_id:
                 raise ValueError("a PUBLISH of a run needs a non-zero packet_id")
             append(head)
@@ -179,16 +175,26 @@ def encode_publish_run(fields, protocol_level: int) -> bytes:
     return b"".join(parts)
 
 
+#: (topic name, QoS, RETAIN flag, payload size) → the fixed header and
+#: Topic Name of such a PUBLISH (:func:`encode_publish_run`), up to
+#: :data:`_TOPIC_CACHE_SIZE` of them
+_PUBLISH_HEADS: dict[tuple, bytes] = {}
+
+
 def _publish_head(topic_name: str, qos: int, retain: bool, size: int) -> bytes:
     """The fixed header and Topic Name of a PUBLISH without DUP and
     properties whose packet identifier and ``size`` bytes of payload
     follow."""
-    topic = _TOPIC_BYTES.get(topic_name)
-    if topic is None:
-        topic = topic_name.encode("utf-8")
+    if qos != 1 and qos != 2:
+        raise ValueError("a PUBLISH of a run has QoS 1 or 2")
+    topic = topic_name.encode("utf-8")
     tl = len(topic)
-    return b"".join((BYTES[0x30 | (qos << 1) | (1 if retain else 0)], _vbi(2 + tl + 2 + size),
+    head = b"".join((BYTES[0x30 | (qos << 1) | (1 if retain else 0)], _vbi(2 + tl + 2 + size),
                      _pack_H(tl), topic))
+    if len(_PUBLISH_HEADS) >= _TOPIC_CACHE_SIZE:
+        _PUBLISH_HEADS.clear()
+    _PUBLISH_HEADS[(topic_name, qos, retain, size)] = head
+    return head
 
 
 def publish_packet_id_offset(data: bytes) -> int:
