@@ -9,6 +9,8 @@ versioned encoding of ``tbmq.msg.persisted``.
 
 from __future__ import annotations
 
+from itertools import repeat
+
 from twisted.internet import defer
 
 from tbmq.backends.merged_writes import MergedWrites
@@ -218,8 +220,13 @@ class DeliveryWrites(MergedWrites):
         self.deletes.add(key)
 
     def delete_all(self, client_id: str, seqs) -> None:
-        """:meth:`delete` of ``(client_id, seq)`` for each of ``seqs``."""
+        """:meth:`delete` of ``(client_id, seq)`` for each of ``seqs``
+        (without a merged put or update, a drain's removals: no bytecode
+        per seq)."""
         puts, pending, add = self.puts, self.updates, self.deletes.add
+        if not (puts or pending):
+            self.deletes.update(zip(repeat(client_id), map(int, seqs)))
+            return
         for seq in seqs:
             key = (client_id, int(seq))
             if puts:

@@ -43,10 +43,10 @@ import msgpack
 from tbmq.backends.sqlite_bulk import has_json, insert_rows
 from tbmq.backends.sqlite_schema import DELIVERY_COLUMNS
 from tbmq.cluster.records import MESSAGE
-from tbmq.model import DeliveryState, StoredDelivery
+from tbmq.model import DeliveryState, Message, StoredDelivery
 
 __all__ = ["MAX_RUN_MESSAGES", "RUN_COLUMNS", "count_runs", "cut_runs", "insert_runs", "load_runs",
-           "run_deliveries_of", "split_stream", "trim_client"]
+           "plain_run_deliveries", "run_deliveries_of", "split_stream", "trim_client"]
 
 #: The values of a row of ``delivery_runs``.
 RUN_COLUMNS = 7
@@ -355,11 +355,71 @@ def run_deliveries_of(headers: list, data: bytes) -> list | None:
             return None
         flag = retain == 1
         sids = () if ids is None else tuple(json.loads(ids))
-        # a run's deliveries made by one map (no bytecode per message)
-        extend(map(StoredDelivery, count(first), MESSAGE.decode_arrays(arrays),
-                   repeat(qos), repeat(flag), repeat(sids), repeat(None), repeat(queued)))
+        made = plain_run_deliveries(arrays, first, qos, flag, sids)
+        if made is None:  # not all plain: each message as the codec reads it
+            made = map(StoredDelivery, count(first), MESSAGE.decode_arrays(arrays),
+                       repeat(qos), repeat(flag), repeat(sids), repeat(None), repeat(queued))
+        extend(made)
     try:  # nothing may be left over
         unpacker.skip()
     except msgpack.OutOfData:
         return out
     return None
+
+
+def plain_run_deliveries(arrays: list, first: int, qos: int, retain: bool,
+                         subscription_ids: tuple) -> list | None:
+    """In the reactor thread: the queued deliveries ``first``, ``first +
+    1``... of a run whose ``msg`` arrays msgpack read (``arrays``, tuples),
+    each delivery and its message made field by field in one loop, with no
+    call per message (what :func:`run_deliveries_of` makes of a page is most
+    of the reactor's work of a drain before its first send).  Each message
+    is what :meth:`MESSAGE.decode_arrays <tbmq.cluster.record_codec.
+    RecordCodec.decode_arrays>` makes of its array, but its ``wire`` is None:
+    it goes to the client only, so its array is not kept (one container
+    less per message of a page for the garbage collector to walk, and its
+    memory).
+
+    :param qos: the run's QoS (1 or 2), ``retain`` its RETAIN flag and
+        ``subscription_ids`` its subscription identifiers, shared by its
+        deliveries.
+    :returns: the deliveries, in order; or None when an array is not a
+        version 1 ``msg`` array of plain fields without properties (the
+        codec then reads them all).
+    """
+    out: list = []
+    append = out.append
+    new = object.__new__
+    queued = DeliveryState.QUEUED
+    seq = first
+    for obj in arrays:
+        if type(obj) is not tuple or len(obj) != 10:
+            return None
+        tag, version, topic, payload, mqos, mretain, props, publisher, received_at, expires_at = obj
+        if not (props is None and tag == "msg" and version == 1 and type(version) is int
+                and type(topic) is str and type(payload) is bytes and type(mqos) is int
+                and 0 <= mqos <= 2 and type(mretain) is bool and type(publisher) is str
+                and type(received_at) is float
+                and (expires_at is None or type(expires_at) is float)):
+            return None
+        m = new(Message)  # every field set (tests/unit/test_delivery_runs.py)
+        m.topic = topic
+        m.payload = payload
+        m.qos = mqos
+        m.retain = mretain
+        m.properties = {}
+        m.publisher = publisher
+        m.received_at = received_at
+        m.expires_at = expires_at
+        m.wire = None
+        d = new(StoredDelivery)
+        d.seq = seq
+        d.message = m
+        d.qos = qos
+        d.retain = retain
+        d.subscription_ids = subscription_ids
+        d.packet_id = None
+        d.state = queued
+        append(d)
+        seq += 1
+    return out

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from tbmq.errors import ProtocolViolation
 from tbmq.model import DeliveryState
-from tbmq.mqtt import MQTT_5, Pubrel, ReasonCode, is_failure
+from tbmq.mqtt import MQTT_5, Puback, Pubrel, ReasonCode, is_failure
 
-__all__ = ["on_puback", "on_pubcomp", "on_pubrec"]
+__all__ = ["on_puback", "on_pubacks", "on_pubcomp", "on_pubrec"]
 
 _RELEASED = DeliveryState.RELEASED
 
@@ -51,6 +51,45 @@ def on_puback(session, packet) -> None:
             outbox.paged_out and (outbox.slow or outbox.reader is None
                                   or not outbox.reader.loading)):
         outbox.ask_pump()
+
+
+def on_pubacks(session, packets: list, start: int) -> int:
+    """The :class:`~tbmq.mqtt.Puback` packets of ``packets`` from ``start``
+    on, as :func:`on_puback` each, while each acknowledges a QoS 1 delivery
+    in flight and no ``message_delivered`` hook is registered: their
+    deliveries finished together (:meth:`Outbox.complete_run
+    <tbmq.broker.outbox.Outbox.complete_run>`), one pump asked for the lot.
+    A client draining its queue acknowledges a window of PUBLISHes in a few
+    reads.  The signature of
+    :attr:`tbmq.broker.protocol.MQTTProtocol._session_runs`.
+
+    :returns: the index of the first packet not handled (not a PUBACK,
+        or one that :func:`on_puback` handles: an unknown packet id, a QoS
+        2 delivery); ``start`` when none was."""
+    outbox = session.outbox
+    if outbox.ctx.hooks.wants_delivered:
+        return start
+    inflight = outbox.inflight
+    n = len(packets)
+    index = start
+    done = []
+    while index < n:
+        packet = packets[index]
+        if type(packet) is not Puback:
+            break
+        delivery = inflight.get(packet.packet_id)
+        if delivery is None or delivery.qos != 1:
+            break
+        done.append(packet.packet_id)
+        index += 1
+    if done:
+        outbox.complete_run(done)
+        # as on_puback's, once for the run
+        if outbox.queue or (outbox.holder is not None and outbox.holder.holding) or (
+                outbox.paged_out and (outbox.slow or outbox.reader is None
+                                      or not outbox.reader.loading)):
+            outbox.ask_pump()
+    return index
 
 
 def on_pubrec(session, packet) -> None:

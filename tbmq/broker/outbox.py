@@ -42,11 +42,10 @@ from tbmq.broker.store_reads import StoreReader, delivery_size, runs_size
 from tbmq.broker.topic_aliases import TopicAliases
 from tbmq.cluster.completion import Progress
 from tbmq.cluster.record_types import DeliveryRun
-from tbmq.errors import ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
-from tbmq.mqtt import MQTT_5, Pubrel, ReasonCode, is_failure
-from tbmq.mqtt.codec import encode_publish_fields, publish_with_packet_id
+from tbmq.mqtt import MQTT_5, Pubrel, ReasonCode
+from tbmq.mqtt.codec import encode_publish_run, publish_with_packet_id
 
 _SENT = DeliveryState.SENT
 _RELEASED = DeliveryState.RELEASED
@@ -277,7 +276,7 @@ class Outbox:
             quota = conn.send_quota
             limit = self._max_inflight
             if len(self.inflight) < (quota if quota < limit else limit):
-                self._send(delivery, cache, now, conn, False)  # the usual case
+                self._send_run((delivery,), now, conn, cache)  # the usual case
                 return
         self._offer(delivery, cache, now, source, conn)
 
@@ -390,8 +389,7 @@ class Outbox:
                         and len(self.inflight) < window):
                     # the usual case, as _offer's first: sent now (not in the
                     # device store: no sequence number to keep)
-                    if not self._send(delivery, None, now, conn, False):
-                        self._finished(delivery)
+                    self._send_run((delivery,), now, conn)
                     continue
                 self._offer(delivery, None, now, source, conn)
         return progress
@@ -405,8 +403,7 @@ class Outbox:
         if not queue and not conn.paused and len(inflight) < self._window():
             if delivery.seq > self._last_seq:
                 self._last_seq = delivery.seq
-            if not self._send(delivery, cache, now, conn, False):
-                self._finished(delivery)
+            self._send_run((delivery,), now, conn, cache)
             return
         if self._full():
             if id(delivery) in self._app_done:
@@ -426,58 +423,36 @@ class Outbox:
         if not self.persistent and source is not None and self._full():
             self._hold(source, now)  # at the high-water mark: hold what feeds us
 
-    def _send(self, delivery: StoredDelivery, cache, now: float, conn, dup: bool) -> bool:
-        """Write ``delivery`` with a new packet id; False when it could not
-        be sent (expired, too large for the client)."""
-        message = delivery.message
-        if not dup and message.expires_at is not None and message.expires_at <= now:
-            self.drop("expired", message)
-            return False
-        delivery.packet_id = pid = self._packet_id()
-        data = self._encoded(message, delivery.qos, delivery.retain, delivery.subscription_ids,
-                             cache, now, conn, dup, pid)
-        if data is None:
-            delivery.packet_id = None
-            return False
-        delivery.state = _SENT
-        inflight = self.inflight
-        if inflight is NO_ENTRIES:
-            inflight = self.inflight = {}
-        inflight[pid] = delivery
-        conn.write(data)
-        seq = delivery.seq
-        if seq:  # in the device store
-            if delivery.qos == 1:  # written if not acknowledged soon
-                states = self.sent_states
-                if states is None:
-                    states = self.sent_states = SentStates(self)
-                states.hold(seq, pid)
-            else:  # one write per turn for all
-                self.store_update(seq, pid, _SENT)
-        return True
+    def _send_run(self, deliveries, now: float, conn, cache: dict | None = None) -> int:
+        """Write ``deliveries`` (in order), each with a new packet id: their
+        PUBLISHes in one write, the SENT states of those of the device store
+        held together (QoS 1, :class:`~tbmq.broker.sent_states.SentStates`)
+        or written with the turn's writes (QoS 2, :meth:`store_update`).
+        The sends of one pump, or one delivery sent at once (a run of one:
+        the only way a QoS 1/2 PUBLISH is sent the first time).  One that
+        cannot be sent (expired, too large for the client) is finished
+        (:meth:`_finished`).
 
-    def _send_run(self, deliveries: list, now: float, conn) -> int:
-        """Write ``deliveries`` (taken from :attr:`queue`, in order) as
-        :meth:`_send` each, with their PUBLISHes in one write and the SENT
-        states of those of the device store held together: the sends of
-        one pump.  One that cannot be sent (expired, too large for the
-        client) is finished (:meth:`_finished`).
-
+        :param deliveries: :class:`~tbmq.model.StoredDelivery` objects of
+            QoS 1 or 2 (a sequence), none in flight.
         :param now: seconds since the epoch.
+        :param cache: the encodings shared by the targets of one message
+            (see :meth:`deliver`), or None.
         :returns: how many were sent (now in flight)."""
         inflight = self.inflight
         if inflight is NO_ENTRIES:
             inflight = self.inflight = {}
         level = conn.protocol_level
-        # without topic aliases a PUBLISH below v5 is encoded here, checked
-        # and counted (as _encoded does): no call between
-        direct = self.sent_aliases is None and level < MQTT_5
-        max_size = conn.max_packet_size
+        # without topic aliases, a shared encoding nor a maximum packet size,
+        # the PUBLISHes below v5 are counted here (as _encoded does) and
+        # encoded together at the end (encode_publish_run): no call per delivery
+        direct = (cache is None and self.sent_aliases is None and level < MQTT_5
+                  and conn.max_packet_size is None)
         counts = self._sent
         volumes = self._sent_bytes
         traffic = self._traffic if self._latency is not None else None
-        datas = []
-        held = []  # (seq, packet id) of the QoS 1 deliveries of the store
+        datas = []  # the PUBLISHes, or with direct their fields
+        held = None  # (seq, packet id) of the QoS 1 deliveries of the store: a list from the first
         for delivery in deliveries:
             message = delivery.message
             expires_at = message.expires_at
@@ -492,19 +467,15 @@ class Outbox:
                 self._next_packet_id = pid + 1 if pid < 65535 else 1
             qos = delivery.qos
             if direct:
-                data = encode_publish_fields(message.topic, message.payload, qos, delivery.retain,
-                                             False, pid, None, level)
-                if max_size is not None and len(data) > max_size:
-                    self.drop("too_large_for_client", message)
-                    self._finished(delivery)
-                    continue
+                payload = message.payload
+                data = (message.topic, payload, qos, delivery.retain, pid)
                 counts[qos] += 1
-                volumes[qos] += len(message.payload)
+                volumes[qos] += len(payload)
                 if traffic is not None and not delivery.retain:
                     traffic.observe(message.received_at, now)
             else:
                 data = self._encoded(message, qos, delivery.retain, delivery.subscription_ids,
-                                     None, now, conn, False, pid)
+                                     cache, now, conn, False, pid)
                 if data is None:
                     self._finished(delivery)
                     continue
@@ -515,12 +486,17 @@ class Outbox:
             seq = delivery.seq
             if seq:  # in the device store
                 if qos == 1:  # written if not acknowledged soon
+                    if held is None:
+                        held = []
                     held.append((seq, pid))
                 else:  # one write per turn for all
                     self.store_update(seq, pid, _SENT)
         if datas:
-            conn.write(datas[0] if len(datas) == 1 else b"".join(datas))
-        if held:
+            if direct:
+                conn.write(encode_publish_run(datas, level))
+            else:
+                conn.write(datas[0] if len(datas) == 1 else b"".join(datas))
+        if held is not None:
             states = self.sent_states
             if states is None:
                 states = self.sent_states = SentStates(self)
@@ -705,30 +681,41 @@ class Outbox:
 
     # -- acknowledgements from the client ------------------------------------------------
 
-    def _finished(self, delivery: StoredDelivery) -> None:
-        """A delivery is done: acknowledged, or never to be sent (expired,
-        too large).  Its application record is committed, or its row leaves
-        the device store."""
-        if self._app_done:
-            done = self._app_done.pop(id(delivery), None)
-            if done is not None:
-                if type(done) is tuple:  # (Progress, index): deliver_app_batch
-                    done[0].finished(done[1])
+    def _finished(self, *deliveries: StoredDelivery) -> None:
+        """Deliveries done: acknowledged, or never to be sent (expired, too
+        large).  The application record of each is committed, or its row
+        leaves the device store (the rows of all of them in one list)."""
+        app_done = self._app_done
+        seqs = None
+        for delivery in deliveries:
+            if app_done:
+                done = app_done.pop(id(delivery), None)
+                if done is not None:
+                    if type(done) is tuple:  # (Progress, index): deliver_app_batch
+                        done[0].finished(done[1])
+                    else:
+                        done.callback(None)
+                    continue
+            seq = delivery.seq
+            if seq:
+                if seqs is None:
+                    seqs = [seq]
                 else:
-                    done.callback(None)
-                return
-        if delivery.seq:
-            if self.sent_states is not None:
-                self.sent_states.finished(delivery.seq)
-            completed = self._completed
-            if not completed:
-                completed = self._completed = []
-                if not self._updates:  # else asked already
-                    self.ctx.flusher.later(self._remove_completed)
-            completed.append(delivery.seq)
-            reader = self.reader
-            if reader is not None and reader.loading:
-                reader.finished(delivery.seq)
+                    seqs.append(seq)
+        if seqs is None:
+            return
+        if self.sent_states is not None:
+            self.sent_states.finished(seqs)
+        completed = self._completed
+        if not completed:
+            completed = self._completed = []
+            if not self._updates:  # else asked already
+                self.ctx.flusher.later(self._remove_completed)
+        completed += seqs
+        reader = self.reader
+        if reader is not None and reader.loading:
+            for seq in seqs:
+                reader.finished(seq)
 
     def complete(self, packet_id: int) -> StoredDelivery | None:
         """The delivery in flight under ``packet_id`` is done (acknowledged,
@@ -740,6 +727,12 @@ class Outbox:
         if delivery is not None:
             self._finished(delivery)
         return delivery
+
+    def complete_run(self, packet_ids: list) -> None:
+        """:meth:`complete` of each of ``packet_ids`` (each in flight), in
+        order, with one :meth:`_finished` for all: the PUBACKs of one read
+        (:func:`~tbmq.broker.acknowledgements.on_pubacks`)."""
+        self._finished(*map(self.inflight.pop, packet_ids))
 
     def _remove_completed(self) -> None:
         """The device store writes of this turn: the updates

@@ -283,7 +283,8 @@ class MQTTProtocol(protocol.Protocol):
         pipeline together (:meth:`Session.gather_publishes
         <tbmq.broker.session.Session.gather_publishes>`): a run of them is
         handed on before the next packet that is not a PUBLISH, and at the
-        end."""
+        end; a run of PUBACKs is handled in one call
+        (:func:`~tbmq.broker.acknowledgements.on_pubacks`)."""
         decided = self._session_handlers
         runs = self._session_runs
         n = len(packets)
@@ -309,10 +310,11 @@ class MQTTProtocol(protocol.Protocol):
                         elif not gathering and index + 1 < n and type(packets[index + 1]) is Publish:
                             gathering = True
                             gatherer.gather_publishes(gatherer.link)
-                        if gathering and handler is not None:
+                        if handler is not None and (gathering or kind is not Publish) \
+                                and kind in runs:
                             # the run's packets on the plain path, together
-                            # (Session.on_publishes); the first it leaves
-                            # goes the whole way below
+                            # (Session.on_publishes, on_pubacks); the first
+                            # it leaves goes the whole way below
                             taken = runs[kind](session, packets, index)
                             if taken > index:
                                 index = taken - 1
@@ -636,7 +638,7 @@ class MQTTProtocol(protocol.Protocol):
     #: packets after this one until it fires)
     #: a run of gathered packets of one kind handled together:
     #: ``handler(session, packets, index) -> index of the first left``
-    _session_runs = {Publish: Session.on_publishes}
+    _session_runs = {Publish: Session.on_publishes, Puback: acknowledgements.on_pubacks}
     _session_handlers = {
         Publish: Session.on_publish,
         Puback: acknowledgements.on_puback,

@@ -95,14 +95,18 @@ class SentStates:
         if self.call is None:
             self._arm()
 
-    def finished(self, seq: int) -> None:
-        """Delivery ``seq`` is done (acknowledged, refused): its state is
-        not written (its row is removed)."""
+    def finished(self, seqs: list) -> None:
+        """The deliveries ``seqs`` (a non-empty list of ``seq``) are done
+        (acknowledged, refused): their states are not written (their rows
+        are removed)."""
         self.acknowledged = True
-        if seq > self.newest:
-            self.newest = seq
-        if self.young.pop(seq, None) is None:
-            self.old.pop(seq, None)
+        newest = max(seqs)
+        if newest > self.newest:
+            self.newest = newest
+        young, old = self.young.pop, self.old.pop
+        for seq in seqs:
+            if young(seq, None) is None:
+                old(seq, None)
 
     def _tick(self) -> None:
         """Write what waited a whole tick; the rest waits one more.  While

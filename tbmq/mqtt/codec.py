@@ -52,6 +52,7 @@ __all__ = [
     "encode",
     "encode_publish",
     "encode_publish_fields",
+    "encode_publish_run",
     "publish_packet_id_offset",
     "Decoder",
 ]
@@ -133,6 +134,67 @@ def encode_publish_fields(topic_name: str, payload: bytes, qos: int, retain: boo
         tail,
         payload,
     ))
+
+
+def encode_publish_run(fields, protocol_level: int) -> bytes:
+    """:func:`encode_publish_fields` of each of ``fields``, without DUP and
+    properties, one after another in one call: the PUBLISHes of one write
+    of a session's run (a drain sends most of a window at once), each
+    made of its fixed header and topic (kept for the next PUBLISH of the
+    same topic, QoS, RETAIN flag and payload size), its packet identifier
+    and its payload, joined once for the run.
+
+    :param fields: ``(topic_name, payload, qos, retain, packet_id)`` each
+        (an iterable), ``qos`` 1 or 2 and ``packet_id`` 1..65535.
+    :param protocol_level: 3 or 4 (a 5.0 PUBLISH has properties:
+        :func:`encode_publish_fields`).
+    :returns: the PUBLISHes' bytes, byte for byte what
+        :func:`encode_publish_fields` gives each.
+    :raises ValueError: for protocol level 5, a QoS other than 1 or 2, or
+        a packet identifier out of range.
+    """
+    if protocol_level >= MQTT_5:
+        raise ValueError("a run of PUBLISHes without properties is for MQTT 3.1 and 3.1.1")
+    parts: list[bytes] = []
+    append = parts.append
+    pack = _pack_H
+    heads = _PUBLISH_HEADS
+    try:
+        for topic_name, payload, qos, retain, packet_id in fields:
+            key = (topic_name, qos, retain, len(payload))
+            head = heads.get(key)
+            if head is None:
+                head = _publish_head(*key)
+            if not packet_id:
+                raise ValueError("a PUBLISH of a run needs a non-zero packet_id")
+            append(head)
+            append(pack(packet_id))
+            append(payload)
+    except struct.error:
+        raise ValueError("packet identifiers are 1..65535") from None
+    return b"".join(parts)
+
+
+#: (topic name, QoS, RETAIN flag, payload size) → the fixed header and
+#: Topic Name of such a PUBLISH (:func:`encode_publish_run`), up to
+#: :data:`_TOPIC_CACHE_SIZE` of them
+_PUBLISH_HEADS: dict[tuple, bytes] = {}
+
+
+def _publish_head(topic_name: str, qos: int, retain: bool, size: int) -> bytes:
+    """The fixed header and Topic Name of a PUBLISH without DUP and
+    properties whose packet identifier and ``size`` bytes of payload
+    follow."""
+    if qos != 1 and qos != 2:
+        raise ValueError("a PUBLISH of a run has QoS 1 or 2")
+    topic = topic_name.encode("utf-8")
+    tl = len(topic)
+    head = b"".join((BYTES[0x30 | (qos << 1) | (1 if retain else 0)], _vbi(2 + tl + 2 + size),
+                     _pack_H(tl), topic))
+    if len(_PUBLISH_HEADS) >= _TOPIC_CACHE_SIZE:
+        _PUBLISH_HEADS.clear()
+    _PUBLISH_HEADS[(topic_name, qos, retain, size)] = head
+    return head
 
 
 def publish_packet_id_offset(data: bytes) -> int:

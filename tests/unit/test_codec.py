@@ -1060,3 +1060,30 @@ def test_encode_pubacks_is_each_puback_in_turn_and_refuses_ids_out_of_range():
     for bad in ([0], [1, 65536]):
         with pytest.raises(ValueError):
             encode_pubacks(bad)
+
+
+@pytest.mark.parametrize("level", [3, 4])
+def test_a_run_of_publishes_is_each_publish_in_turn_and_decodes_back(level):
+    """:func:`encode_publish_run` gives, byte for byte, what
+    :func:`encode_publish_fields` gives each PUBLISH (topics, QoS, RETAIN
+    flags and payload sizes changing within the run, a remaining length
+    of one to three bytes), a client decodes them back, and it refuses
+    what :func:`encode_publish_fields` refuses, and 5.0."""
+    from tbmq.mqtt.codec import encode_publish_fields, encode_publish_run
+    fields = [("a/b", b"", 1, False, 1), ("a/b", b"x" * 64, 1, False, 2),
+              ("a/b", b"y" * 64, 1, False, 3), ("a/b", b"y" * 64, 2, False, 4),
+              ("a/b", b"y" * 64, 2, True, 5), ("é/ü", b"z" * 200, 1, False, 65535),
+              ("t" * 300, b"w" * 20000, 1, True, 258)]
+    data = encode_publish_run(fields, level)
+    assert data == b"".join(encode_publish_fields(t, p, q, r, False, pid, None, level)
+                            for t, p, q, r, pid in fields)
+    decoded = Decoder(protocol_level=level, server_side=False).feed(data)
+    assert [(p.topic, p.payload, p.qos, p.retain, p.packet_id, p.dup) for p in decoded] \
+        == [(*f, False) for f in fields]
+    assert encode_publish_run([], level) == b""
+    for bad in ([("a", b"", 0, False, 1)], [("a", b"", 1, False, 0)],
+                [("a", b"", 1, False, 65536)]):
+        with pytest.raises(ValueError):
+            encode_publish_run(bad, level)
+    with pytest.raises(ValueError):
+        encode_publish_run(fields, 5)

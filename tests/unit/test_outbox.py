@@ -13,7 +13,7 @@ from twisted.internet import task
 
 from tbmq.backends.memory import MemoryDeviceMessageStore
 from tbmq.broker.hooks import DropCounter
-from tbmq.broker.acknowledgements import on_puback
+from tbmq.broker.acknowledgements import on_puback, on_pubacks
 from tbmq.broker.outbound import Holds, TurnFlusher
 from tbmq.broker.outbox import NO_ENTRIES, Outbox
 from tbmq.broker.session import Session, SessionContext, TopicNameCache
@@ -158,6 +158,28 @@ def test_a_puback_for_a_qos2_delivery_is_a_protocol_error():
     with pytest.raises(ProtocolViolation) as e:
         on_puback(outbox.session, Puback(1))
     assert e.value.reason_code == ReasonCode.PROTOCOL_ERROR
+
+
+def test_a_run_of_pubacks_finishes_its_deliveries_and_stops_where_on_puback_must_decide():
+    """:func:`on_pubacks` takes the PUBACKs of QoS 1 deliveries in flight
+    together and stops at an unknown packet id or a QoS 2 delivery, which
+    :func:`on_puback` handles (ignored, or a protocol error); the run's
+    freed window sends what was queued, once, at the end of the turn."""
+    outbox, conn, clock = make_outbox(max_inflight_messages=3)
+    for qos in (1, 1, 2, 1, 1):
+        deliver(outbox, clock, qos=qos)
+    assert sorted(outbox.inflight) == [1, 2, 3] and len(outbox.queue) == 2
+    packets = [Puback(1), Puback(2), Puback(9), Puback(3), Publish("t", b"x")]
+    assert on_pubacks(outbox.session, packets, 0) == 2  # 9: unknown
+    assert sorted(outbox.inflight) == [3]
+    assert on_pubacks(outbox.session, packets, 2) == 2
+    assert on_pubacks(outbox.session, packets, 3) == 3  # 3: QoS 2, left to on_puback
+    with pytest.raises(ProtocolViolation):
+        on_puback(outbox.session, packets[3])
+    clock.advance(0)  # the pump asked by the run
+    assert sorted(outbox.inflight) == [3, 4, 5] and not outbox.queue
+    outbox.session.ctx.hooks.wants_delivered = True  # each one's hook: one by one
+    assert on_pubacks(outbox.session, [Puback(4), Puback(5)], 0) == 0
 
 
 def test_an_overflowing_session_is_disconnected_and_its_queue_given_back():

@@ -282,3 +282,47 @@ def test_runs_read_out_of_order_are_not_taken():
     # a message short, or one too many
     assert sqlite_delivery_runs.run_deliveries_of(headers, b"".join(blobs[:3])) is None
     assert sqlite_delivery_runs.run_deliveries_of(headers, b"".join(blobs + blobs[:1])) is None
+
+
+def test_a_plain_run_is_read_in_one_loop_with_every_field_the_codec_reads():
+    """:func:`~tbmq.backends.sqlite_delivery_runs.plain_run_deliveries`
+    makes each delivery and message field by field: every slot is set to
+    what the codec's reader gives (``wire`` left None: the array is not
+    kept), so a field added to :class:`Message` or :class:`StoredDelivery`
+    and not to it fails here; a message with properties is left to the
+    codec (None), and :func:`run_deliveries_of` still reads such a run."""
+    import dataclasses
+
+    import msgpack
+
+    from tbmq.cluster.records import MESSAGE
+    from tbmq.model import Message, StoredDelivery
+    from tbmq.mqtt import Property
+
+    plain = [Message("t/a", b"one", 1, False, {}, "pub", 1.5, None),
+             Message("t/b", b"two", 2, True, {}, "", 2.5, 99.0)]
+    data = b"".join(msgpack.packb(MESSAGE.to_list(m), use_bin_type=True) for m in plain)
+    unpacker = msgpack.Unpacker(raw=False, use_list=False, strict_map_key=False)
+    unpacker.feed(data)
+    arrays = list(unpacker)
+    made = sqlite_delivery_runs.plain_run_deliveries(arrays, 7, 1, True, (3,))
+    expected = MESSAGE.decode_arrays(arrays)
+    assert [d.seq for d in made] == [7, 8]
+    for delivery, message in zip(made, expected):
+        assert {name: getattr(delivery, name) for name in StoredDelivery.__slots__ if name != "message"} \
+            == {"seq": delivery.seq, "qos": 1, "retain": True, "subscription_ids": (3,),
+                "packet_id": None, "state": DeliveryState.QUEUED}
+        for name in Message.__slots__:
+            if name != "wire":
+                value, wanted = getattr(delivery.message, name), getattr(message, name)
+                assert (type(value), value) == (type(wanted), wanted), name
+        assert delivery.message.wire is None
+    assert set(Message.__slots__) == {f.name for f in dataclasses.fields(Message)}
+    assert set(StoredDelivery.__slots__) == {f.name for f in dataclasses.fields(StoredDelivery)}
+    rich = Message("t/c", b"three", 1, False, {Property.CONTENT_TYPE: "a"}, "pub", 3.5, None)
+    with_props = arrays + [msgpack.unpackb(msgpack.packb(MESSAGE.to_list(rich), use_bin_type=True),
+                                           raw=False, use_list=False)]
+    assert sqlite_delivery_runs.plain_run_deliveries(with_props, 7, 1, False, ()) is None
+    stream = data + msgpack.packb(MESSAGE.to_list(rich), use_bin_type=True)
+    read = sqlite_delivery_runs.run_deliveries_of([[7, 9, 7, 1, 0, None]], stream)
+    assert [(d.seq, d.message) for d in read] == [(7, plain[0]), (8, plain[1]), (9, rich)]
