@@ -44,9 +44,16 @@ def on_puback(session, packet) -> None:
     outbox.complete(packet_id)
     if outbox.ctx.hooks.wants_delivered:
         outbox.ctx.hooks.message_delivered(session, delivery.message, 1)
-    # a pump has nothing to do while a paged-out session's next page is
-    # being read (its read-ahead, most of a drain): the read pumps when done;
-    # the PUBACKs of one read pump once, at the end of the turn
+    _pump_after_acknowledgement(outbox)
+
+
+def _pump_after_acknowledgement(outbox) -> None:
+    """Ask ``outbox`` for a pump when a window slot freed by an
+    acknowledgement can take something: a queued or held delivery, or the
+    next stored page.  A pump has nothing to do while a paged-out session's
+    next page is being read (its read-ahead, most of a drain): the read
+    pumps when done; the acknowledgements of one read pump once, at the end
+    of the turn (:meth:`~tbmq.broker.outbox.Outbox.ask_pump`)."""
     if outbox.queue or (outbox.holder is not None and outbox.holder.holding) or (
             outbox.paged_out and (outbox.slow or outbox.reader is None
                                   or not outbox.reader.loading)):
@@ -84,11 +91,7 @@ def on_pubacks(session, packets: list, start: int) -> int:
         index += 1
     if done:
         outbox.complete_run(done)
-        # as on_puback's, once for the run
-        if outbox.queue or (outbox.holder is not None and outbox.holder.holding) or (
-                outbox.paged_out and (outbox.slow or outbox.reader is None
-                                      or not outbox.reader.loading)):
-            outbox.ask_pump()
+        _pump_after_acknowledgement(outbox)  # once for the run
     return index
 
 
