@@ -524,7 +524,8 @@ class ConnectHandler:
             keep_alive = cfg.max_keep_alive if conn.protocol_level >= MQTT_5 else keep_alive
         # the connect timeout becomes the keep alive's: a later deadline is
         # one attribute (the node's Deadlines move it when its bucket is due)
-        conn.setTimeout(_timeout_of(keep_alive) if keep_alive else None)
+        conn.setTimeout((_TIMEOUTS.get(keep_alive) or _timeout_of(keep_alive)) if keep_alive
+                        else None)
         level = conn.protocol_level
         if level >= MQTT_5:
             props = self._connack_properties(connect, session, keep_alive)
@@ -554,7 +555,9 @@ class ConnectHandler:
                        client_id=connect.client_id, peer=conn._peer(),
                        mqtt_level=level, persistent=session.persistent,
                        present=present, provider=result.provider)
-        self.ctx.hooks.client_connected(session, connect, request.address)
+        hooks = self.ctx.hooks
+        if hooks.wants_connected:  # (no call when no plugin listens)
+            hooks.client_connected(session, connect, request.address)
         conn._peer_address = None  # asked of the transport again when needed
         session.resume()
         conn._release()
