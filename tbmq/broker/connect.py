@@ -350,7 +350,9 @@ class ConnectHandler:
         continues = result is not None and result.continue_auth and v5 and request.auth_method
         if not continues and not request.reauthenticate:
             # a failure counts against the source even when the client left
-            self._auth_done(result is None or not result.allowed, request)
+            failed = result is None or not result.allowed
+            if failed or self._attempt is not None:  # (else nothing to tell)
+                self._auth_done(failed, request)
         if self._gone():
             self._drop_held()
             return
