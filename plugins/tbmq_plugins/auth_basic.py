@@ -72,6 +72,8 @@ class BasicIndex:
 
     def __init__(self, store) -> None:
         self.store = store
+        #: the store's ``unchanged_since``, or None (asked once per CONNECT)
+        self._unchanged = getattr(store, "unchanged_since", None)
         self.version = 0
         self._keys: dict[str, str] = {}  # record id -> credentials id
         self._present: set[str] = set()  # the credentials ids
@@ -85,7 +87,7 @@ class BasicIndex:
         """:meth:`keys_of` when the store tells at once that the index holds
         every change it committed (then :meth:`current` need not be asked);
         None when it cannot tell."""
-        unchanged = getattr(self.store, "unchanged_since", None)
+        unchanged = self._unchanged
         if unchanged is None or not unchanged(self.version):
             return None
         return self.keys_of(client_id, username) if self._present else []

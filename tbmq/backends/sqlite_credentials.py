@@ -388,10 +388,12 @@ class SQLiteCredentialStore(RunnerView):
             when it cannot tell (then ask :meth:`changed_since`).
         """
         known = self._known
-        if known is None or known[0] != version or not self.running:
+        if known is None or known[0] != version:
             return False
         stat = self._turn_stat
-        if stat is None:
+        if stat is None:  # (the first question of a turn: running asked then)
+            if not self.running:
+                return False
             stat = self._stat()
             later = getattr(self.runner.reactor, "callLater", None)
             if later is not None and stat is not None:

@@ -10,7 +10,6 @@ with the server's capabilities [MQTT-3.2.2.3].
 from __future__ import annotations
 
 import uuid
-from functools import partial
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
@@ -119,7 +118,7 @@ class ConnectHandler:
     """
 
     __slots__ = ("conn", "ctx", "exchange", "_attempt", "_assigned_id", "send_quota",
-                 "max_packet_size", "topic_alias_maximum")
+                 "max_packet_size", "topic_alias_maximum", "_accepted")
 
     def __init__(self, conn) -> None:
         self.conn = conn
@@ -137,6 +136,9 @@ class ConnectHandler:
         #: topic aliases the broker may give towards the client: the lower of
         #: its Topic Alias Maximum and ``mqtt.outbound_topic_aliases``, 0 for none
         self.topic_alias_maximum = 0
+        #: (AuthResult, AuthRequest) of the authentication that let the
+        #: client in, while its session is asked for (no partial per CONNECT)
+        self._accepted: tuple | None = None
 
     def lost(self) -> None:
         """The connection is gone: a password check not started is skipped,
@@ -348,7 +350,9 @@ class ConnectHandler:
         continues = result is not None and result.continue_auth and v5 and request.auth_method
         if not continues and not request.reauthenticate:
             # a failure counts against the source even when the client left
-            self._auth_done(result is None or not result.allowed, request)
+            failed = result is None or not result.allowed
+            if failed or self._attempt is not None:  # (else nothing to tell)
+                self._auth_done(failed, request)
         if self._gone():
             self._drop_held()
             return
@@ -468,9 +472,10 @@ class ConnectHandler:
         if limits is not None and self._over_session_limit(limits, connect, result):
             return
         # (persistent sessions counted by address only while the limit is on)
+        self._accepted = (result, request)
         sessions.connect(self.conn, connect, result.client_type, expiry_cap=cap, address=host,
-                         opened=partial(self._session_opened, result, request),
-                         refused=self._session_refused, failed=self._internal_error)
+                         opened=self._session_opened, refused=self._session_refused,
+                         failed=self._internal_error)
 
     def _over_session_limit(self, limits, connect, result: AuthResult) -> bool:
         """``mqtt.sessions_limit`` and ``mqtt.application_clients_limit``
@@ -508,8 +513,12 @@ class ConnectHandler:
             self._refuse(ReasonCode.SERVER_UNAVAILABLE,
                          "the cluster did not answer the connect request")
 
-    def _session_opened(self, result: AuthResult, request: AuthRequest, opened) -> None:
+    def _session_opened(self, opened) -> None:
+        """The session is bound (``opened``: ``(session, session present)``),
+        under the authentication :meth:`_open_session` kept: CONNACK, the
+        keep alive's timeout, then the packets held meanwhile."""
         session, present = opened
+        (result, request), self._accepted = self._accepted, None
         conn = self.conn
         connect = conn.connect_packet
         cfg = self.ctx.config.mqtt
@@ -524,7 +533,8 @@ class ConnectHandler:
             keep_alive = cfg.max_keep_alive if conn.protocol_level >= MQTT_5 else keep_alive
         # the connect timeout becomes the keep alive's: a later deadline is
         # one attribute (the node's Deadlines move it when its bucket is due)
-        conn.setTimeout(_timeout_of(keep_alive) if keep_alive else None)
+        conn.setTimeout((_TIMEOUTS.get(keep_alive) or _timeout_of(keep_alive)) if keep_alive
+                        else None)
         level = conn.protocol_level
         if level >= MQTT_5:
             props = self._connack_properties(connect, session, keep_alive)
@@ -554,7 +564,9 @@ class ConnectHandler:
                        client_id=connect.client_id, peer=conn._peer(),
                        mqtt_level=level, persistent=session.persistent,
                        present=present, provider=result.provider)
-        self.ctx.hooks.client_connected(session, connect, request.address)
+        hooks = self.ctx.hooks
+        if hooks.wants_connected:  # (no call when no plugin listens)
+            hooks.client_connected(session, connect, request.address)
         conn._peer_address = None  # asked of the transport again when needed
         session.resume()
         conn._release()

@@ -21,6 +21,8 @@ class Link:
     :param send_quota: see :attr:`send_quota`.
     :param max_packet_size: see :attr:`max_packet_size`.
     :param topic_alias_maximum: see :attr:`topic_alias_maximum`.
+    :param auth: see :attr:`auth`: the connection's (given by it: no
+        property read per attach).
     :ivar protocol_level: 3, 4 or 5.
     :ivar send_quota: the client's Receive Maximum: QoS 1/2 PUBLISHes it
         takes unacknowledged (65535 before v5) [MQTT-3.3.4-7].
@@ -38,14 +40,14 @@ class Link:
                  "paused", "auth", "write", "_conn")
 
     def __init__(self, conn, send_quota: int = 65535, max_packet_size: int | None = None,
-                 topic_alias_maximum: int = 0) -> None:
+                 topic_alias_maximum: int = 0, auth=None) -> None:
         self._conn = conn
         self.protocol_level: int = conn.protocol_level
         self.send_quota = send_quota
         self.max_packet_size = max_packet_size
         self.topic_alias_maximum = topic_alias_maximum
         self.paused: bool = conn.paused
-        self.auth = conn.auth
+        self.auth = auth
         self.write: Callable[[bytes], None] = conn.write
 
     @property

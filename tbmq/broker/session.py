@@ -695,7 +695,8 @@ class Session:
     def attach(self, connection) -> None:
         """Bind a new connection; acks pending for the old one are void,
         topic aliases both ways start empty [MQTT-3.3.2-7]."""
-        self.publish_gathered()  # (the old connection's, handed on first)
+        if self._run is not None:  # the old connection's, handed on first
+            self.publish_gathered()
         self.connection = connection
         link = self.link = connection.make_link()
         self.protocol_level = connection.protocol_level

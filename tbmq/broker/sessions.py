@@ -48,24 +48,27 @@ class Opening:
     """The answer to one connect request
     (:meth:`tbmq.cluster.session_events.SessionEvents.request_connect`'s
     ``answer``: a Deferred's ``callback``/``errback``, called once), for a
-    fraction of a Deferred's cost: ``bind(response)`` binds the session,
-    then ``opened`` gets what it returned; ``refused(failure)`` follows a
-    failed request or a failed ``bind``; ``failed(failure)`` catches what
-    ``opened`` or ``refused`` raised.  Nothing reaches the caller of
-    ``callback``/``errback`` (the cluster's answer, maybe in a bus handler).
+    fraction of a Deferred's cost: ``bind(*args, response)`` binds the
+    session (``args``: what it takes before the response, kept here: no
+    partial per CONNECT), then ``opened`` gets what it returned;
+    ``refused(failure)`` follows a failed request or a failed ``bind``;
+    ``failed(failure)`` catches what ``opened`` or ``refused`` raised.
+    Nothing reaches the caller of ``callback``/``errback`` (the cluster's
+    answer, maybe in a bus handler).
     """
 
-    __slots__ = ("bind", "opened", "refused", "failed")
+    __slots__ = ("bind", "opened", "refused", "failed", "args")
 
-    def __init__(self, bind, opened, refused, failed) -> None:
+    def __init__(self, bind, opened, refused, failed, args: tuple = ()) -> None:
         self.bind = bind
         self.opened = opened
         self.refused = refused
         self.failed = failed
+        self.args = args
 
     def callback(self, response) -> None:
         try:
-            bound = self.bind(response)
+            bound = self.bind(*self.args, response)
         except Exception:
             self.errback(Failure())
             return
@@ -223,14 +226,14 @@ class SessionManager:
             connect.client_id, session_id, clean_start=connect.clean_start,
             persistent=persistent, client_type=client_type,
             session_expiry_interval=expiry, protocol_level=connect.protocol_level,
-            answer=Opening(partial(self._open, conn, connect, client_type, persistent, expiry,
-                                   address, session_id), opened, refused, failed))
+            answer=Opening(self._open, opened, refused, failed,
+                           (conn, connect, client_type, persistent, expiry, address, session_id)))
 
     def _open(self, conn, connect, client_type: ClientType, persistent: bool, expiry: int,
               address: str | None, session_id: str | None, response) -> tuple[Session, bool]:
         """Bind ``conn`` to the session the cluster answered about
-        (``response``, last: :meth:`connect` binds the others positionally,
-        a partial without keywords), with ``expiry`` (:meth:`expiry_for`)
+        (``response``, last: :meth:`connect` gives the others positionally,
+        through its :class:`Opening`), with ``expiry`` (:meth:`expiry_for`)
         as its session expiry interval; ``persistent`` is
         :func:`is_persistent` of ``connect``.
 

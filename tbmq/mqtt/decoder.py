@@ -114,7 +114,10 @@ class Decoder:
         self.max_packet_size = max_packet_size
         self.max_connect_size = max_connect_size
         self.server_side = server_side
-        self.protocol_level = protocol_level
+        # (the protocol_level setter's work, without its call: one per connection)
+        self._level = protocol_level
+        self._table = dispatch_table(server_side, 4 if protocol_level is None
+                                     and not server_side else protocol_level)
         self.partial: bytearray | bytes = _NO_BYTES
         self._need = 0
         self._connect_seen = False
@@ -448,7 +451,9 @@ class Decoder:
             password, p = decode_binary(data, p, end)
         if p != end:
             raise MalformedPacket("bytes left over after CONNECT payload")
-        self.protocol_level = level
+        # (the protocol_level setter's work, without its call: once per connection)
+        self._level = level
+        self._table = dispatch_table(self.server_side, level)
         return Connect(name, level, bool(flags & 0x02), keep_alive, client_id, will, username, password, props)
 
     def _decode_connack(self, first: int, data: bytes, pos: int, end: int) -> Connack:

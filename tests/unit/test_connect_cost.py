@@ -236,6 +236,10 @@ def test_an_opening_passes_no_error_to_who_answers_it():
     Opening(boom, seen.append, boom, lambda f: seen.append(("failed", f.type))) \
         .errback(Failure(KeyError("no answer")))
     assert seen == [("refused", KeyError), ("failed", ValueError)]
+    # its args go to bind before the response (what a partial would bind)
+    seen.clear()
+    Opening(lambda *a: a, seen.append, seen.append, seen.append, ("conn", 7)).callback("response")
+    assert seen == [("conn", 7, "response")]
 
 
 def test_a_connect_builds_no_notification_that_no_plugin_implements(monkeypatch):
