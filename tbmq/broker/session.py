@@ -33,6 +33,7 @@ from tbmq.broker.publisher_acks import PublisherAcks
 from tbmq.broker.session_context import (  # noqa: F401 - the session's context, re-exported
     SessionContext, TopicNameCache, next_seq, valid_utf8,
 )
+from tbmq.cluster.message_arrays import published_messages
 from tbmq.errors import BusClosedError, ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, StoredDelivery, SubscriptionOptions
@@ -65,7 +66,8 @@ _NO_IDS: frozenset = frozenset()
 #: aliases, cached authorizations or APPLICATION consumers yet: never
 #: written (a dict is made at the first entry; an empty one is 64 bytes)
 _NO_ENTRIES: dict = {}
-_PACKET_ID, _PAYLOAD = attrgetter("packet_id"), attrgetter("payload")
+_PACKET_ID, _TOPIC, _PAYLOAD, _QOS, _RETAIN = map(attrgetter, (
+    "packet_id", "topic", "payload", "qos", "retain"))
 
 class Session:
     """The state of one client id.
@@ -326,17 +328,18 @@ class Session:
         if end == start:
             return start
         self.inbound_unacked = after
-        v5, client_id, now = plain[0], self.client_id, plain[5]
         taken = packets[start:end]
-        run.messages.extend([Message(p.topic, p.payload, p.qos, p.retain, p.properties if v5 else {},
-                                     client_id, now, None) for p in taken])
+        payloads = list(map(_PAYLOAD, taken))
+        run.messages.extend(published_messages(  # (no properties: plain_run)
+            list(map(_TOPIC, taken)), payloads, list(map(_QOS, taken)), list(map(_RETAIN, taken)),
+            self.client_id, plain[5]))
         run.packet_ids.extend(map(_PACKET_ID, taken))
         ones = after - unacked  # QoS 1 (the others QoS 0)
         received, received_bytes = self._received, self._received_bytes
         received[1] += ones
         received[0] += len(taken) - ones
         if ones == 0 or ones == len(taken):
-            received_bytes[1 if ones else 0] += sum(map(len, map(_PAYLOAD, taken)))
+            received_bytes[1 if ones else 0] += sum(map(len, payloads))
         else:
             for p in taken:
                 received_bytes[p.qos] += len(p.payload)
