@@ -131,6 +131,9 @@ def messages_packed(messages: list, pack) -> list | None:
 
 #: sets a message's ``wire`` (the slot's setter: called by map, in C)
 _SET_WIRE = Message.wire.__set__
+#: a new empty dict from ``_new_dict(_EMPTY)``, called by map (each message its own)
+_EMPTY: dict = {}
+_new_dict = dict.copy
 
 
 def published_messages(topics: list, payloads: list, qoss: list, retains: list,
@@ -151,7 +154,7 @@ def published_messages(topics: list, payloads: list, qoss: list, retains: list,
     :param received_at: the time of receipt, seconds since the epoch.
     :returns: the messages, in order (no properties, no expiry)."""
     n = len(topics)
-    messages = list(map(Message, topics, payloads, qoss, retains, map(dict, repeat((), n)),
+    messages = list(map(Message, topics, payloads, qoss, retains, map(_new_dict, repeat(_EMPTY, n)),
                         repeat(publisher, n), repeat(received_at, n), repeat(None, n)))
     if (type(publisher) is str and type(received_at) is float and set(map(type, topics)) == {str}
             and set(map(type, payloads)) == {bytes} and set(map(type, qoss)) == {int}
