@@ -38,8 +38,10 @@ class Message:
     :ivar expires_at: wall-clock time at which it expires, or None for never
         (from the message expiry interval, [MQTT-3.3.2-5]).
     :ivar wire: None, or the ``msg`` array (``tuple``) the bus record this
-        message was read from carried, or the one first written for it
-        (:mod:`tbmq.cluster.records`): a node that passes the message on (a
+        message was read from carried, or the one first written for it, or
+        made with it from a run of PUBLISHes
+        (:func:`tbmq.cluster.message_arrays.published_messages`; see
+        :mod:`tbmq.cluster.records`): a node that passes the message on (a
         routing node's downlink deliveries) writes that array again as it
         is instead of encoding the fields anew.  Not an argument, not
         compared; a message is never changed once made, so the array stays

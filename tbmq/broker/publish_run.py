@@ -15,9 +15,9 @@ one write of PUBACKs for the run instead of one each.
 from __future__ import annotations
 
 from tbmq.broker.publish_done import LATER, WAITING
-from tbmq.mqtt import Pubrec
+from tbmq.mqtt import Publish, Pubrec
 
-__all__ = ["PublishRun"]
+__all__ = ["PublishRun", "plain_run"]
 
 
 class PublishRun:
@@ -112,3 +112,38 @@ class PublishRun:
             self.acks.run_answered(failure, self)
         else:
             self.answer = failure
+
+
+def plain_run(packets, start: int, unacked: int, v5: bool, max_qos: int, retain_ok: bool,
+              topics, allowed: dict, now: float, limit: int) -> tuple[int, int]:
+    """The run of ``packets`` from ``start`` on that takes the plain way of
+    :meth:`~tbmq.broker.session.Session.on_publish` and its runs'
+    (:meth:`~tbmq.broker.session.Session.on_publishes`): PUBLISHes
+    of QoS 0 or 1 within ``max_qos``, no properties (or 3.1.1), a topic
+    name checked before (in ``topics``), RETAIN only where available,
+    within the receive maximum (``unacked`` QoS 1 flows open, below
+    ``limit``: [MQTT-3.3.4-9]), allowed by a fresh entry of the
+    authorization cache ``allowed`` (topic -> ``(bool, until)``); the
+    arguments after ``unacked`` are ``Session._plain_way()``'s.  Any
+    other PUBLISH goes the whole way (each broken rule its reason code).
+
+    :returns: ``(end, unacked)``: ``packets[start:end]`` take it, and
+        ``unacked`` counts their QoS 1 ones too."""
+    n = len(packets)
+    i = start
+    cached = allowed.get
+    while i < n:
+        packet = packets[i]
+        if type(packet) is not Publish:
+            break
+        qos = packet.qos
+        topic = packet.topic
+        if (qos > max_qos or (v5 and packet.properties) or topic not in topics
+                or (packet.retain and not retain_ok) or (qos and unacked >= limit)):
+            break
+        hit = cached(topic)
+        if hit is None or hit[0] is not True or hit[1] <= now:
+            break
+        unacked += qos  # 0 or 1
+        i += 1
+    return i, unacked

@@ -20,6 +20,7 @@ answered yet).
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Callable
 
 from twisted.internet import defer
@@ -27,11 +28,12 @@ from twisted.logger import Logger
 
 from tbmq.broker.outbox import Outbox
 from tbmq.broker.publish_done import WAITING, PublishDone
-from tbmq.broker.publish_run import PublishRun
+from tbmq.broker.publish_run import PublishRun, plain_run
 from tbmq.broker.publisher_acks import PublisherAcks
 from tbmq.broker.session_context import (  # noqa: F401 - the session's context, re-exported
     SessionContext, TopicNameCache, next_seq, valid_utf8,
 )
+from tbmq.cluster.message_arrays import published_messages
 from tbmq.errors import BusClosedError, ProtocolViolation
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import ClientType, Message, StoredDelivery, SubscriptionOptions
@@ -64,6 +66,8 @@ _NO_IDS: frozenset = frozenset()
 #: aliases, cached authorizations or APPLICATION consumers yet: never
 #: written (a dict is made at the first entry; an empty one is 64 bytes)
 _NO_ENTRIES: dict = {}
+_PACKET_ID, _TOPIC, _PAYLOAD, _QOS, _RETAIN = map(attrgetter, (
+    "packet_id", "topic", "payload", "qos", "retain"))
 
 class Session:
     """The state of one client id.
@@ -194,6 +198,13 @@ class Session:
         :raises ProtocolViolation: with the reason code of the rule broken.
         """
         conn = self.link
+        plain = self._plain_way(conn)
+        if plain is not None:
+            taken, unacked = plain_run((packet,), 0, self.inbound_unacked, *plain)
+            if taken:
+                self.inbound_unacked = unacked
+                self._publish(packet, packet.topic, conn, plain[5], plain[0])
+                return None
         mqtt = self.ctx.mqtt
         v5 = conn.protocol_level >= MQTT_5
         qos = packet.qos
@@ -301,60 +312,55 @@ class Session:
     def on_publishes(self, packets: list, start: int) -> int:
         """The :class:`~tbmq.mqtt.Publish` packets of ``packets`` from
         ``start`` on, as :meth:`on_publish` each, while a run is gathered
-        (:meth:`gather_publishes`) and each one is on the plain path: QoS
-        0/1, no properties (or 3.1.1), a topic name checked before, within
-        the receive maximum, no rate limit nor ``message_published`` hook,
-        and allowed by a fresh entry of the authorization cache.  The
-        node's settings and the clock are read once for them all (one time
-        of receipt).
+        (:meth:`gather_publishes`) and each takes the plain way
+        (:func:`plain_run`, :meth:`on_publish`'s first check), the
+        settings and the clock read once for them all (one time of receipt).
 
-        :returns: the index of the first packet not handled (not a
-            PUBLISH, or one that needs :meth:`on_publish`'s whole way);
-            ``start`` when none was."""
+        :returns: the index of the first packet not handled (not a PUBLISH,
+            or one that goes the whole way); ``start`` when none was."""
         run = self._run
         conn = self.link
-        ctx = self.ctx
-        if (run is None or conn is not run.conn or ctx.limits_in is not None
-                or ctx.hooks.wants_published):
+        plain = self._plain_way(conn) if run is not None and conn is run.conn else None
+        if plain is None:
             return start
+        unacked = self.inbound_unacked
+        end, after = plain_run(packets, start, unacked, *plain)
+        if end == start:
+            return start
+        self.inbound_unacked = after
+        taken = packets[start:end]
+        payloads = list(map(_PAYLOAD, taken))
+        run.messages.extend(published_messages(  # (no properties: plain_run)
+            list(map(_TOPIC, taken)), payloads, list(map(_QOS, taken)), list(map(_RETAIN, taken)),
+            self.client_id, plain[5]))
+        run.packet_ids.extend(map(_PACKET_ID, taken))
+        ones = after - unacked  # QoS 1 (the others QoS 0)
+        received, received_bytes = self._received, self._received_bytes
+        received[1] += ones
+        received[0] += len(taken) - ones
+        if ones == 0 or ones == len(taken):
+            received_bytes[1 if ones else 0] += sum(map(len, payloads))
+        else:
+            for p in taken:
+                received_bytes[p.qos] += len(p.payload)
+        return end
+
+    def _plain_way(self, conn) -> tuple | None:
+        """What a PUBLISH of ``conn`` is checked against for the plain way
+        (:func:`plain_run`), read once: ``(v5, max_qos, retain_ok,
+        topics, allowed, now, limit)`` (``max_qos`` at most 1, ``now`` the
+        time of receipt in seconds, ``limit`` the receive maximum less the
+        QoS 2 flows open); None when none takes it (a rate limit on
+        incoming PUBLISHes, a ``message_published`` hook)."""
+        ctx = self.ctx
+        if ctx.limits_in is not None or ctx.hooks.wants_published:
+            return None
         mqtt = ctx.mqtt
         v5 = conn.protocol_level >= MQTT_5
-        max_qos = 1 if mqtt.max_qos > 1 else mqtt.max_qos
-        retain_ok = mqtt.retain_available
-        topics = ctx.topics
-        now = ctx.clock.seconds()
-        allowed = self._allowed if conn.auth is self._allowed_for else _NO_ENTRIES
-        limit = (mqtt.receive_maximum if v5 else V3_RECEIVE_MAXIMUM) - len(self.inbound_qos2)
-        unacked = self.inbound_unacked
-        client_id = self.client_id
-        received, received_bytes = self._received, self._received_bytes
-        messages, packet_ids = run.messages, run.packet_ids
-        n = len(packets)
-        i = start
-        while i < n:
-            packet = packets[i]
-            if type(packet) is not Publish:
-                break
-            qos = packet.qos
-            topic = packet.topic
-            props = packet.properties
-            if (qos > max_qos or (props and v5) or topic not in topics
-                    or (packet.retain and not retain_ok) or (qos and unacked >= limit)):
-                break
-            hit = allowed.get(topic)
-            if hit is None or hit[0] is not True or hit[1] <= now:
-                break
-            if qos:
-                unacked += 1
-            message = Message(topic, packet.payload, qos, packet.retain,
-                              props if v5 else {}, client_id, now, None)
-            received[qos] += 1
-            received_bytes[qos] += len(packet.payload)
-            messages.append(message)
-            packet_ids.append(packet.packet_id)
-            i += 1
-        self.inbound_unacked = unacked
-        return i
+        return (v5, 1 if mqtt.max_qos > 1 else mqtt.max_qos, mqtt.retain_available, ctx.topics,
+                self._allowed if conn.auth is self._allowed_for else _NO_ENTRIES,
+                ctx.clock.seconds(),
+                (mqtt.receive_maximum if v5 else V3_RECEIVE_MAXIMUM) - len(self.inbound_qos2))
 
     def _may_publish(self, topic: str, conn, now: float):
         """The authorization hooks' answer for a PUBLISH to ``topic``, from

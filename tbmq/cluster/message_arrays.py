@@ -4,6 +4,7 @@ packed record's messages, a run's, each one made field by field.
 
 from __future__ import annotations
 
+from collections import deque
 from itertools import repeat
 from operator import attrgetter
 from typing import Any
@@ -12,7 +13,8 @@ from tbmq.errors import RecordEncodingError
 from tbmq.model import Message
 from tbmq.mqtt.properties import unpack_properties
 
-__all__ = ["message_from_array", "messages_from_arrays", "messages_packed", "props_in"]
+__all__ = ["message_from_array", "messages_from_arrays", "messages_packed", "props_in",
+           "published_messages"]
 
 
 def props_in(v: Any, name: str) -> dict:
@@ -95,21 +97,26 @@ _NO_EXPIRY = (type(None), float)
 
 def messages_packed(messages: list, pack) -> list | None:
     """The hot path of :meth:`~tbmq.cluster.record_codec.RecordCodec.encode_many`
-    for messages (``write_many`` of ``tbmq.msg.all``'s codec): messages never
+    for messages (``write_many`` of ``tbmq.msg.all``'s codec): messages that
+    each carry their array (``wire``: read, written before, or made with
+    them by :func:`published_messages`) packed as they are; messages never
     written before (no ``wire``) and without properties, their fields
     checked column by column and their ``["msg", 1, ...]`` arrays made and
     packed by map, with no bytecode per message; each encoding is byte for
-    byte what the codec's ``encode`` gives the message alone.  Their
-    ``wire`` is left unset.
+    byte what the codec's ``encode`` gives the message alone.  The
+    ``wire`` of the latter is left unset.
 
     :param messages: :class:`~tbmq.model.Message` objects, more than two.
     :param pack: this thread's ``msgpack.Packer(use_bin_type=True).pack``.
-    :returns: their encodings, in order; or None when one of them was
-        written before, has properties or a field of another type (each is
-        then written alone).
+    :returns: their encodings, in order; or None when some but not all
+        of them carry their array, or one has properties or a field of
+        another type (each is then written alone).
     :raises Exception: what ``pack`` raises (each is then written alone).
     """
-    if set(map(_WIRE, messages)) != {None}:
+    wires = list(map(_WIRE, messages))
+    if None not in wires:  # each one's array made before (checked then): packed as it is
+        return list(map(pack, wires))
+    if wires.count(None) != len(wires):
         return None
     topics, payloads, qoss, retains, props, publishers, at, expiry = zip(*map(_FIELDS, messages))
     if not (set(map(type, topics)) == {str} and set(map(type, payloads)) == {bytes}
@@ -120,3 +127,39 @@ def messages_packed(messages: list, pack) -> list | None:
         return None
     return list(map(pack, zip(repeat("msg"), repeat(1), topics, payloads, qoss, retains,
                               repeat(None), publishers, at, expiry)))
+
+
+#: sets a message's ``wire`` (the slot's setter: called by map, in C)
+_SET_WIRE = Message.wire.__set__
+#: a new empty dict from ``_new_dict(_EMPTY)``, called by map (each message its own)
+_EMPTY: dict = {}
+_new_dict = dict.copy
+
+
+def published_messages(topics: list, payloads: list, qoss: list, retains: list,
+                       publisher: str, received_at: float) -> list:
+    """The :class:`~tbmq.model.Message` s of a run of one client's PUBLISHes
+    without properties (:meth:`tbmq.broker.session.Session.on_publishes`),
+    made by map from the run's columns, each with its ``["msg", 1, ...]``
+    array as its ``wire`` when every field has its record type (as a
+    decoded PUBLISH's have): a store or a bus then packs that array as it
+    is (:func:`messages_packed`), without a check per field; otherwise
+    without one (written as any message).
+
+    :param topics: topic names (``str``), in order.
+    :param payloads: payloads (``bytes``).
+    :param qoss: QoS (``int`` 0-2).
+    :param retains: RETAIN flags (``bool``).
+    :param publisher: the client id of the publisher.
+    :param received_at: the time of receipt, seconds since the epoch.
+    :returns: the messages, in order (no properties, no expiry)."""
+    n = len(topics)
+    messages = list(map(Message, topics, payloads, qoss, retains, map(_new_dict, repeat(_EMPTY, n)),
+                        repeat(publisher, n), repeat(received_at, n), repeat(None, n)))
+    if (type(publisher) is str and type(received_at) is float and set(map(type, topics)) == {str}
+            and set(map(type, payloads)) == {bytes} and set(map(type, qoss)) == {int}
+            and set(qoss) <= _QOS and set(map(type, retains)) == {bool}):
+        deque(map(_SET_WIRE, messages, zip(
+            repeat("msg", n), repeat(1, n), topics, payloads, qoss, retains, repeat(None, n),
+            repeat(publisher, n), repeat(received_at, n), repeat(None, n))), 0)
+    return messages

@@ -433,3 +433,31 @@ def test_a_union_encodes_and_reads_many_as_it_does_each(union, values, data):
         typed(union.decode(b)) for b in encoded]
     with pytest.raises(RecordEncodingError):
         union.encode_many(batch + [Message("t", b"")])
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_published_messages_carry_the_array_encode_would_make(data):
+    """A run of PUBLISHes made into messages with their arrays
+    (``published_messages``) encodes, alone and together, into the bytes
+    the same messages made without an array give; a field of another type
+    anywhere leaves every message without one (written as any message)."""
+    from tbmq.cluster.message_arrays import messages_packed, published_messages
+    pack = record_codec._thread_packer().pack
+    drawn = data.draw(st.lists(messages, min_size=1, max_size=6))
+    topics = [m.topic for m in drawn]
+    payloads = [m.payload for m in drawn]
+    qoss = [m.qos for m in drawn]
+    retains = [m.retain for m in drawn]
+    made = published_messages(topics, payloads, qoss, retains, "pub", 12.5)
+    plain = [Message(t, p, q, x, {}, "pub", 12.5, None)
+             for t, p, q, x in zip(topics, payloads, qoss, retains)]
+    assert made == plain and all(m.wire is not None for m in made)
+    assert [r.MESSAGE.encode(m) for m in made] == [r.MESSAGE.encode(m) for m in plain]
+    assert messages_packed(made, pack) == [r.MESSAGE.encode(m) for m in plain]
+    assert r.MESSAGE.encode_many(made) == [r.MESSAGE.encode(m) for m in plain]
+    mixed = made[:1] + [dataclasses.replace(m) for m in made[1:]]
+    assert len(mixed) == 1 or messages_packed(mixed, pack) is None
+    odd = published_messages(topics, payloads, [*qoss[:-1], True], retains, "pub", 12.5)
+    assert all(m.wire is None for m in odd)
+    assert all(m.wire is None for m in published_messages(topics, payloads, qoss, retains, "pub", 12))
