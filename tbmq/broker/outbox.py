@@ -30,6 +30,7 @@ held for long"):
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -731,8 +732,10 @@ class Outbox:
     def complete_run(self, packet_ids: list) -> None:
         """:meth:`complete` of each of ``packet_ids`` (each in flight), in
         order, with one :meth:`_finished` for all: the PUBACKs of one read
-        (:func:`~tbmq.broker.acknowledgements.on_pubacks`)."""
-        self._finished(*map(self.inflight.pop, packet_ids))
+        (:func:`~tbmq.broker.acknowledgements.on_pubacks`).  A packet id
+        repeated in the run is done once (an acknowledgement repeated is
+        ignored, as :func:`~tbmq.broker.acknowledgements.on_puback` does)."""
+        self._finished(*filter(None, map(self.inflight.pop, packet_ids, repeat(None))))
 
     def _remove_completed(self) -> None:
         """The device store writes of this turn: the updates

@@ -182,6 +182,17 @@ def test_a_run_of_pubacks_finishes_its_deliveries_and_stops_where_on_puback_must
     assert on_pubacks(outbox.session, [Puback(4), Puback(5)], 0) == 0
 
 
+def test_a_packet_id_repeated_in_a_run_of_pubacks_is_done_once():
+    """A client that acknowledges one packet id twice in one read: the
+    second PUBACK is ignored, as :func:`on_puback` ignores an unknown packet
+    id, and the delivery is finished once."""
+    outbox, conn, clock = make_outbox(max_inflight_messages=3)
+    for _ in range(3):
+        deliver(outbox, clock, qos=1)
+    assert on_pubacks(outbox.session, [Puback(1), Puback(1), Puback(2)], 0) == 3
+    assert sorted(outbox.inflight) == [3]
+
+
 def test_an_overflowing_session_is_disconnected_and_its_queue_given_back():
     outbox, conn, clock = make_outbox(FakeConnection(send_quota=1), max_pending_messages=2,
                                        outbound_pause_timeout=0.1)
