@@ -15,13 +15,7 @@ while a batch runs share the next transaction: the busier the file, the
 larger the batches.  The database thread takes that next batch itself as
 soon as a COMMIT ends (under :attr:`SQLiteRunner.lock`), while the reactor
 fires the Deferreds of the batch just committed, so a batch never waits
-for the reactor's work on the one before.  With ``synchronous`` FULL (the
-default) on a file in WAL mode, SQLite commits as NORMAL (the WAL frames
-written, not synced) and the runner syncs the WAL itself, in a second
-thread (:meth:`DatabaseThread.post_sync`), before a batch's Deferreds fire:
-the durability of FULL, and the database thread writes the next batch
-while the last one's WAL is synced (one sync covers every batch committed
-before it began).  A batch of reads only runs in a deferred transaction
+for the reactor's work on the one before.  A batch of reads only runs in a deferred transaction
 (a read snapshot that never waits for another process's writer); a batch
 with a write starts with ``BEGIN IMMEDIATE`` and waits up to the busy
 timeout for another process's writer (``tbmq credentials`` on the
@@ -45,15 +39,16 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from queue import SimpleQueue
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from twisted.internet import defer
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from tbmq.backends.sqlite_bulk import bind_as_is
-from tbmq.backends.sqlite_threads import DatabaseThread, JobThread
 from tbmq.errors import BackendError
 from tbmq.log import OBSERVER as LOG_OBSERVER
 
@@ -83,11 +78,6 @@ SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 #: method is told when its batch is handed to the thread (it then takes no
 #: more merged writes, :class:`~tbmq.backends.sqlite_view.MergedWrites`).
 Operation = Callable[[sqlite3.Connection], Any]
-
-#: How the WAL is synced: ``fdatasync`` where there is one, as SQLite's own
-#: sync of the WAL on such a system (the data and the size that reads it,
-#: not the modification time), else ``fsync``.
-_datasync = getattr(os, "fdatasync", os.fsync)
 
 #: The highest ``PRAGMA user_version`` of files written before the
 #: ``tbmq_schema`` table: each of their schemas is at that version.
@@ -197,6 +187,123 @@ def fire_batch(outcome: list[tuple[bool, Any]] | Failure, waiters: list[defer.De
             waiter.errback(value)
 
 
+class JobThread:
+    """One thread that runs jobs in order, with the calls of a
+    ``ThreadPool(1, 1)`` that :class:`DatabaseThread` makes (``start``,
+    ``stop``, ``callInThreadWithCallback``), from a queue of ``(on_result,
+    f, args)``: a job of Twisted's ``ThreadPool`` costs a closure that
+    refers to itself (``inContext``), garbage that only the cyclic
+    collector frees, which a busy node runs seldom; one per database batch
+    (a fraction of a KB each) stayed in the node's memory.
+
+    :param name: the thread's name.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: SimpleQueue = SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the jobs queued; wait for the thread to end."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._jobs.put(None)
+            thread.join()
+
+    def callInThreadWithCallback(self, on_result: Callable[[bool, Any], None],  # noqa: N802 (Twisted's name)
+                                 f: Callable, *args: Any) -> None:
+        """Run ``f(*args)`` in the thread, after the jobs queued before it;
+        then ``on_result(True, result)`` or ``on_result(False, Failure)``
+        there."""
+        self._jobs.put((on_result, f, args))
+
+    def _serve(self) -> None:
+        jobs = self._jobs
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            on_result, f, args = job
+            del job
+            try:
+                outcome = (True, f(*args))
+            except BaseException:
+                outcome = (False, Failure())
+            try:
+                on_result(*outcome)
+            except BaseException:  # as Twisted's pool: logged, the thread goes on
+                log.failure("SQLite database job's result handler failed")
+            del on_result, f, args, outcome  # nothing of a job outlives it while the thread waits
+
+
+class DatabaseThread:
+    """The one thread that runs the database work of one or more runners.
+
+    :param reactor: the reactor that receives results; the global one when
+        None.
+    :param threadpool: the pool to use.  When None the thread creates its
+        own :class:`JobThread` when its first runner starts and stops it
+        when its last one stops; a pool given here must run one call at a
+        time and is started and stopped by its owner (tests pass a
+        synchronous one).
+    :param name: the name of the thread it creates.
+    """
+
+    def __init__(self, reactor: Any = None, threadpool: Any = None,
+                 name: str = "tbmq-sqlite") -> None:
+        if reactor is None:
+            from twisted.internet import reactor  # noqa: PLC0415
+        self.reactor = reactor
+        self.name = name
+        self._given = threadpool
+        #: The pool while some runner uses it (always the given one), else None.
+        self.pool: Any = threadpool
+        self._users = 0
+
+    @property
+    def owned(self) -> bool:
+        """True when this object starts and stops the pool itself."""
+        return self._given is None
+
+    def acquire(self) -> None:
+        """A runner starts: start our pool if it is the first."""
+        self._users += 1
+        if self.pool is None:
+            self.pool = JobThread(self.name)
+            self.pool.start()
+
+    def release(self) -> None:
+        """A runner stopped: stop our pool when it was the last.  Its worker
+        is idle (the runner's last job has reported back), so the join
+        returns at once."""
+        self._users = max(0, self._users - 1)
+        if self._users == 0 and self.owned and self.pool is not None:
+            pool, self.pool = self.pool, None
+            pool.stop()
+
+    def run(self, f: Callable, *args: Any) -> defer.Deferred:
+        """:returns: a Deferred firing in the reactor thread with
+        ``f(*args)`` run in the database thread."""
+        return deferToThreadPool(self.reactor, self.pool, f, *args)
+
+    def post(self, f: Callable, *args: Any) -> None:
+        """Run ``f(*args)`` in the database thread, after the jobs queued
+        before it, with no result: ``f`` reports to the reactor itself (no
+        Deferred, and no wake-up of the reactor for the job's end).  What
+        ``f`` raises is logged from the reactor thread."""
+        self.pool.callInThreadWithCallback(self._posted, f, *args)
+
+    def _posted(self, ok: bool, result: Any) -> None:
+        """In the database thread: the end of a :meth:`post` job."""
+        if not ok:
+            self.reactor.callFromThread(log.failure, "SQLite database job failed", result)
+
+
 class SQLiteRunner:
     """The queue, thread, connection and life cycle of one database file.
 
@@ -262,17 +369,6 @@ class SQLiteRunner:
         self._users = 0  # started views
         self._views: list[RunnerView] = []
         self._schemas: dict[str, Schema] = {}
-        #: the WAL file's descriptor while this runner syncs the WAL itself
-        #: (``synchronous`` FULL on a file in WAL mode: :meth:`_sync_wal`),
-        #: else None
-        self._wal_fd: int | None = None
-        #: write batches committed (database thread) and the count the WAL
-        #: is known synced for (thread of the syncs)
-        self._written = 0
-        self._synced = 0
-        #: batches committed whose WAL sync and outcome have not reached
-        #: the reactor yet (the file is closed only once none is left)
-        self._syncing = 0
 
     # -- users --------------------------------------------------------------
 
@@ -313,14 +409,6 @@ class SQLiteRunner:
     def running(self) -> bool:
         """True between a successful :meth:`start` and :meth:`stop`."""
         return self._state == _RUNNING
-
-    @property
-    def syncs_wal(self) -> bool:
-        """True while the file is open with ``synchronous`` FULL in WAL
-        mode: SQLite commits as NORMAL and this runner syncs the WAL after
-        each COMMIT, in the thread of the syncs, before the batch's
-        Deferreds fire (:meth:`_sync_wal`)."""
-        return self._wal_fd is not None
 
     @property
     def reactor(self) -> Any:
@@ -421,13 +509,8 @@ class SQLiteRunner:
         )
         try:
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
-            wal = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
-            # FULL in WAL mode: SQLite commits as NORMAL (no sync), and this
-            # runner syncs the WAL after each COMMIT, before its outcome is
-            # told (_sync_wal); the same durability as FULL, the next
-            # transaction written while the WAL is synced
-            own_sync = wal and self.synchronous == "FULL" and self.path != ":memory:"
-            conn.execute(f"PRAGMA synchronous={'NORMAL' if own_sync else self.synchronous}")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute("BEGIN IMMEDIATE")
             try:
                 apply_schemas(conn, self.path, schemas)
@@ -435,10 +518,6 @@ class SQLiteRunner:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-            if own_sync:
-                self._wal_fd = _open_wal(self.path)
-                if self._wal_fd is None:  # no WAL file to sync: SQLite syncs
-                    conn.execute("PRAGMA synchronous=FULL")
         except BaseException:
             conn.close()
             raise
@@ -470,11 +549,8 @@ class SQLiteRunner:
     def _close(self) -> None:
         """In the database thread: close the connection."""
         conn, self._conn = self._conn, None
-        fd, self._wal_fd = self._wal_fd, None
         if conn is not None:
             conn.close()
-        if fd is not None:
-            os.close(fd)
 
     def _closed(self, result: None | Failure) -> None:
         """In the reactor thread: the close job finished."""
@@ -569,7 +645,7 @@ class SQLiteRunner:
                 return
             if self._pending:
                 batch = self._take()
-            elif self._state == _STOPPING and not self._syncing:
+            elif self._state == _STOPPING:
                 self._busy = True
                 batch = None
             else:
@@ -590,54 +666,20 @@ class SQLiteRunner:
         reactor its outcome, and go on with what the reactor queued
         meanwhile **without waiting for the reactor**: the next COMMIT
         starts as soon as this one ends, while the reactor fires this
-        batch's Deferreds (acknowledges its messages).  When the runner
-        syncs the WAL itself (:attr:`syncs_wal`) the outcome goes to the
-        thread of the syncs first (:meth:`_sync_wal`), in order, and the
-        next COMMIT is written while that sync runs.  The next batch is
+        batch's Deferreds (acknowledges its messages).  The next batch is
         queued as a new job of the database thread, so another runner's
         jobs on it take their turn in between."""
         try:
             outcome: list[tuple[bool, Any]] | Failure = self._run_batch(operations, write)
         except BaseException:
             outcome = Failure()
-        syncs = self._wal_fd is not None
-        if syncs and write:
-            self._written += 1
         with self.lock:
             following = self._take() if self._pending and self._state != _STARTING else None
             if following is None:
                 self._busy = False
-            if syncs:
-                self._syncing += 1
-        if syncs:
-            self.thread.post_sync(self._sync_wal, outcome, waiters, self._written)
-        else:
-            self.thread.reactor.callFromThread(self._batch_done, outcome, waiters)
+        self.thread.reactor.callFromThread(self._batch_done, outcome, waiters)
         if following is not None:
             self._hand(following)
-
-    def _sync_wal(self, outcome: list[tuple[bool, Any]] | Failure, waiters: list,
-                  written: int) -> None:
-        """In the thread of the WAL syncs (:meth:`DatabaseThread.post_sync`):
-        a batch is committed (its WAL frames written, not synced); sync the
-        WAL unless a sync begun after that COMMIT ended already did, then
-        tell the reactor the batch's outcome.  One sync covers every batch
-        committed before it began (group commit: while it runs, the
-        database thread writes the next).  A failed sync fails the batch
-        (:class:`OSError`; it may be stored, it is not acknowledged).
-
-        :param written: the count of write batches committed when it was
-            (:attr:`_written`): the WAL must be synced up to it.
-        """
-        if self._synced < written:
-            upto = self._written  # each counted batch's COMMIT returned
-            try:
-                _datasync(self._wal_fd)
-            except OSError:
-                outcome = Failure()
-            else:
-                self._synced = upto
-        self.thread.reactor.callFromThread(self._batch_done, outcome, waiters, True)
 
     def _run_batch(self, operations: list[Operation], write: bool) -> list[tuple[bool, Any]]:
         """In the database thread: run ``operations`` in one transaction
@@ -705,37 +747,12 @@ class SQLiteRunner:
             raise
         return [(True, value)]
 
-    def _batch_done(self, outcome: list[tuple[bool, Any]] | Failure, waiters: list,
-                    synced: bool = False) -> None:
+    def _batch_done(self, outcome: list[tuple[bool, Any]] | Failure, waiters: list) -> None:
         """In the reactor thread: fire the batch's Deferreds; then, when the
         database thread went idle, send what is queued (calls made by the
-        callbacks join the next batch) or close when stopping.
-
-        :param synced: it comes from :meth:`_sync_wal` (one batch less
-            waits for its sync)."""
-        if synced:
-            with self.lock:
-                self._syncing -= 1
+        callbacks join the next batch) or close when stopping."""
         fire_batch(outcome, waiters)
         self._flush()
-
-
-def _open_wal(path: str) -> int | None:
-    """In the database thread: open the WAL file of the database ``path``
-    (for :data:`_datasync`, which syncs the file whatever descriptor is
-    used), and sync it once.
-
-    :returns: the descriptor, or None when there is no WAL file."""
-    try:
-        fd = os.open(path + "-wal", os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        _datasync(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _seal(operation: Any) -> None:

@@ -9,7 +9,6 @@ queued write is lost while the thread takes batches on its own.
 from __future__ import annotations
 
 import queue
-import threading
 import sqlite3
 import time
 from typing import Any, Callable
@@ -210,82 +209,3 @@ def test_an_operation_alone_in_its_batch_takes_no_savepoint(tmp_path):
     reactor.run_calls()
     assert [fired(d) for d in calls] == [0, 0, None]
     assert sum(s == "SAVEPOINT op" for s in statements) == 2
-
-
-class TriggerReactor(HeldReactor):
-    """:class:`HeldReactor` with the shutdown triggers an owned database
-    thread's runner registers."""
-
-    def addSystemEventTrigger(self, *args: Any) -> int:  # noqa: N802 (Twisted's name)
-        return 1
-
-    def removeSystemEventTrigger(self, trigger: Any) -> None:  # noqa: N802
-        pass
-
-
-def _until(condition: Callable[[], bool], reactor: HeldReactor, seconds: float = 20.0) -> None:
-    """Run the reactor's calls until ``condition()`` holds (a real thread
-    works meanwhile)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        if not reactor.run_calls():
-            time.sleep(0.001)
-
-
-def test_wal_synced_before_the_outcome_is_told_while_the_next_batch_commits(tmp_path, monkeypatch):
-    """``synchronous`` FULL in WAL mode, on the owned threads: SQLite
-    commits without a sync, the runner syncs the WAL in its second thread
-    and only then tells the batch's outcome; while that sync runs, the
-    database thread commits the next batch, whose outcome follows the
-    first's (one sync covers every batch committed before it began)."""
-    from tbmq.backends import sqlite_runner  # noqa: PLC0415
-    from tbmq.backends.sqlite_runner import DatabaseThread, SQLiteRunner  # noqa: PLC0415
-
-    reactor = TriggerReactor()
-    runner = SQLiteRunner(str(tmp_path / "db.sqlite"), thread=DatabaseThread(reactor))
-    started = runner.start()
-    _until(lambda: started.called, reactor)
-    assert fired(started) is None and runner.syncs_wal
-    gate = threading.Event()
-    synced: list[int] = []
-    real = sqlite_runner._datasync
-
-    def held_sync(fd: int) -> None:
-        gate.wait(20)
-        real(fd)
-        synced.append(fd)
-
-    monkeypatch.setattr(sqlite_runner, "_datasync", held_sync)
-    committed: list[int] = []
-    told: list[int] = []
-
-    def write(n: int) -> Callable:
-        def operation(conn: sqlite3.Connection) -> None:
-            if n == 1:
-                conn.execute("CREATE TABLE t (x INTEGER)")
-            conn.execute("INSERT INTO t VALUES (?)", (n,))
-            committed.append(n)  # (its COMMIT follows)
-        return operation
-
-    first = runner.submit(write(1)).addCallback(lambda _: told.append(1))
-    _until(lambda: committed == [1], reactor)
-    second = runner.submit(write(2)).addCallback(lambda _: told.append(2))
-    # the first batch's WAL sync is held: the next batch is written and
-    # committed meanwhile (a reader sees it), and no outcome is told yet
-    reader = sqlite3.connect(runner.path)
-    try:
-        deadline = time.monotonic() + 20
-        while reader.execute("SELECT count(*) FROM t").fetchone()[0] < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
-    finally:
-        reader.close()
-    assert committed == [1, 2] and reactor.run_calls() == 0
-    assert not first.called and not second.called and synced == []
-    gate.set()
-    _until(lambda: told == [1, 2], reactor)
-    assert 1 <= len(synced) <= 2
-    stopped = runner.stop()
-    _until(lambda: stopped.called, reactor)
-    assert fired(stopped) is None and not runner.syncs_wal

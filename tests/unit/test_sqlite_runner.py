@@ -158,22 +158,20 @@ def test_runners_share_one_owned_thread(tmp_path, monkeypatch):
         def stop(self) -> None:
             self.stopped = True
 
-    monkeypatch.setattr("tbmq.backends.sqlite_threads.JobThread", Pool)
+    monkeypatch.setattr("tbmq.backends.sqlite_runner.JobThread", Pool)
     one = SQLiteRunner(str(tmp_path / "1.sqlite3"), thread=thread)
     two = SQLiteRunner(str(tmp_path / "2.sqlite3"), thread=thread)
     fired(one.start())
     fired(two.start())
-    # one database thread and one thread of WAL syncs, shared
-    assert len(made) == 2 and all(p.started for p in made)
-    assert thread.pool is made[0] and thread.syncer is made[1]
+    assert len(made) == 1 and made[0].started
     assert len([t for t in reactor.triggers if t]) == 2  # each flushes at shutdown
     fired(one.stop())
-    assert not any(p.stopped for p in made) and thread.pool is made[0]
+    assert not made[0].stopped and thread.pool is made[0]
     fired(two.stop())
-    assert all(p.stopped for p in made) and thread.pool is None and thread.syncer is None
+    assert made[0].stopped and thread.pool is None
     assert reactor.triggers == [None, None]
-    fired(one.start())  # new threads for a new start
-    assert len(made) == 4
+    fired(one.start())  # a new pool for a new start
+    assert len(made) == 2
     fired(one.stop())
 
 
@@ -350,7 +348,7 @@ def test_shutdown_waits_for_the_stores_to_stop_the_file_then_gives_up(tmp_path, 
         def removeSystemEventTrigger(self, trigger: Any) -> None:
             self.triggers[trigger - 1] = None
 
-    monkeypatch.setattr("tbmq.backends.sqlite_threads.JobThread",
+    monkeypatch.setattr("tbmq.backends.sqlite_runner.JobThread",
                         lambda *a, **k: SyncThreadPool())
     monkeypatch.setattr(SyncThreadPool, "start", lambda self: None, raising=False)
     monkeypatch.setattr(SyncThreadPool, "stop", lambda self: None, raising=False)

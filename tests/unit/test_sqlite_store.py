@@ -327,9 +327,7 @@ class TestSQLiteStore:
 
         journal, sync, tables = fired(store.submit(pragmas))
         assert journal == "wal"
-        # FULL: SQLite commits as NORMAL and the runner syncs the WAL itself
-        # after each COMMIT, before the outcome is told
-        assert sync == 1 and store.runner.syncs_wal
+        assert sync == 2  # FULL
         assert {"retained", "deliveries", "topic_log", "topic_log_offsets"} <= tables
         assert not {"sessions", "subscriptions"} & tables  # on the bus since schema 3
         fired(store.stop())
