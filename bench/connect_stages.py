@@ -19,6 +19,9 @@ A, keyed by its connection:
   (``ConnectHandler.handle_connect``);
 * ``request``: the session event request is asked
   (``SessionManager.connect`` → ``SessionEvents.request_connect``);
+* ``produce``: the request's (packed) record was handed to the producer
+  (``Producer.send`` of its partition of the request topic, at the end of
+  the reactor turn that asked it; confluent driver);
 * ``ack``: the bus reported the request acknowledged
   (``SessionEvents._sent``; a request that the node decides itself is
   decided before that report reaches ``_sent``, so it has none);
@@ -66,7 +69,7 @@ import importlib.abc, importlib.util, json, os, sys, threading, time, zlib
 _OUT = os.environ.get("TBMQ_CONNECT_STAGES")
 _now = time.time
 _rows, _done, _produced, _drains, _sent, _polls = {}, [], [], [], {}, []
-_state = {"cur": None, "deciding": 0, "asking": 0, "req": {}, "first": {}}
+_state = {"cur": None, "deciding": 0, "asking": 0, "req": {}, "first": {}, "produce": {}}
 
 
 def _dump():
@@ -135,7 +138,10 @@ def _events(m):
         _state["req"][f"{self._request_prefix}{self._requests}"] = _state["cur"]
         partitions = getattr(self.bus, "_placed", {}).get(self.topics.session_event_request)
         if partitions and _state["cur"] in _rows:  # the bus's placement (Kafka)
-            _stamp(_state["cur"], "partition", zlib.crc32(client_id.encode()) % partitions)
+            partition = zlib.crc32(client_id.encode()) % partitions
+            _stamp(_state["cur"], "partition", partition)
+            if "answer" not in _rows[_state["cur"]]:  # published (not decided at once)
+                _state["produce"].setdefault(partition, []).append(_state["cur"])
 
     def sent(self, request_id, failure):
         key = _state["req"].pop(request_id, None)
@@ -181,7 +187,14 @@ def _bridge(m):
 
 def _confluent(m):
     def send(self, topic, key, value, headers, done, partition=None):
-        _sent[id(done)] = (_now(), topic, partition)
+        now = _sent[id(done)] = (_now(), topic, partition)
+        waiting = _state["produce"]
+        if topic.endswith("session.event.request") and waiting:
+            # the requests of this partition asked since the last send of it
+            # (packed: one send at the turn's end carries them)
+            for row in waiting.pop(partition, ()):
+                if row in _rows:
+                    _stamp(row, "produce", now[0])
     _wrap(m.Producer, "send", before=send)
 
     def poll_loop(self):
@@ -208,6 +221,7 @@ if _OUT:
 '''
 
 STAGES = (("accepted → read", "accepted", "read"), ("read → request", "read", "request"), ("request → ack", "request", "ack"),
+          ("request → produce", "request", "produce"), ("produce → ack", "produce", "ack"),
           ("ack → answer", "ack", "answer"), ("request → answer", "request", "answer"),
           ("answer → CONNACK", "answer", "connack"), ("read → CONNACK", "read", "connack"),
           ("accepted → CONNACK", "accepted", "connack"))

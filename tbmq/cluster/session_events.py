@@ -54,15 +54,32 @@ read after a request does.  Nothing is left in the partition to decide
 again when it moves, and a node that dies takes the connection it
 answered with it.
 
-A Clean Start connect of a client id the session registry shows no
-session of (no node holds one, connected or offline, as far as this node
-has read) is decided at once on any node whose bus can tell that its
-brokers answer (Kafka, :meth:`_unseen`): there is nothing to take over
-and no session to present [MQTT-3.2.2-2], and a session of it that this
-node's registry does not show yet is one the client asks to discard
-[MQTT-3.1.2-4], so the deciding member would grant it, unless a connect
-of the same client id on another node, not yet in the registry, is
-concurrent with it.  Such a race is settled by the grants' order
+The member deciding a client id decides from what it knows of its
+session (:meth:`SessionEvents.held`): the registry's record, or the
+connection it granted later whose record its registry has not read yet
+(kept until read, at most :attr:`SessionEvents.GRANT_MEMORY` seconds).  TBMQ's
+deciding node writes the session record itself, so its view holds its
+grants at once; here the asking node writes the record, and without the
+member's own grants a Clean Start 0 reconnect to another node moments
+after a grant was answered "no session present" for a session that
+exists [MQTT-3.2.2-2], and the first connection was not dropped by a
+DisconnectCommand.  Every grant of a session that can outlive its
+connection (a persistent one) is made by that member (the shortcut below
+is for non-persistent sessions only), so its answer to a Clean Start 0
+connect names every such session granted before the request, read or
+not; what it still does not know is a grant of the partition's previous
+member not read yet after the partition moved.
+
+A Clean Start connect of a non-persistent session (it ends with its
+connection [MQTT-3.1.2-23]: no later connect can ask for it) of a client
+id the session registry shows no session of (no node holds one,
+connected or offline, as far as this node has read) is decided at once
+on any node whose bus can tell that its brokers answer (Kafka,
+:meth:`_unseen`): there is nothing to take over and no session to present
+[MQTT-3.2.2-2], and a session of it that this node's registry does not
+show yet is one the client asks to discard [MQTT-3.1.2-4], so the deciding
+member would grant it, unless a connect of the same client id on another
+node, not yet in the registry, is concurrent with it.  Such a race is settled by the grants' order
 stamps, as the one above: this node stamps its grant from its own clock
 (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`), and of the
 two connections the one with the greater stamp stays on every node,
@@ -73,8 +90,12 @@ partition would have ordered last (the nodes' clocks order them); and a
 session another node made moments ago, whose record this node has not
 read yet, is ended on that node when this connection's record, stamped
 later, reaches it, as Clean Start asks.  A Clean Start 0 connect, which
-asks for the session present, is decided by the partition's member as
-before.
+asks for the session present, and a connect that makes a persistent
+session, which a later connect may ask for, are decided by the
+partition's member as before: only that member knows every grant at once
+(see above); another node's registry never shows that no grant came since
+it last read, so a Clean Start 0 connect decided there could answer "no
+session present" for a session that exists.
 
 A node that sees, in the session registry, one of its sessions now held by
 another connection elsewhere forgets it: the will and the session expiry of
@@ -103,6 +124,7 @@ from tbmq.cluster.records import (
     Record,
     SessionEvent,
     SessionEventResponse,
+    SessionInfo,
 )
 from tbmq.cluster.topics import CLUSTER_BUNDLE, node_group
 from tbmq.errors import BusPublishError
@@ -157,10 +179,11 @@ class SessionEvents:
         self.timeout = timeout
         #: client id -> session id taken over here, until the registry shows it
         self._taken: dict[str, str] = {}
-        #: client id -> (session id, seconds) of the last connection this
-        #: member granted, until the registry shows it (at most
-        #: :attr:`GRANT_MEMORY` seconds), oldest first
-        self._granted: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        #: client id -> (session id, seconds, stamp, service id, what its
+        #: request described or None: :meth:`_decision`) of the last
+        #: connection this member granted, until the registry shows it (at
+        #: most :attr:`GRANT_MEMORY` seconds), oldest first
+        self._granted: OrderedDict[str, tuple] = OrderedDict()
         #: request id -> (its Deferred, the time its answer is due, the
         #: connection's session id, the client id once counted in
         #: :attr:`_asking`, else None), oldest first
@@ -242,9 +265,10 @@ class SessionEvents:
         """Ask the cluster to let ``client_id`` connect here: decided at
         once when this node's deciding member decides the client id and has
         read its partition (:meth:`tbmq.interfaces.IConsumer.decides`), or,
-        for a Clean Start connect, when the registry shows no session of it
-        and the bus's brokers answer (:meth:`_unseen`; see the module doc
-        for both), else published on ``tbmq.client.session.event.request``.
+        for a Clean Start connect of a non-persistent session, when the
+        registry shows no session of it and the bus's brokers answer
+        (:meth:`_unseen`; see the module doc for both), else published on
+        ``tbmq.client.session.event.request``.
 
         :param answer: what gets the answer instead of a new Deferred:
             anything with a Deferred's ``callback(response)`` and
@@ -259,15 +283,17 @@ class SessionEvents:
         request_id = f"{self._request_prefix}{self._requests}"
         d = defer.Deferred() if answer is None else answer
         deciding = self._deciding
-        if deciding is not None and ((clean_start and self._unseen(client_id))
+        if deciding is not None and ((clean_start and not persistent
+                                      and self._unseen(client_id))
                                      or deciding.decides(client_id)):
-            # a Clean Start connect of a client id no node holds a session
-            # of, or this node's member decides the client id and has read
-            # its partition: decided now, not published (see the module
-            # doc); no request built (the cheaper question first: the same
-            # decision either way)
+            # a Clean Start connect of a non-persistent session of a client
+            # id no node holds a session of, or this node's member decides
+            # the client id and has read its partition: decided now, not
+            # published (see the module doc); no request built (the cheaper
+            # question first: the same decision either way)
             response = self._decision(client_id, self.service_id, session_id, request_id,
-                                      clean_start)
+                                      clean_start, (persistent, client_type,
+                                                    session_expiry_interval, protocol_level))
             self.registry.granted(client_id, session_id, response.stamp)
             d.callback(response)
             return d
@@ -502,15 +528,53 @@ class SessionEvents:
         """Decide one CONNECTION_REQUEST (:meth:`_decision` of its fields).
 
         :returns: the answer for the asking node."""
+        described = ((event.persistent, event.client_type, event.session_expiry_interval,
+                      event.protocol_level)
+                     if event.at + self.timeout > self.clock.seconds() else None)
         return self._decision(event.client_id, event.service_id, event.session_id,
-                              event.request_id, event.clean_start)
+                              event.request_id, event.clean_start, described)
+
+    def held(self, client_id: str) -> SessionInfo | None:
+        """The session of ``client_id`` as this member knows it: the
+        registry's record, or the connection this member granted later
+        whose record the registry has not read yet (:meth:`_grant`, at most
+        :attr:`GRANT_MEMORY` seconds).  TBMQ's deciding node writes the
+        session record itself, so its view holds its grants at once; here
+        the asking node writes it, and the member keeps its grants until it
+        reads them, so that a connect decided next (a Clean Start 0
+        reconnect to another node moments after a grant) is answered with
+        the session granted [MQTT-3.2.2-2] and drops its connection
+        [MQTT-3.1.4-3].
+
+        A grant decided when its connect had stopped waiting (its request
+        older than :attr:`timeout`: the asking node refused it, no record
+        of it will come) is not used.
+
+        :returns: a :class:`~tbmq.cluster.records.SessionInfo` (the grant's
+            is built from its request: connected since the grant, no will,
+            address or user name), or None when neither shows a session."""
+        info = self.registry.get(client_id)
+        granted = self._granted.get(client_id)
+        if granted is None:
+            return info
+        session_id, at, stamp, service_id, described = granted
+        if (described is None or (info is not None and info.stamp >= stamp)
+                or at + self.GRANT_MEMORY < self.clock.seconds()):
+            return info
+        persistent, client_type, expiry, protocol_level = described
+        return SessionInfo(client_id, service_id, session_id, True, persistent, client_type,
+                           expiry, protocol_level, at, None, at, stamp=stamp)
 
     def _decision(self, client_id: str, service_id: str, session_id: str, request_id: str,
-                  clean_start: bool) -> SessionEventResponse:
+                  clean_start: bool, described: tuple | None) -> SessionEventResponse:
         """Decide a connect of ``client_id`` by node ``service_id`` (its
-        connection ``session_id``, request ``request_id``): drop a
-        connection of the client id held on another node, remember the
-        grant, stamp it (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`:
+        connection ``session_id``, request ``request_id``; ``described``:
+        the session it makes as its request describes it, ``(persistent,
+        client_type, session_expiry_interval, protocol_level)``, or None
+        when its connect no longer waits): drop a connection of the client
+        id held on another node (:meth:`held`: the registry's, or this
+        member's later grant), remember the grant, stamp it
+        (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`:
         greater than any stamp this member made or read, than the
         registry's record of the client id and than the time now).  The
         grant is told to the registry of the asking node when its connect
@@ -523,8 +587,7 @@ class SessionEvents:
         keep a session another node took over.
 
         :returns: the answer for the asking node."""
-        registry = self.registry
-        info = registry.get(client_id)
+        info = self.held(client_id)
         if (info is not None and info.connected and info.session_id != session_id
                 and info.service_id != service_id):
             # connected on another node: drop it there (session taken over)
@@ -532,8 +595,8 @@ class SessionEvents:
                              DisconnectCommand(client_id, info.session_id,
                                                ReasonCode.SESSION_TAKEN_OVER),
                              (), partial(_not_sent, "the takeover's disconnect", client_id))
-        self._grant(client_id, session_id)
-        stamp = registry.next_stamp(client_id)
+        stamp = self.registry.next_stamp(client_id)
+        self._grant(client_id, session_id, stamp, service_id, described)
         return SessionEventResponse(client_id, request_id, True,
                                     info is not None and info.persistent
                                     and not clean_start, info, "", stamp)
@@ -543,14 +606,17 @@ class SessionEvents:
     #: session events)
     GRANT_MEMORY = 60.0
 
-    def _grant(self, client_id: str, session_id: str) -> None:
-        """Remember that a connection of ``client_id`` was granted here: a
-        gone node's session that the registry still shows, because the new
-        connection's record has not reached it yet, is not taken over."""
+    def _grant(self, client_id: str, session_id: str, stamp: int, service_id: str,
+               described: tuple | None) -> None:
+        """Remember the connection ``session_id`` of ``client_id`` granted
+        here to node ``service_id`` with ``stamp``: a gone node's session
+        that the registry still shows, because the new connection's record
+        has not reached it yet, is not taken over, and the next connect of
+        the client id is decided knowing it (:meth:`held`)."""
         granted = self._granted
         now = self.clock.seconds()
         granted.pop(client_id, None)
-        granted[client_id] = (session_id, now)
+        granted[client_id] = (session_id, now, stamp, service_id, described)
         while granted:
             oldest = next(iter(granted.values()))
             if oldest[1] + self.GRANT_MEMORY >= now:
@@ -592,8 +658,13 @@ class SessionEvents:
         if taken is not None and (new is None or new.session_id != taken):
             del self._taken[client_id]
         granted = self._granted.get(client_id)
-        if granted is not None and (new is None or new.session_id == granted[0]):
-            del self._granted[client_id]  # the registry shows it now
+        if granted is not None and (new.session_id == granted[0] if new is not None
+                                    else old is not None and old.stamp >= granted[2]):
+            # the registry shows it now, or a tombstone removed a record as
+            # new as it (a tombstone of an older connection, written by a
+            # node that had not read the grant yet, leaves it: its record,
+            # or its node's restatement, comes next)
+            del self._granted[client_id]
         if (new is not None and new.service_id != self.service_id
                 and (old is None or old.session_id != new.session_id)
                 and not self.registry.granted_later(client_id, new.stamp)):

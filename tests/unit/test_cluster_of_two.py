@@ -477,3 +477,34 @@ def test_a_backlogged_session_gets_what_was_stored_behind_its_read_cursor(encode
     payloads = [m.payload for m in got]
     assert b"behind" in payloads
     assert sorted(payloads) == sorted([b"behind"] + [b"%d" % n for n in range(burst)])
+
+
+def test_a_reconnect_to_the_deciding_node_before_it_read_the_grants_record_resumes(cluster):
+    """A node's grant of a persistent session, then a Clean Start 0
+    connect of the client to the node that decides its client id, whose
+    session registry has not read the first node's record yet: the session
+    is present [MQTT-3.2.2-2], its subscription kept, and the first
+    connection taken over [MQTT-3.1.4-3]."""
+    expiry = {Property.SESSION_EXPIRY_INTERVAL: 300}
+    deciding, other = ((cluster.a, cluster.b) if cluster.a.broker.events._deciding.decides("lag")
+                       else (cluster.b, cluster.a))
+    assert deciding.broker.events._deciding.decides("lag")
+    deciding.broker.registry.consumer.pause()  # the deciding node's registry lags
+    first = other.client("lag", level=5, clean_start=False, properties=expiry)
+    assert first.connack.reason_code == 0 and not first.connack.session_present
+    assert sub(first, "lag/#")[0].reason_codes == [1]
+    assert deciding.broker.registry.get("lag") is None
+    again = deciding.client("lag", level=5, clean_start=False, properties=expiry)
+    assert again.connack.reason_code == 0 and again.connack.session_present
+    assert first.received() == [Disconnect(0x8E)] and first.closed  # taken over
+    first.lose()
+    deciding.broker.registry.consumer.resume()
+    cluster.clock.advance(0)
+    publisher = other.client("pub")
+    publisher.send(Publish("lag/1", b"kept", qos=1, packet_id=1))
+    publisher.received()
+    cluster.clock.advance(0)
+    assert [p.payload for p in again.received() if isinstance(p, Publish)] == [b"kept"]
+    for node in (cluster.a, cluster.b):
+        info = node.broker.registry.get("lag")
+        assert (info.service_id, info.connected) == (deciding.broker.service_id, True)

@@ -1,0 +1,184 @@
+"""A Clean Start 0 reconnect to another node while the deciding member's
+session registry lags its grants (:mod:`tbmq.cluster.session_events`): the
+member that decides a client id answers from the registry's record or from
+its own later grant whose record it has not read yet (TBMQ's deciding node
+writes the session record itself, so its view holds its grants at once),
+so the session a node was granted moments ago is present for the next
+connect [MQTT-3.2.2-2] and its connection is dropped there [MQTT-3.1.4-3]."""
+
+from __future__ import annotations
+
+from twisted.internet import task
+
+from tbmq.cluster.records import (
+    CONNECTION_REQUEST,
+    DisconnectCommand,
+    Record,
+    SessionEvent,
+    SessionInfo,
+)
+from tbmq.cluster.registry import SessionRegistry
+from tbmq.cluster.session_events import SessionEvents
+from tbmq.cluster.topics import TopicCatalogue
+from tbmq.model import ClientType
+from tbmq.mqtt import ReasonCode
+from tests.unit.test_session_events_batches import AcknowledgingBus, Member
+
+
+class Replayed(Member):
+    """A :class:`Member` whose replay is done (the registry's consumer)."""
+
+    caught_up = None
+
+
+class LaggingBus(AcknowledgingBus):
+    """An :class:`AcknowledgingBus` whose consumers have replayed: the
+    registry's reads are the test's (:func:`read`)."""
+
+    def subscribe(self, topic, group, handler, **kw):
+        super().subscribe(topic, group, handler, **kw)
+        self.members[topic] = member = Replayed()
+        return member
+
+
+def connect(node, session_id, request_id, clean_start=False, persistent=True):
+    return SessionEvent(CONNECTION_REQUEST, "x", node, session_id, request_id, clean_start,
+                        persistent, ClientType.DEVICE, 3600 if persistent else 0, 5, 100.0)
+
+
+def deciding(bus=None):
+    """Node D: the member deciding client id ``x``; its registry reads
+    only what the test hands it (:func:`read`)."""
+    bus = bus or LaggingBus()
+    clock = task.Clock()
+    clock.advance(100)
+    topics = TopicCatalogue()
+    registry = SessionRegistry(bus, topics.client_session, "node-d", clock)
+    registry.start()
+    events = SessionEvents(bus, topics, "node-d", registry, clock,
+                           drop_local=lambda *a: None, forget_local=lambda *a: None)
+    events.start()
+    return events, bus
+
+
+def read(events, bus, info):
+    """Node D's registry reads ``info``, a record of ``tbmq.client.session``."""
+    handler = bus.subscribed[events.topics.client_session][0]
+    handler(Record(events.topics.client_session, info.client_id, info))
+
+
+def answered(bus, events, node):
+    """:returns: the answers sent to ``node``, in order."""
+    topic = events.topics.session_event_response(node)
+    return [r for t, _, values, _ in bus.many if t == topic for r in values]
+
+
+def disconnects(bus, events, node):
+    topic = events.topics.client_disconnect(node)
+    return [v for t, _, v, _ in bus.published if t == topic]
+
+
+def record_of(answer, node, session_id, connected=True):
+    """Node ``node``'s record of the connection ``answer`` granted."""
+    return SessionInfo("x", node, session_id, connected, True, ClientType.DEVICE, 3600, 5,
+                       10.0, None if connected else 11.0, 11.0, stamp=answer.stamp)
+
+
+def test_a_reconnect_to_another_node_finds_the_session_granted_before_its_record_was_read():
+    events, bus = deciding()
+    events._decide_many((connect("node-a", "sa", "r1"),))
+    first, = answered(bus, events, "node-a")
+    assert not first.session_present and first.session is None
+    # the client reconnects to node B, Clean Start 0, before node D's
+    # registry read node A's record of its grant
+    assert events.registry.get("x") is None
+    events._decide_many((connect("node-b", "sb", "r2"),))
+    second, = answered(bus, events, "node-b")
+    assert second.success and second.session_present
+    assert (second.session.service_id, second.session.session_id,
+            second.session.persistent, second.session.connected) == ("node-a", "sa", True, True)
+    assert second.stamp > first.stamp
+    # node A's connection is dropped there at once, as for a registered one
+    assert disconnects(bus, events, "node-a") == [
+        DisconnectCommand("x", "sa", ReasonCode.SESSION_TAKEN_OVER)]
+    # both records land, in either order: node D's view is node B's grant
+    read(events, bus, record_of(second, "node-b", "sb"))
+    read(events, bus, record_of(first, "node-a", "sa", connected=False))
+    assert events.registry.get("x").session_id == "sb"
+    events._decide_many((connect("node-a", "sc", "r3"),))
+    third = answered(bus, events, "node-a")[-1]
+    assert third.session_present and third.session.session_id == "sb"
+    assert third.stamp > second.stamp
+
+
+def test_a_grant_older_than_the_registrys_record_is_not_used():
+    """The registry read a later grant's record (of this member's earlier
+    process, or of the partition's member before it moved here): the
+    answer is the record's, not the older grant's."""
+    events, bus = deciding()
+    events._decide_many((connect("node-a", "sa", "r1"),))
+    first, = answered(bus, events, "node-a")
+    later = SessionInfo("x", "node-c", "sc", False, False, ClientType.DEVICE, 0, 5, 10.0,
+                        12.0, 12.0, stamp=first.stamp + 10)
+    read(events, bus, later)
+    events._decide_many((connect("node-b", "sb", "r2"),))
+    second, = answered(bus, events, "node-b")
+    assert second.session == later and not second.session_present
+    assert disconnects(bus, events, "node-a") == []
+
+
+def test_a_grant_whose_connect_no_longer_waits_is_not_used():
+    """A request decided after its connect stopped waiting (older than the
+    connect timeout: the asking node refused it, no record of it comes)
+    grants nothing the next connect is answered with; a tombstone of an
+    older connection (written by a node that had not read the grant)
+    leaves a grant in use."""
+    events, bus = deciding()
+    events.clock.advance(events.timeout + 1)
+    events._decide_many((connect("node-a", "sa", "r1"),))
+    events._decide_many((SessionEvent(CONNECTION_REQUEST, "x", "node-b", "sb", "r2", False,
+                                      True, ClientType.DEVICE, 3600, 5,
+                                      events.clock.seconds()),))
+    second, = answered(bus, events, "node-b")
+    assert not second.session_present and second.session is None
+    older = SessionInfo("x", "node-c", "s0", True, False, ClientType.DEVICE, 0, 5, 1.0, None,
+                        1.0, stamp=1)
+    read(events, bus, older)
+    handler = bus.subscribed[events.topics.client_session][0]
+    handler(Record(events.topics.client_session, "x", None))
+    events._decide_many((SessionEvent(CONNECTION_REQUEST, "x", "node-a", "sc", "r3", False,
+                                      True, ClientType.DEVICE, 3600, 5,
+                                      events.clock.seconds()),))
+    third = answered(bus, events, "node-a")[-1]
+    assert third.session_present and third.session.session_id == "sb"
+
+
+def test_a_clean_start_reconnect_within_the_lag_clears_the_granted_session():
+    """Clean Start 1 while the grant's record is not read: no session
+    present, but the answer names the session granted, so the asking node
+    clears what it left (subscriptions, stored deliveries) [MQTT-3.1.2-4]."""
+    events, bus = deciding()
+    events._decide_many((connect("node-a", "sa", "r1"),))
+    events._decide_many((connect("node-b", "sb", "r2", clean_start=True),))
+    second, = answered(bus, events, "node-b")
+    assert not second.session_present and second.session.session_id == "sa"
+    assert len(disconnects(bus, events, "node-a")) == 1
+
+
+def test_a_persistent_clean_start_connect_is_not_decided_at_once_by_another_member():
+    """A Clean Start 1 connect that makes a persistent session goes to the
+    member deciding its client id, so that member knows every session a
+    Clean Start 0 connect can ask for; a non-persistent one, which ends
+    with its connection, is decided at once where the registry shows
+    nothing."""
+    events, bus = deciding()
+    kept = events.request_connect("p", "sp", clean_start=True, persistent=True,
+                                  client_type=ClientType.DEVICE, session_expiry_interval=60,
+                                  protocol_level=5)
+    assert not kept.called
+    clean = events.request_connect("c", "sc", clean_start=True, persistent=False,
+                                   client_type=ClientType.DEVICE, session_expiry_interval=0,
+                                   protocol_level=5)
+    assert clean.called
+    assert [k for t, k, *_ in bus.published if t == events.topics.session_event_request] == [
+        "p"]
