@@ -584,10 +584,29 @@ class SessionManager:
             max(0.0, delay), self._expire, session)
 
     def _expire(self, session: Session) -> None:
+        """The session expiry interval of the offline ``session`` passed: it
+        ends once the member deciding its client id knows it
+        (:meth:`tbmq.cluster.session_events.SessionEvents.request_end`), so
+        that a connect decided after it presents no session
+        [MQTT-3.2.2-2]; a later connection the member granted keeps it
+        (its record makes this node forget it; asked again after the
+        connect timeout if none comes)."""
         session.expiry_timer = None
         if session.connection is None and self.sessions.get(session.client_id) is session:
+            if self.events is None:
+                self._expired(session, True)
+            else:
+                self.events.request_end(session.client_id, session.session_id,
+                                        partial(self._expired, session))
+
+    def _expired(self, session: Session, ends: bool) -> None:
+        if session.connection is not None or self.sessions.get(session.client_id) is not session:
+            return  # connected again, or forgotten, meanwhile
+        if ends:
             self.log.info("session {client_id} expired", client_id=session.client_id)
             self.end_session(session, expired=True)
+        else:
+            self._schedule_expiry(session, self.events.timeout)
 
     def _cancel_timers(self, session: Session) -> None:
         for name in ("will_timer", "expiry_timer"):

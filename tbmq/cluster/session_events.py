@@ -184,6 +184,11 @@ class SessionEvents:
         #: connection this member granted, until the registry shows it (at
         #: most :attr:`GRANT_MEMORY` seconds), oldest first
         self._granted: OrderedDict[str, tuple] = OrderedDict()
+        #: client id -> (session id, seconds, stamp) of the session this
+        #: member let end (:meth:`request_end`), until the registry shows
+        #: its end (at most :attr:`GRANT_MEMORY` seconds), oldest first: a
+        #: record or grant older than the stamp is of an ended session
+        self._ended: OrderedDict[str, tuple[str, float, int]] = OrderedDict()
         #: request id -> (its Deferred, the time its answer is due, the
         #: connection's session id, the client id once counted in
         #: :attr:`_asking`, else None), oldest first
@@ -313,6 +318,55 @@ class SessionEvents:
             if self._sweep is None:
                 self._sweep = self.clock.callLater(self.timeout, self._time_out)
         return d
+
+    def request_end(self, client_id: str, session_id: str, done: Callable) -> None:
+        """Ask the member deciding ``client_id`` to let this node end its
+        offline session ``session_id`` (its session expiry interval passed:
+        TBMQ's ``CLEAR_SESSION_REQUEST``, in order with the client id's
+        connects): the member knows of the end before this node ends it, so
+        a connect it decides after (a Clean Start 0 reconnect once the
+        session's effects are gone) is answered "no session present"
+        [MQTT-3.2.2-2] though its session registry has not read the end's
+        tombstone yet (:meth:`held`).  Decided at once when this node's
+        member decides the client id (:meth:`tbmq.interfaces.IConsumer.decides`),
+        else published on ``tbmq.client.session.event.request``
+        (:data:`~tbmq.cluster.records.CLEAR_SESSION`, ``clean_start`` True:
+        the node holding the session asks) and answered on this node's
+        ``tbmq.client.session.event.response.<serviceId>``.
+
+        :param done: ``done(ends)``, called once (maybe during this call):
+            True to end the session now (also when no answer came within
+            :attr:`timeout` seconds or the bus refused the request: the
+            session ends as before, the member then learns of it from the
+            registry), False when the member knows a later connection of
+            the client id (the session is held by it: its record, when
+            read, makes this node forget the session).
+        """
+        deciding = self._deciding
+        if deciding is None or deciding.decides(client_id):
+            done(self._end_decision(client_id, session_id))
+            return
+        self._requests += 1
+        request_id = f"{self._request_prefix}{self._requests}"
+        now = self.clock.seconds()
+        d = defer.Deferred()
+
+        def answered(response) -> None:
+            done(response.success)
+
+        def failed(failure: Failure) -> None:
+            log.warn("the end of session {client_id} was not confirmed by its deciding "
+                     "member ({error}); it ends here", client_id=client_id,
+                     error=failure.getErrorMessage())
+            done(True)
+
+        d.addCallbacks(answered, failed)
+        self._pending[request_id] = (d, now + self.timeout, session_id, None)
+        self._request(SessionEvent(CLEAR_SESSION, client_id, self.service_id, session_id,
+                                   request_id, True, at=now),
+                      partial(self._sent, request_id))
+        if self._sweep is None and request_id in self._pending:
+            self._sweep = self.clock.callLater(self.timeout, self._time_out)
 
     def _unseen(self, client_id: str) -> bool:
         """Whether a connect of ``client_id`` may be decided here at once
@@ -507,11 +561,26 @@ class SessionEvents:
                     to[1].append(response)
             elif kind == NODE_GONE:
                 self._take_over(event)
+            elif kind == CLEAR_SESSION and event.clean_start:
+                # the node holding the session asks to end it (expired)
+                response = SessionEventResponse(
+                    event.client_id, event.request_id,
+                    self._end_decision(event.client_id, event.session_id), False)
+                if event.service_id == here:
+                    self._on_responses((response,))
+                    continue
+                to = answers.get(event.service_id)
+                if to is None:
+                    answers[event.service_id] = ([event.client_id], [response])
+                else:
+                    to[0].append(event.client_id)
+                    to[1].append(response)
             elif kind == CLEAR_SESSION:
-                info = self.registry.get(event.client_id)
+                info = self.held(event.client_id)
                 if (info is not None and not info.connected
                         and info.session_id == event.session_id):
                     self.clear(info)
+                    self._ended_here(event.client_id, event.session_id)
         if not answers:
             return None
         sent = Completion()
@@ -548,18 +617,27 @@ class SessionEvents:
 
         A grant decided when its connect had stopped waiting (its request
         older than :attr:`timeout`: the asking node refused it, no record
-        of it will come) is not used.
+        of it will come) is not used, nor a record or grant older than the
+        end of a session this member let end (:meth:`request_end`) while
+        the registry has not read that end's tombstone.
 
         :returns: a :class:`~tbmq.cluster.records.SessionInfo` (the grant's
             is built from its request: connected since the grant, no will,
             address or user name), or None when neither shows a session."""
         info = self.registry.get(client_id)
         granted = self._granted.get(client_id)
+        ended = self._ended.get(client_id) if self._ended else None
+        if ended is not None:
+            if ended[1] + self.GRANT_MEMORY < self.clock.seconds():
+                ended = None
+            elif info is not None and info.stamp < ended[2]:
+                info = None  # the session ended here, its end not read yet
         if granted is None:
             return info
         session_id, at, stamp, service_id, described = granted
         if (described is None or (info is not None and info.stamp >= stamp)
-                or at + self.GRANT_MEMORY < self.clock.seconds()):
+                or at + self.GRANT_MEMORY < self.clock.seconds()
+                or (ended is not None and stamp < ended[2])):
             return info
         persistent, client_type, expiry, protocol_level = described
         return SessionInfo(client_id, service_id, session_id, True, persistent, client_type,
@@ -605,6 +683,37 @@ class SessionEvents:
     #: not shown it yet (the lag of ``tbmq.client.session`` behind the
     #: session events)
     GRANT_MEMORY = 60.0
+
+    def _end_decision(self, client_id: str, session_id: str) -> bool:
+        """Decide the end of the offline session ``session_id`` of
+        ``client_id`` asked by the node holding it (:meth:`request_end`):
+        it ends unless :meth:`held` shows another session (a later
+        connection, granted or recorded) or a connection of it (a
+        reconnect this member granted whose record it has not read, or the
+        registry not having read the disconnect yet: the node asks again
+        later); an end is remembered (:meth:`_ended_here`).
+
+        :returns: whether the session ends."""
+        info = self.held(client_id)
+        if info is not None and (info.session_id != session_id or info.connected):
+            return False
+        self._ended_here(client_id, session_id)
+        return True
+
+    def _ended_here(self, client_id: str, session_id: str) -> None:
+        """Remember that this member let the session ``session_id`` of
+        ``client_id`` end, stamped after every grant it made and record it
+        read (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`),
+        until its registry reads the end (at most :attr:`GRANT_MEMORY`
+        seconds): :meth:`held` ignores what is older."""
+        ended = self._ended
+        now = self.clock.seconds()
+        ended.pop(client_id, None)
+        ended[client_id] = (session_id, now, self.registry.next_stamp(client_id))
+        while ended:
+            if next(iter(ended.values()))[1] + self.GRANT_MEMORY >= now:
+                break
+            ended.popitem(last=False)
 
     def _grant(self, client_id: str, session_id: str, stamp: int, service_id: str,
                described: tuple | None) -> None:
@@ -665,6 +774,10 @@ class SessionEvents:
             # node that had not read the grant yet, leaves it: its record,
             # or its node's restatement, comes next)
             del self._granted[client_id]
+        if self._ended:
+            ended = self._ended.get(client_id)
+            if ended is not None and (new is None or new.stamp >= ended[2]):
+                del self._ended[client_id]  # the registry shows the end, or a later grant
         if (new is not None and new.service_id != self.service_id
                 and (old is None or old.session_id != new.session_id)
                 and not self.registry.granted_later(client_id, new.stamp)):

@@ -4,13 +4,17 @@ member that decides a client id answers from the registry's record or from
 its own later grant whose record it has not read yet (TBMQ's deciding node
 writes the session record itself, so its view holds its grants at once),
 so the session a node was granted moments ago is present for the next
-connect [MQTT-3.2.2-2] and its connection is dropped there [MQTT-3.1.4-3]."""
+connect [MQTT-3.2.2-2] and its connection is dropped there [MQTT-3.1.4-3].
+The other side of the same lag: a session that expired ends through that
+member (:meth:`SessionEvents.request_end`), so the next connect finds no
+session though the registry has not read the end's tombstone yet."""
 
 from __future__ import annotations
 
 from twisted.internet import task
 
 from tbmq.cluster.records import (
+    CLEAR_SESSION,
     CONNECTION_REQUEST,
     DisconnectCommand,
     Record,
@@ -182,3 +186,99 @@ def test_a_persistent_clean_start_connect_is_not_decided_at_once_by_another_memb
     assert clean.called
     assert [k for t, k, *_ in bus.published if t == events.topics.session_event_request] == [
         "p"]
+
+
+def end(node, session_id, request_id):
+    """Node ``node``'s request to end its offline session ``session_id`` of ``x``."""
+    return SessionEvent(CLEAR_SESSION, "x", node, session_id, request_id, True, at=100.0)
+
+
+def offline(node, session_id, stamp):
+    return SessionInfo("x", node, session_id, False, True, ClientType.APPLICATION, 3, 5,
+                       10.0, 11.0, 11.0, stamp=stamp)
+
+
+def test_a_reconnect_after_the_session_expired_finds_no_session_before_the_tombstone_is_read():
+    """Node A's persistent session expired; node A asks the deciding member
+    to end it, which answers yes (no later connection) and remembers the
+    end: a Clean Start 0 reconnect to node B decided next presents no
+    session [MQTT-3.2.2-2] though node D's registry still shows node A's
+    offline record (its tombstone not read yet), and drops nothing."""
+    events, bus = deciding()
+    read(events, bus, offline("node-a", "sa", 5))
+    events._decide_many((end("node-a", "sa", "e1"),))
+    ended, = answered(bus, events, "node-a")
+    assert (ended.request_id, ended.success) == ("e1", True)
+    assert events.registry.get("x").session_id == "sa"  # the tombstone not read yet
+    events._decide_many((connect("node-b", "sb", "r2"),))
+    second, = answered(bus, events, "node-b")
+    assert second.success and not second.session_present and second.session is None
+    assert disconnects(bus, events, "node-a") == []
+    # the tombstone, then node B's record: the next connect finds node B's session
+    handler = bus.subscribed[events.topics.client_session][0]
+    handler(Record(events.topics.client_session, "x", None))
+    read(events, bus, record_of(second, "node-b", "sb", connected=False))
+    events._decide_many((connect("node-a", "sc", "r3"),))
+    third = answered(bus, events, "node-a")[-1]
+    assert third.session_present and third.session.session_id == "sb"
+
+
+def test_the_end_of_a_session_whose_connection_is_not_read_yet_waits_for_its_record():
+    """A session granted moments ago (its records not read yet: the member
+    knows it as connected) is not ended: the holding node asks again
+    later; once the registry shows it offline, the end is granted, and a
+    connect decided after it presents no session."""
+    events, bus = deciding()
+    events._decide_many((connect("node-a", "sa", "r1"),))
+    first, = answered(bus, events, "node-a")
+    events._decide_many((end("node-a", "sa", "e1"),))
+    assert answered(bus, events, "node-a")[-1].success is False
+    read(events, bus, record_of(first, "node-a", "sa", connected=False))
+    events._decide_many((end("node-a", "sa", "e2"),))
+    assert answered(bus, events, "node-a")[-1].success is True
+    events._decide_many((connect("node-b", "sb", "r2"),))
+    second = answered(bus, events, "node-b")[-1]
+    assert not second.session_present and second.session is None
+
+
+def test_the_end_of_a_session_a_later_connection_holds_is_refused():
+    """A connection granted after node A's session went offline (its record
+    not read yet) holds the session: node A's request to end it is
+    answered no, and the next connect still presents the session."""
+    events, bus = deciding()
+    read(events, bus, offline("node-a", "sa", 5))
+    events._decide_many((connect("node-b", "sb", "r1"),))
+    assert answered(bus, events, "node-b")[-1].session_present
+    events._decide_many((end("node-a", "sa", "e1"),))
+    refused = answered(bus, events, "node-a")[-1]
+    assert (refused.request_id, refused.success) == ("e1", False)
+    events._decide_many((connect("node-c", "sc", "r2"),))
+    third = answered(bus, events, "node-c")[-1]
+    assert third.session_present and third.session.session_id == "sb"
+
+
+def test_the_holding_node_ends_its_session_once_the_member_answers():
+    """request_end: decided at once where this node's member decides the
+    client id and has read its partition; else published as a
+    CLEAR_SESSION asked by the holding node, and ``done`` gets the
+    member's answer, or True when none comes in time."""
+    events, bus = deciding()
+    member = bus.members[events.topics.session_event_request]
+    member.deciding.add("x")
+    read(events, bus, offline("node-d", "sd", 5))
+    outcomes = []
+    events.request_end("x", "sd", outcomes.append)
+    assert outcomes == [True]
+    events._decide_many((connect("node-b", "sb", "r1"),))
+    assert answered(bus, events, "node-b")[-1].session is None
+    member.deciding.clear()
+    events.request_end("y", "sy", outcomes.append)
+    asked, = [v for t, _, v, *_ in bus.published if t == events.topics.session_event_request]
+    assert (asked.kind, asked.client_id, asked.service_id, asked.session_id,
+            asked.clean_start) == (CLEAR_SESSION, "y", "node-d", "sy", True)
+    assert outcomes == [True]
+    events._decide_many((asked,))  # this node's own request, read back: answered in process
+    assert outcomes == [True, True]
+    events.request_end("z", "sz", outcomes.append)
+    events.clock.advance(events.timeout * 1.2)
+    assert outcomes == [True, True, True]
