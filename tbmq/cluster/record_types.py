@@ -240,14 +240,18 @@ class SessionEvent:
     """A request about a client's session, decided by the one consumer of
     its key (TBMQ's ``ClientSessionEvent``).
 
-    :ivar kind: :data:`CONNECTION_REQUEST`, :data:`DISCONNECTED` or
-        :data:`CLEAR_SESSION`.
+    :ivar kind: :data:`CONNECTION_REQUEST`, :data:`DISCONNECTED`,
+        :data:`CLEAR_SESSION` or :data:`NODE_GONE`.
     :ivar client_id: the client id.
     :ivar service_id: the node that sends the request (the answer goes to
         its ``tbmq.client.session.event.response.<serviceId>``).
     :ivar session_id: the connection, a uuid hex string.
     :ivar request_id: matches the response to the request.
-    :ivar clean_start: CONNECT's clean start / clean session flag.
+    :ivar clean_start: CONNECT's clean start / clean session flag; of a
+        :data:`CLEAR_SESSION`: True when the node holding the session asks
+        to end it (its expiry: the deciding member answers it, and that
+        node ends the session), False for an administrator's request (the
+        deciding node ends it).
     :ivar persistent: whether the new session is persistent.
     :ivar client_type: :class:`tbmq.model.ClientType`.
     :ivar session_expiry_interval: seconds.

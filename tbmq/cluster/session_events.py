@@ -70,6 +70,15 @@ connect names every such session granted before the request, read or
 not; what it still does not know is a grant of the partition's previous
 member not read yet after the partition moved.
 
+The other side of that lag is a session's end: the node holding an
+offline session whose expiry interval passed asks the member to let it
+end it (:meth:`SessionEvents.request_end`, TBMQ's
+``CLEAR_SESSION_REQUEST``), and ends it once answered; the member
+remembers the end until its registry reads it, so a Clean Start 0
+reconnect after the session's effects are gone (an APPLICATION client's
+topic deleted) presents no session though the registry still shows the
+offline record.
+
 A Clean Start connect of a non-persistent session (it ends with its
 connection [MQTT-3.1.2-23]: no later connect can ask for it) of a client
 id the session registry shows no session of (no node holds one,

@@ -508,3 +508,62 @@ def test_a_reconnect_to_the_deciding_node_before_it_read_the_grants_record_resum
     for node in (cluster.a, cluster.b):
         info = node.broker.registry.get("lag")
         assert (info.service_id, info.connected) == (deciding.broker.service_id, True)
+
+
+def _lagging(cluster, client_id):
+    """:returns: (the node deciding ``client_id``, the other node)."""
+    if cluster.a.broker.events._deciding.decides(client_id):
+        return cluster.a, cluster.b
+    return cluster.b, cluster.a
+
+
+def _wait(cluster, seconds):
+    """Let ``seconds`` pass a second at a time (the nodes' heartbeats too)."""
+    for _ in range(int(seconds)):
+        cluster.clock.advance(1)
+
+
+def test_a_reconnect_after_an_expiry_finds_no_session_before_the_deciding_registry_reads_it(
+        cluster):
+    """A persistent session offline on the other node expires while the
+    deciding node's registry lags: the end goes through the deciding
+    member, so a Clean Start 0 connect to the deciding node right after
+    presents no session [MQTT-3.2.2-2] though its registry still shows the
+    offline record."""
+    expiry = {Property.SESSION_EXPIRY_INTERVAL: 60}
+    deciding, other = _lagging(cluster, "gone")
+    first = other.client("gone", level=5, clean_start=False, properties=expiry)
+    assert sub(first, "gone/#")[0].reason_codes == [1]
+    first.lose()
+    cluster.clock.advance(0)
+    assert deciding.broker.registry.get("gone").connected is False
+    deciding.broker.registry.consumer.pause()
+    _wait(cluster, 60)
+    assert "gone" not in other.broker.sessions.sessions  # ended there
+    assert deciding.broker.registry.get("gone") is not None  # the tombstone not read
+    again = deciding.client("gone", level=5, clean_start=False, properties=expiry)
+    assert again.connack.reason_code == 0 and not again.connack.session_present
+    deciding.broker.registry.consumer.resume()
+    cluster.clock.advance(0)
+    for node in (cluster.a, cluster.b):
+        info = node.broker.registry.get("gone")
+        assert (info.service_id, info.connected) == (deciding.broker.service_id, True)
+
+
+def test_an_expiry_the_deciding_member_cannot_confirm_yet_is_asked_again(cluster):
+    """The deciding member has not read the record of a connection it
+    granted (it knows the session as connected): the holding node's
+    expiry is refused and asked again after the connect timeout, and the
+    session ends once the member's registry has read it offline."""
+    expiry = {Property.SESSION_EXPIRY_INTERVAL: 60}
+    deciding, other = _lagging(cluster, "slow")
+    deciding.broker.registry.consumer.pause()
+    first = other.client("slow", level=5, clean_start=False, properties=expiry)
+    first.lose()
+    _wait(cluster, 60)
+    assert "slow" in other.broker.sessions.sessions  # not ended: refused
+    deciding.broker.registry.consumer.resume()
+    _wait(cluster, deciding.broker.events.timeout + 1)
+    assert "slow" not in other.broker.sessions.sessions
+    for node in (cluster.a, cluster.b):
+        assert node.broker.registry.get("slow") is None
