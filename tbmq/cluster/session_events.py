@@ -198,6 +198,10 @@ class SessionEvents:
         #: its end (at most :attr:`GRANT_MEMORY` seconds), oldest first: a
         #: record or grant older than the stamp is of an ended session
         self._ended: OrderedDict[str, tuple[str, float, int]] = OrderedDict()
+        #: client id -> (session id, seconds) of its last persistent session
+        #: whose tombstone the registry read, for :attr:`GRANT_MEMORY`
+        #: seconds, oldest first (:meth:`_connect_decision`)
+        self._gone: OrderedDict[str, tuple[str, float]] = OrderedDict()
         #: request id -> (its Deferred, the time its answer is due, the
         #: connection's session id, the client id once counted in
         #: :attr:`_asking`, else None), oldest first
@@ -604,12 +608,24 @@ class SessionEvents:
 
     def _connect_decision(self, event: SessionEvent) -> SessionEventResponse:
         """Decide one CONNECTION_REQUEST (:meth:`_decision` of its fields).
+        Its grant is not kept for the next connect (``described`` None) when
+        its connect no longer waits (the request older than
+        :attr:`timeout`), or when the request is read again (its partition
+        moved before the member that decided it committed it) after the
+        registry read a record of its connection, or the end of that
+        persistent session: a grant kept then would stand for a connection
+        that is recorded already or ended.
 
         :returns: the answer for the asking node."""
+        client_id, session_id = event.client_id, event.session_id
+        recorded = self.registry.get(client_id)
+        gone = self._gone.get(client_id) if self._gone else None
         described = ((event.persistent, event.client_type, event.session_expiry_interval,
                       event.protocol_level)
-                     if event.at + self.timeout > self.clock.seconds() else None)
-        return self._decision(event.client_id, event.service_id, event.session_id,
+                     if (event.at + self.timeout > self.clock.seconds()
+                         and (recorded is None or recorded.session_id != session_id)
+                         and (gone is None or gone[0] != session_id)) else None)
+        return self._decision(client_id, event.service_id, session_id,
                               event.request_id, event.clean_start, described)
 
     def held(self, client_id: str) -> SessionInfo | None:
@@ -724,6 +740,18 @@ class SessionEvents:
                 break
             ended.popitem(last=False)
 
+    def _forget_later(self, client_id: str, session_id: str) -> None:
+        """Remember for :attr:`GRANT_MEMORY` seconds that the persistent
+        session ``session_id`` of ``client_id`` ended (:attr:`_gone`)."""
+        gone = self._gone
+        now = self.clock.seconds()
+        gone.pop(client_id, None)
+        gone[client_id] = (session_id, now)
+        while gone:
+            if next(iter(gone.values()))[1] + self.GRANT_MEMORY >= now:
+                break
+            gone.popitem(last=False)
+
     def _grant(self, client_id: str, session_id: str, stamp: int, service_id: str,
                described: tuple | None) -> None:
         """Remember the connection ``session_id`` of ``client_id`` granted
@@ -787,6 +815,8 @@ class SessionEvents:
             ended = self._ended.get(client_id)
             if ended is not None and (new is None or new.stamp >= ended[2]):
                 del self._ended[client_id]  # the registry shows the end, or a later grant
+        if new is None and old is not None and old.persistent:
+            self._forget_later(client_id, old.session_id)
         if (new is not None and new.service_id != self.service_id
                 and (old is None or old.session_id != new.session_id)
                 and not self.registry.granted_later(client_id, new.stamp)):

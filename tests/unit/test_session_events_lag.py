@@ -282,3 +282,26 @@ def test_the_holding_node_ends_its_session_once_the_member_answers():
     events.request_end("z", "sz", outcomes.append)
     events.clock.advance(events.timeout * 1.2)
     assert outcomes == [True, True, True]
+
+
+def test_a_request_read_again_after_its_session_was_recorded_or_ended_grants_nothing_kept():
+    """A connect request read again (its partition moved before the member
+    that decided it committed it) after the registry read its
+    connection's record, or the end of that persistent session: decided
+    again, but its grant is not kept, so the next connect is answered
+    from the registry (no session after the end [MQTT-3.2.2-2]) and the
+    end of the session is not refused for a connection that no longer
+    exists."""
+    events, bus = deciding()
+    events._decide_many((connect("node-a", "sa", "r1"),))
+    first, = answered(bus, events, "node-a")
+    read(events, bus, record_of(first, "node-a", "sa", connected=False))
+    events._decide_many((connect("node-a", "sa", "r1"),))  # read again: recorded
+    events._decide_many((end("node-a", "sa", "e1"),))
+    assert answered(bus, events, "node-a")[-1].success is True
+    handler = bus.subscribed[events.topics.client_session][0]
+    handler(Record(events.topics.client_session, "x", None))
+    events._decide_many((connect("node-a", "sa", "r1"),))  # read again: ended
+    events._decide_many((connect("node-b", "sb", "r2"),))
+    second = answered(bus, events, "node-b")[-1]
+    assert not second.session_present and second.session is None
