@@ -533,8 +533,7 @@ class ConnectHandler:
             keep_alive = cfg.max_keep_alive if conn.protocol_level >= MQTT_5 else keep_alive
         # the connect timeout becomes the keep alive's: a later deadline is
         # one attribute (the node's Deadlines move it when its bucket is due)
-        conn.setTimeout((_TIMEOUTS.get(keep_alive) or _timeout_of(keep_alive)) if keep_alive
-                        else None)
+        conn.setTimeout(_timeout_of(keep_alive) if keep_alive else None)
         level = conn.protocol_level
         if level >= MQTT_5:
             props = self._connack_properties(connect, session, keep_alive)
