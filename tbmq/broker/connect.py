@@ -334,9 +334,11 @@ class ConnectHandler:
         """Tell the login guard how the CONNECT's authentication ended (see
         :meth:`tbmq.auth.guard.LoginGuard.done`); a refused login that held
         no :class:`~tbmq.auth.guard.Attempt` is counted from ``request``
-        (:meth:`~tbmq.auth.guard.LoginGuard.failed`)."""
-        attempt, self._attempt = self._attempt, None
+        (:meth:`~tbmq.auth.guard.LoginGuard.failed`); a login accepted
+        without one has nothing to tell."""
+        attempt = self._attempt
         if attempt is not None:
+            self._attempt = None
             self.ctx.guard.done(attempt, failed)
         elif failed and request is not None and self.ctx.guard is not None:
             address = request.address
@@ -350,9 +352,7 @@ class ConnectHandler:
         continues = result is not None and result.continue_auth and v5 and request.auth_method
         if not continues and not request.reauthenticate:
             # a failure counts against the source even when the client left
-            failed = result is None or not result.allowed
-            if failed or self._attempt is not None:  # (else nothing to tell)
-                self._auth_done(failed, request)
+            self._auth_done(result is None or not result.allowed, request)
         if self._gone():
             self._drop_held()
             return
