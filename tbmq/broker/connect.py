@@ -567,7 +567,7 @@ class ConnectHandler:
         if hooks.wants_connected:  # (no call when no plugin listens)
             hooks.client_connected(session, connect, request.address)
         conn._peer_address = None  # asked of the transport again when needed
-        session.resume()
+        session.resume(present)
         conn._release()
 
     def _connack_properties(self, connect: Connect, session, keep_alive: int) -> dict:
