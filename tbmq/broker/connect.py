@@ -334,9 +334,11 @@ class ConnectHandler:
         """Tell the login guard how the CONNECT's authentication ended (see
         :meth:`tbmq.auth.guard.LoginGuard.done`); a refused login that held
         no :class:`~tbmq.auth.guard.Attempt` is counted from ``request``
-        (:meth:`~tbmq.auth.guard.LoginGuard.failed`)."""
-        attempt, self._attempt = self._attempt, None
+        (:meth:`~tbmq.auth.guard.LoginGuard.failed`); a login accepted
+        without one has nothing to tell."""
+        attempt = self._attempt
         if attempt is not None:
+            self._attempt = None
             self.ctx.guard.done(attempt, failed)
         elif failed and request is not None and self.ctx.guard is not None:
             address = request.address
@@ -350,9 +352,7 @@ class ConnectHandler:
         continues = result is not None and result.continue_auth and v5 and request.auth_method
         if not continues and not request.reauthenticate:
             # a failure counts against the source even when the client left
-            failed = result is None or not result.allowed
-            if failed or self._attempt is not None:  # (else nothing to tell)
-                self._auth_done(failed, request)
+            self._auth_done(result is None or not result.allowed, request)
         if self._gone():
             self._drop_held()
             return
@@ -533,8 +533,7 @@ class ConnectHandler:
             keep_alive = cfg.max_keep_alive if conn.protocol_level >= MQTT_5 else keep_alive
         # the connect timeout becomes the keep alive's: a later deadline is
         # one attribute (the node's Deadlines move it when its bucket is due)
-        conn.setTimeout((_TIMEOUTS.get(keep_alive) or _timeout_of(keep_alive)) if keep_alive
-                        else None)
+        conn.setTimeout(_timeout_of(keep_alive) if keep_alive else None)
         level = conn.protocol_level
         if level >= MQTT_5:
             props = self._connack_properties(connect, session, keep_alive)
@@ -568,7 +567,7 @@ class ConnectHandler:
         if hooks.wants_connected:  # (no call when no plugin listens)
             hooks.client_connected(session, connect, request.address)
         conn._peer_address = None  # asked of the transport again when needed
-        session.resume()
+        session.resume(present)
         conn._release()
 
     def _connack_properties(self, connect: Connect, session, keep_alive: int) -> dict:

@@ -752,18 +752,19 @@ class Outbox:
 
     # -- life cycle ------------------------------------------------------------------------------
 
-    def resume(self, marker: bool = False) -> None:
+    def resume(self, marker: bool = False, stored: bool = True) -> None:
         """After CONNACK: resend what is in flight with DUP set, in order
         [MQTT-4.4.0-1], then send the queue.  A persistent session reads its
         deliveries from the store first (:meth:`StoreReader.start
-        <tbmq.broker.store_reads.StoreReader.start>`)."""
+        <tbmq.broker.store_reads.StoreReader.start>`; ``stored`` False: a
+        new session, of which the store holds nothing)."""
         if self.persistent:
             self.inflight.clear()
             self._clear_queue()
             self.queued_bytes = 0
             self._last_seq = 0
             self.paged_out = True
-            self.store_reader().start(marker)
+            self.store_reader().start(marker, stored)
             return
         if self.inflight:  # (a new session's is the shared empty mapping)
             for delivery in list(self.inflight.values()):

@@ -469,7 +469,7 @@ class MQTTProtocol(protocol.Protocol):
         for the session that attaches to it (kept up to date by this one),
         with the client's capabilities its CONNECT's handler read."""
         handshake = self.handshake
-        link = self.link = Link(self, 65535, None, 0, self._auth) if handshake is None else Link(
+        link = self.link = Link(self, auth=self._auth) if handshake is None else Link(
             self, handshake.send_quota, handshake.max_packet_size, handshake.topic_alias_maximum,
             self._auth)
         return link

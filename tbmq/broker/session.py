@@ -748,15 +748,21 @@ class Session:
                                     "session expiry interval changed from 0")
         self.expiry_interval = min(expiry, cap)
 
-    def resume(self) -> None:
+    def resume(self, stored: bool = True) -> None:
         """After CONNACK: resend in-flight deliveries and send the queue; a
         persistent APPLICATION session reads its own topic again, a
-        persistent DEVICE session writes its attach marker."""
+        persistent DEVICE session writes its attach marker.
+
+        :param stored: False for a session the CONNECT made (CONNACK
+            session present 0 [MQTT-3.2.2-2]): the device store holds
+            nothing of it, so it is not read unless the session subscribed
+            before its attach marker came back
+            (:meth:`tbmq.broker.store_reads.StoreReader.start`)."""
         if not self.persistent:  # neither: the outbox alone
             self.outbox.resume(False)
             return
         marker = self._uses_device_store()
-        self.outbox.resume(marker)
+        self.outbox.resume(marker, stored)
         if self.reads_application_topics() and not self.app_consumers:
             self.ctx.applications.attach(self)
         elif marker:

@@ -111,10 +111,12 @@ class StoreReader:
         publish, if still waiting), else None.
     :ivar finished_in_read: seqs of the deliveries finished during the read
         (the read may still hold them: sent, they would be sent again).
+    :ivar new: the session is new (its CONNECT made it) and its first read
+        is still to come: the store holds nothing of it.
     """
 
     __slots__ = ("outbox", "loading", "arrived", "reread", "awaiting_marker", "marker_timer",
-                 "finished_in_read")
+                 "finished_in_read", "new")
 
     def __init__(self, outbox) -> None:
         self.outbox = outbox
@@ -124,18 +126,31 @@ class StoreReader:
         self.awaiting_marker = False
         self.marker_timer = None
         self.finished_in_read: set[int] | frozenset = NO_SEQS  # a set during each read
+        self.new = False
 
-    def start(self, marker: bool) -> None:
+    def start(self, marker: bool, stored: bool = True) -> None:
         """The session resumed (:meth:`~tbmq.broker.outbox.Outbox.resume`):
         read the store now, or with ``marker`` once the attach marker comes
         back (:meth:`on_attached`), after :data:`MARKER_WAIT` seconds at the
-        latest, counted from :meth:`marker_sent`."""
+        latest, counted from :meth:`marker_sent`.
+
+        :param stored: False for a new session (CONNACK session present 0):
+            the store holds nothing of it (a session that ended had its
+            deliveries cleared, in the store's order of the client's calls,
+            before this one was made), and nothing can be stored for it
+            before it subscribes.  It is not read then: not now, and not
+            when its marker comes back unless it subscribed meanwhile (a
+            delivery matched by that subscription may then be stored
+            before the marker, on a cluster)."""
         self.reread = False
         self.stop_marker_wait()
+        self.new = not stored
         if marker:
             self.awaiting_marker = True
-        else:
+        elif stored:
             self.page_in()
+        else:
+            self.outbox.paged_out = False
 
     def marker_sent(self) -> None:
         """The session's attach marker was published: wait for it
@@ -250,6 +265,11 @@ class StoreReader:
             return
         if self.awaiting_marker:  # the first read: the only one
             self.stop_marker_wait()
+            if self.new and not self.outbox.session.subscriptions:
+                # nothing stored, nothing matched for it before the marker
+                self.new = False
+                self.outbox.paged_out = False
+                return
         elif self.loading:
             self.reread = True  # once the read under way is done
             return
@@ -305,6 +325,7 @@ class StoreReader:
         removals of completed deliveries go first, and the store runs a
         client's calls in order, so they are not read back."""
         self.reread = False
+        self.new = False
         self.outbox._remove_completed()
         if self.outbox.queue:
             kept = deque(d for d in self.outbox.queue if not d.seq)  # QoS 0: not in the store

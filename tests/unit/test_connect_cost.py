@@ -6,6 +6,8 @@ a CONNECT is built only at debug level."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from twisted.internet import defer, task
 
@@ -14,7 +16,8 @@ from tbmq.auth import passwords
 from tbmq.auth.passwords import check_password
 from tbmq.backends.memory_credentials import MemoryCredentialStore
 from tbmq.model import Credentials, CredentialsType
-from tbmq.mqtt import Connect
+from tbmq.broker.store_reads import StoreReader
+from tbmq.mqtt import Connect, Publish, Subscribe, SubscriptionRequest
 from tests.helpers import Harness
 
 
@@ -250,3 +253,66 @@ def test_a_connect_builds_no_notification_that_no_plugin_implements(monkeypatch)
     monkeypatch.setattr(h.broker.hooks, "notify", lambda name, **kwargs: called.append(name))
     assert h.client("c1", level=4).connack.reason_code == 0
     assert called == []
+
+
+class CountedLoads:
+    """Wraps a device store's ``load``: the client ids read, in order."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.read: list[str] = []
+        self._load = store.load
+
+    def __call__(self, client_id, after_seq=0, limit=None):
+        self.read.append(client_id)
+        return self._load(client_id, after_seq=after_seq, limit=limit)
+
+
+def test_a_new_persistent_session_does_not_read_the_store_and_still_gets_its_messages(
+        monkeypatch):
+    h = Harness()
+    loads = CountedLoads(h.broker.device_store)
+    monkeypatch.setattr(h.broker.device_store, "load", loads)
+    sub = h.client("dev-1", clean_start=False)
+    assert sub.connack.session_present is False
+    assert loads.read == []  # a new session: the store holds nothing of it
+    sub.send(Subscribe(1, [SubscriptionRequest("t/#", 1)]))
+    assert sub.received()[0].packet_id == 1  # SUBACK
+    pub = h.client("pub-1")
+    pub.send(Publish("t/1", b"m1", qos=1, packet_id=7))
+    got = [p for p in sub.received() if isinstance(p, Publish)]
+    assert [p.payload for p in got] == [b"m1"]
+    # the session comes back: present, its store read once
+    sub.lose()
+    pub.send(Publish("t/1", b"m2", qos=1, packet_id=8))
+    again = h.client("dev-1", clean_start=False)
+    assert again.connack.session_present is True
+    assert loads.read == ["dev-1"]
+    assert [p.payload for p in again.pending + again.received()
+            if isinstance(p, Publish)] == [b"m1", b"m2"]
+
+
+def test_a_new_session_that_subscribed_before_its_marker_came_back_reads_the_store():
+    reads = []
+    outbox = SimpleNamespace(
+        link=object(), session=SimpleNamespace(session_id="s1", subscriptions={}),
+        paged_out=True, queue=(), queued_bytes=0, _last_seq=0,
+        _remove_completed=lambda: None,
+        ctx=SimpleNamespace(page_reads=SimpleNamespace(
+            read=lambda reader, link: reads.append("read"))))
+    reader = StoreReader(outbox)
+    reader.start(True, stored=False)
+    outbox.session.subscriptions = {"t/#": object()}  # subscribed meanwhile
+    reader.on_attached("s1")
+    assert reads == ["read"]
+    # without a subscription: no read, and the outbox takes live deliveries
+    reads.clear()
+    outbox.session.subscriptions = {}
+    reader.start(True, stored=False)
+    reader.on_attached("s1")
+    assert reads == [] and outbox.paged_out is False and reader.new is False
+    # a resumed session always reads at its marker
+    outbox.paged_out = True
+    reader.start(True, stored=True)
+    reader.on_attached("s1")
+    assert reads == ["read"]
