@@ -369,6 +369,12 @@ class Outbox:
         if app_done is NO_ENTRIES:
             app_done = self._app_done = {}
         window = self._window()
+        # the usual case, as _offer's first: what the window takes is sent
+        # now (not in the device store: no sequence number to keep), the
+        # batch's sends in one run (one _send_run, one encoding call, one
+        # write), written before anything that must follow it
+        run = []
+        room = 0 if self.queue or conn.paused or self.overflowed else window - len(self.inflight)
         for i, d in enumerate(deliveries):
             qos, retain, sids = d.qos, d.retain, d.subscription_ids
             if type(d) is DeliveryRun:
@@ -378,21 +384,29 @@ class Outbox:
             else:
                 messages = (d.message,)
             if qos == 0:
+                if run:
+                    self._send_run(run, now, conn)
+                    run = []
                 for message in messages:
                     self.deliver(message, 0, retain, sids, None, now, source)
                 progress.finished(i)  # nothing to wait for
+                room = (0 if self.queue or conn.paused or self.overflowed
+                        else window - len(self.inflight))
                 continue
             record = (progress, i)  # its record of the batch
             for message in messages:
                 delivery = StoredDelivery(0, message, qos, retain, sids)
                 app_done[id(delivery)] = record
-                if (not self.queue and not conn.paused and not self.overflowed
-                        and len(self.inflight) < window):
-                    # the usual case, as _offer's first: sent now (not in the
-                    # device store: no sequence number to keep)
-                    self._send_run((delivery,), now, conn)
+                if room > 0:
+                    run.append(delivery)
+                    room -= 1
                     continue
+                if run:
+                    self._send_run(run, now, conn)
+                    run = []
                 self._offer(delivery, None, now, source, conn)
+        if run:
+            self._send_run(run, now, conn)
         return progress
 
     def _offer(self, delivery: StoredDelivery, cache, now: float, source, conn) -> None:

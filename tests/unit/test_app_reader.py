@@ -172,3 +172,56 @@ def test_a_run_partly_acknowledged_comes_again_whole_after_a_lost_connection(clu
     again.lose()
     third = cluster.a.client("app-1", level=5, clean_start=False, properties=dict(EXPIRY))
     assert third.pending + third.received() == []  # all committed
+
+
+def test_what_the_window_takes_of_a_batch_is_sent_as_one_run(cluster, monkeypatch):
+    runs = []
+    send_run = Outbox._send_run
+
+    def counted(self, deliveries, now, conn, cache=None):
+        runs.append([d.message.payload for d in deliveries])
+        return send_run(self, deliveries, now, conn, cache)
+
+    monkeypatch.setattr(Outbox, "_send_run", counted)
+    app, consumer = online_application(cluster)
+    runs.clear()
+    publish_deliveries(cluster, 0, 5)
+    got = app.received()
+    assert [m.payload for m in got] == [b"%d" % i for i in range(5)]
+    assert runs == [[b"%d" % i for i in range(5)]]  # one _send_run, not one per message
+    app.send(*[Puback(m.packet_id) for m in got])
+    assert consumer.lag() == 0
+
+
+def test_a_batch_beyond_the_clients_receive_maximum_is_sent_in_order_as_room_comes(cluster):
+    app = cluster.a.client("app-1", level=5, clean_start=False,
+                           properties={**EXPIRY, Property.RECEIVE_MAXIMUM: 3})
+    sub(app, "telemetry/#")
+    consumer = cluster.a.broker.sessions.sessions["app-1"].app_consumers[None]
+    publish_deliveries(cluster, 0, 7)
+    got = app.received()
+    assert [m.payload for m in got] == [b"0", b"1", b"2"]  # the window's worth
+    seen = list(got)
+    while len(seen) < 7:
+        app.send(*[Puback(m.packet_id) for m in got])
+        got = app.received()
+        assert got, "nothing sent after the acknowledgements"
+        assert len(got) <= 3
+        seen += got
+    assert [m.payload for m in seen] == [b"%d" % i for i in range(7)]
+    app.send(*[Puback(m.packet_id) for m in got])
+    assert consumer.lag() == 0
+
+
+def test_a_qos0_record_between_qos1_records_keeps_its_place(cluster):
+    app, consumer = online_application(cluster)
+    node = cluster.b.broker
+    for i, qos in enumerate((1, 1, 0, 1)):
+        node.bus.publish(node.topics.app("app-1"), "app-1",
+                         Delivery("app-1", Message("telemetry/1", b"%d" % i, qos, False, {}, "p",
+                                                   1.0), qos))
+    cluster.clock.advance(0)
+    got = app.received()
+    assert [(m.payload, m.qos) for m in got] == [(b"0", 1), (b"1", 1), (b"2", 0), (b"3", 1)]
+    app.send(*[Puback(m.packet_id) for m in got if m.qos])
+    assert consumer.lag() == 0
