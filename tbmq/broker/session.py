@@ -198,13 +198,15 @@ class Session:
         :raises ProtocolViolation: with the reason code of the rule broken.
         """
         conn = self.link
-        plain = self._plain_way(conn)
-        if plain is not None:
-            taken, unacked = plain_run((packet,), 0, self.inbound_unacked, *plain)
-            if taken:
-                self.inbound_unacked = unacked
-                self._publish(packet, packet.topic, conn, plain[5], plain[0])
-                return None
+        now = self.ctx.clock.seconds()  # the time of receipt, read once
+        if packet.qos < 2 and not packet.properties:  # (what plain_run can take)
+            plain = self._plain_way(conn, now)
+            if plain is not None:
+                taken, unacked = plain_run((packet,), 0, self.inbound_unacked, *plain)
+                if taken:
+                    self.inbound_unacked = unacked
+                    self._publish(packet, packet.topic, conn, now, plain[0])
+                    return None
         mqtt = self.ctx.mqtt
         v5 = conn.protocol_level >= MQTT_5
         qos = packet.qos
@@ -286,7 +288,6 @@ class Session:
             self.publisher_acks().ack_when(None, (Puback if qos == 1 else Pubrec)(
                 pid, ReasonCode.PAYLOAD_FORMAT_INVALID))
             return None
-        now = self.ctx.clock.seconds()
         hit = self._allowed.get(topic) if conn.auth is self._allowed_for else None
         if hit is not None and hit[1] > now:
             allowed = hit[0]  # the authorization cache
@@ -320,7 +321,8 @@ class Session:
             or one that goes the whole way); ``start`` when none was."""
         run = self._run
         conn = self.link
-        plain = self._plain_way(conn) if run is not None and conn is run.conn else None
+        plain = self._plain_way(conn, self.ctx.clock.seconds()) \
+            if run is not None and conn is run.conn else None
         if plain is None:
             return start
         unacked = self.inbound_unacked
@@ -345,11 +347,11 @@ class Session:
                 received_bytes[p.qos] += len(p.payload)
         return end
 
-    def _plain_way(self, conn) -> tuple | None:
-        """What a PUBLISH of ``conn`` is checked against for the plain way
-        (:func:`plain_run`), read once: ``(v5, max_qos, retain_ok,
-        topics, allowed, now, limit)`` (``max_qos`` at most 1, ``now`` the
-        time of receipt in seconds, ``limit`` the receive maximum less the
+    def _plain_way(self, conn, now: float) -> tuple | None:
+        """What a PUBLISH of ``conn`` received at ``now`` (the clock's
+        seconds) is checked against for the plain way (:func:`plain_run`),
+        read once: ``(v5, max_qos, retain_ok, topics, allowed, now,
+        limit)`` (``max_qos`` at most 1, ``limit`` the receive maximum less the
         QoS 2 flows open); None when none takes it (a rate limit on
         incoming PUBLISHes, a ``message_published`` hook)."""
         ctx = self.ctx
@@ -358,8 +360,7 @@ class Session:
         mqtt = ctx.mqtt
         v5 = conn.protocol_level >= MQTT_5
         return (v5, 1 if mqtt.max_qos > 1 else mqtt.max_qos, mqtt.retain_available, ctx.topics,
-                self._allowed if conn.auth is self._allowed_for else _NO_ENTRIES,
-                ctx.clock.seconds(),
+                self._allowed if conn.auth is self._allowed_for else _NO_ENTRIES, now,
                 (mqtt.receive_maximum if v5 else V3_RECEIVE_MAXIMUM) - len(self.inbound_qos2))
 
     def _may_publish(self, topic: str, conn, now: float):
