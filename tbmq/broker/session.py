@@ -20,7 +20,6 @@ answered yet).
 
 from __future__ import annotations
 
-from operator import attrgetter
 from typing import Any, Callable
 
 from twisted.internet import defer
@@ -28,7 +27,7 @@ from twisted.logger import Logger
 
 from tbmq.broker.outbox import Outbox
 from tbmq.broker.publish_done import WAITING, PublishDone
-from tbmq.broker.publish_run import PublishRun, plain_run
+from tbmq.broker.publish_run import PublishRun, plain_columns, plain_run
 from tbmq.broker.publisher_acks import PublisherAcks
 from tbmq.broker.session_context import (  # noqa: F401 - the session's context, re-exported
     SessionContext, TopicNameCache, next_seq, valid_utf8,
@@ -66,8 +65,7 @@ _NO_IDS: frozenset = frozenset()
 #: aliases, cached authorizations or APPLICATION consumers yet: never
 #: written (a dict is made at the first entry; an empty one is 64 bytes)
 _NO_ENTRIES: dict = {}
-_PACKET_ID, _TOPIC, _PAYLOAD, _QOS, _RETAIN = map(attrgetter, (
-    "packet_id", "topic", "payload", "qos", "retain"))
+
 
 class Session:
     """The state of one client id.
@@ -314,7 +312,8 @@ class Session:
         """The :class:`~tbmq.mqtt.Publish` packets of ``packets`` from
         ``start`` on, as :meth:`on_publish` each, while a run is gathered
         (:meth:`gather_publishes`) and each takes the plain way
-        (:func:`plain_run`, :meth:`on_publish`'s first check), the
+        (:func:`plain_run`, :meth:`on_publish`'s first check, made on the
+        run's columns: :func:`~tbmq.broker.publish_run.plain_columns`), the
         settings and the clock read once for them all (one time of receipt).
 
         :returns: the index of the first packet not handled (not a PUBLISH,
@@ -326,25 +325,23 @@ class Session:
         if plain is None:
             return start
         unacked = self.inbound_unacked
-        end, after = plain_run(packets, start, unacked, *plain)
+        end, after, topics, payloads, qoss, retains, pids = plain_columns(
+            packets, start, unacked, *plain)
         if end == start:
             return start
         self.inbound_unacked = after
-        taken = packets[start:end]
-        payloads = list(map(_PAYLOAD, taken))
         run.messages.extend(published_messages(  # (no properties: plain_run)
-            list(map(_TOPIC, taken)), payloads, list(map(_QOS, taken)), list(map(_RETAIN, taken)),
-            self.client_id, plain[5]))
-        run.packet_ids.extend(map(_PACKET_ID, taken))
+            topics, payloads, qoss, retains, self.client_id, plain[5]))
+        run.packet_ids += pids
         ones = after - unacked  # QoS 1 (the others QoS 0)
         received, received_bytes = self._received, self._received_bytes
         received[1] += ones
-        received[0] += len(taken) - ones
-        if ones == 0 or ones == len(taken):
+        received[0] += end - start - ones
+        if ones == 0 or ones == end - start:
             received_bytes[1 if ones else 0] += sum(map(len, payloads))
         else:
-            for p in taken:
-                received_bytes[p.qos] += len(p.payload)
+            for qos, payload in zip(qoss, payloads):
+                received_bytes[qos] += len(payload)
         return end
 
     def _plain_way(self, conn, now: float) -> tuple | None:
