@@ -14,10 +14,15 @@ one write of PUBACKs for the run instead of one each.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from tbmq.broker.publish_done import LATER, WAITING
 from tbmq.mqtt import Publish, Pubrec
 
-__all__ = ["PublishRun", "plain_run"]
+__all__ = ["PublishRun", "plain_columns", "plain_run"]
+
+_TOPIC, _PAYLOAD, _QOS, _RETAIN, _PACKET_ID, _PROPERTIES = map(attrgetter, (
+    "topic", "payload", "qos", "retain", "packet_id", "properties"))
 
 
 class PublishRun:
@@ -147,3 +152,69 @@ def plain_run(packets, start: int, unacked: int, v5: bool, max_qos: int, retain_
         unacked += qos  # 0 or 1
         i += 1
     return i, unacked
+
+
+#: the first stretch :func:`plain_columns` checks as columns (then twice as
+#: many each time, up to :data:`_MOST`): a run that ends soon wastes little
+_FIRST, _MOST = 16, 1024
+
+
+def plain_columns(packets, start: int, unacked: int, v5: bool, max_qos: int, retain_ok: bool,
+                  topics, allowed: dict, now: float, limit: int) -> tuple:
+    """:func:`plain_run` (the same arguments, the same run), its packets'
+    fields read as columns: the checks made on the columns of a stretch of
+    packets, in C, once per field and once per distinct topic name, not
+    per packet; in a stretch where one fails, :func:`plain_run` finds where
+    the run ends.  The stretches grow from 16 packets to 1,024.
+
+    :returns: ``(end, unacked, topics, payloads, qoss, retains,
+        packet_ids)``: ``end`` and ``unacked`` as :func:`plain_run`'s, then
+        one list per field of ``packets[start:end]``, in order."""
+    names: list = []
+    payloads: list = []
+    qoss: list = []
+    retains: list = []
+    pids: list = []
+    cached = allowed.get
+    at, size, n = start, _FIRST, len(packets)
+    while at < n:
+        taken = packets[at:at + size]
+        plain = set(map(type, taken)) == {Publish}
+        if plain:
+            levels = list(map(_QOS, taken))
+            ones = levels.count(1)
+            flags = list(map(_RETAIN, taken))
+            plain = (max(levels) <= max_qos and unacked + ones <= limit
+                     and (retain_ok or not any(flags))
+                     and not (v5 and any(map(_PROPERTIES, taken))))
+        if plain:
+            stretch = list(map(_TOPIC, taken))
+            for name in set(stretch):
+                hit = cached(name)
+                if name not in topics or hit is None or hit[0] is not True or hit[1] <= now:
+                    plain = False
+                    break
+        if not plain:  # the run ends in this stretch: where, plain_run says
+            end, unacked = plain_run(taken, 0, unacked, v5, max_qos, retain_ok, topics,
+                                     allowed, now, limit)
+            if end:
+                taken = taken[:end]
+                stretch = list(map(_TOPIC, taken))
+                levels = list(map(_QOS, taken))
+                flags = list(map(_RETAIN, taken))
+                names += stretch
+                qoss += levels
+                retains += flags
+                payloads += map(_PAYLOAD, taken)
+                pids += map(_PACKET_ID, taken)
+            return at + end, unacked, names, payloads, qoss, retains, pids
+        names += stretch
+        qoss += levels
+        retains += flags
+        payloads += map(_PAYLOAD, taken)
+        pids += map(_PACKET_ID, taken)
+        unacked += ones
+        at += len(taken)
+        if size < _MOST:
+            size *= 2
+    return at, unacked, names, payloads, qoss, retains, pids

@@ -20,7 +20,6 @@ answered yet).
 
 from __future__ import annotations
 
-from operator import attrgetter
 from typing import Any, Callable
 
 from twisted.internet import defer
@@ -28,7 +27,7 @@ from twisted.logger import Logger
 
 from tbmq.broker.outbox import Outbox
 from tbmq.broker.publish_done import WAITING, PublishDone
-from tbmq.broker.publish_run import PublishRun, plain_run
+from tbmq.broker.publish_run import PublishRun, plain_columns, plain_run
 from tbmq.broker.publisher_acks import PublisherAcks
 from tbmq.broker.session_context import (  # noqa: F401 - the session's context, re-exported
     SessionContext, TopicNameCache, next_seq, valid_utf8,
@@ -66,8 +65,7 @@ _NO_IDS: frozenset = frozenset()
 #: aliases, cached authorizations or APPLICATION consumers yet: never
 #: written (a dict is made at the first entry; an empty one is 64 bytes)
 _NO_ENTRIES: dict = {}
-_PACKET_ID, _TOPIC, _PAYLOAD, _QOS, _RETAIN = map(attrgetter, (
-    "packet_id", "topic", "payload", "qos", "retain"))
+
 
 class Session:
     """The state of one client id.
@@ -198,13 +196,15 @@ class Session:
         :raises ProtocolViolation: with the reason code of the rule broken.
         """
         conn = self.link
-        plain = self._plain_way(conn)
-        if plain is not None:
-            taken, unacked = plain_run((packet,), 0, self.inbound_unacked, *plain)
-            if taken:
-                self.inbound_unacked = unacked
-                self._publish(packet, packet.topic, conn, plain[5], plain[0])
-                return None
+        now = self.ctx.clock.seconds()  # the time of receipt, read once
+        if packet.qos < 2 and not packet.properties:  # (what plain_run can take)
+            plain = self._plain_way(conn, now)
+            if plain is not None:
+                taken, unacked = plain_run((packet,), 0, self.inbound_unacked, *plain)
+                if taken:
+                    self.inbound_unacked = unacked
+                    self._publish(packet, packet.topic, conn, now, plain[0])
+                    return None
         mqtt = self.ctx.mqtt
         v5 = conn.protocol_level >= MQTT_5
         qos = packet.qos
@@ -286,7 +286,6 @@ class Session:
             self.publisher_acks().ack_when(None, (Puback if qos == 1 else Pubrec)(
                 pid, ReasonCode.PAYLOAD_FORMAT_INVALID))
             return None
-        now = self.ctx.clock.seconds()
         hit = self._allowed.get(topic) if conn.auth is self._allowed_for else None
         if hit is not None and hit[1] > now:
             allowed = hit[0]  # the authorization cache
@@ -313,43 +312,43 @@ class Session:
         """The :class:`~tbmq.mqtt.Publish` packets of ``packets`` from
         ``start`` on, as :meth:`on_publish` each, while a run is gathered
         (:meth:`gather_publishes`) and each takes the plain way
-        (:func:`plain_run`, :meth:`on_publish`'s first check), the
+        (:func:`plain_run`, :meth:`on_publish`'s first check, made on the
+        run's columns: :func:`~tbmq.broker.publish_run.plain_columns`), the
         settings and the clock read once for them all (one time of receipt).
 
         :returns: the index of the first packet not handled (not a PUBLISH,
             or one that goes the whole way); ``start`` when none was."""
         run = self._run
         conn = self.link
-        plain = self._plain_way(conn) if run is not None and conn is run.conn else None
+        plain = self._plain_way(conn, self.ctx.clock.seconds()) \
+            if run is not None and conn is run.conn else None
         if plain is None:
             return start
         unacked = self.inbound_unacked
-        end, after = plain_run(packets, start, unacked, *plain)
+        end, after, topics, payloads, qoss, retains, pids = plain_columns(
+            packets, start, unacked, *plain)
         if end == start:
             return start
         self.inbound_unacked = after
-        taken = packets[start:end]
-        payloads = list(map(_PAYLOAD, taken))
         run.messages.extend(published_messages(  # (no properties: plain_run)
-            list(map(_TOPIC, taken)), payloads, list(map(_QOS, taken)), list(map(_RETAIN, taken)),
-            self.client_id, plain[5]))
-        run.packet_ids.extend(map(_PACKET_ID, taken))
+            topics, payloads, qoss, retains, self.client_id, plain[5]))
+        run.packet_ids += pids
         ones = after - unacked  # QoS 1 (the others QoS 0)
         received, received_bytes = self._received, self._received_bytes
         received[1] += ones
-        received[0] += len(taken) - ones
-        if ones == 0 or ones == len(taken):
+        received[0] += end - start - ones
+        if ones == 0 or ones == end - start:
             received_bytes[1 if ones else 0] += sum(map(len, payloads))
         else:
-            for p in taken:
-                received_bytes[p.qos] += len(p.payload)
+            for qos, payload in zip(qoss, payloads):
+                received_bytes[qos] += len(payload)
         return end
 
-    def _plain_way(self, conn) -> tuple | None:
-        """What a PUBLISH of ``conn`` is checked against for the plain way
-        (:func:`plain_run`), read once: ``(v5, max_qos, retain_ok,
-        topics, allowed, now, limit)`` (``max_qos`` at most 1, ``now`` the
-        time of receipt in seconds, ``limit`` the receive maximum less the
+    def _plain_way(self, conn, now: float) -> tuple | None:
+        """What a PUBLISH of ``conn`` received at ``now`` (the clock's
+        seconds) is checked against for the plain way (:func:`plain_run`),
+        read once: ``(v5, max_qos, retain_ok, topics, allowed, now,
+        limit)`` (``max_qos`` at most 1, ``limit`` the receive maximum less the
         QoS 2 flows open); None when none takes it (a rate limit on
         incoming PUBLISHes, a ``message_published`` hook)."""
         ctx = self.ctx
@@ -358,8 +357,7 @@ class Session:
         mqtt = ctx.mqtt
         v5 = conn.protocol_level >= MQTT_5
         return (v5, 1 if mqtt.max_qos > 1 else mqtt.max_qos, mqtt.retain_available, ctx.topics,
-                self._allowed if conn.auth is self._allowed_for else _NO_ENTRIES,
-                ctx.clock.seconds(),
+                self._allowed if conn.auth is self._allowed_for else _NO_ENTRIES, now,
                 (mqtt.receive_maximum if v5 else V3_RECEIVE_MAXIMUM) - len(self.inbound_qos2))
 
     def _may_publish(self, topic: str, conn, now: float):

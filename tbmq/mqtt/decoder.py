@@ -7,12 +7,16 @@ the connection with; nothing here does I/O or logs.  The first byte of each
 fixed header selects its decoding function from a table made once per side
 and protocol level (:func:`dispatch_table`), so a packet of a valid type and
 flags costs one call; the payload of a PUBLISH is sliced out of the received
-bytes once.
+bytes once.  The PUBLISHes after one that repeat its header but for the
+packet identifier (a client's run of messages to one topic, of one size)
+are decoded together, their bytes compared per position for the run.
 """
 
 from __future__ import annotations
 
 import functools
+import struct
+from itertools import repeat
 
 from .constants import (MAX_PACKET_SIZE, MQTT_3_1, MQTT_5, REASON_CODES, SUPPORTED_PROTOCOLS,
                         WILL_PROPERTIES, PacketType, Property)
@@ -221,7 +225,12 @@ class Decoder:
                     need = end - pos
                     break
                 first = data[pos]
-                packets.append(self._table[first](self, first, data, body, end))
+                decode = self._table[first]
+                packet = decode(self, first, data, body, end)
+                packets.append(packet)
+                if decode is _DECODE_PUBLISH and end - pos <= n - end and not packet.properties:
+                    # the packets that repeat its header, decoded together
+                    end = self._same_publishes(packet, data, pos, end, n, packets)
                 pos = end
                 if before_connect and self._connect_seen:
                     before_connect = False
@@ -365,6 +374,58 @@ class Decoder:
         else:
             props = {}
         return Publish(topic, data[p:end], qos, bool(first & 0x01), bool(first & 0x08), pid, props)
+
+    def _same_publishes(self, packet: Publish, data: bytes, start: int, end: int, n: int,
+                        packets: list) -> int:
+        """After ``packet``, a PUBLISH without properties decoded from
+        ``data[start:end]``, the complete packets of ``data[end:n]`` in a row
+        whose bytes up to their payload are the same as its own but for the
+        packet identifier (a client's run of messages to one topic, of one
+        size): each then has its length, flags and topic name, and no
+        properties, so they are decoded together, each as
+        :meth:`_decode_publish` would (one :class:`~tbmq.mqtt.Publish`
+        each, appended to ``packets``), the comparisons made per byte
+        position for the whole run, not per packet.  A packet identifier 0
+        ends the run (that packet is decoded alone and refused).
+
+        :returns: the position after the last packet taken (``end`` when
+            none is)."""
+        size = end - start
+        count = (n - end) // size
+        qos = packet.qos
+        payload = end - len(packet.payload)  # the payload's start
+        pid_at = payload - (1 if self._level == MQTT_5 else 0) - 2
+        # the fixed header and the topic name, then (5.0) the property length 0
+        same = range(start, pid_at if qos else payload)
+        if qos and self._level == MQTT_5:
+            same = [*same, payload - 1]
+        stop = end + count * size
+        for at in same:
+            column = data[at + size:stop + at - start:size]  # that byte of each packet after it
+            count -= len(column.lstrip(data[at:at + 1]))  # (a run of its own value)
+            if not count:
+                return end
+            stop = end + count * size
+        offset = payload - start
+        payloads = [data[at:at + size - offset] for at in range(end + offset, stop + offset, size)]
+        if qos:
+            at = pid_at + size
+            words = bytearray(2 * count)
+            words[0::2] = data[at:stop + at - start - size:size]
+            words[1::2] = data[at + 1:stop + at - start - size + 1:size]
+            pids = list(struct.unpack(f">{count}H", words))  # (big-endian)
+            if 0 in pids:  # [MQTT-2.2.1-3]: decoded alone, and refused
+                count = pids.index(0)
+                if not count:
+                    return end
+                del pids[count:], payloads[count:]
+                stop = end + count * size
+        else:
+            pids = repeat(None, count)
+        packets += map(Publish, repeat(packet.topic, count), payloads, repeat(qos, count),
+                       repeat(packet.retain, count), repeat(packet.dup, count), pids,
+                       map(dict.copy, repeat(_NO_PROPERTIES, count)))
+        return stop
 
     def _decode_connect(self, data: bytes, pos: int, end: int, header_flags: int) -> Connect:
         """CONNECT (section 3.1).  MQTT 3.1 (``MQIsdp``, level 3) had no
@@ -616,6 +677,10 @@ _DECODERS = (
 
 #: what :func:`dispatch_table` maps a byte to when it is not known valid
 _CHECKING = Decoder._decode
+
+
+#: the decoding function of a PUBLISH's first byte in :func:`dispatch_table`
+_DECODE_PUBLISH = Decoder._decode_publish
 
 
 @functools.cache

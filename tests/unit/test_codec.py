@@ -442,6 +442,50 @@ def test_the_dispatch_table_decodes_as_the_checking_path(data, level, server_sid
         assert outcomes[0] == packet
 
 
+def _decoded(decoder: Decoder, chunks: list) -> list:
+    """The packets ``chunks`` give one after another, then the reason code
+    and message of the error that ends them, if one does."""
+    out: list = []
+    try:
+        for chunk in chunks:
+            out += decoder.feed(chunk)
+    except MalformedPacket as e:
+        out += e.packets
+        out.append((e.reason_code, str(e)))
+    return out
+
+
+@SETTINGS
+@given(
+    level=st.sampled_from(LEVELS),
+    runs=st.lists(st.tuples(
+        st.sampled_from(("a/b", "a/c", "t")), st.sampled_from((0, 1, 1, 2)), st.booleans(),
+        st.booleans(), st.sampled_from((0, 1, 5, 200)), st.booleans(), st.integers(0, 40)),
+        min_size=1, max_size=4),
+    cuts=st.lists(st.integers(0, 100_000), max_size=3),
+)
+def test_a_run_of_publishes_decodes_as_each_alone(level, runs, cuts):
+    """PUBLISHes that repeat one header (decoded together by
+    ``Decoder._same_publishes``), a run of them with a property or packet
+    identifier 0 among them, read in one piece or cut anywhere, give the
+    packets, and the error, that each packet's bytes give when read alone."""
+    raw = []
+    for topic, qos, retain, dup, size, props, count in runs:
+        for n in range(count):
+            packet = Publish(topic, b"x" * size, qos, retain and qos > 0, dup and qos > 0,
+                             n % 7 + 1 if qos else None,
+                             {Property.CONTENT_TYPE: "x"} if props and level == 5 and n % 5 == 3 else {})
+            data = encode(packet, level)
+            if qos and n % 11 == 10:  # packet identifier 0 [MQTT-2.2.1-3]
+                at = 4 + len(topic)
+                data = data[:at] + b"\x00\x00" + data[at + 2:]
+            raw.append(data)
+    stream = b"".join(raw)
+    points = sorted(cut % (len(stream) + 1) for cut in cuts)
+    chunks = [stream[i:j] for i, j in zip([0, *points], [*points, len(stream)])]
+    assert _decoded(server_decoder(level), chunks) == _decoded(server_decoder(level), raw)
+
+
 def test_the_dispatch_table_sends_valid_bytes_straight_to_their_decoder():
     """After CONNECT, PUBLISH and the acknowledgements skip the checking
     path; before it, and for CONNECT and reserved bytes, everything takes

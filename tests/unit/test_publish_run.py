@@ -5,10 +5,13 @@ of the PUBLISHes [MQTT-4.6.0-2], a refusal answered for each."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet import task
 from twisted.python.failure import Failure
 
 from tbmq.broker.protocol import MQTTProtocol
+from tbmq.broker.publish_run import plain_columns, plain_run
 from tbmq.errors import BusPublishError
 from tbmq.mqtt import Property, Puback, Publish, Pubrec, encode
 from tbmq.mqtt.codec import encode_puback, encode_pubrec
@@ -153,3 +156,48 @@ def test_a_runs_plain_publishes_are_handled_together_and_the_others_the_whole_wa
     assert pub.received() == [Puback(1), Puback(2), Puback(3), Puback(4), Pubrec(5), Puback(6),
                               Puback(7)]
     assert session.inbound_unacked == 0
+
+
+_FIELDS = ("topic", "payload", "qos", "retain", "packet_id")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kinds=st.lists(st.tuples(st.sampled_from(("a", "b", "new", "denied", "stale")),
+                             st.sampled_from((0, 1, 1, 1, 2)), st.booleans(), st.booleans(),
+                             st.sampled_from(("publish", "publish", "publish", "puback"))),
+                   max_size=80),
+    plain=st.integers(0, 120),
+    start=st.integers(0, 5),
+    unacked=st.integers(0, 40),
+    room=st.one_of(st.sampled_from((15, 16, 47, 48, 111, 112)), st.integers(0, 160)),
+    retained=st.integers(0, 130),
+    v5=st.booleans(),
+    max_qos=st.sampled_from((0, 1, 1)),
+    retain_ok=st.booleans(),
+)
+def test_plain_columns_takes_the_run_plain_run_takes(kinds, plain, start, unacked, room,
+                                                     retained, v5, max_qos, retain_ok):
+    """:func:`plain_columns` ends the run where :func:`plain_run` does,
+    counts the same QoS 1 flows and gives the fields of its packets, in
+    order, for any mix of packets (other kinds, QoS 2, properties, topics
+    unchecked, refused or with a stale authorization, RETAIN, the receive
+    maximum reached), runs longer than its first stretch included."""
+    packets = []
+    for n, (topic, qos, retain, props, kind) in enumerate(
+            [("a", 1, False, False, "publish")] * plain + kinds * 3):
+        packets.append(Puback(n + 1) if kind == "puback" else Publish(
+            topic, b"p%d" % n, qos, retain, False, n + 1 if qos else None,
+            {Property.CONTENT_TYPE: "x"} if props and n % 3 == 0 else {}))
+    if retained < len(packets) and type(packets[retained]) is Publish:
+        packets[retained].retain = True
+    limit = unacked + room
+    topics = {"a", "b", "denied", "stale"}
+    allowed = {"a": (True, 10.0), "b": (True, 10.0), "denied": (False, 10.0),
+               "stale": (True, 5.0)}
+    args = (v5, max_qos, retain_ok, topics, allowed, 5.0, limit)
+    end, after = plain_run(packets, start, unacked, *args)
+    got = plain_columns(packets, start, unacked, *args)
+    assert got[:2] == (end, after)
+    taken = packets[start:end]
+    assert list(got[2:]) == [[getattr(p, f) for p in taken] for f in _FIELDS]
