@@ -200,16 +200,21 @@ class StoreReader:
                 self.finished_in_read = NO_SEQS
             reads.done()
             return
-        # the writes of this turn go first (the store runs them in order): the
-        # read sees what was sent (DUP on a resend) and not what was completed
-        self.outbox._remove_completed()
+        after = self.outbox._last_seq
         limit = max(1, self.outbox.queue_limit // 2)
         # below a seq taken on this connection (read again from the start):
         # what is in flight or finishes meanwhile is left out of the page
-        screened = self.screened = self.outbox._last_seq < self.rewound
+        screened = self.screened = after < self.rewound
+        if screened or not after:
+            # the writes of this turn go first (the store runs them in order):
+            # the read sees what was sent (DUP on a resend) and not what was
+            # completed.  A read after every seq taken on this connection (a
+            # drain's next page) sees none of them: they follow it at the end
+            # of the turn, and the read does not wait for their COMMIT.
+            self.outbox._remove_completed()
         try:
-            d = self.outbox.ctx.device_store.load(self.outbox.client_id,
-                                                   after_seq=self.outbox._last_seq, limit=limit)
+            d = self.outbox.ctx.device_store.load(self.outbox.client_id, after_seq=after,
+                                                   limit=limit)
         except Exception:
             d = defer.fail()
 
