@@ -96,7 +96,8 @@ class SentStates:
             self._arm()
 
     def hold_many(self, sent: list) -> None:
-        """As :meth:`hold` for each ``(seq, packet_id)`` of ``sent``."""
+        """As :meth:`hold` for each ``(seq, packet_id)`` of ``sent`` (an
+        iterable)."""
         self.young.update(sent)
         if self.call is None:
             self._arm()
