@@ -50,13 +50,8 @@ from tbmq.mqtt import MQTT_5, Pubrel, ReasonCode
 from tbmq.mqtt.codec import encode_publish_run, publish_with_packet_id
 
 _SENT = DeliveryState.SENT
-#: a delivery's fields (called by map, in C)
+#: a delivery's order key (called by map, in C)
 _SEQ = attrgetter("seq")
-_QOS = attrgetter("qos")
-_RETAIN = attrgetter("retain")
-_PACKET_ID = attrgetter("packet_id")
-_TOPIC = attrgetter("message.topic")
-_PAYLOAD = attrgetter("message.payload")
 _RELEASED = DeliveryState.RELEASED
 #: an empty queue before the first delivery that waits (a deque is 760
 #: bytes; an idle session keeps none): see :meth:`Outbox._queue_to_fill`
@@ -453,15 +448,15 @@ class Outbox:
             inflight = self.inflight = {}
         level = conn.protocol_level
         # without topic aliases, a shared encoding nor a maximum packet size,
-        # the PUBLISHes below v5 are encoded together at the end from the
-        # run's columns (encode_publish_run), and counted there: no call per
-        # delivery
+        # the PUBLISHes below v5 are counted here (as _encoded does) and
+        # encoded together at the end (encode_publish_run): no call per delivery
         direct = (cache is None and self.sent_aliases is None and level < MQTT_5
                   and conn.max_packet_size is None)
-        datas = None if direct else []  # the PUBLISHes encoded one by one
-        sent = []
-        add = sent.append
-        next_pid = self._next_packet_id
+        counts = self._sent
+        volumes = self._sent_bytes
+        traffic = self._traffic if self._latency is not None else None
+        datas = []  # the PUBLISHes, or with direct their fields
+        held = None  # (seq, packet id) of the QoS 1 deliveries of the store: a list from the first
         for delivery in deliveries:
             message = delivery.message
             expires_at = message.expires_at
@@ -469,93 +464,48 @@ class Outbox:
                 self.drop("expired", message)
                 self._finished(delivery)
                 continue
-            pid = next_pid
+            pid = self._next_packet_id
             if pid in inflight:
-                self._next_packet_id = pid
                 pid = self._packet_id()
-                next_pid = self._next_packet_id
             else:
-                next_pid = pid + 1 if pid < 65535 else 1
-            if datas is not None:
-                data = self._encoded(message, delivery.qos, delivery.retain,
-                                     delivery.subscription_ids, cache, now, conn, False, pid)
+                self._next_packet_id = pid + 1 if pid < 65535 else 1
+            qos = delivery.qos
+            if direct:
+                payload = message.payload
+                data = (message.topic, payload, qos, delivery.retain, pid)
+                counts[qos] += 1
+                volumes[qos] += len(payload)
+                if traffic is not None and not delivery.retain:
+                    traffic.observe(message.received_at, now)
+            else:
+                data = self._encoded(message, qos, delivery.retain, delivery.subscription_ids,
+                                     cache, now, conn, False, pid)
                 if data is None:
                     self._finished(delivery)
                     continue
-                datas.append(data)
             delivery.packet_id = pid
             delivery.state = _SENT
             inflight[pid] = delivery
-            add(delivery)
-        self._next_packet_id = next_pid
-        if len(sent) < 2:  # none, or one sent at once (a live delivery): its fields as they are
-            if not sent:
-                return 0
-            delivery = sent[0]
-            if datas is None:
-                message = delivery.message
-                qos = delivery.qos
-                payload = message.payload
-                conn.write(encode_publish_run(
-                    ((message.topic, payload, qos, delivery.retain, delivery.packet_id),), level))
-                self._sent[qos] += 1
-                self._sent_bytes[qos] += len(payload)
-                if self._latency is not None and not delivery.retain:
-                    self._traffic.observe(message.received_at, now)
-            else:
-                conn.write(datas[0])
+            datas.append(data)
             seq = delivery.seq
             if seq:  # in the device store
-                if delivery.qos == 1:  # written if not acknowledged soon
-                    states = self.sent_states
-                    if states is None:
-                        states = self.sent_states = SentStates(self)
-                    states.hold(seq, delivery.packet_id)
+                if qos == 1:  # written if not acknowledged soon
+                    if held is None:
+                        held = []
+                    held.append((seq, pid))
                 else:  # one write per turn for all
-                    self.store_update(seq, delivery.packet_id, _SENT)
-            return 1
-        qoss = list(map(_QOS, sent))
-        if datas is None:
-            payloads = list(map(_PAYLOAD, sent))
-            conn.write(encode_publish_run(zip(map(_TOPIC, sent), payloads, qoss,
-                                              map(_RETAIN, sent), map(_PACKET_ID, sent)), level))
-            self._count_run(sent, qoss, payloads, now)
-        else:
-            conn.write(datas[0] if len(datas) == 1 else b"".join(datas))
-        ones = qoss.count(1)
-        if ones == len(sent) and all(map(_SEQ, sent)):  # all QoS 1 of the store (a drain's)
-            held = zip(map(_SEQ, sent), map(_PACKET_ID, sent))
-        else:
-            held = [(d.seq, d.packet_id) for d in sent if d.seq and d.qos == 1] or None
-            for delivery in sent:
-                if delivery.seq and delivery.qos != 1:  # one write per turn for all
-                    self.store_update(delivery.seq, delivery.packet_id, _SENT)
-        if held is not None:  # QoS 1 of the store: written if not acknowledged soon
+                    self.store_update(seq, pid, _SENT)
+        if datas:
+            if direct:
+                conn.write(encode_publish_run(datas, level))
+            else:
+                conn.write(datas[0] if len(datas) == 1 else b"".join(datas))
+        if held is not None:
             states = self.sent_states
             if states is None:
                 states = self.sent_states = SentStates(self)
             states.hold_many(held)
-        return len(sent)
-
-    def _count_run(self, sent: list, qoss: list, payloads: list, now: float) -> None:
-        """Count the PUBLISHes of ``sent`` (their QoS ``qoss``, payloads
-        ``payloads``) in the node's traffic, as :meth:`_encoded` counts one,
-        and their latency when observed."""
-        counts = self._sent
-        volumes = self._sent_bytes
-        if qoss.count(qoss[0]) == len(qoss):  # one QoS: summed by map
-            qos = qoss[0]
-            counts[qos] += len(qoss)
-            volumes[qos] += sum(map(len, payloads))
-        else:
-            for qos, payload in zip(qoss, payloads):
-                counts[qos] += 1
-                volumes[qos] += len(payload)
-        if self._latency is not None:
-            observe = self._traffic.observe
-            for delivery in sent:
-                if not delivery.retain:
-                    observe(delivery.message.received_at, now)
+        return len(datas)
 
     def store_update(self, seq: int, packet_id: int, state: int) -> None:
         """Record in the device store, with the other writes of this turn

@@ -96,8 +96,7 @@ class SentStates:
             self._arm()
 
     def hold_many(self, sent: list) -> None:
-        """As :meth:`hold` for each ``(seq, packet_id)`` of ``sent`` (an
-        iterable)."""
+        """As :meth:`hold` for each ``(seq, packet_id)`` of ``sent``."""
         self.young.update(sent)
         if self.call is None:
             self._arm()
