@@ -200,21 +200,16 @@ class StoreReader:
                 self.finished_in_read = NO_SEQS
             reads.done()
             return
-        after = self.outbox._last_seq
+        # the writes of this turn go first (the store runs them in order): the
+        # read sees what was sent (DUP on a resend) and not what was completed
+        self.outbox._remove_completed()
         limit = max(1, self.outbox.queue_limit // 2)
         # below a seq taken on this connection (read again from the start):
         # what is in flight or finishes meanwhile is left out of the page
-        screened = self.screened = after < self.rewound
-        if screened or not after:
-            # the writes of this turn go first (the store runs them in order):
-            # the read sees what was sent (DUP on a resend) and not what was
-            # completed.  A read after every seq taken on this connection (a
-            # drain's next page) sees none of them: they follow it at the end
-            # of the turn, and the read does not wait for their COMMIT.
-            self.outbox._remove_completed()
+        screened = self.screened = self.outbox._last_seq < self.rewound
         try:
-            d = self.outbox.ctx.device_store.load(self.outbox.client_id, after_seq=after,
-                                                   limit=limit)
+            d = self.outbox.ctx.device_store.load(self.outbox.client_id,
+                                                   after_seq=self.outbox._last_seq, limit=limit)
         except Exception:
             d = defer.fail()
 
@@ -244,10 +239,6 @@ class StoreReader:
                         self.outbox.queued_bytes += delivery_size(delivery)
             else:
                 self.arrived = ()
-                if self.outbox._drained():
-                    # the next page is read while this one is sent (the
-                    # queue holds at most this page and that one)
-                    self.page_in()
             self.outbox.pump()
 
         def failed(failure):

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from twisted.internet import defer
 
-from tbmq.broker.store_reads import NO_SEQS, PageReads, StoreReader
+from tbmq.broker.store_reads import NO_SEQS, PageReads, StoreReader, delivery_size
 from tbmq.model import Message, StoredDelivery
 
 
@@ -32,8 +32,7 @@ def reader(name: str, store: Store, reads: PageReads):
         client_id=name, link=link, queue_limit=100, _last_seq=0, inflight={}, paged_out=True,
         queued_bytes=0, queue=(),
         ctx=SimpleNamespace(device_store=store, page_reads=reads),
-        _remove_completed=lambda: outbox.removals.append(outbox._last_seq), removals=[],
-        pump=lambda: None, _queue_to_fill=list)
+        _remove_completed=lambda: None, pump=lambda: None, _queue_to_fill=list)
     return StoreReader(outbox)
 
 
@@ -67,7 +66,6 @@ def test_a_delivery_finished_during_a_read_makes_the_set_then():
     assert r.finished_in_read is NO_SEQS
     r.read_again()
     assert r.screened and r.rewound == 9
-    assert r.outbox.removals == [9, 0]  # the writes before a screened read go first
     assert r.finished_in_read is NO_SEQS  # none yet: no set per read
     r.finished([7])
     assert r.finished_in_read == {7}
@@ -85,17 +83,16 @@ def test_a_page_after_every_seq_taken_remembers_nothing():
     assert r.finished_in_read is NO_SEQS
 
 
-def test_a_full_page_reads_the_next_while_it_is_sent():
+def test_a_page_of_queued_deliveries_is_queued_in_one_piece():
+    # a drain's page (all queued, none left out): queued whole, its sizes
+    # summed as delivery_size sums each, the last seq taken
     store, reads = Store(), PageReads()
     r = reader("c", store, reads)
-    r.outbox._drained = lambda: True
+    queue = []
+    r.outbox._queue_to_fill = lambda: queue
     r.page_in()
-    page = [StoredDelivery(seq, Message("t", b"x"), 1) for seq in range(1, 51)]  # queue_limit // 2
-    assert r.outbox.removals == [0]  # a connection's first read: the writes before it go first
+    page = [StoredDelivery(seq, Message("t", b"x" * seq), 1) for seq in range(1, 51)]
     store.loads[0][1].callback(page)
-    assert len(store.loads) == 2 and r.loading  # the next page asked for at once
-    assert r.outbox._last_seq == 50 and r.outbox.paged_out
-    # after every seq taken: this turn's writes (of seqs up to 50) follow it
-    assert r.outbox.removals == [0]
-    store.loads[1][1].callback(page[:3])  # (a short page: the end)
-    assert len(store.loads) == 2 and not r.loading and r.outbox.paged_out is False
+    assert queue == page and r.outbox._last_seq == 50
+    assert r.outbox.queued_bytes == sum(map(delivery_size, page))
+    assert len(store.loads) == 1 and not r.loading and r.outbox.paged_out  # (the pump asks the next)
