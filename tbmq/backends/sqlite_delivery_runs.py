@@ -367,6 +367,13 @@ def run_deliveries_of(headers: list, data: bytes) -> list | None:
     return None
 
 
+#: the properties of every message of a plain run (none): one empty dict for
+#: all, never written (a message is never changed once made; whoever adds
+#: properties for a client copies them first, :func:`tbmq.broker.sending.
+#: encode_for`): no container per message of a page kept until its PUBACK
+_NO_PROPERTIES: dict = {}
+
+
 def plain_run_deliveries(arrays: list, first: int, qos: int, retain: bool,
                          subscription_ids: tuple) -> list | None:
     """In the reactor thread: the queued deliveries ``first``, ``first +
@@ -378,7 +385,8 @@ def plain_run_deliveries(arrays: list, first: int, qos: int, retain: bool,
     RecordCodec.decode_arrays>` makes of its array, but its ``wire`` is None:
     it goes to the client only, so its array is not kept (one container
     less per message of a page for the garbage collector to walk, and its
-    memory).
+    memory), and its empty properties are one dict shared by all
+    (:data:`_NO_PROPERTIES`).
 
     :param qos: the run's QoS (1 or 2), ``retain`` its RETAIN flag and
         ``subscription_ids`` its subscription identifiers, shared by its
@@ -391,6 +399,7 @@ def plain_run_deliveries(arrays: list, first: int, qos: int, retain: bool,
     append = out.append
     new = object.__new__
     queued = DeliveryState.QUEUED
+    no_properties = _NO_PROPERTIES
     seq = first
     for obj in arrays:
         if type(obj) is not tuple or len(obj) != 10:
@@ -407,7 +416,7 @@ def plain_run_deliveries(arrays: list, first: int, qos: int, retain: bool,
         m.payload = payload
         m.qos = mqos
         m.retain = mretain
-        m.properties = {}
+        m.properties = no_properties
         m.publisher = publisher
         m.received_at = received_at
         m.expires_at = expires_at

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import repeat
+from operator import attrgetter
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -49,6 +50,8 @@ from tbmq.mqtt import MQTT_5, Pubrel, ReasonCode
 from tbmq.mqtt.codec import encode_publish_run, publish_with_packet_id
 
 _SENT = DeliveryState.SENT
+#: a delivery's order key (called by map, in C)
+_SEQ = attrgetter("seq")
 _RELEASED = DeliveryState.RELEASED
 #: an empty queue before the first delivery that waits (a deque is 760
 #: bytes; an idle session keeps none): see :meth:`Outbox._queue_to_fill`
@@ -653,9 +656,14 @@ class Outbox:
                 now = self.ctx.clock.seconds()
                 while queue and room > 0:  # again for those not sent (expired...)
                     n = len(queue)
-                    popleft = queue.popleft
-                    run = [popleft() for _ in range(room if room < n else n)]
-                    self.queued_bytes -= runs_size(run)
+                    if room >= n:  # the whole queue (a drain's page): its bytes all go
+                        run = list(queue)
+                        queue.clear()
+                        self.queued_bytes = 0
+                    else:
+                        popleft = queue.popleft
+                        run = [popleft() for _ in range(room)]
+                        self.queued_bytes -= runs_size(run)
                     room -= self._send_run(run, now, conn)
         if self.paged_out:
             reader = self.store_reader()
@@ -701,23 +709,20 @@ class Outbox:
         large).  The application record of each is committed, or its row
         leaves the device store (the rows of all of them in one list)."""
         app_done = self._app_done
-        seqs = None
-        for delivery in deliveries:
-            if app_done:
+        if app_done:  # the records of deliver_app(_batch) committed, the rest as below
+            seqs = []
+            for delivery in deliveries:
                 done = app_done.pop(id(delivery), None)
-                if done is not None:
-                    if type(done) is tuple:  # (Progress, index): deliver_app_batch
-                        done[0].finished(done[1])
-                    else:
-                        done.callback(None)
-                    continue
-            seq = delivery.seq
-            if seq:
-                if seqs is None:
-                    seqs = [seq]
+                if done is None:
+                    if delivery.seq:
+                        seqs.append(delivery.seq)
+                elif type(done) is tuple:  # (Progress, index): deliver_app_batch
+                    done[0].finished(done[1])
                 else:
-                    seqs.append(seq)
-        if seqs is None:
+                    done.callback(None)
+        else:  # the seqs by map (no bytecode per delivery)
+            seqs = list(filter(None, map(_SEQ, deliveries)))
+        if not seqs:
             return
         if self.sent_states is not None:
             self.sent_states.finished(seqs)
@@ -729,8 +734,7 @@ class Outbox:
         completed += seqs
         reader = self.reader
         if reader is not None and reader.loading:
-            for seq in seqs:
-                reader.finished(seq)
+            reader.finished(seqs)
 
     def complete(self, packet_id: int) -> StoredDelivery | None:
         """The delivery in flight under ``packet_id`` is done (acknowledged,

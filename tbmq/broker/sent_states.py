@@ -35,12 +35,18 @@ PUBREL states are not held (exactly once needs them).
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import repeat
+
 from tbmq.backends.deliveries import update_many
 from tbmq.model import DeliveryState
 
 __all__ = ["SentStates"]
 
 _SENT = int(DeliveryState.SENT)
+
+#: runs an iterator to its end, keeping nothing
+_consume = deque(maxlen=0).extend
 
 
 class SentStates:
@@ -103,10 +109,10 @@ class SentStates:
         newest = max(seqs)
         if newest > self.newest:
             self.newest = newest
-        young, old = self.young.pop, self.old.pop
-        for seq in seqs:
-            if young(seq, None) is None:
-                old(seq, None)
+        # each popped where it is, by map (no bytecode per seq)
+        _consume(map(self.young.pop, seqs, repeat(None)))
+        if self.old:
+            _consume(map(self.old.pop, seqs, repeat(None)))
 
     def _tick(self) -> None:
         """Write what waited a whole tick; the rest waits one more.  While

@@ -16,6 +16,7 @@ store is read then, and again when the marker comes.
 from __future__ import annotations
 
 from collections import deque
+from operator import attrgetter
 
 from twisted.internet import defer
 
@@ -35,16 +36,19 @@ def delivery_size(delivery: StoredDelivery) -> int:
     return len(message.payload) + len(message.topic) + MESSAGE_OVERHEAD
 
 
+#: a delivery's payload, topic, state and packet id (called by map, in C)
+_PAYLOAD = attrgetter("message.payload")
+_TOPIC = attrgetter("message.topic")
+_STATE = attrgetter("state")
+_PACKET_ID = attrgetter("packet_id")
+
+
 def runs_size(deliveries) -> int:
-    """The sum of :func:`delivery_size` over ``deliveries`` (an iterable of
-    :class:`~tbmq.model.StoredDelivery`), in one pass."""
-    n = 0
-    size = 0
-    for delivery in deliveries:
-        message = delivery.message
-        size += len(message.payload) + len(message.topic)
-        n += 1
-    return size + n * MESSAGE_OVERHEAD
+    """The sum of :func:`delivery_size` over ``deliveries`` (a sequence of
+    :class:`~tbmq.model.StoredDelivery`), summed by ``map`` (no bytecode per
+    delivery)."""
+    return (sum(map(len, map(_PAYLOAD, deliveries))) + sum(map(len, map(_TOPIC, deliveries)))
+            + len(deliveries) * MESSAGE_OVERHEAD)
 
 
 #: the seqs finished during a read while none is under way
@@ -110,13 +114,22 @@ class StoreReader:
         (None while the marker is being published: it is armed after the
         publish, if still waiting), else None.
     :ivar finished_in_read: seqs of the deliveries finished during the read
-        (the read may still hold them: sent, they would be sent again).
+        (the read may still hold them: sent, they would be sent again), kept
+        only while :attr:`screened`.
+    :ivar rewound: the highest ``seq`` this connection took before the
+        store was last read again from its start (:meth:`read_again`), else
+        0: every delivery taken on this connection (in flight or finished)
+        has a ``seq`` up to ``max(rewound, outbox._last_seq)``.
+    :ivar screened: the read under way starts below :attr:`rewound`: it may
+        return deliveries in flight or finished, which it then leaves out
+        (a read after every ``seq`` taken, a drain's page, returns none of
+        them, and nothing is remembered for it).
     :ivar new: the session is new (its CONNECT made it) and its first read
         is still to come: the store holds nothing of it.
     """
 
     __slots__ = ("outbox", "loading", "arrived", "reread", "awaiting_marker", "marker_timer",
-                 "finished_in_read", "new")
+                 "finished_in_read", "rewound", "screened", "new")
 
     def __init__(self, outbox) -> None:
         self.outbox = outbox
@@ -126,6 +139,8 @@ class StoreReader:
         self.awaiting_marker = False
         self.marker_timer = None
         self.finished_in_read: set[int] | frozenset = NO_SEQS  # a set during each read
+        self.rewound = 0
+        self.screened = False
         self.new = False
 
     def start(self, marker: bool, stored: bool = True) -> None:
@@ -143,6 +158,7 @@ class StoreReader:
             delivery matched by that subscription may then be stored
             before the marker, on a cluster)."""
         self.reread = False
+        self.rewound = 0  # (a new connection: nothing in flight)
         self.stop_marker_wait()
         self.new = not stored
         if marker:
@@ -177,13 +193,15 @@ class StoreReader:
         self.loading = True
         self.outbox.ctx.page_reads.read(self, self.outbox.link)
 
-    def finished(self, seq: int) -> None:
-        """The delivery ``seq`` finished during a read (see
-        :attr:`finished_in_read`, a set from the first)."""
-        seen = self.finished_in_read
-        if seen is NO_SEQS:
-            seen = self.finished_in_read = set()
-        seen.add(seq)
+    def finished(self, seqs: list) -> None:
+        """The deliveries ``seqs`` (a list of ``seq``) finished during a read:
+        remembered in :attr:`finished_in_read` (a set from the first) when
+        the read is :attr:`screened`."""
+        if self.screened:
+            seen = self.finished_in_read
+            if seen is NO_SEQS:
+                seen = self.finished_in_read = set()
+            seen.update(seqs)
 
     def issue(self, conn) -> None:
         """Read the store now, for the connection ``conn`` (a read let go
@@ -201,6 +219,9 @@ class StoreReader:
         # read sees what was sent (DUP on a resend) and not what was completed
         self.outbox._remove_completed()
         limit = max(1, self.outbox.queue_limit // 2)
+        # below a seq taken on this connection (read again from the start):
+        # what is in flight or finishes meanwhile is left out of the page
+        screened = self.screened = self.outbox._last_seq < self.rewound
         try:
             d = self.outbox.ctx.device_store.load(self.outbox.client_id,
                                                    after_seq=self.outbox._last_seq, limit=limit)
@@ -220,7 +241,7 @@ class StoreReader:
                 return
             # sent on this connection: still in flight, or finished while
             # the store was read (its removal was called after the read)
-            if self.outbox.inflight:
+            if screened and self.outbox.inflight:
                 seen = seen.union(d.seq for d in self.outbox.inflight.values())
             self._take_page(deliveries, seen)
             if len(deliveries) < limit:
@@ -326,6 +347,9 @@ class StoreReader:
         client's calls in order, so they are not read back."""
         self.reread = False
         self.new = False
+        outbox = self.outbox
+        if outbox._last_seq > self.rewound:
+            self.rewound = outbox._last_seq
         self.outbox._remove_completed()
         if self.outbox.queue:
             kept = deque(d for d in self.outbox.queue if not d.seq)  # QoS 0: not in the store
@@ -343,6 +367,15 @@ class StoreReader:
         pass, their sizes summed once; one in flight before is resent
         (:meth:`_take`) in its place among them."""
         outbox = self.outbox
+        if not seen and deliveries and not any(map(_STATE, deliveries)) \
+                and not any(map(_PACKET_ID, deliveries)):
+            # all queued, none left out (a drain's page): in one piece
+            outbox._queue_to_fill().extend(deliveries)
+            outbox.queued_bytes += runs_size(deliveries)
+            last = deliveries[-1].seq  # (in seq order)
+            if last > outbox._last_seq:
+                outbox._last_seq = last
+            return
         queue = None
         last = outbox._last_seq
         size = 0

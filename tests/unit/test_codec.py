@@ -1131,3 +1131,14 @@ def test_a_run_of_publishes_is_each_publish_in_turn_and_decodes_back(level):
             encode_publish_run(bad, level)
     with pytest.raises(ValueError):
         encode_publish_run(fields, 5)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("cls", [Puback, Pubrec, Pubrel, Pubcomp])
+def test_an_acknowledgement_of_a_packet_id_alone_is_made_whole(level, cls):
+    # made field by field by the decoder: every field set, equal to the
+    # dataclass's own
+    decoder = server_decoder(level)
+    (packet,) = decoder.feed(encode(cls(513), level))
+    assert type(packet) is cls and packet == cls(513)
+    assert (packet.packet_id, packet.reason_code, packet.properties) == (513, 0, {})

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 from twisted.internet import defer
 
-from tbmq.broker.store_reads import NO_SEQS, PageReads, StoreReader
+from tbmq.broker.store_reads import NO_SEQS, PageReads, StoreReader, delivery_size
+from tbmq.model import Message, StoredDelivery
 
 
 class Store:
@@ -29,7 +30,7 @@ def reader(name: str, store: Store, reads: PageReads):
     outbox = SimpleNamespace(
         log=SimpleNamespace(failures=[], failure=lambda *a, **k: outbox.log.failures.append(a)),
         client_id=name, link=link, queue_limit=100, _last_seq=0, inflight={}, paged_out=True,
-        queued_bytes=0,
+        queued_bytes=0, queue=(),
         ctx=SimpleNamespace(device_store=store, page_reads=reads),
         _remove_completed=lambda: None, pump=lambda: None, _queue_to_fill=list)
     return StoreReader(outbox)
@@ -57,10 +58,41 @@ def test_reads_past_the_limit_wait_and_start_in_turn():
 
 
 def test_a_delivery_finished_during_a_read_makes_the_set_then():
+    # a read from below a seq this connection took (read again from the
+    # start) leaves out what finishes meanwhile
     store, reads = Store(), PageReads()
     r = reader("c", store, reads)
+    r.outbox._last_seq = 9
     assert r.finished_in_read is NO_SEQS
-    r.page_in()
+    r.read_again()
+    assert r.screened and r.rewound == 9
     assert r.finished_in_read is NO_SEQS  # none yet: no set per read
-    r.finished(7)
+    r.finished([7])
     assert r.finished_in_read == {7}
+
+
+def test_a_page_after_every_seq_taken_remembers_nothing():
+    # a drain's page: it reads after every seq taken on this connection, so
+    # nothing in flight or finished can be in it
+    store, reads = Store(), PageReads()
+    r = reader("c", store, reads)
+    r.outbox._last_seq = 9
+    r.page_in()
+    assert r.loading and not r.screened
+    r.finished([7, 8])
+    assert r.finished_in_read is NO_SEQS
+
+
+def test_a_page_of_queued_deliveries_is_queued_in_one_piece():
+    # a drain's page (all queued, none left out): queued whole, its sizes
+    # summed as delivery_size sums each, the last seq taken
+    store, reads = Store(), PageReads()
+    r = reader("c", store, reads)
+    queue = []
+    r.outbox._queue_to_fill = lambda: queue
+    r.page_in()
+    page = [StoredDelivery(seq, Message("t", b"x" * seq), 1) for seq in range(1, 51)]
+    store.loads[0][1].callback(page)
+    assert queue == page and r.outbox._last_seq == 50
+    assert r.outbox.queued_bytes == sum(map(delivery_size, page))
+    assert len(store.loads) == 1 and not r.loading and r.outbox.paged_out  # (the pump asks the next)

@@ -317,6 +317,8 @@ def test_a_plain_run_is_read_in_one_loop_with_every_field_the_codec_reads():
                 value, wanted = getattr(delivery.message, name), getattr(message, name)
                 assert (type(value), value) == (type(wanted), wanted), name
         assert delivery.message.wire is None
+    # one empty properties dict for the run's messages (none is written)
+    assert made[0].message.properties is made[1].message.properties == {}
     assert set(Message.__slots__) == {f.name for f in dataclasses.fields(Message)}
     assert set(StoredDelivery.__slots__) == {f.name for f in dataclasses.fields(StoredDelivery)}
     rich = Message("t/c", b"three", 1, False, {Property.CONTENT_TYPE: "a"}, "pub", 3.5, None)
