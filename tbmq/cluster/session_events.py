@@ -561,39 +561,32 @@ class SessionEvents:
             kind = event.kind
             if kind == CONNECTION_REQUEST:
                 response = self._connect_decision(event)
-                if event.service_id == here:
-                    # this node's own request: answered in process, without
-                    # a publish and a read of its answer topic (one bus hop)
-                    self._on_responses((response,))
-                    continue
-                to = answers.get(event.service_id)
-                if to is None:
-                    answers[event.service_id] = ([event.client_id], [response])
-                else:
-                    to[0].append(event.client_id)
-                    to[1].append(response)
-            elif kind == NODE_GONE:
-                self._take_over(event)
             elif kind == CLEAR_SESSION and event.clean_start:
                 # the node holding the session asks to end it (expired)
                 response = SessionEventResponse(
                     event.client_id, event.request_id,
                     self._end_decision(event.client_id, event.session_id), False)
-                if event.service_id == here:
-                    self._on_responses((response,))
-                    continue
-                to = answers.get(event.service_id)
-                if to is None:
-                    answers[event.service_id] = ([event.client_id], [response])
-                else:
-                    to[0].append(event.client_id)
-                    to[1].append(response)
-            elif kind == CLEAR_SESSION:
-                info = self.held(event.client_id)
-                if (info is not None and not info.connected
-                        and info.session_id == event.session_id):
-                    self.clear(info)
-                    self._ended_here(event.client_id, event.session_id)
+            else:
+                if kind == NODE_GONE:
+                    self._take_over(event)
+                elif kind == CLEAR_SESSION:
+                    info = self.held(event.client_id)
+                    if (info is not None and not info.connected
+                            and info.session_id == event.session_id):
+                        self.clear(info)
+                        self._ended_here(event.client_id, event.session_id)
+                continue
+            if event.service_id == here:
+                # this node's own request: answered in process, without
+                # a publish and a read of its answer topic (one bus hop)
+                self._on_responses((response,))
+                continue
+            to = answers.get(event.service_id)
+            if to is None:
+                answers[event.service_id] = ([event.client_id], [response])
+            else:
+                to[0].append(event.client_id)
+                to[1].append(response)
         if not answers:
             return None
         sent = Completion()
