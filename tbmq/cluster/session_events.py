@@ -724,26 +724,14 @@ class SessionEvents:
         read (:meth:`tbmq.cluster.registry.SessionRegistry.next_stamp`),
         until its registry reads the end (at most :attr:`GRANT_MEMORY`
         seconds): :meth:`held` ignores what is older."""
-        ended = self._ended
-        now = self.clock.seconds()
-        ended.pop(client_id, None)
-        ended[client_id] = (session_id, now, self.registry.next_stamp(client_id))
-        while ended:
-            if next(iter(ended.values()))[1] + self.GRANT_MEMORY >= now:
-                break
-            ended.popitem(last=False)
+        _remember(self._ended, client_id,
+                  (session_id, self.clock.seconds(), self.registry.next_stamp(client_id)),
+                  self.GRANT_MEMORY)
 
     def _forget_later(self, client_id: str, session_id: str) -> None:
         """Remember for :attr:`GRANT_MEMORY` seconds that the persistent
         session ``session_id`` of ``client_id`` ended (:attr:`_gone`)."""
-        gone = self._gone
-        now = self.clock.seconds()
-        gone.pop(client_id, None)
-        gone[client_id] = (session_id, now)
-        while gone:
-            if next(iter(gone.values()))[1] + self.GRANT_MEMORY >= now:
-                break
-            gone.popitem(last=False)
+        _remember(self._gone, client_id, (session_id, self.clock.seconds()), self.GRANT_MEMORY)
 
     def _grant(self, client_id: str, session_id: str, stamp: int, service_id: str,
                described: tuple | None) -> None:
@@ -752,15 +740,8 @@ class SessionEvents:
         that the registry still shows, because the new connection's record
         has not reached it yet, is not taken over, and the next connect of
         the client id is decided knowing it (:meth:`held`)."""
-        granted = self._granted
-        now = self.clock.seconds()
-        granted.pop(client_id, None)
-        granted[client_id] = (session_id, now, stamp, service_id, described)
-        while granted:
-            oldest = next(iter(granted.values()))
-            if oldest[1] + self.GRANT_MEMORY >= now:
-                break
-            granted.popitem(last=False)
+        _remember(self._granted, client_id, (session_id, self.clock.seconds(), stamp, service_id,
+                                             described), self.GRANT_MEMORY)
 
     def _take_over(self, event: SessionEvent) -> None:
         info = self.registry.get(event.client_id)
@@ -830,3 +811,16 @@ class SessionEvents:
         if (late is not None and late.service_id == self.service_id
                 and current.service_id != self.service_id):
             self.forget_local(client_id, current)
+
+
+def _remember(memory: OrderedDict, client_id: str, entry: tuple, seconds: float) -> None:
+    """Put ``entry`` (its second field the time it was made, in the clock's
+    seconds) last in ``memory`` (client id -> entry, oldest first) under
+    ``client_id``, and drop the entries older than ``seconds`` before it."""
+    memory.pop(client_id, None)
+    memory[client_id] = entry
+    now = entry[1]
+    while memory:
+        if next(iter(memory.values()))[1] + seconds >= now:
+            break
+        memory.popitem(last=False)
