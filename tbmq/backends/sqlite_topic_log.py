@@ -31,7 +31,7 @@ import msgpack
 from twisted.internet import defer
 from zope.interface import implementer
 
-from tbmq.backends.sqlite_bulk import insert_rows
+from tbmq.backends.sqlite_bulk import CHUNK_ROWS, insert_rows
 from tbmq.backends.sqlite_runner import SQLiteRunner
 from tbmq.backends.sqlite_view import MergedWrites, RunnerView
 from tbmq.backends.sqlite_schema import EMBEDDED_SCHEMA
@@ -302,10 +302,7 @@ class TopicLogWrites(MergedWrites):
     def __call__(self, conn: sqlite3.Connection) -> None:
         """In the database thread: write the merged calls."""
         if self.dropped_keys:
-            conn.executemany(
-                "DELETE FROM topic_log WHERE topic = ? AND key = ? AND compacted = 1",
-                self.dropped_keys,
-            )
+            _delete_keys(conn, self.dropped_keys)
         if self.dropped_positions:
             conn.executemany(
                 "DELETE FROM topic_log WHERE topic = ? AND partition_id = ? AND log_offset = ?",
@@ -334,6 +331,38 @@ class TopicLogWrites(MergedWrites):
                 "INSERT OR REPLACE INTO topic_log_offsets VALUES (?, ?, ?, ?)",
                 [(g, t, p, o) for (g, t, p), o in self.offsets.items()],
             )
+
+
+def _delete_keys(conn: sqlite3.Connection, keys: Iterable[tuple[str, str]]) -> None:
+    """In the database thread: delete the stored records of the compacted
+    keys ``keys`` (``(topic, key)`` each), per topic one statement of up to
+    :data:`~tbmq.backends.sqlite_bulk.CHUNK_ROWS` keys (``key IN (...)``,
+    the partial index ``topic_log_compacted_key`` searched once per key):
+    one step and one wait for the GIL per statement, not per key
+    (:mod:`tbmq.backends.sqlite_bulk`)."""
+    by_topic: dict[str, list[str]] = {}
+    for topic, key in keys:
+        held = by_topic.get(topic)
+        if held is None:
+            by_topic[topic] = [key]
+        else:
+            held.append(key)
+    for topic, held in by_topic.items():
+        for start in range(0, len(held), CHUNK_ROWS):
+            chunk = held[start:start + CHUNK_ROWS]
+            conn.execute(_delete_keys_sql(len(chunk)), [topic, *chunk])
+
+
+#: keys → the DELETE statement of :func:`_delete_keys`, made once
+_DELETE_KEYS: dict[int, str] = {}
+
+
+def _delete_keys_sql(n: int) -> str:
+    sql = _DELETE_KEYS.get(n)
+    if sql is None:
+        sql = _DELETE_KEYS[n] = ("DELETE FROM topic_log WHERE topic = ? AND compacted = 1 "
+                                 "AND key IN (" + ",".join("?" * n) + ")")
+    return sql
 
 
 def _truncate_packs(conn: sqlite3.Connection, rows: list) -> None:
@@ -413,7 +442,9 @@ def _write_rows(conn: sqlite3.Connection, rows: Iterable[tuple], ends: StoredEnd
         # statement, not per row (tbmq.backends.sqlite_bulk)
         insert_rows(conn, "topic_log", plain, 5, tail=_PLAIN_TAIL)
     if full:
-        conn.executemany("INSERT OR REPLACE INTO topic_log VALUES (?, ?, ?, ?, ?, ?, ?)", full)
+        # (the records of a compacted topic, with headers: the session
+        # records and attach markers of CONNECTs) as the plain ones
+        insert_rows(conn, "topic_log", full, 7)
 
 
 def _write_runs(conn: sqlite3.Connection, runs: list, ends: StoredEnds) -> None:
