@@ -442,8 +442,8 @@ def _write_rows(conn: sqlite3.Connection, rows: Iterable[tuple], ends: StoredEnd
         # statement, not per row (tbmq.backends.sqlite_bulk)
         insert_rows(conn, "topic_log", plain, 5, tail=_PLAIN_TAIL)
     if full:
-        # (the records of a compacted topic, with headers: the session
-        # records and attach markers of CONNECTs) as the plain ones
+        # (the records of a compacted topic or with headers: a persistent
+        # session's records of its CONNECT and disconnect) as the plain ones
         insert_rows(conn, "topic_log", full, 7)
 
 

@@ -1,5 +1,5 @@
-"""The SQLite topic log writes a batch's records of compacted topics (the
-session records and attach markers of CONNECTs) in a few multi-row
+"""The SQLite topic log writes a batch's records of compacted topics (a
+persistent session's records of its CONNECT and disconnect) in a few multi-row
 statements, not one ``executemany`` step per record: each step lets go of
 the GIL and waits for it again (:mod:`tbmq.backends.sqlite_bulk`).  The
 rows left are those of the records written one by one.
