@@ -35,6 +35,15 @@ A, keyed by its connection:
 * ``connack``: the CONNACK was handed to the connection
   (``ConnectHandler._session_opened``; it goes out at the end of the turn).
 
+A connect answered through another node (``remote``) is also traced on the
+node that decided it (B), joined by its request id: ``B handed`` (its
+request handed to B's deciding member, ``SessionEvents._decide_many``),
+``B send`` (its answer, packed with the others of B's turn, handed to B's
+producer) and ``B report`` (that answer's delivery report), so that the
+way there and back splits into A's produce with B's fetch, B's turn, B's
+produce, and A's fetch of the answer with its hand-off to A's reactor
+(the nodes share one clock: one machine).
+
 Per node, for the confluent driver: ``produce → report`` per topic (from
 ``Producer.send`` to the delivery report put to the ack batcher, in
 librdkafka's poll thread: the produce round trip, librdkafka's queue and
@@ -69,7 +78,11 @@ import importlib.abc, importlib.util, json, os, sys, threading, time, zlib
 _OUT = os.environ.get("TBMQ_CONNECT_STAGES")
 _now = time.time
 _rows, _done, _produced, _drains, _sent, _polls = {}, [], [], [], {}, []
-_state = {"cur": None, "deciding": 0, "asking": 0, "req": {}, "first": {}, "produce": {}}
+#: request id -> [handed to the deciding member, its answer handed to the
+#: producer, the answer's delivery report] of another node's connect request
+_decided = {}
+_state = {"cur": None, "deciding": 0, "asking": 0, "req": {}, "first": {}, "produce": {},
+          "answering": [], "answers": {}}
 
 
 def _dump():
@@ -79,7 +92,8 @@ def _dump():
                    "service_id": os.environ.get("TBMQ_NODE__SERVICE_ID"),
                    "tree": sys.path[1] if len(sys.path) > 1 else None,
                    "rows": _done, "produced": _produced[-50000:], "drains": _drains[-50000:],
-                   "polls": _polls[-50000:]}, f)
+                   "polls": _polls[-50000:],
+                   "decided": dict(list(_decided.items())[-50000:])}, f)
     os.replace(path + ".tmp", path)
 
 
@@ -135,7 +149,10 @@ def _events(m):
 
     def asked(self, client_id, *a, **k):
         _state["asking"] -= 1
-        _state["req"][f"{self._request_prefix}{self._requests}"] = _state["cur"]
+        request_id = f"{self._request_prefix}{self._requests}"
+        _state["req"][request_id] = _state["cur"]
+        if _state["cur"] in _rows:
+            _stamp(_state["cur"], "request_id", request_id)
         partitions = getattr(self.bus, "_placed", {}).get(self.topics.session_event_request)
         if partitions and _state["cur"] in _rows:  # the bus's placement (Kafka)
             partition = zlib.crc32(client_id.encode()) % partitions
@@ -150,6 +167,14 @@ def _events(m):
     original = m.SessionEvents._decide_many
 
     def decide_many(self, events):
+        now = _now()
+        for event in events:  # another node's connect request, decided here
+            if event.kind == m.CONNECTION_REQUEST and event.service_id != self.service_id:
+                _decided[event.request_id] = [now, None, None]
+                _state["answering"].append(event.request_id)
+        if len(_decided) // 500 > _state.get("dumps", 0):  # (a node without CONNECTs)
+            _state["dumps"] = len(_decided) // 500
+            _dump()
         _state["deciding"] += 1
         try:
             return original(self, events)
@@ -166,6 +191,8 @@ def _bridge(m):
     def put(self, done, error=None):
         sent = _sent.pop(id(done), None)
         now = _now()
+        for request_id in _state["answers"].pop(id(done), ()):
+            _decided[request_id][2] = now
         if sent is not None:
             _produced.append((now - sent[0], sent[1], sent[2]))
         puts = _state.get("puts")
@@ -188,6 +215,14 @@ def _bridge(m):
 def _confluent(m):
     def send(self, topic, key, value, headers, done, partition=None):
         now = _sent[id(done)] = (_now(), topic, partition)
+        answering = _state["answering"]
+        if answering and "session.event.response" in topic:
+            # the answers decided since the last send of one (packed: one
+            # send at the turn's end carries them)
+            for request_id in answering:
+                _decided[request_id][1] = now[0]
+            _state["answers"][id(done)] = list(answering)
+            answering.clear()
         waiting = _state["produce"]
         if topic.endswith("session.event.request") and waiting:
             # the requests of this partition asked since the last send of it
@@ -238,10 +273,46 @@ def topic_family(topic: str) -> str:
     return name
 
 
+#: the stages of a request another node decided, from both nodes' traces:
+#: (title, the stage it starts at, the stage it ends at); ``B:`` stages are
+#: the deciding node's (:data:`TRACER`'s ``_decided``), the others node A's
+REMOTE = (("A produce → B handed (A's produce, B's fetch and hand-off)", "produce", "B:handed"),
+          ("B handed → B answer to its producer (B's turn)", "B:handed", "B:send"),
+          ("B answer to producer → B report (B's produce)", "B:send", "B:report"),
+          ("B report → A answer (A's fetch and hand-off)", "B:report", "answer"),
+          ("A produce → A report (A's produce, for comparison)", "produce", "ack"))
+
+
+def _cluster_of(service_id: str | None) -> str | None:
+    """``b0c1g0x4844-a`` → ``b0c1g0x4844``: the nodes of one configuration."""
+    return service_id.rsplit("-", 1)[0] if service_id else None
+
+
+def _remote_stages(rows: list, decided: dict) -> None:
+    """Print :data:`REMOTE` for the ``rows`` answered through another node
+    whose trace holds their requests (``decided``, by request id)."""
+    joined = []
+    for r in rows:
+        d = decided.get(r.get("request_id")) if r.get("path") == "remote" else None
+        if d is not None and None not in d:
+            joined.append({**r, "B:handed": d[0], "B:send": d[1], "B:report": d[2]})
+    if not joined:
+        return
+    print(f"\nremote connects traced on both nodes ({len(joined)}), ms p50 / p90 (count):\n")
+    print("| stage | remote |\n|---|---|")
+    for title, a, b in REMOTE:
+        print(f"| {title} | {quantiles([r[b] - r[a] for r in joined if a in r and b in r])} |")
+
+
 def report(folder: str) -> None:
+    traces = []
     for path in sorted(glob.glob(os.path.join(folder, "stages.*.json"))):
         with open(path) as f:
-            data = json.load(f)
+            traces.append(json.load(f))
+    decided: dict = collections.defaultdict(dict)  # configuration -> request id -> stamps
+    for data in traces:
+        decided[_cluster_of(data["service_id"])].update(data.get("decided") or {})
+    for data in traces:
         rows = data["rows"]
         if not rows:
             continue
@@ -277,6 +348,7 @@ def report(folder: str) -> None:
                   f"p90 {sorted(p[0] for p in polls)[int(len(polls) * 0.9)]} ({len(polls)} polls) |")
             print(f"| producer poll: first → last report of a poll | {quantiles([p[1] for p in polls])} |")
             print(f"| producer poll: longest gap between two reports | {quantiles([p[2] for p in polls])} |")
+        _remote_stages(rows, decided[_cluster_of(data["service_id"])])
 
 
 def main() -> None:
