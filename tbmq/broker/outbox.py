@@ -372,19 +372,15 @@ class Outbox:
         if app_done is NO_ENTRIES:
             app_done = self._app_done = {}
         window = self._window()
-        # the usual case, as _offer's first: what the window takes (its room
-        # looked at before a first QoS 1/2 send) is sent now (no sequence number
-        # to keep), in one run (one _send_run, one encoding call, one write),
-        # written before anything that must follow it
+        # the usual case, as _offer's first: what the window takes (its room looked at
+        # before a first QoS 1/2 send) is sent now (no sequence number to keep), in one
+        # run (one _send_run, one encoding call, one write), before what must follow it
         run, room = [], None
         for i, d in enumerate(deliveries):
             qos, retain, sids = d.qos, d.retain, d.subscription_ids
-            if type(d) is DeliveryRun:
-                messages = d.messages
-                if qos:
-                    progress.parts(i, len(messages))  # its record: once all are acknowledged
-            else:
-                messages = (d.message,)
+            messages = d.messages if type(d) is DeliveryRun else (d.message,)
+            if qos:  # a run's record: once each of its messages is acknowledged
+                progress.parts(i, len(messages))
             if qos == 0:
                 if run:
                     self._send_run(run, now, conn)
@@ -397,18 +393,19 @@ class Outbox:
             if room is None:
                 room = (0 if self.queue or conn.paused or self.overflowed
                         else window - len(self.inflight))
-            record = (progress, i)  # its record of the batch
-            for message in messages:
-                delivery = StoredDelivery(0, message, qos, retain, sids)
-                app_done[id(delivery)] = record
-                if room > 0:
-                    run.append(delivery)
-                    room -= 1
-                    continue
+            # the record's deliveries made, and each given its record, by map (in C)
+            made = list(map(StoredDelivery, repeat(0), messages, repeat(qos), repeat(retain),
+                            repeat(sids)))
+            app_done.update(zip(map(id, made), repeat((progress, i))))
+            taken = made[:room] if room > 0 else ()
+            run += taken
+            room -= len(taken)
+            if len(taken) < len(made):  # the rest as _offer says, after the run
                 if run:
                     self._send_run(run, now, conn)
                     run = []
-                self._offer(delivery, None, now, source, conn)
+                for delivery in made[len(taken):]:
+                    self._offer(delivery, None, now, source, conn)
         if run:
             self._send_run(run, now, conn)
         return progress
