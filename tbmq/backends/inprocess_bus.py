@@ -570,9 +570,9 @@ class InProcessBus(Describable, ManyPublishes, HeldPublishes):
 
     def _slice(self, member: Consumer) -> None:
         member.scheduled = None
+        if self._writes is not None:  # what its handlers log goes at its end: LogWrites.slice
+            return self._writes.slice(self._pump, member)
         self._pump(member)
-        if self._writes is not None:  # what its handlers logged goes now: LogWrites.flush_records
-            self._writes.flush_records()
 
     def _pump(self, member: Consumer) -> None:
         """Hand ``member`` its waiting records: at most :data:`SLICE` now,

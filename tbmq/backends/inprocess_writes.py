@@ -51,6 +51,10 @@ class LogWrites:
         :attr:`records`, in the same order.
     :ivar commits: ``(group, topic, partition) → offset`` to write.
     :ivar truncates: ``(topic, partition) → before`` to write.
+    :ivar handing: > 0 while a consumer's slice of handing runs (its
+        :meth:`flush_records` comes at its end): a record appended then
+        schedules no flush of its own (no timed call made and cancelled
+        per batch).
     :ivar landing: flushes with records whose write has not fired yet.
         While one is under way commits and truncations wait for the next
         flush with records, or for its end: they are not worth a
@@ -59,7 +63,7 @@ class LogWrites:
     """
 
     __slots__ = ("topic_log", "clock", "active", "records", "dones", "commits", "truncates",
-                 "call", "landing")
+                 "call", "landing", "handing")
 
     def __init__(self, topic_log, clock) -> None:
         self.topic_log = topic_log
@@ -71,6 +75,7 @@ class LogWrites:
         self.truncates: dict[tuple, int] = {}
         self.call = None
         self.landing = 0
+        self.handing = 0
 
     def append(self, record: tuple, done: Callable) -> None:
         """Write ``record`` (an encoded one, for
@@ -83,7 +88,7 @@ class LogWrites:
             first); what it raises is logged."""
         self.records.append(record)
         self.dones.append(done)
-        if self.call is None and self.active:
+        if self.call is None and self.active and not self.handing:
             self.call = self.clock.callLater(0, self.flush)
 
     def append_run(self, run, done: Callable) -> None:
@@ -113,6 +118,19 @@ class LogWrites:
         """Flush in the next reactor turn (once)."""
         if self.call is None and self.active:
             self.call = self.clock.callLater(0, self.flush)
+
+    def slice(self, hand: Callable, member) -> None:
+        """``hand(member)``: a consumer's slice of handing, whose handlers'
+        records (the router's deliveries to APPLICATION clients) schedule
+        no flush of their own (no timed call made, then cancelled, per
+        batch: :attr:`handing`); then :meth:`flush_records`, even when it
+        raised."""
+        self.handing += 1
+        try:
+            hand(member)
+        finally:
+            self.handing -= 1
+            self.flush_records()
 
     def flush_records(self) -> None:
         """:meth:`flush` now when records wait (with the commits and

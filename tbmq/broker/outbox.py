@@ -42,7 +42,7 @@ from tbmq.broker.sending import encode_for
 from tbmq.broker.sent_states import SentStates
 from tbmq.broker.store_reads import StoreReader, delivery_size, runs_size
 from tbmq.broker.topic_aliases import TopicAliases
-from tbmq.cluster.completion import Progress
+from tbmq.cluster.completion import Progress, finished_runs
 from tbmq.cluster.record_types import DeliveryRun
 from tbmq.log import OBSERVER as LOG_OBSERVER
 from tbmq.model import DeliveryState, Message, StoredDelivery
@@ -372,20 +372,15 @@ class Outbox:
         if app_done is NO_ENTRIES:
             app_done = self._app_done = {}
         window = self._window()
-        # the usual case, as _offer's first: what the window takes is sent
-        # now (not in the device store: no sequence number to keep), the
-        # batch's sends in one run (one _send_run, one encoding call, one
-        # write), written before anything that must follow it
-        run = []
-        room = 0 if self.queue or conn.paused or self.overflowed else window - len(self.inflight)
+        # the usual case, as _offer's first: what the window takes (its room looked at
+        # before a first QoS 1/2 send) is sent now (no sequence number to keep), in one
+        # run (one _send_run, one encoding call, one write), before what must follow it
+        run, room = [], None
         for i, d in enumerate(deliveries):
             qos, retain, sids = d.qos, d.retain, d.subscription_ids
-            if type(d) is DeliveryRun:
-                messages = d.messages
-                if qos:
-                    progress.parts(i, len(messages))  # its record: once all are acknowledged
-            else:
-                messages = (d.message,)
+            messages = d.messages if type(d) is DeliveryRun else (d.message,)
+            if qos:  # a run's record: once each of its messages is acknowledged
+                progress.parts(i, len(messages))
             if qos == 0:
                 if run:
                     self._send_run(run, now, conn)
@@ -393,21 +388,24 @@ class Outbox:
                 for message in messages:
                     self.deliver(message, 0, retain, sids, None, now, source)
                 progress.finished(i)  # nothing to wait for
+                room = None
+                continue
+            if room is None:
                 room = (0 if self.queue or conn.paused or self.overflowed
                         else window - len(self.inflight))
-                continue
-            record = (progress, i)  # its record of the batch
-            for message in messages:
-                delivery = StoredDelivery(0, message, qos, retain, sids)
-                app_done[id(delivery)] = record
-                if room > 0:
-                    run.append(delivery)
-                    room -= 1
-                    continue
+            # the record's deliveries made, and each given its record, by map (in C)
+            made = list(map(StoredDelivery, repeat(0), messages, repeat(qos), repeat(retain),
+                            repeat(sids)))
+            app_done.update(zip(map(id, made), repeat((progress, i))))
+            taken = made[:room] if room > 0 else ()
+            run += taken
+            room -= len(taken)
+            if len(taken) < len(made):  # the rest as _offer says, after the run
                 if run:
                     self._send_run(run, now, conn)
                     run = []
-                self._offer(delivery, None, now, source, conn)
+                for delivery in made[len(taken):]:
+                    self._offer(delivery, None, now, source, conn)
         if run:
             self._send_run(run, now, conn)
         return progress
@@ -710,9 +708,11 @@ class Outbox:
         leaves the device store (the rows of all of them in one list)."""
         app_done = self._app_done
         if app_done:  # the records of deliver_app(_batch) committed, the rest as below
+            dones = list(map(app_done.pop, map(id, deliveries), repeat(None)))
+            if None not in dones and finished_runs(dones):
+                return  # (each a record of a batch: one finished per record's run, in C)
             seqs = []
-            for delivery in deliveries:
-                done = app_done.pop(id(delivery), None)
+            for delivery, done in zip(deliveries, dones):
                 if done is None:
                     if delivery.seq:
                         seqs.append(delivery.seq)

@@ -20,12 +20,13 @@ Usage::
 
 from __future__ import annotations
 
+from itertools import groupby
 from typing import Any, Callable
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
-__all__ = ["Completion", "Progress", "deferred_done", "publish_each"]
+__all__ = ["Completion", "Progress", "deferred_done", "finished_runs", "publish_each"]
 
 
 def deferred_done(start: Callable[[Callable[[Any], None]], Any]) -> defer.Deferred:
@@ -167,13 +168,14 @@ class Progress:
         self._watcher: Callable | None = None  # armed: told at the next growth
         self._watch: Callable | None = None
 
-    def finished(self, index: int) -> None:
+    def finished(self, index: int, count: int = 1) -> None:
         """Record ``index`` (0-based, in batch order) finished; each index
-        is reported once (a record of several :meth:`parts`: once each)."""
+        is reported once (a record of several :meth:`parts`: once each, or
+        ``count`` of them at once)."""
         parts = self._parts
         if parts is not None and index in parts:
-            left = parts[index] - 1
-            if left:
+            left = parts[index] - count
+            if left > 0:
                 parts[index] = left
                 return
             del parts[index]
@@ -253,6 +255,24 @@ class Progress:
 
     def __repr__(self) -> str:
         return f"<Progress {self.leading}/{self.size}>"
+
+
+def finished_runs(dones: list) -> bool:
+    """Acknowledged deliveries of batches with a :class:`Progress`
+    (:meth:`Outbox.deliver_app_batch <tbmq.broker.outbox.Outbox.deliver_app_batch>`),
+    in order: ``(progress, index)`` each, the messages of one record (a
+    :class:`~tbmq.cluster.record_types.DeliveryRun`) sharing one pair.  A
+    run of equal pairs is one ``progress.finished(index, count)``, found
+    in C (:func:`itertools.groupby`), not one call per message.
+
+    :returns: False, having told nothing, when one item is not such a
+        pair (a Deferred of a single delivery: the caller tells each)."""
+    runs = [(done, len(list(same))) for done, same in groupby(dones)]
+    if any(type(done) is not tuple for done, _ in runs):
+        return False
+    for (progress, index), count in runs:
+        progress.finished(index, count)
+    return True
 
 
 def publish_each(publish: Callable, topic: str, keys: list, values: list,

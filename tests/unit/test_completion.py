@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from twisted.python.failure import Failure
 
-from tbmq.cluster.completion import Completion, Progress
+from tbmq.cluster.completion import Completion, Progress, finished_runs
 from tbmq.errors import BusClosedError, BusPublishError
 
 
@@ -159,3 +159,41 @@ def test_a_record_of_several_parts_finishes_at_its_last_part():
     assert grown == [(0, 1)] and progress.leading == 1
     progress.finished(1)
     assert grown == [(0, 1), (1, 3)] and progress.complete
+
+
+def test_a_record_of_several_parts_takes_a_count_of_them_at_once():
+    grown = []
+    progress = Progress(2)
+    progress.parts(0, 4)
+    progress.then(lambda start, end: grown.append((start, end)))
+    progress.finished(0, 3)
+    assert grown == [] and progress.leading == 0  # one part still due
+    progress.finished(1)
+    progress.finished(0, 1)
+    assert grown == [(0, 2)] and progress.complete
+
+
+def test_finished_runs_tells_each_record_once_per_run_of_its_messages():
+    """The acknowledged messages of an APPLICATION client's batches: one
+    ``finished`` per run of one record's messages, in order."""
+    told = []
+
+    class Recording(Progress):
+        __slots__ = ()
+
+        def finished(self, index, count=1):
+            told.append((self, index, count))
+            super().finished(index, count)
+
+    a, b = Recording(2), Recording(1)
+    a.parts(0, 3)
+    first, second, other = (a, 0), (a, 1), (b, 0)
+    assert finished_runs([first, first, second, other, first]) is True
+    assert told == [(a, 0, 2), (a, 1, 1), (b, 0, 1), (a, 0, 1)]
+    assert a.complete and b.complete
+
+
+def test_finished_runs_tells_nothing_when_one_is_not_a_record():
+    progress = Progress(1)
+    assert finished_runs([(progress, 0), object()]) is False
+    assert progress.leading == 0

@@ -685,6 +685,55 @@ def test_what_a_slice_of_handing_logs_is_written_in_that_turn_and_done_after_it(
     assert dones == [None, None, None]
 
 
+def test_a_slice_of_handing_makes_no_timed_call_for_what_it_logs_and_flushes_when_it_raises():
+    """The records a batch handler logs during its slice are flushed at the
+    slice's end, with no timed call made (and cancelled) for them; a slice
+    whose handler raises still writes what it logged."""
+
+    class CountingClock(Clock):
+        def __init__(self):
+            super().__init__()
+            self.made: list = []
+
+        def callLater(self, delay, f, *args, **kw):  # noqa: N802 (Twisted's name)
+            self.made.append(getattr(f, "__name__", f))
+            return super().callLater(delay, f, *args, **kw)
+
+    log = MemoryTopicLog()
+    log.hold = True
+    clock = CountingClock()
+    bus = InProcessBus(clock=clock, log=log)
+    assert bus.start().called
+    app = C.app("a")
+    fail = [False]
+
+    def batch_handler(values):
+        bus.publish_many(app, ["a"] * len(values),
+                         [r.Delivery("a", Message("t", v), 1, seq=i) for i, v in enumerate(values)],
+                         lambda outcome: None)
+        if fail[0]:
+            raise RuntimeError("the handler fails after logging")
+        return defer.Deferred()
+
+    bus.subscribe("t", "router", lambda record: defer.Deferred(), batch_handler=batch_handler)
+    clock.advance(0)
+    bus.publish("t", None, b"0", done=lambda outcome: None)  # handed at once; result pending
+    for i in (1, 2):
+        bus.publish("t", None, b"%d" % i, done=lambda outcome: None)
+    clock.made.clear()
+    log.calls.clear()
+    clock.advance(0)  # the slice
+    assert log.held_count(app) == 2 and "flush" not in clock.made
+    log.release()
+    fail[0] = True
+    for i in (3, 4):
+        bus.publish("t", None, b"%d" % i, done=lambda outcome: None)
+    clock.made.clear()
+    clock.advance(0)  # the slice: its handler raises after logging
+    log.release()
+    assert log.held_count(app) == 4 and "flush" not in clock.made
+
+
 def test_commits_made_while_records_are_being_logged_wait_for_them_or_the_next_records():
     """While a write with records is under way (its publishers wait for
     it), a group's commit makes no write of its own: it goes with the next
