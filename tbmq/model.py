@@ -46,6 +46,13 @@ class Message:
         is instead of encoding the fields anew.  Not an argument, not
         compared; a message is never changed once made, so the array stays
         its encoding.
+    :ivar packed: None, or the msgpack bytes of :attr:`wire` (``bytes``),
+        made with it for a run of PUBLISHes of one topic, QoS, RETAIN flag
+        and payload size (:func:`tbmq.cluster.message_arrays.
+        published_messages`: one template for the run): written as it is
+        where the message's array would be packed
+        (:func:`~tbmq.cluster.message_arrays.messages_packed`).  Not an
+        argument, not compared.
     """
 
     topic: str
@@ -57,6 +64,7 @@ class Message:
     received_at: float = 0.0
     expires_at: float | None = None
     wire: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    packed: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
 
 @dataclass(slots=True, frozen=True)

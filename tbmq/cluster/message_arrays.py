@@ -9,6 +9,8 @@ from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
+from msgpack import packb
+
 from tbmq.errors import RecordEncodingError
 from tbmq.model import Message
 from tbmq.mqtt.properties import unpack_properties
@@ -64,6 +66,7 @@ def message_from_array(obj: Any) -> Message | None:
     m.received_at = received_at
     m.expires_at = expires_at
     m.wire = obj  # as msgpack read it: kept, to be written again
+    m.packed = None
     return m
 
 
@@ -91,6 +94,7 @@ _new = object.__new__
 _FIELDS = attrgetter("topic", "payload", "qos", "retain", "properties", "publisher",
                      "received_at", "expires_at")
 _WIRE = attrgetter("wire")
+_PACKED = attrgetter("packed")
 _QOS = frozenset((0, 1, 2))
 _NO_EXPIRY = (type(None), float)
 
@@ -113,6 +117,9 @@ def messages_packed(messages: list, pack) -> list | None:
         another type (each is then written alone).
     :raises Exception: what ``pack`` raises (each is then written alone).
     """
+    packed = list(map(_PACKED, messages))
+    if None not in packed:  # each one's bytes made with its array (published_messages)
+        return packed
     wires = list(map(_WIRE, messages))
     if None not in wires:  # each one's array made before (checked then): packed as it is
         return list(map(pack, wires))
@@ -162,4 +169,34 @@ def published_messages(topics: list, payloads: list, qoss: list, retains: list,
         deque(map(_SET_WIRE, messages, zip(
             repeat("msg", n), repeat(1, n), topics, payloads, qoss, retains, repeat(None, n),
             repeat(publisher, n), repeat(received_at, n), repeat(None, n))), 0)
+        if n > _FEWEST_PACKED and len(set(topics)) == len(set(qoss)) == len(set(retains)) == 1 \
+                and len(set(map(len, payloads))) == 1:
+            _pack_run(messages, payloads)
     return messages
+
+
+#: the shortest run whose messages :func:`published_messages` packs from a
+#: template (as :func:`messages_packed` packs three or more together)
+_FEWEST_PACKED = 2
+#: sets a message's ``packed`` (called by map)
+_SET_PACKED = Message.packed.__set__
+_join = b"".join
+
+
+def _pack_run(messages: list, payloads: list) -> None:
+    """Set the ``packed`` of each of ``messages`` (their ``wire`` arrays
+    differ in the payload alone, each of one size: one topic, QoS, RETAIN
+    flag, publisher and time of receipt): the msgpack bytes of its array,
+    made from the first one's as the bytes before its payload, the payload
+    and the bytes after it (msgpack writes an array as its length, then its
+    values one after another, so these are the bytes ``pack`` gives each
+    array: a test compares them)."""
+    first = messages[0].wire
+    whole = packb(first, use_bin_type=True)
+    after = _join([packb(v, use_bin_type=True) for v in first[4:]])
+    before = whole[:len(whole) - len(after) - len(payloads[0])]
+    if before + payloads[0] + after != whole:  # (cannot happen: then each is packed alone)
+        return
+    n = len(messages)
+    deque(map(_SET_PACKED, messages, map(_join, zip(repeat(before, n), payloads,
+                                                      repeat(after, n)))), 0)

@@ -461,3 +461,33 @@ def test_published_messages_carry_the_array_encode_would_make(data):
     odd = published_messages(topics, payloads, [*qoss[:-1], True], retains, "pub", 12.5)
     assert all(m.wire is None for m in odd)
     assert all(m.wire is None for m in published_messages(topics, payloads, qoss, retains, "pub", 12))
+
+
+@settings(max_examples=60, deadline=None)
+@given(topic=st.text(max_size=300), qos=st.integers(0, 2), retain=st.booleans(),
+       size=st.sampled_from([0, 1, 31, 32, 255, 256, 65535, 65536]), count=st.integers(1, 6),
+       publisher=st.text(max_size=40), at=st.floats(allow_nan=False), data=st.data())
+def test_a_published_run_of_one_shape_is_packed_from_one_template(topic, qos, retain, size,
+                                                                  count, publisher, at, data):
+    """A run of one topic, QoS, RETAIN flag and payload size gets each
+    message's ``packed`` bytes from the first one's (``published_messages``):
+    the bytes msgpack gives its array, what ``messages_packed`` and the
+    codec's ``encode`` write for it; a run of two or fewer, or one whose
+    payload sizes differ, is left to be packed by its arrays."""
+    from tbmq.cluster.message_arrays import messages_packed, published_messages
+    pack = record_codec._thread_packer().pack
+    payloads = [data.draw(st.binary(min_size=size, max_size=size)) if size < 300
+                else bytes([data.draw(st.integers(0, 255))]) * size for _ in range(count)]
+    made = published_messages([topic] * count, payloads, [qos] * count, [retain] * count,
+                              publisher, at)
+    encoded = [r.MESSAGE.encode(Message(topic, p, qos, retain, {}, publisher, at)) for p in payloads]
+    if count > 2:
+        assert [m.packed for m in made] == [pack(m.wire) for m in made] == encoded
+    else:
+        assert all(m.packed is None for m in made)
+    assert r.MESSAGE.encode_many(made) == encoded
+    if count > 2:
+        grown = published_messages([topic] * count, [*payloads[:-1], payloads[-1] + b"x"],
+                                   [qos] * count, [retain] * count, publisher, at)
+        assert all(m.packed is None for m in grown)
+        assert messages_packed(grown, pack) == [pack(m.wire) for m in grown]
