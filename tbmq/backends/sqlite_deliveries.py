@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from itertools import repeat
+from operator import attrgetter
 from typing import Iterable
 
 from twisted.internet import defer
@@ -55,6 +56,9 @@ SHARED_BLOBS = 256
 #: a message encoded to more bytes than this is not kept (the store would
 #: hold it after its deliveries are done)
 SHARED_BLOB_MAX = 16 * 1024
+
+#: a message's own encoding when it was made with one (:attr:`tbmq.model.Message.packed`)
+_PACKED = attrgetter("packed")
 
 #: the column ``state`` → its :class:`~tbmq.model.DeliveryState` (the
 #: values are 0, 1, 2: a tuple look-up, not the enum's call, per row read)
@@ -387,12 +391,17 @@ class SQLiteDeviceMessageStore(RunnerView):
         bytes each time (kept while the message is held, up to
         ``SHARED_BLOBS`` of at most ``SHARED_BLOB_MAX`` bytes). A run none or
         all of whose messages were encoded before costs no bytecode per
-        message (map loops).
+        message (map loops); one whose messages were each made with their
+        bytes (:attr:`~tbmq.model.Message.packed`: a published run's) is
+        written as it is, and kept nowhere.
 
         :raises tbmq.errors.RecordEncodingError: for a message that does
             not fit its record."""
         if not messages:
             return []
+        packed = list(map(_PACKED, messages))
+        if None not in packed:  # each made with its bytes (a published run's): nothing to share
+            return packed
         blobs = self._blobs
         known = list(map(blobs.get, map(id, messages))) if blobs else None
         if known is None or known.count(None) == len(known):
