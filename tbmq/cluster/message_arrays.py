@@ -112,11 +112,13 @@ def messages_packed(messages: list, pack) -> list | None:
 
     :param messages: :class:`~tbmq.model.Message` objects, more than two.
     :param pack: this thread's ``msgpack.Packer(use_bin_type=True).pack``.
-    :returns: their encodings, in order; or None when some but not all
-        of them carry their array, or one has properties or a field of
+    :returns: their encodings, in order; or None for fewer than three
+        messages, or when some but not all of them carry their array, or one has properties or a field of
         another type (each is then written alone).
     :raises Exception: what ``pack`` raises (each is then written alone).
     """
+    if len(messages) < 3:  # (the checks would cost more than they save)
+        return None
     packed = list(map(_PACKED, messages))
     if None not in packed:  # each one's bytes made with its array (published_messages)
         return packed
