@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sqlite3
 from itertools import repeat
-from operator import attrgetter
 from typing import Iterable
 
 from twisted.internet import defer
@@ -43,6 +42,7 @@ from tbmq.backends.sqlite_schema import (
     messages_of_blobs,
     messages_of_stream,
 )
+from tbmq.cluster.message_arrays import templated
 from tbmq.interfaces import IDeviceMessageStore
 from tbmq.model import DeliveryState, StoredDelivery
 
@@ -56,9 +56,6 @@ SHARED_BLOBS = 256
 #: a message encoded to more bytes than this is not kept (the store would
 #: hold it after its deliveries are done)
 SHARED_BLOB_MAX = 16 * 1024
-
-#: a message's own encoding when it was made with one (:attr:`tbmq.model.Message.packed`)
-_PACKED = attrgetter("packed")
 
 #: the column ``state`` → its :class:`~tbmq.model.DeliveryState` (the
 #: values are 0, 1, 2: a tuple look-up, not the enum's call, per row read)
@@ -391,16 +388,16 @@ class SQLiteDeviceMessageStore(RunnerView):
         bytes each time (kept while the message is held, up to
         ``SHARED_BLOBS`` of at most ``SHARED_BLOB_MAX`` bytes). A run none or
         all of whose messages were encoded before costs no bytecode per
-        message (map loops); one whose messages were each made with their
-        bytes (:attr:`~tbmq.model.Message.packed`: a published run's) is
-        written as it is, and kept nowhere.
+        message (map loops); a published run's messages, which share one
+        template (:func:`~tbmq.cluster.message_arrays.templated`), are
+        encoded from it, and kept nowhere.
 
         :raises tbmq.errors.RecordEncodingError: for a message that does
             not fit its record."""
         if not messages:
             return []
-        packed = list(map(_PACKED, messages))
-        if None not in packed:  # each made with its bytes (a published run's): nothing to share
+        packed = templated(messages)
+        if packed is not None:  # a published run's: made from its template, nothing to share
             return packed
         blobs = self._blobs
         known = list(map(blobs.get, map(id, messages))) if blobs else None

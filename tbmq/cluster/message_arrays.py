@@ -16,7 +16,7 @@ from tbmq.model import Message
 from tbmq.mqtt.properties import unpack_properties
 
 __all__ = ["message_from_array", "messages_from_arrays", "messages_packed", "props_in",
-           "published_messages"]
+           "published_messages", "templated"]
 
 
 def props_in(v: Any, name: str) -> dict:
@@ -66,7 +66,7 @@ def message_from_array(obj: Any) -> Message | None:
     m.received_at = received_at
     m.expires_at = expires_at
     m.wire = obj  # as msgpack read it: kept, to be written again
-    m.packed = None
+    m.template = None
     return m
 
 
@@ -94,7 +94,8 @@ _new = object.__new__
 _FIELDS = attrgetter("topic", "payload", "qos", "retain", "properties", "publisher",
                      "received_at", "expires_at")
 _WIRE = attrgetter("wire")
-_PACKED = attrgetter("packed")
+_TEMPLATE = attrgetter("template")
+_PAYLOAD = attrgetter("payload")
 _QOS = frozenset((0, 1, 2))
 _NO_EXPIRY = (type(None), float)
 
@@ -119,8 +120,8 @@ def messages_packed(messages: list, pack) -> list | None:
     """
     if len(messages) < 3:  # (the checks would cost more than they save)
         return None
-    packed = list(map(_PACKED, messages))
-    if None not in packed:  # each one's bytes made with its array (published_messages)
+    packed = templated(messages)
+    if packed is not None:  # a published run's: its template around each payload
         return packed
     wires = list(map(_WIRE, messages))
     if None not in wires:  # each one's array made before (checked then): packed as it is
@@ -171,34 +172,53 @@ def published_messages(topics: list, payloads: list, qoss: list, retains: list,
         deque(map(_SET_WIRE, messages, zip(
             repeat("msg", n), repeat(1, n), topics, payloads, qoss, retains, repeat(None, n),
             repeat(publisher, n), repeat(received_at, n), repeat(None, n))), 0)
-        if n > _FEWEST_PACKED and len(set(topics)) == len(set(qoss)) == len(set(retains)) == 1 \
+        if n > _FEWEST_TEMPLATED and len(set(topics)) == len(set(qoss)) == len(set(retains)) == 1 \
                 and len(set(map(len, payloads))) == 1:
-            _pack_run(messages, payloads)
+            template = _template(messages[0].wire)
+            if template is not None:
+                deque(map(_SET_TEMPLATE, messages, repeat(template, n)), 0)
     return messages
 
 
-#: the shortest run whose messages :func:`published_messages` packs from a
+#: the shortest run whose messages :func:`published_messages` gives a
 #: template (as :func:`messages_packed` packs three or more together)
-_FEWEST_PACKED = 2
-#: sets a message's ``packed`` (called by map)
-_SET_PACKED = Message.packed.__set__
+_FEWEST_TEMPLATED = 2
+#: sets a message's ``template`` (called by map)
+_SET_TEMPLATE = Message.template.__set__
 _join = b"".join
 
 
-def _pack_run(messages: list, payloads: list) -> None:
-    """Set the ``packed`` of each of ``messages`` (their ``wire`` arrays
-    differ in the payload alone, each of one size: one topic, QoS, RETAIN
-    flag, publisher and time of receipt): the msgpack bytes of its array,
-    made from the first one's as the bytes before its payload, the payload
-    and the bytes after it (msgpack writes an array as its length, then its
-    values one after another, so these are the bytes ``pack`` gives each
-    array: a test compares them)."""
-    first = messages[0].wire
-    whole = packb(first, use_bin_type=True)
-    after = _join([packb(v, use_bin_type=True) for v in first[4:]])
-    before = whole[:len(whole) - len(after) - len(payloads[0])]
-    if before + payloads[0] + after != whole:  # (cannot happen: then each is packed alone)
-        return
+def _template(wire: tuple) -> tuple | None:
+    """``(before, after)``: the msgpack bytes of ``wire`` (a ``msg`` array)
+    before and after its payload.  msgpack writes an array as its length,
+    then its values one after another, so an array that differs from
+    ``wire`` in its payload alone, of the same size, packs into
+    ``before``, that payload and ``after`` (a test compares them).
+
+    :returns: the tuple, or None if the bytes do not come apart so (then
+        each array is packed as it is)."""
+    whole = packb(wire, use_bin_type=True)
+    after = _join([packb(v, use_bin_type=True) for v in wire[4:]])
+    payload = wire[3]
+    before = whole[:len(whole) - len(after) - len(payload)]
+    if before + payload + after != whole:
+        return None
+    return before, after
+
+
+def templated(messages: list) -> list | None:
+    """The msgpack bytes of the ``msg`` array of each of ``messages``, when
+    they all have one :attr:`~tbmq.model.Message.template` (a published
+    run's): its ``before``, the message's payload and its ``after``, joined
+    by map (no array packed, no bytecode per message).
+
+    :param messages: :class:`~tbmq.model.Message` objects, at least one.
+    :returns: the bytes, in order, or None when one has no template or
+        another one."""
+    templates = list(map(_TEMPLATE, messages))
+    first = templates[0]
+    if first is None or templates.count(first) != len(templates):
+        return None
+    before, after = first
     n = len(messages)
-    deque(map(_SET_PACKED, messages, map(_join, zip(repeat(before, n), payloads,
-                                                      repeat(after, n)))), 0)
+    return list(map(_join, zip(repeat(before, n), map(_PAYLOAD, messages), repeat(after, n))))

@@ -125,6 +125,7 @@ from tbmq.cluster.message_arrays import message_from_array as _message_from_arra
 from tbmq.cluster.message_arrays import messages_from_arrays as _messages_from_arrays
 from tbmq.cluster.message_arrays import messages_packed as _messages_packed
 from tbmq.cluster.message_arrays import props_in as _props_in
+from tbmq.cluster.message_arrays import templated as _templated
 from tbmq.cluster.record_fields import (
     _Bad, _bool, _bytes, _client_type, _count, _float, _int, _opt_float, _opt_str,
     _props_out, _qos, _str,
@@ -431,14 +432,14 @@ def _run_array(r: DeliveryRun) -> list | None:
 
 #: The msgpack header of a run's array (a fixarray of 7 items)
 _RUN_HEADER = b"\x97"
-_PACKED = attrgetter("packed")
 
 
 def _runs_packed(runs: list, pack) -> list | None:
     """The hot path of :meth:`~tbmq.cluster.record_codec.RecordCodec.encode_many`
-    for runs (``write_many``): a run whose messages were each made with
-    their bytes (:attr:`~tbmq.model.Message.packed`: a published run's) is
-    written around them, its own fields checked and packed once: a msgpack
+    for runs (``write_many``): a run whose messages share one template (a
+    published run's: :func:`~tbmq.cluster.message_arrays.templated` makes
+    their bytes) is written around them, its own fields checked and packed
+    once: a msgpack
     array is its header followed by its items, so the bytes are those
     :meth:`~tbmq.cluster.record_codec.RecordCodec.encode` gives the run
     (a test compares them), with no message's array packed again.
@@ -446,7 +447,7 @@ def _runs_packed(runs: list, pack) -> list | None:
     :param runs: :class:`DeliveryRun` objects.
     :param pack: this thread's ``msgpack.Packer(use_bin_type=True).pack``.
     :returns: their encodings, or None when a run has a field of another
-        type or a message without its bytes (each is then written by its
+        type or messages without one template (each is then written by its
         array).
     :raises Exception: what ``pack`` raises (each is then written alone).
     """
@@ -459,8 +460,8 @@ def _runs_packed(runs: list, pack) -> list | None:
                 and type(messages) in ARRAY_TYPES and messages
                 and set(map(type, messages)) == {Message}):
             return None
-        packed = list(map(_PACKED, messages))
-        if None in packed:
+        packed = _templated(messages)
+        if packed is None:
             return None
         n = len(packed)
         out.append(b"".join((_RUN_HEADER, pack(("dlr", 1, client_id))[1:],

@@ -471,12 +471,13 @@ def test_published_messages_carry_the_array_encode_would_make(data):
        publisher=st.text(max_size=40), at=st.floats(allow_nan=False), data=st.data())
 def test_a_published_run_of_one_shape_is_packed_from_one_template(topic, qos, retain, size,
                                                                   count, publisher, at, data):
-    """A run of one topic, QoS, RETAIN flag and payload size gets each
-    message's ``packed`` bytes from the first one's (``published_messages``):
-    the bytes msgpack gives its array, what ``messages_packed`` and the
-    codec's ``encode`` write for it; a run of two or fewer, or one whose
-    payload sizes differ, is left to be packed by its arrays."""
-    from tbmq.cluster.message_arrays import messages_packed, published_messages
+    """A run of one topic, QoS, RETAIN flag and payload size shares one
+    template (``published_messages``): the bytes around its payload that
+    give each message's the bytes msgpack gives its array, what
+    ``messages_packed`` and the codec's ``encode`` write for it; a run of
+    two or fewer, or one whose payload sizes differ, has none (packed by
+    its arrays)."""
+    from tbmq.cluster.message_arrays import messages_packed, published_messages, templated
     pack = record_codec._thread_packer().pack
     payloads = [data.draw(st.binary(min_size=size, max_size=size)) if size < 300
                 else bytes([data.draw(st.integers(0, 255))]) * size for _ in range(count)]
@@ -484,15 +485,20 @@ def test_a_published_run_of_one_shape_is_packed_from_one_template(topic, qos, re
                               publisher, at)
     encoded = [r.MESSAGE.encode(Message(topic, p, qos, retain, {}, publisher, at)) for p in payloads]
     if count > 2:
-        assert [m.packed for m in made] == [pack(m.wire) for m in made] == encoded
+        assert all(m.template is made[0].template is not None for m in made)
+        assert templated(made) == [pack(m.wire) for m in made] == encoded
+        assert messages_packed(made, pack) == encoded
     else:
-        assert all(m.packed is None for m in made)
+        assert all(m.template is None for m in made) and templated(made) is None
     assert r.MESSAGE.encode_many(made) == encoded
     if count > 2:
         grown = published_messages([topic] * count, [*payloads[:-1], payloads[-1] + b"x"],
                                    [qos] * count, [retain] * count, publisher, at)
-        assert all(m.packed is None for m in grown)
+        assert all(m.template is None for m in grown) and templated(grown) is None
         assert messages_packed(grown, pack) == [pack(m.wire) for m in grown]
+        other = published_messages([topic + "x"] * count, payloads, [qos] * count,
+                                   [retain] * count, publisher, at)
+        assert templated([*made[:-1], other[-1]]) is None  # two templates
 
 
 @settings(max_examples=40, deadline=None)
@@ -509,7 +515,7 @@ def test_a_run_of_published_messages_is_written_around_their_bytes(data, client_
     size = data.draw(st.integers(0, 40))
     made = published_messages(["t/x"] * count, [bytes([i % 256]) * size for i in range(count)],
                               [1] * count, [False] * count, "pub", 1.5)
-    assert count < 3 or all(m.packed is not None for m in made)
+    assert count < 3 or all(m.template is not None for m in made)
     run = r.DeliveryRun(client_id, tuple(made), qos, retain, tuple(ids))
     alone = r.DELIVERY_RUN.encode(run)
     assert msgpack.unpackb(alone, raw=False, use_list=False)[3][0] == made[0].wire
