@@ -331,9 +331,8 @@ def _deliveries_packed(ds: list, pack) -> list | None:
 
     :param ds: :class:`Delivery` objects, more than two.
     :param pack: this thread's ``msgpack.Packer(use_bin_type=True).pack``.
-    :returns: their encodings, or None for fewer than three, or when they
-        share no such fields or one has a field of another type (each is
-        then written alone).
+    :returns: their encodings, or None (fewer than three, no such shared
+        fields, a field of another type: each is then written alone).
     :raises Exception: what ``pack`` raises (each is then written alone).
     """
     if len(ds) < 3:  # (the checks would cost more than they save)
@@ -439,18 +438,13 @@ def _runs_packed(runs: list, pack) -> list | None:
     for runs (``write_many``): a run whose messages share one template (a
     published run's: :func:`~tbmq.cluster.message_arrays.templated` makes
     their bytes) is written around them, its own fields checked and packed
-    once: a msgpack
-    array is its header followed by its items, so the bytes are those
-    :meth:`~tbmq.cluster.record_codec.RecordCodec.encode` gives the run
-    (a test compares them), with no message's array packed again.
+    once; a msgpack array is its header and then its items, so these are
+    the bytes ``encode`` gives the run (a test compares them).
 
     :param runs: :class:`DeliveryRun` objects.
     :param pack: this thread's ``msgpack.Packer(use_bin_type=True).pack``.
-    :returns: their encodings, or None when a run has a field of another
-        type or messages without one template (each is then written by its
-        array).
-    :raises Exception: what ``pack`` raises (each is then written alone).
-    """
+    :returns: their encodings, or None (a field of another type, messages
+        without one template: each is then written by its array)."""
     out = []
     for r in runs:
         client_id, messages, qos, retain, ids = (
