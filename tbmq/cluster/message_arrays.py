@@ -111,11 +111,13 @@ def messages_packed(messages: list, pack) -> list | None:
     byte what the codec's ``encode`` gives the message alone.  The
     ``wire`` of the latter is left unset.
 
-    :param messages: :class:`~tbmq.model.Message` objects, more than two.
+    :param messages: :class:`~tbmq.model.Message` objects, at least one.
     :param pack: this thread's ``msgpack.Packer(use_bin_type=True).pack``.
-    :returns: their encodings, in order; or None for fewer than three
-        messages, or when some but not all of them carry their array, or one has properties or a field of
-        another type (each is then written alone).
+    :returns: their encodings, in order (a published run's from its
+        template, :func:`templated`); or None for fewer than three
+        messages, or when some but not all of them carry their array, or
+        one has properties or a field of another type (each is then
+        written alone).
     :raises Exception: what ``pack`` raises (each is then written alone).
     """
     if len(messages) < 3:  # (the checks would cost more than they save)

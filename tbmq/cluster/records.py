@@ -452,6 +452,7 @@ def _runs_packed(runs: list, pack) -> list | None:
         if not (type(client_id) is str and type(qos) is int and 0 <= qos <= 2
                 and type(retain) is bool and type(ids) is tuple and (not ids or _all_int(ids))
                 and type(messages) in ARRAY_TYPES and messages
+                and getattr(messages[0], "template", None) is not None  # (a published run's)
                 and set(map(type, messages)) == {Message}):
             return None
         packed = _templated(messages)
