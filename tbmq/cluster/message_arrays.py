@@ -16,7 +16,7 @@ from tbmq.model import Message
 from tbmq.mqtt.properties import unpack_properties
 
 __all__ = ["message_from_array", "messages_from_arrays", "messages_packed", "props_in",
-           "published_messages", "templated"]
+           "published_messages", "templated", "templated_stream"]
 
 
 def props_in(v: Any, name: str) -> dict:
@@ -208,6 +208,29 @@ def _template(wire: tuple) -> tuple | None:
     return before, after
 
 
+def _one_template(messages: list) -> tuple | None:
+    """:returns: the template all of ``messages`` have, or None when one
+        has none or another one."""
+    templates = list(map(_TEMPLATE, messages))
+    first = templates[0]
+    if first is None or templates.count(first) != len(templates):
+        return None
+    return first
+
+
+def templated_stream(messages: list) -> bytes | None:
+    """The bytes of :func:`templated`, one after another (a run's
+    ``msg`` arrays as the items of an array): the template's ``after``
+    and ``before`` joined between the payloads in one call.
+
+    :returns: the bytes, or None as :func:`templated`."""
+    template = _one_template(messages)
+    if template is None:
+        return None
+    before, after = template
+    return before + (after + before).join(map(_PAYLOAD, messages)) + after
+
+
 def templated(messages: list) -> list | None:
     """The msgpack bytes of the ``msg`` array of each of ``messages``, when
     they all have one :attr:`~tbmq.model.Message.template` (a published
@@ -217,10 +240,9 @@ def templated(messages: list) -> list | None:
     :param messages: :class:`~tbmq.model.Message` objects, at least one.
     :returns: the bytes, in order, or None when one has no template or
         another one."""
-    templates = list(map(_TEMPLATE, messages))
-    first = templates[0]
-    if first is None or templates.count(first) != len(templates):
+    template = _one_template(messages)
+    if template is None:
         return None
-    before, after = first
+    before, after = template
     n = len(messages)
     return list(map(_join, zip(repeat(before, n), map(_PAYLOAD, messages), repeat(after, n))))

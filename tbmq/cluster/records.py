@@ -125,7 +125,7 @@ from tbmq.cluster.message_arrays import message_from_array as _message_from_arra
 from tbmq.cluster.message_arrays import messages_from_arrays as _messages_from_arrays
 from tbmq.cluster.message_arrays import messages_packed as _messages_packed
 from tbmq.cluster.message_arrays import props_in as _props_in
-from tbmq.cluster.message_arrays import templated as _templated
+from tbmq.cluster.message_arrays import templated_stream as _templated_stream
 from tbmq.cluster.record_fields import (
     _Bad, _bool, _bytes, _client_type, _count, _float, _int, _opt_float, _opt_str,
     _props_out, _qos, _str,
@@ -436,8 +436,8 @@ _RUN_HEADER = b"\x97"
 def _runs_packed(runs: list, pack) -> list | None:
     """The hot path of :meth:`~tbmq.cluster.record_codec.RecordCodec.encode_many`
     for runs (``write_many``): a run whose messages share one template (a
-    published run's: :func:`~tbmq.cluster.message_arrays.templated` makes
-    their bytes) is written around them, its own fields checked and packed
+    published run's: :func:`~tbmq.cluster.message_arrays.templated_stream`
+    makes their bytes in one call) is written around them, its own fields checked and packed
     once; a msgpack array is its header and then its items, so these are
     the bytes ``encode`` gives the run (a test compares them).
 
@@ -455,13 +455,13 @@ def _runs_packed(runs: list, pack) -> list | None:
                 and getattr(messages[0], "template", None) is not None  # (a published run's)
                 and set(map(type, messages)) == {Message}):
             return None
-        packed = _templated(messages)
-        if packed is None:
+        stream = _templated_stream(messages)
+        if stream is None:
             return None
-        n = len(packed)
+        n = len(messages)
         out.append(b"".join((_RUN_HEADER, pack(("dlr", 1, client_id))[1:],
                              pack((None,) * n)[:-n],  # the header of an array of n
-                             *packed, pack((qos, retain, ids))[1:])))
+                             stream, pack((qos, retain, ids))[1:])))
     return out
 
 

@@ -477,7 +477,9 @@ def test_a_published_run_of_one_shape_is_packed_from_one_template(topic, qos, re
     ``messages_packed`` and the codec's ``encode`` write for it; a run of
     two or fewer, or one whose payload sizes differ, has none (packed by
     its arrays)."""
-    from tbmq.cluster.message_arrays import messages_packed, published_messages, templated
+    from tbmq.cluster.message_arrays import (
+        messages_packed, published_messages, templated, templated_stream,
+    )
     pack = record_codec._thread_packer().pack
     payloads = [data.draw(st.binary(min_size=size, max_size=size)) if size < 300
                 else bytes([data.draw(st.integers(0, 255))]) * size for _ in range(count)]
@@ -487,9 +489,11 @@ def test_a_published_run_of_one_shape_is_packed_from_one_template(topic, qos, re
     if count > 2:
         assert all(m.template is made[0].template is not None for m in made)
         assert templated(made) == [pack(m.wire) for m in made] == encoded
+        assert templated_stream(made) == b"".join(encoded)
         assert messages_packed(made, pack) == encoded
     else:
         assert all(m.template is None for m in made) and templated(made) is None
+        assert templated_stream(made) is None
     assert r.MESSAGE.encode_many(made) == encoded
     if count > 2:
         grown = published_messages([topic] * count, [*payloads[:-1], payloads[-1] + b"x"],
@@ -499,6 +503,7 @@ def test_a_published_run_of_one_shape_is_packed_from_one_template(topic, qos, re
         other = published_messages([topic + "x"] * count, payloads, [qos] * count,
                                    [retain] * count, publisher, at)
         assert templated([*made[:-1], other[-1]]) is None  # two templates
+        assert templated_stream([*made[:-1], other[-1]]) is None
 
 
 @settings(max_examples=40, deadline=None)
