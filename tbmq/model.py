@@ -46,6 +46,15 @@ class Message:
         is instead of encoding the fields anew.  Not an argument, not
         compared; a message is never changed once made, so the array stays
         its encoding.
+    :ivar template: None, or ``(before, after)`` (``bytes`` each): the
+        msgpack bytes of :attr:`wire` before and after the payload, one
+        tuple shared by the messages of a run of PUBLISHes of one topic,
+        QoS, RETAIN flag and payload size
+        (:func:`tbmq.cluster.message_arrays.published_messages`): where the
+        run's arrays would be packed, each message's bytes are ``before``,
+        its payload and ``after``, joined
+        (:func:`~tbmq.cluster.message_arrays.templated`).  Not an argument,
+        not compared.
     """
 
     topic: str
@@ -57,6 +66,7 @@ class Message:
     received_at: float = 0.0
     expires_at: float | None = None
     wire: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    template: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
 
 @dataclass(slots=True, frozen=True)

@@ -42,6 +42,7 @@ from tbmq.backends.sqlite_schema import (
     messages_of_blobs,
     messages_of_stream,
 )
+from tbmq.cluster.message_arrays import templated
 from tbmq.interfaces import IDeviceMessageStore
 from tbmq.model import DeliveryState, StoredDelivery
 
@@ -387,12 +388,17 @@ class SQLiteDeviceMessageStore(RunnerView):
         bytes each time (kept while the message is held, up to
         ``SHARED_BLOBS`` of at most ``SHARED_BLOB_MAX`` bytes). A run none or
         all of whose messages were encoded before costs no bytecode per
-        message (map loops).
+        message (map loops); a published run's messages, which share one
+        template (:func:`~tbmq.cluster.message_arrays.templated`), are
+        encoded from it, and kept nowhere.
 
         :raises tbmq.errors.RecordEncodingError: for a message that does
             not fit its record."""
         if not messages:
             return []
+        packed = templated(messages)
+        if packed is not None:  # a published run's: made from its template, nothing to share
+            return packed
         blobs = self._blobs
         known = list(map(blobs.get, map(id, messages))) if blobs else None
         if known is None or known.count(None) == len(known):

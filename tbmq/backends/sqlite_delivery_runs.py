@@ -420,7 +420,7 @@ def plain_run_deliveries(arrays: list, first: int, qos: int, retain: bool,
         m.publisher = publisher
         m.received_at = received_at
         m.expires_at = expires_at
-        m.wire = None
+        m.wire = m.template = None
         d = new(StoredDelivery)
         d.seq = seq
         d.message = m

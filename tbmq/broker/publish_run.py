@@ -194,27 +194,24 @@ def plain_columns(packets, start: int, unacked: int, v5: bool, max_qos: int, ret
                 if name not in topics or hit is None or hit[0] is not True or hit[1] <= now:
                     plain = False
                     break
-        if not plain:  # the run ends in this stretch: where, plain_run says
+        if plain:
+            unacked += ones
+        else:  # the run ends in this stretch: where, plain_run says
             end, unacked = plain_run(taken, 0, unacked, v5, max_qos, retain_ok, topics,
                                      allowed, now, limit)
-            if end:
-                taken = taken[:end]
-                stretch = list(map(_TOPIC, taken))
-                levels = list(map(_QOS, taken))
-                flags = list(map(_RETAIN, taken))
-                names += stretch
-                qoss += levels
-                retains += flags
-                payloads += map(_PAYLOAD, taken)
-                pids += map(_PACKET_ID, taken)
-            return at + end, unacked, names, payloads, qoss, retains, pids
+            taken = taken[:end]
+            stretch = list(map(_TOPIC, taken))
+            levels = list(map(_QOS, taken))
+            flags = list(map(_RETAIN, taken))
+        # the stretch's columns (the whole stretch, or its part in the run)
         names += stretch
         qoss += levels
         retains += flags
         payloads += map(_PAYLOAD, taken)
         pids += map(_PACKET_ID, taken)
-        unacked += ones
         at += len(taken)
+        if not plain:
+            break
         if size < _MOST:
             size *= 2
     return at, unacked, names, payloads, qoss, retains, pids

@@ -9,12 +9,14 @@ from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
+from msgpack import packb
+
 from tbmq.errors import RecordEncodingError
 from tbmq.model import Message
 from tbmq.mqtt.properties import unpack_properties
 
 __all__ = ["message_from_array", "messages_from_arrays", "messages_packed", "props_in",
-           "published_messages"]
+           "published_messages", "templated", "templated_stream"]
 
 
 def props_in(v: Any, name: str) -> dict:
@@ -64,6 +66,7 @@ def message_from_array(obj: Any) -> Message | None:
     m.received_at = received_at
     m.expires_at = expires_at
     m.wire = obj  # as msgpack read it: kept, to be written again
+    m.template = None
     return m
 
 
@@ -91,6 +94,8 @@ _new = object.__new__
 _FIELDS = attrgetter("topic", "payload", "qos", "retain", "properties", "publisher",
                      "received_at", "expires_at")
 _WIRE = attrgetter("wire")
+_TEMPLATE = attrgetter("template")
+_PAYLOAD = attrgetter("payload")
 _QOS = frozenset((0, 1, 2))
 _NO_EXPIRY = (type(None), float)
 
@@ -106,13 +111,20 @@ def messages_packed(messages: list, pack) -> list | None:
     byte what the codec's ``encode`` gives the message alone.  The
     ``wire`` of the latter is left unset.
 
-    :param messages: :class:`~tbmq.model.Message` objects, more than two.
+    :param messages: :class:`~tbmq.model.Message` objects, at least one.
     :param pack: this thread's ``msgpack.Packer(use_bin_type=True).pack``.
-    :returns: their encodings, in order; or None when some but not all
-        of them carry their array, or one has properties or a field of
-        another type (each is then written alone).
+    :returns: their encodings, in order (a published run's from its
+        template, :func:`templated`); or None for fewer than three
+        messages, or when some but not all of them carry their array, or
+        one has properties or a field of another type (each is then
+        written alone).
     :raises Exception: what ``pack`` raises (each is then written alone).
     """
+    if len(messages) < 3:  # (the checks would cost more than they save)
+        return None
+    packed = templated(messages)
+    if packed is not None:  # a published run's: its template around each payload
+        return packed
     wires = list(map(_WIRE, messages))
     if None not in wires:  # each one's array made before (checked then): packed as it is
         return list(map(pack, wires))
@@ -162,4 +174,75 @@ def published_messages(topics: list, payloads: list, qoss: list, retains: list,
         deque(map(_SET_WIRE, messages, zip(
             repeat("msg", n), repeat(1, n), topics, payloads, qoss, retains, repeat(None, n),
             repeat(publisher, n), repeat(received_at, n), repeat(None, n))), 0)
+        if n > _FEWEST_TEMPLATED and len(set(topics)) == len(set(qoss)) == len(set(retains)) == 1 \
+                and len(set(map(len, payloads))) == 1:
+            template = _template(messages[0].wire)
+            if template is not None:
+                deque(map(_SET_TEMPLATE, messages, repeat(template, n)), 0)
     return messages
+
+
+#: the shortest run whose messages :func:`published_messages` gives a
+#: template (as :func:`messages_packed` packs three or more together)
+_FEWEST_TEMPLATED = 2
+#: sets a message's ``template`` (called by map)
+_SET_TEMPLATE = Message.template.__set__
+_join = b"".join
+
+
+def _template(wire: tuple) -> tuple | None:
+    """``(before, after)``: the msgpack bytes of ``wire`` (a ``msg`` array)
+    before and after its payload.  msgpack writes an array as its length,
+    then its values one after another, so an array that differs from
+    ``wire`` in its payload alone, of the same size, packs into
+    ``before``, that payload and ``after`` (a test compares them).
+
+    :returns: the tuple, or None if the bytes do not come apart so (then
+        each array is packed as it is)."""
+    whole = packb(wire, use_bin_type=True)
+    after = _join([packb(v, use_bin_type=True) for v in wire[4:]])
+    payload = wire[3]
+    before = whole[:len(whole) - len(after) - len(payload)]
+    if before + payload + after != whole:
+        return None
+    return before, after
+
+
+def _one_template(messages: list) -> tuple | None:
+    """:returns: the template all of ``messages`` have, or None when one
+        has none or another one."""
+    templates = list(map(_TEMPLATE, messages))
+    first = templates[0]
+    if first is None or templates.count(first) != len(templates):
+        return None
+    return first
+
+
+def templated_stream(messages: list) -> bytes | None:
+    """The bytes of :func:`templated`, one after another (a run's
+    ``msg`` arrays as the items of an array): the template's ``after``
+    and ``before`` joined between the payloads in one call.
+
+    :returns: the bytes, or None as :func:`templated`."""
+    template = _one_template(messages)
+    if template is None:
+        return None
+    before, after = template
+    return before + (after + before).join(map(_PAYLOAD, messages)) + after
+
+
+def templated(messages: list) -> list | None:
+    """The msgpack bytes of the ``msg`` array of each of ``messages``, when
+    they all have one :attr:`~tbmq.model.Message.template` (a published
+    run's): its ``before``, the message's payload and its ``after``, joined
+    by map (no array packed, no bytecode per message).
+
+    :param messages: :class:`~tbmq.model.Message` objects, at least one.
+    :returns: the bytes, in order, or None when one has no template or
+        another one."""
+    template = _one_template(messages)
+    if template is None:
+        return None
+    before, after = template
+    n = len(messages)
+    return list(map(_join, zip(repeat(before, n), map(_PAYLOAD, messages), repeat(after, n))))

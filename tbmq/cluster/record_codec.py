@@ -60,7 +60,7 @@ class RecordCodec:
         counts (:meth:`count_arrays`).
     :param write_many: None, or the hot path of :meth:`encode_many` for a
         batch of instances of ``cls`` itself: ``write_many(values, pack) ->
-        list | None``, given them (more than two) and this thread's
+        list | None``, given them (one or more) and this thread's
         ``Packer.pack``, returns the encodings of all of them, byte for
         byte what :meth:`encode` gives each, when it can write them
         together (the fields they share packed once), else None (then each
@@ -265,7 +265,7 @@ class RecordCodec:
 def _encode_many(name: str, values: Any, writers: dict, encode: Callable[[Any], Any],
                  many: dict = _NONE) -> list:
     """:meth:`RecordCodec.encode_many` and :meth:`RecordUnion.encode_many`:
-    more than two values of one class that has a ``write_many`` in
+    values of one class that has a ``write_many`` in
     ``many`` (class → ``write_many``, see :class:`RecordCodec`) written
     together by it when it can; else each value whose exact class has a
     hot-path writer in ``writers`` (class → ``write_array``) packed from
@@ -280,7 +280,7 @@ def _encode_many(name: str, values: Any, writers: dict, encode: Callable[[Any], 
         # packed by map, no bytecode per value but the writer's own
         cls = type(values[0])
         out = None
-        if many and len(values) > 2 and cls in many:
+        if many and cls in many:
             try:
                 out = many[cls](values, pack)
             except Exception:

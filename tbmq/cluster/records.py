@@ -125,6 +125,7 @@ from tbmq.cluster.message_arrays import message_from_array as _message_from_arra
 from tbmq.cluster.message_arrays import messages_from_arrays as _messages_from_arrays
 from tbmq.cluster.message_arrays import messages_packed as _messages_packed
 from tbmq.cluster.message_arrays import props_in as _props_in
+from tbmq.cluster.message_arrays import templated_stream as _templated_stream
 from tbmq.cluster.record_fields import (
     _Bad, _bool, _bytes, _client_type, _count, _float, _int, _opt_float, _opt_str,
     _props_out, _qos, _str,
@@ -330,10 +331,12 @@ def _deliveries_packed(ds: list, pack) -> list | None:
 
     :param ds: :class:`Delivery` objects, more than two.
     :param pack: this thread's ``msgpack.Packer(use_bin_type=True).pack``.
-    :returns: their encodings, or None when they share no such fields or
-        one has a field of another type (each is then written alone).
+    :returns: their encodings, or None (fewer than three, no such shared
+        fields, a field of another type: each is then written alone).
     :raises Exception: what ``pack`` raises (each is then written alone).
     """
+    if len(ds) < 3:  # (the checks would cost more than they save)
+        return None
     first = ds[0]
     array = _delivery_array(first)  # the shared fields' checks, once
     if array is None:
@@ -426,6 +429,42 @@ def _run_array(r: DeliveryRun) -> list | None:
     return None
 
 
+#: The msgpack header of a run's array (a fixarray of 7 items)
+_RUN_HEADER = b"\x97"
+
+
+def _runs_packed(runs: list, pack) -> list | None:
+    """The hot path of :meth:`~tbmq.cluster.record_codec.RecordCodec.encode_many`
+    for runs (``write_many``): a run whose messages share one template (a
+    published run's: :func:`~tbmq.cluster.message_arrays.templated_stream`
+    makes their bytes in one call) is written around them, its own fields checked and packed
+    once; a msgpack array is its header and then its items, so these are
+    the bytes ``encode`` gives the run (a test compares them).
+
+    :param runs: :class:`DeliveryRun` objects.
+    :param pack: this thread's ``msgpack.Packer(use_bin_type=True).pack``.
+    :returns: their encodings, or None (a field of another type, messages
+        without one template: each is then written by its array)."""
+    out = []
+    for r in runs:
+        client_id, messages, qos, retain, ids = (
+            r.client_id, r.messages, r.qos, r.retain, r.subscription_ids)
+        if not (type(client_id) is str and type(qos) is int and 0 <= qos <= 2
+                and type(retain) is bool and type(ids) is tuple and (not ids or _all_int(ids))
+                and type(messages) in ARRAY_TYPES and messages
+                and getattr(messages[0], "template", None) is not None  # (a published run's)
+                and set(map(type, messages)) == {Message}):
+            return None
+        stream = _templated_stream(messages)
+        if stream is None:
+            return None
+        n = len(messages)
+        out.append(b"".join((_RUN_HEADER, pack(("dlr", 1, client_id))[1:],
+                             pack((None,) * n)[:-n],  # the header of an array of n
+                             stream, pack((qos, retain, ids))[1:])))
+    return out
+
+
 def _run_from_array(obj: Any) -> DeliveryRun | None:
     if len(obj) == 7:
         tag, version, client_id, arrays, qos, retain, ids = obj
@@ -455,7 +494,7 @@ def _run_messages(run: DeliveryRun) -> int:
 #: :class:`DeliveryRun` alone (in :data:`DOWNLINK`).
 DELIVERY_RUN = RecordCodec("DeliveryRun", DeliveryRun, "dlr", _write_run, {1: _read_run_v1},
                            fast=(_run_array, _run_from_array), weight=_run_weight,
-                           value_weight=_run_messages)
+                           value_weight=_run_messages, write_many=_runs_packed)
 #: ``tbmq.msg.downlink.basic.<serviceId>``: :class:`Delivery` or
 #: :class:`DeliveryRun`.
 DOWNLINK = RecordUnion("Downlink", DELIVERY, DELIVERY_RUN)

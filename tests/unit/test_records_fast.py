@@ -454,10 +454,80 @@ def test_published_messages_carry_the_array_encode_would_make(data):
              for t, p, q, x in zip(topics, payloads, qoss, retains)]
     assert made == plain and all(m.wire is not None for m in made)
     assert [r.MESSAGE.encode(m) for m in made] == [r.MESSAGE.encode(m) for m in plain]
-    assert messages_packed(made, pack) == [r.MESSAGE.encode(m) for m in plain]
+    # (fewer than three are each packed by their arrays: None)
+    assert messages_packed(made, pack) == ([r.MESSAGE.encode(m) for m in plain]
+                                           if len(made) > 2 else None)
     assert r.MESSAGE.encode_many(made) == [r.MESSAGE.encode(m) for m in plain]
     mixed = made[:1] + [dataclasses.replace(m) for m in made[1:]]
     assert len(mixed) == 1 or messages_packed(mixed, pack) is None
     odd = published_messages(topics, payloads, [*qoss[:-1], True], retains, "pub", 12.5)
     assert all(m.wire is None for m in odd)
     assert all(m.wire is None for m in published_messages(topics, payloads, qoss, retains, "pub", 12))
+
+
+@settings(max_examples=60, deadline=None)
+@given(topic=st.text(max_size=300), qos=st.integers(0, 2), retain=st.booleans(),
+       size=st.sampled_from([0, 1, 31, 32, 255, 256, 65535, 65536]), count=st.integers(1, 6),
+       publisher=st.text(max_size=40), at=st.floats(allow_nan=False), data=st.data())
+def test_a_published_run_of_one_shape_is_packed_from_one_template(topic, qos, retain, size,
+                                                                  count, publisher, at, data):
+    """A run of one topic, QoS, RETAIN flag and payload size shares one
+    template (``published_messages``): the bytes around its payload that
+    give each message's the bytes msgpack gives its array, what
+    ``messages_packed`` and the codec's ``encode`` write for it; a run of
+    two or fewer, or one whose payload sizes differ, has none (packed by
+    its arrays)."""
+    from tbmq.cluster.message_arrays import (
+        messages_packed, published_messages, templated, templated_stream,
+    )
+    pack = record_codec._thread_packer().pack
+    payloads = [data.draw(st.binary(min_size=size, max_size=size)) if size < 300
+                else bytes([data.draw(st.integers(0, 255))]) * size for _ in range(count)]
+    made = published_messages([topic] * count, payloads, [qos] * count, [retain] * count,
+                              publisher, at)
+    encoded = [r.MESSAGE.encode(Message(topic, p, qos, retain, {}, publisher, at)) for p in payloads]
+    if count > 2:
+        assert all(m.template is made[0].template is not None for m in made)
+        assert templated(made) == [pack(m.wire) for m in made] == encoded
+        assert templated_stream(made) == b"".join(encoded)
+        assert messages_packed(made, pack) == encoded
+    else:
+        assert all(m.template is None for m in made) and templated(made) is None
+        assert templated_stream(made) is None
+    assert r.MESSAGE.encode_many(made) == encoded
+    if count > 2:
+        grown = published_messages([topic] * count, [*payloads[:-1], payloads[-1] + b"x"],
+                                   [qos] * count, [retain] * count, publisher, at)
+        assert all(m.template is None for m in grown) and templated(grown) is None
+        assert messages_packed(grown, pack) == [pack(m.wire) for m in grown]
+        other = published_messages([topic + "x"] * count, payloads, [qos] * count,
+                                   [retain] * count, publisher, at)
+        assert templated([*made[:-1], other[-1]]) is None  # two templates
+        assert templated_stream([*made[:-1], other[-1]]) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), client_id=st.text(max_size=40), qos=st.integers(0, 2),
+       retain=st.booleans(), ids=st.lists(st.integers(1, 268435455), max_size=3),
+       count=st.sampled_from([1, 2, 3, 15, 16, 17, 65535, 65536]))
+def test_a_run_of_published_messages_is_written_around_their_bytes(data, client_id, qos, retain,
+                                                                  ids, count):
+    """A :class:`DeliveryRun` whose messages each carry their bytes (a
+    published run's) encodes, alone and in a batch, into the bytes its
+    array gives (the run's fields and the array header of any length around
+    them); one message without its bytes sends the run by its arrays."""
+    from tbmq.cluster.message_arrays import published_messages
+    size = data.draw(st.integers(0, 40))
+    made = published_messages(["t/x"] * count, [bytes([i % 256]) * size for i in range(count)],
+                              [1] * count, [False] * count, "pub", 1.5)
+    assert count < 3 or all(m.template is not None for m in made)
+    run = r.DeliveryRun(client_id, tuple(made), qos, retain, tuple(ids))
+    alone = r.DELIVERY_RUN.encode(run)
+    assert msgpack.unpackb(alone, raw=False, use_list=False)[3][0] == made[0].wire
+    for codec in (r.DELIVERY_RUN, r.APPLICATION, r.DOWNLINK):
+        assert codec.encode_many([run]) == [alone]
+        assert codec.encode_many([run, run]) == [alone, alone]
+    plain = [dataclasses.replace(m) for m in made]
+    mixed = r.DeliveryRun(client_id, (made[0], *plain[1:]), qos, retain, tuple(ids))
+    assert r.DELIVERY_RUN.encode_many([mixed]) == [alone]
+    assert r.DELIVERY_RUN.encode_many([run, mixed]) == [alone, alone]
