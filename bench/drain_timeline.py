@@ -231,6 +231,10 @@ def main() -> None:
                 if figures is None:
                     continue
                 detail = figures.pop("page_detail")
+                with open(os.path.join(folder, "run.json")) as f:
+                    run = json.load(f)["results"][0]["result"]
+                figures = {"rate": run["value"], "client_drain_s": run["drain_s"],
+                           "lost": run["lost"], "duplicates": run["duplicates"], **figures}
                 summary.setdefault(broker, []).append(figures)
                 print(f"{broker} (round {rnd + 1}): " + ", ".join(
                     f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items()))
@@ -239,7 +243,7 @@ def main() -> None:
                         print("   ", {k: (round(v * 1e3, 2) if isinstance(v, float) else v)
                                       for k, v in p.items()})
     for broker, runs in summary.items():
-        keys = [k for k in runs[0] if isinstance(runs[0][k], float)]
+        keys = [k for k in runs[0] if isinstance(runs[0][k], (int, float))]
         print(f"{broker} medians of {len(runs)}: " + ", ".join(
             f"{k} {med([r[k] for r in runs]):.3f}" for k in keys))
 
