@@ -124,8 +124,9 @@ class StoreReader:
         return deliveries in flight or finished, which it then leaves out
         (a read after every ``seq`` taken, a drain's page, returns none of
         them, and nothing is remembered for it).
-    :ivar new: the session is new (its CONNECT made it) and its first read
-        is still to come: the store holds nothing of it.
+    :ivar new: the session is new (its CONNECT made it), has not
+        subscribed since (:meth:`on_subscribed`), and its first read is
+        still to come: the store holds nothing of it.
     """
 
     __slots__ = ("outbox", "loading", "arrived", "reread", "awaiting_marker", "marker_timer",
@@ -286,8 +287,9 @@ class StoreReader:
             return
         if self.awaiting_marker:  # the first read: the only one
             self.stop_marker_wait()
-            if self.new and not self.outbox.session.subscriptions:
+            if self.new:
                 # nothing stored, nothing matched for it before the marker
+                # (it did not subscribe since its CONNECT: on_subscribed)
                 self.new = False
                 self.outbox.paged_out = False
                 return
@@ -295,6 +297,14 @@ class StoreReader:
             self.reread = True  # once the read under way is done
             return
         self.read_again()
+
+    def on_subscribed(self) -> None:
+        """The session subscribed: from now on the store may hold
+        deliveries matched for it (on a cluster, before its attach marker
+        comes back), so a new session reads the store at its marker, even
+        if it unsubscribed meanwhile ([MQTT-3.10.4-3] lets the messages
+        buffered before an UNSUBSCRIBE be delivered)."""
+        self.new = False
 
     def behind(self, delivery: StoredDelivery) -> None:
         """A delivery handed over live whose ``seq`` is not above the

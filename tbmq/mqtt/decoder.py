@@ -74,9 +74,8 @@ _NO_BYTES = b""
 #: the topic table of a decoder that has decoded no PUBLISH yet: never
 #: written (a dict is made at the first topic name; an empty one is 64 bytes)
 _NO_TOPICS: dict = {}
-#: the properties of every CONNECT that has none (all before 5.0), and of
-#: every PUBACK, PUBREC, PUBREL and PUBCOMP of a packet identifier alone:
-#: never written
+#: the properties of every CONNECT that has none (all before 5.0): never
+#: written
 _NO_PROPERTIES: dict = {}
 #: the protocol names decoded, one string each for all connections
 _PROTOCOL_NAMES = {name: name for name, _level in SUPPORTED_PROTOCOLS}
@@ -637,19 +636,13 @@ def _reason_and_props(data: bytes, pos: int, end: int, ptype: PacketType) -> tup
 
 
 def _ack_decoder(cls, ptype: PacketType):
-    new = object.__new__
+    of_packet_id = cls.of_packet_id
 
     def _decode_ack(self: Decoder, first: int, data: bytes, pos: int, end: int):
         if end - pos == 2:  # the usual case: the packet identifier alone
             pid = (data[pos] << 8) | data[pos + 1]
             if pid:
-                # made field by field (the dataclass __init__ costs a frame
-                # and a dict per acknowledgement: a drain reads one per message)
-                packet = new(cls)
-                packet.packet_id = pid
-                packet.reason_code = 0
-                packet.properties = _NO_PROPERTIES
-                return packet
+                return of_packet_id(pid)
         pid = _packet_id(data, pos, end)
         if end - pos == 2:
             return cls(pid)

@@ -136,8 +136,36 @@ class Publish:
     properties: dict = field(default_factory=dict)
 
 
+#: the properties of an acknowledgement made by :meth:`_Acknowledgement.
+#: of_packet_id`: shared, never written
+_NO_PROPERTIES: dict = {}
+
+
+class _Acknowledgement:
+    """What PUBACK, PUBREC, PUBREL and PUBCOMP share (their fields are
+    ``packet_id``, ``reason_code``, ``properties``)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of_packet_id(cls, packet_id: int):
+        """The acknowledgement of ``packet_id`` alone (reason code 0 =
+        Success, no properties), made field by field: equal to
+        ``cls(packet_id)``, without the dataclass ``__init__``'s frame and
+        its new properties dict (a drain reads one acknowledgement per
+        message).  Its ``properties`` is an empty dict shared by all of
+        them: not to be written.
+
+        :param packet_id: the Packet Identifier, 1 to 65535."""
+        packet = object.__new__(cls)
+        packet.packet_id = packet_id
+        packet.reason_code = 0
+        packet.properties = _NO_PROPERTIES
+        return packet
+
+
 @dataclass(slots=True)
-class Puback:
+class Puback(_Acknowledgement):
     """PUBACK, the QoS 1 acknowledgement (section 3.4).
 
     :param packet_id: the Packet Identifier of the PUBLISH.
@@ -152,7 +180,7 @@ class Puback:
 
 
 @dataclass(slots=True)
-class Pubrec:
+class Pubrec(_Acknowledgement):
     """PUBREC, QoS 2 part 1 (section 3.5). Fields as :class:`Puback`."""
 
     packet_type: ClassVar[PacketType] = PacketType.PUBREC
@@ -162,7 +190,7 @@ class Pubrec:
 
 
 @dataclass(slots=True)
-class Pubrel:
+class Pubrel(_Acknowledgement):
     """PUBREL, QoS 2 part 2 (section 3.6). Fields as :class:`Puback`."""
 
     packet_type: ClassVar[PacketType] = PacketType.PUBREL
@@ -172,7 +200,7 @@ class Pubrel:
 
 
 @dataclass(slots=True)
-class Pubcomp:
+class Pubcomp(_Acknowledgement):
     """PUBCOMP, QoS 2 part 3 (section 3.7). Fields as :class:`Puback`."""
 
     packet_type: ClassVar[PacketType] = PacketType.PUBCOMP

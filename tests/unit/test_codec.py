@@ -1136,9 +1136,10 @@ def test_a_run_of_publishes_is_each_publish_in_turn_and_decodes_back(level):
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("cls", [Puback, Pubrec, Pubrel, Pubcomp])
 def test_an_acknowledgement_of_a_packet_id_alone_is_made_whole(level, cls):
-    # made field by field by the decoder: every field set, equal to the
-    # dataclass's own
+    # made field by field (of_packet_id) by the decoder: every field set,
+    # equal to the dataclass's own
     decoder = server_decoder(level)
     (packet,) = decoder.feed(encode(cls(513), level))
-    assert type(packet) is cls and packet == cls(513)
+    assert type(packet) is cls and packet == cls(513) == cls.of_packet_id(513)
     assert (packet.packet_id, packet.reason_code, packet.properties) == (513, 0, {})
+    assert not hasattr(packet, "__dict__")  # (the dataclass's slots kept)

@@ -295,19 +295,18 @@ def test_a_new_persistent_session_does_not_read_the_store_and_still_gets_its_mes
 def test_a_new_session_that_subscribed_before_its_marker_came_back_reads_the_store():
     reads = []
     outbox = SimpleNamespace(
-        link=object(), session=SimpleNamespace(session_id="s1", subscriptions={}),
+        link=object(), session=SimpleNamespace(session_id="s1"),
         paged_out=True, queue=(), queued_bytes=0, _last_seq=0,
         _remove_completed=lambda: None,
         ctx=SimpleNamespace(page_reads=SimpleNamespace(
             read=lambda reader, link: reads.append("read"))))
     reader = StoreReader(outbox)
     reader.start(True, stored=False)
-    outbox.session.subscriptions = {"t/#": object()}  # subscribed meanwhile
+    reader.on_subscribed()  # subscribed meanwhile (and unsubscribed: it stays subscribed since)
     reader.on_attached("s1")
     assert reads == ["read"]
     # without a subscription: no read, and the outbox takes live deliveries
     reads.clear()
-    outbox.session.subscriptions = {}
     reader.start(True, stored=False)
     reader.on_attached("s1")
     assert reads == [] and outbox.paged_out is False and reader.new is False
@@ -316,3 +315,19 @@ def test_a_new_session_that_subscribed_before_its_marker_came_back_reads_the_sto
     reader.start(True, stored=True)
     reader.on_attached("s1")
     assert reads == ["read"]
+
+
+def test_a_subscribe_tells_the_store_reader_of_a_new_persistent_session():
+    # the signal StoreReader.on_attached reads: subscribed since the CONNECT
+    from tests.helpers import Harness  # noqa: PLC0415
+    from tbmq.mqtt import Subscribe, SubscriptionRequest  # noqa: PLC0415
+
+    h = Harness()
+    c = h.client("s", clean_start=False)
+    reader = h.broker.sessions.sessions["s"].outbox.store_reader()
+    reader.new = True  # (its marker not back yet, as on a cluster)
+    c.send(Subscribe(1, [SubscriptionRequest("t/#", 1)]))
+    assert reader.new is False
+    clean = h.client("n")  # a clean session: no store, nothing told
+    clean.send(Subscribe(1, [SubscriptionRequest("t/#", 1)]))
+    assert h.broker.sessions.sessions["n"].outbox.reader is None
