@@ -225,7 +225,14 @@ def main() -> None:
                             "--brokers", broker, "--protocol", args.protocol, "--repeat", "1",
                             "--quiet", "--json", os.path.join(folder, "run.json")],
                            env=env, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-            for path in glob.glob(os.path.join(folder, "trace-*.json")):
+            traces = glob.glob(os.path.join(folder, "trace-*.json"))
+            if not traces:  # (another broker: its rate alone)
+                with open(os.path.join(folder, "run.json")) as f:
+                    run = json.load(f)["results"][0]["result"]
+                summary.setdefault(broker, []).append({"rate": run["value"],
+                                                       "client_drain_s": run["drain_s"]})
+                print(f"{broker} (round {rnd + 1}): rate {run['value']:.0f}")
+            for path in traces:
                 with open(path) as f:
                     figures = analyse(json.load(f))
                 if figures is None:
