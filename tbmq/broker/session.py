@@ -613,8 +613,9 @@ class Session:
             options = SubscriptionOptions(qos, request.no_local, request.retain_as_published,
                                           request.retain_handling, sub_id)
             is_new = book.subscribe(self, topic_filter, options)
-            if self.persistent:  # (its store may hold deliveries for it from now on)
-                self.outbox.store_reader().on_subscribed()
+            reader = self.outbox.reader  # (a persistent DEVICE session's)
+            if reader is not None:  # its store may hold deliveries for it from now on
+                reader.on_subscribed()
             codes.append(qos)
             hooks.client_subscribed(self, topic_filter, options, qos)
             if share is None and mqtt.retain_available and (
