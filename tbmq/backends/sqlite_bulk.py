@@ -17,7 +17,8 @@ import sqlite3
 from itertools import chain
 from typing import Iterable, Sequence
 
-__all__ = ["CHUNK_ROWS", "bind_as_is", "delete_seqs", "has_json", "insert_rows", "update_states"]
+__all__ = ["CHUNK_ROWS", "bind_as_is", "by_first", "delete_listed", "delete_seqs", "has_json",
+           "insert_rows", "update_states"]
 
 def bind_as_is() -> None:
     """Register :mod:`sqlite3` adapters that give ``bytes`` and ``None``
@@ -131,21 +132,48 @@ def delete_seqs(conn: sqlite3.Connection, keys: Iterable[tuple[str, int]]) -> No
     and one wait for the GIL, not one per :data:`CHUNK_ROWS` rows; with an
     SQLite without JSON functions, or a few seqs, ``seq IN (...)`` lists of
     up to :data:`CHUNK_ROWS` seqs."""
-    by_client: dict[str, list[int]] = {}
-    for client_id, seq in keys:
-        seqs = by_client.get(client_id)
-        if seqs is None:
-            by_client[client_id] = [seq]
-        else:
-            seqs.append(seq)
-    for client_id, seqs in by_client.items():
+    for client_id, seqs in by_first(keys).items():
         if len(seqs) > CHUNK_ROWS and has_json(conn):
             conn.execute(_DELETE_JSON, (client_id, _json_array(seqs)))
             continue
-        for start in range(0, len(seqs), CHUNK_ROWS):
-            chunk = seqs[start:start + CHUNK_ROWS]
-            conn.execute("DELETE FROM deliveries WHERE client_id = ? AND seq IN ("
-                         + ",".join("?" * len(chunk)) + ")", [client_id, *chunk])
+        delete_listed(conn, "DELETE FROM deliveries WHERE client_id = ? AND seq IN (",
+                      client_id, seqs)
+
+
+def by_first(pairs: Iterable[tuple]) -> dict:
+    """:returns: ``{first: [second, ...]}`` of ``pairs`` (two values each),
+    the seconds in the order of the pairs."""
+    grouped: dict = {}
+    for first, second in pairs:
+        held = grouped.get(first)
+        if held is None:
+            grouped[first] = [second]
+        else:
+            held.append(second)
+    return grouped
+
+
+def delete_listed(conn: sqlite3.Connection, head: str, group, values: list) -> None:
+    """Run ``head`` (a DELETE ending in ``... = ? AND <column> IN (``) for
+    ``group`` and ``values``, :data:`CHUNK_ROWS` values per statement: one
+    step and one wait for the GIL per statement, not per value.
+
+    :param head: SQL of the schema (never client input), its first
+        parameter ``group``."""
+    for start in range(0, len(values), CHUNK_ROWS):
+        chunk = values[start:start + CHUNK_ROWS]
+        conn.execute(_listed_sql(head, len(chunk)), [group, *chunk])
+
+
+#: (head, values) → the statement of :func:`delete_listed`, made once
+_LISTED: dict[tuple[str, int], str] = {}
+
+
+def _listed_sql(head: str, n: int) -> str:
+    sql = _LISTED.get((head, n))
+    if sql is None:
+        sql = _LISTED[head, n] = head + ",".join("?" * n) + ")"
+    return sql
 
 
 _DELETE_JSON = ("DELETE FROM deliveries WHERE client_id = ? "

@@ -31,7 +31,7 @@ import msgpack
 from twisted.internet import defer
 from zope.interface import implementer
 
-from tbmq.backends.sqlite_bulk import CHUNK_ROWS, insert_rows
+from tbmq.backends.sqlite_bulk import by_first, delete_listed, insert_rows
 from tbmq.backends.sqlite_runner import SQLiteRunner
 from tbmq.backends.sqlite_view import MergedWrites, RunnerView
 from tbmq.backends.sqlite_schema import EMBEDDED_SCHEMA
@@ -340,29 +340,9 @@ def _delete_keys(conn: sqlite3.Connection, keys: Iterable[tuple[str, str]]) -> N
     the partial index ``topic_log_compacted_key`` searched once per key):
     one step and one wait for the GIL per statement, not per key
     (:mod:`tbmq.backends.sqlite_bulk`)."""
-    by_topic: dict[str, list[str]] = {}
-    for topic, key in keys:
-        held = by_topic.get(topic)
-        if held is None:
-            by_topic[topic] = [key]
-        else:
-            held.append(key)
-    for topic, held in by_topic.items():
-        for start in range(0, len(held), CHUNK_ROWS):
-            chunk = held[start:start + CHUNK_ROWS]
-            conn.execute(_delete_keys_sql(len(chunk)), [topic, *chunk])
-
-
-#: keys → the DELETE statement of :func:`_delete_keys`, made once
-_DELETE_KEYS: dict[int, str] = {}
-
-
-def _delete_keys_sql(n: int) -> str:
-    sql = _DELETE_KEYS.get(n)
-    if sql is None:
-        sql = _DELETE_KEYS[n] = ("DELETE FROM topic_log WHERE topic = ? AND compacted = 1 "
-                                 "AND key IN (" + ",".join("?" * n) + ")")
-    return sql
+    for topic, held in by_first(keys).items():
+        delete_listed(conn, "DELETE FROM topic_log WHERE topic = ? AND compacted = 1 AND key IN (",
+                      topic, held)
 
 
 def _truncate_packs(conn: sqlite3.Connection, rows: list) -> None:
